@@ -1,0 +1,84 @@
+"""summary.json: everything derived from a stored run, in one JSON-ready dict.
+
+``build_summary`` is a pure function of the run's records, its manifest and the analysis
+inputs (SLOs, hardware), so ``perfscope analyze`` reproduces a run's numbers exactly and can
+re-derive them with other SLOs or another device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from perfscope.analysis.metrics import compute_metrics
+
+__all__ = ["SUMMARY_SCHEMA", "build_summary", "step_breakdown"]
+
+SUMMARY_SCHEMA = "perfscope.summary/1"
+
+
+def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
+    """Per step kind: passes, time (s), tokens processed, mean batch size, share of busy time."""
+    if steps.empty:
+        return {}
+    dur = (steps["t_end"] - steps["t_start"]) * 1e-9
+    total = float(dur.sum())
+    out: dict[str, dict[str, float | int]] = {}
+    for kind, g in steps.assign(dur=dur).groupby("kind", sort=True):
+        t = float(g["dur"].sum())
+        out[str(kind)] = {
+            "count": len(g),
+            "time_s": t,
+            "time_share": t / total if total > 0 else 0.0,
+            "new_tokens": int(g["new_tokens"].sum()),
+            "context_tokens": int(g["context_tokens"].sum()),
+            "mean_batch_size": float(g["batch_size"].mean()),
+            "mean_step_s": t / len(g),
+        }
+    return out
+
+
+def build_summary(
+    manifest: dict[str, Any],
+    requests: pd.DataFrame,
+    chunks: pd.DataFrame,
+    steps: pd.DataFrame,
+    telemetry: pd.DataFrame | None = None,
+    *,
+    slos: dict[str, float] | None = None,
+    extra_sections: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The summary of one run.
+
+    Args:
+        manifest: the run's manifest (engine, workload, status, ...).
+        requests, chunks, steps, telemetry: the run's tables (``telemetry`` may be empty).
+        slos: per-request limits in seconds (``{"ttft": 0.2}``); default: the manifest's.
+        extra_sections: further top-level sections computed by the caller (``hardware``,
+            ``roofline``, ``energy``, ``advice``, ...), merged in as given.
+    """
+    slos = dict(manifest.get("slos") or {}) if slos is None else slos
+    metrics = compute_metrics(requests, chunks, steps, slos)
+    engine = manifest.get("engine") or {}
+    summary: dict[str, Any] = {
+        "schema": SUMMARY_SCHEMA,
+        "run_id": manifest.get("run_id"),
+        "name": manifest.get("name"),
+        "status": manifest.get("status"),
+        "started_at": manifest.get("started_at"),
+        "perfscope_version": manifest.get("perfscope_version"),
+        "engine": {
+            "uri": engine.get("uri"),
+            "kind": engine.get("kind"),
+            "device": engine.get("device"),
+            "dtype": engine.get("dtype"),
+        },
+        "workload": manifest.get("workload"),
+        "load": manifest.get("load"),
+        **metrics,
+        "steps": step_breakdown(steps),
+        "model": engine.get("model"),
+    }
+    if extra_sections:
+        summary.update(extra_sections)
+    return summary

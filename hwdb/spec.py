@@ -1,0 +1,93 @@
+"""The in-memory record of one device's ceilings, in SI base units.
+
+This is the contract between the hardware database (which loads TOML files written in
+datasheet units) and the analysis (roofline, MFU/MBU, what-if). Everything here is SI:
+FLOP/s, bytes, bytes/s, watts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["DTYPES", "CeilingSource", "DeviceSpec"]
+
+#: dtype names used as keys of :attr:`DeviceSpec.peak_flops` (dense peaks only).
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
+
+#: ``datasheet``: vendor figures; ``calibrated``: measured on this machine;
+#: ``estimate``: derived by us (e.g. clocks x units) where no datasheet figure exists.
+CeilingSource = Literal["datasheet", "calibrated", "estimate"]
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Ceilings and facts about one accelerator or CPU.
+
+    Attributes:
+        key: stable lowercase identifier, e.g. ``"h100-sxm5-80gb"``.
+        name: display name, e.g. ``"NVIDIA H100 SXM5 80GB"``.
+        vendor: ``"nvidia"``, ``"amd"``, ``"google"``, ``"intel"``, ``"apple"``, ...
+        kind: ``"gpu" | "tpu" | "npu" | "cpu" | "soc"``.
+        peak_flops: dense peak throughput per dtype in FLOP/s (or OP/s for int dtypes).
+            Sparse figures are never stored here.
+        mem_bytes: device memory capacity in bytes (``None`` when not applicable).
+        mem_bw_bytes_s: peak DRAM/HBM bandwidth in bytes/s.
+        cache_bytes: last-level on-chip cache/SRAM size in bytes (L2 on NVIDIA GPUs, LLC on CPUs).
+        cache_bw_bytes_s: bandwidth of that cache level in bytes/s, when published or measured.
+        tdp_w: board/package power limit in watts.
+        source: where the ceilings come from (see :data:`CeilingSource`).
+        aliases: other names and exact NVML/driver strings that resolve to this device.
+        extra: every other field of the TOML file, already converted to SI, for display.
+    """
+
+    key: str
+    name: str
+    vendor: str
+    kind: str
+    peak_flops: dict[str, float]
+    mem_bw_bytes_s: float
+    mem_bytes: float | None = None
+    cache_bytes: float | None = None
+    cache_bw_bytes_s: float | None = None
+    tdp_w: float | None = None
+    source: CeilingSource = "datasheet"
+    aliases: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def peak_flops_for(self, dtype: str) -> float | None:
+        """Dense peak FLOP/s for ``dtype`` (``"bf16"``, ``"float32"``, ...), or ``None``.
+
+        torch-style names (``float32``, ``bfloat16``, ``float16``) are accepted. ``fp32``
+        falls back to nothing else: a missing figure stays missing rather than borrowed.
+        """
+        return self.peak_flops.get(normalize_dtype(dtype))
+
+    def ridge_point(self, dtype: str) -> float | None:
+        """FLOP per byte at which compute and DRAM bandwidth ceilings meet."""
+        peak = self.peak_flops_for(dtype)
+        if peak is None or self.mem_bw_bytes_s <= 0:
+            return None
+        return peak / self.mem_bw_bytes_s
+
+
+_DTYPE_ALIASES = {
+    "float64": "fp64",
+    "double": "fp64",
+    "float32": "fp32",
+    "float": "fp32",
+    "tensorfloat32": "tf32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "e4m3": "fp8",
+}
+
+
+def normalize_dtype(dtype: str) -> str:
+    """Map torch/numpy dtype spellings to the short keys of :data:`DTYPES`."""
+    d = dtype.lower().removeprefix("torch.")
+    return _DTYPE_ALIASES.get(d, d)

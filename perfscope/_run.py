@@ -1,0 +1,121 @@
+"""A stored, analysed run with typed attribute access to its summary.
+
+``run.ttft.p99`` (seconds), ``run.throughput.output_tok_s``, ``run.goodput.attainment``,
+``run.roofline.decode.mbu``, ``run.energy.j_per_output_token`` ... — attribute access over
+summary.json, so tests and scripts read naturally. Missing sections raise an
+``AttributeError`` that lists what is there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from perfscope.profiler.store import StoredRun, read_run, resolve_run_path
+
+__all__ = ["Run", "Section", "load_run"]
+
+
+class Section:
+    """Read-only attribute view of one summary section (a JSON object)."""
+
+    __slots__ = ("_data", "_path")
+
+    def __init__(self, data: dict[str, Any], path: str) -> None:
+        self._data = data
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            value = self._data[name]
+        except KeyError:
+            raise AttributeError(
+                f"{self._path} has no {name!r}; it has: {', '.join(sorted(self._data))}"
+            ) from None
+        return Section(value, f"{self._path}.{name}") if isinstance(value, dict) else value
+
+    def __getitem__(self, name: str) -> Any:
+        return self.__getattr__(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._data
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._data
+
+    def __repr__(self) -> str:
+        return f"Section({self._path}: {self._data!r})"
+
+
+class Run:
+    """A run directory and its summary.
+
+    Attributes:
+        path: the run directory.
+        manifest: manifest.json as a dict.
+        summary: summary.json as a dict.
+    """
+
+    def __init__(self, stored: StoredRun) -> None:
+        if stored.summary is None:
+            from perfscope._analyze import analyze_stored
+
+            analyze_stored(stored)
+        self._stored = stored
+        self.path: Path = stored.path
+        self.manifest: dict[str, Any] = stored.manifest
+        self.summary: dict[str, Any] = stored.summary or {}
+
+    @property
+    def run_id(self) -> str:
+        return self._stored.run_id
+
+    @property
+    def status(self) -> str:
+        return self._stored.status
+
+    # Tables (DataFrames with the record columns).
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self._stored.requests
+
+    @property
+    def chunks(self) -> pd.DataFrame:
+        return self._stored.chunks
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self._stored.steps
+
+    @property
+    def telemetry(self) -> pd.DataFrame:
+        return self._stored.telemetry
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        latency = self.summary.get("latency", {})
+        if name in latency:
+            return Section(latency[name], name)
+        if name in self.summary:
+            value = self.summary[name]
+            return Section(value, name) if isinstance(value, dict) else value
+        if name in ("roofline", "energy", "advice", "hardware"):
+            raise AttributeError(
+                f"this run's summary has no {name!r} section (analysis for it did not run "
+                "or had no data)"
+            )
+        raise AttributeError(f"Run has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, status={self.status!r})"
+
+
+def load_run(path: str | Path, runs_dir: str | Path | None = None) -> Run:
+    """Load a stored run: a directory, a run id under ``runs_dir``, or ``"latest"``."""
+    root = Path(runs_dir) if runs_dir is not None else None
+    return Run(read_run(resolve_run_path(path, root)))

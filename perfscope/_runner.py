@@ -1,0 +1,197 @@
+"""``perfscope run`` as a library call: workload → driver → engine → recorder → run store."""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from perfscope import __version__
+from perfscope._analyze import analyze_stored
+from perfscope.profiler.clock import MonotonicClock
+from perfscope.profiler.driver import Driver, LoadConfig
+from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
+from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.store import (
+    default_runs_root,
+    new_run_dir,
+    read_run,
+    write_json_atomic,
+    write_table_atomic,
+)
+from perfscope.profiler.workload import WorkloadConfig, build_workload
+
+__all__ = ["ProgressHook", "RunOptions", "RunOutcome", "execute_run", "host_info"]
+
+MANIFEST_SCHEMA = "perfscope.manifest/1"
+
+
+@dataclass
+class RunOptions:
+    """Everything ``perfscope run`` needs (the CLI fills it from its flags).
+
+    Attributes:
+        engine: engine URI (``reference``, ``python:mod:fn``, ...).
+        workload: what to send.
+        load: how it arrives.
+        engine_options: batch size, scheduler, device, dtype, model shape, ...
+        slos: per-request limits in seconds.
+        runs_dir: root folder of run directories (default ``$PERFSCOPE_RUNS_DIR`` or
+            ``./perfscope-runs``).
+        name: short name in the run id (default: the engine kind).
+        hw: device to analyse against; ``None`` = detect.
+        command: the command line, for the manifest.
+    """
+
+    engine: str = "reference"
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    engine_options: EngineOptions = field(default_factory=EngineOptions)
+    slos: dict[str, float] = field(default_factory=dict)
+    runs_dir: Path | None = None
+    name: str | None = None
+    hw: str | None = None
+    command: list[str] | None = None
+
+
+@dataclass
+class RunOutcome:
+    """Where the run went and how it ended (``complete``, ``interrupted``, ``failed``)."""
+
+    path: Path
+    status: str
+    summary: dict[str, Any]
+    error: str | None = None
+
+
+class ProgressHook:
+    """Receives run progress; the CLI draws a rich progress bar from it."""
+
+    def on_start(self, total_requests: int) -> None:
+        """The run starts; ``total_requests`` includes warmup requests."""
+
+    def on_request_done(self, request_id: int) -> None:
+        """A request finished (called from the engine's thread)."""
+
+    def on_end(self) -> None:
+        """Capture is over; analysis and writing follow."""
+
+
+def host_info() -> dict[str, Any]:
+    """Machine facts for the manifest."""
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+    }
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is not None:
+        info["torch"] = torch_mod.__version__
+        info["torch_threads"] = torch_mod.get_num_threads()
+        info["cuda_available"] = bool(torch_mod.cuda.is_available())
+    return info
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Ignore a second Ctrl-C while the captured data is being written."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def execute_run(
+    opts: RunOptions,
+    progress: ProgressHook | None = None,
+    *,
+    engine_factory: Callable[[str, EngineOptions], Engine] = create_engine,
+) -> RunOutcome:
+    """Run the workload on the engine and store the run; raises UsageError on bad input
+    before anything is written. An engine failure or Ctrl-C still leaves a readable run
+    (status ``failed`` / ``interrupted``) with everything captured so far."""
+    progress = progress or ProgressHook()
+    specs = build_workload(opts.workload)
+    opts.load.validate()
+    longest = max(s.prompt_tokens + s.max_output_tokens for s in specs)
+    eopts = opts.engine_options
+    if eopts.max_seq_len < longest:
+        eopts = EngineOptions(**{**eopts.__dict__, "max_seq_len": longest})
+    engine = engine_factory(opts.engine, eopts)
+    info = engine.info()
+
+    clock = MonotonicClock()
+    root = opts.runs_dir or default_runs_root()
+    run_dir = new_run_dir(root, opts.name or info.kind, clock.started_at)
+    manifest: dict[str, Any] = {
+        "schema": MANIFEST_SCHEMA,
+        "run_id": run_dir.name,
+        "name": opts.name or info.kind,
+        "perfscope_version": __version__,
+        "command": opts.command or sys.argv,
+        "started_at": clock.started_at.isoformat(),
+        "ended_at": None,
+        "status": "running",
+        "engine": info.to_dict(),
+        "workload": opts.workload.to_dict(),
+        "load": opts.load.to_dict(),
+        "slos": opts.slos,
+        "hw": opts.hw,
+        "host": host_info(),
+        "errors": [],
+    }
+    write_json_atomic(run_dir / "manifest.json", manifest)
+
+    recorder = Recorder(clock)
+    recorder.add_finish_listener(progress.on_request_done)
+    inbox = Inbox()
+    driver = Driver(specs, opts.load, inbox, recorder)
+    status, error = "complete", None
+    progress.on_start(len(specs))
+    try:
+        driver.start()
+        engine.serve(inbox, recorder)
+        driver.join()
+        if driver.error is not None:
+            raise driver.error
+    except KeyboardInterrupt:
+        status, error = "interrupted", "interrupted by the user (Ctrl-C)"
+    except Exception as exc:
+        status = "failed"
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        driver.stop()
+        progress.on_end()
+        with _sigint_deferred():
+            if status != "complete":
+                recorder.fail_unfinished(status)
+            manifest["status"] = status
+            manifest["ended_at"] = datetime.now(UTC).isoformat()
+            if error:
+                manifest["errors"].append(error)
+            write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())
+            write_table_atomic(run_dir / "chunks.parquet", recorder.chunks_table())
+            write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
+            write_json_atomic(run_dir / "manifest.json", manifest)
+            try:
+                engine.close()
+            except Exception as exc:  # closing must not lose the run
+                manifest["errors"].append(f"engine close failed: {exc}")
+    with _sigint_deferred():
+        summary = analyze_stored(read_run(run_dir), hw=opts.hw)
+    return RunOutcome(path=run_dir, status=status, summary=summary, error=error)

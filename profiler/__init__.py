@@ -1,0 +1,1 @@
+"""Capture: clock, records, recorder, engines, workloads and drivers, telemetry, run store."""

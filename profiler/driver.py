@@ -1,0 +1,190 @@
+"""Drivers: when each request arrives at the engine.
+
+- ``batch``: every request is submitted at once; the engine batches them (the offline
+  batch-API pattern).
+- ``online`` with a rate: an open loop; gaps are drawn from an exponential (``poisson``),
+  a gamma with shape ``burstiness`` (``gamma``: < 1 burstier, > 1 more regular than
+  Poisson) or are constant.
+- ``online`` with a concurrency: a closed loop of N users, each sending its next request
+  as soon as its previous one finished.
+
+Warmup requests run first, to completion, with the same pattern; the measured phase
+starts after them. The driver runs in its own thread and never waits on the engine except
+through the closed loop's completions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from perfscope.profiler.engines.base import Inbox, Submission
+from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.records import RequestSpec
+
+from perfscope.errors import WorkloadError
+
+__all__ = ["Driver", "LoadConfig", "arrival_offsets_ns"]
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How requests arrive.
+
+    Attributes:
+        mode: ``batch`` or ``online``.
+        rate: requests per second for an open loop (online).
+        concurrency: users of a closed loop (online); exclusive with ``rate``.
+        arrival: ``poisson | constant | gamma``.
+        burstiness: gamma shape (1 = Poisson).
+        seed: seeds the arrival gaps.
+    """
+
+    mode: str = "batch"
+    rate: float | None = None
+    concurrency: int | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.mode not in ("batch", "online"):
+            raise WorkloadError(f"unknown --mode {self.mode!r}: use 'batch' or 'online'")
+        if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
+            raise WorkloadError(f"--rate must be a positive number of requests/s, got {self.rate}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise WorkloadError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if self.arrival not in ("poisson", "constant", "gamma"):
+            raise WorkloadError(
+                f"unknown --arrival {self.arrival!r}: use poisson, constant or gamma"
+            )
+        if not self.burstiness > 0:
+            raise WorkloadError(f"--burstiness must be positive, got {self.burstiness}")
+        if self.mode == "online":
+            if self.rate is None and self.concurrency is None:
+                raise WorkloadError("--mode online needs --rate R or --concurrency N")
+            if self.rate is not None and self.concurrency is not None:
+                raise WorkloadError("give either --rate or --concurrency, not both")
+        elif self.rate is not None or self.concurrency is not None:
+            raise WorkloadError("--rate and --concurrency need --mode online")
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "rate": self.rate,
+            "concurrency": self.concurrency,
+            "arrival": self.arrival if self.rate is not None else None,
+            "burstiness": self.burstiness if self.arrival == "gamma" else None,
+            "seed": self.seed,
+        }
+
+
+def arrival_offsets_ns(load: LoadConfig, n: int) -> np.ndarray:
+    """Planned arrival times (ns from the phase start) of ``n`` open-loop requests.
+
+    The first request arrives at 0. Batch mode: all at 0.
+    """
+    if load.mode == "batch" or load.rate is None or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    rng = np.random.default_rng(load.seed)
+    mean_gap_s = 1.0 / load.rate
+    if load.arrival == "constant":
+        gaps = np.full(n - 1, mean_gap_s)
+    elif load.arrival == "poisson":
+        gaps = rng.exponential(mean_gap_s, size=n - 1)
+    else:
+        shape = load.burstiness
+        gaps = rng.gamma(shape, mean_gap_s / shape, size=n - 1)
+    return np.concatenate([[0], np.cumsum(gaps * 1e9)]).astype(np.int64)
+
+
+class Driver:
+    """Submits a workload to an engine's inbox on schedule, in a background thread."""
+
+    def __init__(
+        self,
+        specs: Sequence[RequestSpec],
+        load: LoadConfig,
+        inbox: Inbox,
+        recorder: Recorder,
+    ) -> None:
+        load.validate()
+        self.load = load
+        self.inbox = inbox
+        self.recorder = recorder
+        self.warmup = [s for s in specs if s.is_warmup]
+        self.measured = [s for s in specs if not s.is_warmup]
+        self._stop = threading.Event()
+        self._done_cv = threading.Condition()
+        self._finished: set[int] = set()
+        self._thread = threading.Thread(target=self._run, name="perfscope-driver", daemon=True)
+        self.error: BaseException | None = None
+        recorder.add_finish_listener(self._on_finish)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop submitting (interrupt); the inbox is closed."""
+        self._stop.set()
+        with self._done_cv:
+            self._done_cv.notify_all()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    def _on_finish(self, request_id: int) -> None:
+        with self._done_cv:
+            self._finished.add(request_id)
+            self._done_cv.notify_all()
+
+    def _wait_finished(self, ids: set[int], at_most_open: int = 0) -> bool:
+        """Block until no more than ``at_most_open`` of ``ids`` are unfinished."""
+        with self._done_cv:
+            while len(ids - self._finished) > at_most_open:
+                if self._stop.is_set():
+                    return False
+                self._done_cv.wait(0.5)
+        return not self._stop.is_set()
+
+    def _submit(self, spec: RequestSpec, t_scheduled: int) -> None:
+        handle = self.recorder.add_request(spec, t_scheduled)
+        handle.sent()
+        self.inbox.put(Submission(spec, handle))
+
+    def _phase(self, specs: list[RequestSpec]) -> bool:
+        clock = self.recorder.clock
+        if not specs:
+            return True
+        if self.load.concurrency is not None:
+            sent: set[int] = set()
+            for spec in specs:
+                if not self._wait_finished(sent, self.load.concurrency - 1):
+                    return False
+                self._submit(spec, clock.now_ns())
+                sent.add(spec.request_id)
+            return True
+        t0 = clock.now_ns()
+        offsets = arrival_offsets_ns(self.load, len(specs))
+        for spec, off in zip(specs, offsets, strict=True):
+            t_plan = t0 + int(off)
+            clock.sleep_until_ns(t_plan)
+            if self._stop.is_set():
+                return False
+            self._submit(spec, t_plan)
+        return True
+
+    def _run(self) -> None:
+        try:
+            if self.warmup:
+                if not self._phase(self.warmup):
+                    return
+                if not self._wait_finished({s.request_id for s in self.warmup}):
+                    return
+            self._phase(self.measured)
+        except BaseException as exc:  # surfaced by the runner after the engine stops
+            self.error = exc
+        finally:
+            self.inbox.close()

@@ -1,0 +1,1 @@
+"""Engine adapters behind one protocol, looked up by URI scheme."""

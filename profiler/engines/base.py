@@ -1,0 +1,275 @@
+"""The engine contract: one protocol, an inbox of submissions, and a registry by URI scheme.
+
+An engine is anything that takes requests from an :class:`Inbox` and reports their tokens
+(and, for local engines, their forward passes) to a :class:`~perfscope.profiler.recorder.Recorder`.
+The driver decides *when* requests arrive; the engine decides how to batch them.
+
+Two shapes of engine exist:
+
+- batching engines (``reference``, ``hf``) drain the inbox between forward passes and run
+  their own scheduler;
+- per-request engines (``python:``, ``openai:``) serve each request independently; they
+  subclass :class:`PerRequestEngine` and implement only :meth:`PerRequestEngine.generate`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from perfscope.profiler.recorder import Recorder, RequestHandle
+from perfscope.profiler.records import RequestSpec
+
+from perfscope.errors import EngineNotFoundError, UsageError
+
+__all__ = [
+    "Engine",
+    "EngineInfo",
+    "EngineOptions",
+    "Inbox",
+    "PerRequestEngine",
+    "Submission",
+    "create_engine",
+    "register_engine",
+    "registered_schemes",
+]
+
+
+@dataclass
+class EngineInfo:
+    """What the manifest says about the engine.
+
+    Attributes:
+        uri: the engine URI as given (``reference``, ``python:mod:fn``, ...).
+        kind: the registry scheme.
+        model: ``ModelSpec`` fields as a dict when the engine knows its model exactly.
+        device: where it runs (``cpu``, ``cuda:0``, a server URL).
+        dtype: activation dtype name, when known.
+        config: everything else worth keeping (scheduler, batch size, seed, ...).
+    """
+
+    uri: str
+    kind: str
+    model: dict[str, Any] | None = None
+    device: str | None = None
+    dtype: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uri": self.uri,
+            "kind": self.kind,
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "config": self.config,
+        }
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Options from the command line that engines may use; each engine ignores the rest.
+
+    Attributes:
+        batch_size: most sequences decoded together (batching engines).
+        scheduler: ``continuous`` or ``static`` (batching engines).
+        device: ``cpu``, ``cuda``, ``cuda:1``; ``None`` = CUDA when available, else CPU.
+        dtype: ``float32|bfloat16|float16``; ``None`` = the engine's default.
+        seed: seeds weights and sampling.
+        model_preset: named shape of the reference model.
+        model_overrides: explicit shape fields (``n_layers``, ``hidden_size``, ...).
+        stop_on_eos: let sequences end early on the end-of-sequence token.
+        max_seq_len: longest prompt + output the engine must hold (sizes KV caches).
+        extra: engine-specific options (``--engine-opt key=value``).
+    """
+
+    batch_size: int = 8
+    scheduler: str = "continuous"
+    device: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+    model_preset: str | None = None
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    stop_on_eos: bool = False
+    max_seq_len: int = 2048
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Submission:
+    """A request handed to the engine: what to run and where to report it."""
+
+    spec: RequestSpec
+    handle: RequestHandle
+
+
+class Inbox:
+    """Thread-safe queue from the driver to the engine, closed when no more will come."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[Submission | None] = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._drained_close = False
+
+    def put(self, sub: Submission) -> None:
+        if self._closed.is_set():
+            raise RuntimeError("inbox is closed")
+        self._q.put(sub)
+
+    def close(self) -> None:
+        """No more submissions will arrive."""
+        if not self._closed.is_set():
+            self._closed.set()
+            self._q.put(None)
+
+    @property
+    def finished(self) -> bool:
+        """Closed and every submission has been taken."""
+        return self._drained_close
+
+    def get(self, timeout_s: float | None = None) -> Submission | None:
+        """Next submission, waiting up to ``timeout_s`` (None = forever); ``None`` when the
+        inbox is finished or the wait timed out (check :attr:`finished`)."""
+        if self._drained_close:
+            return None
+        try:
+            item = self._q.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        if item is None:
+            self._drained_close = True
+        return item
+
+    def drain(self) -> list[Submission]:
+        """Every submission available right now, without waiting."""
+        out: list[Submission] = []
+        while not self._drained_close:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._drained_close = True
+            else:
+                out.append(item)
+        return out
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every engine adapter implements."""
+
+    def info(self) -> EngineInfo:
+        """Describe the engine for the manifest (called once, before serving)."""
+        ...
+
+    def serve(self, inbox: Inbox, recorder: Recorder) -> None:
+        """Run submissions from ``inbox`` until it is finished and all requests are done.
+
+        Report each request on its ``handle`` (``sent``, ``tokens``, ``finish``) and, for
+        local engines, each forward pass with ``recorder.step``. A failure of one request is
+        recorded on its handle; an exception out of ``serve`` fails the run (the data
+        recorded so far is kept).
+        """
+        ...
+
+    def close(self) -> None:
+        """Release resources (models, sessions). Safe to call more than once."""
+        ...
+
+
+class PerRequestEngine(ABC):
+    """Base for engines that serve each request on its own (callables, HTTP servers).
+
+    Subclasses implement :meth:`generate`; ``serve`` runs each submission in a worker thread
+    as soon as the driver submits it, up to ``max_workers`` at once.
+    """
+
+    max_workers: int = 512
+
+    @abstractmethod
+    def info(self) -> EngineInfo: ...
+
+    @abstractmethod
+    def generate(self, spec: RequestSpec, handle: RequestHandle) -> None:
+        """Serve one request: call ``handle.tokens(n)`` per chunk as it arrives.
+
+        ``handle.sent()`` has already been called; raising marks the request failed with
+        the exception's text (the run goes on); ``finish`` is called for you.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Nothing to release by default."""
+
+    def _run_one(self, sub: Submission) -> None:
+        sub.handle.sent()
+        try:
+            self.generate(sub.spec, sub.handle)
+        except Exception as exc:  # one request failing must not end the run
+            sub.handle.finish(error=f"{type(exc).__name__}: {exc}"[:300])
+        else:
+            sub.handle.finish()
+
+    def serve(self, inbox: Inbox, recorder: Recorder) -> None:
+        pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="perfscope-req")
+        try:
+            while True:
+                sub = inbox.get(timeout_s=0.5)  # a timeout keeps Ctrl-C responsive
+                if sub is None:
+                    if inbox.finished:
+                        break
+                    continue
+                pool.submit(self._run_one, sub)
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+
+
+EngineFactory = Callable[[str, EngineOptions], Engine]
+_REGISTRY: dict[str, EngineFactory] = {}
+
+
+def register_engine(scheme: str) -> Callable[[EngineFactory], EngineFactory]:
+    """Register ``factory(uri, options) -> Engine`` for URIs ``scheme`` or ``scheme:...``."""
+
+    def deco(factory: EngineFactory) -> EngineFactory:
+        _REGISTRY[scheme] = factory
+        return factory
+
+    return deco
+
+
+def registered_schemes() -> list[str]:
+    _load_builtin_engines()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin_engines() -> None:
+    # Imported lazily: the reference engine pulls in torch, which `perfscope ls` never needs.
+    import perfscope.profiler.engines.python_callable
+    import perfscope.profiler.engines.reference  # noqa: F401
+
+
+def create_engine(uri: str, options: EngineOptions | None = None) -> Engine:
+    """Build the engine for ``uri`` (``reference``, ``python:module:attr``, ...)."""
+    _load_builtin_engines()
+    scheme = uri.split(":", 1)[0].strip().lower() if uri else ""
+    factory = _REGISTRY.get(scheme)
+    if factory is None:
+        known = ", ".join(f"{s}" if s == "reference" else f"{s}:..." for s in sorted(_REGISTRY))
+        raise EngineNotFoundError(
+            f"unknown engine {uri!r}: use one of {known} "
+            "(e.g. 'reference' or 'python:mypkg.engine:generate')"
+        )
+    try:
+        return factory(uri, options or EngineOptions())
+    except UsageError:
+        raise
+    except ValueError as exc:
+        raise UsageError(f"engine {uri!r}: {exc}") from exc

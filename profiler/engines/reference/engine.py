@@ -1,0 +1,274 @@
+"""The reference engine's scheduler: batched prefill and decode like a serving engine.
+
+``continuous`` (default): requests that arrived are prefilled and join the running decode
+batch at the next step, up to ``batch_size``; finished sequences leave at once.
+``static``: a batch starts when the engine is idle and requests are waiting (up to
+``batch_size`` of them) and runs until its longest request finishes; rows that finish
+early keep occupying their slot, as in classic static batching.
+
+Prefill groups the admitted prompts by length, so no padding is ever computed; each group
+is one forward pass. Every forward pass is timed after device synchronisation and
+reported as a step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from perfscope.profiler.engines.base import (
+    EngineInfo,
+    EngineOptions,
+    Inbox,
+    Submission,
+    register_engine,
+)
+from perfscope.profiler.engines.reference.model import (
+    PRESETS,
+    KVCache,
+    ReferenceConfig,
+    ReferenceModel,
+)
+from perfscope.profiler.recorder import Recorder
+
+from perfscope.errors import UsageError
+
+__all__ = ["ReferenceEngine"]
+
+#: Token id that ends a sequence when ``stop_on_eos`` is set.
+EOS_TOKEN_ID = 0
+
+
+@dataclass
+class _Seq:
+    sub: Submission
+    length: int  # tokens in the KV cache
+    generated: int  # output tokens emitted
+    next_token: int
+    done: bool = False
+
+
+def _pick_device(requested: str | None) -> torch.device:
+    if requested is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(requested)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {requested!r} requested but CUDA is not available here")
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"device {requested!r}: the reference engine runs on cpu or cuda")
+    return dev
+
+
+class ReferenceEngine:
+    """Serves requests on a :class:`ReferenceModel` with random weights."""
+
+    def __init__(self, uri: str, options: EngineOptions) -> None:
+        preset = options.model_preset or "small"
+        if preset not in PRESETS:
+            raise UsageError(f"unknown model preset {preset!r}: use one of {', '.join(PRESETS)}")
+        if options.scheduler not in ("continuous", "static"):
+            raise UsageError(
+                f"unknown scheduler {options.scheduler!r}: use 'continuous' or 'static'"
+            )
+        if options.batch_size < 1:
+            raise UsageError(f"--batch-size must be at least 1, got {options.batch_size}")
+        self.uri = uri
+        self.options = options
+        self.device = _pick_device(options.device)
+        dtype = options.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
+        try:
+            self.config: ReferenceConfig = PRESETS[preset].with_overrides(
+                dtype=dtype, **options.model_overrides
+            )
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"reference model: {exc}") from exc
+        self.preset = preset
+        self.model = ReferenceModel.build(self.config, seed=options.seed, device=self.device)
+        self.max_seq_len = options.max_seq_len
+
+    # --- protocol -----------------------------------------------------------------------
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            uri=self.uri,
+            kind="reference",
+            model=self.config.model_spec(),
+            device=str(self.device),
+            dtype=self.config.dtype,
+            config={
+                "preset": self.preset,
+                "shape": self.config.to_dict(),
+                "n_params": self.config.n_params(),
+                "scheduler": self.options.scheduler,
+                "batch_size": self.options.batch_size,
+                "seed": self.options.seed,
+                "stop_on_eos": self.options.stop_on_eos,
+                "max_seq_len": self.max_seq_len,
+                "device_name": _device_name(self.device),
+                "torch": torch.__version__,
+                "torch_threads": torch.get_num_threads(),
+            },
+        )
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def serve(self, inbox: Inbox, recorder: Recorder) -> None:
+        bs = self.options.batch_size
+        cache = self.model.new_cache(bs, self.max_seq_len)
+        pending: deque[Submission] = deque()
+        running: list[_Seq] = []
+        static = self.options.scheduler == "static"
+        while True:
+            pending.extend(inbox.drain())
+            if not running and not pending:
+                if inbox.finished:
+                    return
+                sub = inbox.get()  # idle: wait for the next arrival
+                if sub is not None:
+                    pending.append(sub)
+                continue
+            if static:
+                if not running:
+                    self._admit(pending, running, bs, cache, recorder)
+            elif len(running) < bs and pending:
+                self._admit(pending, running, bs, cache, recorder)
+            self._drop_finished(running, cache, static)
+            if running:
+                self._decode(running, cache, recorder)
+                self._drop_finished(running, cache, static)
+
+    # --- scheduling -----------------------------------------------------------------------
+
+    def _admit(
+        self,
+        pending: deque[Submission],
+        running: list[_Seq],
+        bs: int,
+        cache: KVCache,
+        recorder: Recorder,
+    ) -> None:
+        admitted: list[Submission] = []
+        while pending and len(running) + len(admitted) < bs:
+            sub = pending.popleft()
+            need = sub.spec.prompt_tokens + sub.spec.max_output_tokens
+            if sub.spec.prompt_tokens < 1:
+                sub.handle.finish(error="empty prompt")
+            elif need > self.max_seq_len:
+                sub.handle.finish(
+                    error=f"prompt + output = {need} tokens exceeds max_seq_len {self.max_seq_len}"
+                )
+            else:
+                admitted.append(sub)
+        groups: dict[int, list[Submission]] = {}
+        for sub in admitted:
+            groups.setdefault(sub.spec.prompt_tokens, []).append(sub)
+        for length, subs in groups.items():
+            start = len(running)
+            tokens = torch.stack([self._prompt_ids(s) for s in subs]).to(self.device)
+            t0 = recorder.clock.now_ns()
+            logits = self.model.prefill(tokens, cache.view(start, len(subs)))
+            first = logits.argmax(-1).tolist()  # .tolist() synchronises the device
+            self._sync()
+            t1 = recorder.clock.now_ns()
+            recorder.step(
+                "prefill",
+                t0,
+                t1,
+                len(subs),
+                length * len(subs),
+                0,
+                [s.spec.request_id for s in subs],
+            )
+            for sub, tok in zip(subs, first, strict=True):
+                seq = _Seq(sub=sub, length=length, generated=1, next_token=int(tok))
+                sub.handle.tokens(1, t1)
+                if seq.generated >= sub.spec.max_output_tokens or self._is_eos(tok):
+                    seq.done = True
+                    sub.handle.finish()
+                running.append(seq)
+
+    def _decode(self, running: list[_Seq], cache: KVCache, recorder: Recorder) -> None:
+        tokens = torch.tensor([s.next_token for s in running], device=self.device)
+        lengths = torch.tensor([s.length for s in running], device=self.device)
+        context = sum(s.length for s in running)
+        t0 = recorder.clock.now_ns()
+        logits = self.model.decode(tokens, cache, lengths)
+        nxt = logits.argmax(-1).tolist()
+        self._sync()
+        t1 = recorder.clock.now_ns()
+        recorder.step(
+            "decode",
+            t0,
+            t1,
+            len(running),
+            len(running),
+            context,
+            [s.sub.spec.request_id for s in running],
+        )
+        for seq, tok in zip(running, nxt, strict=True):
+            seq.length += 1
+            seq.next_token = int(tok)
+            if seq.done:
+                continue  # static batching: a finished row still occupies its slot
+            seq.generated += 1
+            seq.sub.handle.tokens(1, t1)
+            if seq.generated >= seq.sub.spec.max_output_tokens or self._is_eos(tok):
+                seq.done = True
+                seq.sub.handle.finish()
+
+    def _drop_finished(self, running: list[_Seq], cache: KVCache, static: bool) -> None:
+        if static:
+            if running and all(s.done for s in running):
+                running.clear()
+            return
+        i = 0
+        while i < len(running):
+            if running[i].done:
+                last = running.pop()
+                if i < len(running):
+                    cache.move(len(running), i, last.length)
+                    running[i] = last
+            else:
+                i += 1
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _is_eos(self, token: int) -> bool:
+        return self.options.stop_on_eos and token == EOS_TOKEN_ID
+
+    def _prompt_ids(self, sub: Submission) -> torch.Tensor:
+        spec = sub.spec
+        vocab = self.config.vocab_size
+        if spec.prompt_token_ids is not None:
+            ids = torch.tensor(spec.prompt_token_ids[: spec.prompt_tokens], dtype=torch.long)
+            return ids % vocab
+        if spec.prompt is not None:
+            raw = list(spec.prompt.encode("utf-8"))[: spec.prompt_tokens]
+            raw += [32] * (spec.prompt_tokens - len(raw))
+            return torch.tensor(raw, dtype=torch.long) % vocab
+        gen = torch.Generator().manual_seed(self.options.seed * 1_000_003 + spec.request_id)
+        # Ids from 1: 0 is the end-of-sequence token.
+        return torch.randint(1, vocab, (spec.prompt_tokens,), generator=gen)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    return "cpu"
+
+
+@register_engine("reference")
+def _create(uri: str, options: EngineOptions) -> ReferenceEngine:
+    if uri.strip().lower() != "reference":
+        raise UsageError(
+            f"engine {uri!r}: the reference engine takes no arguments; use 'reference'"
+        )
+    return ReferenceEngine(uri, options)

@@ -1,0 +1,191 @@
+"""Records that flow from capture to analysis (DESIGN.md §3).
+
+Times are integer nanoseconds since the run's start (one monotonic clock, see
+:mod:`perfscope.profiler.clock`). Quantities are SI base units. These dataclasses document
+the columns; the recorder stores them column-wise and the run store writes them as Parquet
+with the Arrow schemas below, so a table on disk has exactly these columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pyarrow as pa
+
+__all__ = [
+    "CHUNK_SCHEMA",
+    "REQUEST_SCHEMA",
+    "STEP_SCHEMA",
+    "TELEMETRY_SCHEMA",
+    "ChunkRecord",
+    "RequestRecord",
+    "RequestSpec",
+    "StepKind",
+    "StepRecord",
+    "TelemetrySample",
+]
+
+StepKind = Literal["prefill", "decode", "mixed"]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a workload, before it runs.
+
+    Attributes:
+        request_id: unique within the run, in submission order.
+        prompt_tokens: prompt length in tokens.
+        max_output_tokens: number of tokens to generate (engines stop early only on EOS
+            when asked to).
+        prompt: prompt text, when the workload has one (JSONL prompts); ``None`` for
+            synthetic token-length workloads.
+        prompt_token_ids: explicit token ids, when the workload fixes them.
+        is_warmup: excluded from every statistic.
+    """
+
+    request_id: int
+    prompt_tokens: int
+    max_output_tokens: int
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    is_warmup: bool = False
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request. ``t_*`` are run-relative ns; ``None`` = never happened."""
+
+    request_id: int
+    prompt_tokens: int
+    max_output_tokens: int
+    t_scheduled: int
+    t_sent: int | None = None
+    t_first_token: int | None = None
+    t_last_token: int | None = None
+    output_tokens: int = 0
+    error: str | None = None
+    is_warmup: bool = False
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """One streamed chunk: ``n_tokens`` tokens of ``request_id`` arrived at ``t`` (ns)."""
+
+    request_id: int
+    t: int
+    n_tokens: int
+    index: int
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One forward pass of a local engine, timed after device synchronisation.
+
+    Attributes:
+        kind: ``prefill`` (only prompt tokens), ``decode`` (one new token per row) or
+            ``mixed`` (both in one pass, as chunked-prefill engines do).
+        batch_size: sequences in the pass.
+        new_tokens: tokens processed in the pass (sum over rows).
+        context_tokens: KV-cache entries read by attention in the pass (sum over rows,
+            excluding the new tokens themselves).
+        request_ids: the requests in the pass.
+    """
+
+    step_id: int
+    kind: StepKind
+    t_start: int
+    t_end: int
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    request_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """One hardware sample. ``energy_j`` is the counter since the sampler started."""
+
+    t: int
+    device: str
+    power_w: float | None = None
+    energy_j: float | None = None
+    mem_used_bytes: float | None = None
+    util_pct: float | None = None
+    mem_util_pct: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    temp_c: float | None = None
+    throttle: int | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+REQUEST_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("prompt_tokens", pa.int64()),
+        ("max_output_tokens", pa.int64()),
+        ("t_scheduled", pa.int64()),
+        ("t_sent", pa.int64()),
+        ("t_first_token", pa.int64()),
+        ("t_last_token", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("error", pa.string()),
+        ("is_warmup", pa.bool_()),
+    ]
+)
+
+CHUNK_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("t", pa.int64()),
+        ("n_tokens", pa.int64()),
+        ("index", pa.int64()),
+    ]
+)
+
+STEP_SCHEMA = pa.schema(
+    [
+        ("step_id", pa.int64()),
+        ("kind", pa.string()),
+        ("t_start", pa.int64()),
+        ("t_end", pa.int64()),
+        ("batch_size", pa.int64()),
+        ("new_tokens", pa.int64()),
+        ("context_tokens", pa.int64()),
+        ("request_ids", pa.list_(pa.int64())),
+    ]
+)
+
+TELEMETRY_SCHEMA = pa.schema(
+    [
+        ("t", pa.int64()),
+        ("device", pa.string()),
+        ("power_w", pa.float64()),
+        ("energy_j", pa.float64()),
+        ("mem_used_bytes", pa.float64()),
+        ("util_pct", pa.float64()),
+        ("mem_util_pct", pa.float64()),
+        ("sm_clock_mhz", pa.float64()),
+        ("mem_clock_mhz", pa.float64()),
+        ("temp_c", pa.float64()),
+        ("throttle", pa.int64()),
+        # Added by the telemetry samplers (issue 6); null where a row's device has no such value.
+        # cpu rows: this process's resident set and its peak (bytes), this process's CPU use
+        # (% of one core, may exceed 100), RAPL DRAM energy since sampler start (J).
+        ("rss_bytes", pa.float64()),
+        ("peak_rss_bytes", pa.float64()),
+        ("proc_cpu_pct", pa.float64()),
+        ("dram_energy_j", pa.float64()),
+        # gpu rows, NVML GPM (Hopper and newer), each over the window since the previous
+        # sample: SMs busy, warp occupancy, tensor-pipe activity, DRAM bandwidth used (0-100).
+        ("sm_util_pct", pa.float64()),
+        ("sm_occupancy_pct", pa.float64()),
+        ("tensor_util_pct", pa.float64()),
+        ("dram_bw_util_pct", pa.float64()),
+        # gpu rows, PyTorch caching allocator of this process (bytes; local CUDA engines only).
+        ("torch_allocated_bytes", pa.float64()),
+        ("torch_reserved_bytes", pa.float64()),
+        ("torch_peak_allocated_bytes", pa.float64()),
+    ]
+)

@@ -1,0 +1,221 @@
+"""Workloads: which requests to send (lengths, prompts), reproducibly from a seed."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from perfscope.profiler.records import RequestSpec
+
+from perfscope.errors import WorkloadError
+
+__all__ = ["LengthDist", "WorkloadConfig", "build_workload", "parse_length"]
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A token-length distribution: ``constant``, ``uniform`` (inclusive) or ``normal``
+    (rounded, clipped to at least 1).
+
+    Attributes:
+        kind: ``constant | uniform | normal``.
+        a: the value (constant), the low end (uniform) or the mean (normal).
+        b: the high end (uniform) or the standard deviation (normal); unused for constant.
+    """
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` integer lengths, each at least 1."""
+        if self.kind == "constant":
+            out = np.full(n, self.a)
+        elif self.kind == "uniform":
+            out = rng.integers(int(self.a), int(self.b) + 1, size=n)
+        else:
+            out = np.rint(rng.normal(self.a, self.b, size=n))
+        return np.maximum(out, 1).astype(np.int64)
+
+    @property
+    def max(self) -> int:
+        """Largest value it can produce (normal: mean + 6 sigma)."""
+        if self.kind == "constant":
+            return int(self.a)
+        if self.kind == "uniform":
+            return int(self.b)
+        return max(1, math.ceil(self.a + 6 * self.b))
+
+    def __str__(self) -> str:
+        if self.kind == "constant":
+            return str(int(self.a))
+        return f"{self.kind}:{self.a:g}:{self.b:g}"
+
+
+def parse_length(text: str | int, what: str = "length") -> LengthDist:
+    """Parse ``128``, ``uniform:64:256`` or ``normal:128:32``."""
+    if isinstance(text, int):
+        text = str(text)
+    parts = text.strip().lower().split(":")
+    try:
+        if len(parts) == 1:
+            value = int(parts[0])
+            if value < 1:
+                raise WorkloadError(f"{what} must be at least 1 token, got {value}")
+            return LengthDist("constant", value)
+        kind, nums = parts[0], [float(p) for p in parts[1:]]
+    except ValueError:
+        raise WorkloadError(
+            f"cannot read {what} {text!r}: use a number (128), 'uniform:LOW:HIGH' or "
+            "'normal:MEAN:STD'"
+        ) from None
+    if kind == "uniform" and len(nums) == 2:
+        low, high = nums
+        if not (1 <= low <= high) or low != int(low) or high != int(high):
+            raise WorkloadError(f"{what} {text!r}: uniform needs whole numbers 1 <= LOW <= HIGH")
+        return LengthDist("uniform", low, high)
+    if kind == "normal" and len(nums) == 2:
+        mean, std = nums
+        if mean < 1 or std < 0:
+            raise WorkloadError(f"{what} {text!r}: normal needs MEAN >= 1 and STD >= 0")
+        return LengthDist("normal", mean, std)
+    raise WorkloadError(
+        f"cannot read {what} {text!r}: use a number (128), 'uniform:LOW:HIGH' or 'normal:MEAN:STD'"
+    )
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """What to send.
+
+    Attributes:
+        requests: measured requests (``None`` with a prompts file = one per line).
+        prompt_len: prompt length distribution in tokens (ignored for file prompts that
+            carry their own length).
+        output_len: output length distribution in tokens.
+        prompts_file: JSONL file, one object per line with ``prompt`` (text) or
+            ``prompt_tokens`` (int) or ``prompt_token_ids`` (list), and optionally
+            ``output_tokens`` / ``max_tokens``.
+        warmup: extra requests run before the measured ones and excluded from statistics.
+        seed: seeds lengths (and, in engines, prompt ids).
+    """
+
+    requests: int | None = 32
+    prompt_len: LengthDist = LengthDist("constant", 128)
+    output_len: LengthDist = LengthDist("constant", 64)
+    prompts_file: Path | None = None
+    warmup: int = 0
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "requests": self.requests,
+            "prompt_len": str(self.prompt_len),
+            "output_len": str(self.output_len),
+            "prompts_file": str(self.prompts_file) if self.prompts_file else None,
+            "warmup": self.warmup,
+            "seed": self.seed,
+        }
+
+
+def _read_prompts(path: Path) -> list[dict[str, object]]:
+    if not path.is_file():
+        raise WorkloadError(f"prompts file {str(path)!r} does not exist")
+    rows: list[dict[str, object]] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"cannot read prompts file {str(path)!r}: {exc}") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if isinstance(obj, str):
+            obj = {"prompt": obj}
+        if not isinstance(obj, dict) or not (
+            "prompt" in obj or "prompt_tokens" in obj or "prompt_token_ids" in obj
+        ):
+            raise WorkloadError(
+                f"{path}:{lineno}: each line needs 'prompt', 'prompt_tokens' or 'prompt_token_ids'"
+            )
+        rows.append(obj)
+    if not rows:
+        raise WorkloadError(f"prompts file {str(path)!r} has no prompts")
+    return rows
+
+
+def _spec_from_row(
+    rid: int, row: dict[str, object], out_len: int, warm: bool, where: str
+) -> RequestSpec:
+    try:
+        ids = row.get("prompt_token_ids")
+        prompt = row.get("prompt")
+        if ids is not None:
+            token_ids = tuple(int(x) for x in ids)  # type: ignore[attr-defined]
+            n_prompt = len(token_ids)
+        else:
+            token_ids = None
+            n_prompt = (
+                int(row["prompt_tokens"])
+                if "prompt_tokens" in row
+                else len(
+                    str(prompt).encode("utf-8")  # byte-level count until an engine recounts
+                )
+            )
+        n_out = int(row.get("output_tokens", row.get("max_tokens", out_len)))  # type: ignore[call-overload]
+    except (TypeError, ValueError) as exc:
+        raise WorkloadError(f"{where}: bad field ({exc})") from None
+    if n_prompt < 1 or n_out < 1:
+        raise WorkloadError(f"{where}: prompt and output lengths must be at least 1 token")
+    return RequestSpec(
+        request_id=rid,
+        prompt_tokens=n_prompt,
+        max_output_tokens=n_out,
+        prompt=None if prompt is None else str(prompt),
+        prompt_token_ids=token_ids,
+        is_warmup=warm,
+    )
+
+
+def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
+    """The warmup requests (ids ``0..warmup-1``) followed by the measured ones."""
+    if cfg.warmup < 0:
+        raise WorkloadError(f"--warmup must be 0 or more, got {cfg.warmup}")
+    rng = np.random.default_rng(cfg.seed)
+    if cfg.prompts_file is not None:
+        rows = _read_prompts(cfg.prompts_file)
+        n = cfg.requests if cfg.requests is not None else len(rows)
+    else:
+        rows = []
+        n = cfg.requests if cfg.requests is not None else 32
+    if n < 1:
+        raise WorkloadError(f"--requests must be at least 1, got {n}")
+    total = cfg.warmup + n
+    prompt_lens = cfg.prompt_len.sample(rng, total)
+    output_lens = cfg.output_len.sample(rng, total)
+    specs: list[RequestSpec] = []
+    for i in range(total):
+        warm = i < cfg.warmup
+        if rows:
+            j = i % len(rows)
+            specs.append(
+                _spec_from_row(
+                    i, rows[j], int(output_lens[i]), warm, f"{cfg.prompts_file}: prompt {j + 1}"
+                )
+            )
+        else:
+            specs.append(
+                RequestSpec(
+                    request_id=i,
+                    prompt_tokens=int(prompt_lens[i]),
+                    max_output_tokens=int(output_lens[i]),
+                    is_warmup=warm,
+                )
+            )
+    return specs

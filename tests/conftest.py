@@ -1,0 +1,48 @@
+"""Shared fixtures: every test gets its own runs and cache folders."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFSCOPE_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
+    # Calibration results are per machine: one cache for the whole test session, so the
+    # CPU calibration runs once, and never in the user's home.
+    monkeypatch.setenv("PERFSCOPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "runs"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def engines_on_path(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Make tests/data/engines importable (for python: engines)."""
+    path = DATA / "engines"
+    monkeypatch.syspath_prepend(str(path))
+    return path
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for running the CLI in a subprocess with test engines importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(DATA / "engines"), env.get("PYTHONPATH", "")])
+    env["COLUMNS"] = "160"
+    env["NO_COLOR"] = "1"
+    env.update(extra)
+    return env
+
+
+PERFSCOPE = [sys.executable, "-m", "perfscope"]

@@ -1,0 +1,59 @@
+"""Engines with known timing, for ground-truth tests (importable as python:timed_engines:...)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+TTFT_S = 0.050
+PER_TOKEN_S = 0.010
+
+
+def precise_sleep(seconds: float) -> None:
+    """Sleep, then spin for the last 2 ms: the truth must be exact to well under 1 ms."""
+    end = time.perf_counter() + seconds
+    if seconds > 0.002:
+        time.sleep(seconds - 0.002)
+    while time.perf_counter() < end:
+        pass
+
+
+def single_tokens(max_tokens: int) -> Iterator[int]:
+    """First token after 50 ms, then one token every 10 ms."""
+    precise_sleep(TTFT_S)
+    yield 1
+    for _ in range(max_tokens - 1):
+        precise_sleep(PER_TOKEN_S)
+        yield 1
+
+
+def triple_chunks(max_tokens: int) -> Iterator[list[str]]:
+    """First token after 50 ms, then chunks of 3 tokens every 30 ms (10 ms per token)."""
+    precise_sleep(TTFT_S)
+    yield ["a"]
+    sent = 1
+    while sent < max_tokens:
+        n = min(3, max_tokens - sent)
+        precise_sleep(PER_TOKEN_S * n)
+        yield ["t"] * n
+        sent += n
+
+
+def slow_stream(max_tokens: int) -> Iterator[int]:
+    """A slow engine for interrupt tests: 20 ms per token."""
+    for _ in range(max_tokens):
+        time.sleep(0.02)
+        yield 1
+
+
+def flaky(request_id: int, max_tokens: int) -> Iterator[int]:
+    """Every third request fails after its first token."""
+    yield 1
+    if request_id % 3 == 2:
+        raise ConnectionResetError("server went away")
+    for _ in range(max_tokens - 1):
+        yield 1
+
+
+def not_a_generator(prompt_tokens: int) -> object:
+    return object()
