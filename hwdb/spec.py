@@ -7,7 +7,7 @@ FLOP/s, bytes, bytes/s, watts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 __all__ = ["DTYPES", "CeilingSource", "DeviceSpec"]
@@ -54,6 +54,21 @@ class DeviceSpec:
     source: CeilingSource = "datasheet"
     aliases: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (SI units), as stored in a run's manifest."""
+        d = asdict(self)
+        d["aliases"] = list(self.aliases)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeviceSpec:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in known}
+        kw["aliases"] = tuple(kw.get("aliases", ()))
+        kw["peak_flops"] = {str(k): float(v) for k, v in (kw.get("peak_flops") or {}).items()}
+        return cls(**kw)
 
     def peak_flops_for(self, dtype: str) -> float | None:
         """Dense peak FLOP/s for ``dtype`` (``"bf16"``, ``"float32"``, ...), or ``None``.

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from perfscope import __version__
-from perfscope._analyze import analyze_stored
+from perfscope._analyze import analyze_stored, resolve_hardware
 from perfscope._run import Run
 from perfscope.profiler.clock import Clock, MonotonicClock
 from perfscope.profiler.recorder import Recorder, RequestHandle
@@ -145,6 +145,7 @@ class Profile:
             "load": {"mode": "manual"},
             "slos": self.slos,
             "hw": self.hw,
+            "hardware": resolve_hardware({"kind": "manual"}, self.hw),
             "errors": [error] if error else [],
         }
         write_table_atomic(path / "requests.parquet", self.recorder.requests_table())
@@ -152,7 +153,7 @@ class Profile:
         write_table_atomic(path / "steps.parquet", self.recorder.steps_table())
         write_json_atomic(path / "manifest.json", manifest)
         stored = read_run(path)
-        analyze_stored(stored, hw=self.hw)
+        analyze_stored(stored)
         self.path = path
         self._run = Run(stored)
 

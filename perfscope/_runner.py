@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from perfscope import __version__
-from perfscope._analyze import analyze_stored
+from perfscope._analyze import analyze_stored, resolve_hardware
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
@@ -134,6 +134,11 @@ def execute_run(
         eopts = EngineOptions(**{**eopts.__dict__, "max_seq_len": longest})
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
+    try:
+        hardware = resolve_hardware(info.to_dict(), opts.hw)
+    except BaseException:
+        engine.close()
+        raise
 
     clock = MonotonicClock()
     root = opts.runs_dir or default_runs_root()
@@ -152,6 +157,7 @@ def execute_run(
         "load": opts.load.to_dict(),
         "slos": opts.slos,
         "hw": opts.hw,
+        "hardware": hardware,
         "host": host_info(),
         "errors": [],
     }
@@ -193,5 +199,5 @@ def execute_run(
             except Exception as exc:  # closing must not lose the run
                 manifest["errors"].append(f"engine close failed: {exc}")
     with _sigint_deferred():
-        summary = analyze_stored(read_run(run_dir), hw=opts.hw)
+        summary = analyze_stored(read_run(run_dir))
     return RunOutcome(path=run_dir, status=status, summary=summary, error=error)

@@ -72,7 +72,7 @@ def _key_value(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _add_runs_dir(p: argparse.ArgumentParser) -> None:
+def _add_runs_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--runs-dir",
         type=Path,
@@ -363,7 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="perfscope", description="Inference performance profiler and roofline analyzer."
     )
     parser.add_argument("--version", action="version", version=f"perfscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser
+    )
     _add_run_parser(sub)
 
     p = sub.add_parser("show", help="print the summary of a stored run")
@@ -402,7 +404,8 @@ def _command_modules() -> list[Any]:
     import importlib
 
     mods = []
-    for name in ():
+    names: tuple[str, ...] = ("_cli_hw",)
+    for name in names:
         mods.append(importlib.import_module(f"perfscope.{name}"))
     return mods
 

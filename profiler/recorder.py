@@ -210,16 +210,20 @@ class Recorder:
 
     def chunks_table(self) -> pa.Table:
         rows = list(self._chunks)  # snapshot: an engine thread may still be appending
-        cols = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+        cols: list[list[Any]] = (
+            [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in CHUNK_SCHEMA.names]
+        )
         return pa.table(
-            {name: list(col) for name, col in zip(CHUNK_SCHEMA.names, cols, strict=True)},
+            dict(zip(CHUNK_SCHEMA.names, cols, strict=True)),
             schema=CHUNK_SCHEMA,
         )
 
     def steps_table(self) -> pa.Table:
         rows = list(self._steps)
-        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in STEP_SCHEMA.names]
+        cols: list[list[Any]] = (
+            [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in STEP_SCHEMA.names]
+        )
         return pa.table(
-            {name: list(col) for name, col in zip(STEP_SCHEMA.names, cols, strict=True)},
+            dict(zip(STEP_SCHEMA.names, cols, strict=True)),
             schema=STEP_SCHEMA,
         )

@@ -146,12 +146,14 @@ class StoredRun:
 
 def _read_table(path: Path, schema: pa.Schema) -> pd.DataFrame:
     if not path.exists():
-        return schema.empty_table().to_pandas()
+        empty: pd.DataFrame = schema.empty_table().to_pandas()
+        return empty
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise RunNotFoundError(f"cannot read {path}: {exc}") from None
-    return table.to_pandas()
+    frame: pd.DataFrame = table.to_pandas()
+    return frame
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

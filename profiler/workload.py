@@ -38,7 +38,8 @@ class LengthDist:
             out = rng.integers(int(self.a), int(self.b) + 1, size=n)
         else:
             out = np.rint(rng.normal(self.a, self.b, size=n))
-        return np.maximum(out, 1).astype(np.int64)
+        result: np.ndarray = np.maximum(out, 1).astype(np.int64)
+        return result
 
     @property
     def max(self) -> int:
@@ -168,7 +169,8 @@ def _spec_from_row(
                     str(prompt).encode("utf-8")  # byte-level count until an engine recounts
                 )
             )
-        n_out = int(row.get("output_tokens", row.get("max_tokens", out_len)))  # type: ignore[call-overload]
+        raw_out = row.get("output_tokens", row.get("max_tokens", out_len))
+        n_out = int(str(raw_out))
     except (TypeError, ValueError) as exc:
         raise WorkloadError(f"{where}: bad field ({exc})") from None
     if n_prompt < 1 or n_out < 1:

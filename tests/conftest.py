@@ -13,7 +13,9 @@ ROOT = Path(__file__).parent.parent
 
 
 @pytest.fixture(autouse=True)
-def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_dirs(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PERFSCOPE_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
     # Calibration results are per machine: one cache for the whole test session, so the
     # CPU calibration runs once, and never in the user's home.

@@ -88,7 +88,7 @@ class ReferenceConfig:
 
     def with_overrides(self, **overrides: object) -> ReferenceConfig:
         """A copy with the given fields replaced (``None`` values are ignored)."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
     def n_params(self) -> int:
         """Exact parameter count of :class:`ReferenceModel` built from this config."""
@@ -281,7 +281,8 @@ class _Block(nn.Module):
         out = out.view(b, self.n_kv_heads, g, t, self.head_dim).permute(0, 3, 1, 2, 4)
         x = x + self.wo(out.reshape(b, t, self.n_heads * self.head_dim))
         h = self.mlp_norm(x)
-        return x + self.w_down(nn.functional.silu(self.w_gate(h)) * self.w_up(h))
+        out_x: torch.Tensor = x + self.w_down(nn.functional.silu(self.w_gate(h)) * self.w_up(h))
+        return out_x
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -316,6 +317,8 @@ class ReferenceModel(nn.Module):
         with torch.device("meta"):
             model = cls(cfg)
         model = model.to_empty(device="cpu")
+        if cfg.tied_embeddings:
+            model.lm_head.weight = model.embed.weight  # to_empty() does not keep the tie
         for name, p in model.named_parameters():
             with torch.no_grad():
                 if name.endswith("norm.weight"):
@@ -355,7 +358,8 @@ class ReferenceModel(nn.Module):
         cos, sin = self._rope_tables(positions)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, cache.k[i], cache.v[i], positions, span, mask)
-        return self.lm_head(self.norm(x[:, -1]))
+        logits: torch.Tensor = self.lm_head(self.norm(x[:, -1]))
+        return logits
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Analysis: metrics, model spec and cost model, roofline, energy, advisor, summary."""

@@ -1,0 +1,1 @@
+"""Presentation: figure builders, HTML report, Dash app, exporters."""

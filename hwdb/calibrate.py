@@ -1,0 +1,472 @@
+"""Measured ceilings (ERT-style) for CPUs, unknown devices, and GPUs on request.
+
+What is measured, on the device that will run the model:
+
+* **matmul peak per dtype**: ``torch.matmul`` of square matrices, size grown until one call
+  takes long enough to time; FLOP = 2·n³ per call.
+* **memory bandwidth**: ``dst.copy_(src)`` on buffers far larger than the last-level cache;
+  bytes = read + written = 2 × buffer size per copy.
+* **cache bandwidth**: the same copy with source and destination together filling half of
+  the last-level cache (so the working set stays resident).
+
+Each number is the median of repeated timed trials (a trial repeats the operation until it
+has run for a minimum time). Results are cached per machine, keyed by device name, core
+count, torch threads and torch version, under ``$PERFSCOPE_CACHE_DIR`` (default
+``~/.cache/perfscope``) in ``calibration/``. torch is imported only when measuring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from perfscope.hwdb.spec import DeviceSpec
+
+from perfscope.errors import UsageError
+
+__all__ = [
+    "ENV_CACHE_DIR",
+    "CalibrationResult",
+    "cache_dir_default",
+    "cached_calibration",
+    "calibrate",
+    "machine_fingerprint",
+]
+
+ENV_CACHE_DIR = "PERFSCOPE_CACHE_DIR"
+_FORMAT = "perfscope.calibration/1"
+
+
+def cache_dir_default() -> Path:
+    """``$PERFSCOPE_CACHE_DIR`` if set, else ``~/.cache/perfscope``."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "perfscope"
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """Measured ceilings of one device on this machine.
+
+    Attributes:
+        device: ``"cpu"`` or a torch CUDA device string (``"cuda:0"``).
+        device_name: the raw device name (CPU model or GPU name).
+        peak_flops: measured dense matmul FLOP/s per dtype (``"fp32"``, ``"bf16"``, ...).
+        mem_bw_bytes_s: copy bandwidth on buffers far larger than the last-level cache, B/s
+            (bytes read + bytes written).
+        cache_bw_bytes_s: copy bandwidth with a working set of half the last-level cache, B/s.
+        cache_bytes: last-level cache size used to size the buffers, bytes.
+        mem_bytes: device memory (GPU) or total RAM (CPU), bytes.
+        seconds: wall time the calibration took, s.
+        quick: run with the short settings (fewer, shorter trials).
+        fingerprint: what identifies the machine setup the numbers belong to.
+        created_at: ISO-8601 UTC time of the measurement.
+        from_cache: this result was read from the cache, not measured now.
+        details: per-measurement sizes, trial counts and medians.
+    """
+
+    device: str
+    device_name: str
+    peak_flops: dict[str, float]
+    mem_bw_bytes_s: float
+    cache_bw_bytes_s: float
+    cache_bytes: float | None
+    mem_bytes: float | None
+    seconds: float
+    quick: bool
+    fingerprint: dict[str, Any]
+    created_at: str
+    from_cache: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the cache file's content)."""
+        return {"format": _FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CalibrationResult:
+        """Inverse of :meth:`to_dict`."""
+        fields = {k: v for k, v in data.items() if k != "format"}
+        return cls(**fields)
+
+    def to_device_spec(self) -> DeviceSpec:
+        """These ceilings as a :class:`DeviceSpec` with ``source="calibrated"``."""
+        slug = re.sub(r"[^a-z0-9]+", "-", self.device_name.lower()).strip("-") or "device"
+        kind = "cpu" if self.device == "cpu" else "gpu"
+        vendor = next(
+            (
+                v
+                for v in ("nvidia", "amd", "intel", "apple", "ampere", "arm")
+                if v in self.device_name.lower()
+            ),
+            "unknown",
+        )
+        return DeviceSpec(
+            key=f"{slug}-calibrated",
+            name=f"{self.device_name} (calibrated)",
+            vendor=vendor,
+            kind=kind,
+            peak_flops=dict(self.peak_flops),
+            mem_bw_bytes_s=self.mem_bw_bytes_s,
+            mem_bytes=self.mem_bytes,
+            cache_bytes=self.cache_bytes,
+            cache_bw_bytes_s=self.cache_bw_bytes_s,
+            tdp_w=None,
+            source="calibrated",
+            aliases=(),
+            extra={
+                "calibration": {
+                    "created_at": self.created_at,
+                    "seconds": self.seconds,
+                    "quick": self.quick,
+                    "from_cache": self.from_cache,
+                    "fingerprint": self.fingerprint,
+                    "details": self.details,
+                },
+                "notes": "measured on this machine by perfscope hw calibrate (ERT-style: "
+                "matmul peak per dtype, copy bandwidth counting bytes read + written)",
+            },
+        )
+
+
+# --------------------------------------------------------------------------------------
+# fingerprint and cache
+
+
+def _torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op threads if torch is loaded; ``None`` when it is not (unknown yet)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return int(torch.get_num_threads())
+
+
+def _gpu_name(device: str) -> str:
+    import torch
+
+    return str(torch.cuda.get_device_name(torch.device(device)))
+
+
+def machine_fingerprint(device: str = "cpu") -> dict[str, Any]:
+    """What a calibration is valid for: device name, core count, torch threads and version.
+
+    ``torch_threads`` is ``None`` when torch has not been imported (matching then ignores it).
+    """
+    from perfscope.hwdb._detect import cpu_model_name
+
+    fp: dict[str, Any] = {
+        "device": device,
+        "cpu_model": cpu_model_name()[0],
+        "cores": os.cpu_count(),
+        "torch_threads": _torch_threads(),
+        "torch_version": _torch_version(),
+    }
+    if device != "cpu":
+        fp["gpu_name"] = _gpu_name(device)
+    return fp
+
+
+def _cache_file(cache_dir: Path, fp: dict[str, Any], quick: bool) -> Path:
+    ident = {k: fp[k] for k in sorted(fp)}
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return (
+        cache_dir
+        / "calibration"
+        / f"{fp['device'].replace(':', '')}-{digest}-{'quick' if quick else 'full'}.json"
+    )
+
+
+def _matches(stored: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    for k, v in wanted.items():
+        if k == "torch_threads" and v is None:
+            continue  # torch not loaded: threads unknown, accept the stored value
+        if stored.get(k) != v:
+            return False
+    return True
+
+
+def cached_calibration(
+    device: str = "cpu", quick: bool = True, cache_dir: Path | None = None
+) -> CalibrationResult | None:
+    """The cached calibration for this machine, or ``None``; never measures.
+
+    ``quick=True`` accepts a full result too (preferred); ``quick=False`` only a full one.
+    Does not import torch for ``device="cpu"``.
+    """
+    directory = (cache_dir or cache_dir_default()) / "calibration"
+    if not directory.is_dir():
+        return None
+    wanted = machine_fingerprint(device)
+    best: CalibrationResult | None = None
+    for path in sorted(directory.glob(f"{device.replace(':', '')}-*.json")):
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != _FORMAT:
+                continue
+            result = CalibrationResult.from_dict(data)
+        except (OSError, ValueError, TypeError):
+            continue  # a corrupt or foreign file: ignore, it will be rewritten
+        if not _matches(result.fingerprint, wanted) or (result.quick and not quick):
+            continue
+        rank = (not result.quick, result.created_at)
+        if best is None or rank > (not best.quick, best.created_at):
+            best = result
+    if best is None:
+        return None
+    return CalibrationResult(**{**asdict(best), "from_cache": True})
+
+
+def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------------------
+# measurement
+
+
+@dataclass(frozen=True)
+class _Settings:
+    min_trial_s: float  # each trial repeats the op at least this long
+    trials: int
+    matmul_call_s: float  # grow matrices until one call takes this long
+    max_n: int
+    dtypes: tuple[str, ...]
+    mem_factor: int  # memory buffer = mem_factor × LLC (at least mem_floor bytes)
+    mem_floor: int
+    sweep: bool  # also record a working-set sweep
+
+
+def _settings(device: str, quick: bool) -> _Settings:
+    gpu = device != "cpu"
+    if quick:
+        return _Settings(
+            min_trial_s=0.04,
+            trials=5,
+            matmul_call_s=0.01,
+            max_n=8192 if gpu else 2048,
+            dtypes=("fp32", "tf32", "bf16", "fp16") if gpu else ("fp32", "bf16"),
+            mem_factor=8,
+            mem_floor=(1 << 30) if gpu else (256 << 20),
+            sweep=False,
+        )
+    return _Settings(
+        min_trial_s=0.15,
+        trials=7,
+        matmul_call_s=0.03,
+        max_n=16384 if gpu else 4096,
+        dtypes=("fp64", "fp32", "tf32", "bf16", "fp16")
+        if gpu
+        else ("fp64", "fp32", "bf16", "fp16"),
+        mem_factor=16,
+        mem_floor=(2 << 30) if gpu else (512 << 20),
+        sweep=True,
+    )
+
+
+def _trial_medians(
+    op: Callable[[], object], sync: Callable[[], None], s: _Settings
+) -> tuple[float, int]:
+    """Median seconds per call over ``s.trials`` trials, and the calls per trial."""
+    op()
+    sync()  # warm-up: page faults, kernel selection
+    t0 = time.perf_counter()
+    op()
+    sync()
+    one = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, int(s.min_trial_s / one))
+    per_call: list[float] = []
+    for _ in range(s.trials):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            op()
+        sync()
+        per_call.append((time.perf_counter() - t0) / reps)
+    return statistics.median(per_call), reps
+
+
+def _measure(
+    device: str, quick: bool, cache_bytes: float | None, mem_bytes: float | None
+) -> tuple[dict[str, float], float, float, dict[str, Any]]:
+    import torch
+
+    s = _settings(device, quick)
+    dev = torch.device(device)
+    gpu = dev.type != "cpu"
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize(dev)
+
+    details: dict[str, Any] = {"matmul": {}, "copy": {}}
+    threads = torch.get_num_threads()
+
+    def best_config(op: Callable[[], object]) -> tuple[float, dict[str, Any]]:
+        """Median seconds per call of the best thread configuration, and what was measured.
+
+        On CPU the op runs with torch's threads and, when that is more than one, with one
+        thread too: short ops pay thread start/join costs, and on a busy machine a
+        descheduled worker stalls every parallel call. The ceiling is the best
+        configuration, as ERT reports it.
+        """
+        sec, reps = _trial_medians(op, sync, s)
+        info: dict[str, Any] = {
+            "threads": threads,
+            "calls_per_trial": reps,
+            "trials": s.trials,
+            "median_s": sec,
+        }
+        if gpu or threads <= 1:
+            return sec, info
+        torch.set_num_threads(1)
+        try:
+            sec1, reps1 = _trial_medians(op, sync, s)
+        finally:
+            torch.set_num_threads(threads)
+        info["one_thread"] = {"calls_per_trial": reps1, "median_s": sec1}
+        if sec1 < sec:
+            info["threads"] = 1
+        return min(sec, sec1), info
+
+    torch_dtypes = {
+        "fp64": torch.float64,
+        "fp32": torch.float32,
+        "tf32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+    }
+    peaks: dict[str, float] = {}
+    for name in s.dtypes:
+        if gpu:
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        n = 256
+        while True:
+            a = torch.randn(n, n, device=dev).to(torch_dtypes[name])
+            b = torch.randn(n, n, device=dev).to(torch_dtypes[name])
+            sync()
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            sync()
+            elapsed = time.perf_counter() - t0
+            if elapsed >= s.matmul_call_s or n >= s.max_n:
+                break
+            n *= 2
+
+        def mm(a: Any = a, b: Any = b) -> object:
+            return torch.matmul(a, b)
+
+        sec, info = best_config(mm)
+        peaks[name] = 2.0 * n**3 / sec
+        details["matmul"][name] = {"n": n, **info}
+        del a, b
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def copy_bw(total_bytes: float) -> tuple[float, dict[str, Any]]:
+        # src and dst each hold half the working set; a copy reads + writes it all once
+        n_elem = max(1024, int(total_bytes / 2 / 4))
+        src = torch.ones(n_elem, dtype=torch.float32, device=dev)
+        dst = torch.empty_like(src)
+        sec, info = best_config(lambda: dst.copy_(src))
+        moved = 2.0 * n_elem * 4
+        return moved / sec, {"working_set_bytes": moved, **info}
+
+    llc = cache_bytes or 32 * 2**20
+    mem_ws = max(s.mem_factor * llc, s.mem_floor)
+    if mem_bytes:
+        mem_ws = min(mem_ws, mem_bytes / 4)
+    mem_bw, details["copy"]["memory"] = copy_bw(mem_ws)
+    cache_bw, details["copy"]["cache"] = copy_bw(llc / 2)
+    if s.sweep:
+        sweep = []
+        ws = 64 * 1024.0
+        while ws <= mem_ws:
+            bw, _ = copy_bw(ws)
+            sweep.append({"working_set_bytes": ws, "bytes_s": bw})
+            ws *= 4
+        details["copy"]["sweep"] = sweep
+    details["torch_threads"] = torch.get_num_threads()
+    return peaks, mem_bw, cache_bw, details
+
+
+def calibrate(
+    device: str = "cpu",
+    quick: bool = False,
+    cache_dir: Path | None = None,
+    force: bool = False,
+) -> CalibrationResult:
+    """Measure (or read from the cache) the ceilings of ``device`` on this machine.
+
+    Args:
+        device: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:1"``).
+        quick: short settings (fp32 and bf16 on CPU; about 3-8 s on 2 cores).
+        cache_dir: cache root; default :func:`cache_dir_default`.
+        force: measure even when a cached result exists.
+
+    Raises:
+        UsageError: the device is not available.
+    """
+    import torch  # deliberately here: the rest of perfscope.hwdb must not pay for it
+
+    if device == "cuda":
+        device = "cuda:0"
+    if device != "cpu" and (not device.startswith("cuda") or not torch.cuda.is_available()):
+        raise UsageError(f"cannot calibrate {device!r}: no such torch device here (use 'cpu')")
+    root = cache_dir or cache_dir_default()
+    if not force:
+        hit = cached_calibration(device, quick=quick, cache_dir=root)
+        if hit is not None:
+            return hit
+
+    from perfscope.hwdb._detect import cpu_llc_bytes, total_memory_bytes
+
+    start = time.perf_counter()
+    fp = machine_fingerprint(device)
+    if device == "cpu":
+        name = fp["cpu_model"]
+        cache_bytes = cpu_llc_bytes()
+        mem_bytes = total_memory_bytes()
+    else:
+        props = torch.cuda.get_device_properties(torch.device(device))
+        name = fp["gpu_name"]
+        cache_bytes = float(getattr(props, "L2_cache_size", 0) or 0) or None
+        mem_bytes = float(props.total_memory)
+    peaks, mem_bw, cache_bw, details = _measure(device, quick, cache_bytes, mem_bytes)
+    result = CalibrationResult(
+        device=device,
+        device_name=name,
+        peak_flops=peaks,
+        mem_bw_bytes_s=mem_bw,
+        cache_bw_bytes_s=cache_bw,
+        cache_bytes=cache_bytes,
+        mem_bytes=mem_bytes,
+        seconds=time.perf_counter() - start,
+        quick=quick,
+        fingerprint=fp,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        details=details,
+    )
+    try:
+        _write_atomic(_cache_file(root, fp, quick), result.to_dict())
+    except OSError as exc:  # a read-only home must not stop the analysis
+        result.details["cache_error"] = str(exc)
+    return result
