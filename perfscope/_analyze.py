@@ -5,9 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from perfscope.analysis.advisor import advise
+from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.roofline import roofline_section
 from perfscope.analysis.summary import build_summary
+from perfscope.analysis.whatif import project_run
 from perfscope.errors import PerfscopeError
-from perfscope.hwdb import lookup, resolve_device
+from perfscope.hwdb import load_database, lookup, resolve_device
 from perfscope.hwdb.spec import DeviceSpec
 from perfscope.profiler.store import StoredRun, read_run, write_json_atomic
 
@@ -58,6 +62,39 @@ def _device_of(run: StoredRun, hw: str | None) -> tuple[DeviceSpec | None, dict[
     return (DeviceSpec.from_dict(spec) if spec else None), hardware
 
 
+#: Devices a measured run is projected onto ("the same workload on other devices").
+PROJECTION_DEVICES = ("l4", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb")
+
+
+def _workload_stats(run: StoredRun) -> dict[str, Any]:
+    r = run.requests
+    measured = r[~r["is_warmup"].astype(bool)] if not r.empty else r
+    ok = measured[measured["error"].isna()] if not measured.empty else measured
+    cfg = (run.manifest.get("engine") or {}).get("config") or {}
+    return {
+        "prompt_tokens_mean": float(ok["prompt_tokens"].mean()) if len(ok) else None,
+        "output_tokens_mean": float(ok["output_tokens"].mean()) if len(ok) else None,
+        "batch_size": cfg.get("batch_size"),
+        "requests": len(measured),
+    }
+
+
+def _roofline_sections(run: StoredRun, device: DeviceSpec | None) -> dict[str, Any]:
+    """``roofline``, ``advice`` and ``projections`` of the summary."""
+    model_dict = (run.manifest.get("engine") or {}).get("model")
+    model = ModelSpec.from_dict(model_dict) if model_dict else None
+    roofline = roofline_section(run.steps, run.requests, run.chunks, model, device)
+    out: dict[str, Any] = {"roofline": roofline, "advice": [], "projections": []}
+    if not roofline.get("available") or model is None or device is None:
+        return out
+    workload = _workload_stats(run)
+    out["advice"] = advise(roofline, model, device, workload)
+    db = load_database()
+    targets = [db.devices[k] for k in PROJECTION_DEVICES if k in db.devices and k != device.key]
+    out["projections"] = project_run(roofline, model, workload, targets)
+    return out
+
+
 def analyze_stored(
     run: StoredRun,
     *,
@@ -74,6 +111,7 @@ def analyze_stored(
     """
     device, hardware = _device_of(run, hw)
     extra: dict[str, Any] = {"hardware": hardware}
+    extra.update(_roofline_sections(run, device))
     summary = build_summary(
         run.manifest,
         run.requests,

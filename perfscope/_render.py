@@ -151,9 +151,56 @@ def summary_view(summary: dict[str, Any], path: Path | None = None) -> Renderabl
     return Group(*parts)
 
 
+def _roofline_view(summary: dict[str, Any]) -> RenderableType | None:
+    from perfscope.analysis.roofline import roofline_table
+
+    roofline = summary.get("roofline")
+    if not roofline:
+        return None
+    if not roofline.get("available"):
+        return Text(f"Roofline: not available ({roofline.get('reason')})", style="dim")
+    return roofline_table(roofline)
+
+
+def _advice_view(summary: dict[str, Any]) -> RenderableType | None:
+    advice = summary.get("advice") or []
+    if not advice:
+        return None
+    t = Table(
+        title="What to try (projected from the cost model)",
+        box=box.SIMPLE_HEAVY,
+        title_justify="left",
+    )
+    t.add_column("#", justify="right")
+    t.add_column("technique")
+    t.add_column("projected gain", justify="right")
+    t.add_column("why")
+    for item in advice:
+        gain = item.get("projected_gain") or {}
+        value = gain.get("value")
+        t.add_row(
+            str(item.get("rank")),
+            str(item.get("technique")),
+            f"{value:.2f} {gain.get('unit', '')}" if value is not None else "-",
+            str(item.get("why")),
+        )
+    return t
+
+
+def _projections_view(summary: dict[str, Any]) -> RenderableType | None:
+    from perfscope.analysis.whatif import predictions_table
+
+    projections = summary.get("projections") or []
+    if not projections:
+        return None
+    return predictions_table(
+        projections, title="This workload on other devices (derated by this run's efficiency)"
+    )
+
+
 def _extra_renderers() -> Iterable[Any]:
-    """Renderers of the analysis sections (roofline, energy, advice), when present."""
-    return ()
+    """Renderers of the analysis sections (roofline, advice, projections), when present."""
+    return (_roofline_view, _advice_view, _projections_view)
 
 
 def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -> Table:

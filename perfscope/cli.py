@@ -404,7 +404,7 @@ def _command_modules() -> list[Any]:
     import importlib
 
     mods = []
-    names: tuple[str, ...] = ("_cli_hw",)
+    names: tuple[str, ...] = ("_cli_hw", "_cli_roofline")
     for name in names:
         mods.append(importlib.import_module(f"perfscope.{name}"))
     return mods

@@ -1,0 +1,365 @@
+"""Ranked suggestions from the verdicts and the cost model, each with a projected gain.
+
+Every suggestion is a standard technique with the reason it applies to this run and a gain
+computed by re-running the what-if model (:func:`perfscope.analysis.whatif.predict`) on the
+run's workload with the technique applied, at the run's own per-phase efficiency. A
+suggestion never comes without its number; assumptions the number rests on (acceptance
+rate, cached share, target efficiency) are stated in ``assumptions``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from perfscope.analysis.costmodel import step_cost, weight_bytes
+from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
+from perfscope.analysis.roofline import fmt_pct
+from perfscope.analysis.whatif import DEFAULT_MEM_FRACTION, predict, run_derating
+
+if TYPE_CHECKING:
+    from perfscope.hwdb.spec import DeviceSpec
+
+__all__ = ["advise"]
+
+#: Share of the prompt assumed to be a shared, cacheable prefix for the prompt-caching gain.
+PROMPT_CACHE_SHARE = 0.5
+#: Speculative decoding: draft length and per-token acceptance rate assumed.
+SPEC_DRAFT_TOKENS = 4
+SPEC_ACCEPTANCE = 0.7
+#: Draft model cost per drafted token as a fraction of one target decode step.
+SPEC_DRAFT_COST = 0.05
+#: Efficiency a tuned engine reaches once per-step overhead is removed (CUDA graphs etc.).
+TUNED_EFFICIENCY = 0.5
+
+
+def _gain(value: float, unit: str, metric: str) -> dict[str, Any]:
+    return {"value": round(float(value), 3), "unit": unit, "metric": metric}
+
+
+def advise(
+    roofline: dict[str, Any],
+    model: ModelSpec,
+    device: DeviceSpec,
+    workload: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Suggestions for this run, best first.
+
+    Args:
+        roofline: the run's :func:`~perfscope.analysis.roofline.roofline_section`.
+        model: the engine's model.
+        device: the device the run used.
+        workload: ``prompt_tokens_mean``, ``output_tokens_mean``, ``batch_size``
+            (configured maximum batch), ``requests``.
+
+    Returns:
+        A list of ``{"technique", "why", "projected_gain": {"value", "unit", "metric"},
+        "assumptions", "rank"}``, ranked by projected gain (a "does not fit" finding first).
+    """
+    phases = roofline.get("phases") or {}
+    dec = phases.get("decode") or {}
+    pre = phases.get("prefill") or {}
+    lat = roofline.get("latency") or {}
+    s_len = max(round(float(workload.get("prompt_tokens_mean") or 1)), 1)
+    t_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)
+    b_cur = max(round(float(dec.get("batch_size_mean") or workload.get("batch_size") or 1)), 1)
+    b_cfg = int(workload.get("batch_size") or b_cur)
+    derate = run_derating(roofline)
+    eff_d = derate.get("decode_efficiency", 1.0)
+
+    def run(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "batch": b_cur,
+            "prompt_len": s_len,
+            "output_len": t_len,
+            **derate,
+        }
+        args.update(kw)
+        return predict(m, device, **args)
+
+    base = run()
+    out: list[dict[str, Any]] = []
+    dec_verdict = dec.get("verdict")
+    dec_memory = dec_verdict == "memory-bound" or (
+        dec_verdict == "overhead-bound" and dec.get("roof") == "memory"
+    )
+    ridge = base["ceilings"]["ridge_point"]
+    tpot0 = base["tpot_s"]
+
+    # Model does not fit: tensor parallelism first.
+    mem = base["memory"]
+    if mem["capacity_bytes"] is not None and weight_bytes(model) > mem["capacity_bytes"]:
+        tp = 2
+        while tp < 64 and run(tp=tp)["memory"]["weights_bytes"] > mem["capacity_bytes"]:
+            tp *= 2
+        p = run(tp=tp)
+        out.append(
+            {
+                "technique": "tensor parallelism",
+                "why": (
+                    f"the weights ({weight_bytes(model) / 1e9:.3g} GB) exceed "
+                    f"{fmt_pct(DEFAULT_MEM_FRACTION)} of {device.name}'s memory; split over "
+                    f"{tp} devices each holds {p['memory']['weights_bytes'] / 1e9:.3g} GB "
+                    f"and TPOT would be {p['tpot_s'] * 1e3:.3g} ms"
+                ),
+                "projected_gain": _gain(tp, "devices needed to fit", "devices"),
+                "assumptions": "all-reduce time not included",
+                "_score": math.inf,
+            }
+        )
+
+    # Larger batches / continuous batching.
+    if dec and dec_verdict in ("memory-bound", "overhead-bound") and ridge:
+        knee = max(int(ridge * model.weight_bytes_per_param / 2), 2)
+        cap = base["max_batch"] if base["max_batch"] is not None else knee
+        target = min(max(knee, 2 * b_cur), max(cap, 1))
+        if target >= 2 * b_cur or (target > b_cur and b_cfg > 1.3 * b_cur):
+            p = run(batch=target)
+            gain = p["decode_tok_s"] / base["decode_tok_s"]
+            why = (
+                f"decode is {dec_verdict} at a mean batch of {dec.get('batch_size_mean', 0):.3g}: "
+                f"each step reads the {base['memory']['weights_bytes'] / 1e9:.3g} GB of weights "
+                f"for few tokens (intensity {dec.get('intensity', 0):.3g} FLOP/B vs ridge "
+                f"{ridge:.3g}); at batch {target} decode throughput rises from "
+                f"{base['decode_tok_s']:.4g} to {p['decode_tok_s']:.4g} tok/s "
+                f"(TPOT {tpot0 * 1e3:.3g} → {p['tpot_s'] * 1e3:.3g} ms)"
+            )
+            if b_cfg > 1.3 * b_cur:
+                why += (
+                    f"; the engine was allowed {b_cfg} but averaged {b_cur}: continuous "
+                    "batching keeps the slots full"
+                )
+            out.append(
+                {
+                    "technique": "larger batches / continuous batching",
+                    "why": why,
+                    "projected_gain": _gain(gain, "x decode throughput", "decode_tok_s"),
+                    "assumptions": (
+                        f"batch {target} = min(ridge knee {knee}, memory limit "
+                        f"{cap}); the run's decode efficiency or per-step overhead carries over"
+                    ),
+                    "_score": gain,
+                }
+            )
+
+    # Weight quantisation.
+    if dec and dec_memory:
+        share = dec["bytes_weights"] / dec["bytes"] if dec.get("bytes") else 0.0
+        best = 1.0
+        for wd, label in (
+            ("int8", "int8 weights (W8A16)"),
+            ("int4", "int4 weights (W4A16, GPTQ/AWQ, group 128)"),
+        ):
+            if model.weight_bytes_per_param <= weight_bytes_per_param(wd) + 1e-9:
+                continue
+            q = replace(
+                model,
+                weight_dtype=wd,
+                weight_bytes_per_param=weight_bytes_per_param(wd),
+            )
+            p = run(q)
+            gain = tpot0 / p["tpot_s"]
+            # int4 only when it beats int8 (a run that turns compute-bound gains no more)
+            if gain < 1.05 * best:
+                continue
+            best = gain
+            out.append(
+                {
+                    "technique": label,
+                    "why": (
+                        f"decode is memory-bound and weights are {fmt_pct(share)} of the bytes "
+                        f"each step moves; at {weight_bytes_per_param(wd):.3g} B/param TPOT "
+                        f"drops from {tpot0 * 1e3:.3g} to {p['tpot_s'] * 1e3:.3g} ms"
+                    ),
+                    "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
+                    "assumptions": (
+                        "the run's efficiency or per-step overhead carries over; "
+                        "dequantisation cost and accuracy loss not modelled"
+                    ),
+                    "_score": gain,
+                }
+            )
+
+    # KV-dominated decode: fp8 KV cache, GQA/MQA.
+    if dec and dec_memory and dec.get("bytes"):
+        kv_share = (dec["bytes_kv_read"] + dec["bytes_kv_write"]) / dec["bytes"]
+        if kv_share >= 0.2:
+            if model.kv_bytes_per_element > 1.0:
+                q = model.with_dtypes(kv_dtype="fp8")
+                p = run(q)
+                gain = tpot0 / p["tpot_s"]
+                out.append(
+                    {
+                        "technique": "fp8 KV cache",
+                        "why": (
+                            f"the KV cache is {fmt_pct(kv_share)} of decode bytes; fp8 halves it: "
+                            f"TPOT {tpot0 * 1e3:.3g} → {p['tpot_s'] * 1e3:.3g} ms and the "
+                            f"largest batch that fits {base['max_batch']} → {p['max_batch']}"
+                        ),
+                        "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
+                        "assumptions": "the run's efficiency or per-step overhead carries over",
+                        "_score": gain,
+                    }
+                )
+            target_kv = max(model.n_heads // 8, 1)
+            if model.n_kv_heads > target_kv:
+                q = replace(model, n_kv_heads=target_kv)
+                p = run(q)
+                gain = tpot0 / p["tpot_s"]
+                kind = "MQA" if target_kv == 1 else f"GQA with {target_kv} KV heads"
+                out.append(
+                    {
+                        "technique": "GQA/MQA (a model with fewer KV heads)",
+                        "why": (
+                            f"the KV cache is {fmt_pct(kv_share)} of decode bytes with "
+                            f"{model.n_kv_heads} KV heads; {kind} would cut KV bytes "
+                            f"{model.n_kv_heads / target_kv:.3g}x: TPOT {tpot0 * 1e3:.3g} → "
+                            f"{p['tpot_s'] * 1e3:.3g} ms"
+                        ),
+                        "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
+                        "assumptions": "a model trained (or uptrained) with fewer KV heads",
+                        "_score": gain,
+                    }
+                )
+
+    # Prompt caching: TTFT-heavy requests.
+    if pre and s_len >= 64:
+        prefill_share = base["ttft_s"] / base["e2e_s"] if base["e2e_s"] else 0.0
+        if prefill_share >= 0.2:
+            cached = int(s_len * PROMPT_CACHE_SHARE)
+            p = run(cached_prefix_len=cached)
+            gain = base["ttft_s"] / p["ttft_s"]
+            if gain >= 1.1:
+                out.append(
+                    {
+                        "technique": "prompt (prefix) caching",
+                        "why": (
+                            f"prefill is {fmt_pct(prefill_share)} of each request's latency "
+                            f"({s_len}-token prompts); with {fmt_pct(PROMPT_CACHE_SHARE)} of "
+                            f"the prompt shared and cached, TTFT {base['ttft_s'] * 1e3:.3g} → "
+                            f"{p['ttft_s'] * 1e3:.3g} ms"
+                        ),
+                        "projected_gain": _gain(gain, "x lower TTFT", "ttft_s"),
+                        "assumptions": (
+                            f"{fmt_pct(PROMPT_CACHE_SHARE)} of each prompt is a prefix shared "
+                            "with earlier requests"
+                        ),
+                        "_score": gain,
+                    }
+                )
+
+    # Speculative decoding: memory-bound decode with spare compute.
+    if dec and dec_memory and ridge and dec.get("intensity", math.inf) < ridge / 4:
+        k, a = SPEC_DRAFT_TOKENS, SPEC_ACCEPTANCE
+        tokens_per_step = (1 - a ** (k + 1)) / (1 - a)
+        ctx = s_len + t_len // 2
+        verify = step_cost(model, b_cur, b_cur * (k + 1), b_cur * ctx)
+        peak = base["ceilings"]["peak_flops"] or math.inf
+        bw = base["ceilings"]["mem_bw_bytes_s"]
+        t_verify = max(verify.flops / peak, verify.bytes / bw) / eff_d + derate.get(
+            "decode_overhead_s", 0.0
+        )
+        t_step = t_verify + k * SPEC_DRAFT_COST * tpot0
+        gain = tokens_per_step * tpot0 / t_step
+        if gain >= 1.1:
+            out.append(
+                {
+                    "technique": "speculative decoding",
+                    "why": (
+                        "decode is memory-bound with spare compute "
+                        f"(MFU {fmt_pct(dec.get('mfu'))}, "
+                        f"intensity {dec.get('intensity', 0):.3g} ≪ ridge {ridge:.3g}); verifying "
+                        f"{k + 1} tokens per step costs {t_verify * 1e3:.3g} ms vs "
+                        f"{tpot0 * 1e3:.3g} ms for one and yields {tokens_per_step:.3g} tokens"
+                    ),
+                    "projected_gain": _gain(gain, "x decode throughput", "decode_tok_s"),
+                    "assumptions": (
+                        f"{k} draft tokens, acceptance {fmt_pct(a)}, draft cost "
+                        f"{fmt_pct(SPEC_DRAFT_COST)} of a target step per token"
+                    ),
+                    "_score": gain,
+                }
+            )
+
+    # Prefill/decode disaggregation: prefill passes stall requests that are decoding.
+    share = lat.get("decode_stall_share")
+    stall = lat.get("prefill_stall_max_s")
+    if share and share >= 0.1 and dec and pre and not roofline.get("estimated"):
+        gain = 1.0 / max(1.0 - share, 1e-3)
+        out.append(
+            {
+                "technique": "prefill/decode disaggregation (or chunked prefill)",
+                "why": (
+                    f"prefill passes stall requests that are decoding: {fmt_pct(share)} of all "
+                    f"decode time is spent waiting for other requests' prefills (up to "
+                    f"{(stall or 0) * 1e3:.3g} ms at a time, an inter-token spike); prefill on "
+                    "its own instance (or split into chunks mixed with decode) removes the stall"
+                ),
+                "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
+                "assumptions": (
+                    "the stall time disappears from decode; a second device (or chunking) "
+                    "absorbs the prefills"
+                ),
+                "_score": gain,
+            }
+        )
+
+    # Tensor parallelism for bandwidth-bound decode of a model that fits.
+    if (
+        dec
+        and dec_memory
+        and mem["capacity_bytes"] is not None
+        and weight_bytes(model) <= mem["capacity_bytes"]
+        and weight_bytes(model) >= 0.25 * mem["capacity_bytes"]
+    ):
+        p = run(tp=2)
+        gain = tpot0 / p["tpot_s"]
+        out.append(
+            {
+                "technique": "tensor parallelism",
+                "why": (
+                    f"decode is bandwidth-bound and the weights take "
+                    f"{fmt_pct(weight_bytes(model) / mem['capacity_bytes'])} of usable memory; "
+                    f"over 2 devices each reads half: TPOT {tpot0 * 1e3:.3g} → "
+                    f"{p['tpot_s'] * 1e3:.3g} ms, and room for batch {p['max_batch']} "
+                    f"instead of {base['max_batch']}"
+                ),
+                "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
+                "assumptions": "2 devices; all-reduce time not included",
+                "_score": gain,
+            }
+        )
+
+    # Overhead-bound: cut per-step overhead.
+    for name, ph in (("decode", dec), ("prefill", pre)):
+        if ph.get("verdict") != "overhead-bound":
+            continue
+        eff = ph.get("efficiency")
+        if not eff or eff >= TUNED_EFFICIENCY:
+            continue
+        gain = TUNED_EFFICIENCY / eff
+        per_step = ph.get("time_per_step_s") or 0.0
+        out.append(
+            {
+                "technique": (
+                    f"cut {name} per-step overhead (CUDA graphs, torch.compile, fused kernels)"
+                ),
+                "why": (
+                    f"{name} is overhead-bound: {per_step * 1e3:.3g} ms per step reaches only "
+                    f"{fmt_pct(eff)} of speed of light (MFU {fmt_pct(ph.get('mfu'))}, MBU "
+                    f"{fmt_pct(ph.get('mbu'))}); the time is launches and host work"
+                ),
+                "projected_gain": _gain(gain, f"x faster {name} steps", f"{name}_step_s"),
+                "assumptions": (
+                    f"overhead removed until {fmt_pct(TUNED_EFFICIENCY)} of speed of light"
+                ),
+                "_score": gain,
+            }
+        )
+
+    out.sort(key=lambda s: -s["_score"])
+    for i, s in enumerate(out, 1):
+        s.pop("_score")
+        s["rank"] = i
+    return out

@@ -1,0 +1,685 @@
+"""Roofline per phase, verdicts with their evidence, and the rich table (DESIGN.md §6).
+
+For each phase (prefill, decode, and mixed when an engine runs chunked prefill) the stored
+steps give FLOPs and bytes through the cost model and the time they took; against the
+device's ceilings that yields MFU, MBU, achieved FLOP/s and B/s, the speed-of-light time
+``max(FLOPs / peak_flops, bytes / peak_bw)`` and the efficiency ``sol_time / time``.
+
+The verdict compares the measured phase with the ridge point. Because
+``MFU / MBU = intensity / ridge`` for the same ceilings, "intensity above the ridge" and
+"MFU above MBU" always agree; the verdict is ``compute-bound`` or ``memory-bound`` by that,
+unless both utilisations are below ``overhead_threshold``, which makes it
+``overhead-bound``: the time goes to launches, Python, the host or the network. When the
+working set (weights + KV cache) fits in the last-level cache the memory ceiling is that
+cache's bandwidth when known, and the section says so instead of showing a DRAM MBU above
+100 %.
+
+Runs without steps (HTTP engines) are estimated from the request timeline: prefill work per
+request over the time some request was waiting for its first token, and decode work from
+how many requests were decoding at each moment. Those phases carry ``estimated: true``.
+
+FLOPs are counted "as executed" (the attention square the kernels compute); the causal-useful
+count is reported next to it as ``flops_useful`` / ``mfu_useful``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
+from perfscope.analysis.modelspec import ModelSpec
+
+if TYPE_CHECKING:
+    from perfscope.hwdb.spec import DeviceSpec
+    from rich.console import RenderableType
+
+__all__ = [
+    "DEFAULT_OVERHEAD_THRESHOLD",
+    "PHASES",
+    "fmt_pct",
+    "memory_ceiling",
+    "phase_roofline",
+    "roofline_section",
+    "roofline_table",
+    "verdict_for",
+]
+
+#: Both MFU and MBU below this fraction → ``overhead-bound``: more than 80 % of the time is
+#: not explained by either roof (e.g. eager HF decode of a 7B model on an A100 reaches
+#: about 20 % MBU; CUDA graphs / compiled engines reach 50-80 %).
+DEFAULT_OVERHEAD_THRESHOLD = 0.20
+
+PHASES = ("prefill", "decode", "mixed")
+
+
+# ---------------------------------------------------------------------- ceilings
+
+
+def memory_ceiling(device: DeviceSpec, working_set_bytes: float) -> tuple[float, str, bool]:
+    """The memory bandwidth that bounds a working set on ``device``.
+
+    Returns ``(bytes_per_s, level, fits_in_cache)``: ``level`` is ``"cache"`` when the
+    working set fits in the last-level cache and that cache's bandwidth is known, else
+    ``"dram"``.
+    """
+    fits = bool(device.cache_bytes and 0 < working_set_bytes <= device.cache_bytes)
+    if fits and device.cache_bw_bytes_s:
+        return float(device.cache_bw_bytes_s), "cache", True
+    return float(device.mem_bw_bytes_s), "dram", fits
+
+
+def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
+    return {
+        "dtype": dtype,
+        "peak_flops": device.peak_flops_for(dtype),
+        "mem_bw_bytes_s": device.mem_bw_bytes_s,
+        "cache_bytes": device.cache_bytes,
+        "cache_bw_bytes_s": device.cache_bw_bytes_s,
+        "ridge_point": device.ridge_point(dtype),
+        "source": device.source,
+    }
+
+
+# ---------------------------------------------------------------------- formatting
+
+
+def fmt_pct(x: float | None) -> str:
+    """``0.4213`` → ``"42%"``; small fractions keep two significant digits."""
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    p = 100.0 * x
+    if p >= 10:
+        return f"{p:.0f}%"
+    if p >= 1:
+        return f"{p:.1f}%"
+    return f"{p:.2g}%"
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "n/a"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} µs"
+
+
+def _fmt_si(x: float | None, unit: str) -> str:
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+# ---------------------------------------------------------------------- verdicts
+
+
+def verdict_for(
+    *,
+    mfu: float | None,
+    mbu: float | None,
+    intensity: float,
+    ridge: float | None,
+    overhead_threshold: float,
+) -> str:
+    """``compute-bound``, ``memory-bound``, ``overhead-bound`` or ``unknown``.
+
+    Overhead-bound when every known utilisation is below ``overhead_threshold``; otherwise
+    the side of the ridge the phase sits on (equivalently, the larger utilisation).
+    """
+    known = [u for u in (mfu, mbu) if u is not None]
+    if not known:
+        return "unknown"
+    if max(known) < overhead_threshold:
+        return "overhead-bound"
+    if ridge is not None:
+        return "compute-bound" if intensity > ridge else "memory-bound"
+    if mfu is not None and mbu is not None:
+        return "compute-bound" if mfu > mbu else "memory-bound"
+    return "memory-bound" if mbu is not None else "compute-bound"
+
+
+def _evidence(phase: str, r: dict[str, Any], device_name: str, threshold: float) -> str:
+    mfu, mbu = r["mfu"], r["mbu"]
+    ridge = r["ridge_point"]
+    level = "L2/LLC cache" if r["memory_level"] == "cache" else "DRAM"
+    per_step = r["time_per_step_s"]
+    sol_step = r["sol_time_s"] / r["steps"] if r["steps"] else r["sol_time_s"]
+    rel = ">" if ridge is not None and r["intensity"] > ridge else "<"
+    ridge_txt = (
+        f"{r['intensity']:.3g} FLOP/B {rel} ridge {ridge:.3g} FLOP/B "
+        f"({r['ceilings']['dtype']}, {level} of {device_name})"
+        if ridge is not None
+        else f"{r['intensity']:.3g} FLOP/B (no {r['ceilings']['dtype']} peak for {device_name})"
+    )
+    util = f"MFU {fmt_pct(mfu)}, MBU {fmt_pct(mbu)}"
+    timing = (
+        f"{_fmt_time(per_step)} per step vs {_fmt_time(sol_step)} at speed of light "
+        f"(efficiency {fmt_pct(r['efficiency'])})"
+    )
+    verdict = r["verdict"]
+    if verdict == "overhead-bound":
+        head = (
+            f"{phase} is overhead-bound: MFU {fmt_pct(mfu)} and MBU {fmt_pct(mbu)} are both "
+            f"below {fmt_pct(threshold)}, so the time goes to kernel launches, Python, the "
+            f"host or the network rather than to the hardware's ceilings; {ridge_txt}"
+        )
+    elif verdict == "memory-bound":
+        head = f"{phase} is memory-bound: {ridge_txt}; {util}"
+    elif verdict == "compute-bound":
+        head = f"{phase} is compute-bound: {ridge_txt}; {util}"
+    else:
+        head = f"{phase}: no ceilings for this device; {ridge_txt}"
+    notes = []
+    if r["fits_in_cache"]:
+        notes.append(
+            f"the working set ({_fmt_si(r['working_set_bytes'], 'B')}) fits in the "
+            f"{_fmt_si(r['ceilings']['cache_bytes'], 'B')} last-level cache"
+            + (
+                ", so MBU is against the cache ceiling "
+                f"({_fmt_si(r['ceilings']['cache_bw_bytes_s'], 'B/s')}; "
+                f"DRAM MBU would be {fmt_pct(r['mbu_dram'])})"
+                if r["memory_level"] == "cache"
+                else f", whose bandwidth is unknown: DRAM MBU {fmt_pct(r['mbu_dram'])} "
+                "overstates DRAM traffic"
+            )
+        )
+    elif r["mbu_dram"] is not None and r["mbu_dram"] > 1.0:
+        notes.append(
+            f"DRAM MBU above 100% ({fmt_pct(r['mbu_dram'])}) means part of the traffic is "
+            "served from caches"
+        )
+    if mfu is not None and mfu > 1.0:
+        notes.append(
+            f"MFU above 100% means the {r['ceilings']['dtype']} compute ceiling "
+            f"({_fmt_si(r['ceilings']['peak_flops'], 'FLOP/s')}, {r['ceilings']['source']}) "
+            "is below what ran: check the device's peak"
+        )
+    if r["estimated"]:
+        notes.append("estimated from the request timeline (no engine steps recorded)")
+    tail = "; ".join(notes)
+    return f"{head}; {timing}" + (f"; {tail}." if tail else ".")
+
+
+# ---------------------------------------------------------------------- per phase
+
+
+def phase_roofline(
+    phase: str,
+    *,
+    model: ModelSpec,
+    device: DeviceSpec,
+    costs: dict[str, float],
+    time_s: float,
+    steps: int,
+    tokens: float,
+    batch_size_mean: float,
+    context_tokens_mean: float,
+    max_context_tokens: float,
+    overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
+    estimated: bool = False,
+    energy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Roofline numbers and the verdict of one phase from its summed costs and time.
+
+    Args:
+        costs: summed :func:`~perfscope.analysis.costmodel.step_costs` quantities
+            (``flops``, ``flops_useful``, ``bytes``, ``bytes_weights``, ...).
+        time_s: measured time of the phase in seconds (sum of step durations).
+        steps: forward passes (or, estimated, request-steps) in the phase.
+        tokens: new tokens processed.
+        batch_size_mean: mean rows per step.
+        context_tokens_mean: mean cached tokens per row.
+        max_context_tokens: the largest KV-cache occupancy (tokens, summed over rows) seen,
+            for the working set.
+    """
+    dtype = model.act_dtype
+    peak = device.peak_flops_for(dtype)
+    working_set = weight_bytes(model) + max_context_tokens * kv_bytes_per_token(model)
+    bw, level, fits = memory_ceiling(device, working_set)
+    flops, nbytes = float(costs["flops"]), float(costs["bytes"])
+    intensity = flops / nbytes if nbytes > 0 else math.inf
+    ridge = peak / bw if peak and bw > 0 else None
+    t = float(time_s)
+    ok = t > 0
+    achieved_f = flops / t if ok else None
+    achieved_b = nbytes / t if ok else None
+    mfu = flops / (t * peak) if ok and peak else None
+    mfu_useful = float(costs["flops_useful"]) / (t * peak) if ok and peak else None
+    mbu = nbytes / (t * bw) if ok and bw > 0 else None
+    mbu_dram = nbytes / (t * device.mem_bw_bytes_s) if ok and device.mem_bw_bytes_s > 0 else None
+    sol = max(flops / peak if peak else 0.0, nbytes / bw if bw > 0 else 0.0)
+    efficiency = sol / t if ok and sol > 0 else None
+    ceilings = _ceilings(device, dtype)
+    ceilings["memory_level"] = level
+    ceilings["memory_bw_used_bytes_s"] = bw
+    ceilings["ridge_point_used"] = ridge
+    r: dict[str, Any] = {
+        "phase": phase,
+        "steps": int(steps),
+        "tokens": float(tokens),
+        "batch_size_mean": float(batch_size_mean),
+        "context_tokens_mean": float(context_tokens_mean),
+        "time_s": t,
+        "time_per_step_s": t / steps if steps else None,
+        "flops": flops,
+        "flops_useful": float(costs["flops_useful"]),
+        "flops_attention": float(costs["flops_attention"]),
+        "bytes": nbytes,
+        "bytes_weights": float(costs["bytes_weights"]),
+        "bytes_kv_read": float(costs["bytes_kv_read"]),
+        "bytes_kv_write": float(costs["bytes_kv_write"]),
+        "bytes_activations": float(costs["bytes_activations"]),
+        "intensity": intensity,
+        "ridge_point": ridge,
+        "ridge_point_dram": device.ridge_point(dtype),
+        "achieved_flops_s": achieved_f,
+        "achieved_bytes_s": achieved_b,
+        "mfu": mfu,
+        "mfu_useful": mfu_useful,
+        "mbu": mbu,
+        "mbu_dram": mbu_dram,
+        "sol_time_s": sol,
+        "efficiency": efficiency,
+        "working_set_bytes": working_set,
+        "fits_in_cache": fits,
+        "memory_level": level,
+        "estimated": bool(estimated),
+        "ceilings": ceilings,
+        "energy": energy,
+    }
+    # The roof the phase sits under, whatever the verdict (overhead-bound phases too).
+    r["roof"] = "compute" if ridge is not None and intensity > ridge else "memory"
+    r["verdict"] = verdict_for(
+        mfu=mfu, mbu=mbu, intensity=intensity, ridge=ridge, overhead_threshold=overhead_threshold
+    )
+    r["evidence"] = _evidence(phase, r, device.name, overhead_threshold)
+    return r
+
+
+def _sum_costs(arrays: dict[str, np.ndarray[Any, Any]], weights: Any = None) -> dict[str, float]:
+    if weights is None:
+        return {k: float(np.sum(v)) for k, v in arrays.items()}
+    w = np.asarray(weights, dtype=np.float64)
+    return {k: float(np.sum(v * w)) for k, v in arrays.items()}
+
+
+def _warmup_ids(requests: pd.DataFrame | None) -> set[int]:
+    if requests is None or requests.empty or "is_warmup" not in requests:
+        return set()
+    warm = requests[requests["is_warmup"].fillna(False).astype(bool)]
+    return {int(x) for x in warm["request_id"]}
+
+
+def _phases_from_steps(
+    steps: pd.DataFrame,
+    requests: pd.DataFrame | None,
+    model: ModelSpec,
+    device: DeviceSpec,
+    threshold: float,
+    energy: dict[str, Any] | None,
+) -> dict[str, dict[str, Any]]:
+    warm = _warmup_ids(requests)
+    df = steps
+    if warm and "request_ids" in df:
+        keep = [
+            not (len(list(ids)) > 0 and all(int(i) in warm for i in ids))
+            for ids in df["request_ids"]
+        ]
+        df = df[np.asarray(keep, dtype=bool)]
+    out: dict[str, dict[str, Any]] = {}
+    for phase in PHASES:
+        sub = df[df["kind"] == phase]
+        if sub.empty:
+            continue
+        b = sub["batch_size"].to_numpy(dtype=np.float64)
+        n = sub["new_tokens"].to_numpy(dtype=np.float64)
+        c = sub["context_tokens"].to_numpy(dtype=np.float64)
+        dur = (
+            sub["t_end"].to_numpy(dtype=np.float64) - sub["t_start"].to_numpy(dtype=np.float64)
+        ) * 1e-9
+        arrays = step_costs(model, b, n, c)
+        out[phase] = phase_roofline(
+            phase,
+            model=model,
+            device=device,
+            costs=_sum_costs(arrays),
+            time_s=float(np.sum(np.maximum(dur, 0.0))),
+            steps=len(sub),
+            tokens=float(n.sum()),
+            batch_size_mean=float(b.mean()),
+            context_tokens_mean=float(c.sum() / max(b.sum(), 1.0)),
+            max_context_tokens=float(np.max(c + n)),
+            overhead_threshold=threshold,
+            energy=(energy or {}).get(phase),
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- timeline estimate
+
+
+def _union_length(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> float:
+    """Total length covered by intervals [start, end) (any units)."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts)
+    s, e = starts[order], ends[order]
+    total, cur_s, cur_e = 0.0, float(s[0]), float(e[0])
+    for a, b in zip(s[1:], e[1:], strict=True):
+        if a > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = float(a), float(b)
+        else:
+            cur_e = max(cur_e, float(b))
+    return total + cur_e - cur_s
+
+
+def _completed(requests: pd.DataFrame) -> pd.DataFrame:
+    df = requests
+    if "is_warmup" in df:
+        df = df[~df["is_warmup"].fillna(False).astype(bool)]
+    if "error" in df:
+        df = df[df["error"].isna()]
+    return df.dropna(subset=["t_sent", "t_first_token"])
+
+
+def _phases_from_timeline(
+    requests: pd.DataFrame,
+    model: ModelSpec,
+    device: DeviceSpec,
+    threshold: float,
+    energy: dict[str, Any] | None,
+) -> dict[str, dict[str, Any]]:
+    df = _completed(requests)
+    out: dict[str, dict[str, Any]] = {}
+    if df.empty:
+        return out
+    prompt = df["prompt_tokens"].to_numpy(dtype=np.float64)
+    sent = df["t_sent"].to_numpy(dtype=np.float64) * 1e-9
+    first = df["t_first_token"].to_numpy(dtype=np.float64) * 1e-9
+
+    # Prefill: one pass per request over its prompt; the device time is bounded by the time
+    # some request was waiting for its first token (TTFT includes queueing, so MFU is a
+    # lower bound).
+    arrays = step_costs(model, np.ones_like(prompt), prompt, np.zeros_like(prompt))
+    t_pref = _union_length(sent, first)
+    ttft_sum = float(np.sum(first - sent))
+    out["prefill"] = phase_roofline(
+        "prefill",
+        model=model,
+        device=device,
+        costs=_sum_costs(arrays),
+        time_s=t_pref,
+        steps=len(df),
+        tokens=float(prompt.sum()),
+        batch_size_mean=ttft_sum / t_pref if t_pref > 0 else 1.0,
+        context_tokens_mean=0.0,
+        max_context_tokens=float(prompt.max()),
+        overhead_threshold=threshold,
+        estimated=True,
+        energy=(energy or {}).get("prefill"),
+    )
+
+    # Decode: reconstruct the decode batch from how many requests were between their first
+    # and last token at each moment; each request emits at its own mean rate.
+    dec = df.dropna(subset=["t_last_token"])
+    dec = dec[dec["output_tokens"] > 1]
+    if dec.empty:
+        return out
+    p = dec["prompt_tokens"].to_numpy(dtype=np.float64)
+    t0 = dec["t_first_token"].to_numpy(dtype=np.float64) * 1e-9
+    t1 = dec["t_last_token"].to_numpy(dtype=np.float64) * 1e-9
+    steps_i = dec["output_tokens"].to_numpy(dtype=np.float64) - 1.0
+    valid = t1 > t0
+    p, t0, t1, steps_i = p[valid], t0[valid], t1[valid], steps_i[valid]
+    if len(p) == 0:
+        return out
+    rate = steps_i / (t1 - t0)  # decode tokens per second of each request
+    # Sweep: running sums of count, rate, 1/rate and (prompt - rate·t0) so that the cached
+    # context of the active set at time t is A + t·Σrate (prompt + tokens decoded so far).
+    times = np.concatenate([t0, t1])
+    sign = np.concatenate([np.ones_like(t0), -np.ones_like(t1)])
+    order = np.argsort(times, kind="stable")
+    times, sign = times[order], sign[order]
+    cnt = np.cumsum(sign)
+    s_rate = np.cumsum(np.concatenate([rate, rate])[order] * sign)
+    s_inv = np.cumsum(np.concatenate([1.0 / rate, 1.0 / rate])[order] * sign)
+    # Step i of a request reads p + i cached entries and runs over [t0 + i/rate, t0 +
+    # (i+1)/rate): the mean over an interval is p + rate·(t - t0) - 1/2 at its midpoint.
+    a_term = p - 0.5 - rate * t0
+    s_a = np.cumsum(np.concatenate([a_term, a_term])[order] * sign)
+    dt = np.diff(times)
+    n_act = np.rint(cnt[:-1])
+    live = (dt > 0) & (n_act > 0)
+    dt, n_act = dt[live], n_act[live]
+    mid = (times[:-1][live] + times[1:][live]) / 2.0
+    ctx = np.maximum(s_a[:-1][live] + mid * s_rate[:-1][live], 0.0)
+    tpot = s_inv[:-1][live] / n_act  # mean time per decode step of the active set
+    n_steps = dt / tpot
+    arrays = step_costs(model, n_act, n_act, ctx)
+    t_dec = float(dt.sum())
+    out["decode"] = phase_roofline(
+        "decode",
+        model=model,
+        device=device,
+        costs=_sum_costs(arrays, n_steps),
+        time_s=t_dec,
+        steps=round(float(n_steps.sum())),
+        tokens=float(steps_i.sum()),
+        batch_size_mean=float(np.sum(n_act * dt) / t_dec) if t_dec > 0 else 0.0,
+        context_tokens_mean=float(np.sum(ctx * dt) / max(float(np.sum(n_act * dt)), 1e-30)),
+        max_context_tokens=float(ctx.max()) if len(ctx) else 0.0,
+        overhead_threshold=threshold,
+        estimated=True,
+        energy=(energy or {}).get("decode"),
+    )
+    return out
+
+
+def _interference(steps: pd.DataFrame, requests: pd.DataFrame | None) -> dict[str, float | None]:
+    """How much decode time prefill passes steal from requests already decoding.
+
+    For every prefill step, the requests between their first and last token at its start
+    wait for it; ``decode_stall_share`` is that waiting (step time x requests waiting) over
+    all requests' decode time, ``prefill_stall_max_s`` the longest such step.
+    """
+    out: dict[str, float | None] = {"decode_stall_share": None, "prefill_stall_max_s": None}
+    if requests is None or requests.empty or steps.empty:
+        return out
+    df = _completed(requests).dropna(subset=["t_last_token"])
+    df = df[df["output_tokens"] > 1]
+    pre = steps[steps["kind"] == "prefill"]
+    if df.empty or pre.empty:
+        return out
+    first = np.sort(df["t_first_token"].to_numpy(dtype=np.float64))
+    last = np.sort(df["t_last_token"].to_numpy(dtype=np.float64))
+    total = float(np.sum(last) - np.sum(first))
+    if total <= 0:
+        return out
+    t0 = pre["t_start"].to_numpy(dtype=np.float64)
+    dur = pre["t_end"].to_numpy(dtype=np.float64) - t0
+    waiting = np.searchsorted(first, t0, side="left") - np.searchsorted(last, t0, side="right")
+    waiting = np.maximum(waiting, 0)
+    stalled = dur[waiting > 0]
+    out["decode_stall_share"] = float(np.sum(dur * waiting) / total)
+    out["prefill_stall_max_s"] = float(stalled.max() * 1e-9) if len(stalled) else 0.0
+    return out
+
+
+def _latency(
+    requests: pd.DataFrame | None, phases: dict[str, dict[str, Any]]
+) -> dict[str, float | None]:
+    lat: dict[str, float | None] = {"ttft_mean_s": None, "tpot_mean_s": None}
+    if requests is not None and not requests.empty and "t_first_token" in requests:
+        df = _completed(requests)
+        if not df.empty:
+            ttft = (df["t_first_token"] - df["t_sent"]).to_numpy(dtype=np.float64) * 1e-9
+            lat["ttft_mean_s"] = float(ttft.mean())
+            d = df.dropna(subset=["t_last_token"])
+            d = d[d["output_tokens"] > 1]
+            if not d.empty:
+                tp = (d["t_last_token"] - d["t_first_token"]).to_numpy(dtype=np.float64) * 1e-9
+                lat["tpot_mean_s"] = float(np.mean(tp / (d["output_tokens"].to_numpy() - 1)))
+    for phase in ("prefill", "decode"):
+        r = phases.get(phase)
+        lat[f"{phase}_step_mean_s"] = r["time_per_step_s"] if r else None
+    return lat
+
+
+# ---------------------------------------------------------------------- section
+
+
+def roofline_section(
+    steps: pd.DataFrame | None,
+    requests: pd.DataFrame | None,
+    chunks: pd.DataFrame | None,
+    model: ModelSpec | None,
+    device: DeviceSpec | None,
+    *,
+    overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
+    energy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``roofline`` block of summary.json (JSON-ready).
+
+    Args:
+        steps: STEP_SCHEMA rows (may be empty or ``None`` for HTTP engines).
+        requests: REQUEST_SCHEMA rows (warmup rows are left out).
+        chunks: CHUNK_SCHEMA rows (accepted for the contract; the timeline estimate uses
+            the requests' first/last token times).
+        model: the engine's model; ``None`` → ``available: false``.
+        device: the device's ceilings; ``None`` → ``available: false``.
+        overhead_threshold: both MFU and MBU below this → ``overhead-bound``.
+        energy: optional per-phase energy dicts (``{"prefill": {...}, "decode": {...}}``)
+            from the telemetry join, passed through into each phase as ``energy``.
+
+    Returns:
+        ``{"available", "reason", "source" ("steps" | "timeline"), "estimated",
+        "flops_convention", "model", "device", "ceilings", "overhead_threshold",
+        "phases": {phase: {...}}, "latency": {...}}``; each phase has ``flops``, ``bytes``,
+        ``intensity``, ``time_s``, ``mfu``, ``mbu``, ``achieved_flops_s``,
+        ``achieved_bytes_s``, ``sol_time_s``, ``efficiency``, ``ridge_point``,
+        ``verdict``, ``evidence``, ``estimated``, ``ceilings``, ``energy`` and more.
+    """
+    base: dict[str, Any] = {
+        "available": False,
+        "reason": None,
+        "source": None,
+        "estimated": False,
+        "flops_convention": "as-executed (attention over the full masked square / cache span)",
+        "model": model.name if model else None,
+        "device": None,
+        "ceilings": None,
+        "overhead_threshold": overhead_threshold,
+        "phases": {},
+        "latency": {},
+    }
+    if model is None:
+        base["reason"] = "no model spec: pass --model (preset or config.json) to get a roofline"
+        return base
+    if device is None:
+        base["reason"] = "no device: pass --hw KEY to get a roofline"
+        return base
+    base["device"] = {"key": device.key, "name": device.name, "kind": device.kind}
+    base["ceilings"] = _ceilings(device, model.act_dtype)
+    has_steps = steps is not None and not steps.empty
+    if has_steps:
+        assert steps is not None
+        phases = _phases_from_steps(steps, requests, model, device, overhead_threshold, energy)
+        base["source"] = "steps"
+    elif requests is not None and not requests.empty:
+        phases = _phases_from_timeline(requests, model, device, overhead_threshold, energy)
+        base["source"] = "timeline"
+        base["estimated"] = True
+    else:
+        phases = {}
+    if not phases:
+        base["reason"] = "no completed requests or steps to analyse"
+        return base
+    base["available"] = True
+    base["phases"] = phases
+    base["latency"] = _latency(requests, phases)
+    if has_steps:
+        assert steps is not None
+        base["latency"].update(_interference(steps, requests))
+    return base
+
+
+# ---------------------------------------------------------------------- rich output
+
+
+def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
+    """The roofline section of ``perfscope run``/``show``: a table plus the evidence lines."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    r = summary_roofline
+    if not r.get("available"):
+        return Text(f"roofline: not available ({r.get('reason') or 'no data'})", style="dim")
+    c = r["ceilings"] or {}
+    dev = r["device"] or {}
+    title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
+    if r.get("estimated"):
+        title += " (estimated from the request timeline)"
+    table = Table(title=title, title_justify="left")
+    for col, just in (
+        ("phase", "left"),
+        ("steps", "right"),
+        ("time", "right"),
+        ("FLOPs", "right"),
+        ("bytes", "right"),
+        ("intensity / ridge", "right"),
+        ("MFU", "right"),
+        ("MBU", "right"),
+        ("achieved", "right"),
+        ("efficiency", "right"),
+        ("verdict", "left"),
+    ):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    styles = {"compute-bound": "green", "memory-bound": "cyan", "overhead-bound": "yellow"}
+    for phase, p in r["phases"].items():
+        ridge = p.get("ridge_point")
+        inten = f"{p['intensity']:.3g} / {ridge:.3g}" if ridge else f"{p['intensity']:.3g} / n/a"
+        if p.get("memory_level") == "cache":
+            inten += " (cache)"
+        mbu = fmt_pct(p["mbu"]) + (" (cache)" if p.get("memory_level") == "cache" else "")
+        achieved = (
+            f"{_fmt_si(p['achieved_flops_s'], 'FLOP/s')}, {_fmt_si(p['achieved_bytes_s'], 'B/s')}"
+        )
+        name = phase + (" (est.)" if p.get("estimated") else "")
+        table.add_row(
+            name,
+            str(p["steps"]),
+            _fmt_time(p["time_s"]),
+            _fmt_si(p["flops"], ""),
+            _fmt_si(p["bytes"], "B"),
+            inten,
+            fmt_pct(p["mfu"]),
+            mbu,
+            achieved,
+            fmt_pct(p["efficiency"]),
+            Text(p["verdict"], style=styles.get(p["verdict"], "")),
+        )
+    src = c.get("source", "?")
+    ceil = Text(
+        f"ceilings ({src}): {_fmt_si(c.get('peak_flops'), 'FLOP/s')} {c.get('dtype')}, "
+        f"{_fmt_si(c.get('mem_bw_bytes_s'), 'B/s')} DRAM"
+        + (
+            f", {_fmt_si(c.get('cache_bw_bytes_s'), 'B/s')} cache "
+            f"({_fmt_si(c.get('cache_bytes'), 'B')})"
+            if c.get("cache_bw_bytes_s")
+            else ""
+        )
+        + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
+        f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
+        style="dim",
+    )
+    lines = [Text(f"• {p['evidence']}") for p in r["phases"].values()]
+    return Group(table, ceil, *lines)

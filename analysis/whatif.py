@@ -1,0 +1,404 @@
+"""What-if projections: a workload's latency, throughput and memory on any device.
+
+:func:`predict` runs the cost model for a static batch (prefill of ``batch`` prompts, then
+``output_len - 1`` decode steps with a growing cache) and turns each phase into time with
+the roofline: ``max(FLOPs / peak_flops, bytes / peak_bw)``. That is the speed of light;
+an ``efficiency`` (fraction of speed of light actually reached, e.g. a measured run's
+``sol_time / time``) derates it. :func:`project_run` does that for a measured run on
+other devices, using the run's own per-phase efficiency.
+
+Tensor parallelism (``tp``) divides FLOPs, weights and activations by ``tp`` and the KV
+cache by ``min(tp, n_kv_heads)`` (KV heads are replicated beyond that); communication is
+not modelled, so TP projections are optimistic.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from perfscope.analysis.costmodel import (
+    kv_bytes_per_token,
+    step_costs,
+    weight_bytes,
+)
+from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.roofline import fmt_pct, memory_ceiling
+
+if TYPE_CHECKING:
+    from perfscope.hwdb.spec import DeviceSpec
+    from rich.console import RenderableType
+
+__all__ = [
+    "DEFAULT_MEM_FRACTION",
+    "predict",
+    "predictions_table",
+    "project_run",
+    "run_derating",
+]
+
+#: Share of device memory an engine may use for weights + KV cache (vLLM's default
+#: ``gpu_memory_utilization``); the rest is activations, workspace and fragmentation.
+DEFAULT_MEM_FRACTION = 0.9
+
+_COMPUTE_FALLBACK = {"fp8": ("bf16", "fp16"), "int8": ("bf16", "fp16"), "int4": ("bf16", "fp16")}
+
+
+def _peak(device: DeviceSpec, dtype: str) -> tuple[float | None, str]:
+    peak = device.peak_flops_for(dtype)
+    if peak:
+        return peak, dtype
+    for alt in _COMPUTE_FALLBACK.get(dtype, ()):
+        peak = device.peak_flops_for(alt)
+        if peak:
+            return peak, alt
+    return None, dtype
+
+
+def _kv_share(model: ModelSpec, tp: int) -> float:
+    """Fraction of the KV cache each of ``tp`` devices holds."""
+    return max(model.n_kv_heads / tp, 1.0) / model.n_kv_heads
+
+
+def predict(
+    model: ModelSpec,
+    device: DeviceSpec,
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    efficiency: float | None = None,
+    prefill_efficiency: float | None = None,
+    decode_efficiency: float | None = None,
+    tp: int = 1,
+    cached_prefix_len: int = 0,
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
+    prefill_overhead_s: float = 0.0,
+    decode_overhead_s: float = 0.0,
+) -> dict[str, Any]:
+    """Predicted TTFT, TPOT, throughput, memory and bound of a static batch on ``device``.
+
+    Args:
+        batch: sequences decoded together.
+        prompt_len: prompt tokens per sequence.
+        output_len: generated tokens per sequence (the first comes from the prefill).
+        efficiency: fraction of speed of light reached in both phases (default 1).
+        prefill_efficiency: overrides ``efficiency`` for the prefill.
+        decode_efficiency: overrides ``efficiency`` for decode.
+        tp: tensor-parallel degree (devices the model is split over).
+        cached_prefix_len: prompt tokens per sequence already in the KV cache (prompt
+            caching): the prefill computes only the rest.
+        mem_fraction: usable share of device memory for weights + KV cache.
+        prefill_overhead_s: fixed time added to the prefill (launches, host work), s.
+        decode_overhead_s: fixed time added to every decode step, s.
+
+    Returns:
+        JSON-ready dict: ``ttft_s``, ``tpot_s``, ``e2e_s``, ``throughput_tok_s`` (output
+        tokens/s of the batch), ``decode_tok_s``, ``prefill``/``decode`` sub-dicts (FLOPs,
+        bytes, intensity, ``bound``, time), ``memory`` (weights, KV cache, capacity,
+        ``fits``), ``max_batch``, ``speed_of_light`` and ``efficiency``.
+    """
+    batch = max(int(batch), 1)
+    prompt_len = max(int(prompt_len), 1)
+    output_len = max(int(output_len), 1)
+    tp = max(int(tp), 1)
+    cached = min(max(int(cached_prefix_len), 0), prompt_len - 1)
+    eff_p = prefill_efficiency if prefill_efficiency is not None else efficiency
+    eff_d = decode_efficiency if decode_efficiency is not None else efficiency
+    sol = eff_p is None and eff_d is None and not prefill_overhead_s and not decode_overhead_s
+    eff_p = min(max(eff_p if eff_p is not None else 1.0, 1e-6), 1.0)
+    eff_d = min(max(eff_d if eff_d is not None else 1.0, 1e-6), 1.0)
+
+    peak, compute_dtype = _peak(device, model.act_dtype)
+    kv_tok = kv_bytes_per_token(model)
+    kv_share = _kv_share(model, tp)
+    w_bytes = weight_bytes(model) / tp
+    seq_tokens = prompt_len + output_len
+    kv_total = batch * seq_tokens * kv_tok * kv_share
+    working_set = w_bytes + kv_total
+    bw, level, _fits_cache = memory_ceiling(device, working_set)
+
+    def per_device(arrays: dict[str, Any]) -> tuple[Any, Any]:
+        flops = arrays["flops"] / tp
+        nbytes = (arrays["bytes_weights"] + arrays["bytes_activations"]) / tp + (
+            arrays["bytes_kv_read"] + arrays["bytes_kv_write"]
+        ) * kv_share
+        return flops, nbytes
+
+    def roof(flops: Any, nbytes: Any) -> Any:
+        t_c = flops / peak if peak else 0.0
+        return np.maximum(t_c, nbytes / bw)
+
+    new_p = prompt_len - cached
+    pre = step_costs(model, batch, batch * new_p, batch * cached)
+    pf, pb = per_device(pre)
+    t_prefill_sol = float(roof(pf, pb))
+    ttft = t_prefill_sol / eff_p + prefill_overhead_s
+
+    steps = output_len - 1
+    ctx = prompt_len + np.arange(max(steps, 1), dtype=np.float64)
+    dec = step_costs(model, batch, batch, batch * ctx)
+    df, db = per_device(dec)
+    t_steps = roof(df, db)
+    if steps > 0:
+        t_decode_sol = float(np.sum(t_steps))
+        tpot = t_decode_sol / steps / eff_d + decode_overhead_s
+        dec_f, dec_b = float(np.sum(df)), float(np.sum(db))
+    else:
+        t_decode_sol, dec_f, dec_b = 0.0, float(df[0]), float(db[0])
+        tpot = float(t_steps[0]) / eff_d + decode_overhead_s
+    e2e = ttft + steps * tpot
+    ridge = peak / bw if peak else None
+
+    def bound(f: float, b: float) -> str:
+        if ridge is None:
+            return "memory-bound"
+        return "compute-bound" if f / b > ridge else "memory-bound"
+
+    capacity = device.mem_bytes * mem_fraction if device.mem_bytes else None
+    per_seq_kv = seq_tokens * kv_tok * kv_share
+    max_batch = max(int((capacity - w_bytes) // per_seq_kv), 0) if capacity is not None else None
+    notes = []
+    if sol:
+        notes.append("at speed of light (100% of the roofline); real engines reach less")
+    if compute_dtype != model.act_dtype:
+        notes.append(
+            f"no {model.act_dtype} peak for {device.key}: compute at {compute_dtype} "
+            "(weights dequantised)"
+        )
+    if peak is None:
+        notes.append(f"no {model.act_dtype} compute peak for {device.key}: memory time only")
+    if level == "cache":
+        notes.append("working set fits in the last-level cache: cache bandwidth used")
+    if tp > 1:
+        notes.append(f"tensor parallel over {tp} devices; all-reduce time not included")
+    if model.max_position_embeddings and seq_tokens > model.max_position_embeddings:
+        notes.append(
+            f"prompt + output ({seq_tokens}) exceeds the model's context "
+            f"({model.max_position_embeddings})"
+        )
+    fits = None if capacity is None else (w_bytes + kv_total) <= capacity
+    if fits is False:
+        notes.append("does not fit in device memory")
+
+    return {
+        "device": {"key": device.key, "name": device.name, "source": device.source},
+        "model": model.name,
+        "dtypes": {
+            "weights": model.weight_dtype,
+            "kv_cache": model.kv_dtype,
+            "compute": compute_dtype,
+        },
+        "workload": {
+            "batch": batch,
+            "prompt_len": prompt_len,
+            "output_len": output_len,
+            "cached_prefix_len": cached,
+            "tp": tp,
+        },
+        "speed_of_light": sol,
+        "efficiency": {"prefill": eff_p, "decode": eff_d},
+        "overhead_s": {"prefill": prefill_overhead_s, "decode_per_step": decode_overhead_s},
+        "ceilings": {
+            "peak_flops": peak,
+            "mem_bw_bytes_s": bw,
+            "memory_level": level,
+            "ridge_point": ridge,
+            "source": device.source,
+        },
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+        "throughput_tok_s": batch * output_len / e2e if e2e > 0 else None,
+        "decode_tok_s": batch / tpot if tpot > 0 else None,
+        "prefill": {
+            "flops": float(pf),
+            "bytes": float(pb),
+            "intensity": float(pf / pb),
+            "bound": bound(float(pf), float(pb)),
+            "sol_time_s": t_prefill_sol,
+            "time_s": ttft,
+        },
+        "decode": {
+            "steps": steps,
+            "flops": dec_f,
+            "bytes": dec_b,
+            "intensity": dec_f / dec_b if dec_b else math.inf,
+            "bound": bound(dec_f, dec_b),
+            "sol_time_s": t_decode_sol,
+            "time_s": steps * tpot,
+        },
+        "memory": {
+            "weights_bytes": w_bytes,
+            "kv_cache_bytes": kv_total,
+            "kv_bytes_per_token": kv_tok * kv_share,
+            "total_bytes": w_bytes + kv_total,
+            "capacity_bytes": capacity,
+            "device_bytes": device.mem_bytes,
+            "mem_fraction": mem_fraction,
+            "fits": fits,
+        },
+        "max_batch": max_batch,
+        "notes": notes,
+    }
+
+
+def run_derating(roofline: dict[str, Any]) -> dict[str, float]:
+    """How a measured run falls short of speed of light, as :func:`predict` keyword args.
+
+    A phase near a roof (compute- or memory-bound) keeps its measured efficiency as a
+    multiplier on the roofline time. An overhead-bound phase is modelled as speed of light
+    plus its measured per-step excess (``time_per_step - sol_per_step``), which stays
+    fixed when the work per step changes: launches and host work do not scale with bytes.
+    Phases the run lacks stay at speed of light.
+    """
+    out: dict[str, float] = {}
+    phases = roofline.get("phases") or {}
+    for name in ("prefill", "decode"):
+        ph = phases.get(name) or {}
+        eff = ph.get("efficiency")
+        if eff is None:
+            continue
+        if ph.get("verdict") == "overhead-bound" and ph.get("steps"):
+            excess = (ph["time_s"] - ph["sol_time_s"]) / ph["steps"]
+            out[f"{name}_efficiency"] = 1.0
+            out[f"{name}_overhead_s"] = max(float(excess), 0.0)
+        else:
+            out[f"{name}_efficiency"] = min(float(eff), 1.0)
+    return out
+
+
+def _basis(derate: dict[str, float]) -> str:
+    parts = []
+    for name in ("prefill", "decode"):
+        if f"{name}_overhead_s" in derate:
+            parts.append(
+                f"{name} at speed of light + the run's "
+                f"{derate[name + '_overhead_s'] * 1e3:.3g} ms overhead per step"
+            )
+        elif f"{name}_efficiency" in derate:
+            parts.append(
+                f"{name} at the run's {fmt_pct(derate[name + '_efficiency'])} of speed of light"
+            )
+        else:
+            parts.append(f"{name} at speed of light")
+    return "; ".join(parts)
+
+
+def project_run(
+    roofline: dict[str, Any],
+    model: ModelSpec,
+    workload: dict[str, Any],
+    devices: list[DeviceSpec],
+) -> list[dict[str, Any]]:
+    """The measured run's workload on other devices, derated as the run was.
+
+    The batch is the run's mean decode batch (else the configured ``batch_size``), the
+    lengths are the workload's mean prompt and output tokens. Each phase is derated by
+    :func:`run_derating`: its measured efficiency when it was compute- or memory-bound,
+    its measured per-step overhead added to the new device's speed of light when it was
+    overhead-bound (host overhead assumed to carry over). Each entry is a :func:`predict`
+    dict with ``basis`` saying which.
+    """
+    phases = roofline.get("phases") or {}
+    dec = phases.get("decode") or {}
+    batch = dec.get("batch_size_mean") or workload.get("batch_size") or 1
+    batch = max(round(float(batch)), 1)
+    prompt_len = max(round(float(workload.get("prompt_tokens_mean") or 1)), 1)
+    output_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)
+    derate = run_derating(roofline)
+    out = []
+    for dev in devices:
+        pred = predict(
+            model,
+            dev,
+            batch=batch,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            prefill_efficiency=derate.get("prefill_efficiency"),
+            decode_efficiency=derate.get("decode_efficiency"),
+            prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
+            decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+        )
+        pred["speed_of_light"] = not derate
+        pred["basis"] = _basis(derate)
+        out.append(pred)
+    return out
+
+
+def _ms(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "n/a"
+    return f"{s * 1e3:.3g} ms" if s < 10 else f"{s:.3g} s"
+
+
+def _gb(b: float | None) -> str:
+    return "n/a" if b is None else f"{b / 1e9:.3g} GB"
+
+
+def predictions_table(
+    predictions: list[dict[str, Any]], *, title: str | None = None
+) -> RenderableType:
+    """A rich table of :func:`predict` / :func:`project_run` results, one row per device."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    if not predictions:
+        return Text("no devices to project onto", style="dim")
+    first = predictions[0]
+    w = first["workload"]
+    sol = all(p["speed_of_light"] for p in predictions)
+    basis = (
+        "at speed of light (100% of roofline)"
+        if sol
+        else first.get("basis")
+        or (
+            f"derated: prefill {fmt_pct(first['efficiency']['prefill'])}, "
+            f"decode {fmt_pct(first['efficiency']['decode'])} of speed of light"
+        )
+    )
+    table = Table(
+        title=title
+        or (
+            f"{first['model']} ({first['dtypes']['weights']} weights, "
+            f"{first['dtypes']['kv_cache']} KV) — batch {w['batch']}, prompt {w['prompt_len']}, "
+            f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
+        ),
+        title_justify="left",
+        caption=basis,
+        caption_justify="left",
+    )
+    for col in (
+        "device",
+        "ceilings",
+        "TTFT",
+        "TPOT",
+        "tok/s",
+        "weights",
+        "KV cache",
+        "fits",
+        "max batch",
+        "prefill",
+        "decode",
+    ):
+        table.add_column(col, justify="left" if col in ("device", "prefill", "decode") else "right")
+    for p in predictions:
+        m = p["memory"]
+        fits = "n/a" if m["fits"] is None else ("yes" if m["fits"] else "NO")
+        table.add_row(
+            p["device"]["key"],
+            p["device"]["source"],
+            _ms(p["ttft_s"]),
+            _ms(p["tpot_s"]),
+            f"{p['throughput_tok_s']:.4g}" if p["throughput_tok_s"] else "n/a",
+            _gb(m["weights_bytes"]),
+            _gb(m["kv_cache_bytes"]),
+            fits,
+            "n/a" if p["max_batch"] is None else str(p["max_batch"]),
+            p["prefill"]["bound"],
+            p["decode"]["bound"],
+        )
+    notes = sorted({n for p in predictions for n in p["notes"] if not n.startswith("at speed")})
+    return Group(table, *[Text(f"note: {n}", style="dim") for n in notes])

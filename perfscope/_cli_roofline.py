@@ -1,0 +1,177 @@
+"""``perfscope roofline``: predicted latency, throughput, memory and bounds of a workload on
+one or more devices, from the cost model and the hardware database alone (no engine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from perfscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from perfscope.analysis.modelspec import ModelSpec
+    from perfscope.hwdb.spec import DeviceSpec
+
+__all__ = ["register"]
+
+_SHAPE_OPTIONS: tuple[tuple[str, str, str], ...] = (
+    ("--layers", "n_layers", "transformer blocks"),
+    ("--hidden-size", "hidden_size", "model width"),
+    ("--heads", "n_heads", "query heads"),
+    ("--kv-heads", "n_kv_heads", "key/value heads (GQA/MQA)"),
+    ("--head-dim", "head_dim", "width of one head (default hidden/heads)"),
+    ("--intermediate-size", "intermediate_size", "MLP width (per expert)"),
+    ("--vocab-size", "vocab_size", "vocabulary"),
+    ("--experts", "n_experts", "MoE experts per layer"),
+    ("--active-experts", "n_active_experts", "experts per token"),
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``roofline`` command."""
+    p = subparsers.add_parser(
+        "roofline",
+        help="predict TTFT, TPOT, throughput and memory of a workload on devices (no engine)",
+        description=(
+            "Predict a static batch's TTFT, TPOT, throughput, KV-cache memory, largest batch "
+            "that fits and the bound of each phase on each device, from the cost model and the "
+            "hardware database. Predictions are at speed of light (100%% of the roofline) "
+            "unless --efficiency derates them."
+        ),
+    )
+    p.add_argument(
+        "--model",
+        help="a preset (llama-2-7b, llama-3-8b, mixtral-8x7b, gpt2, ...) or a config.json path; "
+        "the shape options below override its fields or, with all of them, replace it",
+    )
+    p.add_argument(
+        "--hw",
+        help="device key(s) or names, comma-separated (e.g. a100-sxm4-80gb,h100-sxm5-80gb); "
+        "default: this machine",
+    )
+    p.add_argument("--batch", type=int, default=1, help="sequences per batch (default 1)")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default 512)")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens (default 128)")
+    p.add_argument(
+        "--dtype",
+        help="weight dtype: fp32, bf16, fp16, fp8, int8, int4 (int8/int4 are weight-only, "
+        "compute in bf16); default: the model's",
+    )
+    p.add_argument(
+        "--kv-dtype", help="KV-cache dtype (bf16, fp16, fp8, int8); default: compute dtype"
+    )
+    p.add_argument(
+        "--efficiency",
+        type=float,
+        help="fraction of speed of light reached (0-1], e.g. 0.6; default 1 (speed of light)",
+    )
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument(
+        "--mem-fraction",
+        type=float,
+        default=0.9,
+        help="usable share of device memory for weights + KV cache (default 0.9)",
+    )
+    for flag, _field, text in _SHAPE_OPTIONS:
+        p.add_argument(flag, type=int, help=text)
+    p.add_argument(
+        "--mlp",
+        choices=("gated", "plain"),
+        help="gated (SwiGLU: gate, up, down) or plain (up, down) MLP",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
+    p.set_defaults(handler=_handle)
+
+
+def _model_from_args(args: argparse.Namespace) -> ModelSpec:
+    from dataclasses import replace
+
+    from perfscope.analysis.modelspec import ModelSpec
+
+    overrides: dict[str, Any] = {
+        field: getattr(args, flag.lstrip("-").replace("-", "_"))
+        for flag, field, _ in _SHAPE_OPTIONS
+        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None
+    }
+    if args.mlp is not None:
+        overrides["mlp_gated"] = args.mlp == "gated"
+    if args.model:
+        spec = ModelSpec.resolve(args.model)
+        if overrides:
+            if "hidden_size" in overrides or "n_heads" in overrides:
+                overrides.setdefault(
+                    "head_dim",
+                    overrides.get("hidden_size", spec.hidden_size)
+                    // overrides.get("n_heads", spec.n_heads),
+                )
+            spec = replace(spec, **overrides)
+    else:
+        needed = ("n_layers", "hidden_size", "n_heads", "intermediate_size", "vocab_size")
+        missing = [f for f in needed if f not in overrides]
+        if missing:
+            flags = {field: flag for flag, field, _ in _SHAPE_OPTIONS}
+            raise UsageError(
+                "give --model PRESET|config.json, or the model's shape with "
+                + ", ".join(flags[f] for f in missing)
+            )
+        overrides.setdefault("n_kv_heads", overrides["n_heads"])
+        overrides.setdefault("head_dim", overrides["hidden_size"] // overrides["n_heads"])
+        spec = ModelSpec(name="custom", **overrides)
+    if spec.n_experts and not spec.n_active_experts:
+        spec = replace(spec, n_active_experts=min(2, spec.n_experts))
+    for name in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size"):
+        if getattr(spec, name) <= 0:
+            raise UsageError(f"model {name} must be positive, got {getattr(spec, name)}")
+    if spec.n_heads % spec.n_kv_heads:
+        raise UsageError(
+            f"--heads {spec.n_heads} is not a multiple of --kv-heads {spec.n_kv_heads}"
+        )
+    if args.dtype or args.kv_dtype:
+        spec = spec.with_dtypes(weight_dtype=args.dtype, kv_dtype=args.kv_dtype)
+    return spec
+
+
+def _devices(hw: str | None) -> list[DeviceSpec]:
+    from perfscope.hwdb import resolve_device
+
+    if not hw:
+        return [resolve_device(None)]
+    names = [h.strip() for h in hw.split(",") if h.strip()]
+    if not names:
+        raise UsageError("--hw is empty: give one or more device keys, comma-separated")
+    return [resolve_device(n) for n in names]
+
+
+def _handle(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.analysis.whatif import predict, predictions_table
+
+    for name in ("batch", "prompt_len", "output_len", "tp"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.efficiency is not None and not 0 < args.efficiency <= 1:
+        raise UsageError("--efficiency must be in (0, 1], e.g. 0.6 for 60% of speed of light")
+    if not 0 < args.mem_fraction <= 1:
+        raise UsageError("--mem-fraction must be in (0, 1]")
+    spec = _model_from_args(args)
+    devices = _devices(args.hw)
+    preds = [
+        predict(
+            spec,
+            dev,
+            batch=args.batch,
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            efficiency=args.efficiency,
+            tp=args.tp,
+            mem_fraction=args.mem_fraction,
+        )
+        for dev in devices
+    ]
+    if args.json:
+        print(json.dumps({"model": spec.to_dict(), "predictions": preds}, indent=2))
+        return 0
+    console.print(predictions_table(preds))
+    return 0
