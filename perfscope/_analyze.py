@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from perfscope.analysis.advisor import advise
+from perfscope.analysis.energy import energy_section
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import roofline_section
 from perfscope.analysis.summary import build_summary
@@ -80,11 +81,22 @@ def _workload_stats(run: StoredRun) -> dict[str, Any]:
 
 
 def _roofline_sections(run: StoredRun, device: DeviceSpec | None) -> dict[str, Any]:
-    """``roofline``, ``advice`` and ``projections`` of the summary."""
+    """``energy``, ``roofline``, ``advice`` and ``projections`` of the summary."""
     model_dict = (run.manifest.get("engine") or {}).get("model")
     model = ModelSpec.from_dict(model_dict) if model_dict else None
-    roofline = roofline_section(run.steps, run.requests, run.chunks, model, device)
-    out: dict[str, Any] = {"roofline": roofline, "advice": [], "projections": []}
+    energy = energy_section(
+        run.telemetry,
+        run.steps,
+        run.requests,
+        run.chunks,
+        run.manifest.get("telemetry") or {},
+        tdp_w=device.tdp_w if device else None,
+        mem_capacity_bytes=device.mem_bytes if device else None,
+    )
+    roofline = roofline_section(
+        run.steps, run.requests, run.chunks, model, device, energy=energy.get("phases")
+    )
+    out: dict[str, Any] = {"roofline": roofline, "energy": energy, "advice": [], "projections": []}
     if not roofline.get("available") or model is None or device is None:
         return out
     workload = _workload_stats(run)

@@ -198,9 +198,18 @@ def _projections_view(summary: dict[str, Any]) -> RenderableType | None:
     )
 
 
+def _energy_view(summary: dict[str, Any]) -> RenderableType | None:
+    from perfscope.analysis.energy import energy_table
+
+    energy = summary.get("energy")
+    if not energy:
+        return None
+    return energy_table(energy)
+
+
 def _extra_renderers() -> Iterable[Any]:
-    """Renderers of the analysis sections (roofline, advice, projections), when present."""
-    return (_roofline_view, _advice_view, _projections_view)
+    """Renderers of the analysis sections (roofline, energy, advice, projections)."""
+    return (_roofline_view, _energy_view, _advice_view, _projections_view)
 
 
 def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -> Table:

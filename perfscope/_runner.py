@@ -17,6 +17,7 @@ from typing import Any
 
 from perfscope import __version__
 from perfscope._analyze import analyze_stored, resolve_hardware
+from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
@@ -28,6 +29,7 @@ from perfscope.profiler.store import (
     write_json_atomic,
     write_table_atomic,
 )
+from perfscope.profiler.telemetry import TelemetryConfig, TelemetrySession, start_telemetry
 from perfscope.profiler.workload import WorkloadConfig, build_workload
 
 __all__ = ["ProgressHook", "RunOptions", "RunOutcome", "execute_run", "host_info"]
@@ -49,6 +51,9 @@ class RunOptions:
             ``./perfscope-runs``).
         name: short name in the run id (default: the engine kind).
         hw: device to analyse against; ``None`` = detect.
+        telemetry: hardware sampling (interval, GPUs, on/off).
+        nvtx: ``True``/``False`` force NVTX ranges on/off; ``None`` = on only when a profiler
+            (Nsight Systems) is attached.
         command: the command line, for the manifest.
     """
 
@@ -60,6 +65,8 @@ class RunOptions:
     runs_dir: Path | None = None
     name: str | None = None
     hw: str | None = None
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    nvtx: bool | None = None
     command: list[str] | None = None
 
 
@@ -134,13 +141,22 @@ def execute_run(
         eopts = EngineOptions(**{**eopts.__dict__, "max_seq_len": longest})
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
+    clock = MonotonicClock()
+    telemetry: TelemetrySession | None = None
     try:
         hardware = resolve_hardware(info.to_dict(), opts.hw)
+        if opts.nvtx is not None:
+            nvtx_ranges.set_enabled(opts.nvtx)
+        if opts.telemetry.enabled:
+            tcfg = opts.telemetry
+            if str(info.device or "").startswith("cuda") and not tcfg.cuda_memory:
+                tcfg = TelemetryConfig(**{**tcfg.__dict__, "cuda_memory": True})
+            # Before the first request: it samples the idle baseline first.
+            telemetry = start_telemetry(clock, tcfg)
     except BaseException:
         engine.close()
         raise
 
-    clock = MonotonicClock()
     root = opts.runs_dir or default_runs_root()
     run_dir = new_run_dir(root, opts.name or info.kind, clock.started_at)
     manifest: dict[str, Any] = {
@@ -158,6 +174,8 @@ def execute_run(
         "slos": opts.slos,
         "hw": opts.hw,
         "hardware": hardware,
+        "telemetry": telemetry.manifest_info() if telemetry else {"enabled": False},
+        "nvtx": nvtx_ranges.is_enabled(),
         "host": host_info(),
         "errors": [],
     }
@@ -170,9 +188,10 @@ def execute_run(
     status, error = "complete", None
     progress.on_start(len(specs))
     try:
-        driver.start()
-        engine.serve(inbox, recorder)
-        driver.join()
+        with nvtx_ranges.run_range(manifest["run_id"]):
+            driver.start()
+            engine.serve(inbox, recorder)
+            driver.join()
         if driver.error is not None:
             raise driver.error
     except KeyboardInterrupt:
@@ -193,6 +212,9 @@ def execute_run(
             write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())
             write_table_atomic(run_dir / "chunks.parquet", recorder.chunks_table())
             write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
+            if telemetry is not None:
+                write_table_atomic(run_dir / "telemetry.parquet", telemetry.stop())
+                manifest["telemetry"] = telemetry.manifest_info()
             write_json_atomic(run_dir / "manifest.json", manifest)
             try:
                 engine.close()

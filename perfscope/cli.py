@@ -198,6 +198,21 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="SLO for goodput, e.g. --slo ttft=200ms --slo tpot=50ms (repeatable)",
     )
     a.add_argument("--hw", default=None, help="device to analyse against (default: detect)")
+    t = p.add_argument_group("telemetry")
+    t.add_argument(
+        "--telemetry-interval",
+        default="50ms",
+        metavar="DURATION",
+        help="hardware sampling interval (default 50ms; at least 20ms)",
+    )
+    t.add_argument("--gpus", default=None, help="GPUs to sample, e.g. 0,1 (default: all visible)")
+    t.add_argument("--no-telemetry", action="store_true", help="do not sample the hardware")
+    t.add_argument(
+        "--nvtx",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="NVTX ranges for Nsight Systems (default: on only when a tool is attached)",
+    )
     _add_runs_dir(a)
     a.add_argument("--name", default=None, help="short name in the run id")
     a.add_argument("--json", action="store_true", help="print summary.json instead of tables")
@@ -232,9 +247,10 @@ class _RichProgress:
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope._render import summary_view
     from perfscope._runner import ProgressHook, RunOptions, execute_run
-    from perfscope.analysis.slo import parse_slos
+    from perfscope.analysis.slo import parse_duration, parse_slos
     from perfscope.profiler.driver import LoadConfig
     from perfscope.profiler.engines.base import EngineOptions
+    from perfscope.profiler.telemetry import TelemetryConfig, parse_gpus
     from perfscope.profiler.workload import WorkloadConfig, parse_length
 
     requests = args.requests if args.requests is not None else (None if args.prompts else 48)
@@ -271,11 +287,18 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         stop_on_eos=args.stop_on_eos,
         extra=dict(args.engine_opt),
     )
+    telemetry = TelemetryConfig(
+        interval_s=parse_duration(args.telemetry_interval),
+        gpus=parse_gpus(args.gpus) if args.gpus else None,
+        enabled=not args.no_telemetry,
+    )
     opts = RunOptions(
         engine=args.engine,
         workload=workload,
         load=load,
         engine_options=eopts,
+        telemetry=telemetry,
+        nvtx=args.nvtx,
         slos=parse_slos(args.slo),
         runs_dir=args.runs_dir,
         name=args.name,

@@ -177,6 +177,11 @@ class Recorder:
         )
 
     @property
+    def n_steps(self) -> int:
+        """Forward passes recorded so far (the next step's id)."""
+        return len(self._steps)
+
+    @property
     def n_requests(self) -> int:
         return len(self._requests)
 

@@ -76,10 +76,20 @@ def new_run_dir(root: Path, name: str, started_at: datetime) -> Path:
     raise RuntimeError(f"could not create a unique run directory under {root}")
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def _atomic(path: Path, write: Callable[[str], None]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are meant to be shared
         write(tmp)
         os.replace(tmp, path)
     except BaseException:

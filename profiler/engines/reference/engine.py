@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
+from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.engines.base import (
     EngineInfo,
     EngineOptions,
@@ -169,11 +170,14 @@ class ReferenceEngine:
         for length, subs in groups.items():
             start = len(running)
             tokens = torch.stack([self._prompt_ids(s) for s in subs]).to(self.device)
+            pushed = nvtx_ranges.push_step("prefill", recorder.n_steps)
             t0 = recorder.clock.now_ns()
             logits = self.model.prefill(tokens, cache.view(start, len(subs)))
             first = logits.argmax(-1).tolist()  # .tolist() synchronises the device
             self._sync()
             t1 = recorder.clock.now_ns()
+            if pushed:
+                nvtx_ranges.pop_range()
             recorder.step(
                 "prefill",
                 t0,
@@ -195,11 +199,14 @@ class ReferenceEngine:
         tokens = torch.tensor([s.next_token for s in running], device=self.device)
         lengths = torch.tensor([s.length for s in running], device=self.device)
         context = sum(s.length for s in running)
+        pushed = nvtx_ranges.push_step("decode", recorder.n_steps)
         t0 = recorder.clock.now_ns()
         logits = self.model.decode(tokens, cache, lengths)
         nxt = logits.argmax(-1).tolist()
         self._sync()
         t1 = recorder.clock.now_ns()
+        if pushed:
+            nvtx_ranges.pop_range()
         recorder.step(
             "decode",
             t0,
