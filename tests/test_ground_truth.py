@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from perfscope._runner import RunOptions, execute_run
 from perfscope.profiler.driver import LoadConfig
 from perfscope.profiler.workload import LengthDist, WorkloadConfig
+
+from perfscope._runner import RunOptions, execute_run
 
 TTFT, PER_TOKEN = 0.050, 0.010
 OUTPUT = 31  # 1 + 10 chunks of 3
@@ -31,10 +31,12 @@ def _run(engine: str, runs_dir: Path, concurrency: int = 2, requests: int = 8) -
 
 
 @pytest.mark.usefixtures("engines_on_path")
-@pytest.mark.parametrize("engine", ["python:timed_engines:single_tokens",
-                                    "python:timed_engines:triple_chunks"])
-def test_ttft_tpot_and_per_token_itl_match_known_sleeps_within_1ms(engine: str,
-                                                                    runs_dir: Path) -> None:
+@pytest.mark.parametrize(
+    "engine", ["python:timed_engines:single_tokens", "python:timed_engines:triple_chunks"]
+)
+def test_ttft_tpot_and_per_token_itl_match_known_sleeps_within_1ms(
+    engine: str, runs_dir: Path
+) -> None:
     s = _run(engine, runs_dir)
     lat = s["latency"]
     assert lat["ttft"]["p50"] == pytest.approx(TTFT, abs=1e-3)
