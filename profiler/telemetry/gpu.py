@@ -190,13 +190,15 @@ def resolve_gpus(
     visible: list[tuple[int | None, _NvmlDev, str]] = []
     cuda = _cuda_identities() if use_cuda_runtime else None
     if cuda is not None:
-        for idx, uuid, pci in cuda:
-            if uuid is not None and uuid in by_uuid:
-                visible.append((idx, by_uuid[uuid], "uuid"))
+        for idx, cuda_uuid, pci in cuda:
+            if cuda_uuid is not None and cuda_uuid in by_uuid:
+                visible.append((idx, by_uuid[cuda_uuid], "uuid"))
             elif pci is not None and pci in by_pci:
                 visible.append((idx, by_pci[pci], "pci_bus_id"))
             else:
-                notes.append(f"CUDA device {idx} matched no NVML device (uuid {uuid}, pci {pci})")
+                notes.append(
+                    f"CUDA device {idx} matched no NVML device (uuid {cuda_uuid}, pci {pci})"
+                )
     else:
         ordered = sorted(devs, key=lambda d: _parse_bus_id(d.bus) or (1 << 30, d.index, 0))
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
