@@ -8,6 +8,10 @@ from collections.abc import Iterator
 TTFT_S = 0.050
 PER_TOKEN_S = 0.010
 
+#: request_id -> perf_counter_ns at the generator's start, then at each yield: the
+#: engine's own truth, so tests can separate perfscope's error from sleep overshoot.
+TRUTH: dict[int, list[int]] = {}
+
 
 def precise_sleep(seconds: float) -> None:
     """Sleep, then spin for the last 2 ms: the truth must be exact to well under 1 ms."""
@@ -18,23 +22,29 @@ def precise_sleep(seconds: float) -> None:
         pass
 
 
-def single_tokens(max_tokens: int) -> Iterator[int]:
+def single_tokens(request_id: int, max_tokens: int) -> Iterator[int]:
     """First token after 50 ms, then one token every 10 ms."""
+    truth = TRUTH.setdefault(request_id, [time.perf_counter_ns()])
     precise_sleep(TTFT_S)
+    truth.append(time.perf_counter_ns())
     yield 1
     for _ in range(max_tokens - 1):
         precise_sleep(PER_TOKEN_S)
+        truth.append(time.perf_counter_ns())
         yield 1
 
 
-def triple_chunks(max_tokens: int) -> Iterator[list[str]]:
+def triple_chunks(request_id: int, max_tokens: int) -> Iterator[list[str]]:
     """First token after 50 ms, then chunks of 3 tokens every 30 ms (10 ms per token)."""
+    truth = TRUTH.setdefault(request_id, [time.perf_counter_ns()])
     precise_sleep(TTFT_S)
+    truth.append(time.perf_counter_ns())
     yield ["a"]
     sent = 1
     while sent < max_tokens:
         n = min(3, max_tokens - sent)
         precise_sleep(PER_TOKEN_S * n)
+        truth.append(time.perf_counter_ns())
         yield ["t"] * n
         sent += n
 
