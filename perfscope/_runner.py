@@ -17,6 +17,7 @@ from typing import Any
 
 from perfscope import __version__
 from perfscope._analyze import analyze_stored, resolve_hardware
+from perfscope.errors import PerfscopeError
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig
@@ -123,6 +124,20 @@ def _sigint_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _model_from_hf_config(path: str, dtype: str | None) -> dict[str, Any] | None:
+    """ModelSpec fields of a local HF model, in the dtype it runs in (logits: last position)."""
+    from perfscope.analysis.modelspec import ModelSpec
+
+    try:
+        spec = ModelSpec.from_hf_config(path)
+    except PerfscopeError:
+        return None
+    if dtype:
+        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+        spec = spec.with_dtypes(weight_dtype=short, kv_dtype=short, act_dtype=short)
+    return {**spec.to_dict(), "lm_head_all_positions": False}
+
+
 def execute_run(
     opts: RunOptions,
     progress: ProgressHook | None = None,
@@ -141,6 +156,8 @@ def execute_run(
         eopts = EngineOptions(**{**eopts.__dict__, "max_seq_len": longest})
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
+    if info.model is None and info.config.get("hf_config"):
+        info.model = _model_from_hf_config(str(info.config["hf_config"]), info.dtype)
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:

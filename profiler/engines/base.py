@@ -252,8 +252,22 @@ def registered_schemes() -> list[str]:
 
 def _load_builtin_engines() -> None:
     # Imported lazily: the reference engine pulls in torch, which `perfscope ls` never needs.
+    import perfscope.profiler.engines.hf
     import perfscope.profiler.engines.python_callable
-    import perfscope.profiler.engines.reference  # noqa: F401
+    import perfscope.profiler.engines.reference
+
+    try:
+        import perfscope.profiler.engines.openai  # noqa: F401
+    except ImportError as exc:  # optional dependency (aiohttp): fail only when openai: is used
+        _missing = str(exc)
+
+        def _openai_missing(uri: str, options: EngineOptions) -> Engine:
+            raise UsageError(
+                f"the openai engine needs the 'openai' extra ({_missing}): "
+                "pip install 'perfscope[openai]'"
+            )
+
+        _REGISTRY.setdefault("openai", _openai_missing)
 
 
 def create_engine(uri: str, options: EngineOptions | None = None) -> Engine:

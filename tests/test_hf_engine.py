@@ -1,0 +1,62 @@
+"""`hf:PATH` profiles a local Hugging Face causal LM (built here from a config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfscope._runner import RunOptions, execute_run
+from perfscope.errors import EngineNotFoundError
+from perfscope.profiler.engines.base import EngineOptions, create_engine
+from perfscope.profiler.telemetry import TelemetryConfig
+from perfscope.profiler.workload import LengthDist, WorkloadConfig
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = transformers.LlamaForCausalLM(cfg)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    return path
+
+
+def test_hf_engine_records_steps_and_a_model_spec_from_config(
+    tiny_llama: Path, runs_dir: Path
+) -> None:
+    opts = RunOptions(
+        engine=f"hf:{tiny_llama}",
+        workload=WorkloadConfig(
+            requests=5, prompt_len=LengthDist("constant", 12), output_len=LengthDist("constant", 6)
+        ),
+        engine_options=EngineOptions(batch_size=4),
+        runs_dir=runs_dir,
+        telemetry=TelemetryConfig(enabled=False),
+    )
+    out = execute_run(opts)
+    s = out.summary
+    assert out.status == "complete"
+    assert s["counts"]["completed"] == 5
+    assert s["counts"]["output_tokens"] == 30
+    assert s["steps"]["prefill"]["count"] == 2  # 4 + 1 requests
+    assert s["steps"]["decode"]["count"] == 2 * 5
+    assert s["model"]["n_layers"] == 2
+    assert s["model"]["n_kv_heads"] == 2
+    assert s["roofline"]["available"]
+    assert set(s["roofline"]["phases"]) == {"prefill", "decode"}
+
+
+def test_hf_engine_needs_a_local_model_folder(tmp_path: Path) -> None:
+    with pytest.raises(EngineNotFoundError, match="local model folder"):
+        create_engine(f"hf:{tmp_path / 'nowhere'}")
