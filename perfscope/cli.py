@@ -91,7 +91,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "engine",
         nargs="?",
         default="reference",
-        help="engine URI: 'reference' (default, built-in PyTorch model) or 'python:MODULE:ATTR'",
+        help="engine URI: 'reference' (default, built-in PyTorch model), 'hf:PATH' (a local "
+        "Hugging Face model folder), 'openai:URL' (an OpenAI-compatible server) or "
+        "'python:MODULE:ATTR' (any generator of tokens)",
     )
     w = p.add_argument_group("workload")
     w.add_argument(
@@ -189,6 +191,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="KEY=VALUE",
         help="engine-specific option (repeatable)",
     )
+    from perfscope._cli_sweep import add_openai_options
+
+    add_openai_options(p.add_argument_group("openai engine, datasets and duration"))
     a = p.add_argument_group("analysis and output")
     a.add_argument(
         "--slo",
@@ -217,6 +222,12 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     a.add_argument("--name", default=None, help="short name in the run id")
     a.add_argument("--json", action="store_true", help="print summary.json instead of tables")
     a.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write report.html next to the run (default: on)",
+    )
     p.set_defaults(handler=_cmd_run)
 
 
@@ -245,6 +256,7 @@ class _RichProgress:
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from perfscope._cli_sweep import apply_duration, dataset_fields, openai_extra, redact_argv
     from perfscope._render import summary_view
     from perfscope._runner import ProgressHook, RunOptions, execute_run
     from perfscope.analysis.slo import parse_duration, parse_slos
@@ -254,21 +266,26 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope.profiler.workload import WorkloadConfig, parse_length
 
     requests = args.requests if args.requests is not None else (None if args.prompts else 48)
+    requests, warmup = apply_duration(requests, args.warmup, args, args.rate, args.concurrency)
     workload = WorkloadConfig(
         requests=requests,
         prompt_len=parse_length(args.prompt_len, "--prompt-len"),
         output_len=parse_length(args.output_len, "--output-len"),
         prompts_file=args.prompts,
-        warmup=args.warmup,
+        warmup=warmup,
         seed=args.seed,
+        **dataset_fields(args, args.engine),
     )
     load = LoadConfig(
-        mode=args.mode,
+        # --rate / --concurrency only make sense online: they imply it.
+        mode="online" if args.rate is not None or args.concurrency is not None else args.mode,
         rate=args.rate,
         concurrency=args.concurrency,
         arrival=args.arrival,
         burstiness=args.burstiness,
         seed=args.seed,
+        duration_s=args.duration,
+        warmup_s=args.warmup_duration,
     )
     load.validate()
     shape = {
@@ -285,7 +302,10 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         model_preset=args.model_preset,
         model_overrides=shape,
         stop_on_eos=args.stop_on_eos,
-        extra=dict(args.engine_opt),
+        extra={
+            **dict(args.engine_opt),
+            **(openai_extra(args) if args.engine.startswith("openai") else {}),
+        },
     )
     telemetry = TelemetryConfig(
         interval_s=parse_duration(args.telemetry_interval),
@@ -303,7 +323,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         runs_dir=args.runs_dir,
         name=args.name,
         hw=args.hw,
-        command=["perfscope", *sys.argv[1:]],
+        command=redact_argv(["perfscope", *sys.argv[1:]]),
     )
     err = Console(stderr=True)
     hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)
@@ -312,6 +332,10 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(outcome.summary, indent=2))
     else:
         console.print(summary_view(outcome.summary, outcome.path))
+    if args.report:
+        from perfscope._cli_report import write_run_report
+
+        write_run_report(outcome.path, err)
     if outcome.status != "complete":
         err.print(
             f"[red]run {outcome.status}[/red]: {outcome.error}; "
@@ -427,7 +451,13 @@ def _command_modules() -> list[Any]:
     import importlib
 
     mods = []
-    names: tuple[str, ...] = ("_cli_hw", "_cli_roofline")
+    names: tuple[str, ...] = (
+        "_cli_hw",
+        "_cli_roofline",
+        "_cli_report",
+        "_cli_sweep",
+        "_cli_dashboard",
+    )
     for name in names:
         mods.append(importlib.import_module(f"perfscope.{name}"))
     return mods

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from perfscope.errors import WorkloadError
 from perfscope.profiler.engines.base import Inbox, Submission
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
-
-from perfscope.errors import WorkloadError
 
 __all__ = ["Driver", "LoadConfig", "arrival_offsets_ns"]
 
@@ -40,6 +40,11 @@ class LoadConfig:
         arrival: ``poisson | constant | gamma``.
         burstiness: gamma shape (1 = Poisson).
         seed: seeds the arrival gaps.
+        duration_s: stop submitting measured requests this long after the measured phase
+            starts (whichever comes first with the request count).
+        warmup_s: warmup by time: submit warmup requests for this long, then go straight on
+            to the measured phase while they finish (steady state). A count-only warmup
+            instead waits until every warmup request has finished.
     """
 
     mode: str = "batch"
@@ -48,6 +53,8 @@ class LoadConfig:
     arrival: str = "poisson"
     burstiness: float = 1.0
     seed: int = 0
+    duration_s: float | None = None
+    warmup_s: float | None = None
 
     def validate(self) -> None:
         if self.mode not in ("batch", "online"):
@@ -60,6 +67,9 @@ class LoadConfig:
             raise WorkloadError(
                 f"unknown --arrival {self.arrival!r}: use poisson, constant or gamma"
             )
+        for flag, v in (("--duration", self.duration_s), ("--warmup-duration", self.warmup_s)):
+            if v is not None and not (v > 0 and np.isfinite(v)):
+                raise WorkloadError(f"{flag} must be a positive number of seconds, got {v}")
         if not self.burstiness > 0:
             raise WorkloadError(f"--burstiness must be positive, got {self.burstiness}")
         if self.mode == "online":
@@ -78,6 +88,8 @@ class LoadConfig:
             "arrival": self.arrival if self.rate is not None else None,
             "burstiness": self.burstiness if self.arrival == "gamma" else None,
             "seed": self.seed,
+            "duration_s": self.duration_s,
+            "warmup_s": self.warmup_s,
         }
 
 
@@ -154,36 +166,54 @@ class Driver:
         handle.sent()
         self.inbox.put(Submission(spec, handle))
 
-    def _phase(self, specs: list[RequestSpec]) -> bool:
+    def _phase(
+        self,
+        specs: list[RequestSpec],
+        duration_s: float | None = None,
+        in_flight: set[int] | None = None,
+    ) -> bool:
+        """Submit ``specs`` on schedule, stopping after ``duration_s`` (if given).
+
+        ``in_flight``: ids still running from a previous phase; a closed loop counts them
+        against its concurrency. Ids submitted here are added to it.
+        """
         clock = self.recorder.clock
+        sent: set[int] = in_flight if in_flight is not None else set()
         if not specs:
             return True
+        t0 = clock.now_ns()
+        deadline = None if duration_s is None else t0 + int(duration_s * 1e9)
         if self.load.concurrency is not None:
-            sent: set[int] = set()
             for spec in specs:
                 if not self._wait_finished(sent, self.load.concurrency - 1):
                     return False
-                self._submit(spec, clock.now_ns())
+                now = clock.now_ns()
+                if deadline is not None and now >= deadline:
+                    return True
+                self._submit(spec, now)
                 sent.add(spec.request_id)
             return True
-        t0 = clock.now_ns()
         offsets = arrival_offsets_ns(self.load, len(specs))
         for spec, off in zip(specs, offsets, strict=True):
             t_plan = t0 + int(off)
+            if deadline is not None and t_plan >= deadline:
+                return True
             clock.sleep_until_ns(t_plan)
             if self._stop.is_set():
                 return False
             self._submit(spec, t_plan)
+            sent.add(spec.request_id)
         return True
 
     def _run(self) -> None:
         try:
+            in_flight: set[int] = set()
             if self.warmup:
-                if not self._phase(self.warmup):
+                if not self._phase(self.warmup, self.load.warmup_s, in_flight):
                     return
-                if not self._wait_finished({s.request_id for s in self.warmup}):
+                if self.load.warmup_s is None and not self._wait_finished(in_flight):
                     return
-            self._phase(self.measured)
+            self._phase(self.measured, self.load.duration_s, in_flight)
         except BaseException as exc:  # surfaced by the runner after the engine stops
             self.error = exc
         finally:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from perfscope.profiler.records import RequestSpec
 
 from perfscope.errors import WorkloadError
+from perfscope.profiler.records import RequestSpec
 
 __all__ = ["LengthDist", "WorkloadConfig", "build_workload", "parse_length"]
 
@@ -102,6 +102,15 @@ class WorkloadConfig:
             ``output_tokens`` / ``max_tokens``.
         warmup: extra requests run before the measured ones and excluded from statistics.
         seed: seeds lengths (and, in engines, prompt ids).
+        dataset: prompt text source (see :mod:`perfscope.profiler.datasets`): ``synthetic``
+            (random words of the target token lengths), ``sharegpt`` (conversations in
+            ``dataset_path``) or ``shared-prefix`` (``prefix_len`` shared tokens, then
+            ``prompt_len`` unique ones); ``None`` = token counts only (local engines).
+        dataset_path: the ShareGPT file.
+        prefix_len: shared prefix tokens (shared-prefix).
+        prefix_groups: distinct shared prefixes, used in turn (shared-prefix).
+        tokenizer: ``tokenizer.json`` (or its folder) for exact token lengths of text prompts.
+        output_len_given: ``--output-len`` was given, so it wins over dataset reply lengths.
     """
 
     requests: int | None = 32
@@ -110,6 +119,12 @@ class WorkloadConfig:
     prompts_file: Path | None = None
     warmup: int = 0
     seed: int = 0
+    dataset: str | None = None
+    dataset_path: Path | None = None
+    prefix_len: int = 0
+    prefix_groups: int = 1
+    tokenizer: str | None = None
+    output_len_given: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -119,6 +134,11 @@ class WorkloadConfig:
             "prompts_file": str(self.prompts_file) if self.prompts_file else None,
             "warmup": self.warmup,
             "seed": self.seed,
+            "dataset": self.dataset,
+            "dataset_path": str(self.dataset_path) if self.dataset_path else None,
+            "prefix_len": self.prefix_len if self.dataset == "shared-prefix" else None,
+            "prefix_groups": self.prefix_groups if self.dataset == "shared-prefix" else None,
+            "tokenizer": self.tokenizer,
         }
 
 
@@ -189,6 +209,22 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
     """The warmup requests (ids ``0..warmup-1``) followed by the measured ones."""
     if cfg.warmup < 0:
         raise WorkloadError(f"--warmup must be 0 or more, got {cfg.warmup}")
+    if cfg.dataset is not None and cfg.prompts_file is None:
+        from perfscope.profiler.datasets import build_dataset_specs, load_tokenizer_for
+
+        return build_dataset_specs(
+            cfg.dataset,
+            n=cfg.requests,
+            warmup=cfg.warmup,
+            prompt_lens=cfg.prompt_len,
+            output_lens=cfg.output_len,
+            seed=cfg.seed,
+            path=cfg.dataset_path,
+            prefix_len=cfg.prefix_len,
+            prefix_groups=cfg.prefix_groups,
+            tokenizer=load_tokenizer_for(cfg.tokenizer),
+            output_len_given=cfg.output_len_given,
+        )
     rng = np.random.default_rng(cfg.seed)
     if cfg.prompts_file is not None:
         rows = _read_prompts(cfg.prompts_file)

@@ -25,10 +25,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
-from perfscope.errors import UsageError
+from perfscope.profiler.datasets import load_tokenizer
 
 __all__ = ["TokenCount", "TokenCounter", "count_tokens", "load_tokenizer", "spread"]
 
@@ -37,29 +36,6 @@ class TokenCounter(Protocol):
     """The part of ``tokenizers.Tokenizer`` used here."""
 
     def encode(self, sequence: str, add_special_tokens: bool = ...) -> Any: ...
-
-
-def load_tokenizer(path: str | Path) -> TokenCounter:
-    """A Hugging Face ``tokenizers`` tokenizer from ``tokenizer.json`` or a folder holding it."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "tokenizer.json"
-    if not p.is_file():
-        raise UsageError(
-            f"--tokenizer {str(path)!r}: no tokenizer.json there; give the file or the model "
-            "folder that holds it"
-        )
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:  # pragma: no cover - tokenizers ships with the openai extra
-        raise UsageError(
-            "--tokenizer needs the 'tokenizers' package: pip install 'perfscope[openai]'"
-        ) from None
-    try:
-        tok: TokenCounter = Tokenizer.from_file(str(p))
-    except Exception as exc:
-        raise UsageError(f"--tokenizer {str(p)!r}: cannot load it ({exc})") from None
-    return tok
 
 
 @dataclass
@@ -131,7 +107,6 @@ def count_tokens(
         server_total: final ``usage.completion_tokens``, or None.
         tokenizer: local tokenizer, or None.
     """
-    n = len(texts)
     chars = [float(sum(len(t) for _, t in pieces)) for pieces in texts]
     client_total: int | None = None
     if tokenizer is not None:

@@ -1,0 +1,458 @@
+"""Run loading and caching for the Dash app, and run-id validation.
+
+The dashboard reads a runs directory that other processes keep writing into. Everything
+here is per :class:`RunRepository` instance (no module-level caches), so two apps in one
+process never share state.
+
+* Listing is cheap: one ``stat`` per file of each run directory, and a run's row is
+  re-read only when its ``manifest.json`` or ``summary.json`` changed.
+* Tables (Parquet) load lazily, only when a page needs them, and stay in a small LRU
+  keyed by the files' modification times.
+* A directory that is not a readable run is listed with ``state="broken"`` and the
+  reason; a run still being written, interrupted, failed or not yet analysed is
+  ``state="partial"``. Nothing here raises for a bad run directory while listing.
+
+Run ids come from URLs: :func:`validate_run_id` accepts only a plain directory name
+directly under the runs directory (no separators, no ``..``, no absolute paths, no
+symlink leading elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from perfscope.errors import PerfscopeError, RunNotFoundError, UsageError
+
+__all__ = [
+    "RESERVED_DIRS",
+    "RUN_ID_PATTERN",
+    "InvalidRunIdError",
+    "LoadedRun",
+    "RunRepository",
+    "RunRow",
+    "per_request_frame",
+    "validate_run_id",
+]
+
+#: A run id is one directory name: starts with a letter or digit, then letters, digits,
+#: ``.``, ``_`` or ``-`` (what ``profiler.store.new_run_dir`` creates, and nothing that
+#: could climb out of the runs directory).
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+_STAMP = re.compile(r"\d{8}-\d{6}")
+
+#: Folders under the runs root that are not runs (``perfscope sweep`` writes its summaries
+#: to ``sweeps/``).
+RESERVED_DIRS = frozenset({"sweeps"})
+
+#: Parquet files of a run directory (for change detection).
+_TABLE_FILES = ("requests", "chunks", "steps", "telemetry")
+
+
+class InvalidRunIdError(UsageError):
+    """A run id that is not a plain directory name under the runs directory."""
+
+
+def validate_run_id(runs_dir: Path, run_id: object) -> Path:
+    """The run directory ``runs_dir/run_id``, after checking ``run_id`` is safe.
+
+    Raises:
+        InvalidRunIdError: ``run_id`` is not a string matching :data:`RUN_ID_PATTERN`
+            (so it holds no ``/``, ``\\``, ``..`` or absolute path), or it resolves
+            (through a symlink) outside ``runs_dir``.
+        RunNotFoundError: it is well-formed but no such directory exists.
+    """
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
+        shown = repr(run_id)[:80]
+        raise InvalidRunIdError(
+            f"invalid run id {shown}: a run id is a directory name under the runs directory"
+        )
+    root = runs_dir.resolve()
+    path = runs_dir / run_id
+    if not path.is_dir():
+        raise RunNotFoundError(f"no run {run_id!r} in {str(runs_dir)!r}")
+    if path.resolve().parent != root:
+        raise InvalidRunIdError(f"run id {run_id!r} points outside the runs directory")
+    return path
+
+
+def _num(x: Any) -> float | None:
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _dig(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One line of the runs table. Times in seconds, rates per second (SI).
+
+    Attributes:
+        run_id: directory name.
+        state: ``ok`` (complete and analysed), ``partial`` (running, interrupted, failed or
+            not analysed) or ``broken`` (not a readable run).
+        status: the manifest's status (``complete``, ``running``, ...) or ``broken``.
+        problem: why the row is partial or broken, else ``None``.
+        sweep: the sweep this run belongs to (``manifest["sweep"]["id"]``), if any.
+    """
+
+    run_id: str
+    state: str
+    status: str
+    problem: str | None = None
+    name: str | None = None
+    engine: str | None = None
+    model: str | None = None
+    hardware: str | None = None
+    started_at: str | None = None
+    requests: int | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None
+    output_tok_s: float | None = None
+    goodput_req_s: float | None = None
+    slo_attainment: float | None = None
+    mfu: float | None = None
+    mbu: float | None = None
+    j_per_token: float | None = None
+    sweep: str | None = None
+    has_roofline: bool = False
+
+    def to_record(self) -> dict[str, Any]:
+        """The row as the runs DataTable shows it: latencies in ms, ratios in %, rounded."""
+
+        def r(x: float | None, scale: float = 1.0, nd: int = 3) -> float | None:
+            return None if x is None else float(f"{x * scale:.{nd}g}")
+
+        return {
+            "id": self.run_id,
+            "run_id": self.run_id,
+            "link": f"[open](/run/{self.run_id})" if self.state != "broken" else "",
+            "state": self.state,
+            "status": self.status if self.problem is None else f"{self.status}: {self.problem}",
+            "name": self.name or "",
+            "engine": self.engine or "",
+            "model": self.model or "",
+            "hardware": self.hardware or "",
+            "date": (self.started_at or "")[:19].replace("T", " "),
+            "requests": self.requests,
+            "ttft_p50_ms": r(self.ttft_p50_s, 1e3),
+            "ttft_p99_ms": r(self.ttft_p99_s, 1e3),
+            "tpot_p50_ms": r(self.tpot_p50_s, 1e3),
+            "output_tok_s": r(self.output_tok_s, nd=4),
+            "goodput_req_s": r(self.goodput_req_s, nd=4),
+            "slo_pct": r(self.slo_attainment, 100.0),
+            "mfu_pct": r(self.mfu, 100.0),
+            "mbu_pct": r(self.mbu, 100.0),
+            "j_per_token": r(self.j_per_token, nd=4),
+            "sweep": self.sweep or "",
+        }
+
+
+def _model_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
+    model = (summary or {}).get("model") or _dig(manifest, "engine", "model") or {}
+    name = model.get("name") if isinstance(model, dict) else None
+    preset = _dig(manifest, "engine", "config", "preset")
+    if name and preset and str(preset) != str(name):
+        return f"{name} ({preset})"
+    return str(name) if name else (str(preset) if preset else None)
+
+
+def _hardware_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
+    hw = (summary or {}).get("hardware") or manifest.get("hardware") or {}
+    spec = hw.get("spec") if isinstance(hw, dict) else None
+    if isinstance(spec, dict):
+        return str(spec.get("name") or spec.get("key") or "") or None
+    return None
+
+
+def _phase_ratio(summary: dict[str, Any], phase: str, key: str) -> float | None:
+    return _num(_dig(summary, "roofline", "phases", phase, key))
+
+
+def _row_from(
+    run_id: str, manifest: dict[str, Any], summary: dict[str, Any] | None, problem: str | None
+) -> RunRow:
+    status = str(manifest.get("status") or "unknown")
+    engine = manifest.get("engine") or {}
+    s = summary or {}
+    lat = s.get("latency") or {}
+    roof = s.get("roofline") or {}
+    if problem is None and status != "complete":
+        errors = manifest.get("errors") or []
+        problem = str(errors[-1])[:200] if errors else None
+    state = "ok" if status == "complete" and summary is not None and problem is None else "partial"
+    if summary is None and problem is None:
+        problem = "not analysed yet (perfscope analyze)"
+    sweep = manifest.get("sweep")
+    sweep_id = sweep.get("id") if isinstance(sweep, dict) else sweep
+    # MFU is telling in the compute-heavy prefill, MBU in the bandwidth-heavy decode.
+    mfu = _phase_ratio(s, "prefill", "mfu")
+    mbu = _phase_ratio(s, "decode", "mbu")
+    return RunRow(
+        run_id=run_id,
+        state=state,
+        status=status,
+        problem=problem,
+        name=str(manifest.get("name") or "") or None,
+        engine=str(engine.get("uri") or engine.get("kind") or "") or None,
+        model=_model_name(manifest, summary),
+        hardware=_hardware_name(manifest, summary),
+        started_at=str(manifest.get("started_at") or "") or None,
+        requests=int(c) if (c := _num(_dig(s, "counts", "requests"))) is not None else None,
+        ttft_p50_s=_num(_dig(lat, "ttft", "p50")),
+        ttft_p99_s=_num(_dig(lat, "ttft", "p99")),
+        tpot_p50_s=_num(_dig(lat, "tpot", "p50")),
+        output_tok_s=_num(_dig(s, "throughput", "output_tok_s")),
+        goodput_req_s=_num(_dig(s, "goodput", "goodput_req_s")),
+        slo_attainment=_num(_dig(s, "goodput", "attainment")),
+        mfu=mfu,
+        mbu=mbu,
+        j_per_token=_num(_dig(s, "energy", "j_per_output_token"))
+        if _dig(s, "energy", "available")
+        else None,
+        sweep=str(sweep_id) if sweep_id else None,
+        has_roofline=bool(roof.get("available")) if isinstance(roof, dict) else False,
+    )
+
+
+def _stat_key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except FileNotFoundError:
+        return None, f"no {path.name}"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"unreadable {path.name}: {type(exc).__name__}"
+
+
+@dataclass
+class LoadedRun:
+    """A run with its tables in memory (what the detail and compare pages draw from).
+
+    ``tables`` is a :class:`perfscope.dashboard.figures.RunTables`; ``summary`` is the
+    stored summary.json or, when there is none yet, one computed in memory by the
+    analysis (never written from the dashboard). ``cache`` holds per-run derived
+    objects the pages build once (figures, the per-request frame).
+    """
+
+    run_id: str
+    path: Path
+    manifest: dict[str, Any]
+    summary: dict[str, Any]
+    tables: Any
+    summary_computed: bool = False
+    signature: tuple[Any, ...] = ()
+    cache: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+class RunRepository:
+    """The runs under one directory, for one app instance.
+
+    Args:
+        runs_dir: the runs root (it may not exist yet; runs appear when it does).
+        max_loaded: how many runs keep their tables in memory (LRU).
+    """
+
+    def __init__(self, runs_dir: Path, *, max_loaded: int = 6) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.max_loaded = max_loaded
+        self._lock = threading.Lock()
+        self._rows: dict[str, tuple[Any, RunRow]] = {}
+        self._loaded: OrderedDict[str, tuple[Any, LoadedRun]] = OrderedDict()
+
+    # ------------------------------------------------------------------ listing
+
+    def run_ids(self) -> list[str]:
+        """Directory names under the runs root that could be runs (hidden ones skipped)."""
+        try:
+            entries = [
+                e
+                for e in os.scandir(self.runs_dir)
+                if e.is_dir() and not e.name.startswith(".") and e.name not in RESERVED_DIRS
+            ]
+        except OSError:
+            return []
+
+        def newest_first(e: os.DirEntry[str]) -> str:
+            # Run ids start with their start time; other folders sort by modification time.
+            if _STAMP.match(e.name):
+                return e.name
+            try:
+                return time.strftime("%Y%m%d-%H%M%S", time.localtime(e.stat().st_mtime))
+            except OSError:
+                return ""
+
+        return [e.name for e in sorted(entries, key=newest_first, reverse=True)]
+
+    def _signature(self, path: Path) -> tuple[Any, ...]:
+        return (_stat_key(path / "manifest.json"), _stat_key(path / "summary.json"))
+
+    def row(self, run_id: str) -> RunRow:
+        """The table row of one run directory (cached until its JSON files change)."""
+        path = self.runs_dir / run_id
+        sig = self._signature(path)
+        with self._lock:
+            hit = self._rows.get(run_id)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        row = self._read_row(run_id, path)
+        with self._lock:
+            self._rows[run_id] = (sig, row)
+        return row
+
+    def _read_row(self, run_id: str, path: Path) -> RunRow:
+        if not RUN_ID_PATTERN.fullmatch(run_id):
+            return RunRow(run_id=run_id, state="broken", status="broken", problem="bad name")
+        manifest, err = _read_json(path / "manifest.json")
+        if err is not None or not isinstance(manifest, dict):
+            why = err or "manifest.json is not a JSON object"
+            return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
+        summary, serr = _read_json(path / "summary.json")
+        problem = None
+        if serr is not None and not serr.startswith("no "):
+            problem = serr
+        if not isinstance(summary, dict):
+            summary = None
+        return _row_from(run_id, manifest, summary, problem)
+
+    def rows(self) -> list[RunRow]:
+        """Every run directory's row, newest first; forgets rows of deleted directories."""
+        ids = self.run_ids()
+        rows = [self.row(i) for i in ids]
+        with self._lock:
+            for gone in set(self._rows) - set(ids):
+                del self._rows[gone]
+        return rows
+
+    # ------------------------------------------------------------------ loading
+
+    def _table_signature(self, path: Path) -> tuple[Any, ...]:
+        return (
+            *self._signature(path),
+            *(_stat_key(path / f"{t}.parquet") for t in _TABLE_FILES),
+        )
+
+    def load(self, run_id: str) -> LoadedRun:
+        """The run with its tables, from the LRU when its files have not changed.
+
+        Raises:
+            InvalidRunIdError, RunNotFoundError: bad or unknown id, unreadable run.
+        """
+        from perfscope.dashboard.figures import RunTables
+        from perfscope.profiler.store import read_run
+
+        path = validate_run_id(self.runs_dir, run_id)
+        sig = self._table_signature(path)
+        with self._lock:
+            hit = self._loaded.get(run_id)
+            if hit is not None and hit[0] == sig:
+                self._loaded.move_to_end(run_id)
+                return hit[1]
+        stored = read_run(path)
+        computed = False
+        summary = stored.summary
+        if not isinstance(summary, dict):
+            summary = self._analyze(stored)
+            computed = True
+        tables = RunTables(
+            summary=summary,
+            requests=stored.requests,
+            chunks=stored.chunks,
+            steps=stored.steps,
+            telemetry=stored.telemetry,
+        )
+        loaded = LoadedRun(
+            run_id=run_id,
+            path=path,
+            manifest=stored.manifest,
+            summary=summary,
+            tables=tables,
+            summary_computed=computed,
+            signature=sig,
+        )
+        with self._lock:
+            self._loaded[run_id] = (sig, loaded)
+            self._loaded.move_to_end(run_id)
+            while len(self._loaded) > self.max_loaded:
+                self._loaded.popitem(last=False)
+        return loaded
+
+    @staticmethod
+    def _analyze(stored: Any) -> dict[str, Any]:
+        from perfscope._analyze import analyze_stored
+
+        try:
+            summary: dict[str, Any] = analyze_stored(stored, write=False)
+        except PerfscopeError as exc:
+            raise RunNotFoundError(f"run {stored.path.name!r} cannot be analysed: {exc}") from None
+        except (KeyError, ValueError, TypeError) as exc:
+            raise RunNotFoundError(
+                f"run {stored.path.name!r} cannot be analysed: {type(exc).__name__}: {exc}"
+            ) from None
+        return summary
+
+    def summary(self, run_id: str) -> dict[str, Any] | None:
+        """summary.json of a run without loading its tables (``None`` when absent)."""
+        path = validate_run_id(self.runs_dir, run_id)
+        data, err = _read_json(path / "summary.json")
+        return data if err is None and isinstance(data, dict) else None
+
+    def manifest(self, run_id: str) -> dict[str, Any] | None:
+        """manifest.json of a run (``None`` when absent or unreadable)."""
+        path = validate_run_id(self.runs_dir, run_id)
+        data, err = _read_json(path / "manifest.json")
+        return data if err is None and isinstance(data, dict) else None
+
+
+def per_request_frame(loaded: LoadedRun) -> pd.DataFrame:
+    """Per-request metrics of a loaded run (``analysis.metrics.per_request``) plus its
+    error text, cached on the run; times in seconds."""
+    from perfscope.analysis.metrics import per_request
+
+    with loaded.lock:
+        cached = loaded.cache.get("per_request")
+        if cached is not None:
+            frame: pd.DataFrame = cached
+            return frame
+        req = loaded.tables.requests
+        if req.empty:
+            frame = pd.DataFrame(
+                columns=["request_id", "prompt_tokens", "output_tokens", "ttft", "tpot", "e2e"]
+            )
+        else:
+            frame = per_request(req)
+            err = req.set_index("request_id")["error"]
+            frame["error"] = frame["request_id"].map(err).where(lambda s: s.notna(), None)
+        loaded.cache["per_request"] = frame
+        return frame

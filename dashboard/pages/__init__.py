@@ -1,0 +1,21 @@
+"""The dashboard's pages, in navigation order.
+
+Each module exposes ``PAGE`` (:class:`perfscope.dashboard.pages._common.Page`); the app
+factory routes URLs to them and lets each register its callbacks on the app it builds.
+"""
+
+from __future__ import annotations
+
+from perfscope.dashboard.pages import compare, hardware, roofline, run_detail, runs, sweeps
+from perfscope.dashboard.pages._common import Page
+
+__all__ = ["PAGES"]
+
+PAGES: tuple[Page, ...] = (
+    runs.PAGE,
+    run_detail.PAGE,
+    compare.PAGE,
+    sweeps.PAGE,
+    roofline.PAGE,
+    hardware.PAGE,
+)

@@ -1,0 +1,237 @@
+"""Compare page (``/compare?runs=A,B[,C...]&baseline=A``): runs overlaid, metrics with
+ratios and confidence intervals against a pinned baseline.
+
+Statistics come from :func:`perfscope.dashboard.compare.compare_tables` (the same numbers
+as ``perfscope compare``), figures from the shared builders in
+:mod:`perfscope.dashboard.figures`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from dash import Dash, Input, Output, State, dcc, html
+
+from perfscope.dashboard.pages._common import (
+    CARD_STYLE,
+    TABLE_CELL,
+    TABLE_HEADER,
+    DashboardContext,
+    Page,
+    PageRequest,
+    data_table,
+    error_box,
+    figure_block,
+    note,
+    query_list,
+)
+from perfscope.errors import PerfscopeError
+
+__all__ = ["PAGE", "ResultCache", "compare_body", "metric_records"]
+
+_RESULT_CACHE_SIZE = 8
+
+
+class ResultCache:
+    """Recent comparison results of one app (the bootstrap takes a moment on big runs)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: OrderedDict[Any, dict[str, Any]] = OrderedDict()
+
+
+def _run_options(dctx: DashboardContext) -> list[dict[str, Any]]:
+    return [
+        {"label": f"{r.run_id} ({r.status})", "value": r.run_id}
+        for r in dctx.repo.rows()
+        if r.state != "broken"
+    ]
+
+
+def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Columns and rows of the metric table: value per run, then ratio, CI and change of
+    each run against the baseline (first run)."""
+    from perfscope.dashboard.compare import format_metric
+
+    labels = result["labels"]
+    conf = f"{100 * result['confidence']:g}%"
+    cols: list[dict[str, Any]] = [{"id": "metric", "name": "metric"}]
+    for i, lab in enumerate(labels):
+        cols.append({"id": f"v{i}", "name": f"{'baseline' if i == 0 else f'run {i}'}: {lab}"})
+    for i in range(1, len(labels)):
+        cols += [
+            {"id": f"r{i}", "name": f"ratio run {i}"},
+            {"id": f"ci{i}", "name": f"{conf} CI run {i}"},
+            {"id": f"c{i}", "name": f"change run {i}"},
+        ]
+    rows = []
+    for m in result["metrics"]:
+        row: dict[str, Any] = {"metric": m["label"], "key": m["key"]}
+        for i, v in enumerate(m["values"]):
+            row[f"v{i}"] = format_metric(v, m["unit"])
+        for i in range(1, len(labels)):
+            r, ci = m["ratios"][i], m["ci"][i]
+            row[f"r{i}"] = "n/a" if r is None else f"{r:.3f}x"
+            row[f"ci{i}"] = "" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+            row[f"c{i}"] = m["change"][i] or ""
+        rows.append(row)
+    return cols, rows
+
+
+def _result(ids: list[str], loaded: list[Any], cache: ResultCache) -> dict[str, Any]:
+    from perfscope.dashboard.compare import compare_tables
+
+    # Keyed on the runs' file signatures: a run rewritten on disk is compared afresh.
+    key = tuple((i, x.signature) for i, x in zip(ids, loaded, strict=True))
+    with cache.lock:
+        hit = cache.items.get(key)
+        if hit is not None:
+            cache.items.move_to_end(key)
+            return hit
+    result: dict[str, Any] = compare_tables([x.tables for x in loaded], ids)
+    with cache.lock:
+        cache.items[key] = result
+        while len(cache.items) > _RESULT_CACHE_SIZE:
+            cache.items.popitem(last=False)
+    return result
+
+
+def compare_body(
+    dctx: DashboardContext,
+    run_ids: list[str],
+    baseline: str | None,
+    cache: ResultCache | None = None,
+) -> Any:
+    """Figures and metric table of the given runs, ``baseline`` first."""
+    from perfscope.dashboard.figures import comparison_cdf_figure, comparison_metrics_figure
+
+    ids = [i for i in dict.fromkeys(run_ids) if i]
+    if baseline in ids:
+        ids.remove(str(baseline))
+        ids.insert(0, str(baseline))
+    problems: list[Any] = []
+    loaded = []
+    ok_ids = []
+    for rid in ids:
+        try:
+            loaded.append(dctx.repo.load(rid))
+            ok_ids.append(rid)
+        except PerfscopeError as exc:
+            problems.append(error_box(str(exc), title=f"Run {rid[:80]!r} left out"))
+    if len(loaded) < 2:
+        return html.Div(
+            [*problems, note("Pick two or more runs to compare (the first is the baseline).")]
+        )
+    result = _result(ok_ids, loaded, cache if cache is not None else ResultCache())
+    cols, rows = metric_records(result)
+    conf = f"{100 * result['confidence']:g}%"
+    table = html.Div(
+        [
+            html.H3(f"Metrics against the baseline {ok_ids[0]}"),
+            note(
+                f"{result['method']}. An interval that excludes 1 is a change beyond "
+                f"resampling noise at {conf} confidence ({result['n_boot']} resamples)."
+            ),
+            data_table(
+                id="compare-table",
+                columns=cols,
+                data=rows,
+                style_table={"overflowX": "auto"},
+                style_cell=TABLE_CELL,
+                style_header=TABLE_HEADER,
+                style_data_conditional=[
+                    {
+                        "if": {"filter_query": f'{{c{i}}} = "{word}"', "column_id": f"c{i}"},
+                        "color": color,
+                        "fontWeight": "bold",
+                    }
+                    for i in range(1, len(ok_ids))
+                    for word, color in (("better", "#2e7d32"), ("worse", "#c62828"))
+                ],
+            ),
+        ],
+        style=CARD_STYLE,
+    )
+    tables = [x.tables for x in loaded]
+    figs = [
+        figure_block(
+            "compare-fig-metrics",
+            "Key metrics",
+            comparison_metrics_figure(ok_ids, [t.summary for t in tables]),
+            caption="Latency percentiles (ms) and output throughput per run.",
+        ),
+        figure_block(
+            "compare-fig-cdf",
+            "Latency distributions",
+            comparison_cdf_figure(ok_ids, tables),
+            caption="Empirical CDFs of each run's completed, non-warmup requests.",
+        ),
+    ]
+    roofline_link = html.Div(
+        [
+            "Roofline points of these runs: ",
+            dcc.Link(
+                "overlay them in the roofline explorer",
+                href="/roofline?runs=" + ",".join(ok_ids),
+                id="compare-roofline-link",
+            ),
+        ],
+        style=CARD_STYLE,
+    )
+    return html.Div([*problems, table, *figs, roofline_link])
+
+
+def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+    ids = query_list(req, "runs")
+    baseline = req.get("baseline") or (ids[0] if ids else None)
+    options = _run_options(dctx)
+    return html.Div(
+        [
+            html.H2("Compare runs"),
+            html.Div(
+                [
+                    html.Label("runs"),
+                    dcc.Dropdown(id="compare-runs", options=options, value=ids, multi=True),
+                    html.Label("baseline (pinned; ratios are run / baseline)"),
+                    dcc.Dropdown(
+                        id="compare-baseline",
+                        options=[{"label": i, "value": i} for i in ids],
+                        value=baseline,
+                        clearable=False,
+                    ),
+                ],
+                style=CARD_STYLE,
+            ),
+            dcc.Loading(html.Div(id="compare-body")),
+        ]
+    )
+
+
+def register(app: Dash, dctx: DashboardContext) -> None:
+    cache = ResultCache()
+
+    @app.callback(
+        Output("compare-baseline", "options"),
+        Output("compare-baseline", "value"),
+        Input("compare-runs", "value"),
+        State("compare-baseline", "value"),
+    )
+    def baseline_choices(
+        ids: list[str] | None, current: str | None
+    ) -> tuple[list[dict[str, str]], str | None]:
+        ids = list(ids or [])
+        value = current if current in ids else (ids[0] if ids else None)
+        return [{"label": i, "value": i} for i in ids], value
+
+    @app.callback(
+        Output("compare-body", "children"),
+        Input("compare-runs", "value"),
+        Input("compare-baseline", "value"),
+    )
+    def update_comparison(ids: list[str] | None, baseline: str | None) -> Any:
+        return compare_body(dctx, [str(i) for i in (ids or [])], baseline, cache)
+
+
+PAGE = Page(key="compare", path="/compare", title="Compare", layout=layout, register=register)

@@ -1,0 +1,506 @@
+"""Roofline explorer (``/roofline``): a model on one or more devices, live.
+
+Pick a model (a preset, or the model of a stored run) and devices from the hardware
+database; the sliders set batch, prompt length, output length, weight dtype and KV-cache
+dtype. Every change re-runs :func:`perfscope.analysis.whatif.predict` (a few milliseconds)
+for each device and redraws: each device's ceilings, the predicted prefill and decode
+points at speed of light, and a table of TTFT, TPOT, throughput, memory and the bound of
+each phase. Measured runs (their summary's ``roofline`` section) can be overlaid.
+
+The figure is specific to this page (several devices' ceilings at once, predicted and
+measured points together); the single-run roofline of the report is
+:func:`perfscope.dashboard.figures.roofline_figure`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, dcc, html
+
+from perfscope.dashboard._fmt import esc, fmt_pct, fmt_si
+from perfscope.dashboard.pages._common import (
+    CARD_STYLE,
+    GRAPH_CONFIG,
+    TABLE_CELL,
+    TABLE_HEADER,
+    DashboardContext,
+    Page,
+    PageRequest,
+    data_table,
+    error_box,
+    note,
+    query_list,
+)
+from perfscope.errors import PerfscopeError
+
+__all__ = [
+    "DTYPES",
+    "KV_DTYPES",
+    "PAGE",
+    "explore",
+    "explorer_figure",
+    "model_options",
+    "resolve_model",
+]
+
+#: Weight dtypes of the dtype slider (the compute dtype follows, as in
+#: ``ModelSpec.with_dtypes``).
+DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+DEFAULT_DEVICES = ("h100-sxm5-80gb", "a100-sxm4-80gb", "l4")
+_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1")
+_RUN_PREFIX = "run:"
+
+# Sliders move in powers of two: value = 2**position.
+_BATCH = (0, 9, 3)  # 1 .. 512, default 8
+_PROMPT = (4, 15, 10)  # 16 .. 32768, default 1024
+_OUTPUT = (0, 13, 8)  # 1 .. 8192, default 256
+
+
+def model_options(dctx: DashboardContext) -> list[dict[str, str]]:
+    """Presets, then the models recorded in stored runs (``run:<run id>``)."""
+    from perfscope.analysis.modelspec import preset_names
+
+    opts = [{"label": f"preset: {n}", "value": n} for n in preset_names()]
+    for row in dctx.repo.rows():
+        if row.state == "broken":
+            continue
+        opts.append(
+            {
+                "label": f"run {row.run_id}: {row.model or 'model'}",
+                "value": f"{_RUN_PREFIX}{row.run_id}",
+            }
+        )
+    return opts
+
+
+def resolve_model(dctx: DashboardContext, value: str) -> Any:
+    """The ``ModelSpec`` of a preset name or of ``run:<run id>`` (its manifest's model)."""
+    from perfscope.analysis.modelspec import ModelSpec
+
+    if value.startswith(_RUN_PREFIX):
+        run_id = value[len(_RUN_PREFIX) :]
+        manifest = dctx.repo.manifest(run_id) or {}
+        model = (manifest.get("engine") or {}).get("model")
+        if not isinstance(model, dict) or not model.get("n_layers"):
+            raise PerfscopeError(f"run {run_id!r} recorded no model shape")
+        return ModelSpec.from_dict(model)
+    return ModelSpec.from_preset(value)
+
+
+def _slider(id_: str, lo: int, hi: int, value: int, step: int = 3) -> dcc.Slider:
+    return dcc.Slider(
+        id=id_,
+        min=lo,
+        max=hi,
+        step=1,
+        value=value,
+        marks={i: f"{2**i:,}" for i in range(lo, hi + 1) if (i - lo) % step == 0 or i == hi},
+        updatemode="mouseup",
+        # The value is the exponent; a number box would show it raw.
+        allow_direct_input=False,
+    )
+
+
+def _cat_slider(id_: str, values: tuple[str, ...], value: str) -> dcc.Slider:
+    return dcc.Slider(
+        id=id_,
+        min=0,
+        max=len(values) - 1,
+        step=1,
+        value=values.index(value),
+        marks={i: v for i, v in enumerate(values)},
+        allow_direct_input=False,
+    )
+
+
+def explore(
+    dctx: DashboardContext,
+    model_value: str,
+    devices: list[str],
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    dtype: str,
+    kv_dtype: str,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The model in the chosen dtypes and ``predict()`` on each device (unknown keys are
+    skipped)."""
+    from perfscope.analysis.whatif import predict
+
+    model = resolve_model(dctx, model_value).with_dtypes(weight_dtype=dtype, kv_dtype=kv_dtype)
+    db = dctx.hwdb()
+    out = []
+    for key in devices:
+        spec = db.find(key)
+        if spec is None:
+            continue
+        p = predict(model, spec, batch=batch, prompt_len=prompt_len, output_len=output_len)
+        p["_spec"] = spec
+        out.append(p)
+    return model, out
+
+
+def _measured_points(dctx: DashboardContext, run_ids: list[str]) -> list[dict[str, Any]]:
+    pts = []
+    for rid in run_ids:
+        try:
+            s = dctx.repo.summary(rid) or {}
+        except PerfscopeError:
+            continue
+        roof = s.get("roofline") or {}
+        if not roof.get("available"):
+            continue
+        for phase, p in (roof.get("phases") or {}).items():
+            x, y = p.get("intensity"), p.get("achieved_flops_s")
+            if isinstance(x, int | float) and isinstance(y, int | float) and x > 0 and y > 0:
+                pts.append(
+                    {
+                        "run": rid,
+                        "phase": str(phase),
+                        "x": float(x),
+                        "y": float(y),
+                        "mfu": p.get("mfu"),
+                        "mbu": p.get("mbu"),
+                        "device": (roof.get("device") or {}).get("name"),
+                    }
+                )
+    return pts
+
+
+def explorer_figure(
+    predictions: list[dict[str, Any]], measured: list[dict[str, Any]] | None = None
+) -> go.Figure:
+    """Log-log roofline: each device's bandwidth and compute ceilings (at the model's
+    compute dtype), its predicted prefill (circle) and decode (diamond) points at speed of
+    light, and measured run phases (crosses)."""
+    measured = measured or []
+    xs: list[float] = []
+    ys: list[float] = []
+    for p in predictions:
+        for ph in ("prefill", "decode"):
+            d = p[ph]
+            t = d.get("sol_time_s") or 0.0
+            if d["intensity"] and math.isfinite(d["intensity"]) and t > 0:
+                xs.append(d["intensity"])
+                ys.append(d["flops"] / t)
+        c = p["ceilings"]
+        if c.get("peak_flops"):
+            ys.append(c["peak_flops"])
+        if c.get("ridge_point"):
+            xs.append(c["ridge_point"])
+    xs += [m["x"] for m in measured]
+    ys += [m["y"] for m in measured]
+    fig = go.Figure()
+    if not xs:
+        fig.update_layout(title={"text": "nothing to draw: pick a model and a device"})
+        return fig
+    x_lo = 10 ** (math.floor(math.log10(min(xs))) - 0.5)
+    x_hi = 10 ** (math.ceil(math.log10(max(xs))) + 0.5)
+    for i, p in enumerate(predictions):
+        color = _PALETTE[i % len(_PALETTE)]
+        c = p["ceilings"]
+        dev = esc(p["device"]["name"])
+        bw, peak = c.get("mem_bw_bytes_s"), c.get("peak_flops")
+        level = "cache" if c.get("memory_level") == "cache" else "DRAM/HBM"
+        if bw:
+            x_end = peak / bw if peak else x_hi
+            fig.add_trace(
+                go.Scatter(
+                    x=[x_lo, x_end],
+                    y=[bw * x_lo, bw * x_end],
+                    mode="lines",
+                    line={"color": color, "dash": "dash"},
+                    name=f"{dev}: {level} {fmt_si(bw, 'B/s')}",
+                    legendgroup=dev,
+                    hovertemplate=f"{dev} {level} {fmt_si(bw, 'B/s')}<extra></extra>",
+                )
+            )
+        if peak:
+            x_start = peak / bw if bw else x_lo
+            fig.add_trace(
+                go.Scatter(
+                    x=[x_start, x_hi],
+                    y=[peak, peak],
+                    mode="lines",
+                    line={"color": color},
+                    name=f"{dev}: {esc(p['dtypes']['compute'])} peak {fmt_si(peak, 'FLOP/s')}",
+                    legendgroup=dev,
+                    hovertemplate=f"{dev} peak {fmt_si(peak, 'FLOP/s')}<extra></extra>",
+                )
+            )
+        for ph, symbol in (("prefill", "circle"), ("decode", "diamond")):
+            d = p[ph]
+            t = d.get("sol_time_s") or 0.0
+            if not (t > 0 and math.isfinite(d["intensity"])):
+                continue
+            y = d["flops"] / t
+            fig.add_trace(
+                go.Scatter(
+                    x=[d["intensity"]],
+                    y=[y],
+                    mode="markers",
+                    marker={
+                        "symbol": symbol,
+                        "size": 13,
+                        "color": color,
+                        "line": {"width": 1, "color": "#222"},
+                    },
+                    name=f"{dev}: {ph} predicted ({d['bound']})",
+                    legendgroup=dev,
+                    meta={"device": p["device"]["key"], "phase": ph, "kind": "predicted"},
+                    hovertemplate=(
+                        f"<b>{dev} {ph}</b> (predicted, speed of light)<br>"
+                        f"intensity {d['intensity']:.4g} FLOP/B<br>{fmt_si(y, 'FLOP/s')}<br>"
+                        f"{d['bound']}; time {fmt_si(d['time_s'], 's')}<extra></extra>"
+                    ),
+                )
+            )
+    for j, m in enumerate(measured):
+        fig.add_trace(
+            go.Scatter(
+                x=[m["x"]],
+                y=[m["y"]],
+                mode="markers+text",
+                marker={"symbol": "x", "size": 12, "color": _PALETTE[(j + 3) % len(_PALETTE)]},
+                text=[f"{esc(m['run'])[:24]} {esc(m['phase'])}"],
+                textposition="top center",
+                name=f"measured {esc(m['run'])} {esc(m['phase'])}",
+                meta={"run": m["run"], "phase": m["phase"], "kind": "measured"},
+                hovertemplate=(
+                    f"<b>{esc(m['run'])}</b> {esc(m['phase'])} measured on "
+                    f"{esc(m['device'] or '?')}<br>MFU {fmt_pct(m['mfu'])}, "
+                    f"MBU {fmt_pct(m['mbu'])}<extra></extra>"
+                ),
+            )
+        )
+    y_lo = min([*ys, *(p["ceilings"]["mem_bw_bytes_s"] * x_lo for p in predictions)])
+    fig.update_xaxes(
+        type="log",
+        range=[math.log10(x_lo), math.log10(x_hi)],
+        title_text="arithmetic intensity (FLOP/byte)",
+    )
+    fig.update_yaxes(
+        type="log",
+        range=[math.log10(y_lo) - 0.3, math.log10(max(ys)) + 0.3],
+        title_text="FLOP/s",
+    )
+    fig.update_layout(
+        template="plotly_white",
+        height=520,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        title={"text": "Predicted rooflines (speed of light)"},
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+def _table_rows(predictions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for p in predictions:
+        mem = p["memory"]
+        for ph in ("prefill", "decode"):
+            d = p[ph]
+            rows.append(
+                {
+                    "device": p["device"]["key"],
+                    "phase": ph,
+                    "bound": d["bound"],
+                    "intensity": float(f"{d['intensity']:.4g}")
+                    if math.isfinite(d["intensity"])
+                    else None,
+                    "time_ms": float(f"{d['time_s'] * 1e3:.4g}"),
+                    "ttft_ms": float(f"{p['ttft_s'] * 1e3:.4g}"),
+                    "tpot_ms": float(f"{p['tpot_s'] * 1e3:.4g}"),
+                    "tok_s": float(f"{p['throughput_tok_s']:.4g}")
+                    if p.get("throughput_tok_s")
+                    else None,
+                    "mem_gb": float(f"{mem['total_bytes'] / 1e9:.4g}"),
+                    "fits": {True: "yes", False: "NO", None: "?"}[mem["fits"]],
+                    "max_batch": p.get("max_batch"),
+                }
+            )
+    return rows
+
+
+_TABLE_COLUMNS = (
+    ("device", "device"),
+    ("phase", "phase"),
+    ("bound", "bound"),
+    ("intensity", "FLOP/B"),
+    ("time_ms", "phase time ms"),
+    ("ttft_ms", "TTFT ms"),
+    ("tpot_ms", "TPOT ms"),
+    ("tok_s", "output tok/s"),
+    ("mem_gb", "weights+KV GB"),
+    ("fits", "fits"),
+    ("max_batch", "max batch"),
+)
+
+
+def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+    db = dctx.hwdb()
+    devices = [{"label": f"{d.name} ({d.key})", "value": d.key} for d in db.filter()]
+    default_devs = [k for k in DEFAULT_DEVICES if k in db.devices][:2] or [
+        d["value"] for d in devices[:1]
+    ]
+    measured_opts = [
+        {"label": r.run_id, "value": r.run_id}
+        for r in dctx.repo.rows()
+        if r.has_roofline and r.state != "broken"
+    ]
+    # /roofline?runs=A,B overlays those runs (the compare page links here).
+    overlay = [o["value"] for o in measured_opts if o["value"] in query_list(req, "runs")]
+    row = {
+        "display": "grid",
+        "gridTemplateColumns": "160px 1fr",
+        "alignItems": "center",
+        "gap": "6px",
+        "margin": "6px 0",
+    }
+    controls = html.Div(
+        [
+            html.Div(
+                [
+                    html.Label("model"),
+                    dcc.Dropdown(
+                        id="roofline-model",
+                        options=model_options(dctx),
+                        value="llama-3-8b",
+                        clearable=False,
+                    ),
+                ],
+                style=row,
+            ),
+            html.Div(
+                [
+                    html.Label("devices"),
+                    dcc.Dropdown(
+                        id="roofline-devices", options=devices, value=default_devs, multi=True
+                    ),
+                ],
+                style=row,
+            ),
+            html.Div([html.Label("batch"), _slider("roofline-batch", *_BATCH)], style=row),
+            html.Div(
+                [html.Label("prompt tokens"), _slider("roofline-prompt", *_PROMPT)], style=row
+            ),
+            html.Div(
+                [html.Label("output tokens"), _slider("roofline-output", *_OUTPUT)], style=row
+            ),
+            html.Div(
+                [html.Label("weight dtype"), _cat_slider("roofline-dtype", DTYPES, "bf16")],
+                style=row,
+            ),
+            html.Div(
+                [html.Label("KV-cache dtype"), _cat_slider("roofline-kv-dtype", KV_DTYPES, "bf16")],
+                style=row,
+            ),
+            html.Div(
+                [
+                    html.Label("overlay measured runs"),
+                    dcc.Dropdown(
+                        id="roofline-runs",
+                        options=measured_opts,
+                        value=overlay,
+                        multi=True,
+                        placeholder="runs with a roofline section"
+                        if measured_opts
+                        else "no stored run has a roofline section",
+                    ),
+                ],
+                style=row,
+            ),
+        ],
+        style=CARD_STYLE,
+    )
+    return html.Div(
+        [
+            html.H2("Roofline explorer"),
+            note(
+                "Predictions at speed of light: max(FLOPs / peak, bytes / bandwidth) per "
+                "phase, from the cost model; real engines reach a fraction of it."
+            ),
+            controls,
+            html.Div(id="roofline-summary", style={"fontWeight": "bold", "margin": "6px 0"}),
+            html.Div(
+                dcc.Graph(id="roofline-fig", config=GRAPH_CONFIG, figure=go.Figure()),
+                style=CARD_STYLE,
+            ),
+            data_table(
+                id="roofline-table",
+                columns=[{"id": c, "name": n} for c, n in _TABLE_COLUMNS],
+                data=[],
+                style_cell=TABLE_CELL,
+                style_header=TABLE_HEADER,
+                style_data_conditional=[
+                    {"if": {"filter_query": '{fits} = "NO"'}, "backgroundColor": "#fdecea"}
+                ],
+            ),
+            html.Div(id="roofline-notes"),
+        ]
+    )
+
+
+def register(app: Dash, dctx: DashboardContext) -> None:
+    @app.callback(
+        Output("roofline-fig", "figure"),
+        Output("roofline-table", "data"),
+        Output("roofline-summary", "children"),
+        Output("roofline-notes", "children"),
+        Input("roofline-model", "value"),
+        Input("roofline-devices", "value"),
+        Input("roofline-batch", "value"),
+        Input("roofline-prompt", "value"),
+        Input("roofline-output", "value"),
+        Input("roofline-dtype", "value"),
+        Input("roofline-kv-dtype", "value"),
+        Input("roofline-runs", "value"),
+    )
+    def update(
+        model_value: str | None,
+        devices: list[str] | None,
+        batch_pos: int | None,
+        prompt_pos: int | None,
+        output_pos: int | None,
+        dtype_pos: int | None,
+        kv_pos: int | None,
+        runs: list[str] | None,
+    ) -> tuple[Any, Any, Any, Any]:
+        def pos(v: int | None, lo: int, hi: int, default: int) -> int:
+            return min(max(int(v if v is not None else default), lo), hi)
+
+        batch = 2 ** pos(batch_pos, _BATCH[0], _BATCH[1], _BATCH[2])
+        prompt = 2 ** pos(prompt_pos, _PROMPT[0], _PROMPT[1], _PROMPT[2])
+        output = 2 ** pos(output_pos, _OUTPUT[0], _OUTPUT[1], _OUTPUT[2])
+        dtype = DTYPES[pos(dtype_pos, 0, len(DTYPES) - 1, 1)]
+        kv = KV_DTYPES[pos(kv_pos, 0, len(KV_DTYPES) - 1, 1)]
+        try:
+            model, preds = explore(
+                dctx,
+                str(model_value or "llama-3-8b"),
+                list(devices or []),
+                batch=batch,
+                prompt_len=prompt,
+                output_len=output,
+                dtype=dtype,
+                kv_dtype=kv,
+            )
+        except PerfscopeError as exc:
+            return go.Figure(), [], "", error_box(str(exc))
+        fig = explorer_figure(preds, _measured_points(dctx, list(runs or [])))
+        summary = (
+            f"{model.name}: batch {batch}, prompt {prompt}, output {output}, weights {dtype}, "
+            f"KV cache {kv} on {len(preds)} device(s)"
+        )
+        notes = [html.Li(f"{p['device']['key']}: {n}") for p in preds for n in p.get("notes") or []]
+        return fig, _table_rows(preds), summary, html.Ul(notes) if notes else ""
+
+
+PAGE = Page(
+    key="roofline", path="/roofline", title="Roofline explorer", layout=layout, register=register
+)

@@ -1,0 +1,428 @@
+"""Run detail page (``/run/<run id>``): every figure of the report, interactive.
+
+The figures come from :func:`perfscope.dashboard.figures.run_figures` (the same builders as
+the HTML report), built once per run and cached. What only a live page adds:
+
+* the request timeline and the throughput/telemetry figure share one time range: zoom or
+  select on one and the other follows (a ``Patch`` of the other figure's x axes, so the
+  figure is never sent back to the server);
+* a request table paged and sorted on the server (a 10,000-request run sends 15 rows at a
+  time), and a drill-down to one request's token arrivals.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
+
+from perfscope.dashboard._fmt import esc, fmt_pct, fmt_rate, fmt_time
+from perfscope.dashboard.data import LoadedRun, per_request_frame
+from perfscope.dashboard.pages._common import (
+    CARD_STYLE,
+    GRAPH_CONFIG,
+    TABLE_CELL,
+    TABLE_HEADER,
+    DashboardContext,
+    Page,
+    PageRequest,
+    data_table,
+    error_box,
+    figure_block,
+    note,
+)
+from perfscope.errors import PerfscopeError
+
+__all__ = ["PAGE", "axis_patch", "linked_range", "request_figure", "requests_page"]
+
+#: Figures whose x axis is time since run start and which follow each other's range.
+LINKED = ("timeline", "throughput")
+REQUEST_PAGE_SIZE = 15
+_REQ_COLUMNS = (
+    ("request_id", "request", "numeric"),
+    ("prompt_tokens", "prompt tok", "numeric"),
+    ("output_tokens", "output tok", "numeric"),
+    ("ttft_ms", "TTFT ms", "numeric"),
+    ("tpot_ms", "TPOT ms", "numeric"),
+    ("e2e_ms", "E2E ms", "numeric"),
+    ("warmup", "warmup", "text"),
+    ("error", "error", "text"),
+)
+_SORTABLE = {
+    "request_id": "request_id",
+    "prompt_tokens": "prompt_tokens",
+    "output_tokens": "output_tokens",
+    "ttft_ms": "ttft",
+    "tpot_ms": "tpot",
+    "e2e_ms": "e2e",
+}
+_X_KEY = re.compile(r"^(xaxis\d*)\.(range\[0\]|range\[1\]|range|autorange)$")
+
+
+def _figures(loaded: LoadedRun) -> list[Any]:
+    from perfscope.dashboard.figures import run_figures
+
+    with loaded.lock:
+        specs = loaded.cache.get("figures")
+        if specs is None:
+            specs = run_figures(loaded.tables)
+            loaded.cache["figures"] = specs
+    return list(specs)
+
+
+def _x_axes(fig: go.Figure | None) -> list[str]:
+    if fig is None:
+        return []
+    names = [k for k in fig.layout.to_plotly_json() if re.fullmatch(r"xaxis\d*", k)]
+    return sorted(names) or ["xaxis"]
+
+
+def _metrics_table(summary: dict[str, Any]) -> html.Table:
+    lat = summary.get("latency") or {}
+    tp = summary.get("throughput") or {}
+    gp = summary.get("goodput") or {}
+    counts = summary.get("counts") or {}
+    energy = summary.get("energy") or {}
+    roof = (summary.get("roofline") or {}).get("phases") or {}
+    cells: list[tuple[str, str]] = []
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E")):
+        d = lat.get(key) or {}
+        cells.append((f"{label} p50 / p99", f"{fmt_time(d.get('p50'))} / {fmt_time(d.get('p99'))}"))
+    cells += [
+        ("output tokens/s", fmt_rate(tp.get("output_tok_s"), "tok/s")),
+        ("requests/s", fmt_rate(tp.get("req_s"), "req/s")),
+        ("goodput", fmt_rate(gp.get("goodput_req_s"), "req/s")),
+        ("SLO attainment", fmt_pct(gp.get("attainment"))),
+        (
+            "requests (ok / failed)",
+            f"{counts.get('completed', 'n/a')} / {counts.get('failed', 'n/a')}",
+        ),
+    ]
+    for phase, p in roof.items():
+        cells.append((f"{phase}: MFU / MBU", f"{fmt_pct(p.get('mfu'))} / {fmt_pct(p.get('mbu'))}"))
+        cells.append((f"{phase}: verdict", str(p.get("verdict") or "n/a")))
+    if energy.get("available"):
+        cells.append(("energy per output token", f"{energy.get('j_per_output_token'):.4g} J"))
+    else:
+        cells.append(("energy per output token", "not available"))
+    rows = [html.Tr([html.Th(k, style={"textAlign": "left"}), html.Td(v)]) for k, v in cells]
+    return html.Table(html.Tbody(rows), id="detail-metrics", style={"fontSize": "14px"})
+
+
+def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
+    run_id = req.rest.strip("/")
+    try:
+        loaded = ctx_.repo.load(run_id)
+        specs = _figures(loaded)
+    except PerfscopeError as exc:
+        return error_box(str(exc), title=f"Run {run_id[:80]!r} cannot be shown")
+    m = loaded.manifest
+    s = loaded.summary
+    engine = m.get("engine") or {}
+    hw = ((s.get("hardware") or {}).get("spec") or {}).get("name") or "unknown device"
+    header = html.Div(
+        [
+            html.H2(f"Run {loaded.run_id}", id="detail-title"),
+            html.Div(
+                f"status {m.get('status', 'unknown')} · engine {engine.get('uri', '?')} · "
+                f"hardware {hw} · started {str(m.get('started_at', '?'))[:19]}"
+            ),
+            *(
+                [note("summary computed in memory: this run has no summary.json yet")]
+                if loaded.summary_computed
+                else []
+            ),
+            *[error_box(str(e), title="Run error") for e in (m.get("errors") or [])[:5]],
+            html.A(
+                "summary.json",
+                href=f"/api/runs/{loaded.run_id}/summary.json",
+                target="_blank",
+            ),
+            html.Span(" · "),
+            dcc.Link("compare with…", href=f"/compare?runs={loaded.run_id}"),
+        ],
+        style=CARD_STYLE,
+    )
+    blocks: list[Any] = []
+    axes: dict[str, list[str]] = {}
+    for spec in specs:
+        blocks.append(
+            figure_block(
+                f"detail-fig-{spec.key}",
+                spec.title,
+                spec.figure,
+                caption=spec.caption,
+                missing=spec.missing,
+            )
+        )
+        if spec.key in LINKED:
+            axes[spec.key] = _x_axes(spec.figure)
+            if spec.key == LINKED[0]:
+                blocks.append(
+                    note(
+                        "Zoom or box-select a time range on the timeline or the throughput "
+                        "figure: the other follows. Double-click resets."
+                    )
+                )
+    n_req = len(loaded.tables.requests)
+    table = html.Div(
+        [
+            html.H3("Requests"),
+            note(f"{n_req} requests; click a row for its token arrivals."),
+            data_table(
+                id="detail-requests",
+                columns=[{"id": c, "name": n, "type": t} for c, n, t in _REQ_COLUMNS],
+                data=[],
+                page_action="custom",
+                page_current=0,
+                page_size=REQUEST_PAGE_SIZE,
+                page_count=max(1, math.ceil(n_req / REQUEST_PAGE_SIZE)),
+                sort_action="custom",
+                sort_mode="single",
+                sort_by=[],
+                style_cell=TABLE_CELL,
+                style_header=TABLE_HEADER,
+                style_data_conditional=[
+                    {"if": {"filter_query": '{error} != ""'}, "backgroundColor": "#fdecea"}
+                ],
+            ),
+            html.Div(
+                note("No request selected."),
+                id="detail-request-view",
+            ),
+        ],
+        style=CARD_STYLE,
+    )
+    return html.Div(
+        [
+            dcc.Store(id="detail-run-id", data=loaded.run_id),
+            dcc.Store(id="detail-axes", data=axes),
+            header,
+            html.Div(_metrics_table(s), style=CARD_STYLE),
+            html.Div(id="detail-range-text", style={"color": "#555"}),
+            *blocks,
+            table,
+        ]
+    )
+
+
+# ---------------------------------------------------------------------- callbacks' logic
+
+
+def linked_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | None:
+    """The x range a plotly ``relayoutData`` event sets: ``(lo, hi)`` in seconds,
+    ``"auto"`` for a reset, or ``None`` when the event does not touch an x axis."""
+    if not relayout:
+        return None
+    lo = hi = None
+    auto = False
+    for key, value in relayout.items():
+        m = _X_KEY.match(key)
+        if not m:
+            continue
+        part = m.group(2)
+        if part == "autorange":
+            auto = auto or bool(value)
+        elif part == "range" and isinstance(value, list | tuple) and len(value) == 2:
+            lo, hi = value
+        elif part == "range[0]":
+            lo = value
+        elif part == "range[1]":
+            hi = value
+    if lo is not None and hi is not None:
+        try:
+            a, b = float(lo), float(hi)
+        except (TypeError, ValueError):
+            return None
+        if math.isfinite(a) and math.isfinite(b):
+            return (min(a, b), max(a, b))
+    return "auto" if auto else None
+
+
+def requests_page(
+    loaded: LoadedRun, page: int, size: int, sort_by: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """One page of the request table (latencies in ms), sorted on the server."""
+    frame = per_request_frame(loaded)
+    if sort_by:
+        col = _SORTABLE.get(str(sort_by[0].get("column_id")))
+        if col is not None and col in frame.columns:
+            asc = sort_by[0].get("direction") != "desc"
+            frame = frame.sort_values(col, ascending=asc, na_position="last", kind="stable")
+    size = max(1, min(int(size or REQUEST_PAGE_SIZE), 200))
+    part = frame.iloc[max(0, int(page or 0)) * size :][:size]
+    out = []
+    for r in part.itertuples(index=False):
+        rid = int(r.request_id)
+
+        def ms(v: Any) -> float | None:
+            f = float(v)
+            return round(f * 1e3, 3) if math.isfinite(f) else None
+
+        err = getattr(r, "error", None)
+        err = err if isinstance(err, str) else None
+        out.append(
+            {
+                "id": rid,
+                "request_id": rid,
+                "prompt_tokens": int(r.prompt_tokens),
+                "output_tokens": int(r.output_tokens),
+                "ttft_ms": ms(r.ttft),
+                "tpot_ms": ms(r.tpot),
+                "e2e_ms": ms(r.e2e),
+                "warmup": "yes" if bool(r.is_warmup) else "",
+                "error": "" if err is None else str(err)[:200],
+            }
+        )
+    return out
+
+
+def request_figure(loaded: LoadedRun, request_id: int) -> go.Figure | None:
+    """Token arrivals of one request: cumulative tokens against ms since it was sent,
+    one marker per streamed chunk, with its queue/first-token/last-token moments."""
+    req = loaded.tables.requests
+    row = req[req["request_id"] == request_id]
+    if row.empty:
+        return None
+    r = row.iloc[0]
+    ch = loaded.tables.chunks
+    ch = ch[ch["request_id"] == request_id].sort_values("index")
+    t0 = r["t_sent"] if r["t_sent"] == r["t_sent"] else r["t_scheduled"]
+    t0 = float(t0)
+    x = (ch["t"].to_numpy(dtype=np.float64) - t0) * 1e-6
+    y = np.cumsum(ch["n_tokens"].to_numpy(dtype=np.int64))
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=y,
+            mode="lines+markers",
+            line={"shape": "hv", "color": "#4e79a7"},
+            marker={"size": 5},
+            name="tokens received",
+            customdata=ch["n_tokens"].to_numpy(),
+            hovertemplate="%{x:.3f} ms: %{y} tokens (+%{customdata})<extra></extra>",
+        )
+    )
+    if x.size > 1:
+        gaps = np.diff(x)
+        fig.add_trace(
+            go.Bar(
+                x=x[1:],
+                y=gaps,
+                name="gap to previous chunk (ms)",
+                yaxis="y2",
+                marker={"color": "#f28e2b"},
+                opacity=0.5,
+                hovertemplate="gap %{y:.3f} ms<extra></extra>",
+            )
+        )
+    sched = float(r["t_scheduled"])
+    if math.isfinite(sched) and sched < t0:
+        fig.add_vline(x=(sched - t0) * 1e-6, line={"dash": "dot", "color": "#999"})
+    err = r["error"]
+    title = f"Request {request_id}: {int(r['output_tokens'])} tokens in {len(ch)} chunks"
+    if isinstance(err, str):
+        title += f" (failed: {esc(err[:80])})"
+    fig.update_layout(
+        template="plotly_white",
+        height=340,
+        margin={"l": 60, "r": 60, "t": 50, "b": 50},
+        title={"text": title},
+        xaxis={"title": {"text": "ms since sent"}},
+        yaxis={"title": {"text": "tokens received"}},
+        yaxis2={"title": {"text": "gap (ms)"}, "overlaying": "y", "side": "right"},
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def axis_patch(axes: list[str], rng: tuple[float, float] | str) -> Patch:
+    """A ``Patch`` setting the x range (or autorange for ``"auto"``) of every x axis of a
+    figure; the figure itself never travels back to the server."""
+    patch = Patch()
+    for ax in axes or ["xaxis"]:
+        if isinstance(rng, tuple):
+            patch["layout"][ax]["range"] = list(rng)
+            patch["layout"][ax]["autorange"] = False
+        else:
+            patch["layout"][ax]["autorange"] = True
+    return patch
+
+
+def _link(app: Dash, source: str, target: str) -> None:
+    """Zooming ``source`` moves ``target``. One callback per direction: Dash drops the
+    answer of a callback call that a newer call of the same callback overtook, so a resize
+    event of one figure must not share a callback with a zoom of the other."""
+
+    @app.callback(
+        Output(f"detail-fig-{target}", "figure", allow_duplicate=True),
+        Output("detail-range-text", "children", allow_duplicate=True),
+        Input(f"detail-fig-{source}", "relayoutData"),
+        State("detail-axes", "data"),
+        prevent_initial_call=True,
+    )
+    def follow(relayout: dict[str, Any] | None, axes: dict[str, list[str]] | None) -> Any:
+        rng = linked_range(relayout)
+        if rng is None:
+            return no_update, no_update
+        text = (
+            f"time range {rng[0]:.3f} s – {rng[1]:.3f} s (from the {source} figure)"
+            if isinstance(rng, tuple)
+            else "full time range"
+        )
+        return axis_patch((axes or {}).get(target) or [], rng), text
+
+    follow.__name__ = f"link_{source}_to_{target}"
+
+
+def register(app: Dash, dctx: DashboardContext) -> None:
+    _link(app, "timeline", "throughput")
+    _link(app, "throughput", "timeline")
+
+    @app.callback(
+        Output("detail-requests", "data"),
+        Input("detail-requests", "page_current"),
+        Input("detail-requests", "page_size"),
+        Input("detail-requests", "sort_by"),
+        State("detail-run-id", "data"),
+    )
+    def request_rows(
+        page: int | None, size: int | None, sort_by: list[dict[str, Any]] | None, run_id: str
+    ) -> list[dict[str, Any]]:
+        loaded = dctx.repo.load(str(run_id))
+        return requests_page(loaded, page or 0, size or REQUEST_PAGE_SIZE, sort_by)
+
+    @app.callback(
+        Output("detail-request-view", "children"),
+        Input("detail-requests", "active_cell"),
+        State("detail-run-id", "data"),
+        prevent_initial_call=True,
+    )
+    def drill_down(active_cell: dict[str, Any] | None, run_id: str) -> Any:
+        rid = (active_cell or {}).get("row_id")
+        if rid is None:
+            return note("No request selected.")
+        try:
+            loaded = dctx.repo.load(str(run_id))
+            fig = request_figure(loaded, int(rid))
+        except (PerfscopeError, ValueError) as exc:
+            return error_box(str(exc))
+        if fig is None:
+            return error_box(f"request {rid} is not in this run")
+        return dcc.Graph(id="detail-request-fig", figure=fig, config=GRAPH_CONFIG)
+
+
+PAGE = Page(
+    key="run",
+    path="/run/",
+    title="Run",
+    layout=layout,
+    register=register,
+    nav=False,
+    prefix=True,
+)

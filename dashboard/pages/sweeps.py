@@ -1,0 +1,349 @@
+"""Sweeps page (``/sweeps?sweep=ID``): throughput-latency curves and goodput against the
+offered load, for the sweeps ``perfscope sweep`` wrote.
+
+``perfscope sweep`` stores one run directory per point and a sweep summary
+(``perfscope.sweep/1``, from :func:`perfscope.analysis.sweep.summarize_sweep`) at
+``<runs dir>/sweeps/<stamp>-<name>.json``; its ``points`` carry the per-point numbers (and
+the run directory), its ``knee`` and ``max_goodput_rate`` are plotted as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, dcc, html
+from plotly.subplots import make_subplots
+
+from perfscope.dashboard._fmt import esc
+from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError
+from perfscope.dashboard.pages._common import (
+    CARD_STYLE,
+    TABLE_CELL,
+    TABLE_HEADER,
+    DashboardContext,
+    Page,
+    PageRequest,
+    data_table,
+    error_box,
+    figure_block,
+    note,
+)
+from perfscope.errors import RunNotFoundError
+
+__all__ = ["PAGE", "goodput_figure", "list_sweeps", "load_sweep", "sweep_curve_figure"]
+
+SWEEPS_DIR = "sweeps"
+_LAT = (
+    ("ttft_p50", "TTFT p50", "#f28e2b", "solid"),
+    ("ttft_p99", "TTFT p99", "#f28e2b", "dash"),
+    ("tpot_p50", "TPOT p50", "#4e79a7", "solid"),
+    ("tpot_p99", "TPOT p99", "#4e79a7", "dash"),
+    ("e2e_p50", "E2E p50", "#59a14f", "solid"),
+    ("e2e_p99", "E2E p99", "#59a14f", "dash"),
+)
+
+
+def list_sweeps(dctx: DashboardContext) -> list[str]:
+    """Sweep ids (file stems under ``<runs dir>/sweeps``), newest first."""
+    d = dctx.runs_dir / SWEEPS_DIR
+    try:
+        names = [p.stem for p in d.iterdir() if p.suffix == ".json" and p.is_file()]
+    except OSError:
+        return []
+    return sorted((n for n in names if RUN_ID_PATTERN.fullmatch(n)), reverse=True)
+
+
+def load_sweep(dctx: DashboardContext, sweep_id: str) -> dict[str, Any]:
+    """A sweep summary by id (validated like a run id).
+
+    Raises:
+        InvalidRunIdError: the id is not a plain file stem.
+        RunNotFoundError: no such sweep, or unreadable.
+    """
+    if not RUN_ID_PATTERN.fullmatch(sweep_id) or ".." in sweep_id:
+        raise InvalidRunIdError(f"invalid sweep id {sweep_id[:80]!r}")
+    path = dctx.runs_dir / SWEEPS_DIR / f"{sweep_id}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunNotFoundError(f"no sweep {sweep_id!r} in {str(path.parent)!r}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunNotFoundError(f"sweep {sweep_id!r} is unreadable: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("points"), list):
+        raise RunNotFoundError(f"sweep {sweep_id!r} has no points")
+    return data
+
+
+def _f(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if v == v else None
+
+
+def _offered_label(kind: str) -> str:
+    return "offered rate (req/s)" if kind == "rate" else "concurrency (users)"
+
+
+def sweep_curve_figure(summary: dict[str, Any]) -> go.Figure:
+    """Latency percentiles (ms) against achieved throughput (req/s), one point per sweep
+    point, labelled with its offered load; the knee is circled."""
+    pts = summary.get("points") or []
+    kind = str(summary.get("kind") or "rate")
+    knee = summary.get("knee") or None
+    fig = go.Figure()
+    x = [_f(p.get("req_s")) for p in pts]
+    offered = [f"{p.get('offered'):g}" if _f(p.get("offered")) is not None else "?" for p in pts]
+    load_name = "rate" if kind == "rate" else "concurrency"
+    for key, label, color, dash in _LAT:
+        y = [(_f(p.get(key)) or float("nan")) * 1e3 for p in pts]
+        if all(v != v for v in y):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines+markers",
+                name=label,
+                line={"color": color, "dash": dash},
+                customdata=offered,
+                hovertemplate=(
+                    f"{label} %{{y:.2f}} ms at %{{x:.3g}} req/s ({load_name} "
+                    "%{customdata})<extra></extra>"
+                ),
+            )
+        )
+    if knee:
+        metric = str(knee.get("metric") or "e2e_p50")
+        kx, ky = _f(knee.get("req_s")), _f(knee.get(metric))
+        if kx is not None and ky is not None:
+            fig.add_trace(
+                go.Scatter(
+                    x=[kx],
+                    y=[ky * 1e3],
+                    mode="markers+text",
+                    marker={"size": 18, "symbol": "circle-open", "color": "#e15759"},
+                    text=[f"knee ({esc(metric)})"],
+                    textposition="top left",
+                    name="knee",
+                )
+            )
+    fig.update_layout(
+        template="plotly_white",
+        height=420,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        title={"text": "Throughput-latency curve"},
+        legend={"orientation": "h", "y": -0.2},
+    )
+    fig.update_xaxes(title_text="achieved throughput (req/s)")
+    fig.update_yaxes(title_text="latency (ms)", rangemode="tozero")
+    return fig
+
+
+def goodput_figure(summary: dict[str, Any]) -> go.Figure:
+    """Achieved throughput and goodput (req/s) against the offered load, SLO attainment on
+    the right axis with the 90 % target; ``max_goodput_rate`` marked."""
+    pts = summary.get("points") or []
+    kind = str(summary.get("kind") or "rate")
+    x = [_f(p.get("offered")) for p in pts]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[_f(p.get("req_s")) for p in pts],
+            mode="lines+markers",
+            name="achieved req/s",
+            line={"color": "#4e79a7"},
+        ),
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[_f(p.get("goodput_req_s")) for p in pts],
+            mode="lines+markers",
+            name="goodput req/s",
+            line={"color": "#59a14f"},
+        ),
+        secondary_y=False,
+    )
+    if kind == "rate":
+        lo, hi = (
+            min((v for v in x if v is not None), default=0),
+            max((v for v in x if v is not None), default=1),
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[lo, hi],
+                y=[lo, hi],
+                mode="lines",
+                name="offered = achieved",
+                line={"color": "#bbb", "dash": "dot"},
+            ),
+            secondary_y=False,
+        )
+    att = [_f(p.get("attainment")) for p in pts]
+    if any(a is not None for a in att):
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[None if a is None else a * 100 for a in att],
+                mode="lines+markers",
+                name="SLO attainment %",
+                line={"color": "#f28e2b", "dash": "dash"},
+            ),
+            secondary_y=True,
+        )
+        target = _f(summary.get("attainment_target"))
+        if target is not None:
+            fig.add_hline(
+                y=target * 100,
+                line={"color": "#f28e2b", "dash": "dot", "width": 1},
+                secondary_y=True,
+            )
+    key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
+    best = _f(summary.get(key))
+    if best is not None:
+        fig.add_vline(x=best, line={"color": "#e15759", "dash": "dash"})
+        fig.add_annotation(x=best, y=1.02, yref="paper", text=f"{key} = {best:g}", showarrow=False)
+    fig.update_layout(
+        template="plotly_white",
+        height=420,
+        margin={"l": 60, "r": 60, "t": 50, "b": 50},
+        title={"text": "Goodput against offered load"},
+        legend={"orientation": "h", "y": -0.2},
+    )
+    fig.update_xaxes(title_text=_offered_label(kind))
+    fig.update_yaxes(title_text="requests/s", secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text="SLO attainment (%)", secondary_y=True, range=[0, 105])
+    return fig
+
+
+def _points_table(dctx: DashboardContext, summary: dict[str, Any]) -> Any:
+    kind = str(summary.get("kind") or "rate")
+    rows = []
+    root = dctx.runs_dir.resolve()
+    for p in summary.get("points") or []:
+        run = p.get("run")
+        link = ""
+        if run:
+            rp = Path(str(run))
+            if RUN_ID_PATTERN.fullmatch(rp.name) and (root / rp.name).is_dir():
+                link = f"[{rp.name}](/run/{rp.name})"
+
+        def ms(k: str, p: dict[str, Any] = p) -> float | None:
+            v = _f(p.get(k))
+            return None if v is None else round(v * 1e3, 2)
+
+        att = _f(p.get("attainment"))
+        rows.append(
+            {
+                "offered": _f(p.get("offered")),
+                "req_s": _f(p.get("req_s")),
+                "output_tok_s": _f(p.get("output_tok_s")),
+                "ttft_p50": ms("ttft_p50"),
+                "ttft_p99": ms("ttft_p99"),
+                "tpot_p50": ms("tpot_p50"),
+                "e2e_p99": ms("e2e_p99"),
+                "attainment": None if att is None else round(att * 100, 1),
+                "status": str(p.get("status") or ""),
+                "run": link,
+            }
+        )
+    cols = [
+        ("offered", _offered_label(kind)),
+        ("req_s", "done req/s"),
+        ("output_tok_s", "out tok/s"),
+        ("ttft_p50", "TTFT p50 ms"),
+        ("ttft_p99", "TTFT p99 ms"),
+        ("tpot_p50", "TPOT p50 ms"),
+        ("e2e_p99", "E2E p99 ms"),
+        ("attainment", "SLO met %"),
+        ("status", "status"),
+        ("run", "run"),
+    ]
+    return data_table(
+        id="sweeps-points",
+        columns=[
+            {"id": c, "name": n, **({"presentation": "markdown"} if c == "run" else {})}
+            for c, n in cols
+        ],
+        data=rows,
+        markdown_options={"link_target": "_self"},
+        css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
+        style_cell=TABLE_CELL,
+        style_header=TABLE_HEADER,
+    )
+
+
+def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> Any:
+    """Figures and point table of one sweep."""
+    if not sweep_id:
+        return note("No sweep selected.")
+    try:
+        summary = load_sweep(dctx, sweep_id)
+    except (InvalidRunIdError, RunNotFoundError) as exc:
+        return error_box(str(exc))
+    kind = str(summary.get("kind") or "rate")
+    key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
+    knee = summary.get("knee") or {}
+    facts = [
+        f"engine {summary.get('engine') or '?'}",
+        f"{len(summary.get('points') or [])} points ({kind})",
+        f"SLOs {json.dumps(summary.get('slos') or {})}",
+        f"{key} {summary.get(key) if summary.get(key) is not None else 'n/a'}",
+        f"knee at {knee.get('offered', 'n/a')}" if knee else "no knee in the range tested",
+        f"max {summary.get('max_req_s') or 'n/a'} req/s",
+    ]
+    return html.Div(
+        [
+            html.Div(" · ".join(facts), id="sweeps-facts", style=CARD_STYLE),
+            figure_block("sweeps-fig-curve", "Throughput-latency", sweep_curve_figure(summary)),
+            figure_block("sweeps-fig-goodput", "Goodput", goodput_figure(summary)),
+            html.Div([html.H3("Points"), _points_table(dctx, summary)], style=CARD_STYLE),
+        ]
+    )
+
+
+def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+    sweeps = list_sweeps(dctx)
+    chosen = req.get("sweep") or (sweeps[0] if sweeps else None)
+    if not sweeps:
+        return html.Div(
+            [
+                html.H2("Sweeps"),
+                note(
+                    f"No sweeps in {dctx.runs_dir / SWEEPS_DIR}. Run 'perfscope sweep ENGINE "
+                    "--rates 1,2,4' (or --concurrencies) to make one."
+                ),
+            ]
+        )
+    return html.Div(
+        [
+            html.H2("Sweeps"),
+            dcc.Dropdown(
+                id="sweeps-select",
+                options=[{"label": s, "value": s} for s in sweeps],
+                value=chosen,
+                clearable=False,
+            ),
+            html.Div(sweep_body(dctx, chosen), id="sweeps-body"),
+        ]
+    )
+
+
+def register(app: Dash, dctx: DashboardContext) -> None:
+    @app.callback(
+        Output("sweeps-body", "children"),
+        Input("sweeps-select", "value"),
+        prevent_initial_call=True,
+    )
+    def show_sweep(sweep_id: str | None) -> Any:
+        return sweep_body(dctx, sweep_id)
+
+
+PAGE = Page(key="sweeps", path="/sweeps", title="Sweeps", layout=layout, register=register)

@@ -1,0 +1,256 @@
+"""``perfscope report``, ``perfscope compare`` and ``perfscope export``.
+
+- ``report [RUN] [-o FILE]``: the self-contained HTML report (default ``RUN/report.html``).
+- ``compare RUN_A RUN_B [...]``: key metrics side by side with ratios to RUN_A and bootstrap
+  confidence intervals for latency percentiles; ``--report`` also writes a comparison page.
+- ``export [RUN] --format perfetto|csv|json [-o PATH]``: a Perfetto/Chrome trace, CSV tables
+  or one JSON file.
+
+``write_run_report`` is what ``perfscope run`` calls after a run (``--report``, on by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from perfscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from perfscope.profiler.store import StoredRun
+
+__all__ = ["register", "write_run_report"]
+
+
+def _load(ref: str, runs_dir: Path | None) -> StoredRun:
+    """A stored run with its summary (analysed now if summary.json is missing)."""
+    from perfscope._analyze import analyze_stored
+    from perfscope.profiler.store import read_run, resolve_run_path
+
+    run = read_run(resolve_run_path(ref, runs_dir))
+    if run.summary is None:
+        analyze_stored(run)
+    return run
+
+
+def _size(path: Path) -> str:
+    n = path.stat().st_size
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def write_run_report(run_dir: Path, console: Console) -> Path | None:
+    """Write ``run_dir/report.html`` after ``perfscope run`` and say where it is.
+
+    A report that cannot be written never fails the run (its data is already stored): the
+    reason is printed and ``None`` returned.
+    """
+    from perfscope.dashboard.report import write_report
+
+    try:
+        path: Path = write_report(_load(str(run_dir), None))
+    except Exception as exc:  # the run is stored; a report failure must not lose it
+        console.print(f"[yellow]report not written[/yellow]: {type(exc).__name__}: {exc}")
+        return None
+    console.print(f"report: {path} ({_size(path)})")
+    return path
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _confidence(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if v >= 1.0 and v < 100.0:
+        v /= 100.0  # "95" means 95%
+    if not 0.0 < v < 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (or a percentage), got {text}")
+    return v
+
+
+def _runs_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``report``, ``compare`` and ``export`` commands."""
+    p = subparsers.add_parser(
+        "report",
+        help="write a run's self-contained HTML report",
+        description="Write one offline HTML file with the run's numbers, verdicts, figures, "
+        "advice and requests (default: report.html in the run directory).",
+    )
+    p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
+    p.add_argument("-o", "--output", type=Path, default=None, help="HTML file to write")
+    p.add_argument(
+        "--max-requests",
+        type=_positive_int,
+        default=100,
+        help="rows of the per-request table (default 100)",
+    )
+    _runs_dir(p)
+    p.add_argument("--json", action="store_true", help="print {path, bytes} as JSON")
+    p.set_defaults(handler=_cmd_report)
+
+    p = subparsers.add_parser(
+        "compare",
+        help="compare runs: metrics, ratios and bootstrap confidence intervals",
+        description="Compare runs with the first (the baseline): key metrics, their ratios, "
+        "and for latency percentiles a bootstrap confidence interval of the ratio, so a real "
+        "change stands apart from noise.",
+    )
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN", help="two or more runs (the first is the baseline)"
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="bootstrap resamples (default 1000)",
+    )
+    p.add_argument(
+        "--confidence",
+        type=_confidence,
+        default=0.95,
+        help="confidence of the intervals, 0-1 or a percentage (default 0.95)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the resampling (default 0)")
+    p.add_argument("--report", action="store_true", help="also write a comparison HTML page")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="comparison HTML file (with --report; default ./perfscope-compare.html)",
+    )
+    _runs_dir(p)
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(handler=_cmd_compare)
+
+    p = subparsers.add_parser(
+        "export",
+        help="export a run as a Perfetto trace, CSV or JSON",
+        description="perfetto: Chrome/Perfetto trace JSON (open in ui.perfetto.dev; .gz "
+        "compresses); csv: requests.csv and summary.csv; json: manifest, summary and requests.",
+    )
+    p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
+    p.add_argument("--format", choices=("perfetto", "csv", "json"), required=True)
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="file (perfetto, json; '-' for stdout) or folder (csv); default: in the run directory",
+    )
+    _runs_dir(p)
+    p.set_defaults(handler=_cmd_export)
+
+
+def _cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.dashboard.report import write_report
+
+    run = _load(args.run, args.runs_dir)
+    out = args.output
+    if out is not None and out.is_dir():
+        out = out / "report.html"
+    path = write_report(run, out, max_requests=args.max_requests)
+    if args.json:
+        print(json.dumps({"path": str(path), "bytes": path.stat().st_size}, indent=2))
+    else:
+        console.print(f"report: {path} ({_size(path)})")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.dashboard.compare import compare_tables, comparison_html, comparison_table
+
+    if len(args.runs) < 2:
+        raise UsageError("compare needs two or more runs, e.g. 'perfscope compare RUN_A RUN_B'")
+    runs = [_load(ref, args.runs_dir) for ref in args.runs]
+    ids = [r.run_id for r in runs]
+    if len(set(ids)) < len(ids):
+        raise UsageError(f"the same run is given twice ({', '.join(ids)}); give different runs")
+    result = compare_tables(
+        [_tables(r) for r in runs],
+        ids,
+        n_boot=args.bootstrap,
+        confidence=args.confidence,
+        seed=args.seed,
+    )
+    out_path: Path | None = None
+    if args.report:
+        out_path = args.output or Path("perfscope-compare.html")
+        html = comparison_html([_tables(r) for r in runs], result)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(html, encoding="utf-8")
+    if args.json:
+        payload: dict[str, Any] = dict(result)
+        payload["runs"] = [{"run_id": r.run_id, "path": str(r.path)} for r in runs]
+        if out_path is not None:
+            payload["report"] = str(out_path)
+        print(json.dumps(payload, indent=2))
+        return 0
+    console.print(comparison_table(result))
+    if out_path is not None:
+        console.print(f"comparison report: {out_path} ({_size(out_path)})")
+    return 0
+
+
+def _tables(run: StoredRun) -> Any:
+    from perfscope.dashboard.figures import RunTables
+
+    return RunTables(run.summary or {}, run.requests, run.chunks, run.steps, run.telemetry)
+
+
+def _cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.dashboard.exporters import (
+        export_json,
+        perfetto_trace,
+        write_csv,
+        write_json,
+        write_perfetto,
+    )
+
+    run = _load(args.run, args.runs_dir)
+    out: Path | None = args.output
+    if args.format == "csv":
+        if out is not None and str(out) == "-":
+            raise UsageError("csv writes two files: give a folder with -o, not '-'")
+        paths = write_csv(run, out or run.path)
+        for p in paths:
+            console.print(f"wrote {p} ({_size(p)})")
+        return 0
+    if out is not None and str(out) == "-":
+        obj = perfetto_trace(run) if args.format == "perfetto" else export_json(run)
+        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+        return 0
+    if args.format == "perfetto":
+        path = write_perfetto(run, out or run.path / "trace.json")
+        console.print(
+            f"wrote {path} ({_size(path)}); open it at https://ui.perfetto.dev (offline: "
+            "chrome://tracing)"
+        )
+    else:
+        path = write_json(run, out or run.path / "export.json")
+        console.print(f"wrote {path} ({_size(path)})")
+    return 0
