@@ -15,7 +15,8 @@ __all__ = ["esc", "fmt_bytes", "fmt_count", "fmt_num", "fmt_pct", "fmt_rate", "f
 NA = "n/a"
 
 
-def _finite(x: Any) -> float | None:
+def finite(x: Any) -> float | None:
+    """``x`` as a finite float, or ``None`` (missing, bool, text, NaN, inf)."""
     if x is None or isinstance(x, bool):
         return None
     try:
@@ -32,7 +33,7 @@ def esc(text: Any) -> str:
 
 def fmt_time(seconds: Any) -> str:
     """``0.0123`` → ``"12.3 ms"``; picks s, ms or µs."""
-    v = _finite(seconds)
+    v = finite(seconds)
     if v is None:
         return NA
     a = abs(v)
@@ -47,7 +48,7 @@ def fmt_time(seconds: Any) -> str:
 
 def fmt_pct(fraction: Any) -> str:
     """``0.4213`` → ``"42.1%"``."""
-    v = _finite(fraction)
+    v = finite(fraction)
     if v is None:
         return NA
     p = 100.0 * v
@@ -58,7 +59,7 @@ def fmt_pct(fraction: Any) -> str:
 
 def fmt_si(x: Any, unit: str = "") -> str:
     """``3.2e12, "FLOP/s"`` → ``"3.2 TFLOP/s"`` (k, M, G, T, P prefixes)."""
-    v = _finite(x)
+    v = finite(x)
     if v is None:
         return NA
     for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -74,7 +75,7 @@ def fmt_bytes(x: Any) -> str:
 
 def fmt_rate(x: Any, unit: str) -> str:
     """``50.123, "tok/s"`` → ``"50.1 tok/s"``."""
-    v = _finite(x)
+    v = finite(x)
     if v is None:
         return NA
     if abs(v) >= 1000:
@@ -84,7 +85,7 @@ def fmt_rate(x: Any, unit: str) -> str:
 
 def fmt_num(x: Any, digits: int = 3) -> str:
     """A number with ``digits`` significant digits."""
-    v = _finite(x)
+    v = finite(x)
     if v is None:
         return NA
     return f"{v:.{digits}g}"
@@ -92,7 +93,7 @@ def fmt_num(x: Any, digits: int = 3) -> str:
 
 def fmt_count(x: Any) -> str:
     """An integer with thousands separators."""
-    v = _finite(x)
+    v = finite(x)
     if v is None:
         return NA
     return f"{round(v):,}"

@@ -20,7 +20,6 @@ symlink leading elsewhere).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import threading
@@ -32,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfscope.dashboard._fmt import finite
 from perfscope.errors import PerfscopeError, RunNotFoundError, UsageError
 
 __all__ = [
@@ -85,16 +85,6 @@ def validate_run_id(runs_dir: Path, run_id: object) -> Path:
     if path.resolve().parent != root:
         raise InvalidRunIdError(f"run id {run_id!r} points outside the runs directory")
     return path
-
-
-def _num(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def _dig(d: Any, *keys: str) -> Any:
@@ -189,7 +179,7 @@ def _hardware_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> 
 
 
 def _phase_ratio(summary: dict[str, Any], phase: str, key: str) -> float | None:
-    return _num(_dig(summary, "roofline", "phases", phase, key))
+    return finite(_dig(summary, "roofline", "phases", phase, key))
 
 
 def _row_from(
@@ -221,16 +211,16 @@ def _row_from(
         model=_model_name(manifest, summary),
         hardware=_hardware_name(manifest, summary),
         started_at=str(manifest.get("started_at") or "") or None,
-        requests=int(c) if (c := _num(_dig(s, "counts", "requests"))) is not None else None,
-        ttft_p50_s=_num(_dig(lat, "ttft", "p50")),
-        ttft_p99_s=_num(_dig(lat, "ttft", "p99")),
-        tpot_p50_s=_num(_dig(lat, "tpot", "p50")),
-        output_tok_s=_num(_dig(s, "throughput", "output_tok_s")),
-        goodput_req_s=_num(_dig(s, "goodput", "goodput_req_s")),
-        slo_attainment=_num(_dig(s, "goodput", "attainment")),
+        requests=int(c) if (c := finite(_dig(s, "counts", "requests"))) is not None else None,
+        ttft_p50_s=finite(_dig(lat, "ttft", "p50")),
+        ttft_p99_s=finite(_dig(lat, "ttft", "p99")),
+        tpot_p50_s=finite(_dig(lat, "tpot", "p50")),
+        output_tok_s=finite(_dig(s, "throughput", "output_tok_s")),
+        goodput_req_s=finite(_dig(s, "goodput", "goodput_req_s")),
+        slo_attainment=finite(_dig(s, "goodput", "attainment")),
         mfu=mfu,
         mbu=mbu,
-        j_per_token=_num(_dig(s, "energy", "j_per_output_token"))
+        j_per_token=finite(_dig(s, "energy", "j_per_output_token"))
         if _dig(s, "energy", "available")
         else None,
         sweep=str(sweep_id) if sweep_id else None,

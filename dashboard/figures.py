@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from perfscope.analysis.compare import latency_samples
-from perfscope.dashboard._fmt import esc, fmt_pct, fmt_si
+from perfscope.dashboard._fmt import esc, finite, fmt_pct, fmt_si
 
 __all__ = [
     "LATENCY_METRICS",
@@ -103,16 +103,6 @@ class FigureSpec:
     missing: str | None = None
 
 
-def _num(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def _section(summary: dict[str, Any], name: str) -> dict[str, Any]:
     value = summary.get(name)
     return value if isinstance(value, dict) else {}
@@ -153,22 +143,22 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
     mems: dict[str, float] = {}
     for p in phases.values():
         c = p.get("ceilings") or roof.get("ceilings") or {}
-        peak, dtype = _num(c.get("peak_flops")), str(c.get("dtype") or "?")
+        peak, dtype = finite(c.get("peak_flops")), str(c.get("dtype") or "?")
         if peak:
             peaks[dtype] = peak
-        dram = _num(c.get("mem_bw_bytes_s"))
+        dram = finite(c.get("mem_bw_bytes_s"))
         if dram:
             mems["DRAM/HBM"] = dram
-        cache_bw = _num(c.get("cache_bw_bytes_s"))
+        cache_bw = finite(c.get("cache_bw_bytes_s"))
         if cache_bw and (p.get("memory_level") == "cache" or p.get("fits_in_cache")):
             size = fmt_si(c.get("cache_bytes"), "B")
             mems[f"cache ({size})"] = cache_bw
     if not peaks:
         c = roof.get("ceilings") or {}
-        if _num(c.get("peak_flops")):
+        if finite(c.get("peak_flops")):
             peaks[str(c.get("dtype"))] = float(c["peak_flops"])
     if not mems:
-        bw = _num((roof.get("ceilings") or {}).get("mem_bw_bytes_s"))
+        bw = finite((roof.get("ceilings") or {}).get("mem_bw_bytes_s"))
         if bw:
             mems["DRAM/HBM"] = bw
 
@@ -176,11 +166,11 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
     ys: list[float] = []
     points = []
     for name, p in phases.items():
-        x, y = _num(p.get("intensity")), _num(p.get("achieved_flops_s"))
+        x, y = finite(p.get("intensity")), finite(p.get("achieved_flops_s"))
         if x is None or y is None or x <= 0 or y <= 0:
             continue
-        sol = _num(p.get("sol_time_s"))
-        flops = _num(p.get("flops"))
+        sol = finite(p.get("sol_time_s"))
+        flops = finite(p.get("flops"))
         pred = flops / sol if flops and sol else None
         points.append((str(name), p, x, y, pred))
         xs.append(x)
@@ -358,7 +348,7 @@ def latency_cdf_figure(
         dist = lat.get(key) or {}
         px_, py_, pt_ = [], [], []
         for p in MARKER_PERCENTILES:
-            v = _num(dist.get(f"p{p}"))
+            v = finite(dist.get(f"p{p}"))
             if v is not None:
                 px_.append(v * 1e3)
                 py_.append(p / 100)
@@ -380,7 +370,7 @@ def latency_cdf_figure(
                 row=row,
                 col=col,
             )
-        limit = _num(slos.get(key))
+        limit = finite(slos.get(key))
         if limit is not None:
             fig.add_vline(
                 x=limit * 1e3,
@@ -751,12 +741,12 @@ def phase_breakdown_figure(summary: dict[str, Any]) -> go.Figure | None:
     energy = _section(summary, "energy")
     e_phases = (energy.get("phases") or {}) if energy.get("available") else {}
     panels: list[tuple[str, dict[str, float]]] = []
-    time_s = {k: _num(v.get("time_s")) for k, v in (roof or steps).items()}
+    time_s = {k: finite(v.get("time_s")) for k, v in (roof or steps).items()}
     panels.append(("time (s)", {k: v for k, v in time_s.items() if v is not None}))
-    panels.append(("FLOPs", {k: v for k, p in roof.items() if (v := _num(p.get("flops")))}))
-    panels.append(("bytes moved", {k: v for k, p in roof.items() if (v := _num(p.get("bytes")))}))
+    panels.append(("FLOPs", {k: v for k, p in roof.items() if (v := finite(p.get("flops")))}))
+    panels.append(("bytes moved", {k: v for k, p in roof.items() if (v := finite(p.get("bytes")))}))
     panels.append(
-        ("energy (J)", {k: v for k, p in e_phases.items() if (v := _num(p.get("energy_j")))})
+        ("energy (J)", {k: v for k, p in e_phases.items() if (v := finite(p.get("energy_j")))})
     )
     panels = [(t, d) for t, d in panels if d]
     if not panels:
@@ -791,7 +781,7 @@ def advice_figure(summary: dict[str, Any]) -> go.Figure | None:
     rows = []
     for a in advice:
         g = a.get("projected_gain") or {}
-        v, unit = _num(g.get("value")), str(g.get("unit") or "")
+        v, unit = finite(g.get("value")), str(g.get("unit") or "")
         if v is not None and unit.startswith("x "):
             rows.append((esc(a.get("technique", "?")), v, esc(unit)))
     if not rows:
@@ -835,7 +825,7 @@ def comparison_metrics_figure(
     for i, (label, s) in enumerate(zip(labels, summaries, strict=True)):
         lat = _section(s, "latency")
         vals = [
-            (_num((lat.get(m) or {}).get(f"p{p}")) or math.nan) * 1e3
+            (finite((lat.get(m) or {}).get(f"p{p}")) or math.nan) * 1e3
             for m in LATENCY_METRICS
             for p in (50, 99)
         ]
@@ -845,7 +835,7 @@ def comparison_metrics_figure(
             row=1,
             col=1,
         )
-        tput = _num(_section(s, "throughput").get("output_tok_s"))
+        tput = finite(_section(s, "throughput").get("output_tok_s"))
         fig.add_trace(
             go.Bar(
                 x=[esc(label)],

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import pandas as pd
 import plotly
 import plotly.io as pio
 
@@ -37,6 +36,7 @@ from perfscope.dashboard._fmt import (
     fmt_si,
     fmt_time,
 )
+from perfscope.dashboard.exporters import ExportableRun
 from perfscope.dashboard.figures import FigureSpec, RunTables, run_figures
 
 __all__ = [
@@ -54,23 +54,11 @@ DEFAULT_MAX_REQUESTS = 100
 _PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
 
-class ReportRun(Protocol):
-    """What the report reads (``perfscope.profiler.store.StoredRun`` fits)."""
+class ReportRun(ExportableRun, Protocol):
+    """What the report reads: an exportable run that also knows its directory."""
 
     @property
     def path(self) -> Path: ...
-    @property
-    def manifest(self) -> dict[str, Any]: ...
-    @property
-    def summary(self) -> dict[str, Any] | None: ...
-    @property
-    def requests(self) -> pd.DataFrame: ...
-    @property
-    def chunks(self) -> pd.DataFrame: ...
-    @property
-    def steps(self) -> pd.DataFrame: ...
-    @property
-    def telemetry(self) -> pd.DataFrame: ...
 
 
 # ---------------------------------------------------------------------- page frame

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfscope._argtypes import positive_int
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -60,16 +61,6 @@ def write_run_report(run_dir: Path, console: Console) -> Path | None:
     return path
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
 def _confidence(text: str) -> float:
     try:
         v = float(text)
@@ -103,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("-o", "--output", type=Path, default=None, help="HTML file to write")
     p.add_argument(
         "--max-requests",
-        type=_positive_int,
+        type=positive_int,
         default=100,
         help="rows of the per-request table (default 100)",
     )
@@ -123,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--bootstrap",
-        type=_positive_int,
+        type=positive_int,
         default=1000,
         metavar="N",
         help="bootstrap resamples (default 1000)",

@@ -25,6 +25,7 @@ from rich.progress import (
 )
 
 from perfscope import __version__
+from perfscope._argtypes import key_value, nonneg_int, number, positive_int
 from perfscope.errors import PerfscopeError, UsageError
 
 __all__ = ["build_parser", "main"]
@@ -36,40 +37,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
         sys.exit(2)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value.strip()
 
 
 def _add_runs_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -98,7 +65,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w = p.add_argument_group("workload")
     w.add_argument(
         "--requests",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="measured requests (default 48, or one per line of --prompts)",
     )
@@ -115,7 +82,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
     w.add_argument(
         "--warmup",
-        type=_nonneg_int,
+        type=nonneg_int,
         default=0,
         help="requests run first and excluded from statistics",
     )
@@ -127,9 +94,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="batch",
         help="batch: all requests at once; online: by --rate or --concurrency",
     )
-    d.add_argument("--rate", type=_number, default=None, help="requests per second (online)")
+    d.add_argument("--rate", type=number, default=None, help="requests per second (online)")
     d.add_argument(
-        "--concurrency", type=_positive_int, default=None, help="closed loop of N users (online)"
+        "--concurrency", type=positive_int, default=None, help="closed loop of N users (online)"
     )
     d.add_argument(
         "--arrival",
@@ -139,14 +106,14 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     d.add_argument(
         "--burstiness",
-        type=_number,
+        type=number,
         default=1.0,
         help="gamma shape for --arrival gamma: <1 burstier, >1 smoother",
     )
     e = p.add_argument_group("engine")
     e.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=8,
         help="most sequences decoded together (default 8)",
     )
@@ -174,7 +141,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         e.add_argument(
             flag,
             dest=f"shape_{field}",
-            type=_positive_int,
+            type=positive_int,
             default=None,
             help=f"reference model: {helptext}",
         )
@@ -185,7 +152,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     e.add_argument(
         "--engine-opt",
-        type=_key_value,
+        type=key_value,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -423,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ls", help="list stored runs, newest first")
     _add_runs_dir(p)
-    p.add_argument("--limit", type=_positive_int, default=50)
+    p.add_argument("--limit", type=positive_int, default=50)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_cmd_ls)
 

@@ -1,0 +1,50 @@
+"""argparse ``type=`` converters shared by the command modules.
+
+Each raises ``argparse.ArgumentTypeError`` with a message that names what was expected, so
+argparse reports a one-line usage error (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["key_value", "nonneg_int", "number", "positive_int"]
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """A whole number of at least 1."""
+    v = _int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """A whole number of at least 0."""
+    v = _int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
+def number(text: str) -> float:
+    """Any float (range checks belong to the option's own validation)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` → ``(KEY, VALUE)``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
