@@ -25,12 +25,15 @@ __all__ = [
     "Run",
     "RunOptions",
     "__version__",
+    "check",
     "execute_run",
+    "expect",
     "load_run",
     "profile",
 ]
 
 if TYPE_CHECKING:
+    from perfscope._expect import check, expect
     from perfscope._manual import Profile, profile
     from perfscope._run import Run, load_run
     from perfscope._runner import RunOptions, execute_run
@@ -42,6 +45,8 @@ _LAZY = {
     "load_run": "perfscope._run",
     "RunOptions": "perfscope._runner",
     "execute_run": "perfscope._runner",
+    "expect": "perfscope._expect",
+    "check": "perfscope._expect",
 }
 
 

@@ -18,6 +18,15 @@ from perfscope.profiler.store import StoredRun, read_run, resolve_run_path
 __all__ = ["Run", "Section", "load_run"]
 
 
+#: Short names users reach for → where the summary keeps them, per section.
+_ALIASES: dict[str, dict[str, str]] = {
+    "energy": {"j_per_token": "j_per_output_token"},
+}
+#: Sections whose sub-objects may be addressed without their container
+#: (``run.roofline.decode`` for ``run.roofline.phases.decode``).
+_FLATTEN: dict[str, str] = {"roofline": "phases", "energy": "phases"}
+
+
 class Section:
     """Read-only attribute view of one summary section (a JSON object)."""
 
@@ -30,12 +39,24 @@ class Section:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        try:
-            value = self._data[name]
-        except KeyError:
+        data = self._data
+        key = _ALIASES.get(self._path, {}).get(name, name)
+        if key in data:
+            value = data[key]
+        elif (
+            isinstance(data.get(_FLATTEN.get(self._path, "")), dict)
+            and key in data[_FLATTEN[self._path]]
+        ):
+            value = data[_FLATTEN[self._path]][key]
+        else:
+            why = (
+                f" ({self._path} is not available: {data.get('reason')})"
+                if data.get("available") is False
+                else ""
+            )
             raise AttributeError(
-                f"{self._path} has no {name!r}; it has: {', '.join(sorted(self._data))}"
-            ) from None
+                f"{self._path} has no {name!r}{why}; it has: {', '.join(sorted(data))}"
+            )
         return Section(value, f"{self._path}.{name}") if isinstance(value, dict) else value
 
     def __getitem__(self, name: str) -> Any:

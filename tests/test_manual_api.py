@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from perfscope.profiler.clock import ManualClock
 
 import perfscope
+from perfscope.profiler.clock import ManualClock
 
 MS = 1_000_000
 
@@ -85,9 +85,42 @@ def test_public_surface_is_small_and_exported() -> None:
         "Run",
         "RunOptions",
         "__version__",
+        "check",
         "execute_run",
+        "expect",
         "load_run",
         "profile",
     }
     for name in perfscope.__all__:
         assert getattr(perfscope, name) is not None
+
+
+def test_run_sections_read_naturally_with_short_names(runs_dir: Path) -> None:
+    run = perfscope.load_run(_reference_run(runs_dir))
+    assert run.roofline.decode.mbu == run.summary["roofline"]["phases"]["decode"]["mbu"]
+    assert run.roofline.decode.verdict in {"compute-bound", "memory-bound", "overhead-bound"}
+    # No energy counter on this machine: the short name explains why instead of guessing.
+    if run.summary["energy"]["available"]:
+        assert run.energy.j_per_token == run.summary["energy"]["j_per_output_token"]
+    else:
+        with pytest.raises(AttributeError, match="energy is not available"):
+            _ = run.energy.j_per_token
+
+
+def _reference_run(runs_dir: Path) -> Path:
+    from perfscope._runner import RunOptions, execute_run
+    from perfscope.profiler.engines.base import EngineOptions
+    from perfscope.profiler.workload import LengthDist, WorkloadConfig
+
+    out = execute_run(
+        RunOptions(
+            workload=WorkloadConfig(
+                requests=4,
+                prompt_len=LengthDist("constant", 8),
+                output_len=LengthDist("constant", 4),
+            ),
+            engine_options=EngineOptions(model_preset="tiny"),
+            runs_dir=runs_dir,
+        )
+    )
+    return out.path

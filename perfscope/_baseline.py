@@ -1,0 +1,407 @@
+"""Saved baselines for the pytest regression gate.
+
+``pytest --perfscope-save NAME`` stores each perf test's key metrics (medians and the
+per-repeat samples) with the machine (hardware key, CPU/GPU, versions) and the commit in
+``<storage>/NAME.json``; ``--perfscope-compare NAME`` judges every metric against it:
+lower is better for latency and energy, higher for throughput and utilisation, and a
+metric regresses when it got worse by more than its tolerance (and, with repeats on both
+sides, by more than the measured noise). Baselines from other hardware are refused unless
+forced: timings do not carry across machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from perfscope._expect import (
+    compare_samples,
+    format_value,
+    metric_kind,
+    parse_tolerance,
+    parse_value,
+)
+from perfscope.errors import SLOError, UsageError
+
+__all__ = [
+    "BASELINE_SCHEMA",
+    "DEFAULT_TOLERANCE",
+    "MetricComparison",
+    "Tolerance",
+    "baseline_path",
+    "commit_info",
+    "compare_metrics",
+    "hardware_mismatch",
+    "load_baseline",
+    "machine_info",
+    "parse_fail_option",
+    "save_baseline",
+]
+
+BASELINE_SCHEMA = "perfscope.baseline/1"
+#: Relative tolerance of every metric when ``--perfscope-fail`` names none.
+DEFAULT_TOLERANCE = 0.10
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _gpu_names() -> list[str]:
+    torch = sys.modules.get("torch")  # never import torch just for this
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        pass
+    return []
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Facts about this machine; ``hardware_key`` decides whether timings are comparable.
+
+    The key comes from :func:`perfscope.hwdb.detect_local_device` (the first GPU by its
+    database key or name and the GPU count, else the CPU model and its logical cores);
+    without the hardware database, from ``/proc/cpuinfo`` and torch's CUDA device name.
+    """
+    from perfscope import __version__
+
+    info: dict[str, Any] = {
+        "hardware_key": None,
+        "device": None,
+        "device_kind": None,
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "gpus": _gpu_names(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "perfscope": __version__,
+        "torch": _version("torch"),
+        "pytest": _version("pytest"),
+    }
+    try:
+        from perfscope.hwdb import detect_local_device
+
+        dev = detect_local_device()
+    except Exception:  # the database is optional here: fall back to plain names
+        dev = None
+    if dev is not None:
+        ident = dev.spec.key if dev.spec is not None else dev.name
+        key = f"{dev.kind}:{ident}"
+        if dev.kind == "gpu" and dev.count > 1:
+            key += f" x{dev.count}"
+        if dev.kind == "cpu" and dev.cores:
+            key += f" ({dev.cores} cores)"
+        info.update(hardware_key=key, device=dev.name, device_kind=dev.kind)
+    elif info["gpus"]:
+        n = len(info["gpus"])
+        key = f"gpu:{info['gpus'][0]}" + (f" x{n}" if n > 1 else "")
+        info.update(hardware_key=key, device=info["gpus"][0], device_kind="gpu")
+    else:
+        key = f"cpu:{info['cpu']} ({info['cpu_count']} cores)"
+        info.update(hardware_key=key, device=info["cpu"], device_kind="cpu")
+    return info
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        res = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=5, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def commit_info(root: Path) -> dict[str, Any]:
+    """The git commit of ``root`` (``id``, ``branch``, ``dirty``); ``id`` None outside git."""
+    sha = _git(root, "rev-parse", "HEAD")
+    if sha is None:
+        return {"id": None, "branch": None, "dirty": None}
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return {
+        "id": sha,
+        "branch": _git(root, "rev-parse", "--abbrev-ref", "HEAD"),
+        "dirty": bool(status) if status is not None else None,
+    }
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def baseline_path(storage: Path, name: str) -> Path:
+    """``storage/NAME.json``; a NAME ending in ``.json`` or holding a ``/`` is a path."""
+    if name.endswith(".json") or "/" in name or os.sep in name:
+        return Path(name)
+    if not _NAME_RE.match(name):
+        raise UsageError(
+            f"baseline name {name!r}: use letters, digits, '.', '_' and '-' (e.g. main), "
+            "or a path ending in .json"
+        )
+    return storage / f"{name}.json"
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """Read a saved baseline; UsageError when missing or not a perfscope baseline."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(
+            f"no perfscope baseline at {path}: create it first with "
+            f"--perfscope-save {path.stem} (on this machine)"
+        ) from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read perfscope baseline {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
+        raise UsageError(f"{path} is not a perfscope baseline (schema {BASELINE_SCHEMA})")
+    return data
+
+
+def save_baseline(
+    path: Path,
+    *,
+    name: str,
+    machine: dict[str, Any],
+    commit: dict[str, Any],
+    tests: dict[str, dict[str, Any]],
+) -> tuple[dict[str, Any], str]:
+    """Write (or update) the baseline at ``path``; returns it and a one-line note.
+
+    Tests already in a baseline from the same hardware and not run now are kept; a
+    baseline from other hardware is replaced."""
+    note = "created"
+    merged: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        try:
+            old = load_baseline(path)
+        except UsageError:
+            old = None
+        if old is not None and (old.get("machine") or {}).get("hardware_key") == machine.get(
+            "hardware_key"
+        ):
+            merged = dict(old.get("tests") or {})
+            note = "updated"
+        else:
+            note = "replaced (it came from other hardware)"
+    merged.update(tests)
+    data = {
+        "schema": BASELINE_SCHEMA,
+        "name": name,
+        "created_at": datetime.now(UTC).isoformat(),
+        "machine": machine,
+        "commit": commit,
+        "tests": merged,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return data, note
+
+
+def hardware_mismatch(baseline: dict[str, Any], machine: dict[str, Any]) -> str | None:
+    """Why the baseline's timings do not apply here, or ``None`` when they do."""
+    then = (baseline.get("machine") or {}).get("hardware_key")
+    now = machine.get("hardware_key")
+    if then == now:
+        return None
+    return (
+        f"baseline {baseline.get('name')!r} was recorded on {then} but this machine is {now}; "
+        "timings do not compare across hardware. Save a baseline here "
+        f"(--perfscope-save {baseline.get('name')}) or pass --perfscope-force to compare anyway"
+    )
+
+
+# --------------------------------------------------------------------------- tolerances
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How much worse a metric may get: ``relative`` (0.1 = 10%) or ``absolute`` (SI).
+
+    ``metric`` is a metric name (``ttft.p99``), a full summary path or ``*`` for all."""
+
+    metric: str
+    relative: float | None
+    absolute: float | None
+    text: str
+
+    def matches(self, name: str, path: str | None) -> bool:
+        if self.metric == "*":
+            return True
+        return self.metric in (name, path) or bool(path and path.endswith("." + self.metric))
+
+    def as_relative(self, base: float) -> float:
+        if self.relative is not None:
+            return self.relative
+        assert self.absolute is not None
+        return self.absolute / abs(base) if base else 0.0
+
+
+def parse_fail_option(text: str) -> Tolerance:
+    """``ttft.p99:10%``, ``throughput.output_tok_s:5%``, ``ttft.p99:20ms``, ``*:15%``."""
+    metric, sep, limit = text.rpartition(":")
+    metric, limit = metric.strip(), limit.strip()
+    if not sep or not metric or not limit:
+        raise SLOError(
+            f"cannot read {text!r}: write METRIC:TOLERANCE, e.g. ttft.p99:10% or "
+            "throughput.output_tok_s:5% (or *:10% for every metric)"
+        )
+    if limit.endswith("%"):
+        return Tolerance(metric, parse_tolerance(limit), None, limit)
+    kind = None if metric == "*" else metric_kind(metric)
+    absolute = parse_value(limit, kind, context=text)
+    if absolute < 0:
+        raise SLOError(f"tolerance in {text!r} must not be negative")
+    return Tolerance(metric, None, absolute, limit)
+
+
+def _pick_tolerance(name: str, path: str | None, tolerances: list[Tolerance]) -> Tolerance | None:
+    specific = [t for t in tolerances if t.metric != "*" and t.matches(name, path)]
+    if specific:
+        return specific[-1]
+    wildcard = [t for t in tolerances if t.metric == "*"]
+    return wildcard[-1] if wildcard else None
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+@dataclass
+class MetricComparison:
+    """One metric of one test against the baseline.
+
+    Attributes:
+        key: the test's baseline key.
+        metric: the metric name; ``path`` its summary path.
+        current, baseline: medians (SI units); ``None`` where absent.
+        change: relative change (``None`` when not computable).
+        tolerance: the tolerance text applied (``None``: not gated).
+        verdict: ``ok``, ``regressed``, ``improved``, ``within noise``, ``info`` (not
+            gated or no better direction), ``new`` (no baseline value).
+        noise: relative noise of the difference at 95% (``None`` without repeats).
+    """
+
+    key: str
+    metric: str
+    path: str | None
+    current: float | None
+    baseline: float | None
+    change: float | None
+    tolerance: str | None
+    verdict: str
+    noise: float | None = None
+
+    @property
+    def regressed(self) -> bool:
+        return self.verdict == "regressed"
+
+    def describe(self) -> str:
+        kind = metric_kind(self.path or self.metric)
+        ch = "" if self.change is None else f" ({self.change * 100:+.1f}%"
+        tol = f", tolerance {self.tolerance})" if self.tolerance and ch else (")" if ch else "")
+        return (
+            f"{self.metric}: {format_value(self.current, kind)} vs baseline "
+            f"{format_value(self.baseline, kind)}{ch}{tol}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "path": self.path,
+            "current": self.current,
+            "baseline": self.baseline,
+            "change": self.change,
+            "tolerance": self.tolerance,
+            "verdict": self.verdict,
+            "noise": self.noise,
+        }
+
+
+def compare_metrics(
+    key: str,
+    current: dict[str, dict[str, Any]],
+    baseline: dict[str, dict[str, Any]] | None,
+    tolerances: list[Tolerance],
+    *,
+    gate_all: bool,
+) -> list[MetricComparison]:
+    """Compare one test's metrics (``{name: {"path", "value", "samples", ...}}``).
+
+    A metric is gated by the tolerance that names it (or ``*``); with ``gate_all`` every
+    metric without one is gated at :data:`DEFAULT_TOLERANCE`. A metric whose better
+    direction is unknown is reported, never gated."""
+    out: list[MetricComparison] = []
+    for name, cur in current.items():
+        path = cur.get("path")
+        base = (baseline or {}).get(name)
+        value = cur.get("value")
+        if base is None or base.get("value") is None or value is None:
+            out.append(MetricComparison(key, name, path, value, None, None, None, "new"))
+            continue
+        tol = _pick_tolerance(name, path, tolerances)
+        if tol is None and gate_all:
+            tol = Tolerance("*", DEFAULT_TOLERANCE, None, f"{DEFAULT_TOLERANCE:.0%}")
+        better = cur.get("direction")
+        b_samples = [float(v) for v in base.get("samples") or [base["value"]]]
+        c_samples = [float(v) for v in cur.get("samples") or [value]]
+        change = compare_samples(
+            name,
+            b_samples,
+            c_samples,
+            tolerance=tol.as_relative(float(base["value"])) if tol else 0.0,
+            better=better,
+        )
+        if tol is None or better is None:
+            verdict = "info"
+        else:
+            verdict = {"unchanged": "ok", "changed": "info"}.get(change.verdict, change.verdict)
+        out.append(
+            MetricComparison(
+                key,
+                name,
+                path,
+                change.after,
+                change.before,
+                change.change,
+                tol.text if tol else None,
+                verdict,
+                change.noise,
+            )
+        )
+    return out

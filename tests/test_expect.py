@@ -1,0 +1,255 @@
+"""perfscope.expect / perfscope.check: the assertion grammar, units, lookup and messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import perfscope
+from perfscope._expect import (
+    PerfAssertionError,
+    RunSet,
+    assert_no_regression,
+    compare_samples,
+    direction,
+    format_value,
+    metric_kind,
+    parse_assertion,
+    parse_value,
+    resolve_metric,
+    t_quantile,
+)
+from perfscope.errors import SLOError, UsageError
+from perfscope.profiler.clock import ManualClock
+
+MS = 1_000_000
+
+
+@pytest.fixture
+def run(runs_dir: Path) -> perfscope.Run:
+    """Four requests with TTFTs of exactly 40, 50, 60 and 300 ms and 10 ms per token."""
+    clock = ManualClock()
+    with perfscope.profile(name="exact", runs_dir=runs_dir, clock=clock) as p:
+        for ttft_ms in (40, 50, 60, 300):
+            with p.request(prompt_tokens=16) as r:
+                clock.advance_ns(ttft_ms * MS)
+                r.tokens(1)
+                for _ in range(4):
+                    clock.advance_ns(10 * MS)
+                    r.tokens(1)
+    return p.run
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "value"),
+    [
+        ("200ms", "duration", 0.2),
+        ("1.5s", "duration", 1.5),
+        ("800us", "duration", 800e-6),
+        ("250 ns", "duration", 250e-9),
+        ("95%", "fraction", 0.95),
+        ("0.3", "fraction", 0.3),
+        ("95%", "percent", 95.0),
+        ("1200 tok/s", "tok_rate", 1200.0),
+        ("1200", "tok_rate", 1200.0),
+        ("3 req/s", "req_rate", 3.0),
+        ("0.5 J/tok", "energy_per_token", 0.5),
+        ("2 TB/s", "bandwidth", 2e12),
+        ("1e-3s", "duration", 1e-3),
+    ],
+)
+def test_values_are_converted_to_the_summary_si_units(text: str, kind: str, value: float) -> None:
+    assert parse_value(text, kind) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ttft.p99 200ms", "expected METRIC OP VALUE"),
+        ("ttft.p99 < 200", "needs a unit: the metric is a duration"),
+        ("ttft.p99 < 95%", "'%' does not fit a duration"),
+        ("ttft.p99 < 3 fortnights", "unknown unit 'fortnights'"),
+        ("throughput.output_tok_s > 20ms", "the metric is a token rate"),
+        ("ttft.p99 <", "has no value after '<'"),
+        ("ttft.p99 < 1; import os", "cannot read value '1; import os'"),
+        ("__import__('os').system('true') < 1", "cannot read metric"),
+        ("ttft.p99 => 1s", "cannot read"),
+    ],
+)
+def test_grammar_errors_say_what_is_wrong_and_never_evaluate_code(text: str, message: str) -> None:
+    with pytest.raises(SLOError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_assertion(text)
+
+
+def test_metric_kinds_and_better_directions_come_from_the_names() -> None:
+    assert metric_kind("ttft.p99") == "duration"
+    assert metric_kind("latency.itl_per_token.max") == "duration"
+    assert metric_kind("goodput.attainment") == "fraction"
+    assert metric_kind("roofline.phases.decode.mbu") == "fraction"
+    assert metric_kind("throughput.output_tok_s") == "tok_rate"
+    assert metric_kind("energy.j_per_output_token") == "energy_per_token"
+    assert metric_kind("counts.failed") == "count"
+    assert direction("ttft.p99") == "lower"
+    assert direction("energy.j_per_output_token") == "lower"
+    assert direction("counts.failed") == "lower"
+    assert direction("throughput.output_tok_s") == "higher"
+    assert direction("decode.mbu") == "higher"
+    assert direction("window_s") is None
+
+
+def test_dotted_names_resolve_generically_through_the_summary() -> None:
+    summary: dict[str, Any] = {
+        "latency": {"ttft": {"p99": 0.3}},
+        "throughput": {"output_tok_s": 900.0},
+        "roofline": {"phases": {"decode": {"mbu": 0.4, "count": 3}}},
+        "steps": {"decode": {"count": 5}},
+    }
+    assert resolve_metric(summary, "ttft.p99") == ("latency.ttft.p99", 0.3)
+    assert resolve_metric(summary, "throughput.output_tok_s") == (
+        "throughput.output_tok_s",
+        900.0,
+    )
+    assert resolve_metric(summary, "decode.mbu") == ("roofline.phases.decode.mbu", 0.4)
+    assert resolve_metric(summary, "roofline.decode.mbu") == ("roofline.phases.decode.mbu", 0.4)
+    assert resolve_metric(summary, "steps.decode.count") == ("steps.decode.count", 5)
+    with pytest.raises(LookupError, match=r"ambiguous.*roofline\.phases\.decode\.count"):
+        resolve_metric(summary, "decode.count")
+
+
+def test_expect_passes_and_returns_true(run: perfscope.Run) -> None:
+    assert perfscope.expect(run).ttft.p99 < "400ms"
+    assert perfscope.expect(run).ttft.p50 >= 0.055  # a bare number is SI: seconds
+    assert perfscope.expect(run).tpot.p50 == "10ms"
+    assert perfscope.expect(run)["counts.completed"] == 4
+
+
+def test_a_failing_expect_shows_value_limit_distribution_and_run_dir(run: perfscope.Run) -> None:
+    with pytest.raises(PerfAssertionError) as info:
+        perfscope.expect(run).ttft.p99 < "200ms"  # noqa: B015
+    msg = str(info.value)
+    # p99 of 40, 50, 60, 300 ms (linear interpolation) = 292.8 ms
+    assert "ttft.p99 < 200ms: measured 293ms (46.4% over the limit)" in msg
+    assert "latency.ttft: n=4  min 40ms  p50 55ms" in msg
+    assert "max 300ms" in msg
+    assert f"run: {run.path}" in msg
+    assert info.value.outcomes[0].measured == pytest.approx(0.2928)
+
+
+def test_check_reports_every_assertion_when_one_fails(run: perfscope.Run) -> None:
+    with pytest.raises(PerfAssertionError) as info:
+        perfscope.check(
+            run, "ttft.p99 < 200ms", "tpot.p50 <= 10ms", "throughput.output_tok_s > 1 tok/s"
+        )
+    lines = str(info.value).splitlines()
+    assert lines[0] == "perfscope: 1 of 3 checks failed"
+    assert lines[1].startswith("  FAIL  ttft.p99 < 200ms: measured 293ms")
+    assert lines[2].startswith("  ok    tpot.p50 <= 10ms: measured 10ms")
+    assert lines[3].startswith("  ok    throughput.output_tok_s > 1 tok/s: measured")
+
+
+def test_check_accepts_a_dict_of_limits_with_directions_known_per_metric(
+    run: perfscope.Run,
+) -> None:
+    outcomes = perfscope.check(run, {"ttft.p50": "60ms", "goodput.attainment": "100%"})
+    assert [o.assertion.text for o in outcomes] == [
+        "ttft.p50 <= 60ms",
+        "goodput.attainment >= 100%",
+    ]
+    with pytest.raises(SLOError, match="say how to compare 'window_s'"):
+        perfscope.check(run, {"window_s": "1s"})
+
+
+def test_a_metric_the_run_lacks_fails_with_what_is_there(run: perfscope.Run) -> None:
+    with pytest.raises(PerfAssertionError) as info:
+        perfscope.check(run, "decode.mbu > 0.3")
+    msg = str(info.value)
+    assert "metric 'decode.mbu' is not in this run" in msg
+    assert "sections: " in msg and "latency" in msg
+    with pytest.raises(PerfAssertionError, match=r"latency\.ttft has no 'p42'; it has: count"):
+        perfscope.expect(run).ttft.p42 < "1s"  # noqa: B015
+    with pytest.raises(PerfAssertionError, match=r"is a group, not a number.*ttft\.p99"):
+        perfscope.expect(run).ttft < "1s"  # noqa: B015
+
+
+def test_a_missing_roofline_says_why(run: perfscope.Run) -> None:
+    summary = {**run.summary, "roofline": {"available": False, "reason": "no device"}}
+    with pytest.raises(PerfAssertionError, match=r"roofline: not available \(no device\)"):
+        perfscope.check(summary, "decode.mbu > 0.3")
+
+
+def test_expect_needs_a_comparison_not_truthiness(run: perfscope.Run) -> None:
+    with pytest.raises(TypeError, match="compare the metric with a limit"):
+        assert perfscope.expect(run).ttft.p99
+
+
+def _fake_runs(values_ms: list[float]) -> RunSet:
+    runs = [
+        SimpleNamespace(
+            summary={"latency": {"tpot": {"count": 10, "p50": v / 1e3}}},
+            path=Path(f"/runs/r{i}"),
+            status="complete",
+        )
+        for i, v in enumerate(values_ms)
+    ]
+    return RunSet(runs)
+
+
+def test_repeats_assert_on_the_median_or_on_a_confidence_bound() -> None:
+    runs = _fake_runs([10.0, 14.0, 12.0])
+    assert runs.tpot.p50 == pytest.approx(0.012)
+    assert runs.values("tpot.p50") == pytest.approx([0.010, 0.014, 0.012])
+    assert perfscope.expect(runs).tpot.p50 < "12.5ms"
+    # upper one-sided 95% bound of the mean: 12 + t(0.95, 2) * 2 / sqrt(3) = 15.37 ms
+    assert perfscope.expect(runs, stat="bound").tpot.p50 < "15.5ms"
+    with pytest.raises(PerfAssertionError, match=r"upper 95% bound of the mean of 3"):
+        perfscope.expect(runs, stat="bound").tpot.p50 < "15.2ms"  # noqa: B015
+    with pytest.raises(UsageError, match="repeated runs"):
+        perfscope.expect(runs.runs[0], stat="bound").tpot.p50 < "1s"  # noqa: B015
+
+
+def test_student_t_quantiles_match_the_tables() -> None:
+    assert t_quantile(0.95, 1) == pytest.approx(6.314, abs=1e-3)
+    assert t_quantile(0.95, 4) == pytest.approx(2.132, abs=1e-3)
+    assert t_quantile(0.975, 10) == pytest.approx(2.228, abs=1e-3)
+    assert t_quantile(0.95, 1000) == pytest.approx(1.645, abs=1e-3)
+
+
+def test_a_change_counts_only_beyond_tolerance_and_noise() -> None:
+    slow = compare_samples("tpot.p50", [0.010, 0.0101, 0.0099], [0.020, 0.0201, 0.0199])
+    assert slow.verdict == "regressed" and slow.change == pytest.approx(1.0)
+    fast = compare_samples("tpot.p50", [0.020, 0.0201, 0.0199], [0.010, 0.0101, 0.0099])
+    assert fast.verdict == "improved"
+    noisy = compare_samples("tpot.p50", [0.010, 0.030, 0.020], [0.025, 0.015, 0.035])
+    assert noisy.verdict == "within noise" and noisy.significant is False
+    # one stalled repeat among the fast runs does not hide the slowdown
+    stalled = compare_samples("tpot.p50", [0.002, 0.0021, 0.030], [0.008, 0.0081, 0.0082])
+    assert stalled.verdict == "regressed"
+    small = compare_samples("tpot.p50", [0.010] * 3, [0.0104] * 3, tolerance=0.05)
+    assert small.verdict == "unchanged"
+    tput = compare_samples("throughput.output_tok_s", [1000.0, 1010.0], [500.0, 505.0])
+    assert tput.verdict == "regressed"
+
+
+def test_assert_no_regression_needs_repeats_and_fails_beyond_noise() -> None:
+    base, same, slower = (
+        _fake_runs([10, 10.2, 9.9]),
+        _fake_runs([10.1, 9.8, 10]),
+        _fake_runs([20, 20.5, 19.8]),
+    )
+    assert [c.verdict for c in assert_no_regression(base, same, "tpot.p50")] == ["unchanged"]
+    with pytest.raises(PerfAssertionError, match=r"tpot.p50: 10ms → 20ms \(\+100.0%"):
+        assert_no_regression(base, slower, "tpot.p50")
+    with pytest.raises(UsageError, match="at least 2 repeats on each side"):
+        assert_no_regression(base.runs[0], slower, "tpot.p50")
+
+
+def test_values_are_formatted_for_people() -> None:
+    assert format_value(0.3124, "duration") == "312ms"
+    assert format_value(0.0412, "duration") == "41.2ms"
+    assert format_value(2.5e-6, "duration") == "2.5us"
+    assert format_value(0.912, "fraction") == "91.2%"
+    assert format_value(1234.5, "tok_rate") == "1234 tok/s"
+    assert format_value(None, "duration") == "n/a"
