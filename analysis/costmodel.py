@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from perfscope.analysis.modelspec import ModelSpec
 
 __all__ = [

@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
 
 if TYPE_CHECKING:
-    from perfscope.hwdb.spec import DeviceSpec
     from rich.console import RenderableType
+
+    from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
     "DEFAULT_OVERHEAD_THRESHOLD",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+
 from perfscope.analysis.metrics import compute_metrics
 
 __all__ = ["SUMMARY_SCHEMA", "build_summary", "step_breakdown"]

@@ -18,6 +18,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from perfscope.analysis.costmodel import (
     kv_bytes_per_token,
     step_costs,
@@ -27,8 +28,9 @@ from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import fmt_pct, memory_ceiling
 
 if TYPE_CHECKING:
-    from perfscope.hwdb.spec import DeviceSpec
     from rich.console import RenderableType
+
+    from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
     "DEFAULT_MEM_FRACTION",

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from perfscope.errors import HardwareDatabaseError, UnknownDeviceError
 from perfscope.hwdb._lookup import NameIndex
 from perfscope.hwdb._schema import DeviceFileError, Entry, entry_from_document, entry_to_spec
 from perfscope.hwdb.spec import DeviceSpec
-
-from perfscope.errors import HardwareDatabaseError, UnknownDeviceError
 
 __all__ = [
     "BUILTIN_DIR",

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from perfscope.errors import UnknownDeviceError
 from perfscope.hwdb._detect import detect_local_device
 from perfscope.hwdb._loader import load_database
 from perfscope.hwdb.calibrate import cached_calibration, calibrate
 from perfscope.hwdb.spec import DeviceSpec
-
-from perfscope.errors import UnknownDeviceError
 
 __all__ = ["lookup", "resolve_device"]
 

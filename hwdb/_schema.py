@@ -12,10 +12,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from perfscope.errors import HardwareDatabaseError
 from perfscope.hwdb._units import DIMENSION_SI_UNIT, Dimension, to_si
 from perfscope.hwdb.spec import DTYPES, CeilingSource, DeviceSpec
-
-from perfscope.errors import HardwareDatabaseError
 
 __all__ = [
     "KINDS",

@@ -31,9 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from perfscope.hwdb.spec import DeviceSpec
-
 from perfscope.errors import UsageError
+from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
     "ENV_CACHE_DIR",
@@ -391,8 +390,10 @@ def _measure(
             # matmuls understate the peak. 1024^3 is past the cache-blocking knee of
             # oneDNN/OpenBLAS for fp32/bf16; dtypes without vector units (fp16, fp64 on
             # many CPUs) get 512^3 to keep the calibration short.
-            n = (s.max_n // 2 if name in ("fp32", "bf16") else 512) if quick else (
-                s.max_n // 2 if name in ("fp32", "bf16") else 1024
+            n = (
+                (s.max_n // 2 if name in ("fp32", "bf16") else 512)
+                if quick
+                else (s.max_n // 2 if name in ("fp32", "bf16") else 1024)
             )
             a = torch.randn(n, n, device=dev).to(torch_dtypes[name])
             b = torch.randn(n, n, device=dev).to(torch_dtypes[name])

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
+
 from perfscope.profiler.clock import Clock
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,

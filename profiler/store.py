@@ -20,14 +20,14 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from perfscope.errors import RunNotFoundError
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,
     REQUEST_SCHEMA,
     STEP_SCHEMA,
     TELEMETRY_SCHEMA,
 )
-
-from perfscope.errors import RunNotFoundError
 
 __all__ = [
     "DEFAULT_RUNS_DIR",

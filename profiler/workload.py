@@ -183,7 +183,7 @@ def _spec_from_row(
         else:
             token_ids = None
             n_prompt = (
-                int(row["prompt_tokens"])
+                int(str(row["prompt_tokens"]))
                 if "prompt_tokens" in row
                 else len(
                     str(prompt).encode("utf-8")  # byte-level count until an engine recounts

@@ -183,6 +183,8 @@ def check_timing(seconds: float) -> None:
 @part("3. reference engine on CUDA with telemetry and NVTX")
 def check_workload(args: argparse.Namespace) -> None:
     import torch
+    from rich.console import Console
+
     from perfscope.analysis.energy import energy_section, energy_table
     from perfscope.profiler import nvtx_ranges
     from perfscope.profiler.clock import MonotonicClock
@@ -191,7 +193,6 @@ def check_workload(args: argparse.Namespace) -> None:
     from perfscope.profiler.recorder import Recorder
     from perfscope.profiler.telemetry import TelemetryConfig, start_telemetry
     from perfscope.profiler.workload import LengthDist, WorkloadConfig, build_workload
-    from rich.console import Console
 
     if args.device.startswith("cuda"):
         if not torch.cuda.is_available():

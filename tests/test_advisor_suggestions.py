@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.advisor import advise
 from perfscope.analysis.modelspec import ModelSpec

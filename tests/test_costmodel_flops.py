@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import PRESETS, ModelSpec
-from torch.utils.flop_counter import FlopCounterMode
 
 transformers = pytest.importorskip("transformers")
 

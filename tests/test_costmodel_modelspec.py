@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import (
     ModelSpec,
@@ -14,7 +15,6 @@ from perfscope.analysis.modelspec import (
     preset_names,
     weight_bytes_per_param,
 )
-
 from perfscope.errors import UsageError
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"

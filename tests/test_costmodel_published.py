@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import phase_roofline

@@ -8,11 +8,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from rich.console import Console
+
 from perfscope.analysis.energy import EnergyCurve, energy_section, energy_table
 from perfscope.profiler.clock import ManualClock
 from perfscope.profiler.telemetry import TelemetryConfig, start_telemetry
 from perfscope.profiler.telemetry.testing import FakeGpu, FakeNvml, PowerSchedule
-from rich.console import Console
 
 MS = 1_000_000
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-from perfscope.hwdb import BUILTIN_DIR, DTYPES, load_database, lookup, normalize_name
 
 from perfscope.errors import UnknownDeviceError, UsageError
+from perfscope.hwdb import BUILTIN_DIR, DTYPES, load_database, lookup, normalize_name
 
 
 @pytest.fixture(scope="module")

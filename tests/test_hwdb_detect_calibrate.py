@@ -8,6 +8,8 @@ import types
 from pathlib import Path
 
 import pytest
+
+from perfscope.errors import UnknownDeviceError
 from perfscope.hwdb import (
     cached_calibration,
     calibrate,
@@ -15,8 +17,6 @@ from perfscope.hwdb import (
     resolve_device,
 )
 from perfscope.hwdb._detect import cpu_model_name
-
-from perfscope.errors import UnknownDeviceError
 
 
 def _fake_pynvml(names: list[str]) -> types.ModuleType:

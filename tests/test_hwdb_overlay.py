@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from perfscope.hwdb import DeviceFileError, load_database, lookup, resolve_device
 
 from perfscope.errors import HardwareDatabaseError
+from perfscope.hwdb import DeviceFileError, load_database, lookup, resolve_device
 
 DATA = Path(__file__).parent / "data" / "hwdb"
 

@@ -6,11 +6,11 @@ import math
 
 import pandas as pd
 import pytest
+
 from perfscope.analysis.metrics import compute_metrics, distribution
 from perfscope.analysis.slo import parse_slos
-from perfscope.profiler.records import CHUNK_SCHEMA, REQUEST_SCHEMA, STEP_SCHEMA
-
 from perfscope.errors import SLOError
+from perfscope.profiler.records import CHUNK_SCHEMA, REQUEST_SCHEMA, STEP_SCHEMA
 
 MS = 1_000_000  # ns
 

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import pytest
+
 from perfscope.profiler import nvtx_ranges as nr
 
 

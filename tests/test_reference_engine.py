@@ -5,6 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+
+from perfscope._runner import RunOptions, execute_run
+from perfscope.errors import UsageError
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import EngineOptions, Inbox, create_engine
@@ -12,9 +15,6 @@ from perfscope.profiler.engines.reference import PRESETS, ReferenceConfig, Refer
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
 from perfscope.profiler.workload import LengthDist, WorkloadConfig
-
-from perfscope._runner import RunOptions, execute_run
-from perfscope.errors import UsageError
 
 TINY = PRESETS["tiny"]
 

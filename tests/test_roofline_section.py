@@ -11,11 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from rich.console import Console
+
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import roofline_section, roofline_table
 from perfscope.hwdb.spec import DeviceSpec
-from rich.console import Console
 
 A100 = DeviceSpec(
     key="a100-sxm4-80gb",

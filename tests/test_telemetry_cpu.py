@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from perfscope.analysis.energy import energy_section
+from perfscope.errors import UsageError
 from perfscope.profiler.clock import ManualClock, MonotonicClock
 from perfscope.profiler.telemetry import (
     MIN_INTERVAL_S,
@@ -17,8 +19,6 @@ from perfscope.profiler.telemetry import (
     start_telemetry,
 )
 from perfscope.profiler.telemetry.cpu import RaplReader
-
-from perfscope.errors import UsageError
 
 
 def _reference_run(clock: MonotonicClock) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -7,14 +7,14 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+
+from perfscope.errors import NVMLError, UsageError
 from perfscope.profiler.clock import ManualClock, MonotonicClock
 from perfscope.profiler.records import TELEMETRY_SCHEMA
 from perfscope.profiler.telemetry import TelemetryConfig, start_telemetry
 from perfscope.profiler.telemetry import gpu as gpu_mod
 from perfscope.profiler.telemetry.nvml import NVMLNotSupportedError, call
 from perfscope.profiler.telemetry.testing import FakeGpu, FakeNvml, PowerSchedule
-
-from perfscope.errors import NVMLError, UsageError
 
 MS = 1_000_000
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.telemetry import TelemetryConfig, start_telemetry
 

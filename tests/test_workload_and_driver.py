@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from perfscope.errors import WorkloadError
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig, arrival_offsets_ns
 from perfscope.profiler.engines.base import EngineInfo, Inbox, PerRequestEngine
 from perfscope.profiler.recorder import Recorder, RequestHandle
 from perfscope.profiler.records import RequestSpec
 from perfscope.profiler.workload import WorkloadConfig, build_workload, parse_length
-
-from perfscope.errors import WorkloadError
 
 
 def test_length_distributions_parse_and_sample_within_bounds() -> None:

@@ -257,7 +257,7 @@ def requests_page(
     part = frame.iloc[max(0, int(page or 0)) * size :][:size]
     out = []
     for r in part.itertuples(index=False):
-        rid = int(r.request_id)
+        rid = int(str(r.request_id))
 
         def ms(v: Any) -> float | None:
             f = float(v)
@@ -269,8 +269,8 @@ def requests_page(
             {
                 "id": rid,
                 "request_id": rid,
-                "prompt_tokens": int(r.prompt_tokens),
-                "output_tokens": int(r.output_tokens),
+                "prompt_tokens": int(float(str(r.prompt_tokens))),
+                "output_tokens": int(float(str(r.output_tokens))),
                 "ttft_ms": ms(r.ttft),
                 "tpot_ms": ms(r.tpot),
                 "e2e_ms": ms(r.e2e),

@@ -22,10 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from perfscope.errors import EngineNotFoundError, UsageError
 from perfscope.profiler.recorder import Recorder, RequestHandle
 from perfscope.profiler.records import RequestSpec
-
-from perfscope.errors import EngineNotFoundError, UsageError
 
 __all__ = [
     "Engine",

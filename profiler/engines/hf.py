@@ -63,7 +63,7 @@ class HFEngine:
         dtype_name = options.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.dtype_name = dtype_name
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            model: Any = AutoModelForCausalLM.from_pretrained(
                 path, dtype=getattr(torch, _DTYPES[dtype_name]), local_files_only=True
             )
         except (OSError, ValueError) as exc:

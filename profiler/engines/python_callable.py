@@ -27,6 +27,7 @@ import sys
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
 
+from perfscope.errors import EngineNotFoundError, UsageError
 from perfscope.profiler.engines.base import (
     EngineInfo,
     EngineOptions,
@@ -35,8 +36,6 @@ from perfscope.profiler.engines.base import (
 )
 from perfscope.profiler.recorder import RequestHandle
 from perfscope.profiler.records import RequestSpec
-
-from perfscope.errors import EngineNotFoundError, UsageError
 
 __all__ = ["PythonCallableEngine", "chunk_size", "load_callable"]
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+
 from perfscope.profiler.records import TELEMETRY_SCHEMA
 
 __all__ = ["VALUE_COLUMNS", "SampleBuffer"]

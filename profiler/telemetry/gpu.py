@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from perfscope.errors import NVMLError, UsageError
 from perfscope.profiler.telemetry.nvml import (
     UNSUPPORTED_ERRORS,
     NVMLGpuLostError,
@@ -29,8 +31,6 @@ from perfscope.profiler.telemetry.nvml import (
     call,
     pynvml_module,
 )
-
-from perfscope.errors import NVMLError, UsageError
 
 __all__ = [
     "THROTTLE_REASONS",

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from perfscope.errors import NVMLError, UsageError
 from perfscope.profiler.clock import Clock
 from perfscope.profiler.telemetry.buffer import SampleBuffer
 from perfscope.profiler.telemetry.cpu import (
@@ -23,8 +25,6 @@ from perfscope.profiler.telemetry.nvml import (
     NvmlLibrary,
     NVMLLibraryNotFoundError,
 )
-
-from perfscope.errors import NVMLError, UsageError
 
 __all__ = [
     "MIN_INTERVAL_S",

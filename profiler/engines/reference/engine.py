@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
+
+from perfscope.errors import UsageError
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.engines.base import (
     EngineInfo,
@@ -32,8 +34,6 @@ from perfscope.profiler.engines.reference.model import (
     ReferenceModel,
 )
 from perfscope.profiler.recorder import Recorder
-
-from perfscope.errors import UsageError
 
 __all__ = ["ReferenceEngine"]
 
