@@ -25,6 +25,8 @@ from perfscope.dashboard.figures import (
     RunTables,
     comparison_cdf_figure,
     comparison_metrics_figure,
+    comparison_roofline_figure,
+    comparison_throughput_figure,
 )
 from perfscope.dashboard.report import figures_html, render_page
 
@@ -174,7 +176,23 @@ def comparison_html(
             "Empirical CDFs of each run's completed requests.",
             comparison_cdf_figure(labels, runs),
         ),
+        FigureSpec(
+            "compare-throughput",
+            "Throughput over time",
+            "Output tokens/s, each run from its own first measured request.",
+            comparison_throughput_figure(labels, runs),
+        ),
     ]
+    roof_fig = comparison_roofline_figure(labels, [r.summary for r in runs])
+    if roof_fig is not None:
+        figures.append(
+            FigureSpec(
+                "compare-roofline",
+                "Roofline points",
+                "Each run's prefill (diamond) and decode (circle) against its device's ceilings.",
+                roof_fig,
+            )
+        )
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")
     body = (
         f"<header><h1>perfscope comparison of {len(labels)} runs</h1></header>"

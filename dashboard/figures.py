@@ -884,6 +884,120 @@ def comparison_cdf_figure(labels: Sequence[str], runs: Sequence[RunTables]) -> g
     return fig
 
 
+def comparison_roofline_figure(
+    labels: Sequence[str], summaries: Sequence[dict[str, Any]]
+) -> go.Figure | None:
+    """Measured phase points of several runs on one log-log roofline, with each distinct
+    device's ceilings (compute flat, DRAM slope) drawn once; ``None`` when no run has a
+    roofline."""
+    fig = go.Figure()
+    xs: list[float] = []
+    ys: list[float] = []
+    roofs: dict[str, tuple[float, float]] = {}
+    for j, (label, summary) in enumerate(zip(labels, summaries, strict=True)):
+        roof = _section(summary, "roofline")
+        if not roof.get("available"):
+            continue
+        color = _PALETTE[j % len(_PALETTE)]
+        dev = (roof.get("device") or {}).get("name") or "device"
+        for phase, p in (roof.get("phases") or {}).items():
+            x, y = finite(p.get("intensity")), finite(p.get("achieved_flops_s"))
+            c = p.get("ceilings") or roof.get("ceilings") or {}
+            peak, bw = finite(c.get("peak_flops")), finite(c.get("mem_bw_bytes_s"))
+            if peak and bw:
+                roofs.setdefault(f"{dev} ({c.get('dtype') or '?'})", (peak, bw))
+            if x is None or y is None or x <= 0 or y <= 0:
+                continue
+            xs.append(x)
+            ys.append(y)
+            fig.add_trace(
+                go.Scatter(
+                    x=[x],
+                    y=[y],
+                    mode="markers",
+                    marker={
+                        "size": 12,
+                        "color": color,
+                        "symbol": "circle" if phase == "decode" else "diamond",
+                    },
+                    name=f"{esc(label)} · {esc(str(phase))}",
+                    legendgroup=str(j),
+                    hovertemplate=(
+                        f"{esc(label)} {esc(str(phase))}: %{{x:.3g}} FLOP/B, "
+                        f"%{{y:.3g}} FLOP/s; MFU {fmt_pct(p.get('mfu'))}, "
+                        f"MBU {fmt_pct(p.get('mbu'))}<extra></extra>"
+                    ),
+                )
+            )
+    if not xs:
+        return None
+    for peak, bw in roofs.values():
+        xs.append(peak / bw)
+        ys.append(peak)
+    xr = _log_range(xs, pad=0.8)
+    x_lo, x_hi = 10 ** xr[0], 10 ** xr[1]
+    for i, (name, (peak, bw)) in enumerate(roofs.items()):
+        ridge = peak / bw
+        fig.add_trace(
+            go.Scatter(
+                x=[x_lo, ridge, x_hi],
+                y=[bw * x_lo, peak, peak],
+                mode="lines",
+                line={"color": "#555" if i == 0 else "#aaa", "dash": "solid" if i == 0 else "dash"},
+                name=f"roof: {esc(name)}",
+                hovertemplate=(
+                    f"{esc(name)}: {fmt_si(peak, 'FLOP/s')}, {fmt_si(bw, 'B/s')}<extra></extra>"
+                ),
+            )
+        )
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP/byte)")
+    fig.update_yaxes(type="log", title_text="attainable FLOP/s")
+    fig.update_layout(**_LAYOUT, height=480, title={"text": "Roofline points compared"})
+    return fig
+
+
+def comparison_throughput_figure(labels: Sequence[str], runs: Sequence[RunTables]) -> go.Figure:
+    """Output tokens/s over time of several runs, each from its own first measured send."""
+    fig = go.Figure()
+    spans = []
+    series = []
+    for run in runs:
+        measured = run.requests[~run.requests["is_warmup"].astype(bool)]
+        sent = measured["t_sent"].dropna()
+        c = run.chunks[run.chunks["request_id"].isin(measured["request_id"])]
+        if c.empty or sent.empty:
+            series.append(None)
+            continue
+        t = (c["t"].to_numpy(dtype=np.float64) - float(sent.min())) * _NS
+        series.append((t, c["n_tokens"].to_numpy(dtype=np.float64)))
+        spans.append(float(t.max()))
+    if not spans:
+        return _empty("no tokens recorded")
+    width = _bin_width(max(spans))
+    for j, (label, s) in enumerate(zip(labels, series, strict=True)):
+        if s is None:
+            continue
+        t, ntok = s
+        edges = np.arange(0.0, float(t.max()) + width, width)
+        if edges.size < 2:
+            edges = np.array([0.0, width])
+        tok, _ = np.histogram(t, bins=edges, weights=ntok)
+        fig.add_trace(
+            go.Scatter(
+                x=edges[:-1].astype(np.float32),
+                y=(tok / width).astype(np.float32),
+                mode="lines",
+                line={"shape": "hv", "color": _PALETTE[j % len(_PALETTE)]},
+                name=esc(label),
+                hovertemplate=f"{esc(label)} %{{x:.3f}} s: %{{y:.1f}} tok/s<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title_text="time since the run's first measured request (s)")
+    fig.update_yaxes(title_text=f"output tokens/s ({width * 1e3:g} ms bins)", rangemode="tozero")
+    fig.update_layout(**_LAYOUT, height=380, title={"text": "Throughput over time compared"})
+    return fig
+
+
 # ---------------------------------------------------------------------- all of a run
 
 

@@ -422,7 +422,7 @@ def test_compare_page_overlays_runs_with_ratios_and_intervals(client: Any, runs:
     link = find(body, "compare-roofline-link")
     assert link is not None
     assert link["href"] == f"/roofline?runs={runs.alpha.name},{runs.beta.name}"
-    for gid in ("compare-fig-metrics", "compare-fig-cdf"):
+    for gid in ("compare-fig-metrics", "compare-fig-cdf", "compare-fig-throughput"):
         assert find(body, gid)["figure"]["data"]  # type: ignore[index]
     # Pinning the other run as baseline flips the ratio.
     flipped = dash_call(

@@ -15,6 +15,8 @@ from perfscope.dashboard.figures import (
     advice_figure,
     comparison_cdf_figure,
     comparison_metrics_figure,
+    comparison_roofline_figure,
+    comparison_throughput_figure,
     latency_cdf_figure,
     phase_breakdown_figure,
     roofline_figure,
@@ -201,3 +203,39 @@ def test_comparison_figures_have_one_series_per_run(
     assert bars[1].y[0] == pytest.approx(big_run.summary["latency"]["ttft"]["p50"] * 1e3)  # type: ignore[index]
     cdf = comparison_cdf_figure(labels, runs)
     assert len(cdf.data) == 2 * 4
+
+
+def test_comparison_roofline_puts_each_runs_phases_at_their_summary_numbers(
+    steps_run: StoredRun, big_run: StoredRun
+) -> None:
+    summaries = [steps_run.summary or {}, big_run.summary or {}]
+    fig = comparison_roofline_figure(["a", "b"], summaries)
+    assert fig is not None
+    points = {t.name: (t.x[0], t.y[0]) for t in fig.data if t.mode == "markers"}
+    for label, summary in zip(["a", "b"], summaries, strict=True):
+        roof = summary.get("roofline") or {}
+        if not roof.get("available"):
+            continue
+        for phase, p in roof["phases"].items():
+            x, y = points[f"{label} · {phase}"]
+            assert x == pytest.approx(p["intensity"])
+            assert y == pytest.approx(p["achieved_flops_s"])
+    assert any(t.name.startswith("roof: ") for t in fig.data)
+    assert comparison_roofline_figure(["x"], [{}]) is None
+
+
+def test_comparison_throughput_integrates_to_each_runs_measured_tokens(
+    steps_run: StoredRun, big_run: StoredRun
+) -> None:
+    runs = [
+        RunTables(r.summary or {}, r.requests, r.chunks, r.steps, r.telemetry)
+        for r in (steps_run, big_run)
+    ]
+    fig = comparison_throughput_figure(["a", "b"], runs)
+    assert [t.name for t in fig.data] == ["a", "b"]
+    for trace, run in zip(fig.data, runs, strict=True):
+        width = float(trace.x[1] - trace.x[0]) if len(trace.x) > 1 else None
+        measured = run.requests[~run.requests["is_warmup"].astype(bool)]
+        tokens = run.chunks[run.chunks["request_id"].isin(measured["request_id"])]["n_tokens"]
+        if width:
+            assert float(np.sum(trace.y) * width) == pytest.approx(tokens.sum(), rel=1e-3)

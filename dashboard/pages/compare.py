@@ -105,7 +105,12 @@ def compare_body(
     cache: ResultCache | None = None,
 ) -> Any:
     """Figures and metric table of the given runs, ``baseline`` first."""
-    from perfscope.dashboard.figures import comparison_cdf_figure, comparison_metrics_figure
+    from perfscope.dashboard.figures import (
+        comparison_cdf_figure,
+        comparison_metrics_figure,
+        comparison_roofline_figure,
+        comparison_throughput_figure,
+    )
 
     ids = [i for i in dict.fromkeys(run_ids) if i]
     if baseline in ids:
@@ -168,7 +173,24 @@ def compare_body(
             comparison_cdf_figure(ok_ids, tables),
             caption="Empirical CDFs of each run's completed, non-warmup requests.",
         ),
+        figure_block(
+            "compare-fig-throughput",
+            "Throughput over time",
+            comparison_throughput_figure(ok_ids, tables),
+            caption="Output tokens/s, each run from its own first measured request.",
+        ),
     ]
+    roof_fig = comparison_roofline_figure(ok_ids, [t.summary for t in tables])
+    if roof_fig is not None:
+        figs.append(
+            figure_block(
+                "compare-fig-roofline",
+                "Roofline points",
+                roof_fig,
+                caption="Each run's prefill (diamond) and decode (circle) against its "
+                "device's ceilings; the explorer below projects them onto other devices.",
+            )
+        )
     roofline_link = html.Div(
         [
             "Roofline points of these runs: ",
