@@ -959,8 +959,8 @@ def comparison_roofline_figure(
 def comparison_throughput_figure(labels: Sequence[str], runs: Sequence[RunTables]) -> go.Figure:
     """Output tokens/s over time of several runs, each from its own first measured send."""
     fig = go.Figure()
-    spans = []
-    series = []
+    spans: list[float] = []
+    series: list[tuple[np.ndarray, np.ndarray] | None] = []
     for run in runs:
         measured = run.requests[~run.requests["is_warmup"].astype(bool)]
         sent = measured["t_sent"].dropna()

@@ -4,19 +4,26 @@ Built on aiohttp: at 256 concurrent streams it costs about half the CPU per stre
 httpx's async client (``benchmarks/openai_client.py`` measures both), and the client's CPU
 is what delays timestamps when many streams are open.
 
-Each read from the socket is stamped with the run clock before anything else is done with
-it; every SSE event in that read shares the stamp (the bytes arrived together).
+Bytes are stamped when they arrive, not when the reading coroutine gets round to them: a
+thin wrapper on aiohttp's ``StreamReader.feed_data`` (called from the event loop's socket
+callback, before any coroutine runs) records ``(bytes, run-clock ns)`` for the streams this
+client reads. The reader splits what ``readany()`` returns back into those arrivals and
+feeds the SSE parser piece by piece, so each event gets the time its last byte arrived.
+With 128 streams writing at once, a coroutine may run milliseconds after its bytes came in;
+the socket callback runs microseconds after.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp.streams import StreamReader
 
 from perfscope.profiler.engines.openai.sse import SSEParser
 
@@ -179,6 +186,46 @@ def _last_cum(res: StreamResult) -> int:
     return 0
 
 
+#: id(StreamReader) → (clock, arrivals) for the streams being read. StreamReader has
+#: ``__slots__`` and no weakref slot, so the registry is keyed by id and entries are removed
+#: when the request ends.
+_ARRIVALS: dict[int, tuple[Callable[[], int], deque[tuple[int, int]]]] = {}
+_ORIGINAL_FEED = StreamReader.feed_data
+
+
+def _feed_data_stamped(self: StreamReader, data: bytes, *args: Any, **kwargs: Any) -> Any:
+    entry = _ARRIVALS.get(id(self))
+    if entry is not None and data:
+        entry[1].append((len(data), entry[0]()))
+    return _ORIGINAL_FEED(self, data, *args, **kwargs)
+
+
+def _install_arrival_stamps() -> None:
+    if StreamReader.feed_data is not _feed_data_stamped:
+        StreamReader.feed_data = _feed_data_stamped  # type: ignore[method-assign]
+
+
+def _split_by_arrival(
+    data: bytes, arrivals: deque[tuple[int, int]], t_read: int
+) -> Iterator[tuple[bytes, int]]:
+    """``data`` (what one read returned) cut back into the pieces that arrived together,
+    each with its arrival time. Bytes fed before the stream was registered come first and
+    take the earliest known time."""
+    known = sum(n for n, _ in arrivals)
+    pos = 0
+    head = len(data) - known
+    if head > 0:
+        yield data[:head], min(t_read, arrivals[0][1]) if arrivals else t_read
+        pos = head
+    while pos < len(data) and arrivals:
+        n, t = arrivals.popleft()
+        take = min(n, len(data) - pos)
+        if take < n:  # a partial read: the rest of that arrival is still buffered
+            arrivals.appendleft((n - take, t))
+        yield data[pos : pos + take], t
+        pos += take
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -214,15 +261,22 @@ async def stream_request(
                     )
                     return res
                 content = resp.content
-                while True:
-                    data = await content.readany()
-                    t = now_ns()
-                    if not data:
-                        break
-                    for payload in parser.feed(data):
-                        _apply_event(res, payload, t)
-                    if res.done:
-                        break
+                arrivals: deque[tuple[int, int]] = deque()
+                _install_arrival_stamps()
+                _ARRIVALS[id(content)] = (now_ns, arrivals)
+                try:
+                    while True:
+                        data = await content.readany()
+                        t_read = now_ns()
+                        if not data:
+                            break
+                        for piece, t in _split_by_arrival(data, arrivals, t_read):
+                            for payload in parser.feed(piece):
+                                _apply_event(res, payload, t)
+                        if res.done:
+                            break
+                finally:
+                    _ARRIVALS.pop(id(content), None)
                 if not res.done:
                     for payload in parser.close():
                         _apply_event(res, payload, now_ns())
