@@ -13,7 +13,7 @@ import pandas as pd
 
 from perfscope.analysis.metrics import compute_metrics
 
-__all__ = ["SUMMARY_SCHEMA", "build_summary", "step_breakdown"]
+__all__ = ["SUMMARY_SCHEMA", "build_summary", "run_warnings", "step_breakdown"]
 
 SUMMARY_SCHEMA = "perfscope.summary/1"
 
@@ -80,6 +80,32 @@ def build_summary(
         "steps": step_breakdown(steps),
         "model": engine.get("model"),
     }
+    summary["warnings"] = run_warnings(manifest)
     if extra_sections:
         summary.update(extra_sections)
     return summary
+
+
+#: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
+#: before the run's timings are flagged as inflated.
+CONTENTION_WARN_SHARE = 0.15
+
+
+def run_warnings(manifest: dict[str, Any]) -> list[str]:
+    """Conditions that make this run's numbers less trustworthy, as sentences."""
+    out: list[str] = []
+    host = manifest.get("host") or {}
+    c = host.get("contention") or {}
+    others, steal = c.get("others_share"), c.get("steal_share")
+    if others is not None and others > CONTENTION_WARN_SHARE:
+        out.append(
+            f"other processes used {others:.0%} of this machine's CPU capacity during the "
+            f"run ({c.get('others_cpu_s', 0):.1f} CPU-s over {c.get('window_s', 0):.1f} s on "
+            f"{c.get('cpu_count')} cores): latencies and throughput are likely inflated; "
+            "measure on a quiet machine"
+        )
+    if steal is not None and steal > CONTENTION_WARN_SHARE:
+        out.append(
+            f"the hypervisor took {steal:.0%} of the CPU capacity (steal time) during the run"
+        )
+    return out

@@ -129,6 +129,8 @@ def summary_view(summary: dict[str, Any], path: Path | None = None) -> Renderabl
         f" ({eng.get('dtype')})" if eng.get("dtype") else "",
     )
     parts.append(head)
+    for warning in summary.get("warnings") or []:
+        parts.append(Text(f"warning: {warning}", style="yellow"))
     parts.append(latency_table(summary))
     parts.append(throughput_table(summary))
     st = steps_table(summary)

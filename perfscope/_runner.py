@@ -20,6 +20,7 @@ from perfscope._analyze import analyze_stored, resolve_hardware
 from perfscope.errors import PerfscopeError
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
+from perfscope.profiler.contention import ContentionMeter
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
 from perfscope.profiler.recorder import Recorder
@@ -203,6 +204,7 @@ def execute_run(
     inbox = Inbox()
     driver = Driver(specs, opts.load, inbox, recorder)
     status, error = "complete", None
+    contention = ContentionMeter().start()
     progress.on_start(len(specs))
     try:
         with nvtx_ranges.run_range(manifest["run_id"]):
@@ -224,6 +226,7 @@ def execute_run(
                 recorder.fail_unfinished(status)
             manifest["status"] = status
             manifest["ended_at"] = datetime.now(UTC).isoformat()
+            manifest["host"]["contention"] = contention.stop()
             if error:
                 manifest["errors"].append(error)
             write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())

@@ -1,0 +1,47 @@
+"""Runs say when other processes competed for the CPU while they were measured."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from perfscope.analysis.summary import run_warnings
+from perfscope.profiler.contention import ContentionMeter
+
+SPIN = "import time; end = time.time() + 2.0\nwhile time.time() < end: pass"
+
+
+def test_cpu_used_by_other_processes_is_measured() -> None:
+    meter = ContentionMeter().start()
+    # Detached through a shell so they are not our children: a child's CPU time counts as
+    # the run's own (engines may spawn workers), a stranger's does not. They stop by
+    # themselves after 2 s.
+    spin = f"{sys.executable} -c {shlex.quote(SPIN)} &"
+    subprocess.run(["sh", "-c", spin + spin], check=True)
+    time.sleep(1.5)
+    c = meter.stop()
+    assert c["window_s"] == pytest.approx(1.5, abs=0.5)
+    # Two spinning processes on this machine's cores: well over the warning threshold,
+    # while this (sleeping) process used almost nothing.
+    assert c["others_share"] > 0.3
+    assert c["own_cpu_s"] < 0.5
+    assert run_warnings({"host": {"contention": c}})
+
+
+def test_warnings_only_when_the_share_is_large() -> None:
+    quiet = {
+        "others_share": 0.02,
+        "steal_share": 0.0,
+        "others_cpu_s": 0.1,
+        "window_s": 5.0,
+        "cpu_count": 2,
+    }
+    busy = {**quiet, "others_share": 0.6, "others_cpu_s": 6.0}
+    assert run_warnings({"host": {"contention": quiet}}) == []
+    (msg,) = run_warnings({"host": {"contention": busy}})
+    assert "other processes used 60%" in msg
+    assert run_warnings({}) == []
