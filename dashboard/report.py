@@ -762,6 +762,8 @@ def render_report(
             f'<div class="banner">{failed:,} request(s) failed; see Errors and the request '
             "table.</div>"
         )
+    for warning in summary.get("warnings") or []:
+        banner += f'<div class="banner">Warning: {esc(warning)}.</div>'
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")
     engine = m.get("engine") or {}
     model_name = _get(engine, "model", "name") or summary.get("model")

@@ -139,6 +139,15 @@ def test_report_renders_and_parses_for_every_kind_of_run(runs: dict[str, Path], 
     assert len(json_blocks) == html.count("data-figure=")
 
 
+def test_measurement_warnings_are_shown_escaped(runs: dict[str, Path]) -> None:
+    run = read_run(runs["complete"])
+    assert run.summary is not None
+    run.summary["warnings"] = [f"other processes used 60% of the CPU {EVIL}"]
+    html = render_report(run)
+    assert "Warning: other processes used 60% of the CPU" in " ".join(parse(html).text)
+    assert "<script>alert" not in html
+
+
 def test_interrupted_and_failed_requests_are_flagged(runs: dict[str, Path]) -> None:
     html = render_report(read_run(runs["interrupted"]))
     assert 'class="banner' in html and "<b>interrupted</b>" in html
