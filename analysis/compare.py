@@ -37,7 +37,7 @@ __all__ = [
 DEFAULT_BOOTSTRAP = 1000
 DEFAULT_CONFIDENCE = 0.95
 #: Fewer measured requests than this in either run: no interval.
-MIN_SAMPLES = 5
+MIN_SAMPLES = 10
 _BATCH_ELEMENTS = 2_000_000  # resampled values held in memory at once
 
 
