@@ -118,6 +118,12 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="most sequences decoded together (default 8)",
     )
     e.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
+    e.add_argument(
+        "--batch-timeout",
+        default="0s",
+        metavar="DURATION",
+        help="static scheduler: longest a request waits for its batch to fill (default 0s)",
+    )
     e.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
     e.add_argument(
         "--dtype",
@@ -263,6 +269,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     eopts = EngineOptions(
         batch_size=args.batch_size,
         scheduler=args.scheduler,
+        batch_timeout_s=parse_duration(args.batch_timeout),
         device=args.device,
         dtype=args.dtype,
         seed=args.seed,

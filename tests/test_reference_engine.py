@@ -149,3 +149,28 @@ def test_online_arrivals_queue_behind_a_full_batch_and_show_in_ttft(runs_dir) ->
     # Requests 3..6 wait for a free slot, so the slowest TTFT spans several decode steps.
     assert ttft["max"] > 5 * s["steps"]["decode"]["mean_step_s"]
     assert s["counts"]["completed"] == 6
+
+
+def _online(batch_timeout_s: float, runs_dir) -> dict:  # type: ignore[no-untyped-def]
+    opts = RunOptions(
+        workload=WorkloadConfig(
+            requests=4, prompt_len=LengthDist("constant", 8), output_len=LengthDist("constant", 4)
+        ),
+        load=LoadConfig(mode="online", rate=50.0, arrival="constant"),
+        engine_options=EngineOptions(
+            model_preset="tiny", batch_size=4, scheduler="static", batch_timeout_s=batch_timeout_s
+        ),
+        runs_dir=runs_dir,
+    )
+    return execute_run(opts).summary
+
+
+def test_static_batch_timeout_lets_a_batch_fill_at_low_arrival_rates(runs_dir) -> None:  # type: ignore[no-untyped-def]
+    # Arrivals every 20 ms: without a wait the first request runs alone; with a 500 ms
+    # wait all four are prefilled together, and the first one's TTFT shows the wait.
+    at_once = _online(0.0, runs_dir)
+    waited = _online(0.5, runs_dir)
+    assert at_once["steps"]["prefill"]["count"] >= 2
+    assert waited["steps"]["prefill"]["count"] == 1
+    assert waited["steps"]["prefill"]["mean_batch_size"] == 4
+    assert waited["latency"]["ttft"]["max"] > 0.05  # the first request waited for the others

@@ -77,6 +77,8 @@ class EngineOptions:
     Attributes:
         batch_size: most sequences decoded together (batching engines).
         scheduler: ``continuous`` or ``static`` (batching engines).
+        batch_timeout_s: static scheduling only: how long the oldest waiting request may
+            wait for its batch to fill before the batch starts anyway (0 = start at once).
         device: ``cpu``, ``cuda``, ``cuda:1``; ``None`` = CUDA when available, else CPU.
         dtype: ``float32|bfloat16|float16``; ``None`` = the engine's default.
         seed: seeds weights and sampling.
@@ -89,6 +91,7 @@ class EngineOptions:
 
     batch_size: int = 8
     scheduler: str = "continuous"
+    batch_timeout_s: float = 0.0
     device: str | None = None
     dtype: str | None = None
     seed: int = 0

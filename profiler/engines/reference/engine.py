@@ -2,8 +2,9 @@
 
 ``continuous`` (default): requests that arrived are prefilled and join the running decode
 batch at the next step, up to ``batch_size``; finished sequences leave at once.
-``static``: a batch starts when the engine is idle and requests are waiting (up to
-``batch_size`` of them) and runs until its longest request finishes; rows that finish
+``static``: a batch starts when the engine is idle and ``batch_size`` requests are waiting,
+or once the oldest waiting one has waited ``batch_timeout_s`` (0: at once), or when no
+more requests will come; it runs until its longest request finishes, and rows that finish
 early keep occupying their slot, as in classic static batching.
 
 Prefill groups the admitted prompts by length, so no padding is ever computed; each group
@@ -72,6 +73,8 @@ class ReferenceEngine:
             raise UsageError(
                 f"unknown scheduler {options.scheduler!r}: use 'continuous' or 'static'"
             )
+        if options.batch_timeout_s < 0:
+            raise UsageError(f"--batch-timeout must be 0 or more, got {options.batch_timeout_s}")
         if options.batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {options.batch_size}")
         self.uri = uri
@@ -103,6 +106,7 @@ class ReferenceEngine:
                 "n_params": self.config.n_params(),
                 "scheduler": self.options.scheduler,
                 "batch_size": self.options.batch_size,
+                "batch_timeout_s": self.options.batch_timeout_s,
                 "seed": self.options.seed,
                 "stop_on_eos": self.options.stop_on_eos,
                 "max_seq_len": self.max_seq_len,
@@ -134,6 +138,12 @@ class ReferenceEngine:
                 continue
             if static:
                 if not running:
+                    wait_s = self._batch_wait_s(pending, inbox, recorder)
+                    if wait_s > 0:
+                        sub = inbox.get(timeout_s=wait_s)  # let the batch fill
+                        if sub is not None:
+                            pending.append(sub)
+                        continue
                     self._admit(pending, running, bs, cache, recorder)
             elif len(running) < bs and pending:
                 self._admit(pending, running, bs, cache, recorder)
@@ -243,6 +253,14 @@ class ReferenceEngine:
                 i += 1
 
     # --- helpers ------------------------------------------------------------------------
+
+    def _batch_wait_s(self, pending: deque[Submission], inbox: Inbox, recorder: Recorder) -> float:
+        """Seconds a static batch should still wait to fill (0: start now)."""
+        timeout_s = self.options.batch_timeout_s
+        if timeout_s <= 0 or len(pending) >= self.options.batch_size or inbox.finished:
+            return 0.0
+        oldest = pending[0].handle.record.t_sent or recorder.clock.now_ns()
+        return max(0.0, (oldest + timeout_s * 1e9 - recorder.clock.now_ns()) / 1e9)
 
     def _is_eos(self, token: int) -> bool:
         return self.options.stop_on_eos and token == EOS_TOKEN_ID
