@@ -190,11 +190,6 @@ class Recorder:
     def n_finished(self) -> int:
         return len(self._finished)
 
-    @property
-    def n_output_tokens(self) -> int:
-        """Output tokens streamed so far (all requests)."""
-        return sum(c[2] for c in self._chunks)
-
     def fail_unfinished(self, reason: str) -> int:
         """Finish every open request with ``reason`` (run interrupted); returns how many."""
         open_ids = [rid for rid in self._requests if rid not in self._finished]
