@@ -68,7 +68,8 @@ _COLORS = {
     "predicted": "#59a14f",
 }
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1")
-_LAYOUT: dict[str, Any] = {
+#: Layout every perfscope figure starts from (report and dashboard alike).
+FIGURE_LAYOUT: dict[str, Any] = {
     "template": "plotly_white",
     "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
     "font": {"size": 12},
@@ -113,7 +114,7 @@ def _empty(message: str) -> go.Figure:
     fig.add_annotation(text=esc(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    fig.update_layout(**_LAYOUT, height=200)
+    fig.update_layout(**FIGURE_LAYOUT, height=200)
     return fig
 
 
@@ -286,7 +287,7 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
         title_text="attainable FLOP/s",
     )
     fig.update_layout(
-        **_LAYOUT,
+        **FIGURE_LAYOUT,
         title={"text": f"Roofline on {esc(dev)} (ceilings: {esc(src)})"},
         height=480,
     )
@@ -404,7 +405,7 @@ def latency_cdf_figure(
             )
     fig.update_yaxes(range=[0, 1.1], title_text="share of requests", col=1)
     fig.update_yaxes(range=[0, 1.1])
-    fig.update_layout(**_LAYOUT, height=560, title={"text": "Latency distributions"})
+    fig.update_layout(**FIGURE_LAYOUT, height=560, title={"text": "Latency distributions"})
     return fig
 
 
@@ -555,7 +556,7 @@ def timeline_figure(
         fig = go.Figure()
         _gantt(fig, s, np.arange(n))
         fig.update_layout(
-            **_LAYOUT,
+            **FIGURE_LAYOUT,
             barmode="overlay",
             height=min(900, 160 + 14 * n),
             title={"text": f"Request timeline ({n} requests)"},
@@ -596,7 +597,7 @@ def timeline_figure(
         )
     _gantt(fig, s, rows, row=2)
     fig.update_layout(
-        **_LAYOUT,
+        **FIGURE_LAYOUT,
         barmode="overlay",
         height=820,
         title={"text": f"Request timeline ({n} requests, density view)"},
@@ -723,7 +724,7 @@ def throughput_figure(
         fig.update_yaxes(title_text=label, row=i, col=1)
     fig.update_xaxes(title_text="time since run start (s)", row=n_rows, col=1)
     fig.update_layout(
-        **_LAYOUT,
+        **FIGURE_LAYOUT,
         height=360 + 170 * len(tele_rows),
         title={"text": "Throughput over time" + (" and telemetry" if tele_rows else "")},
     )
@@ -769,7 +770,7 @@ def phase_breakdown_figure(summary: dict[str, Any]) -> go.Figure | None:
             row=1,
             col=i,
         )
-    fig.update_layout(**_LAYOUT, height=340, title={"text": "Per-phase breakdown"})
+    fig.update_layout(**FIGURE_LAYOUT, height=340, title={"text": "Per-phase breakdown"})
     return fig
 
 
@@ -800,7 +801,7 @@ def advice_figure(summary: dict[str, Any]) -> go.Figure | None:
     )
     fig.add_vline(x=1.0, line={"color": "#888", "dash": "dot"})
     fig.update_layout(
-        **_LAYOUT,
+        **FIGURE_LAYOUT,
         height=140 + 34 * len(rows),
         title={"text": "Advisor: projected gain (x, what-if model)"},
     )
@@ -848,7 +849,7 @@ def comparison_metrics_figure(
             row=1,
             col=2,
         )
-    fig.update_layout(**_LAYOUT, barmode="group", height=420, title={"text": "Runs compared"})
+    fig.update_layout(**FIGURE_LAYOUT, barmode="group", height=420, title={"text": "Runs compared"})
     return fig
 
 
@@ -880,7 +881,7 @@ def comparison_cdf_figure(labels: Sequence[str], runs: Sequence[RunTables]) -> g
                 col=i % 2 + 1,
             )
     fig.update_yaxes(range=[0, 1.05])
-    fig.update_layout(**_LAYOUT, height=560, title={"text": "Latency distributions compared"})
+    fig.update_layout(**FIGURE_LAYOUT, height=560, title={"text": "Latency distributions compared"})
     return fig
 
 
@@ -952,7 +953,7 @@ def comparison_roofline_figure(
         )
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP/byte)")
     fig.update_yaxes(type="log", title_text="attainable FLOP/s")
-    fig.update_layout(**_LAYOUT, height=480, title={"text": "Roofline points compared"})
+    fig.update_layout(**FIGURE_LAYOUT, height=480, title={"text": "Roofline points compared"})
     return fig
 
 
@@ -994,7 +995,7 @@ def comparison_throughput_figure(labels: Sequence[str], runs: Sequence[RunTables
         )
     fig.update_xaxes(title_text="time since the run's first measured request (s)")
     fig.update_yaxes(title_text=f"output tokens/s ({width * 1e3:g} ms bins)", rangemode="tozero")
-    fig.update_layout(**_LAYOUT, height=380, title={"text": "Throughput over time compared"})
+    fig.update_layout(**FIGURE_LAYOUT, height=380, title={"text": "Throughput over time compared"})
     return fig
 
 

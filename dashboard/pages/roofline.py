@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 
 from perfscope.dashboard._fmt import esc, fmt_pct, fmt_si
+from perfscope.dashboard.figures import FIGURE_LAYOUT
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
     GRAPH_CONFIG,
@@ -290,11 +291,9 @@ def explorer_figure(
         title_text="FLOP/s",
     )
     fig.update_layout(
-        template="plotly_white",
+        **FIGURE_LAYOUT,
         height=520,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
         title={"text": "Predicted rooflines (speed of light)"},
-        legend={"orientation": "h", "y": -0.2},
     )
     return fig
 

@@ -22,6 +22,7 @@ from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
 
 from perfscope.dashboard._fmt import esc, fmt_pct, fmt_rate, fmt_time
 from perfscope.dashboard.data import LoadedRun, per_request_frame
+from perfscope.dashboard.figures import FIGURE_LAYOUT
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
     GRAPH_CONFIG,
@@ -329,14 +330,16 @@ def request_figure(loaded: LoadedRun, request_id: int) -> go.Figure | None:
     if isinstance(err, str):
         title += f" (failed: {esc(err[:80])})"
     fig.update_layout(
-        template="plotly_white",
+        **{
+            **FIGURE_LAYOUT,
+            "margin": {"l": 60, "r": 60, "t": 50, "b": 50},
+            "legend": {"orientation": "h", "y": -0.25},
+        },
         height=340,
-        margin={"l": 60, "r": 60, "t": 50, "b": 50},
         title={"text": title},
         xaxis={"title": {"text": "ms since sent"}},
         yaxis={"title": {"text": "tokens received"}},
         yaxis2={"title": {"text": "gap (ms)"}, "overlaying": "y", "side": "right"},
-        legend={"orientation": "h", "y": -0.25},
     )
     return fig
 

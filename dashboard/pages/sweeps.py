@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 
 from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError
+from perfscope.dashboard.figures import FIGURE_LAYOUT
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
@@ -133,11 +134,9 @@ def sweep_curve_figure(summary: dict[str, Any]) -> go.Figure:
                 )
             )
     fig.update_layout(
-        template="plotly_white",
+        **FIGURE_LAYOUT,
         height=420,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
         title={"text": "Throughput-latency curve"},
-        legend={"orientation": "h", "y": -0.2},
     )
     fig.update_xaxes(title_text="achieved throughput (req/s)")
     fig.update_yaxes(title_text="latency (ms)", rangemode="tozero")
@@ -211,11 +210,9 @@ def goodput_figure(summary: dict[str, Any]) -> go.Figure:
         fig.add_vline(x=best, line={"color": "#e15759", "dash": "dash"})
         fig.add_annotation(x=best, y=1.02, yref="paper", text=f"{key} = {best:g}", showarrow=False)
     fig.update_layout(
-        template="plotly_white",
+        **{**FIGURE_LAYOUT, "margin": {"l": 60, "r": 60, "t": 50, "b": 50}},
         height=420,
-        margin={"l": 60, "r": 60, "t": 50, "b": 50},
         title={"text": "Goodput against offered load"},
-        legend={"orientation": "h", "y": -0.2},
     )
     fig.update_xaxes(title_text=_offered_label(kind))
     fig.update_yaxes(title_text="requests/s", secondary_y=False, rangemode="tozero")
