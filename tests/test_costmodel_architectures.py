@@ -462,7 +462,7 @@ def test_quantisation_configs_give_storage_and_compute(
 
 def test_unknown_quant_method_is_refused() -> None:
     cfg = {**_BASE, "model_type": "llama", "quantization_config": {"quant_method": "hqq"}}
-    with pytest.raises(UsageError, match="'hqq'.*--weight-dtype"):
+    with pytest.raises(UsageError, match=r"'hqq'.*--weight-dtype"):
         ModelSpec.from_hf_config(cfg)
 
 
