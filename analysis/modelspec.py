@@ -27,6 +27,7 @@ __all__ = [
     "LayerAttention",
     "ModelSpec",
     "QuantLayout",
+    "apply_dtype_overrides",
     "compute_dtype_for",
     "dtype_bytes",
     "family_for",
@@ -429,6 +430,25 @@ class ModelSpec:
             f"--model {model!r} is neither a preset ({', '.join(preset_names())}) "
             "nor an existing config.json path"
         )
+
+
+def apply_dtype_overrides(
+    spec: ModelSpec, *, weight_dtype: str | None = None, kv_dtype: str | None = None
+) -> ModelSpec:
+    """``spec`` with user-chosen weight and KV dtypes (``perfscope roofline --weight-dtype
+    --kv-dtype``, the dashboard explorer).
+
+    A quantised weight dtype lays the model out as real checkpoints do: block matrices at
+    the new width (int4 with group-128 fp16 scales), embedding, lm_head and router 16-bit.
+
+    Raises:
+        UsageError: unknown dtype.
+    """
+    if weight_dtype is None and kv_dtype is None:
+        return spec
+    return spec.with_dtypes(
+        weight_dtype=weight_dtype, kv_dtype=kv_dtype, keep_embeddings_16bit=True
+    )
 
 
 # ---------------------------------------------------------------------- HF configs
