@@ -179,7 +179,7 @@ def param_count(spec: ModelSpec) -> int:
     return total + spec.extra_params
 
 
-def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: float) -> float:
+def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: Any) -> Any:
     """Sum of the input widths of one block's quantised linears (for GPTQ ``g_idx``)."""
     d = spec.hidden_size
     if spec.is_mla:
@@ -485,6 +485,7 @@ def step_costs(
             # HF/vLLM-prefill MLA expands the latent of every attended key.
             flops_linear = flops_linear + lc * 2.0 * kv_b * b * kv_exec
 
+        read_params: Any
         if moe:
             read_params = attn_params + _shared_params(spec) + touched * mlp_params_per_expert(spec)
             w_tables = w_tables + lc * _router_params(spec)

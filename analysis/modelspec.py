@@ -577,7 +577,7 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
         return QuantLayout("fp8", "fp8", "fp8", 8, group, scale, 0.0, 0.0, b16)
     if method == "compressed-tensors":
         groups = q.get("config_groups") or {}
-        first = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
+        first: dict[str, Any] = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
         w = first.get("weights") or {}
         acts = first.get("input_activations")
         bits = float(w.get("num_bits", 8))
@@ -873,8 +873,8 @@ def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int
             )
         )
         slides = [bool((i + 1) % pattern) for i in range(n_layers)]
-    out = tuple(window if s else 0 for s in slides)
-    return out if any(out) else ()
+    spans = tuple(window if s else 0 for s in slides)
+    return spans if any(spans) else ()
 
 
 def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, Any]:
