@@ -15,11 +15,26 @@ Counting conventions (hardware.md §8, §9 lists where other tools differ):
   the whole cache in decode. That is what eager attention (and FlopCounterMode) does.
   "Causal-useful": only the unmasked half, ``4 · L · H · h_d · (q·cached + q(q+1)/2)``.
   GQA shares K/V between heads but does not reduce attention FLOPs.
+- Per-layer attention (:meth:`ModelSpec.layer_attention`): full layers attend over every
+  cached key; sliding-window layers over the last ``w − 1`` cached keys plus the new ones
+  (HF's sliding cache; the first, cache-less pass still computes the masked square);
+  chunked layers over their own chunk (causal-useful count exact, as executed bounded like
+  a window of the chunk size).
+- MLA (DeepSeek-V2/V3): the cache holds the latent ``r`` and the rotary key ``h_rope`` per
+  token and layer. Naive (HF transformers, vLLM prefill): the latent of every attended key
+  is expanded by ``kv_b`` (``2·r·H·(h_nope + h_v)`` per key), scores over ``h_nope + h_rope``
+  and values over ``h_v``. Absorbed (vLLM/SGLang decode, the default): ``kv_b`` is folded
+  into the query and output (``2·r·H·(h_nope + h_v)`` per new token), scores over
+  ``r + h_rope`` and values over ``r``.
+- MoE: router, shared experts and dense blocks always run; a token runs
+  ``n_active_experts`` routed experts.
 - Bytes: weights are read once per step for the whole batch (MoE: only experts that some
-  token in the step routes to, in expectation under uniform routing); KV read = cached
-  entries × KV bytes per token; KV written = new tokens × KV bytes per token; activations =
-  the inputs and outputs of each layer's matmuls plus norms and residuals; the attention
-  score matrix is assumed to stay on chip (fused/flash attention) unless
+  token in the step routes to, in expectation under uniform routing,
+  :func:`expected_active_experts`); quantised checkpoints add zero points and ``g_idx`` and
+  keep embedding, lm_head and router 16-bit; KV read = the cached entries each layer type
+  reads × its KV bytes per token; KV written = new tokens × KV bytes per token;
+  activations = the inputs and outputs of each layer's matmuls plus norms and residuals;
+  the attention score matrix is assumed to stay on chip (fused/flash attention) unless
   ``materialized_scores`` is set.
 
 Steps carry sums over rows (``new_tokens``, ``context_tokens``); the per-row split assumes

@@ -803,13 +803,15 @@ def family_for(cfg: dict[str, Any]) -> Family:
             return _BY_ARCH[a]
     missing = [k for k in _SHAPE_KEYS if k not in cfg]
     known = ", ".join(sorted(_BY_TYPE))
-    why = f"model_type {mt!r}" if mt else "no model_type"
-    arch_text = f"architectures {archs}" if archs else "no architectures"
+    why = f"model_type {mt!r}" if mt else "a config without model_type"
+    arch_text = (
+        f"its architectures {archs} name none either" if archs else "it lists no architectures"
+    )
     more = f"; the config also lacks {', '.join(missing)}" if missing else ""
     raise UsageError(
-        f"{why} and {arch_text} name no decoder family perfscope can count (known model_type: "
-        f'{known}){more}. If it is a Llama-shaped decoder, set "model_type": "llama" in a '
-        "copy of config.json, or describe it with --layers/--hidden-size/--heads/"
+        f"{why} is not a decoder family perfscope can count (known: {known}) and {arch_text}"
+        f'{more}. If it is a Llama-shaped decoder, set "model_type": "llama" in a copy '
+        "of config.json, or describe it with --layers/--hidden-size/--heads/"
         "--intermediate-size/--vocab-size"
     )
 

@@ -325,7 +325,9 @@ def test_unknown_layer_type_and_family_are_refused_with_what_is_missing() -> Non
         ModelSpec.from_hf_config(
             {**_BASE, "model_type": "qwen3", "layer_types": ["linear_attention"] * 4}
         )
-    with pytest.raises(UsageError, match=r"'mamba_like'.*no decoder family.*lacks hidden_size"):
+    with pytest.raises(
+        UsageError, match=r"'mamba_like' is not a decoder family.*lacks hidden_size"
+    ):
         ModelSpec.from_hf_config({"model_type": "mamba_like", "num_hidden_layers": 2})
     with pytest.raises(UsageError, match="architectures \\['FooForCausalLM'\\]"):
         ModelSpec.from_hf_config(
