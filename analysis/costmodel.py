@@ -43,6 +43,7 @@ equal rows, which is exact for prefill of equal-length prompts and for decode.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -172,6 +173,7 @@ def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
     return n
 
 
+@functools.lru_cache(maxsize=256)
 def _small_params(spec: ModelSpec) -> int:
     """Norm weights/biases and linear biases: vectors, not matrices."""
     norm = spec.hidden_size * (2 if spec.norm_bias else 1)
@@ -392,12 +394,13 @@ def _attention_widths(spec: ModelSpec) -> tuple[float, float]:
     return float(spec.head_dim), float(spec.v_head_dim)
 
 
-def _layer_groups(spec: ModelSpec) -> list[tuple[int, str, int, bool]]:
+@functools.lru_cache(maxsize=256)
+def _layer_groups(spec: ModelSpec) -> tuple[tuple[int, str, int, bool], ...]:
     """``(count, kind, span, moe)`` for each distinct kind of block."""
     groups: dict[tuple[str, int, bool], int] = {}
     for la, moe in zip(spec.layer_attention(), spec.moe_layer_mask(), strict=True):
         groups[(la.kind, la.span, moe)] = groups.get((la.kind, la.span, moe), 0) + 1
-    return [(n, kind, span, moe) for (kind, span, moe), n in groups.items()]
+    return tuple((n, kind, span, moe) for (kind, span, moe), n in groups.items())
 
 
 def expected_active_experts(spec: ModelSpec, tokens: ArrayLike) -> FloatArray:
