@@ -129,6 +129,13 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
                     overrides.get("hidden_size", spec.hidden_size)
                     // overrides.get("n_heads", spec.n_heads),
                 )
+            n = overrides.get("n_layers")
+            if n is not None and n > 0 and spec.layer_windows:
+                # keep the model's local/global pattern over the new depth
+                w = spec.layer_windows
+                overrides["layer_windows"] = tuple(w[i % len(w)] for i in range(n))
+            if n is not None and spec.dense_layers:
+                overrides["dense_layers"] = tuple(i for i in spec.dense_layers if i < n)
             spec = replace(spec, **overrides)
     else:
         needed = ("n_layers", "hidden_size", "n_heads", "intermediate_size", "vocab_size")
