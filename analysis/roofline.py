@@ -1,4 +1,4 @@
-"""Roofline per phase, verdicts with their evidence, and the rich table (DESIGN.md §6).
+"""Roofline per phase and verdicts with their evidence (DESIGN.md §6).
 
 For each phase (prefill, decode, and mixed when an engine runs chunked prefill) the stored
 steps give FLOPs and bytes through the cost model and the time they took; against the
@@ -34,8 +34,6 @@ from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_
 from perfscope.analysis.modelspec import ModelSpec
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-
     from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
@@ -45,7 +43,6 @@ __all__ = [
     "memory_ceiling",
     "phase_roofline",
     "roofline_section",
-    "roofline_table",
     "verdict_for",
 ]
 
@@ -611,77 +608,3 @@ def roofline_section(
         assert steps is not None
         base["latency"].update(_interference(steps, requests))
     return base
-
-
-# ---------------------------------------------------------------------- rich output
-
-
-def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
-    """The roofline section of ``perfscope run``/``show``: a table plus the evidence lines."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    r = summary_roofline
-    if not r.get("available"):
-        return Text(f"roofline: not available ({r.get('reason') or 'no data'})", style="dim")
-    c = r["ceilings"] or {}
-    dev = r["device"] or {}
-    title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
-    if r.get("estimated"):
-        title += " (estimated from the request timeline)"
-    table = Table(title=title, title_justify="left")
-    for col, just in (
-        ("phase", "left"),
-        ("steps", "right"),
-        ("time", "right"),
-        ("FLOPs", "right"),
-        ("bytes", "right"),
-        ("intensity / ridge", "right"),
-        ("MFU", "right"),
-        ("MBU", "right"),
-        ("achieved", "right"),
-        ("efficiency", "right"),
-        ("verdict", "left"),
-    ):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
-    styles = {"compute-bound": "green", "memory-bound": "cyan", "overhead-bound": "yellow"}
-    for phase, p in r["phases"].items():
-        ridge = p.get("ridge_point")
-        inten = f"{p['intensity']:.3g} / {ridge:.3g}" if ridge else f"{p['intensity']:.3g} / n/a"
-        if p.get("memory_level") == "cache":
-            inten += " (cache)"
-        mbu = fmt_pct(p["mbu"]) + (" (cache)" if p.get("memory_level") == "cache" else "")
-        achieved = (
-            f"{_fmt_si(p['achieved_flops_s'], 'FLOP/s')}, {_fmt_si(p['achieved_bytes_s'], 'B/s')}"
-        )
-        name = phase + (" (est.)" if p.get("estimated") else "")
-        table.add_row(
-            name,
-            str(p["steps"]),
-            _fmt_time(p["time_s"]),
-            _fmt_si(p["flops"], ""),
-            _fmt_si(p["bytes"], "B"),
-            inten,
-            fmt_pct(p["mfu"]),
-            mbu,
-            achieved,
-            fmt_pct(p["efficiency"]),
-            Text(p["verdict"], style=styles.get(p["verdict"], "")),
-        )
-    src = c.get("source", "?")
-    ceil = Text(
-        f"ceilings ({src}): {_fmt_si(c.get('peak_flops'), 'FLOP/s')} {c.get('dtype')}, "
-        f"{_fmt_si(c.get('mem_bw_bytes_s'), 'B/s')} DRAM"
-        + (
-            f", {_fmt_si(c.get('cache_bw_bytes_s'), 'B/s')} cache "
-            f"({_fmt_si(c.get('cache_bytes'), 'B')})"
-            if c.get("cache_bw_bytes_s")
-            else ""
-        )
-        + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
-        f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
-        style="dim",
-    )
-    lines = [Text(f"• {p['evidence']}") for p in r["phases"].values()]
-    return Group(table, ceil, *lines)

@@ -400,10 +400,10 @@ class RunRepository:
 
     @staticmethod
     def _analyze(stored: Any) -> dict[str, Any]:
-        from perfscope._analyze import analyze_stored
+        from perfscope.analysis import analyze
 
         try:
-            summary: dict[str, Any] = analyze_stored(stored, write=False)
+            summary: dict[str, Any] = analyze(stored).to_dict()
         except PerfscopeError as exc:
             raise RunNotFoundError(f"run {stored.path.name!r} cannot be analysed: {exc}") from None
         except (KeyError, ValueError, TypeError) as exc:

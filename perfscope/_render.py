@@ -154,7 +154,7 @@ def summary_view(summary: dict[str, Any], path: Path | None = None) -> Renderabl
 
 
 def _roofline_view(summary: dict[str, Any]) -> RenderableType | None:
-    from perfscope.analysis.roofline import roofline_table
+    from perfscope.dashboard.terminal import roofline_table
 
     roofline = summary.get("roofline")
     if not roofline:
@@ -190,7 +190,7 @@ def _advice_view(summary: dict[str, Any]) -> RenderableType | None:
 
 
 def _projections_view(summary: dict[str, Any]) -> RenderableType | None:
-    from perfscope.analysis.whatif import predictions_table
+    from perfscope.dashboard.terminal import predictions_table
 
     projections = summary.get("projections") or []
     if not projections:
@@ -201,7 +201,7 @@ def _projections_view(summary: dict[str, Any]) -> RenderableType | None:
 
 
 def _energy_view(summary: dict[str, Any]) -> RenderableType | None:
-    from perfscope.analysis.energy import energy_table
+    from perfscope.dashboard.terminal import energy_table
 
     energy = summary.get("energy")
     if not energy:
