@@ -98,3 +98,14 @@ def test_compare_of_two_v1_runs_gives_ratios_of_one(tmp_path: Path) -> None:
     code, out = _main("compare", str(a), str(b), "--bootstrap", "50")
     assert code == 0
     assert "TTFT" in out
+
+
+def test_load_run_of_a_v1_run_reads_typed_attributes(v1_run: Path) -> None:
+    import perfscope
+
+    run = perfscope.load_run(v1_run)
+    old = json.loads((V1 / "summary.json").read_text())
+    assert run.ttft.p99 == old["latency"]["ttft"]["p99"]
+    assert run.roofline.decode.mbu == old["roofline"]["phases"]["decode"]["mbu"]
+    assert run.summary.hardware.device is not None
+    assert run.summary["counts"] == old["counts"]
