@@ -26,6 +26,7 @@ __all__ = [
     "LATENCY_METRICS",
     "LATENCY_STATS",
     "METRICS",
+    "NA",
     "UNITS",
     "Better",
     "Kind",
