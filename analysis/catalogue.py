@@ -179,9 +179,7 @@ def _build() -> tuple[Metric, ...]:
         ("output_tokens", None),
         ("prompt_tokens", None),
     ):
-        out.append(
-            Metric(f"counts.{key}", f"counts.{key}", "count", better, key.replace("_", " "))  # type: ignore[arg-type]
-        )
+        out.append(Metric(f"counts.{key}", f"counts.{key}", "count", better, key.replace("_", " ")))
     for phase in ("prefill", "decode"):
         base = f"roofline.phases.{phase}"
         for key, kind, better, label in (
@@ -378,16 +376,13 @@ def format_seconds(x: Any, digits: int = 3) -> str:
 
 
 def format_ratio(x: Any) -> str:
-    """A fraction as a percentage: ``0.4213`` → ``42.1%``, ``0.00061`` → ``0.061%``."""
+    """A fraction as a percentage, 3 significant digits (2 below 1%): ``0.4213`` → ``42.1%``,
+    ``0.5`` → ``50%``, ``0.00061`` → ``0.061%``."""
     v = to_float(x)
     if v is None:
         return NA
     p = 100.0 * v
-    if p == 0:
-        return "0%"
-    if abs(p) >= 10:
-        return f"{p:,.1f}%"
-    return f"{format_number(p, 2)}%"
+    return f"{format_number(p, 3 if abs(p) >= 1 else 2)}%"
 
 
 def format_count(x: Any) -> str:
@@ -532,7 +527,8 @@ def parse_duration(text: str) -> float:
         UsageError: no unit, or not a duration.
     """
     m = _QUANTITY.match(text)
-    if not m or m.group(2) is None or UNITS.get(m.group(2).lower(), ("", 0.0))[0] != "seconds":
+    unit = UNITS.get(m.group(2).lower()) if m and m.group(2) else None
+    if unit is None or unit[0] != "seconds":
         raise UsageError(
             f"cannot read duration {text!r}: write a number with a unit, e.g. 200ms, 1.5s, 800us"
         )

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis.catalogue import format_ratio, format_seconds, format_si
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
 
@@ -85,35 +86,10 @@ def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------- formatting
 
 
-def fmt_pct(x: float | None) -> str:
-    """``0.4213`` → ``"42%"``; small fractions keep two significant digits."""
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    p = 100.0 * x
-    if p >= 10:
-        return f"{p:.0f}%"
-    if p >= 1:
-        return f"{p:.1f}%"
-    return f"{p:.2g}%"
-
-
-def _fmt_time(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "n/a"
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} µs"
-
-
-def _fmt_si(x: float | None, unit: str) -> str:
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
+#: Display formatters of the evidence sentences: the catalogue's (one set for perfscope).
+fmt_pct = format_ratio
+_fmt_time = format_seconds
+_fmt_si = format_si
 
 
 # ---------------------------------------------------------------------- verdicts

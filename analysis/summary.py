@@ -61,13 +61,11 @@ SUMMARY_SCHEMAS = ("perfscope.summary/1", SUMMARY_SCHEMA)
 
 _ABSENT = "not in this summary (written by an older perfscope, or the analysis did not run)"
 
-_rec = dataclass(frozen=True, kw_only=True)
-
 
 # ---------------------------------------------------------------------- run and workload
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class EngineInfo(Record):
     """The engine a run measured: ``uri`` as given, ``kind`` (reference, hf, openai, ...),
     ``device`` (``cpu``, ``cuda:0``, ...) and weight ``dtype``."""
@@ -78,7 +76,7 @@ class EngineInfo(Record):
     dtype: str | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Counts(Record):
     """Measured requests (warmup excluded): all, completed, failed; warmup requests; tokens
     of the completed requests."""
@@ -91,7 +89,7 @@ class Counts(Record):
     prompt_tokens: int = 0
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Distribution(Record):
     """Statistics of one per-request (or per-gap) quantity, in its unit (seconds for
     latencies). All but ``count`` are ``None`` when there were no values."""
@@ -107,7 +105,7 @@ class Distribution(Record):
     max: float | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Latency(Record):
     """Latency distributions of the completed measured requests, seconds.
 
@@ -135,7 +133,7 @@ class Latency(Record):
         }
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Throughput(Record):
     """Rates over the measured window (tokens/s, requests/s) and over the busy time.
 
@@ -151,7 +149,7 @@ class Throughput(Record):
     busy_source: str | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Goodput(Record):
     """Requests that met every SLO: ``slos`` (metric → limit, seconds), their count,
     ``attainment`` (share of measured requests, 0..1), ``goodput_req_s`` and the share meeting
@@ -164,7 +162,7 @@ class Goodput(Record):
     per_slo: dict[str, float | None] = field(default_factory=dict)
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class ErrorCount(Record):
     """One error message and how many measured requests failed with it."""
 
@@ -172,7 +170,7 @@ class ErrorCount(Record):
     count: int = 0
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class StepStats(Record):
     """One step kind (prefill, decode, mixed): passes, time (s), tokens, batch, time share."""
 
@@ -188,7 +186,7 @@ class StepStats(Record):
 # ---------------------------------------------------------------------- hardware
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Hardware(Record):
     """The device the run is analysed against: its spec (DeviceSpec JSON form, SI units), how
     it was chosen (``resolved_from``), or ``spec`` ``None`` and the ``reason``."""
@@ -206,7 +204,7 @@ class Hardware(Record):
 # ---------------------------------------------------------------------- roofline
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class RooflineCeilings(Record):
     """Ceilings a roofline used: dtype, peak FLOP/s, DRAM and cache bandwidth (bytes/s),
     cache size (bytes), ridge point (FLOP/byte) and where they came from."""
@@ -223,7 +221,7 @@ class RooflineCeilings(Record):
     ridge_point_used: float | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class PhaseRoofline(Record):
     """One phase (prefill or decode) on the roofline.
 
@@ -271,7 +269,7 @@ class PhaseRoofline(Record):
     evidence: str = ""
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class RooflineDevice(Record):
     """The device of a roofline: database ``key``, display ``name``, ``kind`` (gpu/cpu)."""
 
@@ -280,7 +278,7 @@ class RooflineDevice(Record):
     kind: str | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class RooflineLatency(Record):
     """Latency seen through the phases (seconds) and prefill interference with decode."""
 
@@ -292,7 +290,7 @@ class RooflineLatency(Record):
     prefill_stall_max_s: float | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Roofline(Record):
     """Roofline per phase against the device's ceilings, or ``available`` false with the
     ``reason`` (no model spec, no device, no data)."""
@@ -329,7 +327,7 @@ class Roofline(Record):
 # ---------------------------------------------------------------------- energy
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class EnergyPower(Record):
     """Power over the measured window (W): average, peak, limit, TDP and their shares (%)."""
 
@@ -344,7 +342,7 @@ class EnergyPower(Record):
     peak_pct_of_tdp: float | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class EnergyPhase(Record):
     """Energy of one phase or of the time between steps: J, s, W, J per token."""
 
@@ -355,7 +353,7 @@ class EnergyPhase(Record):
     tokens: float | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class MemoryUse(Record):
     """Peak memory of one device during the run (bytes) and its share of the capacity (%)."""
 
@@ -364,7 +362,7 @@ class MemoryUse(Record):
     peak_pct_of_capacity: float | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Energy(Record):
     """Energy and power of the run from telemetry, or ``available`` false with the
     ``reason``. Energy in J, power in W, ``method`` ``counter`` or ``integrated``."""
@@ -406,7 +404,7 @@ class Energy(Record):
 # ---------------------------------------------------------------------- advice, projections
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Gain(Record):
     """A projected gain: ``value`` in ``unit`` (e.g. 1.8 "x decode throughput") of ``metric``."""
 
@@ -415,7 +413,7 @@ class Gain(Record):
     metric: str = ""
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Advice(Record):
     """One ranked suggestion: the technique, why it applies, its projected gain and the
     assumptions that number rests on."""
@@ -427,7 +425,7 @@ class Advice(Record):
     rank: int = 0
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class ProjectionDevice(Record):
     """Target device of a projection: key, display name, ceiling source."""
 
@@ -436,7 +434,7 @@ class ProjectionDevice(Record):
     source: str | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class ProjectionPhase(Record):
     """One phase of a projection: work (FLOP, bytes), intensity, bound, times (s)."""
 
@@ -449,7 +447,7 @@ class ProjectionPhase(Record):
     time_s: float | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class ProjectionMemory(Record):
     """Memory a projected workload needs (bytes) and whether it fits the device."""
 
@@ -463,7 +461,7 @@ class ProjectionMemory(Record):
     fits: bool | None = None
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Projection(Record):
     """This run's workload predicted on another device (derated by the run's efficiency
     unless ``speed_of_light``): latencies (s), throughput (tokens/s), memory, max batch."""
@@ -492,7 +490,7 @@ class Projection(Record):
 # ---------------------------------------------------------------------- the summary
 
 
-@_rec
+@dataclass(frozen=True, kw_only=True)
 class Summary(Record, Mapping[str, Any]):
     """Everything derived from one stored run (see the module docstring).
 

@@ -74,7 +74,7 @@ def format_metric(value: Any, row: Mapping[str, Any]) -> str:
     m = find_metric(str(row.get("key")))
     if m is not None:
         return m.format(value)
-    return format_value(value, row.get("unit") or "number")  # type: ignore[arg-type]
+    return format_value(value, row.get("unit") or "number")
 
 
 def _ratio_text(row: dict[str, Any], i: int) -> tuple[str, str]:

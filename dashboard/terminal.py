@@ -5,35 +5,46 @@ They were part of ``perfscope.analysis``; the analysis now computes and this lay
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from perfscope.analysis.roofline import fmt_pct
+from perfscope.analysis.catalogue import (
+    format_bytes,
+    format_number,
+    format_seconds,
+    format_si,
+    format_value,
+)
+from perfscope.analysis.catalogue import format_ratio as fmt_pct
 
 __all__ = ["energy_table", "predictions_table", "roofline_table"]
 
 
-def _fmt_time(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "n/a"
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} µs"
+_fmt_time = format_seconds
+_fmt_si = format_si
 
 
-def _fmt_si(x: float | None, unit: str) -> str:
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
+def _ms(s: float | None) -> str:
+    return format_seconds(s)
+
+
+def _gb(b: float | None) -> str:
+    return format_bytes(b)
+
+
+def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{format_number(v, digits)}{unit}"
+    return f"{v}{unit}"
+
+
+def _bytes(v: float | None) -> str:
+    return "—" if v is None else format_bytes(v)
 
 
 def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
@@ -64,7 +75,7 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
     styles = {"compute-bound": "green", "memory-bound": "cyan", "overhead-bound": "yellow"}
     for phase, p in r["phases"].items():
         ridge = p.get("ridge_point")
-        inten = f"{p['intensity']:.3g} / {ridge:.3g}" if ridge else f"{p['intensity']:.3g} / n/a"
+        inten = f"{format_number(p['intensity'])} / {format_number(ridge) if ridge else 'n/a'}"
         if p.get("memory_level") == "cache":
             inten += " (cache)"
         mbu = fmt_pct(p["mbu"]) + (" (cache)" if p.get("memory_level") == "cache" else "")
@@ -101,16 +112,6 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
     )
     lines = [Text(f"• {p['evidence']}") for p in r["phases"].values()]
     return Group(table, ceil, *lines)
-
-
-def _ms(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "n/a"
-    return f"{s * 1e3:.3g} ms" if s < 10 else f"{s:.3g} s"
-
-
-def _gb(b: float | None) -> str:
-    return "n/a" if b is None else f"{b / 1e9:.3g} GB"
 
 
 def predictions_table(
@@ -164,7 +165,7 @@ def predictions_table(
             p["device"]["source"],
             _ms(p["ttft_s"]),
             _ms(p["tpot_s"]),
-            f"{p['throughput_tok_s']:.4g}" if p["throughput_tok_s"] else "n/a",
+            format_number(p["throughput_tok_s"], 4) if p["throughput_tok_s"] else "n/a",
             _gb(m["weights_bytes"]),
             _gb(m["kv_cache_bytes"]),
             fits,
@@ -174,18 +175,6 @@ def predictions_table(
         )
     notes = sorted({n for p in predictions for n in p["notes"] if not n.startswith("at speed")})
     return Group(table, *[Text(f"note: {n}", style="dim") for n in notes])
-
-
-def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}{unit}"
-    return f"{v}{unit}"
-
-
-def _bytes(v: float | None) -> str:
-    return "—" if v is None else f"{v / 1e9:.2f} GB"
 
 
 def energy_table(section: dict[str, Any]) -> Table:
@@ -225,11 +214,11 @@ def energy_table(section: dict[str, Any]) -> Table:
         for name, p in section.get("phases", {}).items():
             detail = []
             if p.get("time_s") is not None:
-                detail.append(f"{p['time_s']:.3g} s")
+                detail.append(format_seconds(p["time_s"]))
             if p.get("avg_power_w") is not None:
-                detail.append(f"{p['avg_power_w']:.3g} W")
+                detail.append(format_value(p["avg_power_w"], "watts"))
             if p.get("j_per_token") is not None:
-                detail.append(f"{p['j_per_token']:.4g} J/token")
+                detail.append(format_value(p["j_per_token"], "joules_per_token"))
             table.add_row(f"  {name}", _fmt(p.get("energy_j"), " J", 4), ", ".join(detail))
         rq = section.get("requests")
         if rq:
