@@ -31,6 +31,7 @@ __all__ = [
     "Better",
     "Kind",
     "Metric",
+    "better_of",
     "find_metric",
     "format_bytes",
     "format_count",
@@ -40,6 +41,7 @@ __all__ = [
     "format_seconds",
     "format_si",
     "format_value",
+    "kind_of",
     "metric",
     "metrics",
     "parse_duration",
@@ -286,6 +288,78 @@ def metrics(names: Iterable[str]) -> list[Metric]:
     return [metric(n) for n in names]
 
 
+# ---------------------------------------------------------------------- any summary path
+
+_STAT_RE = re.compile(r"^(?:mean|std|min|max|median|p[0-9]+(?:_[0-9]+)?)$")
+_LATENCY_BASES = (*LATENCY_METRICS, "driver_lag")
+_RATIOS = ("attainment", "mfu", "mfu_useful", "mbu", "mbu_dram", "efficiency", "share")
+_NEUTRAL = ("window_s", "busy_s", "time_share", "requests", "output_tokens", "prompt_tokens")
+_SUFFIX_KINDS: tuple[tuple[str, Kind], ...] = (
+    ("tok_s", "rate"),
+    ("req_s", "rate"),
+    ("bytes_s", "bytes_per_s"),
+    ("flops_s", "flop_per_s"),
+    ("_s", "seconds"),
+    ("_j", "joules"),
+    ("_w", "watts"),
+    ("bytes", "bytes"),
+    ("flops", "flop"),
+)
+
+
+def kind_of(path: str) -> Kind | None:
+    """The unit kind of any summary path: the catalogue's entry, else read from the name
+    (``*_s`` seconds, ``*_tok_s`` rate, ``*_bytes`` bytes, ``mfu`` ratio, ``*_pct`` percent,
+    ...); ``None`` when the name says nothing."""
+    m = find_metric(path)
+    if m is not None:
+        return m.kind
+    parts = path.split(".")
+    leaf = parts[-1]
+    if leaf == "count":
+        return "count"
+    base = parts[-2] if _STAT_RE.match(leaf) and len(parts) > 1 else leaf
+    if base in _RATIOS or "per_slo" in parts[:-1] or base.endswith("_share"):
+        return "ratio"
+    if base in _LATENCY_BASES:
+        return "seconds"
+    if base.endswith("_pct") or "_pct_of_" in base:
+        return "percent"
+    if base.startswith("j_per_"):
+        return "joules_per_token"
+    if base.startswith(("tokens_per_j", "tok_per_j")):
+        return "tokens_per_joule"
+    for suffix, kind in _SUFFIX_KINDS:
+        if base.endswith(suffix) or base == suffix.lstrip("_"):
+            return kind
+    if parts[0] == "counts":
+        return "count"
+    return None
+
+
+def better_of(path: str) -> Better:
+    """Which direction is better for any summary path: the catalogue's entry, else from its
+    kind (latency, energy, power: lower; rates, ratios: higher); ``None`` when neither."""
+    m = find_metric(path)
+    if m is not None:
+        return m.better
+    parts = path.split(".")
+    leaf = parts[-1]
+    base = parts[-2] if _STAT_RE.match(leaf) and len(parts) > 1 else leaf
+    if base in _NEUTRAL or leaf in _NEUTRAL or leaf == "count":
+        return None
+    if base in ("failed", "errors") or leaf == "std":
+        return "lower"
+    kind = kind_of(path)
+    if kind in ("seconds", "joules_per_token", "joules", "watts"):
+        return "lower"
+    if kind in ("rate", "tokens_per_joule", "flop_per_s", "bytes_per_s", "ratio"):
+        return "higher"
+    if base in ("completed", "good_requests"):
+        return "higher"
+    return None
+
+
 # ---------------------------------------------------------------------- the dotted getter
 
 
@@ -462,6 +536,7 @@ UNITS: dict[str, tuple[Kind, float]] = {
     "gib": ("bytes", 2.0**30),
     "tok/s": ("rate", 1.0),
     "tokens/s": ("rate", 1.0),
+    "ktok/s": ("rate", 1e3),
     "req/s": ("rate", 1.0),
     "/s": ("rate", 1.0),
     "flop": ("flop", 1.0),
@@ -470,16 +545,21 @@ UNITS: dict[str, tuple[Kind, float]] = {
     "flop/s": ("flop_per_s", 1.0),
     "gflop/s": ("flop_per_s", 1e9),
     "tflop/s": ("flop_per_s", 1e12),
+    "gflops": ("flop_per_s", 1e9),
     "tflops": ("flop_per_s", 1e12),
+    "pflops": ("flop_per_s", 1e15),
     "pflop/s": ("flop_per_s", 1e15),
     "b/s": ("bytes_per_s", 1.0),
+    "kb/s": ("bytes_per_s", 1e3),
     "mb/s": ("bytes_per_s", 1e6),
     "gb/s": ("bytes_per_s", 1e9),
     "tb/s": ("bytes_per_s", 1e12),
     "j": ("joules", 1.0),
     "mj": ("joules", 1e-3),
     "kj": ("joules", 1e3),
+    "wh": ("joules", 3600.0),
     "w": ("watts", 1.0),
+    "mw": ("watts", 1e-3),
     "kw": ("watts", 1e3),
     "j/token": ("joules_per_token", 1.0),
     "j/tok": ("joules_per_token", 1.0),
@@ -492,12 +572,18 @@ UNITS: dict[str, tuple[Kind, float]] = {
 _QUANTITY = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s0-9][^\s]*)?\s*$")
 
 
-def parse_quantity(text: str, *, kind: Kind | None = None) -> tuple[float, Kind | None]:
+_RATE_NOUNS = {"tok/s": "tok/s", "tokens/s": "tok/s", "ktok/s": "tok/s", "req/s": "req/s"}
+
+
+def parse_quantity(
+    text: str, *, kind: Kind | None = None, unit: str = ""
+) -> tuple[float, Kind | None]:
     """``"200ms"`` → ``(0.2, "seconds")``; ``"8.4 MB"`` → ``(8.4e6, "bytes")``; a bare number
     → ``(value, None)``.
 
     Args:
         kind: when given, the unit must be of this kind (a bare number is taken as SI).
+        unit: for ``rate`` metrics, the metric's noun (``tok/s``): ``req/s`` is refused.
 
     Raises:
         UsageError: not a number with a known unit, or a unit of another kind.
@@ -506,17 +592,22 @@ def parse_quantity(text: str, *, kind: Kind | None = None) -> tuple[float, Kind 
     if not m:
         raise UsageError(f"cannot read {text!r}: write a number with a unit, e.g. 200ms, 8 GB")
     value = float(m.group(1))
-    unit = m.group(2)
-    if unit is None:
+    written = m.group(2)
+    if written is None:
         return value, kind
-    found = UNITS.get(unit.lower())
+    found = UNITS.get(written.lower())
     if found is None:
         raise UsageError(
-            f"unknown unit {unit!r} in {text!r}: use one of {', '.join(sorted(UNITS))}"
+            f"unknown unit {written!r} in {text!r}: use one of {', '.join(sorted(UNITS))}"
         )
     unit_kind, factor = found
-    if kind is not None and unit_kind != kind and not (kind == "percent" and unit == "%"):
+    if kind == "percent" and written == "%":
+        return value, kind
+    if kind is not None and unit_kind != kind:
         raise UsageError(f"{text!r} is not a {kind.replace('_', ' ')} value")
+    noun = _RATE_NOUNS.get(written.lower())
+    if unit_kind == "rate" and unit and noun and noun != unit:
+        raise UsageError(f"{text!r} is in {noun}, this metric is in {unit}")
     return value * factor, unit_kind
 
 

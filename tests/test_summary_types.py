@@ -151,3 +151,18 @@ def test_one_parser_reads_units_into_si() -> None:
         parse_duration("200")
     with pytest.raises(UsageError, match="not a seconds value"):
         parse_quantity("8 GB", kind="seconds")
+
+
+def test_any_summary_path_gets_a_kind_and_a_direction() -> None:
+    from perfscope.analysis.catalogue import better_of, kind_of
+
+    assert kind_of("latency.ttft.p99") == "seconds"
+    assert kind_of("energy.phases.decode.energy_j") == "joules"
+    assert kind_of("roofline.phases.decode.achieved_bytes_s") == "bytes_per_s"
+    assert kind_of("goodput.per_slo.ttft") == "ratio"
+    assert kind_of("energy.power.avg_pct_of_limit") == "percent"
+    assert better_of("latency.e2e.p90") == "lower"
+    assert better_of("roofline.phases.prefill.mfu") == "higher"
+    assert better_of("counts.requests") is None
+    with pytest.raises(UsageError, match="this metric is in tok/s"):
+        parse_quantity("5 req/s", kind="rate", unit="tok/s")
