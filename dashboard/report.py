@@ -28,14 +28,13 @@ import plotly
 import plotly.io as pio
 
 from perfscope.analysis import Summary
-from perfscope.analysis.catalogue import value_at
+from perfscope.analysis.catalogue import metric, value_at
 from perfscope.dashboard._fmt import (
     esc,
     fmt_bytes,
     fmt_count,
     fmt_num,
     fmt_pct,
-    fmt_rate,
     fmt_si,
     fmt_time,
 )
@@ -337,83 +336,82 @@ def _sched(cfg: dict[str, Any]) -> str | None:
     return f"{cfg.get('scheduler')} / {cfg.get('batch_size')}"
 
 
-def _verdicts(summary: dict[str, Any]) -> str:
-    roof = summary.get("roofline") or {}
+def _verdicts(summary: Summary) -> str:
+    roof = summary.roofline
     out = ['<section id="verdicts"><h2>Verdicts</h2>']
-    if not roof.get("available"):
-        reason = roof.get("reason") if roof else "the summary has no roofline section"
-        out.append(f'<p class="missing">Not available: {esc(reason or "no phase data")}.</p>')
+    if not roof.available:
+        out.append(f'<p class="missing">Not available: {esc(roof.reason or "no phase data")}.</p>')
     else:
-        for phase, p in (roof.get("phases") or {}).items():
+        for phase, p in roof.phases.items():
             out.append(
                 f'<div class="verdict" data-phase="{esc(phase)}"><b>{esc(phase)}: '
-                f"{esc(p.get('verdict'))}</b> — {esc(p.get('evidence'))}</div>"
+                f"{esc(p.verdict)}</b> — {esc(p.evidence)}</div>"
             )
         out.append(
-            f"<p class='caption'>FLOPs counted {esc(roof.get('flops_convention'))}; "
-            f"overhead-bound below {fmt_pct(roof.get('overhead_threshold'))} MFU and MBU.</p>"
+            f"<p class='caption'>FLOPs counted {esc(roof.flops_convention)}; "
+            f"overhead-bound below {fmt_pct(roof.overhead_threshold)} MFU and MBU.</p>"
         )
-        lat = roof.get("latency") or {}
-        if lat.get("decode_stall_share") is not None:
+        lat = roof.latency
+        if lat.decode_stall_share is not None:
             out.append(
-                f"<p>Decode stalled by prefill: {fmt_pct(lat.get('decode_stall_share'))} of "
-                f"decode time (longest stall {fmt_time(lat.get('prefill_stall_max_s'))}).</p>"
+                f"<p>Decode stalled by prefill: {fmt_pct(lat.decode_stall_share)} of "
+                f"decode time (longest stall {fmt_time(lat.prefill_stall_max_s)}).</p>"
             )
     out.append(_energy_block(summary))
     out.append("</section>")
     return "".join(out)
 
 
-def _energy_block(summary: dict[str, Any]) -> str:
-    en = summary.get("energy")
-    if not isinstance(en, dict):
-        return "<h3>Energy</h3><p class='missing'>Not available: no energy section.</p>"
-    if not en.get("available"):
-        return f"<h3>Energy</h3><p class='missing'>Not available: {esc(en.get('reason'))}.</p>"
-    power = en.get("power") or {}
+def _energy_block(summary: Summary) -> str:
+    en = summary.energy
+    if not en.available:
+        return f"<h3>Energy</h3><p class='missing'>Not available: {esc(en.reason)}.</p>"
+    power = en.power
+
+    def fmt(name: str, value: Any) -> str:
+        return metric(name).format(value)
+
     rows: list[tuple[str, Any]] = [
-        ("method / source", f"{en.get('method')} / {en.get('source')}"),
-        ("devices", ", ".join(str(d) for d in en.get("devices") or [])),
-        ("total", f"{fmt_num(en.get('total_j'))} J"),
-        ("per output token", f"{fmt_num(en.get('j_per_output_token'))} J"),
-        ("tokens per joule", fmt_num(en.get("tokens_per_j"))),
+        ("method / source", f"{en.method} / {en.source}"),
+        ("devices", ", ".join(en.devices)),
+        ("total", fmt("energy.total_j", en.total_j)),
+        ("per output token", fmt("j_per_token", en.j_per_output_token)),
+        ("tokens per joule", fmt("tokens_per_j", en.tokens_per_j)),
         (
             "average / peak power",
-            f"{fmt_num(power.get('avg_w'))} / {fmt_num(power.get('peak_w'))} W",
+            f"{fmt('avg_power_w', power.avg_w)} / {fmt('peak_power_w', power.peak_w)}",
         ),
-        ("power limit", f"{fmt_num(power.get('limit_w'))} W" if power.get("limit_w") else None),
+        ("power limit", fmt("peak_power_w", power.limit_w) if power.limit_w else None),
         (
             "idle baseline",
-            f"{fmt_num(en.get('idle_baseline_w'))} W" if en.get("idle_baseline_w") else None,
+            fmt("idle_baseline_w", en.idle_baseline_w) if en.idle_baseline_w else None,
         ),
     ]
-    for phase, p in (en.get("phases") or {}).items():
-        rows.append((f"phase {phase}", f"{fmt_num(p.get('energy_j'))} J"))
-    notes = "".join(f"<li>{esc(n)}</li>" for n in en.get("notes") or [])
+    for phase, p in en.phases.items():
+        rows.append((f"phase {phase}", fmt("energy.total_j", p.energy_j)))
+    notes = "".join(f"<li>{esc(n)}</li>" for n in en.notes)
     return (
         "<h3>Energy</h3>" + _kv_table(rows) + (f"<ul class='caption'>{notes}</ul>" if notes else "")
     )
 
 
-def _advice(summary: dict[str, Any]) -> str:
-    advice = summary.get("advice")
+def _advice(summary: Summary) -> str:
     out = ['<section id="advice"><h2>Advice</h2>']
-    if not isinstance(advice, list):
-        out.append("<p class='missing'>Not available: the summary has no advice section.</p>")
-    elif not advice:
-        out.append("<p>No suggestions for this run.</p>")
+    if not summary.advice:
+        why = "" if summary.roofline.available else f" (no roofline: {summary.roofline.reason})"
+        out.append(f"<p>No suggestions for this run{esc(why)}.</p>")
     else:
         out.append(
             "<table><thead><tr><th>#</th><th>technique</th><th>why</th>"
             "<th class='n'>projected gain</th><th>assumptions</th></tr></thead><tbody>"
         )
-        for i, a in enumerate(advice, start=1):
-            g = a.get("projected_gain") or {}
+        for i, a in enumerate(summary.advice, start=1):
+            g = a.projected_gain
             out.append(
-                f"<tr><td>{esc(a.get('rank', i))}</td><td>{esc(a.get('technique'))}</td>"
-                f"<td>{esc(a.get('why'))}</td>"
-                f"<td class='n'>{esc(fmt_num(g.get('value')))} {esc(g.get('unit'))}</td>"
-                f"<td>{esc(a.get('assumptions'))}</td></tr>"
+                f"<tr><td>{esc(a.rank or i)}</td><td>{esc(a.technique)}</td>"
+                f"<td>{esc(a.why)}</td>"
+                f"<td class='n'>{esc(fmt_num(g.value))} {esc(g.unit)}</td>"
+                f"<td>{esc(a.assumptions)}</td></tr>"
             )
         out.append("</tbody></table>")
     out.append(_projections(summary))
@@ -421,9 +419,8 @@ def _advice(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _projections(summary: dict[str, Any]) -> str:
-    proj = summary.get("projections")
-    if not isinstance(proj, list) or not proj:
+def _projections(summary: Summary) -> str:
+    if not summary.projections:
         return ""
     out = [
         "<h3>The same workload on other devices (what-if)</h3>"
@@ -431,15 +428,14 @@ def _projections(summary: dict[str, Any]) -> str:
         "<th class='n'>throughput</th><th>prefill / decode bound</th><th>basis</th></tr>"
         "</thead><tbody>"
     ]
-    for p in proj:
-        dev = p.get("device") or {}
+    for p in summary.projections:
         out.append(
-            f"<tr><td>{esc(dev.get('name') or dev.get('key'))}</td>"
-            f"<td class='n'>{fmt_time(p.get('ttft_s'))}</td>"
-            f"<td class='n'>{fmt_time(p.get('tpot_s'))}</td>"
-            f"<td class='n'>{fmt_rate(p.get('throughput_tok_s'), 'tok/s')}</td>"
-            f"<td>{esc(value_at(p, 'prefill.bound'))} / {esc(value_at(p, 'decode.bound'))}</td>"
-            f"<td class='caption'>{esc(p.get('basis'))}</td></tr>"
+            f"<tr><td>{esc(p.device.name or p.device.key)}</td>"
+            f"<td class='n'>{fmt_time(p.ttft_s)}</td>"
+            f"<td class='n'>{fmt_time(p.tpot_s)}</td>"
+            f"<td class='n'>{metric('output_tok_s').format(p.throughput_tok_s)}</td>"
+            f"<td>{esc(p.prefill.bound)} / {esc(p.decode.bound)}</td>"
+            f"<td class='caption'>{esc(p.basis)}</td></tr>"
         )
     out.append("</tbody></table>")
     return "".join(out)
@@ -593,9 +589,9 @@ def render_report(
             banner,
             _run_header(run, summary),
             _headline(typed),
-            _verdicts(summary),
+            _verdicts(typed),
             '<section id="figures"><h2>Figures</h2>' + figures_html(figures) + "</section>",
-            _advice(summary),
+            _advice(typed),
             _request_table(run, max_requests),
             _environment(run, summary),
             f"<footer>Generated by perfscope on {esc(when)} from {esc(run.path.name)}; "
