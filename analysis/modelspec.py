@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from perfscope.errors import UsageError
+from perfscope.hwdb.spec import normalize_dtype
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -51,32 +52,6 @@ DTYPE_BYTES: dict[str, float] = {
     "int3": 0.375,
     "int2": 0.25,
 }
-
-_DTYPE_ALIASES = {
-    "float64": "fp64",
-    "double": "fp64",
-    "float32": "fp32",
-    "float": "fp32",
-    "float16": "fp16",
-    "half": "fp16",
-    "bfloat16": "bf16",
-    "float8": "fp8",
-    "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8",
-    "e4m3": "fp8",
-    "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8",
-    "w8": "int8",
-    "w4": "int4",
-    "nf4": "int4",
-    "auto": "bf16",
-}
-
-
-def normalize_dtype(dtype: str) -> str:
-    """Map torch/numpy/HF dtype spellings (``torch.bfloat16``, ``float16``) to short keys."""
-    d = dtype.strip().lower().removeprefix("torch.")
-    return _DTYPE_ALIASES.get(d, d)
 
 
 def dtype_bytes(dtype: str) -> float:

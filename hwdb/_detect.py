@@ -9,8 +9,12 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from perfscope.hwdb.spec import DeviceSpec
+
+if TYPE_CHECKING:
+    from perfscope.hwdb._loader import HardwareDatabase
 
 __all__ = [
     "DetectedDevice",
@@ -201,15 +205,17 @@ def total_memory_bytes() -> float | None:
         return None
 
 
-def detect_local_device(user_dirs: list[Path] | None = None) -> DetectedDevice:
+def detect_local_device(
+    user_dirs: list[Path] | None = None, *, database: HardwareDatabase | None = None
+) -> DetectedDevice:
     """Find the local device: the first NVIDIA GPU (NVML) if any, else the CPU.
 
-    ``spec`` is filled when the hardware database knows the raw name exactly (aliases and
-    raw names only; no fuzzy guess).
+    ``spec`` is filled when the hardware database (``database``, else loaded from
+    ``user_dirs``) knows the raw name exactly (aliases and raw names only; no fuzzy guess).
     """
     from perfscope.hwdb._loader import load_database
 
-    db = load_database(user_dirs)
+    db = database if database is not None else load_database(user_dirs)
     gpus = nvml_gpu_names()
     if gpus:
         name, mem = gpus[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-__all__ = ["DTYPES", "CeilingSource", "DeviceSpec"]
+__all__ = ["DTYPES", "CeilingSource", "DeviceSpec", "normalize_dtype"]
 
 #: dtype names used as keys of :attr:`DeviceSpec.peak_flops` (dense peaks only).
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
@@ -114,6 +114,8 @@ class DeviceSpec:
         return peak / self.mem_bw_bytes_s
 
 
+#: Spellings of dtypes (torch, numpy, Hugging Face configs, quantisation shorthands) → the
+#: short keys of :data:`DTYPES` and of the analysis' bytes-per-element table.
 _DTYPE_ALIASES = {
     "float64": "fp64",
     "double": "fp64",
@@ -125,12 +127,24 @@ _DTYPE_ALIASES = {
     "bfloat16": "bf16",
     "float8": "fp8",
     "float8_e4m3fn": "fp8",
+    "float8_e4m3fnuz": "fp8",
     "float8_e5m2": "fp8",
+    "float8_e5m2fnuz": "fp8",
     "e4m3": "fp8",
+    "e5m2": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "w8": "int8",
+    "w4": "int4",
+    "nf4": "int4",
+    # Hugging Face ``torch_dtype: auto``: checkpoints saying so are in practice bf16.
+    "auto": "bf16",
 }
 
 
 def normalize_dtype(dtype: str) -> str:
-    """Map torch/numpy dtype spellings to the short keys of :data:`DTYPES`."""
-    d = dtype.lower().removeprefix("torch.")
+    """Map torch/numpy/HF dtype spellings (``torch.bfloat16``, ``float16``, ``fp8_e4m3``) to
+    the short keys of :data:`DTYPES` (``bf16``, ``fp16``, ``fp8``); unknown names pass through
+    lowercased. The one dtype normalisation of perfscope: the analysis uses it too."""
+    d = dtype.strip().lower().removeprefix("torch.")
     return _DTYPE_ALIASES.get(d, d)

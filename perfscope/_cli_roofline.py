@@ -175,7 +175,8 @@ def _devices(hw: str | None) -> list[DeviceSpec]:
 
 
 def _handle(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.analysis.whatif import predict, predictions_table
+    from perfscope.analysis.whatif import predict
+    from perfscope.dashboard.terminal import predictions_table
 
     for name in ("batch", "prompt_len", "output_len", "tp", "pp", "replicas"):
         if getattr(args, name) < 1:

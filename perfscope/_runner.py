@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from perfscope import __version__
-from perfscope._analyze import analyze_stored, resolve_hardware
+from perfscope._analyze import analyze_stored
+from perfscope.analysis import Summary
 from perfscope.errors import PerfscopeError
+from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.contention import ContentionMeter
@@ -78,7 +80,7 @@ class RunOutcome:
 
     path: Path
     status: str
-    summary: dict[str, Any]
+    summary: Summary
     error: str | None = None
 
 
@@ -162,7 +164,8 @@ def execute_run(
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:
-        hardware = resolve_hardware(info.to_dict(), opts.hw)
+        database = load_database()  # once per run: resolution here, projections later
+        hardware = resolve_hardware(info.to_dict(), opts.hw, database=database)
         if opts.nvtx is not None:
             nvtx_ranges.set_enabled(opts.nvtx)
         if opts.telemetry.enabled:
@@ -241,5 +244,5 @@ def execute_run(
             except Exception as exc:  # closing must not lose the run
                 manifest["errors"].append(f"engine close failed: {exc}")
     with _sigint_deferred():
-        summary = analyze_stored(read_run(run_dir))
+        summary = analyze_stored(read_run(run_dir), database=database)
     return RunOutcome(path=run_dir, status=status, summary=summary, error=error)

@@ -303,7 +303,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)
     outcome = execute_run(opts, hook)
     if args.json:
-        print(json.dumps(outcome.summary, indent=2))
+        print(json.dumps(outcome.summary.to_dict(), indent=2))
     else:
         console.print(summary_view(outcome.summary, outcome.path))
     if args.report:
@@ -322,12 +322,13 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
     from perfscope._analyze import analyze_stored
     from perfscope._render import summary_view
+    from perfscope.analysis import Summary
     from perfscope.profiler.store import read_run, resolve_run_path
 
     run = read_run(resolve_run_path(args.run, args.runs_dir))
-    summary = run.summary if run.summary is not None else analyze_stored(run)
+    summary = Summary.from_dict(run.summary) if run.summary is not None else analyze_stored(run)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary.to_dict(), indent=2))
     else:
         console.print(summary_view(summary, run.path))
     return 0
@@ -343,7 +344,7 @@ def _cmd_analyze(args: argparse.Namespace, console: Console) -> int:
     slos = parse_slos(args.slo) if args.slo else None
     summary = analyze_stored(run, slos=slos, hw=args.hw)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary.to_dict(), indent=2))
     else:
         console.print(summary_view(summary, run.path))
     return 0
