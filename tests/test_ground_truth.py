@@ -67,9 +67,9 @@ def test_ttft_tpot_and_per_token_itl_match_known_sleeps_within_1ms(
     lat = s["latency"]
     truth = _truth_metrics()
     per_chunk = 3 if "triple" in engine else 1
-    # The engine slept what it was told (loosely: sleeps overshoot on a busy machine) ...
-    assert np.median(truth["ttft"]) == pytest.approx(TTFT, abs=5e-3)
-    assert np.median(truth["tpot"]) == pytest.approx(PER_TOKEN, abs=2e-3)
+    # The engine slept at least what it was told (how much longer is the machine's load) ...
+    assert np.median(truth["ttft"]) >= TTFT * 0.999
+    assert np.median(truth["tpot"]) >= PER_TOKEN * 0.999
     # ... and perfscope measured what the engine did, within 1 ms at p50.
     assert lat["ttft"]["p50"] == pytest.approx(np.median(truth["ttft"]), abs=1e-3)
     assert lat["tpot"]["p50"] == pytest.approx(np.median(truth["tpot"]), abs=1e-3)
