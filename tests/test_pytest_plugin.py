@@ -172,7 +172,7 @@ def test_marker_slos_are_checked_after_the_test_body(suite: pytest.Pytester) -> 
         ]
     )
     # marker failures are reported as messages, not as tracebacks into the plugin
-    assert "pytest_plugin.py" not in result.stdout.str()
+    assert "pytest_plugin" not in result.stdout.str()
 
 
 def test_save_then_compare_flags_a_slowdown_and_not_a_speedup(
@@ -251,7 +251,10 @@ def test_a_baseline_from_other_hardware_is_refused_unless_forced(
     )
     assert "collected" not in refused.stdout.str()  # refused before running anything
 
-    forced = suite.runpytest("--perfscope-compare", "base", "--perfscope-force")
+    # (a tolerance no noise reaches: this test is about the hardware check, not the gate)
+    forced = suite.runpytest(
+        "--perfscope-compare", "base", "--perfscope-force", "--perfscope-fail", "*:1000%"
+    )
     assert forced.ret == 0
     forced.stdout.fnmatch_lines(["*warning (forced): baseline 'base' was recorded on gpu:h100*"])
 
