@@ -14,7 +14,6 @@ Each keyword of :func:`run` is the ``perfscope run`` flag of the same name (``--
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import numbers
@@ -250,9 +249,6 @@ def _engine_options(a: RunArgs, uri: str) -> EngineOptions:
         elif key in known:  # e.g. max_seq_len
             given[key] = value
         else:
-            near = difflib.get_close_matches(key, sorted(_RUN_ARG_NAMES), n=1, cutoff=0.8)
-            if near:
-                raise UsageError(f"unknown option {key!r}: did you mean {near[0]!r}?")
             extra[str(key)] = _extra_text(value)
     given["extra"] = extra
     return EngineOptions(**given)
