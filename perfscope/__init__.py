@@ -44,11 +44,12 @@ __all__ = [
 if TYPE_CHECKING:
     from perfscope._api import Sweep, run, sweep
     from perfscope._change import assert_no_regression, compare_runs
-    from perfscope._expect import PerfAssertionError, check, expect
+    from perfscope._expect import check, expect
     from perfscope._manual import Profile, profile
     from perfscope._run import Run, load_run
     from perfscope._runner import ProgressHook
     from perfscope._runset import RunSet
+    from perfscope.errors import PerfAssertionError
 
 _LAZY = {
     "run": "perfscope._api",
@@ -62,7 +63,7 @@ _LAZY = {
     "RunSet": "perfscope._runset",
     "expect": "perfscope._expect",
     "check": "perfscope._expect",
-    "PerfAssertionError": "perfscope._expect",
+    "PerfAssertionError": "perfscope.errors",
     "compare_runs": "perfscope._change",
     "assert_no_regression": "perfscope._change",
 }
