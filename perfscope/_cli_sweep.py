@@ -1,6 +1,7 @@
 """``perfscope sweep``: one run per offered rate (or concurrency), then the sweep summary
-(throughput-latency curve, knee, ``max_goodput_rate``); and the ``openai:`` run options
-shared with ``perfscope run``."""
+(throughput-latency curve, knee, ``max_goodput_rate``), through :func:`perfscope.sweep`;
+and what ``perfscope run`` shares with it: the ``openai:`` flags and :func:`run_args`, which
+turns either command's flags into the :class:`perfscope._api.RunArgs` of a run."""
 
 from __future__ import annotations
 
