@@ -34,10 +34,14 @@ __all__ = [
     "RunArgs",
     "RunPlan",
     "Sweep",
+    "auto_rates",
     "execute",
     "plan",
     "run",
+    "run_with",
+    "slo_seconds",
     "sweep",
+    "sweep_with",
 ]
 
 #: What ``engine`` may be: a URI, a callable that yields tokens, or an Engine object.
@@ -531,10 +535,10 @@ def run(
         command=command,
         engine_options=engine_options,
     )
-    return run_args(args, progress)
+    return run_with(args, progress)
 
 
-def run_args(args: RunArgs, progress: ProgressHook | None = None) -> Run:
+def run_with(args: RunArgs, progress: ProgressHook | None = None) -> Run:
     """:func:`run` from a :class:`RunArgs` record."""
     from perfscope._run import load_run
 
@@ -668,7 +672,7 @@ def sweep(
         default_requests=DEFAULT_SWEEP_REQUESTS,
         **run_fields,
     )
-    return sweep_args(
+    return sweep_with(
         base,
         rates=rates,
         concurrencies=concurrencies,
@@ -680,7 +684,7 @@ def sweep(
     )
 
 
-def sweep_args(
+def sweep_with(
     base: RunArgs,
     *,
     rates: Sequence[float] | Literal["auto"] | None = None,

@@ -314,10 +314,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._api import sweep_args
+    from perfscope._api import sweep_with
 
     err = Console(stderr=True)
-    result = sweep_args(
+    result = sweep_with(
         run_args(args),
         rates=args.rates,
         concurrencies=(
