@@ -20,7 +20,6 @@ __all__ = [
     "DetectedDevice",
     "cpu_llc_bytes",
     "cpu_model_name",
-    "cpu_vendor",
     "detect_local_device",
     "nvml_gpu_names",
     "total_memory_bytes",
@@ -132,20 +131,6 @@ def cpu_model_name() -> tuple[str, str]:
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or platform.machine() or "unknown CPU", "platform"
-
-
-def cpu_vendor() -> str:
-    """Lowercase vendor guess (``"amd"``, ``"intel"``, ``"apple"``, ``"arm"``, ``"unknown"``)."""
-    vid = (_cpuinfo_field("vendor_id") or "").lower()
-    if "amd" in vid:
-        return "amd"
-    if "intel" in vid:
-        return "intel"
-    name = cpu_model_name()[0].lower()
-    for v in ("amd", "intel", "apple", "nvidia", "ampere", "arm"):
-        if v in name:
-            return v
-    return "unknown"
 
 
 def _parse_size(text: str) -> float | None:

@@ -76,8 +76,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     w.add_argument(
         "--output-len",
-        default="128",
-        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
+        default=None,
+        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128; when "
+        "given, it wins over the dataset's reply lengths)",
     )
     w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
     w.add_argument(
@@ -229,79 +230,15 @@ class _RichProgress:
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._cli_sweep import apply_duration, dataset_fields, openai_extra, redact_argv
+    from perfscope._api import execute, plan
+    from perfscope._cli_sweep import run_args
     from perfscope._render import summary_view
-    from perfscope._runner import ProgressHook, RunOptions, execute_run
-    from perfscope.analysis.slo import parse_duration, parse_slos
-    from perfscope.profiler.driver import LoadConfig
-    from perfscope.profiler.engines.base import EngineOptions
-    from perfscope.profiler.telemetry import TelemetryConfig, parse_gpus
-    from perfscope.profiler.workload import WorkloadConfig, parse_length
+    from perfscope._runner import ProgressHook
 
-    requests = args.requests if args.requests is not None else (None if args.prompts else 48)
-    requests, warmup = apply_duration(requests, args.warmup, args, args.rate, args.concurrency)
-    workload = WorkloadConfig(
-        requests=requests,
-        prompt_len=parse_length(args.prompt_len, "--prompt-len"),
-        output_len=parse_length(args.output_len, "--output-len"),
-        prompts_file=args.prompts,
-        warmup=warmup,
-        seed=args.seed,
-        **dataset_fields(args, args.engine),
-    )
-    load = LoadConfig(
-        # --rate / --concurrency only make sense online: they imply it.
-        mode="online" if args.rate is not None or args.concurrency is not None else args.mode,
-        rate=args.rate,
-        concurrency=args.concurrency,
-        arrival=args.arrival,
-        burstiness=args.burstiness,
-        seed=args.seed,
-        duration_s=args.duration,
-        warmup_s=args.warmup_duration,
-    )
-    load.validate()
-    shape = {
-        k.removeprefix("shape_"): v
-        for k, v in vars(args).items()
-        if k.startswith("shape_") and v is not None
-    }
-    eopts = EngineOptions(
-        batch_size=args.batch_size,
-        scheduler=args.scheduler,
-        batch_timeout_s=parse_duration(args.batch_timeout),
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        model_preset=args.model_preset,
-        model_overrides=shape,
-        stop_on_eos=args.stop_on_eos,
-        extra={
-            **dict(args.engine_opt),
-            **(openai_extra(args) if args.engine.startswith("openai") else {}),
-        },
-    )
-    telemetry = TelemetryConfig(
-        interval_s=parse_duration(args.telemetry_interval),
-        gpus=parse_gpus(args.gpus) if args.gpus else None,
-        enabled=not args.no_telemetry,
-    )
-    opts = RunOptions(
-        engine=args.engine,
-        workload=workload,
-        load=load,
-        engine_options=eopts,
-        telemetry=telemetry,
-        nvtx=args.nvtx,
-        slos=parse_slos(args.slo),
-        runs_dir=args.runs_dir,
-        name=args.name,
-        hw=args.hw,
-        command=redact_argv(["perfscope", *sys.argv[1:]]),
-    )
+    run_plan = plan(run_args(args))
     err = Console(stderr=True)
     hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)
-    outcome = execute_run(opts, hook)
+    outcome = execute(run_plan, hook)
     if args.json:
         print(json.dumps(outcome.summary.to_dict(), indent=2))
     else:
