@@ -84,8 +84,10 @@ PUBLIC: dict[str, set[str]] = {
         "normalize_dtype",
         "normalize_name",
         "resolve_device",
+        "resolve_hardware",
         "spec_to_dict",
     },
+    "perfscope.analysis": {"RunRecords", "Summary", "analyze"},
     "perfscope.dashboard": {
         "create_app",
         "serve",
@@ -108,19 +110,10 @@ def test_the_public_surface_is_pinned_and_every_name_resolves(module: str) -> No
         _ = mod.no_such_name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the analysis facade (perfscope.analysis.analyze, Summary, ...) comes with the "
-    "'analysis is one stage' refactor of issue 12",
-)
-def test_the_analysis_facade_has_a_public_surface() -> None:
-    mod = importlib.import_module("perfscope.analysis")
-    assert "analyze" in getattr(mod, "__all__", ())
-
-
 def test_importing_the_facades_loads_no_heavy_library() -> None:
     code = (
-        "import sys, perfscope, perfscope.profiler, perfscope.hwdb, perfscope.dashboard; "
+        "import sys, perfscope, perfscope.profiler, perfscope.hwdb, perfscope.analysis, "
+        "perfscope.dashboard; "
         "print(sorted(m for m in ('torch', 'pandas', 'pyarrow', 'plotly', 'dash', 'rich') "
         "if m in sys.modules))"
     )
@@ -224,21 +217,11 @@ def test_analysis_imports_only_the_hardware_database_and_errors() -> None:
     assert bad == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="analysis/energy.py, roofline.py and whatif.py build rich tables until the "
-    "'one presentation view' refactor of issue 12 moves them out of analysis/",
-)
 def test_analysis_imports_no_presentation_library() -> None:
     bad = [(f, m) for f, m in imports_of("analysis") if m.split(".")[0] in PRESENTATION]
     assert bad == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dashboard/data.py calls perfscope._analyze until the 'analysis is one stage' "
-    "refactor of issue 12 gives it perfscope.analysis.analyze",
-)
 def test_the_dashboard_imports_no_private_front_door_module() -> None:
     bad = [(f, m) for f, m in imports_of("dashboard") if _private_front_door(m)]
     assert bad == []
@@ -249,7 +232,7 @@ def test_the_dashboard_never_imports_the_front_door_or_capture_engines() -> None
         (f, m)
         for f, m in imports_of("dashboard")
         if _ours(m)
-        and not _private_front_door(m)  # (the xfail above)
+        and not _private_front_door(m)  # (the test above)
         and not _allowed(
             m,
             (
