@@ -110,6 +110,17 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=1.0,
         help="gamma shape for --arrival gamma: <1 burstier, >1 smoother",
     )
+    d.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS|local:N",
+        help="generate the load from Ray actors: 'local:N' starts a local cluster with N "
+        "actors, an address (ADDRESS#N for N actors) joins a cluster, bare --ray joins a "
+        "running cluster or starts a local one (openai: and python: engines; "
+        "pip install 'perfscope[ray]')",
+    )
     e = p.add_argument_group("engine")
     e.add_argument(
         "--batch-size",
@@ -298,6 +309,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         name=args.name,
         hw=args.hw,
         command=redact_argv(["perfscope", *sys.argv[1:]]),
+        ray=args.ray,
     )
     err = Console(stderr=True)
     hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)
