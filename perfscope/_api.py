@@ -93,6 +93,7 @@ class RunArgs:
     runs_dir: str | Path | None = None
     name: str | None = None
     command: Sequence[str] | None = None
+    ray: str | None = None
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     #: Requests when ``requests`` is None and nothing else sizes the workload.
     default_requests: int = DEFAULT_REQUESTS
@@ -370,6 +371,7 @@ def plan(a: RunArgs) -> RunPlan:
         telemetry=telemetry,
         nvtx=a.nvtx,
         command=list(a.command) if a.command is not None else None,
+        ray=a.ray,
     )
     return RunPlan(options, factory)
 
@@ -424,6 +426,7 @@ def run(
     runs_dir: str | Path | None = None,
     name: str | None = None,
     command: Sequence[str] | None = None,
+    ray: str | None = None,
     progress: ProgressHook | None = None,
     **engine_options: Any,
 ) -> Run:
@@ -483,6 +486,8 @@ def run(
             ``./perfscope-runs``).
         name: short name in the run id (default: the engine kind).
         command: the command line recorded in the manifest (default: ``sys.argv``).
+        ray: generate the load from Ray actors (``"local:4"``, a cluster address, or
+            ``"auto"``); per-request engines only (``openai:``, ``python:``).
         progress: receives ``on_start(total)``, ``on_request_done(id)``, ``on_end()``.
         **engine_options: engine-specific options (``--engine-opt KEY=VALUE``; for
             ``openai:`` e.g. ``model``, ``api_key``, ``endpoint``, ``max_tokens``,
@@ -533,6 +538,7 @@ def run(
         runs_dir=runs_dir,
         name=name,
         command=command,
+        ray=ray,
         engine_options=engine_options,
     )
     return run_with(args, progress)

@@ -191,6 +191,7 @@ def run_args(args: argparse.Namespace) -> RunArgs:
         slos=parse_slos(args.slo),
         runs_dir=args.runs_dir,
         command=redact_argv(["perfscope", *sys.argv[1:]]),
+        ray=getattr(args, "ray", None),
         engine_options=engine_opts,
         cli=True,
         **given,

@@ -111,6 +111,17 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=1.0,
         help="gamma shape for --arrival gamma: <1 burstier, >1 smoother",
     )
+    d.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS|local:N",
+        help="generate the load from Ray actors: 'local:N' starts a local cluster with N "
+        "actors, an address (ADDRESS#N for N actors) joins a cluster, bare --ray joins a "
+        "running cluster or starts a local one (openai: and python: engines; "
+        "pip install 'perfscope[ray]')",
+    )
     e = p.add_argument_group("engine")
     e.add_argument(
         "--batch-size",
@@ -288,6 +299,10 @@ def _cmd_analyze(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
+    if args.where:
+        from perfscope._cli_index import runs_root
+
+        return _ls_where(runs_root(args), args, console)
     from perfscope._render import runs_table
     from perfscope.profiler.store import default_runs_root, list_runs, read_run
 
@@ -317,6 +332,29 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _ls_where(root: Path, args: argparse.Namespace, console: Console) -> int:
+    """``ls --where``: the listing answered by the run index (fast over thousands of runs)."""
+    from perfscope._cli_index import print_rows
+    from perfscope.profiler.index import open_index
+
+    cols = (
+        "run_id, state, name, engine_kind, requests, failed, ttft_p50_s, tpot_p50_s, "
+        "output_tok_s, attainment, problem"
+    )
+    with open_index(root) as index:
+        names, rows = index.query(
+            f"SELECT {cols} FROM runs WHERE ({args.where}) "
+            f"ORDER BY started_at DESC NULLS LAST, run_id DESC LIMIT {int(args.limit)}"
+        )
+    if args.json:
+        print_rows(names, rows, console, as_json=True)
+    elif not rows:
+        console.print(f"no runs in {root} match {args.where!r}")
+    else:
+        print_rows(names, rows, console, as_json=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="perfscope", description="Inference performance profiler and roofline analyzer."
@@ -337,6 +375,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs_dir(p)
     p.add_argument("--limit", type=positive_int, default=50)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--where",
+        default=None,
+        metavar="SQL",
+        help="only runs matching this SQL condition over the index's columns, e.g. "
+        "\"ttft_p99_s < 0.2 AND engine_kind = 'openai'\" ('perfscope query --columns' lists them)",
+    )
     p.set_defaults(handler=_cmd_ls)
 
     p = sub.add_parser("analyze", help="recompute a run's summary from its raw records")
@@ -369,6 +414,7 @@ def _command_modules() -> list[Any]:
         "_cli_report",
         "_cli_sweep",
         "_cli_dashboard",
+        "_cli_index",
     )
     for name in names:
         mods.append(importlib.import_module(f"perfscope.{name}"))
