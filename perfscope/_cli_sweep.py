@@ -257,7 +257,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w.add_argument("--output-len", default="128", help="output tokens (N, uniform:A:B, ...)")
     w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
     w.add_argument("--warmup", type=int, default=0, help="warmup requests per point")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds lengths and arrivals (default 0); given, prompts repeat exactly",
+    )
     w.add_argument("--arrival", choices=("poisson", "constant", "gamma"), default="poisson")
     w.add_argument("--burstiness", type=_pos_float, default=1.0)
     o = p.add_argument_group("openai engine")
@@ -307,7 +312,8 @@ def _point_options(
         output_len=parse_length(args.output_len, "--output-len"),
         prompts_file=args.prompts,
         warmup=warmup,
-        seed=args.seed,
+        seed=args.seed or 0,
+        fresh_prompts=args.seed is None,
         **dataset_fields(args, args.engine),
     )
     load = LoadConfig(
@@ -316,7 +322,7 @@ def _point_options(
         concurrency=concurrency,
         arrival=args.arrival,
         burstiness=args.burstiness,
-        seed=args.seed,
+        seed=args.seed or 0,
         duration_s=args.duration,
         warmup_s=args.warmup_duration,
     )
@@ -324,7 +330,7 @@ def _point_options(
         engine=args.engine,
         workload=workload,
         load=load,
-        engine_options=EngineOptions(seed=args.seed, extra=extra),
+        engine_options=EngineOptions(seed=args.seed or 0, extra=extra),
         slos=parse_slos(args.slo),
         runs_dir=args.runs_dir,
         name=name,

@@ -86,7 +86,14 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0,
         help="requests run first and excluded from statistics",
     )
-    w.add_argument("--seed", type=int, default=0, help="seeds lengths, arrivals and weights")
+    w.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds lengths, arrivals and weights (default 0); given, generated prompt text "
+        "repeats exactly (a server may then answer from its prefix cache); without it, each "
+        "run's prompts are new",
+    )
     d = p.add_argument_group("arrivals")
     d.add_argument(
         "--mode",
@@ -238,6 +245,13 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope.profiler.telemetry import TelemetryConfig, parse_gpus
     from perfscope.profiler.workload import WorkloadConfig, parse_length
 
+    seed = 0 if args.seed is None else args.seed
+    if args.seed is not None and args.engine.startswith("openai"):
+        Console(stderr=True).print(
+            f"note: --seed {seed} repeats these prompts exactly; the server may serve them "
+            "from its prefix cache",
+            style="dim",
+        )
     requests = args.requests if args.requests is not None else (None if args.prompts else 48)
     requests, warmup = apply_duration(requests, args.warmup, args, args.rate, args.concurrency)
     workload = WorkloadConfig(
@@ -246,7 +260,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         output_len=parse_length(args.output_len, "--output-len"),
         prompts_file=args.prompts,
         warmup=warmup,
-        seed=args.seed,
+        seed=seed,
+        fresh_prompts=args.seed is None,
         **dataset_fields(args, args.engine),
     )
     load = LoadConfig(
@@ -256,7 +271,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         concurrency=args.concurrency,
         arrival=args.arrival,
         burstiness=args.burstiness,
-        seed=args.seed,
+        seed=seed,
         duration_s=args.duration,
         warmup_s=args.warmup_duration,
     )
@@ -272,7 +287,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         batch_timeout_s=parse_duration(args.batch_timeout),
         device=args.device,
         dtype=args.dtype,
-        seed=args.seed,
+        seed=seed,
         model_preset=args.model_preset,
         model_overrides=shape,
         stop_on_eos=args.stop_on_eos,

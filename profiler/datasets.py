@@ -200,6 +200,7 @@ def build_dataset_specs(
     prefix_groups: int = 1,
     tokenizer: Any | None = None,
     output_len_given: bool = False,
+    salt: int | None = None,
 ) -> list[RequestSpec]:
     """Requests with prompt text for ``kind`` (``synthetic``, ``sharegpt``, ``shared-prefix``).
 
@@ -207,6 +208,8 @@ def build_dataset_specs(
         n: measured requests (None: the dataset's size for ShareGPT, else 32).
         prompt_lens / output_lens: ``LengthDist``-like objects with ``sample(rng, k)``.
         output_len_given: the user fixed ``--output-len``; ShareGPT reply lengths then yield.
+        salt: varies the generated text (synthetic, shared-prefix) but not the lengths, so
+            that each run sends prompts no server has cached; None repeats the text exactly.
     """
     if kind not in DATASET_KINDS:
         raise WorkloadError(f"unknown --dataset {kind!r}: use one of {', '.join(DATASET_KINDS)}")
@@ -241,12 +244,15 @@ def build_dataset_specs(
     total = warmup + count
     p_lens = prompt_lens.sample(rng, total)
     o_lens = output_lens.sample(rng, total)
+    text_rng = rng if salt is None else np.random.default_rng([seed, salt])
     if kind == "shared-prefix":
         if prefix_len < 1:
             raise WorkloadError("--dataset shared-prefix needs --prefix-len P (tokens, >= 1)")
-        prompts = shared_prefix_prompts(total, prefix_len, p_lens, rng, tokenizer, prefix_groups)
+        prompts = shared_prefix_prompts(
+            total, prefix_len, p_lens, text_rng, tokenizer, prefix_groups
+        )
     else:
-        prompts = [synthetic_text(int(k), rng, tokenizer) for k in p_lens]
+        prompts = [synthetic_text(int(k), text_rng, tokenizer) for k in p_lens]
     return [
         RequestSpec(
             request_id=i,

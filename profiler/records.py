@@ -54,7 +54,24 @@ class RequestSpec:
 
 @dataclass
 class RequestRecord:
-    """What happened to one request. ``t_*`` are run-relative ns; ``None`` = never happened."""
+    """What happened to one request. ``t_*`` are run-relative ns; ``None`` = never happened.
+
+    The fields after ``is_warmup`` are optional; engines that cannot know them leave None.
+    For HTTP engines, ``t_sent`` is when the request's last byte was written to the socket.
+
+    Attributes:
+        t_dispatched: when the engine took the request up (before it got a connection);
+            ``t_dispatched - t_scheduled`` is client-side queueing.
+        connect_ns: time spent opening a new connection for it (TCP handshake, ns); None
+            when a pooled connection was reused.
+        t_response_headers: when the response headers were read.
+        attempts: times it was sent (2: retried once because the first attempt failed
+            before any of it reached the server).
+        finish_reason: the server's ``finish_reason`` (``stop``, ``length``, ...).
+        cached_tokens: prompt tokens the server served from its prefix cache.
+        truncated: the server stopped it (``finish_reason`` ``length``) before the output
+            tokens it was asked for.
+    """
 
     request_id: int
     prompt_tokens: int
@@ -66,6 +83,13 @@ class RequestRecord:
     output_tokens: int = 0
     error: str | None = None
     is_warmup: bool = False
+    t_dispatched: int | None = None
+    connect_ns: int | None = None
+    t_response_headers: int | None = None
+    attempts: int | None = None
+    finish_reason: str | None = None
+    cached_tokens: int | None = None
+    truncated: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +156,14 @@ REQUEST_SCHEMA = pa.schema(
         ("output_tokens", pa.int64()),
         ("error", pa.string()),
         ("is_warmup", pa.bool_()),
+        # Optional (issue 16/20, HTTP engines; null elsewhere): see RequestRecord.
+        ("t_dispatched", pa.int64()),
+        ("connect_ns", pa.int64()),
+        ("t_response_headers", pa.int64()),
+        ("attempts", pa.int64()),
+        ("finish_reason", pa.string()),
+        ("cached_tokens", pa.int64()),
+        ("truncated", pa.bool_()),
     ]
 )
 

@@ -12,7 +12,7 @@ import numpy as np
 from perfscope.errors import WorkloadError
 from perfscope.profiler.records import RequestSpec
 
-__all__ = ["LengthDist", "WorkloadConfig", "build_workload", "parse_length"]
+__all__ = ["LengthDist", "WorkloadConfig", "build_workload", "parse_length", "with_fresh_salt"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,10 @@ class WorkloadConfig:
         prefix_groups: distinct shared prefixes, used in turn (shared-prefix).
         tokenizer: ``tokenizer.json`` (or its folder) for exact token lengths of text prompts.
         output_len_given: ``--output-len`` was given, so it wins over dataset reply lengths.
+        fresh_prompts: each run draws a new ``prompt_salt`` (the runner does), so no server
+            can serve a rerun's generated prompts from its prefix cache. False: the prompts
+            repeat exactly for a seed (then the server may serve them from cache).
+        prompt_salt: the salt of this run's generated prompt text (None: none).
     """
 
     requests: int | None = 32
@@ -125,6 +129,8 @@ class WorkloadConfig:
     prefix_groups: int = 1
     tokenizer: str | None = None
     output_len_given: bool = False
+    fresh_prompts: bool = True
+    prompt_salt: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -139,6 +145,7 @@ class WorkloadConfig:
             "prefix_len": self.prefix_len if self.dataset == "shared-prefix" else None,
             "prefix_groups": self.prefix_groups if self.dataset == "shared-prefix" else None,
             "tokenizer": self.tokenizer,
+            "prompt_salt": self.prompt_salt,
         }
 
 
@@ -205,6 +212,16 @@ def _spec_from_row(
     )
 
 
+def with_fresh_salt(cfg: WorkloadConfig) -> WorkloadConfig:
+    """``cfg`` with a newly drawn ``prompt_salt`` when it asks for fresh prompts."""
+    if not cfg.fresh_prompts or cfg.prompt_salt is not None:
+        return cfg
+    import dataclasses
+    import secrets
+
+    return dataclasses.replace(cfg, prompt_salt=secrets.randbits(31))
+
+
 def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
     """The warmup requests (ids ``0..warmup-1``) followed by the measured ones."""
     if cfg.warmup < 0:
@@ -224,6 +241,7 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
             prefix_groups=cfg.prefix_groups,
             tokenizer=load_tokenizer_for(cfg.tokenizer),
             output_len_given=cfg.output_len_given,
+            salt=cfg.prompt_salt,
         )
     rng = np.random.default_rng(cfg.seed)
     if cfg.prompts_file is not None:
