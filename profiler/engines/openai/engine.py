@@ -53,7 +53,7 @@ from perfscope.profiler.engines.openai.tokens import TokenCounter, count_tokens,
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
 
-__all__ = ["API_KEY_ENV", "OpenAIConfig", "OpenAIEngine", "redact_url"]
+__all__ = ["API_KEY_ENV", "OpenAIConfig", "OpenAIEngine", "is_saturated", "redact_url"]
 
 log = logging.getLogger("perfscope.openai")
 
@@ -664,8 +664,8 @@ class OpenAIEngine:
             st.chunks += 1
             if n > 1:
                 st.multi_token_chunks += 1
-        if len(res.t_ns) > 2:
-            st.gap_ns.append(float(np.median(np.diff(res.t_ns))))
+        if len(res.t_ns) > 2:  # mean gap: robust to chunks that arrived in one read
+            st.gap_ns.append((res.t_ns[-1] - res.t_ns[0]) / (len(res.t_ns) - 1))
         if tc.mismatch is not None:
             st.compared += 1
             st.client_tokens += tc.client_total or 0
@@ -720,9 +720,7 @@ class OpenAIEngine:
         lag_p99 = float(np.percentile(lag, 99)) if lag.size else None
         gap = float(np.median(st.gap_ns)) * 1e-9 if st.gap_ns else None
         late = lag_p99 or 0.0
-        # Late by a share of what is measured: a 1 ms lag is noise against 50 ms gaps and
-        # a third of a 3 ms gap.
-        saturated = late > SATURATION_LAG_S and (gap is None or late > SATURATION_GAP_SHARE * gap)
+        saturated = is_saturated(late, gap)
         client: dict[str, Any] = {
             "loop_lag_s": {
                 "samples": int(lag.size),
@@ -730,7 +728,7 @@ class OpenAIEngine:
                 "p99": lag_p99,
                 "max": float(lag.max()) if lag.size else None,
             },
-            "chunk_gap_median_s": gap,
+            "chunk_gap_s": gap,
             "stamp_lateness_share_of_gap": late / gap if gap else None,
             "loop_cpu_share": cpu_share,
             "saturated": saturated,
@@ -775,7 +773,7 @@ class OpenAIEngine:
                 f"perfscope's HTTP client may stamp chunks late by up to {1e3 * late:.2f} ms "
                 f"(event-loop lag p99; p50 {1e3 * (lag_p50 or 0.0):.2f} ms), "
                 + (
-                    f"{late / gap:.0%} of the median {1e3 * gap:.2f} ms gap between chunks"
+                    f"{late / gap:.0%} of the {1e3 * gap:.2f} ms gap between chunks (median request)"
                     if gap
                     else ""
                 )
@@ -828,6 +826,14 @@ class OpenAIEngine:
         self.info().config["client"] = client
         for w in warnings[len(self._preflight_warnings) :]:
             log.warning("%s", w)
+
+
+def is_saturated(late_s: float, gap_s: float | None) -> bool:
+    """Whether stamps late by ``late_s`` (event-loop lag p99) distort chunks ``gap_s`` apart
+    (median gap between a request's chunks; None: unknown): late by more than
+    ``SATURATION_LAG_S`` and by more than ``SATURATION_GAP_SHARE`` of the gap. A 1 ms lag is
+    noise against 50 ms gaps and a third of a 3 ms gap; stream counts say nothing."""
+    return late_s > SATURATION_LAG_S and (gap_s is None or late_s > SATURATION_GAP_SHARE * gap_s)
 
 
 def _pcts(values_ns: list[int]) -> dict[str, float | None]:
