@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ __all__ = [
     "build_body",
     "classify_exception",
     "error_text",
+    "install_select_stamps",
     "stream_request",
     "trace_config",
 ]
@@ -278,7 +280,50 @@ def _feed_data_stamped(self: StreamReader, data: bytes, *args: Any, **kwargs: An
     entry = _ARRIVALS.get(id(self))
     if entry is not None and data:
         entry[1].append((len(data), entry[0]()))
+        sel = _SELECT
+        if sel.returned_ns and len(STAMP_DELAYS_NS) < _MAX_DELAYS:
+            STAMP_DELAYS_NS.append(time.perf_counter_ns() - sel.returned_ns + sel.busy_ns)
     return _ORIGINAL_FEED(self, data, *args, **kwargs)
+
+
+class _SelectStamps:
+    """When the event loop's selector last returned, and how long the loop was busy before
+    it asked (the longest bytes that arrived meanwhile waited for the selector)."""
+
+    __slots__ = ("busy_ns", "returned_ns")
+
+    def __init__(self) -> None:
+        self.returned_ns = 0
+        self.busy_ns = 0
+
+
+_SELECT = _SelectStamps()
+_MAX_DELAYS = 2_000_000
+#: Per stamped arrival, an upper bound of how late its stamp is through the client's own
+#: work (ns): the loop's busy time before the selector returned the bytes plus the time
+#: from that return to the stamp. Waits for the CPU (a descheduled process) are not in it.
+STAMP_DELAYS_NS: list[int] = []
+
+
+def install_select_stamps(loop: asyncio.AbstractEventLoop) -> bool:
+    """Wrap the running loop's selector so arrivals know their stamp delay (see
+    ``STAMP_DELAYS_NS``); False when the loop has no selector to wrap."""
+    sel = getattr(loop, "_selector", None)
+    if sel is None or getattr(sel, "_perfscope_stamps", False):
+        return sel is not None
+    original = sel.select
+    stamps = _SELECT
+
+    def select(timeout: float | None = None) -> Any:
+        t_enter = time.perf_counter_ns()
+        stamps.busy_ns = t_enter - stamps.returned_ns if stamps.returned_ns else 0
+        events = original(timeout)
+        stamps.returned_ns = time.perf_counter_ns()
+        return events
+
+    sel.select = select
+    sel._perfscope_stamps = True
+    return True
 
 
 def _install_arrival_stamps() -> None:
