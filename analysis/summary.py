@@ -131,7 +131,7 @@ def _client_warnings(manifest: dict[str, Any]) -> list[str]:
     share = cache.get("share")
     if share is not None:
         hits, n = cache.get("requests_hit", 0), cache.get("requests_reporting", 0)
-        if workload.get("dataset") in CACHING_WORKLOADS:
+        if workload.get("dataset") in CACHING_WORKLOADS or workload.get("trace"):
             out.append(
                 f"prefix-cache hit rate {share:.0%} of prompt tokens ({hits} of {n} requests "
                 "hit the cache)"

@@ -100,6 +100,17 @@ def add_openai_options(group: Any) -> None:
         "--prefix-groups", type=int, default=1, help="shared-prefix: distinct prefixes (1)"
     )
     g.add_argument(
+        "--turns", type=int, default=3, help="multi-turn: user turns per conversation (3)"
+    )
+    g.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="replay a production trace (JSONL: timestamp ms or arrival_s, input_length, "
+        "output_length, optional hash_ids as in the Mooncake traces): its arrivals and lengths",
+    )
+    g.add_argument(
         "--duration",
         type=_pos_float,
         default=None,
@@ -140,7 +151,10 @@ def dataset_fields(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     if spec is None and engine.startswith("openai") and getattr(args, "prompts", None) is None:
         spec = "synthetic"
     if spec is None:
-        return {"tokenizer": getattr(args, "tokenizer", None)}
+        return {
+            "tokenizer": getattr(args, "tokenizer", None),
+            "trace_file": getattr(args, "trace", None),
+        }
     kind, _, path = str(spec).partition(":")
     kind = kind.strip().lower()
     return {
@@ -148,6 +162,8 @@ def dataset_fields(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         "dataset_path": Path(path) if path else None,
         "prefix_len": int(getattr(args, "prefix_len", 0) or 0),
         "prefix_groups": int(getattr(args, "prefix_groups", 1) or 1),
+        "turns": int(getattr(args, "turns", 3) or 3),
+        "trace_file": getattr(args, "trace", None),
         "tokenizer": getattr(args, "tokenizer", None),
         # ShareGPT reply lengths are the output lengths unless --output-len moved off its
         # default (128).

@@ -252,7 +252,11 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "from its prefix cache",
             style="dim",
         )
-    requests = args.requests if args.requests is not None else (None if args.prompts else 48)
+    requests = (
+        args.requests
+        if args.requests is not None
+        else (None if args.prompts or getattr(args, "trace", None) else 48)
+    )
     requests, warmup = apply_duration(requests, args.warmup, args, args.rate, args.concurrency)
     workload = WorkloadConfig(
         requests=requests,

@@ -42,6 +42,10 @@ class RequestSpec:
             synthetic token-length workloads.
         prompt_token_ids: explicit token ids, when the workload fixes them.
         is_warmup: excluded from every statistic.
+        arrival_s: when it arrives, seconds from the start of its phase (a replayed trace);
+            None: the load's arrival pattern decides.
+        after: a request that must finish before this one is sent (the previous turn of a
+            conversation); None: none.
     """
 
     request_id: int
@@ -50,6 +54,8 @@ class RequestSpec:
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     is_warmup: bool = False
+    arrival_s: float | None = None
+    after: int | None = None
 
 
 @dataclass

@@ -264,3 +264,52 @@ def test_saturation_is_judged_by_lateness_against_the_chunk_gap() -> None:
     assert is_saturated(5.8e-3, 2.9e-3)  # concurrency 4: 5.8 ms late, gaps 2.9 ms
     assert not is_saturated(2e-3, 50e-3)  # 2 ms against 50 ms gaps is noise
     assert is_saturated(2e-3, None)
+
+
+def test_a_trace_is_replayed_with_its_arrivals_lengths_and_shared_prefixes(
+    runs_dir: Path,
+) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 16, "output_length": 3, "hash_ids": [1, 2]},
+        {"timestamp": 150, "input_length": 20, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"timestamp": 300, "input_length": 16, "output_length": 3, "hash_ids": [1, 4]},
+        {"timestamp": 450, "input_length": 8, "output_length": 2, "hash_ids": [5]},
+    ]
+    trace = runs_dir / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wl = WorkloadConfig(requests=None, dataset="synthetic", trace_file=trace, trace_block_tokens=8)
+    with scripted_server(*FAST, "--cache") as url:
+        out = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
+    req = pd.read_parquet(out.path / "requests.parquet").sort_values("request_id")
+    assert list(req["prompt_tokens"]) == [16, 20, 16, 8]
+    assert list(req["output_tokens"]) == [3, 4, 3, 2]
+    gaps_s = np.diff(req["t_scheduled"].to_numpy()) / 1e9
+    assert np.allclose(gaps_s, 0.15, atol=0.01), gaps_s
+    # Shared hash blocks are shared prompt text: the server's cache sees exactly them.
+    assert list(req["cached_tokens"]) == [0, 16, 8, 0]
+    (line,) = [w for w in out.summary["warnings"] if "hit rate" in w]
+    assert "2 of 4 requests" in line
+
+
+def test_multi_turn_conversations_resend_the_growing_history(runs_dir: Path) -> None:
+    wl = WorkloadConfig(
+        requests=6,
+        dataset="multi-turn",
+        turns=3,
+        prompt_len=LengthDist("constant", 6),
+        output_len=LengthDist("constant", 4),
+    )
+    with scripted_server(*FAST, "--cache") as url:
+        out = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
+    req = pd.read_parquet(out.path / "requests.parquet").sort_values("request_id")
+    assert req["error"].isna().all()
+    # Ids go turn by turn over the 2 conversations: 0,1 first turns; 2,3 second; 4,5 third.
+    p = req["prompt_tokens"].to_numpy()
+    assert (p[2:4] > p[0:2]).all() and (p[4:6] > p[2:4]).all()
+    # Each later turn finds the previous turn's prompt in the cache, and waited for its reply.
+    cached = req["cached_tokens"].to_numpy()
+    assert (cached[2:] >= p[:4]).all(), (cached, p)
+    sent = req["t_sent"].to_numpy()
+    last = req["t_last_token"].to_numpy()
+    assert (sent[2:] >= last[:4]).all()
+    assert any("hit rate" in w for w in out.summary["warnings"])
