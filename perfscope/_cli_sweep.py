@@ -157,7 +157,14 @@ def dataset_fields(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         }
     kind, _, path = str(spec).partition(":")
     kind = kind.strip().lower()
+    server_tok = None
+    if engine.startswith("openai:") and not getattr(args, "tokenizer", None) and "@" not in engine:
+        # Exact generated prompt lengths from the server's own /tokenize where it has one.
+        base = engine.split(":", 1)[1].strip().rstrip("/")
+        base = base if "://" in base else "http://" + base
+        server_tok = base.removesuffix("/v1")
     return {
+        "server_tokenizer": server_tok,
         "dataset": kind,
         "dataset_path": Path(path) if path else None,
         "prefix_len": int(getattr(args, "prefix_len", 0) or 0),

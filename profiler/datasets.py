@@ -24,6 +24,7 @@ from perfscope.profiler.records import RequestSpec
 __all__ = [
     "DATASET_KINDS",
     "WORDS",
+    "ServerTokenizer",
     "build_dataset_specs",
     "load_conversations",
     "load_sharegpt",
@@ -412,9 +413,71 @@ def build_dataset_specs(
     ]
 
 
-def load_tokenizer_for(path: str | None) -> Any | None:
-    """The ``tokenizers`` tokenizer at ``path`` (file or folder), or None when not given."""
-    return load_tokenizer(path) if path else None
+def load_tokenizer_for(path: str | None, server_url: str | None = None) -> Any | None:
+    """The ``tokenizers`` tokenizer at ``path`` (file or folder); else the server's own
+    ``/tokenize`` at ``server_url`` when it has one; else None."""
+    if path:
+        return load_tokenizer(path)
+    if server_url:
+        return ServerTokenizer.probe(server_url)
+    return None
+
+
+class _Encoding:
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+
+class ServerTokenizer:
+    """The server's tokenizer through its ``POST /tokenize`` (vLLM and SGLang take
+    ``prompt``, llama.cpp ``content``), for exact prompt lengths without a local tokenizer.
+    Only ``encode(...).ids`` (token counts) is offered; one loopback request per call.
+
+    Attributes:
+        url: the ``/tokenize`` URL; key: the body field the server takes for the text.
+    """
+
+    def __init__(self, root_url: str, key: str, model: str | None = None) -> None:
+        self.url = root_url.rstrip("/") + "/tokenize"
+        self.key = key
+        self.model = model
+        self.calls = 0
+
+    @classmethod
+    def probe(cls, root_url: str, model: str | None = None) -> ServerTokenizer | None:
+        """A tokenizer for the server at ``root_url`` (without ``/v1``), or None when it has
+        no usable ``/tokenize`` (or cannot be reached: the engine's preflight says why)."""
+        for key in ("prompt", "content"):
+            tok = cls(root_url, key, model)
+            try:
+                if len(tok.encode("Hello world").ids) > 0:
+                    return tok
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def encode(self, sequence: str, add_special_tokens: bool = False) -> _Encoding:
+        import urllib.request
+
+        body: dict[str, Any] = {self.key: sequence}
+        body["add_special_tokens" if self.key == "prompt" else "add_special"] = add_special_tokens
+        if self.model:
+            body["model"] = self.model
+        req = urllib.request.Request(
+            self.url,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            data = json.loads(r.read())
+        self.calls += 1
+        ids = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(ids, list):
+            raise ValueError("no 'tokens' in the /tokenize answer")
+        return _Encoding([int(x) if isinstance(x, int) else 0 for x in ids])
 
 
 def load_tokenizer(path: str | Path) -> Any:

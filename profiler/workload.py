@@ -129,6 +129,8 @@ class WorkloadConfig:
             times, prompt and output lengths and optional prefix-block hash ids.
         trace_block_tokens: tokens per prefix hash block of the trace (Mooncake: 512).
         turns: user turns per conversation (``multi-turn`` dataset).
+        server_tokenizer: root URL of a server whose ``/tokenize`` sizes generated prompts
+            exactly when no ``tokenizer`` is given (None: estimate, one word a token).
     """
 
     requests: int | None = 32
@@ -148,6 +150,7 @@ class WorkloadConfig:
     trace_file: Path | None = None
     trace_block_tokens: int = 512
     turns: int = 3
+    server_tokenizer: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -165,6 +168,7 @@ class WorkloadConfig:
             "prompt_salt": self.prompt_salt,
             "trace": str(self.trace_file) if self.trace_file else None,
             "turns": self.turns if self.dataset == "multi-turn" else None,
+            "server_tokenizer": self.server_tokenizer,
         }
 
 
@@ -260,7 +264,7 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
             path=cfg.dataset_path,
             prefix_len=cfg.prefix_len,
             prefix_groups=cfg.prefix_groups,
-            tokenizer=load_tokenizer_for(cfg.tokenizer),
+            tokenizer=load_tokenizer_for(cfg.tokenizer, cfg.server_tokenizer),
             output_len_given=cfg.output_len_given,
             salt=cfg.prompt_salt,
             turns=cfg.turns,
@@ -383,7 +387,7 @@ def load_trace(cfg: WorkloadConfig) -> list[RequestSpec]:
     if text:
         from perfscope.profiler.datasets import load_tokenizer_for, synthetic_text
 
-        tokenizer = load_tokenizer_for(cfg.tokenizer)
+        tokenizer = load_tokenizer_for(cfg.tokenizer, cfg.server_tokenizer)
     block = max(1, cfg.trace_block_tokens)
     blocks: dict[tuple[int, int, int], str] = {}
     salt = [cfg.prompt_salt] if cfg.prompt_salt is not None else []

@@ -253,10 +253,17 @@ def test_inexact_prompt_lengths_are_warned_about(runs_dir: Path) -> None:
     )
     with scripted_server(*FAST, "--token-factor", "1.3") as url:
         out = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
+        # The server's /tokenize sizes the prompts instead: exact, and no warning.
+        exact_wl = WorkloadConfig(**{**wl.__dict__, "server_tokenizer": url.removesuffix("/v1")})
+        exact = execute_run(
+            RunOptions(engine=f"openai:{url}", workload=exact_wl, runs_dir=runs_dir)
+        )
     (w,) = [w for w in out.summary["warnings"] if "prompt lengths are not exact" in w]
     assert "asked 40-40 tokens, the server counted 52-52" in w
     req = pd.read_parquet(out.path / "requests.parquet")
     assert (req["prompt_tokens"] == 52).all()
+    assert (pd.read_parquet(exact.path / "requests.parquet")["prompt_tokens"] == 40).all()
+    assert not any("not exact" in w for w in exact.summary["warnings"])
 
 
 def test_saturation_is_judged_by_lateness_against_the_chunk_gap() -> None:

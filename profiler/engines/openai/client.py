@@ -469,7 +469,7 @@ async def stream_request(
                 url,
                 data=body,
                 headers=headers,
-                trace_request_ctx=tr,  # type: ignore[arg-type]
+                trace_request_ctx=tr,
             ) as resp:
                 res.t_headers_ns = now_ns()
                 res.status = resp.status
