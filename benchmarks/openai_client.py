@@ -11,6 +11,9 @@ one importable by the interpreter that runs it), so before/after compare on one 
 comparison behind the choice of aiohttp).
 
     .venv/bin/python benchmarks/openai_client.py [--tokens 40] [--itl 0.02] [--httpx]
+        [--workers N] [--streams 1,16,64,256]
+
+(With ``--workers`` > 1 the CPU per token counts only the parent process.)
 """
 
 from __future__ import annotations
@@ -46,10 +49,11 @@ def _stats(errors_ms: np.ndarray) -> str:
     return f"p50 {p50:.3f}  p99 {p99:.3f}  max {mx:.3f}"
 
 
-def bench_engine(url: str, streams: int, tokens: int) -> dict[str, float]:
+def bench_engine(url: str, streams: int, tokens: int, workers: int = 1) -> dict[str, float]:
     specs = [RequestSpec(i, 8, tokens, prompt=f"id=b{streams}x{i}") for i in range(streams)]
     _log(url)
-    engine = create_engine(f"openai:{url}", EngineOptions())
+    extra = {"workers": str(workers)} if workers > 1 else {}
+    engine = create_engine(f"openai:{url}", EngineOptions(extra=extra))
     clock = MonotonicClock()
     rec = Recorder(clock)
     inbox = Inbox()
@@ -58,6 +62,7 @@ def bench_engine(url: str, streams: int, tokens: int) -> dict[str, float]:
     driver.start()
     engine.serve(inbox, rec)
     cpu = time.process_time() - cpu0
+    engine.close()
     log = _log(url)
     chunks = rec.chunks_table().to_pandas().sort_values(["request_id", "t"])
     req = rec.requests_table().to_pandas().set_index("request_id")
@@ -155,6 +160,9 @@ def main() -> None:
     ap.add_argument("--itl", type=float, default=0.02)
     ap.add_argument("--streams", default="1,16,64,256")
     ap.add_argument("--httpx", action="store_true")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="worker processes sharing the streams (1)"
+    )
     a = ap.parse_args()
     proc = subprocess.Popen(
         [sys.executable, str(SERVER), "--ttft", "0.02", "--itl", str(a.itl)],
@@ -165,7 +173,11 @@ def main() -> None:
     url = f"http://127.0.0.1:{int(proc.stdout.readline().split()[1])}/v1"
     try:
         for n in (int(x) for x in a.streams.split(",")):
-            r = bench_engine(url, n, a.tokens)
+            r = (
+                bench_engine(url, n, a.tokens, a.workers)
+                if a.workers > 1
+                else bench_engine(url, n, a.tokens)
+            )
             te = r["ttft_err_ms"]
             print(
                 f"TTFT error {n:4d} streams (ms): p50 {np.percentile(te, 50):+.2f}  "

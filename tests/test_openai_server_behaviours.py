@@ -320,3 +320,39 @@ def test_multi_turn_conversations_resend_the_growing_history(runs_dir: Path) -> 
     last = req["t_last_token"].to_numpy()
     assert (sent[2:] >= last[:4]).all()
     assert any("hit rate" in w for w in out.summary["warnings"])
+
+
+def test_streams_sharded_over_worker_processes_keep_the_run_clock() -> None:
+    specs = _specs(12, "wk", out=6)
+    with scripted_server(*FAST, "--close-after-stream", "0.3") as url:
+        server_log(url)
+        engine = create_engine(f"openai:{url}", EngineOptions(extra={"workers": "2"}))
+        try:
+            from perfscope.profiler.clock import MonotonicClock
+            from perfscope.profiler.driver import Driver
+            from perfscope.profiler.engines.base import Inbox
+            from perfscope.profiler.recorder import Recorder
+
+            clock = MonotonicClock()
+            rec = Recorder(clock)
+            inbox = Inbox()
+            driver = Driver(specs, LoadConfig(mode="online", concurrency=4), inbox, rec)
+            driver.start()
+            engine.serve(inbox, rec)
+            driver.join()
+        finally:
+            engine.close()
+        log = server_log(url)
+    req = rec.requests_table().to_pandas().sort_values("request_id")
+    chunks = rec.chunks_table().to_pandas()
+    assert req["error"].isna().all(), req["error"].dropna().tolist()
+    assert (req["attempts"] == 2).sum() >= 2  # workers retry a dead pooled connection too
+    origin = clock.origin_perf_counter_ns
+    for rid in req["request_id"]:
+        w = np.asarray(log[f"wk{rid}"]["writes"]) - origin
+        t = np.sort(chunks[chunks["request_id"] == rid]["t"].to_numpy())
+        assert len(t) == len(w) == 6
+        # Stamped in another process, on the same clock: after the write, and soon.
+        assert (t >= w).all() and np.median(t - w) < 20e6, (t - w) / 1e6
+    client = engine.info().config["client"]
+    assert client["workers"] == 2 and client["stamp_delay_s"]["samples"] > 0

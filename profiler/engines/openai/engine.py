@@ -51,6 +51,7 @@ from perfscope.profiler.engines.openai.client import (
     trace_config,
 )
 from perfscope.profiler.engines.openai.tokens import TokenCounter, count_tokens, load_tokenizer
+from perfscope.profiler.engines.openai.workers import WorkerJobResult, WorkerPool, WorkerSettings
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
 
@@ -114,6 +115,8 @@ class OpenAIConfig:
         include_usage / continuous_usage: ask for usage (final, and per chunk).
         connection: ``reuse`` (keep-alive pool, default) or ``new`` (a new connection per
             request, closed after it).
+        workers: event loops in worker processes that share the streams (1: one loop in
+            this process); see :mod:`.workers`.
         prompt_salt: varies the text the engine makes up for token-length-only requests;
             None repeats it exactly (the server may serve it from its prompt cache).
         longest_request_tokens: the workload's longest prompt + output, checked against the
@@ -133,6 +136,7 @@ class OpenAIConfig:
     include_usage: bool = True
     continuous_usage: bool = True
     connection: str = "reuse"
+    workers: int = 1
     prompt_salt: int | None = None
     longest_request_tokens: int | None = None
 
@@ -184,6 +188,12 @@ class OpenAIConfig:
                 f"--connection {connection!r}: use 'reuse' (keep-alive pool) or 'new' "
                 "(a new connection per request)"
             )
+        try:
+            workers = int(x.get("workers") or 1)
+        except ValueError:
+            raise UsageError(f"workers {x.get('workers')!r}: give a whole number") from None
+        if not 1 <= workers <= 64:
+            raise UsageError(f"workers must be 1-64, got {workers}")
         salt_text = (x.get("prompt_salt") or "none").strip().lower()
         try:
             salt = None if salt_text in ("", "none") else int(salt_text)
@@ -205,6 +215,7 @@ class OpenAIConfig:
             preflight=_truthy(x.get("preflight"), True),
             continuous_usage=_truthy(x.get("continuous_usage"), True),
             connection=connection,
+            workers=workers,
             prompt_salt=salt,
             longest_request_tokens=options.longest_request_tokens,
         )
@@ -277,6 +288,7 @@ class OpenAIEngine:
         self._info: EngineInfo | None = None
         self.stats = _Stats()
         self._preflight_warnings: list[str] = []
+        self._pool: WorkerPool | None = None
 
     # --- setup --------------------------------------------------------------------------
 
@@ -495,14 +507,28 @@ class OpenAIEngine:
                     "tokenizer": cfg.tokenizer,
                     "auth": "bearer" if cfg.api_key else None,
                     "connection": cfg.connection,
+                    "workers": cfg.workers,
                     "prompt_salt": cfg.prompt_salt,
                     "client": "aiohttp " + aiohttp.__version__,
                 },
             )
         return self._info
 
+    def start_workers(self) -> None:
+        """Start the worker processes (``workers`` > 1) once the preflight is done."""
+        if self.cfg.workers > 1 and self._pool is None:
+            self._pool = WorkerPool(
+                self.cfg.workers,
+                WorkerSettings(
+                    self.cfg.url, dict(self._headers), self.cfg.timeout_s, self.cfg.connection
+                ),
+            )
+
     def close(self) -> None:
-        """Nothing held between runs."""
+        """Stop the worker processes, if any."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def _body(self, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
         cfg, sup = self.cfg, self.supported
@@ -533,8 +559,69 @@ class OpenAIEngine:
         return synthetic_text(spec.prompt_tokens, rng, None)[0]
 
     def serve(self, inbox: Inbox, recorder: Recorder) -> None:
-        """Serve every submission from ``inbox`` on one event loop until all are done."""
-        asyncio.run(self._serve(inbox, recorder))
+        """Serve every submission from ``inbox`` on one event loop (or the worker processes'
+        loops) until all are done."""
+        origin = getattr(recorder.clock, "origin_perf_counter_ns", None)
+        if self._pool is not None and isinstance(origin, int):
+            self._serve_sharded(self._pool, origin, inbox, recorder)
+        else:
+            asyncio.run(self._serve(inbox, recorder))
+
+    def _serve_sharded(
+        self, pool: WorkerPool, origin: int, inbox: Inbox, recorder: Recorder
+    ) -> None:
+        now_ns = recorder.clock.now_ns
+        jobs: dict[int, Submission] = {}
+        submitted = threading.Event()
+        feeder_error: list[BaseException] = []
+        pool.start_run(origin)
+
+        def feeder() -> None:
+            try:
+                while True:
+                    sub = inbox.get(timeout_s=0.1)
+                    if sub is None:
+                        if inbox.finished:
+                            break
+                        continue
+                    body = json.dumps(
+                        self._body(self._prompt_of(sub.spec), sub.spec.max_output_tokens)
+                    ).encode()
+                    jobs[sub.spec.request_id] = sub
+                    sub.handle.record.t_dispatched = now_ns()
+                    pool.submit(sub.spec.request_id, body)
+            except BaseException as exc:
+                feeder_error.append(exc)
+            finally:
+                submitted.set()
+
+        def on_result(r: WorkerJobResult) -> None:
+            sub = jobs.pop(r.job_id)
+            st = self.stats
+            if r.attempts == 2:
+                st.retried += 1
+                st.retry_reasons[str(r.first_error).split(":")[0]] += 1
+                if r.result.error is not None:
+                    st.retry_failed += 1
+            sub.handle.record.attempts = r.attempts
+            try:
+                self._record(sub, r.result)
+            except Exception as exc:  # never let one request end the run
+                sub.handle.finish(error=f"{type(exc).__name__}: {exc}"[:300])
+
+        thread = threading.Thread(target=feeder, name="perfscope-openai-feeder", daemon=True)
+        thread.start()
+        worker_stats = pool.collect(on_result, submitted.is_set)
+        thread.join()
+        self.stats.lag_ns = [x for w in worker_stats for x in w.lag_ns]
+        _client.STAMP_DELAYS_NS[:] = [x for w in worker_stats for x in w.stamp_delays_ns]
+        busiest = max(worker_stats, key=lambda w: w.cpu_s / w.wall_s if w.wall_s else 0.0)
+        self._report(busiest.cpu_s, busiest.wall_s)
+        if feeder_error:
+            exc = feeder_error[0]
+            if isinstance(exc, UsageError | EngineError):
+                raise exc
+            raise EngineError(f"openai engine: preparing a request failed: {exc}") from exc
 
     async def _serve(self, inbox: Inbox, recorder: Recorder) -> None:
         loop = asyncio.get_running_loop()
@@ -746,6 +833,7 @@ class OpenAIEngine:
             "chunk_gap_s": gap,
             "stamp_lateness_share_of_gap": late / gap if gap else None,
             "loop_cpu_share": cpu_share,
+            "workers": self.cfg.workers if self._pool is not None else 1,
             "saturated": saturated,
             "client_queue_s": _pcts(st.queue_ns),
             "send_path_s": _pcts(st.send_path_ns),
@@ -868,4 +956,5 @@ def create_openai_engine(uri: str, options: EngineOptions) -> OpenAIEngine:
         engine.preflight()
     elif cfg.model is None:
         raise UsageError("give --model NAME (the preflight that would ask the server is off)")
+    engine.start_workers()
     return engine
