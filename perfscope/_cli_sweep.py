@@ -83,6 +83,13 @@ def add_openai_options(group: Any) -> None:
         help="tokenizer.json (or its folder): exact prompt lengths and client token counts",
     )
     g.add_argument(
+        "--connection",
+        choices=("reuse", "new"),
+        default=None,
+        help="openai: reuse pooled keep-alive connections (default) or open a new one per "
+        "request; a request that fails before reaching the server is retried once either way",
+    )
+    g.add_argument(
         "--no-preflight",
         action="store_true",
         help="openai: skip the test request that checks URL, model and streaming",
@@ -135,6 +142,7 @@ def openai_extra(args: argparse.Namespace) -> dict[str, str]:
         ("timeout", "timeout"),
         ("max_tokens", "max_tokens"),
         ("tokenizer", "tokenizer"),
+        ("connection", "connection"),
     ):
         v = getattr(args, flag, None)
         if v is not None:

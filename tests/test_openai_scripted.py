@@ -278,6 +278,8 @@ def test_openai_options_reach_the_engine_through_the_cli_parser() -> None:
             "7",
             "--timeout",
             "3",
+            "--connection",
+            "new",
         ]
     )
     extra = openai_extra(args)
@@ -287,6 +289,7 @@ def test_openai_options_reach_the_engine_through_the_cli_parser() -> None:
         "extra_body": '{"top_p":1}',
         "timeout": "3.0",
         "max_tokens": "7",
+        "connection": "new",
         "ignore_eos": "false",
     }
     assert redact_argv(["run", "--api-key", "k", "--api-key=k2"]) == [

@@ -356,3 +356,30 @@ def test_streams_sharded_over_worker_processes_keep_the_run_clock() -> None:
         assert (t >= w).all() and np.median(t - w) < 20e6, (t - w) / 1e6
     client = engine.info().config["client"]
     assert client["workers"] == 2 and client["stamp_delay_s"]["samples"] > 0
+
+
+def test_multi_turn_from_a_file_resends_the_recorded_replies(tmp_path: Path) -> None:
+    from perfscope.profiler.workload import build_workload
+
+    convs = [
+        {
+            "conversations": [
+                {"from": "human", "value": "first question here"},
+                {"from": "gpt", "value": "first answer with five words"},
+                {"from": "human", "value": "second question"},
+                {"from": "gpt", "value": "second answer"},
+            ]
+        }
+    ]
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(convs))
+    specs = build_workload(
+        WorkloadConfig(requests=2, dataset="multi-turn", dataset_path=path, turns=2)
+    )
+    assert [s.after for s in specs] == [None, 0]
+    assert specs[0].prompt == "User: first question here"
+    assert specs[1].prompt == (
+        "User: first question here\nAssistant: first answer with five words\nUser: second question"
+    )
+    # The recorded reply sets the output length (one word a token without a tokenizer).
+    assert [s.max_output_tokens for s in specs] == [5, 2]
