@@ -195,8 +195,9 @@ class WorkerPool:
             with self._lock:
                 if done and sum(self.in_flight) == 0:
                     break
-            for c in wait(self.conns, timeout=0.1):
-                msg = c.recv()  # type: ignore[union-attr]
+            for ready in wait(self.conns, timeout=0.1):
+                c = self.conns[index[id(ready)]]
+                msg = c.recv()
                 if isinstance(msg, WorkerJobResult):
                     with self._lock:
                         self.in_flight[index[id(c)]] -= 1
