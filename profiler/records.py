@@ -15,7 +15,9 @@ import pyarrow as pa
 
 __all__ = [
     "CHUNK_SCHEMA",
+    "REQUEST_OPTIONAL_SCHEMA",
     "REQUEST_SCHEMA",
+    "REQUEST_TABLE_SCHEMA",
     "STEP_SCHEMA",
     "TELEMETRY_SCHEMA",
     "ChunkRecord",
@@ -162,7 +164,14 @@ REQUEST_SCHEMA = pa.schema(
         ("output_tokens", pa.int64()),
         ("error", pa.string()),
         ("is_warmup", pa.bool_()),
-        # Optional (issue 16/20, HTTP engines; null elsewhere): see RequestRecord.
+    ]
+)
+
+#: Optional request columns (issues 16/20; HTTP engines fill them, null elsewhere; see
+#: :class:`RequestRecord`). Kept apart from ``REQUEST_SCHEMA`` so that tables built with the
+#: core columns stay valid; the recorder writes ``REQUEST_TABLE_SCHEMA`` (both).
+REQUEST_OPTIONAL_SCHEMA = pa.schema(
+    [
         ("t_dispatched", pa.int64()),
         ("connect_ns", pa.int64()),
         ("t_response_headers", pa.int64()),
@@ -172,6 +181,8 @@ REQUEST_SCHEMA = pa.schema(
         ("truncated", pa.bool_()),
     ]
 )
+
+REQUEST_TABLE_SCHEMA = pa.schema([*REQUEST_SCHEMA, *REQUEST_OPTIONAL_SCHEMA])
 
 CHUNK_SCHEMA = pa.schema(
     [
