@@ -439,10 +439,13 @@ class ServerTokenizer:
         url: the ``/tokenize`` URL; key: the body field the server takes for the text.
     """
 
-    def __init__(self, root_url: str, key: str, model: str | None = None) -> None:
+    def __init__(
+        self, root_url: str, key: str, model: str | None = None, timeout_s: float = 30.0
+    ) -> None:
         self.url = root_url.rstrip("/") + "/tokenize"
         self.key = key
         self.model = model
+        self.timeout_s = timeout_s
         self.calls = 0
 
     @classmethod
@@ -450,9 +453,10 @@ class ServerTokenizer:
         """A tokenizer for the server at ``root_url`` (without ``/v1``), or None when it has
         no usable ``/tokenize`` (or cannot be reached: the engine's preflight says why)."""
         for key in ("prompt", "content"):
-            tok = cls(root_url, key, model)
+            tok = cls(root_url, key, model, timeout_s=5.0)
             try:
                 if len(tok.encode("Hello world").ids) > 0:
+                    tok.timeout_s = 30.0
                     return tok
             except (OSError, ValueError):
                 continue
@@ -471,7 +475,7 @@ class ServerTokenizer:
             headers={"Content-Type": "application/json"},
             method="POST",
         )
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
             data = json.loads(r.read())
         self.calls += 1
         ids = data.get("tokens") if isinstance(data, dict) else None
