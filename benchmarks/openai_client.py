@@ -91,6 +91,7 @@ def bench_engine(url: str, streams: int, tokens: int, workers: int = 1) -> dict[
         "cpu_us_per_token": cpu / n_tok * 1e6,
         "loop_lag_p99_ms": (client["loop_lag_s"]["p99"] or 0) * 1e3,
         "saturated": client["saturated"],
+        "stamp_delay_p99_ms": ((client.get("stamp_delay_s") or {}).get("p99") or 0) * 1e3,
     }
 
 
@@ -190,7 +191,8 @@ def main() -> None:
                 f"{_stats(r['stamp_err_ms'])}; "
                 f"|ITL err| p99 {np.percentile(r['itl_err_ms'], 99):.3f} ms; "
                 f"CPU {r['cpu_us_per_token']:.1f} us/token; "
-                f"loop lag p99 {r['loop_lag_p99_ms']:.2f} ms"
+                f"loop lag p99 {r['loop_lag_p99_ms']:.2f} ms; own stamp delay p99 "
+                f"{r['stamp_delay_p99_ms']:.2f} ms"
                 f"{' (saturated)' if r['saturated'] else ''}"
             )
             if a.httpx:

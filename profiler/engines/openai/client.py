@@ -282,13 +282,15 @@ def _feed_data_stamped(self: StreamReader, data: bytes, *args: Any, **kwargs: An
         entry[1].append((len(data), entry[0]()))
         sel = _SELECT
         if sel.returned_ns and len(STAMP_DELAYS_NS) < _MAX_DELAYS:
-            STAMP_DELAYS_NS.append(time.perf_counter_ns() - sel.returned_ns + sel.busy_ns)
+            STAMP_DELAYS_NS.append(time.thread_time_ns() - sel.returned_ns + sel.busy_ns)
     return _ORIGINAL_FEED(self, data, *args, **kwargs)
 
 
 class _SelectStamps:
-    """When the event loop's selector last returned, and how long the loop was busy before
-    it asked (the longest bytes that arrived meanwhile waited for the selector)."""
+    """The loop thread's CPU time (``thread_time_ns``) when its selector last returned, and
+    the CPU it spent before it asked again (the longest that bytes arriving meanwhile waited
+    for the selector through the client's own work). CPU time, not wall time: waiting for a
+    CPU held by other processes is not the client's work and is not counted."""
 
     __slots__ = ("busy_ns", "returned_ns")
 
@@ -300,8 +302,8 @@ class _SelectStamps:
 _SELECT = _SelectStamps()
 _MAX_DELAYS = 2_000_000
 #: Per stamped arrival, an upper bound of how late its stamp is through the client's own
-#: work (ns): the loop's busy time before the selector returned the bytes plus the time
-#: from that return to the stamp. Waits for the CPU (a descheduled process) are not in it.
+#: work (ns of the loop thread's CPU): the loop's work before the selector returned the
+#: bytes plus its work from that return to the stamp. Waits for a CPU are not in it.
 STAMP_DELAYS_NS: list[int] = []
 
 
@@ -315,10 +317,10 @@ def install_select_stamps(loop: asyncio.AbstractEventLoop) -> bool:
     stamps = _SELECT
 
     def select(timeout: float | None = None) -> Any:
-        t_enter = time.perf_counter_ns()
+        t_enter = time.thread_time_ns()
         stamps.busy_ns = t_enter - stamps.returned_ns if stamps.returned_ns else 0
         events = original(timeout)
-        stamps.returned_ns = time.perf_counter_ns()
+        stamps.returned_ns = time.thread_time_ns()
         return events
 
     sel.select = select
