@@ -9,6 +9,7 @@ from perfscope.analysis.advisor import advise
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import roofline_section
+from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.summary import build_summary
 from perfscope.analysis.whatif import project_run
 from perfscope.errors import PerfscopeError
@@ -133,10 +134,41 @@ def analyze_stored(
         slos=slos,
         extra_sections=extra,
     )
+    summary["server_metrics"] = _server_metrics(run, summary)
     if write:
         write_json_atomic(run.path / "summary.json", summary)
     run.summary = summary
     return summary
+
+
+def _server_metrics(run: StoredRun, summary: dict[str, Any]) -> dict[str, Any]:
+    """The server's own metrics for the run (``server_metrics.parquet``), beside perfscope's."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    info = run.manifest.get("server_metrics") or {}
+    path = run.path / "server_metrics.parquet"
+    if not path.exists():
+        return server_metrics_section(pd.DataFrame(), info)
+    try:
+        frame = pq.read_table(path).to_pandas()
+    except (OSError, pa.ArrowInvalid) as exc:
+        return {"available": False, "reason": f"cannot read {path.name}: {exc}"}
+    lat = summary.get("latency") or {}
+    model_dict = (run.manifest.get("engine") or {}).get("model")
+    try:
+        model = ModelSpec.from_dict(model_dict) if model_dict else None
+    except (PerfscopeError, KeyError, TypeError, ValueError):
+        model = None
+    return server_metrics_section(
+        frame,
+        info,
+        client_ttft_mean_s=(lat.get("ttft") or {}).get("mean"),
+        client_tpot_mean_s=(lat.get("tpot") or {}).get("mean"),
+        model=model,
+        requests=run.requests,
+    )
 
 
 def analyze_path(

@@ -24,6 +24,7 @@ from perfscope.profiler.contention import ContentionMeter
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
 from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.server_metrics import ServerMetricsConfig, start_server_metrics
 from perfscope.profiler.store import (
     default_runs_root,
     new_run_dir,
@@ -57,6 +58,8 @@ class RunOptions:
         nvtx: ``True``/``False`` force NVTX ranges on/off; ``None`` = on only when a profiler
             (Nsight Systems) is attached.
         command: the command line, for the manifest.
+        server_metrics: scraping of the server's Prometheus endpoint (``auto``: an HTTP
+            engine's ``/metrics`` when it answers).
     """
 
     engine: str = "reference"
@@ -70,6 +73,7 @@ class RunOptions:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     nvtx: bool | None = None
     command: list[str] | None = None
+    server_metrics: ServerMetricsConfig = field(default_factory=ServerMetricsConfig)
 
 
 @dataclass
@@ -205,6 +209,10 @@ def execute_run(
     driver = Driver(specs, opts.load, inbox, recorder)
     status, error = "complete", None
     contention = ContentionMeter().start()
+    # Hook: the server's own metrics, start snapshot before the first request.
+    scraper, manifest["server_metrics"] = start_server_metrics(
+        opts.server_metrics, opts.engine, clock.now_ns
+    )
     progress.on_start(len(specs))
     try:
         with nvtx_ranges.run_range(manifest["run_id"]):
@@ -232,6 +240,12 @@ def execute_run(
             write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())
             write_table_atomic(run_dir / "chunks.parquet", recorder.chunks_table())
             write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
+            if scraper is not None:
+                write_table_atomic(run_dir / "server_metrics.parquet", scraper.stop())
+                manifest["server_metrics"] = {
+                    **manifest["server_metrics"],
+                    **scraper.manifest_info(),
+                }
             if telemetry is not None:
                 write_table_atomic(run_dir / "telemetry.parquet", telemetry.stop())
                 manifest["telemetry"] = telemetry.manifest_info()

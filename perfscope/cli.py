@@ -186,6 +186,19 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     t.add_argument("--gpus", default=None, help="GPUs to sample, e.g. 0,1 (default: all visible)")
     t.add_argument("--no-telemetry", action="store_true", help="do not sample the hardware")
     t.add_argument(
+        "--server-metrics",
+        default="auto",
+        metavar="auto|URL|off",
+        help="scrape the server's Prometheus metrics (vLLM, SGLang, TGI, llama.cpp) during the "
+        "run into server_metrics.parquet; auto: the openai: server's /metrics if it answers",
+    )
+    t.add_argument(
+        "--server-metrics-interval",
+        default="1s",
+        metavar="DURATION",
+        help="seconds between server-metrics scrapes (default 1s; snapshots at start and end)",
+    )
+    t.add_argument(
         "--nvtx",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -286,8 +299,19 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         gpus=parse_gpus(args.gpus) if args.gpus else None,
         enabled=not args.no_telemetry,
     )
+    from perfscope.profiler.server_metrics import ServerMetricsConfig
+
+    try:
+        server_metrics = ServerMetricsConfig.parse(
+            args.server_metrics, parse_duration(args.server_metrics_interval)
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if server_metrics.interval_s < 0.05:
+        raise UsageError("--server-metrics-interval: at least 50ms")
     opts = RunOptions(
         engine=args.engine,
+        server_metrics=server_metrics,
         workload=workload,
         load=load,
         engine_options=eopts,
