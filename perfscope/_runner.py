@@ -161,8 +161,10 @@ def execute_run(
         eopts = EngineOptions(**{**eopts.__dict__, "max_seq_len": longest})
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
-    if info.model is None and info.config.get("hf_config"):
-        info.model = _model_from_hf_config(str(info.config["hf_config"]), info.dtype)
+    # A server's model (openai:) is known from its config: --engine-opt hf_config=PATH.
+    hf_config = info.config.get("hf_config") or eopts.extra.get("hf_config")
+    if info.model is None and hf_config:
+        info.model = _model_from_hf_config(str(hf_config), info.dtype)
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:
