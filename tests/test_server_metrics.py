@@ -430,3 +430,24 @@ def test_auto_mode_on_a_server_without_metrics_records_why(
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["server_metrics"]["enabled"] is False
     assert manifest["server_metrics"]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "kind"),
+    [("vllm-live", "vllm"), ("llamacpp-live", "llamacpp")],
+)
+def test_texts_recorded_from_the_live_servers_give_a_section(prefix: str, kind: str) -> None:
+    """Texts recorded by the live tests (PERFSCOPE_RECORD_FIXTURES=1) around one perfscope run
+    of 64-token prompts and 32 output tokens."""
+    before, after = _fixture(f"{prefix}-before.prom"), _fixture(f"{prefix}-after.prom")
+    sec = server_metrics_section(_frame(before, after), {})
+    assert sec["available"] and sec["server"] == kind
+    gen = sec["tokens"]["generation"]
+    assert gen is not None and gen > 0
+    if kind == "vllm":
+        n = sec["latency"]["ttft"]["count"]
+        assert n == 16 and gen == 16 * 32 and sec["tokens"]["prompt"] == 16 * 64
+        assert sec["work"]["server_flops"] > 0
+    else:
+        assert sec["llamacpp"]["generation_s"] > 0
+        assert sec["latency"]["tpot"]["mean_s"] > 0
