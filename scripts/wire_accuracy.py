@@ -139,6 +139,7 @@ class WireRequest:
     t_last: int | None
     tokens: int
     status: int
+    first_empty: bool = False
 
     @property
     def ttft(self) -> float | None:
@@ -229,7 +230,7 @@ def _responses(s2c: _Dir) -> list[tuple[int, list[tuple[bytes, int]]]]:
     return out
 
 
-def _token_events(events: list[tuple[bytes, int]]) -> tuple[list[int], int]:
+def _token_events(events: list[tuple[bytes, int]]) -> tuple[list[int], int, bool]:
     """Times of events that carry a token, and the token count (usage where given).
 
     A usage increase marks a token only when the server sends usage with every chunk (vLLM's
@@ -249,6 +250,7 @@ def _token_events(events: list[tuple[bytes, int]]) -> tuple[list[int], int]:
             continue
     continuous = sum(1 for o, _ in parsed if o.get("usage") and o.get("choices")) > 1
     times: list[int] = []
+    first_empty = False
     prev_usage = 0
     final_usage = None
     for obj, t in parsed:
@@ -259,12 +261,14 @@ def _token_events(events: list[tuple[bytes, int]]) -> tuple[list[int], int]:
         )
         grew = continuous and usage is not None and usage > prev_usage and bool(choices)
         if has_text or grew:
+            if not times:
+                first_empty = not has_text
             times.append(t)
         if usage is not None:
             if choices:
                 prev_usage = usage
             final_usage = usage
-    return times, (final_usage if final_usage is not None else len(times))
+    return times, (final_usage if final_usage is not None else len(times)), first_empty
 
 
 def wire_requests(pcap: Path, port: int) -> list[WireRequest]:
@@ -275,7 +279,7 @@ def wire_requests(pcap: Path, port: int) -> list[WireRequest]:
         for (what, t_sent), (status, events) in zip(reqs, resps, strict=False):
             if not what.startswith("POST") or "completions" not in what:
                 continue
-            times, n = _token_events(events)
+            times, n, first_empty = _token_events(events)
             out.append(
                 WireRequest(
                     cport,
@@ -284,6 +288,7 @@ def wire_requests(pcap: Path, port: int) -> list[WireRequest]:
                     times[-1] if times else None,
                     n,
                     status,
+                    first_empty,
                 )
             )
     return sorted(out, key=lambda w: w.t_sent)
@@ -399,7 +404,14 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
     pairs.sort()
     used_i: set[int] = set()
     used_j: set[int] = set()
-    errs: dict[str, list[float]] = {"ttft": [], "tpot": [], "e2e": [], "send": []}
+    errs: dict[str, list[float]] = {
+        "ttft": [],
+        "tpot": [],
+        "e2e": [],
+        "send": [],
+        "ttft_text_first": [],
+        "ttft_empty_first": [],
+    }
     rows = list(req.itertuples())
     for _, i, j in pairs:
         if i in used_i or j in used_j:
@@ -410,6 +422,8 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
         ttft = (r.t_first_token - r.t_sent) * 1e-9
         e2e = (r.t_last_token - r.t_sent) * 1e-9
         errs["ttft"].append(ttft - (w.ttft or 0))
+        key = "ttft_empty_first" if w.first_empty else "ttft_text_first"
+        errs[key].append(ttft - (w.ttft or 0))
         errs["e2e"].append(e2e - (w.e2e or 0))
         errs["send"].append((w.t_sent - origin - r.t_sent) * 1e-9)
         if r.output_tokens > 1 and w.tpot is not None:
@@ -421,6 +435,22 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
         "wire_requests": len(good),
         "errors": {k: _stats(v) for k, v in errs.items()},
     }
+
+
+def _pcap_server_port(pcap: Path) -> int:
+    """The capture's server port: the run's base URL names it (first POST's destination)."""
+    raw = pcap.read_bytes()
+    pos = 24
+    while pos + 16 <= len(raw):
+        incl = struct.unpack("<I", raw[pos + 8 : pos + 12])[0]
+        pkt = raw[pos + 16 : pos + 16 + incl]
+        pos += 16 + incl
+        ip = pkt[14:]
+        ihl = (ip[0] & 0x0F) * 4
+        tcp = ip[ihl:]
+        if b"POST " in tcp[(tcp[12] >> 4) * 4 :][:5]:
+            return int(struct.unpack("!H", tcp[2:4])[0])
+    raise ValueError(f"{pcap}: no POST found")
 
 
 def wire_means(wire: list[WireRequest]) -> dict[str, float | None]:
@@ -459,6 +489,8 @@ def run_vllm_bench(
         "--num-prompts",
         str(n),
         "--ignore-eos",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
         "--ready-check-timeout-sec",
         "0",
         "--save-result",
@@ -475,7 +507,7 @@ def run_vllm_bench(
     return {
         "ttft": data["mean_ttft_ms"] * 1e-3,
         "tpot": data["mean_tpot_ms"] * 1e-3,
-        "e2e": data["mean_e2el_ms"] * 1e-3,
+        "e2e": data["mean_e2el_ms"] * 1e-3 if "mean_e2el_ms" in data else float("nan"),
     }
 
 
@@ -493,8 +525,10 @@ def start_llama(out: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
     port = free_port()
     log = (out / "llama-server.log").open("wb")
     proc = subprocess.Popen(
-        [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
-        + ["--parallel", "4", "--cont-batching", "--metrics", "-c", "2048", "-t", "1"],
+        [
+            *(binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
+            *("--parallel", "4", "--cont-batching", "--metrics", "-c", "2048", "-t", "1"),
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -514,10 +548,12 @@ def start_vllm(out: Path) -> tuple[subprocess.Popen[bytes], int, Path, str]:
     env.pop("PYTHONPATH", None)
     log = (out / "vllm.log").open("wb")
     proc = subprocess.Popen(
-        [vllm, "serve", str(model), "--served-model-name", "tiny-llama"]
-        + ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
-        + ["--max-model-len", "512", "--max-num-seqs", "64", "--seed", "0"]
-        + ["--disable-uvicorn-access-log"],
+        [
+            *(vllm, "serve", str(model), "--served-model-name", "tiny-llama"),
+            *("--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"),
+            *("--max-model-len", "512", "--max-num-seqs", "64", "--seed", "0"),
+            "--disable-uvicorn-access-log",
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -562,19 +598,21 @@ def measure(
     bench: tuple[str, Path, list[str]] | None,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"load": label, "requests": n}
-    cap = Capture(port, out / f"{label.replace(' ', '_')}-{time.time_ns()}.pcap")
+    slug = "".join(ch if ch.isalnum() else "_" for ch in label)
+    cap = Capture(port, out / f"{slug}-{time.time_ns()}.pcap")
     try:
         run_dir = run_perfscope(base, tokenizer, load, n, out)
     finally:
         pcap = cap.stop()
     wire = wire_requests(pcap, port)
+    row["pcap"], row["run_dir"] = str(pcap), str(run_dir)
     row["perfscope"] = compare_perfscope(run_dir, wire)
     row["wire_means"] = wire_means(wire)
     summary = json.loads((run_dir / "summary.json").read_text())
     row["perfscope"]["failed"] = summary["counts"]["failed"]
     if bench is not None:
         vllm, model_dir, bench_load = bench
-        cap = Capture(port, out / f"bench-{label.replace(' ', '_')}-{time.time_ns()}.pcap")
+        cap = Capture(port, out / f"bench-{slug}-{time.time_ns()}.pcap")
         try:
             means = run_vllm_bench(vllm, base, model_dir, bench_load, n, out)
         finally:
@@ -593,20 +631,30 @@ def _fmt(v: float | None) -> str:
 def print_tables(rows: list[dict[str, Any]]) -> None:
     print(
         "| server | load | runs × requests | lost | TTFT − wire mean (p50 / p99) | "
-        "TPOT − wire mean | E2E − wire mean (p99) | send stamp − wire mean | vllm bench "
+        "TTFT − wire, text-first requests | empty-first requests: n, TTFT − wire | "
+        "TPOT − wire mean | E2E − wire mean (p99) | wire send − send stamp | vllm bench "
         "TTFT / TPOT − wire |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["server"], r["load"]), []).append(r)
     for (server, load), rs in groups.items():
         import numpy as np
 
-        def pooled(key: str, stat: str) -> float | None:
-            vals = [r["perfscope"]["errors"][key][stat] for r in rs]
-            vals = [v for v in vals if v is not None]
-            return float(np.mean(vals)) if vals else None
+        def pooled(key: str, stat: str, rs: list[dict[str, Any]] = rs) -> float | None:
+            pairs = [
+                (r["perfscope"]["errors"][key][stat], r["perfscope"]["errors"][key]["n"])
+                for r in rs
+            ]
+            pairs = [(v, n) for v, n in pairs if v is not None and n]
+            if not pairs:
+                return None
+            if stat == "mean":  # weighted by requests
+                return float(sum(v * n for v, n in pairs) / sum(n for _, n in pairs))
+            return float(np.mean([v for v, _ in pairs]))
+
+        n_empty = sum(int(r["perfscope"]["errors"]["ttft_empty_first"]["n"]) for r in rs)
 
         lost = sum(int(r["perfscope"]["failed"]) for r in rs)
         total = sum(int(r["requests"]) for r in rs)
@@ -617,7 +665,9 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         print(
             f"| {server} | {load} | {len(rs)} × {rs[0]['requests']} | {lost}/{total} | "
             f"{_fmt(pooled('ttft', 'mean'))} ({_fmt(pooled('ttft', 'p50'))} / "
-            f"{_fmt(pooled('ttft', 'p99'))}) | {_fmt(pooled('tpot', 'mean'))} | "
+            f"{_fmt(pooled('ttft', 'p99'))}) | {_fmt(pooled('ttft_text_first', 'mean'))} | "
+            f"{n_empty}, {_fmt(pooled('ttft_empty_first', 'mean'))} | "
+            f"{_fmt(pooled('tpot', 'mean'))} | "
             f"{_fmt(pooled('e2e', 'mean'))} ({_fmt(pooled('e2e', 'p99'))}) | "
             f"{_fmt(pooled('send', 'mean'))} | {bench or '—'} |"
         )
@@ -631,7 +681,25 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="llama.cpp: runs per load (3)")
     ap.add_argument("--requests", type=int, default=24, help="llama.cpp: requests per run (24)")
     ap.add_argument("--no-bench", action="store_true", help="skip vllm bench serve")
+    ap.add_argument(
+        "--reanalyze",
+        type=Path,
+        default=None,
+        metavar="RESULTS_JSON",
+        help="recompute perfscope's errors from the captures and runs a results.json names",
+    )
     args = ap.parse_args()
+    if args.reanalyze is not None:
+        rows = json.loads(args.reanalyze.read_text())
+        for row in rows:
+            port = _pcap_server_port(Path(row["pcap"]))
+            wire = wire_requests(Path(row["pcap"]), port)
+            failed = row["perfscope"].get("failed")
+            row["perfscope"] = compare_perfscope(Path(row["run_dir"]), wire)
+            row["perfscope"]["failed"] = failed
+        args.reanalyze.write_text(json.dumps(rows, indent=2))
+        print_tables(rows)
+        return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="wire-"))
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -652,6 +720,7 @@ def main() -> int:
                         None,
                     )
                     rows.append({"server": "llama.cpp", **row})
+                    (out / "results.json").write_text(json.dumps(rows, indent=2))
         finally:
             _stop(proc)
     if args.which in ("vllm", "all"):
@@ -672,6 +741,7 @@ def main() -> int:
                     bench = None if args.no_bench else (vllm, model, bench_load)
                 row = measure(label, port, base, model, load, n, out, bench)
                 rows.append({"server": "vLLM CPU", **row})
+                (out / "results.json").write_text(json.dumps(rows, indent=2))
         finally:
             _stop(proc)
     (out / "results.json").write_text(json.dumps(rows, indent=2))

@@ -15,13 +15,17 @@ if [ -x "$BIN" ] && "$BIN" --version >/dev/null 2>&1; then
 fi
 command -v cmake >/dev/null || { echo "cmake missing" >&2; exit 1; }
 command -v c++ >/dev/null || { echo "c++ compiler missing" >&2; exit 1; }
+# The build folder is kept when a build is cut short (CI step timeout): the next run resumes it.
 WORK="$CACHE/build-llama-$VERSION"
-rm -rf "$WORK"
-mkdir -p "$WORK"
-PY="${PYTHON:-python3}"
-"$PY" -m pip download -q --no-deps --no-binary :all: -d "$WORK" "llama-cpp-python==$VERSION" >&2
-tar -xzf "$WORK"/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
 SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
+mkdir -p "$WORK"
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+    rm -rf "${WORK:?}"/*
+    PY="${PYTHON:-python3}"
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$WORK" "llama-cpp-python==$VERSION" >&2
+    tar -xzf "$WORK"/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
+    rm -f "$WORK"/llama_cpp_python-"$VERSION".tar.gz
+fi
 cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >&2
