@@ -260,7 +260,14 @@ def _token_events(events: list[tuple[bytes, int]]) -> tuple[list[int], int, bool
             (c.get("text") or (c.get("delta") or {}).get("content") or "") for c in choices
         )
         grew = continuous and usage is not None and usage > prev_usage and bool(choices)
-        if has_text or grew:
+        # Without per-chunk usage (a client that did not ask for it), every chunk with a
+        # choice and no finish_reason is one token, text or not (vLLM, llama.cpp).
+        bare = (
+            not continuous
+            and bool(choices)
+            and all(c.get("finish_reason") is None for c in choices)
+        )
+        if has_text or grew or bare:
             if not times:
                 first_empty = not has_text
             times.append(t)
@@ -390,7 +397,8 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
     req = pd.read_parquet(run_dir / "requests.parquet")
     req = req[req["error"].isna() & ~req["is_warmup"].astype(bool)]
     origin = int(datetime.fromisoformat(manifest["started_at"]).timestamp() * 1e9)
-    good = [w for w in wire if w.t_first is not None and w.status == 200]
+    # The preflight request goes out before the run clock starts: not a run request.
+    good = [w for w in wire if w.t_first is not None and w.status == 200 and w.t_sent > origin]
     # Greedy matching on |send| + |first| + |last| distance (offset from the manifest).
     pairs = []
     for i, r in enumerate(req.itertuples()):
@@ -413,9 +421,11 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
         "ttft_empty_first": [],
     }
     rows = list(req.itertuples())
-    for _, i, j in pairs:
+    for cost, i, j in pairs:
         if i in used_i or j in used_j:
             continue
+        if cost > 300_000_000:  # no wire request within 0.1 s per stamp: not captured
+            break
         used_i.add(i)
         used_j.add(j)
         r, w = rows[i], good[j]
@@ -618,6 +628,7 @@ def measure(
         finally:
             pcap = cap.stop()
         w = wire_means(wire_requests(pcap, port))
+        row["bench_pcap"], row["bench_means"] = str(pcap), means
         row["vllm_bench"] = {
             k: (means[k] - w[k]) if w[k] is not None else None for k in ("ttft", "tpot", "e2e")
         }
@@ -697,6 +708,12 @@ def main() -> int:
             failed = row["perfscope"].get("failed")
             row["perfscope"] = compare_perfscope(Path(row["run_dir"]), wire)
             row["perfscope"]["failed"] = failed
+            if row.get("bench_pcap"):
+                w = wire_means(wire_requests(Path(row["bench_pcap"]), port))
+                m = row["bench_means"]
+                row["vllm_bench"] = {
+                    k: (m[k] - w[k]) if w[k] is not None else None for k in ("ttft", "tpot", "e2e")
+                }
         args.reanalyze.write_text(json.dumps(rows, indent=2))
         print_tables(rows)
         return 0
