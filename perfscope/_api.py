@@ -98,6 +98,10 @@ class RunArgs:
     name: str | None = None
     command: Sequence[str] | None = None
     ray: str | None = None
+    #: The server's Prometheus metrics: ``auto`` (an HTTP engine's ``/metrics`` if it
+    #: answers), a URL, or ``off``; sampled every ``server_metrics_interval``.
+    server_metrics: str | None = "auto"
+    server_metrics_interval: float | str = 1.0
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     #: Requests when ``requests`` is None and nothing else sizes the workload.
     default_requests: int = DEFAULT_REQUESTS
@@ -388,8 +392,21 @@ def plan(a: RunArgs) -> RunPlan:
         nvtx=a.nvtx,
         command=list(a.command) if a.command is not None else None,
         ray=a.ray,
+        server_metrics=_server_metrics(a),
     )
     return RunPlan(options, factory)
+
+
+def _server_metrics(a: RunArgs) -> Any:
+    from perfscope.profiler.server_metrics import ServerMetricsConfig
+
+    interval = _seconds(a.server_metrics_interval, a.arg("server_metrics_interval"))
+    if interval < 0.05:
+        raise UsageError(f"{a.arg('server_metrics_interval')} must be at least 50ms")
+    try:
+        return ServerMetricsConfig.parse(a.server_metrics, interval)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def execute(p: RunPlan, progress: ProgressHook | None = None) -> RunOutcome:
@@ -445,6 +462,7 @@ def run(
     name: str | None = None,
     command: Sequence[str] | None = None,
     ray: str | None = None,
+    server_metrics: str | None = "auto",
     progress: ProgressHook | None = None,
     **engine_options: Any,
 ) -> Run:
@@ -511,6 +529,8 @@ def run(
         command: the command line recorded in the manifest (default: ``sys.argv``).
         ray: generate the load from Ray actors (``"local:4"``, a cluster address, or
             ``"auto"``); per-request engines only (``openai:``, ``python:``).
+        server_metrics: scrape the server's Prometheus metrics during the run: ``"auto"``
+            (an ``openai:`` server's ``/metrics`` when it answers), a URL, or ``"off"``.
         progress: receives ``on_start(total)``, ``on_request_done(id)``, ``on_end()``.
         **engine_options: engine-specific options (``--engine-opt KEY=VALUE``; for
             ``openai:`` e.g. ``model``, ``api_key``, ``endpoint``, ``max_tokens``,
@@ -564,6 +584,7 @@ def run(
         name=name,
         command=command,
         ray=ray,
+        server_metrics=server_metrics,
         engine_options=engine_options,
     )
     return run_with(args, progress)

@@ -213,6 +213,8 @@ def run_args(args: argparse.Namespace) -> RunArgs:
         runs_dir=args.runs_dir,
         command=redact_argv(["perfscope", *sys.argv[1:]]),
         ray=getattr(args, "ray", None),
+        server_metrics=getattr(args, "server_metrics", "auto"),
+        server_metrics_interval=getattr(args, "server_metrics_interval", 1.0),
         engine_options=engine_opts,
         cli=True,
         **given,

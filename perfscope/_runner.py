@@ -27,6 +27,7 @@ from perfscope.profiler.contention import ContentionMeter
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
 from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.server_metrics import ServerMetricsConfig, start_server_metrics
 from perfscope.profiler.store import (
     default_runs_root,
     new_run_dir,
@@ -62,6 +63,8 @@ class RunOptions:
         command: the command line, for the manifest.
         ray: spread load generation over Ray actors (``local:N``, a cluster address, or
             ``auto``); ``None`` = this process alone.
+        server_metrics: scraping of the server's Prometheus endpoint (``auto``: an HTTP
+            engine's ``/metrics`` when it answers).
     """
 
     engine: str = "reference"
@@ -76,6 +79,7 @@ class RunOptions:
     nvtx: bool | None = None
     command: list[str] | None = None
     ray: str | None = None
+    server_metrics: ServerMetricsConfig = field(default_factory=ServerMetricsConfig)
 
 
 @dataclass
@@ -204,8 +208,10 @@ def execute_run(
     )
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
-    if info.model is None and info.config.get("hf_config"):
-        info.model = _model_from_hf_config(str(info.config["hf_config"]), info.dtype)
+    # A server's model (openai:) is known from its config: --engine-opt hf_config=PATH.
+    hf_config = info.config.get("hf_config") or eopts.extra.get("hf_config")
+    if info.model is None and hf_config:
+        info.model = _model_from_hf_config(str(hf_config), info.dtype)
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:
@@ -256,6 +262,10 @@ def execute_run(
     driver = Driver(specs, opts.load, inbox, recorder)
     status, error = "complete", None
     contention = ContentionMeter().start()
+    # Hook: the server's own metrics, start snapshot before the first request.
+    scraper, manifest["server_metrics"] = start_server_metrics(
+        opts.server_metrics, opts.engine, clock.now_ns
+    )
     progress.on_start(len(specs))
     distributed = None
     try:
@@ -292,6 +302,12 @@ def execute_run(
             write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
             if distributed is not None:
                 write_table_atomic(run_dir / "actors.parquet", distributed.actors_table())
+            if scraper is not None:
+                write_table_atomic(run_dir / "server_metrics.parquet", scraper.stop())
+                manifest["server_metrics"] = {
+                    **manifest["server_metrics"],
+                    **scraper.manifest_info(),
+                }
             if telemetry is not None:
                 write_table_atomic(run_dir / "telemetry.parquet", telemetry.stop())
                 manifest["telemetry"] = telemetry.manifest_info()

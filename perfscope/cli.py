@@ -205,6 +205,19 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     t.add_argument("--gpus", default=None, help="GPUs to sample, e.g. 0,1 (default: all visible)")
     t.add_argument("--no-telemetry", action="store_true", help="do not sample the hardware")
     t.add_argument(
+        "--server-metrics",
+        default="auto",
+        metavar="auto|URL|off",
+        help="scrape the server's Prometheus metrics (vLLM, SGLang, TGI, llama.cpp) during the "
+        "run into server_metrics.parquet; auto: the openai: server's /metrics if it answers",
+    )
+    t.add_argument(
+        "--server-metrics-interval",
+        default="1s",
+        metavar="DURATION",
+        help="seconds between server-metrics scrapes (default 1s; snapshots at start and end)",
+    )
+    t.add_argument(
         "--nvtx",
         action=argparse.BooleanOptionalAction,
         default=None,
