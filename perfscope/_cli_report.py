@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfscope._argtypes import positive_int
+from perfscope._argtypes import positive_int, runs_dir
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _confidence(text: str) -> float:
 def _runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runs-dir",
-        type=Path,
+        type=runs_dir,
         default=None,
         help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )

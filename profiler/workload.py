@@ -12,7 +12,11 @@ import numpy as np
 from perfscope.errors import WorkloadError
 from perfscope.profiler.records import RequestSpec
 
-__all__ = ["LengthDist", "WorkloadConfig", "build_workload", "parse_length"]
+__all__ = ["MAX_REQUESTS", "LengthDist", "WorkloadConfig", "build_workload", "parse_length"]
+
+#: Most requests (warmup included) one workload may plan; each costs a few hundred bytes
+#: before anything is sent, so a mistyped count is refused instead of exhausting memory.
+MAX_REQUESTS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,12 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
     """The warmup requests (ids ``0..warmup-1``) followed by the measured ones."""
     if cfg.warmup < 0:
         raise WorkloadError(f"--warmup must be 0 or more, got {cfg.warmup}")
+    planned = cfg.warmup + (cfg.requests or 0)
+    if planned > MAX_REQUESTS:
+        raise WorkloadError(
+            f"{planned:,} requests (warmup included) is more than the {MAX_REQUESTS:,} one run "
+            "may plan: split the load into several runs or bound it with --duration"
+        )
     if cfg.dataset is not None and cfg.prompts_file is None:
         from perfscope.profiler.datasets import build_dataset_specs, load_tokenizer_for
 
