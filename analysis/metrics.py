@@ -93,7 +93,13 @@ def itl_gaps(chunks: pd.DataFrame, request_ids: np.ndarray) -> tuple[np.ndarray,
     rid = rid[keep]
     t = chunks["t"].to_numpy(dtype=np.int64)[keep]
     ntok = chunks["n_tokens"].to_numpy(dtype=float)[keep]
-    order = np.lexsort((t, rid))  # by request, then time (stable)
+    # By request, then time; chunks with the same timestamp in their streamed order, so the
+    # result does not depend on the order of the rows.
+    if "index" in chunks.columns:
+        index = chunks["index"].to_numpy(dtype=np.int64)[keep]
+        order = np.lexsort((index, t, rid))
+    else:
+        order = np.lexsort((t, rid))
     rid, t, ntok = rid[order], t[order], ntok[order]
     same = rid[1:] == rid[:-1]
     gaps = (t[1:] - t[:-1])[same] * _NS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
@@ -23,7 +24,10 @@ def parse_duration(text: str) -> float:
         raise SLOError(
             f"cannot read duration {text!r}: write a number with a unit, e.g. 200ms, 1.5s, 800us"
         )
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not math.isfinite(seconds):
+        raise SLOError(f"duration {text.strip()!r} is too large to be a time")
+    return seconds
 
 
 def parse_slos(items: Iterable[str]) -> dict[str, float]:
