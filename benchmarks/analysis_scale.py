@@ -56,13 +56,20 @@ print(json.dumps({"wall_s": wall, "maxrss_bytes": rss, "rc": rc}))
 
 
 def build_run(
-    root: Path, n_requests: int = 50_000, n_chunks: int = 1_000_000, *, seed: int = 0
+    root: Path,
+    n_requests: int = 50_000,
+    n_chunks: int = 1_000_000,
+    *,
+    seed: int = 0,
+    steps: bool = False,
 ) -> Path:
     """Write a synthetic run of ``n_requests`` requests and about ``n_chunks`` chunks.
 
     Requests arrive as a Poisson process at 200/s (about 40 in flight at once); each streams
     1 to ``2 · n_chunks / n_requests`` chunks of 1-3 tokens; 1% fail half-way. Vectorised, so
-    building a million chunks takes seconds.
+    building a million chunks takes seconds. ``steps`` adds a local engine's step records
+    (the energy and roofline paths that read steps): one prefill step per request and one
+    decode step per later chunk, each serving that one request (about ``n_chunks`` steps).
     """
     rng = np.random.default_rng(seed)
     path = root / f"20260101-000000-scale-{seed:04x}"
@@ -113,7 +120,10 @@ def build_run(
     )
     write_table_atomic(path / "requests.parquet", requests)
     write_table_atomic(path / "chunks.parquet", chunks)
-    write_table_atomic(path / "steps.parquet", STEP_SCHEMA.empty_table())
+    if steps:
+        write_table_atomic(path / "steps.parquet", _steps_table(rid, t, ntok, index, sent, first))
+    else:
+        write_table_atomic(path / "steps.parquet", STEP_SCHEMA.empty_table())
 
     t_end = int(last.max())
     ts = np.arange(0, t_end + 100 * MS, 100 * MS, dtype=np.int64)
@@ -166,6 +176,38 @@ def build_run(
     return path
 
 
+def _steps_table(
+    rid: np.ndarray,
+    t: np.ndarray,
+    ntok: np.ndarray,
+    index: np.ndarray,
+    sent: np.ndarray,
+    first: np.ndarray,
+) -> pa.Table:
+    """Prefill steps (send to first token) and one decode step per later chunk."""
+    n = len(sent)
+    dec = index > 0
+    d_rid, d_end, d_new = rid[dec], t[dec], ntok[dec]
+    d_start = t[np.flatnonzero(dec) - 1]  # the previous chunk of the same request
+    p_rid = np.arange(n, dtype=np.int64)
+    kind = ["prefill"] * n + ["decode"] * len(d_rid)
+    ids = np.concatenate((p_rid, d_rid))
+    m = len(ids)
+    return pa.table(
+        {
+            "step_id": np.arange(m, dtype=np.int64),
+            "kind": kind,
+            "t_start": np.concatenate((sent, d_start)),
+            "t_end": np.concatenate((first, d_end)),
+            "batch_size": np.ones(m, dtype=np.int64),
+            "new_tokens": np.concatenate((np.full(n, 256, dtype=np.int64), d_new)),
+            "context_tokens": np.concatenate((np.zeros(n, dtype=np.int64), 256 + index[dec])),
+            "request_ids": pa.ListArray.from_arrays(np.arange(m + 1, dtype=np.int32), ids),
+        },
+        schema=STEP_SCHEMA,
+    )
+
+
 def measure(cmd: list[str], repeats: int) -> dict[str, Any]:
     """Median wall time and largest peak RSS of ``cmd`` over ``repeats`` fresh processes."""
     walls, rss = [], []
@@ -190,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=50_000)
     ap.add_argument("--chunks", type=int, default=1_000_000, help="about this many chunks")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", action="store_true", help="add step records (a local engine's run)")
     ap.add_argument("--keep", type=Path, default=None, help="build the run here and keep it")
     ap.add_argument(
         "--only", action="append", default=None, help="analyze|report|perfetto|csv (repeatable)"
@@ -200,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="perfscope-scale-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        path = build_run(root, args.requests, args.chunks)
+        path = build_run(root, args.requests, args.chunks, steps=args.steps)
         exe = [sys.executable, "-m", "perfscope"]
         out_dir = Path(tmp)
         # analyze first: report and export read the summary it writes.
@@ -220,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         results: dict[str, Any] = {
             "requests": args.requests,
+            "steps": args.steps,
             "chunks": int(pq.read_metadata(path / "chunks.parquet").num_rows),
             "cpu_count": os.cpu_count(),
             "load_avg_1m": os.getloadavg()[0],
