@@ -337,6 +337,8 @@ def _phases_from_steps(
         cold = ~np.isin(flat, np.fromiter(warm, dtype=np.int64, count=len(warm)))
         n_cold = np.bincount(np.repeat(np.arange(len(lists)), counts), cold, len(lists))
         df = df[(counts == 0) | (n_cold > 0)]
+    # Only the numeric columns travel through the per-phase filters (not the id lists).
+    df = df[["kind", "batch_size", "new_tokens", "context_tokens", "t_start", "t_end"]]
     out: dict[str, dict[str, Any]] = {}
     for phase in PHASES:
         sub = df[df["kind"] == phase]
