@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from perfscope import __version__
-from perfscope._analyze import analyze_stored, resolve_hardware
+from perfscope._analyze import analyze_stored
+from perfscope.analysis import Summary
 from perfscope.errors import PerfscopeError
+from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.contention import ContentionMeter
@@ -57,6 +59,8 @@ class RunOptions:
         nvtx: ``True``/``False`` force NVTX ranges on/off; ``None`` = on only when a profiler
             (Nsight Systems) is attached.
         command: the command line, for the manifest.
+        ray: spread load generation over Ray actors (``local:N``, a cluster address, or
+            ``auto``); ``None`` = this process alone.
     """
 
     engine: str = "reference"
@@ -70,6 +74,7 @@ class RunOptions:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     nvtx: bool | None = None
     command: list[str] | None = None
+    ray: str | None = None
 
 
 @dataclass
@@ -78,7 +83,7 @@ class RunOutcome:
 
     path: Path
     status: str
-    summary: dict[str, Any]
+    summary: Summary
     error: str | None = None
 
 
@@ -139,6 +144,38 @@ def _model_from_hf_config(path: str, dtype: str | None) -> dict[str, Any] | None
     return {**spec.to_dict(), "lm_head_all_positions": False}
 
 
+def _serve_distributed(
+    opts: RunOptions,
+    eopts: EngineOptions,
+    specs: list[Any],
+    recorder: Recorder,
+    clock: MonotonicClock,
+) -> Any:
+    """The run's requests served from Ray actors (``--ray``) instead of this process."""
+    from dataclasses import asdict
+
+    from perfscope.profiler.distributed import parse_ray_target, plan_for, run_distributed
+
+    if opts.engine.split(":", 1)[0] not in ("openai", "python"):
+        raise PerfscopeError(
+            "--ray spreads per-request engines (openai:, python:) over load actors; "
+            f"{opts.engine!r} batches in one process"
+        )
+    load = opts.load
+    plan = plan_for(
+        specs, load.mode, load.rate, load.arrival, load.burstiness, load.seed, load.duration_s
+    )
+    return run_distributed(
+        opts.engine,
+        asdict(eopts),
+        plan,
+        recorder,
+        clock.origin_perf_counter_ns,
+        parse_ray_target(opts.ray),
+        concurrency=load.concurrency,
+    )
+
+
 def execute_run(
     opts: RunOptions,
     progress: ProgressHook | None = None,
@@ -162,7 +199,8 @@ def execute_run(
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:
-        hardware = resolve_hardware(info.to_dict(), opts.hw)
+        database = load_database()  # once per run: resolution here, projections later
+        hardware = resolve_hardware(info.to_dict(), opts.hw, database=database)
         if opts.nvtx is not None:
             nvtx_ranges.set_enabled(opts.nvtx)
         if opts.telemetry.enabled:
@@ -184,6 +222,9 @@ def execute_run(
         "perfscope_version": __version__,
         "command": opts.command or sys.argv,
         "started_at": clock.started_at.isoformat(),
+        # Raw perf_counter_ns (CLOCK_MONOTONIC) at run time 0: lets records be compared with
+        # other processes' monotonic stamps (a server's log, a packet capture's clock).
+        "clock_origin_perf_counter_ns": clock.origin_perf_counter_ns,
         "ended_at": None,
         "status": "running",
         "engine": info.to_dict(),
@@ -206,11 +247,15 @@ def execute_run(
     status, error = "complete", None
     contention = ContentionMeter().start()
     progress.on_start(len(specs))
+    distributed = None
     try:
         with nvtx_ranges.run_range(manifest["run_id"]):
-            driver.start()
-            engine.serve(inbox, recorder)
-            driver.join()
+            if opts.ray is not None:
+                distributed = _serve_distributed(opts, eopts, specs, recorder, clock)
+            else:
+                driver.start()
+                engine.serve(inbox, recorder)
+                driver.join()
         if driver.error is not None:
             raise driver.error
     except KeyboardInterrupt:
@@ -229,9 +274,14 @@ def execute_run(
             manifest["host"]["contention"] = contention.stop()
             if error:
                 manifest["errors"].append(error)
+            if distributed is not None:
+                manifest["distributed"] = distributed.to_dict()
+                manifest["errors"].extend(distributed.errors)
             write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())
             write_table_atomic(run_dir / "chunks.parquet", recorder.chunks_table())
             write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
+            if distributed is not None:
+                write_table_atomic(run_dir / "actors.parquet", distributed.actors_table())
             if telemetry is not None:
                 write_table_atomic(run_dir / "telemetry.parquet", telemetry.stop())
                 manifest["telemetry"] = telemetry.manifest_info()
@@ -241,5 +291,5 @@ def execute_run(
             except Exception as exc:  # closing must not lose the run
                 manifest["errors"].append(f"engine close failed: {exc}")
     with _sigint_deferred():
-        summary = analyze_stored(read_run(run_dir))
+        summary = analyze_stored(read_run(run_dir), database=database)
     return RunOutcome(path=run_dir, status=status, summary=summary, error=error)

@@ -115,14 +115,11 @@ def test_any_assertion_text_passes_fails_or_is_refused_cleanly(text: str) -> Non
         perfscope.check(_summary(0.1), text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in perfscope/_expect.py (read-only for this branch): a limit that overflows "
-    "to inf ('1e400ms') is accepted and the assertion can never fail",
-)
-def test_a_limit_that_is_not_finite_is_refused() -> None:
-    with pytest.raises(SLOError):
-        perfscope.check(_summary(0.1), "ttft.p99 < 1e400ms")
+@pytest.mark.parametrize("limit", ["1e400ms", "1e400", "-1e400%"])
+def test_a_limit_that_is_not_finite_is_refused(limit: str) -> None:
+    # It would overflow to inf, and an assertion against inf can never fail.
+    with pytest.raises(SLOError, match="too large"):
+        perfscope.check(_summary(0.1), f"ttft.p99 < {limit}")
 
 
 # ---------------------------------------------------------------------- durations and SLOs
@@ -138,7 +135,8 @@ def test_durations_parse_to_seconds(number: float, unit: str, gap: str) -> None:
 @given(st.floats(1e-9, 1e7))
 @SETTINGS
 def test_formatted_durations_read_back(seconds: float) -> None:
-    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds, rel=1e-5)
+    # Shown with 4 significant digits (whole seconds from 1000 s).
+    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds, rel=5e-4)
 
 
 @given(st.text(max_size=30))
