@@ -213,6 +213,11 @@ def compute_metrics(
             "warmup": int((~measured_mask).sum()),
             "output_tokens": int(out_tokens),
             "prompt_tokens": int(prompt_tokens),
+            # Completed requests the server cut short (finish_reason "length" before the
+            # tokens asked for); they stay in every latency statistic (issue 20).
+            "truncated": int(mreq["truncated"].fillna(False).astype(bool).sum())
+            if "truncated" in mreq
+            else 0,
         },
         "window_s": window_s,
         "latency": {

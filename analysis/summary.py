@@ -648,4 +648,52 @@ def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
         out.append(
             f"the hypervisor took {steal:.0%} of the CPU capacity (steal time) during the run"
         )
+    out.extend(_client_warnings(manifest))
+    return out
+
+
+#: Share of prompt tokens served from the server's prefix cache above which a run that was
+#: not meant to test caching is flagged.
+CACHE_WARN_SHARE = 0.1
+#: Workloads that are about prefix caching: they report the hit rate instead of a warning.
+CACHING_WORKLOADS = ("shared-prefix", "multi-turn")
+
+
+def _client_warnings(manifest: dict[str, Any]) -> list[str]:
+    """The HTTP client's own warnings (``engine.config.client``), plus the prompt-cache and
+    prompt-length checks that need the workload to judge."""
+    client = ((manifest.get("engine") or {}).get("config") or {}).get("client")
+    if not isinstance(client, dict):
+        return []
+    out = [str(w) for w in client.get("warnings") or ()]
+    workload = manifest.get("workload") or {}
+    cache = client.get("prompt_cache") or {}
+    share = cache.get("share")
+    if share is not None:
+        hits, n = cache.get("requests_hit", 0), cache.get("requests_reporting", 0)
+        if workload.get("dataset") in CACHING_WORKLOADS or workload.get("trace"):
+            out.append(
+                f"prefix-cache hit rate {share:.0%} of prompt tokens ({hits} of {n} requests "
+                "hit the cache)"
+            )
+        elif share > CACHE_WARN_SHARE:
+            repeat = (
+                " (the prompts repeat an earlier run: --seed asks for the same prompts)"
+                if workload.get("prompt_salt") is None
+                else ""
+            )
+            out.append(
+                f"the server served {share:.0%} of prompt tokens from its prefix cache "
+                f"({hits} of {n} requests){repeat}: TTFT and prefill are lower than for new "
+                "prompts"
+            )
+    lens = client.get("prompt_lengths") or {}
+    targeted = workload.get("dataset") in ("synthetic", "shared-prefix", "multi-turn", "trace")
+    if targeted and not workload.get("tokenizer") and lens.get("inexact"):
+        out.append(
+            f"prompt lengths are not exact: asked {lens['asked_min']}-{lens['asked_max']} "
+            f"tokens, the server counted {lens['server_min']}-{lens['server_max']}; give "
+            "--tokenizer PATH (the server's tokenizer) for exact lengths; the recorded prompt "
+            "lengths are the server's"
+        )
     return out

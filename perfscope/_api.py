@@ -68,7 +68,11 @@ class RunArgs:
     prefix_groups: int = 1
     tokenizer: str | Path | None = None
     warmup: int = 0
-    seed: int = 0
+    #: Seeds lengths and arrivals (None: 0) and fixes the generated prompt text; None also
+    #: draws a fresh prompt salt per run so no server answers a rerun from its prefix cache.
+    seed: int | None = None
+    trace: str | Path | None = None
+    turns: int = 3
     mode: str | None = None
     rate: float | None = None
     concurrency: int | None = None
@@ -235,7 +239,7 @@ def _engine_options(a: RunArgs, uri: str) -> EngineOptions:
         "dtype": a.dtype
         if a.dtype is None
         else _choice(a.dtype, a.arg("dtype"), ("float32", "bfloat16", "float16")),
-        "seed": a.seed,
+        "seed": 0 if a.seed is None else a.seed,
         "model_preset": a.model_preset,
         "model_overrides": {
             str(k): _whole(v, f"model_overrides[{k!r}]", 1)
@@ -277,10 +281,20 @@ def _dataset_fields(a: RunArgs, uri: str) -> dict[str, Any]:
     if spec is None and uri.startswith("openai") and a.prompts is None:
         spec = "synthetic"
     tokenizer = str(a.tokenizer) if a.tokenizer is not None else None
+    trace = Path(a.trace) if a.trace is not None else None
     if spec is None:
-        return {"tokenizer": tokenizer}
+        return {"tokenizer": tokenizer, "trace_file": trace}
     kind, _, path = str(spec).partition(":")
+    server_tok = None
+    if uri.startswith("openai:") and tokenizer is None and "@" not in uri:
+        # Exact generated prompt lengths from the server's own /tokenize where it has one.
+        base = uri.split(":", 1)[1].strip().rstrip("/")
+        base = base if "://" in base else "http://" + base
+        server_tok = base.removesuffix("/v1")
     return {
+        "server_tokenizer": server_tok,
+        "trace_file": trace,
+        "turns": _whole(a.turns, a.arg("turns"), 1),
         "dataset": kind.strip().lower(),
         "dataset_path": Path(path) if path else None,
         "prefix_len": _whole(a.prefix_len, a.arg("prefix_len"), 0),
@@ -314,6 +328,7 @@ def plan(a: RunArgs) -> RunPlan:
     else:
         mode = "batch" if a.mode is None else a.mode
     duration = None if a.duration is None else _seconds(a.duration, a.arg("duration"))
+    seed = 0 if a.seed is None else _whole(a.seed, a.arg("seed"), 0)
     warmup_s = (
         None if a.warmup_duration is None else _seconds(a.warmup_duration, a.arg("warmup_duration"))
     )
@@ -324,7 +339,7 @@ def plan(a: RunArgs) -> RunPlan:
         concurrency=concurrency,
         arrival=a.arrival,
         burstiness=_number(a.burstiness, a.arg("burstiness")),
-        seed=int(a.seed),
+        seed=seed,
         duration_s=duration,
         warmup_s=warmup_s,
     )
@@ -334,7 +349,7 @@ def plan(a: RunArgs) -> RunPlan:
     if requests is None:
         if duration is not None:
             requests = _pool(duration, rate, concurrency)
-        elif a.prompts is None:  # a prompts file: one request per line
+        elif a.prompts is None and a.trace is None:  # a file: one request per line
             requests = a.default_requests
     if warmup_s is not None:  # a warmup by time replaces the warmup count
         warmup = _pool(warmup_s, rate, concurrency)
@@ -346,7 +361,8 @@ def plan(a: RunArgs) -> RunPlan:
         ),
         prompts_file=Path(a.prompts) if a.prompts is not None else None,
         warmup=warmup,
-        seed=int(a.seed),
+        seed=seed,
+        fresh_prompts=a.seed is None,
         **_dataset_fields(a, uri),
     )
     gpus: list[int] | None
@@ -401,7 +417,9 @@ def run(
     prefix_groups: int = 1,
     tokenizer: str | Path | None = None,
     warmup: int = 0,
-    seed: int = 0,
+    seed: int | None = None,
+    trace: str | Path | None = None,
+    turns: int = 3,
     mode: str | None = None,
     rate: float | None = None,
     concurrency: int | None = None,
@@ -457,7 +475,12 @@ def run(
         tokenizer: ``tokenizer.json`` (or its folder) for exact prompt lengths and client
             token counts.
         warmup: requests run first and excluded from every statistic.
-        seed: seeds lengths, arrivals, weights and sampling.
+        seed: seeds lengths, arrivals, weights and sampling, and fixes generated prompt
+            text; ``None`` (default) seeds with 0 but salts generated prompts afresh each
+            run, so a server's prefix cache cannot serve a rerun.
+        trace: replay a production trace (JSONL: arrival time, input and output lengths,
+            optional prefix ``hash_ids`` as in the Mooncake traces).
+        turns: user turns per conversation for ``dataset="multi-turn"``.
         mode: ``"batch"`` (all requests at once, the default) or ``"online"``; ``rate`` or
             ``concurrency`` implies online.
         rate: offered load in requests per second (open loop).
@@ -514,6 +537,8 @@ def run(
         tokenizer=tokenizer,
         warmup=warmup,
         seed=seed,
+        trace=trace,
+        turns=turns,
         mode=mode,
         rate=rate,
         concurrency=concurrency,

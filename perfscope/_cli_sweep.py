@@ -86,6 +86,13 @@ def add_openai_options(group: Any) -> None:
         help="tokenizer.json (or its folder): exact prompt lengths and client token counts",
     )
     g.add_argument(
+        "--connection",
+        choices=("reuse", "new"),
+        default=None,
+        help="openai: reuse pooled keep-alive connections (default) or open a new one per "
+        "request; a request that fails before reaching the server is retried once either way",
+    )
+    g.add_argument(
         "--no-preflight",
         action="store_true",
         help="openai: skip the test request that checks URL, model and streaming",
@@ -101,6 +108,17 @@ def add_openai_options(group: Any) -> None:
     )
     g.add_argument(
         "--prefix-groups", type=int, default=1, help="shared-prefix: distinct prefixes (1)"
+    )
+    g.add_argument(
+        "--turns", type=int, default=3, help="multi-turn: user turns per conversation (3)"
+    )
+    g.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="replay a production trace (JSONL: timestamp ms or arrival_s, input_length, "
+        "output_length, optional hash_ids as in the Mooncake traces): its arrivals and lengths",
     )
     g.add_argument(
         "--duration",
@@ -127,6 +145,7 @@ def openai_extra(args: argparse.Namespace) -> dict[str, str]:
         ("timeout", "timeout"),
         ("max_tokens", "max_tokens"),
         ("tokenizer", "tokenizer"),
+        ("connection", "connection"),
     ):
         v = getattr(args, flag, None)
         if v is not None:
@@ -184,6 +203,8 @@ def run_args(args: argparse.Namespace) -> RunArgs:
         tokenizer=args.tokenizer,
         warmup=args.warmup,
         seed=args.seed,
+        trace=getattr(args, "trace", None),
+        turns=getattr(args, "turns", 3),
         arrival=args.arrival,
         burstiness=args.burstiness,
         duration=args.duration,
@@ -300,7 +321,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
     w.add_argument("--warmup", type=nonneg_int, default=0, help="warmup requests per point")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds lengths and arrivals (default 0); given, prompts repeat exactly",
+    )
     w.add_argument("--arrival", choices=("poisson", "constant", "gamma"), default="poisson")
     w.add_argument("--burstiness", type=_pos_float, default=1.0)
     o = p.add_argument_group("openai engine")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import signal
@@ -34,7 +35,7 @@ from perfscope.profiler.store import (
     write_table_atomic,
 )
 from perfscope.profiler.telemetry import TelemetryConfig, TelemetrySession, start_telemetry
-from perfscope.profiler.workload import WorkloadConfig, build_workload
+from perfscope.profiler.workload import WorkloadConfig, build_workload, with_fresh_salt
 
 __all__ = ["ProgressHook", "RunOptions", "RunOutcome", "execute_run", "host_info"]
 
@@ -186,12 +187,21 @@ def execute_run(
     before anything is written. An engine failure or Ctrl-C still leaves a readable run
     (status ``failed`` / ``interrupted``) with everything captured so far."""
     progress = progress or ProgressHook()
+    # A new prompt salt per run (unless a seed asked for an exact repeat): no server can
+    # answer a rerun from its prefix cache.
+    opts = dataclasses.replace(opts, workload=with_fresh_salt(opts.workload))
     specs = build_workload(opts.workload)
     opts.load.validate()
     longest = max(s.prompt_tokens + s.max_output_tokens for s in specs)
     eopts = opts.engine_options
-    if eopts.max_seq_len < longest:
-        eopts = EngineOptions(**{**eopts.__dict__, "max_seq_len": longest})
+    eopts = EngineOptions(
+        **{
+            **eopts.__dict__,
+            "max_seq_len": max(eopts.max_seq_len, longest),
+            "longest_request_tokens": longest,
+            "extra": {"prompt_salt": str(opts.workload.prompt_salt), **eopts.extra},
+        }
+    )
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
     if info.model is None and info.config.get("hf_config"):

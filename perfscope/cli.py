@@ -95,7 +95,14 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0,
         help="requests run first and excluded from statistics",
     )
-    w.add_argument("--seed", type=int, default=0, help="seeds lengths, arrivals and weights")
+    w.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds lengths, arrivals and weights (default 0); given, generated prompt text "
+        "repeats exactly (a server may then answer from its prefix cache); without it, each "
+        "run's prompts are new",
+    )
     d = p.add_argument_group("arrivals")
     d.add_argument(
         "--mode",
@@ -256,6 +263,12 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope._render import summary_view
     from perfscope._runner import ProgressHook
 
+    if args.seed is not None and args.engine.startswith("openai"):
+        Console(stderr=True).print(
+            f"note: --seed {args.seed} repeats these prompts exactly; the server may serve "
+            "them from its prefix cache",
+            style="dim",
+        )
     run_plan = plan(run_args(args))
     err = Console(stderr=True)
     hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)

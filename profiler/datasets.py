@@ -24,15 +24,18 @@ from perfscope.profiler.records import RequestSpec
 __all__ = [
     "DATASET_KINDS",
     "WORDS",
+    "ServerTokenizer",
     "build_dataset_specs",
+    "load_conversations",
     "load_sharegpt",
     "load_tokenizer",
     "load_tokenizer_for",
+    "multi_turn_specs",
     "shared_prefix_prompts",
     "synthetic_text",
 ]
 
-DATASET_KINDS = ("synthetic", "sharegpt", "shared-prefix")
+DATASET_KINDS = ("synthetic", "sharegpt", "shared-prefix", "multi-turn")
 
 #: Frequent English words; each is a single token (with its leading space) in GPT-2, Llama
 #: and most other BPE vocabularies.
@@ -141,6 +144,19 @@ def load_sharegpt(path: Path) -> list[tuple[str, str | None]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise WorkloadError(f"cannot read dataset {str(path)!r}: {exc}") from None
+    records = _parse_records(path, text)
+    pairs = [p for p in (_conversation_pair(r) for r in records) if p is not None]
+    if not pairs:
+        raise WorkloadError(
+            f"dataset {str(path)!r} has no usable conversations: each record needs "
+            "'conversations' [{'from': 'human', 'value': ...}, {'from': 'gpt', ...}] or "
+            "'messages' [{'role': 'user', 'content': ...}]"
+        )
+    return pairs
+
+
+def _parse_records(path: Path, text: str) -> list[Any]:
+    """Records of a JSON array (or object) or JSONL dataset file."""
     records: list[Any]
     try:
         data = json.loads(text)
@@ -156,14 +172,131 @@ def load_sharegpt(path: Path) -> list[tuple[str, str | None]]:
                         f"{path}:{lineno}: not valid JSON ({exc.msg}); a ShareGPT dataset is a "
                         "JSON array or JSONL of {'conversations': [...]}"
                     ) from None
-    pairs = [p for p in (_conversation_pair(r) for r in records) if p is not None]
-    if not pairs:
-        raise WorkloadError(
-            f"dataset {str(path)!r} has no usable conversations: each record needs "
-            "'conversations' [{'from': 'human', 'value': ...}, {'from': 'gpt', ...}] or "
-            "'messages' [{'role': 'user', 'content': ...}]"
-        )
-    return pairs
+    return records
+
+
+def load_conversations(path: Path) -> list[list[tuple[str, str]]]:
+    """Conversations of a ShareGPT-format file as ``(role, text)`` turns, ``role`` ``user`` or
+    ``assistant``, starting at the first user turn (for the ``multi-turn`` dataset)."""
+    if not path.is_file():
+        raise WorkloadError(f"dataset file {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"cannot read dataset {str(path)!r}: {exc}") from None
+    out: list[list[tuple[str, str]]] = []
+    for rec in _parse_records(path, text):
+        turns = None
+        if isinstance(rec, dict):
+            turns = rec.get("conversations") or rec.get("conversation") or rec.get("messages")
+        conv: list[tuple[str, str]] = []
+        for t in turns if isinstance(turns, list) else ():
+            if not isinstance(t, dict):
+                continue
+            role = str(t.get("from", t.get("role", ""))).lower()
+            value = t.get("value", t.get("content"))
+            if not isinstance(value, str) or not value.strip():
+                continue
+            kind = "user" if role in ("human", "user") else "assistant"
+            if kind == "assistant" and role not in ("gpt", "assistant", "bot", "model"):
+                continue
+            if not conv and kind != "user":
+                continue
+            conv.append((kind, value))
+        if conv:
+            out.append(conv)
+    if not out:
+        raise WorkloadError(f"dataset {str(path)!r} has no conversations with a user turn")
+    return out
+
+
+def _history_text(turns: Sequence[tuple[str, str]]) -> str:
+    return "\n".join(f"{'User' if r == 'user' else 'Assistant'}: {t}" for r, t in turns)
+
+
+def multi_turn_specs(
+    n: int,
+    warmup: int,
+    turns: int,
+    prompt_lens: Any,
+    output_lens: Any,
+    rng: np.random.Generator,
+    text_rng: np.random.Generator,
+    tokenizer: Any | None = None,
+    path: Path | None = None,
+    output_len_given: bool = False,
+) -> list[RequestSpec]:
+    """Conversations of ``turns`` user turns; each request resends the whole history so far
+    (earlier user turns and replies) plus the next user turn, so a server with prefix caching
+    can reuse it. Requests go turn by turn over all conversations (ids in that order), and
+    each turn waits for the previous turn of its conversation to finish (``after``).
+
+    The replies in the history are the dataset's reference replies (``path``) or synthetic
+    text of the output length, not what the server answered (it is not known in advance).
+    """
+    if turns < 1:
+        raise WorkloadError(f"--turns must be at least 1, got {turns}")
+    total = warmup + n
+    n_conv = math.ceil(total / turns)
+    convs: list[list[tuple[str, str]]] = []
+    if path is not None:
+        pool = [c for c in load_conversations(path) if sum(r == "user" for r, _ in c) >= 1]
+        order = rng.permutation(len(pool))
+        convs = [pool[int(order[i % len(pool)])] for i in range(n_conv)]
+    p_lens = prompt_lens.sample(rng, n_conv * turns).reshape(n_conv, turns)
+    o_lens = output_lens.sample(rng, n_conv * turns).reshape(n_conv, turns)
+    tok = _Tok(tokenizer) if tokenizer is not None else None
+
+    def count(text: str) -> int:
+        return tok.count(text) if tok is not None else max(1, math.ceil(len(text.split())))
+
+    # Per conversation: the (user, reply, reply tokens) of each turn.
+    plan: list[list[tuple[str, str, int]]] = []
+    for c in range(n_conv):
+        rows: list[tuple[str, str, int]] = []
+        if convs:
+            conv = convs[c]
+            users = [i for i, (r, _) in enumerate(conv) if r == "user"]
+            for k in range(turns):
+                ui = users[k % len(users)]
+                user = conv[ui][1]
+                reply = (
+                    conv[ui + 1][1] if ui + 1 < len(conv) and conv[ui + 1][0] == "assistant" else ""
+                )
+                olen = count(reply) if reply and not output_len_given else int(o_lens[c, k])
+                if not reply:
+                    reply = synthetic_text(olen, text_rng, tokenizer)[0]
+                rows.append((user, reply, olen))
+        else:
+            for k in range(turns):
+                user = synthetic_text(int(p_lens[c, k]), text_rng, tokenizer)[0]
+                olen = int(o_lens[c, k])
+                rows.append((user, synthetic_text(olen, text_rng, tokenizer)[0], olen))
+        plan.append(rows)
+    specs: list[RequestSpec] = []
+    last_id: dict[int, int] = {}
+    for k in range(turns):
+        for c in range(n_conv):
+            if len(specs) == total:
+                break
+            history: list[tuple[str, str]] = []
+            for user, reply, _ in plan[c][:k]:
+                history += [("user", user), ("assistant", reply)]
+            history.append(("user", plan[c][k][0]))
+            text = _history_text(history)
+            rid = len(specs)
+            specs.append(
+                RequestSpec(
+                    request_id=rid,
+                    prompt_tokens=count(text),
+                    max_output_tokens=max(1, plan[c][k][2]),
+                    prompt=text,
+                    is_warmup=rid < warmup,
+                    after=last_id.get(c),
+                )
+            )
+            last_id[c] = rid
+    return specs
 
 
 def shared_prefix_prompts(
@@ -200,6 +333,8 @@ def build_dataset_specs(
     prefix_groups: int = 1,
     tokenizer: Any | None = None,
     output_len_given: bool = False,
+    salt: int | None = None,
+    turns: int = 3,
 ) -> list[RequestSpec]:
     """Requests with prompt text for ``kind`` (``synthetic``, ``sharegpt``, ``shared-prefix``).
 
@@ -207,10 +342,26 @@ def build_dataset_specs(
         n: measured requests (None: the dataset's size for ShareGPT, else 32).
         prompt_lens / output_lens: ``LengthDist``-like objects with ``sample(rng, k)``.
         output_len_given: the user fixed ``--output-len``; ShareGPT reply lengths then yield.
+        turns: user turns per conversation (``multi-turn``).
+        salt: varies the generated text (synthetic, shared-prefix) but not the lengths, so
+            that each run sends prompts no server has cached; None repeats the text exactly.
     """
     if kind not in DATASET_KINDS:
         raise WorkloadError(f"unknown --dataset {kind!r}: use one of {', '.join(DATASET_KINDS)}")
     rng = np.random.default_rng(seed)
+    if kind == "multi-turn":
+        return multi_turn_specs(
+            n if n is not None else 32,
+            warmup,
+            turns,
+            prompt_lens,
+            output_lens,
+            rng,
+            rng if salt is None else np.random.default_rng([seed, salt]),
+            tokenizer,
+            path,
+            output_len_given,
+        )
     if kind == "sharegpt":
         if path is None:
             raise WorkloadError("--dataset sharegpt needs a file: --dataset sharegpt:PATH")
@@ -241,12 +392,15 @@ def build_dataset_specs(
     total = warmup + count
     p_lens = prompt_lens.sample(rng, total)
     o_lens = output_lens.sample(rng, total)
+    text_rng = rng if salt is None else np.random.default_rng([seed, salt])
     if kind == "shared-prefix":
         if prefix_len < 1:
             raise WorkloadError("--dataset shared-prefix needs --prefix-len P (tokens, >= 1)")
-        prompts = shared_prefix_prompts(total, prefix_len, p_lens, rng, tokenizer, prefix_groups)
+        prompts = shared_prefix_prompts(
+            total, prefix_len, p_lens, text_rng, tokenizer, prefix_groups
+        )
     else:
-        prompts = [synthetic_text(int(k), rng, tokenizer) for k in p_lens]
+        prompts = [synthetic_text(int(k), text_rng, tokenizer) for k in p_lens]
     return [
         RequestSpec(
             request_id=i,
@@ -259,9 +413,75 @@ def build_dataset_specs(
     ]
 
 
-def load_tokenizer_for(path: str | None) -> Any | None:
-    """The ``tokenizers`` tokenizer at ``path`` (file or folder), or None when not given."""
-    return load_tokenizer(path) if path else None
+def load_tokenizer_for(path: str | None, server_url: str | None = None) -> Any | None:
+    """The ``tokenizers`` tokenizer at ``path`` (file or folder); else the server's own
+    ``/tokenize`` at ``server_url`` when it has one; else None."""
+    if path:
+        return load_tokenizer(path)
+    if server_url:
+        return ServerTokenizer.probe(server_url)
+    return None
+
+
+class _Encoding:
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+
+class ServerTokenizer:
+    """The server's tokenizer through its ``POST /tokenize`` (vLLM and SGLang take
+    ``prompt``, llama.cpp ``content``), for exact prompt lengths without a local tokenizer.
+    Only ``encode(...).ids`` (token counts) is offered; one loopback request per call.
+
+    Attributes:
+        url: the ``/tokenize`` URL; key: the body field the server takes for the text.
+    """
+
+    def __init__(
+        self, root_url: str, key: str, model: str | None = None, timeout_s: float = 30.0
+    ) -> None:
+        self.url = root_url.rstrip("/") + "/tokenize"
+        self.key = key
+        self.model = model
+        self.timeout_s = timeout_s
+        self.calls = 0
+
+    @classmethod
+    def probe(cls, root_url: str, model: str | None = None) -> ServerTokenizer | None:
+        """A tokenizer for the server at ``root_url`` (without ``/v1``), or None when it has
+        no usable ``/tokenize`` (or cannot be reached: the engine's preflight says why)."""
+        for key in ("prompt", "content"):
+            tok = cls(root_url, key, model, timeout_s=5.0)
+            try:
+                if len(tok.encode("Hello world").ids) > 0:
+                    tok.timeout_s = 30.0
+                    return tok
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def encode(self, sequence: str, add_special_tokens: bool = False) -> _Encoding:
+        import urllib.request
+
+        body: dict[str, Any] = {self.key: sequence}
+        body["add_special_tokens" if self.key == "prompt" else "add_special"] = add_special_tokens
+        if self.model:
+            body["model"] = self.model
+        req = urllib.request.Request(
+            self.url,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+            data = json.loads(r.read())
+        self.calls += 1
+        ids = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(ids, list):
+            raise ValueError("no 'tokens' in the /tokenize answer")
+        return _Encoding([int(x) if isinstance(x, int) else 0 for x in ids])
 
 
 def load_tokenizer(path: str | Path) -> Any:

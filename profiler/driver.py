@@ -206,6 +206,8 @@ class Driver:
             for spec in specs:
                 if not self._wait_finished(sent, self.load.concurrency - 1):
                     return False
+                if spec.after is not None and not self._wait_finished({spec.after}):
+                    return False
                 now = clock.now_ns()
                 if deadline is not None and now >= deadline:
                     return True
@@ -213,11 +215,18 @@ class Driver:
                 sent.add(spec.request_id)
             return True
         offsets = arrival_offsets_ns(self.load, len(specs))
+        if all(s.arrival_s is not None for s in specs):  # a replayed trace: its own times
+            first = float(specs[0].arrival_s or 0.0)
+            offsets = np.asarray([(float(s.arrival_s or 0.0) - first) * 1e9 for s in specs])
         for spec, off in zip(specs, offsets, strict=True):
             t_plan = t0 + int(off)
             if deadline is not None and t_plan >= deadline:
                 return True
             clock.sleep_until_ns(t_plan)
+            if spec.after is not None:  # the next turn of a conversation waits for the reply
+                if not self._wait_finished({spec.after}):
+                    return False
+                t_plan = max(t_plan, clock.now_ns())
             if self._stop.is_set():
                 return False
             self._submit(spec, t_plan)

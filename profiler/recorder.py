@@ -18,7 +18,7 @@ import pyarrow as pa
 from perfscope.profiler.clock import Clock
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,
-    REQUEST_SCHEMA,
+    REQUEST_TABLE_SCHEMA,
     STEP_SCHEMA,
     RequestRecord,
     RequestSpec,
@@ -203,11 +203,11 @@ class Recorder:
 
     def requests_table(self) -> pa.Table:
         recs = sorted(self._requests.values(), key=lambda r: r.request_id)
-        cols: dict[str, list[Any]] = {name: [] for name in REQUEST_SCHEMA.names}
+        cols: dict[str, list[Any]] = {name: [] for name in REQUEST_TABLE_SCHEMA.names}
         for r in recs:
-            for name in REQUEST_SCHEMA.names:
+            for name in REQUEST_TABLE_SCHEMA.names:
                 cols[name].append(getattr(r, name))
-        return pa.table(cols, schema=REQUEST_SCHEMA)
+        return pa.table(cols, schema=REQUEST_TABLE_SCHEMA)
 
     def chunks_table(self) -> pa.Table:
         rows = list(self._chunks)  # snapshot: an engine thread may still be appending

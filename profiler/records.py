@@ -15,7 +15,9 @@ import pyarrow as pa
 
 __all__ = [
     "CHUNK_SCHEMA",
+    "REQUEST_OPTIONAL_SCHEMA",
     "REQUEST_SCHEMA",
+    "REQUEST_TABLE_SCHEMA",
     "STEP_SCHEMA",
     "TELEMETRY_SCHEMA",
     "RequestRecord",
@@ -39,6 +41,10 @@ class RequestSpec:
             synthetic token-length workloads.
         prompt_token_ids: explicit token ids, when the workload fixes them.
         is_warmup: excluded from every statistic.
+        arrival_s: when it arrives, seconds from the start of its phase (a replayed trace);
+            None: the load's arrival pattern decides.
+        after: a request that must finish before this one is sent (the previous turn of a
+            conversation); None: none.
     """
 
     request_id: int
@@ -47,11 +53,30 @@ class RequestSpec:
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     is_warmup: bool = False
+    arrival_s: float | None = None
+    after: int | None = None
 
 
 @dataclass
 class RequestRecord:
-    """What happened to one request. ``t_*`` are run-relative ns; ``None`` = never happened."""
+    """What happened to one request. ``t_*`` are run-relative ns; ``None`` = never happened.
+
+    The fields after ``is_warmup`` are optional; engines that cannot know them leave None.
+    For HTTP engines, ``t_sent`` is when the request's last byte was written to the socket.
+
+    Attributes:
+        t_dispatched: when the engine took the request up (before it got a connection);
+            ``t_dispatched - t_scheduled`` is client-side queueing.
+        connect_ns: time spent opening a new connection for it (TCP handshake, ns); None
+            when a pooled connection was reused.
+        t_response_headers: when the response headers were read.
+        attempts: times it was sent (2: retried once because the first attempt failed
+            before any of it reached the server).
+        finish_reason: the server's ``finish_reason`` (``stop``, ``length``, ...).
+        cached_tokens: prompt tokens the server served from its prefix cache.
+        truncated: the server stopped it (``finish_reason`` ``length``) before the output
+            tokens it was asked for.
+    """
 
     request_id: int
     prompt_tokens: int
@@ -63,6 +88,13 @@ class RequestRecord:
     output_tokens: int = 0
     error: str | None = None
     is_warmup: bool = False
+    t_dispatched: int | None = None
+    connect_ns: int | None = None
+    t_response_headers: int | None = None
+    attempts: int | None = None
+    finish_reason: str | None = None
+    cached_tokens: int | None = None
+    truncated: bool | None = None
 
 
 REQUEST_SCHEMA = pa.schema(
@@ -79,6 +111,23 @@ REQUEST_SCHEMA = pa.schema(
         ("is_warmup", pa.bool_()),
     ]
 )
+
+#: Optional request columns (issues 16/20; HTTP engines fill them, null elsewhere; see
+#: :class:`RequestRecord`). Kept apart from ``REQUEST_SCHEMA`` so that tables built with the
+#: core columns stay valid; the recorder writes ``REQUEST_TABLE_SCHEMA`` (both).
+REQUEST_OPTIONAL_SCHEMA = pa.schema(
+    [
+        ("t_dispatched", pa.int64()),
+        ("connect_ns", pa.int64()),
+        ("t_response_headers", pa.int64()),
+        ("attempts", pa.int64()),
+        ("finish_reason", pa.string()),
+        ("cached_tokens", pa.int64()),
+        ("truncated", pa.bool_()),
+    ]
+)
+
+REQUEST_TABLE_SCHEMA = pa.schema([*REQUEST_SCHEMA, *REQUEST_OPTIONAL_SCHEMA])
 
 CHUNK_SCHEMA = pa.schema(
     [

@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,9 +17,13 @@ __all__ = [
     "MAX_LENGTH",
     "MAX_REQUESTS",
     "LengthDist",
+    "TraceRow",
     "WorkloadConfig",
     "build_workload",
+    "load_trace",
     "parse_length",
+    "read_trace",
+    "with_fresh_salt",
 ]
 
 #: Most requests (warmup included) one workload may plan; each costs a few hundred bytes
@@ -133,6 +138,16 @@ class WorkloadConfig:
         prefix_groups: distinct shared prefixes, used in turn (shared-prefix).
         tokenizer: ``tokenizer.json`` (or its folder) for exact token lengths of text prompts.
         output_len_given: ``--output-len`` was given, so it wins over dataset reply lengths.
+        fresh_prompts: each run draws a new ``prompt_salt`` (the runner does), so no server
+            can serve a rerun's generated prompts from its prefix cache. False: the prompts
+            repeat exactly for a seed (then the server may serve them from cache).
+        prompt_salt: the salt of this run's generated prompt text (None: none).
+        trace_file: a production trace to replay (JSONL, see :func:`load_trace`): arrival
+            times, prompt and output lengths and optional prefix-block hash ids.
+        trace_block_tokens: tokens per prefix hash block of the trace (Mooncake: 512).
+        turns: user turns per conversation (``multi-turn`` dataset).
+        server_tokenizer: root URL of a server whose ``/tokenize`` sizes generated prompts
+            exactly when no ``tokenizer`` is given (None: estimate, one word a token).
     """
 
     requests: int | None = 32
@@ -147,6 +162,12 @@ class WorkloadConfig:
     prefix_groups: int = 1
     tokenizer: str | None = None
     output_len_given: bool = False
+    fresh_prompts: bool = True
+    prompt_salt: int | None = None
+    trace_file: Path | None = None
+    trace_block_tokens: int = 512
+    turns: int = 3
+    server_tokenizer: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -161,6 +182,10 @@ class WorkloadConfig:
             "prefix_len": self.prefix_len if self.dataset == "shared-prefix" else None,
             "prefix_groups": self.prefix_groups if self.dataset == "shared-prefix" else None,
             "tokenizer": self.tokenizer,
+            "prompt_salt": self.prompt_salt,
+            "trace": str(self.trace_file) if self.trace_file else None,
+            "turns": self.turns if self.dataset == "multi-turn" else None,
+            "server_tokenizer": self.server_tokenizer,
         }
 
 
@@ -227,6 +252,16 @@ def _spec_from_row(
     )
 
 
+def with_fresh_salt(cfg: WorkloadConfig) -> WorkloadConfig:
+    """``cfg`` with a newly drawn ``prompt_salt`` when it asks for fresh prompts."""
+    if not cfg.fresh_prompts or cfg.prompt_salt is not None:
+        return cfg
+    import dataclasses
+    import secrets
+
+    return dataclasses.replace(cfg, prompt_salt=secrets.randbits(31))
+
+
 def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
     """The warmup requests (ids ``0..warmup-1``) followed by the measured ones."""
     if cfg.warmup < 0:
@@ -237,6 +272,8 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
             f"{planned:,} requests (warmup included) is more than the {MAX_REQUESTS:,} one run "
             "may plan: split the load into several runs or bound it with --duration"
         )
+    if cfg.trace_file is not None:
+        return load_trace(cfg)
     if cfg.dataset is not None and cfg.prompts_file is None:
         from perfscope.profiler.datasets import build_dataset_specs, load_tokenizer_for
 
@@ -250,8 +287,10 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
             path=cfg.dataset_path,
             prefix_len=cfg.prefix_len,
             prefix_groups=cfg.prefix_groups,
-            tokenizer=load_tokenizer_for(cfg.tokenizer),
+            tokenizer=load_tokenizer_for(cfg.tokenizer, cfg.server_tokenizer),
             output_len_given=cfg.output_len_given,
+            salt=cfg.prompt_salt,
+            turns=cfg.turns,
         )
     rng = np.random.default_rng(cfg.seed)
     if cfg.prompts_file is not None:
@@ -284,4 +323,131 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
                     is_warmup=warm,
                 )
             )
+    return specs
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One request of a production trace.
+
+    Attributes:
+        arrival_s: arrival time, seconds from the trace's start.
+        input_tokens / output_tokens: prompt and output lengths.
+        hash_ids: prefix blocks: requests sharing a leading run of ids share that prefix
+            (each id stands for ``trace_block_tokens`` tokens; the last may be partial).
+    """
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...] = ()
+
+
+def _first(obj: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if k in obj and obj[k] is not None:
+            return obj[k]
+    return None
+
+
+def read_trace(path: Path) -> list[TraceRow]:
+    """Rows of a JSONL trace, sorted by arrival.
+
+    Each line: ``timestamp`` (ms, as the public Mooncake traces) or ``arrival_s`` /
+    ``timestamp_s`` (s); ``input_length`` (or ``input_tokens`` / ``prompt_tokens``);
+    ``output_length`` (or ``output_tokens`` / ``max_tokens``); optional ``hash_ids``.
+    """
+    if not path.is_file():
+        raise WorkloadError(f"trace file {str(path)!r} does not exist")
+    rows: list[TraceRow] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise WorkloadError(f"{where}: each line must be a JSON object")
+        t_ms = _first(obj, "timestamp")
+        t_s = _first(obj, "arrival_s", "timestamp_s")
+        inp = _first(obj, "input_length", "input_tokens", "prompt_tokens")
+        out = _first(obj, "output_length", "output_tokens", "max_tokens")
+        try:
+            arrival = float(t_s) if t_s is not None else float(t_ms) / 1e3
+            n_in, n_out = int(inp), int(out)
+            ids = tuple(int(h) for h in obj.get("hash_ids") or ())
+        except (TypeError, ValueError):
+            raise WorkloadError(
+                f"{where}: needs 'timestamp' (ms) or 'arrival_s', 'input_length' and "
+                "'output_length' (numbers), and 'hash_ids' a list of integers if given"
+            ) from None
+        if n_in < 1 or n_out < 1 or not math.isfinite(arrival) or arrival < 0:
+            raise WorkloadError(f"{where}: lengths must be >= 1 and the time >= 0")
+        rows.append(TraceRow(arrival, n_in, n_out, ids))
+    if not rows:
+        raise WorkloadError(f"trace file {str(path)!r} has no requests")
+    rows.sort(key=lambda r: r.arrival_s)
+    return rows
+
+
+def load_trace(cfg: WorkloadConfig) -> list[RequestSpec]:
+    """Requests that replay ``cfg.trace_file``: its arrival times (each phase from its first
+    request), lengths and, with prompt text (``cfg.dataset`` set), prompts that share a
+    prefix exactly where the trace's hash ids do (one text per block id, salted per run)."""
+    assert cfg.trace_file is not None
+    rows = read_trace(cfg.trace_file)
+    n = cfg.requests if cfg.requests is not None else len(rows) - cfg.warmup
+    total = min(len(rows), cfg.warmup + max(n, 0))
+    if total <= cfg.warmup:
+        raise WorkloadError(
+            f"the trace has {len(rows)} requests: not enough for {cfg.warmup} warmup and "
+            "at least one measured"
+        )
+    text = cfg.dataset is not None
+    tokenizer = None
+    if text:
+        from perfscope.profiler.datasets import load_tokenizer_for, synthetic_text
+
+        tokenizer = load_tokenizer_for(cfg.tokenizer, cfg.server_tokenizer)
+    block = max(1, cfg.trace_block_tokens)
+    blocks: dict[tuple[int, int, int], str] = {}
+    salt = [cfg.prompt_salt] if cfg.prompt_salt is not None else []
+
+    def block_text(kind: int, h: int, k: int) -> str:
+        """Text of ``k`` tokens for hash block ``h`` (kind 0) or unique to request ``h`` (1)."""
+        key = (kind, h, k)
+        if key not in blocks:
+            rng = np.random.default_rng([cfg.seed, kind, h, k, *salt])
+            blocks[key] = synthetic_text(k, rng, tokenizer)[0]
+        return blocks[key]
+
+    specs: list[RequestSpec] = []
+    for i, row in enumerate(rows[:total]):
+        prompt = None
+        if text:
+            if row.hash_ids:
+                parts, left = [], row.input_tokens
+                for h in row.hash_ids:
+                    k = min(block, left)
+                    if k < 1:
+                        break
+                    parts.append(block_text(0, h, k))
+                    left -= k
+                if left > 0:
+                    parts.append(block_text(1, i, left))  # beyond the hashed blocks: unique
+                prompt = " ".join(parts)
+            else:
+                prompt = block_text(1, i, row.input_tokens)
+        specs.append(
+            RequestSpec(
+                request_id=i,
+                prompt_tokens=row.input_tokens,
+                max_output_tokens=row.output_tokens,
+                prompt=prompt,
+                is_warmup=i < cfg.warmup,
+                arrival_s=row.arrival_s,
+            )
+        )
     return specs

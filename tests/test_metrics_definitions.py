@@ -138,6 +138,7 @@ def test_failed_requests_are_excluded_from_latency_and_count_as_goodput_misses()
         "warmup": 0,
         "output_tokens": 5,
         "prompt_tokens": 10,
+        "truncated": 0,
     }
     assert m["latency"]["ttft"]["count"] == 1
     assert m["latency"]["itl"]["count"] == 1  # only the completed request's gap

@@ -116,8 +116,10 @@ def test_ttft_and_itl_are_within_2ms_of_the_servers_write_times(server: str, str
     ttft_ms = (req["t_first_token"] - req["t_sent"]).to_numpy() / 1e6
     # (128 new connections at once: the server's accept queue adds ~30 ms, truthfully.)
     assert 29 < np.median(ttft_ms) < (45 if streams < 128 else 300)
-    gaps = chunks.sort_values(["request_id", "t"]).groupby("request_id")["t"].diff().dropna()
-    assert 9.5 < np.median(gaps) / 1e6 < 12
+    # Mean gap per request: the server's schedule is absolute, so a late chunk followed by a
+    # caught-up one leaves the mean at the script (a median of raw gaps does not, under load).
+    span = chunks.groupby("request_id")["t"].agg(lambda t: (t.max() - t.min()) / (len(t) - 1))
+    assert 9.5 < np.median(span) / 1e6 < 12
 
 
 def _jsonl(tmp_path: Path, prompts: list[str]) -> Path:
@@ -278,6 +280,8 @@ def test_openai_options_reach_the_engine_through_the_cli_parser() -> None:
             "7",
             "--timeout",
             "3",
+            "--connection",
+            "new",
         ]
     )
     extra = openai_extra(args)
@@ -287,6 +291,7 @@ def test_openai_options_reach_the_engine_through_the_cli_parser() -> None:
         "extra_body": '{"top_p":1}',
         "timeout": "3.0",
         "max_tokens": "7",
+        "connection": "new",
         "ignore_eos": "false",
     }
     assert redact_argv(["run", "--api-key", "k", "--api-key=k2"]) == [

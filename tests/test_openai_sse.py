@@ -59,6 +59,7 @@ def test_role_only_empty_usage_only_and_multi_choice_chunks() -> None:
         "[DONE]",
     ):
         _apply_event(res, payload, 7)
+    res.settle()  # the stream ended: decide the arrivals
     assert res.texts == [[(0, "a"), (1, "b")]]
     assert res.completion_tokens == 2 and res.prompt_tokens == 5
     assert res.done and res.finish_reasons == ["length"]
@@ -143,6 +144,34 @@ def test_usage_on_the_final_chunk_only_is_not_per_chunk_usage() -> None:
         '"usage":{"prompt_tokens":3,"completion_tokens":5}}',
     ):
         _apply_event(res, payload, 1)
+    res.settle()
     assert len(res.t_ns) == 2 and not res.usage_per_chunk
     tc = count_tokens(res.texts, res.cumulative, res.completion_tokens, None)
     assert tc.source == "server_total" and tc.per_chunk == [3, 2] and tc.total == 5
+
+
+def test_a_usage_increment_without_text_is_an_arrival_only_with_per_chunk_usage() -> None:
+    # vLLM: the first token is half a UTF-8 sequence, so its chunk has no text, only usage.
+    vllm = StreamResult()
+    for payload in (
+        '{"choices":[{"index":0,"text":""}],"usage":{"completion_tokens":1}}',
+        '{"choices":[{"index":0,"text":"\\u00e9a"}],"usage":{"completion_tokens":2}}',
+        '{"choices":[{"index":0,"text":"","finish_reason":"length"}],'
+        '"usage":{"completion_tokens":2}}',
+    ):
+        _apply_event(vllm, payload, len(vllm.candidates))
+    vllm.settle()
+    assert vllm.usage_per_chunk and vllm.t_ns == [0, 1] and vllm.cumulative == [1, 2]
+    # llama.cpp: usage only on the text-less finishing chunk: a final usage, not an arrival.
+    llama = StreamResult()
+    for payload in (
+        '{"choices":[{"index":0,"text":"a"}]}',
+        '{"choices":[{"index":0,"text":"b"}]}',
+        '{"choices":[{"index":0,"text":"","finish_reason":"length"}],"usage":'
+        '{"completion_tokens":2,"prompt_tokens":65,"prompt_tokens_details":{"cached_tokens":1}},'
+        '"timings":{"cache_n":1}}',
+    ):
+        _apply_event(llama, payload, len(llama.candidates))
+    llama.settle()
+    assert not llama.usage_per_chunk and llama.t_ns == [0, 1]
+    assert llama.cached_tokens == 1 and llama.completion_tokens == 2

@@ -85,6 +85,8 @@ class EngineOptions:
         model_overrides: explicit shape fields (``n_layers``, ``hidden_size``, ...).
         stop_on_eos: let sequences end early on the end-of-sequence token.
         max_seq_len: longest prompt + output the engine must hold (sizes KV caches).
+        longest_request_tokens: prompt + output tokens of the workload's longest request,
+            when the runner knows it (servers check it against their context length).
         extra: engine-specific options (``--engine-opt key=value``).
     """
 
@@ -98,6 +100,7 @@ class EngineOptions:
     model_overrides: dict[str, Any] = field(default_factory=dict)
     stop_on_eos: bool = False
     max_seq_len: int = 2048
+    longest_request_tokens: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,43 +28,111 @@ from aiohttp.streams import StreamReader
 
 from perfscope.profiler.engines.openai.sse import SSEParser
 
-__all__ = ["StreamResult", "build_body", "classify_exception", "stream_request"]
+__all__ = [
+    "Candidate",
+    "RequestTrace",
+    "StreamResult",
+    "build_body",
+    "classify_exception",
+    "error_text",
+    "install_select_stamps",
+    "stream_request",
+    "trace_config",
+]
+
+
+@dataclass
+class Candidate:
+    """One SSE event that had a non-empty ``choices`` list (a chunk that may carry output).
+
+    Attributes:
+        t_ns: arrival time (run clock, ns) of the event's last byte.
+        pieces: its ``(choice index, text)`` pieces with non-empty text.
+        cum: the running ``usage.completion_tokens`` it carried, or None.
+        finishing: it carried a ``finish_reason``.
+    """
+
+    t_ns: int
+    pieces: list[tuple[int, str]]
+    cum: int | None
+    finishing: bool
 
 
 @dataclass
 class StreamResult:
     """What came back for one streamed request.
 
+    The arrivals (``t_ns``, ``texts``, ``cumulative``) are filled by :meth:`settle` from the
+    candidates once the stream has ended: a chunk is an arrival when it carried text, or when
+    the server sends a running usage per chunk and the chunk raised ``completion_tokens`` (a
+    token that rendered no text yet: a partial UTF-8 sequence, a special token).
+
     Attributes:
-        t_ns: arrival time (run clock, ns) of each chunk that carried output text.
-        texts: per such chunk, its ``(choice index, text)`` pieces.
-        cumulative: per such chunk, the running ``usage.completion_tokens`` it carried.
+        candidates: every event with a non-empty ``choices`` list, in order.
+        t_ns: arrival time (run clock, ns) of each arrival.
+        texts: per arrival, its ``(choice index, text)`` pieces (may be empty).
+        cumulative: per arrival, the running ``usage.completion_tokens`` it carried.
         prompt_tokens / completion_tokens: the server's final usage, when sent.
+        cached_tokens: prompt tokens the server served from its prefix cache, when it says
+            (``usage.prompt_tokens_details.cached_tokens``, llama.cpp ``timings.cache_n``).
         usage_per_chunk: the server sent a running usage on token chunks.
         finish_reasons: ``finish_reason`` of each finished choice.
+        model: the ``model`` the server named in its chunks (None if it named none).
         done: ``data: [DONE]`` was received.
         status: HTTP status (0 when no response).
         error: short text when the request failed, else None.
+        retryable: the request failed before any of it can have reached the server (the
+            write failed, or a reused pooled connection was found dead before any response
+            byte); only such a failure may be retried.
         events: SSE events parsed; comments / ignored_lines: keep-alives and garbage skipped.
-        t_headers_ns: when the response headers arrived.
+        t_sent_ns: when the request's last byte was handed to the socket (run clock, ns).
+        connect_ns: time spent opening a new TCP connection (None: a pooled one was reused).
+        reused: the request went out on a pooled (kept-alive) connection.
+        t_headers_ns: when the client read the response headers.
         t_usage_ns: when the last event with a usage arrived.
     """
 
+    candidates: list[Candidate] = field(default_factory=list)
     t_ns: list[int] = field(default_factory=list)
     texts: list[list[tuple[int, str]]] = field(default_factory=list)
     cumulative: list[int | None] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
     usage_per_chunk: bool = False
     finish_reasons: list[str] = field(default_factory=list)
+    model: str | None = None
     done: bool = False
     status: int = 0
     error: str | None = None
+    retryable: bool = False
     events: int = 0
     comments: int = 0
     ignored_lines: int = 0
+    t_sent_ns: int | None = None
+    connect_ns: int | None = None
+    reused: bool = False
     t_headers_ns: int | None = None
     t_usage_ns: int | None = None
+
+    def settle(self) -> None:
+        """Decide which candidates are token arrivals (see the class docstring)."""
+        cands = self.candidates
+        with_cum = [c for c in cands if c.cum is not None]
+        # Per-chunk usage: a usage on a chunk that also carried text, or on several chunks.
+        # A usage on the finishing, text-less chunk alone (llama.cpp) is a final usage.
+        per_chunk = len(with_cum) >= 2 or any(c.pieces for c in with_cum)
+        self.usage_per_chunk = per_chunk
+        self.t_ns, self.texts, self.cumulative = [], [], []
+        prev = 0
+        for c in cands:
+            grew = per_chunk and c.cum is not None and c.cum > prev
+            if c.pieces or grew:
+                self.t_ns.append(c.t_ns)
+                self.texts.append(c.pieces)
+                self.cumulative.append(c.cum if per_chunk else None)
+            if c.cum is not None:
+                prev = max(prev, c.cum)
 
 
 def build_body(
@@ -119,6 +188,26 @@ def classify_exception(exc: BaseException, timeout_s: float | None) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _cached_of(obj: dict[str, Any]) -> int | None:
+    """Cached prompt tokens in one event: OpenAI/vLLM ``usage.prompt_tokens_details``,
+    llama.cpp's ``timings.cache_n``."""
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
+            return _int(details.get("cached_tokens"))
+        if _int(usage.get("cached_tokens")) is not None:
+            return _int(usage.get("cached_tokens"))
+    timings = obj.get("timings")
+    if isinstance(timings, dict):
+        return _int(timings.get("cache_n"))
+    return None
+
+
 def _apply_event(res: StreamResult, payload: str, t: int) -> None:
     """Fold one SSE payload into ``res`` (raises ValueError on a malformed payload)."""
     if payload == "[DONE]":
@@ -134,19 +223,26 @@ def _apply_event(res: StreamResult, payload: str, t: int) -> None:
         err = obj["error"]
         msg = err.get("message", err) if isinstance(err, dict) else err
         raise ValueError(f"server error in stream: {str(msg)[:150]}")
+    model = obj.get("model")
+    if isinstance(model, str) and model:
+        res.model = model
     usage = obj.get("usage")
     cum: int | None = None
     if isinstance(usage, dict):
-        ct = usage.get("completion_tokens")
-        if isinstance(ct, int):
+        ct = _int(usage.get("completion_tokens"))
+        if ct is not None:
             cum = ct
             res.completion_tokens = ct
             res.t_usage_ns = t
-        pt = usage.get("prompt_tokens")
-        if isinstance(pt, int):
+        pt = _int(usage.get("prompt_tokens"))
+        if pt is not None:
             res.prompt_tokens = pt
+    cached = _cached_of(obj)
+    if cached is not None:
+        res.cached_tokens = cached
     pieces: list[tuple[int, str]] = []
     choices = obj.get("choices") or ()
+    finishing = False
     for ch in choices:
         if not isinstance(ch, dict):
             continue
@@ -168,22 +264,9 @@ def _apply_event(res: StreamResult, payload: str, t: int) -> None:
         fr = ch.get("finish_reason")
         if fr:
             res.finish_reasons.append(str(fr))
-    if pieces or (res.usage_per_chunk and cum is not None and choices and cum > _last_cum(res)):
-        # A chunk that carries output: text, or (once the server is known to send a running
-        # usage on token chunks) a token it counted but did not render, e.g. a special token.
-        # A usage on the final chunk alone is not per-chunk usage and adds no chunk.
-        res.t_ns.append(t)
-        res.texts.append(pieces)
-        res.cumulative.append(cum)
-        if cum is not None:
-            res.usage_per_chunk = True
-
-
-def _last_cum(res: StreamResult) -> int:
-    for c in reversed(res.cumulative):
-        if c is not None:
-            return c
-    return 0
+            finishing = True
+    if choices:
+        res.candidates.append(Candidate(t, pieces, cum, finishing))
 
 
 #: id(StreamReader) → (clock, arrivals) for the streams being read. StreamReader has
@@ -197,7 +280,52 @@ def _feed_data_stamped(self: StreamReader, data: bytes, *args: Any, **kwargs: An
     entry = _ARRIVALS.get(id(self))
     if entry is not None and data:
         entry[1].append((len(data), entry[0]()))
+        sel = _SELECT
+        if sel.returned_ns and len(STAMP_DELAYS_NS) < _MAX_DELAYS:
+            STAMP_DELAYS_NS.append(time.thread_time_ns() - sel.returned_ns + sel.busy_ns)
     return _ORIGINAL_FEED(self, data, *args, **kwargs)
+
+
+class _SelectStamps:
+    """The loop thread's CPU time (``thread_time_ns``) when its selector last returned, and
+    the CPU it spent before it asked again (the longest that bytes arriving meanwhile waited
+    for the selector through the client's own work). CPU time, not wall time: waiting for a
+    CPU held by other processes is not the client's work and is not counted."""
+
+    __slots__ = ("busy_ns", "returned_ns")
+
+    def __init__(self) -> None:
+        self.returned_ns = 0
+        self.busy_ns = 0
+
+
+_SELECT = _SelectStamps()
+_MAX_DELAYS = 2_000_000
+#: Per stamped arrival, an upper bound of how late its stamp is through the client's own
+#: work (ns of the loop thread's CPU): the loop's work before the selector returned the
+#: bytes plus its work from that return to the stamp. Waits for a CPU are not in it.
+STAMP_DELAYS_NS: list[int] = []
+
+
+def install_select_stamps(loop: asyncio.AbstractEventLoop) -> bool:
+    """Wrap the running loop's selector so arrivals know their stamp delay (see
+    ``STAMP_DELAYS_NS``); False when the loop has no selector to wrap."""
+    sel = getattr(loop, "_selector", None)
+    if sel is None or getattr(sel, "_perfscope_stamps", False):
+        return sel is not None
+    original = sel.select
+    stamps = _SELECT
+
+    def select(timeout: float | None = None) -> Any:
+        t_enter = time.thread_time_ns()
+        stamps.busy_ns = t_enter - stamps.returned_ns if stamps.returned_ns else 0
+        events = original(timeout)
+        stamps.returned_ns = time.thread_time_ns()
+        return events
+
+    sel.select = select
+    sel._perfscope_stamps = True
+    return True
 
 
 def _install_arrival_stamps() -> None:
@@ -226,6 +354,102 @@ def _split_by_arrival(
         pos += take
 
 
+class RequestTrace:
+    """Per-request stamps taken by aiohttp's trace hooks (see :func:`trace_config`).
+
+    Attributes:
+        now_ns: the run clock.
+        t_sent: when the request's last byte was handed to the socket: the hook runs
+            synchronously right before aiohttp's ``transport.write`` of each body chunk,
+            so the last stamp is the last write, microseconds from the syscall.
+        t_connect_start: when a new connection began to open.
+        connect_ns: how long the new connection took (TCP handshake); None when reused.
+        reused: the request went out on a pooled connection.
+    """
+
+    __slots__ = ("connect_ns", "now_ns", "reused", "t_connect_start", "t_sent")
+
+    def __init__(self, now_ns: Callable[[], int]) -> None:
+        self.now_ns = now_ns
+        self.t_sent: int | None = None
+        self.t_connect_start: int | None = None
+        self.connect_ns: int | None = None
+        self.reused = False
+
+
+def _trace_of(ctx: Any) -> RequestTrace | None:
+    tr = getattr(ctx, "trace_request_ctx", None)
+    return tr if isinstance(tr, RequestTrace) else None
+
+
+async def _on_sent(session: Any, ctx: Any, params: Any) -> None:
+    tr = _trace_of(ctx)
+    if tr is not None:
+        tr.t_sent = tr.now_ns()
+
+
+async def _on_connect_start(session: Any, ctx: Any, params: Any) -> None:
+    tr = _trace_of(ctx)
+    if tr is not None:
+        tr.t_connect_start = tr.now_ns()
+
+
+async def _on_connect_end(session: Any, ctx: Any, params: Any) -> None:
+    tr = _trace_of(ctx)
+    if tr is not None and tr.t_connect_start is not None:
+        tr.connect_ns = tr.now_ns() - tr.t_connect_start
+
+
+async def _on_reuse(session: Any, ctx: Any, params: Any) -> None:
+    tr = _trace_of(ctx)
+    if tr is not None:
+        tr.reused = True
+
+
+def trace_config() -> aiohttp.TraceConfig:
+    """The trace hooks a session needs for exact send stamps and connection set-up times."""
+    tc = aiohttp.TraceConfig()
+    tc.on_request_headers_sent.append(_on_sent)  # a body-less request: headers are last
+    tc.on_request_chunk_sent.append(_on_sent)
+    tc.on_connection_create_start.append(_on_connect_start)
+    tc.on_connection_create_end.append(_on_connect_end)
+    tc.on_connection_reuseconn.append(_on_reuse)
+    return tc
+
+
+#: Failures that happen on the connection before any response: retryable when nothing of
+#: the request can have been processed (see ``StreamResult.retryable``).
+_CONNECTION_ERRORS = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    ConnectionResetError,
+    BrokenPipeError,
+)
+
+
+def error_text(status: int, reason: str | None, body: str) -> str:
+    """``HTTP 404 Not Found: <the server's message>`` with the server's own words: the
+    ``error.message`` / ``message`` / ``detail`` of a JSON body, else the body text."""
+    msg = body.strip()
+    try:
+        obj = json.loads(msg) if msg else None
+    except json.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        inner = obj.get("error", obj)
+        if isinstance(inner, dict):
+            found = inner.get("message") or inner.get("detail") or inner.get("msg")
+            if found is None and "detail" in obj:
+                found = obj["detail"]
+            msg = json.dumps(found) if isinstance(found, list | dict) else str(found or msg)
+        elif isinstance(inner, str):
+            msg = inner
+    msg = " ".join(msg.split())
+    head = f"HTTP {status} {reason or ''}".strip()
+    return head + (f": {msg[:400]}" if msg else "")
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -233,24 +457,27 @@ async def stream_request(
     headers: dict[str, str],
     now_ns: Callable[[], int],
     timeout_s: float | None,
-    on_sent: Callable[[int], None] | None = None,
 ) -> StreamResult:
     """POST ``body`` to ``url`` and read the SSE stream to its end; never raises for a failed
-    request (the failure is in ``error``)."""
+    request (the failure is in ``error``). The session needs :func:`trace_config` for the
+    send stamp and connection times (without it ``t_sent_ns`` is when the POST began)."""
     res = StreamResult()
     parser = SSEParser()
+    tr = RequestTrace(now_ns)
+    t_begin = now_ns()
     try:
         async with asyncio.timeout(timeout_s):
-            if on_sent is not None:
-                on_sent(now_ns())
-            async with session.post(url, data=body, headers=headers) as resp:
+            async with session.post(
+                url,
+                data=body,
+                headers=headers,
+                trace_request_ctx=tr,
+            ) as resp:
                 res.t_headers_ns = now_ns()
                 res.status = resp.status
                 if resp.status != 200:
-                    text = (await resp.text(errors="replace")).strip().replace("\n", " ")
-                    res.error = f"HTTP {resp.status} {resp.reason or ''}".strip() + (
-                        f": {text[:160]}" if text else ""
-                    )
+                    text = await resp.text(errors="replace")
+                    res.error = error_text(resp.status, resp.reason, text)
                     return res
                 ctype = resp.headers.get("Content-Type", "")
                 if "text/event-stream" not in ctype and "application/json" in ctype:
@@ -284,6 +511,18 @@ async def stream_request(
         res.error = str(exc)[:200]
     except Exception as exc:
         res.error = classify_exception(exc, timeout_s)
+        # Nothing came back, and either the request was never fully written or it went out
+        # on a pooled connection the server had already closed: it never reached the server.
+        res.retryable = (
+            isinstance(exc, _CONNECTION_ERRORS)
+            and res.t_headers_ns is None
+            and (tr.t_sent is None or tr.reused)
+        )
+    finally:
+        res.t_sent_ns = tr.t_sent if tr.t_sent is not None else t_begin
+        res.connect_ns = tr.connect_ns
+        res.reused = tr.reused
+    res.settle()
     res.events, res.comments, res.ignored_lines = (
         parser.events,
         parser.comments,

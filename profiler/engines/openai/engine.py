@@ -2,13 +2,20 @@
 
 One asyncio event loop serves every open stream (hundreds at once); a feeder thread moves
 submissions from the driver's inbox into the loop and encodes their JSON bodies there, off
-the loop. Each request is stamped ``sent`` right before its POST and each chunk when its
-bytes are read from the socket. Token counts come from the server's usage where given
-(see :mod:`.tokens`).
+the loop. Each request is stamped ``sent`` when its last byte is written to the socket
+(aiohttp trace hooks), with its connection set-up time and response-header time kept apart,
+and each chunk when its bytes arrive from the socket. Token counts come from the server's
+usage where given (see :mod:`.tokens`).
+
+A request that fails before any of it can have reached the server (the write failed, or the
+pooled connection was already closed by the server, as llama-server does after every
+stream) is retried once on a new connection, and the retry is recorded (``attempts``).
+Nothing later is ever retried.
 
 The client measures itself: an event-loop lag probe (how late a timer fires, i.e. how long
-a chunk that arrived could wait before being stamped) and the loop thread's CPU share. Both
-go into the manifest (``engine.config.client``), with a warning when the client saturates.
+a chunk that arrived could wait before being stamped), the send path and the loop thread's
+CPU share. They go into the manifest (``engine.config.client``), with a warning when the
+stamps may be late by a noticeable share of the inter-token gap.
 """
 
 from __future__ import annotations
@@ -35,28 +42,37 @@ from perfscope.profiler.engines.base import (
     Inbox,
     Submission,
 )
+from perfscope.profiler.engines.openai import client as _client
 from perfscope.profiler.engines.openai.client import (
     StreamResult,
     build_body,
     classify_exception,
     stream_request,
+    trace_config,
 )
 from perfscope.profiler.engines.openai.tokens import TokenCounter, count_tokens, load_tokenizer
+from perfscope.profiler.engines.openai.workers import WorkerJobResult, WorkerPool, WorkerSettings
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
 
-__all__ = ["API_KEY_ENV", "OpenAIConfig", "OpenAIEngine", "redact_url"]
+__all__ = ["API_KEY_ENV", "OpenAIConfig", "OpenAIEngine", "is_saturated", "redact_url"]
 
 log = logging.getLogger("perfscope.openai")
 
 #: Environment variables read for the API key, in order.
 API_KEY_ENV = ("PERFSCOPE_API_KEY", "OPENAI_API_KEY")
 
-#: Median loop lag (s) above which the client is called saturated (an idle loop shows
-#: ~0.1 ms of timer and scheduler noise, with a p99 up to ~1.5 ms on a shared 2-core box).
-SATURATION_LAG_S = 0.5e-3
-#: Share of one core used by the loop thread above which the client is called saturated.
-SATURATION_CPU = 0.85
+#: The client is called saturated when its stamps may be late (loop-lag p99) by more than
+#: this many seconds *and* by more than ``SATURATION_GAP_SHARE`` of the median gap between a
+#: request's chunks: lateness matters relative to what is being measured.
+SATURATION_LAG_S = 1e-3
+SATURATION_GAP_SHARE = 0.1
+
+#: Prompt lengths differ from the server's count beyond this share (and 2 tokens) on the
+#: median request: they are not exact.
+PROMPT_LEN_TOLERANCE = 0.05
+
+CONNECTION_POLICIES = ("reuse", "new")
 
 _OPTIONAL_FIELDS = ("ignore_eos", "continuous_usage_stats", "stream_options")
 
@@ -97,6 +113,14 @@ class OpenAIConfig:
         preflight: send one tiny request first to check the URL, model, streaming and which
             optional fields the server accepts.
         include_usage / continuous_usage: ask for usage (final, and per chunk).
+        connection: ``reuse`` (keep-alive pool, default) or ``new`` (a new connection per
+            request, closed after it).
+        workers: event loops in worker processes that share the streams (1: one loop in
+            this process); see :mod:`.workers`.
+        prompt_salt: varies the text the engine makes up for token-length-only requests;
+            None repeats it exactly (the server may serve it from its prompt cache).
+        longest_request_tokens: the workload's longest prompt + output, checked against the
+            server's ``max_model_len`` at preflight.
     """
 
     base_url: str
@@ -111,12 +135,17 @@ class OpenAIConfig:
     preflight: bool = True
     include_usage: bool = True
     continuous_usage: bool = True
+    connection: str = "reuse"
+    workers: int = 1
+    prompt_salt: int | None = None
+    longest_request_tokens: int | None = None
 
     @classmethod
     def from_engine_options(cls, uri: str, options: EngineOptions) -> OpenAIConfig:
         """Read the URI and ``options.extra`` (``model``, ``api_key``, ``endpoint``,
         ``extra_body`` (JSON object), ``timeout`` (s), ``max_tokens``, ``ignore_eos``,
-        ``tokenizer``, ``preflight``, ``continuous_usage``)."""
+        ``tokenizer``, ``preflight``, ``continuous_usage``, ``connection`` (reuse|new),
+        ``prompt_salt`` (int or ``none``))."""
         url = uri.split(":", 1)[1].strip() if ":" in uri else ""
         if not url:
             raise UsageError(
@@ -153,6 +182,23 @@ class OpenAIConfig:
             raise UsageError("--timeout must be a positive number of seconds")
         if max_tokens is not None and max_tokens < 1:
             raise UsageError("--max-tokens must be at least 1")
+        connection = x.get("connection", "reuse").strip().lower()
+        if connection not in CONNECTION_POLICIES:
+            raise UsageError(
+                f"--connection {connection!r}: use 'reuse' (keep-alive pool) or 'new' "
+                "(a new connection per request)"
+            )
+        try:
+            workers = int(x.get("workers") or 1)
+        except ValueError:
+            raise UsageError(f"workers {x.get('workers')!r}: give a whole number") from None
+        if not 1 <= workers <= 64:
+            raise UsageError(f"workers must be 1-64, got {workers}")
+        salt_text = (x.get("prompt_salt") or "none").strip().lower()
+        try:
+            salt = None if salt_text in ("", "none") else int(salt_text)
+        except ValueError:
+            raise UsageError(f"prompt_salt {salt_text!r}: give an integer or 'none'") from None
         api_key = x.get("api_key") or next(
             (os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None
         )
@@ -168,12 +214,21 @@ class OpenAIConfig:
             tokenizer=x.get("tokenizer") or None,
             preflight=_truthy(x.get("preflight"), True),
             continuous_usage=_truthy(x.get("continuous_usage"), True),
+            connection=connection,
+            workers=workers,
+            prompt_salt=salt,
+            longest_request_tokens=options.longest_request_tokens,
         )
 
     @property
     def url(self) -> str:
         """The full endpoint URL."""
         return self.base_url + ("/chat/completions" if self.endpoint == "chat" else "/completions")
+
+    @property
+    def root_url(self) -> str:
+        """The server root (the API base without its trailing ``/v1``)."""
+        return self.base_url.removesuffix("/v1")
 
 
 class _Stats:
@@ -192,6 +247,26 @@ class _Stats:
         self.ignored_lines = 0
         self.errors: Counter[str] = Counter()
         self.lag_ns: list[int] = []
+        self.retried = 0
+        self.retry_reasons: Counter[str] = Counter()
+        self.retry_failed = 0
+        self.new_connections = 0
+        self.connect_ns: list[int] = []
+        self.queue_ns: list[int] = []
+        self.send_path_ns: list[int] = []
+        self.gap_ns: list[float] = []
+        self.served_models: Counter[str] = Counter()
+        self.finish_reasons: Counter[str] = Counter()
+        self.truncated = 0
+        self.truncated_examples: list[tuple[int, int, int]] = []
+        self.cache_reported = 0
+        self.cache_hits = 0
+        self.cached_tokens = 0
+        self.cache_prompt_tokens = 0
+        self.prompt_asked: list[int] = []
+        self.prompt_server: list[int] = []
+        self.reconciled = 0
+        self.unexplained = 0
 
 
 class OpenAIEngine:
@@ -211,8 +286,9 @@ class OpenAIEngine:
         if cfg.api_key:
             self._headers["Authorization"] = f"Bearer {cfg.api_key}"
         self._info: EngineInfo | None = None
-        self._rng = np.random.default_rng(0)
         self.stats = _Stats()
+        self._preflight_warnings: list[str] = []
+        self._pool: WorkerPool | None = None
 
     # --- setup --------------------------------------------------------------------------
 
@@ -228,9 +304,19 @@ class OpenAIEngine:
         cfg = self.cfg
         shown = redact_url(cfg.base_url)
         timeout = aiohttp.ClientTimeout(total=min(cfg.timeout_s or 120.0, 120.0))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(
+            timeout=timeout, trace_configs=[trace_config()]
+        ) as session:
+            models = await self._list_models(session, shown)
+            asked = cfg.model
             if cfg.model is None:
-                cfg.model = await self._discover_model(session, shown)
+                if not models:
+                    raise UsageError(
+                        f"{shown}/models lists no model; give the model name with --model NAME"
+                    )
+                cfg.model = next(iter(models))
+            version = await self._server_version(session)
+            tokenize = await self._probe_tokenize(session)
             for _ in range(len(_OPTIONAL_FIELDS) + 1):
                 body = self._body("Hello", 2)
                 res = await stream_request(
@@ -244,32 +330,103 @@ class OpenAIEngine:
                 if res.status in (400, 422) and res.error and self._drop_rejected(res.error):
                     continue
                 break
-        self._check_preflight(res, shown)
+        self._check_preflight(res, shown, models)
+        max_len = models.get(cfg.model) if cfg.model else None
         self.server_info = {
             "usage": res.completion_tokens is not None,
             "usage_per_chunk": res.usage_per_chunk,
             "done_marker": res.done,
+            "models": sorted(models),
+            "max_model_len": max_len,
+            "version": version,
+            "tokenize": tokenize,
+            "served_model": res.model,
         }
+        self._check_served_model(asked, res.model, models, shown)
+        longest = cfg.longest_request_tokens
+        if max_len is not None and longest is not None and longest > max_len:
+            raise UsageError(
+                f"the longest request needs {longest} tokens (prompt + output) but "
+                f"{cfg.model!r} on {shown} holds {max_len} (max_model_len in /v1/models); "
+                "lower --prompt-len / --output-len (or --max-tokens)"
+            )
 
-    async def _discover_model(self, session: aiohttp.ClientSession, shown: str) -> str:
+    async def _list_models(
+        self, session: aiohttp.ClientSession, shown: str
+    ) -> dict[str, int | None]:
+        """Served model names → their context length (``max_model_len``) when listed."""
         try:
             async with session.get(self.cfg.base_url + "/models", headers=self._headers) as r:
                 data = await r.json(content_type=None) if r.status == 200 else None
-        except Exception as exc:
+        except aiohttp.ClientConnectorError as exc:
             raise UsageError(
                 f"cannot reach {shown}: {classify_exception(exc, None)}; is the server running "
                 "and is the URL its API base (e.g. openai:http://127.0.0.1:8000/v1)?"
             ) from None
-        ids = [
-            m.get("id")
-            for m in (data or {}).get("data", [])
-            if isinstance(m, dict) and isinstance(m.get("id"), str)
-        ]
-        if not ids:
+        except Exception:
+            data = None
+        out: dict[str, int | None] = {}
+        rows = data.get("data") if isinstance(data, dict) else None
+        for m in rows if isinstance(rows, list) else ():
+            if isinstance(m, dict) and isinstance(m.get("id"), str):
+                n = m.get("max_model_len")
+                meta = m.get("meta")
+                if not isinstance(n, int) and isinstance(meta, dict):
+                    n = meta.get("n_ctx") if isinstance(meta.get("n_ctx"), int) else None
+                out[m["id"]] = n if isinstance(n, int) and n > 0 else None
+        return out
+
+    async def _server_version(self, session: aiohttp.ClientSession) -> str | None:
+        """The server's version where it says it (``GET /version``: vLLM, SGLang), else the
+        ``Server`` header of its answer (llama.cpp says ``llama.cpp``)."""
+        server_header = None
+        try:
+            async with session.get(self.cfg.root_url + "/version", headers=self._headers) as r:
+                server_header = r.headers.get("Server")
+                if r.status == 200:
+                    data = await r.json(content_type=None)
+                    if isinstance(data, dict) and data.get("version"):
+                        return str(data["version"])[:80]
+        except Exception:
+            return None
+        return server_header[:80] if server_header else None
+
+    async def _probe_tokenize(self, session: aiohttp.ClientSession) -> str | None:
+        """Which ``/tokenize`` the server has: ``prompt`` (vLLM, SGLang), ``content``
+        (llama.cpp) or None."""
+        for key in ("prompt", "content"):
+            body = {"model": self.cfg.model, key: "Hello world"}
+            try:
+                async with session.post(
+                    self.cfg.root_url + "/tokenize", json=body, headers=self._headers
+                ) as r:
+                    if r.status != 200:
+                        continue
+                    data = await r.json(content_type=None)
+            except Exception:
+                return None
+            if isinstance(data, dict) and isinstance(data.get("tokens"), list):
+                return key
+        return None
+
+    def _check_served_model(
+        self, asked: str | None, served: str | None, models: dict[str, int | None], shown: str
+    ) -> None:
+        """Refuse a model the server neither lists nor answers as; warn when it answers as
+        another model (llama.cpp ignores ``model`` and echoes its own alias)."""
+        if asked is None or served is None or served == asked:
+            return
+        if models and asked not in models:
             raise UsageError(
-                f"{shown}/models lists no model; give the model name with --model NAME"
+                f"--model {asked!r} is not served by {shown}: it lists "
+                f"{', '.join(sorted(models))} and answered as {served!r}; give --model {served}"
             )
-        return str(ids[0])
+        msg = (
+            f"the server answered as model {served!r} although {asked!r} was requested; the "
+            "run measures whatever it serves"
+        )
+        self._preflight_warnings.append(msg)
+        log.warning(msg)
 
     def _drop_rejected(self, error: str) -> bool:
         """Stop sending the optional fields named in a 400/422 error; True if any dropped."""
@@ -287,7 +444,9 @@ class OpenAIEngine:
             dropped = True
         return dropped
 
-    def _check_preflight(self, res: StreamResult, shown: str) -> None:
+    def _check_preflight(
+        self, res: StreamResult, shown: str, models: dict[str, int | None] | None = None
+    ) -> None:
         url = redact_url(self.cfg.url)
         if res.error is None:
             return
@@ -297,16 +456,29 @@ class OpenAIEngine:
                 f"cannot reach {shown} ({err}); is the server running and the URL right "
                 "(e.g. openai:http://127.0.0.1:8000/v1)?"
             )
+        said = err.partition(": ")[2]
+        low = said.lower()
+        if (
+            res.status in (400, 404)
+            and "model" in low
+            and ("not exist" in low or "not found" in low or "unknown" in low)
+        ):
+            listed = f" (it lists {', '.join(sorted(models))})" if models else ""
+            raise UsageError(
+                f"{shown} does not serve model {self.cfg.model!r}{listed}: the server said "
+                f"{said!r}; give --model NAME"
+            )
         if res.status == 404:
             raise UsageError(
                 f"{url} answered HTTP 404: no such endpoint; the engine URL must be the API "
                 "base that ends in /v1 (e.g. openai:http://127.0.0.1:8000/v1), or the server "
                 f"has no --endpoint {self.cfg.endpoint}"
+                + (f" (server said: {said})" if said else "")
             )
         if res.status in (401, 403):
             raise UsageError(
                 f"{url} refused the request (HTTP {res.status}): give --api-key or set "
-                f"{API_KEY_ENV[1]}"
+                f"{API_KEY_ENV[1]}" + (f" (server said: {said})" if said else "")
             )
         if res.status:
             raise UsageError(f"{url} rejected a test request: {err}")
@@ -334,13 +506,29 @@ class OpenAIEngine:
                     "server": self.server_info,
                     "tokenizer": cfg.tokenizer,
                     "auth": "bearer" if cfg.api_key else None,
+                    "connection": cfg.connection,
+                    "workers": cfg.workers,
+                    "prompt_salt": cfg.prompt_salt,
                     "client": "aiohttp " + aiohttp.__version__,
                 },
             )
         return self._info
 
+    def start_workers(self) -> None:
+        """Start the worker processes (``workers`` > 1) once the preflight is done."""
+        if self.cfg.workers > 1 and self._pool is None:
+            self._pool = WorkerPool(
+                self.cfg.workers,
+                WorkerSettings(
+                    self.cfg.url, dict(self._headers), self.cfg.timeout_s, self.cfg.connection
+                ),
+            )
+
     def close(self) -> None:
-        """Nothing held between runs."""
+        """Stop the worker processes, if any."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def _body(self, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
         cfg, sup = self.cfg, self.supported
@@ -364,12 +552,76 @@ class OpenAIEngine:
             raise UsageError("token-id prompts need --endpoint completions")
         from perfscope.profiler.datasets import synthetic_text
 
-        rng = np.random.default_rng([spec.request_id, 7919])
+        seed = [spec.request_id, 7919]
+        if self.cfg.prompt_salt is not None:
+            seed.append(self.cfg.prompt_salt)
+        rng = np.random.default_rng(seed)
         return synthetic_text(spec.prompt_tokens, rng, None)[0]
 
     def serve(self, inbox: Inbox, recorder: Recorder) -> None:
-        """Serve every submission from ``inbox`` on one event loop until all are done."""
-        asyncio.run(self._serve(inbox, recorder))
+        """Serve every submission from ``inbox`` on one event loop (or the worker processes'
+        loops) until all are done."""
+        origin = getattr(recorder.clock, "origin_perf_counter_ns", None)
+        if self._pool is not None and isinstance(origin, int):
+            self._serve_sharded(self._pool, origin, inbox, recorder)
+        else:
+            asyncio.run(self._serve(inbox, recorder))
+
+    def _serve_sharded(
+        self, pool: WorkerPool, origin: int, inbox: Inbox, recorder: Recorder
+    ) -> None:
+        now_ns = recorder.clock.now_ns
+        jobs: dict[int, Submission] = {}
+        submitted = threading.Event()
+        feeder_error: list[BaseException] = []
+        pool.start_run(origin)
+
+        def feeder() -> None:
+            try:
+                while True:
+                    sub = inbox.get(timeout_s=0.1)
+                    if sub is None:
+                        if inbox.finished:
+                            break
+                        continue
+                    body = json.dumps(
+                        self._body(self._prompt_of(sub.spec), sub.spec.max_output_tokens)
+                    ).encode()
+                    jobs[sub.spec.request_id] = sub
+                    sub.handle.record.t_dispatched = now_ns()
+                    pool.submit(sub.spec.request_id, body)
+            except BaseException as exc:
+                feeder_error.append(exc)
+            finally:
+                submitted.set()
+
+        def on_result(r: WorkerJobResult) -> None:
+            sub = jobs.pop(r.job_id)
+            st = self.stats
+            if r.attempts == 2:
+                st.retried += 1
+                st.retry_reasons[str(r.first_error).split(":")[0]] += 1
+                if r.result.error is not None:
+                    st.retry_failed += 1
+            sub.handle.record.attempts = r.attempts
+            try:
+                self._record(sub, r.result)
+            except Exception as exc:  # never let one request end the run
+                sub.handle.finish(error=f"{type(exc).__name__}: {exc}"[:300])
+
+        thread = threading.Thread(target=feeder, name="perfscope-openai-feeder", daemon=True)
+        thread.start()
+        worker_stats = pool.collect(on_result, submitted.is_set)
+        thread.join()
+        self.stats.lag_ns = [x for w in worker_stats for x in w.lag_ns]
+        _client.STAMP_DELAYS_NS[:] = [x for w in worker_stats for x in w.stamp_delays_ns]
+        busiest = max(worker_stats, key=lambda w: w.cpu_s / w.wall_s if w.wall_s else 0.0)
+        self._report(busiest.cpu_s, busiest.wall_s)
+        if feeder_error:
+            exc = feeder_error[0]
+            if isinstance(exc, UsageError | EngineError):
+                raise exc
+            raise EngineError(f"openai engine: preparing a request failed: {exc}") from exc
 
     async def _serve(self, inbox: Inbox, recorder: Recorder) -> None:
         loop = asyncio.get_running_loop()
@@ -378,15 +630,16 @@ class OpenAIEngine:
         all_submitted = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
         feeder_error: list[BaseException] = []
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None),
-            skip_auto_headers=("User-Agent",),
-        )
+        _client.STAMP_DELAYS_NS.clear()
+        _client._SELECT.returned_ns = 0
+        _client.install_select_stamps(loop)
+        session = self._session(force_close=self.cfg.connection == "new")
+        # Retries go out on a new connection each (never on a pooled one).
+        fresh = self._session(force_close=True)
 
         def start(sub: Submission, body: bytes) -> None:
-            task = loop.create_task(self._one(session, sub, body, recorder))
+            sub.handle.record.t_dispatched = now_ns()
+            task = loop.create_task(self._one(session, fresh, sub, body, recorder))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -412,7 +665,6 @@ class OpenAIEngine:
         thread = threading.Thread(target=feeder, name="perfscope-openai-feeder", daemon=True)
         monitor = loop.create_task(self._lag_probe())
         cpu0, wall0 = time.thread_time(), time.perf_counter()
-        _ = now_ns  # the clock the requests are stamped with (see _one)
         thread.start()
         try:
             await all_submitted.wait()
@@ -423,6 +675,7 @@ class OpenAIEngine:
             monitor.cancel()
             cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
             await session.close()
+            await fresh.close()
             self._report(cpu, wall)
         if feeder_error:
             exc = feeder_error[0]
@@ -439,36 +692,71 @@ class OpenAIEngine:
             await asyncio.sleep(interval_s)
             lags.append(max(0, time.perf_counter_ns() - t0 - step))
 
+    @staticmethod
+    def _session(force_close: bool) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=force_close)
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None),
+            skip_auto_headers=("User-Agent",),
+            trace_configs=[trace_config()],
+        )
+
     async def _one(
-        self, session: aiohttp.ClientSession, sub: Submission, body: bytes, recorder: Recorder
+        self,
+        session: aiohttp.ClientSession,
+        fresh: aiohttp.ClientSession,
+        sub: Submission,
+        body: bytes,
+        recorder: Recorder,
     ) -> None:
         h = sub.handle
         try:
+            now = recorder.clock.now_ns
             res = await stream_request(
-                session,
-                self.cfg.url,
-                body,
-                self._headers,
-                recorder.clock.now_ns,
-                self.cfg.timeout_s,
-                on_sent=h.sent,
+                session, self.cfg.url, body, self._headers, now, self.cfg.timeout_s
             )
+            attempts = 1
+            if res.retryable:
+                self.stats.retried += 1
+                self.stats.retry_reasons[str(res.error).split(":")[0]] += 1
+                res = await stream_request(
+                    fresh, self.cfg.url, body, self._headers, now, self.cfg.timeout_s
+                )
+                attempts = 2
+                if res.error is not None:
+                    self.stats.retry_failed += 1
+            h.record.attempts = attempts
             self._record(sub, res)
         except Exception as exc:  # never let one request end the run
             h.finish(error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _record(self, sub: Submission, res: StreamResult) -> None:
         h, st = sub.handle, self.stats
+        rec = h.record
+        h.sent(res.t_sent_ns)
+        rec.connect_ns = res.connect_ns
+        rec.t_response_headers = res.t_headers_ns
+        if res.connect_ns is not None:
+            st.new_connections += 1
+            st.connect_ns.append(res.connect_ns)
+        if rec.t_dispatched is not None:
+            st.queue_ns.append(rec.t_dispatched - rec.t_scheduled)
+            if res.t_sent_ns is not None:
+                st.send_path_ns.append(res.t_sent_ns - rec.t_dispatched - (res.connect_ns or 0))
         st.comments += res.comments
         st.ignored_lines += res.ignored_lines
         tc = count_tokens(res.texts, res.cumulative, res.completion_tokens, self.tokenizer)
         st.token_source[tc.source] += 1
+        # Every arrival is recorded, also one attributed no token (only when the server's
+        # total is smaller than the arrivals): chunks are never dropped.
         for t, n in zip(res.t_ns, tc.per_chunk, strict=True):
-            if n > 0:
-                h.tokens(n, t_ns=t)
-                st.chunks += 1
-                if n > 1:
-                    st.multi_token_chunks += 1
+            h.tokens(n, t_ns=t)
+            st.chunks += 1
+            if n > 1:
+                st.multi_token_chunks += 1
+        if len(res.t_ns) > 2:  # mean gap: robust to chunks that arrived in one read
+            st.gap_ns.append((res.t_ns[-1] - res.t_ns[0]) / (len(res.t_ns) - 1))
         if tc.mismatch is not None:
             st.compared += 1
             st.client_tokens += tc.client_total or 0
@@ -476,14 +764,39 @@ class OpenAIEngine:
             if tc.mismatch:
                 st.mismatched += 1
                 st.max_abs_mismatch = max(st.max_abs_mismatch, abs(tc.mismatch))
-        if res.error is None and not any(tc.per_chunk) and res.completion_tokens and res.t_usage_ns:
+                if not tc.mismatch_explained:
+                    st.unexplained += 1
+        if tc.reconciled:
+            st.reconciled += 1
+        if res.error is None and not res.t_ns and res.completion_tokens and res.t_usage_ns:
             # Tokens the server counted but never rendered as text (e.g. only special
             # tokens): they are known to exist by the time the usage arrived.
             h.tokens(res.completion_tokens, t_ns=res.t_usage_ns)
             tc.total = res.completion_tokens
+        if res.model is not None:
+            st.served_models[res.model] += 1
+        if res.finish_reasons:
+            rec.finish_reason = res.finish_reasons[-1]
+            st.finish_reasons[rec.finish_reason] += 1
+        if res.cached_tokens is not None:
+            rec.cached_tokens = res.cached_tokens
+            st.cache_reported += 1
+            st.cached_tokens += res.cached_tokens
+            st.cache_prompt_tokens += res.prompt_tokens or sub.spec.prompt_tokens
+            if res.cached_tokens > 0:
+                st.cache_hits += 1
         if res.error is None:
             h.set_output_tokens(tc.total)
+            asked = self.cfg.max_tokens or sub.spec.max_output_tokens
+            rec.truncated = rec.finish_reason == "length" and tc.total < asked
+            if rec.truncated:
+                st.truncated += 1
+                if len(st.truncated_examples) < 3:
+                    st.truncated_examples.append((sub.spec.request_id, tc.total, asked))
             if res.prompt_tokens is not None:
+                if self.tokenizer is None and sub.spec.prompt is not None:
+                    st.prompt_asked.append(sub.spec.prompt_tokens)
+                    st.prompt_server.append(res.prompt_tokens)
                 h.set_prompt_tokens(res.prompt_tokens)
         else:
             st.errors[res.error.split(":")[0]] += 1
@@ -491,55 +804,147 @@ class OpenAIEngine:
 
     def _report(self, cpu_s: float, wall_s: float) -> None:
         st = self.stats
+        warnings: list[str] = list(self._preflight_warnings)
         lag = np.asarray(st.lag_ns, dtype=float) * 1e-9
         cpu_share = cpu_s / wall_s if wall_s > 0 else 0.0
         lag_p50 = float(np.percentile(lag, 50)) if lag.size else None
         lag_p99 = float(np.percentile(lag, 99)) if lag.size else None
-        saturated = cpu_share > SATURATION_CPU or (lag_p50 or 0.0) > SATURATION_LAG_S
-        client = {
+        gap = float(np.median(st.gap_ns)) * 1e-9 if st.gap_ns else None
+        delays = np.asarray(_client.STAMP_DELAYS_NS, dtype=float) * 1e-9
+        delay_p50 = float(np.percentile(delays, 50)) if delays.size else None
+        delay_p99 = float(np.percentile(delays, 99)) if delays.size else None
+        # The client's own lateness: its loop's work between a chunk's arrival and its stamp.
+        # (The lag probe also counts waits for a CPU, which fewer streams would not cure.)
+        late = delay_p99 if delay_p99 is not None else (lag_p99 or 0.0)
+        saturated = is_saturated(late, gap)
+        client: dict[str, Any] = {
             "loop_lag_s": {
                 "samples": int(lag.size),
                 "p50": lag_p50,
                 "p99": lag_p99,
                 "max": float(lag.max()) if lag.size else None,
             },
+            "stamp_delay_s": {
+                "samples": int(delays.size),
+                "p50": delay_p50,
+                "p99": delay_p99,
+                "max": float(delays.max()) if delays.size else None,
+            },
+            "chunk_gap_s": gap,
+            "stamp_lateness_share_of_gap": late / gap if gap else None,
             "loop_cpu_share": cpu_share,
+            "workers": self.cfg.workers if self._pool is not None else 1,
             "saturated": saturated,
+            "client_queue_s": _pcts(st.queue_ns),
+            "send_path_s": _pcts(st.send_path_ns),
+            "connect_s": _pcts(st.connect_ns),
+            "new_connections": st.new_connections,
+            "connection": self.cfg.connection,
+            "retried": st.retried,
+            "retry_reasons": dict(st.retry_reasons),
+            "retry_failed": st.retry_failed,
             "chunks": st.chunks,
             "multi_token_chunks": st.multi_token_chunks,
             "token_count_source": dict(st.token_source),
             "token_count_mismatch": {
                 "compared": st.compared,
                 "mismatched": st.mismatched,
+                "beyond_round_trip": st.unexplained,
+                "reconciled_to_server": st.reconciled,
                 "client_tokens": st.client_tokens,
                 "server_tokens": st.server_tokens,
                 "max_abs": st.max_abs_mismatch,
+            },
+            "served_models": dict(st.served_models),
+            "finish_reasons": dict(st.finish_reasons),
+            "truncated": st.truncated,
+            "prompt_cache": {
+                "requests_reporting": st.cache_reported,
+                "requests_hit": st.cache_hits,
+                "cached_tokens": st.cached_tokens,
+                "prompt_tokens": st.cache_prompt_tokens,
+                "share": st.cached_tokens / st.cache_prompt_tokens
+                if st.cache_prompt_tokens
+                else None,
             },
             "sse_comments": st.comments,
             "sse_ignored_lines": st.ignored_lines,
             "errors": dict(st.errors),
         }
+        if saturated:
+            warnings.append(
+                f"perfscope's HTTP client may stamp chunks late by up to {1e3 * late:.2f} ms "
+                f"(its own work before a stamp, p99; p50 {1e3 * (delay_p50 or 0.0):.2f} ms), "
+                + (f"{late / gap:.0%} of the {1e3 * gap:.2f} ms gap between chunks" if gap else "")
+                + f"; loop thread at {100 * cpu_share:.0f}% of a core: use fewer concurrent "
+                "streams per client"
+            )
+        if st.retried:
+            warnings.append(
+                f"{st.retried} requests failed before reaching the server (pooled connection "
+                f"closed by the server, or the write failed) and were retried once on a new "
+                f"connection ({st.retry_failed} failed again); --connection new avoids reuse"
+            )
+        asked = self.cfg.model
+        other = {m: n for m, n in st.served_models.items() if m != asked}
+        if asked and other:
+            warnings.append(
+                f"{sum(other.values())} responses named model {', '.join(sorted(other))} "
+                f"although {asked!r} was requested"
+            )
+        if st.truncated:
+            ex = ", ".join(f"#{r}: {got} of {want}" for r, got, want in st.truncated_examples)
+            warnings.append(
+                f"{st.truncated} requests were cut short by the server (finish_reason "
+                f"'length' before the tokens asked for; {ex}): they count as completed, and "
+                "their TPOT and SLO checks use the tokens they delivered"
+            )
+        if st.unexplained:
+            warnings.append(
+                f"client and server token counts differ beyond the tokenizer round trip on "
+                f"{st.unexplained} of {st.compared} requests (client {st.client_tokens}, "
+                f"server {st.server_tokens} tokens): is --tokenizer the server's tokenizer? "
+                "The server's counts are used"
+            )
+        if st.prompt_asked:
+            asked_a = np.asarray(st.prompt_asked, dtype=float)
+            got = np.asarray(st.prompt_server, dtype=float)
+            off = float(np.median(np.abs(got - asked_a)))
+            # Judged with the workload in the summary (only generated prompts have a target).
+            client["prompt_lengths"] = {
+                "asked_min": int(asked_a.min()),
+                "asked_max": int(asked_a.max()),
+                "server_min": int(got.min()),
+                "server_max": int(got.max()),
+                "median_abs_diff": off,
+                "inexact": off > max(2.0, PROMPT_LEN_TOLERANCE * float(np.median(asked_a))),
+            }
+        client["warnings"] = warnings
         # The runner writes the manifest again after serve(); the config dict it holds is this
         # one, so the client's own measurements land in manifest.engine.config.client.
         self.info().config["client"] = client
-        if saturated:
-            log.warning(
-                "perfscope's HTTP client was saturated (loop thread at %.0f%% of a core, loop "
-                "lag p50 %.2f ms, p99 %.2f ms): timestamps may be late by about that much; "
-                "use fewer concurrent streams per client",
-                100 * cpu_share,
-                1e3 * (lag_p50 or 0.0),
-                1e3 * (lag_p99 or 0.0),
-            )
-        if st.mismatched:
-            log.warning(
-                "client and server token counts differ on %d of %d requests (client %d, "
-                "server %d tokens); the server's counts are used",
-                st.mismatched,
-                st.compared,
-                st.client_tokens,
-                st.server_tokens,
-            )
+        for w in warnings[len(self._preflight_warnings) :]:
+            log.warning("%s", w)
+
+
+def is_saturated(late_s: float, gap_s: float | None) -> bool:
+    """Whether stamps late by ``late_s`` (event-loop lag p99) distort chunks ``gap_s`` apart
+    (median gap between a request's chunks; None: unknown): late by more than
+    ``SATURATION_LAG_S`` and by more than ``SATURATION_GAP_SHARE`` of the gap. A 1 ms lag is
+    noise against 50 ms gaps and a third of a 3 ms gap; stream counts say nothing."""
+    return late_s > SATURATION_LAG_S and (gap_s is None or late_s > SATURATION_GAP_SHARE * gap_s)
+
+
+def _pcts(values_ns: list[int]) -> dict[str, float | None]:
+    """p50 / p99 / max in seconds of a list of ns durations."""
+    if not values_ns:
+        return {"p50": None, "p99": None, "max": None}
+    a = np.asarray(values_ns, dtype=float) * 1e-9
+    return {
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
 
 
 def create_openai_engine(uri: str, options: EngineOptions) -> OpenAIEngine:
@@ -551,4 +956,5 @@ def create_openai_engine(uri: str, options: EngineOptions) -> OpenAIEngine:
         engine.preflight()
     elif cfg.model is None:
         raise UsageError("give --model NAME (the preflight that would ask the server is off)")
+    engine.start_workers()
     return engine

@@ -17,8 +17,28 @@ not accumulate). A prompt containing ``fault=NAME`` selects a fault:
 ``error_event``  a ``data: {"error": ...}`` event mid-stream
 
 A prompt containing ``id=TAG`` makes the server log, under TAG, the ``perf_counter_ns`` at
-which it finished reading the request and just before each chunk write (CLOCK_MONOTONIC on
-Linux, comparable across processes); ``GET /_log`` returns and clears that log.
+which the request's last byte arrived (stamped in the event loop's socket callback, like the
+client's chunk stamps) and just before each chunk write (CLOCK_MONOTONIC on Linux,
+comparable across processes); ``GET /_log`` returns and clears that log.
+
+Server behaviours of real engines, by flag:
+
+``--empty-first``  the first token renders no text yet (a partial UTF-8 sequence, as vLLM
+    sends it): ``{"text": "", "usage": {"completion_tokens": 1}}`` with per-chunk usage; its
+    text comes with the second token.
+``--close-after-stream S``  advertise ``Keep-Alive`` but close every connection S seconds
+    after its stream without reading anything more (llama-server): a request sent on that
+    pooled connection in the meantime is reset, never read.
+``--cache``  a prompt cache: ``cached_tokens`` (``usage.prompt_tokens_details`` and
+    llama.cpp's ``timings.cache_n``) = the words shared with the longest earlier prompt.
+``--served-model NAME``  the one model listed by ``/v1/models``; with ``--unknown-model``
+    ``404`` another name gets vLLM's 404 body, ``echo`` answers as NAME anyway (llama.cpp),
+    ``accept`` (default) answers as the name requested.
+``--max-model-len N``  listed in ``/v1/models``; longer prompt + max_tokens gets vLLM's 400.
+``--slot-len N``  stop at N context tokens with ``finish_reason: "length"`` (llama.cpp slot).
+``--token-factor F``  the server's tokenizer: a prompt's tokens = round(words * F).
+``--tokenize prompt|content|none``  ``POST /tokenize`` as vLLM (``prompt``) or llama.cpp
+    (``content``) takes it, or absent. ``GET /version`` always answers.
 """
 
 from __future__ import annotations
@@ -35,6 +55,18 @@ import time
 from typing import Any
 
 LOG: dict[str, dict[str, Any]] = {}
+VERSION = "scripted-1.0"
+
+_FEED = asyncio.StreamReader.feed_data
+
+
+def _feed_stamped(self: asyncio.StreamReader, data: bytes) -> None:
+    # The time the latest bytes reached the loop's socket callback (not when a coroutine ran).
+    self._t_last_feed = time.perf_counter_ns()  # type: ignore[attr-defined]
+    _FEED(self, data)
+
+
+asyncio.StreamReader.feed_data = _feed_stamped  # type: ignore[method-assign]
 _FAULT = re.compile(r"fault=(\w+)")
 _TAG = re.compile(r"id=(\w+)")
 
@@ -53,6 +85,22 @@ class Server:
         # A server with capacity: at most this many streams generate at once; the others
         # wait (queueing shows up in TTFT), so a rate sweep has a knee.
         self.slots = asyncio.Semaphore(args.max_concurrent) if args.max_concurrent else None
+        self.seen: list[list[str]] = []  # prompts seen, as words (the prompt cache)
+
+    def prompt_tokens(self, prompt: str) -> int:
+        return max(1, round(len(prompt.split()) * self.a.token_factor))
+
+    def cached(self, words: list[str]) -> int:
+        best = 0
+        for old in self.seen:
+            n = 0
+            for x, y in zip(old, words, strict=False):
+                if x != y:
+                    break
+                n += 1
+            best = max(best, n)
+        self.seen.append(words)
+        return round(min(best, len(words)) * self.a.token_factor)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -71,7 +119,7 @@ class Server:
                         headers[k.strip().lower()] = v.strip()
                 n = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(n) if n else b""
-                t_recv = time.perf_counter_ns() if n else t_recv_head
+                t_recv = getattr(reader, "_t_last_feed", t_recv_head) if n else t_recv_head
                 keep = await self.route(method, path, headers, body, t_recv, writer)
                 if not keep:
                     break
@@ -84,7 +132,7 @@ class Server:
     async def simple(self, writer: asyncio.StreamWriter, status: str, obj: Any) -> None:
         data = json.dumps(obj).encode()
         writer.write(
-            f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nServer: scripted\r\n"
             f"Content-Length: {len(data)}\r\n\r\n".encode()
             + data
         )
@@ -104,8 +152,24 @@ class Server:
             LOG.clear()
             await self.simple(writer, "200 OK", out)
             return True
+        a = self.a
         if method == "GET" and path == "/v1/models":
-            await self.simple(writer, "200 OK", {"data": [{"id": "scripted", "object": "model"}]})
+            model: dict[str, Any] = {"id": a.served_model, "object": "model"}
+            if a.max_model_len:
+                model["max_model_len"] = a.max_model_len
+            await self.simple(writer, "200 OK", {"object": "list", "data": [model]})
+            return True
+        if method == "GET" and path == "/version":
+            await self.simple(writer, "200 OK", {"version": VERSION})
+            return True
+        if method == "POST" and path == "/tokenize" and a.tokenize != "none":
+            try:
+                text = str(json.loads(body)[a.tokenize])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                await self.simple(writer, "400 Bad Request", {"error": f"needs '{a.tokenize}'"})
+                return True
+            n = self.prompt_tokens(text)
+            await self.simple(writer, "200 OK", {"count": n, "tokens": list(range(n))})
             return True
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
             await self.simple(writer, "404 Not Found", {"detail": "Not Found"})
@@ -124,9 +188,45 @@ class Server:
             )
             return True
         chat = path.endswith("chat/completions")
-        prompt = (
-            str(req.get("messages", [{}])[-1].get("content", "")) if chat else str(req["prompt"])
-        )
+        if chat:
+            prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", [{}]))
+        else:
+            prompt = str(req["prompt"])
+        asked = str(req.get("model", ""))
+        if asked != a.served_model and a.unknown_model == "404":
+            await self.simple(
+                writer,
+                "404 Not Found",
+                {
+                    "error": {
+                        "message": f"The model `{asked}` does not exist. Valid aliases: "
+                        f"{a.served_model}",
+                        "type": "NotFoundError",
+                        "param": "model",
+                        "code": 404,
+                    }
+                },
+            )
+            return True
+        req["_model"] = asked if a.unknown_model == "accept" else a.served_model
+        n_prompt = self.prompt_tokens(prompt)
+        req["_prompt_tokens"] = n_prompt
+        req["_cached"] = self.cached(prompt.split()) if a.cache else None
+        if a.max_model_len and n_prompt + int(req.get("max_tokens") or 16) > a.max_model_len:
+            await self.simple(
+                writer,
+                "400 Bad Request",
+                {
+                    "error": {
+                        "message": f"This model's maximum context length is {a.max_model_len} "
+                        f"tokens. However, you requested {n_prompt + int(req['max_tokens'])} "
+                        "tokens.",
+                        "type": "BadRequestError",
+                        "code": 400,
+                    }
+                },
+            )
+            return True
         fault_m, tag_m = _FAULT.search(prompt), _TAG.search(prompt)
         fault = fault_m.group(1) if fault_m else None
         tag = tag_m.group(1) if tag_m else None
@@ -168,9 +268,13 @@ class Server:
         if usage_mode == "final" and not opts.get("include_usage") and a.usage_needs_option:
             usage_mode = "none"
         head = (
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nServer: scripted\r\n"
+            b"Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n"
+            b"Keep-Alive: timeout=5, max=100\r\n\r\n"
         )
+        if a.slot_len:
+            n = max(1, min(n, a.slot_len - req["_prompt_tokens"]))
+        model = req["_model"]
         start = t_recv
         if fault == "slow_first_byte":
             await _sleep_until(start + int(a.ttft * 1e9))
@@ -185,12 +289,16 @@ class Server:
             m = min(k, n - sent)
             sent += m
             text = "".join(f" t{sent - m + j}" for j in range(m))
+            if a.empty_first and i == 0:
+                text = ""  # the first token is half a UTF-8 sequence: nothing to show yet
+            elif a.empty_first and i == 1:
+                text = " t0" + text
             piece: dict[str, Any] = (
                 {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
             )
-            obj: dict[str, Any] = {"object": "chunk", "choices": [piece]}
-            if usage_mode == "per_chunk":
-                obj["usage"] = {"prompt_tokens": 8, "completion_tokens": sent}
+            obj: dict[str, Any] = {"object": "chunk", "model": model, "choices": [piece]}
+            if usage_mode == "per_chunk" or (a.empty_first and usage_mode != "none"):
+                obj["usage"] = {"prompt_tokens": req["_prompt_tokens"], "completion_tokens": sent}
             data = _sse(obj)
             if fault == "garbage":
                 data = b": keep-alive\n\nthis is not a field\nevent: token\nid: 7\n" + data.replace(
@@ -222,17 +330,31 @@ class Server:
                     writer.write(_chunk(_sse({"error": {"message": "scripted engine error"}})))
         final: dict[str, Any] = {
             "object": "chunk",
+            "model": model,
             "choices": [
                 {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
             ],
         }
         tail = _sse(final)
         if usage_mode in ("final", "per_chunk"):
-            tail += _sse({"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n}})
+            usage: dict[str, Any] = {
+                "prompt_tokens": req["_prompt_tokens"],
+                "completion_tokens": n,
+            }
+            last: dict[str, Any] = {"choices": [], "model": model, "usage": usage}
+            if req["_cached"] is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": req["_cached"]}
+                last["timings"] = {"cache_n": req["_cached"], "prompt_n": req["_prompt_tokens"]}
+            tail += _sse(last)
         if not a.no_done:
             tail += b"data: [DONE]\n\n"
         writer.write(_chunk(tail) + b"0\r\n\r\n")
         await writer.drain()
+        if a.close_after_stream is not None:
+            # Keep-alive advertised, then closed without reading: a request the client wrote
+            # on this connection meanwhile is never read (the kernel answers it with a reset).
+            await asyncio.sleep(a.close_after_stream)
+            return False
         return True
 
 
@@ -255,6 +377,15 @@ async def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reject-ignore-eos", action="store_true")
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-concurrent", type=int, default=0, help="streams at once (0: any)")
+    p.add_argument("--empty-first", action="store_true")
+    p.add_argument("--close-after-stream", type=float, default=None, metavar="S")
+    p.add_argument("--cache", action="store_true")
+    p.add_argument("--served-model", default="scripted")
+    p.add_argument("--unknown-model", choices=("accept", "404", "echo"), default="accept")
+    p.add_argument("--max-model-len", type=int, default=0)
+    p.add_argument("--slot-len", type=int, default=0)
+    p.add_argument("--token-factor", type=float, default=1.0)
+    p.add_argument("--tokenize", choices=("prompt", "content", "none"), default="prompt")
     a = p.parse_args(argv)
     srv = Server(a)
     server = await asyncio.start_server(srv.handle, "127.0.0.1", a.port, backlog=1024)
