@@ -14,7 +14,9 @@ process never share state.
 
 Run ids come from URLs: :func:`validate_run_id` accepts only a plain directory name
 directly under the runs directory (no separators, no ``..``, no absolute paths, no
-symlink leading elsewhere).
+symlink leading elsewhere). Every file read from a run (manifest, summary, tables) is
+resolved first and refused when it lies outside the runs root (:func:`inside_root`), so a
+``summary.json`` that is a symlink to ``/etc/passwd`` or another user's file is never served.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "LoadedRun",
     "RunRepository",
     "RunRow",
+    "inside_root",
     "per_request_frame",
     "validate_run_id",
 ]
@@ -86,6 +89,30 @@ def validate_run_id(runs_dir: Path, run_id: object) -> Path:
     if path.resolve().parent != root:
         raise InvalidRunIdError(f"run id {run_id!r} points outside the runs directory")
     return path
+
+
+def inside_root(root: Path, path: Path) -> bool:
+    """Whether ``path``, with every symlink resolved, lies inside ``root`` (resolved).
+
+    A path that does not exist is inside when its resolved location is.
+    """
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # unreadable, or a symlink loop
+        return False
+
+
+def _check_run_files(root: Path, path: Path) -> None:
+    """Refuse a run whose directory or any of its files resolves outside ``root``."""
+    names = ("manifest.json", "summary.json", *(f"{t}.parquet" for t in _TABLE_FILES))
+    if not inside_root(root, path):
+        raise InvalidRunIdError(f"run {path.name!r} points outside the runs directory")
+    for name in names:
+        f = path / name
+        if (f.is_symlink() or f.exists()) and not inside_root(root, f):
+            raise InvalidRunIdError(
+                f"run {path.name!r}: {name} points outside the runs directory; not read"
+            )
 
 
 @dataclass(frozen=True)
@@ -229,7 +256,10 @@ def _stat_key(path: Path) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
-def _read_json(path: Path) -> tuple[Any, str | None]:
+def _read_json(path: Path, root: Path) -> tuple[Any, str | None]:
+    """A JSON file of a run, or ``(None, reason)``; never follows a link out of ``root``."""
+    if not inside_root(root, path):
+        return None, f"{path.name} points outside the runs directory"
     try:
         return json.loads(path.read_text(encoding="utf-8")), None
     except FileNotFoundError:
@@ -317,11 +347,14 @@ class RunRepository:
     def _read_row(self, run_id: str, path: Path) -> RunRow:
         if not RUN_ID_PATTERN.fullmatch(run_id):
             return RunRow(run_id=run_id, state="broken", status="broken", problem="bad name")
-        manifest, err = _read_json(path / "manifest.json")
+        if not inside_root(self.runs_dir, path):
+            why = "the folder points outside the runs directory"
+            return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
+        manifest, err = _read_json(path / "manifest.json", self.runs_dir)
         if err is not None or not isinstance(manifest, dict):
             why = err or "manifest.json is not a JSON object"
             return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
-        summary, serr = _read_json(path / "summary.json")
+        summary, serr = _read_json(path / "summary.json", self.runs_dir)
         problem = None
         if serr is not None and not serr.startswith("no "):
             problem = serr
@@ -356,6 +389,7 @@ class RunRepository:
         from perfscope.profiler.store import read_run
 
         path = validate_run_id(self.runs_dir, run_id)
+        _check_run_files(self.runs_dir, path)
         sig = self._table_signature(path)
         with self._lock:
             hit = self._loaded.get(run_id)
@@ -408,13 +442,13 @@ class RunRepository:
     def summary(self, run_id: str) -> dict[str, Any] | None:
         """summary.json of a run without loading its tables (``None`` when absent)."""
         path = validate_run_id(self.runs_dir, run_id)
-        data, err = _read_json(path / "summary.json")
+        data, err = _read_json(path / "summary.json", self.runs_dir)
         return data if err is None and isinstance(data, dict) else None
 
     def manifest(self, run_id: str) -> dict[str, Any] | None:
         """manifest.json of a run (``None`` when absent or unreadable)."""
         path = validate_run_id(self.runs_dir, run_id)
-        data, err = _read_json(path / "manifest.json")
+        data, err = _read_json(path / "manifest.json", self.runs_dir)
         return data if err is None and isinstance(data, dict) else None
 
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfscope._argtypes import positive_int
+from perfscope._argtypes import positive_int, runs_dir
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _confidence(text: str) -> float:
 def _runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runs-dir",
-        type=Path,
+        type=runs_dir,
         default=None,
         help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )
@@ -216,7 +216,7 @@ def _tables(run: StoredRun) -> Any:
 def _cmd_export(args: argparse.Namespace, console: Console) -> int:
     from perfscope.dashboard.exporters import (
         export_json,
-        perfetto_trace,
+        stream_perfetto,
         write_csv,
         write_json,
         write_perfetto,
@@ -232,8 +232,13 @@ def _cmd_export(args: argparse.Namespace, console: Console) -> int:
             console.print(f"wrote {p} ({_size(p)})")
         return 0
     if out is not None and str(out) == "-":
-        obj = perfetto_trace(run) if args.format == "perfetto" else export_json(run)
-        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+        if args.format == "perfetto":
+            sys.stdout.flush()
+            stream_perfetto(run, sys.stdout.buffer)
+            sys.stdout.buffer.write(b"\n")
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(json.dumps(export_json(run), default=str) + "\n")
         return 0
     if args.format == "perfetto":
         path = write_perfetto(run, out or run.path / "trace.json")

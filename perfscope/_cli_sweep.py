@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from perfscope._argtypes import nonneg_int, request_count, runs_dir
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -267,7 +268,16 @@ def _float_list(text: str) -> list[float]:
 
 
 def _rates_arg(text: str) -> list[float] | str:
-    return "auto" if text.strip().lower() == "auto" else _float_list(text)
+    if text.strip().lower() == "auto":
+        return "auto"
+    from perfscope.profiler.driver import MIN_RATE
+
+    vals = _float_list(text)
+    if min(vals) < MIN_RATE:
+        raise argparse.ArgumentTypeError(
+            f"the lowest rate is {MIN_RATE:.3g} requests/s (one a day), got {min(vals):g}"
+        )
+    return vals
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -304,13 +314,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--probe-requests", type=int, default=None, help="requests of the saturation probe"
     )
     w = p.add_argument_group("workload (per point)")
-    w.add_argument("--requests", type=int, default=None, help="measured requests per point (32)")
+    w.add_argument(
+        "--requests", type=request_count, default=None, help="measured requests per point (32)"
+    )
     w.add_argument("--prompt-len", default="128", help="prompt tokens (N, uniform:A:B, ...)")
     w.add_argument(
         "--output-len", default=None, help="output tokens (N, uniform:A:B, ...; default 128)"
     )
     w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
-    w.add_argument("--warmup", type=int, default=0, help="warmup requests per point")
+    w.add_argument("--warmup", type=nonneg_int, default=0, help="warmup requests per point")
     w.add_argument(
         "--seed",
         type=int,
@@ -336,7 +348,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("e2e_p50", "e2e_p99", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"),
         help="latency the knee is found on (e2e_p50)",
     )
-    a.add_argument("--runs-dir", type=Path, default=None)
+    a.add_argument("--runs-dir", type=runs_dir, default=None)
     a.add_argument("--name", default="sweep", help="name prefix of the point runs")
     a.add_argument("--json", action="store_true", help="print the sweep summary as JSON")
     p.set_defaults(handler=_cmd_sweep)

@@ -25,7 +25,15 @@ from rich.progress import (
 )
 
 from perfscope import __version__
-from perfscope._argtypes import key_value, nonneg_int, number, positive_int
+from perfscope._argtypes import (
+    device,
+    key_value,
+    nonneg_int,
+    number,
+    positive_int,
+    request_count,
+    runs_dir,
+)
 from perfscope.errors import PerfscopeError, UsageError
 
 __all__ = ["build_parser", "main"]
@@ -42,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
 def _add_runs_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--runs-dir",
-        type=Path,
+        type=runs_dir,
         default=None,
         help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )
@@ -65,7 +73,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w = p.add_argument_group("workload")
     w.add_argument(
         "--requests",
-        type=positive_int,
+        type=request_count,
         default=None,
         help="measured requests (default 48, or one per line of --prompts)",
     )
@@ -143,7 +151,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="DURATION",
         help="static scheduler: longest a request waits for its batch to fill (default 0s)",
     )
-    e.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
+    e.add_argument(
+        "--device", type=device, default=None, help="cpu, cuda, cuda:1 (default: cuda if present)"
+    )
     e.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
