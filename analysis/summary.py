@@ -659,7 +659,7 @@ CACHE_WARN_SHARE = 0.1
 CACHING_WORKLOADS = ("shared-prefix", "multi-turn")
 
 
-def _client_warnings(manifest: dict[str, Any]) -> list[str]:
+def _client_warnings(manifest: Mapping[str, Any]) -> list[str]:
     """The HTTP client's own warnings (``engine.config.client``), plus the prompt-cache and
     prompt-length checks that need the workload to judge."""
     client = ((manifest.get("engine") or {}).get("config") or {}).get("client")
