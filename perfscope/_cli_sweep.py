@@ -27,8 +27,6 @@ __all__ = [
     "register",
 ]
 
-_SECRET_FLAGS = ("--api-key",)
-
 
 def _pos_float(text: str) -> float:
     try:
@@ -62,7 +60,12 @@ def add_openai_options(group: Any) -> None:
         help="openai: JSON object merged into every request, e.g. '{\"temperature\": 0}'",
     )
     g.add_argument(
-        "--timeout", type=_pos_float, default=600.0, help="openai: seconds per request (600)"
+        "--timeout",
+        type=_pos_float,
+        default=None,
+        metavar="SECONDS",
+        help="per-request limit, any engine: past it the request fails and the run goes on "
+        "(default: 600 for openai:, none otherwise)",
     )
     g.add_argument(
         "--max-tokens",
@@ -184,24 +187,11 @@ def apply_duration(
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line with secret values (``--api-key``) replaced by ``***``."""
-    out: list[str] = []
-    hide = False
-    for a in argv:
-        if hide:
-            out.append("***")
-            hide = False
-            continue
-        flag, eq, _ = a.partition("=")
-        if flag in _SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}=***")
-            else:
-                out.append(a)
-                hide = True
-            continue
-        out.append(a)
-    return out
+    """The command line with secrets replaced by ``***`` (see
+    :func:`perfscope.profiler.redact.redact_argv`)."""
+    from perfscope.profiler.redact import redact_argv as _redact
+
+    return _redact(argv)
 
 
 def _float_list(text: str) -> list[float]:
@@ -324,7 +314,9 @@ def _point_options(
         engine=args.engine,
         workload=workload,
         load=load,
-        engine_options=EngineOptions(seed=args.seed, extra=extra),
+        engine_options=EngineOptions(
+            seed=args.seed, extra=extra, request_timeout_s=getattr(args, "timeout", None)
+        ),
         slos=parse_slos(args.slo),
         runs_dir=args.runs_dir,
         name=name,

@@ -214,8 +214,12 @@ def _extra_renderers() -> Iterable[Any]:
     return (_roofline_view, _energy_view, _advice_view, _projections_view)
 
 
-def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -> Table:
-    """``perfscope ls``: one row per run, newest first."""
+def runs_table(
+    rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]],
+    states: list[tuple[str, str | None]] | None = None,
+) -> Table:
+    """``perfscope ls``: one row per run, newest first; ``states`` (state, reason) per row
+    adds why a run is not complete (crashed, broken, ...)."""
     t = Table(box=box.SIMPLE_HEAVY)
     for col in (
         "run",
@@ -228,10 +232,16 @@ def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -
         "SLO att.",
     ):
         t.add_column(col, justify="left" if col in ("run", "status", "engine") else "right")
-    for path, manifest, summary in rows:
+    if states is not None:
+        t.add_column("reason", justify="left", overflow="fold", min_width=24)
+    for i, (path, manifest, summary) in enumerate(rows):
         s = summary or {}
         lat = s.get("latency", {})
         status = str(manifest.get("status", "?"))
+        reason: list[Any] = []
+        if states is not None:
+            status = states[i][0]
+            reason = [Text(states[i][1] or "")]
         t.add_row(
             path.name,
             Text(status, style="green" if status == "complete" else "red"),
@@ -241,5 +251,6 @@ def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -
             _ms((lat.get("tpot") or {}).get("p50")),
             _num((s.get("throughput") or {}).get("output_tok_s")),
             _pct((s.get("goodput") or {}).get("attainment")),
+            *reason,
         )
     return t

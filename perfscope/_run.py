@@ -85,7 +85,7 @@ class Run:
         if stored.summary is None:
             from perfscope._analyze import analyze_stored
 
-            analyze_stored(stored)
+            analyze_stored(stored, write=False)  # reading never writes
         self._stored = stored
         self.path: Path = stored.path
         self.manifest: dict[str, Any] = stored.manifest
