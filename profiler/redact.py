@@ -30,7 +30,6 @@ _SECRET_WORDS = frozenset(
         "passwd",
         "pwd",
         "authorization",
-        "auth",
         "bearer",
         "credential",
         "credentials",

@@ -641,6 +641,8 @@ def inspect_run(path: Path) -> RunEntry:
     """The listing entry of one run directory: its state and reason; never raises."""
     if not RUN_ID_PATTERN.fullmatch(path.name):
         return RunEntry(path, "broken", "not a run id (bad folder name)", None, None)
+    if not (path / "manifest.json").is_file():
+        return RunEntry(path, "broken", "no manifest.json", None, None)
     try:
         manifest = read_manifest(path)
     except RunNotFoundError as exc:
