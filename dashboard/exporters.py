@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from perfscope.analysis.metrics import per_request
+from perfscope.profiler.store import write_bytes_atomic, write_text_atomic
 
 __all__ = [
     "EXPORT_SCHEMA",
@@ -371,13 +372,8 @@ def write_perfetto(run: ExportableRun, path: Path) -> Path:
     """Write :func:`perfetto_trace` to ``path`` (gzip-compressed when it ends in ``.gz``)."""
     data = json.dumps(perfetto_trace(run), separators=(",", ":"), allow_nan=False).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if path.suffix == ".gz":
-        with gzip.open(tmp, "wb") as f:
-            f.write(data)
-    else:
-        tmp.write_bytes(data)
-    tmp.replace(path)
+    # The run store's atomic writer: no temp file survives a full disk.
+    write_bytes_atomic(path, gzip.compress(data) if path.suffix == ".gz" else data)
     return path
 
 
@@ -458,7 +454,5 @@ def export_json(run: ExportableRun) -> dict[str, Any]:
 def write_json(run: ExportableRun, path: Path) -> Path:
     """Write :func:`export_json` to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(export_json(run), indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(export_json(run), indent=1, default=str))
     return path

@@ -94,9 +94,9 @@ def can_mount() -> bool:
     return ok
 
 
-def fill(dirpath: Path, leave_bytes: int) -> None:
+def fill(dirpath: Path, leave_bytes: int, name: str = "filler") -> None:
     """Fill the file system of ``dirpath`` until about ``leave_bytes`` are free."""
     st = os.statvfs(dirpath)
     free = st.f_bavail * st.f_frsize
-    with open(dirpath / "filler", "wb") as f:
+    with open(dirpath / name, "wb") as f:
         f.write(b"\0" * max(0, free - leave_bytes))

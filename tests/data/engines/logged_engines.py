@@ -73,3 +73,11 @@ def half_fail(request_id: int, max_tokens: int) -> Iterator[int]:
 def never_yields(max_tokens: int) -> Iterator[int]:
     return
     yield 0  # pragma: no cover
+
+
+def burst(max_tokens: int) -> Iterator[int]:
+    """Single-token chunks as fast as the recorder takes them (a pause every 8)."""
+    for i in range(max_tokens):
+        if i % 8 == 7:
+            time.sleep(0.001)
+        yield 1
