@@ -314,7 +314,7 @@ def execute_run(
             "started_at": clock.started_at.isoformat(),
             "ended_at": None,
             "status": "running",
-            "engine": redact(info.to_dict()),
+            "engine": info.to_dict(),  # redacted when written (_ManifestWriter)
             "workload": opts.workload.to_dict(),
             "load": opts.load.to_dict(),
             "slos": opts.slos,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import numbers
 import operator
 import os
 import sys
@@ -139,7 +140,7 @@ def chunk_size(chunk: object) -> int:
         raise BadChunkError("a dict chunk needs 'n_tokens' or 'tokens'")
     if isinstance(chunk, list | tuple):
         return len(chunk)
-    if hasattr(chunk, "__index__"):
+    if hasattr(chunk, "__index__") or isinstance(chunk, numbers.Number):
         return _count(chunk, "a chunk's token count")
     raise BadChunkError(f"cannot count tokens in a chunk of type {type(chunk).__name__}")
 
