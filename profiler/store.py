@@ -47,7 +47,7 @@ from perfscope.profiler.records import (
     STEP_SCHEMA,
     TELEMETRY_SCHEMA,
 )
-from perfscope.profiler.segments import SEGMENTS_DIR, read_segments, storage_error
+from perfscope.profiler.segments import SEGMENTS_DIR, SegmentRead, read_segments, storage_error
 
 __all__ = [
     "DEFAULT_RUNS_DIR",
@@ -361,7 +361,7 @@ def manifest_problems(manifest: Any) -> list[str]:
         if value is None and (name in _NULLABLE or name in ("telemetry", "process")):
             continue
         if not isinstance(value, types) or isinstance(value, bool):
-            want = {dict: "an object", str: "a string", list: "a list"}[types[0]]
+            want = {"dict": "an object", "str": "a string", "list": "a list"}[types[0].__name__]
             out.append(
                 f"manifest.json: field {name!r} is {type(value).__name__} "
                 f"({json.dumps(value)[:40]}), expected {want}"
@@ -405,18 +405,19 @@ def _summary_problem(summary: Any) -> str | None:
 
 
 def _type_ok(actual: pa.DataType, wanted: pa.DataType) -> bool:
-    if pa.types.is_null(actual):
+    t = pa.types
+    if t.is_null(actual):
         return True
-    if pa.types.is_integer(wanted):
-        return pa.types.is_integer(actual)
-    if pa.types.is_floating(wanted):
-        return pa.types.is_floating(actual) or pa.types.is_integer(actual)
-    if pa.types.is_string(wanted):
-        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
-    if pa.types.is_boolean(wanted):
-        return pa.types.is_boolean(actual)
-    if pa.types.is_list(wanted):
-        return pa.types.is_list(actual) or pa.types.is_large_list(actual)
+    if t.is_integer(wanted):
+        return bool(t.is_integer(actual))
+    if t.is_floating(wanted):
+        return bool(t.is_floating(actual) or t.is_integer(actual))
+    if t.is_string(wanted):
+        return bool(t.is_string(actual) or t.is_large_string(actual))
+    if t.is_boolean(wanted):
+        return bool(t.is_boolean(actual))
+    if t.is_list(wanted):
+        return bool(t.is_list(actual) or t.is_large_list(actual))
     return bool(actual == wanted)
 
 
@@ -568,7 +569,8 @@ def read_run(path: Path | str, *, tables: bool = True) -> StoredRun:
     notes: list[str] = []
     frames: dict[str, pd.DataFrame] = {}
     from_segments: list[str] = []
-    segs = None
+    segs: SegmentRead | None = None
+    looked = False
     for name, schema in TABLES.items():
         ppath = path / f"{name}.parquet"
         if not tables:
@@ -577,14 +579,14 @@ def read_run(path: Path | str, *, tables: bool = True) -> StoredRun:
         if ppath.exists():
             frames[name] = _read_parquet(ppath, name, schema).to_pandas()
             continue
-        if segs is None:
-            segs = read_segments(path) or False
-        if segs:
+        if not looked:
+            segs, looked = read_segments(path), True
+        if segs is not None:
             frames[name] = _conform(segs.tables[name], schema).to_pandas()
             from_segments.append(name)
         else:
             frames[name] = schema.empty_table().to_pandas()
-    if segs:
+    if segs is not None:
         notes.append(
             "tables read from the segment files flushed during the run ("
             + ", ".join(n for n in from_segments if len(frames[n]))

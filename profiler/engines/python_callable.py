@@ -33,7 +33,7 @@ import operator
 import os
 import sys
 from collections.abc import AsyncIterable, Callable, Iterable
-from typing import Any
+from typing import Any, SupportsIndex
 
 from perfscope.errors import EngineNotFoundError, UsageError
 from perfscope.profiler.engines.base import (
@@ -108,12 +108,11 @@ def _count(value: object, what: str) -> int:
     """``value`` as a plausible token count, else BadChunkError naming it."""
     if isinstance(value, bool):
         raise BadChunkError(f"{what} is a bool ({value!r}), not a token count")
-    try:
-        n = operator.index(value)  # int and numpy integers; not floats or strings
-    except TypeError:
+    if not isinstance(value, SupportsIndex):  # int and numpy integers; not floats, strings
         raise BadChunkError(
             f"{what} is {type(value).__name__} ({value!r:.40}), not an integer token count"
-        ) from None
+        )
+    n = operator.index(value)
     if n < 0:
         raise BadChunkError(f"{what} is negative ({n} tokens)")
     if n > MAX_CHUNK_TOKENS:
