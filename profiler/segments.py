@@ -123,7 +123,8 @@ class SegmentFlusher:
     Args:
         run_dir: the run directory (``segments/`` is created inside).
         recorder: where the records accumulate.
-        telemetry: returns every telemetry sample so far (a TELEMETRY_SCHEMA table), or None.
+        telemetry: ``telemetry(after_t)`` returns the samples taken after ``after_t`` (ns),
+            as a TELEMETRY_SCHEMA table (``TelemetrySession.snapshot``); None = no telemetry.
         heartbeat: called after each successful flush (the manifest's liveness record).
         on_error: called once, from the flusher's thread, when a write fails.
         interval_s: flush period in seconds.
@@ -133,7 +134,7 @@ class SegmentFlusher:
 
     run_dir: Path
     recorder: Recorder
-    telemetry: Callable[[], pa.Table] | None = None
+    telemetry: Callable[[int], pa.Table] | None = None
     heartbeat: Callable[[], None] | None = None
     on_error: Callable[[StorageError], None] | None = None
     interval_s: float = DEFAULT_FLUSH_INTERVAL_S
@@ -231,15 +232,11 @@ class SegmentFlusher:
             self._streams["steps"].write(_rows_to_batch(steps, STEP_SCHEMA))
             pos["steps"] += len(steps)
         if self.telemetry is not None:
-            table = self.telemetry()
+            table = self.telemetry(self._tele_t)
             if table.num_rows:
-                t = table.column("t").to_numpy()
-                mask = t > self._tele_t
-                if mask.any():
-                    new_rows = table.filter(pa.array(mask))
-                    for batch in new_rows.to_batches():
-                        self._streams["telemetry"].write(batch)
-                    self._tele_t = int(t[mask].max())
+                for batch in table.combine_chunks().to_batches():
+                    self._streams["telemetry"].write(batch)
+                self._tele_t = int(pc.max(table.column("t")).as_py())
 
     def close(self) -> StorageError | None:
         """Stop the thread, flush the rest and close the files; returns the write error,

@@ -33,7 +33,7 @@ import operator
 import os
 import sys
 from collections.abc import AsyncIterable, Callable, Iterable
-from typing import Any, SupportsIndex
+from typing import Any, SupportsIndex, cast
 
 from perfscope.errors import EngineNotFoundError, UsageError
 from perfscope.profiler.engines.base import (
@@ -108,11 +108,12 @@ def _count(value: object, what: str) -> int:
     """``value`` as a plausible token count, else BadChunkError naming it."""
     if isinstance(value, bool):
         raise BadChunkError(f"{what} is a bool ({value!r}), not a token count")
-    if not isinstance(value, SupportsIndex):  # int and numpy integers; not floats, strings
+    try:
+        n = operator.index(cast(SupportsIndex, value))  # int, numpy ints; not floats, str
+    except TypeError:
         raise BadChunkError(
             f"{what} is {type(value).__name__} ({value!r:.40}), not an integer token count"
-        )
-    n = operator.index(value)
+        ) from None
     if n < 0:
         raise BadChunkError(f"{what} is negative ({n} tokens)")
     if n > MAX_CHUNK_TOKENS:
@@ -122,6 +123,8 @@ def _count(value: object, what: str) -> int:
 
 def chunk_size(chunk: object) -> int:
     """Token count of one yielded chunk (rules in the module docstring)."""
+    if type(chunk) is int and 0 <= chunk <= MAX_CHUNK_TOKENS:  # the per-chunk fast path
+        return chunk
     if isinstance(chunk, bool):
         raise BadChunkError("a chunk cannot be a bool")
     if isinstance(chunk, int):

@@ -144,3 +144,18 @@ def test_a_killed_run_reads_as_crashed_everywhere_and_nothing_writes_into_it(
 
     (row,) = RunRepository(runs).rows()
     assert row.status == "crashed" and row.state == "partial" and "gone" in (row.problem or "")
+
+
+def test_sigkill_keeps_the_telemetry_flushed_during_the_run(tmp_path: Path) -> None:
+    runs, log = tmp_path / "runs", tmp_path / "ends.log"
+    args = [a for a in RUN_ARGS if a != "--no-telemetry"]
+    proc = start_run(runs, *args, "--telemetry-interval", "20ms", log=log)
+    run_dir = _started(runs, log)
+    time.sleep(2.0)
+    proc.kill()
+    proc.communicate(timeout=60)
+    run = read_run(run_dir)
+    assert "telemetry" in run.from_segments
+    cpu = run.telemetry[run.telemetry["device"] == "cpu"]
+    assert len(cpu) >= 20  # 20 ms sampling for > 1.5 s, flushed every 0.5 s
+    assert cpu["t"].is_monotonic_increasing and cpu["t"].is_unique
