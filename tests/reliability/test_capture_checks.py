@@ -100,3 +100,34 @@ def test_partial_failure_stays_exit_0_and_is_reported(tmp_path: Path) -> None:
     assert rc == 0, err
     assert summary["status"] == "complete"
     assert summary["counts"]["failed"] == 2 and summary["counts"]["completed"] == 2
+
+
+def test_timeout_applies_to_a_batching_engine_too(tmp_path: Path) -> None:
+    """The reference engine queues requests (batch size 1): the later ones pass --timeout."""
+    res = cli(
+        "run",
+        "reference",
+        "--model-preset",
+        "tiny",
+        "--requests",
+        "6",
+        "--batch-size",
+        "1",
+        "--output-len",
+        "64",
+        "--timeout",
+        "0.3",
+        "--no-progress",
+        "--no-telemetry",
+        "--no-report",
+        runs=tmp_path,
+    )
+    assert res.returncode in (0, 3), res.stderr
+    assert "Traceback" not in res.stderr
+    (run_dir,) = list(tmp_path.iterdir())
+    reqs = pd.read_parquet(run_dir / "requests.parquet")
+    errors = reqs["error"].dropna()
+    assert len(errors) >= 1
+    assert errors.str.startswith("timeout: no end after 0.3 s").all(), errors.tolist()
+    # A timed-out request's later tokens were not counted.
+    assert (reqs.loc[reqs["error"].notna(), "output_tokens"] < 64).all()
