@@ -228,7 +228,11 @@ class _ManifestWriter:
             if self.manifest.get("status") != "running":
                 return
             self.manifest["process"] = liveness_record(self.interval_s)
-            write_json_atomic(self.path, redact(self.manifest))
+            try:
+                clean = redact(self.manifest)
+            except RuntimeError:
+                return  # an engine thread was updating its config: next heartbeat
+            write_json_atomic(self.path, clean)
 
 
 def _no_success_error(recorder: Recorder) -> tuple[int, str | None]:

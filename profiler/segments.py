@@ -141,6 +141,8 @@ class SegmentFlusher:
     request_timeout_s: float | None = None
     error: StorageError | None = field(default=None, init=False)
     flushes: int = field(default=0, init=False)
+    #: Rounds that failed for another reason than storage (retried at the next round).
+    skipped: list[str] = field(default_factory=list, init=False)
     _streams: dict[str, _Stream] = field(default_factory=dict, init=False)
     _pos: dict[str, int] = field(default_factory=dict, init=False)
     _tele_t: int = field(default=-(2**62), init=False)
@@ -166,10 +168,13 @@ class SegmentFlusher:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            if self.request_timeout_s is not None:
-                self._expire_overdue()
-            if not self.flush():
-                return
+            try:
+                if self.request_timeout_s is not None:
+                    self._expire_overdue()
+                if not self.flush():
+                    return
+            except Exception as exc:  # a bug here must not end durability for the run
+                self.skipped.append(f"{type(exc).__name__}: {exc}"[:200])
 
     def _expire_overdue(self) -> None:
         assert self.request_timeout_s is not None
