@@ -14,7 +14,6 @@ number per run and get a ratio only (repeat runs are needed for their noise).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis.catalogue import Metric, metric, to_float, value_at
 from perfscope.analysis.metrics import itl_gaps, per_request
 
 __all__ = [
@@ -43,17 +43,18 @@ _BATCH_ELEMENTS = 2_000_000  # resampled values held in memory at once
 
 @dataclass(frozen=True)
 class MetricDef:
-    """One compared metric.
+    """One compared metric: a catalogue :class:`~perfscope.analysis.catalogue.Metric` and,
+    for latency percentiles, the per-request sample to bootstrap.
 
     Attributes:
-        key: dotted path in summary.json (``latency.ttft.p99``); ``roofline.decode.mfu``
-            style keys address a phase.
-        label: display name.
-        unit: ``s``, ``tok/s``, ``req/s``, ``fraction``, ``J/token``.
+        key: dotted path in the summary (``latency.ttft.p99``).
+        label: display name (from the catalogue).
+        unit: the catalogue unit kind (``seconds``, ``rate``, ``ratio``, ...).
         better: ``lower`` or ``higher``.
         sample: per-request sample to bootstrap (``ttft``, ``tpot``, ``e2e``, ``ntpot``), or
             ``None`` for ratio only.
         percentile: the percentile of ``sample`` the key holds.
+        metric: the catalogue entry (name, format).
     """
 
     key: str
@@ -62,57 +63,47 @@ class MetricDef:
     better: str
     sample: str | None = None
     percentile: float | None = None
+    metric: Metric | None = None
+
+
+#: Compared metrics (catalogue names), in order; latency percentiles of these samples get a
+#: bootstrap interval (ITL pools dependent gaps: ratio only).
+COMPARED = (
+    *(f"{m}.p{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in (50, 90, 99)),
+    "output_tok_s",
+    "total_tok_s",
+    "req_s",
+    "goodput_req_s",
+    "attainment",
+    "prefill.mfu",
+    "prefill.mbu",
+    "decode.mfu",
+    "decode.mbu",
+    "j_per_token",
+)
+_BOOTSTRAPPED = ("ttft", "tpot", "e2e")
 
 
 def comparison_metrics() -> list[MetricDef]:
-    """The metrics ``perfscope compare`` shows, in order."""
+    """The metrics ``perfscope compare`` shows, in order (names, units, directions from the
+    catalogue)."""
     out: list[MetricDef] = []
-    for m, label, boot in (
-        ("ttft", "TTFT", True),
-        ("tpot", "TPOT", True),
-        ("itl", "ITL", False),
-        ("e2e", "E2E", True),
-    ):
-        for p in (50, 90, 99):
-            out.append(
-                MetricDef(
-                    f"latency.{m}.p{p}",
-                    f"{label} p{p}",
-                    "s",
-                    "lower",
-                    m if boot else None,
-                    float(p),
-                )
+    for name in COMPARED:
+        m = metric(name)
+        head, _, stat = name.partition(".")
+        boot = head in _BOOTSTRAPPED and stat.startswith("p")
+        out.append(
+            MetricDef(
+                m.path,
+                m.label,
+                m.kind,
+                m.better or "higher",
+                head if boot else None,
+                float(stat[1:]) if boot else None,
+                m,
             )
-    out += [
-        MetricDef("throughput.output_tok_s", "output tokens/s", "tok/s", "higher"),
-        MetricDef("throughput.total_tok_s", "total tokens/s", "tok/s", "higher"),
-        MetricDef("throughput.req_s", "requests/s", "req/s", "higher"),
-        MetricDef("goodput.goodput_req_s", "goodput", "req/s", "higher"),
-        MetricDef("goodput.attainment", "SLO attainment", "fraction", "higher"),
-    ]
-    for phase in ("prefill", "decode"):
-        out += [
-            MetricDef(f"roofline.phases.{phase}.mfu", f"MFU {phase}", "fraction", "higher"),
-            MetricDef(f"roofline.phases.{phase}.mbu", f"MBU {phase}", "fraction", "higher"),
-        ]
-    out.append(MetricDef("energy.j_per_output_token", "energy per token", "J/token", "lower"))
+        )
     return out
-
-
-def _get(summary: dict[str, Any], key: str) -> float | None:
-    node: Any = summary
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    if node is None or isinstance(node, bool):
-        return None
-    try:
-        v = float(node)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def latency_samples(requests: pd.DataFrame, chunks: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -185,7 +176,7 @@ def _change(ratio_ci: tuple[float, float] | None, better: str) -> str | None:
 
 def compare_runs(
     labels: Sequence[str],
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[Any],
     samples: Sequence[dict[str, np.ndarray]] | None = None,
     *,
     n_boot: int = DEFAULT_BOOTSTRAP,
@@ -196,7 +187,7 @@ def compare_runs(
 
     Args:
         labels: one display name per run.
-        summaries: the runs' summary.json dicts.
+        summaries: the runs' summaries (typed, or their summary.json form).
         samples: per run, :func:`latency_samples`; ``None`` → no intervals.
         n_boot: bootstrap resamples per run and metric.
         confidence: two-sided confidence of the intervals (0-1).
@@ -232,7 +223,7 @@ def compare_runs(
 
     alpha = (1.0 - confidence) / 2.0
     for m in comparison_metrics():
-        values = [_get(s, m.key) for s in summaries]
+        values = [to_float(value_at(s, m.key)) for s in summaries]
         if all(v is None for v in values):
             continue
         base = values[0]

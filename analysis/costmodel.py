@@ -15,11 +15,26 @@ Counting conventions (hardware.md §8, §9 lists where other tools differ):
   the whole cache in decode. That is what eager attention (and FlopCounterMode) does.
   "Causal-useful": only the unmasked half, ``4 · L · H · h_d · (q·cached + q(q+1)/2)``.
   GQA shares K/V between heads but does not reduce attention FLOPs.
+- Per-layer attention (:meth:`ModelSpec.layer_attention`): full layers attend over every
+  cached key; sliding-window layers over the last ``w − 1`` cached keys plus the new ones
+  (HF's sliding cache; the first, cache-less pass still computes the masked square);
+  chunked layers over their own chunk (causal-useful count exact, as executed bounded like
+  a window of the chunk size).
+- MLA (DeepSeek-V2/V3): the cache holds the latent ``r`` and the rotary key ``h_rope`` per
+  token and layer. Naive (HF transformers, vLLM prefill): the latent of every attended key
+  is expanded by ``kv_b`` (``2·r·H·(h_nope + h_v)`` per key), scores over ``h_nope + h_rope``
+  and values over ``h_v``. Absorbed (vLLM/SGLang decode, the default): ``kv_b`` is folded
+  into the query and output (``2·r·H·(h_nope + h_v)`` per new token), scores over
+  ``r + h_rope`` and values over ``r``.
+- MoE: router, shared experts and dense blocks always run; a token runs
+  ``n_active_experts`` routed experts.
 - Bytes: weights are read once per step for the whole batch (MoE: only experts that some
-  token in the step routes to, in expectation under uniform routing); KV read = cached
-  entries × KV bytes per token; KV written = new tokens × KV bytes per token; activations =
-  the inputs and outputs of each layer's matmuls plus norms and residuals; the attention
-  score matrix is assumed to stay on chip (fused/flash attention) unless
+  token in the step routes to, in expectation under uniform routing,
+  :func:`expected_active_experts`); quantised checkpoints add zero points and ``g_idx`` and
+  keep embedding, lm_head and router 16-bit; KV read = the cached entries each layer type
+  reads × its KV bytes per token; KV written = new tokens × KV bytes per token;
+  activations = the inputs and outputs of each layer's matmuls plus norms and residuals;
+  the attention score matrix is assumed to stay on chip (fused/flash attention) unless
   ``materialized_scores`` is set.
 
 Steps carry sums over rows (``new_tokens``, ``context_tokens``); the per-row split assumes
@@ -28,6 +43,7 @@ equal rows, which is exact for prefill of equal-length prompts and for decode.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,9 +56,12 @@ __all__ = [
     "StepCost",
     "attention_params_per_layer",
     "decode_cost",
+    "expected_active_experts",
     "generation_cost",
     "kv_bytes_per_token",
     "kv_cache_bytes",
+    "kv_cache_bytes_per_sequence",
+    "kv_cache_layout",
     "matmul_params",
     "mlp_params_per_expert",
     "param_count",
@@ -60,57 +79,106 @@ ArrayLike = float | int | npt.ArrayLike
 
 
 def attention_params_per_layer(spec: ModelSpec) -> int:
-    """Matmul weights of Q, K, V and O in one block: ``d·H·h_d + 2·d·K·h_d + H·h_d·d``."""
-    d, hd = spec.hidden_size, spec.head_dim
-    return d * spec.n_heads * hd * 2 + 2 * d * spec.n_kv_heads * hd
+    """Matmul weights of the attention in one block.
+
+    Ordinary attention: Q, K, V and O, ``d·H·h_d + 2·d·K·h_d + H·h_d·d``. MLA: the query
+    path (``d·q_r + q_r·H·h_qk`` with query compression, else ``d·H·h_qk``), the KV
+    down-projection ``d·(r + h_rope)``, the KV up-projection ``r·H·(h_nope + h_v)`` and the
+    output ``H·h_v·d``.
+    """
+    d, h = spec.hidden_size, spec.n_heads
+    if spec.is_mla:
+        qr, r = spec.q_lora_rank, spec.kv_lora_rank
+        q = d * qr + qr * h * spec.head_dim if qr else d * h * spec.head_dim
+        kv_a = d * (r + spec.qk_rope_head_dim)
+        kv_b = r * h * (spec.qk_nope_head_dim + spec.v_head_dim)
+        return q + kv_a + kv_b + h * spec.v_head_dim * d
+    hd = spec.head_dim
+    return d * h * hd * 2 + 2 * d * spec.n_kv_heads * hd
+
+
+def _mla_kv_b_params(spec: ModelSpec) -> int:
+    return spec.kv_lora_rank * spec.n_heads * (spec.qk_nope_head_dim + spec.v_head_dim)
 
 
 def mlp_params_per_expert(spec: ModelSpec) -> int:
-    """Matmul weights of one MLP (one expert for MoE): ``3·d·F`` gated, ``2·d·F`` plain."""
+    """Matmul weights of one MLP (one routed expert for MoE): ``3·d·F`` gated, ``2·d·F`` plain."""
     return (3 if spec.mlp_gated else 2) * spec.hidden_size * spec.intermediate_size
+
+
+def _dense_mlp_params(spec: ModelSpec) -> int:
+    """The MLP of a dense block (a MoE model's dense blocks use ``dense_intermediate_size``)."""
+    f = spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size
+    return (3 if spec.mlp_gated else 2) * spec.hidden_size * f
+
+
+def _shared_params(spec: ModelSpec) -> int:
+    fs = spec.shared_expert_intermediate_size
+    gate = spec.hidden_size if spec.shared_expert_gate else 0
+    return (3 if spec.mlp_gated else 2) * spec.hidden_size * fs + gate
 
 
 def _router_params(spec: ModelSpec) -> int:
     return spec.hidden_size * spec.n_experts if spec.is_moe else 0
 
 
+def _mlp_params(spec: ModelSpec, moe_layer: bool, experts: float) -> float:
+    if not moe_layer:
+        return float(_dense_mlp_params(spec))
+    return _router_params(spec) + _shared_params(spec) + experts * mlp_params_per_expert(spec)
+
+
 def matmul_params(spec: ModelSpec, *, active: bool = False, lm_head: bool = True) -> int:
     """Parameters that take part in matmuls (``N_mat``; the embedding lookup is not one).
 
     Args:
-        active: count only the experts a token is routed to (MoE), i.e. the parameters
-            whose FLOPs one token pays; otherwise every expert.
+        active: count only the routed experts a token goes to (MoE), i.e. the parameters
+            whose FLOPs one token pays (shared experts and dense blocks always count);
+            otherwise every expert.
         lm_head: include the ``d·V`` output projection (counted even when tied).
     """
-    experts = 1
-    if spec.is_moe:
-        experts = spec.n_active_experts if active else spec.n_experts
-    per_layer = (
-        attention_params_per_layer(spec)
-        + experts * mlp_params_per_expert(spec)
-        + _router_params(spec)
-    )
-    total = spec.n_layers * per_layer
+    experts = spec.n_active_experts if active else spec.n_experts
+    total = 0.0
+    for moe_layer in spec.moe_layer_mask():
+        total += attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, experts)
     if lm_head:
         total += spec.hidden_size * spec.vocab_size
-    return total
+    return int(total)
 
 
+def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
+    d, hd = spec.hidden_size, spec.head_dim
+    norm = d * (2 if spec.norm_bias else 1)
+    n = spec.norms_per_layer * norm
+    if spec.is_mla:
+        qr, r = spec.q_lora_rank, spec.kv_lora_rank
+        n += qr + r  # q_a_layernorm, kv_a_layernorm
+        if spec.qkv_bias:
+            n += qr + r + spec.qk_rope_head_dim
+    elif spec.qkv_bias:
+        n += (spec.n_heads + 2 * spec.n_kv_heads) * hd
+    if spec.o_bias:
+        n += d
+    if spec.mlp_bias:
+        if moe_layer:
+            f = spec.intermediate_size
+            n += spec.n_experts * ((2 * f if spec.mlp_gated else f) + d)
+        else:
+            f = spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size
+            n += (2 * f if spec.mlp_gated else f) + d
+    if moe_layer and spec.router_bias:
+        n += spec.n_experts
+    if spec.qk_norm:
+        n += 2 * hd
+    return n
+
+
+@functools.lru_cache(maxsize=256)
 def _small_params(spec: ModelSpec) -> int:
     """Norm weights/biases and linear biases: vectors, not matrices."""
-    d, hd, f = spec.hidden_size, spec.head_dim, spec.intermediate_size
-    norm = d * (2 if spec.norm_bias else 1)
-    per_layer = spec.norms_per_layer * norm
-    if spec.qkv_bias:
-        per_layer += (spec.n_heads + 2 * spec.n_kv_heads) * hd
-    if spec.o_bias:
-        per_layer += d
-    if spec.mlp_bias:
-        experts = spec.n_experts if spec.is_moe else 1
-        per_layer += experts * ((2 * f if spec.mlp_gated else f) + d)
-    if spec.qk_norm:
-        per_layer += 2 * hd
-    return spec.n_layers * per_layer + (norm if spec.final_norm else 0)
+    norm = spec.hidden_size * (2 if spec.norm_bias else 1)
+    total = sum(_layer_small_params(spec, m) for m in spec.moe_layer_mask())
+    return total + (norm if spec.final_norm else 0)
 
 
 def param_count(spec: ModelSpec) -> int:
@@ -128,25 +196,123 @@ def param_count(spec: ModelSpec) -> int:
     return total + spec.extra_params
 
 
+def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: Any) -> Any:
+    """Sum of the input widths of one block's quantised linears (for GPTQ ``g_idx``)."""
+    d = spec.hidden_size
+    if spec.is_mla:
+        attn = (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
+        attn += spec.n_heads * spec.v_head_dim
+    else:
+        attn = 3 * d + spec.n_heads * spec.head_dim
+    per_mlp = 2 * d if spec.mlp_gated else d
+    if not moe_layer:
+        f = spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size
+        return attn + per_mlp + f
+    shared = (
+        per_mlp + spec.shared_expert_intermediate_size
+        if spec.shared_expert_intermediate_size
+        else 0
+    )
+    return attn + shared + experts * (per_mlp + spec.intermediate_size)
+
+
+def _quantised_bytes(spec: ModelSpec, params: Any, inputs: Any) -> Any:
+    """Bytes of quantised block matrices: weights and scales, zero points, ``g_idx``."""
+    per = spec.weight_bytes_per_param + spec.quant_zero_bytes_per_param
+    return params * per + inputs * spec.quant_index_bytes_per_input
+
+
 def weight_bytes(spec: ModelSpec) -> float:
     """Bytes the weights occupy in device memory.
 
-    Matrices (including the embedding tables) at :attr:`ModelSpec.weight_bytes_per_param`,
-    norm and bias vectors at the activation width.
+    Block matrices at :attr:`ModelSpec.weight_bytes_per_param` (plus zero points and
+    ``g_idx`` of a quantised checkpoint); embedding tables, lm_head and router at
+    :attr:`ModelSpec.embedding_bytes_per_param` (16-bit in quantised checkpoints); norm and
+    bias vectors at the activation width.
     """
-    small = _small_params(spec)
-    big = param_count(spec) - small
-    return big * spec.weight_bytes_per_param + small * spec.act_bytes_per_element
+    d, v = spec.hidden_size, spec.vocab_size
+    blocks = 0.0
+    for moe_layer in spec.moe_layer_mask():
+        params = attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, spec.n_experts)
+        params -= _router_params(spec) if moe_layer else 0
+        blocks += _quantised_bytes(spec, params, _linear_inputs(spec, moe_layer, spec.n_experts))
+    n_moe = sum(spec.moe_layer_mask())
+    tables = v * d * (1 if spec.tied_embeddings else 2) + spec.pos_embeddings * d
+    tables += n_moe * _router_params(spec) + spec.extra_params
+    return (
+        blocks
+        + tables * spec.embedding_bytes_per_param
+        + _small_params(spec) * spec.act_bytes_per_element
+    )
 
 
-def kv_bytes_per_token(spec: ModelSpec) -> float:
-    """KV-cache bytes one token occupies across all layers: ``2·L·K·h_d·b_kv``."""
-    return 2.0 * spec.n_layers * spec.n_kv_heads * spec.head_dim * spec.kv_bytes_per_element
+def _kv_layer_bytes_per_token(spec: ModelSpec) -> float:
+    """KV-cache bytes one token occupies in one block."""
+    if spec.is_mla:
+        # The latent and the shared rotary key (vLLM/SGLang and HF all cache these).
+        return (spec.kv_lora_rank + spec.qk_rope_head_dim) * spec.kv_bytes_per_element
+    return 2.0 * spec.n_kv_heads * spec.head_dim * spec.kv_bytes_per_element
 
 
-def kv_cache_bytes(spec: ModelSpec, tokens: float) -> float:
-    """KV-cache bytes of ``tokens`` cached tokens (summed over sequences)."""
+def kv_bytes_per_token(spec: ModelSpec, context_len: float | None = None) -> float:
+    """KV-cache bytes per cached token across all layers.
+
+    Without ``context_len``: every layer keeps every token (``2·L·K·h_d·b_kv``; MLA:
+    ``L·(r + h_rope)·b_kv``). With it: the mean per token of a sequence of that length,
+    sliding-window layers holding at most their window and chunked layers their chunk
+    (:func:`kv_cache_bytes_per_sequence` ÷ ``context_len``).
+    """
+    if context_len is None or context_len <= 0:
+        return spec.n_layers * _kv_layer_bytes_per_token(spec)
+    return kv_cache_bytes_per_sequence(spec, context_len) / context_len
+
+
+def kv_cache_bytes_per_sequence(spec: ModelSpec, context_len: float) -> float:
+    """KV-cache bytes of one sequence holding ``context_len`` tokens, per layer type.
+
+    Full-attention layers keep every token, sliding-window layers ``min(T, window)``,
+    chunked layers ``min(T, chunk)`` (the current chunk, at most).
+    """
+    total = 0.0
+    for la in spec.layer_attention():
+        total += min(context_len, la.span) if la.kind != "full" else context_len
+    return total * _kv_layer_bytes_per_token(spec)
+
+
+def kv_cache_bytes(spec: ModelSpec, tokens: float, *, batch: int | None = None) -> float:
+    """KV-cache bytes of ``tokens`` cached tokens summed over sequences.
+
+    With ``batch``, the tokens are split over that many equal sequences and sliding/chunked
+    layers are capped per sequence; without it every layer keeps every token.
+    """
+    if batch:
+        return batch * kv_cache_bytes_per_sequence(spec, tokens / batch)
     return tokens * kv_bytes_per_token(spec)
+
+
+def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]:
+    """KV-cache bytes of one sequence by layer type, for display.
+
+    Each entry: ``kind`` (``full``/``sliding``/``chunked``), ``span`` (tokens, 0 for full),
+    ``layers``, ``bytes_per_token_layer`` and ``bytes`` at ``context_len``.
+    """
+    groups: dict[tuple[str, int], int] = {}
+    for la in spec.layer_attention():
+        groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
+    per = _kv_layer_bytes_per_token(spec)
+    out = []
+    for (kind, span), n in groups.items():
+        held = context_len if kind == "full" else min(context_len, span)
+        out.append(
+            {
+                "kind": kind,
+                "span": span,
+                "layers": n,
+                "bytes_per_token_layer": per,
+                "bytes": n * held * per,
+            }
+        )
+    return out
 
 
 # ---------------------------------------------------------------------- per step
@@ -211,6 +377,47 @@ class StepCost:
 _COST_KEYS = tuple(f for f in StepCost.__dataclass_fields__)
 
 
+def _chunk_prefix(x: FloatArray, c: float) -> FloatArray:
+    """Σ over positions t < x of ``(t mod c) + 1``: keys attended under chunked attention."""
+    full = np.floor(x / c)
+    r = x - full * c
+    return full * c * (c + 1.0) / 2.0 + r * (r + 1.0) / 2.0
+
+
+def _attention_widths(spec: ModelSpec) -> tuple[float, float]:
+    """Per-head widths of the score (q·k) and value (p·v) matmuls."""
+    if not spec.is_mla:
+        return float(spec.head_dim), float(spec.head_dim)
+    if spec.mla_absorbed:
+        r = float(spec.kv_lora_rank)
+        return r + spec.qk_rope_head_dim, r
+    return float(spec.head_dim), float(spec.v_head_dim)
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_groups(spec: ModelSpec) -> tuple[tuple[int, str, int, bool], ...]:
+    """``(count, kind, span, moe)`` for each distinct kind of block."""
+    groups: dict[tuple[str, int, bool], int] = {}
+    for la, moe in zip(spec.layer_attention(), spec.moe_layer_mask(), strict=True):
+        groups[(la.kind, la.span, moe)] = groups.get((la.kind, la.span, moe), 0) + 1
+    return tuple((n, kind, span, moe) for (kind, span, moe), n in groups.items())
+
+
+def expected_active_experts(spec: ModelSpec, tokens: ArrayLike) -> FloatArray:
+    """Distinct routed experts of one MoE layer that ``tokens`` tokens activate, in expectation.
+
+    Assumes uniform, independent routing: each token picks ``k`` of ``E`` experts, so an
+    expert stays idle with probability ``(1 - k/E)^tokens`` and the expected number of
+    experts whose weights the step must read is ``E·(1 - (1 - k/E)^tokens)``. Real routers
+    are skewed, which makes the true count lower (the bytes an overestimate).
+    """
+    n = np.maximum(np.asarray(tokens, dtype=np.float64), 0.0)
+    if not spec.is_moe:
+        return np.zeros_like(n)
+    e, k = float(spec.n_experts), float(spec.n_active_experts)
+    return e * (1.0 - np.power(1.0 - k / e, n))
+
+
 def step_costs(
     spec: ModelSpec,
     batch_size: ArrayLike,
@@ -232,67 +439,113 @@ def step_costs(
     else:
         lt = np.asarray(logits_tokens, dtype=np.float64)
 
-    d, v, nl = float(spec.hidden_size), float(spec.vocab_size), float(spec.n_layers)
-    hq = float(spec.n_heads * spec.head_dim)
-    f = float(spec.intermediate_size)
-
-    active_layer = float(matmul_params(spec, active=True, lm_head=False)) / nl
-    flops_linear = 2.0 * n * nl * active_layer
-    flops_lm = 2.0 * lt * d * v
+    d, v = float(spec.hidden_size), float(spec.vocab_size)
+    h = float(spec.n_heads)
+    w_qk, w_pv = _attention_widths(spec)
+    attn_params = float(attention_params_per_layer(spec))
+    kv_b = float(_mla_kv_b_params(spec)) if spec.is_mla else 0.0
+    naive_mla = spec.is_mla and not spec.mla_absorbed
     # Per row: q = n/b new tokens over kv = (c + n)/b keys; times b rows.
     q = n / b
     p = c / b
-    w = float(spec.sliding_window)
-    if w > 0:
-        # A sliding-window cache keeps w - 1 past entries; the first pass (no cache) still
-        # computes the full masked square.
-        kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
-        m = np.clip(w - p, 0.0, q)  # new tokens whose window still reaches position 0
-        useful_per_row = m * p + m * (m + 1.0) / 2.0 + (q - m) * w
-    else:
-        kv_exec = p + q
-        useful_per_row = q * p + q * (q + 1.0) / 2.0
-    attn_exec = 4.0 * nl * hq * b * q * kv_exec
-    attn_useful = 4.0 * nl * hq * b * useful_per_row
 
-    # Bytes.
-    bw = spec.weight_bytes_per_param
-    dense_layer = float(attention_params_per_layer(spec) + _router_params(spec))
-    mlp = float(mlp_params_per_expert(spec))
-    if spec.is_moe:
-        e, k = float(spec.n_experts), float(spec.n_active_experts)
-        touched = e * (1.0 - np.power(1.0 - k / e, np.maximum(n, 0.0)))
-    else:
-        touched = np.ones_like(n)
-    small = float(_small_params(spec))
-    bytes_weights = (
-        bw * (nl * (dense_layer + touched * mlp) + d * v)
-        + bw * n * d * (2.0 if spec.pos_embeddings else 1.0)  # embedding (and position) rows
-        + small * spec.act_bytes_per_element
+    zero = np.zeros(np.broadcast_shapes(b.shape, n.shape, c.shape))
+    flops_linear = zero.copy()
+    attn_exec = zero.copy()
+    attn_useful = zero.copy()
+    w_params = zero.copy()  # quantised block matrices read
+    w_inputs = zero.copy()
+    w_tables = zero.copy()  # 16-bit matrices read (router)
+    kv_read_tokens = zero.copy()  # Σ layers of cached entries read, per row
+    kv_exec_total = zero.copy()
+    act_elems = zero.copy()
+    scores = zero.copy()
+    touched = expected_active_experts(spec, n)
+    k_act = float(spec.n_active_experts)
+    kvh = float(
+        spec.kv_lora_rank + spec.qk_rope_head_dim
+        if spec.is_mla
+        else spec.n_kv_heads * spec.head_dim
     )
-    kv_tok = kv_bytes_per_token(spec)
-    bytes_kv_read = c * kv_tok
-    bytes_kv_write = n * kv_tok
+    hq = h * float(spec.head_dim)
+    h_out = h * float(spec.v_head_dim if spec.is_mla else spec.head_dim)
 
-    kvh = float(spec.n_kv_heads * spec.head_dim)
-    k_act = float(spec.n_active_experts) if spec.is_moe else 1.0
-    mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
-    act_elems_per_token_layer = (
-        (d + hq + 2.0 * kvh)  # qkv projection in/out
-        + 2.0 * hq  # attention reads q, writes its output
-        + (hq + d)  # output projection in/out
-        + k_act * (d + mlp_out)  # up (and gate) in/out
-        + k_act * (mlp_out + f)  # activation function in/out
-        + k_act * (f + d)  # down projection in/out
-        + 10.0 * d  # two norms and two residual adds, read and write
-    )
-    bytes_act = spec.act_bytes_per_element * (nl * n * act_elems_per_token_layer + lt * v + lt * d)
-    if materialized_scores:
-        # scores written, read by softmax, probabilities written, read by P·V
-        bytes_act = (
-            bytes_act + 4.0 * spec.act_bytes_per_element * nl * spec.n_heads * n * (c + n) / b
+    for count, kind, span, moe in _layer_groups(spec):
+        lc = float(count)
+        w = float(span)
+        # Attention span as executed and causal-useful, per row.
+        if kind == "full":
+            kv_exec = p + q
+            useful = q * p + q * (q + 1.0) / 2.0
+            read = p
+        elif kind == "sliding":
+            # A sliding-window cache keeps w - 1 past entries; the first pass (no cache)
+            # still computes the full masked square.
+            kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
+            m = np.clip(w - p, 0.0, q)  # new tokens whose window still reaches position 0
+            useful = m * p + m * (m + 1.0) / 2.0 + (q - m) * w
+            read = np.minimum(p, w - 1.0)
+        else:  # chunked: a token sees its own chunk only
+            kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
+            useful = _chunk_prefix(p + q, w) - _chunk_prefix(p, w)
+            read = p - np.floor(p / w) * w
+        attn_exec = attn_exec + lc * 2.0 * h * (w_qk + w_pv) * b * q * kv_exec
+        attn_useful = attn_useful + lc * 2.0 * h * (w_qk + w_pv) * b * useful
+        kv_read_tokens = kv_read_tokens + lc * read
+        kv_exec_total = kv_exec_total + lc * b * kv_exec
+        if materialized_scores:
+            scores = scores + lc * 4.0 * h * b * q * kv_exec
+
+        mlp_active = _mlp_params(spec, moe, k_act)
+        per_token = attn_params - (kv_b if naive_mla else 0.0) + mlp_active
+        flops_linear = flops_linear + lc * 2.0 * n * per_token
+        if naive_mla:
+            # HF/vLLM-prefill MLA expands the latent of every attended key.
+            flops_linear = flops_linear + lc * 2.0 * kv_b * b * kv_exec
+
+        read_params: Any
+        if moe:
+            read_params = attn_params + _shared_params(spec) + touched * mlp_params_per_expert(spec)
+            w_tables = w_tables + lc * _router_params(spec)
+            mlp_out = (2.0 if spec.mlp_gated else 1.0) * spec.intermediate_size
+            f = float(spec.intermediate_size)
+            fs = float(spec.shared_expert_intermediate_size)
+            mlp_act = k_act * (d + mlp_out + mlp_out + f + f + d)
+            if fs:
+                mlp_act += d + (2.0 if spec.mlp_gated else 1.0) * fs * 2.0 + 2.0 * fs + d
+        else:
+            read_params = attn_params + _dense_mlp_params(spec)
+            f = float(spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size)
+            mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
+            mlp_act = (d + mlp_out) + (mlp_out + f) + (f + d)
+        w_params = w_params + lc * read_params
+        w_inputs = w_inputs + lc * _linear_inputs(spec, moe, touched if moe else 0.0)
+        act_elems = act_elems + lc * (
+            (d + hq + 2.0 * kvh)  # qkv projection in/out
+            + (hq + h_out)  # attention reads q, writes its output
+            + (h_out + d)  # output projection in/out
+            + mlp_act
+            + 10.0 * d  # two norms and two residual adds, read and write
         )
 
+    # Bytes.
+    eb = spec.embedding_bytes_per_param
+    small = float(_small_params(spec))
+    bytes_weights = (
+        _quantised_bytes(spec, w_params, w_inputs)
+        + eb * (w_tables + d * v)
+        + eb * n * d * (2.0 if spec.pos_embeddings else 1.0)  # embedding (and position) rows
+        + small * spec.act_bytes_per_element
+    )
+    kv_layer = _kv_layer_bytes_per_token(spec)
+    bytes_kv_read = b * kv_read_tokens * kv_layer
+    bytes_kv_write = n * spec.n_layers * kv_layer
+    bytes_act = spec.act_bytes_per_element * (n * act_elems + lt * v + lt * d)
+    if materialized_scores:
+        # scores written, read by softmax, probabilities written, read by P·V
+        bytes_act = bytes_act + spec.act_bytes_per_element * scores
+
+    flops_lm = 2.0 * lt * d * v
     out: dict[str, FloatArray] = {
         "flops": flops_linear + flops_lm + attn_exec,
         "flops_useful": flops_linear + flops_lm + attn_useful,

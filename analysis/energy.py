@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from rich.table import Table
 
-__all__ = ["THROTTLE_REASONS", "EnergyCurve", "energy_section", "energy_table"]
+__all__ = ["THROTTLE_REASONS", "EnergyCurve", "energy_section"]
 
 THROTTLE_REASONS: dict[str, int] = {
     "sw_power_cap": 0x4,
@@ -727,102 +726,3 @@ def energy_section(
     section["hardware_counters"] = hw
     section["notes"] = notes
     return section
-
-
-# -- rendering ----------------------------------------------------------------------------------
-
-
-def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}{unit}"
-    return f"{v}{unit}"
-
-
-def _bytes(v: float | None) -> str:
-    return "—" if v is None else f"{v / 1e9:.2f} GB"
-
-
-def energy_table(section: dict[str, Any]) -> Table:
-    """A rich table of :func:`energy_section`'s result."""
-    table = Table(title="Energy and power", show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_column("detail")
-    if not section.get("available"):
-        table.add_row("energy", "unavailable", str(section.get("reason") or ""))
-    else:
-        table.add_row(
-            "method",
-            str(section.get("method")),
-            f"source {section.get('source')}: {', '.join(section.get('devices', []))}",
-        )
-        table.add_row("window", _fmt(section.get("window_s"), " s"), "")
-        table.add_row("energy", _fmt(section.get("total_j"), " J", 4), "")
-        table.add_row(
-            "energy / output token",
-            _fmt(section.get("j_per_output_token"), " J", 4),
-            f"{_fmt(section.get('tokens_per_j'), ' tok/J', 4)}",
-        )
-        if section.get("idle_baseline_w") is not None:
-            table.add_row(
-                "idle baseline",
-                _fmt(section.get("idle_baseline_w"), " W"),
-                f"dynamic energy {_fmt(section.get('dynamic_energy_j'), ' J', 4)}",
-            )
-        pw = section.get("power", {})
-        table.add_row(
-            "power avg / peak",
-            f"{_fmt(pw.get('avg_w'), ' W')} / {_fmt(pw.get('peak_w'), ' W')}",
-            f"limit {_fmt(pw.get('limit_w'), ' W')} (avg {_fmt(pw.get('avg_pct_of_limit'), '%')},"
-            f" peak {_fmt(pw.get('peak_pct_of_limit'), '%')}); TDP {_fmt(pw.get('tdp_w'), ' W')}",
-        )
-        for name, p in section.get("phases", {}).items():
-            detail = []
-            if p.get("time_s") is not None:
-                detail.append(f"{p['time_s']:.3g} s")
-            if p.get("avg_power_w") is not None:
-                detail.append(f"{p['avg_power_w']:.3g} W")
-            if p.get("j_per_token") is not None:
-                detail.append(f"{p['j_per_token']:.4g} J/token")
-            table.add_row(f"  {name}", _fmt(p.get("energy_j"), " J", 4), ", ".join(detail))
-        rq = section.get("requests")
-        if rq:
-            table.add_row(
-                "per request",
-                _fmt(rq["energy_j"]["p50"], " J", 4),
-                f"p50; p90 {_fmt(rq['energy_j']['p90'], ' J', 4)}; "
-                f"J/token p50 {_fmt(rq['j_per_output_token']['p50'], '', 4)}",
-            )
-        thr = section.get("throttle", {})
-        if thr.get("share") is not None:
-            table.add_row("throttled", _fmt(100 * thr["share"], "%"), "share of samples")
-        for name, row in section.get("hardware_counters", {}).items():
-            if row.get("dram_bw_util_pct") is not None:
-                table.add_row(
-                    f"measured DRAM bw ({name})",
-                    _fmt(row["dram_bw_util_pct"], "%"),
-                    f"tensor {_fmt(row.get('tensor_util_pct'), '%')}, "
-                    f"SM occupancy {_fmt(row.get('sm_occupancy_pct'), '%')}",
-                )
-    for dev, m in (section.get("memory") or {}).items():
-        table.add_row(
-            f"peak memory {dev}",
-            _bytes(m.get("peak_used_bytes")),
-            f"of {_bytes(m.get('capacity_bytes'))} ({_fmt(m.get('peak_pct_of_capacity'), '%')})",
-        )
-    cpu = section.get("cpu") or {}
-    if cpu.get("sampled"):
-        table.add_row(
-            "process peak RSS",
-            _bytes(cpu.get("peak_rss_bytes")),
-            f"avg CPU {_fmt(cpu.get('avg_process_cpu_pct'), '% of a core')}",
-        )
-        if cpu.get("energy_available"):
-            table.add_row("CPU package energy", _fmt(cpu.get("package_energy_j"), " J", 4), "RAPL")
-        else:
-            table.add_row("CPU energy", "unavailable", str(cpu.get("energy_reason") or ""))
-    for note in section.get("notes", []):
-        table.add_row("note", "", note)
-    return table

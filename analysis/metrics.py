@@ -141,15 +141,19 @@ def compute_metrics(
     chunks: pd.DataFrame,
     steps: pd.DataFrame,
     slos: dict[str, float] | None = None,
+    *,
+    per_request_rows: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """Counts, latency distributions, throughput, goodput and driver lag of a run.
+
+    ``per_request_rows`` is :func:`per_request` of ``requests`` when the caller has it already.
 
     Warmup requests are left out of everything. The measured window runs from the first
     measured send to the last measured token. Steps are restricted to that window for
     the busy time.
     """
     slos = slos or {}
-    pr = per_request(requests)
+    pr = per_request(requests) if per_request_rows is None else per_request_rows
     measured_mask = ~pr["is_warmup"].to_numpy()
     m = pr[measured_mask]
     ok = m[m["ok"]]

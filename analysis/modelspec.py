@@ -17,15 +17,24 @@ from pathlib import Path
 from typing import Any
 
 from perfscope.errors import UsageError
+from perfscope.hwdb.spec import normalize_dtype
 
 __all__ = [
+    "ATTENTION_KINDS",
     "DTYPE_BYTES",
+    "FAMILIES",
     "PRESETS",
+    "Family",
+    "LayerAttention",
     "ModelSpec",
+    "QuantLayout",
+    "apply_dtype_overrides",
     "compute_dtype_for",
     "dtype_bytes",
+    "family_for",
     "normalize_dtype",
     "preset_names",
+    "quant_layout",
     "weight_bytes_per_param",
 ]
 
@@ -39,32 +48,10 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8": 1.0,
     "int8": 1.0,
     "int4": 0.5,
+    "fp4": 0.5,
+    "int3": 0.375,
+    "int2": 0.25,
 }
-
-_DTYPE_ALIASES = {
-    "float64": "fp64",
-    "double": "fp64",
-    "float32": "fp32",
-    "float": "fp32",
-    "float16": "fp16",
-    "half": "fp16",
-    "bfloat16": "bf16",
-    "float8": "fp8",
-    "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8",
-    "e4m3": "fp8",
-    "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8",
-    "w8": "int8",
-    "w4": "int4",
-    "auto": "bf16",
-}
-
-
-def normalize_dtype(dtype: str) -> str:
-    """Map torch/numpy/HF dtype spellings (``torch.bfloat16``, ``float16``) to short keys."""
-    d = dtype.strip().lower().removeprefix("torch.")
-    return _DTYPE_ALIASES.get(d, d)
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -94,7 +81,7 @@ def weight_bytes_per_param(
     base = dtype_bytes(key)
     if key == "int4" and group_size is None:
         group_size = 128
-    if key in ("int4", "int8") and group_size:
+    if key in ("int4", "int8", "int3", "int2") and group_size:
         return base + scale_bytes / group_size
     return base
 
@@ -106,9 +93,28 @@ def compute_dtype_for(weight_dtype: str) -> str:
     int8/int4 weights are weight-only quantisation and dequantise into bf16 (W8A16, W4A16).
     """
     key = normalize_dtype(weight_dtype)
-    if key in ("int8", "int4"):
+    if key in ("int8", "int4", "int3", "int2", "fp4"):
         return "bf16"
     return key
+
+
+#: Attention kinds a layer can have (see :meth:`ModelSpec.layer_attention`).
+ATTENTION_KINDS = ("full", "sliding", "chunked")
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one block attends.
+
+    Attributes:
+        kind: ``full`` (every earlier position), ``sliding`` (the last ``span`` positions,
+            itself included) or ``chunked`` (positions of its own ``span``-token chunk,
+            Llama-4 ``attention_chunk_size``).
+        span: window or chunk length in tokens (0 for ``full``).
+    """
+
+    kind: str
+    span: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,18 +127,18 @@ class ModelSpec:
         hidden_size: model width ``d``.
         n_heads: query heads.
         n_kv_heads: key/value heads (``n_heads`` for MHA, 1 for MQA, in between for GQA).
-        head_dim: width of one head (usually ``hidden_size // n_heads``).
-        intermediate_size: MLP inner width (per expert for MoE).
+        head_dim: width of one query/key head (MLA: ``qk_nope_head_dim + qk_rope_head_dim``).
+        intermediate_size: MLP inner width (per routed expert for MoE).
         mlp_gated: SwiGLU/GeGLU-style MLP with three matrices (gate, up, down) instead of two.
         vocab_size: embedding rows and lm_head outputs.
         tied_embeddings: lm_head shares the embedding matrix (counted once in parameters,
             read once per step).
-        n_experts: MoE experts per layer (0 = dense MLP).
-        n_active_experts: experts each token is routed to.
-        weight_dtype: storage dtype of the weights (``fp32``, ``bf16``, ``fp16``, ``fp8``,
-            ``int8``, ``int4``).
-        weight_bytes_per_param: bytes per weight including quantisation scales
-            (int4 with group-128 fp16 scales is 0.5 + 2/128).
+        n_experts: routed MoE experts per MoE layer (0 = dense MLP).
+        n_active_experts: routed experts each token goes to.
+        weight_dtype: storage dtype of the quantised (or all) weight matrices (``fp32``,
+            ``bf16``, ``fp16``, ``fp8``, ``int8``, ``int4``).
+        weight_bytes_per_param: bytes per weight of those matrices including quantisation
+            scales (int4 with group-128 fp16 scales is 0.5 + 2/128).
         kv_dtype: storage dtype of the KV cache.
         kv_bytes_per_element: bytes per cached K or V element.
         act_dtype: dtype of activations and of the matmuls (``fp32``, ``bf16``, ...);
@@ -142,7 +148,7 @@ class ModelSpec:
             prefill (HF ``forward``) rather than only the last one.
         qkv_bias: the Q, K and V projections have biases (GPT-2, Qwen2, OPT, GPT-NeoX).
         o_bias: the attention output projection has a bias.
-        mlp_bias: the MLP matrices have biases.
+        mlp_bias: the MLP matrices (every expert's too) have biases.
         norm_bias: the norms are LayerNorms with a bias (RMSNorm has a weight only).
         norms_per_layer: norm modules per block (2 for most, 4 for Gemma-2).
         final_norm: a norm after the last block.
@@ -151,9 +157,41 @@ class ModelSpec:
         max_position_embeddings: longest context the model was built for (0 = unknown).
         extra_params: parameters the fields above do not describe (counted, never read
             per step).
-        sliding_window: each token attends to at most this many positions (Mistral v0.1,
-            Phi-3); 0 = full attention. Eager HF attention keeps only the window in its
+        sliding_window: window of every layer when :attr:`layer_windows` is empty (Mistral
+            v0.1, Phi-3); 0 = full attention. Eager HF attention keeps only the window in its
             cache, so it also bounds attention "as executed" once a cache exists.
+        layer_windows: per-layer attention span: 0 full, ``w > 0`` a sliding window of ``w``
+            tokens, ``-c`` chunked attention over chunks of ``c`` tokens. Empty: every layer
+            uses :attr:`sliding_window`. Gemma-2/3, Qwen2 ``max_window_layers``, HF
+            ``layer_types``.
+        shared_expert_intermediate_size: width of the always-active shared-expert MLP of each
+            MoE layer (Qwen2-MoE ``shared_expert_intermediate_size``; DeepSeek
+            ``n_shared_experts · moe_intermediate_size``), 0 = none.
+        shared_expert_gate: the shared expert output is scaled by a ``d → 1`` sigmoid gate
+            (Qwen2-MoE).
+        router_bias: the router has a bias per expert.
+        dense_layers: indices of blocks that keep a dense MLP in a MoE model (DeepSeek
+            ``first_k_dense_replace``, Qwen2-MoE ``mlp_only_layers``/``decoder_sparse_step``).
+        dense_intermediate_size: MLP width of those dense blocks.
+        kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): width of the
+            compressed KV latent that is cached (0 = ordinary attention).
+        q_lora_rank: MLA query compression width (0 = a plain ``d → H·h_qk`` projection).
+        qk_rope_head_dim: MLA per-head rotary part of queries/keys (cached once, shared).
+        v_head_dim: MLA value head width.
+        mla_absorbed: MLA attention runs with the up-projections absorbed into the query
+            and output (vLLM/SGLang decode: attends over the latent directly); False:
+            the latent is expanded to per-head K/V for every attended token, as HF
+            transformers (and vLLM's prefill) do.
+        quant_method: ``quantization_config.quant_method`` (``gptq``, ``awq``,
+            ``bitsandbytes``, ``fp8``, ``compressed-tensors``), empty when not quantised.
+        quant_group_size: weights per scale group (0 = per channel or not quantised).
+        quant_zero_bytes_per_param: stored zero points per weight (GPTQ/AWQ asymmetric:
+            ``bits/8 / group``), on top of :attr:`weight_bytes_per_param`.
+        quant_index_bytes_per_input: bytes per input feature of each quantised linear (GPTQ
+            ``g_idx``: int32 = 4).
+        unquantized_bytes_per_param: bytes per weight of the matrices a quantised checkpoint
+            keeps in 16 bits (embedding, lm_head, router); 0 = same as
+            :attr:`weight_bytes_per_param` (not quantised, or the old "all quantised" view).
     """
 
     name: str
@@ -186,10 +224,40 @@ class ModelSpec:
     max_position_embeddings: int = 0
     extra_params: int = 0
     sliding_window: int = 0
+    layer_windows: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    router_bias: bool = False
+    dense_layers: tuple[int, ...] = ()
+    dense_intermediate_size: int = 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mla_absorbed: bool = True
+    quant_method: str = ""
+    quant_group_size: int = 0
+    quant_zero_bytes_per_param: float = 0.0
+    quant_index_bytes_per_input: float = 0.0
+    unquantized_bytes_per_param: float = 0.0
+
+    def __post_init__(self) -> None:
+        # JSON round trips turn tuples into lists; keep the record hashable and comparable.
+        for name in ("layer_windows", "dense_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(int(v) for v in value))
+        if self.layer_windows and len(self.layer_windows) != self.n_layers:
+            raise UsageError(
+                f"layer_windows has {len(self.layer_windows)} entries for {self.n_layers} layers"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict with exactly the field names."""
-        return asdict(self)
+        d = asdict(self)
+        d["layer_windows"] = list(self.layer_windows)
+        d["dense_layers"] = list(self.dense_layers)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
@@ -204,6 +272,39 @@ class ModelSpec:
         """Mixture-of-experts MLP."""
         return self.n_experts > 0
 
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3 style)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_nope_head_dim(self) -> int:
+        """MLA per-head query/key part without rotary embedding."""
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def embedding_bytes_per_param(self) -> float:
+        """Bytes per weight of embedding, lm_head and router matrices."""
+        return self.unquantized_bytes_per_param or self.weight_bytes_per_param
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        """Attention kind of every block, in order."""
+        spans = self.layer_windows or (self.sliding_window,) * self.n_layers
+        out = []
+        for s in spans:
+            if s > 0:
+                out.append(LayerAttention("sliding", int(s)))
+            elif s < 0:
+                out.append(LayerAttention("chunked", int(-s)))
+            else:
+                out.append(LayerAttention("full"))
+        return tuple(out)
+
+    def moe_layer_mask(self) -> tuple[bool, ...]:
+        """For every block, whether its MLP is a MoE layer."""
+        dense = set(self.dense_layers)
+        return tuple(self.is_moe and i not in dense for i in range(self.n_layers))
+
     def with_dtypes(
         self,
         *,
@@ -211,17 +312,31 @@ class ModelSpec:
         kv_dtype: str | None = None,
         act_dtype: str | None = None,
         group_size: int | None = None,
+        keep_embeddings_16bit: bool = False,
     ) -> ModelSpec:
         """A copy stored/computed in other dtypes.
 
         Changing ``weight_dtype`` alone also moves the compute dtype to
-        :func:`compute_dtype_for` it and activations to that dtype's width.
+        :func:`compute_dtype_for` it and activations to that dtype's width. By default every
+        matrix takes the new width (the simple "whole model in X" what-if). With
+        ``keep_embeddings_16bit`` a quantised ``weight_dtype`` (``fp8``/``int8``/``int4``)
+        quantises the block matrices only and embedding, lm_head and router stay 16-bit, as
+        real GPTQ/AWQ/FP8 checkpoints keep them. A checkpoint's zero points and ``g_idx``
+        are dropped either way: the new format is described by its bytes per weight alone.
         """
         changes: dict[str, Any] = {}
         if weight_dtype is not None:
             w = normalize_dtype(weight_dtype)
             changes["weight_dtype"] = w
             changes["weight_bytes_per_param"] = weight_bytes_per_param(w, group_size=group_size)
+            quantised = w in ("fp8", "int8", "int4")
+            changes["unquantized_bytes_per_param"] = (
+                2.0 if quantised and keep_embeddings_16bit else 0.0
+            )
+            changes["quant_method"] = "override" if quantised else ""
+            changes["quant_group_size"] = (group_size or 128) if w == "int4" else 0
+            changes["quant_zero_bytes_per_param"] = 0.0
+            changes["quant_index_bytes_per_input"] = 0.0
             if act_dtype is None:
                 act_dtype = compute_dtype_for(w)
         if act_dtype is not None:
@@ -245,15 +360,15 @@ class ModelSpec:
     ) -> ModelSpec:
         """Build from a Hugging Face ``config.json`` (a path, a folder holding one, or the dict).
 
-        Understood ``model_type``: llama (Llama-2/3), mistral, mixtral, qwen2, qwen3, gemma,
-        gemma2, phi3, gpt2, gpt_neox (Pythia), opt; any other type with Llama-style keys
-        (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-        ``intermediate_size``) is read as a Llama-like model. Weight dtype comes from
-        ``torch_dtype``/``dtype`` and ``quantization_config``; the KV cache follows the
-        compute dtype.
+        The ``model_type`` selects a row of :data:`FAMILIES` (or, for an unknown type, the
+        ``architectures`` class names do); the row says which config fields give biases,
+        norms, per-layer attention, MoE and MLA. Weight and KV dtypes come from
+        ``torch_dtype``/``dtype`` and ``quantization_config`` (GPTQ, AWQ, bitsandbytes, FP8,
+        compressed-tensors).
 
         Raises:
-            UsageError: the file is missing or unreadable, or the config lacks the shape keys.
+            UsageError: the file is missing or unreadable, the family is unknown, or the
+                config lacks the shape keys (the message names what is missing).
         """
         cfg, default_name = _load_config(config)
         return _spec_from_config(cfg, name or default_name)
@@ -290,6 +405,25 @@ class ModelSpec:
             f"--model {model!r} is neither a preset ({', '.join(preset_names())}) "
             "nor an existing config.json path"
         )
+
+
+def apply_dtype_overrides(
+    spec: ModelSpec, *, weight_dtype: str | None = None, kv_dtype: str | None = None
+) -> ModelSpec:
+    """``spec`` with user-chosen weight and KV dtypes (``perfscope roofline --weight-dtype
+    --kv-dtype``, the dashboard explorer).
+
+    A quantised weight dtype lays the model out as real checkpoints do: block matrices at
+    the new width (int4 with group-128 fp16 scales), embedding, lm_head and router 16-bit.
+
+    Raises:
+        UsageError: unknown dtype.
+    """
+    if weight_dtype is None and kv_dtype is None:
+        return spec
+    return spec.with_dtypes(
+        weight_dtype=weight_dtype, kv_dtype=kv_dtype, keep_embeddings_16bit=True
+    )
 
 
 # ---------------------------------------------------------------------- HF configs
@@ -331,38 +465,437 @@ def _require(cfg: dict[str, Any], *keys: str) -> int:
     return int(v)
 
 
+# ---------------------------------------------------------------------- quantisation
+
+
+@dataclass(frozen=True)
+class QuantLayout:
+    """How a checkpoint stores its weights, as read from ``quantization_config``.
+
+    Attributes:
+        method: ``quant_method`` (``gptq``, ``awq``, ``bitsandbytes``, ``fp8``,
+            ``compressed-tensors``), empty for an unquantised checkpoint.
+        weight_dtype: storage dtype of the quantised matrices.
+        compute_dtype: matmul dtype (``bf16`` for weight-only W4A16/W8A16, ``fp8``/``int8``
+            for W8A8).
+        bits: bits per quantised weight.
+        group_size: weights per scale (0 = per channel / per tensor: negligible scales).
+        scale_bytes_per_param: scale bytes per weight (fp16 per group: ``2/group``).
+        zero_bytes_per_param: zero-point bytes per weight (asymmetric: ``bits/8/group``).
+        index_bytes_per_input: bytes per input feature of each quantised linear (GPTQ
+            ``g_idx``, int32).
+        unquantized_bytes_per_param: width of the matrices kept in 16 bits (embedding,
+            lm_head, router), from ``torch_dtype``.
+    """
+
+    method: str
+    weight_dtype: str
+    compute_dtype: str
+    bits: float
+    group_size: int
+    scale_bytes_per_param: float
+    zero_bytes_per_param: float
+    index_bytes_per_input: float
+    unquantized_bytes_per_param: float
+
+
+def _bits_dtype(bits: float, kind: str = "int") -> str:
+    if kind == "float":
+        return "fp8" if bits == 8 else "fp4"
+    return {8: "int8", 4: "int4", 3: "int3", 2: "int2"}.get(int(bits), "int4")
+
+
+def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
+    """The storage layout of ``cfg["quantization_config"]``, or ``None`` when absent.
+
+    Byte accounting per method (the checkpoint's tensors, as the loaders allocate them):
+
+    - ``gptq``: packed ``bits`` per weight, fp16 ``scales`` and packed ``qzeros`` per group
+      of ``group_size`` inputs (``-1`` = per channel), an int32 ``g_idx`` per input feature.
+    - ``awq``: packed weights, fp16 scales and packed zeros (``zero_point``) per group.
+    - ``bitsandbytes``: 4-bit NF4/FP4 in blocks of 64 with an fp32 absmax each (double
+      quantisation: an 8-bit absmax plus one fp32 per 256 blocks); 8-bit LLM.int8 with an
+      fp32 scale per output row (negligible, not counted).
+    - ``fp8``: fp8 weights with an fp32 scale per ``weight_block_size`` block (or per tensor).
+    - ``compressed-tensors``: the first config group's ``weights`` (``num_bits``, ``type``,
+      ``strategy``, ``group_size``, ``symmetric``, ``actorder``); scales at the checkpoint's
+      16-bit width.
+
+    Embedding and lm_head stay 16-bit in every method (GPTQ/AWQ quantise only the blocks'
+    linears, bitsandbytes skips ``lm_head``, FP8/compressed-tensors list it in ``ignore``).
+    """
+    q = cfg.get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    raw = normalize_dtype(str(_get(cfg, "torch_dtype", "dtype", default="float16")))
+    b16 = 4.0 if raw == "fp32" else 2.0
+    method = str(q.get("quant_method", "")).lower().replace("_", "-")
+    if method == "bitsandbytes" or q.get("load_in_4bit") or q.get("load_in_8bit"):
+        if q.get("load_in_4bit") or q.get("_load_in_4bit"):
+            double = bool(q.get("bnb_4bit_use_double_quant"))
+            scale = 1.0 / 64 + 4.0 / (64 * 256) if double else 4.0 / 64
+            return QuantLayout("bitsandbytes", "int4", "bf16", 4, 64, scale, 0.0, 0.0, b16)
+        return QuantLayout("bitsandbytes", "int8", "int8", 8, 0, 0.0, 0.0, 0.0, b16)
+    if method in ("gptq", "awq"):
+        bits = float(q.get("bits") or q.get("w_bit") or 4)
+        group = int(_get(q, "group_size", "q_group_size", default=128))
+        group = max(group, 0)  # -1 = per output channel
+        scale = 2.0 / group if group else 0.0
+        has_zero = method == "gptq" or bool(q.get("zero_point", True))
+        zero = bits / 8 / group if group and has_zero else 0.0
+        index = 4.0 if method == "gptq" else 0.0
+        return QuantLayout(method, _bits_dtype(bits), "bf16", bits, group, scale, zero, index, b16)
+    if method in ("fp8", "fbgemm-fp8", "finegrained-fp8"):
+        block = q.get("weight_block_size")
+        scale = 4.0 / (int(block[0]) * int(block[1])) if block else 0.0
+        group = int(block[0]) * int(block[1]) if block else 0
+        return QuantLayout("fp8", "fp8", "fp8", 8, group, scale, 0.0, 0.0, b16)
+    if method == "compressed-tensors":
+        groups = q.get("config_groups") or {}
+        first: dict[str, Any] = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
+        w = first.get("weights") or {}
+        acts = first.get("input_activations")
+        bits = float(w.get("num_bits", 8))
+        kind = str(w.get("type", "int"))
+        strategy = str(w.get("strategy", "channel"))
+        group = int(w.get("group_size") or 0) if strategy == "group" else 0
+        if strategy == "block" and w.get("block_structure"):
+            bs = w["block_structure"]
+            group = int(bs[0]) * int(bs[1])
+        scale = b16 / group if group else 0.0
+        zero = bits / 8 / group if group and not w.get("symmetric", True) else 0.0
+        index = 4.0 if w.get("actorder") else 0.0
+        wd = _bits_dtype(bits, kind)
+        compute = wd if acts and int(acts.get("num_bits", 16)) <= 8 else "bf16"
+        return QuantLayout("compressed-tensors", wd, compute, bits, group, scale, zero, index, b16)
+    raise UsageError(
+        f"quantization_config quant_method {method or '(none)'!r} is not one perfscope can "
+        "count (gptq, awq, bitsandbytes, fp8, compressed-tensors): give --weight-dtype to "
+        "describe the weights instead"
+    )
+
+
 def _dtypes_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
     raw = _get(cfg, "torch_dtype", "dtype", default="bfloat16")
     w = normalize_dtype(str(raw))
     if w not in DTYPE_BYTES:
         w = "bf16"
-    group: int | None = None
-    q = cfg.get("quantization_config")
-    if isinstance(q, dict):
-        method = str(q.get("quant_method", "")).lower()
-        bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
-        if q.get("load_in_4bit") or bits == 4:
-            w = "int4"
-            default_group = 64 if method == "bitsandbytes" else 128
-            group = int(q.get("group_size") or q.get("q_group_size") or default_group)
-        elif q.get("load_in_8bit") or bits == 8:
-            w = "fp8" if "fp8" in method else "int8"
-        elif "fp8" in method:
-            w = "fp8"
-    act = compute_dtype_for(w)
+    layout = quant_layout(cfg)
+    act = compute_dtype_for(w) if layout is None else layout.compute_dtype
     act_bytes = max(DTYPE_BYTES[act], 2.0) if act != "fp32" else 4.0
-    return {
+    out: dict[str, Any] = {
         "weight_dtype": w,
-        "weight_bytes_per_param": weight_bytes_per_param(w, group_size=group),
+        "weight_bytes_per_param": DTYPE_BYTES[w],
         "act_dtype": act,
         "act_bytes_per_element": act_bytes,
-        "kv_dtype": act if act != "fp8" else "bf16",
-        "kv_bytes_per_element": max(DTYPE_BYTES[act], 2.0) if act != "fp32" else 4.0,
+        "kv_dtype": act if act not in ("fp8", "int8") else "bf16",
+        "kv_bytes_per_element": act_bytes if act not in ("fp8", "int8") else 2.0,
+    }
+    if layout is not None:
+        out.update(
+            weight_dtype=layout.weight_dtype,
+            weight_bytes_per_param=layout.bits / 8 + layout.scale_bytes_per_param,
+            quant_method=layout.method,
+            quant_group_size=layout.group_size,
+            quant_zero_bytes_per_param=layout.zero_bytes_per_param,
+            quant_index_bytes_per_input=layout.index_bytes_per_input,
+            unquantized_bytes_per_param=layout.unquantized_bytes_per_param,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- families
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one HF decoder family's ``config.json`` maps onto :class:`ModelSpec` fields.
+
+    Attributes:
+        key: family name.
+        model_types: ``model_type`` values of the family.
+        architectures: HF class names that identify it when ``model_type`` is unknown.
+        reader: ``llama`` (the shared HF key set) or ``gpt2``/``gpt_neox``/``opt`` (own keys).
+        qkv_bias: Q/K/V biases: ``True``/``False``, or the config key that says so.
+        o_bias: output-projection bias: ``True``/``False``, or the config key.
+        mlp_bias: MLP biases: ``True``/``False``, or the config key.
+        mlp_gated: three-matrix gated MLP.
+        norm_bias: LayerNorm with bias.
+        norms_per_layer: norm modules per block.
+        qk_norm: per-head q/k RMSNorm.
+        tied_default: ``tie_word_embeddings`` when the config omits it.
+        kv_default: ``num_key_value_heads`` when omitted (``None``: ``n_heads``).
+        windows: which layers slide when the config lists no ``layer_types``: ``none``,
+            ``all`` (every layer, Mistral), ``from_max`` (layers ``i >= max_window_layers``,
+            Qwen2/3), ``alternate_below_max`` (odd-numbered ``i < max_window_layers``,
+            Qwen2-MoE), ``pattern`` (all but every ``sliding_window_pattern``-th, Gemma-2/3).
+        window_pattern: default ``sliding_window_pattern``.
+        window_default: default ``sliding_window`` for ``pattern`` families.
+        window_flag: config key that must be true for the window to apply (Qwen).
+        moe: ``none``, ``mixtral`` (``num_local_experts``, ``intermediate_size`` per expert),
+            ``qwen`` (``num_experts``, ``moe_intermediate_size``, optional shared expert,
+            ``mlp_only_layers``/``decoder_sparse_step``) or ``deepseek`` (``n_routed_experts``,
+            ``n_shared_experts``, ``first_k_dense_replace``).
+        mla: multi-head latent attention keys (``kv_lora_rank``, ...).
+    """
+
+    key: str
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...] = ()
+    reader: str = "llama"
+    qkv_bias: bool | str = "attention_bias"
+    o_bias: bool | str = "attention_bias"
+    mlp_bias: bool | str = "mlp_bias"
+    mlp_gated: bool = True
+    norm_bias: bool = False
+    norms_per_layer: int = 2
+    qk_norm: bool = False
+    tied_default: bool = False
+    kv_default: int | None = None
+    windows: str = "none"
+    window_pattern: int = 0
+    window_default: int = 0
+    window_flag: str = ""
+    moe: str = "none"
+    mla: bool = False
+
+
+#: Every family perfscope counts. A config whose ``model_type`` is none of these is read
+#: only when its ``architectures`` name a family's class; otherwise it is refused.
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", ("llama",), ("LlamaForCausalLM",)),
+    Family("granite", ("granite",), ("GraniteForCausalLM",)),
+    Family("mistral", ("mistral",), ("MistralForCausalLM",), kv_default=8, windows="all"),
+    Family(
+        "mixtral",
+        ("mixtral",),
+        ("MixtralForCausalLM",),
+        kv_default=8,
+        windows="all",
+        moe="mixtral",
+    ),
+    Family(
+        "qwen2",
+        ("qwen2",),
+        ("Qwen2ForCausalLM",),
+        qkv_bias=True,
+        o_bias=False,
+        windows="from_max",
+        window_flag="use_sliding_window",
+    ),
+    Family(
+        "qwen2_moe",
+        ("qwen2_moe",),
+        ("Qwen2MoeForCausalLM",),
+        qkv_bias="qkv_bias",
+        o_bias=False,
+        windows="alternate_below_max",
+        window_flag="use_sliding_window",
+        moe="qwen",
+    ),
+    Family(
+        "qwen3",
+        ("qwen3",),
+        ("Qwen3ForCausalLM",),
+        qk_norm=True,
+        windows="from_max",
+        window_flag="use_sliding_window",
+    ),
+    Family(
+        "qwen3_moe",
+        ("qwen3_moe",),
+        ("Qwen3MoeForCausalLM",),
+        qk_norm=True,
+        windows="from_max",
+        window_flag="use_sliding_window",
+        moe="qwen",
+    ),
+    Family("gemma", ("gemma",), ("GemmaForCausalLM",), tied_default=True),
+    Family(
+        "gemma2",
+        ("gemma2",),
+        ("Gemma2ForCausalLM",),
+        tied_default=True,
+        norms_per_layer=4,
+        windows="pattern",
+        window_pattern=2,
+        window_default=4096,
+    ),
+    Family(
+        "gemma3",
+        ("gemma3_text",),
+        ("Gemma3ForCausalLM",),
+        tied_default=True,
+        norms_per_layer=4,
+        qk_norm=True,
+        windows="pattern",
+        window_pattern=6,
+        window_default=4096,
+    ),
+    Family("phi3", ("phi3",), ("Phi3ForCausalLM",), windows="all"),
+    Family(
+        "starcoder2",
+        ("starcoder2",),
+        ("Starcoder2ForCausalLM",),
+        qkv_bias="use_bias",
+        o_bias="use_bias",
+        mlp_bias="use_bias",
+        mlp_gated=False,
+        norm_bias=True,
+        tied_default=True,
+        windows="all",
+    ),
+    Family(
+        "deepseek",
+        ("deepseek_v2", "deepseek_v3", "kimi_k2"),
+        ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
+        moe="deepseek",
+        mla=True,
+    ),
+    Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
+    Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
+    Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
+)
+
+_BY_TYPE = {mt: f for f in FAMILIES for mt in f.model_types}
+_BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
+_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def family_for(cfg: dict[str, Any]) -> Family:
+    """The :class:`Family` row of a config: by ``model_type``, else by ``architectures``.
+
+    Raises:
+        UsageError: neither names a known family; the message says what is missing.
+    """
+    mt = str(cfg.get("model_type", "")).lower()
+    fam = _BY_TYPE.get(mt)
+    if fam is not None:
+        return fam
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    for a in archs:
+        if a in _BY_ARCH:
+            return _BY_ARCH[a]
+    missing = [k for k in _SHAPE_KEYS if k not in cfg]
+    known = ", ".join(sorted(_BY_TYPE))
+    why = f"model_type {mt!r}" if mt else "a config without model_type"
+    arch_text = (
+        f"its architectures {archs} name none either" if archs else "it lists no architectures"
+    )
+    more = f"; the config also lacks {', '.join(missing)}" if missing else ""
+    raise UsageError(
+        f"{why} is not a decoder family perfscope can count (known: {known}) and {arch_text}"
+        f'{more}. If it is a Llama-shaped decoder, set "model_type": "llama" in a copy '
+        "of config.json, or describe it with --layers/--hidden-size/--heads/"
+        "--intermediate-size/--vocab-size"
+    )
+
+
+def _flag(cfg: dict[str, Any], rule: bool | str, default: bool = False) -> bool:
+    if isinstance(rule, bool):
+        return rule
+    return bool(_get(cfg, rule, default=default))
+
+
+_LAYER_TYPE_KINDS = {
+    "full_attention": "full",
+    "sliding_attention": "sliding",
+    "chunked_attention": "chunked",
+}
+
+
+def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int, ...]:
+    """Per-layer span (0 full, w sliding, -c chunked) or ``()`` when every layer is full."""
+    window = int(_get(cfg, "sliding_window", default=fam.window_default) or 0)
+    if fam.window_flag and not cfg.get(fam.window_flag):
+        window = 0
+    chunk = int(_get(cfg, "attention_chunk_size", default=0) or 0)
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        if len(types) != n_layers:
+            raise UsageError(f"config layer_types has {len(types)} entries for {n_layers} layers")
+        out = []
+        for t in types:
+            kind = _LAYER_TYPE_KINDS.get(str(t))
+            if kind is None:
+                raise UsageError(
+                    f"config layer_types has {t!r}: perfscope counts only "
+                    f"{', '.join(_LAYER_TYPE_KINDS)}"
+                )
+            if kind == "sliding" and window <= 0:
+                window = int(_get(cfg, "sliding_window", default=fam.window_default) or 0)
+                if window <= 0:
+                    raise UsageError(
+                        "config layer_types lists sliding_attention but no sliding_window"
+                    )
+            if kind == "chunked" and chunk <= 0:
+                raise UsageError(
+                    "config layer_types lists chunked_attention but no attention_chunk_size"
+                )
+            out.append(window if kind == "sliding" else (-chunk if kind == "chunked" else 0))
+        return tuple(out) if any(out) else ()
+    if window <= 0 or fam.windows == "none":
+        return ()
+    max_w = int(_get(cfg, "max_window_layers", default=28))
+    if fam.windows == "all":
+        slides = [True] * n_layers
+    elif fam.windows == "from_max":
+        slides = [i >= max_w for i in range(n_layers)]
+    elif fam.windows == "alternate_below_max":
+        slides = [bool((i + 1) % 2) and i < max_w for i in range(n_layers)]
+    else:  # pattern
+        pattern = int(
+            _get(
+                cfg, "sliding_window_pattern", "_sliding_window_pattern", default=fam.window_pattern
+            )
+        )
+        slides = [bool((i + 1) % pattern) for i in range(n_layers)]
+    spans = tuple(window if s else 0 for s in slides)
+    return spans if any(spans) else ()
+
+
+def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, Any]:
+    if fam.moe == "none":
+        return {}
+    if fam.moe == "mixtral":
+        e = int(_get(cfg, "num_local_experts", default=8))
+        return {
+            "n_experts": e,
+            "n_active_experts": int(_get(cfg, "num_experts_per_tok", default=2)),
+        }
+    if fam.moe == "qwen":
+        e = int(_get(cfg, "num_experts", default=0))
+        if not e:
+            return {}
+        step = int(_get(cfg, "decoder_sparse_step", default=1))
+        only = {int(i) for i in cfg.get("mlp_only_layers") or []}
+        dense = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
+        shared = int(_get(cfg, "shared_expert_intermediate_size", default=0))
+        return {
+            "n_experts": e,
+            "n_active_experts": int(_get(cfg, "num_experts_per_tok", default=2)),
+            "intermediate_size": _require(cfg, "moe_intermediate_size"),
+            "shared_expert_intermediate_size": shared,
+            "shared_expert_gate": shared > 0,
+            "dense_layers": dense,
+            "dense_intermediate_size": int(_get(cfg, "intermediate_size", default=0)),
+        }
+    e = int(_get(cfg, "n_routed_experts", default=0))
+    if not e:
+        return {}
+    moe_f = _require(cfg, "moe_intermediate_size")
+    first = int(_get(cfg, "first_k_dense_replace", default=0))
+    return {
+        "n_experts": e,
+        "n_active_experts": int(_get(cfg, "num_experts_per_tok", default=2)),
+        "intermediate_size": moe_f,
+        "shared_expert_intermediate_size": moe_f * int(_get(cfg, "n_shared_experts", default=0)),
+        "dense_layers": tuple(range(min(first, n_layers))),
+        "dense_intermediate_size": _require(cfg, "intermediate_size"),
     }
 
 
 def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
-    mt = str(cfg.get("model_type", "")).lower()
     # Multimodal wrappers (Gemma-3, Mistral-3) nest the decoder under text_config.
     text = cfg.get("text_config")
     if isinstance(text, dict) and "num_hidden_layers" not in cfg:
@@ -370,143 +903,145 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         for k in ("torch_dtype", "dtype", "quantization_config"):
             if k in cfg and k not in merged:
                 merged[k] = cfg[k]
+        if "model_type" not in merged and cfg.get("model_type"):
+            merged["model_type"] = f"{cfg['model_type']}_text"
         return _spec_from_config(merged, name)
 
+    fam = family_for(cfg)
     f: dict[str, Any] = {"name": name, **_dtypes_from_config(cfg)}
+    if fam.reader == "gpt2":
+        return _gpt2(cfg, f)
+    if fam.reader == "gpt_neox":
+        return _gpt_neox(cfg, f)
+    if fam.reader == "opt":
+        return _opt(cfg, f)
 
-    if mt == "gpt2":
-        d = _require(cfg, "n_embd", "hidden_size")
-        h = _require(cfg, "n_head", "num_attention_heads")
-        f.update(
-            n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
-            hidden_size=d,
-            n_heads=h,
-            n_kv_heads=h,
-            head_dim=d // h,
-            intermediate_size=int(_get(cfg, "n_inner", default=4 * d)),
-            vocab_size=int(_get(cfg, "vocab_size", default=50257)),
-            mlp_gated=False,
-            tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=True)),
-            qkv_bias=True,
-            o_bias=True,
-            mlp_bias=True,
-            norm_bias=True,
-            pos_embeddings=int(_get(cfg, "n_positions", "max_position_embeddings", default=1024)),
-            max_position_embeddings=int(
-                _get(cfg, "n_positions", "max_position_embeddings", default=1024)
-            ),
-        )
-        return ModelSpec(**f)
-
-    if mt == "gpt_neox":
-        d = _require(cfg, "hidden_size")
-        h = _require(cfg, "num_attention_heads")
-        bias = bool(_get(cfg, "attention_bias", default=True))
-        f.update(
-            n_layers=_require(cfg, "num_hidden_layers"),
-            hidden_size=d,
-            n_heads=h,
-            n_kv_heads=h,
-            head_dim=d // h,
-            intermediate_size=int(_get(cfg, "intermediate_size", default=4 * d)),
-            vocab_size=_require(cfg, "vocab_size"),
-            mlp_gated=False,
-            tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=False)),
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=True,
-            norm_bias=True,
-            max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=2048)),
-        )
-        return ModelSpec(**f)
-
-    if mt == "opt":
-        d = _require(cfg, "hidden_size")
-        h = _require(cfg, "num_attention_heads")
-        bias = bool(_get(cfg, "enable_bias", default=True))
-        affine = bool(_get(cfg, "layer_norm_elementwise_affine", default=True))
-        proj = int(_get(cfg, "word_embed_proj_dim", default=d))
-        v = _require(cfg, "vocab_size")
-        final = bool(_get(cfg, "do_layer_norm_before", default=True)) and not bool(
-            cfg.get("_remove_final_layer_norm", False)
-        )
-        max_pos = int(_get(cfg, "max_position_embeddings", default=2048))
-        # OPT-350m projects a narrower embedding in and out; those two matrices and the
-        # narrower table are counted here but not modelled as per-step work.
-        extra = 0 if proj == d else (2 * d * proj + v * (proj - d))
-        if not affine:
-            extra -= 2 * (2 * d) * _require(cfg, "num_hidden_layers") + (2 * d if final else 0)
-        f.update(
-            n_layers=_require(cfg, "num_hidden_layers"),
-            hidden_size=d,
-            n_heads=h,
-            n_kv_heads=h,
-            head_dim=d // h,
-            intermediate_size=int(_get(cfg, "ffn_dim", default=4 * d)),
-            vocab_size=v,
-            mlp_gated=False,
-            tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=True)),
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=bias,
-            norm_bias=True,
-            final_norm=final,
-            pos_embeddings=max_pos + 2,  # OPT's learned table has a fixed offset of 2
-            max_position_embeddings=max_pos,
-            extra_params=extra,
-        )
-        return ModelSpec(**f)
-
-    # Llama family and everything with the same keys.
-    d = _require(cfg, "hidden_size", "n_embd", "d_model")
-    h = _require(cfg, "num_attention_heads", "n_head")
-    kv_default = 8 if mt in ("mistral", "mixtral") else h
-    kv = int(_get(cfg, "num_key_value_heads", default=kv_default))
+    d = _require(cfg, "hidden_size")
+    h = _require(cfg, "num_attention_heads")
+    n_layers = _require(cfg, "num_hidden_layers")
+    kv = int(_get(cfg, "num_key_value_heads", default=fam.kv_default or h))
     head_dim = int(_get(cfg, "head_dim", default=d // h))
-    n_experts = int(_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0))
-    active = int(_get(cfg, "num_experts_per_tok", "moe_topk", default=2 if n_experts else 0))
-    inter = _get(cfg, "moe_intermediate_size") if n_experts and mt != "mixtral" else None
-    if inter is None:
-        inter = _require(cfg, "intermediate_size", "n_inner", "ffn_dim")
-    tie_default = mt in ("gemma", "gemma2", "gemma3_text")
-    attn_bias = bool(_get(cfg, "attention_bias", default=False))
-    qkv_bias = attn_bias
-    o_bias = attn_bias
-    if mt == "qwen2":
-        qkv_bias, o_bias = True, False
     f.update(
-        n_layers=_require(cfg, "num_hidden_layers", "n_layer", "num_layers"),
+        n_layers=n_layers,
         hidden_size=d,
         n_heads=h,
         n_kv_heads=kv,
         head_dim=head_dim,
-        intermediate_size=int(inter),
+        intermediate_size=_require(cfg, "intermediate_size"),
         vocab_size=_require(cfg, "vocab_size"),
-        mlp_gated=True,
-        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=tie_default)),
-        n_experts=n_experts,
-        n_active_experts=active if n_experts else 0,
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
-        mlp_bias=bool(_get(cfg, "mlp_bias", default=False)),
-        norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
-        qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text"),
+        mlp_gated=fam.mlp_gated,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=fam.tied_default)),
+        qkv_bias=_flag(cfg, fam.qkv_bias, default=fam.qkv_bias == "qkv_bias"),
+        o_bias=_flag(cfg, fam.o_bias),
+        mlp_bias=_flag(cfg, fam.mlp_bias),
+        norm_bias=fam.norm_bias,
+        norms_per_layer=fam.norms_per_layer,
+        qk_norm=fam.qk_norm,
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0)),
-        sliding_window=_sliding_window(cfg, mt),
+        layer_windows=_layer_windows(cfg, fam, n_layers),
+    )
+    f.update(_moe_fields(cfg, fam, n_layers))
+    if fam.mla:
+        rope = _require(cfg, "qk_rope_head_dim")
+        nope = _require(cfg, "qk_nope_head_dim")
+        f.update(
+            n_kv_heads=h,
+            head_dim=rope + nope,
+            kv_lora_rank=_require(cfg, "kv_lora_rank"),
+            q_lora_rank=int(_get(cfg, "q_lora_rank", default=0) or 0),
+            qk_rope_head_dim=rope,
+            v_head_dim=_require(cfg, "v_head_dim"),
+        )
+    # A uniform window is stored the old way, so older readers see it too.
+    windows = f["layer_windows"]
+    if windows and len(set(windows)) == 1 and windows[0] > 0:
+        f.update(sliding_window=windows[0], layer_windows=())
+    return ModelSpec(**f)
+
+
+def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    d = _require(cfg, "n_embd", "hidden_size")
+    h = _require(cfg, "n_head", "num_attention_heads")
+    n_pos = int(_get(cfg, "n_positions", "max_position_embeddings", default=1024))
+    f.update(
+        n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=h,
+        head_dim=d // h,
+        intermediate_size=int(_get(cfg, "n_inner", default=4 * d)),
+        vocab_size=int(_get(cfg, "vocab_size", default=50257)),
+        mlp_gated=False,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=True)),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        norm_bias=True,
+        pos_embeddings=n_pos,
+        max_position_embeddings=n_pos,
     )
     return ModelSpec(**f)
 
 
-def _sliding_window(cfg: dict[str, Any], mt: str) -> int:
-    window = cfg.get("sliding_window")
-    if not window:
-        return 0
-    if mt in ("mistral", "mixtral", "phi3"):
-        return int(window)
-    if mt in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
-        # Qwen2 applies the window only from layer max_window_layers on; modelled as all.
-        return int(window)
-    return 0
+def _gpt_neox(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    d = _require(cfg, "hidden_size")
+    h = _require(cfg, "num_attention_heads")
+    bias = bool(_get(cfg, "attention_bias", default=True))
+    f.update(
+        n_layers=_require(cfg, "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=h,
+        head_dim=d // h,
+        intermediate_size=int(_get(cfg, "intermediate_size", default=4 * d)),
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=False,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=False)),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=True,
+        norm_bias=True,
+        max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=2048)),
+    )
+    return ModelSpec(**f)
+
+
+def _opt(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    d = _require(cfg, "hidden_size")
+    h = _require(cfg, "num_attention_heads")
+    bias = bool(_get(cfg, "enable_bias", default=True))
+    affine = bool(_get(cfg, "layer_norm_elementwise_affine", default=True))
+    proj = int(_get(cfg, "word_embed_proj_dim", default=d))
+    v = _require(cfg, "vocab_size")
+    final = bool(_get(cfg, "do_layer_norm_before", default=True)) and not bool(
+        cfg.get("_remove_final_layer_norm", False)
+    )
+    max_pos = int(_get(cfg, "max_position_embeddings", default=2048))
+    # OPT-350m projects a narrower embedding in and out; those two matrices and the
+    # narrower table are counted here but not modelled as per-step work.
+    extra = 0 if proj == d else (2 * d * proj + v * (proj - d))
+    if not affine:
+        extra -= 2 * (2 * d) * _require(cfg, "num_hidden_layers") + (2 * d if final else 0)
+    f.update(
+        n_layers=_require(cfg, "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=h,
+        head_dim=d // h,
+        intermediate_size=int(_get(cfg, "ffn_dim", default=4 * d)),
+        vocab_size=v,
+        mlp_gated=False,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=True)),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=bias,
+        norm_bias=True,
+        final_norm=final,
+        pos_embeddings=max_pos + 2,  # OPT's learned table has a fixed offset of 2
+        max_position_embeddings=max_pos,
+        extra_params=extra,
+    )
+    return ModelSpec(**f)
 
 
 # ---------------------------------------------------------------------- presets
@@ -605,6 +1140,61 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     },
+    "gemma-2-9b": {
+        "model_type": "gemma2",
+        "hidden_size": 3584,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 42,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 256,
+        "vocab_size": 256000,
+        "sliding_window": 4096,
+        "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16",
+    },
+    "qwen1.5-moe-a2.7b": {
+        "model_type": "qwen2_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "decoder_sparse_step": 1,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 151936,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    "deepseek-v3": {
+        # The release ships FP8 block-quantised weights; the preset is the bf16 view
+        # (--weight-dtype fp8 for the release's storage).
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "n_group": 8,
+        "topk_group": 4,
+        "vocab_size": 129280,
+        "max_position_embeddings": 163840,
+        "torch_dtype": "bfloat16",
+    },
     "gpt2": {
         "model_type": "gpt2",
         "n_embd": 768,
@@ -629,6 +1219,9 @@ _PRESET_ALIASES = {
     "llama-3.1-70b": "llama-3-70b",
     "mistral-7b-v0.1": "mistral-7b",
     "qwen2.5-7b-instruct": "qwen2.5-7b",
+    "gemma2-9b": "gemma-2-9b",
+    "qwen1.5-moe": "qwen1.5-moe-a2.7b",
+    "deepseek-v3-base": "deepseek-v3",
 }
 
 

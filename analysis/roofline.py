@@ -1,4 +1,4 @@
-"""Roofline per phase, verdicts with their evidence, and the rich table (DESIGN.md §6).
+"""Roofline per phase and verdicts with their evidence (DESIGN.md §6).
 
 For each phase (prefill, decode, and mixed when an engine runs chunked prefill) the stored
 steps give FLOPs and bytes through the cost model and the time they took; against the
@@ -30,12 +30,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis.catalogue import format_ratio, format_seconds, format_si
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-
     from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
@@ -45,7 +44,6 @@ __all__ = [
     "memory_ceiling",
     "phase_roofline",
     "roofline_section",
-    "roofline_table",
     "verdict_for",
 ]
 
@@ -88,35 +86,10 @@ def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------- formatting
 
 
-def fmt_pct(x: float | None) -> str:
-    """``0.4213`` → ``"42%"``; small fractions keep two significant digits."""
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    p = 100.0 * x
-    if p >= 10:
-        return f"{p:.0f}%"
-    if p >= 1:
-        return f"{p:.1f}%"
-    return f"{p:.2g}%"
-
-
-def _fmt_time(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "n/a"
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} µs"
-
-
-def _fmt_si(x: float | None, unit: str) -> str:
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
+#: Display formatters of the evidence sentences: the catalogue's (one set for perfscope).
+fmt_pct = format_ratio
+_fmt_time = format_seconds
+_fmt_si = format_si
 
 
 # ---------------------------------------------------------------------- verdicts
@@ -611,77 +584,3 @@ def roofline_section(
         assert steps is not None
         base["latency"].update(_interference(steps, requests))
     return base
-
-
-# ---------------------------------------------------------------------- rich output
-
-
-def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
-    """The roofline section of ``perfscope run``/``show``: a table plus the evidence lines."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    r = summary_roofline
-    if not r.get("available"):
-        return Text(f"roofline: not available ({r.get('reason') or 'no data'})", style="dim")
-    c = r["ceilings"] or {}
-    dev = r["device"] or {}
-    title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
-    if r.get("estimated"):
-        title += " (estimated from the request timeline)"
-    table = Table(title=title, title_justify="left")
-    for col, just in (
-        ("phase", "left"),
-        ("steps", "right"),
-        ("time", "right"),
-        ("FLOPs", "right"),
-        ("bytes", "right"),
-        ("intensity / ridge", "right"),
-        ("MFU", "right"),
-        ("MBU", "right"),
-        ("achieved", "right"),
-        ("efficiency", "right"),
-        ("verdict", "left"),
-    ):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
-    styles = {"compute-bound": "green", "memory-bound": "cyan", "overhead-bound": "yellow"}
-    for phase, p in r["phases"].items():
-        ridge = p.get("ridge_point")
-        inten = f"{p['intensity']:.3g} / {ridge:.3g}" if ridge else f"{p['intensity']:.3g} / n/a"
-        if p.get("memory_level") == "cache":
-            inten += " (cache)"
-        mbu = fmt_pct(p["mbu"]) + (" (cache)" if p.get("memory_level") == "cache" else "")
-        achieved = (
-            f"{_fmt_si(p['achieved_flops_s'], 'FLOP/s')}, {_fmt_si(p['achieved_bytes_s'], 'B/s')}"
-        )
-        name = phase + (" (est.)" if p.get("estimated") else "")
-        table.add_row(
-            name,
-            str(p["steps"]),
-            _fmt_time(p["time_s"]),
-            _fmt_si(p["flops"], ""),
-            _fmt_si(p["bytes"], "B"),
-            inten,
-            fmt_pct(p["mfu"]),
-            mbu,
-            achieved,
-            fmt_pct(p["efficiency"]),
-            Text(p["verdict"], style=styles.get(p["verdict"], "")),
-        )
-    src = c.get("source", "?")
-    ceil = Text(
-        f"ceilings ({src}): {_fmt_si(c.get('peak_flops'), 'FLOP/s')} {c.get('dtype')}, "
-        f"{_fmt_si(c.get('mem_bw_bytes_s'), 'B/s')} DRAM"
-        + (
-            f", {_fmt_si(c.get('cache_bw_bytes_s'), 'B/s')} cache "
-            f"({_fmt_si(c.get('cache_bytes'), 'B')})"
-            if c.get("cache_bw_bytes_s")
-            else ""
-        )
-        + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
-        f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
-        style="dim",
-    )
-    lines = [Text(f"• {p['evidence']}") for p in r["phases"].values()]
-    return Group(table, ceil, *lines)

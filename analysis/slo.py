@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
-from perfscope.errors import SLOError
+from perfscope.analysis import catalogue
+from perfscope.errors import SLOError, UsageError
 
 __all__ = ["SLO_METRICS", "format_duration", "parse_duration", "parse_slos"]
 
 #: Per-request metrics an SLO can bound (each in seconds).
 SLO_METRICS = ("ttft", "tpot", "e2e", "ntpot")
 
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*$")
-
 
 def parse_duration(text: str) -> float:
     """``"200ms"`` → 0.2 (seconds). A unit (ns, us, ms, s) is required."""
-    m = _DURATION.match(text)
-    if not m:
-        raise SLOError(
-            f"cannot read duration {text!r}: write a number with a unit, e.g. 200ms, 1.5s, 800us"
-        )
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return catalogue.parse_duration(text)
+    except UsageError as exc:
+        raise SLOError(str(exc)) from None
 
 
 def parse_slos(items: Iterable[str]) -> dict[str, float]:
@@ -53,10 +48,4 @@ def parse_slos(items: Iterable[str]) -> dict[str, float]:
 
 def format_duration(seconds: float) -> str:
     """Short human form: ``0.2`` → ``"200ms"``."""
-    if seconds >= 1:
-        return f"{seconds:g}s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:g}ms"
-    if seconds >= 1e-6:
-        return f"{seconds * 1e6:g}us"
-    return f"{seconds * 1e9:g}ns"
+    return catalogue.format_duration_short(seconds)

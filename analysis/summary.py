@@ -1,21 +1,560 @@
-"""summary.json: everything derived from a stored run, in one JSON-ready dict.
+"""The summary of a run as typed, frozen records, and how it is built.
 
-``build_summary`` is a pure function of the run's records, its manifest and the analysis
-inputs (SLOs, hardware), so ``perfscope analyze`` reproduces a run's numbers exactly and can
-re-derive them with other SLOs or another device.
+:class:`Summary` is what the analysis stage (:func:`perfscope.analysis.analyze`) returns and
+what every consumer reads: the CLI tables, the HTML report, the dashboard, comparisons,
+baselines. Its JSON form, ``summary.json``, has schema ``perfscope.summary/2``; it keeps the
+key layout of ``perfscope.summary/1`` (perfscope 0.1.0), so :meth:`Summary.from_dict` reads
+both, and unknown keys survive a load/save round trip (``Record.extra``).
+
+Sections that may be missing say so explicitly: :class:`Roofline` and :class:`Energy` carry
+``available`` and ``reason``; :class:`Hardware` has ``spec`` ``None`` with a ``reason``;
+``advice`` and ``projections`` are empty tuples when there is nothing to say. All values are in
+SI units (seconds, bytes, FLOP, J, W, per-second rates, fractions 0..1).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
+from perfscope.analysis._record import Record
 from perfscope.analysis.metrics import compute_metrics
+from perfscope.hwdb.spec import DeviceSpec
 
-__all__ = ["SUMMARY_SCHEMA", "build_summary", "run_warnings", "step_breakdown"]
+__all__ = [
+    "SUMMARY_SCHEMA",
+    "SUMMARY_SCHEMAS",
+    "Advice",
+    "Counts",
+    "Distribution",
+    "Energy",
+    "EnergyPhase",
+    "EnergyPower",
+    "EngineInfo",
+    "ErrorCount",
+    "Gain",
+    "Goodput",
+    "Hardware",
+    "Latency",
+    "MemoryUse",
+    "PhaseRoofline",
+    "Projection",
+    "Record",
+    "Roofline",
+    "RooflineCeilings",
+    "RooflineLatency",
+    "StepStats",
+    "Summary",
+    "Throughput",
+    "build_summary",
+    "run_warnings",
+    "step_breakdown",
+]
 
-SUMMARY_SCHEMA = "perfscope.summary/1"
+SUMMARY_SCHEMA = "perfscope.summary/2"
+#: Schemas :meth:`Summary.from_dict` reads (``/1``: perfscope 0.1.0, same key layout).
+SUMMARY_SCHEMAS = ("perfscope.summary/1", SUMMARY_SCHEMA)
+
+_ABSENT = "not in this summary (written by an older perfscope, or the analysis did not run)"
+
+
+# ---------------------------------------------------------------------- run and workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineInfo(Record):
+    """The engine a run measured: ``uri`` as given, ``kind`` (reference, hf, openai, ...),
+    ``device`` (``cpu``, ``cuda:0``, ...) and weight ``dtype``."""
+
+    uri: str | None = None
+    kind: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counts(Record):
+    """Measured requests (warmup excluded): all, completed, failed; warmup requests; tokens
+    of the completed requests."""
+
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    warmup: int = 0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Distribution(Record):
+    """Statistics of one per-request (or per-gap) quantity, in its unit (seconds for
+    latencies). All but ``count`` are ``None`` when there were no values."""
+
+    count: int = 0
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Latency(Record):
+    """Latency distributions of the completed measured requests, seconds.
+
+    ``ttft``: send → first token; ``tpot``: (last − first token) / (tokens − 1); ``itl``:
+    gaps between chunks; ``itl_per_token``: each gap over its chunk's tokens; ``e2e``: send →
+    last token; ``ntpot``: e2e / output tokens.
+    """
+
+    ttft: Distribution = field(default_factory=Distribution)
+    tpot: Distribution = field(default_factory=Distribution)
+    itl: Distribution = field(default_factory=Distribution)
+    itl_per_token: Distribution = field(default_factory=Distribution)
+    e2e: Distribution = field(default_factory=Distribution)
+    ntpot: Distribution = field(default_factory=Distribution)
+
+    def metrics(self) -> dict[str, Distribution]:
+        """Metric name → distribution, in display order."""
+        return {
+            "ttft": self.ttft,
+            "tpot": self.tpot,
+            "itl": self.itl,
+            "itl_per_token": self.itl_per_token,
+            "e2e": self.e2e,
+            "ntpot": self.ntpot,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput(Record):
+    """Rates over the measured window (tokens/s, requests/s) and over the busy time.
+
+    ``busy_s`` is the time the engine was working (union of step or request intervals, named
+    by ``busy_source``); ``busy_tok_s`` output tokens per busy second.
+    """
+
+    output_tok_s: float | None = None
+    total_tok_s: float | None = None
+    req_s: float | None = None
+    busy_s: float | None = None
+    busy_tok_s: float | None = None
+    busy_source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goodput(Record):
+    """Requests that met every SLO: ``slos`` (metric → limit, seconds), their count,
+    ``attainment`` (share of measured requests, 0..1), ``goodput_req_s`` and the share meeting
+    each SLO alone (``per_slo``)."""
+
+    slos: dict[str, float] = field(default_factory=dict)
+    good_requests: int = 0
+    attainment: float | None = None
+    goodput_req_s: float | None = None
+    per_slo: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorCount(Record):
+    """One error message and how many measured requests failed with it."""
+
+    error: str = ""
+    count: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepStats(Record):
+    """One step kind (prefill, decode, mixed): passes, time (s), tokens, batch, time share."""
+
+    count: int = 0
+    time_s: float = 0.0
+    time_share: float = 0.0
+    new_tokens: int = 0
+    context_tokens: int = 0
+    mean_batch_size: float | None = None
+    mean_step_s: float | None = None
+
+
+# ---------------------------------------------------------------------- hardware
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware(Record):
+    """The device the run is analysed against: its spec (DeviceSpec JSON form, SI units), how
+    it was chosen (``resolved_from``), or ``spec`` ``None`` and the ``reason``."""
+
+    spec: dict[str, Any] | None = None
+    resolved_from: str | None = None
+    reason: str | None = None
+
+    @property
+    def device(self) -> DeviceSpec | None:
+        """The spec as a :class:`DeviceSpec`, or ``None`` when unknown."""
+        return DeviceSpec.from_dict(self.spec) if self.spec else None
+
+
+# ---------------------------------------------------------------------- roofline
+
+
+@dataclass(frozen=True, kw_only=True)
+class RooflineCeilings(Record):
+    """Ceilings a roofline used: dtype, peak FLOP/s, DRAM and cache bandwidth (bytes/s),
+    cache size (bytes), ridge point (FLOP/byte) and where they came from."""
+
+    dtype: str | None = None
+    peak_flops: float | None = None
+    mem_bw_bytes_s: float | None = None
+    cache_bytes: float | None = None
+    cache_bw_bytes_s: float | None = None
+    ridge_point: float | None = None
+    source: str | None = None
+    memory_level: str | None = None
+    memory_bw_used_bytes_s: float | None = None
+    ridge_point_used: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseRoofline(Record):
+    """One phase (prefill or decode) on the roofline.
+
+    Work: ``flops``, ``bytes`` (FLOP, bytes) and their parts; ``intensity`` (FLOP/byte);
+    ``time_s``; achieved rates (FLOP/s, bytes/s); ``mfu``/``mbu`` (0..1 of the peaks);
+    ``sol_time_s`` (speed-of-light time) and ``efficiency`` (= sol / measured); ``verdict``
+    (compute-, memory- or overhead-bound) with its ``evidence`` sentence; ``energy`` the
+    phase's energy join (JSON object) when telemetry had it.
+    """
+
+    phase: str = ""
+    steps: int = 0
+    tokens: float = 0.0
+    batch_size_mean: float | None = None
+    context_tokens_mean: float | None = None
+    time_s: float | None = None
+    time_per_step_s: float | None = None
+    flops: float | None = None
+    flops_useful: float | None = None
+    flops_attention: float | None = None
+    bytes: float | None = None
+    bytes_weights: float | None = None
+    bytes_kv_read: float | None = None
+    bytes_kv_write: float | None = None
+    bytes_activations: float | None = None
+    intensity: float | None = None
+    ridge_point: float | None = None
+    ridge_point_dram: float | None = None
+    achieved_flops_s: float | None = None
+    achieved_bytes_s: float | None = None
+    mfu: float | None = None
+    mfu_useful: float | None = None
+    mbu: float | None = None
+    mbu_dram: float | None = None
+    sol_time_s: float | None = None
+    efficiency: float | None = None
+    working_set_bytes: float | None = None
+    fits_in_cache: bool | None = None
+    memory_level: str | None = None
+    estimated: bool = False
+    ceilings: RooflineCeilings = field(default_factory=RooflineCeilings)
+    energy: dict[str, Any] | None = None
+    roof: str | None = None
+    verdict: str = ""
+    evidence: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RooflineDevice(Record):
+    """The device of a roofline: database ``key``, display ``name``, ``kind`` (gpu/cpu)."""
+
+    key: str | None = None
+    name: str | None = None
+    kind: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RooflineLatency(Record):
+    """Latency seen through the phases (seconds) and prefill interference with decode."""
+
+    ttft_mean_s: float | None = None
+    tpot_mean_s: float | None = None
+    prefill_step_mean_s: float | None = None
+    decode_step_mean_s: float | None = None
+    decode_stall_share: float | None = None
+    prefill_stall_max_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Roofline(Record):
+    """Roofline per phase against the device's ceilings, or ``available`` false with the
+    ``reason`` (no model spec, no device, no data)."""
+
+    available: bool = False
+    reason: str | None = _ABSENT
+    source: str | None = None
+    estimated: bool = False
+    flops_convention: str | None = None
+    model: str | None = None
+    device: RooflineDevice | None = None
+    ceilings: RooflineCeilings | None = None
+    overhead_threshold: float | None = None
+    phases: dict[str, PhaseRoofline] = field(default_factory=dict)
+    latency: RooflineLatency = field(default_factory=RooflineLatency)
+
+    @property
+    def prefill(self) -> PhaseRoofline:
+        """``phases["prefill"]``; AttributeError with the reason when there is none."""
+        return self._phase("prefill")
+
+    @property
+    def decode(self) -> PhaseRoofline:
+        """``phases["decode"]``; AttributeError with the reason when there is none."""
+        return self._phase("decode")
+
+    def _phase(self, name: str) -> PhaseRoofline:
+        if name in self.phases:
+            return self.phases[name]
+        why = f"roofline is not available: {self.reason}" if not self.available else "no data"
+        raise AttributeError(f"roofline has no {name!r} phase ({why})")
+
+
+# ---------------------------------------------------------------------- energy
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnergyPower(Record):
+    """Power over the measured window (W): average, peak, limit, TDP and their shares (%)."""
+
+    avg_w: float | None = None
+    peak_w: float | None = None
+    peak_per_device_w: dict[str, float | None] | None = None
+    limit_w: float | None = None
+    tdp_w: float | None = None
+    avg_pct_of_limit: float | None = None
+    peak_pct_of_limit: float | None = None
+    avg_pct_of_tdp: float | None = None
+    peak_pct_of_tdp: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnergyPhase(Record):
+    """Energy of one phase or of the time between steps: J, s, W, J per token."""
+
+    energy_j: float | None = None
+    time_s: float | None = None
+    avg_power_w: float | None = None
+    j_per_token: float | None = None
+    tokens: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryUse(Record):
+    """Peak memory of one device during the run (bytes) and its share of the capacity (%)."""
+
+    peak_used_bytes: float | None = None
+    capacity_bytes: float | None = None
+    peak_pct_of_capacity: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Energy(Record):
+    """Energy and power of the run from telemetry, or ``available`` false with the
+    ``reason``. Energy in J, power in W, ``method`` ``counter`` or ``integrated``."""
+
+    available: bool = False
+    reason: str | None = _ABSENT
+    method: str | None = None
+    source: str | None = None
+    devices: tuple[str, ...] = ()
+    window_s: float | None = None
+    output_tokens: int | None = None
+    total_j: float | None = None
+    avg_power_w: float | None = None
+    j_per_output_token: float | None = None
+    tokens_per_j: float | None = None
+    coverage: float | None = None
+    idle_baseline_w: float | None = None
+    idle_energy_j: float | None = None
+    dynamic_energy_j: float | None = None
+    attribution: str | None = None
+    power: EnergyPower = field(default_factory=EnergyPower)
+    phases: dict[str, EnergyPhase] = field(default_factory=dict)
+    requests: dict[str, Any] | None = None
+    memory: dict[str, MemoryUse] = field(default_factory=dict)
+    throttle: dict[str, Any] = field(default_factory=dict)
+    cpu: dict[str, Any] = field(default_factory=dict)
+    hardware_counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def j_per_token(self) -> float | None:
+        """Short name of ``j_per_output_token`` (J per output token); AttributeError with the
+        reason when energy is not available (rather than a silent ``None``)."""
+        if not self.available:
+            raise AttributeError("j_per_token")  # Record.__getattr__ words it with the reason
+        return self.j_per_output_token
+
+
+# ---------------------------------------------------------------------- advice, projections
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gain(Record):
+    """A projected gain: ``value`` in ``unit`` (e.g. 1.8 "x decode throughput") of ``metric``."""
+
+    value: float | None = None
+    unit: str = ""
+    metric: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice(Record):
+    """One ranked suggestion: the technique, why it applies, its projected gain and the
+    assumptions that number rests on."""
+
+    technique: str = ""
+    why: str = ""
+    projected_gain: Gain = field(default_factory=Gain)
+    assumptions: str | None = None
+    rank: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectionDevice(Record):
+    """Target device of a projection: key, display name, ceiling source."""
+
+    key: str = ""
+    name: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectionPhase(Record):
+    """One phase of a projection: work (FLOP, bytes), intensity, bound, times (s)."""
+
+    steps: int | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    intensity: float | None = None
+    bound: str | None = None
+    sol_time_s: float | None = None
+    time_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectionMemory(Record):
+    """Memory a projected workload needs (bytes) and whether it fits the device."""
+
+    weights_bytes: float | None = None
+    kv_cache_bytes: float | None = None
+    kv_bytes_per_token: float | None = None
+    total_bytes: float | None = None
+    capacity_bytes: float | None = None
+    device_bytes: float | None = None
+    mem_fraction: float | None = None
+    fits: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Projection(Record):
+    """This run's workload predicted on another device (derated by the run's efficiency
+    unless ``speed_of_light``): latencies (s), throughput (tokens/s), memory, max batch."""
+
+    device: ProjectionDevice = field(default_factory=ProjectionDevice)
+    model: str | None = None
+    dtypes: dict[str, str] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    speed_of_light: bool = False
+    efficiency: dict[str, float | None] = field(default_factory=dict)
+    overhead_s: dict[str, float] = field(default_factory=dict)
+    ceilings: dict[str, Any] = field(default_factory=dict)
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    throughput_tok_s: float | None = None
+    decode_tok_s: float | None = None
+    prefill: ProjectionPhase = field(default_factory=ProjectionPhase)
+    decode: ProjectionPhase = field(default_factory=ProjectionPhase)
+    memory: ProjectionMemory = field(default_factory=ProjectionMemory)
+    max_batch: int | None = None
+    notes: tuple[str, ...] = ()
+    basis: str | None = None
+
+
+# ---------------------------------------------------------------------- the summary
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary(Record, Mapping[str, Any]):
+    """Everything derived from one stored run (see the module docstring).
+
+    Identity: ``run_id``, ``name``, ``status`` (complete, interrupted, failed),
+    ``started_at`` (ISO 8601), ``perfscope_version``, ``engine``; the configured ``workload``
+    and ``load`` as recorded in the manifest; ``window_s`` the measured window (s).
+
+    Besides typed attribute access, a Summary is a read-only ``Mapping`` over its JSON form
+    (``summary["latency"]["ttft"]["p99"]``), so code written for summary.json dicts (the
+    pytest grammar, baselines, user scripts) reads it unchanged.
+    """
+
+    schema: str = SUMMARY_SCHEMA
+    run_id: str | None = None
+    name: str | None = None
+    status: str | None = None
+    started_at: str | None = None
+    perfscope_version: str | None = None
+    engine: EngineInfo = field(default_factory=EngineInfo)
+    workload: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
+    counts: Counts = field(default_factory=Counts)
+    window_s: float = 0.0
+    latency: Latency = field(default_factory=Latency)
+    throughput: Throughput = field(default_factory=Throughput)
+    goodput: Goodput = field(default_factory=Goodput)
+    driver_lag: Distribution = field(default_factory=Distribution)
+    errors: tuple[ErrorCount, ...] = ()
+    steps: dict[str, StepStats] = field(default_factory=dict)
+    model: dict[str, Any] | None = None
+    warnings: tuple[str, ...] = ()
+    hardware: Hardware = field(default_factory=lambda: Hardware(reason=_ABSENT))
+    roofline: Roofline = field(default_factory=Roofline)
+    energy: Energy = field(default_factory=Energy)
+    advice: tuple[Advice, ...] = ()
+    projections: tuple[Projection, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Summary:
+        """Read a summary.json object of schema ``/1`` or ``/2`` (unknown keys are kept).
+
+        A ``/1`` summary is read into the ``/2`` types (same layout) and is written back as
+        ``/2``. Sections it lacks are unavailable with the reason.
+        """
+        data = dict(data or {})
+        data["schema"] = SUMMARY_SCHEMA
+        return super().from_dict(data)
+
+    @functools.cached_property
+    def _json(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    # Mapping over the JSON form (see the class docstring).
+    def __getitem__(self, name: str) -> Any:
+        return self._json[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._json)
+
+    def __len__(self) -> int:
+        return len(self._json)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._json
 
 
 def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
@@ -40,29 +579,30 @@ def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
 
 
 def build_summary(
-    manifest: dict[str, Any],
+    manifest: Mapping[str, Any],
     requests: pd.DataFrame,
     chunks: pd.DataFrame,
     steps: pd.DataFrame,
-    telemetry: pd.DataFrame | None = None,
     *,
-    slos: dict[str, float] | None = None,
-    extra_sections: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The summary of one run.
+    slos: Mapping[str, float] | None = None,
+    sections: Mapping[str, Any] | None = None,
+    per_request_rows: pd.DataFrame | None = None,
+) -> Summary:
+    """The summary of one run: metrics from the tables plus the analysis ``sections``.
 
     Args:
         manifest: the run's manifest (engine, workload, status, ...).
-        requests, chunks, steps, telemetry: the run's tables (``telemetry`` may be empty).
+        requests, chunks, steps: the run's tables.
         slos: per-request limits in seconds (``{"ttft": 0.2}``); default: the manifest's.
-        extra_sections: further top-level sections computed by the caller (``hardware``,
-            ``roofline``, ``energy``, ``advice``, ...), merged in as given.
+        sections: further top-level sections computed by the caller (``hardware``,
+            ``roofline``, ``energy``, ``advice``, ``projections``) in their JSON form.
+        per_request_rows: :func:`~perfscope.analysis.metrics.per_request` of ``requests``
+            when the caller already has it.
     """
-    slos = dict(manifest.get("slos") or {}) if slos is None else slos
-    metrics = compute_metrics(requests, chunks, steps, slos)
+    slos = dict(manifest.get("slos") or {}) if slos is None else dict(slos)
+    metrics = compute_metrics(requests, chunks, steps, slos, per_request_rows=per_request_rows)
     engine = manifest.get("engine") or {}
-    summary: dict[str, Any] = {
-        "schema": SUMMARY_SCHEMA,
+    data: dict[str, Any] = {
         "run_id": manifest.get("run_id"),
         "name": manifest.get("name"),
         "status": manifest.get("status"),
@@ -79,11 +619,11 @@ def build_summary(
         **metrics,
         "steps": step_breakdown(steps),
         "model": engine.get("model"),
+        "warnings": run_warnings(manifest),
     }
-    summary["warnings"] = run_warnings(manifest)
-    if extra_sections:
-        summary.update(extra_sections)
-    return summary
+    if sections:
+        data.update(sections)
+    return Summary.from_dict(data)
 
 
 #: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
@@ -91,7 +631,7 @@ def build_summary(
 CONTENTION_WARN_SHARE = 0.15
 
 
-def run_warnings(manifest: dict[str, Any]) -> list[str]:
+def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
     """Conditions that make this run's numbers less trustworthy, as sentences."""
     # Recorded at capture (counts beyond max_tokens, a crashed run read back, ...).
     out: list[str] = [w for w in manifest.get("warnings") or [] if isinstance(w, str)]

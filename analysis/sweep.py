@@ -2,7 +2,7 @@
 ``max_goodput_rate`` (DistServe's goodput: the highest offered rate whose SLO attainment is
 at least 90 %).
 
-Input: one summary.json dict per point (``perfscope.summary/1``) and the load each point
+Input: one summary per point (typed, or its summary.json form) and the load each point
 offered (a rate in requests/s or a closed-loop concurrency).
 """
 
@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from perfscope.analysis.catalogue import metric, value_at
+
 __all__ = ["ATTAINMENT_TARGET", "SWEEP_SCHEMA", "find_knee", "summarize_sweep", "sweep_point"]
 
 SWEEP_SCHEMA = "perfscope.sweep/1"
@@ -20,32 +22,30 @@ SWEEP_SCHEMA = "perfscope.sweep/1"
 ATTAINMENT_TARGET = 0.9
 
 
-def _get(d: dict[str, Any], *path: str) -> Any:
-    for key in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(key)  # type: ignore[assignment]
-    return d
+#: Sweep point column → the catalogue metric it reads.
+POINT_METRICS: dict[str, str] = {
+    "completed": "counts.completed",
+    "failed": "counts.failed",
+    "req_s": "req_s",
+    "output_tok_s": "output_tok_s",
+    "ttft_p50": "ttft.p50",
+    "ttft_p99": "ttft.p99",
+    "tpot_p50": "tpot.p50",
+    "tpot_p99": "tpot.p99",
+    "e2e_p50": "e2e.p50",
+    "e2e_p99": "e2e.p99",
+    "attainment": "attainment",
+    "goodput_req_s": "goodput_req_s",
+}
 
 
-def sweep_point(offered: float, summary: dict[str, Any], run: str | None = None) -> dict[str, Any]:
-    """One row of the curve from a run's summary (latencies in seconds)."""
+def sweep_point(offered: float, summary: Any, run: str | None = None) -> dict[str, Any]:
+    """One row of the curve from a run's summary (typed or JSON form; latencies in s)."""
     return {
         "offered": offered,
         "run": run,
-        "status": summary.get("status"),
-        "completed": _get(summary, "counts", "completed"),
-        "failed": _get(summary, "counts", "failed"),
-        "req_s": _get(summary, "throughput", "req_s"),
-        "output_tok_s": _get(summary, "throughput", "output_tok_s"),
-        "ttft_p50": _get(summary, "latency", "ttft", "p50"),
-        "ttft_p99": _get(summary, "latency", "ttft", "p99"),
-        "tpot_p50": _get(summary, "latency", "tpot", "p50"),
-        "tpot_p99": _get(summary, "latency", "tpot", "p99"),
-        "e2e_p50": _get(summary, "latency", "e2e", "p50"),
-        "e2e_p99": _get(summary, "latency", "e2e", "p99"),
-        "attainment": _get(summary, "goodput", "attainment"),
-        "goodput_req_s": _get(summary, "goodput", "goodput_req_s"),
+        "status": value_at(summary, "status"),
+        **{col: metric(name).value(summary) for col, name in POINT_METRICS.items()},
     }
 
 

@@ -28,14 +28,11 @@ from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import fmt_pct, memory_ceiling
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-
     from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
     "DEFAULT_MEM_FRACTION",
     "predict",
-    "predictions_table",
     "project_run",
     "run_derating",
 ]
@@ -327,80 +324,3 @@ def project_run(
         pred["basis"] = _basis(derate)
         out.append(pred)
     return out
-
-
-def _ms(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "n/a"
-    return f"{s * 1e3:.3g} ms" if s < 10 else f"{s:.3g} s"
-
-
-def _gb(b: float | None) -> str:
-    return "n/a" if b is None else f"{b / 1e9:.3g} GB"
-
-
-def predictions_table(
-    predictions: list[dict[str, Any]], *, title: str | None = None
-) -> RenderableType:
-    """A rich table of :func:`predict` / :func:`project_run` results, one row per device."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    if not predictions:
-        return Text("no devices to project onto", style="dim")
-    first = predictions[0]
-    w = first["workload"]
-    sol = all(p["speed_of_light"] for p in predictions)
-    basis = (
-        "at speed of light (100% of roofline)"
-        if sol
-        else first.get("basis")
-        or (
-            f"derated: prefill {fmt_pct(first['efficiency']['prefill'])}, "
-            f"decode {fmt_pct(first['efficiency']['decode'])} of speed of light"
-        )
-    )
-    table = Table(
-        title=title
-        or (
-            f"{first['model']} ({first['dtypes']['weights']} weights, "
-            f"{first['dtypes']['kv_cache']} KV) — batch {w['batch']}, prompt {w['prompt_len']}, "
-            f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
-        ),
-        title_justify="left",
-        caption=basis,
-        caption_justify="left",
-    )
-    for col in (
-        "device",
-        "ceilings",
-        "TTFT",
-        "TPOT",
-        "tok/s",
-        "weights",
-        "KV cache",
-        "fits",
-        "max batch",
-        "prefill",
-        "decode",
-    ):
-        table.add_column(col, justify="left" if col in ("device", "prefill", "decode") else "right")
-    for p in predictions:
-        m = p["memory"]
-        fits = "n/a" if m["fits"] is None else ("yes" if m["fits"] else "NO")
-        table.add_row(
-            p["device"]["key"],
-            p["device"]["source"],
-            _ms(p["ttft_s"]),
-            _ms(p["tpot_s"]),
-            f"{p['throughput_tok_s']:.4g}" if p["throughput_tok_s"] else "n/a",
-            _gb(m["weights_bytes"]),
-            _gb(m["kv_cache_bytes"]),
-            fits,
-            "n/a" if p["max_batch"] is None else str(p["max_batch"]),
-            p["prefill"]["bound"],
-            p["decode"]["bound"],
-        )
-    notes = sorted({n for p in predictions for n in p["notes"] if not n.startswith("at speed")})
-    return Group(table, *[Text(f"note: {n}", style="dim") for n in notes])

@@ -6,20 +6,21 @@ this module gathers the runs' inputs, presents the result and draws the comparis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
+from perfscope.analysis.catalogue import find_metric, format_value
 from perfscope.analysis.compare import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
     compare_runs,
     latency_samples,
 )
-from perfscope.dashboard._fmt import esc, fmt_num, fmt_pct, fmt_rate, fmt_time
+from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.figures import (
     FigureSpec,
     RunTables,
@@ -68,15 +69,12 @@ def compare_tables(
     return result
 
 
-def format_metric(value: Any, unit: str) -> str:
-    """A compared value in its display unit."""
-    if unit == "s":
-        return str(fmt_time(value))
-    if unit == "fraction":
-        return str(fmt_pct(value))
-    if unit == "J/token":
-        return f"{fmt_num(value)} J" if value is not None else "n/a"
-    return str(fmt_rate(value, unit))
+def format_metric(value: Any, row: Mapping[str, Any]) -> str:
+    """A compared value in its display unit (the catalogue entry of ``row["key"]``)."""
+    m = find_metric(str(row.get("key")))
+    if m is not None:
+        return m.format(value)
+    return format_value(value, row.get("unit") or "number")
 
 
 def _ratio_text(row: dict[str, Any], i: int) -> tuple[str, str]:
@@ -110,7 +108,7 @@ def comparison_table(result: dict[str, Any]) -> Table:
         table.add_column(f"change{suffix}")
     for row in result["metrics"]:
         cells: list[str | Text] = [row["label"]]
-        cells += [format_metric(v, row["unit"]) for v in row["values"]]
+        cells += [format_metric(v, row) for v in row["values"]]
         for i in range(1, len(labels)):
             ratio, interval = _ratio_text(row, i)
             change = row["change"][i]
@@ -148,7 +146,7 @@ def comparison_html(
     rows = []
     for row in result["metrics"]:
         cells = [f"<td>{esc(row['label'])}</td>"]
-        cells += [f"<td class='n'>{esc(format_metric(v, row['unit']))}</td>" for v in row["values"]]
+        cells += [f"<td class='n'>{esc(format_metric(v, row))}</td>" for v in row["values"]]
         for i in range(1, len(labels)):
             ratio, interval = _ratio_text(row, i)
             change = row["change"][i] or ""

@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfscope.analysis.catalogue import value_at
 from perfscope.dashboard._fmt import finite
 from perfscope.errors import PerfscopeError, RunNotFoundError
 from perfscope.profiler.store import (
@@ -58,14 +59,6 @@ __all__ = [
 _TABLE_FILES = ("requests", "chunks", "steps", "telemetry")
 
 _STAMP = re.compile(r"\d{8}-\d{6}")
-
-
-def _dig(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
 
 
 @dataclass(frozen=True)
@@ -135,9 +128,9 @@ class RunRow:
 
 
 def _model_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
-    model = (summary or {}).get("model") or _dig(manifest, "engine", "model") or {}
+    model = (summary or {}).get("model") or value_at(manifest, "engine.model") or {}
     name = model.get("name") if isinstance(model, dict) else None
-    preset = _dig(manifest, "engine", "config", "preset")
+    preset = value_at(manifest, "engine.config.preset")
     if name and preset and str(preset) != str(name):
         return f"{name} ({preset})"
     return str(name) if name else (str(preset) if preset else None)
@@ -152,7 +145,7 @@ def _hardware_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> 
 
 
 def _phase_ratio(summary: dict[str, Any], phase: str, key: str) -> float | None:
-    return finite(_dig(summary, "roofline", "phases", phase, key))
+    return finite(value_at(summary, ("roofline", "phases", phase, key)))
 
 
 def _row_from(
@@ -184,17 +177,17 @@ def _row_from(
         model=_model_name(manifest, summary),
         hardware=_hardware_name(manifest, summary),
         started_at=str(manifest.get("started_at") or "") or None,
-        requests=int(c) if (c := finite(_dig(s, "counts", "requests"))) is not None else None,
-        ttft_p50_s=finite(_dig(lat, "ttft", "p50")),
-        ttft_p99_s=finite(_dig(lat, "ttft", "p99")),
-        tpot_p50_s=finite(_dig(lat, "tpot", "p50")),
-        output_tok_s=finite(_dig(s, "throughput", "output_tok_s")),
-        goodput_req_s=finite(_dig(s, "goodput", "goodput_req_s")),
-        slo_attainment=finite(_dig(s, "goodput", "attainment")),
+        requests=int(c) if (c := finite(value_at(s, "counts.requests"))) is not None else None,
+        ttft_p50_s=finite(value_at(lat, "ttft.p50")),
+        ttft_p99_s=finite(value_at(lat, "ttft.p99")),
+        tpot_p50_s=finite(value_at(lat, "tpot.p50")),
+        output_tok_s=finite(value_at(s, "throughput.output_tok_s")),
+        goodput_req_s=finite(value_at(s, "goodput.goodput_req_s")),
+        slo_attainment=finite(value_at(s, "goodput.attainment")),
         mfu=mfu,
         mbu=mbu,
-        j_per_token=finite(_dig(s, "energy", "j_per_output_token"))
-        if _dig(s, "energy", "available")
+        j_per_token=finite(value_at(s, "energy.j_per_output_token"))
+        if value_at(s, "energy.available")
         else None,
         sweep=str(sweep_id) if sweep_id else None,
         has_roofline=bool(roof.get("available")) if isinstance(roof, dict) else False,
@@ -378,10 +371,10 @@ class RunRepository:
 
     @staticmethod
     def _analyze(stored: Any) -> dict[str, Any]:
-        from perfscope._analyze import analyze_stored
+        from perfscope.analysis import analyze
 
         try:
-            summary: dict[str, Any] = analyze_stored(stored, write=False)
+            summary: dict[str, Any] = analyze(stored).to_dict()
         except PerfscopeError as exc:
             raise RunNotFoundError(f"run {stored.path.name!r} cannot be analysed: {exc}") from None
         except (KeyError, ValueError, TypeError) as exc:
@@ -406,21 +399,13 @@ class RunRepository:
 def per_request_frame(loaded: LoadedRun) -> pd.DataFrame:
     """Per-request metrics of a loaded run (``analysis.metrics.per_request``) plus its
     error text, cached on the run; times in seconds."""
-    from perfscope.analysis.metrics import per_request
+    from perfscope.dashboard.view import request_rows
 
     with loaded.lock:
         cached = loaded.cache.get("per_request")
         if cached is not None:
             frame: pd.DataFrame = cached
             return frame
-        req = loaded.tables.requests
-        if req.empty:
-            frame = pd.DataFrame(
-                columns=["request_id", "prompt_tokens", "output_tokens", "ttft", "tpot", "e2e"]
-            )
-        else:
-            frame = per_request(req)
-            err = req.set_index("request_id")["error"]
-            frame["error"] = frame["request_id"].map(err).where(lambda s: s.notna(), None)
+        frame = request_rows(loaded.tables.requests)
         loaded.cache["per_request"] = frame
         return frame

@@ -29,6 +29,7 @@ from plotly.subplots import make_subplots
 
 from perfscope.analysis.compare import latency_samples
 from perfscope.dashboard._fmt import esc, finite, fmt_pct, fmt_si
+from perfscope.dashboard.view import roofline_ceilings
 
 __all__ = [
     "LATENCY_METRICS",
@@ -191,11 +192,13 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
     fig = go.Figure()
     top = max(peaks.values()) if peaks else y_top
     for i, (mname, bw) in enumerate(sorted(mems.items(), key=lambda kv: kv[1])):
-        x_end = top / bw
+        mem_roof = roofline_ceilings(top, bw, x_lo, x_hi)
+        if mem_roof is None:
+            continue
         fig.add_trace(
             go.Scatter(
-                x=[x_lo, x_end],
-                y=[bw * x_lo, top],
+                x=mem_roof.memory_x,
+                y=mem_roof.memory_y,
                 mode="lines",
                 name=f"{mname} {fmt_si(bw, 'B/s')}",
                 line={"color": "#555" if i == 0 else "#999", "dash": "solid" if i == 0 else "dash"},
@@ -204,10 +207,10 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
         )
     max_bw = max(mems.values()) if mems else None
     for i, (dtype, pk) in enumerate(sorted(peaks.items(), key=lambda kv: -kv[1])):
-        x_start = pk / max_bw if max_bw else x_lo
+        peak_roof = roofline_ceilings(pk, max_bw, x_lo, x_hi)
         fig.add_trace(
             go.Scatter(
-                x=[x_start, x_hi],
+                x=peak_roof.peak_x if peak_roof else [x_lo, x_hi],
                 y=[pk, pk],
                 mode="lines",
                 name=f"{esc(dtype)} peak {fmt_si(pk, 'FLOP/s')}",
@@ -938,11 +941,13 @@ def comparison_roofline_figure(
     xr = _log_range(xs, pad=0.8)
     x_lo, x_hi = 10 ** xr[0], 10 ** xr[1]
     for i, (name, (peak, bw)) in enumerate(roofs.items()):
-        ridge = peak / bw
+        roof_lines = roofline_ceilings(peak, bw, x_lo, x_hi)
+        if roof_lines is None:
+            continue
         fig.add_trace(
             go.Scatter(
-                x=[x_lo, ridge, x_hi],
-                y=[bw * x_lo, peak, peak],
+                x=[*roof_lines.memory_x, x_hi],
+                y=[*roof_lines.memory_y, peak],
                 mode="lines",
                 line={"color": "#555" if i == 0 else "#aaa", "dash": "solid" if i == 0 else "dash"},
                 name=f"roof: {esc(name)}",

@@ -14,10 +14,12 @@ messages in ``#render-errors``) and ``data-figures-rendered="N"``; the browser t
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,19 +27,27 @@ import numpy as np
 import plotly
 import plotly.io as pio
 
-from perfscope.analysis.metrics import per_request
+from perfscope.analysis import Summary
+from perfscope.analysis.catalogue import metric, value_at
 from perfscope.dashboard._fmt import (
     esc,
     fmt_bytes,
     fmt_count,
     fmt_num,
     fmt_pct,
-    fmt_rate,
     fmt_si,
     fmt_time,
 )
 from perfscope.dashboard.exporters import ExportableRun
 from perfscope.dashboard.figures import FigureSpec, RunTables, run_figures
+from perfscope.dashboard.view import (
+    TABLE_STATS,
+    as_summary,
+    headline_cards,
+    latency_rows,
+    request_rows,
+    throughput_rows,
+)
 from perfscope.profiler.store import write_text_atomic
 
 __all__ = [
@@ -64,118 +74,11 @@ class ReportRun(ExportableRun, Protocol):
 
 # ---------------------------------------------------------------------- page frame
 
-_CSS = """
-:root { --fg:#1d2430; --muted:#5f6b7a; --line:#dde3ea; --bg:#fff; --card:#f6f8fa;
-        --ok:#2e7d32; --warn:#b26a00; --bad:#c62828; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
-       color: var(--fg); background: var(--bg); margin: 0 auto; max-width: 1200px;
-       padding: 16px 24px 48px; }
-h1 { font-size: 22px; margin: 8px 0 4px; word-break: break-word; }
-h2 { font-size: 18px; margin: 28px 0 8px; padding-bottom: 4px;
-     border-bottom: 1px solid var(--line); }
-h3 { font-size: 15px; margin: 18px 0 4px; }
-.sub { color: var(--muted); }
-nav { margin: 8px 0 12px; font-size: 13px; }
-nav a { margin-right: 12px; color: #2f5d8a; text-decoration: none; }
-.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px;
-         font-weight: 600; color: #fff; vertical-align: middle; }
-.badge.complete { background: var(--ok); } .badge.interrupted { background: var(--warn); }
-.badge.failed, .badge.unknown, .badge.running { background: var(--bad); }
-.banner { border-left: 4px solid var(--warn); background: #fff8e1; padding: 8px 12px;
-          margin: 10px 0; }
-.banner.bad { border-color: var(--bad); background: #fdecea; }
-.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(170px, 1fr));
-         gap: 10px; margin: 10px 0; }
-.card { background: var(--card); border: 1px solid var(--line); border-radius: 6px;
-        padding: 8px 10px; }
-.card .k { font-size: 12px; color: var(--muted); }
-.card .v { font-size: 19px; font-weight: 600; }
-.card .s { font-size: 12px; color: var(--muted); }
-table { border-collapse: collapse; margin: 6px 0 12px; font-size: 13px; }
-th, td { border-bottom: 1px solid var(--line); padding: 3px 10px 3px 0; text-align: left;
-         vertical-align: top; }
-td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
-table.kv th { color: var(--muted); font-weight: 500; width: 210px; }
-td.err { color: var(--bad); word-break: break-word; }
-.verdict { padding: 6px 10px; margin: 6px 0; background: var(--card);
-           border-left: 4px solid #4e79a7; }
-.verdict b { text-transform: capitalize; }
-.figure { margin: 10px 0 22px; break-inside: avoid; page-break-inside: avoid; }
-.figure .plot { width: 100%; min-height: 200px; }
-.caption { color: var(--muted); font-size: 12.5px; margin: 2px 0 4px; }
-.missing { color: var(--muted); font-style: italic; }
-code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
-              font-size: 12px; word-break: break-all; }
-#render-errors { color: var(--bad); }
-footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
-@media print {
-  nav, .noprint { display: none !important; }
-  body { max-width: none; padding: 0; font-size: 11px; }
-  h2 { break-after: avoid; page-break-after: avoid; }
-  section { break-inside: auto; }
-  .card, table, .verdict { break-inside: avoid; page-break-inside: avoid; }
-  a { color: inherit; text-decoration: none; }
-}
-"""
 
-# Collects uncaught errors from the moment the page starts parsing.
-_ERROR_HOOK = """
-window.__perfscopeErrors = [];
-window.__perfscopeError = function (text) {
-  window.__perfscopeErrors.push(text);
-  var b = document.body;
-  if (b && b.getAttribute('data-render') !== 'pending') { b.setAttribute('data-render', 'error'); }
-};
-window.addEventListener('error', function (e) { window.__perfscopeError(String(e.message || e)); });
-window.addEventListener('unhandledrejection', function (e) {
-  window.__perfscopeError('unhandled rejection: ' + String(e.reason));
-});
-"""
-
-# Draws every figure from its JSON block, then marks the body with the outcome.
-_RENDER = """
-(function () {
-  var errors = window.__perfscopeErrors;
-  var body = document.body;
-  function finish(n) {
-    body.setAttribute('data-figures-rendered', String(n));
-    if (errors.length) {
-      body.setAttribute('data-render', 'error');
-      var box = document.getElementById('render-errors');
-      if (box) { box.textContent = 'Some figures failed to draw: ' + errors.join('; '); }
-    } else {
-      body.setAttribute('data-render', 'ok');
-    }
-  }
-  if (typeof Plotly === 'undefined') {
-    errors.push('plotly.js did not load'); finish(0); return;
-  }
-  var config = __CONFIG__;
-  var divs = document.querySelectorAll('div[data-figure]');
-  var jobs = [];
-  var drawn = 0;
-  for (var i = 0; i < divs.length; i++) {
-    var div = divs[i];
-    try {
-      var spec = JSON.parse(document.getElementById(div.getAttribute('data-figure')).textContent);
-      jobs.push(Plotly.newPlot(div, spec.data, spec.layout, config).then(function () {
-        drawn += 1;
-      }));
-    } catch (e) {
-      errors.push(div.id + ': ' + e.message);
-    }
-  }
-  function settle() {
-    Promise.all(jobs).then(function () { finish(drawn); }, function (e) {
-      errors.push(String(e)); finish(drawn);
-    });
-  }
-  // Finish after the whole page has run, so errors in later scripts are counted too.
-  if (document.readyState === 'complete') { settle(); }
-  else { window.addEventListener('load', settle); }
-})();
-"""
+@functools.cache
+def _asset(name: str) -> str:
+    """A file of ``perfscope/dashboard/assets`` (the report's CSS and scripts)."""
+    return (resources.files("perfscope.dashboard") / "assets" / name).read_text(encoding="utf-8")
 
 
 def figure_json(fig: Any) -> str:
@@ -208,10 +111,8 @@ def render_page(title: str, body_html: str, figures: Sequence[FigureSpec]) -> st
     has_figures = any(f.figure is not None for f in figures)
     scripts = ""
     if has_figures:
-        scripts = (
-            f"<script>{get_plotlyjs()}</script>\n"
-            f"<script>{_RENDER.replace('__CONFIG__', json.dumps(_PLOTLY_CONFIG))}</script>"
-        )
+        render = _asset("render.js").replace("__CONFIG__", json.dumps(_PLOTLY_CONFIG))
+        scripts = f"<script>{get_plotlyjs()}</script>\n<script>{render}</script>"
     else:
         scripts = (
             "<script>window.addEventListener('load', function () {"
@@ -224,8 +125,8 @@ def render_page(title: str, body_html: str, figures: Sequence[FigureSpec]) -> st
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f'<meta name="generator" content="perfscope (plotly {esc(plotly.__version__)})">\n'
-        f"<title>{esc(title)}</title>\n<style>{_CSS}</style>\n"
-        f"<script>{_ERROR_HOOK}</script>\n</head>\n"
+        f"<title>{esc(title)}</title>\n<style>{_asset('report.css')}</style>\n"
+        f"<script>{_asset('error_hook.js')}</script>\n</head>\n"
         '<body data-render="pending">\n'
         f"{body_html}\n"
         '<p id="render-errors" class="noprint"></p>\n'
@@ -243,14 +144,6 @@ def figures_html(figures: Sequence[FigureSpec]) -> str:
 
 
 # ---------------------------------------------------------------------- sections
-
-
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
 
 
 def _kv_table(rows: Sequence[tuple[str, Any]]) -> str:
@@ -277,112 +170,25 @@ def _card(label: str, value: str, sub: str = "") -> str:
     )
 
 
-def _headline(summary: dict[str, Any]) -> str:
-    lat = summary.get("latency") or {}
-    tp = summary.get("throughput") or {}
-    gp = summary.get("goodput") or {}
-    counts = summary.get("counts") or {}
-    cards = []
-    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
-        d = lat.get(key) or {}
-        cards.append(
-            _card(
-                f"{label} p50 / p99",
-                f"{fmt_time(d.get('p50'))} / {fmt_time(d.get('p99'))}",
-                f"mean {fmt_time(d.get('mean'))}, n={fmt_count(d.get('count'))}",
-            )
-        )
-    cards.append(
-        _card(
-            "output throughput",
-            fmt_rate(tp.get("output_tok_s"), "tok/s"),
-            f"{fmt_rate(tp.get('req_s'), 'req/s')}; busy {fmt_rate(tp.get('busy_tok_s'), 'tok/s')}",
-        )
-    )
-    slos = gp.get("slos") or {}
-    slo_txt = ", ".join(f"{k}≤{fmt_time(v)}" for k, v in slos.items()) or "no SLOs set"
-    cards.append(
-        _card(
-            "goodput / SLO attainment",
-            f"{fmt_rate(gp.get('goodput_req_s'), 'req/s')} / {fmt_pct(gp.get('attainment'))}",
-            slo_txt,
-        )
-    )
-    roof = summary.get("roofline") or {}
-    for phase, p in (roof.get("phases") or {}).items() if roof.get("available") else []:
-        cards.append(
-            _card(
-                f"MFU / MBU {phase}",
-                f"{fmt_pct(p.get('mfu'))} / {fmt_pct(p.get('mbu'))}",
-                str(p.get("verdict") or "") + (" (estimated)" if p.get("estimated") else ""),
-            )
-        )
-    if not roof.get("available"):
-        cards.append(_card("MFU / MBU", "n/a", "no roofline (needs model and device)"))
-    en = summary.get("energy") or {}
-    if en.get("available"):
-        cards.append(
-            _card(
-                "energy per output token",
-                f"{fmt_num(en.get('j_per_output_token'))} J",
-                f"{fmt_num(en.get('total_j'))} J total, avg {fmt_num(en.get('avg_power_w'))} W "
-                f"({en.get('method')})",
-            )
-        )
-    else:
-        cards.append(_card("energy per output token", "n/a", "no energy telemetry"))
-    cards.append(
-        _card(
-            "requests",
-            f"{fmt_count(counts.get('completed'))} ok / {fmt_count(counts.get('failed'))} failed",
-            f"{fmt_count(counts.get('warmup'))} warmup; window {fmt_time(summary.get('window_s'))}",
-        )
-    )
+def _headline(summary: Summary) -> str:
+    cards = [_card(c.title, c.value, c.detail) for c in headline_cards(summary)]
     # The static table: every latency distribution and the throughput numbers.
     rows = [
-        '<table id="headline-table"><thead><tr><th>metric</th>'
-        + "".join(
-            f'<th class="n">{c}</th>' for c in ("n", "mean", "p50", "p90", "p95", "p99", "max")
-        )
+        '<table id="headline-table"><thead><tr><th>metric</th><th class="n">n</th>'
+        + "".join(f'<th class="n">{c}</th>' for c in TABLE_STATS)
         + "</tr></thead><tbody>"
     ]
-    for key, label in (
-        ("ttft", "TTFT"),
-        ("tpot", "TPOT"),
-        ("itl", "ITL"),
-        ("e2e", "E2E"),
-        ("ntpot", "E2E per token"),
-    ):
-        d = lat.get(key) or {}
+    for row in latency_rows(summary, ("ttft", "tpot", "itl", "e2e", "ntpot")):
         rows.append(
-            f"<tr><td>{label}</td><td class='n'>{fmt_count(d.get('count'))}</td>"
+            f"<tr><td>{esc(row.label)}</td><td class='n'>{row.count}</td>"
             + "".join(
-                f"<td class='n' data-key='{key}.{c}'>{fmt_time(d.get(c))}</td>"
-                for c in ("mean", "p50", "p90", "p95", "p99", "max")
+                f"<td class='n' data-key='{row.key}.{c}'>{esc(row.values[c])}</td>"
+                for c in TABLE_STATS
             )
             + "</tr>"
         )
     rows.append("</tbody></table>")
-    tp_rows = [
-        ("output tokens/s", fmt_rate(tp.get("output_tok_s"), "tok/s")),
-        ("total tokens/s (prompt + output)", fmt_rate(tp.get("total_tok_s"), "tok/s")),
-        ("requests/s", fmt_rate(tp.get("req_s"), "req/s")),
-        (
-            f"busy tokens/s (busy {fmt_time(tp.get('busy_s'))}, from {tp.get('busy_source')})",
-            fmt_rate(tp.get("busy_tok_s"), "tok/s"),
-        ),
-        ("goodput", fmt_rate(gp.get("goodput_req_s"), "req/s")),
-        ("SLO attainment", fmt_pct(gp.get("attainment"))),
-        (
-            "output / prompt tokens",
-            f"{fmt_count(counts.get('output_tokens'))} / {fmt_count(counts.get('prompt_tokens'))}",
-        ),
-        (
-            "driver lag p50 / max",
-            f"{fmt_time(_get(summary, 'driver_lag', 'p50'))} / "
-            f"{fmt_time(_get(summary, 'driver_lag', 'max'))}",
-        ),
-    ]
+    tp_rows = [(r.label, r.value) for r in throughput_rows(summary)]
     return (
         '<section id="headline"><h2>Headline</h2><div class="cards">'
         + "".join(cards)
@@ -531,83 +337,82 @@ def _sched(cfg: dict[str, Any]) -> str | None:
     return f"{cfg.get('scheduler')} / {cfg.get('batch_size')}"
 
 
-def _verdicts(summary: dict[str, Any]) -> str:
-    roof = summary.get("roofline") or {}
+def _verdicts(summary: Summary) -> str:
+    roof = summary.roofline
     out = ['<section id="verdicts"><h2>Verdicts</h2>']
-    if not roof.get("available"):
-        reason = roof.get("reason") if roof else "the summary has no roofline section"
-        out.append(f'<p class="missing">Not available: {esc(reason or "no phase data")}.</p>')
+    if not roof.available:
+        out.append(f'<p class="missing">Not available: {esc(roof.reason or "no phase data")}.</p>')
     else:
-        for phase, p in (roof.get("phases") or {}).items():
+        for phase, p in roof.phases.items():
             out.append(
                 f'<div class="verdict" data-phase="{esc(phase)}"><b>{esc(phase)}: '
-                f"{esc(p.get('verdict'))}</b> — {esc(p.get('evidence'))}</div>"
+                f"{esc(p.verdict)}</b> — {esc(p.evidence)}</div>"
             )
         out.append(
-            f"<p class='caption'>FLOPs counted {esc(roof.get('flops_convention'))}; "
-            f"overhead-bound below {fmt_pct(roof.get('overhead_threshold'))} MFU and MBU.</p>"
+            f"<p class='caption'>FLOPs counted {esc(roof.flops_convention)}; "
+            f"overhead-bound below {fmt_pct(roof.overhead_threshold)} MFU and MBU.</p>"
         )
-        lat = roof.get("latency") or {}
-        if lat.get("decode_stall_share") is not None:
+        lat = roof.latency
+        if lat.decode_stall_share is not None:
             out.append(
-                f"<p>Decode stalled by prefill: {fmt_pct(lat.get('decode_stall_share'))} of "
-                f"decode time (longest stall {fmt_time(lat.get('prefill_stall_max_s'))}).</p>"
+                f"<p>Decode stalled by prefill: {fmt_pct(lat.decode_stall_share)} of "
+                f"decode time (longest stall {fmt_time(lat.prefill_stall_max_s)}).</p>"
             )
     out.append(_energy_block(summary))
     out.append("</section>")
     return "".join(out)
 
 
-def _energy_block(summary: dict[str, Any]) -> str:
-    en = summary.get("energy")
-    if not isinstance(en, dict):
-        return "<h3>Energy</h3><p class='missing'>Not available: no energy section.</p>"
-    if not en.get("available"):
-        return f"<h3>Energy</h3><p class='missing'>Not available: {esc(en.get('reason'))}.</p>"
-    power = en.get("power") or {}
+def _energy_block(summary: Summary) -> str:
+    en = summary.energy
+    if not en.available:
+        return f"<h3>Energy</h3><p class='missing'>Not available: {esc(en.reason)}.</p>"
+    power = en.power
+
+    def fmt(name: str, value: Any) -> str:
+        return metric(name).format(value)
+
     rows: list[tuple[str, Any]] = [
-        ("method / source", f"{en.get('method')} / {en.get('source')}"),
-        ("devices", ", ".join(str(d) for d in en.get("devices") or [])),
-        ("total", f"{fmt_num(en.get('total_j'))} J"),
-        ("per output token", f"{fmt_num(en.get('j_per_output_token'))} J"),
-        ("tokens per joule", fmt_num(en.get("tokens_per_j"))),
+        ("method / source", f"{en.method} / {en.source}"),
+        ("devices", ", ".join(en.devices)),
+        ("total", fmt("energy.total_j", en.total_j)),
+        ("per output token", fmt("j_per_token", en.j_per_output_token)),
+        ("tokens per joule", fmt("tokens_per_j", en.tokens_per_j)),
         (
             "average / peak power",
-            f"{fmt_num(power.get('avg_w'))} / {fmt_num(power.get('peak_w'))} W",
+            f"{fmt('avg_power_w', power.avg_w)} / {fmt('peak_power_w', power.peak_w)}",
         ),
-        ("power limit", f"{fmt_num(power.get('limit_w'))} W" if power.get("limit_w") else None),
+        ("power limit", fmt("peak_power_w", power.limit_w) if power.limit_w else None),
         (
             "idle baseline",
-            f"{fmt_num(en.get('idle_baseline_w'))} W" if en.get("idle_baseline_w") else None,
+            fmt("idle_baseline_w", en.idle_baseline_w) if en.idle_baseline_w else None,
         ),
     ]
-    for phase, p in (en.get("phases") or {}).items():
-        rows.append((f"phase {phase}", f"{fmt_num(p.get('energy_j'))} J"))
-    notes = "".join(f"<li>{esc(n)}</li>" for n in en.get("notes") or [])
+    for phase, p in en.phases.items():
+        rows.append((f"phase {phase}", fmt("energy.total_j", p.energy_j)))
+    notes = "".join(f"<li>{esc(n)}</li>" for n in en.notes)
     return (
         "<h3>Energy</h3>" + _kv_table(rows) + (f"<ul class='caption'>{notes}</ul>" if notes else "")
     )
 
 
-def _advice(summary: dict[str, Any]) -> str:
-    advice = summary.get("advice")
+def _advice(summary: Summary) -> str:
     out = ['<section id="advice"><h2>Advice</h2>']
-    if not isinstance(advice, list):
-        out.append("<p class='missing'>Not available: the summary has no advice section.</p>")
-    elif not advice:
-        out.append("<p>No suggestions for this run.</p>")
+    if not summary.advice:
+        why = "" if summary.roofline.available else f" (no roofline: {summary.roofline.reason})"
+        out.append(f"<p>No suggestions for this run{esc(why)}.</p>")
     else:
         out.append(
             "<table><thead><tr><th>#</th><th>technique</th><th>why</th>"
             "<th class='n'>projected gain</th><th>assumptions</th></tr></thead><tbody>"
         )
-        for i, a in enumerate(advice, start=1):
-            g = a.get("projected_gain") or {}
+        for i, a in enumerate(summary.advice, start=1):
+            g = a.projected_gain
             out.append(
-                f"<tr><td>{esc(a.get('rank', i))}</td><td>{esc(a.get('technique'))}</td>"
-                f"<td>{esc(a.get('why'))}</td>"
-                f"<td class='n'>{esc(fmt_num(g.get('value')))} {esc(g.get('unit'))}</td>"
-                f"<td>{esc(a.get('assumptions'))}</td></tr>"
+                f"<tr><td>{esc(a.rank or i)}</td><td>{esc(a.technique)}</td>"
+                f"<td>{esc(a.why)}</td>"
+                f"<td class='n'>{esc(fmt_num(g.value))} {esc(g.unit)}</td>"
+                f"<td>{esc(a.assumptions)}</td></tr>"
             )
         out.append("</tbody></table>")
     out.append(_projections(summary))
@@ -615,9 +420,8 @@ def _advice(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _projections(summary: dict[str, Any]) -> str:
-    proj = summary.get("projections")
-    if not isinstance(proj, list) or not proj:
+def _projections(summary: Summary) -> str:
+    if not summary.projections:
         return ""
     out = [
         "<h3>The same workload on other devices (what-if)</h3>"
@@ -625,15 +429,14 @@ def _projections(summary: dict[str, Any]) -> str:
         "<th class='n'>throughput</th><th>prefill / decode bound</th><th>basis</th></tr>"
         "</thead><tbody>"
     ]
-    for p in proj:
-        dev = p.get("device") or {}
+    for p in summary.projections:
         out.append(
-            f"<tr><td>{esc(dev.get('name') or dev.get('key'))}</td>"
-            f"<td class='n'>{fmt_time(p.get('ttft_s'))}</td>"
-            f"<td class='n'>{fmt_time(p.get('tpot_s'))}</td>"
-            f"<td class='n'>{fmt_rate(p.get('throughput_tok_s'), 'tok/s')}</td>"
-            f"<td>{esc(_get(p, 'prefill', 'bound'))} / {esc(_get(p, 'decode', 'bound'))}</td>"
-            f"<td class='caption'>{esc(p.get('basis'))}</td></tr>"
+            f"<tr><td>{esc(p.device.name or p.device.key)}</td>"
+            f"<td class='n'>{fmt_time(p.ttft_s)}</td>"
+            f"<td class='n'>{fmt_time(p.tpot_s)}</td>"
+            f"<td class='n'>{metric('output_tok_s').format(p.throughput_tok_s)}</td>"
+            f"<td>{esc(p.prefill.bound)} / {esc(p.decode.bound)}</td>"
+            f"<td class='caption'>{esc(p.basis)}</td></tr>"
         )
     out.append("</tbody></table>")
     return "".join(out)
@@ -650,7 +453,7 @@ def _request_table(run: ReportRun, max_requests: int) -> str:
         out.append("<p class='missing'>No requests recorded.</p></section>")
         return "".join(out)
     r = req.sort_values("request_id", kind="stable").reset_index(drop=True)
-    pr = per_request(r)
+    pr = request_rows(r)
     n = len(r)
     shown = min(n, max_requests)
     out.append(
@@ -743,6 +546,7 @@ def render_report(
     summary = run.summary
     if summary is None:
         raise ValueError(f"run {run.path} has no summary.json; run 'perfscope analyze' first")
+    typed = as_summary(summary)
     tables = RunTables(summary, run.requests, run.chunks, run.steps, run.telemetry)
     kw = {} if timeline_max_rows is None else {"timeline_max_rows": timeline_max_rows}
     figures = run_figures(tables, **kw)
@@ -757,17 +561,17 @@ def render_report(
             f"This run is <b>{esc(status)}</b>: {esc(errs)}. The numbers cover the requests "
             "captured before it stopped.</div>"
         )
-    failed = int(_get(summary, "counts", "failed") or 0)
+    failed = typed.counts.failed
     if failed:
         banner += (
             f'<div class="banner">{failed:,} request(s) failed; see Errors and the request '
             "table.</div>"
         )
-    for warning in summary.get("warnings") or []:
+    for warning in typed.warnings:
         banner += f'<div class="banner">Warning: {esc(warning)}.</div>'
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")
     engine = m.get("engine") or {}
-    model_name = _get(engine, "model", "name") or summary.get("model")
+    model_name = value_at(engine, "model.name") or typed.model
     header = (
         f"<header><h1>{esc(title_name)} "
         f'<span class="badge {esc(status)}">{esc(status)}</span></h1>'
@@ -785,10 +589,10 @@ def render_report(
             header,
             banner,
             _run_header(run, summary),
-            _headline(summary),
-            _verdicts(summary),
+            _headline(typed),
+            _verdicts(typed),
             '<section id="figures"><h2>Figures</h2>' + figures_html(figures) + "</section>",
-            _advice(summary),
+            _advice(typed),
             _request_table(run, max_requests),
             _environment(run, summary),
             f"<footer>Generated by perfscope on {esc(when)} from {esc(run.path.name)}; "

@@ -6,7 +6,7 @@ Importing this package does not import torch; only :func:`calibrate` does.
 from perfscope.hwdb._detect import DetectedDevice, detect_local_device
 from perfscope.hwdb._loader import BUILTIN_DIR, ENV_HWDB, HardwareDatabase, load_database
 from perfscope.hwdb._lookup import normalize_name
-from perfscope.hwdb._resolve import lookup, resolve_device
+from perfscope.hwdb._resolve import lookup, resolve_device, resolve_hardware
 from perfscope.hwdb._schema import DeviceFileError, Entry, Quantity
 from perfscope.hwdb.calibrate import (
     ENV_CACHE_DIR,
@@ -39,6 +39,7 @@ __all__ = [
     "normalize_dtype",
     "normalize_name",
     "resolve_device",
+    "resolve_hardware",
     "spec_to_dict",
 ]
 

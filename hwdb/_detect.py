@@ -9,14 +9,17 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from perfscope.hwdb.spec import DeviceSpec
+
+if TYPE_CHECKING:
+    from perfscope.hwdb._loader import HardwareDatabase
 
 __all__ = [
     "DetectedDevice",
     "cpu_llc_bytes",
     "cpu_model_name",
-    "cpu_vendor",
     "detect_local_device",
     "nvml_gpu_names",
     "total_memory_bytes",
@@ -130,20 +133,6 @@ def cpu_model_name() -> tuple[str, str]:
     return platform.processor() or platform.machine() or "unknown CPU", "platform"
 
 
-def cpu_vendor() -> str:
-    """Lowercase vendor guess (``"amd"``, ``"intel"``, ``"apple"``, ``"arm"``, ``"unknown"``)."""
-    vid = (_cpuinfo_field("vendor_id") or "").lower()
-    if "amd" in vid:
-        return "amd"
-    if "intel" in vid:
-        return "intel"
-    name = cpu_model_name()[0].lower()
-    for v in ("amd", "intel", "apple", "nvidia", "ampere", "arm"):
-        if v in name:
-            return v
-    return "unknown"
-
-
 def _parse_size(text: str) -> float | None:
     m = re.match(r"^\s*([\d.]+)\s*([KMGkmg]?)(i?B)?", text)
     if not m:
@@ -201,15 +190,17 @@ def total_memory_bytes() -> float | None:
         return None
 
 
-def detect_local_device(user_dirs: list[Path] | None = None) -> DetectedDevice:
+def detect_local_device(
+    user_dirs: list[Path] | None = None, *, database: HardwareDatabase | None = None
+) -> DetectedDevice:
     """Find the local device: the first NVIDIA GPU (NVML) if any, else the CPU.
 
-    ``spec`` is filled when the hardware database knows the raw name exactly (aliases and
-    raw names only; no fuzzy guess).
+    ``spec`` is filled when the hardware database (``database``, else loaded from
+    ``user_dirs``) knows the raw name exactly (aliases and raw names only; no fuzzy guess).
     """
     from perfscope.hwdb._loader import load_database
 
-    db = load_database(user_dirs)
+    db = database if database is not None else load_database(user_dirs)
     gpus = nvml_gpu_names()
     if gpus:
         name, mem = gpus[0]

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from perfscope.errors import UnknownDeviceError
+from perfscope.errors import PerfscopeError, UnknownDeviceError
 from perfscope.hwdb._detect import detect_local_device
-from perfscope.hwdb._loader import load_database
+from perfscope.hwdb._loader import HardwareDatabase, load_database
 from perfscope.hwdb.calibrate import cached_calibration, calibrate
 from perfscope.hwdb.spec import DeviceSpec
 
-__all__ = ["lookup", "resolve_device"]
+__all__ = ["lookup", "resolve_device", "resolve_hardware"]
 
 #: ``--hw`` values that ask for measured ceilings instead of a database entry.
 _CALIBRATED_WORDS = {"cpu": "cpu", "calibrated": None, "calibrate": None}
@@ -44,6 +45,7 @@ def resolve_device(
     user_dirs: Sequence[Path | str] | None = None,
     calibrate_if_unknown: bool = True,
     quick: bool = True,
+    database: HardwareDatabase | None = None,
 ) -> DeviceSpec:
     """The device spec a run or analysis should use.
 
@@ -53,11 +55,13 @@ def resolve_device(
       GPU gives calibrated ceilings (``source="calibrated"``), read from the cache when
       present, else measured (``quick`` settings by default) when ``calibrate_if_unknown``.
 
+    ``database`` is an already loaded database (else it is loaded from ``user_dirs``).
+
     Raises:
         UnknownDeviceError: ``hw`` is not in the database, or no ceilings can be had
             without calibrating and ``calibrate_if_unknown`` is false.
     """
-    db = load_database(user_dirs)
+    db = database if database is not None else load_database(user_dirs)
     if hw is not None:
         spec = db.find(hw)
         if spec is not None:
@@ -73,9 +77,54 @@ def resolve_device(
             return db.lookup(hw)  # raises with suggestions
     else:
         force_calibrated = False
-    detected = detect_local_device(list(map(Path, user_dirs)) if user_dirs else None)
+    detected = detect_local_device(list(map(Path, user_dirs)) if user_dirs else None, database=db)
     if detected.kind == "gpu" and detected.spec is not None and not force_calibrated:
         return detected.spec
     device = "cpu" if detected.kind == "cpu" else "cuda:0"
     what = f"the detected {detected.kind} {detected.name!r}"
     return _calibrated(device, calibrate_if_missing=calibrate_if_unknown, quick=quick, what=what)
+
+
+#: Engine kinds that talk to a remote server: the accelerator is not this machine's.
+_REMOTE_KINDS = frozenset({"openai"})
+
+
+def resolve_hardware(
+    engine: Mapping[str, Any], hw: str | None, *, database: HardwareDatabase | None = None
+) -> dict[str, Any]:
+    """The device a run is analysed against, in the form stored as ``manifest["hardware"]``:
+    ``{"spec": DeviceSpec JSON or None, "resolved_from": str or None, "reason"?: str}``.
+
+    ``engine`` is the engine's info (``kind``, ``device``, ``config.device_name``). ``hw``
+    (anything :func:`resolve_device` accepts) wins. Otherwise a CUDA engine is looked up by its
+    device name; a remote server is unknown (``spec`` None, with the reason); anything else ran
+    on this machine and gets its detected device (calibrated on CPUs). ``database`` is an
+    already loaded database, so a run loads it once.
+
+    Raises:
+        UnknownDeviceError: ``hw`` is given and the database cannot resolve it.
+    """
+    db = database if database is not None else load_database()
+    if hw:
+        spec = resolve_device(hw, database=db)
+        return {"spec": spec.to_dict(), "resolved_from": f"--hw {hw}"}
+    kind = engine.get("kind")
+    if kind in _REMOTE_KINDS:
+        return {
+            "spec": None,
+            "resolved_from": None,
+            "reason": "the engine is a remote server: pass --hw DEVICE to analyse against "
+            "the server's accelerator",
+        }
+    device = str(engine.get("device") or "")
+    name = (engine.get("config") or {}).get("device_name")
+    try:
+        if device.startswith("cuda") and name:
+            try:
+                return {"spec": db.lookup(str(name)).to_dict(), "resolved_from": f"CUDA {name}"}
+            except PerfscopeError:
+                pass
+        spec = resolve_device(None, database=db)
+    except PerfscopeError as exc:
+        return {"spec": None, "resolved_from": None, "reason": str(exc)}
+    return {"spec": spec.to_dict(), "resolved_from": "detected"}

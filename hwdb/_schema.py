@@ -36,9 +36,11 @@ _TOP_TEXT = ("key", "name", "vendor", "kind", "architecture", "notes", "extends"
 _TOP_LISTS = ("aliases", "device_names")
 _SECTIONS = ("memory", "onchip", "power", "interconnect", "dense", "sparse", "sources")
 #: fixed quantity fields per section; ``interconnect``, ``dense`` and ``sparse`` take any
-#: key of one dimension (links, dtypes).
+#: key of one dimension (links, dtypes). In ``interconnect`` a link key (``nvlink``,
+#: ``pcie``, ``infinity_fabric``, ``ici``) is its total bidirectional bandwidth per device
+#: and ``<link>_latency`` the latency of one small collective over it (a time).
 _FIELDS: dict[str, dict[str, Dimension | None]] = {
-    "memory": {"capacity": "bytes", "bandwidth": "bandwidth", "type": None},
+    "memory": {"capacity": "bytes", "usable": "bytes", "bandwidth": "bandwidth", "type": None},
     "onchip": {
         "llc": "bytes",
         "llc_level": None,
@@ -272,9 +274,14 @@ def _quantity(
 
 
 def _example_unit(dimension: Dimension) -> str:
-    return {"flops": "TFLOPS", "bandwidth": "GB/s", "bytes": "GB", "power": "W", "count": ""}[
-        dimension
-    ]
+    return {
+        "flops": "TFLOPS",
+        "bandwidth": "GB/s",
+        "bytes": "GB",
+        "power": "W",
+        "time": "us",
+        "count": "",
+    }[dimension]
 
 
 def entry_from_document(
@@ -368,7 +375,7 @@ def entry_from_document(
                     continue
                 dimension = _FIELDS[section][name]
             elif section == "interconnect":
-                dimension = "bandwidth"
+                dimension = "time" if name.endswith("_latency") else "bandwidth"
             else:
                 if name not in PEAK_DTYPES:
                     problems.append((path_, f"unknown dtype (allowed: {', '.join(PEAK_DTYPES)})"))
@@ -429,7 +436,9 @@ def entry_to_spec(entry: Entry) -> DeviceSpec:
         "llc_level": entry.texts.get("onchip.llc_level"),
         "device_names": list(entry.device_names),
         "sparse_peak_flops": group("sparse"),
-        "interconnect_bytes_s": group("interconnect"),
+        "interconnect_bytes_s": {
+            k: v for k, v in group("interconnect").items() if not k.endswith("_latency")
+        },
         "sm_count": si("onchip.sm_count"),
         "cores": si("onchip.cores"),
         "smem_per_sm_bytes": si("onchip.smem_per_sm"),
@@ -455,6 +464,15 @@ def entry_to_spec(entry: Entry) -> DeviceSpec:
         cache_bytes=si("onchip.llc"),
         cache_bw_bytes_s=si("onchip.llc_bandwidth"),
         tdp_w=si("power.tdp"),
+        mem_usable_bytes=si("memory.usable"),
+        interconnect_bytes_s={
+            k: v for k, v in group("interconnect").items() if not k.endswith("_latency")
+        },
+        collective_latency_s={
+            k.removesuffix("_latency"): v
+            for k, v in group("interconnect").items()
+            if k.endswith("_latency")
+        },
         source=_ceiling_source(entry),
         aliases=tuple(dict.fromkeys((*entry.aliases, *entry.device_names))),
         extra=extra,

@@ -12,7 +12,7 @@ from typing import Literal
 
 __all__ = ["DIMENSION_SI_UNIT", "UNITS", "Dimension", "to_si"]
 
-Dimension = Literal["flops", "bandwidth", "bytes", "power", "count"]
+Dimension = Literal["flops", "bandwidth", "bytes", "power", "time", "count"]
 
 #: unit spelling (lowercase) → (dimension, factor to SI)
 UNITS: dict[str, tuple[Dimension, float]] = {
@@ -49,6 +49,11 @@ UNITS: dict[str, tuple[Dimension, float]] = {
     # power: watts
     "w": ("power", 1.0),
     "kw": ("power", 1e3),
+    # time: seconds (collective latencies)
+    "s": ("time", 1.0),
+    "ms": ("time", 1e-3),
+    "us": ("time", 1e-6),
+    "ns": ("time", 1e-9),
 }
 
 #: SI unit name per dimension, for display.
@@ -57,6 +62,7 @@ DIMENSION_SI_UNIT: dict[Dimension, str] = {
     "bandwidth": "B/s",
     "bytes": "B",
     "power": "W",
+    "time": "s",
     "count": "",
 }
 

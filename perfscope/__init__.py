@@ -6,12 +6,15 @@ packages (``perfscope.profiler``, ``perfscope.hwdb``, ``perfscope.analysis``,
 
     import perfscope
 
-    with perfscope.profile(name="my-engine") as p:
+    run = perfscope.run("reference", model_preset="tiny", requests=16, rate=8,
+                        slos={"ttft": "200ms"})
+    print(run.ttft.p50, run.throughput.output_tok_s)   # seconds, tokens/s
+    perfscope.check(run, "ttft.p99 < 500ms", "goodput.attainment >= 90%")
+
+    with perfscope.profile(name="my-engine") as p:     # instrument your own loop
         with p.request(prompt_tokens=16) as r:
             r.tokens(1)
-    run = p.run                      # stored and analysed
     run = perfscope.load_run("latest")
-    print(run.ttft.p50, run.throughput.output_tok_s)
 """
 
 from __future__ import annotations
@@ -21,32 +24,48 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "PerfAssertionError",
     "Profile",
+    "ProgressHook",
     "Run",
-    "RunOptions",
+    "RunSet",
+    "Sweep",
     "__version__",
+    "assert_no_regression",
     "check",
-    "execute_run",
+    "compare_runs",
     "expect",
     "load_run",
     "profile",
+    "run",
+    "sweep",
 ]
 
 if TYPE_CHECKING:
+    from perfscope._api import Sweep, run, sweep
+    from perfscope._change import assert_no_regression, compare_runs
     from perfscope._expect import check, expect
     from perfscope._manual import Profile, profile
     from perfscope._run import Run, load_run
-    from perfscope._runner import RunOptions, execute_run
+    from perfscope._runner import ProgressHook
+    from perfscope._runset import RunSet
+    from perfscope.errors import PerfAssertionError
 
 _LAZY = {
+    "run": "perfscope._api",
+    "sweep": "perfscope._api",
+    "Sweep": "perfscope._api",
     "Profile": "perfscope._manual",
     "profile": "perfscope._manual",
     "Run": "perfscope._run",
     "load_run": "perfscope._run",
-    "RunOptions": "perfscope._runner",
-    "execute_run": "perfscope._runner",
+    "ProgressHook": "perfscope._runner",
+    "RunSet": "perfscope._runset",
     "expect": "perfscope._expect",
     "check": "perfscope._expect",
+    "PerfAssertionError": "perfscope.errors",
+    "compare_runs": "perfscope._change",
+    "assert_no_regression": "perfscope._change",
 }
 
 
@@ -59,3 +78,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -25,13 +25,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from perfscope._expect import (
-    compare_samples,
-    format_value,
-    metric_kind,
-    parse_tolerance,
-    parse_value,
-)
+from perfscope._change import compare_samples
+from perfscope._grammar import format_value, metric_kind, parse_tolerance, parse_value
 from perfscope.errors import SLOError, UsageError
 
 __all__ = [

@@ -56,9 +56,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default 512)")
     p.add_argument("--output-len", type=int, default=128, help="output tokens (default 128)")
     p.add_argument(
+        "--weight-dtype",
         "--dtype",
+        dest="dtype",
         help="weight dtype: fp32, bf16, fp16, fp8, int8, int4 (int8/int4 are weight-only, "
-        "compute in bf16); default: the model's",
+        "compute in bf16; embedding and lm_head stay 16-bit as in real checkpoints); "
+        "default: the model's",
     )
     p.add_argument(
         "--kv-dtype", help="KV-cache dtype (bf16, fp16, fp8, int8); default: compute dtype"
@@ -69,6 +72,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="fraction of speed of light reached (0-1], e.g. 0.6; default 1 (speed of light)",
     )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--replicas", type=int, default=1, help="independent model copies (default 1)")
+    p.add_argument(
+        "--microbatches", type=int, help="prefill micro-batches through the pipeline (default --pp)"
+    )
+    p.add_argument(
+        "--in-flight", type=int, help="decode batches kept in the pipeline (default --pp)"
+    )
+    p.add_argument(
+        "--link", help="interconnect for TP/PP collectives (nvlink, pcie, ...); default fastest"
+    )
+    p.add_argument(
+        "--link-bw", type=float, help="per-direction link bandwidth in GB/s (overrides the device)"
+    )
+    p.add_argument(
+        "--collective-latency-us",
+        type=float,
+        help="latency of one all-reduce in microseconds (default: device file, else 8)",
+    )
     p.add_argument(
         "--mem-fraction",
         type=float,
@@ -107,6 +129,13 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
                     overrides.get("hidden_size", spec.hidden_size)
                     // overrides.get("n_heads", spec.n_heads),
                 )
+            n = overrides.get("n_layers")
+            if n is not None and n > 0 and spec.layer_windows:
+                # keep the model's local/global pattern over the new depth
+                w = spec.layer_windows
+                overrides["layer_windows"] = tuple(w[i % len(w)] for i in range(n))
+            if n is not None and spec.dense_layers:
+                overrides["dense_layers"] = tuple(i for i in spec.dense_layers if i < n)
             spec = replace(spec, **overrides)
     else:
         needed = ("n_layers", "hidden_size", "n_heads", "intermediate_size", "vocab_size")
@@ -129,9 +158,9 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
         raise UsageError(
             f"--heads {spec.n_heads} is not a multiple of --kv-heads {spec.n_kv_heads}"
         )
-    if args.dtype or args.kv_dtype:
-        spec = spec.with_dtypes(weight_dtype=args.dtype, kv_dtype=args.kv_dtype)
-    return spec
+    from perfscope.analysis.modelspec import apply_dtype_overrides
+
+    return apply_dtype_overrides(spec, weight_dtype=args.dtype, kv_dtype=args.kv_dtype)
 
 
 def _devices(hw: str | None) -> list[DeviceSpec]:
@@ -146,9 +175,10 @@ def _devices(hw: str | None) -> list[DeviceSpec]:
 
 
 def _handle(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.analysis.whatif import predict, predictions_table
+    from perfscope.analysis.whatif import predict
+    from perfscope.dashboard.terminal import predictions_table
 
-    for name in ("batch", "prompt_len", "output_len", "tp"):
+    for name in ("batch", "prompt_len", "output_len", "tp", "pp", "replicas"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.efficiency is not None and not 0 < args.efficiency <= 1:
@@ -170,8 +200,77 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
         )
         for dev in devices
     ]
+    parallel = _parallel(args, spec, devices)
     if args.json:
-        print(json.dumps({"model": spec.to_dict(), "predictions": preds}, indent=2))
+        out: dict[str, Any] = {"model": spec.to_dict(), "predictions": preds}
+        if parallel:
+            out["parallel"] = [p.to_dict() for p in parallel]
+        print(json.dumps(out, indent=2))
         return 0
     console.print(predictions_table(preds))
+    if parallel:
+        console.print(_parallel_table(parallel))
     return 0
+
+
+def _parallel(args: argparse.Namespace, spec: ModelSpec, devices: list[DeviceSpec]) -> list[Any]:
+    """Parallelism what-ifs when any degree is above 1 (communication included)."""
+    from perfscope.analysis.parallel import ParallelPlan, predict_parallel
+
+    plan = ParallelPlan(
+        tp=args.tp,
+        pp=args.pp,
+        replicas=args.replicas,
+        microbatches=args.microbatches,
+        in_flight=args.in_flight,
+    )
+    if plan.devices == 1:
+        return []
+    return [
+        predict_parallel(
+            spec,
+            dev,
+            plan,
+            batch=args.batch,
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            efficiency=args.efficiency,
+            link=args.link,
+            link_bw_bytes_s=args.link_bw * 1e9 if args.link_bw else None,
+            collective_latency_s=(
+                args.collective_latency_us * 1e-6
+                if args.collective_latency_us is not None
+                else None
+            ),
+            mem_fraction=args.mem_fraction,
+        )
+        for dev in devices
+    ]
+
+
+def _parallel_table(preds: list[Any]) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    plan = preds[0].plan
+    table = Table(
+        title=f"parallel what-if: TP {plan.tp} x PP {plan.pp} x {plan.replicas} replica(s) "
+        f"= {plan.devices} devices, communication included",
+        title_justify="left",
+    )
+    for col in ("device", "TTFT", "TPOT", "tok/s", "TP comm/step", "bubble", "mem/device", "fits"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for p in preds:
+        table.add_row(
+            p.device,
+            f"{p.ttft_s * 1e3:.4g} ms",
+            f"{p.tpot_s * 1e3:.4g} ms",
+            f"{p.throughput_tok_s:.4g}",
+            f"{p.tp_comm_decode_s * 1e3:.3g} ms",
+            f"{p.bubble_decode:.0%}",
+            f"{max(p.stage_memory_bytes) / 1e9:.3g} GB",
+            "n/a" if p.fits is None else ("yes" if p.fits else "NO"),
+        )
+    notes = dict.fromkeys(a for p in preds for a in p.assumptions)
+    return Group(table, *[Text(f"assumes: {a}", style="dim") for a in notes])

@@ -1,6 +1,7 @@
 """``perfscope sweep``: one run per offered rate (or concurrency), then the sweep summary
-(throughput-latency curve, knee, ``max_goodput_rate``); and the ``openai:`` run options
-shared with ``perfscope run``."""
+(throughput-latency curve, knee, ``max_goodput_rate``), through :func:`perfscope.sweep`;
+and what ``perfscope run`` shares with it: the ``openai:`` flags and :func:`run_args`, which
+turns either command's flags into the :class:`perfscope._api.RunArgs` of a run."""
 
 from __future__ import annotations
 
@@ -9,22 +10,23 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from perfscope.errors import UsageError
 
+if TYPE_CHECKING:
+    from perfscope._api import RunArgs
+
 __all__ = [
     "add_openai_options",
-    "apply_duration",
-    "dataset_fields",
     "openai_extra",
     "redact_argv",
     "register",
+    "run_args",
 ]
 
 
@@ -137,53 +139,82 @@ def openai_extra(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def dataset_fields(args: argparse.Namespace, engine: str) -> dict[str, Any]:
-    """``WorkloadConfig`` fields for ``--dataset`` (synthetic text by default for openai:)."""
-    spec = getattr(args, "dataset", None)
-    if spec is None and engine.startswith("openai") and getattr(args, "prompts", None) is None:
-        spec = "synthetic"
-    if spec is None:
-        return {"tokenizer": getattr(args, "tokenizer", None)}
-    kind, _, path = str(spec).partition(":")
-    kind = kind.strip().lower()
-    return {
-        "dataset": kind,
-        "dataset_path": Path(path) if path else None,
-        "prefix_len": int(getattr(args, "prefix_len", 0) or 0),
-        "prefix_groups": int(getattr(args, "prefix_groups", 1) or 1),
-        "tokenizer": getattr(args, "tokenizer", None),
-        # ShareGPT reply lengths are the output lengths unless --output-len moved off its
-        # default (128).
-        "output_len_given": str(getattr(args, "output_len", "128")) != "128",
+def run_args(args: argparse.Namespace) -> RunArgs:
+    """The :class:`perfscope._api.RunArgs` of ``perfscope run``'s flags (shared with the
+    sweep, which has a subset of them)."""
+    from perfscope._api import RunArgs
+    from perfscope.analysis.slo import parse_slos
+
+    shape = {
+        k.removeprefix("shape_"): v
+        for k, v in vars(args).items()
+        if k.startswith("shape_") and v is not None
     }
+    engine_opts: dict[str, Any] = dict(_kv_pairs(getattr(args, "engine_opt", [])))
+    if args.engine.startswith("openai"):
+        engine_opts.update(openai_extra(args))
+    if getattr(args, "timeout", None) is not None:  # --timeout: every engine kind
+        engine_opts["request_timeout_s"] = float(args.timeout)
+    # Flags only `perfscope run` has; the sweep keeps RunArgs' defaults for them.
+    only_run = (
+        "batch_size",
+        "scheduler",
+        "batch_timeout",
+        "device",
+        "dtype",
+        "model_preset",
+        "stop_on_eos",
+        "hw",
+        "telemetry_interval",
+        "gpus",
+        "nvtx",
+        "mode",
+        "rate",
+        "concurrency",
+        "name",
+    )
+    given = {key: getattr(args, key) for key in only_run if hasattr(args, key)}
+    if hasattr(args, "no_telemetry"):
+        given["telemetry"] = not args.no_telemetry
+    return RunArgs(
+        engine=args.engine,
+        requests=args.requests,
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        prompts=args.prompts,
+        dataset=args.dataset,
+        prefix_len=args.prefix_len,
+        prefix_groups=args.prefix_groups,
+        tokenizer=args.tokenizer,
+        warmup=args.warmup,
+        seed=args.seed,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        duration=args.duration,
+        warmup_duration=args.warmup_duration,
+        model_overrides=shape,
+        slos=parse_slos(args.slo),
+        runs_dir=args.runs_dir,
+        command=redact_argv(["perfscope", *sys.argv[1:]]),
+        ray=getattr(args, "ray", None),
+        engine_options=engine_opts,
+        cli=True,
+        **given,
+    )
 
 
-def apply_duration(
-    requests: int | None,
-    warmup: int,
-    args: argparse.Namespace,
-    rate: float | None,
-    concurrency: int | None,
-) -> tuple[int | None, int]:
-    """Request and warmup counts large enough for ``--duration`` / ``--warmup-duration``.
-
-    With a duration and no ``--requests``, the pool holds the requests the rate can send in
-    that time plus five standard deviations of a Poisson count (or 200 per closed-loop user).
-    """
-
-    def pool(seconds: float) -> int:
-        if rate is not None:
-            mean = rate * seconds
-            return math.ceil(mean + 5 * math.sqrt(mean) + 10)
-        return 200 * (concurrency or 1)
-
-    duration = getattr(args, "duration", None)
-    if duration is not None and getattr(args, "requests", None) is None:
-        requests = pool(duration)
-    wdur = getattr(args, "warmup_duration", None)
-    if wdur is not None:
-        warmup = pool(wdur)
-    return requests, warmup
+def _kv_pairs(items: Sequence[Any]) -> list[tuple[str, str]]:
+    """``--engine-opt`` values: ``(KEY, VALUE)`` pairs or ``KEY=VALUE`` strings."""
+    out = []
+    for item in items:
+        if isinstance(item, tuple):
+            out.append(item)
+            continue
+        key, sep, value = str(item).partition("=")
+        if not sep or not key:
+            raise UsageError(f"--engine-opt expects KEY=VALUE, got {item!r}")
+        out.append((key.strip(), value.strip()))
+    return out
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
@@ -244,7 +275,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w = p.add_argument_group("workload (per point)")
     w.add_argument("--requests", type=int, default=None, help="measured requests per point (32)")
     w.add_argument("--prompt-len", default="128", help="prompt tokens (N, uniform:A:B, ...)")
-    w.add_argument("--output-len", default="128", help="output tokens (N, uniform:A:B, ...)")
+    w.add_argument(
+        "--output-len", default=None, help="output tokens (N, uniform:A:B, ...; default 128)"
+    )
     w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
     w.add_argument("--warmup", type=int, default=0, help="warmup requests per point")
     w.add_argument("--seed", type=int, default=0)
@@ -273,154 +306,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_cmd_sweep)
 
 
-def _point_options(
-    args: argparse.Namespace,
-    *,
-    mode: str,
-    rate: float | None,
-    concurrency: int | None,
-    requests: int | None,
-    name: str,
-) -> Any:
-    from perfscope._runner import RunOptions
-    from perfscope.analysis.slo import parse_slos
-    from perfscope.profiler.driver import LoadConfig
-    from perfscope.profiler.engines.base import EngineOptions
-    from perfscope.profiler.workload import WorkloadConfig, parse_length
-
-    extra = {**dict(_kv(x) for x in args.engine_opt), **openai_extra(args)}
-    n = requests if requests is not None else (args.requests or (None if args.prompts else 32))
-    n, warmup = apply_duration(n, args.warmup, args, rate, concurrency)
-    workload = WorkloadConfig(
-        requests=n,
-        prompt_len=parse_length(args.prompt_len, "--prompt-len"),
-        output_len=parse_length(args.output_len, "--output-len"),
-        prompts_file=args.prompts,
-        warmup=warmup,
-        seed=args.seed,
-        **dataset_fields(args, args.engine),
-    )
-    load = LoadConfig(
-        mode=mode,
-        rate=rate,
-        concurrency=concurrency,
-        arrival=args.arrival,
-        burstiness=args.burstiness,
-        seed=args.seed,
-        duration_s=args.duration,
-        warmup_s=args.warmup_duration,
-    )
-    return RunOptions(
-        engine=args.engine,
-        workload=workload,
-        load=load,
-        engine_options=EngineOptions(
-            seed=args.seed, extra=extra, request_timeout_s=getattr(args, "timeout", None)
-        ),
-        slos=parse_slos(args.slo),
-        runs_dir=args.runs_dir,
-        name=name,
-        command=redact_argv(["perfscope", *sys.argv[1:]]),
-    )
-
-
-def _kv(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise UsageError(f"--engine-opt expects KEY=VALUE, got {text!r}")
-    return key.strip(), value.strip()
-
-
-def auto_rates(saturation_req_s: float, points: int) -> list[float]:
-    """``points`` rates spread evenly from 1/points of the saturation throughput to 1.2x it
-    (the last points push past saturation so the curve shows the knee)."""
-    if points < 2:
-        raise UsageError("--points must be at least 2")
-    top = 1.2 * saturation_req_s
-    return [round(top * (i + 1) / points, 3) for i in range(points)]
-
-
 def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._runner import ProgressHook, execute_run
-    from perfscope.analysis.slo import parse_slos
-    from perfscope.analysis.sweep import summarize_sweep, sweep_point
-    from perfscope.profiler.store import default_runs_root, write_json_atomic
+    from perfscope._api import sweep_with
 
-    slos = parse_slos(args.slo)
     err = Console(stderr=True)
-    quiet = ProgressHook()
-    probe: dict[str, Any] | None = None
-    if args.concurrencies is not None:
-        kind = "concurrency"
-        loads: list[float] = [float(int(c)) for c in args.concurrencies]
-    else:
-        kind = "rate"
-        rates = args.rates if args.rates is not None else "auto"
-        if rates == "auto":
-            n_probe = args.probe_requests or max(16, args.requests or 32)
-            opts = _point_options(
-                args,
-                mode="batch",
-                rate=None,
-                concurrency=None,
-                requests=n_probe,
-                name=f"{args.name}-probe",
-            )
-            err.print(f"sweep: probing saturation throughput with {n_probe} requests at once")
-            out = execute_run(opts, quiet)
-            sat = (out.summary.get("throughput") or {}).get("req_s")
-            if out.status != "complete" or not sat:
-                raise UsageError(
-                    f"the saturation probe failed ({out.error or 'no completed requests'}); "
-                    f"see {out.path}, or give --rates explicitly"
-                )
-            probe = {"run": str(out.path), "req_s": sat}
-            loads = auto_rates(float(sat), args.points)
-        else:
-            loads = [float(r) for r in rates]
-    points = []
-    failed = 0
-    for x in loads:
-        label = f"c{int(x)}" if kind == "concurrency" else f"r{x:g}"
-        opts = _point_options(
-            args,
-            mode="online",
-            rate=x if kind == "rate" else None,
-            concurrency=int(x) if kind == "concurrency" else None,
-            requests=None,
-            name=f"{args.name}-{label}",
-        )
-        err.print(f"sweep: {kind} {x:g} ...")
-        out = execute_run(opts, quiet)
-        if out.status != "complete":
-            failed += 1
-        points.append(sweep_point(x, out.summary, str(out.path)))
-    summary = summarize_sweep(kind, points, slos, args.knee_metric)
-    summary["probe"] = probe
-    summary["engine"] = (points and _engine_of(points)) or args.engine
-    root = args.runs_dir or default_runs_root()
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    path = root / "sweeps" / f"{stamp}-{args.name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    summary["path"] = str(path)
-    write_json_atomic(path, summary)
+    result = sweep_with(
+        run_args(args),
+        rates=args.rates,
+        concurrencies=(
+            [int(c) for c in args.concurrencies] if args.concurrencies is not None else None
+        ),
+        points=args.points,
+        probe_requests=args.probe_requests,
+        knee_metric=args.knee_metric,
+        name=args.name,
+        log=err.print,
+    )
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(result.summary, indent=2))
     else:
-        console.print(sweep_table(summary))
-    return 1 if failed else 0
-
-
-def _engine_of(points: list[dict[str, Any]]) -> str | None:
-    run = points[0].get("run")
-    if not run:
-        return None
-    try:
-        manifest = json.loads((Path(run) / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    uri = (manifest.get("engine") or {}).get("uri")
-    return str(uri) if uri else None
+        console.print(sweep_table(result.summary))
+    return 1 if result.failed else 0
 
 
 def _ms(v: Any) -> str:

@@ -22,8 +22,9 @@ from types import TracebackType
 from typing import Any
 
 from perfscope import __version__
-from perfscope._analyze import analyze_stored, resolve_hardware
+from perfscope._analyze import analyze_stored
 from perfscope._run import Run
+from perfscope.hwdb import resolve_hardware
 from perfscope.profiler.clock import Clock, MonotonicClock
 from perfscope.profiler.recorder import Recorder, RequestHandle
 from perfscope.profiler.records import RequestSpec, StepKind

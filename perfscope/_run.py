@@ -1,9 +1,10 @@
 """A stored, analysed run with typed attribute access to its summary.
 
 ``run.ttft.p99`` (seconds), ``run.throughput.output_tok_s``, ``run.goodput.attainment``,
-``run.roofline.decode.mbu``, ``run.energy.j_per_output_token`` ... — attribute access over
-summary.json, so tests and scripts read naturally. Missing sections raise an
-``AttributeError`` that lists what is there.
+``run.roofline.decode.mbu``, ``run.energy.j_per_output_token`` ... — attribute access over the
+typed :class:`~perfscope.analysis.Summary`, so tests and scripts read naturally. A name that
+is not there raises an ``AttributeError`` that lists what is (and why a section is not
+available). :class:`Section` is the same attribute view over a plain summary dict.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfscope.analysis import Summary
 from perfscope.profiler.store import StoredRun, read_run, resolve_run_path
 
 __all__ = ["Run", "Section", "load_run"]
@@ -73,23 +75,30 @@ class Section:
 
 
 class Run:
-    """A run directory and its summary.
+    """A run directory and its typed summary.
 
     Attributes:
         path: the run directory.
         manifest: manifest.json as a dict.
-        summary: summary.json as a dict.
+        summary: the typed :class:`~perfscope.analysis.Summary` (also a read-only mapping
+            over its JSON form, ``run.summary["latency"]["ttft"]["p99"]``).
+
+    ``run.ttft`` (and the other latency metrics) is ``run.summary.latency.ttft``; every other
+    section is ``run.summary.<section>`` (``run.roofline.decode.mbu``,
+    ``run.energy.j_per_token``, ``run.throughput.output_tok_s``).
     """
 
     def __init__(self, stored: StoredRun) -> None:
         if stored.summary is None:
             from perfscope._analyze import analyze_stored
 
-            analyze_stored(stored, write=False)  # reading never writes
+            summary = analyze_stored(stored, write=False)  # reading never writes
+        else:
+            summary = Summary.from_dict(stored.summary)
         self._stored = stored
         self.path: Path = stored.path
         self.manifest: dict[str, Any] = stored.manifest
-        self.summary: dict[str, Any] = stored.summary or {}
+        self.summary: Summary = summary
 
     @property
     def run_id(self) -> str:
@@ -119,17 +128,14 @@ class Run:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        latency = self.summary.get("latency", {})
+        summary: Summary = self.__dict__["summary"]
+        latency = summary.latency.metrics()
         if name in latency:
-            return Section(latency[name], name)
-        if name in self.summary:
-            value = self.summary[name]
-            return Section(value, name) if isinstance(value, dict) else value
-        if name in ("roofline", "energy", "advice", "hardware"):
-            raise AttributeError(
-                f"this run's summary has no {name!r} section (analysis for it did not run "
-                "or had no data)"
-            )
+            return latency[name]
+        if name in summary.__dataclass_fields__ or name in summary.extra:
+            value = getattr(summary, name)
+            # Lists (errors, warnings, advice, projections) read as in summary.json.
+            return summary[name] if isinstance(value, tuple) else value
         raise AttributeError(f"Run has no attribute {name!r}")
 
     def __repr__(self) -> str:

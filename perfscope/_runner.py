@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from perfscope import __version__
-from perfscope._analyze import analyze_stored, resolve_hardware
+from perfscope._analyze import analyze_stored
+from perfscope.analysis import Summary
 from perfscope.errors import PerfscopeError, StorageError
+from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.contention import ContentionMeter
@@ -81,6 +83,8 @@ class RunOptions:
         nvtx: ``True``/``False`` force NVTX ranges on/off; ``None`` = on only when a profiler
             (Nsight Systems) is attached.
         command: the command line, for the manifest.
+        ray: spread load generation over Ray actors (``local:N``, a cluster address, or
+            ``auto``); ``None`` = this process alone.
     """
 
     engine: str = "reference"
@@ -94,6 +98,7 @@ class RunOptions:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     nvtx: bool | None = None
     command: list[str] | None = None
+    ray: str | None = None
 
 
 @dataclass
@@ -102,7 +107,7 @@ class RunOutcome:
 
     path: Path
     status: str
-    summary: dict[str, Any]
+    summary: Summary
     error: str | None = None
     succeeded: int = -1
 
@@ -269,6 +274,38 @@ def _model_from_hf_config(path: str, dtype: str | None) -> dict[str, Any] | None
     return {**spec.to_dict(), "lm_head_all_positions": False}
 
 
+def _serve_distributed(
+    opts: RunOptions,
+    eopts: EngineOptions,
+    specs: list[Any],
+    recorder: Recorder,
+    clock: MonotonicClock,
+) -> Any:
+    """The run's requests served from Ray actors (``--ray``) instead of this process."""
+    from dataclasses import asdict
+
+    from perfscope.profiler.distributed import parse_ray_target, plan_for, run_distributed
+
+    if opts.engine.split(":", 1)[0] not in ("openai", "python"):
+        raise PerfscopeError(
+            "--ray spreads per-request engines (openai:, python:) over load actors; "
+            f"{opts.engine!r} batches in one process"
+        )
+    load = opts.load
+    plan = plan_for(
+        specs, load.mode, load.rate, load.arrival, load.burstiness, load.seed, load.duration_s
+    )
+    return run_distributed(
+        opts.engine,
+        asdict(eopts),
+        plan,
+        recorder,
+        clock.origin_perf_counter_ns,
+        parse_ray_target(opts.ray),
+        concurrency=load.concurrency,
+    )
+
+
 def execute_run(
     opts: RunOptions,
     progress: ProgressHook | None = None,
@@ -292,7 +329,8 @@ def execute_run(
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:
-        hardware = resolve_hardware(info.to_dict(), opts.hw)
+        database = load_database()  # once per run: resolution here, projections later
+        hardware = resolve_hardware(info.to_dict(), opts.hw, database=database)
         if opts.nvtx is not None:
             nvtx_ranges.set_enabled(opts.nvtx)
         if opts.telemetry.enabled:
@@ -316,6 +354,9 @@ def execute_run(
             "perfscope_version": __version__,
             "command": redact_argv(opts.command or sys.argv),
             "started_at": clock.started_at.isoformat(),
+            # Raw perf_counter_ns (CLOCK_MONOTONIC) at run time 0: lets records be compared
+            # with other processes' monotonic stamps (a server's log, a packet capture's clock).
+            "clock_origin_perf_counter_ns": clock.origin_perf_counter_ns,
             "ended_at": None,
             "status": "running",
             "engine": info.to_dict(),  # redacted when written (_ManifestWriter)
@@ -369,14 +410,18 @@ def execute_run(
     storage: StorageError | None = None
     contention = ContentionMeter().start()
     succeeded = 0
+    distributed = None
     with stop_signals_as_interrupt():
         flusher.start()
         progress.on_start(len(specs))
         try:
             with nvtx_ranges.run_range(manifest["run_id"]):
-                driver.start()
-                engine.serve(inbox, recorder)
-                driver.join()
+                if opts.ray is not None:
+                    distributed = _serve_distributed(opts, eopts, specs, recorder, clock)
+                else:
+                    driver.start()
+                    engine.serve(inbox, recorder)
+                    driver.join()
             if driver.error is not None:
                 raise driver.error
         except KeyboardInterrupt as exc:
@@ -406,12 +451,15 @@ def execute_run(
                 if no_success is not None and status == "complete":
                     status, error = "failed", no_success
                 if storage is None:
-                    storage = _compact(run_dir, recorder, tele_table)
+                    storage = _compact(run_dir, recorder, tele_table, distributed)
                 manifest["status"] = status
                 manifest["ended_at"] = datetime.now(UTC).isoformat()
                 manifest["host"]["contention"] = contention.stop()
                 if error:
                     manifest["errors"].append(error)
+                if distributed is not None:
+                    manifest["distributed"] = distributed.to_dict()
+                    manifest["errors"].extend(distributed.errors)
                 manifest["warnings"].extend(
                     f"{n} {text}" for text, n in sorted(recorder.warnings.items())
                 )
@@ -431,23 +479,27 @@ def execute_run(
             errno=storage.errno,
         )
     with _sigint_deferred():
-        summary = analyze_stored(read_run(run_dir))
+        summary = analyze_stored(read_run(run_dir), database=database)
     return RunOutcome(
         path=run_dir, status=status, summary=summary, error=error, succeeded=succeeded
     )
 
 
-def _compact(run_dir: Path, recorder: Recorder, telemetry: Any) -> StorageError | None:
+def _compact(
+    run_dir: Path, recorder: Recorder, telemetry: Any, distributed: Any = None
+) -> StorageError | None:
     """Write the final Parquet tables; the segment files stay until this succeeds."""
     try:
         write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())
         write_table_atomic(run_dir / "chunks.parquet", recorder.chunks_table())
         write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
+        if distributed is not None:
+            write_table_atomic(run_dir / "actors.parquet", distributed.actors_table())
         if telemetry is not None:
             write_table_atomic(run_dir / "telemetry.parquet", telemetry)
     except StorageError as exc:
         # Half-compacted tables would shadow complete segments: readers use the segments.
-        for name in ("requests", "chunks", "steps", "telemetry"):
+        for name in ("requests", "chunks", "steps", "actors", "telemetry"):
             (run_dir / f"{name}.parquet").unlink(missing_ok=True)
         return exc
     return None

@@ -78,8 +78,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     w.add_argument(
         "--output-len",
-        default="128",
-        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
+        default=None,
+        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128; when "
+        "given, it wins over the dataset's reply lengths)",
     )
     w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
     w.add_argument(
@@ -111,6 +112,17 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=number,
         default=1.0,
         help="gamma shape for --arrival gamma: <1 burstier, >1 smoother",
+    )
+    d.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS|local:N",
+        help="generate the load from Ray actors: 'local:N' starts a local cluster with N "
+        "actors, an address (ADDRESS#N for N actors) joins a cluster, bare --ray joins a "
+        "running cluster or starts a local one (openai: and python: engines; "
+        "pip install 'perfscope[ray]')",
     )
     e = p.add_argument_group("engine")
     e.add_argument(
@@ -231,82 +243,17 @@ class _RichProgress:
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._cli_sweep import apply_duration, dataset_fields, openai_extra, redact_argv
+    from perfscope._api import execute, plan
+    from perfscope._cli_sweep import run_args
     from perfscope._render import summary_view
-    from perfscope._runner import ProgressHook, RunOptions, execute_run
-    from perfscope.analysis.slo import parse_duration, parse_slos
-    from perfscope.profiler.driver import LoadConfig
-    from perfscope.profiler.engines.base import EngineOptions
-    from perfscope.profiler.telemetry import TelemetryConfig, parse_gpus
-    from perfscope.profiler.workload import WorkloadConfig, parse_length
+    from perfscope._runner import ProgressHook
 
-    requests = args.requests if args.requests is not None else (None if args.prompts else 48)
-    requests, warmup = apply_duration(requests, args.warmup, args, args.rate, args.concurrency)
-    workload = WorkloadConfig(
-        requests=requests,
-        prompt_len=parse_length(args.prompt_len, "--prompt-len"),
-        output_len=parse_length(args.output_len, "--output-len"),
-        prompts_file=args.prompts,
-        warmup=warmup,
-        seed=args.seed,
-        **dataset_fields(args, args.engine),
-    )
-    load = LoadConfig(
-        # --rate / --concurrency only make sense online: they imply it.
-        mode="online" if args.rate is not None or args.concurrency is not None else args.mode,
-        rate=args.rate,
-        concurrency=args.concurrency,
-        arrival=args.arrival,
-        burstiness=args.burstiness,
-        seed=args.seed,
-        duration_s=args.duration,
-        warmup_s=args.warmup_duration,
-    )
-    load.validate()
-    shape = {
-        k.removeprefix("shape_"): v
-        for k, v in vars(args).items()
-        if k.startswith("shape_") and v is not None
-    }
-    eopts = EngineOptions(
-        batch_size=args.batch_size,
-        scheduler=args.scheduler,
-        batch_timeout_s=parse_duration(args.batch_timeout),
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        model_preset=args.model_preset,
-        model_overrides=shape,
-        stop_on_eos=args.stop_on_eos,
-        request_timeout_s=args.timeout,
-        extra={
-            **dict(args.engine_opt),
-            **(openai_extra(args) if args.engine.startswith("openai") else {}),
-        },
-    )
-    telemetry = TelemetryConfig(
-        interval_s=parse_duration(args.telemetry_interval),
-        gpus=parse_gpus(args.gpus) if args.gpus else None,
-        enabled=not args.no_telemetry,
-    )
-    opts = RunOptions(
-        engine=args.engine,
-        workload=workload,
-        load=load,
-        engine_options=eopts,
-        telemetry=telemetry,
-        nvtx=args.nvtx,
-        slos=parse_slos(args.slo),
-        runs_dir=args.runs_dir,
-        name=args.name,
-        hw=args.hw,
-        command=redact_argv(["perfscope", *sys.argv[1:]]),
-    )
+    run_plan = plan(run_args(args))
     err = Console(stderr=True)
     hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)
-    outcome = execute_run(opts, hook)
+    outcome = execute(run_plan, hook)
     if args.json:
-        print(json.dumps(outcome.summary, indent=2))
+        print(json.dumps(outcome.summary.to_dict(), indent=2))
     else:
         console.print(summary_view(outcome.summary, outcome.path))
     if args.report:
@@ -338,14 +285,19 @@ def _say_state(run: Any) -> None:
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
     from perfscope._analyze import analyze_stored
     from perfscope._render import summary_view
+    from perfscope.analysis import Summary
     from perfscope.profiler.store import read_run, resolve_run_path
 
     run = read_run(resolve_run_path(args.run, args.runs_dir))
     _say_state(run)
     # Reading never writes: a missing summary is computed in memory and not saved.
-    summary = run.summary if run.summary is not None else analyze_stored(run, write=False)
+    summary = (
+        Summary.from_dict(run.summary)
+        if run.summary is not None
+        else analyze_stored(run, write=False)
+    )
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary.to_dict(), indent=2))
     else:
         console.print(summary_view(summary, run.path))
     return 0
@@ -365,17 +317,21 @@ def _cmd_analyze(args: argparse.Namespace, console: Console) -> int:
         sys.stderr.write("note: summary.json not saved (the run is not finished)\n")
     else:
         try:
-            write_json_atomic(run.path / "summary.json", summary)
+            write_json_atomic(run.path / "summary.json", summary.to_dict())
         except StorageError as exc:
             sys.stderr.write(f"note: summary computed but not saved ({exc})\n")
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary.to_dict(), indent=2))
     else:
         console.print(summary_view(summary, run.path))
     return 0
 
 
 def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
+    if args.where:
+        from perfscope._cli_index import runs_root
+
+        return _ls_where(runs_root(args), args, console)
     from perfscope._render import runs_table
     from perfscope.profiler.store import default_runs_root, scan_runs
 
@@ -407,6 +363,29 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _ls_where(root: Path, args: argparse.Namespace, console: Console) -> int:
+    """``ls --where``: the listing answered by the run index (fast over thousands of runs)."""
+    from perfscope._cli_index import print_rows
+    from perfscope.profiler.index import open_index
+
+    cols = (
+        "run_id, state, name, engine_kind, requests, failed, ttft_p50_s, tpot_p50_s, "
+        "output_tok_s, attainment, problem"
+    )
+    with open_index(root) as index:
+        names, rows = index.query(
+            f"SELECT {cols} FROM runs WHERE ({args.where}) "
+            f"ORDER BY started_at DESC NULLS LAST, run_id DESC LIMIT {int(args.limit)}"
+        )
+    if args.json:
+        print_rows(names, rows, console, as_json=True)
+    elif not rows:
+        console.print(f"no runs in {root} match {args.where!r}")
+    else:
+        print_rows(names, rows, console, as_json=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="perfscope", description="Inference performance profiler and roofline analyzer."
@@ -427,6 +406,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs_dir(p)
     p.add_argument("--limit", type=positive_int, default=50)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--where",
+        default=None,
+        metavar="SQL",
+        help="only runs matching this SQL condition over the index's columns, e.g. "
+        "\"ttft_p99_s < 0.2 AND engine_kind = 'openai'\" ('perfscope query --columns' lists them)",
+    )
     p.set_defaults(handler=_cmd_ls)
 
     p = sub.add_parser("analyze", help="recompute a run's summary from its raw records")
@@ -459,6 +445,7 @@ def _command_modules() -> list[Any]:
         "_cli_report",
         "_cli_sweep",
         "_cli_dashboard",
+        "_cli_index",
     )
     for name in names:
         mods.append(importlib.import_module(f"perfscope.{name}"))

@@ -16,11 +16,17 @@
     └── TelemetryError             a sampler could not start or read its device
         └── NVMLError              an NVML call failed (wraps ``pynvml.NVMLError``)
 
+    AssertionError
+    └── PerfAssertionError         ``perfscope.expect``/``check`` found a limit broken
+
 Messages are written for the person at the terminal: they name the problem and what to do.
 The CLI prints ``error: <message>`` for these and never a traceback.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "BrokenRunError",
@@ -28,6 +34,7 @@ __all__ = [
     "EngineNotFoundError",
     "HardwareDatabaseError",
     "NVMLError",
+    "PerfAssertionError",
     "PerfscopeError",
     "RunNotFoundError",
     "SLOError",
@@ -112,3 +119,18 @@ class NVMLError(TelemetryError):
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class PerfAssertionError(AssertionError):
+    """A performance assertion failed; the message has the numbers.
+
+    An ``AssertionError`` (not a :class:`PerfscopeError`): pytest reports it as a failed
+    test, and the CLI never raises it.
+
+    Attributes:
+        outcomes: every evaluated assertion, failed and passed (``perfscope._expect.Outcome``).
+    """
+
+    def __init__(self, message: str, outcomes: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.outcomes = list(outcomes)

@@ -1,14 +1,14 @@
 """Records that flow from capture to analysis (DESIGN.md §3).
 
 Times are integer nanoseconds since the run's start (one monotonic clock, see
-:mod:`perfscope.profiler.clock`). Quantities are SI base units. These dataclasses document
-the columns; the recorder stores them column-wise and the run store writes them as Parquet
-with the Arrow schemas below, so a table on disk has exactly these columns.
+:mod:`perfscope.profiler.clock`). Quantities are SI base units. The Arrow schemas
+below define the columns of the chunk, step and telemetry tables (the recorder and the
+samplers store them column-wise); a table on disk has exactly these columns.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
@@ -18,12 +18,9 @@ __all__ = [
     "REQUEST_SCHEMA",
     "STEP_SCHEMA",
     "TELEMETRY_SCHEMA",
-    "ChunkRecord",
     "RequestRecord",
     "RequestSpec",
     "StepKind",
-    "StepRecord",
-    "TelemetrySample",
 ]
 
 StepKind = Literal["prefill", "decode", "mixed"]
@@ -66,58 +63,6 @@ class RequestRecord:
     output_tokens: int = 0
     error: str | None = None
     is_warmup: bool = False
-
-
-@dataclass(frozen=True)
-class ChunkRecord:
-    """One streamed chunk: ``n_tokens`` tokens of ``request_id`` arrived at ``t`` (ns)."""
-
-    request_id: int
-    t: int
-    n_tokens: int
-    index: int
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One forward pass of a local engine, timed after device synchronisation.
-
-    Attributes:
-        kind: ``prefill`` (only prompt tokens), ``decode`` (one new token per row) or
-            ``mixed`` (both in one pass, as chunked-prefill engines do).
-        batch_size: sequences in the pass.
-        new_tokens: tokens processed in the pass (sum over rows).
-        context_tokens: KV-cache entries read by attention in the pass (sum over rows,
-            excluding the new tokens themselves).
-        request_ids: the requests in the pass.
-    """
-
-    step_id: int
-    kind: StepKind
-    t_start: int
-    t_end: int
-    batch_size: int
-    new_tokens: int
-    context_tokens: int
-    request_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class TelemetrySample:
-    """One hardware sample. ``energy_j`` is the counter since the sampler started."""
-
-    t: int
-    device: str
-    power_w: float | None = None
-    energy_j: float | None = None
-    mem_used_bytes: float | None = None
-    util_pct: float | None = None
-    mem_util_pct: float | None = None
-    sm_clock_mhz: float | None = None
-    mem_clock_mhz: float | None = None
-    temp_c: float | None = None
-    throttle: int | None = None
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 REQUEST_SCHEMA = pa.schema(

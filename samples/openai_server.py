@@ -15,32 +15,25 @@ from __future__ import annotations
 
 import sys
 
-from perfscope._runner import RunOptions, execute_run
-from perfscope.profiler.driver import LoadConfig
-from perfscope.profiler.engines.base import EngineOptions
-from perfscope.profiler.workload import LengthDist, WorkloadConfig
+import perfscope
 
 
-def main(url: str, model: str) -> None:
-    out = execute_run(
-        RunOptions(
-            engine=f"openai:{url}",
-            workload=WorkloadConfig(
-                requests=50,
-                prompt_len=LengthDist("constant", 128),
-                output_len=LengthDist("constant", 64),
-                dataset="synthetic",
-            ),
-            load=LoadConfig(mode="online", rate=4.0),
-            engine_options=EngineOptions(extra={"model": model, "endpoint": "completions"}),
-            slos={"ttft": 0.5, "tpot": 0.1},
-        )
+def main(url: str, model: str, requests: int = 50) -> perfscope.Run:
+    run = perfscope.run(
+        f"openai:{url}",
+        requests=requests,
+        prompt_len=128,
+        output_len=64,
+        rate=4.0,  # requests per second, Poisson arrivals
+        slos={"ttft": "500ms", "tpot": "100ms"},
+        model=model,  # openai engine option, as --model
+        endpoint="completions",
     )
-    s = out.summary
-    print(f"run {out.path} ({out.status})")
-    lat, thr = s["latency"], s["throughput"]
-    print(f"TTFT p50 {lat['ttft']['p50']:.3f} s, TPOT p50 {lat['tpot']['p50']:.4f} s")
-    print(f"output {thr['output_tok_s']:.1f} tok/s, attainment {s['goodput']['attainment']:.0%}")
+    print(f"run {run.path} ({run.status})")
+    print(f"TTFT p50 {run.ttft.p50:.3f} s, TPOT p50 {run.tpot.p50:.4f} s")
+    thr, good = run.throughput.output_tok_s, run.goodput.attainment
+    print(f"output {thr:.1f} tok/s, attainment {good:.0%}")
+    return run
 
 
 if __name__ == "__main__":

@@ -185,7 +185,8 @@ def check_workload(args: argparse.Namespace) -> None:
     import torch
     from rich.console import Console
 
-    from perfscope.analysis.energy import energy_section, energy_table
+    from perfscope.analysis.energy import energy_section
+    from perfscope.dashboard.terminal import energy_table
     from perfscope.profiler import nvtx_ranges
     from perfscope.profiler.clock import MonotonicClock
     from perfscope.profiler.driver import Driver, LoadConfig

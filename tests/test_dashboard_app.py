@@ -12,7 +12,6 @@ import json
 import os
 import re
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -697,22 +696,16 @@ def test_repository_rereads_a_run_only_when_its_files_change(runs: Runs, tmp_pat
     assert fresh.summary["counts"]["completed"] == 3
 
 
-def test_large_run_detail_page_builds_within_two_seconds(tmp_path: Path) -> None:
+def test_large_run_detail_page_builds_with_its_timeline_and_stays_small(tmp_path: Path) -> None:
+    # How fast it builds is measured by benchmarks/timing_targets.py (dashboard).
     root = tmp_path / "big"
     run = synthetic_run(root, 10_000)
     client = create_app(root).server.test_client()
-    t0 = time.perf_counter()
     page = route(client, f"/run/{run.name}")
-    cold = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    route(client, f"/run/{run.name}")
-    warm = time.perf_counter() - t1
+    again = route(client, f"/run/{run.name}")
     size = len(json.dumps(page))
-    sys.stderr.write(
-        f"\n10,000-request run detail: cold {cold:.2f} s, warm {warm:.3f} s, {size / 1e3:.0f} kB\n"
-    )
     assert find(page, "detail-fig-timeline") is not None
-    assert cold < 2.0, cold
+    assert json.dumps(again) == json.dumps(page)
     assert size < 3_000_000
 
 

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from perfscope.analysis.energy import EnergyCurve, energy_section, energy_table
+from perfscope.analysis.energy import EnergyCurve, energy_section
+from perfscope.dashboard.terminal import energy_table
 from perfscope.profiler.clock import ManualClock
 from perfscope.profiler.telemetry import TelemetryConfig, start_telemetry
 from perfscope.profiler.telemetry.testing import FakeGpu, FakeNvml, PowerSchedule

@@ -9,20 +9,17 @@ from typing import Any
 import pytest
 
 import perfscope
-from perfscope._expect import (
-    PerfAssertionError,
-    RunSet,
-    assert_no_regression,
-    compare_samples,
+from perfscope._change import assert_no_regression, compare_samples, t_quantile
+from perfscope._grammar import (
     direction,
     format_value,
     metric_kind,
     parse_assertion,
     parse_value,
     resolve_metric,
-    t_quantile,
 )
-from perfscope.errors import SLOError, UsageError
+from perfscope._runset import RunSet
+from perfscope.errors import PerfAssertionError, SLOError, UsageError
 from perfscope.profiler.clock import ManualClock
 
 MS = 1_000_000

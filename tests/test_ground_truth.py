@@ -67,9 +67,9 @@ def test_ttft_tpot_and_per_token_itl_match_known_sleeps_within_1ms(
     lat = s["latency"]
     truth = _truth_metrics()
     per_chunk = 3 if "triple" in engine else 1
-    # The engine slept what it was told (loosely: sleeps overshoot on a busy machine) ...
-    assert np.median(truth["ttft"]) == pytest.approx(TTFT, abs=5e-3)
-    assert np.median(truth["tpot"]) == pytest.approx(PER_TOKEN, abs=2e-3)
+    # The engine slept at least what it was told (how much longer is the machine's load) ...
+    assert np.median(truth["ttft"]) >= TTFT * 0.999
+    assert np.median(truth["tpot"]) >= PER_TOKEN * 0.999
     # ... and perfscope measured what the engine did, within 1 ms at p50.
     assert lat["ttft"]["p50"] == pytest.approx(np.median(truth["ttft"]), abs=1e-3)
     assert lat["tpot"]["p50"] == pytest.approx(np.median(truth["tpot"]), abs=1e-3)
@@ -105,13 +105,12 @@ def test_every_request_matches_the_engines_own_clock(engine: str, runs_dir: Path
     assert np.percentile(err_ms, 90) < 1.0, np.percentile(err_ms, [50, 90, 100])
 
 
-def test_throughput_matches_known_request_time_within_2_percent(runs_dir: Path) -> None:
+def test_throughput_matches_the_engines_own_window_within_2_percent(runs_dir: Path) -> None:
     s = _run("python:timed_engines:triple_chunks", runs_dir, concurrency=2, requests=8)
-    # Closed loop of 2 users, 8 requests: 4 back-to-back requests per user; the truth is the
-    # engine's own request durations.
-    per_user = sorted((st[-1] - st[0]) / 1e9 for st in _truth().values())
-    truth_window = sum(per_user) / 2
-    truth_tok_s = 8 * OUTPUT / truth_window
-    assert s["throughput"]["output_tok_s"] == pytest.approx(truth_tok_s, rel=0.02)
-    e2e = TTFT + (OUTPUT - 1) * PER_TOKEN
-    assert s["throughput"]["req_s"] == pytest.approx(8 / (4 * e2e), rel=0.05)
+    # Closed loop of 2 users, 8 requests. The truth is the engine's own window, from its
+    # first request's start to its last token (how long the sleeps took, and the client's
+    # gaps between a user's requests, are the machine's load and count on both sides).
+    stamps = _truth().values()
+    truth_window = (max(st[-1] for st in stamps) - min(st[0] for st in stamps)) / 1e9
+    assert s["throughput"]["output_tok_s"] == pytest.approx(8 * OUTPUT / truth_window, rel=0.02)
+    assert s["throughput"]["req_s"] == pytest.approx(8 / truth_window, rel=0.02)

@@ -79,22 +79,6 @@ def test_load_run_reads_back_by_path_and_as_latest(runs_dir: Path) -> None:
         _ = again.ttft.p42
 
 
-def test_public_surface_is_small_and_exported() -> None:
-    assert set(perfscope.__all__) == {
-        "Profile",
-        "Run",
-        "RunOptions",
-        "__version__",
-        "check",
-        "execute_run",
-        "expect",
-        "load_run",
-        "profile",
-    }
-    for name in perfscope.__all__:
-        assert getattr(perfscope, name) is not None
-
-
 def test_run_sections_read_naturally_with_short_names(runs_dir: Path) -> None:
     run = perfscope.load_run(_reference_run(runs_dir))
     assert run.roofline.decode.mbu == run.summary["roofline"]["phases"]["decode"]["mbu"]
@@ -108,19 +92,7 @@ def test_run_sections_read_naturally_with_short_names(runs_dir: Path) -> None:
 
 
 def _reference_run(runs_dir: Path) -> Path:
-    from perfscope._runner import RunOptions, execute_run
-    from perfscope.profiler.engines.base import EngineOptions
-    from perfscope.profiler.workload import LengthDist, WorkloadConfig
-
-    out = execute_run(
-        RunOptions(
-            workload=WorkloadConfig(
-                requests=4,
-                prompt_len=LengthDist("constant", 8),
-                output_len=LengthDist("constant", 4),
-            ),
-            engine_options=EngineOptions(model_preset="tiny"),
-            runs_dir=runs_dir,
-        )
+    run = perfscope.run(
+        "reference", requests=4, prompt_len=8, output_len=4, model_preset="tiny", runs_dir=runs_dir
     )
-    return out.path
+    return run.path

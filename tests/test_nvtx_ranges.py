@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -104,12 +103,10 @@ def test_enabled_without_a_tool_goes_through_the_real_nvtx_package(
         nr.set_enabled(False)
 
 
-def test_disabled_ranges_cost_well_under_a_microsecond(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nr, "_enabled", False)
-    n = 20_000
-    t0 = time.perf_counter_ns()
-    for i in range(n):
-        with nr.step_range("decode", i):
+def test_disabled_ranges_never_reach_the_nvtx_domain(recording: _RecordingDomain) -> None:
+    # What they cost per call is measured by benchmarks/timing_targets.py (nvtx).
+    nr.set_enabled(False)
+    for i in range(1000):
+        with nr.step_range("decode", i), nr.request_range(i, "decode"), nr.run_range("r"):
             pass
-    per_call = (time.perf_counter_ns() - t0) / n
-    assert per_call < 2_000  # ~120 ns measured on this machine; bound leaves room for load
+    assert recording.events == []

@@ -172,13 +172,16 @@ def test_marker_slos_are_checked_after_the_test_body(suite: pytest.Pytester) -> 
         ]
     )
     # marker failures are reported as messages, not as tracebacks into the plugin
-    assert "pytest_plugin.py" not in result.stdout.str()
+    assert "pytest_plugin" not in result.stdout.str()
 
 
 def test_save_then_compare_flags_a_slowdown_and_not_a_speedup(
     suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     suite.makepyfile(test_perf=PERF_TEST)
+    # 8 ms per token: far enough from 1 ms that the speedup below stays one when a loaded
+    # machine wakes every sleep a few milliseconds late
+    monkeypatch.setenv("FAKE_DELAY_MS", "8")
     saved = suite.runpytest("--perfscope-save", "base")
     assert saved.ret == 0
     saved.stdout.fnmatch_lines(["*perfscope: baseline 'base' created: 1 measurement(s) in *"])
@@ -188,10 +191,10 @@ def test_save_then_compare_flags_a_slowdown_and_not_a_speedup(
     assert {"cpu", "python", "torch", "perfscope", "platform"} <= set(stored["machine"])
     assert "id" in stored["commit"]
     entry = stored["tests"]["test_perf.py::test_decode"]
-    assert entry["metrics"]["tpot.p50"]["value"] == pytest.approx(0.004, rel=0.5)
+    assert entry["metrics"]["tpot.p50"]["value"] == pytest.approx(0.008, rel=0.5)
     assert entry["metrics"]["throughput.output_tok_s"]["direction"] == "higher"
 
-    monkeypatch.setenv("FAKE_DELAY_MS", "16")  # 4x slower: an injected regression
+    monkeypatch.setenv("FAKE_DELAY_MS", "32")  # 4x slower: an injected regression
     slower = suite.runpytest("--perfscope-compare", "base", "--perfscope-json", "perf.json")
     assert slower.ret == 1
     slower.stdout.fnmatch_lines(
@@ -213,7 +216,7 @@ def test_save_then_compare_flags_a_slowdown_and_not_a_speedup(
     tpot = next(c for c in comparisons if c["metric"] == "tpot.p50")
     assert tpot["verdict"] == "regressed" and tpot["change"] > 1.0
 
-    monkeypatch.setenv("FAKE_DELAY_MS", "1")  # 4x faster: an improvement, never a failure
+    monkeypatch.setenv("FAKE_DELAY_MS", "1")  # 8x faster: an improvement, never a failure
     faster = suite.runpytest("--perfscope-compare", "base")
     assert faster.ret == 0
     faster.stdout.fnmatch_lines(["*tpot.p50*ms*ms*-*%*improved*"])
@@ -251,7 +254,10 @@ def test_a_baseline_from_other_hardware_is_refused_unless_forced(
     )
     assert "collected" not in refused.stdout.str()  # refused before running anything
 
-    forced = suite.runpytest("--perfscope-compare", "base", "--perfscope-force")
+    # (a tolerance no noise reaches: this test is about the hardware check, not the gate)
+    forced = suite.runpytest(
+        "--perfscope-compare", "base", "--perfscope-force", "--perfscope-fail", "*:1000%"
+    )
     assert forced.ret == 0
     forced.stdout.fnmatch_lines(["*warning (forced): baseline 'base' was recorded on gpu:h100*"])
 

@@ -15,7 +15,8 @@ from rich.console import Console
 
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import ModelSpec
-from perfscope.analysis.roofline import roofline_section, roofline_table
+from perfscope.analysis.roofline import roofline_section
+from perfscope.dashboard.terminal import roofline_table
 from perfscope.hwdb.spec import DeviceSpec
 
 A100 = DeviceSpec(

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from perfscope._cli_sweep import auto_rates, register
+from perfscope._api import auto_rates
+from perfscope._cli_sweep import register
 from perfscope.analysis.sweep import find_knee, summarize_sweep
 from tests.test_openai_scripted import scripted_server
 

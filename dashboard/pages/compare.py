@@ -70,7 +70,7 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
     for m in result["metrics"]:
         row: dict[str, Any] = {"metric": m["label"], "key": m["key"]}
         for i, v in enumerate(m["values"]):
-            row[f"v{i}"] = format_metric(v, m["unit"])
+            row[f"v{i}"] = format_metric(v, m)
         for i in range(1, len(labels)):
             r, ci = m["ratios"][i], m["ci"][i]
             row[f"r{i}"] = "n/a" if r is None else f"{r:.3f}x"

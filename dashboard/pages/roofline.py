@@ -35,6 +35,7 @@ from perfscope.dashboard.pages._common import (
     note,
     query_list,
 )
+from perfscope.dashboard.view import roofline_ceilings
 from perfscope.errors import PerfscopeError
 
 __all__ = [
@@ -208,12 +209,12 @@ def explorer_figure(
         dev = esc(p["device"]["name"])
         bw, peak = c.get("mem_bw_bytes_s"), c.get("peak_flops")
         level = "cache" if c.get("memory_level") == "cache" else "DRAM/HBM"
+        roof = roofline_ceilings(peak, bw, x_lo, x_hi)
         if bw:
-            x_end = peak / bw if peak else x_hi
             fig.add_trace(
                 go.Scatter(
-                    x=[x_lo, x_end],
-                    y=[bw * x_lo, bw * x_end],
+                    x=roof.memory_x if roof else [x_lo, x_hi],
+                    y=roof.memory_y if roof else [bw * x_lo, bw * x_hi],
                     mode="lines",
                     line={"color": color, "dash": "dash"},
                     name=f"{dev}: {level} {fmt_si(bw, 'B/s')}",
@@ -222,10 +223,9 @@ def explorer_figure(
                 )
             )
         if peak:
-            x_start = peak / bw if bw else x_lo
             fig.add_trace(
                 go.Scatter(
-                    x=[x_start, x_hi],
+                    x=roof.peak_x if roof else [x_lo, x_hi],
                     y=[peak, peak],
                     mode="lines",
                     line={"color": color},

@@ -20,7 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
 
-from perfscope.dashboard._fmt import esc, fmt_pct, fmt_rate, fmt_time
+from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.data import LoadedRun, per_request_frame
 from perfscope.dashboard.figures import FIGURE_LAYOUT
 from perfscope.dashboard.pages._common import (
@@ -36,6 +36,7 @@ from perfscope.dashboard.pages._common import (
     figure_block,
     note,
 )
+from perfscope.dashboard.view import as_summary, headline_cards, latency_rows, throughput_rows
 from perfscope.errors import PerfscopeError
 
 __all__ = ["PAGE", "axis_patch", "linked_range", "request_figure", "requests_page"]
@@ -83,33 +84,16 @@ def _x_axes(fig: go.Figure | None) -> list[str]:
 
 
 def _metrics_table(summary: dict[str, Any]) -> html.Table:
-    lat = summary.get("latency") or {}
-    tp = summary.get("throughput") or {}
-    gp = summary.get("goodput") or {}
-    counts = summary.get("counts") or {}
-    energy = summary.get("energy") or {}
-    roof = (summary.get("roofline") or {}).get("phases") or {}
-    cells: list[tuple[str, str]] = []
-    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E")):
-        d = lat.get(key) or {}
-        cells.append((f"{label} p50 / p99", f"{fmt_time(d.get('p50'))} / {fmt_time(d.get('p99'))}"))
+    s = as_summary(summary)
+    cells = [(c.title, c.value) for c in headline_cards(s)]
     cells += [
-        ("output tokens/s", fmt_rate(tp.get("output_tok_s"), "tok/s")),
-        ("requests/s", fmt_rate(tp.get("req_s"), "req/s")),
-        ("goodput", fmt_rate(gp.get("goodput_req_s"), "req/s")),
-        ("SLO attainment", fmt_pct(gp.get("attainment"))),
-        (
-            "requests (ok / failed)",
-            f"{counts.get('completed', 'n/a')} / {counts.get('failed', 'n/a')}",
-        ),
+        (f"{r.label} p50 / p99", f"{r.values['p50']} / {r.values['p99']}")
+        for r in latency_rows(s, ("itl", "e2e"))
     ]
-    for phase, p in roof.items():
-        cells.append((f"{phase}: MFU / MBU", f"{fmt_pct(p.get('mfu'))} / {fmt_pct(p.get('mbu'))}"))
-        cells.append((f"{phase}: verdict", str(p.get("verdict") or "n/a")))
-    if energy.get("available"):
-        cells.append(("energy per output token", f"{energy.get('j_per_output_token'):.4g} J"))
-    else:
-        cells.append(("energy per output token", "not available"))
+    cells += [
+        (r.label, r.value) for r in throughput_rows(s) if r.metric in ("req_s", "goodput_req_s")
+    ]
+    cells += [(f"{phase}: verdict", p.verdict or "n/a") for phase, p in s.roofline.phases.items()]
     rows = [html.Tr([html.Th(k, style={"textAlign": "left"}), html.Td(v)]) for k, v in cells]
     return html.Table(html.Tbody(rows), id="detail-metrics", style={"fontSize": "14px"})
 

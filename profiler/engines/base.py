@@ -35,7 +35,6 @@ __all__ = [
     "Submission",
     "create_engine",
     "register_engine",
-    "registered_schemes",
 ]
 
 
@@ -280,11 +279,6 @@ def register_engine(scheme: str) -> Callable[[EngineFactory], EngineFactory]:
         return factory
 
     return deco
-
-
-def registered_schemes() -> list[str]:
-    _load_builtin_engines()
-    return sorted(_REGISTRY)
 
 
 def _load_builtin_engines() -> None:

@@ -1,0 +1,124 @@
+"""Frozen, typed records that read and write their JSON form.
+
+A :class:`Record` subclass is a ``@dataclass(frozen=True, kw_only=True)`` whose fields carry
+type hints. ``from_dict`` builds it from a JSON object, converting nested objects into the
+record types the hints name (``Distribution``, ``dict[str, PhaseRoofline]``,
+``tuple[Advice, ...]``); keys it does not know are kept in ``extra`` and written back by
+``to_dict``, so a summary written by a newer perfscope (or with fields other components add)
+loads and round-trips without losing anything. Missing keys take the field's default.
+
+Attribute access falls back to ``extra``, so ``section.some_new_field`` works for fields that
+exist in the data but not (yet) in the type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self, get_args, get_origin
+
+__all__ = ["Record"]
+
+
+def _from_json(tp: Any, value: Any) -> Any:
+    """``value`` (JSON) converted to the type ``tp`` names, as far as records go."""
+    if value is None:
+        return None
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arm in get_args(tp):
+            if arm is type(None):
+                continue
+            if isinstance(arm, type) and issubclass(arm, Record):
+                return arm.from_dict(value) if isinstance(value, Mapping) else value
+            return _from_json(arm, value)
+        return value
+    if isinstance(tp, type) and issubclass(tp, Record):
+        return tp.from_dict(value) if isinstance(value, Mapping) else value
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        args = get_args(tp)
+        inner = args[1] if len(args) == 2 else Any
+        if not isinstance(value, Mapping):
+            return value
+        return {str(k): _from_json(inner, v) for k, v in value.items()}
+    if origin is tuple or tp is tuple:
+        args = get_args(tp)
+        inner = args[0] if args else Any
+        if not isinstance(value, list | tuple):
+            return value
+        return tuple(_from_json(inner, v) for v in value)
+    return value
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, Mapping):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_json(v) for v in value]
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Record:
+    """Base of the summary's records (see the module docstring).
+
+    Attributes:
+        extra: keys of the JSON object that this type has no field for, kept as read.
+    """
+
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    #: Per class: field name → resolved type hint (filled on first use).
+    _hints: ClassVar[dict[type, dict[str, Any]]] = {}
+
+    @classmethod
+    def _field_types(cls) -> dict[str, Any]:
+        hints = Record._hints.get(cls)
+        if hints is None:
+            resolved = typing.get_type_hints(cls)
+            hints = {f.name: resolved[f.name] for f in dataclasses.fields(cls) if f.name != "extra"}
+            Record._hints[cls] = hints
+        return hints
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
+        """Build from a JSON object; unknown keys go to ``extra``, missing ones default."""
+        data = data or {}
+        hints = cls._field_types()
+        kwargs = {name: _from_json(tp, data[name]) for name, tp in hints.items() if name in data}
+        extra = {k: v for k, v in data.items() if k not in hints}
+        return cls(**kwargs, extra=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (SI units), ``extra`` keys included."""
+        out = {name: _to_json(getattr(self, name)) for name in self._field_types()}
+        for k, v in self.extra.items():
+            out.setdefault(k, _to_json(v))
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names that are not fields: look in the keys the type does not know.
+        if name.startswith("__") or name in ("extra", "_hints"):
+            raise AttributeError(name)
+        extra = self.__dict__.get("extra") or {}
+        if name in extra:
+            return extra[name]
+        known = sorted([*self._field_types(), *extra])
+        why = ""
+        if self.__dict__.get("available") is False:
+            reason = self.__dict__.get("reason")
+            why = f" ({type(self).__name__.lower()} is not available: {reason})"
+        raise AttributeError(
+            f"{type(self).__name__} has no {name!r}{why}; it has: {', '.join(known)}"
+        )
+
+    def __getitem__(self, name: str) -> Any:
+        """``section["p99"]``: the same as attribute access."""
+        return getattr(self, name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self._field_types() or name in self.extra)

@@ -1,0 +1,147 @@
+"""The analysis stage: a stored run's records in, its typed :class:`Summary` out.
+
+:func:`analyze` owns the list of sections and the order they are computed in:
+
+1. per-request rows (once; every section that needs them reuses them),
+2. metrics: counts, latency, throughput, goodput, driver lag, errors, steps, warnings,
+3. ``hardware``: the device the run is analysed against,
+4. ``energy``: the telemetry join,
+5. ``roofline``: per phase, with the energy of each phase,
+6. ``advice`` and ``projections`` (only with a roofline, a model and a device).
+
+It is a pure function of the run's records and the analysis inputs (SLOs, device): it reads
+and writes no file, so ``perfscope analyze`` reproduces a run's numbers exactly and can re-derive
+them with other SLOs or against another device. Storing the result is the caller's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import pandas as pd
+
+from perfscope.analysis.advisor import advise
+from perfscope.analysis.energy import energy_section
+from perfscope.analysis.metrics import per_request
+from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.roofline import roofline_section
+from perfscope.analysis.summary import Summary, build_summary
+from perfscope.analysis.whatif import project_run
+from perfscope.hwdb import HardwareDatabase, load_database, resolve_hardware
+from perfscope.hwdb.spec import DeviceSpec
+
+__all__ = ["PROJECTION_DEVICES", "RunRecords", "analyze"]
+
+#: Devices a measured run is projected onto ("the same workload on other devices").
+PROJECTION_DEVICES = ("l4", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb")
+
+
+class RunRecords(Protocol):
+    """What the analysis reads of a stored run (``perfscope.profiler.store.StoredRun`` is
+    one): the manifest and the four record tables (empty frames when absent)."""
+
+    @property
+    def manifest(self) -> Mapping[str, Any]: ...
+    @property
+    def requests(self) -> pd.DataFrame: ...
+    @property
+    def chunks(self) -> pd.DataFrame: ...
+    @property
+    def steps(self) -> pd.DataFrame: ...
+    @property
+    def telemetry(self) -> pd.DataFrame: ...
+
+
+def _hardware(
+    run: RunRecords, device: str | DeviceSpec | None, database: HardwareDatabase | None
+) -> dict[str, Any]:
+    """``manifest["hardware"]``, or the device asked for (a name or a spec)."""
+    if isinstance(device, DeviceSpec):
+        return {"spec": device.to_dict(), "resolved_from": f"given: {device.key}"}
+    if device:
+        return resolve_hardware(run.manifest.get("engine") or {}, device, database=database)
+    recorded = run.manifest.get("hardware")
+    return dict(recorded) if recorded else {"spec": None, "reason": "not recorded"}
+
+
+def _workload_stats(run: RunRecords) -> dict[str, Any]:
+    """Mean prompt/output tokens of the completed measured requests, the configured batch."""
+    r = run.requests
+    measured = r[~r["is_warmup"].astype(bool)] if not r.empty else r
+    ok = measured[measured["error"].isna()] if not measured.empty else measured
+    cfg = (run.manifest.get("engine") or {}).get("config") or {}
+    return {
+        "prompt_tokens_mean": float(ok["prompt_tokens"].mean()) if len(ok) else None,
+        "output_tokens_mean": float(ok["output_tokens"].mean()) if len(ok) else None,
+        "batch_size": cfg.get("batch_size"),
+        "requests": len(measured),
+    }
+
+
+def analyze(
+    stored_run: RunRecords,
+    *,
+    slos: Mapping[str, float] | None = None,
+    device: str | DeviceSpec | None = None,
+    database: HardwareDatabase | None = None,
+) -> Summary:
+    """The summary of ``stored_run``.
+
+    Args:
+        stored_run: the run's manifest and tables (a ``StoredRun``).
+        slos: per-request SLO limits in seconds (``{"ttft": 0.2}``); ``None`` keeps the
+            manifest's.
+        device: the device to analyse against: anything the hardware lookup accepts, or a
+            :class:`DeviceSpec`; ``None`` keeps the device recorded in the manifest.
+        database: an already loaded hardware database (else loaded once, when needed).
+
+    Raises:
+        UnknownDeviceError: ``device`` names no known device.
+    """
+    rows = per_request(stored_run.requests)
+    hardware = _hardware(stored_run, device, database)
+    spec = DeviceSpec.from_dict(hardware["spec"]) if hardware.get("spec") else None
+    model_dict = (stored_run.manifest.get("engine") or {}).get("model")
+    model = ModelSpec.from_dict(model_dict) if model_dict else None
+
+    energy = energy_section(
+        stored_run.telemetry,
+        stored_run.steps,
+        stored_run.requests,
+        stored_run.chunks,
+        stored_run.manifest.get("telemetry") or {},
+        tdp_w=spec.tdp_w if spec else None,
+        mem_capacity_bytes=spec.mem_bytes if spec else None,
+    )
+    roofline = roofline_section(
+        stored_run.steps,
+        stored_run.requests,
+        stored_run.chunks,
+        model,
+        spec,
+        energy=energy.get("phases"),
+    )
+    advice: list[dict[str, Any]] = []
+    projections: list[dict[str, Any]] = []
+    if roofline.get("available") and model is not None and spec is not None:
+        workload = _workload_stats(stored_run)
+        advice = advise(roofline, model, spec, workload)
+        db = database if database is not None else load_database()
+        targets = [db.devices[k] for k in PROJECTION_DEVICES if k in db.devices and k != spec.key]
+        projections = project_run(roofline, model, workload, targets)
+    return build_summary(
+        stored_run.manifest,
+        stored_run.requests,
+        stored_run.chunks,
+        stored_run.steps,
+        slos=slos,
+        per_request_rows=rows,
+        sections={
+            "hardware": hardware,
+            "roofline": roofline,
+            "energy": energy,
+            "advice": advice,
+            "projections": projections,
+        },
+    )

@@ -1,0 +1,123 @@
+"""How fast the run index answers over many runs (issue: an index over thousands of runs).
+
+Builds N synthetic run directories (manifest.json + summary.json copied from one real run,
+with varied metrics and states; no Parquet tables, which the index never reads), then measures:
+
+- the first index build (every run read),
+- a refresh that finds nothing changed plus one query (what ``perfscope query`` does),
+- the same after 1% of the runs changed,
+- ``perfscope query`` and ``perfscope ls --where`` end to end as subprocesses (includes Python
+  start-up and imports).
+
+Run: ``python benchmarks/index_scale.py [--runs 10000] [--repeat 5]``. Prints medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def make_runs(root: Path, n: int, seed: int = 0) -> None:
+    from tests.data.runs.builders import manual_run
+
+    template = manual_run(root / "_template", name="tmpl", n_requests=6)
+    manifest = json.loads((template / "manifest.json").read_text())
+    summary = json.loads((template / "summary.json").read_text())
+    rng = random.Random(seed)
+    kinds = ["reference", "openai", "hf", "python"]
+    states = ["complete"] * 17 + ["failed", "interrupted", "running"]
+    for i in range(n):
+        run_id = f"20261201-{i // 3600:02d}{i // 60 % 60:02d}{i % 60:02d}-bench-{i:05x}"
+        d = root / run_id
+        d.mkdir()
+        manifest["run_id"] = run_id
+        manifest["status"] = rng.choice(states)
+        manifest["engine"]["kind"] = rng.choice(kinds)
+        manifest["started_at"] = f"2026-12-01T{i // 3600 % 24:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z"
+        summary["latency"]["ttft"]["p99"] = rng.lognormvariate(-2, 1)
+        summary["throughput"]["output_tok_s"] = rng.uniform(10, 5000)
+        (d / "manifest.json").write_text(json.dumps(manifest))
+        (d / "summary.json").write_text(json.dumps(summary))
+    import shutil
+
+    shutil.rmtree(root / "_template")
+
+
+def _timed(fn: object) -> float:
+    t0 = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+
+    from perfscope.profiler.index import open_index
+
+    sql = (
+        "SELECT engine_kind, count(*), median(ttft_p99_s), max(output_tok_s) FROM runs "
+        "WHERE state = 'complete' GROUP BY 1 ORDER BY 1"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        t_make = _timed(lambda: make_runs(root, args.runs))
+        print(f"made {args.runs} runs in {t_make:.1f} s")
+
+        def build() -> None:
+            with open_index(root, rebuild=True):
+                pass
+
+        t_build = _timed(build)
+        print(f"first build (all runs read):          {t_build:.2f} s")
+
+        def refresh_and_query() -> None:
+            with open_index(root) as index:
+                index.query(sql)
+
+        times = [_timed(refresh_and_query) for _ in range(args.repeat)]
+        print(f"refresh (nothing changed) + query:    median {statistics.median(times):.3f} s")
+
+        runs = sorted(p for p in root.iterdir() if p.is_dir())
+        times = []
+        for _ in range(args.repeat):
+            for p in random.sample(runs, max(1, len(runs) // 100)):
+                s = json.loads((p / "summary.json").read_text())
+                s["latency"]["ttft"]["p99"] = random.random()
+                (p / "summary.json").write_text(json.dumps(s))
+            times.append(_timed(refresh_and_query))
+        print(f"refresh (1% changed) + query:         median {statistics.median(times):.3f} s")
+
+        exe = [sys.executable, "-m", "perfscope"]
+        for label, argv in (
+            ("perfscope query (subprocess)", ["query", sql]),
+            ("perfscope ls --where (subprocess)", ["ls", "--where", "ttft_p99_s > 0.5"]),
+            ("perfscope --version (start-up only)", ["--version"]),
+        ):
+            times = []
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                subprocess.run(
+                    [*exe, *argv, *(["--runs-dir", str(root)] if argv[0] != "--version" else [])],
+                    check=True,
+                    capture_output=True,
+                )
+                times.append(time.perf_counter() - t0)
+            print(f"{label + ':':38s}median {statistics.median(times):.3f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""Terminal (rich) tables of a summary's analysis sections: roofline, energy, projections.
+
+They were part of ``perfscope.analysis``; the analysis now computes and this layer shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from perfscope.analysis.catalogue import (
+    format_bytes,
+    format_number,
+    format_seconds,
+    format_si,
+    format_value,
+)
+from perfscope.analysis.catalogue import format_ratio as fmt_pct
+
+__all__ = ["energy_table", "predictions_table", "roofline_table"]
+
+
+_fmt_time = format_seconds
+_fmt_si = format_si
+
+
+def _ms(s: float | None) -> str:
+    return format_seconds(s)
+
+
+def _gb(b: float | None) -> str:
+    return format_bytes(b)
+
+
+def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{format_number(v, digits)}{unit}"
+    return f"{v}{unit}"
+
+
+def _bytes(v: float | None) -> str:
+    return "—" if v is None else format_bytes(v)
+
+
+def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
+    """The roofline section of ``perfscope run``/``show``: a table plus the evidence lines."""
+    r = summary_roofline
+    if not r.get("available"):
+        return Text(f"roofline: not available ({r.get('reason') or 'no data'})", style="dim")
+    c = r["ceilings"] or {}
+    dev = r["device"] or {}
+    title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
+    if r.get("estimated"):
+        title += " (estimated from the request timeline)"
+    table = Table(title=title, title_justify="left")
+    for col, just in (
+        ("phase", "left"),
+        ("steps", "right"),
+        ("time", "right"),
+        ("FLOPs", "right"),
+        ("bytes", "right"),
+        ("intensity / ridge", "right"),
+        ("MFU", "right"),
+        ("MBU", "right"),
+        ("achieved", "right"),
+        ("efficiency", "right"),
+        ("verdict", "left"),
+    ):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    styles = {"compute-bound": "green", "memory-bound": "cyan", "overhead-bound": "yellow"}
+    for phase, p in r["phases"].items():
+        ridge = p.get("ridge_point")
+        inten = f"{format_number(p['intensity'])} / {format_number(ridge) if ridge else 'n/a'}"
+        if p.get("memory_level") == "cache":
+            inten += " (cache)"
+        mbu = fmt_pct(p["mbu"]) + (" (cache)" if p.get("memory_level") == "cache" else "")
+        achieved = (
+            f"{_fmt_si(p['achieved_flops_s'], 'FLOP/s')}, {_fmt_si(p['achieved_bytes_s'], 'B/s')}"
+        )
+        name = phase + (" (est.)" if p.get("estimated") else "")
+        table.add_row(
+            name,
+            str(p["steps"]),
+            _fmt_time(p["time_s"]),
+            _fmt_si(p["flops"], ""),
+            _fmt_si(p["bytes"], "B"),
+            inten,
+            fmt_pct(p["mfu"]),
+            mbu,
+            achieved,
+            fmt_pct(p["efficiency"]),
+            Text(p["verdict"], style=styles.get(p["verdict"], "")),
+        )
+    src = c.get("source", "?")
+    ceil = Text(
+        f"ceilings ({src}): {_fmt_si(c.get('peak_flops'), 'FLOP/s')} {c.get('dtype')}, "
+        f"{_fmt_si(c.get('mem_bw_bytes_s'), 'B/s')} DRAM"
+        + (
+            f", {_fmt_si(c.get('cache_bw_bytes_s'), 'B/s')} cache "
+            f"({_fmt_si(c.get('cache_bytes'), 'B')})"
+            if c.get("cache_bw_bytes_s")
+            else ""
+        )
+        + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
+        f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
+        style="dim",
+    )
+    lines = [Text(f"• {p['evidence']}") for p in r["phases"].values()]
+    return Group(table, ceil, *lines)
+
+
+def predictions_table(
+    predictions: list[dict[str, Any]], *, title: str | None = None
+) -> RenderableType:
+    """A rich table of :func:`predict` / :func:`project_run` results, one row per device."""
+    if not predictions:
+        return Text("no devices to project onto", style="dim")
+    first = predictions[0]
+    w = first["workload"]
+    sol = all(p["speed_of_light"] for p in predictions)
+    basis = (
+        "at speed of light (100% of roofline)"
+        if sol
+        else first.get("basis")
+        or (
+            f"derated: prefill {fmt_pct(first['efficiency']['prefill'])}, "
+            f"decode {fmt_pct(first['efficiency']['decode'])} of speed of light"
+        )
+    )
+    table = Table(
+        title=title
+        or (
+            f"{first['model']} ({first['dtypes']['weights']} weights, "
+            f"{first['dtypes']['kv_cache']} KV) — batch {w['batch']}, prompt {w['prompt_len']}, "
+            f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
+        ),
+        title_justify="left",
+        caption=basis,
+        caption_justify="left",
+    )
+    for col in (
+        "device",
+        "ceilings",
+        "TTFT",
+        "TPOT",
+        "tok/s",
+        "weights",
+        "KV cache",
+        "fits",
+        "max batch",
+        "prefill",
+        "decode",
+    ):
+        table.add_column(col, justify="left" if col in ("device", "prefill", "decode") else "right")
+    for p in predictions:
+        m = p["memory"]
+        fits = "n/a" if m["fits"] is None else ("yes" if m["fits"] else "NO")
+        table.add_row(
+            p["device"]["key"],
+            p["device"]["source"],
+            _ms(p["ttft_s"]),
+            _ms(p["tpot_s"]),
+            format_number(p["throughput_tok_s"], 4) if p["throughput_tok_s"] else "n/a",
+            _gb(m["weights_bytes"]),
+            _gb(m["kv_cache_bytes"]),
+            fits,
+            "n/a" if p["max_batch"] is None else str(p["max_batch"]),
+            p["prefill"]["bound"],
+            p["decode"]["bound"],
+        )
+    notes = sorted({n for p in predictions for n in p["notes"] if not n.startswith("at speed")})
+    return Group(table, *[Text(f"note: {n}", style="dim") for n in notes])
+
+
+def energy_table(section: dict[str, Any]) -> Table:
+    """A rich table of :func:`energy_section`'s result."""
+    table = Table(title="Energy and power", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("detail")
+    if not section.get("available"):
+        table.add_row("energy", "unavailable", str(section.get("reason") or ""))
+    else:
+        table.add_row(
+            "method",
+            str(section.get("method")),
+            f"source {section.get('source')}: {', '.join(section.get('devices', []))}",
+        )
+        table.add_row("window", _fmt(section.get("window_s"), " s"), "")
+        table.add_row("energy", _fmt(section.get("total_j"), " J", 4), "")
+        table.add_row(
+            "energy / output token",
+            _fmt(section.get("j_per_output_token"), " J", 4),
+            f"{_fmt(section.get('tokens_per_j'), ' tok/J', 4)}",
+        )
+        if section.get("idle_baseline_w") is not None:
+            table.add_row(
+                "idle baseline",
+                _fmt(section.get("idle_baseline_w"), " W"),
+                f"dynamic energy {_fmt(section.get('dynamic_energy_j'), ' J', 4)}",
+            )
+        pw = section.get("power", {})
+        table.add_row(
+            "power avg / peak",
+            f"{_fmt(pw.get('avg_w'), ' W')} / {_fmt(pw.get('peak_w'), ' W')}",
+            f"limit {_fmt(pw.get('limit_w'), ' W')} (avg {_fmt(pw.get('avg_pct_of_limit'), '%')},"
+            f" peak {_fmt(pw.get('peak_pct_of_limit'), '%')}); TDP {_fmt(pw.get('tdp_w'), ' W')}",
+        )
+        for name, p in section.get("phases", {}).items():
+            detail = []
+            if p.get("time_s") is not None:
+                detail.append(format_seconds(p["time_s"]))
+            if p.get("avg_power_w") is not None:
+                detail.append(format_value(p["avg_power_w"], "watts"))
+            if p.get("j_per_token") is not None:
+                detail.append(format_value(p["j_per_token"], "joules_per_token"))
+            table.add_row(f"  {name}", _fmt(p.get("energy_j"), " J", 4), ", ".join(detail))
+        rq = section.get("requests")
+        if rq:
+            table.add_row(
+                "per request",
+                _fmt(rq["energy_j"]["p50"], " J", 4),
+                f"p50; p90 {_fmt(rq['energy_j']['p90'], ' J', 4)}; "
+                f"J/token p50 {_fmt(rq['j_per_output_token']['p50'], '', 4)}",
+            )
+        thr = section.get("throttle", {})
+        if thr.get("share") is not None:
+            table.add_row("throttled", _fmt(100 * thr["share"], "%"), "share of samples")
+        for name, row in section.get("hardware_counters", {}).items():
+            if row.get("dram_bw_util_pct") is not None:
+                table.add_row(
+                    f"measured DRAM bw ({name})",
+                    _fmt(row["dram_bw_util_pct"], "%"),
+                    f"tensor {_fmt(row.get('tensor_util_pct'), '%')}, "
+                    f"SM occupancy {_fmt(row.get('sm_occupancy_pct'), '%')}",
+                )
+    for dev, m in (section.get("memory") or {}).items():
+        table.add_row(
+            f"peak memory {dev}",
+            _bytes(m.get("peak_used_bytes")),
+            f"of {_bytes(m.get('capacity_bytes'))} ({_fmt(m.get('peak_pct_of_capacity'), '%')})",
+        )
+    cpu = section.get("cpu") or {}
+    if cpu.get("sampled"):
+        table.add_row(
+            "process peak RSS",
+            _bytes(cpu.get("peak_rss_bytes")),
+            f"avg CPU {_fmt(cpu.get('avg_process_cpu_pct'), '% of a core')}",
+        )
+        if cpu.get("energy_available"):
+            table.add_row("CPU package energy", _fmt(cpu.get("package_energy_j"), " J", 4), "RAPL")
+        else:
+            table.add_row("CPU energy", "unavailable", str(cpu.get("energy_reason") or ""))
+    for note in section.get("notes", []):
+        table.add_row("note", "", note)
+    return table

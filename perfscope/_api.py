@@ -1,0 +1,777 @@
+"""``perfscope.run()`` and ``perfscope.sweep()``: the one library entry point for a run.
+
+Every way of starting a run (the ``perfscope run`` and ``perfscope sweep`` commands, the
+pytest fixture, a user's script) comes through here. :func:`plan` turns the keyword
+arguments into the capture layer's config objects (``WorkloadConfig``, ``LoadConfig``,
+``EngineOptions``, ``TelemetryConfig``, ``RunOptions``) and holds every option-assembly rule
+once: a rate or a concurrency implies online arrivals, a duration sizes the request pool,
+``openai:`` engines default to synthetic prompt text, durations take units, and so on.
+:func:`execute` hands the plan to :func:`perfscope._runner.execute_run`.
+
+Each keyword of :func:`run` is the ``perfscope run`` flag of the same name (``--prompt-len``
+→ ``prompt_len``); ``**engine_options`` are ``--engine-opt KEY=VALUE``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from perfscope.errors import EngineError, UsageError
+
+if TYPE_CHECKING:
+    from perfscope._run import Run
+    from perfscope._runner import ProgressHook, RunOptions, RunOutcome
+    from perfscope.profiler.engines.base import Engine, EngineOptions
+
+__all__ = [
+    "RunArgs",
+    "RunPlan",
+    "Sweep",
+    "auto_rates",
+    "execute",
+    "plan",
+    "run",
+    "run_with",
+    "slo_seconds",
+    "sweep",
+    "sweep_with",
+]
+
+#: What ``engine`` may be: a URI, a callable that yields tokens, or an Engine object.
+EngineLike = Any
+
+#: Default measured requests of :func:`run` (``perfscope run``) and per :func:`sweep` point.
+DEFAULT_REQUESTS = 48
+DEFAULT_SWEEP_REQUESTS = 32
+#: Output length when none is given; a given one wins over a dataset's reply lengths.
+DEFAULT_OUTPUT_LEN = 128
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunArgs:
+    """The arguments of :func:`run`, as one record (see :func:`run` for each field)."""
+
+    engine: EngineLike = "reference"
+    requests: int | None = None
+    prompt_len: int | str = 128
+    output_len: int | str | None = None
+    prompts: str | Path | None = None
+    dataset: str | None = None
+    prefix_len: int = 0
+    prefix_groups: int = 1
+    tokenizer: str | Path | None = None
+    warmup: int = 0
+    seed: int = 0
+    mode: str | None = None
+    rate: float | None = None
+    concurrency: int | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    duration: float | str | None = None
+    warmup_duration: float | str | None = None
+    batch_size: int = 8
+    scheduler: str = "continuous"
+    batch_timeout: float | str = 0.0
+    device: str | None = None
+    dtype: str | None = None
+    model_preset: str | None = None
+    model_overrides: Mapping[str, int] | None = None
+    stop_on_eos: bool = False
+    slos: Mapping[str, float | str] | None = None
+    hw: str | None = None
+    telemetry: bool = True
+    telemetry_interval: float | str = 0.05
+    gpus: Sequence[int] | str | None = None
+    nvtx: bool | None = None
+    runs_dir: str | Path | None = None
+    name: str | None = None
+    command: Sequence[str] | None = None
+    ray: str | None = None
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
+    #: Requests when ``requests`` is None and nothing else sizes the workload.
+    default_requests: int = DEFAULT_REQUESTS
+    #: Name arguments as command-line flags (``--prompt-len``) in error messages.
+    cli: bool = False
+
+    def arg(self, name: str) -> str:
+        """How an error message names argument ``name``."""
+        return "--" + name.replace("_", "-") if self.cli else name
+
+
+_RUN_ARG_NAMES = frozenset(f.name for f in fields(RunArgs)) - {
+    "engine_options",
+    "default_requests",
+    "cli",
+}
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run, ready to execute: the capture options and how to build the engine.
+
+    Attributes:
+        options: everything :func:`perfscope._runner.execute_run` needs.
+        engine_factory: builds the engine from ``(uri, EngineOptions)``; ``None`` = the
+            registry (by URI scheme).
+    """
+
+    options: RunOptions
+    engine_factory: Callable[[str, EngineOptions], Engine] | None = None
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _whole(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise UsageError(f"{what} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise UsageError(f"{what} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _positive(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UsageError(f"{what} must be a number, got {value!r}")
+    v = float(value)
+    if not (v > 0 and math.isfinite(v)):
+        raise UsageError(f"{what} must be a positive number, got {value!r}")
+    return v
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UsageError(f"{what} must be a number, got {value!r}")
+    return float(value)
+
+
+def _seconds(value: float | str, what: str) -> float:
+    """A duration: seconds as a number, or a string with a unit (``"50ms"``)."""
+    from perfscope.analysis.slo import parse_duration
+
+    if isinstance(value, str):
+        return parse_duration(value.strip())
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UsageError(f"{what} must be seconds or a duration such as '50ms', got {value!r}")
+    return float(value)
+
+
+def _choice(value: Any, what: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise UsageError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def slo_seconds(slos: Mapping[str, float | str] | None) -> dict[str, float]:
+    """``{"ttft": "200ms", "tpot": 0.05}`` → ``{"ttft": 0.2, "tpot": 0.05}`` (seconds)."""
+    from perfscope.analysis.slo import SLO_METRICS, parse_slos
+
+    out: dict[str, float] = {}
+    for key, value in (slos or {}).items():
+        metric = str(key).strip().lower()
+        if isinstance(value, str):
+            out.update(parse_slos([f"{metric}={value}"]))
+            continue
+        if metric not in SLO_METRICS:
+            raise UsageError(f"unknown SLO metric {key!r}: use one of {', '.join(SLO_METRICS)}")
+        out[metric] = _positive(value, f"SLO {key}")
+    return out
+
+
+def _extra_text(value: Any) -> str:
+    """Engine-specific option values are text (``--engine-opt KEY=VALUE``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value)
+    return str(value)
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def _engine_factory(
+    engine: EngineLike,
+) -> tuple[str, Callable[[str, EngineOptions], Engine] | None]:
+    """The engine's URI and, for callables and Engine objects, how to build it."""
+    from perfscope.profiler.engines.base import Engine
+
+    if isinstance(engine, str):
+        if not engine.strip():
+            raise UsageError("engine must not be empty: use 'reference', 'python:MOD:FN', ...")
+        return engine, None
+    if isinstance(engine, Engine):
+        instance = engine
+        return instance.info().uri, lambda uri, opts: instance
+    if callable(engine):
+        from perfscope.profiler.engines.python_callable import PythonCallableEngine
+
+        fn = engine
+        qual = getattr(fn, "__qualname__", type(fn).__name__)
+        uri = f"python:{getattr(fn, '__module__', '?')}:{qual}"
+        return uri, lambda uri_, opts: PythonCallableEngine(uri_, fn)
+    raise UsageError(
+        f"engine must be a URI string, a callable that yields tokens or an Engine, "
+        f"not {type(engine).__name__}"
+    )
+
+
+def _engine_options(a: RunArgs, uri: str) -> EngineOptions:
+    from perfscope.profiler.engines.base import EngineOptions
+
+    known = {f.name for f in fields(EngineOptions)}
+    given: dict[str, Any] = {
+        "batch_size": _whole(a.batch_size, a.arg("batch_size"), 1),
+        "scheduler": _choice(a.scheduler, a.arg("scheduler"), ("continuous", "static")),
+        "batch_timeout_s": _seconds(a.batch_timeout, a.arg("batch_timeout")),
+        "device": a.device,
+        "dtype": a.dtype
+        if a.dtype is None
+        else _choice(a.dtype, a.arg("dtype"), ("float32", "bfloat16", "float16")),
+        "seed": a.seed,
+        "model_preset": a.model_preset,
+        "model_overrides": {
+            str(k): _whole(v, f"model_overrides[{k!r}]", 1)
+            for k, v in (a.model_overrides or {}).items()
+        },
+        "stop_on_eos": bool(a.stop_on_eos),
+    }
+    if given["batch_timeout_s"] < 0:
+        raise UsageError(f"{a.arg('batch_timeout')} must not be negative, got {a.batch_timeout!r}")
+    extra: dict[str, str] = {}
+    if a.tokenizer is not None and uri.startswith("openai"):
+        extra["tokenizer"] = str(a.tokenizer)
+    for key, value in a.engine_options.items():
+        if key == "extra" and isinstance(value, Mapping):
+            extra.update({str(k): _extra_text(v) for k, v in value.items()})
+        elif key in known:  # e.g. max_seq_len
+            given[key] = value
+        else:
+            extra[str(key)] = _extra_text(value)
+    given["extra"] = extra
+    return EngineOptions(**given)
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def _pool(seconds: float, rate: float | None, concurrency: int | None) -> int:
+    """Requests a load can send in ``seconds``: the rate's mean count plus five standard
+    deviations of a Poisson count, or 200 per closed-loop user."""
+    if rate is not None:
+        mean = rate * seconds
+        return math.ceil(mean + 5 * math.sqrt(mean) + 10)
+    return 200 * (concurrency or 1)
+
+
+def _dataset_fields(a: RunArgs, uri: str) -> dict[str, Any]:
+    spec = a.dataset
+    # openai: servers need prompt text; token counts alone cannot be sent.
+    if spec is None and uri.startswith("openai") and a.prompts is None:
+        spec = "synthetic"
+    tokenizer = str(a.tokenizer) if a.tokenizer is not None else None
+    if spec is None:
+        return {"tokenizer": tokenizer}
+    kind, _, path = str(spec).partition(":")
+    return {
+        "dataset": kind.strip().lower(),
+        "dataset_path": Path(path) if path else None,
+        "prefix_len": _whole(a.prefix_len, a.arg("prefix_len"), 0),
+        "prefix_groups": _whole(a.prefix_groups, a.arg("prefix_groups"), 1),
+        "tokenizer": tokenizer,
+        # Dataset reply lengths (ShareGPT) are the output lengths unless one is given.
+        "output_len_given": a.output_len is not None,
+    }
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan(a: RunArgs) -> RunPlan:
+    """Assemble the capture options of a run from its arguments; raises
+    :class:`perfscope.errors.UsageError` (one line, naming the argument) on bad input,
+    before anything runs or is written."""
+    from perfscope._runner import RunOptions
+    from perfscope.profiler.driver import LoadConfig
+    from perfscope.profiler.telemetry import TelemetryConfig, parse_gpus
+    from perfscope.profiler.workload import WorkloadConfig, parse_length
+
+    uri, factory = _engine_factory(a.engine)
+    # Types here; ranges in LoadConfig.validate (its messages name the CLI flags).
+    rate = None if a.rate is None else _number(a.rate, a.arg("rate"))
+    concurrency = None if a.concurrency is None else _whole(a.concurrency, a.arg("concurrency"), 0)
+    # A rate or a concurrency only means something online: it implies online arrivals
+    # (also over mode="batch", as ``perfscope run --rate`` always has).
+    if rate is not None or concurrency is not None:
+        mode = "online"
+    else:
+        mode = "batch" if a.mode is None else a.mode
+    duration = None if a.duration is None else _seconds(a.duration, a.arg("duration"))
+    warmup_s = (
+        None if a.warmup_duration is None else _seconds(a.warmup_duration, a.arg("warmup_duration"))
+    )
+
+    load = LoadConfig(
+        mode=mode,
+        rate=rate,
+        concurrency=concurrency,
+        arrival=a.arrival,
+        burstiness=_number(a.burstiness, a.arg("burstiness")),
+        seed=int(a.seed),
+        duration_s=duration,
+        warmup_s=warmup_s,
+    )
+    load.validate()
+    requests = None if a.requests is None else _whole(a.requests, a.arg("requests"), 1)
+    warmup = _whole(a.warmup, a.arg("warmup"), 0)
+    if requests is None:
+        if duration is not None:
+            requests = _pool(duration, rate, concurrency)
+        elif a.prompts is None:  # a prompts file: one request per line
+            requests = a.default_requests
+    if warmup_s is not None:  # a warmup by time replaces the warmup count
+        warmup = _pool(warmup_s, rate, concurrency)
+    workload = WorkloadConfig(
+        requests=requests,
+        prompt_len=parse_length(a.prompt_len, a.arg("prompt_len")),
+        output_len=parse_length(
+            DEFAULT_OUTPUT_LEN if a.output_len is None else a.output_len, "output_len"
+        ),
+        prompts_file=Path(a.prompts) if a.prompts is not None else None,
+        warmup=warmup,
+        seed=int(a.seed),
+        **_dataset_fields(a, uri),
+    )
+    gpus: list[int] | None
+    if isinstance(a.gpus, str):
+        gpus = parse_gpus(a.gpus)
+    else:
+        gpus = None if a.gpus is None else [_whole(g, a.arg("gpus"), 0) for g in a.gpus]
+    telemetry = TelemetryConfig(
+        interval_s=_seconds(a.telemetry_interval, a.arg("telemetry_interval")),
+        gpus=gpus,
+        enabled=bool(a.telemetry),
+    )
+    options = RunOptions(
+        engine=uri,
+        workload=workload,
+        load=load,
+        engine_options=_engine_options(a, uri),
+        slos=slo_seconds(a.slos),
+        runs_dir=Path(a.runs_dir) if a.runs_dir is not None else None,
+        name=a.name,
+        hw=a.hw,
+        telemetry=telemetry,
+        nvtx=a.nvtx,
+        command=list(a.command) if a.command is not None else None,
+        ray=a.ray,
+    )
+    return RunPlan(options, factory)
+
+
+def execute(p: RunPlan, progress: ProgressHook | None = None) -> RunOutcome:
+    """Run a plan and store the run; the outcome says how it ended (never raises for an
+    engine failure or Ctrl-C: the captured data is kept and the status says so)."""
+    from perfscope._runner import execute_run
+
+    if p.engine_factory is None:
+        return execute_run(p.options, progress)
+    return execute_run(p.options, progress, engine_factory=p.engine_factory)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run(
+    engine: EngineLike = "reference",
+    *,
+    requests: int | None = None,
+    prompt_len: int | str = 128,
+    output_len: int | str | None = None,
+    prompts: str | Path | None = None,
+    dataset: str | None = None,
+    prefix_len: int = 0,
+    prefix_groups: int = 1,
+    tokenizer: str | Path | None = None,
+    warmup: int = 0,
+    seed: int = 0,
+    mode: str | None = None,
+    rate: float | None = None,
+    concurrency: int | None = None,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    duration: float | str | None = None,
+    warmup_duration: float | str | None = None,
+    batch_size: int = 8,
+    scheduler: str = "continuous",
+    batch_timeout: float | str = 0.0,
+    device: str | None = None,
+    dtype: str | None = None,
+    model_preset: str | None = None,
+    model_overrides: Mapping[str, int] | None = None,
+    stop_on_eos: bool = False,
+    slos: Mapping[str, float | str] | None = None,
+    hw: str | None = None,
+    telemetry: bool = True,
+    telemetry_interval: float | str = 0.05,
+    gpus: Sequence[int] | str | None = None,
+    nvtx: bool | None = None,
+    runs_dir: str | Path | None = None,
+    name: str | None = None,
+    command: Sequence[str] | None = None,
+    ray: str | None = None,
+    progress: ProgressHook | None = None,
+    **engine_options: Any,
+) -> Run:
+    """Run a workload on an engine, store the run and return it analysed.
+
+    ::
+
+        run = perfscope.run("reference", model_preset="tiny", requests=16, rate=8,
+                            slos={"ttft": "200ms", "tpot": "50ms"})
+        print(run.ttft.p99, run.throughput.output_tok_s, run.goodput.attainment)
+
+    Durations are seconds (a number) or a string with a unit (``"200ms"``, ``"1.5s"``).
+
+    Args:
+        engine: an engine URI (``"reference"``, ``"hf:PATH"``, ``"openai:URL"``,
+            ``"python:MODULE:ATTR"``), a callable that yields tokens (as a ``python:``
+            engine), or an object implementing the Engine protocol (it serves one run).
+        requests: measured requests (default 48; with ``prompts``, one per line; with
+            ``duration``, as many as the load can send in that time).
+        prompt_len: prompt tokens: ``128``, ``"uniform:LOW:HIGH"`` or ``"normal:MEAN:STD"``.
+        output_len: output tokens, same forms (default 128); when given it wins over a
+            dataset's reply lengths.
+        prompts: JSONL prompts file (``prompt``/``prompt_tokens``/``prompt_token_ids``).
+        dataset: prompt text source, ``KIND[:PATH]``: ``synthetic`` (default for
+            ``openai:`` engines), ``sharegpt:FILE``, ``shared-prefix``.
+        prefix_len: shared-prefix: tokens every prompt shares.
+        prefix_groups: shared-prefix: distinct prefixes.
+        tokenizer: ``tokenizer.json`` (or its folder) for exact prompt lengths and client
+            token counts.
+        warmup: requests run first and excluded from every statistic.
+        seed: seeds lengths, arrivals, weights and sampling.
+        mode: ``"batch"`` (all requests at once, the default) or ``"online"``; ``rate`` or
+            ``concurrency`` implies online.
+        rate: offered load in requests per second (open loop).
+        concurrency: closed loop of this many users.
+        arrival: gaps between arrivals at ``rate``: ``poisson``, ``constant``, ``gamma``.
+        burstiness: gamma shape for ``arrival="gamma"`` (< 1 burstier, > 1 smoother).
+        duration: measured load time (with ``requests``: whichever ends first).
+        warmup_duration: warmup load time before measuring (replaces ``warmup``).
+        batch_size: most sequences decoded together (batching engines).
+        scheduler: ``continuous`` or ``static`` (batching engines).
+        batch_timeout: static scheduler: longest a request waits for its batch to fill.
+        device: ``cpu``, ``cuda``, ``cuda:1`` (default: CUDA when present).
+        dtype: ``float32``, ``bfloat16`` or ``float16`` (default: the engine's).
+        model_preset: reference model shape: ``tiny``, ``small``, ``medium``, ``1b``, ``7b``.
+        model_overrides: reference model shape fields (``n_layers``, ``hidden_size``,
+            ``n_heads``, ``n_kv_heads``, ``intermediate_size``, ``vocab_size``).
+        stop_on_eos: let sequences end early on the end-of-sequence token.
+        slos: per-request limits for goodput: ``{"ttft": "200ms", "tpot": 0.05}``
+            (metrics ``ttft``, ``tpot``, ``e2e``, ``ntpot``).
+        hw: device to analyse against (a hardware database key); default: detect.
+        telemetry: sample power, memory and utilisation while the run lasts.
+        telemetry_interval: sampling interval (at least 20 ms).
+        gpus: CUDA device indices to sample (``[0, 1]`` or ``"0,1"``; default: all).
+        nvtx: force NVTX ranges on/off; default: on only when Nsight Systems is attached.
+        runs_dir: root folder of runs (default ``$PERFSCOPE_RUNS_DIR`` or
+            ``./perfscope-runs``).
+        name: short name in the run id (default: the engine kind).
+        command: the command line recorded in the manifest (default: ``sys.argv``).
+        ray: generate the load from Ray actors (``"local:4"``, a cluster address, or
+            ``"auto"``); per-request engines only (``openai:``, ``python:``).
+        progress: receives ``on_start(total)``, ``on_request_done(id)``, ``on_end()``.
+        **engine_options: engine-specific options (``--engine-opt KEY=VALUE``; for
+            ``openai:`` e.g. ``model``, ``api_key``, ``endpoint``, ``max_tokens``,
+            ``extra_body``, ``timeout`` in seconds); a name of an ``EngineOptions``
+            field (``max_seq_len``) sets that field.
+
+    Returns:
+        The stored, analysed :class:`perfscope.Run`.
+
+    Raises:
+        perfscope.errors.UsageError: an argument is invalid (nothing was run or written).
+        perfscope.errors.EngineError: the engine failed or the run was interrupted; what
+            was captured is stored in the run directory the message names.
+    """
+    args = RunArgs(
+        engine=engine,
+        requests=requests,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        prompts=prompts,
+        dataset=dataset,
+        prefix_len=prefix_len,
+        prefix_groups=prefix_groups,
+        tokenizer=tokenizer,
+        warmup=warmup,
+        seed=seed,
+        mode=mode,
+        rate=rate,
+        concurrency=concurrency,
+        arrival=arrival,
+        burstiness=burstiness,
+        duration=duration,
+        warmup_duration=warmup_duration,
+        batch_size=batch_size,
+        scheduler=scheduler,
+        batch_timeout=batch_timeout,
+        device=device,
+        dtype=dtype,
+        model_preset=model_preset,
+        model_overrides=model_overrides,
+        stop_on_eos=stop_on_eos,
+        slos=slos,
+        hw=hw,
+        telemetry=telemetry,
+        telemetry_interval=telemetry_interval,
+        gpus=gpus,
+        nvtx=nvtx,
+        runs_dir=runs_dir,
+        name=name,
+        command=command,
+        ray=ray,
+        engine_options=engine_options,
+    )
+    return run_with(args, progress)
+
+
+def run_with(args: RunArgs, progress: ProgressHook | None = None) -> Run:
+    """:func:`run` from a :class:`RunArgs` record."""
+    from perfscope._run import load_run
+
+    p = plan(args)
+    outcome = execute(p, progress)
+    if outcome.status != "complete":
+        raise EngineError(
+            f"the run on {p.options.engine} {outcome.status}: {outcome.error} "
+            f"(what was captured is in {outcome.path})"
+        )
+    return load_run(outcome.path)
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A finished sweep: one stored run per offered load, and the curve's summary.
+
+    Attributes:
+        kind: ``"rate"`` (requests per second, open loop) or ``"concurrency"`` (users).
+        summary: the sweep summary as written to ``path`` (``points``, ``knee``,
+            ``max_goodput_rate`` or ``max_goodput_concurrency``, ``slos``, ``probe``).
+        path: the sweep's JSON file, ``<runs dir>/sweeps/<stamp>-<name>.json``.
+        runs: the point runs' directories, in offered-load order.
+        failed: how many point runs did not complete.
+    """
+
+    kind: str
+    summary: dict[str, Any]
+    path: Path
+    runs: tuple[Path, ...]
+    failed: int
+
+    @property
+    def points(self) -> list[dict[str, Any]]:
+        """Per point: ``offered`` load, ``req_s``, ``output_tok_s``, latency percentiles
+        (seconds), SLO ``attainment`` (fraction), ``failed`` requests, ``run``."""
+        points: list[dict[str, Any]] = self.summary["points"]
+        return points
+
+    @property
+    def knee(self) -> dict[str, Any] | None:
+        """The last point before latency climbs (``offered``, ``metric``), or ``None``."""
+        knee: dict[str, Any] | None = self.summary.get("knee")
+        return knee
+
+    @property
+    def max_goodput(self) -> float | None:
+        """The highest offered load whose SLO attainment stays >= 90% (``None`` without
+        SLOs or when no point reaches it)."""
+        value = self.summary.get(f"max_goodput_{self.kind}")
+        return None if value is None else float(value)
+
+
+def auto_rates(saturation_req_s: float, points: int) -> list[float]:
+    """``points`` rates spread evenly from 1/points of the saturation throughput to 1.2x it
+    (the last points push past saturation so the curve shows the knee)."""
+    if points < 2:
+        raise UsageError("--points must be at least 2")
+    top = 1.2 * saturation_req_s
+    return [round(top * (i + 1) / points, 3) for i in range(points)]
+
+
+_SWEEP_SETS = ("mode", "rate", "concurrency", "progress", "requests", "name", "engine_options")
+
+
+def sweep(
+    engine: EngineLike,
+    *,
+    rates: Sequence[float] | Literal["auto"] | None = None,
+    concurrencies: Sequence[int] | None = None,
+    points: int = 6,
+    probe_requests: int | None = None,
+    knee_metric: str = "e2e_p50",
+    requests: int | None = None,
+    slos: Mapping[str, float | str] | None = None,
+    runs_dir: str | Path | None = None,
+    name: str = "sweep",
+    log: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Sweep:
+    """One run per offered load, then the throughput-latency curve: its knee and the max
+    goodput rate (the highest rate whose SLO attainment stays >= 90%).
+
+    ::
+
+        s = perfscope.sweep("openai:http://127.0.0.1:8000/v1", rates=[2, 4, 8],
+                            slos={"ttft": "500ms"}, model="my-model")
+        print(s.knee, s.max_goodput)
+
+    Args:
+        engine: an engine URI or a callable that yields tokens (a fresh engine per point).
+        rates: requests per second per point, or ``"auto"`` (the default): probe the
+            saturation throughput with a batch of requests first, then ``points`` rates up
+            to 1.2x it.
+        concurrencies: closed-loop users per point (instead of ``rates``).
+        points: points of an automatic sweep (at least 2).
+        probe_requests: requests of the saturation probe (default max(16, requests)).
+        knee_metric: latency the knee is found on: ``e2e_p50``, ``e2e_p99``,
+            ``ttft_p50``, ``ttft_p99``, ``tpot_p50``, ``tpot_p99``.
+        requests: measured requests per point (default 32).
+        slos: as in :func:`run`; they give each point's attainment and the max goodput.
+        runs_dir: root folder of the runs and of ``sweeps/``.
+        name: name prefix of the point runs and of the sweep file.
+        log: receives one line per step (``"sweep: rate 4 ..."``); default: silent.
+        **options: any other keyword of :func:`run` (workload, engine, engine-specific).
+
+    Raises:
+        perfscope.errors.UsageError: bad arguments, or the saturation probe failed.
+    """
+    from perfscope.profiler.engines.base import Engine
+
+    if isinstance(engine, Engine):
+        raise UsageError(
+            "an Engine object serves one run (it is closed afterwards); a sweep needs an "
+            "engine URI or a callable"
+        )
+    clash = sorted(set(options) & set(_SWEEP_SETS))
+    if clash:
+        raise UsageError(f"sweep() sets {', '.join(clash)} itself for each point")
+    run_fields = {k: v for k, v in options.items() if k in _RUN_ARG_NAMES}
+    extra = {k: v for k, v in options.items() if k not in _RUN_ARG_NAMES}
+    base = RunArgs(
+        engine=engine,
+        requests=requests,
+        slos=slos,
+        runs_dir=runs_dir,
+        engine_options=extra,
+        default_requests=DEFAULT_SWEEP_REQUESTS,
+        **run_fields,
+    )
+    return sweep_with(
+        base,
+        rates=rates,
+        concurrencies=concurrencies,
+        points=points,
+        probe_requests=probe_requests,
+        knee_metric=knee_metric,
+        name=name,
+        log=log,
+    )
+
+
+def sweep_with(
+    base: RunArgs,
+    *,
+    rates: Sequence[float] | Literal["auto"] | None = None,
+    concurrencies: Sequence[int] | None = None,
+    points: int = 6,
+    probe_requests: int | None = None,
+    knee_metric: str = "e2e_p50",
+    name: str = "sweep",
+    log: Callable[[str], None] | None = None,
+) -> Sweep:
+    """:func:`sweep` from a :class:`RunArgs` record of the per-point options."""
+    from perfscope.analysis.sweep import summarize_sweep, sweep_point
+    from perfscope.profiler.store import default_runs_root, write_json_atomic
+
+    say = log or (lambda line: None)
+    if rates is not None and concurrencies is not None:
+        raise UsageError("give either rates or concurrencies, not both")
+    # Every option is checked before the first run (a probe can take minutes).
+    plan(replace(base, name=name))
+    slos = slo_seconds(base.slos)
+    probe: dict[str, Any] | None = None
+    if concurrencies is not None:
+        kind = "concurrency"
+        loads = [float(_whole(int(c), base.arg("concurrency"), 1)) for c in concurrencies]
+    else:
+        kind = "rate"
+        chosen = "auto" if rates is None else rates
+        if isinstance(chosen, str):
+            if chosen != "auto":
+                raise UsageError(f"rates must be numbers or 'auto', got {chosen!r}")
+            points = _whole(points, "points", 2)
+            n_probe = probe_requests or max(16, base.requests or base.default_requests)
+            say(f"sweep: probing saturation throughput with {n_probe} requests at once")
+            out = execute(plan(replace(base, requests=n_probe, name=f"{name}-probe")))
+            sat = (out.summary.get("throughput") or {}).get("req_s")
+            if out.status != "complete" or not sat:
+                raise UsageError(
+                    f"the saturation probe failed ({out.error or 'no completed requests'}); "
+                    f"see {out.path}, or give --rates explicitly"
+                )
+            probe = {"run": str(out.path), "req_s": sat}
+            loads = auto_rates(float(sat), points)
+        else:
+            loads = [_positive(r, base.arg("rate")) for r in chosen]
+    if not loads:
+        raise UsageError("a sweep needs at least one rate or concurrency")
+    point_rows = []
+    failed = 0
+    runs: list[Path] = []
+    for x in loads:
+        label = f"c{int(x)}" if kind == "concurrency" else f"r{x:g}"
+        point = replace(
+            base,
+            mode="online",
+            rate=x if kind == "rate" else None,
+            concurrency=int(x) if kind == "concurrency" else None,
+            name=f"{name}-{label}",
+        )
+        say(f"sweep: {kind} {x:g} ...")
+        out = execute(plan(point))
+        if out.status != "complete":
+            failed += 1
+        runs.append(out.path)
+        point_rows.append(sweep_point(x, out.summary, str(out.path)))
+    summary = summarize_sweep(kind, point_rows, slos, knee_metric)
+    summary["probe"] = probe
+    summary["engine"] = _engine_of(runs[0]) or _engine_factory(base.engine)[0]
+    root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    path = root / "sweeps" / f"{stamp}-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    summary["path"] = str(path)
+    write_json_atomic(path, summary)
+    return Sweep(kind=kind, summary=summary, path=path, runs=tuple(runs), failed=failed)
+
+
+def _engine_of(run_dir: Path) -> str | None:
+    """The engine URI a run's manifest records (it may be normalised by the engine)."""
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    uri = (manifest.get("engine") or {}).get("uri")
+    return str(uri) if uri else None

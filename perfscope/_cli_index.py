@@ -1,0 +1,137 @@
+"""``perfscope index`` and ``perfscope query``: SQL over thousands of stored runs.
+
+- ``index [--rebuild]``: bring ``<runs root>/.perfscope-index.duckdb`` up to date and say what
+  changed.
+- ``query "SQL" [--json]``: refresh, then answer ``SQL`` over the table ``runs`` (one row per
+  run; ``perfscope query --columns`` lists its columns with their units).
+- ``ls --where "COND"`` (in :mod:`perfscope.cli`) filters the listing through the same index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["print_rows", "register", "runs_root"]
+
+
+def runs_root(args: argparse.Namespace) -> Path:
+    # Not perfscope.profiler.store.default_runs_root: importing the store loads pandas, which
+    # would cost more than the whole query.
+    if args.runs_dir is not None:
+        return Path(args.runs_dir)
+    return Path(os.environ.get("PERFSCOPE_RUNS_DIR") or "perfscope-runs")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, _dt.datetime | _dt.date):
+        return v.isoformat()
+    return v
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, _dt.datetime):
+        return v.strftime("%Y-%m-%d %H:%M:%S")
+    return str(v)
+
+
+def print_rows(
+    names: list[str], rows: list[tuple[Any, ...]], console: Console, *, as_json: bool
+) -> None:
+    """Query results as a table (raw SI values, no unit conversion) or JSON records."""
+    if as_json:
+        print(json.dumps([{n: _jsonable(v) for n, v in zip(names, r, strict=True)} for r in rows]))
+        return
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD)
+    for n in names:
+        table.add_column(n, overflow="fold")
+    for r in rows:
+        table.add_row(*(_cell(v) for v in r))
+    console.print(table)
+    console.print(f"{len(rows)} row(s)")
+
+
+def _cmd_index(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.profiler.index import open_index
+
+    root = runs_root(args)
+    with open_index(root, rebuild=args.rebuild) as index:
+        _, rows = index.query("SELECT state, count(*) FROM runs GROUP BY state ORDER BY 1")
+        total = index.query("SELECT count(*) FROM runs")[1][0][0]
+        stats = index.last_stats
+    where = "in memory only: " + (index.note or "") if not index.persistent else str(root)
+    console.print(f"index of {total} run(s) ({where})")
+    if stats is not None:
+        console.print(f"added {stats.added}, updated {stats.updated}, removed {stats.removed}")
+    if rows:
+        console.print(", ".join(f"{state}: {n}" for state, n in rows))
+    return 0
+
+
+def _cmd_query(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.errors import UsageError
+    from perfscope.profiler.index import ALL_COLUMN_NAMES, INDEX_COLUMNS, open_index
+
+    if args.columns:
+        docs = {c.name: (c.sql_type, c.doc) for c in INDEX_COLUMNS}
+        rows = [(n, *docs.get(n, ("", "bookkeeping"))) for n in ALL_COLUMN_NAMES]
+        print_rows(["column", "type", "meaning"], rows, console, as_json=args.json)
+        return 0
+    if not args.sql:
+        raise UsageError('give a query, e.g. perfscope query "SELECT run_id FROM runs"')
+    with open_index(runs_root(args)) as index:
+        names, rows = index.query(args.sql)
+        if index.note:
+            sys.stderr.write(f"note: {index.note}\n")
+    print_rows(names, rows, console, as_json=args.json)
+    return 0
+
+
+def _add_runs_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
+    )
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``index`` and ``query`` to the CLI."""
+    p = sub.add_parser(
+        "index",
+        help="update the DuckDB index of the runs folder (used by query and ls --where)",
+        description="Bring <runs root>/.perfscope-index.duckdb up to date: only runs whose "
+        "manifest.json or summary.json changed are re-read.",
+    )
+    _add_runs_dir(p)
+    p.add_argument("--rebuild", action="store_true", help="re-read every run (default: changed)")
+    p.set_defaults(handler=_cmd_index)
+
+    p = sub.add_parser(
+        "query",
+        help="answer SQL over the table 'runs' (one row per stored run)",
+        description="Refresh the index, then run SQL over the table 'runs'. Values are SI "
+        '(seconds, tokens/s, ratios 0-1). Example: perfscope query "SELECT run_id, '
+        "ttft_p99_s FROM runs WHERE engine_kind = 'openai' ORDER BY started_at DESC LIMIT 5\"",
+    )
+    p.add_argument("sql", nargs="?", default=None, help="the SQL query")
+    p.add_argument("--columns", action="store_true", help="list the columns of 'runs'")
+    p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    _add_runs_dir(p)
+    p.set_defaults(handler=_cmd_query)

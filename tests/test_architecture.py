@@ -1,0 +1,252 @@
+"""The public surface and the dependency direction, read from the code itself.
+
+Pinned surfaces (as httpx pins ``httpx.__all__``): a name added to or dropped from a public
+facade is a deliberate change to this file. Dependency direction (DESIGN.md §2): the front
+door ``perfscope`` → ``dashboard`` → ``analysis`` → ``hwdb``; ``profiler`` and ``hwdb``
+import only ``perfscope.errors`` and themselves; ``analysis`` no presentation library;
+nothing outside ``perfscope/`` imports a private ``perfscope._*`` module.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PUBLIC: dict[str, set[str]] = {
+    "perfscope": {
+        "PerfAssertionError",
+        "Profile",
+        "ProgressHook",
+        "Run",
+        "RunSet",
+        "Sweep",
+        "__version__",
+        "assert_no_regression",
+        "check",
+        "compare_runs",
+        "expect",
+        "load_run",
+        "profile",
+        "run",
+        "sweep",
+    },
+    "perfscope.profiler": {
+        "Clock",
+        "Engine",
+        "EngineInfo",
+        "EngineOptions",
+        "Inbox",
+        "LengthDist",
+        "LoadConfig",
+        "ManualClock",
+        "MonotonicClock",
+        "PerRequestEngine",
+        "Recorder",
+        "RequestHandle",
+        "RequestRecord",
+        "RequestSpec",
+        "StoredRun",
+        "Submission",
+        "TelemetryConfig",
+        "WorkloadConfig",
+        "create_engine",
+        "default_runs_root",
+        "list_runs",
+        "read_run",
+        "register_engine",
+    },
+    "perfscope.hwdb": {
+        "BUILTIN_DIR",
+        "DTYPES",
+        "ENV_CACHE_DIR",
+        "ENV_HWDB",
+        "CalibrationResult",
+        "CeilingSource",
+        "DetectedDevice",
+        "DeviceFileError",
+        "DeviceSpec",
+        "Entry",
+        "HardwareDatabase",
+        "Quantity",
+        "cache_dir_default",
+        "cached_calibration",
+        "calibrate",
+        "detect_local_device",
+        "load_database",
+        "lookup",
+        "normalize_dtype",
+        "normalize_name",
+        "resolve_device",
+        "resolve_hardware",
+        "spec_to_dict",
+    },
+    "perfscope.analysis": {"RunRecords", "Summary", "analyze"},
+    "perfscope.dashboard": {
+        "create_app",
+        "serve",
+        "write_csv",
+        "write_json",
+        "write_perfetto",
+        "write_report",
+    },
+    "perfscope.pytest_plugin": {"KEY_METRICS", "PerfscopeFixture", "perfscope"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_the_public_surface_is_pinned_and_every_name_resolves(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert set(mod.__all__) == PUBLIC[module]
+    for name in mod.__all__:
+        assert getattr(mod, name) is not None, name
+    with pytest.raises(AttributeError):
+        _ = mod.no_such_name
+
+
+def test_importing_the_facades_loads_no_heavy_library() -> None:
+    code = (
+        "import sys, perfscope, perfscope.profiler, perfscope.hwdb, perfscope.analysis, "
+        "perfscope.dashboard; "
+        "print(sorted(m for m in ('torch', 'pandas', 'pyarrow', 'plotly', 'dash', 'rich') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- imports
+
+#: repository folder → the package it is imported as (``None``: not a package)
+FOLDERS = {
+    "perfscope": "perfscope",
+    "profiler": "perfscope.profiler",
+    "hwdb": "perfscope.hwdb",
+    "analysis": "perfscope.analysis",
+    "dashboard": "perfscope.dashboard",
+    "samples": None,
+}
+PRESENTATION = ("rich", "plotly", "dash")
+
+
+def _module_name(folder: str, path: Path) -> str | None:
+    package = FOLDERS[folder]
+    if package is None:
+        return None
+    rel = path.relative_to(ROOT / folder).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join([package, *parts])
+
+
+def imports_of(folder: str) -> list[tuple[str, str]]:
+    """``(file, imported module)`` for every import in ``folder`` (function-level and
+    ``TYPE_CHECKING`` ones included); ``from pkg import name`` counts as ``pkg.name``."""
+    out: list[tuple[str, str]] = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        here = _module_name(folder, path)
+        is_pkg = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        rel_file = str(path.relative_to(ROOT))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out += [(rel_file, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    assert here is not None, f"relative import outside a package: {rel_file}"
+                    pkg = here.split(".") if is_pkg else here.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - (node.level - 1)]
+                    base = ".".join([*pkg, *([base] if base else [])])
+                out += [(rel_file, f"{base}.{a.name}") for a in node.names]
+    return out
+
+
+def _ours(name: str) -> bool:
+    return name == "perfscope" or name.startswith("perfscope.")
+
+
+def _allowed(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _private_front_door(name: str) -> bool:
+    """``perfscope._x`` (a private module of the front door); ``__version__`` is public."""
+    parts = name.split(".")
+    return (
+        parts[0] == "perfscope"
+        and len(parts) > 1
+        and parts[1].startswith("_")
+        and not parts[1].startswith("__")
+    )
+
+
+def test_the_import_reader_sees_every_kind_of_import() -> None:
+    seen = set(imports_of("perfscope"))
+    # module level, inside a function, under TYPE_CHECKING
+    assert ("perfscope/cli.py", "perfscope.errors.UsageError") in seen
+    assert ("perfscope/cli.py", "perfscope._render.summary_view") in seen
+    assert ("perfscope/__init__.py", "perfscope._api.run") in seen
+    assert _private_front_door("perfscope._render.summary_view")
+    assert not _private_front_door("perfscope.__version__")
+
+
+@pytest.mark.parametrize("component", ["profiler", "hwdb"])
+def test_capture_and_the_hardware_database_import_only_errors_and_themselves(
+    component: str,
+) -> None:
+    own = f"perfscope.{component}"
+    bad = [
+        (f, m)
+        for f, m in imports_of(component)
+        if _ours(m) and not _allowed(m, (own, "perfscope.errors"))
+    ]
+    assert bad == []
+
+
+def test_analysis_imports_only_the_hardware_database_and_errors() -> None:
+    allowed = ("perfscope.analysis", "perfscope.hwdb", "perfscope.errors")
+    bad = [(f, m) for f, m in imports_of("analysis") if _ours(m) and not _allowed(m, allowed)]
+    assert bad == []
+
+
+def test_analysis_imports_no_presentation_library() -> None:
+    bad = [(f, m) for f, m in imports_of("analysis") if m.split(".")[0] in PRESENTATION]
+    assert bad == []
+
+
+def test_the_dashboard_imports_no_private_front_door_module() -> None:
+    bad = [(f, m) for f, m in imports_of("dashboard") if _private_front_door(m)]
+    assert bad == []
+
+
+def test_the_dashboard_never_imports_the_front_door_or_capture_engines() -> None:
+    bad = [
+        (f, m)
+        for f, m in imports_of("dashboard")
+        if _ours(m)
+        and not _private_front_door(m)  # (the test above)
+        and not _allowed(
+            m,
+            (
+                "perfscope.dashboard",
+                "perfscope.analysis",
+                "perfscope.hwdb",
+                "perfscope.errors",
+                "perfscope.profiler.store",
+            ),
+        )
+    ]
+    assert bad == []
+
+
+def test_samples_use_only_public_names() -> None:
+    bad = [(f, m) for f, m in imports_of("samples") if _private_front_door(m)]
+    assert bad == []

@@ -1,0 +1,200 @@
+"""Tensor/pipeline/replica what-ifs and the interconnect fields of the hardware database."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfscope.analysis import costmodel as cm
+from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.parallel import (
+    DEFAULT_COLLECTIVE_LATENCY_S,
+    ParallelPlan,
+    predict_parallel,
+    ring_allreduce_time,
+)
+from perfscope.analysis.whatif import predict
+from perfscope.cli import main
+from perfscope.errors import UsageError
+from perfscope.hwdb import resolve_device
+from perfscope.hwdb._schema import DeviceFileError, entry_from_document, entry_to_spec
+
+H100 = resolve_device("h100-sxm5-80gb")
+LLAMA70 = ModelSpec.from_preset("llama-2-70b")
+KW = {"batch": 1, "prompt_len": 512, "output_len": 128}
+
+
+def test_ring_allreduce_formula() -> None:
+    assert ring_allreduce_time(1e9, 1, 450e9, 8e-6) == 0.0
+    assert ring_allreduce_time(1e9, 2, 450e9, 8e-6) == pytest.approx(8e-6 + 1e9 / 450e9)
+    assert ring_allreduce_time(1e9, 4, 450e9, 0.0) == pytest.approx(1.5 * 1e9 / 450e9)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_llama2_70b_tp_decode_all_reduce_by_hand(tp: int) -> None:
+    r = predict_parallel(LLAMA70, H100, ParallelPlan(tp=tp), **KW)
+    msg = 8192 * 2  # one token's hidden state in bf16
+    assert r.allreduce_bytes_decode == msg
+    assert r.collectives_per_step == 2 * 80 + 1
+    link = 450e9  # NVLink 4: 900 GB/s bidirectional
+    per = 8e-6 + 2 * (tp - 1) / tp * msg / link
+    gather = 8e-6 + (tp - 1) / tp * 32000 * 2 / link
+    assert r.tp_comm_decode_s == pytest.approx(161 * per + gather)
+    base = predict(LLAMA70, H100, tp=tp, **KW)
+    assert r.compute_tpot_s == pytest.approx(base["tpot_s"])
+    assert r.tpot_s == pytest.approx(base["tpot_s"] + r.tp_comm_decode_s)
+    assert r.fits is True
+
+
+def test_nccl_bus_bandwidth_override_and_latency_default() -> None:
+    line = predict_parallel(
+        LLAMA70, H100, ParallelPlan(tp=2), batch=64, prompt_len=512, output_len=2
+    )
+    nccl = predict_parallel(
+        LLAMA70,
+        H100,
+        ParallelPlan(tp=2),
+        batch=64,
+        prompt_len=512,
+        output_len=2,
+        link_bw_bytes_s=370e9,
+    )
+    # prefill messages are large (64 x 512 x 8192 x 2 B): bandwidth-bound, ratio ~ 450/370
+    lat = 162 * 8e-6
+    ratio = (nccl.tp_comm_prefill_s - lat) / (line.tp_comm_prefill_s - lat)
+    assert ratio == pytest.approx(450 / 370, rel=1e-3)
+    l4 = resolve_device("l4")  # PCIe only, no latency in its file
+    r = predict_parallel(ModelSpec.from_preset("llama-3-8b"), l4, ParallelPlan(tp=2), **KW)
+    assert r.link is not None and r.link.name == "pcie"
+    assert r.link.latency_s == DEFAULT_COLLECTIVE_LATENCY_S
+    assert r.link.bw_bytes_s == pytest.approx(32e9)
+
+
+def test_pipeline_bubble_stage_memory_and_throughput() -> None:
+    spec = ModelSpec.from_preset("llama-2-13b")
+    one = predict_parallel(spec, H100, ParallelPlan(), batch=8, prompt_len=512, output_len=64)
+    pp = predict_parallel(
+        spec,
+        H100,
+        ParallelPlan(pp=4, microbatches=4, in_flight=4),
+        batch=8,
+        prompt_len=512,
+        output_len=64,
+    )
+    assert pp.bubble_prefill == pytest.approx(3 / 7)
+    assert pp.bubble_decode == 0.0
+    # weights are split over the stages; 4 batches in flight hold 4x the KV
+    kv = 4 * 8 * cm.kv_cache_bytes_per_sequence(spec, 576)
+    assert sum(pp.stage_memory_bytes) == pytest.approx(cm.weight_bytes(spec) + kv)
+    # decode: a token still passes every stage, but 4 batches share the pipeline
+    assert pp.tpot_s == pytest.approx(one.tpot_s + pp.pp_comm_decode_s)
+    # up to 4x the throughput of one device (4 devices, no bubble once 4 batches flow)
+    assert 3.0 < pp.throughput_tok_s / one.throughput_tok_s <= 4.0
+    fewer = predict_parallel(
+        spec, H100, ParallelPlan(pp=4, in_flight=1), batch=8, prompt_len=512, output_len=64
+    )
+    assert fewer.bubble_decode == pytest.approx(0.75)
+    with pytest.raises(UsageError, match="exceeds"):
+        predict_parallel(spec, H100, ParallelPlan(pp=41), **KW)
+
+
+def test_replicas_multiply_throughput_only() -> None:
+    one = predict_parallel(LLAMA70, H100, ParallelPlan(tp=2), **KW)
+    four = predict_parallel(LLAMA70, H100, ParallelPlan(tp=2, replicas=4), **KW)
+    assert four.plan.devices == 8
+    assert four.tpot_s == one.tpot_s and four.ttft_s == one.ttft_s
+    assert four.throughput_tok_s == pytest.approx(4 * one.throughput_tok_s)
+    assert any("replicas" in a for a in four.assumptions)
+
+
+def test_device_without_a_link_needs_one_given() -> None:
+    cpu = resolve_device("epyc-9654")
+    with pytest.raises(UsageError, match="--link-bw"):
+        predict_parallel(LLAMA70, cpu, ParallelPlan(tp=2), **KW)
+    r = predict_parallel(LLAMA70, cpu, ParallelPlan(tp=2), link_bw_bytes_s=50e9, **KW)
+    assert r.link is not None and r.link.bw_bytes_s == 50e9
+
+
+def test_mla_latent_is_replicated_across_tp() -> None:
+    spec = ModelSpec.from_preset("deepseek-v3").with_dtypes(weight_dtype="fp8")
+    r = predict_parallel(spec, resolve_device("h200-sxm-141gb"), ParallelPlan(tp=8), **KW)
+    kv = cm.kv_cache_bytes_per_sequence(spec, 640)
+    assert r.stage_memory_bytes[0] == pytest.approx(cm.weight_bytes(spec) / 8 + kv)
+    assert any("MLA latent" in a for a in r.assumptions)
+
+
+# ---------------------------------------------------------------------- hardware database
+
+
+def test_device_files_carry_usable_memory_links_and_latency() -> None:
+    assert H100.mem_bytes == 80e9
+    assert H100.mem_usable_bytes == 81559 * 2**20
+    assert H100.scale_up_link() == ("nvlink", 450e9)
+    assert H100.scale_up_link("pcie") == ("pcie", 64e9)
+    assert H100.collective_latency_s == {"nvlink": 8e-6}
+    assert H100.extra["interconnect_bytes_s"] == {"nvlink": 900e9, "pcie": 128e9}
+    assert resolve_device("mi300x").scale_up_link() == ("infinity_fabric", 448e9)
+    assert resolve_device("tpu-v5e").scale_up_link() == ("ici", 200e9)
+    nvl = resolve_device("h200-nvl-141gb")
+    assert nvl.peak_flops_for("fp8") == pytest.approx(1670.5e12)
+    assert resolve_device("gaudi3").tdp_w == 900
+    assert resolve_device("mi250x").peak_flops_for("fp32") == pytest.approx(95.7e12)
+    round_trip = type(H100).from_dict(json.loads(json.dumps(H100.to_dict())))
+    assert round_trip == H100
+
+
+def test_latency_needs_a_time_unit(tmp_path: Path) -> None:
+    doc = {
+        "key": "x",
+        "name": "X",
+        "vendor": "v",
+        "kind": "gpu",
+        "memory": {"bandwidth": {"value": 1, "unit": "TB/s", "source": "a b"}},
+        "dense": {"bf16": {"value": 1, "unit": "TFLOPS", "source": "a b"}},
+        "interconnect": {"nvlink_latency": {"value": 5, "unit": "GB/s", "source": "a b"}},
+    }
+    with pytest.raises(DeviceFileError, match="not a time unit"):
+        entry_from_document(doc, tmp_path / "x.toml")
+    doc["interconnect"] = {"nvlink_latency": {"value": 5, "unit": "us", "source": "a b"}}
+    spec = entry_to_spec(entry_from_document(doc, tmp_path / "x.toml"))
+    assert spec.collective_latency_s == {"nvlink": pytest.approx(5e-6)}
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def test_roofline_cli_reports_parallel_whatif_with_weight_dtype(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = main(
+        [
+            "roofline",
+            "--model",
+            "llama-2-70b",
+            "--hw",
+            "h100-sxm5-80gb",
+            "--tp",
+            "2",
+            "--replicas",
+            "2",
+            "--weight-dtype",
+            "int4",
+            "--kv-dtype",
+            "fp8",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["weight_dtype"] == "int4"
+    assert data["model"]["unquantized_bytes_per_param"] == 2.0  # lm_head/embedding 16-bit
+    par = data["parallel"][0]
+    assert par["devices"] == 4 and par["tp_comm_decode_s"] > 0
+    assert par["link"]["name"] == "nvlink"
+
+
+def test_roofline_cli_rejects_bad_parallel_degrees(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["roofline", "--model", "gpt2", "--hw", "h100-sxm5-80gb", "--pp", "0"]) == 2
+    assert "--pp must be at least 1" in capsys.readouterr().err
