@@ -15,6 +15,7 @@ beyond the request's ``max_output_tokens`` is kept and counted in :attr:`Recorde
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -50,7 +51,7 @@ class RequestHandle:
     entering marks it sent, leaving finishes it (an exception is recorded as its error
     and re-raised)."""
 
-    __slots__ = ("_append", "_idx", "_recorder", "record")
+    __slots__ = ("__weakref__", "_append", "_idx", "_recorder", "record")
 
     def __init__(self, recorder: Recorder, record: RequestRecord) -> None:
         self._recorder = recorder
@@ -159,7 +160,11 @@ class Recorder:
         # Append-only, for the segment flusher: request ids in registration and in finish order.
         self._registered: list[int] = []
         self._finish_order: list[int] = []
-        self._handles: dict[int, RequestHandle] = {}
+        # Weak: a handle points at its recorder, so a strong map would make every open
+        # request a reference cycle that keeps old recorders (and their chunks) for the GC.
+        self._handles: weakref.WeakValueDictionary[int, RequestHandle] = (
+            weakref.WeakValueDictionary()
+        )
         #: Conditions worth a warning in the manifest (e.g. counts beyond max_tokens), each
         #: with how many requests showed it.
         self.warnings: dict[str, int] = {}
@@ -241,7 +246,7 @@ class Recorder:
     def open_requests(self) -> list[RequestRecord]:
         """Requests registered and not yet finished (a snapshot)."""
         with self._lock:
-            return [h.record for h in self._handles.values()]
+            return [h.record for h in list(self._handles.values())]
 
     # --- incremental reads (the segment flusher) -----------------------------------------
 
