@@ -20,12 +20,14 @@ and reports the :class:`~perfscope.errors.StorageError` to ``on_error``.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -84,6 +86,18 @@ def _rows_to_batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordB
     return pa.RecordBatch.from_arrays(
         [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)], schema=schema
     )
+
+
+def _chunk_batch(rows: list[tuple[int, int, int, int]]) -> pa.RecordBatch:
+    """Chunk rows as a batch: one C-level pass over the tuples (about 5x faster than
+    column lists; this runs on the flusher's thread but holds the GIL the engine needs)."""
+    try:
+        flat = np.fromiter(
+            itertools.chain.from_iterable(rows), dtype=np.int64, count=4 * len(rows)
+        ).reshape(-1, 4)
+    except (TypeError, ValueError):  # a count that is not an int (manual API misuse)
+        return _rows_to_batch(rows, CHUNK_SCHEMA)
+    return pa.RecordBatch.from_arrays([pa.array(flat[:, j]) for j in range(4)], schema=CHUNK_SCHEMA)
 
 
 class _Stream:
@@ -230,7 +244,7 @@ class SegmentFlusher:
             self._streams["requests"].write(_rows_to_batch(rows, REQUEST_SEGMENT_SCHEMA))
         chunks = rec.chunk_rows(pos["chunks"])
         if chunks:
-            self._streams["chunks"].write(_rows_to_batch(chunks, CHUNK_SCHEMA))
+            self._streams["chunks"].write(_chunk_batch(chunks))
             pos["chunks"] += len(chunks)
         steps = rec.step_rows(pos["steps"])
         if steps:
