@@ -634,7 +634,8 @@ CONTENTION_WARN_SHARE = 0.15
 
 def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
     """Conditions that make this run's numbers less trustworthy, as sentences."""
-    out: list[str] = []
+    # Recorded at capture (counts beyond max_tokens, a crashed run read back, ...).
+    out: list[str] = [w for w in manifest.get("warnings") or [] if isinstance(w, str)]
     host = manifest.get("host") or {}
     c = host.get("contention") or {}
     others, steal = c.get("others_share"), c.get("steal_share")

@@ -12,11 +12,14 @@ process never share state.
   reason; a run still being written, interrupted, failed or not yet analysed is
   ``state="partial"``. Nothing here raises for a bad run directory while listing.
 
-Run ids come from URLs: :func:`validate_run_id` accepts only a plain directory name
-directly under the runs directory (no separators, no ``..``, no absolute paths, no
-symlink leading elsewhere). Every file read from a run (manifest, summary, tables) is
-resolved first and refused when it lies outside the runs root (:func:`inside_root`), so a
-``summary.json`` that is a symlink to ``/etc/passwd`` or another user's file is never served.
+Run ids come from URLs: :func:`validate_run_id` (the run store's, re-exported here)
+accepts only a plain directory name directly under the runs directory (no separators, no
+``..``, no absolute paths, no symlink leading elsewhere). Every file read from a run (manifest,
+summary, tables) is resolved first and refused when it lies outside the runs root
+(:func:`inside_root`), so a ``summary.json`` that is a symlink to ``/etc/passwd`` or another
+user's file is never served. A row's state comes from the run store's
+:func:`~perfscope.profiler.store.inspect_run`, so a crashed run (its process gone) and a
+malformed one read the same here as in ``perfscope ls``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ import pandas as pd
 
 from perfscope.analysis.catalogue import value_at
 from perfscope.dashboard._fmt import finite
-from perfscope.errors import PerfscopeError, RunNotFoundError, UsageError
+from perfscope.errors import PerfscopeError, RunNotFoundError
+from perfscope.profiler.store import (
+    RESERVED_DIRS,
+    RUN_ID_PATTERN,
+    InvalidRunIdError,
+    inspect_run,
+    validate_run_id,
+)
 
 __all__ = [
     "RESERVED_DIRS",
@@ -49,46 +59,10 @@ __all__ = [
     "validate_run_id",
 ]
 
-#: A run id is one directory name: starts with a letter or digit, then letters, digits,
-#: ``.``, ``_`` or ``-`` (what ``profiler.store.new_run_dir`` creates, and nothing that
-#: could climb out of the runs directory).
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-
-_STAMP = re.compile(r"\d{8}-\d{6}")
-
-#: Folders under the runs root that are not runs (``perfscope sweep`` writes its summaries
-#: to ``sweeps/``).
-RESERVED_DIRS = frozenset({"sweeps"})
-
 #: Parquet files of a run directory (for change detection).
 _TABLE_FILES = ("requests", "chunks", "steps", "telemetry")
 
-
-class InvalidRunIdError(UsageError):
-    """A run id that is not a plain directory name under the runs directory."""
-
-
-def validate_run_id(runs_dir: Path, run_id: object) -> Path:
-    """The run directory ``runs_dir/run_id``, after checking ``run_id`` is safe.
-
-    Raises:
-        InvalidRunIdError: ``run_id`` is not a string matching :data:`RUN_ID_PATTERN`
-            (so it holds no ``/``, ``\\``, ``..`` or absolute path), or it resolves
-            (through a symlink) outside ``runs_dir``.
-        RunNotFoundError: it is well-formed but no such directory exists.
-    """
-    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
-        shown = repr(run_id)[:80]
-        raise InvalidRunIdError(
-            f"invalid run id {shown}: a run id is a directory name under the runs directory"
-        )
-    root = runs_dir.resolve()
-    path = runs_dir / run_id
-    if not path.is_dir():
-        raise RunNotFoundError(f"no run {run_id!r} in {str(runs_dir)!r}")
-    if path.resolve().parent != root:
-        raise InvalidRunIdError(f"run id {run_id!r} points outside the runs directory")
-    return path
+_STAMP = re.compile(r"\d{8}-\d{6}")
 
 
 def inside_root(root: Path, path: Path) -> bool:
@@ -329,7 +303,13 @@ class RunRepository:
         return [e.name for e in sorted(entries, key=newest_first, reverse=True)]
 
     def _signature(self, path: Path) -> tuple[Any, ...]:
-        return (_stat_key(path / "manifest.json"), _stat_key(path / "summary.json"))
+        # A crashed run's files do not change when its process dies: the minute is part of
+        # the key so a row says "crashed" soon after.
+        return (
+            _stat_key(path / "manifest.json"),
+            _stat_key(path / "summary.json"),
+            int(time.time() // 10),
+        )
 
     def row(self, run_id: str) -> RunRow:
         """The table row of one run directory (cached until its JSON files change)."""
@@ -347,20 +327,21 @@ class RunRepository:
     def _read_row(self, run_id: str, path: Path) -> RunRow:
         if not RUN_ID_PATTERN.fullmatch(run_id):
             return RunRow(run_id=run_id, state="broken", status="broken", problem="bad name")
-        if not inside_root(self.runs_dir, path):
-            why = "the folder points outside the runs directory"
+        if not inside_root(self.runs_dir, path) or not all(
+            inside_root(self.runs_dir, path / f) for f in ("manifest.json", "summary.json")
+        ):
+            why = "the folder or one of its files points outside the runs directory"
             return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
-        manifest, err = _read_json(path / "manifest.json", self.runs_dir)
-        if err is not None or not isinstance(manifest, dict):
-            why = err or "manifest.json is not a JSON object"
+        entry = inspect_run(path)
+        if entry.state == "broken" or entry.manifest is None:
+            why = entry.reason or "not a readable run"
             return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
-        summary, serr = _read_json(path / "summary.json", self.runs_dir)
         problem = None
-        if serr is not None and not serr.startswith("no "):
-            problem = serr
-        if not isinstance(summary, dict):
-            summary = None
-        return _row_from(run_id, manifest, summary, problem)
+        if entry.state in ("crashed", "running") or (
+            entry.reason and "summary.json" in entry.reason
+        ):
+            problem = entry.reason
+        return _row_from(run_id, entry.manifest, entry.summary, problem)
 
     def rows(self) -> list[RunRow]:
         """Every run directory's row, newest first; forgets rows of deleted directories."""
@@ -375,8 +356,10 @@ class RunRepository:
 
     def _table_signature(self, path: Path) -> tuple[Any, ...]:
         return (
-            *self._signature(path),
+            _stat_key(path / "manifest.json"),
+            _stat_key(path / "summary.json"),
             *(_stat_key(path / f"{t}.parquet") for t in _TABLE_FILES),
+            *(_stat_key(path / "segments" / f"{t}.arrows") for t in _TABLE_FILES),
         )
 
     def load(self, run_id: str) -> LoadedRun:

@@ -22,7 +22,6 @@ CSV: ``requests.csv`` (one row per request with its derived latencies in seconds
 
 from __future__ import annotations
 
-import gzip
 import heapq
 import io
 import json
@@ -35,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from perfscope.analysis.metrics import per_request
+from perfscope.profiler.store import write_stream_atomic, write_text_atomic
 
 __all__ = [
     "EXPORT_SCHEMA",
@@ -460,18 +460,8 @@ def write_perfetto(run: ExportableRun, path: Path) -> Path:
     """Write the run's Perfetto trace to ``path`` (gzip-compressed when it ends in ``.gz``),
     streamed through a temporary file that replaces ``path`` only when complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(tmp, "wb") as f:
-                stream_perfetto(run, f)
-        else:
-            with open(tmp, "wb", buffering=1 << 20) as f:
-                stream_perfetto(run, f)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # The run store's atomic writer: streamed, and no temp file survives a full disk.
+    write_stream_atomic(path, lambda f: stream_perfetto(run, f))
     return path
 
 
@@ -552,7 +542,5 @@ def export_json(run: ExportableRun) -> dict[str, Any]:
 def write_json(run: ExportableRun, path: Path) -> Path:
     """Write :func:`export_json` to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(export_json(run), indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(export_json(run), indent=1, default=str))
     return path

@@ -29,13 +29,21 @@ __all__ = ["register", "write_run_report"]
 
 
 def _load(ref: str, runs_dir: Path | None) -> StoredRun:
-    """A stored run with its summary (analysed now if summary.json is missing)."""
+    """A stored run with its summary (computed in memory, never saved, when summary.json
+    is missing: reading never writes). Crashed runs and ignored files are noted on stderr."""
     from perfscope._analyze import analyze_stored
     from perfscope.profiler.store import read_run, resolve_run_path
 
     run = read_run(resolve_run_path(ref, runs_dir))
+    if run.state.state in ("running", "crashed"):
+        sys.stderr.write(
+            f"note: run {run.path.name} is {run.state.state} ({run.state.reason}): "
+            "showing what was flushed (partial)\n"
+        )
+    for note in run.notes:
+        sys.stderr.write(f"note: {note}\n")
     if run.summary is None:
-        analyze_stored(run)
+        analyze_stored(run, write=False)
     return run
 
 
@@ -51,9 +59,12 @@ def write_run_report(run_dir: Path, console: Console) -> Path | None:
     reason is printed and ``None`` returned.
     """
     from perfscope.dashboard.report import write_report
+    from perfscope.errors import StorageError
 
     try:
         path: Path = write_report(_load(str(run_dir), None))
+    except StorageError:
+        raise  # disk full or read-only: one line and exit 1 from the CLI
     except Exception as exc:  # the run is stored; a report failure must not lose it
         console.print(f"[yellow]report not written[/yellow]: {type(exc).__name__}: {exc}")
         return None
@@ -192,8 +203,10 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if args.report:
         out_path = args.output or Path("perfscope-compare.html")
         html = comparison_html([_tables(r) for r in runs], result)
+        from perfscope.profiler.store import write_text_atomic
+
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(html, encoding="utf-8")
+        write_text_atomic(out_path, html)
     if args.json:
         payload: dict[str, Any] = dict(result)
         payload["runs"] = [{"run_id": r.run_id, "path": str(r.path)} for r in runs]

@@ -30,8 +30,6 @@ __all__ = [
     "run_args",
 ]
 
-_SECRET_FLAGS = ("--api-key",)
-
 
 def _pos_float(text: str) -> float:
     try:
@@ -65,7 +63,12 @@ def add_openai_options(group: Any) -> None:
         help="openai: JSON object merged into every request, e.g. '{\"temperature\": 0}'",
     )
     g.add_argument(
-        "--timeout", type=_pos_float, default=600.0, help="openai: seconds per request (600)"
+        "--timeout",
+        type=_pos_float,
+        default=None,
+        metavar="SECONDS",
+        help="per-request limit, any engine: past it the request fails and the run goes on "
+        "(default: 600 for openai:, none otherwise)",
     )
     g.add_argument(
         "--max-tokens",
@@ -170,6 +173,8 @@ def run_args(args: argparse.Namespace) -> RunArgs:
     engine_opts: dict[str, Any] = dict(_kv_pairs(getattr(args, "engine_opt", [])))
     if args.engine.startswith("openai"):
         engine_opts.update(openai_extra(args))
+    if getattr(args, "timeout", None) is not None:  # --timeout: every engine kind
+        engine_opts["request_timeout_s"] = float(args.timeout)
     # Flags only `perfscope run` has; the sweep keeps RunArgs' defaults for them.
     only_run = (
         "batch_size",
@@ -237,24 +242,11 @@ def _kv_pairs(items: Sequence[Any]) -> list[tuple[str, str]]:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line with secret values (``--api-key``) replaced by ``***``."""
-    out: list[str] = []
-    hide = False
-    for a in argv:
-        if hide:
-            out.append("***")
-            hide = False
-            continue
-        flag, eq, _ = a.partition("=")
-        if flag in _SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}=***")
-            else:
-                out.append(a)
-                hide = True
-            continue
-        out.append(a)
-    return out
+    """The command line with secrets replaced by ``***`` (see
+    :func:`perfscope.profiler.redact.redact_argv`)."""
+    from perfscope.profiler.redact import redact_argv as _redact
+
+    return _redact(argv)
 
 
 def _float_list(text: str) -> list[float]:

@@ -207,22 +207,33 @@ def _extra_renderers() -> Iterable[Any]:
     return (_roofline_view, _energy_view, _advice_view, _projections_view, _server_metrics_view)
 
 
-def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -> Table:
-    """``perfscope ls``: one row per run, newest first."""
+def runs_table(
+    rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]],
+    states: list[tuple[str, str | None]] | None = None,
+) -> Table:
+    """``perfscope ls``: one row per run, newest first; ``states`` (state, reason) per row
+    adds why a run is not complete (crashed, broken, ...)."""
     t = Table(box=box.SIMPLE_HEAVY)
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
     for col in ("run", "status", "engine", "requests"):
         t.add_column(col, justify="left" if col in ("run", "status", "engine") else "right")
     for name in names:
         t.add_column(metric(name).label, justify="right")
-    for path, manifest, raw in rows:
+    if states is not None:
+        t.add_column("reason", justify="left", overflow="fold", min_width=24)
+    for i, (path, manifest, raw) in enumerate(rows):
         s = as_summary(raw)
         status = str(manifest.get("status", "?"))
+        reason: list[Any] = []
+        if states is not None:
+            status = states[i][0]
+            reason = [Text(states[i][1] or "")]
         t.add_row(
             path.name,
             Text(status, style="green" if status == "complete" else "red"),
             str((manifest.get("engine") or {}).get("uri", "?")),
             format_count(s.counts.completed) if raw else "-",
             *(metric(n).format(metric(n).value(s)) if raw else "-" for n in names),
+            *reason,
         )
     return t
