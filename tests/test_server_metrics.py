@@ -35,7 +35,8 @@ from perfscope.profiler.server_metrics import (
 )
 from tests.conftest import DATA
 
-SHARED = Path("/work/shared/fixtures/metrics")
+#: The recorded /metrics texts of ../shared/fixtures (beside the checkout, as CI lays it).
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "metrics"
 LOCAL = DATA / "server_metrics"
 
 
