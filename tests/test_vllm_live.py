@@ -44,7 +44,6 @@ pytestmark = [
     ),
 ]
 
-NEEDS_CLIENT = "needs client fixes from branch client"
 NAME = "tiny-llama"
 MAX_MODEL_LEN = 512
 WORKLOAD = ("--prompt-len", "64", "--output-len", "32")
@@ -211,7 +210,6 @@ def test_output_token_counts_equal_the_servers(
     assert (per_req.loc[ok["request_id"]].to_numpy() == 32).all()
 
 
-@pytest.mark.xfail(strict=False, reason=NEEDS_CLIENT)
 def test_prompt_lengths_without_a_tokenizer_match_the_server(
     vllm: VllmServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -297,7 +295,6 @@ def empty_first_prompts(vllm: VllmServer, tmp_path_factory: pytest.TempPathFacto
     return path
 
 
-@pytest.mark.xfail(strict=False, reason=NEEDS_CLIENT)
 def test_an_empty_first_token_is_an_arrival(
     vllm: VllmServer,
     empty_first_prompts: Path,
@@ -326,7 +323,6 @@ def test_an_empty_first_token_is_an_arrival(
         assert c["t"].iloc[0] == t_first
 
 
-@pytest.mark.xfail(strict=False, reason=NEEDS_CLIENT)
 def test_a_wrong_model_name_is_one_line_naming_the_model(
     vllm: VllmServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -338,7 +334,6 @@ def test_a_wrong_model_name_is_one_line_naming_the_model(
     assert "nosuch" in err and NAME in err
 
 
-@pytest.mark.xfail(strict=False, reason=NEEDS_CLIENT)
 def test_max_tokens_beyond_the_context_is_refused_with_the_numbers(
     vllm: VllmServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
