@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["key_value", "nonneg_int", "number", "positive_int"]
+__all__ = ["TORCH_DTYPES", "key_value", "nonneg_int", "number", "positive_int", "torch_dtype"]
 
 
 def _int(text: str) -> int:
@@ -48,3 +48,19 @@ def key_value(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.strip(), value.strip()
+
+
+#: Short dtype spellings (the vocabulary of every command) → the torch names engines take.
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_dtype(text: str) -> str:
+    """``fp32``/``bf16``/``fp16`` (or ``float32``/``bfloat16``/``float16``) → the torch name."""
+    t = text.strip().lower().removeprefix("torch.")
+    if t in TORCH_DTYPES:
+        return TORCH_DTYPES[t]
+    if t in TORCH_DTYPES.values():
+        return t
+    raise argparse.ArgumentTypeError(
+        f"expected fp32, bf16 or fp16 (or float32, bfloat16, float16), got {text!r}"
+    )

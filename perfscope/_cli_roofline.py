@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Predict a static batch's TTFT, TPOT, throughput, KV-cache memory, largest batch "
             "that fits and the bound of each phase on each device, from the cost model and the "
-            "hardware database. Predictions are at speed of light (100%% of the roofline) "
+            "hardware database. Predictions are at speed of light (100% of the roofline) "
             "unless --efficiency derates them."
         ),
     )
@@ -59,8 +59,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--weight-dtype",
         "--dtype",
         dest="dtype",
-        help="weight dtype: fp32, bf16, fp16, fp8, int8, int4 (int8/int4 are weight-only, "
-        "compute in bf16; embedding and lm_head stay 16-bit as in real checkpoints); "
+        help="weight dtype: fp32, bf16, fp16, fp8, int8, int4; float32, bfloat16, float16 "
+        "also accepted (int8/int4 are weight-only, compute in bf16; embedding and lm_head "
+        "stay 16-bit as in real checkpoints); "
         "default: the model's",
     )
     p.add_argument(
@@ -97,12 +98,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0.9,
         help="usable share of device memory for weights + KV cache (default 0.9)",
     )
+    aliases = {"--hidden-size": ("--hidden",), "--vocab-size": ("--vocab",)}
     for flag, _field, text in _SHAPE_OPTIONS:
-        p.add_argument(flag, type=int, help=text)
+        p.add_argument(
+            flag, *aliases.get(flag, ()), type=int, help=f"{text} (default: the model's)"
+        )
     p.add_argument(
         "--mlp",
         choices=("gated", "plain"),
-        help="gated (SwiGLU: gate, up, down) or plain (up, down) MLP",
+        help="gated (SwiGLU: gate, up, down) or plain (up, down) MLP (default: the model's)",
     )
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.set_defaults(handler=_handle)

@@ -227,7 +227,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Run the workload at a series of request rates (open loop) or concurrencies "
             "(closed loop), one stored run per point, and summarise the throughput-latency "
             "curve: its knee and max_goodput_rate, the highest rate whose SLO attainment is "
-            ">= 90%%. --rates auto probes the server's saturation throughput first."
+            ">= 90%. --rates auto probes the server's saturation throughput first."
         ),
     )
     p.add_argument("engine", help="engine URI, e.g. openai:http://127.0.0.1:8000/v1")
@@ -247,22 +247,57 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="C1,C2,..",
         help="closed-loop users per point",
     )
-    p.add_argument("--points", type=int, default=6, help="points of an automatic sweep (6)")
+    p.add_argument("--points", type=int, default=6, help="points of an automatic sweep (default 6)")
     p.add_argument(
-        "--probe-requests", type=int, default=None, help="requests of the saturation probe"
+        "--probe-requests",
+        type=int,
+        default=None,
+        help="requests of the saturation probe (default: --requests, at least 16)",
     )
     w = p.add_argument_group("workload (per point)")
-    w.add_argument("--requests", type=int, default=None, help="measured requests per point (32)")
-    w.add_argument("--prompt-len", default="128", help="prompt tokens (N, uniform:A:B, ...)")
-    w.add_argument("--output-len", default="128", help="output tokens (N, uniform:A:B, ...)")
-    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
-    w.add_argument("--warmup", type=int, default=0, help="warmup requests per point")
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--arrival", choices=("poisson", "constant", "gamma"), default="poisson")
-    w.add_argument("--burstiness", type=_pos_float, default=1.0)
+    w.add_argument(
+        "--requests",
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="measured requests per point (default 32)",
+    )
+    w.add_argument(
+        "--prompt-len",
+        "--random-input-len",
+        default="128",
+        help="prompt tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
+    )
+    w.add_argument(
+        "--output-len",
+        "--random-output-len",
+        default="128",
+        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
+    )
+    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file (default: none)")
+    w.add_argument("--warmup", type=int, default=0, help="warmup requests per point (default 0)")
+    w.add_argument("--seed", type=int, default=0, help="seeds lengths and arrivals (default 0)")
+    w.add_argument(
+        "--arrival",
+        choices=("poisson", "constant", "gamma"),
+        default="poisson",
+        help="gaps between arrivals at each rate (default poisson)",
+    )
+    w.add_argument(
+        "--burstiness",
+        type=_pos_float,
+        default=1.0,
+        help="gamma shape for --arrival gamma: <1 burstier, >1 smoother (default 1)",
+    )
     o = p.add_argument_group("openai engine")
     add_openai_options(o)
-    o.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE")
+    o.add_argument(
+        "--engine-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine-specific option (repeatable; default: none)",
+    )
     a = p.add_argument_group("analysis and output")
     a.add_argument(
         "--slo",
@@ -275,9 +310,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--knee-metric",
         default="e2e_p50",
         choices=("e2e_p50", "e2e_p99", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"),
-        help="latency the knee is found on (e2e_p50)",
+        help="latency the knee is found on (default e2e_p50)",
     )
-    a.add_argument("--runs-dir", type=Path, default=None)
+    a.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
+    )
     a.add_argument("--name", default="sweep", help="name prefix of the point runs")
     a.add_argument("--json", action="store_true", help="print the sweep summary as JSON")
     p.set_defaults(handler=_cmd_sweep)

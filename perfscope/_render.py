@@ -6,14 +6,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from perfscope.analysis import Summary
 from perfscope.analysis.catalogue import format_count, format_number, metric
-from perfscope.dashboard.terminal import energy_table, predictions_table, roofline_table
+from perfscope.dashboard.terminal import FitTable, energy_table, predictions_table, roofline_table
 from perfscope.dashboard.view import (
     TABLE_STATS,
     as_summary,
@@ -26,36 +24,30 @@ from perfscope.dashboard.view import (
 __all__ = ["runs_table", "summary_view"]
 
 
-def latency_table(summary: Summary) -> Table:
+def latency_table(summary: Summary) -> FitTable:
     """Latency distributions, one row per metric (values with their own units)."""
-    t = Table(title="Latency", box=box.SIMPLE_HEAVY, title_justify="left")
-    t.add_column("metric")
-    t.add_column("count", justify="right")
-    for col in TABLE_STATS:
-        t.add_column(col, justify="right")
+    cols = ("metric", "count", *TABLE_STATS)
+    t = FitTable(cols, title="Latency", right=frozenset(cols[1:]))
     for row in latency_rows(summary):
         t.add_row(row.label, row.count, *(row.values[c] for c in TABLE_STATS))
     return t
 
 
-def throughput_table(summary: Summary) -> Table:
+def throughput_table(summary: Summary) -> FitTable:
     """Counts, throughput, goodput and driver lag."""
-    t = Table(title="Throughput", box=box.SIMPLE_HEAVY, title_justify="left", show_header=False)
-    t.add_column("what")
-    t.add_column("value", justify="right")
+    t = FitTable(("what", "value"), title="Throughput", show_header=False)
     for row in throughput_rows(summary):
         t.add_row(row.label, row.value)
     return t
 
 
-def steps_table(summary: Summary) -> Table | None:
+def steps_table(summary: Summary) -> FitTable | None:
     """Forward passes per step kind (local engines only)."""
     rows = step_rows(summary)
     if not rows:
         return None
-    t = Table(title="Forward passes", box=box.SIMPLE_HEAVY, title_justify="left")
-    for col in ("phase", "passes", "time", "share", "mean batch", "tokens", "per pass"):
-        t.add_column(col, justify="left" if col == "phase" else "right")
+    cols = ("phase", "passes", "time", "share", "mean batch", "tokens", "per pass")
+    t = FitTable(cols, title="Forward passes", right=frozenset(cols[1:]))
     for r in rows:
         t.add_row(r.kind, r.passes, r.time, r.share, r.mean_batch, r.tokens, r.per_pass)
     return t
@@ -87,9 +79,8 @@ def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) ->
         if r is not None:
             parts.append(r)
     if view.errors:
-        et = Table(title="Errors", box=box.SIMPLE_HEAVY, title_justify="left")
-        et.add_column("count", justify="right")
-        et.add_column("error")
+        et = FitTable(("count", "error"), title="Errors", right=frozenset(("count",)))
+        et.wrap = frozenset(("error",))
         for e in view.errors:
             et.add_row(e.value, e.label)
         parts.append(et)
@@ -108,21 +99,18 @@ def _roofline_view(summary: Summary) -> RenderableType | None:
 def _advice_view(summary: Summary) -> RenderableType | None:
     if not summary.advice:
         return None
-    t = Table(
+    t = FitTable(
+        ("#", "technique", "projected gain", "why"),
         title="What to try (projected from the cost model)",
-        box=box.SIMPLE_HEAVY,
-        title_justify="left",
+        right=frozenset(("#", "projected gain")),
+        wrap=frozenset(("why",)),
     )
-    t.add_column("#", justify="right")
-    t.add_column("technique")
-    t.add_column("projected gain", justify="right")
-    t.add_column("why")
     for item in summary.advice:
         gain = item.projected_gain
         t.add_row(
             str(item.rank),
             item.technique,
-            f"{format_number(gain.value)} {gain.unit}" if gain.value is not None else "-",
+            f"{format_number(gain.value)} {gain.unit}" if gain.value is not None else "n/a",
             item.why,
         )
     return t
@@ -146,22 +134,26 @@ def _extra_renderers() -> Iterable[Any]:
     return (_roofline_view, _energy_view, _advice_view, _projections_view)
 
 
-def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -> Table:
-    """``perfscope ls``: one row per run, newest first."""
-    t = Table(box=box.SIMPLE_HEAVY)
+def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -> FitTable:
+    """``perfscope ls``: one row per run, newest first (stacked per run when narrow)."""
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
-    for col in ("run", "status", "engine", "requests"):
-        t.add_column(col, justify="left" if col in ("run", "status", "engine") else "right")
-    for name in names:
-        t.add_column(metric(name).label, justify="right")
+    labels = tuple(metric(n).label for n in names)
+    cols = ("run", "status", "engine", "requests", *labels)
+    t = FitTable(cols, right=frozenset(("requests", *labels)))
     for path, manifest, raw in rows:
         s = as_summary(raw)
         status = str(manifest.get("status", "?"))
+        slos = bool(s.goodput.slos) if raw else False
         t.add_row(
             path.name,
             Text(status, style="green" if status == "complete" else "red"),
             str((manifest.get("engine") or {}).get("uri", "?")),
-            format_count(s.counts.completed) if raw else "-",
-            *(metric(n).format(metric(n).value(s)) if raw else "-" for n in names),
+            format_count(s.counts.completed) if raw else "n/a",
+            *(
+                "no SLOs"
+                if n == "attainment" and raw and not slos
+                else (metric(n).format(metric(n).value(s)) if raw else "not analysed")
+                for n in names
+            ),
         )
     return t

@@ -7,12 +7,13 @@ Exit codes: 0 success, 1 the run failed or was interrupted (its data is kept), 2
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from rich.console import Console
 from rich.progress import (
@@ -25,17 +26,58 @@ from rich.progress import (
 )
 
 from perfscope import __version__
-from perfscope._argtypes import key_value, nonneg_int, number, positive_int
+from perfscope._argtypes import key_value, nonneg_int, number, positive_int, torch_dtype
 from perfscope.errors import PerfscopeError, UsageError
 
 __all__ = ["build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (exit 2) instead of usage + error."""
+    """argparse with a one-line error (exit 2) instead of usage + error, and a "did you
+    mean" suggestion for a mistyped flag or subcommand."""
+
+    #: The whole command line being parsed (set by :func:`main`), to find the subcommand.
+    argv: ClassVar[list[str]] = []
+
+    def _selected(self) -> argparse.ArgumentParser:
+        """The innermost subcommand parser named on the command line."""
+        parser: argparse.ArgumentParser = self
+        argv = _Parser.argv or sys.argv[1:]
+        for token in argv:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if subs and token in subs[0].choices:
+                parser = subs[0].choices[token]
+        return parser
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
+        target = self
+        hint = ""
+        if message.startswith("unrecognized arguments:"):
+            target = self._selected()
+            known = [o for o in target._option_string_actions if o.startswith("--")]
+            for token in message.split(":", 1)[1].split():
+                flag = token.split("=", 1)[0]
+                if flag.startswith("-"):
+                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+                    if close:
+                        hint = f"; did you mean {close[0]}?"
+                        break
+        elif "invalid choice:" in message:
+            bad = message.split("invalid choice:", 1)[1].split("(", 1)[0].strip().strip("'")
+            choices = [
+                c
+                for a in self._actions
+                if isinstance(a, argparse._SubParsersAction)
+                for c in a.choices
+            ]
+            for a in self._actions:
+                named = f"argument {'/'.join(a.option_strings)}:" in message
+                if a.choices and a.option_strings and named:
+                    choices = [str(c) for c in a.choices]
+            close = difflib.get_close_matches(bad, choices, n=1, cutoff=0.5)
+            if close:
+                hint = f"; did you mean {close[0]!r}?"
+        sys.stderr.write(f"error: {message}{hint} (see '{target.prog} --help')\n")
         sys.exit(2)
 
 
@@ -65,38 +107,56 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w = p.add_argument_group("workload")
     w.add_argument(
         "--requests",
+        "--num-prompts",
         type=positive_int,
         default=None,
         help="measured requests (default 48, or one per line of --prompts)",
     )
     w.add_argument(
         "--prompt-len",
+        "--random-input-len",
         default="128",
         help="prompt tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
     )
     w.add_argument(
         "--output-len",
+        "--random-output-len",
         default="128",
         help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
     )
-    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
+    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file (default: none)")
     w.add_argument(
         "--warmup",
         type=nonneg_int,
         default=0,
-        help="requests run first and excluded from statistics",
+        help="requests run first and excluded from statistics (default 0)",
     )
-    w.add_argument("--seed", type=int, default=0, help="seeds lengths, arrivals and weights")
+    w.add_argument(
+        "--seed", type=int, default=0, help="seeds lengths, arrivals and weights (default 0)"
+    )
     d = p.add_argument_group("arrivals")
     d.add_argument(
         "--mode",
         choices=("batch", "online"),
         default="batch",
-        help="batch: all requests at once; online: by --rate or --concurrency",
+        help="batch: all requests at once; online: by --rate or --concurrency (default batch; "
+        "--rate or --concurrency imply online)",
     )
-    d.add_argument("--rate", type=number, default=None, help="requests per second (online)")
     d.add_argument(
-        "--concurrency", type=positive_int, default=None, help="closed loop of N users (online)"
+        "--rate",
+        "--request-rate",
+        type=number,
+        default=None,
+        help="requests per second, open loop (default: none); with --concurrency at most that "
+        "many in flight",
+    )
+    d.add_argument(
+        "--concurrency",
+        "--max-concurrency",
+        type=positive_int,
+        default=None,
+        help="alone: closed loop of N users; with --rate: cap on requests in flight "
+        "(default: none)",
     )
     d.add_argument(
         "--arrival",
@@ -108,7 +168,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--burstiness",
         type=number,
         default=1.0,
-        help="gamma shape for --arrival gamma: <1 burstier, >1 smoother",
+        help="gamma shape for --arrival gamma: <1 burstier, >1 smoother (default 1)",
     )
     e = p.add_argument_group("engine")
     e.add_argument(
@@ -117,7 +177,12 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=8,
         help="most sequences decoded together (default 8)",
     )
-    e.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
+    e.add_argument(
+        "--scheduler",
+        choices=("continuous", "static"),
+        default="continuous",
+        help="continuous: join the batch at any step; static: fixed batches (default continuous)",
+    )
     e.add_argument(
         "--batch-timeout",
         default="0s",
@@ -127,30 +192,36 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     e.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
     e.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16", "float16"),
+        type=torch_dtype,
         default=None,
-        help="default: float32 on CPU, bfloat16 on CUDA",
+        metavar="{fp32,bf16,fp16}",
+        help="weights and compute dtype; float32/bfloat16/float16 also accepted "
+        "(default: fp32 on CPU, bf16 on CUDA)",
     )
     e.add_argument(
         "--model-preset",
         default=None,
         help="reference model shape: tiny, small (default), medium, 1b, 7b",
     )
-    for flag, field, helptext in (
-        ("--layers", "n_layers", "transformer blocks"),
-        ("--hidden", "hidden_size", "model width"),
-        ("--heads", "n_heads", "query heads"),
-        ("--kv-heads", "n_kv_heads", "key/value heads (GQA)"),
-        ("--mlp", "intermediate_size", "MLP inner width"),
-        ("--vocab", "vocab_size", "vocabulary size"),
+    for flags, field, helptext in (
+        (("--layers",), "n_layers", "transformer blocks"),
+        (("--hidden-size", "--hidden"), "hidden_size", "model width"),
+        (("--heads",), "n_heads", "query heads"),
+        (("--kv-heads",), "n_kv_heads", "key/value heads (GQA)"),
+        (("--intermediate-size",), "intermediate_size", "MLP inner width"),
+        (("--vocab-size", "--vocab"), "vocab_size", "vocabulary size"),
     ):
         e.add_argument(
-            flag,
+            *flags,
             dest=f"shape_{field}",
             type=positive_int,
             default=None,
-            help=f"reference model: {helptext}",
+            help=f"reference model: {helptext} (default: the preset's)",
         )
+    # The old spelling of --intermediate-size (roofline's --mlp is the MLP kind).
+    e.add_argument(
+        "--mlp", dest="shape_intermediate_size", type=positive_int, help=argparse.SUPPRESS
+    )
     e.add_argument(
         "--stop-on-eos",
         action="store_true",
@@ -192,9 +263,15 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="NVTX ranges for Nsight Systems (default: on only when a tool is attached)",
     )
     _add_runs_dir(a)
-    a.add_argument("--name", default=None, help="short name in the run id")
+    a.add_argument(
+        "--name", default=None, help="short name in the run id (default: the engine kind)"
+    )
     a.add_argument("--json", action="store_true", help="print summary.json instead of tables")
-    a.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no live progress view (it is drawn only when stderr is a terminal)",
+    )
     a.add_argument(
         "--report",
         action=argparse.BooleanOptionalAction,
@@ -393,13 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print the summary of a stored run")
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
     _add_runs_dir(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of tables")
     p.set_defaults(handler=_cmd_show)
 
     p = sub.add_parser("ls", help="list stored runs, newest first")
     _add_runs_dir(p)
-    p.add_argument("--limit", type=positive_int, default=50)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=positive_int, default=50, help="newest N runs (default 50)")
+    p.add_argument("--json", action="store_true", help="print JSON to stdout instead of a table")
     p.set_defaults(handler=_cmd_ls)
 
     p = sub.add_parser("analyze", help="recompute a run's summary from its raw records")
@@ -412,8 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="METRIC=DURATION",
         help="replace the run's SLOs (repeatable)",
     )
-    p.add_argument("--hw", default=None, help="device to analyse against")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--hw", default=None, help="device to analyse against (default: the run's)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of tables")
     p.set_defaults(handler=_cmd_analyze)
 
     for module in _command_modules():
@@ -441,6 +518,7 @@ def _command_modules() -> list[Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``perfscope`` script; returns the exit code."""
     parser = build_parser()
+    _Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
         parser.print_help()
