@@ -5,13 +5,14 @@ They were part of ``perfscope.analysis``; the analysis now computes and this lay
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -84,7 +85,8 @@ class FitTable:
             else:
                 body = max((max(map(cell_len, t.split("\n"))) for t in texts), default=0)
             total += max(head, body) + 2  # one space of padding either side
-        return total
+        # The box draws a (blank) separator between columns and one at either edge.
+        return total + len(self.columns) + 1
 
     def _min_widths(self) -> list[int]:
         widths = []
@@ -133,20 +135,20 @@ class FitTable:
             head = r[0].copy() if isinstance(r[0], Text) else Text(str(r[0]))
             head.stylize("bold")
             parts.append(head)
-            line = Text("  ")
+            line = Text()
             for col, cell in zip(self.columns[1:], r[1:], strict=False):
                 if not _plain(cell).strip():
                     continue
                 value = cell if isinstance(cell, Text) else Text(str(cell))
                 fld = Text.assemble((f"{col} " if self.show_header else "", "dim"), value)
-                if line.cell_len > 2 and line.cell_len + 3 + fld.cell_len > width:
-                    parts.append(line)
-                    line = Text("  ")
-                if line.cell_len > 2:
+                if line.cell_len and line.cell_len + 3 + fld.cell_len > width - 2:
+                    parts.append(Padding(line, (0, 0, 0, 2)))
+                    line = Text()
+                if line.cell_len:
                     line.append(" · ", style="dim")
                 line.append_text(fld)
-            if line.cell_len > 2:
-                parts.append(line)
+            if line.cell_len:
+                parts.append(Padding(line, (0, 0, 0, 2)))
         if self.caption:
             parts.append(Text(self.caption, style="dim"))
         return Group(*parts)
@@ -156,11 +158,6 @@ class FitTable:
             yield self.table()
         else:
             yield self.stacked(options.max_width)
-
-
-def _lines(items: Sequence[Cell]) -> Iterator[RenderableType]:
-    for i in items:
-        yield i if isinstance(i, Text) else Text(i)
 
 
 _fmt_time = format_seconds
@@ -305,7 +302,7 @@ def predictions_table(
             p["device"]["source"],
             _ms(p["ttft_s"]),
             _ms(p["tpot_s"]),
-            format_si(p["throughput_tok_s"], "tok/s") if p["throughput_tok_s"] else "n/a",
+            format_value(p["throughput_tok_s"], "rate", unit="tok/s"),
             _gb(m["weights_bytes"]),
             _gb(m["kv_cache_bytes"]),
             fits,
@@ -403,7 +400,7 @@ def energy_table(section: dict[str, Any]) -> RenderableType:
         )
         if cpu.get("energy_available"):
             table.add_row("CPU package energy", _fmt(cpu.get("package_energy_j"), " J", 4), "RAPL")
-        elif cpu.get("energy_reason") != section.get("reason"):  # the reason once, not twice
+        elif str(cpu.get("energy_reason")) not in str(section.get("reason")):  # once, not twice
             table.add_row("CPU energy", "unavailable", str(cpu.get("energy_reason") or ""))
     for note in section.get("notes", []):
         table.add_row("note", "", note)

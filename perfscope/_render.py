@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.text import Text
 
 from perfscope.analysis import Summary
@@ -35,7 +36,9 @@ def latency_table(summary: Summary) -> FitTable:
 
 def throughput_table(summary: Summary) -> FitTable:
     """Counts, throughput, goodput and driver lag."""
-    t = FitTable(("what", "value"), title="Throughput", show_header=False)
+    t = FitTable(
+        ("what", "value"), title="Throughput", show_header=False, right=frozenset(("value",))
+    )
     for row in throughput_rows(summary):
         t.add_row(row.label, row.value)
     return t
@@ -97,23 +100,24 @@ def _roofline_view(summary: Summary) -> RenderableType | None:
 
 
 def _advice_view(summary: Summary) -> RenderableType | None:
+    """Numbered suggestions: technique and projected gain on one line, the reason below."""
     if not summary.advice:
         return None
-    t = FitTable(
-        ("#", "technique", "projected gain", "why"),
-        title="What to try (projected from the cost model)",
-        right=frozenset(("#", "projected gain")),
-        wrap=frozenset(("why",)),
-    )
+    parts: list[RenderableType] = [
+        Text("What to try (projected from the cost model)", style="bold")
+    ]
     for item in summary.advice:
         gain = item.projected_gain
-        t.add_row(
-            str(item.rank),
-            item.technique,
-            f"{format_number(gain.value)} {gain.unit}" if gain.value is not None else "n/a",
-            item.why,
+        gain_text = f"{format_number(gain.value)} {gain.unit}" if gain.value is not None else ""
+        parts.append(
+            Text.assemble(
+                (f"{item.rank}. ", "bold"),
+                (item.technique, "bold"),
+                (f" — {gain_text}" if gain_text else "", "green"),
+            )
         )
-    return t
+        parts.append(Padding(Text(item.why, style="dim"), (0, 0, 0, 3)))
+    return Group(*parts)
 
 
 def _projections_view(summary: Summary) -> RenderableType | None:

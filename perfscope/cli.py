@@ -16,14 +16,6 @@ from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from perfscope import __version__
 from perfscope._argtypes import key_value, nonneg_int, number, positive_int, torch_dtype
@@ -50,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
         return parser
 
     def error(self, message: str) -> NoReturn:
-        target = self
+        target: argparse.ArgumentParser = self
         hint = ""
         if message.startswith("unrecognized arguments:"):
             target = self._selected()
@@ -281,34 +273,11 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_cmd_run)
 
 
-class _RichProgress:
-    def __init__(self, console: Console) -> None:
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]requests"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
-        self.task: Any = None
-
-    def on_start(self, total_requests: int) -> None:
-        self.progress.start()
-        self.task = self.progress.add_task("run", total=total_requests)
-
-    def on_request_done(self, request_id: int) -> None:
-        self.progress.advance(self.task)
-
-    def on_end(self) -> None:
-        self.progress.stop()
-
-
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope._cli_sweep import apply_duration, dataset_fields, openai_extra, redact_argv
+    from perfscope._progress import progress_hook
     from perfscope._render import summary_view
-    from perfscope._runner import ProgressHook, RunOptions, execute_run
+    from perfscope._runner import RunOptions, execute_run
     from perfscope.analysis.slo import parse_duration, parse_slos
     from perfscope.profiler.driver import LoadConfig
     from perfscope.profiler.engines.base import EngineOptions
@@ -377,7 +346,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         command=redact_argv(["perfscope", *sys.argv[1:]]),
     )
     err = Console(stderr=True)
-    hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)
+    hook = progress_hook(err, args.no_progress)
     outcome = execute_run(opts, hook)
     if args.json:
         print(json.dumps(outcome.summary.to_dict(), indent=2))
