@@ -57,8 +57,8 @@ def _list(args: argparse.Namespace, console: Console) -> int:
             )
         )
         return 0
-    cols = ("key", "name", "vendor", "kind", "memory", "bandwidth", "bf16/fp16", "fp8")
-    cols += ("fp32", "TDP", "ceilings")
+    cols: tuple[str, ...] = ("key", "name", "vendor", "kind", "memory", "bandwidth")
+    cols += ("bf16/fp16", "fp8", "fp32", "TDP", "ceilings")
     table = FitTable(
         cols,
         title=f"perfscope hardware database ({len(devices)} devices)",

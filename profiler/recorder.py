@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -25,7 +26,31 @@ from perfscope.profiler.records import (
     StepKind,
 )
 
-__all__ = ["Recorder", "RequestHandle"]
+__all__ = ["LiveCounts", "Recorder", "RequestHandle"]
+
+
+@dataclass(frozen=True)
+class LiveCounts:
+    """What a recorder holds so far, for a live progress view (cheap to take while the run
+    goes on; times are seconds).
+
+    Attributes:
+        registered: requests submitted to the engine so far.
+        completed: finished without an error.
+        failed: finished with an error.
+        in_flight: submitted and not finished.
+        output_tokens: output tokens received so far (all requests, warmup included).
+        ttft_s: time to first token of every request that has one so far.
+        itl_s: mean gap between tokens of each request with two tokens or more.
+    """
+
+    registered: int
+    completed: int
+    failed: int
+    in_flight: int
+    output_tokens: int
+    ttft_s: tuple[float, ...]
+    itl_s: tuple[float, ...]
 
 
 class RequestHandle:
@@ -198,6 +223,30 @@ class Recorder:
             rec.error = reason
             self._finished.add(rid)
         return len(open_ids)
+
+    def live_counts(self) -> LiveCounts:
+        """A snapshot for progress views (reads records an engine thread may be updating;
+        each field is read once, so a value is at worst one chunk old)."""
+        with self._lock:
+            recs = list(self._requests.values())
+            finished = set(self._finished)
+        failed = sum(1 for r in recs if r.request_id in finished and r.error is not None)
+        ttft, itl = [], []
+        for r in recs:
+            first, last, sent = r.t_first_token, r.t_last_token, r.t_sent
+            if first is not None and sent is not None:
+                ttft.append((first - sent) * 1e-9)
+            if first is not None and last is not None and r.output_tokens > 1 and last > first:
+                itl.append((last - first) * 1e-9 / (r.output_tokens - 1))
+        return LiveCounts(
+            registered=len(recs),
+            completed=len(finished) - failed,
+            failed=failed,
+            in_flight=len(recs) - len(finished),
+            output_tokens=sum(r.output_tokens for r in recs),
+            ttft_s=tuple(ttft),
+            itl_s=tuple(itl),
+        )
 
     # --- export -------------------------------------------------------------------------
 
