@@ -78,21 +78,28 @@ class FitTable:
         total = 0
         for i, col in enumerate(self.columns):
             texts = [_plain(r[i]) for r in self.rows if i < len(r)]
-            head = _longest_word(col) if self.show_header else 0
+            head = self._head_width(col)
             if col in self.wrap:
                 body = max((_longest_word(t) for t in texts), default=0)
                 body = max(body, min(24, max((cell_len(t) for t in texts), default=0)))
             else:
                 body = max((max(map(cell_len, t.split("\n"))) for t in texts), default=0)
             total += max(head, body) + 2  # one space of padding either side
-        # The box draws a (blank) separator between columns and one at either edge.
-        return total + len(self.columns) + 1
+        # The box draws a (blank) separator between columns (no edges: show_edge=False).
+        return total + len(self.columns) - 1
+
+    def _head_width(self, col: str) -> int:
+        """Cells the header needs: whole on one line in a one-line column (rich does not
+        wrap the header of a no-wrap column), its longest word in a prose column."""
+        if not self.show_header:
+            return 0
+        return _longest_word(col) if col in self.wrap else cell_len(col)
 
     def _min_widths(self) -> list[int]:
         widths = []
         for i, col in enumerate(self.columns):
             texts = [_plain(r[i]) for r in self.rows if i < len(r)]
-            head = _longest_word(col) if self.show_header else 0
+            head = self._head_width(col)
             if col in self.wrap:
                 body = max((_longest_word(t) for t in texts), default=0)
             else:
@@ -109,6 +116,7 @@ class FitTable:
             caption=self.caption,
             caption_justify="left",
             show_header=self.show_header,
+            show_edge=False,
             header_style="bold",
             caption_style="dim",
         )

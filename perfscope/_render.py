@@ -141,7 +141,7 @@ def _extra_renderers() -> Iterable[Any]:
 def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -> FitTable:
     """``perfscope ls``: one row per run, newest first (stacked per run when narrow)."""
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
-    labels = tuple(metric(n).label for n in names)
+    labels = ("TTFT p50", "TPOT p50", "output tok/s", "SLO met")  # short: fits 120 columns
     cols = ("run", "status", "engine", "requests", *labels)
     t = FitTable(cols, right=frozenset(("requests", *labels)))
     for path, manifest, raw in rows:

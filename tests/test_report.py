@@ -129,8 +129,10 @@ def test_report_renders_and_parses_for_every_kind_of_run(runs: dict[str, Path], 
     text = " ".join(checker.text)
     status = run.manifest["status"]
     assert status in text
-    # plotly.js is inlined exactly once; figures are JSON blocks drawn by one script.
-    assert html.count("plotly.js v") == 1
+    # plotly.js is inlined exactly once (its basic bundle: every figure is a scatter or a
+    # bar); figures are JSON blocks drawn by one script.
+    assert len(re.findall(r"\* plotly\.js (\(basic - minified\) )?v\d", html)) == 1
+    assert "plotly.js (basic - minified)" in html
     json_blocks = [d for a, d in checker.scripts if a.get("type") == "application/json"]
     assert json_blocks, kind
     for block in json_blocks:

@@ -69,7 +69,7 @@ _COLUMNS = (
     ("kind", "kind", "text"),
     ("mem_gb", "memory GB", "numeric"),
     ("bw_gb_s", "bandwidth GB/s", "numeric"),
-    ("bf16_tflops", "bf16/fp16 TFLOPS", "numeric"),
+    ("bf16_tflops", "bf16 / fp16 TFLOPS", "numeric"),
     ("fp8_tflops", "fp8 TFLOPS", "numeric"),
     ("fp32_tflops", "fp32 TFLOPS", "numeric"),
     ("llc_mb", "LLC MB", "numeric"),
@@ -166,7 +166,8 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 page_action="none",
                 style_table={"overflowX": "auto", "maxHeight": "520px", "overflowY": "auto"},
                 style_cell=TABLE_CELL,
-                style_header=TABLE_HEADER,
+                # Headers wrap onto two lines rather than being cut ("bandwid").
+                style_header={**TABLE_HEADER, "whiteSpace": "normal", "height": "auto"},
                 fixed_rows={"headers": True},
             ),
             html.Div(device_detail(ctx, req.get("device")), id="hw-detail", style=CARD_STYLE),

@@ -94,7 +94,8 @@ def _columns() -> list[dict[str, Any]]:
         if cid == "link":
             col["presentation"] = "markdown"
         if cid in _FORMATS:
-            col["format"] = _FORMATS[cid]
+            # A missing value says so instead of leaving the cell blank.
+            col["format"] = {**_FORMATS[cid], "nully": "n/a"}
         cols.append(col)
     return cols
 
