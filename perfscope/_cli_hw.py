@@ -12,7 +12,7 @@ from rich.text import Text
 
 from perfscope.analysis.catalogue import NA, format_bytes, format_number, format_si
 from perfscope.dashboard.terminal import FitTable
-from perfscope.errors import UsageError
+from perfscope.errors import PerfscopeError, UsageError
 
 __all__ = ["register"]
 
@@ -157,6 +157,12 @@ def _detect(args: argparse.Namespace, console: Console) -> int:
     spec = None
     if not args.no_calibrate or det.spec is not None:
         spec = resolve_device(None, user_dirs=dirs or None, quick=True)
+    else:
+        # No measuring, but the cached calibration is what runs use: show it when present.
+        try:
+            spec = resolve_device(None, user_dirs=dirs or None, calibrate_if_unknown=False)
+        except PerfscopeError:
+            spec = None
     if args.json:
         print(
             json.dumps(
@@ -191,6 +197,11 @@ def _detect(args: argparse.Namespace, console: Console) -> int:
             title += f" ({cached}measured {cal['created_at']} in {cal['seconds']:.1f} s)"
         console.print(title, highlight=False)
         console.print(_ceilings_table(spec))
+    elif args.no_calibrate:
+        console.print(
+            "no cached calibration: runs will measure one (or run `perfscope hw calibrate`)",
+            highlight=False,
+        )
     return 0
 
 

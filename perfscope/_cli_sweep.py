@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from perfscope.errors import UsageError
 
@@ -388,6 +387,10 @@ def auto_rates(saturation_req_s: float, points: int) -> list[float]:
     return [round(top * (i + 1) / points, 3) for i in range(points)]
 
 
+#: Requests per point below which the sweep warns that its tail percentiles are thin.
+SMALL_SAMPLE = 100
+
+
 def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from perfscope._runner import ProgressHook, execute_run
     from perfscope.analysis.slo import parse_slos
@@ -426,6 +429,14 @@ def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             loads = auto_rates(float(sat), args.points)
         else:
             loads = [float(r) for r in rates]
+    per_point = args.requests or 32
+    if args.duration is None and per_point < SMALL_SAMPLE:
+        err.print(
+            f"[yellow]warning:[/] {per_point} requests per point: each point's p90 and p99 "
+            f"rest on a handful of requests (a p99 needs about 100); use --requests "
+            f"{SMALL_SAMPLE} or more for tail latencies",
+            highlight=False,
+        )
     points = []
     failed = 0
     for x in loads:
@@ -471,54 +482,52 @@ def _engine_of(points: list[dict[str, Any]]) -> str | None:
     return str(uri) if uri else None
 
 
-def _ms(v: Any) -> str:
-    return "-" if v is None else f"{v * 1e3:.1f}"
+def sweep_table(summary: dict[str, Any]) -> Any:
+    """The sweep as a terminal table (stacked per point when narrow), with the knee and max
+    goodput rate in the caption; every number through the metric catalogue's formats."""
+    from perfscope.analysis.catalogue import format_count, format_number, format_ratio, format_value
+    from perfscope.analysis.catalogue import format_seconds as fs
+    from perfscope.dashboard.terminal import FitTable
 
-
-def _num(v: Any, fmt: str = "{:.2f}") -> str:
-    return "-" if v is None else fmt.format(v)
-
-
-def sweep_table(summary: dict[str, Any]) -> Table:
-    """The sweep as a rich table, with the knee and max goodput rate in the caption."""
     kind = summary["kind"]
     knee = summary.get("knee")
-    t = Table(title=f"sweep ({kind})", title_justify="left")
-    for col in (
-        "rate req/s" if kind == "rate" else "concurrency",
+    cols = (
+        "offered req/s" if kind == "rate" else "concurrency",
         "done req/s",
         "out tok/s",
-        "TTFT p50 ms",
-        "TTFT p99 ms",
-        "TPOT p50 ms",
-        "E2E p99 ms",
-        "attain",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "E2E p99",
+        "SLO met",
         "failed",
-    ):
-        t.add_column(col, justify="right")
+    )
+    t = FitTable(cols, title=f"sweep ({kind})", right=frozenset(cols))
     for p in summary["points"]:
         mark = " ◀ knee" if knee and p["offered"] == knee["offered"] else ""
         t.add_row(
-            f"{p['offered']:g}{mark}",
-            _num(p["req_s"]),
-            _num(p["output_tok_s"], "{:.0f}"),
-            _ms(p["ttft_p50"]),
-            _ms(p["ttft_p99"]),
-            _ms(p["tpot_p50"]),
-            _ms(p["e2e_p99"]),
-            _num(p["attainment"], "{:.0%}"),
-            str(p["failed"] if p["failed"] is not None else "-"),
+            f"{format_number(p['offered'])}{mark}",
+            format_value(p["req_s"], "rate", unit="req/s").removesuffix(" req/s"),
+            format_value(p["output_tok_s"], "rate", unit="tok/s").removesuffix(" tok/s"),
+            fs(p["ttft_p50"]),
+            fs(p["ttft_p99"]),
+            fs(p["tpot_p50"]),
+            fs(p["e2e_p99"]),
+            format_ratio(p["attainment"]) if summary.get("slos") else "no SLOs",
+            format_count(p["failed"]) if p["failed"] is not None else "n/a",
         )
     key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
     knee_txt = (
-        f"knee at {knee['offered']:g} ({knee['metric']})"
+        f"knee at {format_number(knee['offered'])} ({knee['metric']})"
         if knee
         else "no knee in the range tested (latency did not climb)"
     )
     if summary.get("slos"):
         good = summary.get(key)
         good_txt = (
-            f"{key} = {good:g}" if good is not None else f"{key}: no point reached 90% attainment"
+            f"{key} = {format_number(good)}"
+            if good is not None
+            else f"{key}: no point reached 90% attainment"
         )
     else:
         good_txt = f"{key}: give --slo to compute it"

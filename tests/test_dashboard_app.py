@@ -438,7 +438,7 @@ def test_compare_page_overlays_runs_with_ratios_and_intervals(client: Any, runs:
     )
     assert flipped is not None
     table2 = find(flipped["compare-body"]["children"], "compare-table")
-    assert table2["columns"][1]["name"] == f"baseline: {runs.beta.name}"  # type: ignore[index]
+    assert table2["columns"][1]["name"] == f"baseline: {runs.beta.name.split('-', 2)[2]}"  # type: ignore[index]
     r1 = float(ttft["r1"].rstrip("x"))
     r2 = float({r["metric"]: r for r in table2["data"]}["TTFT p50"]["r1"].rstrip("x"))  # type: ignore[index]
     assert r1 * r2 == pytest.approx(1.0, rel=0.01)
