@@ -122,6 +122,15 @@ def _empty(message: str) -> go.Figure:
 # ---------------------------------------------------------------------- roofline
 
 
+def si_log_ticks(log_range: Sequence[float], unit: str) -> dict[str, Any]:
+    """``tickvals``/``ticktext`` for a log axis spanning ``log_range`` (log10 units): one
+    tick per decade labelled with an SI prefix and the unit (``1 PFLOP/s``), since plotly's
+    own SI format stops at T and falls back to ``10^15``."""
+    lo, hi = math.floor(log_range[0]), math.ceil(log_range[1])
+    vals = [10.0**e for e in range(lo, hi + 1)]
+    return {"tickvals": vals, "ticktext": [fmt_si(v, unit) for v in vals]}
+
+
 def _log_range(values: Sequence[float], pad: float = 0.4) -> list[float]:
     """Axis range in log10 units (plotly log axes take their range as exponents)."""
     pos = [v for v in values if v > 0 and math.isfinite(v)]
@@ -294,13 +303,14 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
     fig.update_yaxes(
         type="log",
         # Head room above the peak for the (staggered) ridge labels.
-        range=[
-            _log_range([y_lo, y_top], pad=0.3)[0],
-            _log_range([y_lo, y_top], pad=0.3)[1] + 0.35 * max(1, len(ridges)),
-        ],
+        range=(
+            yr := [
+                _log_range([y_lo, y_top], pad=0.3)[0],
+                _log_range([y_lo, y_top], pad=0.3)[1] + 0.35 * max(1, len(ridges)),
+            ]
+        ),
         title_text="attainable FLOP/s",
-        exponentformat="SI",
-        ticksuffix="FLOP/s",
+        **si_log_ticks(yr, "FLOP/s"),
     )
     fig.update_layout(
         **FIGURE_LAYOUT,

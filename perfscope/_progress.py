@@ -70,7 +70,9 @@ def render_progress(state: ProgressState, width: int = 80) -> RenderableType:
     eta = _eta_s(state)
     fields: list[str | Text] = [
         f"requests {format_count(c.completed)}/{format_count(state.total_requests)} done",
-        f"{format_count(c.in_flight)} in flight",
+        f"{format_count(c.in_flight)} in flight ({format_count(c.waiting)} before a first token)"
+        if c.waiting
+        else f"{format_count(c.in_flight)} in flight",
         Text(f"{format_count(c.failed)} failed", style="red" if c.failed else ""),
         f"{format_si(tok_s, 'tok/s')}" if tok_s is not None else "tok/s n/a",
         f"TTFT p50 {format_seconds(_median(c.ttft_s))}" if c.ttft_s else "TTFT p50 (none yet)",

@@ -39,6 +39,7 @@ class LiveCounts:
         completed: finished without an error.
         failed: finished with an error.
         in_flight: submitted and not finished.
+        waiting: in flight without a first token yet (queued in the engine, or in prefill).
         output_tokens: output tokens received so far (all requests, warmup included).
         ttft_s: time to first token of every request that has one so far.
         itl_s: mean gap between tokens of each request with two tokens or more.
@@ -48,6 +49,7 @@ class LiveCounts:
     completed: int
     failed: int
     in_flight: int
+    waiting: int
     output_tokens: int
     ttft_s: tuple[float, ...]
     itl_s: tuple[float, ...]
@@ -243,6 +245,9 @@ class Recorder:
             completed=len(finished) - failed,
             failed=failed,
             in_flight=len(recs) - len(finished),
+            waiting=sum(
+                1 for r in recs if r.request_id not in finished and r.t_first_token is None
+            ),
             output_tokens=sum(r.output_tokens for r in recs),
             ttft_s=tuple(ttft),
             itl_s=tuple(itl),

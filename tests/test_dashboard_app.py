@@ -483,8 +483,9 @@ def test_sweeps_page_draws_curves_of_the_stored_sweep(client: Any, runs: Runs) -
         t.get("name") for t in goodput["data"]
     }
     points = find(page, "sweeps-points")["data"]  # type: ignore[index]
-    assert [p["offered"] for p in points] == [1.0, 2.0]
+    assert [p["offered"] for p in points] == ["1", "2"]  # formatted by the catalogue
     assert points[0]["run"] == f"[{runs.alpha.name}](/run/{runs.alpha.name})"
+    assert all(re.fullmatch(r"[\d.,]+ (s|ms|µs)|n/a", p["ttft_p50"]) for p in points), points
     bad = dash_call(client, ["sweeps-body.children"], {"sweeps-select.value": "../../etc/passwd"})
     assert bad is not None and "invalid sweep id" in texts(bad["sweeps-body"]["children"])
 

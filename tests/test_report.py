@@ -110,7 +110,9 @@ def test_perfscope_run_writes_report_html_next_to_the_run(runs: dict[str, Path])
     checker = parse(html)
     for section in SECTIONS:
         assert section in checker.ids, section
-    assert path.stat().st_size < 6_000_000
+    # The default report stays small enough to mail: the basic plotly bundle (~1.2 MB)
+    # instead of the full one (~4.8 MB), with the run's data.
+    assert path.stat().st_size < 1_500_000
 
 
 def test_run_with_no_report_writes_none(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ _COLUMNS = (
     ("vendor", "vendor", "text"),
     ("kind", "kind", "text"),
     ("mem_gb", "memory GB", "numeric"),
-    ("bw_gb_s", "bandwidth GB/s", "numeric"),
+    ("bw_gb_s", "mem BW GB/s", "numeric"),
     ("bf16_tflops", "bf16 / fp16 TFLOPS", "numeric"),
     ("fp8_tflops", "fp8 TFLOPS", "numeric"),
     ("fp32_tflops", "fp32 TFLOPS", "numeric"),
@@ -153,13 +153,23 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
         [
             html.H2("Hardware database"),
             note(
-                f"{len(records)} devices; dense peaks only. Click a row for every figure with "
+                f"{len(records)} devices; dense peaks only; – where the datasheet gives none. "
+                "Click a row for every figure with "
                 "its sources. Add or override devices with TOML files in $PERFSCOPE_HWDB."
             ),
             *errors,
             data_table(
                 id="hw-table",
-                columns=[{"id": c, "name": n, "type": t} for c, n, t in _COLUMNS],
+                columns=[
+                    {
+                        "id": c,
+                        "name": n,
+                        "type": t,
+                        # An empty cell says the datasheet gives no such figure.
+                        **({"format": {"nully": "–"}} if t == "numeric" else {}),
+                    }
+                    for c, n, t in _COLUMNS
+                ],
                 data=records,
                 sort_action="native",
                 filter_action="native",

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 
 from perfscope.dashboard._fmt import esc, fmt_pct, fmt_si
-from perfscope.dashboard.figures import FIGURE_LAYOUT
+from perfscope.dashboard.figures import FIGURE_LAYOUT, si_log_ticks
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
     GRAPH_CONFIG,
@@ -292,10 +292,9 @@ def explorer_figure(
     )
     fig.update_yaxes(
         type="log",
-        range=[math.log10(y_lo) - 0.3, math.log10(max(ys)) + 0.3],
+        range=(yr := [math.log10(y_lo) - 0.3, math.log10(max(ys)) + 0.3]),
         title_text="attainable FLOP/s",
-        exponentformat="SI",
-        ticksuffix="FLOP/s",
+        **si_log_ticks(yr, "FLOP/s"),
     )
     fig.update_layout(
         **FIGURE_LAYOUT,
