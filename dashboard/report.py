@@ -90,7 +90,7 @@ def plotly_js(figures: Sequence[Any] = ()) -> str:
     was built for; the full bundle otherwise."""
     from plotly.offline import get_plotlyjs
 
-    full = get_plotlyjs()
+    full = str(get_plotlyjs())
     types = {
         str(getattr(t, "type", None) or "scatter")
         for f in figures

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from perfscope.analysis.catalogue import NA, format_bytes, format_number, format_si
+from perfscope.analysis.catalogue import NA, format_bytes, format_number, format_seconds, format_si
 from perfscope.dashboard.terminal import FitTable
 from perfscope.errors import PerfscopeError, UsageError
 
@@ -121,14 +121,13 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         table.add_row(
             label,
             f"{format_number(q.value, 4)} {q.unit}".strip(),
-            _na(format_si(q.si, q.si_unit, 4)),
+            _na(format_seconds(q.si) if q.si_unit == "s" else format_si(q.si, q.si_unit, 4)),
             "yes" if q.estimate else "",
             " ".join(marks) + (f" {q.note}" if q.note else ""),
         )
     console.print(table)
     for src, n in refs.items():
         console.print(Text(f"[{n}] {src}"), highlight=False)
-    console.print(table)
     if entry.notes:
         console.print(f"notes: {entry.notes}", highlight=False)
     console.print(f"files: {', '.join(entry.files)}", highlight=False)

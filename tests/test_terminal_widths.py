@@ -91,6 +91,7 @@ def test_hw_show_prints_each_source_once(width: int) -> None:
     refs = re.findall(r"^\[(\d+)\] (.+)$", text, re.M)
     assert refs, "the sources are listed once, numbered"
     assert len({src for _, src in refs}) == len(refs)
+    assert text.count("dense.bf16") == 1  # the field table is printed once
 
 
 @pytest.mark.parametrize("width", WIDTHS)
