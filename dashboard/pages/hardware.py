@@ -75,7 +75,7 @@ _COLUMNS = (
     ("llc_mb", "LLC MB", "numeric"),
     ("tdp_w", "TDP W", "numeric"),
     ("ceilings", "ceilings", "text"),
-    ("n_sources", "sources", "numeric"),
+    ("n_sources", "refs", "numeric"),
 )
 
 
@@ -178,6 +178,15 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 style_cell=TABLE_CELL,
                 # Headers wrap onto two lines rather than being cut ("bandwid").
                 style_header={**TABLE_HEADER, "whiteSpace": "normal", "height": "auto"},
+                # Names wrap so every column, "sources" included, fits 1,440 px.
+                style_cell_conditional=[
+                    {
+                        "if": {"column_id": "name"},
+                        "maxWidth": "240px",
+                        "whiteSpace": "normal",
+                    },
+                    {"if": {"column_id": "mem_gb"}, "minWidth": "64px"},
+                ],
                 fixed_rows={"headers": True},
             ),
             html.Div(device_detail(ctx, req.get("device")), id="hw-detail", style=CARD_STYLE),
