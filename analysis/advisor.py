@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from perfscope.analysis.catalogue import format_bytes, format_number, format_seconds
 from perfscope.analysis.costmodel import step_cost, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
 from perfscope.analysis.roofline import fmt_pct
@@ -98,10 +99,10 @@ def advise(
             {
                 "technique": "tensor parallelism",
                 "why": (
-                    f"the weights ({weight_bytes(model) / 1e9:.3g} GB) exceed "
+                    f"the weights ({format_bytes(weight_bytes(model))}) exceed "
                     f"{fmt_pct(DEFAULT_MEM_FRACTION)} of {device.name}'s memory; split over "
-                    f"{tp} devices each holds {p['memory']['weights_bytes'] / 1e9:.3g} GB "
-                    f"and TPOT would be {p['tpot_s'] * 1e3:.3g} ms"
+                    f"{tp} devices each holds {format_bytes(p['memory']['weights_bytes'])} "
+                    f"and TPOT would be {format_seconds(p['tpot_s'])}"
                 ),
                 "projected_gain": _gain(tp, "devices needed to fit", "devices"),
                 "assumptions": "all-reduce time not included",
@@ -118,12 +119,15 @@ def advise(
             p = run(batch=target)
             gain = p["decode_tok_s"] / base["decode_tok_s"]
             why = (
-                f"decode is {dec_verdict} at a mean batch of {dec.get('batch_size_mean', 0):.3g}: "
-                f"each step reads the {base['memory']['weights_bytes'] / 1e9:.3g} GB of weights "
-                f"for few tokens (intensity {dec.get('intensity', 0):.3g} FLOP/B vs ridge "
-                f"{ridge:.3g}); at batch {target} decode throughput rises from "
-                f"{base['decode_tok_s']:.4g} to {p['decode_tok_s']:.4g} tok/s "
-                f"(TPOT {tpot0 * 1e3:.3g} → {p['tpot_s'] * 1e3:.3g} ms)"
+                f"decode is {dec_verdict} at a mean batch of "
+                f"{format_number(dec.get('batch_size_mean', 0))}: "
+                f"each step reads the {format_bytes(base['memory']['weights_bytes'])} of weights "
+                f"for few tokens (intensity {format_number(dec.get('intensity', 0))} FLOP/B vs "
+                f"ridge "
+                f"{format_number(ridge)}); at batch {target} decode throughput rises from "
+                f"{format_number(base['decode_tok_s'], 4)} to "
+                f"{format_number(p['decode_tok_s'], 4)} tok/s "
+                f"(TPOT {format_seconds(tpot0)} → {format_seconds(p['tpot_s'])})"
             )
             if b_cfg > 1.3 * b_cur:
                 why += (
@@ -169,8 +173,9 @@ def advise(
                     "technique": label,
                     "why": (
                         f"decode is memory-bound and weights are {fmt_pct(share)} of the bytes "
-                        f"each step moves; at {weight_bytes_per_param(wd):.3g} B/param TPOT "
-                        f"drops from {tpot0 * 1e3:.3g} to {p['tpot_s'] * 1e3:.3g} ms"
+                        f"each step moves; at {format_number(weight_bytes_per_param(wd))} B/param "
+                        f"TPOT "
+                        f"drops from {format_seconds(tpot0)} to {format_seconds(p['tpot_s'])}"
                     ),
                     "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
                     "assumptions": (
@@ -194,7 +199,7 @@ def advise(
                         "technique": "fp8 KV cache",
                         "why": (
                             f"the KV cache is {fmt_pct(kv_share)} of decode bytes; fp8 halves it: "
-                            f"TPOT {tpot0 * 1e3:.3g} → {p['tpot_s'] * 1e3:.3g} ms and the "
+                            f"TPOT {format_seconds(tpot0)} → {format_seconds(p['tpot_s'])} and the "
                             f"largest batch that fits {base['max_batch']} → {p['max_batch']}"
                         ),
                         "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
@@ -214,8 +219,9 @@ def advise(
                         "why": (
                             f"the KV cache is {fmt_pct(kv_share)} of decode bytes with "
                             f"{model.n_kv_heads} KV heads; {kind} would cut KV bytes "
-                            f"{model.n_kv_heads / target_kv:.3g}x: TPOT {tpot0 * 1e3:.3g} → "
-                            f"{p['tpot_s'] * 1e3:.3g} ms"
+                            f"{format_number(model.n_kv_heads / target_kv)}x: TPOT "
+                            f"{format_seconds(tpot0)} → "
+                            f"{format_seconds(p['tpot_s'])}"
                         ),
                         "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
                         "assumptions": "a model trained (or uptrained) with fewer KV heads",
@@ -237,8 +243,9 @@ def advise(
                         "why": (
                             f"prefill is {fmt_pct(prefill_share)} of each request's latency "
                             f"({s_len}-token prompts); with {fmt_pct(PROMPT_CACHE_SHARE)} of "
-                            f"the prompt shared and cached, TTFT {base['ttft_s'] * 1e3:.3g} → "
-                            f"{p['ttft_s'] * 1e3:.3g} ms"
+                            f"the prompt shared and cached, TTFT {format_seconds(base['ttft_s'])} "
+                            f"→ "
+                            f"{format_seconds(p['ttft_s'])}"
                         ),
                         "projected_gain": _gain(gain, "x lower TTFT", "ttft_s"),
                         "assumptions": (
@@ -269,9 +276,11 @@ def advise(
                     "why": (
                         "decode is memory-bound with spare compute "
                         f"(MFU {fmt_pct(dec.get('mfu'))}, "
-                        f"intensity {dec.get('intensity', 0):.3g} ≪ ridge {ridge:.3g}); verifying "
-                        f"{k + 1} tokens per step costs {t_verify * 1e3:.3g} ms vs "
-                        f"{tpot0 * 1e3:.3g} ms for one and yields {tokens_per_step:.3g} tokens"
+                        f"intensity {format_number(dec.get('intensity', 0))} ≪ ridge "
+                        f"{format_number(ridge)}); verifying "
+                        f"{k + 1} tokens per step costs {format_seconds(t_verify)} vs "
+                        f"{format_seconds(tpot0)} for one and yields "
+                        f"{format_number(tokens_per_step)} tokens"
                     ),
                     "projected_gain": _gain(gain, "x decode throughput", "decode_tok_s"),
                     "assumptions": (
@@ -293,7 +302,7 @@ def advise(
                 "why": (
                     f"prefill passes stall requests that are decoding: {fmt_pct(share)} of all "
                     f"decode time is spent waiting for other requests' prefills (up to "
-                    f"{(stall or 0) * 1e3:.3g} ms at a time, an inter-token spike); prefill on "
+                    f"{format_seconds(stall or 0)} at a time, an inter-token spike); prefill on "
                     "its own instance (or split into chunks mixed with decode) removes the stall"
                 ),
                 "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
@@ -321,8 +330,8 @@ def advise(
                 "why": (
                     f"decode is bandwidth-bound and the weights take "
                     f"{fmt_pct(weight_bytes(model) / mem['capacity_bytes'])} of usable memory; "
-                    f"over 2 devices each reads half: TPOT {tpot0 * 1e3:.3g} → "
-                    f"{p['tpot_s'] * 1e3:.3g} ms, and room for batch {p['max_batch']} "
+                    f"over 2 devices each reads half: TPOT {format_seconds(tpot0)} → "
+                    f"{format_seconds(p['tpot_s'])}, and room for batch {p['max_batch']} "
                     f"instead of {base['max_batch']}"
                 ),
                 "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
@@ -346,7 +355,7 @@ def advise(
                     f"cut {name} per-step overhead (CUDA graphs, torch.compile, fused kernels)"
                 ),
                 "why": (
-                    f"{name} is overhead-bound: {per_step * 1e3:.3g} ms per step reaches only "
+                    f"{name} is overhead-bound: {format_seconds(per_step)} per step reaches only "
                     f"{fmt_pct(eff)} of speed of light (MFU {fmt_pct(ph.get('mfu'))}, MBU "
                     f"{fmt_pct(ph.get('mbu'))}); the time is launches and host work"
                 ),

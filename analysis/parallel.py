@@ -32,6 +32,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from perfscope.analysis.catalogue import format_seconds, format_si
 from perfscope.analysis.costmodel import kv_cache_bytes_per_sequence, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.whatif import DEFAULT_MEM_FRACTION, predict
@@ -352,8 +353,8 @@ def predict_parallel(
         assumptions.append(
             f"TP {tp}: {collectives} ring all-reduces per forward pass (2 per block + "
             f"embedding) of tokens x d x {act:g} B, plus a logits gather, at "
-            f"{lk.bw_bytes_s / 1e9:.4g} GB/s per direction over {lk.name} and "
-            f"{lk.latency_s * 1e6:.3g} us each; no overlap with compute"
+            f"{format_si(lk.bw_bytes_s, 'B/s', 4)} per direction over {lk.name} and "
+            f"{format_seconds(lk.latency_s)} each; no overlap with compute"
         )
         if model.is_mla:
             assumptions.append("MLA latent cache replicated on every TP rank")

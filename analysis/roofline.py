@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from perfscope.analysis.catalogue import format_ratio, format_seconds, format_si
+from perfscope.analysis.catalogue import format_number, format_ratio, format_seconds, format_si
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
 
@@ -128,10 +128,13 @@ def _evidence(phase: str, r: dict[str, Any], device_name: str, threshold: float)
     sol_step = r["sol_time_s"] / r["steps"] if r["steps"] else r["sol_time_s"]
     rel = ">" if ridge is not None and r["intensity"] > ridge else "<"
     ridge_txt = (
-        f"{r['intensity']:.3g} FLOP/B {rel} ridge {ridge:.3g} FLOP/B "
+        f"{format_number(r['intensity'])} FLOP/B {rel} ridge {format_number(ridge)} FLOP/B "
         f"({r['ceilings']['dtype']}, {level} of {device_name})"
         if ridge is not None
-        else f"{r['intensity']:.3g} FLOP/B (no {r['ceilings']['dtype']} peak for {device_name})"
+        else (
+            f"{format_number(r['intensity'])} FLOP/B (no {r['ceilings']['dtype']} peak for "
+            f"{device_name})"
+        )
     )
     util = f"MFU {fmt_pct(mfu)}, MBU {fmt_pct(mbu)}"
     timing = (

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from perfscope.analysis.catalogue import format_seconds
 from perfscope.analysis.costmodel import (
     kv_bytes_per_token,
     step_costs,
@@ -274,7 +275,7 @@ def _basis(derate: dict[str, float]) -> str:
         if f"{name}_overhead_s" in derate:
             parts.append(
                 f"{name} at speed of light + the run's "
-                f"{derate[name + '_overhead_s'] * 1e3:.3g} ms overhead per step"
+                f"{format_seconds(derate[name + '_overhead_s'])} overhead per step"
             )
         elif f"{name}_efficiency" in derate:
             parts.append(

@@ -289,10 +289,20 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(app: dash.Dash, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-    """Run the app's development server in this thread, debug off (blocks).
+    """Serve the app with waitress, a production WSGI server, in this thread (blocks).
 
-    ``host`` is always passed explicitly, so a stray ``HOST`` environment variable never
-    rebinds the server. ``host`` is added to the names the server answers to.
+    No development-server warning and no log line per request or callback (waitress logs
+    only its start and errors). Without waitress installed, Flask's development server is
+    the fallback, with its request log silenced. ``host`` is always passed explicitly, so a
+    stray ``HOST`` environment variable never rebinds the server; it is added to the names
+    the server answers to.
     """
     allow_host(app, host)
-    app.run(host=host, port=port, debug=False, use_reloader=False)
+    try:
+        from waitress import serve as waitress_serve
+    except ImportError:
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        app.run(host=host, port=port, debug=False, use_reloader=False)
+        return
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth" chatter
+    waitress_serve(app.server, host=host, port=port, threads=8, ident="perfscope")

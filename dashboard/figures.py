@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from perfscope.analysis.compare import latency_samples
-from perfscope.dashboard._fmt import esc, finite, fmt_pct, fmt_si
+from perfscope.dashboard._fmt import esc, finite, fmt_num, fmt_pct, fmt_si
 from perfscope.dashboard.view import roofline_ceilings
 
 __all__ = [
@@ -120,6 +120,15 @@ def _empty(message: str) -> go.Figure:
 
 
 # ---------------------------------------------------------------------- roofline
+
+
+def si_log_ticks(log_range: Sequence[float], unit: str) -> dict[str, Any]:
+    """``tickvals``/``ticktext`` for a log axis spanning ``log_range`` (log10 units): one
+    tick per decade labelled with an SI prefix and the unit (``1 PFLOP/s``), since plotly's
+    own SI format stops at T and falls back to ``10^15``."""
+    lo, hi = math.floor(log_range[0]), math.ceil(log_range[1])
+    vals = [10.0**e for e in range(lo, hi + 1)]
+    return {"tickvals": vals, "ticktext": [fmt_si(v, unit) for v in vals]}
 
 
 def _log_range(values: Sequence[float], pad: float = 0.4) -> list[float]:
@@ -218,7 +227,7 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
                 hovertemplate=f"{esc(dtype)} peak: {fmt_si(pk, 'FLOP/s')}<extra></extra>",
             )
         )
-    for (dtype, mname), ridge in ridges.items():
+    for k, ((dtype, mname), ridge) in enumerate(sorted(ridges.items(), key=lambda kv: kv[1])):
         pk = peaks[dtype]
         # Shapes take data coordinates on log axes, annotations take log10 coordinates.
         fig.add_shape(
@@ -232,9 +241,11 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
         fig.add_annotation(
             x=math.log10(ridge),
             y=math.log10(pk),
-            text=f"ridge {ridge:.3g} FLOP/B<br>{esc(dtype)} / {esc(mname)}",
+            text=f"ridge {fmt_num(ridge)} FLOP/B<br>{esc(dtype)} / {esc(mname)}",
             showarrow=False,
-            yshift=18,
+            # Stagger the labels so ridges close together (cache and DRAM) never overlap.
+            yshift=16 + 28 * k,
+            xanchor="right" if k % 2 else "left",
             font={"size": 10, "color": "#666"},
         )
     for name, p, x, y, pred in points:
@@ -244,7 +255,7 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
             label += " (est.)"
         hover = (
             f"<b>{esc(name)}</b> ({esc(p.get('verdict', ''))})<br>"
-            f"intensity {x:.4g} FLOP/B<br>achieved {fmt_si(y, 'FLOP/s')}, "
+            f"intensity {fmt_num(x, 4)} FLOP/B<br>achieved {fmt_si(y, 'FLOP/s')}, "
             f"{fmt_si(p.get('achieved_bytes_s'), 'B/s')}<br>"
             f"MFU {fmt_pct(p.get('mfu'))}, MBU {fmt_pct(p.get('mbu'))} "
             f"({esc(p.get('memory_level', 'dram'))})<br>"
@@ -258,7 +269,12 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
                 mode="markers+text",
                 name=label,
                 text=[label],
-                textposition="bottom right",
+                # Labels point into the plot so the right edge never cuts them.
+                textposition=(
+                    "bottom left"
+                    if math.log10(max(x, 1e-30)) > (xr[0] + xr[1]) / 2
+                    else "bottom right"
+                ),
                 marker={"size": 13, "color": color, "line": {"width": 1, "color": "#222"}},
                 hovertemplate=hover,
                 meta={"phase": name, "kind": "measured"},
@@ -286,8 +302,15 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
     fig.update_xaxes(type="log", range=xr, title_text="arithmetic intensity (FLOP/byte)")
     fig.update_yaxes(
         type="log",
-        range=_log_range([y_lo, y_top], pad=0.3),
+        # Head room above the peak for the (staggered) ridge labels.
+        range=(
+            yr := [
+                _log_range([y_lo, y_top], pad=0.3)[0],
+                _log_range([y_lo, y_top], pad=0.3)[1] + 0.35 * max(1, len(ridges)),
+            ]
+        ),
         title_text="attainable FLOP/s",
+        **si_log_ticks(yr, "FLOP/s"),
     )
     fig.update_layout(
         **FIGURE_LAYOUT,
@@ -702,8 +725,16 @@ def throughput_figure(
         col=1,
         secondary_y=True,
     )
-    fig.update_yaxes(title_text="tokens/s", row=1, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="active requests", row=1, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="tokens/s", row=1, col=1, secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(
+        title_text="active requests",
+        row=1,
+        col=1,
+        secondary_y=True,
+        rangemode="tozero",
+        tickformat=",d",
+        showgrid=False,
+    )
     devices = sorted(str(d) for d in tele["device"].dropna().unique()) if tele_rows else []
     for i, (column, label, scale) in enumerate(tele_rows, start=2):
         for j, dev in enumerate(devices):
@@ -718,7 +749,11 @@ def throughput_figure(
                     y=(d[column].to_numpy(dtype=np.float64) * scale).astype(np.float32),
                     mode="lines",
                     name=f"{esc(dev)} {label}",
-                    line={"color": _PALETTE[(j + 2) % len(_PALETTE)]},
+                    # One colour per telemetry line, one dash per device.
+                    line={
+                        "color": _PALETTE[(i + 1) % len(_PALETTE)],
+                        "dash": ("solid", "dash", "dot", "dashdot")[j % 4],
+                    },
                     legendgroup=dev,
                 ),
                 row=i,
@@ -731,6 +766,88 @@ def throughput_figure(
         height=360 + 170 * len(tele_rows),
         title={"text": "Throughput over time" + (" and telemetry" if tele_rows else "")},
     )
+    return fig
+
+
+# ---------------------------------------------------------------------- over time
+
+
+def _measured_ok(requests: pd.DataFrame) -> pd.DataFrame:
+    if requests.empty:
+        return requests
+    m = requests[~requests["is_warmup"].astype(bool)]
+    return m[m["error"].isna() & m["t_sent"].notna() & m["t_last_token"].notna()]
+
+
+def latency_over_time_figure(requests: pd.DataFrame) -> go.Figure:
+    """TTFT and E2E (seconds, y) of each completed measured request against the time it
+    finished (seconds since run start, x; in batch mode every request is sent at once)."""
+    ok = _measured_ok(requests)
+    if ok.empty:
+        return _empty("no completed measured requests")
+    done = ok["t_last_token"].to_numpy(dtype=np.float64) * _NS
+    e2e = (ok["t_last_token"] - ok["t_sent"]).to_numpy(dtype=np.float64) * _NS
+    ttft = (ok["t_first_token"] - ok["t_sent"]).to_numpy(dtype=np.float64) * _NS
+    ids = ok["request_id"].to_numpy()
+    fig = go.Figure()
+    for name, ys, color in (("E2E", e2e, _PALETTE[0]), ("TTFT", ttft, _PALETTE[1])):
+        fig.add_trace(
+            go.Scatter(
+                x=done.astype(np.float32),
+                y=ys.astype(np.float32),
+                mode="markers",
+                name=name,
+                marker={"size": 6, "color": color, "opacity": 0.8},
+                customdata=ids,
+                hovertemplate=f"request %{{customdata}}: {name} %{{y:.3s}}s at %{{x:.2f}} s"
+                "<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title_text="finished at (s since run start)")
+    fig.update_yaxes(title_text="latency", ticksuffix="s", rangemode="tozero")
+    fig.update_layout(**FIGURE_LAYOUT, height=340, title={"text": "Latency over time"})
+    return fig
+
+
+def offered_achieved_figure(requests: pd.DataFrame, load: dict[str, Any]) -> go.Figure:
+    """Cumulative requests sent and completed over time (counts, y; seconds, x), with the
+    offered and achieved rates (requests/s) in the legend."""
+    if requests.empty:
+        return _empty("no requests recorded")
+    m = requests[~requests["is_warmup"].astype(bool)]
+    sent = np.sort(m["t_sent"].dropna().to_numpy(dtype=np.float64) * _NS)
+    ok = _measured_ok(requests)
+    done = np.sort(ok["t_last_token"].to_numpy(dtype=np.float64) * _NS)
+    if sent.size == 0:
+        return _empty("no measured requests were sent")
+    span_sent = float(sent[-1] - sent[0])
+    span_done = float(done[-1] - sent[0]) if done.size else 0.0
+    offered = load.get("rate")
+    if offered:
+        offered_txt = f"offered {fmt_num(offered)} req/s"
+    elif span_sent > 0:
+        offered_txt = f"sent at {fmt_num(sent.size / span_sent)} req/s"
+    else:
+        offered_txt = "all at once"
+    achieved = f"{fmt_num(done.size / span_done)} req/s" if span_done > 0 else "n/a"
+    fig = go.Figure()
+    for name, xs, color in (
+        (f"sent ({offered_txt})", sent, _PALETTE[0]),
+        (f"completed (achieved {achieved})", done, _PALETTE[2]),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=xs.astype(np.float32),
+                y=np.arange(1, xs.size + 1, dtype=np.float32),
+                mode="lines",
+                line={"shape": "hv", "color": color},
+                name=name,
+                hovertemplate="%{y:,d} by %{x:.2f} s<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title_text="time since run start (s)")
+    fig.update_yaxes(title_text="requests", tickformat=",d", rangemode="tozero")
+    fig.update_layout(**FIGURE_LAYOUT, height=320, title={"text": "Offered and achieved rate"})
     return fig
 
 
@@ -756,8 +873,10 @@ def phase_breakdown_figure(summary: dict[str, Any]) -> go.Figure | None:
     if not panels:
         return None
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels])
+    units = {"time (s)": "s", "FLOPs": "FLOP", "bytes moved": "B", "energy (J)": "J"}
     for i, (title, data) in enumerate(panels, start=1):
         names = list(data)
+        unit = units.get(title, "")
         fig.add_trace(
             go.Bar(
                 x=names,
@@ -765,14 +884,15 @@ def phase_breakdown_figure(summary: dict[str, Any]) -> go.Figure | None:
                 marker={"color": [_COLORS.get(k, "#bab0ac") for k in names]},
                 name=title,
                 showlegend=False,
-                text=[fmt_si(data[k]) for k in names],
+                text=[fmt_si(data[k], unit) for k in names],
                 textposition="auto",
-                hovertemplate="%{x}: %{y:.4g}<extra>" + title + "</extra>",
+                hovertemplate="%{x}: %{y:.4s}" + unit + "<extra>" + title + "</extra>",
                 meta={"panel": title},
             ),
             row=1,
             col=i,
         )
+        fig.update_yaxes(exponentformat="SI", ticksuffix=unit, row=1, col=i)
     fig.update_layout(**FIGURE_LAYOUT, height=340, title={"text": "Per-phase breakdown"})
     return fig
 
@@ -1061,6 +1181,26 @@ def run_figures(run: RunTables, *, timeline_max_rows: int = TIMELINE_MAX_ROWS) -
             None if phase is not None else "no per-phase data (no steps and no roofline)",
         )
     )
+    out.insert(
+        2,
+        FigureSpec(
+            "latency-over-time",
+            "Latency over time",
+            "TTFT and end-to-end latency of each completed request against the time it "
+            "finished; a rising trend is a queue building up.",
+            latency_over_time_figure(run.requests),
+        ),
+    )
+    out.insert(
+        3,
+        FigureSpec(
+            "offered-achieved",
+            "Offered and achieved rate",
+            "Requests sent and requests completed so far; the slopes are the offered and the "
+            "achieved rate, and a widening gap is a backlog.",
+            offered_achieved_figure(run.requests, _section(s, "load")),
+        ),
+    )
     adv = advice_figure(s)
     if adv is not None:
         out.append(
@@ -1071,4 +1211,9 @@ def run_figures(run: RunTables, *, timeline_max_rows: int = TIMELINE_MAX_ROWS) -
                 adv,
             )
         )
+    for spec in out:
+        if spec.figure is not None:
+            # SI prefixes (k, M, G), never plotly's "B" for billions, which reads as bytes.
+            spec.figure.update_xaxes(exponentformat="SI")
+            spec.figure.update_yaxes(exponentformat="SI")
     return out

@@ -81,6 +81,33 @@ def _asset(name: str) -> str:
     return (resources.files("perfscope.dashboard") / "assets" / name).read_text(encoding="utf-8")
 
 
+#: Trace types of plotly.js's "basic" partial bundle (``assets/plotly-basic.min.js``).
+BASIC_TRACES = frozenset({"scatter", "bar", "pie"})
+
+
+def plotly_js(figures: Sequence[Any] = ()) -> str:
+    """The plotly.js to inline: the basic partial bundle (about 1.2 MB instead of 4.8 MB)
+    when every trace of ``figures`` is one it draws and its version is the one plotly.py
+    was built for; the full bundle otherwise."""
+    from plotly.offline import get_plotlyjs
+
+    full = str(get_plotlyjs())
+    types = {
+        str(getattr(t, "type", None) or "scatter")
+        for f in figures
+        if f is not None
+        for t in getattr(f, "data", ())
+    }
+    if not types <= BASIC_TRACES:
+        return full
+    try:
+        basic = _asset("plotly-basic.min.js")
+    except (FileNotFoundError, OSError):
+        return full
+    version = full[:200].split(" v", 1)[-1].split()[0]
+    return basic if f" v{version}" in basic[:200] else full
+
+
 def figure_json(fig: Any) -> str:
     """Plotly figure JSON that is safe inside ``<script type="application/json">``."""
     text = str(pio.to_json(fig, validate=False))
@@ -106,13 +133,12 @@ def render_page(title: str, body_html: str, figures: Sequence[FigureSpec]) -> st
     """A complete offline HTML page: ``body_html`` (already escaped), then the figures'
     JSON, plotly.js inlined once and the render script. ``figures`` whose blocks are not
     already in ``body_html`` are not drawn: use :func:`figures_html` to place them."""
-    from plotly.offline import get_plotlyjs
-
     has_figures = any(f.figure is not None for f in figures)
     scripts = ""
     if has_figures:
         render = _asset("render.js").replace("__CONFIG__", json.dumps(_PLOTLY_CONFIG))
-        scripts = f"<script>{get_plotlyjs()}</script>\n<script>{render}</script>"
+        js = plotly_js([f.figure for f in figures])
+        scripts = f"<script>{js}</script>\n<script>{render}</script>"
     else:
         scripts = (
             "<script>window.addEventListener('load', function () {"
@@ -170,7 +196,8 @@ def _card(label: str, value: str, sub: str = "") -> str:
     )
 
 
-def _headline(summary: Summary) -> str:
+def _headline(summary: Summary) -> tuple[str, str]:
+    """The headline cards, and the latency and throughput tables (placed further down)."""
     cards = [_card(c.title, c.value, c.detail) for c in headline_cards(summary)]
     # The static table: every latency distribution and the throughput numbers.
     rows = [
@@ -192,10 +219,11 @@ def _headline(summary: Summary) -> str:
     return (
         '<section id="headline"><h2>Headline</h2><div class="cards">'
         + "".join(cards)
-        + "</div>"
+        + "</div></section>",
+        '<section id="numbers"><h2>Latency and throughput</h2>'
         + "".join(rows)
         + _kv_table(tp_rows)
-        + "</section>"
+        + "</section>",
     )
 
 
@@ -579,22 +607,35 @@ def render_report(
         f"engine {esc(engine.get('uri'))} · "
         f"model {esc(model_name if isinstance(model_name, str) else '')} · "
         f"started {esc(m.get('started_at'))}</div></header>"
-        '<nav class="noprint"><a href="#run">Run</a><a href="#headline">Headline</a>'
+        '<nav class="noprint"><a href="#headline">Headline</a>'
         '<a href="#verdicts">Verdicts</a><a href="#figures">Figures</a>'
-        '<a href="#advice">Advice</a><a href="#requests">Requests</a>'
+        '<a href="#numbers">Numbers</a><a href="#advice">Advice</a>'
+        '<a href="#requests">Requests</a><a href="#run">Run</a>'
         '<a href="#environment">Environment</a></nav>'
     )
+    cards, numbers = _headline(typed)
+    # The answer first: cards, then verdicts beside the roofline; the rest below.
+    lead = [f for f in figures if f.key == "roofline"]
+    rest = [f for f in figures if f.key != "roofline"]
     body = "\n".join(
         [
             header,
             banner,
-            _run_header(run, summary),
-            _headline(typed),
-            _verdicts(typed),
-            '<section id="figures"><h2>Figures</h2>' + figures_html(figures) + "</section>",
+            cards,
+            '<div class="lead">'
+            + _verdicts(typed)
+            + '<div class="lead-figure">'
+            + "".join(_figure_block(f) for f in lead)
+            + "</div></div>",
+            '<section id="figures"><h2>Figures</h2>' + figures_html(rest) + "</section>",
+            numbers,
             _advice(typed),
             _request_table(run, max_requests),
-            _environment(run, summary),
+            '<details class="meta"><summary>Run configuration, model, hardware and '
+            "workload</summary>" + _run_header(run, summary) + "</details>",
+            '<details class="meta"><summary>Environment</summary>'
+            + _environment(run, summary)
+            + "</details>",
             f"<footer>Generated by perfscope on {esc(when)} from {esc(run.path.name)}; "
             "works offline (plotly.js inlined). Times are seconds since the run's start "
             "unless marked.</footer>",

@@ -5,14 +5,20 @@ They were part of ``perfscope.analysis``; the analysis now computes and this lay
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from perfscope.analysis.catalogue import (
     format_bytes,
+    format_count,
     format_number,
     format_seconds,
     format_si,
@@ -20,7 +26,146 @@ from perfscope.analysis.catalogue import (
 )
 from perfscope.analysis.catalogue import format_ratio as fmt_pct
 
-__all__ = ["energy_table", "predictions_table", "roofline_table"]
+__all__ = ["FitTable", "energy_table", "predictions_table", "roofline_table"]
+
+#: The one table style of every terminal table.
+BOX = box.SIMPLE_HEAD
+
+Cell = str | Text
+
+
+def _plain(cell: Cell) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def _longest_word(text: str) -> int:
+    return max((cell_len(w) for w in text.split()), default=0)
+
+
+@dataclass
+class FitTable:
+    """A table that never cuts an identifier or a number, at any terminal width.
+
+    Columns named in ``wrap`` hold prose and may wrap at spaces; every other column keeps
+    each cell on one line. When the table does not fit the width it is drawn into, it is
+    drawn stacked instead: one block per row, headed by the row's first cell, with one
+    ``column: value`` line per other cell.
+
+    Attributes:
+        columns: column headers, in order.
+        rows: one list of cells per row (``str`` or rich ``Text``).
+        title: printed above the table (or above the blocks).
+        right: columns aligned right (numbers).
+        wrap: prose columns that may wrap.
+        caption: a dim line under the table.
+        show_header: ``False`` for two-column key/value tables.
+    """
+
+    columns: Sequence[str]
+    rows: list[list[Cell]] = field(default_factory=list)
+    title: str | None = None
+    right: frozenset[str] = frozenset()
+    wrap: frozenset[str] = frozenset()
+    caption: str | None = None
+    show_header: bool = True
+
+    def add_row(self, *cells: Cell) -> None:
+        """Append a row (one cell per column)."""
+        self.rows.append(list(cells))
+
+    def required_width(self) -> int:
+        """Cells needed to draw the table without cutting anything."""
+        total = 0
+        for i, col in enumerate(self.columns):
+            texts = [_plain(r[i]) for r in self.rows if i < len(r)]
+            head = self._head_width(col)
+            if col in self.wrap:
+                body = max((_longest_word(t) for t in texts), default=0)
+                body = max(body, min(24, max((cell_len(t) for t in texts), default=0)))
+            else:
+                body = max((max(map(cell_len, t.split("\n"))) for t in texts), default=0)
+            total += max(head, body) + 2  # one space of padding either side
+        # The box draws a (blank) separator between columns (no edges: show_edge=False).
+        return total + len(self.columns) - 1
+
+    def _head_width(self, col: str) -> int:
+        """Cells the header needs: whole on one line in a one-line column (rich does not
+        wrap the header of a no-wrap column), its longest word in a prose column."""
+        if not self.show_header:
+            return 0
+        return _longest_word(col) if col in self.wrap else cell_len(col)
+
+    def _min_widths(self) -> list[int]:
+        widths = []
+        for i, col in enumerate(self.columns):
+            texts = [_plain(r[i]) for r in self.rows if i < len(r)]
+            head = self._head_width(col)
+            if col in self.wrap:
+                body = max((_longest_word(t) for t in texts), default=0)
+            else:
+                body = max((max(map(cell_len, t.split("\n"))) for t in texts), default=0)
+            widths.append(max(head, body))
+        return widths
+
+    def table(self) -> Table:
+        """The side-by-side form."""
+        t = Table(
+            title=self.title,
+            title_justify="left",
+            box=BOX,
+            caption=self.caption,
+            caption_justify="left",
+            show_header=self.show_header,
+            show_edge=False,
+            header_style="bold",
+            caption_style="dim",
+        )
+        for col, w in zip(self.columns, self._min_widths(), strict=True):
+            t.add_column(
+                col,
+                justify="right" if col in self.right else "left",
+                no_wrap=col not in self.wrap,
+                min_width=w,
+                overflow="fold",
+            )
+        for r in self.rows:
+            t.add_row(*r)
+        return t
+
+    def stacked(self, width: int = 80) -> Group:
+        """The narrow form: one block per row, its fields packed into lines of ``width``
+        cells (a field is never split; a field wider than the line gets a line of its own
+        and wraps at spaces)."""
+        parts: list[RenderableType] = []
+        if self.title:
+            parts.append(Text(self.title, style="bold"))
+        for r in self.rows:
+            head = r[0].copy() if isinstance(r[0], Text) else Text(str(r[0]))
+            head.stylize("bold")
+            parts.append(head)
+            line = Text()
+            for col, cell in zip(self.columns[1:], r[1:], strict=False):
+                if not _plain(cell).strip():
+                    continue
+                value = cell if isinstance(cell, Text) else Text(str(cell))
+                fld = Text.assemble((f"{col} " if self.show_header else "", "dim"), value)
+                if line.cell_len and line.cell_len + 3 + fld.cell_len > width - 2:
+                    parts.append(Padding(line, (0, 0, 0, 2)))
+                    line = Text()
+                if line.cell_len:
+                    line.append(" · ", style="dim")
+                line.append_text(fld)
+            if line.cell_len:
+                parts.append(Padding(line, (0, 0, 0, 2)))
+        if self.caption:
+            parts.append(Text(self.caption, style="dim"))
+        return Group(*parts)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.required_width() <= options.max_width:
+            yield self.table()
+        else:
+            yield self.stacked(options.max_width)
 
 
 _fmt_time = format_seconds
@@ -57,42 +202,43 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
     title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
     if r.get("estimated"):
         title += " (estimated from the request timeline)"
-    table = Table(title=title, title_justify="left")
-    for col, just in (
-        ("phase", "left"),
-        ("steps", "right"),
-        ("time", "right"),
-        ("FLOPs", "right"),
-        ("bytes", "right"),
-        ("intensity / ridge", "right"),
-        ("MFU", "right"),
-        ("MBU", "right"),
-        ("achieved", "right"),
-        ("efficiency", "right"),
-        ("verdict", "left"),
-    ):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    table = FitTable(
+        (
+            "phase",
+            "steps",
+            "time",
+            "FLOPs",
+            "bytes",
+            "intensity",
+            "ridge",
+            "MFU",
+            "MBU",
+            "FLOP/s",
+            "bytes/s",
+            "efficiency",
+            "verdict",
+        ),
+        title=title,
+        right=frozenset(("steps", "time", "FLOPs", "bytes", "intensity", "ridge", "MFU", "MBU"))
+        | {"FLOP/s", "bytes/s", "efficiency"},
+    )
     styles = {"compute-bound": "green", "memory-bound": "cyan", "overhead-bound": "yellow"}
     for phase, p in r["phases"].items():
         ridge = p.get("ridge_point")
-        inten = f"{format_number(p['intensity'])} / {format_number(ridge) if ridge else 'n/a'}"
-        if p.get("memory_level") == "cache":
-            inten += " (cache)"
-        mbu = fmt_pct(p["mbu"]) + (" (cache)" if p.get("memory_level") == "cache" else "")
-        achieved = (
-            f"{_fmt_si(p['achieved_flops_s'], 'FLOP/s')}, {_fmt_si(p['achieved_bytes_s'], 'B/s')}"
-        )
+        cache = " (cache)" if p.get("memory_level") == "cache" else ""
         name = phase + (" (est.)" if p.get("estimated") else "")
         table.add_row(
             name,
-            str(p["steps"]),
+            format_count(p["steps"]),
             _fmt_time(p["time_s"]),
-            _fmt_si(p["flops"], ""),
+            _fmt_si(p["flops"], "FLOP"),
             _fmt_si(p["bytes"], "B"),
-            inten,
+            f"{format_number(p['intensity'])} FLOP/B",
+            (f"{format_number(ridge)} FLOP/B" if ridge else "n/a") + cache,
             fmt_pct(p["mfu"]),
-            mbu,
-            achieved,
+            fmt_pct(p["mbu"]) + cache,
+            _fmt_si(p["achieved_flops_s"], "FLOP/s"),
+            _fmt_si(p["achieved_bytes_s"], "B/s"),
             fmt_pct(p["efficiency"]),
             Text(p["verdict"], style=styles.get(p["verdict"], "")),
         )
@@ -110,7 +256,7 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
         f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
         style="dim",
     )
-    lines = [Text(f"• {p['evidence']}") for p in r["phases"].values()]
+    lines = [Text(f"• {p['evidence']}") for p in r["phases"].values() if p.get("evidence")]
     return Group(table, ceil, *lines)
 
 
@@ -132,18 +278,7 @@ def predictions_table(
             f"decode {fmt_pct(first['efficiency']['decode'])} of speed of light"
         )
     )
-    table = Table(
-        title=title
-        or (
-            f"{first['model']} ({first['dtypes']['weights']} weights, "
-            f"{first['dtypes']['kv_cache']} KV) — batch {w['batch']}, prompt {w['prompt_len']}, "
-            f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
-        ),
-        title_justify="left",
-        caption=basis,
-        caption_justify="left",
-    )
-    for col in (
+    cols = (
         "device",
         "ceilings",
         "TTFT",
@@ -155,8 +290,18 @@ def predictions_table(
         "max batch",
         "prefill",
         "decode",
-    ):
-        table.add_column(col, justify="left" if col in ("device", "prefill", "decode") else "right")
+    )
+    table = FitTable(
+        cols,
+        title=title
+        or (
+            f"{first['model']} ({first['dtypes']['weights']} weights, "
+            f"{first['dtypes']['kv_cache']} KV) — batch {w['batch']}, prompt {w['prompt_len']}, "
+            f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
+        ),
+        caption=basis + "; tok/s counts output tokens over the whole request (prefill included)",
+        right=frozenset(("TTFT", "TPOT", "tok/s", "weights", "KV cache", "fits", "max batch")),
+    )
     for p in predictions:
         m = p["memory"]
         fits = "n/a" if m["fits"] is None else ("yes" if m["fits"] else "NO")
@@ -165,11 +310,11 @@ def predictions_table(
             p["device"]["source"],
             _ms(p["ttft_s"]),
             _ms(p["tpot_s"]),
-            format_number(p["throughput_tok_s"], 4) if p["throughput_tok_s"] else "n/a",
+            format_value(p["throughput_tok_s"], "rate", unit="tok/s"),
             _gb(m["weights_bytes"]),
             _gb(m["kv_cache_bytes"]),
             fits,
-            "n/a" if p["max_batch"] is None else str(p["max_batch"]),
+            "n/a" if p["max_batch"] is None else format_count(p["max_batch"]),
             p["prefill"]["bound"],
             p["decode"]["bound"],
         )
@@ -177,12 +322,21 @@ def predictions_table(
     return Group(table, *[Text(f"note: {n}", style="dim") for n in notes])
 
 
-def energy_table(section: dict[str, Any]) -> Table:
-    """A rich table of :func:`energy_section`'s result."""
-    table = Table(title="Energy and power", show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_column("detail")
+def energy_table(section: dict[str, Any]) -> RenderableType:
+    """A rich table of :func:`energy_section`'s result; one line when energy is unavailable
+    and nothing else was sampled."""
+    if (
+        not section.get("available")
+        and not section.get("memory")
+        and not (section.get("cpu") or {}).get("sampled")
+    ):
+        return Text(f"Energy: unavailable ({section.get('reason') or 'no data'})", style="dim")
+    table = FitTable(
+        ("metric", "value", "detail"),
+        title="Energy and power",
+        right=frozenset(("value",)),
+        wrap=frozenset(("detail",)),
+    )
     if not section.get("available"):
         table.add_row("energy", "unavailable", str(section.get("reason") or ""))
     else:
@@ -254,7 +408,7 @@ def energy_table(section: dict[str, Any]) -> Table:
         )
         if cpu.get("energy_available"):
             table.add_row("CPU package energy", _fmt(cpu.get("package_energy_j"), " J", 4), "RAPL")
-        else:
+        elif str(cpu.get("energy_reason")) not in str(section.get("reason")):  # once, not twice
             table.add_row("CPU energy", "unavailable", str(cpu.get("energy_reason") or ""))
     for note in section.get("notes", []):
         table.add_row("note", "", note)

@@ -201,7 +201,8 @@ def step_rows(s: Summary) -> list[StepRow]:
 
 
 def headline_cards(s: Summary) -> list[Card]:
-    """The headline: TTFT, TPOT, throughput, goodput, MFU/MBU per phase, energy, requests."""
+    """The headline: TTFT, TPOT, throughput, goodput (only with SLOs), MFU/MBU per phase,
+    energy, requests."""
     cards = []
     for key in ("ttft", "tpot"):
         d = s.latency.metrics()[key]
@@ -220,13 +221,14 @@ def headline_cards(s: Summary) -> list[Card]:
             f"{_fmt('req_s', tp.req_s)}; busy {_fmt('busy_tok_s', tp.busy_tok_s)}",
         )
     )
-    cards.append(
-        Card(
-            "goodput / SLO attainment",
-            f"{_fmt('goodput_req_s', gp.goodput_req_s)} / {_fmt('attainment', gp.attainment)}",
-            slo_text(s) or "no SLOs set",
+    if gp.slos:  # without SLOs every request "meets" them: no card rather than a 100%
+        cards.append(
+            Card(
+                "goodput / SLO attainment",
+                f"{_fmt('goodput_req_s', gp.goodput_req_s)} / {_fmt('attainment', gp.attainment)}",
+                slo_text(s),
+            )
         )
-    )
     roof = s.roofline
     if roof.available:
         for phase, p in roof.phases.items():

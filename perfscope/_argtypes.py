@@ -12,6 +12,7 @@ from pathlib import Path
 
 __all__ = [
     "MAX_REQUESTS",
+    "TORCH_DTYPES",
     "device",
     "key_value",
     "nonneg_int",
@@ -19,6 +20,7 @@ __all__ = [
     "positive_int",
     "request_count",
     "runs_dir",
+    "torch_dtype",
 ]
 
 #: Most requests one run may plan: each costs a few hundred bytes of workload and records
@@ -101,3 +103,19 @@ def runs_dir(text: str) -> Path:
     if p.exists() and not p.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
     return p
+
+
+#: Short dtype spellings (the vocabulary of every command) → the torch names engines take.
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_dtype(text: str) -> str:
+    """``fp32``/``bf16``/``fp16`` (or ``float32``/``bfloat16``/``float16``) → the torch name."""
+    t = text.strip().lower().removeprefix("torch.")
+    if t in TORCH_DTYPES:
+        return TORCH_DTYPES[t]
+    if t in TORCH_DTYPES.values():
+        return t
+    raise argparse.ArgumentTypeError(
+        f"expected fp32, bf16 or fp16 (or float32, bfloat16, float16), got {text!r}"
+    )

@@ -8,16 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from perfscope._argtypes import device
-from perfscope.errors import UsageError
+from perfscope.analysis.catalogue import NA, format_bytes, format_number, format_seconds, format_si
+from perfscope.dashboard.terminal import FitTable
+from perfscope.errors import PerfscopeError, UsageError
 
 __all__ = ["register"]
 
 
-def _fmt(x: float | None, scale: float, digits: int = 1) -> str:
-    return "–" if x is None else f"{x / scale:,.{digits}f}"
+def _na(text: str) -> str:
+    return "–" if text == NA else text
 
 
 def _db(args: argparse.Namespace) -> Any:
@@ -56,33 +58,27 @@ def _list(args: argparse.Namespace, console: Console) -> int:
             )
         )
         return 0
-    table = Table(title=f"perfscope hardware database ({len(devices)} devices)")
-    for col, just in (
-        ("key", "left"),
-        ("name", "left"),
-        ("vendor", "left"),
-        ("kind", "left"),
-        ("mem GB", "right"),
-        ("BW GB/s", "right"),
-        ("bf16/fp16 TFLOPS", "right"),
-        ("fp8 TFLOPS", "right"),
-        ("fp32 TFLOPS", "right"),
-        ("TDP W", "right"),
-        ("ceilings", "left"),
-    ):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    cols: tuple[str, ...] = ("key", "name", "vendor", "kind", "memory", "bandwidth")
+    cols += ("bf16/fp16", "fp8", "fp32", "TDP", "ceilings")
+    table = FitTable(
+        cols,
+        title=f"perfscope hardware database ({len(devices)} devices)",
+        right=frozenset(("memory", "bandwidth", "bf16/fp16", "fp8", "fp32", "TDP")),
+        wrap=frozenset(("name",)),
+        caption="peak dense matmul FLOP/s per dtype; bandwidth of device memory",
+    )
     for d in devices:
         table.add_row(
             d.key,
             d.name,
             d.vendor,
             d.kind,
-            _fmt(d.mem_bytes, 1e9, 0),
-            _fmt(d.mem_bw_bytes_s, 1e9, 0),
-            _fmt(_peak16(d), 1e12),
-            _fmt(d.peak_flops.get("fp8"), 1e12),
-            _fmt(d.peak_flops.get("fp32"), 1e12),
-            _fmt(d.tdp_w, 1, 0),
+            _na(format_bytes(d.mem_bytes)),
+            _na(format_si(d.mem_bw_bytes_s, "B/s")),
+            _na(format_si(_peak16(d), "FLOP/s")),
+            _na(format_si(d.peak_flops.get("fp8"), "FLOP/s")),
+            _na(format_si(d.peak_flops.get("fp32"), "FLOP/s")),
+            _na(format_si(d.tdp_w, "W")),
             d.source,
         )
     console.print(table)
@@ -111,41 +107,45 @@ def _show(args: argparse.Namespace, console: Console) -> int:
     for label, path in (("memory type", "memory.type"), ("last-level cache", "onchip.llc_level")):
         if path in entry.texts:
             console.print(f"{label}: {entry.texts[path]}", highlight=False)
-    table = Table(show_lines=False)
-    for col in ("field", "value", "SI", "estimate", "source", "note"):
-        table.add_column(col, overflow="fold")
+    table = FitTable(
+        ("field", "value", "SI", "estimate", "source"),
+        right=frozenset(("value", "SI")),
+        wrap=frozenset(("source",)),
+    )
+    # A source shared by many fields is printed once, below, as a numbered reference.
+    refs: dict[str, int] = {}
     for path, q in sorted(entry.quantities.items()):
         label = path + (" (sparse, not a ceiling)" if path.startswith("sparse.") else "")
-        si = f"{q.si:.4g} {q.si_unit}".strip()
+        marks = []
+        for src in q.sources:
+            marks.append(f"[{refs.setdefault(src, len(refs) + 1)}]")
         table.add_row(
             label,
-            f"{q.value:g} {q.unit}".strip(),
-            si,
+            f"{format_number(q.value, 4)} {q.unit}".strip(),
+            _na(format_seconds(q.si) if q.si_unit == "s" else format_si(q.si, q.si_unit, 4)),
             "yes" if q.estimate else "",
-            "\n".join(q.sources),
-            q.note or "",
+            " ".join(marks) + (f" {q.note}" if q.note else ""),
         )
     console.print(table)
+    for src, n in refs.items():
+        console.print(Text(f"[{n}] {src}"), highlight=False)
     if entry.notes:
         console.print(f"notes: {entry.notes}", highlight=False)
     console.print(f"files: {', '.join(entry.files)}", highlight=False)
     return 0
 
 
-def _ceilings_table(spec: Any) -> Table:
-    table = Table()
-    table.add_column("ceiling")
-    table.add_column("value", justify="right")
-    table.add_column("unit")
+def _ceilings_table(spec: Any) -> FitTable:
+    table = FitTable(("ceiling", "value"), right=frozenset(("value",)))
     for dtype, v in sorted(spec.peak_flops.items()):
-        table.add_row(f"matmul {dtype}", f"{v / 1e12:.4g}", "TFLOP/s")
-    table.add_row("memory bandwidth", f"{spec.mem_bw_bytes_s / 1e9:.4g}", "GB/s")
+        table.add_row(f"matmul {dtype}", format_si(v, "FLOP/s", 4))
+    table.add_row("memory bandwidth", format_si(spec.mem_bw_bytes_s, "B/s", 4))
     if spec.cache_bw_bytes_s:
-        table.add_row("cache bandwidth", f"{spec.cache_bw_bytes_s / 1e9:.4g}", "GB/s")
+        table.add_row("cache bandwidth", format_si(spec.cache_bw_bytes_s, "B/s", 4))
     if spec.cache_bytes:
-        table.add_row("last-level cache", f"{spec.cache_bytes / 2**20:.4g}", "MiB")
+        table.add_row("last-level cache", format_bytes(spec.cache_bytes))
     if spec.mem_bytes:
-        table.add_row("memory", f"{spec.mem_bytes / 1e9:.4g}", "GB")
+        table.add_row("memory", format_bytes(spec.mem_bytes))
     return table
 
 
@@ -157,6 +157,12 @@ def _detect(args: argparse.Namespace, console: Console) -> int:
     spec = None
     if not args.no_calibrate or det.spec is not None:
         spec = resolve_device(None, user_dirs=dirs or None, quick=True)
+    else:
+        # No measuring, but the cached calibration is what runs use: show it when present.
+        try:
+            spec = resolve_device(None, user_dirs=dirs or None, calibrate_if_unknown=False)
+        except PerfscopeError:
+            spec = None
     if args.json:
         print(
             json.dumps(
@@ -191,6 +197,11 @@ def _detect(args: argparse.Namespace, console: Console) -> int:
             title += f" ({cached}measured {cal['created_at']} in {cal['seconds']:.1f} s)"
         console.print(title, highlight=False)
         console.print(_ceilings_table(spec))
+    elif args.no_calibrate:
+        console.print(
+            "no cached calibration: runs will measure one (or run `perfscope hw calibrate`)",
+            highlight=False,
+        )
     return 0
 
 
@@ -224,9 +235,9 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"datasheet ({datasheet.key}): "
             + ", ".join(
-                f"{k} {v / 1e12:.4g} TFLOP/s" for k, v in sorted(datasheet.peak_flops.items())
+                f"{k} {format_si(v, 'FLOP/s', 4)}" for k, v in sorted(datasheet.peak_flops.items())
             )
-            + f", memory {datasheet.mem_bw_bytes_s / 1e9:.4g} GB/s",
+            + f", memory {format_si(datasheet.mem_bw_bytes_s, 'B/s', 4)}",
             highlight=False,
         )
     fp = result.fingerprint
@@ -240,8 +251,18 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``perfscope hw {list,show,detect,calibrate}``."""
-    hw = subparsers.add_parser("hw", help="hardware database: list, show, detect, calibrate")
-    sub = hw.add_subparsers(dest="hw_command", required=True)
+    hw = subparsers.add_parser(
+        "hw",
+        help="hardware database: list, show, detect, calibrate",
+        description="The hardware database and this machine's ceilings.",
+    )
+    sub = hw.add_subparsers(dest="hw_command", metavar="COMMAND")
+
+    def bare(args: argparse.Namespace, console: Console) -> int:
+        hw.print_help()
+        return 0
+
+    hw.set_defaults(handler=bare)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="print JSON to stdout")

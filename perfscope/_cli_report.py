@@ -156,7 +156,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "compresses); csv: requests.csv and summary.csv; json: manifest, summary and requests.",
     )
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
-    p.add_argument("--format", choices=("perfetto", "csv", "json"), required=True)
+    p.add_argument(
+        "--format",
+        choices=("perfetto", "csv", "json"),
+        required=True,
+        help="output format: perfetto, csv or json (required; see above)",
+    )
     p.add_argument(
         "-o",
         "--output",

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Predict a static batch's TTFT, TPOT, throughput, KV-cache memory, largest batch "
             "that fits and the bound of each phase on each device, from the cost model and the "
-            "hardware database. Predictions are at speed of light (100%% of the roofline) "
+            "hardware database. Predictions are at speed of light (100% of the roofline) "
             "unless --efficiency derates them."
         ),
     )
@@ -59,8 +59,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--weight-dtype",
         "--dtype",
         dest="dtype",
-        help="weight dtype: fp32, bf16, fp16, fp8, int8, int4 (int8/int4 are weight-only, "
-        "compute in bf16; embedding and lm_head stay 16-bit as in real checkpoints); "
+        help="weight dtype: fp32, bf16, fp16, fp8, int8, int4; float32, bfloat16, float16 "
+        "also accepted (int8/int4 are weight-only, compute in bf16; embedding and lm_head "
+        "stay 16-bit as in real checkpoints); "
         "default: the model's",
     )
     p.add_argument(
@@ -97,12 +98,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0.9,
         help="usable share of device memory for weights + KV cache (default 0.9)",
     )
+    aliases = {"--hidden-size": ("--hidden",), "--vocab-size": ("--vocab",)}
     for flag, _field, text in _SHAPE_OPTIONS:
-        p.add_argument(flag, type=int, help=text)
+        p.add_argument(
+            flag, *aliases.get(flag, ()), type=int, help=f"{text} (default: the model's)"
+        )
     p.add_argument(
         "--mlp",
         choices=("gated", "plain"),
-        help="gated (SwiGLU: gate, up, down) or plain (up, down) MLP",
+        help="gated (SwiGLU: gate, up, down) or plain (up, down) MLP (default: the model's)",
     )
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.set_defaults(handler=_handle)
@@ -250,26 +254,34 @@ def _parallel(args: argparse.Namespace, spec: ModelSpec, devices: list[DeviceSpe
 
 def _parallel_table(preds: list[Any]) -> Any:
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
+    from perfscope.analysis.catalogue import (
+        format_bytes,
+        format_ratio,
+        format_seconds,
+        format_value,
+    )
+    from perfscope.dashboard.terminal import FitTable
+
     plan = preds[0].plan
-    table = Table(
+    cols = ("device", "TTFT", "TPOT", "tok/s", "TP comm/step", "bubble", "mem/device", "fits")
+    table = FitTable(
+        cols,
         title=f"parallel what-if: TP {plan.tp} x PP {plan.pp} x {plan.replicas} replica(s) "
         f"= {plan.devices} devices, communication included",
-        title_justify="left",
+        right=frozenset(cols[1:]),
+        caption="tok/s counts output tokens over the whole request (prefill included)",
     )
-    for col in ("device", "TTFT", "TPOT", "tok/s", "TP comm/step", "bubble", "mem/device", "fits"):
-        table.add_column(col, justify="left" if col == "device" else "right")
     for p in preds:
         table.add_row(
             p.device,
-            f"{p.ttft_s * 1e3:.4g} ms",
-            f"{p.tpot_s * 1e3:.4g} ms",
-            f"{p.throughput_tok_s:.4g}",
-            f"{p.tp_comm_decode_s * 1e3:.3g} ms",
-            f"{p.bubble_decode:.0%}",
-            f"{max(p.stage_memory_bytes) / 1e9:.3g} GB",
+            format_seconds(p.ttft_s, 4),
+            format_seconds(p.tpot_s, 4),
+            format_value(p.throughput_tok_s, "rate", unit="tok/s"),
+            format_seconds(p.tp_comm_decode_s),
+            format_ratio(p.bubble_decode),
+            format_bytes(max(p.stage_memory_bytes)),
             "n/a" if p.fits is None else ("yes" if p.fits else "NO"),
         )
     notes = dict.fromkeys(a for p in preds for a in p.assumptions)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 
 from perfscope._argtypes import nonneg_int, request_count, runs_dir
 from perfscope.errors import UsageError
@@ -281,7 +280,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Run the workload at a series of request rates (open loop) or concurrencies "
             "(closed loop), one stored run per point, and summarise the throughput-latency "
             "curve: its knee and max_goodput_rate, the highest rate whose SLO attainment is "
-            ">= 90%%. --rates auto probes the server's saturation throughput first."
+            ">= 90%. --rates auto probes the server's saturation throughput first."
         ),
     )
     p.add_argument("engine", help="engine URI, e.g. openai:http://127.0.0.1:8000/v1")
@@ -301,31 +300,66 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="C1,C2,..",
         help="closed-loop users per point",
     )
-    p.add_argument("--points", type=int, default=6, help="points of an automatic sweep (6)")
+    p.add_argument("--points", type=int, default=6, help="points of an automatic sweep (default 6)")
     p.add_argument(
-        "--probe-requests", type=int, default=None, help="requests of the saturation probe"
+        "--probe-requests",
+        type=int,
+        default=None,
+        help="requests of the saturation probe (default: --requests, at least 16)",
     )
     w = p.add_argument_group("workload (per point)")
     w.add_argument(
-        "--requests", type=request_count, default=None, help="measured requests per point (32)"
+        "--requests",
+        "--num-prompts",
+        type=request_count,
+        default=None,
+        help="measured requests per point (default 32)",
     )
-    w.add_argument("--prompt-len", default="128", help="prompt tokens (N, uniform:A:B, ...)")
     w.add_argument(
-        "--output-len", default=None, help="output tokens (N, uniform:A:B, ...; default 128)"
+        "--prompt-len",
+        "--random-input-len",
+        default="128",
+        help="prompt tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
     )
-    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
-    w.add_argument("--warmup", type=nonneg_int, default=0, help="warmup requests per point")
+    w.add_argument(
+        "--output-len",
+        "--random-output-len",
+        default=None,
+        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128; when given, "
+        "it wins over the dataset's reply lengths)",
+    )
+    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file (default: none)")
+    w.add_argument(
+        "--warmup", type=nonneg_int, default=0, help="warmup requests per point (default 0)"
+    )
     w.add_argument(
         "--seed",
         type=int,
         default=None,
-        help="seeds lengths and arrivals (default 0); given, prompts repeat exactly",
+        help="seeds lengths and arrivals (default 0); given, prompts repeat exactly (a server "
+        "may then answer from its prefix cache); without it, each run's prompts are new",
     )
-    w.add_argument("--arrival", choices=("poisson", "constant", "gamma"), default="poisson")
-    w.add_argument("--burstiness", type=_pos_float, default=1.0)
+    w.add_argument(
+        "--arrival",
+        choices=("poisson", "constant", "gamma"),
+        default="poisson",
+        help="gaps between arrivals at each rate (default poisson)",
+    )
+    w.add_argument(
+        "--burstiness",
+        type=_pos_float,
+        default=1.0,
+        help="gamma shape for --arrival gamma: <1 burstier, >1 smoother (default 1)",
+    )
     o = p.add_argument_group("openai engine")
     add_openai_options(o)
-    o.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE")
+    o.add_argument(
+        "--engine-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine-specific option (repeatable; default: none)",
+    )
     a = p.add_argument_group("analysis and output")
     a.add_argument(
         "--slo",
@@ -338,7 +372,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--knee-metric",
         default="e2e_p50",
         choices=("e2e_p50", "e2e_p99", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"),
-        help="latency the knee is found on (e2e_p50)",
+        help="latency the knee is found on (default e2e_p50)",
+    )
+    a.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )
     a.add_argument("--runs-dir", type=runs_dir, default=None)
     a.add_argument("--name", default="sweep", help="name prefix of the point runs")
@@ -346,10 +386,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_cmd_sweep)
 
 
+#: Requests per point below which the sweep warns that its tail percentiles are thin.
+SMALL_SAMPLE = 100
+
+
 def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from perfscope._api import sweep_with
 
     err = Console(stderr=True)
+    per_point = args.requests or 32
+    if args.duration is None and per_point < SMALL_SAMPLE:
+        err.print(
+            f"[yellow]warning:[/] {per_point} requests per point: each point's p90 and p99 "
+            f"rest on a handful of requests (a p99 needs about 100); use --requests "
+            f"{SMALL_SAMPLE} or more for tail latencies",
+            highlight=False,
+        )
     result = sweep_with(
         run_args(args),
         rates=args.rates,
@@ -369,54 +421,52 @@ def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     return 1 if result.failed else 0
 
 
-def _ms(v: Any) -> str:
-    return "-" if v is None else f"{v * 1e3:.1f}"
+def sweep_table(summary: dict[str, Any]) -> Any:
+    """The sweep as a terminal table (stacked per point when narrow), with the knee and max
+    goodput rate in the caption; every number through the metric catalogue's formats."""
+    from perfscope.analysis.catalogue import format_count, format_number, format_ratio, format_value
+    from perfscope.analysis.catalogue import format_seconds as fs
+    from perfscope.dashboard.terminal import FitTable
 
-
-def _num(v: Any, fmt: str = "{:.2f}") -> str:
-    return "-" if v is None else fmt.format(v)
-
-
-def sweep_table(summary: dict[str, Any]) -> Table:
-    """The sweep as a rich table, with the knee and max goodput rate in the caption."""
     kind = summary["kind"]
     knee = summary.get("knee")
-    t = Table(title=f"sweep ({kind})", title_justify="left")
-    for col in (
-        "rate req/s" if kind == "rate" else "concurrency",
+    cols = (
+        "offered req/s" if kind == "rate" else "concurrency",
         "done req/s",
         "out tok/s",
-        "TTFT p50 ms",
-        "TTFT p99 ms",
-        "TPOT p50 ms",
-        "E2E p99 ms",
-        "attain",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "E2E p99",
+        "SLO met",
         "failed",
-    ):
-        t.add_column(col, justify="right")
+    )
+    t = FitTable(cols, title=f"sweep ({kind})", right=frozenset(cols))
     for p in summary["points"]:
         mark = " ◀ knee" if knee and p["offered"] == knee["offered"] else ""
         t.add_row(
-            f"{p['offered']:g}{mark}",
-            _num(p["req_s"]),
-            _num(p["output_tok_s"], "{:.0f}"),
-            _ms(p["ttft_p50"]),
-            _ms(p["ttft_p99"]),
-            _ms(p["tpot_p50"]),
-            _ms(p["e2e_p99"]),
-            _num(p["attainment"], "{:.0%}"),
-            str(p["failed"] if p["failed"] is not None else "-"),
+            f"{format_number(p['offered'])}{mark}",
+            format_value(p["req_s"], "rate", unit="req/s").removesuffix(" req/s"),
+            format_value(p["output_tok_s"], "rate", unit="tok/s").removesuffix(" tok/s"),
+            fs(p["ttft_p50"]),
+            fs(p["ttft_p99"]),
+            fs(p["tpot_p50"]),
+            fs(p["e2e_p99"]),
+            format_ratio(p["attainment"]) if summary.get("slos") else "no SLOs",
+            format_count(p["failed"]) if p["failed"] is not None else "n/a",
         )
     key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
     knee_txt = (
-        f"knee at {knee['offered']:g} ({knee['metric']})"
+        f"knee at {format_number(knee['offered'])} ({knee['metric']})"
         if knee
         else "no knee in the range tested (latency did not climb)"
     )
     if summary.get("slos"):
         good = summary.get(key)
         good_txt = (
-            f"{key} = {good:g}" if good is not None else f"{key}: no point reached 90% attainment"
+            f"{key} = {format_number(good)}"
+            if good is not None
+            else f"{key}: no point reached 90% attainment"
         )
     else:
         good_txt = f"{key}: give --slo to compute it"

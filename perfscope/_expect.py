@@ -39,6 +39,7 @@ from perfscope._grammar import (
     resolve_metric,
 )
 from perfscope._runset import load_if_path, run_dirs, runs_of, summary_of
+from perfscope.analysis.catalogue import format_number, format_ratio
 from perfscope.errors import PerfAssertionError, SLOError, UsageError
 
 __all__ = [
@@ -133,9 +134,11 @@ class Outcome:
             return ""
         rel = (m - a.threshold) / abs(a.threshold)
         if self.passed:
-            return f"{abs(rel) * 100:.1f}% headroom"
+            return f"{format_ratio(abs(rel))} headroom"
         word = "over" if rel > 0 else "under"
-        return f"{abs(rel) * 100:.1f}% {word} the limit"
+        if rel > 9:  # "756266.1% over" reads badly: say how many times the limit it is
+            return f"{format_number(m / a.threshold)}x the limit"
+        return f"{format_ratio(abs(rel))} {word} the limit"
 
     def line(self) -> str:
         """``FAIL  ttft.p99 < 200ms: measured 312ms (56.2% over the limit)``."""

@@ -6,9 +6,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Group, RenderableType
-from rich.table import Table
+from rich.padding import Padding
 from rich.text import Text
 
 from perfscope.analysis import Summary
@@ -19,7 +18,7 @@ from perfscope.analysis.catalogue import (
     format_seconds,
     metric,
 )
-from perfscope.dashboard.terminal import energy_table, predictions_table, roofline_table
+from perfscope.dashboard.terminal import FitTable, energy_table, predictions_table, roofline_table
 from perfscope.dashboard.view import (
     TABLE_STATS,
     as_summary,
@@ -32,36 +31,32 @@ from perfscope.dashboard.view import (
 __all__ = ["runs_table", "summary_view"]
 
 
-def latency_table(summary: Summary) -> Table:
+def latency_table(summary: Summary) -> FitTable:
     """Latency distributions, one row per metric (values with their own units)."""
-    t = Table(title="Latency", box=box.SIMPLE_HEAVY, title_justify="left")
-    t.add_column("metric")
-    t.add_column("count", justify="right")
-    for col in TABLE_STATS:
-        t.add_column(col, justify="right")
+    cols = ("metric", "count", *TABLE_STATS)
+    t = FitTable(cols, title="Latency", right=frozenset(cols[1:]))
     for row in latency_rows(summary):
         t.add_row(row.label, row.count, *(row.values[c] for c in TABLE_STATS))
     return t
 
 
-def throughput_table(summary: Summary) -> Table:
+def throughput_table(summary: Summary) -> FitTable:
     """Counts, throughput, goodput and driver lag."""
-    t = Table(title="Throughput", box=box.SIMPLE_HEAVY, title_justify="left", show_header=False)
-    t.add_column("what")
-    t.add_column("value", justify="right")
+    t = FitTable(
+        ("what", "value"), title="Throughput", show_header=False, right=frozenset(("value",))
+    )
     for row in throughput_rows(summary):
         t.add_row(row.label, row.value)
     return t
 
 
-def steps_table(summary: Summary) -> Table | None:
+def steps_table(summary: Summary) -> FitTable | None:
     """Forward passes per step kind (local engines only)."""
     rows = step_rows(summary)
     if not rows:
         return None
-    t = Table(title="Forward passes", box=box.SIMPLE_HEAVY, title_justify="left")
-    for col in ("phase", "passes", "time", "share", "mean batch", "tokens", "per pass"):
-        t.add_column(col, justify="left" if col == "phase" else "right")
+    cols = ("phase", "passes", "time", "share", "mean batch", "tokens", "per pass")
+    t = FitTable(cols, title="Forward passes", right=frozenset(cols[1:]))
     for r in rows:
         t.add_row(r.kind, r.passes, r.time, r.share, r.mean_batch, r.tokens, r.per_pass)
     return t
@@ -93,9 +88,8 @@ def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) ->
         if r is not None:
             parts.append(r)
     if view.errors:
-        et = Table(title="Errors", box=box.SIMPLE_HEAVY, title_justify="left")
-        et.add_column("count", justify="right")
-        et.add_column("error")
+        et = FitTable(("count", "error"), title="Errors", right=frozenset(("count",)))
+        et.wrap = frozenset(("error",))
         for e in view.errors:
             et.add_row(e.value, e.label)
         parts.append(et)
@@ -112,26 +106,24 @@ def _roofline_view(summary: Summary) -> RenderableType | None:
 
 
 def _advice_view(summary: Summary) -> RenderableType | None:
+    """Numbered suggestions: technique and projected gain on one line, the reason below."""
     if not summary.advice:
         return None
-    t = Table(
-        title="What to try (projected from the cost model)",
-        box=box.SIMPLE_HEAVY,
-        title_justify="left",
-    )
-    t.add_column("#", justify="right")
-    t.add_column("technique")
-    t.add_column("projected gain", justify="right")
-    t.add_column("why")
+    parts: list[RenderableType] = [
+        Text("What to try (projected from the cost model)", style="bold")
+    ]
     for item in summary.advice:
         gain = item.projected_gain
-        t.add_row(
-            str(item.rank),
-            item.technique,
-            f"{format_number(gain.value)} {gain.unit}" if gain.value is not None else "-",
-            item.why,
+        gain_text = f"{format_number(gain.value)} {gain.unit}" if gain.value is not None else ""
+        parts.append(
+            Text.assemble(
+                (f"{item.rank}. ", "bold"),
+                (item.technique, "bold"),
+                (f" — {gain_text}" if gain_text else "", "green"),
+            )
         )
-    return t
+        parts.append(Padding(Text(item.why, style="dim"), (0, 0, 0, 3)))
+    return Group(*parts)
 
 
 def _projections_view(summary: Summary) -> RenderableType | None:
@@ -152,14 +144,11 @@ def _server_metrics_view(summary: Summary) -> RenderableType | None:
     sm = summary.get("server_metrics") or {}
     if not sm.get("available"):
         return None
-    t = Table(
+    t = FitTable(
+        ("metric", "server", "perfscope"),
         title=f"Server metrics ({sm.get('server')}, its own /metrics, run deltas)",
-        box=box.SIMPLE_HEAVY,
-        title_justify="left",
+        right=frozenset(("server", "perfscope")),
     )
-    t.add_column("")
-    t.add_column("server", justify="right")
-    t.add_column("perfscope", justify="right")
     lat = sm.get("latency") or {}
     client = summary.get("latency") or {}
     for key, label in (
@@ -210,30 +199,34 @@ def _extra_renderers() -> Iterable[Any]:
 def runs_table(
     rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]],
     states: list[tuple[str, str | None]] | None = None,
-) -> Table:
-    """``perfscope ls``: one row per run, newest first; ``states`` (state, reason) per row
-    adds why a run is not complete (crashed, broken, ...)."""
-    t = Table(box=box.SIMPLE_HEAVY)
+) -> FitTable:
+    """``perfscope ls``: one row per run, newest first (stacked per run when narrow);
+    ``states`` (state, reason) per row adds why a run is not complete (crashed, broken, ...)."""
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
-    for col in ("run", "status", "engine", "requests"):
-        t.add_column(col, justify="left" if col in ("run", "status", "engine") else "right")
-    for name in names:
-        t.add_column(metric(name).label, justify="right")
+    labels = ("TTFT p50", "TPOT p50", "output tok/s", "SLO met")  # short: fits 120 columns
+    cols = ("run", "status", "engine", "requests", *labels)
     if states is not None:
-        t.add_column("reason", justify="left", overflow="fold", min_width=24)
+        cols = (*cols, "reason")
+    t = FitTable(cols, right=frozenset(("requests", *labels)), wrap=frozenset({"reason"}))
     for i, (path, manifest, raw) in enumerate(rows):
         s = as_summary(raw)
         status = str(manifest.get("status", "?"))
+        slos = bool(s.goodput.slos) if raw else False
         reason: list[Any] = []
         if states is not None:
             status = states[i][0]
-            reason = [Text(states[i][1] or "")]
+            reason = [states[i][1] or ""]
         t.add_row(
             path.name,
             Text(status, style="green" if status == "complete" else "red"),
             str((manifest.get("engine") or {}).get("uri", "?")),
-            format_count(s.counts.completed) if raw else "-",
-            *(metric(n).format(metric(n).value(s)) if raw else "-" for n in names),
+            format_count(s.counts.completed) if raw else "n/a",
+            *(
+                "no SLOs"
+                if n == "attainment" and raw and not slos
+                else (metric(n).format(metric(n).value(s)) if raw else "not analysed")
+                for n in names
+            ),
             *reason,
         )
     return t

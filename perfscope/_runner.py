@@ -134,6 +134,10 @@ class ProgressHook:
     def on_start(self, total_requests: int) -> None:
         """The run starts; ``total_requests`` includes warmup requests."""
 
+    def on_watch(self, recorder: Recorder, total_output_tokens: int) -> None:
+        """Called just before :meth:`on_start` with the run's recorder (a live view polls
+        :meth:`Recorder.live_counts`) and the most output tokens the workload asks for."""
+
     def on_request_done(self, request_id: int) -> None:
         """A request finished (called from the engine's thread)."""
 
@@ -433,6 +437,7 @@ def execute_run(
     )
     with stop_signals_as_interrupt():
         flusher.start()
+        progress.on_watch(recorder, sum(s.max_output_tokens for s in specs))
         progress.on_start(len(specs))
         try:
             with nvtx_ranges.run_range(manifest["run_id"]):

@@ -8,22 +8,15 @@ failed or was interrupted, or a file could not be written (what was captured is 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from perfscope import __version__
 from perfscope._argtypes import (
@@ -34,6 +27,7 @@ from perfscope._argtypes import (
     positive_int,
     request_count,
     runs_dir,
+    torch_dtype,
 )
 from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.profiler.redact import redact_text
@@ -42,10 +36,51 @@ __all__ = ["build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (exit 2) instead of usage + error."""
+    """argparse with a one-line error (exit 2) instead of usage + error, and a "did you
+    mean" suggestion for a mistyped flag or subcommand."""
+
+    #: The whole command line being parsed (set by :func:`main`), to find the subcommand.
+    argv: ClassVar[list[str]] = []
+
+    def _selected(self) -> argparse.ArgumentParser:
+        """The innermost subcommand parser named on the command line."""
+        parser: argparse.ArgumentParser = self
+        argv = _Parser.argv or sys.argv[1:]
+        for token in argv:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if subs and token in subs[0].choices:
+                parser = subs[0].choices[token]
+        return parser
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
+        target: argparse.ArgumentParser = self
+        hint = ""
+        if message.startswith("unrecognized arguments:"):
+            target = self._selected()
+            known = [o for o in target._option_string_actions if o.startswith("--")]
+            for token in message.split(":", 1)[1].split():
+                flag = token.split("=", 1)[0]
+                if flag.startswith("-"):
+                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+                    if close:
+                        hint = f"; did you mean {close[0]}?"
+                        break
+        elif "invalid choice:" in message:
+            bad = message.split("invalid choice:", 1)[1].split("(", 1)[0].strip().strip("'")
+            choices = [
+                c
+                for a in self._actions
+                if isinstance(a, argparse._SubParsersAction)
+                for c in a.choices
+            ]
+            for a in self._actions:
+                named = f"argument {'/'.join(a.option_strings)}:" in message
+                if a.choices and a.option_strings and named:
+                    choices = [str(c) for c in a.choices]
+            close = difflib.get_close_matches(bad, choices, n=1, cutoff=0.5)
+            if close:
+                hint = f"; did you mean {close[0]!r}?"
+        sys.stderr.write(f"error: {message}{hint} (see '{target.prog} --help')\n")
         sys.exit(2)
 
 
@@ -75,27 +110,33 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w = p.add_argument_group("workload")
     w.add_argument(
         "--requests",
+        "--num-prompts",
         type=request_count,
         default=None,
         help="measured requests (default 48, or one per line of --prompts)",
     )
     w.add_argument(
         "--prompt-len",
+        "--random-input-len",
         default="128",
         help="prompt tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
     )
     w.add_argument(
         "--output-len",
+        "--random-output-len",
         default=None,
         help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128; when "
         "given, it wins over the dataset's reply lengths)",
     )
-    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
+    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file (default: none)")
     w.add_argument(
         "--warmup",
         type=nonneg_int,
         default=0,
-        help="requests run first and excluded from statistics",
+        help="requests run first and excluded from statistics (default 0)",
+    )
+    w.add_argument(
+        "--seed", type=int, default=0, help="seeds lengths, arrivals and weights (default 0)"
     )
     w.add_argument(
         "--seed",
@@ -110,11 +151,24 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--mode",
         choices=("batch", "online"),
         default="batch",
-        help="batch: all requests at once; online: by --rate or --concurrency",
+        help="batch: all requests at once; online: by --rate or --concurrency (default batch; "
+        "--rate or --concurrency imply online)",
     )
-    d.add_argument("--rate", type=number, default=None, help="requests per second (online)")
     d.add_argument(
-        "--concurrency", type=positive_int, default=None, help="closed loop of N users (online)"
+        "--rate",
+        "--request-rate",
+        type=number,
+        default=None,
+        help="requests per second, open loop (default: none); with --concurrency at most that "
+        "many in flight",
+    )
+    d.add_argument(
+        "--concurrency",
+        "--max-concurrency",
+        type=positive_int,
+        default=None,
+        help="alone: closed loop of N users; with --rate: cap on requests in flight "
+        "(default: none)",
     )
     d.add_argument(
         "--arrival",
@@ -126,7 +180,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--burstiness",
         type=number,
         default=1.0,
-        help="gamma shape for --arrival gamma: <1 burstier, >1 smoother",
+        help="gamma shape for --arrival gamma: <1 burstier, >1 smoother (default 1)",
     )
     d.add_argument(
         "--ray",
@@ -146,7 +200,12 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=8,
         help="most sequences decoded together (default 8)",
     )
-    e.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
+    e.add_argument(
+        "--scheduler",
+        choices=("continuous", "static"),
+        default="continuous",
+        help="continuous: join the batch at any step; static: fixed batches (default continuous)",
+    )
     e.add_argument(
         "--batch-timeout",
         default="0s",
@@ -158,30 +217,36 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     e.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16", "float16"),
+        type=torch_dtype,
         default=None,
-        help="default: float32 on CPU, bfloat16 on CUDA",
+        metavar="{fp32,bf16,fp16}",
+        help="weights and compute dtype; float32/bfloat16/float16 also accepted "
+        "(default: fp32 on CPU, bf16 on CUDA)",
     )
     e.add_argument(
         "--model-preset",
         default=None,
         help="reference model shape: tiny, small (default), medium, 1b, 7b",
     )
-    for flag, field, helptext in (
-        ("--layers", "n_layers", "transformer blocks"),
-        ("--hidden", "hidden_size", "model width"),
-        ("--heads", "n_heads", "query heads"),
-        ("--kv-heads", "n_kv_heads", "key/value heads (GQA)"),
-        ("--mlp", "intermediate_size", "MLP inner width"),
-        ("--vocab", "vocab_size", "vocabulary size"),
+    for flags, field, helptext in (
+        (("--layers",), "n_layers", "transformer blocks"),
+        (("--hidden-size", "--hidden"), "hidden_size", "model width"),
+        (("--heads",), "n_heads", "query heads"),
+        (("--kv-heads",), "n_kv_heads", "key/value heads (GQA)"),
+        (("--intermediate-size",), "intermediate_size", "MLP inner width"),
+        (("--vocab-size", "--vocab"), "vocab_size", "vocabulary size"),
     ):
         e.add_argument(
-            flag,
+            *flags,
             dest=f"shape_{field}",
             type=positive_int,
             default=None,
-            help=f"reference model: {helptext}",
+            help=f"reference model: {helptext} (default: the preset's)",
         )
+    # The old spelling of --intermediate-size (roofline's --mlp is the MLP kind).
+    e.add_argument(
+        "--mlp", dest="shape_intermediate_size", type=positive_int, help=argparse.SUPPRESS
+    )
     e.add_argument(
         "--stop-on-eos",
         action="store_true",
@@ -236,9 +301,15 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="NVTX ranges for Nsight Systems (default: on only when a tool is attached)",
     )
     _add_runs_dir(a)
-    a.add_argument("--name", default=None, help="short name in the run id")
+    a.add_argument(
+        "--name", default=None, help="short name in the run id (default: the engine kind)"
+    )
     a.add_argument("--json", action="store_true", help="print summary.json instead of tables")
-    a.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no live progress view (it is drawn only when stderr is a terminal)",
+    )
     a.add_argument(
         "--report",
         action=argparse.BooleanOptionalAction,
@@ -248,35 +319,11 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_cmd_run)
 
 
-class _RichProgress:
-    def __init__(self, console: Console) -> None:
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]requests"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
-        self.task: Any = None
-
-    def on_start(self, total_requests: int) -> None:
-        self.progress.start()
-        self.task = self.progress.add_task("run", total=total_requests)
-
-    def on_request_done(self, request_id: int) -> None:
-        self.progress.advance(self.task)
-
-    def on_end(self) -> None:
-        self.progress.stop()
-
-
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope._api import execute, plan
     from perfscope._cli_sweep import run_args
+    from perfscope._progress import progress_hook
     from perfscope._render import summary_view
-    from perfscope._runner import ProgressHook
 
     if args.seed is not None and args.engine.startswith("openai"):
         Console(stderr=True).print(
@@ -286,7 +333,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         )
     run_plan = plan(run_args(args))
     err = Console(stderr=True)
-    hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)
+    hook = progress_hook(err, args.no_progress)
     outcome = execute(run_plan, hook)
     if args.json:
         print(json.dumps(outcome.summary.to_dict(), indent=2))
@@ -435,13 +482,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print the summary of a stored run")
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
     _add_runs_dir(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of tables")
     p.set_defaults(handler=_cmd_show)
 
     p = sub.add_parser("ls", help="list stored runs, newest first")
     _add_runs_dir(p)
-    p.add_argument("--limit", type=positive_int, default=50)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=positive_int, default=50, help="newest N runs (default 50)")
+    p.add_argument("--json", action="store_true", help="print JSON to stdout instead of a table")
     p.add_argument(
         "--where",
         default=None,
@@ -461,8 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="METRIC=DURATION",
         help="replace the run's SLOs (repeatable)",
     )
-    p.add_argument("--hw", default=None, help="device to analyse against")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--hw", default=None, help="device to analyse against (default: the run's)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of tables")
     p.set_defaults(handler=_cmd_analyze)
 
     for module in _command_modules():
@@ -491,6 +538,7 @@ def _command_modules() -> list[Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``perfscope`` script; returns the exit code."""
     parser = build_parser()
+    _Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
         parser.print_help()

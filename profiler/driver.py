@@ -7,6 +7,9 @@
   Poisson) or are constant.
 - ``online`` with a concurrency: a closed loop of N users, each sending its next request
   as soon as its previous one finished.
+- ``online`` with both: the open loop at the rate, capped at N requests in flight (as
+  vLLM's ``--request-rate`` with ``--max-concurrency``): an arrival that finds N open waits
+  for one to finish, and that wait shows as driver lag (``t_sent - t_scheduled``).
 
 Warmup requests run first, to completion, with the same pattern; the measured phase
 starts after them. The driver runs in its own thread and never waits on the engine except
@@ -42,7 +45,8 @@ class LoadConfig:
     Attributes:
         mode: ``batch`` or ``online``.
         rate: requests per second for an open loop (online).
-        concurrency: users of a closed loop (online); exclusive with ``rate``.
+        concurrency: users of a closed loop (online); with ``rate``, the most requests
+            in flight of the open loop.
         arrival: ``poisson | constant | gamma``.
         burstiness: gamma shape (1 = Poisson).
         seed: seeds the arrival gaps.
@@ -88,8 +92,6 @@ class LoadConfig:
         if self.mode == "online":
             if self.rate is None and self.concurrency is None:
                 raise WorkloadError("--mode online needs --rate R or --concurrency N")
-            if self.rate is not None and self.concurrency is not None:
-                raise WorkloadError("give either --rate or --concurrency, not both")
         elif self.rate is not None or self.concurrency is not None:
             raise WorkloadError("--rate and --concurrency need --mode online")
 
@@ -202,7 +204,7 @@ class Driver:
             return True
         t0 = clock.now_ns()
         deadline = None if duration_s is None else t0 + int(duration_s * 1e9)
-        if self.load.concurrency is not None:
+        if self.load.concurrency is not None and self.load.rate is None:
             for spec in specs:
                 if not self._wait_finished(sent, self.load.concurrency - 1):
                     return False
@@ -214,6 +216,7 @@ class Driver:
                 self._submit(spec, now)
                 sent.add(spec.request_id)
             return True
+        cap = self.load.concurrency
         offsets = arrival_offsets_ns(self.load, len(specs))
         if all(s.arrival_s is not None for s in specs):  # a replayed trace: its own times
             first = float(specs[0].arrival_s or 0.0)
@@ -229,6 +232,11 @@ class Driver:
                 t_plan = max(t_plan, clock.now_ns())
             if self._stop.is_set():
                 return False
+            if cap is not None:
+                if not self._wait_finished(sent, cap - 1):
+                    return False
+                if deadline is not None and clock.now_ns() >= deadline:
+                    return True
             self._submit(spec, t_plan)
             sent.add(spec.request_id)
         return True

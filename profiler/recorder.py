@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -33,7 +34,7 @@ from perfscope.profiler.records import (
 )
 from perfscope.profiler.redact import redact_text
 
-__all__ = ["MAX_PLAUSIBLE_TOKENS", "Recorder", "RequestHandle", "RequestRow"]
+__all__ = ["MAX_PLAUSIBLE_TOKENS", "LiveCounts", "Recorder", "RequestHandle", "RequestRow"]
 
 #: More output tokens than this in one request is a counting bug, not a measurement.
 MAX_PLAUSIBLE_TOKENS = 100_000_000
@@ -44,6 +45,32 @@ RequestRow = tuple[Any, ...]
 
 def _discard(_row: tuple[int, int, int, int]) -> None:
     """Where chunks of a request that already timed out go."""
+
+
+@dataclass(frozen=True)
+class LiveCounts:
+    """What a recorder holds so far, for a live progress view (cheap to take while the run
+    goes on; times are seconds).
+
+    Attributes:
+        registered: requests submitted to the engine so far.
+        completed: finished without an error.
+        failed: finished with an error.
+        in_flight: submitted and not finished.
+        waiting: in flight without a first token yet (queued in the engine, or in prefill).
+        output_tokens: output tokens received so far (all requests, warmup included).
+        ttft_s: time to first token of every request that has one so far.
+        itl_s: mean gap between tokens of each request with two tokens or more.
+    """
+
+    registered: int
+    completed: int
+    failed: int
+    in_flight: int
+    waiting: int
+    output_tokens: int
+    ttft_s: tuple[float, ...]
+    itl_s: tuple[float, ...]
 
 
 class RequestHandle:
@@ -319,6 +346,33 @@ class Recorder:
                 self._finish_order.append(rid)
                 self._handles.pop(rid, None)
         return len(open_ids)
+
+    def live_counts(self) -> LiveCounts:
+        """A snapshot for progress views (reads records an engine thread may be updating;
+        each field is read once, so a value is at worst one chunk old)."""
+        with self._lock:
+            recs = list(self._requests.values())
+            finished = set(self._finished)
+        failed = sum(1 for r in recs if r.request_id in finished and r.error is not None)
+        ttft, itl = [], []
+        for r in recs:
+            first, last, sent = r.t_first_token, r.t_last_token, r.t_sent
+            if first is not None and sent is not None:
+                ttft.append((first - sent) * 1e-9)
+            if first is not None and last is not None and r.output_tokens > 1 and last > first:
+                itl.append((last - first) * 1e-9 / (r.output_tokens - 1))
+        return LiveCounts(
+            registered=len(recs),
+            completed=len(finished) - failed,
+            failed=failed,
+            in_flight=len(recs) - len(finished),
+            waiting=sum(
+                1 for r in recs if r.request_id not in finished and r.t_first_token is None
+            ),
+            output_tokens=sum(r.output_tokens for r in recs),
+            ttft_s=tuple(ttft),
+            itl_s=tuple(itl),
+        )
 
     # --- export -------------------------------------------------------------------------
 

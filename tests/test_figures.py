@@ -181,12 +181,47 @@ def test_run_figures_lists_every_figure_with_reasons_for_missing_ones(
             RunTables(run.summary or {}, run.requests, run.chunks, run.steps, run.telemetry)
         )
         keys = [f.key for f in figs]
-        assert keys[:5] == ["roofline", "latency", "timeline", "throughput", "phases"]
+        assert keys[:7] == [
+            "roofline",
+            "latency",
+            "latency-over-time",
+            "offered-achieved",
+            "timeline",
+            "throughput",
+            "phases",
+        ]
         assert all(f.figure is not None or f.missing for f in figs)
     bare = run_figures(
         RunTables({}, steps_run.requests, steps_run.chunks, steps_run.steps, steps_run.telemetry)
     )
     assert bare[0].figure is None and "no roofline section" in (bare[0].missing or "")
+
+
+def test_latency_over_time_has_one_point_per_completed_request(steps_run: StoredRun) -> None:
+    from perfscope.dashboard.figures import latency_over_time_figure
+
+    fig = latency_over_time_figure(steps_run.requests)
+    r = steps_run.requests
+    ok = r[~r["is_warmup"].astype(bool) & r["error"].isna() & r["t_last_token"].notna()]
+    e2e = next(t for t in fig.data if t.name == "E2E")
+    assert len(e2e.x) == len(ok) > 0
+    expected = sorted((ok["t_last_token"] - ok["t_sent"]).to_numpy(dtype=float) * 1e-9)
+    assert sorted(e2e.y) == pytest.approx(expected, rel=1e-5)
+
+
+def test_offered_and_achieved_counts_end_at_the_requests_sent_and_completed(
+    steps_run: StoredRun,
+) -> None:
+    from perfscope.dashboard.figures import offered_achieved_figure
+
+    fig = offered_achieved_figure(steps_run.requests, {"rate": None})
+    r = steps_run.requests
+    measured = r[~r["is_warmup"].astype(bool)]
+    sent, done = fig.data
+    assert sent.y[-1] == measured["t_sent"].notna().sum()
+    assert done.y[-1] == (measured["error"].isna() & measured["t_last_token"].notna()).sum()
+    assert "req/s" in done.name
+    assert fig.layout.yaxis.tickformat == ",d"  # a count axis shows whole numbers
 
 
 def test_comparison_figures_have_one_series_per_run(

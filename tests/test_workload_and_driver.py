@@ -156,6 +156,26 @@ def test_open_loop_sends_on_schedule_with_small_driver_lag() -> None:
     assert np.median(lag) < 2_000_000  # 2 ms, generous for a shared 2-core machine
 
 
+def test_rate_with_a_concurrency_cap_keeps_the_schedule_but_never_exceeds_the_cap() -> None:
+    # 1,000 req/s of 30 ms requests would put ~30 in flight; the cap holds it at 2.
+    engine, rec = _drive(
+        LoadConfig(mode="online", rate=1000.0, concurrency=2, arrival="constant"), 8
+    )
+    assert engine.peak == 2
+    assert rec.n_finished == 8
+    reqs = rec.requests_table().to_pandas().sort_values("request_id")
+    assert np.all(np.diff(reqs["t_scheduled"].to_numpy()) == 1_000_000)  # planned arrivals
+    lag = (reqs["t_sent"] - reqs["t_scheduled"]).to_numpy()
+    assert lag[-1] > 50_000_000  # the last one waited for two 30 ms slots to free up, twice+
+
+
+def test_a_low_rate_under_the_cap_is_a_plain_open_loop() -> None:
+    engine, rec = _drive(LoadConfig(mode="online", rate=20.0, concurrency=4, arrival="constant"), 5)
+    assert engine.peak == 1  # 50 ms gaps, 30 ms requests: never two at once
+    reqs = rec.requests_table().to_pandas()
+    assert (reqs["t_sent"] - reqs["t_scheduled"]).max() < 20_000_000
+
+
 def test_measured_requests_start_after_warmup_requests_finished() -> None:
     _, rec = _drive(LoadConfig(mode="batch"), 4, warmup=2)
     reqs = rec.requests_table().to_pandas()
@@ -167,7 +187,6 @@ def test_measured_requests_start_after_warmup_requests_finished() -> None:
 def test_load_config_rejects_contradictions() -> None:
     for bad, msg in [
         (LoadConfig(mode="online"), "needs --rate"),
-        (LoadConfig(mode="online", rate=1.0, concurrency=2), "not both"),
         (LoadConfig(mode="batch", rate=1.0), "need --mode online"),
         (LoadConfig(mode="online", rate=float("inf")), "positive"),
         (LoadConfig(mode="online", rate=1.0, arrival="gamma", burstiness=0), "burstiness"),

@@ -8,6 +8,7 @@ as ``perfscope compare``), figures from the shared builders in
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -50,6 +51,12 @@ def _run_options(dctx: DashboardContext) -> list[dict[str, Any]]:
     ]
 
 
+def short_label(run_id: str) -> str:
+    """A run id without its ``YYYYMMDD-HHMMSS-`` prefix (``reference-730b``), for legends
+    and headers; other labels unchanged."""
+    return re.sub(r"^\d{8}-\d{6}-", "", run_id)
+
+
 def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Columns and rows of the metric table: value per run, then ratio, CI and change of
     each run against the baseline (first run)."""
@@ -59,7 +66,9 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
     conf = f"{100 * result['confidence']:g}%"
     cols: list[dict[str, Any]] = [{"id": "metric", "name": "metric"}]
     for i, lab in enumerate(labels):
-        cols.append({"id": f"v{i}", "name": f"{'baseline' if i == 0 else f'run {i}'}: {lab}"})
+        cols.append(
+            {"id": f"v{i}", "name": f"{'baseline' if i == 0 else f'run {i}'}: {short_label(lab)}"}
+        )
     for i in range(1, len(labels)):
         cols += [
             {"id": f"r{i}", "name": f"ratio run {i}"},
@@ -74,8 +83,10 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
         for i in range(1, len(labels)):
             r, ci = m["ratios"][i], m["ci"][i]
             row[f"r{i}"] = "n/a" if r is None else f"{r:.3f}x"
-            row[f"ci{i}"] = "" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
-            row[f"c{i}"] = m["change"][i] or ""
+            n = (m.get("n") or [None] * len(labels))[i]
+            why = "ratio only: no per-request samples" if n is None else f"not resampled (n={n})"
+            row[f"ci{i}"] = f"n/a ({why})" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+            row[f"c{i}"] = m["change"][i] or "n/a (no interval)"
         rows.append(row)
     return cols, rows
 

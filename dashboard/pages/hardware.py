@@ -68,14 +68,14 @@ _COLUMNS = (
     ("vendor", "vendor", "text"),
     ("kind", "kind", "text"),
     ("mem_gb", "memory GB", "numeric"),
-    ("bw_gb_s", "bandwidth GB/s", "numeric"),
-    ("bf16_tflops", "bf16/fp16 TFLOPS", "numeric"),
+    ("bw_gb_s", "mem BW GB/s", "numeric"),
+    ("bf16_tflops", "bf16 / fp16 TFLOPS", "numeric"),
     ("fp8_tflops", "fp8 TFLOPS", "numeric"),
     ("fp32_tflops", "fp32 TFLOPS", "numeric"),
     ("llc_mb", "LLC MB", "numeric"),
     ("tdp_w", "TDP W", "numeric"),
     ("ceilings", "ceilings", "text"),
-    ("n_sources", "sources", "numeric"),
+    ("n_sources", "refs", "numeric"),
 )
 
 
@@ -153,20 +153,40 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
         [
             html.H2("Hardware database"),
             note(
-                f"{len(records)} devices; dense peaks only. Click a row for every figure with "
+                f"{len(records)} devices; dense peaks only; – where the datasheet gives none. "
+                "Click a row for every figure with "
                 "its sources. Add or override devices with TOML files in $PERFSCOPE_HWDB."
             ),
             *errors,
             data_table(
                 id="hw-table",
-                columns=[{"id": c, "name": n, "type": t} for c, n, t in _COLUMNS],
+                columns=[
+                    {
+                        "id": c,
+                        "name": n,
+                        "type": t,
+                        # An empty cell says the datasheet gives no such figure.
+                        **({"format": {"nully": "–"}} if t == "numeric" else {}),
+                    }
+                    for c, n, t in _COLUMNS
+                ],
                 data=records,
                 sort_action="native",
                 filter_action="native",
                 page_action="none",
                 style_table={"overflowX": "auto", "maxHeight": "520px", "overflowY": "auto"},
                 style_cell=TABLE_CELL,
-                style_header=TABLE_HEADER,
+                # Headers wrap onto two lines rather than being cut ("bandwid").
+                style_header={**TABLE_HEADER, "whiteSpace": "normal", "height": "auto"},
+                # Names wrap so every column, "sources" included, fits 1,440 px.
+                style_cell_conditional=[
+                    {
+                        "if": {"column_id": "name"},
+                        "maxWidth": "240px",
+                        "whiteSpace": "normal",
+                    },
+                    {"if": {"column_id": "mem_gb"}, "minWidth": "64px"},
+                ],
                 fixed_rows={"headers": True},
             ),
             html.Div(device_detail(ctx, req.get("device")), id="hw-detail", style=CARD_STYLE),

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 
 from perfscope.dashboard._fmt import esc, fmt_pct, fmt_si
-from perfscope.dashboard.figures import FIGURE_LAYOUT
+from perfscope.dashboard.figures import FIGURE_LAYOUT, si_log_ticks
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
     GRAPH_CONFIG,
@@ -63,12 +63,16 @@ _OUTPUT = (0, 13, 8)  # 1 .. 8192, default 256
 
 
 def model_options(dctx: DashboardContext) -> list[dict[str, str]]:
-    """Presets, then the models recorded in stored runs (``run:<run id>``)."""
+    """Presets, then the models recorded in stored runs (``run:<run id>``): only runs whose
+    manifest has a model shape (an engine that reports none cannot be explored)."""
     from perfscope.analysis.modelspec import preset_names
 
     opts = [{"label": f"preset: {n}", "value": n} for n in preset_names()]
     for row in dctx.repo.rows():
         if row.state == "broken":
+            continue
+        model = ((dctx.repo.manifest(row.run_id) or {}).get("engine") or {}).get("model")
+        if not isinstance(model, dict) or not model.get("n_layers"):
             continue
         opts.append(
             {
@@ -284,11 +288,13 @@ def explorer_figure(
         type="log",
         range=[math.log10(x_lo), math.log10(x_hi)],
         title_text="arithmetic intensity (FLOP/byte)",
+        exponentformat="SI",
     )
     fig.update_yaxes(
         type="log",
-        range=[math.log10(y_lo) - 0.3, math.log10(max(ys)) + 0.3],
-        title_text="FLOP/s",
+        range=(yr := [math.log10(y_lo) - 0.3, math.log10(max(ys)) + 0.3]),
+        title_text="attainable FLOP/s",
+        **si_log_ticks(yr, "FLOP/s"),
     )
     fig.update_layout(
         **FIGURE_LAYOUT,

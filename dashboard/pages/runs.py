@@ -22,34 +22,69 @@ from perfscope.dashboard.pages._common import (
 
 __all__ = ["COLUMNS", "PAGE", "table_records"]
 
-#: (column id, header, type) of the runs table.
+#: (column id, header, type) of the runs table: identity, then the metrics, then the
+#: metadata (at 1,440 px every metric is visible without scrolling).
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("run_id", "run id", "text"),
     ("link", "", "text"),
-    ("state", "state", "text"),
-    ("status", "status", "text"),
-    ("name", "name", "text"),
-    ("engine", "engine", "text"),
-    ("model", "model", "text"),
-    ("hardware", "hardware", "text"),
-    ("date", "date (UTC)", "text"),
-    ("requests", "requests", "numeric"),
-    ("ttft_p50_ms", "TTFT p50 ms", "numeric"),
-    ("ttft_p99_ms", "TTFT p99 ms", "numeric"),
-    ("tpot_p50_ms", "TPOT p50 ms", "numeric"),
+    ("outcome", "state", "text"),
+    ("ttft_p50_s", "TTFT p50", "numeric"),
+    ("ttft_p99_s", "TTFT p99", "numeric"),
+    ("tpot_p50_s", "TPOT p50", "numeric"),
     ("output_tok_s", "output tok/s", "numeric"),
     ("goodput_req_s", "goodput req/s", "numeric"),
-    ("slo_pct", "SLO met %", "numeric"),
-    ("mfu_pct", "MFU % (prefill)", "numeric"),
-    ("mbu_pct", "MBU % (decode)", "numeric"),
+    ("slo_pct", "SLO met", "numeric"),
+    ("mfu_pct", "MFU prefill", "numeric"),
+    ("mbu_pct", "MBU decode", "numeric"),
     ("j_per_token", "J/token", "numeric"),
+    ("requests", "requests", "numeric"),
+    ("model", "model", "text"),
+    ("hardware", "hardware", "text"),
+    ("engine", "engine", "text"),
+    ("name", "name", "text"),
+    ("date", "date (UTC)", "text"),
     ("sweep", "sweep", "text"),
 )
 
+#: d3 formats of the numeric columns: SI prefixes with the unit ("820ms", "179s"), numbers
+#: with thousands separators, percentages; the cell keeps its number, so sorting is numeric.
+_FORMATS: dict[str, dict[str, Any]] = {
+    **{
+        c: {"specifier": "$.3~s", "locale": {"symbol": ["", "s"]}}
+        for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s")
+    },
+    "output_tok_s": {"specifier": ",.4~r"},
+    "goodput_req_s": {"specifier": ",.3~r"},
+    "j_per_token": {"specifier": "$.3~s", "locale": {"symbol": ["", "J"]}},
+    "requests": {"specifier": ",d"},
+    **{
+        c: {"specifier": "$.3~r", "locale": {"symbol": ["", "%"]}}
+        for c in ("slo_pct", "mfu_pct", "mbu_pct")
+    },
+}
+
+
+def _state(record: dict[str, Any]) -> str:
+    """One word when all is well ("complete"); otherwise the state and why."""
+    state, status = str(record.get("state") or ""), str(record.get("status") or "")
+    if state == "ok":
+        return status or "ok"
+    if not status or status.startswith(state):
+        return status or state
+    return f"{state}: {status}"
+
 
 def table_records(ctx: DashboardContext) -> list[dict[str, Any]]:
-    """The runs table's rows, newest first."""
-    return [row.to_record() for row in ctx.repo.rows()]
+    """The runs table's rows, newest first (latencies in seconds, ratios in %)."""
+    out = []
+    for row in ctx.repo.rows():
+        rec = row.to_record()
+        rec["outcome"] = _state(rec)  # state and status in one column
+        for key in ("ttft_p50", "ttft_p99", "tpot_p50"):
+            ms = rec.get(f"{key}_ms")
+            rec[f"{key}_s"] = None if ms is None else ms / 1e3
+        out.append(rec)
+    return out
 
 
 def _columns() -> list[dict[str, Any]]:
@@ -58,6 +93,9 @@ def _columns() -> list[dict[str, Any]]:
         col: dict[str, Any] = {"id": cid, "name": name, "type": kind}
         if cid == "link":
             col["presentation"] = "markdown"
+        if cid in _FORMATS:
+            # A missing value says so instead of leaving the cell blank.
+            col["format"] = {**_FORMATS[cid], "nully": "n/a"}
         cols.append(col)
     return cols
 

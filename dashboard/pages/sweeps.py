@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 from plotly.subplots import make_subplots
 
+from perfscope.analysis.catalogue import format_number, format_ratio, format_seconds
 from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError, inside_root
 from perfscope.dashboard.figures import FIGURE_LAYOUT
@@ -100,7 +101,7 @@ def sweep_curve_figure(summary: dict[str, Any]) -> go.Figure:
     knee = summary.get("knee") or None
     fig = go.Figure()
     x = [_f(p.get("req_s")) for p in pts]
-    offered = [f"{p.get('offered'):g}" if _f(p.get("offered")) is not None else "?" for p in pts]
+    offered = [format_number(p.get("offered")) for p in pts]
     load_name = "rate" if kind == "rate" else "concurrency"
     for key, label, color, dash in _LAT:
         y = [(_f(p.get(key)) or float("nan")) * 1e3 for p in pts]
@@ -210,7 +211,9 @@ def goodput_figure(summary: dict[str, Any]) -> go.Figure:
     best = _f(summary.get(key))
     if best is not None:
         fig.add_vline(x=best, line={"color": "#e15759", "dash": "dash"})
-        fig.add_annotation(x=best, y=1.02, yref="paper", text=f"{key} = {best:g}", showarrow=False)
+        fig.add_annotation(
+            x=best, y=1.02, yref="paper", text=f"{key} = {format_number(best)}", showarrow=False
+        )
     fig.update_layout(
         **{**FIGURE_LAYOUT, "margin": {"l": 60, "r": 60, "t": 50, "b": 50}},
         height=420,
@@ -234,21 +237,20 @@ def _points_table(dctx: DashboardContext, summary: dict[str, Any]) -> Any:
             if RUN_ID_PATTERN.fullmatch(rp.name) and (root / rp.name).is_dir():
                 link = f"[{rp.name}](/run/{rp.name})"
 
-        def ms(k: str, p: dict[str, Any] = p) -> float | None:
-            v = _f(p.get(k))
-            return None if v is None else round(v * 1e3, 2)
+        def sec(k: str, p: dict[str, Any] = p) -> str:
+            return format_seconds(p.get(k))
 
-        att = _f(p.get("attainment"))
+        has_slos = bool(summary.get("slos"))
         rows.append(
             {
-                "offered": _f(p.get("offered")),
-                "req_s": _f(p.get("req_s")),
-                "output_tok_s": _f(p.get("output_tok_s")),
-                "ttft_p50": ms("ttft_p50"),
-                "ttft_p99": ms("ttft_p99"),
-                "tpot_p50": ms("tpot_p50"),
-                "e2e_p99": ms("e2e_p99"),
-                "attainment": None if att is None else round(att * 100, 1),
+                "offered": format_number(p.get("offered")),
+                "req_s": format_number(p.get("req_s")),
+                "output_tok_s": format_number(p.get("output_tok_s")),
+                "ttft_p50": sec("ttft_p50"),
+                "ttft_p99": sec("ttft_p99"),
+                "tpot_p50": sec("tpot_p50"),
+                "e2e_p99": sec("e2e_p99"),
+                "attainment": format_ratio(p.get("attainment")) if has_slos else "no SLOs",
                 "status": str(p.get("status") or ""),
                 "run": link,
             }
@@ -257,11 +259,11 @@ def _points_table(dctx: DashboardContext, summary: dict[str, Any]) -> Any:
         ("offered", _offered_label(kind)),
         ("req_s", "done req/s"),
         ("output_tok_s", "out tok/s"),
-        ("ttft_p50", "TTFT p50 ms"),
-        ("ttft_p99", "TTFT p99 ms"),
-        ("tpot_p50", "TPOT p50 ms"),
-        ("e2e_p99", "E2E p99 ms"),
-        ("attainment", "SLO met %"),
+        ("ttft_p50", "TTFT p50"),
+        ("ttft_p99", "TTFT p99"),
+        ("tpot_p50", "TPOT p50"),
+        ("e2e_p99", "E2E p99"),
+        ("attainment", "SLO met"),
         ("status", "status"),
         ("run", "run"),
     ]
@@ -293,10 +295,16 @@ def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> Any:
     facts = [
         f"engine {summary.get('engine') or '?'}",
         f"{len(summary.get('points') or [])} points ({kind})",
-        f"SLOs {json.dumps(summary.get('slos') or {})}",
-        f"{key} {summary.get(key) if summary.get(key) is not None else 'n/a'}",
-        f"knee at {knee.get('offered', 'n/a')}" if knee else "no knee in the range tested",
-        f"max {summary.get('max_req_s') or 'n/a'} req/s",
+        "SLOs "
+        + (
+            ", ".join(f"{k} ≤ {format_seconds(v)}" for k, v in (summary.get("slos") or {}).items())
+            or "none"
+        ),
+        f"{key} {format_number(summary.get(key))}"
+        if summary.get(key) is not None
+        else f"{key} n/a ({'no point met 90% of SLOs' if summary.get('slos') else 'no SLOs'})",
+        f"knee at {format_number(knee.get('offered'))}" if knee else "no knee in the range tested",
+        f"max {format_number(summary.get('max_req_s'))} req/s",
     ]
     return html.Div(
         [
