@@ -81,6 +81,10 @@ def build_summary(
         "model": engine.get("model"),
     }
     summary["warnings"] = run_warnings(manifest)
+    summary["contention"] = contention_record(manifest)
+    summary["run_set"] = manifest.get("run_set")
+    if manifest.get("model_spec") is not None:
+        summary["model_spec"] = manifest.get("model_spec")
     if extra_sections:
         summary.update(extra_sections)
     return summary
@@ -89,6 +93,22 @@ def build_summary(
 #: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
 #: before the run's timings are flagged as inflated.
 CONTENTION_WARN_SHARE = 0.15
+
+
+def contention_record(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's CPU contention measurement with ``contended`` (others or steal above
+    :data:`CONTENTION_WARN_SHARE`); ``None`` when the run has none. A window too short to
+    measure has no shares and is never called contended."""
+    c = (manifest.get("host") or {}).get("contention")
+    if not isinstance(c, dict):
+        return None
+    out = dict(c)
+    others, steal = c.get("others_share"), c.get("steal_share")
+    out["contended"] = bool(
+        (others is not None and others > CONTENTION_WARN_SHARE)
+        or (steal is not None and steal > CONTENTION_WARN_SHARE)
+    )
+    return out
 
 
 def run_warnings(manifest: dict[str, Any]) -> list[str]:
@@ -101,8 +121,14 @@ def run_warnings(manifest: dict[str, Any]) -> list[str]:
         out.append(
             f"other processes used {others:.0%} of this machine's CPU capacity during the "
             f"run ({c.get('others_cpu_s', 0):.1f} CPU-s over {c.get('window_s', 0):.1f} s on "
-            f"{c.get('cpu_count')} cores): latencies and throughput are likely inflated; "
-            "measure on a quiet machine"
+            f"{c.get('cpu_count')} cores"
+            + (
+                f"; the server under test on port {', '.join(map(str, c['server_ports']))} "
+                f"used {c['server_cpu_s']:.1f} CPU-s and is not counted"
+                if c.get("server_cpu_s") is not None and c.get("server_ports")
+                else ""
+            )
+            + "): latencies and throughput are likely inflated; measure on a quiet machine"
         )
     if steal is not None and steal > CONTENTION_WARN_SHARE:
         out.append(

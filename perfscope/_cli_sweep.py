@@ -45,6 +45,13 @@ def add_openai_options(group: Any) -> None:
     g = group
     g.add_argument("--model", default=None, help="openai: model name (default: ask GET /models)")
     g.add_argument(
+        "--model-spec",
+        default=None,
+        metavar="PRESET|config.json|FOLDER",
+        help="the model an HTTP or python engine serves (a preset such as llama-3-8b, a "
+        "Hugging Face config.json or its folder): gives the run an estimated roofline",
+    )
+    g.add_argument(
         "--api-key",
         default=None,
         help="openai: bearer key (default: $PERFSCOPE_API_KEY or $OPENAI_API_KEY; never stored)",
@@ -329,7 +336,27 @@ def _point_options(
         runs_dir=args.runs_dir,
         name=name,
         command=redact_argv(["perfscope", *sys.argv[1:]]),
+        model_spec=model_spec_option(getattr(args, "model_spec", None)),
     )
+
+
+def model_spec_option(text: str | None) -> dict[str, Any] | None:
+    """``--model-spec``: the resolved :class:`ModelSpec` as a dict marked as given by the
+    user (``estimated``, ``method``, ``source``); ``None`` without the flag. UsageError
+    for a preset or config that cannot be read."""
+    if not text:
+        return None
+    from perfscope.analysis.modelspec import ModelSpec
+
+    spec = ModelSpec.resolve(text)
+    out: dict[str, Any] = dict(spec.to_dict())
+    out["source"] = f"--model-spec {text}"
+    out["estimated"] = True
+    out["method"] = (
+        "model shape from --model-spec; FLOPs and bytes from perfscope's analytic cost model; "
+        "for engines without steps, phase times estimated from the request timeline"
+    )
+    return out
 
 
 def _kv(text: str) -> tuple[str, str]:

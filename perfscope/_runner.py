@@ -20,7 +20,7 @@ from perfscope._analyze import analyze_stored, resolve_hardware
 from perfscope.errors import PerfscopeError
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
-from perfscope.profiler.contention import ContentionMeter
+from perfscope.profiler.contention import ContentionMeter, local_server_ports
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
 from perfscope.profiler.recorder import Recorder
@@ -57,6 +57,11 @@ class RunOptions:
         nvtx: ``True``/``False`` force NVTX ranges on/off; ``None`` = on only when a profiler
             (Nsight Systems) is attached.
         command: the command line, for the manifest.
+        run_set: the run set this run belongs to (``perfscope run --repeat``): ``id``,
+            ``label``, ``index``, ``repeat``; stored in the manifest and the summary.
+        model_spec: the model to analyse an engine that reports none (HTTP, python
+            engines) against: a :class:`~perfscope.analysis.modelspec.ModelSpec` dict with
+            ``estimated`` and ``method`` saying where it came from.
     """
 
     engine: str = "reference"
@@ -70,6 +75,8 @@ class RunOptions:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     nvtx: bool | None = None
     command: list[str] | None = None
+    run_set: dict[str, Any] | None = None
+    model_spec: dict[str, Any] | None = None
 
 
 @dataclass
@@ -197,6 +204,15 @@ def execute_run(
         "host": host_info(),
         "errors": [],
     }
+    if opts.run_set is not None:
+        manifest["run_set"] = dict(opts.run_set)
+    if opts.model_spec is not None:
+        given = dict(opts.model_spec)
+        if manifest["engine"].get("model"):
+            given["note"] = "the engine reported its own model; that one is used"
+        else:
+            manifest["engine"]["model"] = given
+        manifest["model_spec"] = given
     write_json_atomic(run_dir / "manifest.json", manifest)
 
     recorder = Recorder(clock)
@@ -204,7 +220,7 @@ def execute_run(
     inbox = Inbox()
     driver = Driver(specs, opts.load, inbox, recorder)
     status, error = "complete", None
-    contention = ContentionMeter().start()
+    contention = ContentionMeter(exclude_ports=local_server_ports(opts.engine)).start()
     progress.on_start(len(specs))
     try:
         with nvtx_ranges.run_range(manifest["run_id"]):

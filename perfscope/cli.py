@@ -191,6 +191,21 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="NVTX ranges for Nsight Systems (default: on only when a tool is attached)",
     )
+    r = p.add_argument_group("repeats (run-to-run noise)")
+    r.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="run N times as one run set, so comparisons can measure run-to-run noise",
+    )
+    r.add_argument(
+        "--vs",
+        default=None,
+        metavar="ENGINE",
+        help="a second engine to compare with: runs alternate A B A B (--repeat each) and "
+        "the comparison is printed at the end",
+    )
     _add_runs_dir(a)
     a.add_argument("--name", default=None, help="short name in the run id")
     a.add_argument("--json", action="store_true", help="print summary.json instead of tables")
@@ -229,7 +244,13 @@ class _RichProgress:
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._cli_sweep import apply_duration, dataset_fields, openai_extra, redact_argv
+    from perfscope._cli_sweep import (
+        apply_duration,
+        dataset_fields,
+        model_spec_option,
+        openai_extra,
+        redact_argv,
+    )
     from perfscope._render import summary_view
     from perfscope._runner import ProgressHook, RunOptions, execute_run
     from perfscope.analysis.slo import parse_duration, parse_slos
@@ -298,9 +319,16 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         name=args.name,
         hw=args.hw,
         command=redact_argv(["perfscope", *sys.argv[1:]]),
+        model_spec=model_spec_option(args.model_spec),
     )
     err = Console(stderr=True)
     hook: Any = ProgressHook() if args.no_progress else _RichProgress(err)
+    if args.repeat > 1 or args.vs:
+        from perfscope._run_sets import run_repeated
+
+        return run_repeated(
+            opts, args.repeat, args.vs, hook, console, err, as_json=args.json, report=args.report
+        )
     outcome = execute_run(opts, hook)
     if args.json:
         print(json.dumps(outcome.summary, indent=2))
