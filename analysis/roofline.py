@@ -547,6 +547,7 @@ def roofline_section(
     *,
     overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
     energy: dict[str, Any] | None = None,
+    measured_on: str | None = None,
 ) -> dict[str, Any]:
     """The ``roofline`` block of summary.json (JSON-ready).
 
@@ -560,6 +561,11 @@ def roofline_section(
         overhead_threshold: both MFU and MBU below this → ``overhead-bound``.
         energy: optional per-phase energy dicts (``{"prefill": {...}, "decode": {...}}``)
             from the telemetry join, passed through into each phase as ``energy``.
+        measured_on: the device the run was measured on, when ``device`` is another one
+            (``analyze --hw X`` on a run from elsewhere): the section is a what-if
+            (``what_if`` true) that keeps the work and the speed-of-light times on
+            ``device`` but withholds measured MFU, MBU, achieved rates and efficiency,
+            which would divide one machine's time by another's ceilings.
 
     Returns:
         ``{"available", "reason", "source" ("steps" | "timeline"), "estimated",
@@ -606,11 +612,46 @@ def roofline_section(
         return base
     base["available"] = True
     base["phases"] = phases
+    base["what_if"] = None
+    if measured_on is not None and measured_on != device.key:
+        base["what_if"] = {"measured_on": measured_on, "target": device.key}
+        for ph in phases.values():
+            _withhold_measured(ph, device.name, measured_on)
     base["latency"] = _latency(requests, phases)
     if has_steps:
         assert steps is not None
         base["latency"].update(_interference(steps, requests))
     return base
+
+
+_MEASURED_KEYS = (
+    "mfu",
+    "mfu_useful",
+    "mbu",
+    "mbu_dram",
+    "achieved_flops_s",
+    "achieved_bytes_s",
+    "efficiency",
+)
+
+
+def _withhold_measured(r: dict[str, Any], device_name: str, measured_on: str) -> None:
+    """Turn a phase analysed against a device it did not run on into a what-if: measured
+    ratios removed, the verdict is the roof the work would sit under at speed of light."""
+    for k in _MEASURED_KEYS:
+        r[k] = None
+    r["what_if"] = True
+    r["verdict"] = f"{r['roof']}-bound"
+    sol_step = r["sol_time_s"] / r["steps"] if r["steps"] else r["sol_time_s"]
+    ridge = r["ridge_point"]
+    rel = "" if ridge is None else (" > " if r["intensity"] > ridge else " < ")
+    r["evidence"] = (
+        f"what-if on {device_name}: the run was measured on {measured_on}, so no measured "
+        f"MFU/MBU against {device_name} is given; at speed of light this {r['phase']} would "
+        f"be {r['roof']}-bound (intensity {r['intensity']:.3g} FLOP/B"
+        + (f"{rel}ridge {ridge:.3g} FLOP/B" if ridge is not None else "")
+        + f"), {_fmt_time(sol_step)} per step."
+    )
 
 
 # ---------------------------------------------------------------------- rich output
@@ -630,6 +671,11 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
     title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
     if r.get("estimated"):
         title += " (estimated from the request timeline)"
+    if r.get("what_if"):
+        title += (
+            f" — WHAT-IF: measured on {r['what_if'].get('measured_on')}, no measured "
+            "MFU/MBU against this device"
+        )
     table = Table(title=title, title_justify="left")
     for col, just in (
         ("phase", "left"),

@@ -605,13 +605,21 @@ def _advice(summary: dict[str, Any]) -> str:
             out.append(
                 f"<tr><td>{esc(a.get('rank', i))}</td><td>{esc(a.get('technique'))}</td>"
                 f"<td>{esc(a.get('why'))}</td>"
-                f"<td class='n'>{esc(fmt_num(g.get('value')))} {esc(g.get('unit'))}</td>"
+                f"<td class='n'>{esc(_gain_text(g))} {esc(g.get('unit'))}</td>"
                 f"<td>{esc(a.get('assumptions'))}</td></tr>"
             )
         out.append("</tbody></table>")
     out.append(_projections(summary))
     out.append("</section>")
     return "".join(out)
+
+
+def _gain_text(g: dict[str, Any]) -> str:
+    """``low–high`` of a projected gain (just the value when there is no range)."""
+    value, low = g.get("value"), g.get("low")
+    if low is not None and value is not None and low < value:
+        return f"{fmt_num(low)}–{fmt_num(value)}"
+    return str(fmt_num(value))
 
 
 def _projections(summary: dict[str, Any]) -> str:
@@ -624,13 +632,21 @@ def _projections(summary: dict[str, Any]) -> str:
         "<th class='n'>throughput</th><th>prefill / decode bound</th><th>basis</th></tr>"
         "</thead><tbody>"
     ]
+
+    def span(p: dict[str, Any], key: str, fmt: Any) -> str:
+        rng = p.get("range") or {}
+        lo, hi = (rng.get("compiled") or {}).get(key), (rng.get("eager") or {}).get(key)
+        if lo is not None and hi is not None:
+            return f"{fmt(lo)} – {fmt(hi)}"
+        return str(fmt(p.get(key)))
+
     for p in proj:
         dev = p.get("device") or {}
         out.append(
             f"<tr><td>{esc(dev.get('name') or dev.get('key'))}</td>"
-            f"<td class='n'>{fmt_time(p.get('ttft_s'))}</td>"
-            f"<td class='n'>{fmt_time(p.get('tpot_s'))}</td>"
-            f"<td class='n'>{fmt_rate(p.get('throughput_tok_s'), 'tok/s')}</td>"
+            f"<td class='n'>{esc(span(p, 'ttft_s', fmt_time))}</td>"
+            f"<td class='n'>{esc(span(p, 'tpot_s', fmt_time))}</td>"
+            f"<td class='n'>{esc(span(p, 'throughput_tok_s', lambda v: fmt_rate(v, 'tok/s')))}</td>"
             f"<td>{esc(_get(p, 'prefill', 'bound'))} / {esc(_get(p, 'decode', 'bound'))}</td>"
             f"<td class='caption'>{esc(p.get('basis'))}</td></tr>"
         )

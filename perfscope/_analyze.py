@@ -57,6 +57,9 @@ def resolve_hardware(engine: dict[str, Any], hw: str | None) -> dict[str, Any]:
 def _device_of(run: StoredRun, hw: str | None) -> tuple[DeviceSpec | None, dict[str, Any]]:
     if hw:
         hardware = resolve_hardware(run.manifest.get("engine") or {}, hw)
+        measured = ((run.manifest.get("hardware") or {}).get("spec") or {}).get("key")
+        if measured and measured != (hardware.get("spec") or {}).get("key"):
+            hardware["measured_on"] = measured  # a what-if: see roofline_section
     else:
         hardware = run.manifest.get("hardware") or {"spec": None, "reason": "not recorded"}
     spec = hardware.get("spec")
@@ -80,7 +83,9 @@ def _workload_stats(run: StoredRun) -> dict[str, Any]:
     }
 
 
-def _roofline_sections(run: StoredRun, device: DeviceSpec | None) -> dict[str, Any]:
+def _roofline_sections(
+    run: StoredRun, device: DeviceSpec | None, measured_on: str | None = None
+) -> dict[str, Any]:
     """``energy``, ``roofline``, ``advice`` and ``projections`` of the summary."""
     model_dict = (run.manifest.get("engine") or {}).get("model")
     model = ModelSpec.from_dict(model_dict) if model_dict else None
@@ -94,16 +99,25 @@ def _roofline_sections(run: StoredRun, device: DeviceSpec | None) -> dict[str, A
         mem_capacity_bytes=device.mem_bytes if device else None,
     )
     roofline = roofline_section(
-        run.steps, run.requests, run.chunks, model, device, energy=energy.get("phases")
+        run.steps,
+        run.requests,
+        run.chunks,
+        model,
+        device,
+        energy=energy.get("phases"),
+        measured_on=measured_on,
     )
     out: dict[str, Any] = {"roofline": roofline, "energy": energy, "advice": [], "projections": []}
     if not roofline.get("available") or model is None or device is None:
         return out
     workload = _workload_stats(run)
-    out["advice"] = advise(roofline, model, device, workload)
+    if not roofline.get("what_if"):  # advice needs measured efficiencies
+        out["advice"] = advise(roofline, model, device, workload)
     db = load_database()
     targets = [db.devices[k] for k in PROJECTION_DEVICES if k in db.devices and k != device.key]
-    out["projections"] = project_run(roofline, model, workload, targets)
+    out["projections"] = project_run(
+        roofline, model, workload, targets, measured_on=measured_on or device.key
+    )
     return out
 
 
@@ -123,7 +137,7 @@ def analyze_stored(
     """
     device, hardware = _device_of(run, hw)
     extra: dict[str, Any] = {"hardware": hardware}
-    extra.update(_roofline_sections(run, device))
+    extra.update(_roofline_sections(run, device, hardware.get("measured_on")))
     summary = build_summary(
         run.manifest,
         run.requests,

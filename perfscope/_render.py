@@ -179,12 +179,17 @@ def _advice_view(summary: dict[str, Any]) -> RenderableType | None:
     t.add_column("why")
     for item in advice:
         gain = item.get("projected_gain") or {}
-        value = gain.get("value")
+        value, low = gain.get("value"), gain.get("low")
+        shown = (
+            "-"
+            if value is None
+            else (f"{low:.2f}–{value:.2f}" if low is not None and low < value else f"{value:.2f}")
+        )
         t.add_row(
             str(item.get("rank")),
             str(item.get("technique")),
-            f"{value:.2f} {gain.get('unit', '')}" if value is not None else "-",
-            str(item.get("why")),
+            f"{shown} {gain.get('unit', '')}" if value is not None else "-",
+            str(item.get("why")) + (f" ({item['assumptions']})" if item.get("assumptions") else ""),
         )
     return t
 
@@ -196,7 +201,9 @@ def _projections_view(summary: dict[str, Any]) -> RenderableType | None:
     if not projections:
         return None
     return predictions_table(
-        projections, title="This workload on other devices (derated by this run's efficiency)"
+        projections,
+        title="This workload on other devices (each device's speed of light at a stated "
+        "efficiency; TTFT/TPOT ranges: compiled engine – eager PyTorch)",
     )
 
 
