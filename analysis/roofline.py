@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_OVERHEAD_THRESHOLD",
     "PHASES",
+    "calibration_spread",
     "fmt_pct",
     "memory_ceiling",
     "phase_roofline",
@@ -73,6 +74,25 @@ def memory_ceiling(device: DeviceSpec, working_set_bytes: float) -> tuple[float,
     return float(device.mem_bw_bytes_s), "dram", fits
 
 
+def calibration_spread(device: DeviceSpec, dtype: str) -> dict[str, float] | None:
+    """The measured spread (interquartile range / median) of a calibrated device's compute
+    (``dtype``), DRAM and cache ceilings; ``None`` for datasheet devices and old caches."""
+    cal = (device.extra or {}).get("calibration") if device.source == "calibrated" else None
+    spread = (cal or {}).get("spread") if isinstance(cal, dict) else None
+    if not isinstance(spread, dict) or not spread:
+        return None
+    out = {
+        k: float(v)
+        for k, v in (
+            ("compute", spread.get(dtype)),
+            ("memory", spread.get("memory")),
+            ("cache", spread.get("cache")),
+        )
+        if isinstance(v, int | float)
+    }
+    return out or None
+
+
 def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
     return {
         "dtype": dtype,
@@ -82,6 +102,7 @@ def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
         "cache_bw_bytes_s": device.cache_bw_bytes_s,
         "ridge_point": device.ridge_point(dtype),
         "source": device.source,
+        "spread": calibration_spread(device, dtype),
     }
 
 
@@ -723,6 +744,12 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
             f", {_fmt_si(c.get('cache_bw_bytes_s'), 'B/s')} cache "
             f"({_fmt_si(c.get('cache_bytes'), 'B')})"
             if c.get("cache_bw_bytes_s")
+            else ""
+        )
+        + (
+            "; calibration spread "
+            + ", ".join(f"{k} ±{100 * v / 2:.1f}%" for k, v in c["spread"].items())
+            if c.get("spread")
             else ""
         )
         + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
