@@ -20,6 +20,16 @@ how many requests were decoding at each moment. Those phases carry ``estimated: 
 
 FLOPs are counted "as executed" (the attention square the kernels compute); the causal-useful
 count is reported next to it as ``flops_useful`` / ``mfu_useful``.
+
+Each phase is also split by operator class (:func:`~perfscope.analysis.costmodel.
+operator_class_costs`: weight GEMMs, attention/KV, the rest), each with its own intensity,
+speed-of-light time and roof (``classes``); ``class_verdict`` is the common roof, or
+``mixed`` when classes carrying at least :data:`CLASS_SHARE_MIN` of the phase's
+speed-of-light time sit under different roofs. Where the run has engine steps, the time
+between consecutive steps (``gap_s``, host scheduling and Python between forward passes, or
+idle time) is set apart from the time inside them: a large gap share points at host
+overhead, time inside steps far from the roof at slow kernels or launches inside the
+forward pass (which a kernel trace would tell apart).
 """
 
 from __future__ import annotations
@@ -30,7 +40,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
+from perfscope.analysis.costmodel import (
+    kv_bytes_per_token,
+    operator_class_costs,
+    step_costs,
+    weight_bytes,
+)
 from perfscope.analysis.modelspec import ModelSpec
 
 if TYPE_CHECKING:
@@ -39,6 +54,7 @@ if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
+    "CLASS_SHARE_MIN",
     "DEFAULT_OVERHEAD_THRESHOLD",
     "PHASES",
     "calibration_spread",
@@ -56,6 +72,12 @@ __all__ = [
 DEFAULT_OVERHEAD_THRESHOLD = 0.20
 
 PHASES = ("prefill", "decode", "mixed")
+
+#: An operator class counts towards ``class_verdict`` when it holds at least this share of
+#: the phase's speed-of-light time.
+CLASS_SHARE_MIN = 0.10
+
+_CLASS_LABELS = {"weight_gemms": "weight GEMMs", "attention_kv": "attention/KV", "other": "rest"}
 
 
 # ---------------------------------------------------------------------- ceilings
@@ -322,8 +344,51 @@ def phase_roofline(
     r["verdict"] = verdict_for(
         mfu=mfu, mbu=mbu, intensity=intensity, ridge=ridge, overhead_threshold=overhead_threshold
     )
+    r["classes"], r["class_verdict"] = _class_split(costs, peak, bw)
     r["evidence"] = _evidence(phase, r, device.name, overhead_threshold)
+    r["evidence"] += " " + _class_evidence(r)
     return r
+
+
+def _class_split(
+    costs: dict[str, float], peak: float | None, bw: float
+) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Per operator class: FLOPs, bytes, intensity, speed-of-light time, its share of the
+    classes' total and its roof; and the verdict over the classes that matter."""
+    split = operator_class_costs(costs)
+    out: dict[str, dict[str, Any]] = {}
+    for name, c in split.items():
+        t_c = c["flops"] / peak if peak else 0.0
+        t_m = c["bytes"] / bw if bw > 0 else 0.0
+        out[name] = {
+            "flops": c["flops"],
+            "bytes": c["bytes"],
+            "intensity": c["flops"] / c["bytes"] if c["bytes"] > 0 else None,
+            "sol_time_s": max(t_c, t_m),
+            "roof": "compute" if t_c > t_m else "memory",
+        }
+    total = sum(v["sol_time_s"] for v in out.values())
+    for v in out.values():
+        v["sol_share"] = v["sol_time_s"] / total if total > 0 else None
+    roofs = {
+        v["roof"]
+        for v in out.values()
+        if v["sol_share"] is not None and v["sol_share"] >= CLASS_SHARE_MIN
+    }
+    verdict = None if not roofs else ("mixed" if len(roofs) > 1 else f"{roofs.pop()}-bound")
+    return out, verdict
+
+
+def _class_evidence(r: dict[str, Any]) -> str:
+    parts = [
+        f"{_CLASS_LABELS[k]} {v['roof']}-bound ({fmt_pct(v['sol_share'])} of speed-of-light time)"
+        for k, v in r["classes"].items()
+        if v["sol_share"]
+    ]
+    text = "By operator class: " + ", ".join(parts)
+    if r["class_verdict"] == "mixed":
+        text += "; the classes disagree, so the phase is mixed: each class has its own lever"
+    return text + "."
 
 
 def _sum_costs(arrays: dict[str, np.ndarray[Any, Any]], weights: Any = None) -> dict[str, float]:
@@ -357,6 +422,13 @@ def _phases_from_steps(
         ]
         df = df[np.asarray(keep, dtype=bool)]
     out: dict[str, dict[str, Any]] = {}
+    ordered = df.sort_values("t_start", kind="stable")
+    starts = ordered["t_start"].to_numpy(dtype=np.float64)
+    ends = ordered["t_end"].to_numpy(dtype=np.float64)
+    gap_before = np.zeros(len(ordered))
+    if len(ordered) > 1:
+        gap_before[1:] = np.maximum(starts[1:] - np.maximum.accumulate(ends)[:-1], 0.0) * 1e-9
+    gap_by_kind = pd.Series(gap_before, index=ordered.index).groupby(ordered["kind"]).sum()
     for phase in PHASES:
         sub = df[df["kind"] == phase]
         if sub.empty:
@@ -382,7 +454,30 @@ def _phases_from_steps(
             overhead_threshold=threshold,
             energy=(energy or {}).get(phase),
         )
+        _add_gap_evidence(out[phase], float(gap_by_kind.get(phase, 0.0)))
     return out
+
+
+def _add_gap_evidence(r: dict[str, Any], gap_s: float) -> None:
+    """Time between steps (host scheduling, Python, or idle) next to time inside steps."""
+    inside = r["time_s"]
+    share = gap_s / (gap_s + inside) if gap_s + inside > 0 else None
+    r["gap_s"] = gap_s
+    r["gap_share"] = share
+    if r["verdict"] != "overhead-bound" or share is None:
+        return
+    if share >= 0.3:
+        where = (
+            f"{fmt_pct(share)} of its wall time is spent between steps (host scheduling and "
+            "Python between forward passes, or idle waiting): host overhead"
+        )
+    else:
+        where = (
+            f"only {fmt_pct(share)} of its wall time is between steps; the rest is inside the "
+            f"forward passes, at {fmt_pct(r['efficiency'])} of speed of light: slow kernels or "
+            "launch overhead inside the forward (a kernel trace would tell them apart)"
+        )
+    r["evidence"] += f" Host overhead vs slow kernels: {where}."
 
 
 # ---------------------------------------------------------------------- timeline estimate
@@ -734,7 +829,10 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
             mbu,
             achieved,
             fmt_pct(p["efficiency"]),
-            Text(p["verdict"], style=styles.get(p["verdict"], "")),
+            Text(
+                p["verdict"] + (" (mixed)" if p.get("class_verdict") == "mixed" else ""),
+                style=styles.get(p["verdict"], ""),
+            ),
         )
     src = c.get("source", "?")
     ceil = Text(
