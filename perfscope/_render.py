@@ -235,13 +235,19 @@ def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -
         "SLO att.",
     ):
         t.add_column(col, justify="left" if col in ("run", "status", "engine") else "right")
+    from perfscope.analysis.summary import contention_record
+
     for path, manifest, summary in rows:
         s = summary or {}
         lat = s.get("latency", {})
         status = str(manifest.get("status", "?"))
+        contended = (contention_record(manifest) or {}).get("contended")
         t.add_row(
             path.name,
-            Text(status, style="green" if status == "complete" else "red"),
+            Text(
+                status + (" ⚠ contended" if contended else ""),
+                style="green" if status == "complete" and not contended else "red",
+            ),
             str((manifest.get("engine") or {}).get("uri", "?")),
             str((s.get("counts") or {}).get("completed", "-")),
             _ms((lat.get("ttft") or {}).get("p50")),

@@ -227,3 +227,31 @@ def test_the_local_server_under_test_is_not_counted_as_another_process() -> None
     assert a["server_cpu_s"] > 0.2  # the spinning server, set apart (a busy machine gives less)
     # what the plain meter calls "others" includes the server; the other one leaves it out
     assert a["others_cpu_s"] <= b["others_cpu_s"] - 0.8 * a["server_cpu_s"]
+
+
+def test_contended_runs_are_marked_in_listings_and_grouped_sets_compare_as_sets(
+    stored_runs: list[Path],
+) -> None:
+    from perfscope.dashboard.compare import compare_tables, group_by_run_set
+    from perfscope.dashboard.data import contention_marker
+    from perfscope.dashboard.figures import RunTables
+
+    busy = {"host": {"contention": {"others_share": 0.6, "steal_share": 0.0}}}
+    quiet = {"host": {"contention": {"others_share": 0.02, "steal_share": 0.0}}}
+    short = {"host": {"contention": {"others_share": None, "too_short": True}}}
+    assert contention_marker(busy, None) == "⚠ contended 60%"
+    assert contention_marker(quiet, None) is None and contention_marker(short, None) is None
+    runs = [read_run(p) for p in stored_runs[:2]]
+    sums = [dict(r.summary or {}) for r in runs]
+    sums[0]["run_set"] = {"id": "s1-A", "label": "A"}
+    sums[1]["run_set"] = {"id": "s1-B", "label": "B"}
+    extra = dict(sums[0], run_id="again")
+    assert group_by_run_set([sums[0], sums[1], extra]) == [[0, 2], [1]]
+    tables = [
+        RunTables(s, r.requests, r.chunks, r.steps, r.telemetry)
+        for s, r in zip(sums, runs, strict=True)
+    ]
+    tables.append(RunTables(extra, runs[0].requests, runs[0].chunks, runs[0].steps, None))
+    result = compare_tables([tables[0], tables[1], tables[2]], ["a1", "b1", "a2"])
+    assert result["runs"] == [["a1", "a2"], ["b1"]]
+    assert not result["noise_known"]  # set B has a single run
