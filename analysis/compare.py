@@ -498,7 +498,8 @@ def compare_run_sets(
     if not noise_known:
         single = [lab for lab, g in zip(labels, sets, strict=True) if len(g) < 2]
         notes.append(
-            f"run-to-run noise unknown ({', '.join(single)}: a single run): ratios only, no "
+            f"run-to-run noise unknown ({', '.join(single)}: "
+            f"{'a single run' if len(single) == 1 else 'single runs'}): ratios only, no "
             "better/worse claims; repeat each configuration (perfscope run --repeat N) and "
             "compare the run sets"
         )
@@ -510,8 +511,9 @@ def compare_run_sets(
                 else str(h["run_id"])
                 for h in hits
             ]
+            who = "" if [h["run_id"] for h in hits] == [lab] else f"{lab}: "
             notes.append(
-                f"{lab}: other processes competed for the CPU during {', '.join(shares)}; "
+                f"{who}other processes competed for the CPU during {', '.join(shares)}; "
                 "its timings are likely inflated and the comparison is unreliable"
             )
     return {
