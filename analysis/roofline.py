@@ -845,10 +845,15 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
             else ""
         )
         + (
-            "; calibration spread "
+            "; calibration spread (IQR/2 of the trials) "
             + ", ".join(f"{k} ±{100 * v / 2:.1f}%" for k, v in c["spread"].items())
             if c.get("spread")
-            else ""
+            else (
+                "; calibration spread not recorded (an older calibration: 'perfscope hw "
+                "calibrate --force' measures it)"
+                if src == "calibrated"
+                else ""
+            )
         )
         + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
         f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
