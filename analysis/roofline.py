@@ -705,7 +705,10 @@ def roofline_section(
         "latency": {},
     }
     if model is None:
-        base["reason"] = "no model spec: pass --model (preset or config.json) to get a roofline"
+        base["reason"] = (
+            "no model spec: pass --model-spec PRESET|config.json|FOLDER to perfscope run or "
+            "sweep to get an estimated roofline"
+        )
         return base
     if device is None:
         base["reason"] = "no device: pass --hw KEY to get a roofline"
