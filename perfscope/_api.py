@@ -28,6 +28,7 @@ from perfscope.errors import EngineError, UsageError
 if TYPE_CHECKING:
     from perfscope._run import Run
     from perfscope._runner import ProgressHook, RunOptions, RunOutcome
+    from perfscope.analysis.modelspec import ModelSpec
     from perfscope.profiler.engines.base import Engine, EngineOptions
 
 __all__ = [
@@ -98,6 +99,9 @@ class RunArgs:
     name: str | None = None
     command: Sequence[str] | None = None
     ray: str | None = None
+    #: The model an engine that reports none (HTTP, python) serves: a preset name, a
+    #: ``config.json`` or its folder, a ModelSpec or its dict; gives an estimated roofline.
+    model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     #: Requests when ``requests`` is None and nothing else sizes the workload.
     default_requests: int = DEFAULT_REQUESTS
@@ -305,6 +309,44 @@ def _dataset_fields(a: RunArgs, uri: str) -> dict[str, Any]:
     }
 
 
+def _model_spec(a: RunArgs) -> dict[str, Any] | None:
+    """``model_spec`` resolved to a ModelSpec dict marked as given by the user
+    (``source``, ``estimated``, ``method``); ``None`` when not given."""
+    from perfscope.analysis.modelspec import ModelSpec
+
+    given = a.model_spec
+    if given is None or given == "":
+        return None
+    if isinstance(given, ModelSpec):
+        spec, source = given, f"{a.arg('model_spec')} {given.name}"
+    elif isinstance(given, Mapping):
+        try:
+            spec = ModelSpec.from_dict(dict(given))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{a.arg('model_spec')}: not a model spec ({exc})") from None
+        source = f"{a.arg('model_spec')} (a dict)"
+    elif isinstance(given, str | Path):
+        try:
+            spec = ModelSpec.resolve(str(given))
+        except UsageError as exc:
+            raise UsageError(f"{a.arg('model_spec')} {given}: {exc}") from None
+        source = f"{a.arg('model_spec')} {given}"
+    else:
+        raise UsageError(
+            f"{a.arg('model_spec')} must be a preset name, a config.json path or a ModelSpec, "
+            f"got {type(given).__name__}"
+        )
+    out: dict[str, Any] = dict(spec.to_dict())
+    out["source"] = source
+    out["estimated"] = True
+    out["method"] = (
+        f"model shape from {a.arg('model_spec')}; FLOPs and bytes from perfscope's analytic "
+        "cost model; for engines without steps, phase times estimated from the request "
+        "timeline"
+    )
+    return out
+
+
 # --------------------------------------------------------------------------- plan
 
 
@@ -388,6 +430,7 @@ def plan(a: RunArgs) -> RunPlan:
         nvtx=a.nvtx,
         command=list(a.command) if a.command is not None else None,
         ray=a.ray,
+        model_spec=_model_spec(a),
     )
     return RunPlan(options, factory)
 
@@ -445,6 +488,7 @@ def run(
     name: str | None = None,
     command: Sequence[str] | None = None,
     ray: str | None = None,
+    model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None,
     progress: ProgressHook | None = None,
     **engine_options: Any,
 ) -> Run:
@@ -511,6 +555,10 @@ def run(
         command: the command line recorded in the manifest (default: ``sys.argv``).
         ray: generate the load from Ray actors (``"local:4"``, a cluster address, or
             ``"auto"``); per-request engines only (``openai:``, ``python:``).
+        model_spec: the model an engine that reports none (``openai:``, ``python:``)
+            serves: a preset (``"llama-3-8b"``), a Hugging Face ``config.json`` or its
+            folder, or a :class:`ModelSpec`; the run then gets an estimated roofline (an
+            engine that reports its own model keeps it).
         progress: receives ``on_start(total)``, ``on_request_done(id)``, ``on_end()``.
         **engine_options: engine-specific options (``--engine-opt KEY=VALUE``; for
             ``openai:`` e.g. ``model``, ``api_key``, ``endpoint``, ``max_tokens``,
@@ -564,6 +612,7 @@ def run(
         name=name,
         command=command,
         ray=ray,
+        model_spec=model_spec,
         engine_options=engine_options,
     )
     return run_with(args, progress)

@@ -119,11 +119,17 @@ def _advice_view(summary: Summary) -> RenderableType | None:
     t.add_column("why")
     for item in summary.advice:
         gain = item.projected_gain
+        value, low = gain.value, gain.low
+        shown = (
+            f"{format_number(low)}–{format_number(value)}"
+            if value is not None and low is not None and low < value
+            else format_number(value)
+        )
         t.add_row(
             str(item.rank),
             item.technique,
-            f"{format_number(gain.value)} {gain.unit}" if gain.value is not None else "-",
-            item.why,
+            f"{shown} {gain.unit}" if value is not None else "-",
+            item.why + (f" ({item.assumptions})" if item.assumptions else ""),
         )
     return t
 
@@ -133,7 +139,8 @@ def _projections_view(summary: Summary) -> RenderableType | None:
         return None
     return predictions_table(
         [p.to_dict() for p in summary.projections],
-        title="This workload on other devices (derated by this run's efficiency)",
+        title="This workload on other devices (each device's speed of light at a stated "
+        "efficiency; TTFT/TPOT ranges: compiled engine – eager PyTorch)",
     )
 
 
@@ -152,14 +159,20 @@ def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
     for col in ("run", "status", "engine", "requests"):
         t.add_column(col, justify="left" if col in ("run", "status", "engine") else "right")
+    from perfscope.analysis.summary import contention_record
+
     for name in names:
         t.add_column(metric(name).label, justify="right")
     for path, manifest, raw in rows:
         s = as_summary(raw)
         status = str(manifest.get("status", "?"))
+        contended = (contention_record(manifest) or {}).get("contended")
         t.add_row(
             path.name,
-            Text(status, style="green" if status == "complete" else "red"),
+            Text(
+                status + (" ⚠ contended" if contended else ""),
+                style="green" if status == "complete" and not contended else "red",
+            ),
             str((manifest.get("engine") or {}).get("uri", "?")),
             format_count(s.counts.completed) if raw else "-",
             *(metric(n).format(metric(n).value(s)) if raw else "-" for n in names),

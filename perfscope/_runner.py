@@ -23,7 +23,7 @@ from perfscope.errors import PerfscopeError
 from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
-from perfscope.profiler.contention import ContentionMeter
+from perfscope.profiler.contention import ContentionMeter, local_server_ports
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
 from perfscope.profiler.recorder import Recorder
@@ -62,6 +62,11 @@ class RunOptions:
         command: the command line, for the manifest.
         ray: spread load generation over Ray actors (``local:N``, a cluster address, or
             ``auto``); ``None`` = this process alone.
+        run_set: the run set this run belongs to (``perfscope run --repeat``): ``id``,
+            ``label``, ``index``, ``repeat``; stored in the manifest and the summary.
+        model_spec: the model to analyse an engine that reports none (HTTP, python
+            engines) against: a :class:`~perfscope.analysis.modelspec.ModelSpec` dict with
+            ``estimated`` and ``method`` saying where it came from.
     """
 
     engine: str = "reference"
@@ -76,6 +81,8 @@ class RunOptions:
     nvtx: bool | None = None
     command: list[str] | None = None
     ray: str | None = None
+    run_set: dict[str, Any] | None = None
+    model_spec: dict[str, Any] | None = None
 
 
 @dataclass
@@ -248,6 +255,15 @@ def execute_run(
         "host": host_info(),
         "errors": [],
     }
+    if opts.run_set is not None:
+        manifest["run_set"] = dict(opts.run_set)
+    if opts.model_spec is not None:
+        given = dict(opts.model_spec)
+        if manifest["engine"].get("model"):
+            given["note"] = "the engine reported its own model; that one is used"
+        else:
+            manifest["engine"]["model"] = given
+        manifest["model_spec"] = given
     write_json_atomic(run_dir / "manifest.json", manifest)
 
     recorder = Recorder(clock)
@@ -255,7 +271,7 @@ def execute_run(
     inbox = Inbox()
     driver = Driver(specs, opts.load, inbox, recorder)
     status, error = "complete", None
-    contention = ContentionMeter().start()
+    contention = ContentionMeter(exclude_ports=local_server_ports(opts.engine)).start()
     progress.on_start(len(specs))
     distributed = None
     try:

@@ -44,6 +44,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("mbu_pct", "MBU % (decode)", "numeric"),
     ("j_per_token", "J/token", "numeric"),
     ("sweep", "sweep", "text"),
+    ("contention", "CPU contention", "text"),
 )
 
 
