@@ -470,7 +470,8 @@ def format_count(x: Any) -> str:
 def format_duration_short(seconds: float) -> str:
     """SLO-style compact duration: ``0.2`` → ``200ms``, ``1.5`` → ``1.5s``."""
     text = format_seconds(seconds, digits=4)
-    return text.replace(" ", "")
+    # Compact and readable back by parse_duration: no spaces, no thousands separators.
+    return text.replace(" ", "").replace(",", "")
 
 
 def format_value(value: Any, kind: Kind, *, unit: str = "") -> str:
@@ -593,6 +594,8 @@ def parse_quantity(
         raise UsageError(f"cannot read {text!r}: write a number with a unit, e.g. 200ms, 8 GB")
     value = float(m.group(1))
     written = m.group(2)
+    if not math.isfinite(value):
+        raise UsageError(f"{text.strip()!r} is too large to be a limit or a measurement")
     if written is None:
         return value, kind
     found = UNITS.get(written.lower())
@@ -608,6 +611,8 @@ def parse_quantity(
     noun = _RATE_NOUNS.get(written.lower())
     if unit_kind == "rate" and unit and noun and noun != unit:
         raise UsageError(f"{text!r} is in {noun}, this metric is in {unit}")
+    if not math.isfinite(value * factor):
+        raise UsageError(f"{text.strip()!r} is too large to be a limit or a measurement")
     return value * factor, unit_kind
 
 

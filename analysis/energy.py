@@ -171,14 +171,11 @@ def _merge_windows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
         return a, b
     order = np.argsort(a, kind="stable")
     a, b = a[order], b[order]
-    starts, ends = [a[0]], [b[0]]
-    for s, e in zip(a[1:], b[1:], strict=True):
-        if s <= ends[-1]:
-            ends[-1] = max(ends[-1], e)
-        else:
-            starts.append(s)
-            ends.append(e)
-    return np.array(starts), np.array(ends)
+    run_end = np.maximum.accumulate(b)
+    # A window starts a new block where it begins after every earlier window has ended.
+    new = np.concatenate(([True], a[1:] > run_end[:-1]))
+    first = np.flatnonzero(new)
+    return a[first], np.maximum.reduceat(b, first)
 
 
 def _covered(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -298,37 +295,52 @@ def _step_phases(
 
 
 def _split_steps_to_requests(st: pd.DataFrame, requests: pd.DataFrame | None) -> dict[int, float]:
-    """Each step's energy split among its requests by tokens processed in the step."""
+    """Each step's energy split among its requests by tokens processed in the step.
+
+    Prefill steps split by prompt length (at least 1 per request), other steps equally.
+    """
     if "request_ids" not in st.columns or len(st) == 0:
         return {}
-    prompt: dict[int, float] = {}
-    if requests is not None and len(requests) and "prompt_tokens" in requests.columns:
-        prompt = dict(
-            zip(
-                requests["request_id"].astype(int),
-                pd.to_numeric(requests["prompt_tokens"], errors="coerce").fillna(1.0),
-                strict=True,
-            )
+    lists = [np.asarray(x if x is not None else [], dtype=np.int64) for x in st["request_ids"]]
+    counts = np.array([len(x) for x in lists], dtype=np.int64)
+    if counts.sum() == 0:
+        return {}
+    ids = np.concatenate(lists)
+    step = np.repeat(np.arange(len(lists)), counts)
+    w = np.ones(len(ids), dtype=np.float64)
+    is_prefill = (st["kind"].to_numpy(dtype=object) == "prefill")[step]
+    if (
+        is_prefill.any()
+        and requests is not None
+        and len(requests)
+        and "prompt_tokens" in requests.columns
+    ):
+        prompt = pd.Series(
+            pd.to_numeric(requests["prompt_tokens"], errors="coerce").fillna(1.0).to_numpy(),
+            index=requests["request_id"].astype(int).to_numpy(),
         )
-    out: dict[int, float] = {}
-    for kind, ids, e in zip(st["kind"], st["request_ids"], st["_e"], strict=True):
-        ids_list = [int(i) for i in (ids if ids is not None else [])]
-        if not ids_list:
-            continue
-        if kind == "prefill":
-            w = np.array([max(prompt.get(i, 1.0), 1.0) for i in ids_list], dtype=np.float64)
-        else:
-            w = np.ones(len(ids_list))
-        w = w / w.sum()
-        for i, share in zip(ids_list, w, strict=True):
-            out[i] = out.get(i, 0.0) + float(e) * float(share)
-    return out
+        prompt = prompt[~prompt.index.duplicated(keep="last")]
+        looked_up = prompt.reindex(ids[is_prefill]).fillna(1.0).to_numpy(dtype=np.float64)
+        w[is_prefill] = np.maximum(looked_up, 1.0)
+    w_sum = np.bincount(step, weights=w, minlength=len(lists))
+    energy = st["_e"].to_numpy(dtype=np.float64)
+    share = energy[step] * (w / w_sum[step])
+    uniq, inv = np.unique(ids, return_inverse=True)
+    total = np.bincount(inv, weights=share, minlength=len(uniq))
+    return {int(i): float(v) for i, v in zip(uniq, total, strict=True)}
 
 
 def _split_concurrency(
     requests: pd.DataFrame, curves: dict[str, EnergyCurve], w0: float, w1: float
 ) -> tuple[dict[int, float], dict[str, float]]:
-    """Energy of each moment split equally among requests in flight; phase by first token."""
+    """Energy of each moment split equally among requests in flight; phase by first token.
+
+    The window is cut at every send, first-token and last-token time. Within one piece the set
+    of requests in flight is fixed: those with ``sent <= piece < last``, in prefill while the
+    piece lies before their first token. A piece's share (its energy over the number in
+    flight) is summed into a running total, so a request's energy is the difference of that
+    total between its last-token and send pieces: O(n log n) in the number of requests.
+    """
     req = requests.dropna(subset=["t_sent", "t_last_token"])
     if len(req) == 0:
         return {}, {}
@@ -338,22 +350,25 @@ def _split_concurrency(
     f = np.where(np.isnan(f), s, f)
     e_ = np.clip(_col(req, "t_last_token"), w0, w1)
     bounds = np.unique(np.concatenate((s, f, e_, [w0, w1])))
-    a, b = bounds[:-1], bounds[1:]
-    energy = _energy_between(curves, a, b)
-    per_req = np.zeros(len(ids))
-    phase = {"prefill": 0.0, "decode": 0.0, "idle": 0.0}
-    block = 2048
-    for k in range(0, len(a), block):
-        aa, bb, ee = a[k : k + block], b[k : k + block], energy[k : k + block]
-        mid = (aa + bb) / 2
-        active = (s[None, :] <= mid[:, None]) & (e_[None, :] >= mid[:, None])
-        n = active.sum(axis=1)
-        share = np.where(n > 0, ee / np.maximum(n, 1), 0.0)
-        per_req += (active * share[:, None]).sum(axis=0)
-        pre = active & (mid[:, None] < f[None, :])
-        phase["prefill"] += float((pre * share[:, None]).sum())
-        phase["decode"] += float(((active & ~pre) * share[:, None]).sum())
-        phase["idle"] += float(ee[n == 0].sum())
+    energy = _energy_between(curves, bounds[:-1], bounds[1:])
+    # Piece k is (bounds[k], bounds[k+1]); a request spans pieces js..je-1 (none if it ends
+    # before it starts), and is in prefill over js..min(jf, je)-1.
+    js = np.searchsorted(bounds, s)
+    je = np.maximum(np.searchsorted(bounds, e_), js)
+    jf = np.clip(np.searchsorted(bounds, f), js, je)
+    delta = np.zeros(len(bounds), dtype=np.int64)
+    np.add.at(delta, js, 1)
+    np.add.at(delta, je, -1)
+    n = np.cumsum(delta)[:-1]
+    share = np.where(n > 0, energy / np.maximum(n, 1), 0.0)
+    cum = np.concatenate(([0.0], np.cumsum(share)))
+    per_req = cum[je] - cum[js]
+    pre = cum[jf] - cum[js]
+    phase = {
+        "prefill": float(pre.sum()),
+        "decode": float((per_req - pre).sum()),
+        "idle": float(energy[n == 0].sum()),
+    }
     return {int(i): float(v) for i, v in zip(ids, per_req, strict=True)}, phase
 
 

@@ -86,13 +86,21 @@ def per_request(requests: pd.DataFrame) -> pd.DataFrame:
 def itl_gaps(chunks: pd.DataFrame, request_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Gaps between consecutive chunks of the given requests, pooled (seconds), and each
     gap divided by the later chunk's token count."""
-    c = chunks[chunks["request_id"].isin(request_ids)]
-    if c.empty:
+    rid = chunks["request_id"].to_numpy(dtype=np.int64)
+    keep = np.isin(rid, np.asarray(request_ids, dtype=np.int64))
+    if not keep.any():
         return np.empty(0), np.empty(0)
-    c = c.sort_values(["request_id", "t"], kind="stable")
-    rid = c["request_id"].to_numpy()
-    t = c["t"].to_numpy(dtype=np.int64)
-    ntok = c["n_tokens"].to_numpy(dtype=float)
+    rid = rid[keep]
+    t = chunks["t"].to_numpy(dtype=np.int64)[keep]
+    ntok = chunks["n_tokens"].to_numpy(dtype=float)[keep]
+    # By request, then time; chunks with the same timestamp in their streamed order, so the
+    # result does not depend on the order of the rows.
+    if "index" in chunks.columns:
+        index = chunks["index"].to_numpy(dtype=np.int64)[keep]
+        order = np.lexsort((index, t, rid))
+    else:
+        order = np.lexsort((t, rid))
+    rid, t, ntok = rid[order], t[order], ntok[order]
     same = rid[1:] == rid[:-1]
     gaps = (t[1:] - t[:-1])[same] * _NS
     per_tok = gaps / np.maximum(ntok[1:][same], 1)

@@ -7,7 +7,8 @@
 3. ``hardware``: the device the run is analysed against,
 4. ``energy``: the telemetry join,
 5. ``roofline``: per phase, with the energy of each phase,
-6. ``advice`` and ``projections`` (only with a roofline, a model and a device).
+6. ``advice`` and ``projections`` (only with a roofline, a model and a device),
+7. ``server_metrics``: the server's own metrics for the run, when they were scraped.
 
 It is a pure function of the run's records and the analysis inputs (SLOs, device): it reads
 and writes no file, so ``perfscope analyze`` reproduces a run's numbers exactly and can re-derive
@@ -22,10 +23,12 @@ from typing import Any, Protocol
 import pandas as pd
 
 from perfscope.analysis.advisor import advise
+from perfscope.analysis.catalogue import value_at
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.metrics import per_request
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import roofline_section
+from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.summary import Summary, build_summary
 from perfscope.analysis.whatif import project_run
 from perfscope.hwdb import HardwareDatabase, load_database, resolve_hardware
@@ -85,6 +88,7 @@ def analyze(
     slos: Mapping[str, float] | None = None,
     device: str | DeviceSpec | None = None,
     database: HardwareDatabase | None = None,
+    server_metrics: pd.DataFrame | None = None,
 ) -> Summary:
     """The summary of ``stored_run``.
 
@@ -95,6 +99,8 @@ def analyze(
         device: the device to analyse against: anything the hardware lookup accepts, or a
             :class:`DeviceSpec`; ``None`` keeps the device recorded in the manifest.
         database: an already loaded hardware database (else loaded once, when needed).
+        server_metrics: the run's ``server_metrics.parquet`` rows (the server's own
+            Prometheus metrics), when it has them; they add the ``server_metrics`` section.
 
     Raises:
         UnknownDeviceError: ``device`` names no known device.
@@ -141,7 +147,7 @@ def analyze(
         projections = project_run(
             roofline, model, workload, targets, measured_on=measured_on or spec.key
         )
-    return build_summary(
+    summary = build_summary(
         stored_run.manifest,
         stored_run.requests,
         stored_run.chunks,
@@ -156,3 +162,15 @@ def analyze(
             "projections": projections,
         },
     )
+    info = stored_run.manifest.get("server_metrics")
+    if server_metrics is None and not info:
+        return summary
+    section = server_metrics_section(
+        server_metrics if server_metrics is not None else pd.DataFrame(),
+        dict(info or {}),
+        client_ttft_mean_s=value_at(summary, "latency.ttft.mean"),
+        client_tpot_mean_s=value_at(summary, "latency.tpot.mean"),
+        model=model,
+        requests=stored_run.requests,
+    )
+    return Summary.from_dict({**summary.to_dict(), "server_metrics": section})

@@ -389,11 +389,15 @@ def _phases_from_steps(
     warm = _warmup_ids(requests)
     df = steps
     if warm and "request_ids" in df:
-        keep = [
-            not (len(list(ids)) > 0 and all(int(i) in warm for i in ids))
-            for ids in df["request_ids"]
-        ]
-        df = df[np.asarray(keep, dtype=bool)]
+        # Drop steps that served warmup requests only.
+        lists = [np.asarray(x if x is not None else [], dtype=np.int64) for x in df["request_ids"]]
+        counts = np.array([len(x) for x in lists], dtype=np.int64)
+        flat = np.concatenate(lists) if counts.sum() else np.empty(0, dtype=np.int64)
+        cold = ~np.isin(flat, np.fromiter(warm, dtype=np.int64, count=len(warm)))
+        n_cold = np.bincount(np.repeat(np.arange(len(lists)), counts), cold, len(lists))
+        df = df[(counts == 0) | (n_cold > 0)]
+    # Only the numeric columns travel through the per-phase filters (not the id lists).
+    df = df[["kind", "batch_size", "new_tokens", "context_tokens", "t_start", "t_end"]]
     out: dict[str, dict[str, Any]] = {}
     ordered = df.sort_values("t_start", kind="stable")
     starts = ordered["t_start"].to_numpy(dtype=np.float64)
@@ -460,16 +464,12 @@ def _union_length(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> f
     """Total length covered by intervals [start, end) (any units)."""
     if len(starts) == 0:
         return 0.0
-    order = np.argsort(starts)
+    order = np.argsort(starts, kind="stable")
     s, e = starts[order], ends[order]
-    total, cur_s, cur_e = 0.0, float(s[0]), float(e[0])
-    for a, b in zip(s[1:], e[1:], strict=True):
-        if a > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = float(a), float(b)
-        else:
-            cur_e = max(cur_e, float(b))
-    return total + cur_e - cur_s
+    run_end = np.maximum.accumulate(e)
+    # A block starts where an interval begins after every earlier one has ended.
+    first = np.flatnonzero(np.concatenate(([True], s[1:] > run_end[:-1])))
+    return float(np.sum(np.maximum.reduceat(e, first) - s[first]))
 
 
 def _completed(requests: pd.DataFrame) -> pd.DataFrame:

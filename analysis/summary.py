@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from perfscope.analysis._record import Record
+from perfscope.analysis.catalogue import format_seconds
 from perfscope.analysis.metrics import compute_metrics
 from perfscope.hwdb.spec import DeviceSpec
 
@@ -661,7 +662,8 @@ def contention_record(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
     """Conditions that make this run's numbers less trustworthy, as sentences."""
-    out: list[str] = []
+    # Recorded at capture (counts beyond max_tokens, a crashed run read back, ...).
+    out: list[str] = [w for w in manifest.get("warnings") or [] if isinstance(w, str)]
     host = manifest.get("host") or {}
     c = host.get("contention") or {}
     others, steal = c.get("others_share"), c.get("steal_share")
@@ -683,6 +685,43 @@ def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
             f"the hypervisor took {steal:.0%} of the CPU capacity (steal time) during the run"
         )
     out.extend(_client_warnings(manifest))
+    out.extend(_distributed_warnings(manifest))
+    return out
+
+
+def _distributed_warnings(manifest: Mapping[str, Any]) -> list[str]:
+    """A ``--ray`` run: lost load actors (the run is partial), actors that were saturated, and
+    the clock alignment below which no latency difference can be claimed."""
+    dist = manifest.get("distributed")
+    if not isinstance(dist, Mapping):
+        return []
+    out: list[str] = []
+    actors = [a for a in dist.get("actors") or [] if isinstance(a, Mapping)]
+    lost = [a for a in actors if a.get("lost")]
+    if lost:
+        out.append(
+            f"partial run: {len(lost)} of {len(actors)} load actors were lost "
+            f"({'; '.join(str(a['lost']) for a in lost)}); their unfinished requests are "
+            "recorded as failed"
+        )
+    unc = dist.get("clock_uncertainty_ns")
+    if isinstance(unc, int | float) and unc > 0:
+        out.append(
+            f"records of {len(actors)} load actors were aligned to the driver's clock within "
+            f"±{format_seconds(unc / 1e9)}: latency differences smaller than that are not "
+            "resolvable in this run"
+        )
+    lagging = [
+        a
+        for a in actors
+        if isinstance(a.get("send_lag_p99_s"), int | float) and a["send_lag_p99_s"] > 0.005
+    ]
+    if lagging:
+        worst = max(float(a["send_lag_p99_s"]) for a in lagging)
+        out.append(
+            f"{len(lagging)} load actor(s) sent late (send lag p99 up to "
+            f"{format_seconds(worst)}): they were saturated; use more actors or fewer streams"
+        )
     return out
 
 

@@ -6,7 +6,10 @@ Measures, side by side in one process:
    empty loop of the same length (ns per call, median of repeats);
 2. the same call from 8 threads at once (GIL contention, as with concurrent requests);
 3. a ``python:`` engine streaming N tokens with no sleeps: perfscope's end-to-end cost per
-   token through driver, inbox, worker thread and recorder.
+   token through driver, inbox, worker thread and recorder (``--long`` also runs one long
+   enough for the segment flusher to run many times, every 0.5 s, beside the engine);
+4. what one segment flush costs the flusher's thread (the GIL it holds meanwhile) per 10 000
+   new chunks.
 
 Run:  python benchmarks/recorder_overhead.py [--chunks 200000] [--repeats 7]
 """
@@ -102,10 +105,30 @@ def _end_to_end_us_per_token(tokens_per_request: int, requests: int) -> float:
     return float(window / streamed * 1e6)
 
 
+def _flush_ms_per_10k(n: int, repeats: int) -> float:
+    from perfscope.profiler.segments import SegmentFlusher
+
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        rec = Recorder(MonotonicClock())
+        flusher = SegmentFlusher(Path(d), rec)
+        for r in range(repeats):
+            h = rec.add_request(RequestSpec(r, 1, n))
+            for _ in range(n):
+                h.tokens(1)
+            h.finish()
+            t0 = time.perf_counter_ns()
+            flusher.flush()
+            out.append((time.perf_counter_ns() - t0) / 1e6 * 10_000 / n)
+        flusher.close()
+    return statistics.median(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--chunks", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--long", action="store_true", help="also a ~3 s end-to-end run")
     args = ap.parse_args()
     empty, record = _per_call_ns(args.chunks, args.repeats)
     print(
@@ -118,6 +141,11 @@ def main() -> None:
         f"python: engine end to end: {us:.2f} us per streamed token "
         f"(driver + worker thread + recorder; the engine itself does nothing)"
     )
+    if args.long:
+        us = _end_to_end_us_per_token(20_000, 100)
+        print(f"python: engine end to end, long run: {us:.2f} us per streamed token")
+    ms = _flush_ms_per_10k(100_000, args.repeats)
+    print(f"segment flush: {ms:.2f} ms of the flusher's thread per 10 000 new chunks")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,16 @@ into the next.
 Security: the server binds 127.0.0.1 unless told otherwise (:func:`serve` warns for any
 other address), runs without debug mode, and takes run ids from URLs only after
 :func:`perfscope.dashboard.data.validate_run_id`; a bad id gets a 400/404 response from
-the server before any page is built.
+the server before any page is built. Requests whose ``Host`` header names anything but a
+loopback name or the bound address are refused (403), so a DNS-rebinding page in the
+user's browser cannot read the runs. Every file read is resolved inside the runs root
+(:mod:`perfscope.dashboard.data`), and a callback that fails answers with a message in the
+page, never a 500.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 from collections.abc import Sequence
@@ -35,13 +40,23 @@ from perfscope.dashboard.pages import PAGES
 from perfscope.dashboard.pages._common import DashboardContext, Page, PageRequest, error_box
 from perfscope.errors import PerfscopeError, RunNotFoundError, UsageError
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "create_app", "is_loopback", "serve"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "allow_host",
+    "create_app",
+    "host_allowed",
+    "is_loopback",
+    "serve",
+]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
 
 _log = logging.getLogger("perfscope.dashboard")
 _API_ENDPOINTS = frozenset({"perfscope_api_runs", "perfscope_api_summary"})
+#: ``app.server.config`` key of the set of extra host names the server answers to.
+_ALLOWED_HOSTS = "PERFSCOPE_ALLOWED_HOSTS"
 
 _NAV_STYLE: dict[str, Any] = {
     "display": "flex",
@@ -93,6 +108,11 @@ def _guard_requests(server: Flask, dctx: DashboardContext) -> None:
             abort(404, description="no such run")
 
     @server.before_request
+    def _check_host() -> None:
+        if not host_allowed(request.host, server.config[_ALLOWED_HOSTS]):
+            abort(403, description="this dashboard answers only to localhost and its address")
+
+    @server.before_request
     def _validate_run_urls() -> None:
         path = request.path
         if ".." in path.split("/") or "\\" in path or "\x00" in path:
@@ -130,6 +150,7 @@ def create_app(
     poll_interval_s: float = 2.0,
     hwdb_dirs: Sequence[Path | str] = (),
     max_loaded_runs: int = 6,
+    allowed_hosts: Sequence[str] = (),
 ) -> dash.Dash:
     """A new dashboard app over ``runs_dir``.
 
@@ -138,6 +159,8 @@ def create_app(
         poll_interval_s: how often the runs page rescans the folder, in seconds.
         hwdb_dirs: user overlay directories for the hardware database.
         max_loaded_runs: runs whose tables stay in memory (least recently used go first).
+        allowed_hosts: host names or addresses the server answers to besides the loopback
+            names (:func:`serve` adds the address it binds).
 
     Returns:
         The Dash app; ``app.server`` is its Flask (WSGI) app. Serve it with :func:`serve`.
@@ -158,7 +181,11 @@ def create_app(
         suppress_callback_exceptions=True,
         serve_locally=True,
         include_assets_files=False,
+        on_error=_callback_error,
     )
+    app.server.config[_ALLOWED_HOSTS] = set()
+    for h in allowed_hosts:
+        allow_host(app, h)
     pages = list(PAGES)
     app.layout = html.Div(
         [
@@ -198,6 +225,59 @@ def create_app(
     return app
 
 
+def _callback_error(exc: Exception) -> Any:
+    """A failed callback answers with a message where it fills a container, and leaves
+    every other output as it was (instead of Dash's 500)."""
+    if isinstance(exc, PerfscopeError):
+        text = str(exc)
+    else:
+        _log.error("callback failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        text = f"this view failed ({type(exc).__name__}); the server log has the details"
+    outputs = dash.callback_context.outputs_list
+    if isinstance(outputs, dict):
+        return error_box(text) if outputs.get("property") == "children" else dash.no_update
+    return [
+        error_box(text)
+        if isinstance(o, dict) and o.get("property") == "children"
+        else dash.no_update
+        for o in outputs
+    ]
+
+
+def _host_name(header: str) -> str:
+    """The name in a ``Host`` header, without port, brackets or a trailing dot, lowercased."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        h = h[1 : h.find("]")] if "]" in h else h[1:]
+    elif h.count(":") == 1:
+        h = h.rsplit(":", 1)[0]
+    return h.rstrip(".")
+
+
+def host_allowed(header: str, extra: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Whether a request's ``Host`` header names this server: a loopback name or address,
+    or one of ``extra`` (the bound address and names given to :func:`allow_host`)."""
+    name = _host_name(header)
+    return bool(name) and (is_loopback(name) or name in extra)
+
+
+def allow_host(app: dash.Dash, host: str) -> None:
+    """Let ``app`` answer requests whose ``Host`` is ``host``. A wildcard bind address
+    (``0.0.0.0``, ``::``) allows this machine's name and addresses instead."""
+    allowed: set[str] = app.server.config.setdefault(_ALLOWED_HOSTS, set())
+    name = _host_name(host)
+    if name in ("0.0.0.0", "::", ""):
+        import socket
+
+        names = {socket.gethostname(), socket.getfqdn()}
+        for n in list(names):
+            with contextlib.suppress(OSError):
+                names.update(str(a[4][0]) for a in socket.getaddrinfo(n, None))
+        allowed.update(_host_name(n) for n in names if n)
+    else:
+        allowed.add(name)
+
+
 def is_loopback(host: str) -> bool:
     """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
     if host == "localhost":
@@ -212,6 +292,7 @@ def serve(app: dash.Dash, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) ->
     """Run the app's development server in this thread, debug off (blocks).
 
     ``host`` is always passed explicitly, so a stray ``HOST`` environment variable never
-    rebinds the server.
+    rebinds the server. ``host`` is added to the names the server answers to.
     """
+    allow_host(app, host)
     app.run(host=host, port=port, debug=False, use_reloader=False)

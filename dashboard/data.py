@@ -12,9 +12,14 @@ process never share state.
   reason; a run still being written, interrupted, failed or not yet analysed is
   ``state="partial"``. Nothing here raises for a bad run directory while listing.
 
-Run ids come from URLs: :func:`validate_run_id` accepts only a plain directory name
-directly under the runs directory (no separators, no ``..``, no absolute paths, no
-symlink leading elsewhere).
+Run ids come from URLs: :func:`validate_run_id` (the run store's, re-exported here)
+accepts only a plain directory name directly under the runs directory (no separators, no
+``..``, no absolute paths, no symlink leading elsewhere). Every file read from a run (manifest,
+summary, tables) is resolved first and refused when it lies outside the runs root
+(:func:`inside_root`), so a ``summary.json`` that is a symlink to ``/etc/passwd`` or another
+user's file is never served. A row's state comes from the run store's
+:func:`~perfscope.profiler.store.inspect_run`, so a crashed run (its process gone) and a
+malformed one read the same here as in ``perfscope ls``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,14 @@ import pandas as pd
 
 from perfscope.analysis.catalogue import value_at
 from perfscope.dashboard._fmt import finite
-from perfscope.errors import PerfscopeError, RunNotFoundError, UsageError
+from perfscope.errors import PerfscopeError, RunNotFoundError
+from perfscope.profiler.store import (
+    RESERVED_DIRS,
+    RUN_ID_PATTERN,
+    InvalidRunIdError,
+    inspect_run,
+    validate_run_id,
+)
 
 __all__ = [
     "RESERVED_DIRS",
@@ -42,50 +54,39 @@ __all__ = [
     "LoadedRun",
     "RunRepository",
     "RunRow",
+    "inside_root",
     "per_request_frame",
     "validate_run_id",
 ]
 
-#: A run id is one directory name: starts with a letter or digit, then letters, digits,
-#: ``.``, ``_`` or ``-`` (what ``profiler.store.new_run_dir`` creates, and nothing that
-#: could climb out of the runs directory).
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-
-_STAMP = re.compile(r"\d{8}-\d{6}")
-
-#: Folders under the runs root that are not runs (``perfscope sweep`` writes its summaries
-#: to ``sweeps/``).
-RESERVED_DIRS = frozenset({"sweeps"})
-
 #: Parquet files of a run directory (for change detection).
 _TABLE_FILES = ("requests", "chunks", "steps", "telemetry")
 
-
-class InvalidRunIdError(UsageError):
-    """A run id that is not a plain directory name under the runs directory."""
+_STAMP = re.compile(r"\d{8}-\d{6}")
 
 
-def validate_run_id(runs_dir: Path, run_id: object) -> Path:
-    """The run directory ``runs_dir/run_id``, after checking ``run_id`` is safe.
+def inside_root(root: Path, path: Path) -> bool:
+    """Whether ``path``, with every symlink resolved, lies inside ``root`` (resolved).
 
-    Raises:
-        InvalidRunIdError: ``run_id`` is not a string matching :data:`RUN_ID_PATTERN`
-            (so it holds no ``/``, ``\\``, ``..`` or absolute path), or it resolves
-            (through a symlink) outside ``runs_dir``.
-        RunNotFoundError: it is well-formed but no such directory exists.
+    A path that does not exist is inside when its resolved location is.
     """
-    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
-        shown = repr(run_id)[:80]
-        raise InvalidRunIdError(
-            f"invalid run id {shown}: a run id is a directory name under the runs directory"
-        )
-    root = runs_dir.resolve()
-    path = runs_dir / run_id
-    if not path.is_dir():
-        raise RunNotFoundError(f"no run {run_id!r} in {str(runs_dir)!r}")
-    if path.resolve().parent != root:
-        raise InvalidRunIdError(f"run id {run_id!r} points outside the runs directory")
-    return path
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # unreadable, or a symlink loop
+        return False
+
+
+def _check_run_files(root: Path, path: Path) -> None:
+    """Refuse a run whose directory or any of its files resolves outside ``root``."""
+    names = ("manifest.json", "summary.json", *(f"{t}.parquet" for t in _TABLE_FILES))
+    if not inside_root(root, path):
+        raise InvalidRunIdError(f"run {path.name!r} points outside the runs directory")
+    for name in names:
+        f = path / name
+        if (f.is_symlink() or f.exists()) and not inside_root(root, f):
+            raise InvalidRunIdError(
+                f"run {path.name!r}: {name} points outside the runs directory; not read"
+            )
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,10 @@ def _stat_key(path: Path) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
-def _read_json(path: Path) -> tuple[Any, str | None]:
+def _read_json(path: Path, root: Path) -> tuple[Any, str | None]:
+    """A JSON file of a run, or ``(None, reason)``; never follows a link out of ``root``."""
+    if not inside_root(root, path):
+        return None, f"{path.name} points outside the runs directory"
     try:
         return json.loads(path.read_text(encoding="utf-8")), None
     except FileNotFoundError:
@@ -319,7 +323,13 @@ class RunRepository:
         return [e.name for e in sorted(entries, key=newest_first, reverse=True)]
 
     def _signature(self, path: Path) -> tuple[Any, ...]:
-        return (_stat_key(path / "manifest.json"), _stat_key(path / "summary.json"))
+        # A crashed run's files do not change when its process dies: the minute is part of
+        # the key so a row says "crashed" soon after.
+        return (
+            _stat_key(path / "manifest.json"),
+            _stat_key(path / "summary.json"),
+            int(time.time() // 10),
+        )
 
     def row(self, run_id: str) -> RunRow:
         """The table row of one run directory (cached until its JSON files change)."""
@@ -337,17 +347,21 @@ class RunRepository:
     def _read_row(self, run_id: str, path: Path) -> RunRow:
         if not RUN_ID_PATTERN.fullmatch(run_id):
             return RunRow(run_id=run_id, state="broken", status="broken", problem="bad name")
-        manifest, err = _read_json(path / "manifest.json")
-        if err is not None or not isinstance(manifest, dict):
-            why = err or "manifest.json is not a JSON object"
+        if not inside_root(self.runs_dir, path) or not all(
+            inside_root(self.runs_dir, path / f) for f in ("manifest.json", "summary.json")
+        ):
+            why = "the folder or one of its files points outside the runs directory"
             return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
-        summary, serr = _read_json(path / "summary.json")
+        entry = inspect_run(path)
+        if entry.state == "broken" or entry.manifest is None:
+            why = entry.reason or "not a readable run"
+            return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
         problem = None
-        if serr is not None and not serr.startswith("no "):
-            problem = serr
-        if not isinstance(summary, dict):
-            summary = None
-        return _row_from(run_id, manifest, summary, problem)
+        if entry.state in ("crashed", "running") or (
+            entry.reason and "summary.json" in entry.reason
+        ):
+            problem = entry.reason
+        return _row_from(run_id, entry.manifest, entry.summary, problem)
 
     def rows(self) -> list[RunRow]:
         """Every run directory's row, newest first; forgets rows of deleted directories."""
@@ -362,8 +376,10 @@ class RunRepository:
 
     def _table_signature(self, path: Path) -> tuple[Any, ...]:
         return (
-            *self._signature(path),
+            _stat_key(path / "manifest.json"),
+            _stat_key(path / "summary.json"),
             *(_stat_key(path / f"{t}.parquet") for t in _TABLE_FILES),
+            *(_stat_key(path / "segments" / f"{t}.arrows") for t in _TABLE_FILES),
         )
 
     def load(self, run_id: str) -> LoadedRun:
@@ -376,6 +392,7 @@ class RunRepository:
         from perfscope.profiler.store import read_run
 
         path = validate_run_id(self.runs_dir, run_id)
+        _check_run_files(self.runs_dir, path)
         sig = self._table_signature(path)
         with self._lock:
             hit = self._loaded.get(run_id)
@@ -428,13 +445,13 @@ class RunRepository:
     def summary(self, run_id: str) -> dict[str, Any] | None:
         """summary.json of a run without loading its tables (``None`` when absent)."""
         path = validate_run_id(self.runs_dir, run_id)
-        data, err = _read_json(path / "summary.json")
+        data, err = _read_json(path / "summary.json", self.runs_dir)
         return data if err is None and isinstance(data, dict) else None
 
     def manifest(self, run_id: str) -> dict[str, Any] | None:
         """manifest.json of a run (``None`` when absent or unreadable)."""
         path = validate_run_id(self.runs_dir, run_id)
-        data, err = _read_json(path / "manifest.json")
+        data, err = _read_json(path / "manifest.json", self.runs_dir)
         return data if err is None and isinstance(data, dict) else None
 
 

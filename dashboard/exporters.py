@@ -22,12 +22,11 @@ CSV: ``requests.csv`` (one row per request with its derived latencies in seconds
 
 from __future__ import annotations
 
-import gzip
 import heapq
 import io
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from perfscope.analysis.metrics import per_request
+from perfscope.profiler.store import write_stream_atomic, write_text_atomic
 
 __all__ = [
     "EXPORT_SCHEMA",
@@ -45,6 +45,7 @@ __all__ = [
     "pack_lanes",
     "perfetto_trace",
     "requests_frame",
+    "stream_perfetto",
     "write_csv",
     "write_json",
     "write_perfetto",
@@ -93,6 +94,12 @@ class ExportableRun(Protocol):
     def telemetry(self) -> pd.DataFrame: ...
 
 
+class _Writable(Protocol):
+    """A binary stream (file, gzip file, ``sys.stdout.buffer``)."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+
 def _us(ns: float) -> float:
     """Nanoseconds → microseconds, kept to whole nanoseconds."""
     return round(float(ns) / 1000.0, 3)
@@ -130,74 +137,105 @@ def _opt_int(v: Any) -> int | None:
     return int(v)
 
 
-def _request_events(run: ExportableRun, events: list[dict[str, Any]]) -> dict[str, Any]:
+def _prefill_starts(steps: pd.DataFrame) -> dict[int, int]:
+    """Request id → start (ns) of the first prefill (or mixed) step that served it."""
+    if steps.empty:
+        return {}
+    pre = steps[steps["kind"].isin(("prefill", "mixed"))]
+    lists = [np.asarray(x if x is not None else [], dtype=np.int64) for x in pre["request_ids"]]
+    counts = np.array([len(x) for x in lists], dtype=np.int64)
+    if not len(lists) or counts.sum() == 0:
+        return {}
+    ids = np.concatenate(lists)
+    t = np.repeat(pre["t_start"].to_numpy(dtype=np.int64), counts)
+    order = np.lexsort((t, ids))
+    ids, t = ids[order], t[order]
+    first = np.concatenate(([True], ids[1:] != ids[:-1]))
+    return dict(zip(ids[first].tolist(), t[first].tolist(), strict=True))
+
+
+def _column(df: pd.DataFrame, name: str) -> list[Any]:
+    """A column as Python values with missing values as None."""
+    col = df[name]
+    return [None if v is None or v is pd.NA or v != v else v for v in col.tolist()]
+
+
+def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Request slices, token instants and the "active requests" counter, in trace order.
+
+    Fills ``info`` with ``lanes``, ``token_events`` and ``token_events_dropped`` once the
+    events are consumed. Holds O(requests) state; chunks are read from sorted arrays.
+    """
+    info.update(lanes=0, token_events=0, token_events_dropped=0)
     req = run.requests.sort_values("request_id", kind="stable")
     if req.empty:
-        return {"lanes": 0, "token_events": 0, "token_events_dropped": 0}
-    prefill_start: dict[int, int] = {}
-    steps = run.steps
-    if not steps.empty:
-        pre = steps[steps["kind"].isin(("prefill", "mixed"))][["t_start", "request_ids"]]
-        ex = pre.explode("request_ids").dropna(subset=["request_ids"])
-        if not ex.empty:
-            g = ex.groupby(ex["request_ids"].astype(np.int64))["t_start"].min()
-            prefill_start = dict(
-                zip(g.index.astype(np.int64).tolist(), g.astype(np.int64).tolist(), strict=True)
-            )
-    rows = []
-    records: list[dict[str, Any]] = req.to_dict(orient="records")  # type: ignore[assignment]
-    for r in records:
-        sched = int(r["t_scheduled"])
-        sent = _opt_int(r["t_sent"])
-        first = _opt_int(r["t_first_token"])
-        last = _opt_int(r["t_last_token"])
+        return
+    prefill_start = _prefill_starts(run.steps)
+    rids = [int(x) for x in req["request_id"].tolist()]
+    sched_l = [int(x) for x in req["t_scheduled"].tolist()]
+    sent_l = [_opt_int(x) for x in _column(req, "t_sent")]
+    first_l = [_opt_int(x) for x in _column(req, "t_first_token")]
+    last_l = [_opt_int(x) for x in _column(req, "t_last_token")]
+    starts: list[int] = []
+    ends: list[int] = []
+    for rid, sched, sent, first, last in zip(rids, sched_l, sent_l, first_l, last_l, strict=True):
         start = sent if sent is not None else sched
-        ps = prefill_start.get(int(r["request_id"]))
-        end = max(x for x in (start, sent, first, last, ps) if x is not None)
-        rows.append((int(r["request_id"]), start, end, sent, first, last, r))
-    lanes = pack_lanes(
-        np.array([x[1] for x in rows], dtype=np.int64),
-        np.array([x[2] for x in rows], dtype=np.int64),
-    )
+        ps = prefill_start.get(rid)
+        starts.append(start)
+        ends.append(max(x for x in (start, sent, first, last, ps) if x is not None))
+    lanes = pack_lanes(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64))
     n_lanes = int(lanes.max()) + 1 if len(lanes) else 0
+    info["lanes"] = n_lanes
     for lane in range(n_lanes):
-        events.append(_meta(_PID_REQUESTS, f"lane {lane}", lane + 1))
-    chunks_by_req: dict[int, pd.DataFrame] = {}
-    if not run.chunks.empty:
-        ordered = run.chunks.sort_values(["request_id", "t"], kind="stable")
-        chunks_by_req = {
-            int(np.asarray(k).item()): g for k, g in ordered.groupby("request_id", sort=False)
-        }
+        yield _meta(_PID_REQUESTS, f"lane {lane}", lane + 1)
+
+    # Chunks sorted by (request, time); each request's chunks are one slice of the arrays.
+    c = run.chunks
+    c_rid = c["request_id"].to_numpy(dtype=np.int64)
+    c_t = c["t"].to_numpy(dtype=np.int64)
+    order = np.lexsort((c_t, c_rid))
+    c_rid, c_t = c_rid[order], c_t[order]
+    c_n = c["n_tokens"].to_numpy(dtype=np.int64)[order]
+    c_idx = c["index"].to_numpy(dtype=np.int64)[order]
+    lo = np.searchsorted(c_rid, rids, side="left").tolist()
+    hi = np.searchsorted(c_rid, rids, side="right").tolist()
+    del c_rid
+
+    errors = _column(req, "error")
+    warm_l = [bool(x) for x in req["is_warmup"].tolist()]
+    prompt_l = [int(x) for x in req["prompt_tokens"].tolist()]
+    max_out_l = [int(x) for x in req["max_output_tokens"].tolist()]
+    out_l = [int(x) for x in req["output_tokens"].tolist()]
     token_events = dropped = 0
-    for (rid, start, end, sent, first, last, r), lane in zip(rows, lanes, strict=True):
-        tid = int(lane) + 1
-        error = None if r["error"] is None or r["error"] != r["error"] else str(r["error"])
-        warm = bool(r["is_warmup"])
+    for k, rid in enumerate(rids):
+        tid = int(lanes[k]) + 1
+        start, end = starts[k], ends[k]
+        sent, first, last = sent_l[k], first_l[k], last_l[k]
+        error = None if errors[k] is None else str(errors[k])
+        warm = warm_l[k]
         args: dict[str, Any] = {
             "request_id": rid,
-            "prompt_tokens": int(r["prompt_tokens"]),
-            "max_output_tokens": int(r["max_output_tokens"]),
-            "output_tokens": int(r["output_tokens"]),
+            "prompt_tokens": prompt_l[k],
+            "max_output_tokens": max_out_l[k],
+            "output_tokens": out_l[k],
             "warmup": warm,
-            "driver_lag_us": _us(sent - int(r["t_scheduled"])) if sent is not None else None,
+            "driver_lag_us": _us(sent - sched_l[k]) if sent is not None else None,
         }
         if sent is not None and first is not None:
             args["ttft_ms"] = (first - sent) / 1e6
         if error:
             args["error"] = error
         name = f"{'warmup ' if warm else ''}request {rid}" + (" (failed)" if error else "")
-        events.append(
-            {
-                "ph": "X",
-                "name": name,
-                "cat": "request",
-                "pid": _PID_REQUESTS,
-                "tid": tid,
-                "ts": _us(start),
-                "dur": _us(end - start),
-                "args": args,
-            }
-        )
+        yield {
+            "ph": "X",
+            "name": name,
+            "cat": "request",
+            "pid": _PID_REQUESTS,
+            "tid": tid,
+            "ts": _us(start),
+            "dur": _us(end - start),
+            "args": args,
+        }
         ps = prefill_start.get(rid)
         if sent is not None:
             parts: list[tuple[str, int, int | None]] = []
@@ -210,174 +248,220 @@ def _request_events(run: ExportableRun, events: list[dict[str, Any]]) -> dict[st
             for label, a, b in parts:
                 if b is None or a is None or b < a:
                     continue
-                events.append(
-                    {
-                        "ph": "X",
-                        "name": label,
-                        "cat": "request." + label,
-                        "pid": _PID_REQUESTS,
-                        "tid": tid,
-                        "ts": _us(a),
-                        "dur": _us(b - a),
-                        "args": {"request_id": rid},
-                    }
-                )
-        c = chunks_by_req.get(rid)
-        if c is not None:
-            if token_events + len(c) > MAX_TOKEN_EVENTS:
-                dropped += len(c)
-            else:
-                token_events += len(c)
-                for t, n, idx in zip(c["t"], c["n_tokens"], c["index"], strict=True):
-                    events.append(
-                        {
-                            "ph": "i",
-                            "s": "t",
-                            "name": "token" if int(n) == 1 else f"{int(n)} tokens",
-                            "cat": "token",
-                            "pid": _PID_REQUESTS,
-                            "tid": tid,
-                            "ts": _us(int(t)),
-                            "args": {"request_id": rid, "n_tokens": int(n), "index": int(idx)},
-                        }
-                    )
-        if error:
-            events.append(
-                {
-                    "ph": "i",
-                    "s": "t",
-                    "name": "error",
-                    "cat": "error",
+                yield {
+                    "ph": "X",
+                    "name": label,
+                    "cat": "request." + label,
                     "pid": _PID_REQUESTS,
                     "tid": tid,
-                    "ts": _us(end),
-                    "args": {"request_id": rid, "error": error},
+                    "ts": _us(a),
+                    "dur": _us(b - a),
+                    "args": {"request_id": rid},
                 }
-            )
-    # Requests in flight (sent, not finished) as a counter track.
-    sends = [(x[1], 1) for x in rows if x[3] is not None]
-    ends = [(x[2], -1) for x in rows if x[3] is not None]
-    active = 0
-    for t, d in sorted(sends + ends, key=lambda e: (e[0], e[1])):
-        active += d
-        events.append(
-            {
-                "ph": "C",
-                "name": "active requests",
+        n_chunks = hi[k] - lo[k]
+        if n_chunks:
+            if token_events + n_chunks > MAX_TOKEN_EVENTS:
+                dropped += n_chunks
+            else:
+                token_events += n_chunks
+                sl = slice(lo[k], hi[k])
+                for t, n, idx in zip(
+                    c_t[sl].tolist(), c_n[sl].tolist(), c_idx[sl].tolist(), strict=True
+                ):
+                    yield {
+                        "ph": "i",
+                        "s": "t",
+                        "name": "token" if n == 1 else f"{n} tokens",
+                        "cat": "token",
+                        "pid": _PID_REQUESTS,
+                        "tid": tid,
+                        "ts": _us(t),
+                        "args": {"request_id": rid, "n_tokens": n, "index": idx},
+                    }
+        if error:
+            yield {
+                "ph": "i",
+                "s": "t",
+                "name": "error",
+                "cat": "error",
                 "pid": _PID_REQUESTS,
-                "tid": 0,
-                "ts": _us(t),
-                "args": {"count": active},
+                "tid": tid,
+                "ts": _us(end),
+                "args": {"request_id": rid, "error": error},
             }
-        )
-    return {"lanes": n_lanes, "token_events": token_events, "token_events_dropped": dropped}
+    info["token_events"], info["token_events_dropped"] = token_events, dropped
+    # Requests in flight (sent, not finished) as a counter track.
+    sent_mask = np.array([x is not None for x in sent_l], dtype=bool)
+    times = np.concatenate(
+        (np.array(starts, dtype=np.int64)[sent_mask], np.array(ends, dtype=np.int64)[sent_mask])
+    )
+    delta = np.concatenate(
+        (np.ones(sent_mask.sum(), np.int64), -np.ones(sent_mask.sum(), np.int64))
+    )
+    order = np.lexsort((delta, times))
+    active = np.cumsum(delta[order])
+    for t, count in zip(times[order].tolist(), active.tolist(), strict=True):
+        yield {
+            "ph": "C",
+            "name": "active requests",
+            "pid": _PID_REQUESTS,
+            "tid": 0,
+            "ts": _us(t),
+            "args": {"count": count},
+        }
 
 
-def _step_events(run: ExportableRun, events: list[dict[str, Any]]) -> int:
+def _step_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Forward-pass slices and the "batch" counter; sets ``info["step_lanes"]``."""
+    info["step_lanes"] = 0
     st = run.steps
     if st.empty:
-        return 0
+        return
     st = st.sort_values("t_start", kind="stable")
     t0 = st["t_start"].to_numpy(dtype=np.int64)
     t1 = np.maximum(st["t_end"].to_numpy(dtype=np.int64), t0)
     lanes = pack_lanes(t0, t1)
     n_lanes = int(lanes.max()) + 1
+    info["step_lanes"] = n_lanes
     for lane in range(n_lanes):
-        events.append(_meta(_PID_ENGINE, "forward passes" + (f" {lane}" if lane else ""), lane + 1))
-    for r, a, b, lane in zip(st.to_dict(orient="records"), t0, t1, lanes, strict=True):
-        ids = [int(i) for i in (r["request_ids"] if r["request_ids"] is not None else [])]
-        events.append(
-            {
-                "ph": "X",
-                "name": str(r["kind"]),
-                "cat": "step",
-                "pid": _PID_ENGINE,
-                "tid": int(lane) + 1,
-                "ts": _us(int(a)),
-                "dur": _us(int(b - a)),
-                "args": {
-                    "step_id": int(r["step_id"]),
-                    "batch_size": int(r["batch_size"]),
-                    "new_tokens": int(r["new_tokens"]),
-                    "context_tokens": int(r["context_tokens"]),
-                    "request_ids": ids[:64],
-                },
-            }
-        )
-        events.append(
-            {
-                "ph": "C",
-                "name": "batch",
-                "pid": _PID_ENGINE,
-                "tid": 0,
-                "ts": _us(int(a)),
-                "args": {"batch_size": int(r["batch_size"])},
-            }
-        )
-    return n_lanes
+        yield _meta(_PID_ENGINE, "forward passes" + (f" {lane}" if lane else ""), lane + 1)
+    columns = zip(
+        st["kind"].tolist(),
+        st["request_ids"].tolist(),
+        st["step_id"].tolist(),
+        st["batch_size"].tolist(),
+        st["new_tokens"].tolist(),
+        st["context_tokens"].tolist(),
+        t0.tolist(),
+        t1.tolist(),
+        lanes.tolist(),
+        strict=True,
+    )
+    for kind, rids, step_id, batch, new, ctx, a, b, lane in columns:
+        ids = [int(i) for i in (rids[:64] if rids is not None else [])]
+        yield {
+            "ph": "X",
+            "name": str(kind),
+            "cat": "step",
+            "pid": _PID_ENGINE,
+            "tid": int(lane) + 1,
+            "ts": _us(a),
+            "dur": _us(b - a),
+            "args": {
+                "step_id": int(step_id),
+                "batch_size": int(batch),
+                "new_tokens": int(new),
+                "context_tokens": int(ctx),
+                "request_ids": ids,
+            },
+        }
+        yield {
+            "ph": "C",
+            "name": "batch",
+            "pid": _PID_ENGINE,
+            "tid": 0,
+            "ts": _us(a),
+            "args": {"batch_size": int(batch)},
+        }
 
 
-def _telemetry_events(run: ExportableRun, events: list[dict[str, Any]]) -> list[str]:
+def _telemetry_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """One counter event per sample per device; sets ``info["telemetry_devices"]``."""
+    info["telemetry_devices"] = []
     tele = run.telemetry
     if tele is None or tele.empty:
-        return []
+        return
     devices = sorted(str(d) for d in tele["device"].dropna().unique())
+    info["telemetry_devices"] = devices
     fields = [f for f in _TELEMETRY_FIELDS if f in tele.columns]
     for i, dev in enumerate(devices):
         pid = _PID_TELEMETRY + i
-        events.append(_meta(pid, f"telemetry {dev}"))
+        yield _meta(pid, f"telemetry {dev}")
         d = tele[tele["device"] == dev].sort_values("t")
         values = d[fields].to_numpy(dtype=np.float64, na_value=np.nan)
-        for t, row in zip(d["t"].to_numpy(dtype=np.int64), values, strict=True):
-            args = {f: float(v) for f, v in zip(fields, row, strict=True) if math.isfinite(v)}
+        for t, row in zip(d["t"].to_numpy(dtype=np.int64).tolist(), values.tolist(), strict=True):
+            args = {f: v for f, v in zip(fields, row, strict=True) if math.isfinite(v)}
             if args:
-                events.append(
-                    {"ph": "C", "name": dev, "pid": pid, "tid": 0, "ts": _us(int(t)), "args": args}
-                )
-    return devices
+                yield {"ph": "C", "name": dev, "pid": pid, "tid": 0, "ts": _us(t), "args": args}
 
 
-def perfetto_trace(run: ExportableRun) -> dict[str, Any]:
-    """The run as a Chrome/Perfetto JSON trace (``{"traceEvents": [...], ...}``)."""
+def _trace_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every event of the trace, in order; ``info`` holds the counts once consumed."""
     manifest = run.manifest
-    run_id = str(manifest.get("run_id", "run"))
-    events: list[dict[str, Any]] = [
-        _meta(_PID_REQUESTS, f"requests ({run_id})"),
-    ]
-    req_info = _request_events(run, events)
+    info["run_id"] = str(manifest.get("run_id", "run"))
+    yield _meta(_PID_REQUESTS, f"requests ({info['run_id']})")
+    yield from _request_events(run, info)
     if not run.steps.empty:
-        events.append(_meta(_PID_ENGINE, f"engine {manifest.get('engine', {}).get('uri', '')}"))
-    step_lanes = _step_events(run, events)
-    devices = _telemetry_events(run, events)
+        yield _meta(_PID_ENGINE, f"engine {manifest.get('engine', {}).get('uri', '')}")
+    yield from _step_events(run, info)
+    yield from _telemetry_events(run, info)
+
+
+def _other_data(run: ExportableRun, info: dict[str, Any]) -> dict[str, Any]:
+    manifest = run.manifest
     other: dict[str, Any] = {
-        "perfscope_run_id": run_id,
+        "perfscope_run_id": info["run_id"],
         "started_at": manifest.get("started_at"),
         "status": manifest.get("status"),
         "time_origin": "run start (ts 0); ts and dur in microseconds",
-        "request_lanes": req_info["lanes"],
-        "step_lanes": step_lanes,
-        "telemetry_devices": devices,
-        "token_events": req_info["token_events"],
+        "request_lanes": info["lanes"],
+        "step_lanes": info["step_lanes"],
+        "telemetry_devices": info["telemetry_devices"],
+        "token_events": info["token_events"],
     }
-    if req_info["token_events_dropped"]:
+    if info["token_events_dropped"]:
         other["note"] = (
-            f"{req_info['token_events_dropped']} token arrivals were left out "
+            f"{info['token_events_dropped']} token arrivals were left out "
             f"(more than {MAX_TOKEN_EVENTS}); their requests keep their slices"
         )
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+    return other
+
+
+def perfetto_trace(run: ExportableRun) -> dict[str, Any]:
+    """The run as a Chrome/Perfetto JSON trace (``{"traceEvents": [...], ...}``), in memory.
+
+    For big runs prefer :func:`stream_perfetto`, which never holds the event list.
+    """
+    info: dict[str, Any] = {}
+    events = list(_trace_events(run, info))
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": _other_data(run, info)}
+
+
+#: Events encoded per write by :func:`stream_perfetto` (bounds its memory).
+_STREAM_BATCH = 20_000
+
+
+def stream_perfetto(run: ExportableRun, out: _Writable) -> int:
+    """Write the trace of :func:`perfetto_trace` to ``out`` as compact JSON, event batch by
+    event batch, holding at most ``_STREAM_BATCH`` events; returns the bytes written."""
+    info: dict[str, Any] = {}
+    written = out.write(b'{"traceEvents":[')
+    batch: list[dict[str, Any]] = []
+    sep = b""
+
+    def flush() -> int:
+        text = json.dumps(batch, separators=(",", ":"), allow_nan=False)[1:-1].encode()
+        batch.clear()
+        return out.write(sep + text)
+
+    for event in _trace_events(run, info):
+        batch.append(event)
+        if len(batch) >= _STREAM_BATCH:
+            written += flush()
+            sep = b","
+    if batch:
+        written += flush()
+    tail = {"displayTimeUnit": "ms", "otherData": _other_data(run, info)}
+    written += out.write(b"]," + json.dumps(tail, separators=(",", ":"))[1:].encode())
+    return written
 
 
 def write_perfetto(run: ExportableRun, path: Path) -> Path:
-    """Write :func:`perfetto_trace` to ``path`` (gzip-compressed when it ends in ``.gz``)."""
-    data = json.dumps(perfetto_trace(run), separators=(",", ":"), allow_nan=False).encode()
+    """Write the run's Perfetto trace to ``path`` (gzip-compressed when it ends in ``.gz``),
+    streamed through a temporary file that replaces ``path`` only when complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if path.suffix == ".gz":
-        with gzip.open(tmp, "wb") as f:
-            f.write(data)
-    else:
-        tmp.write_bytes(data)
-    tmp.replace(path)
+    # The run store's atomic writer: streamed, and no temp file survives a full disk.
+    write_stream_atomic(path, lambda f: stream_perfetto(run, f))
     return path
 
 
@@ -458,7 +542,5 @@ def export_json(run: ExportableRun) -> dict[str, Any]:
 def write_json(run: ExportableRun, path: Path) -> Path:
     """Write :func:`export_json` to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(export_json(run), indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(export_json(run), indent=1, default=str))
     return path

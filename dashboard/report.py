@@ -49,6 +49,7 @@ from perfscope.dashboard.view import (
     request_rows,
     throughput_rows,
 )
+from perfscope.profiler.store import write_text_atomic
 
 __all__ = [
     "DEFAULT_MAX_REQUESTS",
@@ -631,7 +632,5 @@ def write_report(
     out = Path(path) if path is not None else Path(run.path) / "report.html"
     text = render_report(run, max_requests=max_requests, timeline_max_rows=timeline_max_rows)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    write_text_atomic(out, text)  # the run store's writer: no temp file survives a failure
     return out

@@ -91,6 +91,8 @@ def _read(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise DeviceFileError(path, [("<file>", f"not valid TOML: {exc}")]) from exc
+    except UnicodeDecodeError as exc:
+        raise DeviceFileError(path, [("<file>", f"not UTF-8 text, so not TOML: {exc}")]) from exc
     except OSError as exc:
         raise DeviceFileError(path, [("<file>", f"cannot be read: {exc}")]) from exc
 

@@ -7,6 +7,7 @@ entry becomes a :class:`~perfscope.hwdb.spec.DeviceSpec`.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -232,6 +233,9 @@ def _quantity(
     if not _is_number(value):
         problems.append((path, f"'value' must be a number, got {value!r}"))
         return None
+    if not math.isfinite(value):
+        problems.append((path, f"'value' must be a finite number, got {value!r}"))
+        return None
     if value <= 0:
         problems.append((path, f"'value' must be positive, got {value!r}"))
         return None
@@ -248,6 +252,9 @@ def _quantity(
         si = to_si(float(value), unit, dimension)
     except ValueError as exc:
         problems.append((path, str(exc)))
+        return None
+    if not math.isfinite(si):
+        problems.append((path, f"{value!r} {unit} is too large to be a hardware figure"))
         return None
     estimate = raw.get("estimate", False)
     if not isinstance(estimate, bool):

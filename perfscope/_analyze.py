@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from perfscope.analysis import Summary, analyze
 from perfscope.hwdb import HardwareDatabase
+from perfscope.profiler.server_metrics import read_server_metrics
 from perfscope.profiler.store import StoredRun, write_json_atomic
 
 __all__ = ["analyze_stored"]
@@ -30,7 +31,9 @@ def analyze_stored(
             the device recorded in the manifest.
         database: an already loaded hardware database.
     """
-    summary = analyze(run, slos=slos, device=hw, database=database)
+    summary = analyze(
+        run, slos=slos, device=hw, database=database, server_metrics=read_server_metrics(run.path)
+    )
     data = summary.to_dict()
     if write:
         write_json_atomic(run.path / "summary.json", data)

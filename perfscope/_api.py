@@ -102,6 +102,10 @@ class RunArgs:
     #: The model an engine that reports none (HTTP, python) serves: a preset name, a
     #: ``config.json`` or its folder, a ModelSpec or its dict; gives an estimated roofline.
     model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None
+    #: The server's Prometheus metrics: ``auto`` (an HTTP engine's ``/metrics`` if it
+    #: answers), a URL, or ``off``; sampled every ``server_metrics_interval``.
+    server_metrics: str | None = "auto"
+    server_metrics_interval: float | str = 1.0
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     #: Requests when ``requests`` is None and nothing else sizes the workload.
     default_requests: int = DEFAULT_REQUESTS
@@ -431,8 +435,21 @@ def plan(a: RunArgs) -> RunPlan:
         command=list(a.command) if a.command is not None else None,
         ray=a.ray,
         model_spec=_model_spec(a),
+        server_metrics=_server_metrics(a),
     )
     return RunPlan(options, factory)
+
+
+def _server_metrics(a: RunArgs) -> Any:
+    from perfscope.profiler.server_metrics import ServerMetricsConfig
+
+    interval = _seconds(a.server_metrics_interval, a.arg("server_metrics_interval"))
+    if interval < 0.05:
+        raise UsageError(f"{a.arg('server_metrics_interval')} must be at least 50ms")
+    try:
+        return ServerMetricsConfig.parse(a.server_metrics, interval)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def execute(p: RunPlan, progress: ProgressHook | None = None) -> RunOutcome:
@@ -489,6 +506,7 @@ def run(
     command: Sequence[str] | None = None,
     ray: str | None = None,
     model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None,
+    server_metrics: str | None = "auto",
     progress: ProgressHook | None = None,
     **engine_options: Any,
 ) -> Run:
@@ -559,6 +577,8 @@ def run(
             serves: a preset (``"llama-3-8b"``), a Hugging Face ``config.json`` or its
             folder, or a :class:`ModelSpec`; the run then gets an estimated roofline (an
             engine that reports its own model keeps it).
+        server_metrics: scrape the server's Prometheus metrics during the run: ``"auto"``
+            (an ``openai:`` server's ``/metrics`` when it answers), a URL, or ``"off"``.
         progress: receives ``on_start(total)``, ``on_request_done(id)``, ``on_end()``.
         **engine_options: engine-specific options (``--engine-opt KEY=VALUE``; for
             ``openai:`` e.g. ``model``, ``api_key``, ``endpoint``, ``max_tokens``,
@@ -613,6 +633,7 @@ def run(
         command=command,
         ray=ray,
         model_spec=model_spec,
+        server_metrics=server_metrics,
         engine_options=engine_options,
     )
     return run_with(args, progress)

@@ -7,8 +7,23 @@ argparse reports a one-line usage error (exit code 2).
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
-__all__ = ["key_value", "nonneg_int", "number", "positive_int"]
+__all__ = [
+    "MAX_REQUESTS",
+    "device",
+    "key_value",
+    "nonneg_int",
+    "number",
+    "positive_int",
+    "request_count",
+    "runs_dir",
+]
+
+#: Most requests one run may plan: each costs a few hundred bytes of workload and records
+#: before anything is sent, so a mistyped count must not try to allocate gigabytes.
+MAX_REQUESTS = 10_000_000
 
 
 def _int(text: str) -> int:
@@ -48,3 +63,41 @@ def key_value(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.strip(), value.strip()
+
+
+def request_count(text: str) -> int:
+    """A request count between 1 and :data:`MAX_REQUESTS`."""
+    v = positive_int(text)
+    if v > MAX_REQUESTS:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_REQUESTS:,} requests per run, got {v:,}: "
+            "split the load into several runs or bound it with --duration"
+        )
+    return v
+
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps(:\d+)?)$")
+
+
+def device(text: str) -> str:
+    """A torch device an engine can run on: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
+    v = text.strip().lower()
+    if not _DEVICE.match(v):
+        raise argparse.ArgumentTypeError(
+            f"unknown device {text!r}: use cpu, cuda, cuda:N or mps "
+            "(remote servers pick their own device)"
+        )
+    return v
+
+
+def runs_dir(text: str) -> Path:
+    """A runs root folder: not empty, and not an existing file."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "must name a folder, got an empty string (omit it for $PERFSCOPE_RUNS_DIR or "
+            "./perfscope-runs)"
+        )
+    p = Path(text)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    return p

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from perfscope._argtypes import runs_dir
 from perfscope.errors import UsageError
 
 __all__ = ["register"]
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--runs-dir",
-        type=Path,
+        type=runs_dir,
         default=None,
         help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from perfscope._argtypes import device
 from perfscope.errors import UsageError
 
 __all__ = ["register"]
@@ -277,7 +278,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.add_argument("--quick", action="store_true", help="short run (fp32 and bf16; a few seconds)")
     p.add_argument("--force", action="store_true", help="measure even if a cached result exists")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--device", type=device, default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument(
         "--cache-dir", help="cache root (default $PERFSCOPE_CACHE_DIR or ~/.cache/perfscope)"
     )

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfscope._argtypes import positive_int
+from perfscope._argtypes import positive_int, runs_dir
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -31,13 +31,21 @@ __all__ = ["register", "write_run_report"]
 
 
 def _load(ref: str, runs_dir: Path | None) -> StoredRun:
-    """A stored run with its summary (analysed now if summary.json is missing)."""
+    """A stored run with its summary (computed in memory, never saved, when summary.json
+    is missing: reading never writes). Crashed runs and ignored files are noted on stderr."""
     from perfscope._analyze import analyze_stored
     from perfscope.profiler.store import read_run, resolve_run_path
 
     run = read_run(resolve_run_path(ref, runs_dir))
+    if run.state.state in ("running", "crashed"):
+        sys.stderr.write(
+            f"note: run {run.path.name} is {run.state.state} ({run.state.reason}): "
+            "showing what was flushed (partial)\n"
+        )
+    for note in run.notes:
+        sys.stderr.write(f"note: {note}\n")
     if run.summary is None:
-        analyze_stored(run)
+        analyze_stored(run, write=False)
     return run
 
 
@@ -53,9 +61,12 @@ def write_run_report(run_dir: Path, console: Console) -> Path | None:
     reason is printed and ``None`` returned.
     """
     from perfscope.dashboard.report import write_report
+    from perfscope.errors import StorageError
 
     try:
         path: Path = write_report(_load(str(run_dir), None))
+    except StorageError:
+        raise  # disk full or read-only: one line and exit 1 from the CLI
     except Exception as exc:  # the run is stored; a report failure must not lose it
         console.print(f"[yellow]report not written[/yellow]: {type(exc).__name__}: {exc}")
         return None
@@ -78,7 +89,7 @@ def _confidence(text: str) -> float:
 def _runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runs-dir",
-        type=Path,
+        type=runs_dir,
         default=None,
         help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )
@@ -240,8 +251,10 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if args.report:
         out_path = args.output or Path("perfscope-compare.html")
         html = comparison_html([_tables(r) for r in runs], result)
+        from perfscope.profiler.store import write_text_atomic
+
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(html, encoding="utf-8")
+        write_text_atomic(out_path, html)
     if args.json:
         payload: dict[str, Any] = dict(result)
         payload["paths"] = [[str(r.path) for r in g] for g in sets]
@@ -264,7 +277,7 @@ def _tables(run: StoredRun) -> Any:
 def _cmd_export(args: argparse.Namespace, console: Console) -> int:
     from perfscope.dashboard.exporters import (
         export_json,
-        perfetto_trace,
+        stream_perfetto,
         write_csv,
         write_json,
         write_perfetto,
@@ -280,8 +293,13 @@ def _cmd_export(args: argparse.Namespace, console: Console) -> int:
             console.print(f"wrote {p} ({_size(p)})")
         return 0
     if out is not None and str(out) == "-":
-        obj = perfetto_trace(run) if args.format == "perfetto" else export_json(run)
-        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+        if args.format == "perfetto":
+            sys.stdout.flush()
+            stream_perfetto(run, sys.stdout.buffer)
+            sys.stdout.buffer.write(b"\n")
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(json.dumps(export_json(run), default=str) + "\n")
         return 0
     if args.format == "perfetto":
         path = write_perfetto(run, out or run.path / "trace.json")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from perfscope._argtypes import nonneg_int, request_count, runs_dir
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,8 +29,6 @@ __all__ = [
     "register",
     "run_args",
 ]
-
-_SECRET_FLAGS = ("--api-key",)
 
 
 def _pos_float(text: str) -> float:
@@ -71,7 +70,12 @@ def add_openai_options(group: Any) -> None:
         help="openai: JSON object merged into every request, e.g. '{\"temperature\": 0}'",
     )
     g.add_argument(
-        "--timeout", type=_pos_float, default=600.0, help="openai: seconds per request (600)"
+        "--timeout",
+        type=_pos_float,
+        default=None,
+        metavar="SECONDS",
+        help="per-request limit, any engine: past it the request fails and the run goes on "
+        "(default: 600 for openai:, none otherwise)",
     )
     g.add_argument(
         "--max-tokens",
@@ -176,6 +180,8 @@ def run_args(args: argparse.Namespace) -> RunArgs:
     engine_opts: dict[str, Any] = dict(_kv_pairs(getattr(args, "engine_opt", [])))
     if args.engine.startswith("openai"):
         engine_opts.update(openai_extra(args))
+    if getattr(args, "timeout", None) is not None:  # --timeout: every engine kind
+        engine_opts["request_timeout_s"] = float(args.timeout)
     # Flags only `perfscope run` has; the sweep keeps RunArgs' defaults for them.
     only_run = (
         "batch_size",
@@ -221,6 +227,8 @@ def run_args(args: argparse.Namespace) -> RunArgs:
         command=redact_argv(["perfscope", *sys.argv[1:]]),
         ray=getattr(args, "ray", None),
         model_spec=getattr(args, "model_spec", None),
+        server_metrics=getattr(args, "server_metrics", "auto"),
+        server_metrics_interval=getattr(args, "server_metrics_interval", 1.0),
         engine_options=engine_opts,
         cli=True,
         **given,
@@ -242,24 +250,11 @@ def _kv_pairs(items: Sequence[Any]) -> list[tuple[str, str]]:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line with secret values (``--api-key``) replaced by ``***``."""
-    out: list[str] = []
-    hide = False
-    for a in argv:
-        if hide:
-            out.append("***")
-            hide = False
-            continue
-        flag, eq, _ = a.partition("=")
-        if flag in _SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}=***")
-            else:
-                out.append(a)
-                hide = True
-            continue
-        out.append(a)
-    return out
+    """The command line with secrets replaced by ``***`` (see
+    :func:`perfscope.profiler.redact.redact_argv`)."""
+    from perfscope.profiler.redact import redact_argv as _redact
+
+    return _redact(argv)
 
 
 def _float_list(text: str) -> list[float]:
@@ -273,7 +268,16 @@ def _float_list(text: str) -> list[float]:
 
 
 def _rates_arg(text: str) -> list[float] | str:
-    return "auto" if text.strip().lower() == "auto" else _float_list(text)
+    if text.strip().lower() == "auto":
+        return "auto"
+    from perfscope.profiler.driver import MIN_RATE
+
+    vals = _float_list(text)
+    if min(vals) < MIN_RATE:
+        raise argparse.ArgumentTypeError(
+            f"the lowest rate is {MIN_RATE:.3g} requests/s (one a day), got {min(vals):g}"
+        )
+    return vals
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -310,13 +314,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--probe-requests", type=int, default=None, help="requests of the saturation probe"
     )
     w = p.add_argument_group("workload (per point)")
-    w.add_argument("--requests", type=int, default=None, help="measured requests per point (32)")
+    w.add_argument(
+        "--requests", type=request_count, default=None, help="measured requests per point (32)"
+    )
     w.add_argument("--prompt-len", default="128", help="prompt tokens (N, uniform:A:B, ...)")
     w.add_argument(
         "--output-len", default=None, help="output tokens (N, uniform:A:B, ...; default 128)"
     )
     w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
-    w.add_argument("--warmup", type=int, default=0, help="warmup requests per point")
+    w.add_argument("--warmup", type=nonneg_int, default=0, help="warmup requests per point")
     w.add_argument(
         "--seed",
         type=int,
@@ -342,7 +348,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("e2e_p50", "e2e_p99", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"),
         help="latency the knee is found on (e2e_p50)",
     )
-    a.add_argument("--runs-dir", type=Path, default=None)
+    a.add_argument("--runs-dir", type=runs_dir, default=None)
     a.add_argument("--name", default="sweep", help="name prefix of the point runs")
     a.add_argument("--json", action="store_true", help="print the sweep summary as JSON")
     p.set_defaults(handler=_cmd_sweep)

@@ -203,6 +203,8 @@ def parse_value(text: str, kind: str | None = None, *, context: str | None = Non
             "e.g. 200ms, 95%, 1200 tok/s, 0.3"
         )
     number, unit = float(m.group(1)), m.group(2)
+    if not math.isfinite(number):
+        raise SLOError(f"value {text!r}{where} is too large: a limit must be a finite number")
     if unit is None:
         if kind == "duration":
             raise SLOError(

@@ -12,7 +12,13 @@ from rich.table import Table
 from rich.text import Text
 
 from perfscope.analysis import Summary
-from perfscope.analysis.catalogue import format_count, format_number, metric
+from perfscope.analysis.catalogue import (
+    format_count,
+    format_number,
+    format_ratio,
+    format_seconds,
+    metric,
+)
 from perfscope.dashboard.terminal import energy_table, predictions_table, roofline_table
 from perfscope.dashboard.view import (
     TABLE_STATS,
@@ -148,13 +154,72 @@ def _energy_view(summary: Summary) -> RenderableType | None:
     return energy_table(summary.energy.to_dict())
 
 
+def _server_metrics_view(summary: Summary) -> RenderableType | None:
+    """The server's own means for the run (from its /metrics), beside perfscope's."""
+    sm = summary.get("server_metrics") or {}
+    if not sm.get("available"):
+        return None
+    t = Table(
+        title=f"Server metrics ({sm.get('server')}, its own /metrics, run deltas)",
+        box=box.SIMPLE_HEAVY,
+        title_justify="left",
+    )
+    t.add_column("")
+    t.add_column("server", justify="right")
+    t.add_column("perfscope", justify="right")
+    lat = sm.get("latency") or {}
+    client = summary.get("latency") or {}
+    for key, label in (
+        ("ttft", "TTFT mean"),
+        ("queue", "  queue"),
+        ("prefill", "  prefill"),
+        ("tpot", "TPOT mean"),
+        ("itl", "ITL mean per token"),
+        ("e2e", "E2E mean"),
+    ):
+        if key not in lat:
+            continue
+        mine = (client.get(key) or {}).get("mean") if key in ("ttft", "tpot", "e2e") else None
+        t.add_row(label, format_seconds(lat[key].get("mean_s")), format_seconds(mine))
+    tokens = sm.get("tokens") or {}
+    counts = summary.get("counts") or {}
+    t.add_row(
+        "output tokens",
+        format_count(tokens.get("generation")),
+        format_count(counts.get("output_tokens")),
+    )
+    if tokens.get("prompt_cached"):
+        t.add_row("prompt tokens from cache", format_count(tokens.get("prompt_cached")), "")
+    for key, label in (
+        ("prefix_cache_hit_rate", "prefix-cache hit rate"),
+        ("spec_decode_acceptance", "spec-decode acceptance"),
+        ("kv_cache_usage_max", "KV-cache usage max"),
+    ):
+        if sm.get(key) is not None:
+            t.add_row(label, format_ratio(sm[key]), "")
+    if sm.get("running_max") is not None:
+        t.add_row(
+            "running / waiting max",
+            f"{sm['running_max']:.0f} / {(sm.get('waiting_max') or 0):.0f}",
+            "",
+        )
+    work = sm.get("work") or {}
+    if work.get("flops_ratio_server_to_model") is not None:
+        t.add_row("FLOPs: server / cost model", f"{work['flops_ratio_server_to_model']:.3f}", "")
+    return t
+
+
 def _extra_renderers() -> Iterable[Any]:
-    """Renderers of the analysis sections (roofline, energy, advice, projections)."""
-    return (_roofline_view, _energy_view, _advice_view, _projections_view)
+    """Renderers of the analysis sections (roofline, energy, advice, projections, server)."""
+    return (_roofline_view, _energy_view, _advice_view, _projections_view, _server_metrics_view)
 
 
-def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -> Table:
-    """``perfscope ls``: one row per run, newest first."""
+def runs_table(
+    rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]],
+    states: list[tuple[str, str | None]] | None = None,
+) -> Table:
+    """``perfscope ls``: one row per run, newest first; ``states`` (state, reason) per row
+    adds why a run is not complete (crashed, broken, ...)."""
     t = Table(box=box.SIMPLE_HEAVY)
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
     for col in ("run", "status", "engine", "requests"):
@@ -163,10 +228,16 @@ def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -
 
     for name in names:
         t.add_column(metric(name).label, justify="right")
-    for path, manifest, raw in rows:
+    if states is not None:
+        t.add_column("reason", justify="left", overflow="fold", min_width=24)
+    for i, (path, manifest, raw) in enumerate(rows):
         s = as_summary(raw)
         status = str(manifest.get("status", "?"))
         contended = (contention_record(manifest) or {}).get("contended")
+        reason: list[Any] = []
+        if states is not None:
+            status = states[i][0]
+            reason = [Text(states[i][1] or "")]
         t.add_row(
             path.name,
             Text(
@@ -176,5 +247,6 @@ def runs_table(rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]]) -
             str((manifest.get("engine") or {}).get("uri", "?")),
             format_count(s.counts.completed) if raw else "-",
             *(metric(n).format(metric(n).value(s)) if raw else "-" for n in names),
+            *reason,
         )
     return t

@@ -92,7 +92,7 @@ class Run:
         if stored.summary is None:
             from perfscope._analyze import analyze_stored
 
-            summary = analyze_stored(stored)
+            summary = analyze_stored(stored, write=False)  # reading never writes
         else:
             summary = Summary.from_dict(stored.summary)
         self._stored = stored

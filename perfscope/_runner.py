@@ -1,10 +1,19 @@
-"""``perfscope run`` as a library call: workload → driver → engine → recorder → run store."""
+"""``perfscope run`` as a library call: workload → driver → engine → recorder → run store.
+
+Durability (DESIGN.md §9): records stream into segment files during the run (a background
+flusher, every :data:`FLUSH_INTERVAL_S`), the manifest carries the writer's pid, host and a
+heartbeat, SIGTERM/SIGHUP stop the run as Ctrl-C does, and a failed write (disk full) stops
+capture, keeps what was flushed and raises one :class:`~perfscope.errors.StorageError`.
+At the end the tables are compacted into Parquet and the segments removed.
+"""
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
 import os
 import platform
+import shutil
 import signal
 import socket
 import sys
@@ -19,7 +28,7 @@ from typing import Any
 from perfscope import __version__
 from perfscope._analyze import analyze_stored
 from perfscope.analysis import Summary
-from perfscope.errors import PerfscopeError
+from perfscope.errors import PerfscopeError, StorageError
 from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
@@ -27,19 +36,35 @@ from perfscope.profiler.contention import ContentionMeter, local_server_ports
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
 from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.redact import redact, redact_argv, redact_text
+from perfscope.profiler.segments import DEFAULT_FLUSH_INTERVAL_S, SegmentFlusher
+from perfscope.profiler.server_metrics import ServerMetricsConfig, start_server_metrics
 from perfscope.profiler.store import (
     default_runs_root,
+    liveness_record,
     new_run_dir,
     read_run,
+    remove_segments,
     write_json_atomic,
     write_table_atomic,
 )
 from perfscope.profiler.telemetry import TelemetryConfig, TelemetrySession, start_telemetry
 from perfscope.profiler.workload import WorkloadConfig, build_workload, with_fresh_salt
 
-__all__ = ["ProgressHook", "RunOptions", "RunOutcome", "execute_run", "host_info"]
+__all__ = [
+    "FLUSH_INTERVAL_S",
+    "ProgressHook",
+    "RunOptions",
+    "RunOutcome",
+    "Terminated",
+    "execute_run",
+    "host_info",
+    "stop_signals_as_interrupt",
+]
 
 MANIFEST_SCHEMA = "perfscope.manifest/1"
+#: Seconds between segment flushes (and heartbeats): what a SIGKILL can lose at most.
+FLUSH_INTERVAL_S = DEFAULT_FLUSH_INTERVAL_S
 
 
 @dataclass
@@ -62,6 +87,8 @@ class RunOptions:
         command: the command line, for the manifest.
         ray: spread load generation over Ray actors (``local:N``, a cluster address, or
             ``auto``); ``None`` = this process alone.
+        server_metrics: scraping of the server's Prometheus endpoint (``auto``: an HTTP
+            engine's ``/metrics`` when it answers).
         run_set: the run set this run belongs to (``perfscope run --repeat``): ``id``,
             ``label``, ``index``, ``repeat``; stored in the manifest and the summary.
         model_spec: the model to analyse an engine that reports none (HTTP, python
@@ -81,6 +108,7 @@ class RunOptions:
     nvtx: bool | None = None
     command: list[str] | None = None
     ray: str | None = None
+    server_metrics: ServerMetricsConfig = field(default_factory=ServerMetricsConfig)
     run_set: dict[str, Any] | None = None
     model_spec: dict[str, Any] | None = None
 
@@ -93,6 +121,18 @@ class RunOutcome:
     status: str
     summary: Summary
     error: str | None = None
+    succeeded: int = -1
+
+    @property
+    def exit_code(self) -> int:
+        """What ``perfscope run`` exits with: 0 complete (some requests may have failed:
+        they are reported), 1 interrupted or failed with data kept, 3 no measured request
+        succeeded."""
+        if self.status == "complete":
+            return 0
+        if self.status != "interrupted" and self.succeeded == 0:
+            return 3
+        return 1
 
 
 class ProgressHook:
@@ -125,17 +165,111 @@ def host_info() -> dict[str, Any]:
     return info
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: handled as Ctrl-C (flush, finalise, ``interrupted``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def signame(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+#: Signals that stop a run the way Ctrl-C does.
+STOP_SIGNALS: tuple[int, ...] = tuple(
+    s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s
+)
+
+
+def _raise_terminated(signum: int, _frame: Any) -> None:
+    raise Terminated(signum)
+
+
 @contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Ignore a second Ctrl-C while the captured data is being written."""
+def stop_signals_as_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise :class:`Terminated` (a KeyboardInterrupt)
+    in the main thread, so ``timeout``, ``docker stop`` and a closed terminal stop a run
+    as cleanly as Ctrl-C. Elsewhere than the main thread, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {s: signal.signal(s, _raise_terminated) for s in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold off Ctrl-C, SIGTERM and SIGHUP while the captured data is being written; a
+    stop signal that arrived meanwhile is raised (as KeyboardInterrupt) once it is written."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def note(signum: int, _frame: Any) -> None:
+        received.append(signum)
+
+    sigs = (signal.SIGINT, *STOP_SIGNALS)
+    previous = {s: signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else note) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        raise Terminated(received[0])
+
+
+class _ManifestWriter:
+    """The run's manifest, rewritten atomically (secrets redacted) by the main thread at
+    the start and end, and by the flusher's thread at each heartbeat."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], interval_s: float) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+
+    def write(self) -> None:
+        with self._lock:
+            write_json_atomic(self.path, redact(self.manifest))
+
+    def heartbeat(self) -> None:
+        with self._lock:
+            if self.manifest.get("status") != "running":
+                return
+            self.manifest["process"] = liveness_record(self.interval_s)
+            try:
+                clean = redact(self.manifest)
+            except RuntimeError:
+                return  # an engine thread was updating its config: next heartbeat
+            write_json_atomic(self.path, clean)
+
+
+def _no_success_error(recorder: Recorder) -> tuple[int, str | None]:
+    """(successful measured requests, the run's error when there are none)."""
+    table = recorder.requests_table()
+    measured = [
+        e
+        for e, w in zip(
+            table.column("error").to_pylist(), table.column("is_warmup").to_pylist(), strict=True
+        )
+        if not w
+    ]
+    ok = sum(1 for e in measured if e is None)
+    if ok or not measured:
+        return ok, None if measured else "no measured request was sent"
+    first = next(e for e in measured if e is not None)
+    return 0, (
+        f"no measured request succeeded ({len(measured)} of {len(measured)} failed; "
+        f"first error: {first})"
+    )
 
 
 def _model_from_hf_config(path: str, dtype: str | None) -> dict[str, Any] | None:
@@ -211,8 +345,10 @@ def execute_run(
     )
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
-    if info.model is None and info.config.get("hf_config"):
-        info.model = _model_from_hf_config(str(info.config["hf_config"]), info.dtype)
+    # A server's model (openai:) is known from its config: --engine-opt hf_config=PATH.
+    hf_config = info.config.get("hf_config") or eopts.extra.get("hf_config")
+    if info.model is None and hf_config:
+        info.model = _model_from_hf_config(str(hf_config), info.dtype)
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:
@@ -231,91 +367,186 @@ def execute_run(
         raise
 
     root = opts.runs_dir or default_runs_root()
-    run_dir = new_run_dir(root, opts.name or info.kind, clock.started_at)
-    manifest: dict[str, Any] = {
-        "schema": MANIFEST_SCHEMA,
-        "run_id": run_dir.name,
-        "name": opts.name or info.kind,
-        "perfscope_version": __version__,
-        "command": opts.command or sys.argv,
-        "started_at": clock.started_at.isoformat(),
-        # Raw perf_counter_ns (CLOCK_MONOTONIC) at run time 0: lets records be compared with
-        # other processes' monotonic stamps (a server's log, a packet capture's clock).
-        "clock_origin_perf_counter_ns": clock.origin_perf_counter_ns,
-        "ended_at": None,
-        "status": "running",
-        "engine": info.to_dict(),
-        "workload": opts.workload.to_dict(),
-        "load": opts.load.to_dict(),
-        "slos": opts.slos,
-        "hw": opts.hw,
-        "hardware": hardware,
-        "telemetry": telemetry.manifest_info() if telemetry else {"enabled": False},
-        "nvtx": nvtx_ranges.is_enabled(),
-        "host": host_info(),
-        "errors": [],
-    }
-    if opts.run_set is not None:
-        manifest["run_set"] = dict(opts.run_set)
-    if opts.model_spec is not None:
-        given = dict(opts.model_spec)
-        if manifest["engine"].get("model"):
-            given["note"] = "the engine reported its own model; that one is used"
-        else:
-            manifest["engine"]["model"] = given
-        manifest["model_spec"] = given
-    write_json_atomic(run_dir / "manifest.json", manifest)
+    interval = FLUSH_INTERVAL_S
+    try:
+        run_dir = new_run_dir(root, opts.name or info.kind, clock.started_at)
+        manifest: dict[str, Any] = {
+            "schema": MANIFEST_SCHEMA,
+            "run_id": run_dir.name,
+            "name": opts.name or info.kind,
+            "perfscope_version": __version__,
+            "command": redact_argv(opts.command or sys.argv),
+            "started_at": clock.started_at.isoformat(),
+            # Raw perf_counter_ns (CLOCK_MONOTONIC) at run time 0: lets records be compared
+            # with other processes' monotonic stamps (a server's log, a packet capture's clock).
+            "clock_origin_perf_counter_ns": clock.origin_perf_counter_ns,
+            "ended_at": None,
+            "status": "running",
+            "engine": info.to_dict(),  # redacted when written (_ManifestWriter)
+            "workload": opts.workload.to_dict(),
+            "load": opts.load.to_dict(),
+            "slos": opts.slos,
+            "hw": opts.hw,
+            "hardware": hardware,
+            "telemetry": telemetry.manifest_info() if telemetry else {"enabled": False},
+            "nvtx": nvtx_ranges.is_enabled(),
+            "host": host_info(),
+            "process": liveness_record(interval),
+            "request_timeout_s": eopts.request_timeout_s,
+            "errors": [],
+            "warnings": [],
+        }
+        if opts.run_set is not None:
+            manifest["run_set"] = dict(opts.run_set)
+        if opts.model_spec is not None:
+            given = dict(opts.model_spec)
+            if manifest["engine"].get("model"):
+                given["note"] = "the engine reported its own model; that one is used"
+            else:
+                manifest["engine"]["model"] = given
+            manifest["model_spec"] = given
+        mwriter = _ManifestWriter(run_dir / "manifest.json", manifest, interval)
+        try:
+            mwriter.write()
+        except StorageError:
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing captured yet: leave no husk
+            raise
+    except BaseException:
+        if telemetry is not None:
+            telemetry.stop()
+        engine.close()
+        raise
 
     recorder = Recorder(clock)
     recorder.add_finish_listener(progress.on_request_done)
     inbox = Inbox()
     driver = Driver(specs, opts.load, inbox, recorder)
-    status, error = "complete", None
-    contention = ContentionMeter(exclude_ports=local_server_ports(opts.engine)).start()
-    progress.on_start(len(specs))
-    distributed = None
-    try:
-        with nvtx_ranges.run_range(manifest["run_id"]):
-            if opts.ray is not None:
-                distributed = _serve_distributed(opts, eopts, specs, recorder, clock)
-            else:
-                driver.start()
-                engine.serve(inbox, recorder)
-                driver.join()
-        if driver.error is not None:
-            raise driver.error
-    except KeyboardInterrupt:
-        status, error = "interrupted", "interrupted by the user (Ctrl-C)"
-    except Exception as exc:
-        status = "failed"
-        error = f"{type(exc).__name__}: {exc}"
-    finally:
+    in_main = threading.current_thread() is threading.main_thread()
+
+    def stop_capture(exc: StorageError) -> None:
+        # A write failed (disk full): stop the run as Ctrl-C would, keep what is on disk.
         driver.stop()
-        progress.on_end()
-        with _sigint_deferred():
-            if status != "complete":
-                recorder.fail_unfinished(status)
-            manifest["status"] = status
-            manifest["ended_at"] = datetime.now(UTC).isoformat()
-            manifest["host"]["contention"] = contention.stop()
-            if error:
-                manifest["errors"].append(error)
-            if distributed is not None:
-                manifest["distributed"] = distributed.to_dict()
-                manifest["errors"].extend(distributed.errors)
-            write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())
-            write_table_atomic(run_dir / "chunks.parquet", recorder.chunks_table())
-            write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
-            if distributed is not None:
-                write_table_atomic(run_dir / "actors.parquet", distributed.actors_table())
-            if telemetry is not None:
-                write_table_atomic(run_dir / "telemetry.parquet", telemetry.stop())
-                manifest["telemetry"] = telemetry.manifest_info()
-            write_json_atomic(run_dir / "manifest.json", manifest)
-            try:
-                engine.close()
-            except Exception as exc:  # closing must not lose the run
-                manifest["errors"].append(f"engine close failed: {exc}")
+        if in_main:
+            _thread.interrupt_main()
+
+    flusher = SegmentFlusher(
+        run_dir,
+        recorder,
+        telemetry=telemetry.snapshot if telemetry is not None else None,
+        heartbeat=mwriter.heartbeat,
+        on_error=stop_capture,
+        interval_s=interval,
+        request_timeout_s=eopts.request_timeout_s,
+    )
+    status, error = "complete", None
+    storage: StorageError | None = None
+    contention = ContentionMeter(exclude_ports=local_server_ports(opts.engine)).start()
+    succeeded = 0
+    distributed = None
+    # Hook: the server's own metrics, start snapshot before the first request.
+    scraper, manifest["server_metrics"] = start_server_metrics(
+        opts.server_metrics, opts.engine, clock.now_ns
+    )
+    with stop_signals_as_interrupt():
+        flusher.start()
+        progress.on_start(len(specs))
+        try:
+            with nvtx_ranges.run_range(manifest["run_id"]):
+                if opts.ray is not None:
+                    distributed = _serve_distributed(opts, eopts, specs, recorder, clock)
+                else:
+                    driver.start()
+                    engine.serve(inbox, recorder)
+                    driver.join()
+            if driver.error is not None:
+                raise driver.error
+        except KeyboardInterrupt as exc:
+            status = "interrupted"
+            if isinstance(exc, Terminated):
+                error = f"interrupted by {exc.signame}"
+            else:
+                error = "interrupted by the user (Ctrl-C)"
+        except Exception as exc:
+            status = "failed"
+            error = redact_text(f"{type(exc).__name__}: {exc}")
+        finally:
+            driver.stop()
+            progress.on_end()
+            with _sigint_deferred():
+                if flusher.error is not None:
+                    status, error = "failed", f"{flusher.error}; capture stopped"
+                if status != "complete":
+                    recorder.fail_unfinished(status)
+                try:
+                    engine.close()
+                except Exception as exc:  # closing must not lose the run
+                    manifest["errors"].append(redact_text(f"engine close failed: {exc}"))
+                tele_table = telemetry.stop() if telemetry is not None else None
+                storage = flusher.close()
+                succeeded, no_success = _no_success_error(recorder)
+                if no_success is not None and status == "complete":
+                    status, error = "failed", no_success
+                if storage is None:
+                    storage = _compact(run_dir, recorder, tele_table, distributed)
+                if scraper is not None:
+                    sm_table = scraper.stop()
+                    manifest["server_metrics"] = {
+                        **manifest["server_metrics"],
+                        **scraper.manifest_info(),
+                    }
+                    if storage is None:
+                        try:
+                            write_table_atomic(run_dir / "server_metrics.parquet", sm_table)
+                        except StorageError as exc:
+                            storage = exc
+                manifest["status"] = status
+                manifest["ended_at"] = datetime.now(UTC).isoformat()
+                manifest["host"]["contention"] = contention.stop()
+                if error:
+                    manifest["errors"].append(error)
+                if distributed is not None:
+                    manifest["distributed"] = distributed.to_dict()
+                    manifest["errors"].extend(distributed.errors)
+                manifest["warnings"].extend(
+                    f"{n} {text}" for text, n in sorted(recorder.warnings.items())
+                )
+                if telemetry is not None:
+                    manifest["telemetry"] = telemetry.manifest_info()
+                manifest["process"] = {**manifest["process"], "exited": True}
+                try:
+                    mwriter.write()
+                except StorageError as exc:
+                    storage = storage or exc
+                if storage is None:
+                    remove_segments(run_dir)
+    if storage is not None:
+        raise StorageError(
+            f"{storage}; the run stopped and what was flushed is kept in {run_dir}",
+            path=storage.path,
+            errno=storage.errno,
+        )
     with _sigint_deferred():
         summary = analyze_stored(read_run(run_dir), database=database)
-    return RunOutcome(path=run_dir, status=status, summary=summary, error=error)
+    return RunOutcome(
+        path=run_dir, status=status, summary=summary, error=error, succeeded=succeeded
+    )
+
+
+def _compact(
+    run_dir: Path, recorder: Recorder, telemetry: Any, distributed: Any = None
+) -> StorageError | None:
+    """Write the final Parquet tables; the segment files stay until this succeeds."""
+    try:
+        write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())
+        write_table_atomic(run_dir / "chunks.parquet", recorder.chunks_table())
+        write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
+        if distributed is not None:
+            write_table_atomic(run_dir / "actors.parquet", distributed.actors_table())
+        if telemetry is not None:
+            write_table_atomic(run_dir / "telemetry.parquet", telemetry)
+    except StorageError as exc:
+        # Half-compacted tables would shadow complete segments: readers use the segments.
+        for name in ("requests", "chunks", "steps", "actors", "telemetry"):
+            (run_dir / f"{name}.parquet").unlink(missing_ok=True)
+        return exc
+    return None

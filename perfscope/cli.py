@@ -1,7 +1,8 @@
 """The ``perfscope`` command line: a thin layer over the library.
 
-Exit codes: 0 success, 1 the run failed or was interrupted (its data is kept), 2 bad usage
-(one-line message, no traceback).
+Exit codes: 0 success (a run where some requests failed is reported, still 0), 1 the run
+failed or was interrupted, or a file could not be written (what was captured is kept),
+2 bad usage (one-line message, no traceback), 3 no measured request succeeded.
 """
 
 from __future__ import annotations
@@ -25,8 +26,17 @@ from rich.progress import (
 )
 
 from perfscope import __version__
-from perfscope._argtypes import key_value, nonneg_int, number, positive_int
-from perfscope.errors import PerfscopeError, UsageError
+from perfscope._argtypes import (
+    device,
+    key_value,
+    nonneg_int,
+    number,
+    positive_int,
+    request_count,
+    runs_dir,
+)
+from perfscope.errors import PerfscopeError, StorageError, UsageError
+from perfscope.profiler.redact import redact_text
 
 __all__ = ["build_parser", "main"]
 
@@ -42,7 +52,7 @@ class _Parser(argparse.ArgumentParser):
 def _add_runs_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--runs-dir",
-        type=Path,
+        type=runs_dir,
         default=None,
         help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )
@@ -65,7 +75,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w = p.add_argument_group("workload")
     w.add_argument(
         "--requests",
-        type=positive_int,
+        type=request_count,
         default=None,
         help="measured requests (default 48, or one per line of --prompts)",
     )
@@ -143,7 +153,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="DURATION",
         help="static scheduler: longest a request waits for its batch to fill (default 0s)",
     )
-    e.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
+    e.add_argument(
+        "--device", type=device, default=None, help="cpu, cuda, cuda:1 (default: cuda if present)"
+    )
     e.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
@@ -204,6 +216,19 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     t.add_argument("--gpus", default=None, help="GPUs to sample, e.g. 0,1 (default: all visible)")
     t.add_argument("--no-telemetry", action="store_true", help="do not sample the hardware")
+    t.add_argument(
+        "--server-metrics",
+        default="auto",
+        metavar="auto|URL|off",
+        help="scrape the server's Prometheus metrics (vLLM, SGLang, TGI, llama.cpp) during the "
+        "run into server_metrics.parquet; auto: the openai: server's /metrics if it answers",
+    )
+    t.add_argument(
+        "--server-metrics-interval",
+        default="1s",
+        metavar="DURATION",
+        help="seconds between server-metrics scrapes (default 1s; snapshots at start and end)",
+    )
     t.add_argument(
         "--nvtx",
         action=argparse.BooleanOptionalAction,
@@ -294,11 +319,24 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         write_run_report(outcome.path, err)
     if outcome.status != "complete":
         err.print(
-            f"[red]run {outcome.status}[/red]: {outcome.error}; "
-            f"what was captured is in {outcome.path}"
+            f"[red]run {outcome.status}[/red]: {redact_text(outcome.error or '')}; "
+            f"what was captured is in {outcome.path}",
+            markup=True,
+            highlight=False,
         )
-        return 1
-    return 0
+    return outcome.exit_code
+
+
+def _say_state(run: Any) -> None:
+    """One stderr line per thing a reader of this run should know (crashed, notes)."""
+    if run.state.state not in ("complete", "interrupted", "failed"):
+        sys.stderr.write(
+            f"note: run {run.path.name} is {run.state.state}"
+            + (f" ({run.state.reason})" if run.state.reason else "")
+            + ": showing what was flushed (partial)\n"
+        )
+    for note in run.notes:
+        sys.stderr.write(f"note: {note}\n")
 
 
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
@@ -308,7 +346,13 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
     from perfscope.profiler.store import read_run, resolve_run_path
 
     run = read_run(resolve_run_path(args.run, args.runs_dir))
-    summary = Summary.from_dict(run.summary) if run.summary is not None else analyze_stored(run)
+    _say_state(run)
+    # Reading never writes: a missing summary is computed in memory and not saved.
+    summary = (
+        Summary.from_dict(run.summary)
+        if run.summary is not None
+        else analyze_stored(run, write=False)
+    )
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:
@@ -320,11 +364,19 @@ def _cmd_analyze(args: argparse.Namespace, console: Console) -> int:
     from perfscope._analyze import analyze_stored
     from perfscope._render import summary_view
     from perfscope.analysis.slo import parse_slos
-    from perfscope.profiler.store import read_run, resolve_run_path
+    from perfscope.profiler.store import read_run, resolve_run_path, write_json_atomic
 
     run = read_run(resolve_run_path(args.run, args.runs_dir))
+    _say_state(run)
     slos = parse_slos(args.slo) if args.slo else None
-    summary = analyze_stored(run, slos=slos, hw=args.hw)
+    summary = analyze_stored(run, slos=slos, hw=args.hw, write=False)
+    if run.state.state in ("running", "crashed"):
+        sys.stderr.write("note: summary.json not saved (the run is not finished)\n")
+    else:
+        try:
+            write_json_atomic(run.path / "summary.json", summary.to_dict())
+        except StorageError as exc:
+            sys.stderr.write(f"note: summary computed but not saved ({exc})\n")
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:
@@ -338,31 +390,33 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
 
         return _ls_where(runs_root(args), args, console)
     from perfscope._render import runs_table
-    from perfscope.profiler.store import default_runs_root, list_runs, read_run
+    from perfscope.profiler.store import default_runs_root, scan_runs
 
     root = args.runs_dir or default_runs_root()
-    rows = []
-    for path in list_runs(root)[: args.limit]:
-        try:
-            stored = read_run(path, tables=False)
-        except PerfscopeError:
-            continue
-        rows.append((path, stored.manifest, stored.summary))
+    entries = scan_runs(root)[: args.limit]
     if args.json:
         print(
             json.dumps(
                 [
-                    {"path": str(p), "run_id": p.name, "status": m.get("status"), "summary": s}
-                    for p, m, s in rows
+                    {
+                        "path": str(e.path),
+                        "run_id": e.run_id,
+                        "state": e.state,
+                        "status": (e.manifest or {}).get("status", e.state),
+                        "reason": e.reason,
+                        "summary": e.summary,
+                    }
+                    for e in entries
                 ],
                 indent=2,
             )
         )
         return 0
-    if not rows:
+    if not entries:
         console.print(f"no runs in {root} (run 'perfscope run' to make one)")
         return 0
-    console.print(runs_table(rows))
+    rows = [(e.path, e.manifest or {"status": e.state}, e.summary) for e in entries]
+    console.print(runs_table(rows, states=[(e.state, e.reason) for e in entries]))
     return 0
 
 
@@ -465,17 +519,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=120)  # pipes and CI logs: do not squeeze tables to 80
+    from perfscope._runner import stop_signals_as_interrupt
+
     try:
-        return int(args.handler(args, console))
+        # SIGTERM/SIGHUP unwind like Ctrl-C: temp files are removed, captured data kept.
+        with stop_signals_as_interrupt():
+            return int(args.handler(args, console))
     except UsageError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {redact_text(str(exc))}\n")
         return 2
     except PerfscopeError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {redact_text(str(exc))}\n")
         return 1
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
+    except KeyboardInterrupt as exc:
+        sig = f" by {exc}" if str(exc) else ""
+        sys.stderr.write(f"interrupted{sig}\n")
         return 1
+    except OSError as exc:  # a write outside the run store (an export, a report file)
+        sys.stderr.write(f"error: {redact_text(str(_storage_error(exc)))}\n")
+        return 1
+
+
+def _storage_error(exc: OSError) -> StorageError:
+    from perfscope.profiler.segments import storage_error
+
+    return storage_error(exc.filename or "a file", exc)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@
     │   ├── WorkloadError          bad lengths, distributions, prompt files, rates
     │   ├── SLOError               malformed ``--slo`` / threshold expressions
     │   ├── RunNotFoundError       a run directory that is missing or unreadable
+    │   │   └── BrokenRunError     a run directory whose files are malformed (names file, field)
     │   └── UnknownDeviceError     a device name the hardware database cannot resolve
     ├── HardwareDatabaseError      a device file that is malformed or conflicts with another
     ├── EngineError                the engine failed while running (CLI exit 1; data kept)
+    ├── StorageError               a file could not be written: disk full, read-only (exit 1)
     └── TelemetryError             a sampler could not start or read its device
         └── NVMLError              an NVML call failed (wraps ``pynvml.NVMLError``)
 
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "BrokenRunError",
     "EngineError",
     "EngineNotFoundError",
     "HardwareDatabaseError",
@@ -35,6 +38,7 @@ __all__ = [
     "PerfscopeError",
     "RunNotFoundError",
     "SLOError",
+    "StorageError",
     "TelemetryError",
     "UnknownDeviceError",
     "UsageError",
@@ -66,6 +70,11 @@ class RunNotFoundError(UsageError):
     """A run directory does not exist or has no readable manifest."""
 
 
+class BrokenRunError(RunNotFoundError):
+    """A run directory exists but a file in it is malformed (wrong-typed manifest field,
+    foreign table columns); the message names the file, the field and the problem."""
+
+
 class UnknownDeviceError(UsageError):
     """The hardware database has no device of that name.
 
@@ -84,6 +93,20 @@ class HardwareDatabaseError(PerfscopeError):
 
 class EngineError(PerfscopeError):
     """The engine raised or stopped responding during a run."""
+
+
+class StorageError(PerfscopeError):
+    """A run file could not be written (disk full, read-only folder, permissions).
+
+    Attributes:
+        path: the file that was being written.
+        errno: the operating system's error number, when known.
+    """
+
+    def __init__(self, message: str, path: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
 
 
 class TelemetryError(PerfscopeError):

@@ -26,7 +26,13 @@ from perfscope.profiler.engines.base import Inbox, Submission
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
 
-__all__ = ["Driver", "LoadConfig", "arrival_offsets_ns"]
+__all__ = ["MIN_RATE", "Driver", "LoadConfig", "arrival_offsets_ns"]
+
+#: Lowest open-loop rate (requests/s): one a day on average. Slower rates plan arrivals that
+#: overflow the nanosecond clock (and no run waits that long).
+MIN_RATE = 1.0 / 86_400
+#: Latest planned arrival (ns after the phase start) the clock can represent with margin.
+_MAX_OFFSET_NS = 2**62
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,11 @@ class LoadConfig:
             raise WorkloadError(f"unknown --mode {self.mode!r}: use 'batch' or 'online'")
         if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
             raise WorkloadError(f"--rate must be a positive number of requests/s, got {self.rate}")
+        if self.rate is not None and self.rate < MIN_RATE:
+            raise WorkloadError(
+                f"--rate {self.rate:g} requests/s is a mean gap of {1 / self.rate:.3g} s; the "
+                f"lowest rate is {MIN_RATE:.3g}/s (one a day)"
+            )
         if self.concurrency is not None and self.concurrency < 1:
             raise WorkloadError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.arrival not in ("poisson", "constant", "gamma"):
@@ -70,8 +81,10 @@ class LoadConfig:
         for flag, v in (("--duration", self.duration_s), ("--warmup-duration", self.warmup_s)):
             if v is not None and not (v > 0 and np.isfinite(v)):
                 raise WorkloadError(f"{flag} must be a positive number of seconds, got {v}")
-        if not self.burstiness > 0:
-            raise WorkloadError(f"--burstiness must be positive, got {self.burstiness}")
+        if not (1e-3 <= self.burstiness <= 1e3):
+            raise WorkloadError(
+                f"--burstiness must be between 0.001 and 1000 (gamma shape), got {self.burstiness}"
+            )
         if self.mode == "online":
             if self.rate is None and self.concurrency is None:
                 raise WorkloadError("--mode online needs --rate R or --concurrency N")
@@ -109,7 +122,13 @@ def arrival_offsets_ns(load: LoadConfig, n: int) -> np.ndarray:
     else:
         shape = load.burstiness
         gaps = rng.gamma(shape, mean_gap_s / shape, size=n - 1)
-    return np.concatenate([[0], np.cumsum(gaps * 1e9)]).astype(np.int64)
+    offsets = np.concatenate([[0.0], np.cumsum(gaps * 1e9)])
+    if not offsets[-1] < _MAX_OFFSET_NS:
+        raise WorkloadError(
+            f"{n} requests at {load.rate:g}/s would arrive over {offsets[-1] / 1e9:.3g} s, "
+            "beyond what a run can span: raise --rate or send fewer requests"
+        )
+    return offsets.astype(np.int64)
 
 
 class Driver:

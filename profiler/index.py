@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfscope.errors import UsageError
+from perfscope.profiler.store import manifest_problems, run_state
 
 if TYPE_CHECKING:
     import duckdb
@@ -44,7 +44,7 @@ __all__ = [
 
 INDEX_FILE = ".perfscope-index.duckdb"
 #: Bumped whenever the columns or their meaning change; an older index file is rebuilt.
-INDEX_SCHEMA_VERSION = 2
+INDEX_SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ INDEX_COLUMNS: tuple[IndexColumn, ...] = (
     _c("model", "VARCHAR", "manifest", "engine.model.name", "model spec name"),
     _c("hardware", "VARCHAR", "manifest", "hardware.spec.key", "hwdb key analysed against"),
     _c("hostname", "VARCHAR", "manifest", "host.hostname", "machine the run ran on"),
-    _c("pid", "BIGINT", "manifest", "liveness.pid", "process id of the writer, if recorded"),
-    _c("writer_host", "VARCHAR", "manifest", "liveness.host", "host of the writing process"),
+    _c("pid", "BIGINT", "manifest", "process.pid", "process id of the writer, if recorded"),
+    _c("writer_host", "VARCHAR", "manifest", "process.host", "host of the writing process"),
     _c("load_mode", "VARCHAR", "manifest", "load.mode", "batch or online"),
     _c("rate_req_s", "DOUBLE", "manifest", "load.rate", "offered rate, requests/s"),
     _c("concurrency", "BIGINT", "manifest", "load.concurrency", "closed-loop users"),
@@ -213,34 +213,6 @@ def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OSError, OverflowError, ValueError):
-        return False
-    return True
-
-
-def _state(manifest: dict[str, Any]) -> str:
-    """``complete``/``interrupted``/``failed`` as written; ``running`` only while the writer
-    lives (same host); ``crashed`` when it says running but its process is gone."""
-    status = manifest.get("status")
-    if not isinstance(status, str):
-        return "broken"
-    if status != "running":
-        return status
-    live = manifest.get("liveness") or {}
-    pid = live.get("pid") if isinstance(live, dict) else None
-    host = live.get("host") if isinstance(live, dict) else None
-    if isinstance(pid, int) and (host is None or host == socket.gethostname()):
-        return "running" if _process_alive(pid) else "crashed"
-    return "running"
-
-
 def _row(run_path: str, stats: tuple[int, int, int, int]) -> dict[str, Any]:
     run_dir = Path(run_path)
     manifest, m_problem = _read_json(run_dir / "manifest.json")
@@ -264,12 +236,15 @@ def _row(run_path: str, stats: tuple[int, int, int, int]) -> dict[str, Any]:
     for col in INDEX_COLUMNS:
         raw = _dig(sources[col.source], col.path)
         value = _coerce(raw, col.sql_type)
-        if raw is not None and value is None and col.source == "manifest" and col.name == "status":
-            problems.append(f"manifest.json: status is {type(raw).__name__}, not a string")
         row[col.name] = value
     warnings = summary.get("warnings") if summary else None
     row["warnings"] = len(warnings) if isinstance(warnings, list) else 0
-    row["state"] = _state(manifest)
+    # The run store's own reading of the state (crashed when the writer is gone), so the
+    # index and `perfscope ls` never disagree.
+    state = run_state(manifest)
+    row["state"] = state.state
+    row["problem"] = state.reason if state.state != "complete" else None
+    problems.extend(manifest_problems(manifest))
     if problems:
         row["state"] = "broken"
         row["problem"] = "; ".join(problems)
@@ -353,19 +328,11 @@ class RunIndex:
         stale = [rid for rid in known if rid not in on_disk]
         changed = [rid for rid, (_, st) in on_disk.items() if known.get(rid) != st]
         added = sum(1 for rid in changed if rid not in known)
-        # A run that says "running" may have died since: check its writer's pid (cheap) and
-        # re-read it only when the process is gone.
-        host = socket.gethostname()
+        # A run that says "running" may have died since: re-read those (few) every time.
         died = [
             r[0]
-            for r in con.execute(
-                "SELECT run_id, pid, writer_host FROM runs "
-                "WHERE state = 'running' AND pid IS NOT NULL"
-            ).fetchall()
-            if r[0] in on_disk
-            and r[0] not in changed
-            and (r[2] is None or r[2] == host)
-            and not _process_alive(int(r[1]))
+            for r in con.execute("SELECT run_id FROM runs WHERE state = 'running'").fetchall()
+            if r[0] in on_disk and r[0] not in changed
         ]
         redo = changed + died
         con.execute("BEGIN TRANSACTION")

@@ -3,12 +3,19 @@
 Engines (or users of the manual API) get a :class:`RequestHandle` per request and call
 ``sent()`` once, ``tokens(n)`` per streamed chunk and ``finish()`` at the end; local engines
 also call :meth:`Recorder.step` once per forward pass. The per-chunk path is a clock read
-and four list appends; everything else happens after the run.
+and four list appends; everything else happens after the run or on the segment flusher's
+thread (:mod:`perfscope.profiler.segments`), which reads the append-only lists below by
+position while the engine keeps appending.
+
+Counts are checked once per request, in :meth:`RequestHandle.finish` (never per chunk): a
+negative total, or one beyond :data:`MAX_PLAUSIBLE_TOKENS`, fails the request; a total far
+beyond the request's ``max_output_tokens`` is kept and counted in :attr:`Recorder.warnings`.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -24,8 +31,19 @@ from perfscope.profiler.records import (
     RequestSpec,
     StepKind,
 )
+from perfscope.profiler.redact import redact_text
 
-__all__ = ["Recorder", "RequestHandle"]
+__all__ = ["MAX_PLAUSIBLE_TOKENS", "Recorder", "RequestHandle", "RequestRow"]
+
+#: More output tokens than this in one request is a counting bug, not a measurement.
+MAX_PLAUSIBLE_TOKENS = 100_000_000
+
+#: One request as the segment files store it: REQUEST_TABLE_SCHEMA's columns in order.
+RequestRow = tuple[Any, ...]
+
+
+def _discard(_row: tuple[int, int, int, int]) -> None:
+    """Where chunks of a request that already timed out go."""
 
 
 class RequestHandle:
@@ -33,7 +51,7 @@ class RequestHandle:
     entering marks it sent, leaving finishes it (an exception is recorded as its error
     and re-raised)."""
 
-    __slots__ = ("_append", "_idx", "_recorder", "record")
+    __slots__ = ("__weakref__", "_append", "_idx", "_recorder", "record")
 
     def __init__(self, recorder: Recorder, record: RequestRecord) -> None:
         self._recorder = recorder
@@ -78,14 +96,19 @@ class RequestHandle:
     def finish(self, error: str | None = None) -> None:
         """Close the request; ``error`` (short text) marks it failed. Idempotent."""
         rec = self.record
-        if rec.request_id in self._recorder._finished:
+        recorder = self._recorder
+        if rec.request_id in recorder._finished:
             return
         if rec.t_sent is None:
-            rec.t_sent = self._recorder.clock.now_ns()
-        if error is None and rec.t_first_token is None:
-            error = "no tokens received"
+            rec.t_sent = recorder.clock.now_ns()
+        if error is None:
+            error = recorder._check_counts(rec)
+        elif not error.strip():
+            error = "failed (the engine gave no reason)"
+        else:
+            error = redact_text(error)
         rec.error = error
-        self._recorder._mark_finished(rec.request_id)
+        recorder._mark_finished(rec.request_id)
 
     def __enter__(self) -> RequestHandle:
         if self.record.t_sent is None:
@@ -102,6 +125,13 @@ class RequestHandle:
             self.finish()
         else:
             self.finish(error=_short_error(exc))
+
+
+_REQUEST_FIELDS = tuple(REQUEST_TABLE_SCHEMA.names)
+
+
+def _row(rec: RequestRecord) -> RequestRow:
+    return tuple(getattr(rec, name) for name in _REQUEST_FIELDS)
 
 
 def _short_error(exc: BaseException) -> str:
@@ -127,6 +157,17 @@ class Recorder:
         self._finished: set[int] = set()
         self._chunks: list[tuple[int, int, int, int]] = []
         self._steps: list[tuple[Any, ...]] = []
+        # Append-only, for the segment flusher: request ids in registration and in finish order.
+        self._registered: list[int] = []
+        self._finish_order: list[int] = []
+        # Weak: a handle points at its recorder, so a strong map would make every open
+        # request a reference cycle that keeps old recorders (and their chunks) for the GC.
+        self._handles: weakref.WeakValueDictionary[int, RequestHandle] = (
+            weakref.WeakValueDictionary()
+        )
+        #: Conditions worth a warning in the manifest (e.g. counts beyond max_tokens), each
+        #: with how many requests showed it.
+        self.warnings: dict[str, int] = {}
 
     def add_finish_listener(self, fn: Callable[[int], None]) -> None:
         """Also call ``fn(request_id)`` whenever a request finishes."""
@@ -145,13 +186,90 @@ class Recorder:
             if spec.request_id in self._requests:
                 raise ValueError(f"request id {spec.request_id} registered twice")
             self._requests[spec.request_id] = rec
-        return RequestHandle(self, rec)
+            handle = RequestHandle(self, rec)
+            self._handles[spec.request_id] = handle
+            self._registered.append(spec.request_id)
+        return handle
 
     def _mark_finished(self, request_id: int) -> None:
         with self._lock:
+            if request_id in self._finished:
+                return
             self._finished.add(request_id)
+            self._finish_order.append(request_id)
+            self._handles.pop(request_id, None)
         for fn in self._on_finish:
             fn(request_id)
+
+    def _check_counts(self, rec: RequestRecord) -> str | None:
+        """The error of a request that ended without one, or None (once per request)."""
+        n = rec.output_tokens
+        if rec.t_first_token is None:
+            return "no tokens received"
+        if not isinstance(n, int) or isinstance(n, bool):
+            return f"token count is not an integer ({n!r}); the engine reported a bad count"
+        if n < 0:
+            return f"negative token count ({n}); the engine reported a bad count"
+        if n > MAX_PLAUSIBLE_TOKENS:
+            return (
+                f"implausible token count ({n:,} > {MAX_PLAUSIBLE_TOKENS:,}); the engine "
+                "reported a bad count"
+            )
+        if n > 2 * rec.max_output_tokens + 16:
+            key = "requests reported far more output tokens than their max_tokens"
+            with self._lock:
+                self.warnings[key] = self.warnings.get(key, 0) + 1
+        return None
+
+    def expire(self, request_id: int, error: str) -> bool:
+        """Fail an open request now (a timeout) and ignore whatever its engine reports
+        later; returns False if it had already finished. Safe from any thread."""
+        with self._lock:
+            handle = self._handles.get(request_id)
+        if handle is None or request_id in self._finished:
+            return False
+        real = handle.record
+        # Later tokens() calls of the still-running engine land on a throwaway record.
+        handle.record = RequestRecord(
+            request_id=real.request_id,
+            prompt_tokens=real.prompt_tokens,
+            max_output_tokens=real.max_output_tokens,
+            t_scheduled=real.t_scheduled,
+        )
+        handle._append = _discard
+        if real.t_sent is None:
+            real.t_sent = self.clock.now_ns()
+        real.error = error
+        self._mark_finished(request_id)
+        return True
+
+    def open_requests(self) -> list[RequestRecord]:
+        """Requests registered and not yet finished (a snapshot)."""
+        with self._lock:
+            return [h.record for h in list(self._handles.values())]
+
+    # --- incremental reads (the segment flusher) -----------------------------------------
+
+    def chunk_rows(self, start: int) -> list[tuple[int, int, int, int]]:
+        """Chunks recorded from position ``start`` on (a copy; engines keep appending)."""
+        return self._chunks[start:]
+
+    def step_rows(self, start: int) -> list[tuple[Any, ...]]:
+        """Steps recorded from position ``start`` on."""
+        return self._steps[start:]
+
+    def request_rows(
+        self, registered_from: int, finished_from: int
+    ) -> tuple[list[RequestRow], list[RequestRow], int, int]:
+        """Rows of requests registered since ``registered_from`` (as they are now, not
+        final) and finished since ``finished_from`` (final), with the new positions."""
+        with self._lock:
+            reg = self._registered[registered_from:]
+            fin = self._finish_order[finished_from:]
+            recs = self._requests
+            new_rows = [_row(recs[i]) for i in reg]
+            fin_rows = [_row(recs[i]) for i in fin]
+        return new_rows, fin_rows, registered_from + len(reg), finished_from + len(fin)
 
     def step(
         self,
@@ -192,11 +310,14 @@ class Recorder:
 
     def fail_unfinished(self, reason: str) -> int:
         """Finish every open request with ``reason`` (run interrupted); returns how many."""
-        open_ids = [rid for rid in self._requests if rid not in self._finished]
-        for rid in open_ids:
-            rec = self._requests[rid]
-            rec.error = reason
-            self._finished.add(rid)
+        with self._lock:
+            open_ids = [rid for rid in self._requests if rid not in self._finished]
+            for rid in open_ids:
+                rec = self._requests[rid]
+                rec.error = reason
+                self._finished.add(rid)
+                self._finish_order.append(rid)
+                self._handles.pop(rid, None)
         return len(open_ids)
 
     # --- export -------------------------------------------------------------------------

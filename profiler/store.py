@@ -1,55 +1,86 @@
-"""Run directories: manifest.json, Parquet tables, summary.json (DESIGN.md §3).
+"""Run directories: manifest.json, Parquet tables, summary.json (DESIGN.md §3, §9).
 
-Every file is written atomically (a temp file in the same folder, then ``os.replace``), so a
-reader never sees half a file and an interrupted run still leaves readable files.
+The store owns runs: it creates run directories, validates run ids, lists and reads runs,
+and holds the one atomic writer every component uses (a temp file in the same folder, then
+``os.replace``), so a reader never sees half a file and a failed write leaves no temp file.
+A failed write raises :class:`~perfscope.errors.StorageError` with one line naming the file
+and the cause (disk full, read-only, permission).
+
+Reading never writes. A run is read in one of these states (:class:`RunState`):
+
+- ``complete`` / ``interrupted`` / ``failed``: as the manifest says;
+- ``running``: the manifest says so and the process that writes it is alive (same host:
+  its pid exists and started when recorded; another host: a recent heartbeat);
+- ``crashed``: the manifest says ``running`` but that process is gone (or its heartbeat
+  is stale on another host). Its tables are read from the segment files flushed during the
+  run; the manifest read back has ``status: crashed``, ``partial: true`` and the reason
+  among its ``warnings`` (in memory only);
+- ``broken``: a file is malformed (a wrong-typed manifest field, a table with foreign
+  columns); :func:`read_run` raises :class:`~perfscope.errors.BrokenRunError` naming the
+  file, the field and the problem, and :func:`scan_runs` lists it with that reason.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import os
 import re
 import secrets
+import socket
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from perfscope.errors import RunNotFoundError
+if TYPE_CHECKING:
+    import pandas as pd
+
+from perfscope.errors import BrokenRunError, RunNotFoundError, UsageError
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,
     REQUEST_SCHEMA,
+    REQUEST_TABLE_SCHEMA,
     STEP_SCHEMA,
     TELEMETRY_SCHEMA,
 )
+from perfscope.profiler.segments import SEGMENTS_DIR, SegmentRead, read_segments, storage_error
 
 __all__ = [
     "DEFAULT_RUNS_DIR",
+    "RESERVED_DIRS",
+    "RUN_ID_PATTERN",
     "TABLES",
+    "InvalidRunIdError",
+    "RunEntry",
+    "RunState",
     "StoredRun",
     "default_runs_root",
+    "inspect_run",
     "list_runs",
+    "liveness_record",
+    "manifest_problems",
     "new_run_dir",
     "read_run",
+    "remove_segments",
+    "resolve_run_path",
+    "run_state",
+    "scan_runs",
+    "validate_run_id",
+    "write_bytes_atomic",
     "write_json_atomic",
     "write_table_atomic",
+    "write_text_atomic",
 ]
 
 DEFAULT_RUNS_DIR = "perfscope-runs"
-
-#: Table name → schema of the Parquet files in a run directory.
-TABLES: dict[str, pa.Schema] = {
-    "requests": REQUEST_SCHEMA,
-    "chunks": CHUNK_SCHEMA,
-    "steps": STEP_SCHEMA,
-    "telemetry": TELEMETRY_SCHEMA,
-}
 
 
 def default_runs_root() -> Path:
@@ -62,9 +93,55 @@ def _slug(text: str) -> str:
     return s[:40] or "run"
 
 
+#: A run id is one directory name: starts with a letter or digit, then letters, digits,
+#: ``.``, ``_`` or ``-`` (what :func:`new_run_dir` creates, and nothing that could climb out
+#: of the runs directory).
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+#: Folders under the runs root that are not runs (``perfscope sweep`` writes ``sweeps/``).
+RESERVED_DIRS = frozenset({"sweeps"})
+
+
+class InvalidRunIdError(UsageError):
+    """A run id that is not a plain directory name under the runs directory."""
+
+
+def validate_run_id(runs_dir: Path, run_id: object) -> Path:
+    """The run directory ``runs_dir/run_id``, after checking ``run_id`` is safe.
+
+    Raises:
+        InvalidRunIdError: ``run_id`` is not a string matching :data:`RUN_ID_PATTERN`
+            (so it holds no ``/``, ``\\``, ``..`` or absolute path), or it resolves
+            (through a symlink) outside ``runs_dir``.
+        RunNotFoundError: it is well-formed but no such directory exists.
+    """
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
+        shown = repr(run_id)[:80]
+        raise InvalidRunIdError(
+            f"invalid run id {shown}: a run id is a directory name under the runs directory"
+        )
+    root = runs_dir.resolve()
+    path = runs_dir / run_id
+    if not path.is_dir():
+        raise RunNotFoundError(f"no run {run_id!r} in {str(runs_dir)!r}")
+    if path.resolve().parent != root:
+        raise InvalidRunIdError(f"run id {run_id!r} points outside the runs directory")
+    return path
+
+
 def new_run_dir(root: Path, name: str, started_at: datetime) -> Path:
-    """Create ``root/<YYYYMMDD-HHMMSS>-<name>-<4 hex>`` and return it."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Create ``root/<YYYYMMDD-HHMMSS>-<name>-<4 hex>`` and return it.
+
+    Raises:
+        UsageError: ``root`` exists and is not a folder.
+        StorageError: the folder cannot be created (disk full, read-only, permission).
+    """
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"runs folder {str(root)!r} is a file; give a folder with --runs-dir")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(root, exc) from None
     stamp = started_at.astimezone().strftime("%Y%m%d-%H%M%S")
     for _ in range(20):
         path = root / f"{stamp}-{_slug(name)}-{secrets.token_hex(2)}"
@@ -72,6 +149,8 @@ def new_run_dir(root: Path, name: str, started_at: datetime) -> Path:
             path.mkdir()
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise storage_error(path, exc) from None
         return path
     raise RuntimeError(f"could not create a unique run directory under {root}")
 
@@ -86,25 +165,56 @@ _UMASK = _current_umask()
 
 
 def _atomic(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    """Write via ``write(tmp)`` then rename; no temp file survives a failure."""
+    tmp: str | None = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are meant to be shared
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+    except OSError as exc:
+        raise storage_error(path, exc) from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (StorageError on failure, no temp left)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    _atomic(path, write)
+
+
+def write_stream_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Stream into ``path`` atomically: ``write(f)`` writes to a binary file object (gzip-
+    compressed when ``path`` ends in ``.gz``), which replaces ``path`` only when complete.
+    For outputs too big to hold in memory (a Perfetto trace of a million chunks)."""
+
+    def into(tmp: str) -> None:
+        if path.suffix == ".gz":
+            with gzip.open(tmp, "wb") as gz:
+                write(gz)
+        else:
+            with open(tmp, "wb", buffering=1 << 20) as f:
+                write(f)
+
+    _atomic(path, into)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically; the report and exports use this."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as indented JSON (NaN/inf written as null)."""
-    text = json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n"
-
-    def write(tmp: str) -> None:
-        Path(tmp).write_text(text, encoding="utf-8")
-
-    _atomic(path, write)
+    write_text_atomic(path, json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n")
 
 
 def write_table_atomic(path: Path, table: pa.Table) -> None:
@@ -132,10 +242,263 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+# --- liveness ---------------------------------------------------------------------------
+
+#: On another host, a run whose heartbeat is older than this (seconds) reads as crashed.
+STALE_HEARTBEAT_S = 60.0
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks since boot (Linux), else None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[0] if fields else None
+
+
+def liveness_record(interval_s: float) -> dict[str, Any]:
+    """The manifest's ``process`` entry: who writes the run, and when it last flushed."""
+    pid = os.getpid()
+    now = time.time()
+    return {
+        "pid": pid,
+        "host": socket.gethostname(),
+        "start_ticks": _proc_start_ticks(pid),
+        "heartbeat_unix": now,
+        "heartbeat_at": datetime.fromtimestamp(now).astimezone().isoformat(),
+        "flush_interval_s": interval_s,
+    }
+
+
+def _pid_gone(pid: int, start_ticks: Any) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # exists, owned by someone else
+    except OSError:
+        return True
+    if _proc_state(pid) in ("Z", "X"):
+        return True  # killed, not yet reaped by its parent
+    if isinstance(start_ticks, int):
+        now_ticks = _proc_start_ticks(pid)
+        if now_ticks is not None and now_ticks != start_ticks:
+            return True  # the pid was reused by another process
+    return False
+
+
+@dataclass(frozen=True)
+class RunState:
+    """How a run reads now: ``state`` (complete, running, interrupted, failed, crashed,
+    broken) and why, when it is not complete."""
+
+    state: str
+    reason: str | None = None
+
+    @property
+    def partial(self) -> bool:
+        """True when the tables hold only part of what the run meant to capture."""
+        return self.state != "complete"
+
+
+def run_state(manifest: dict[str, Any], *, now_unix: float | None = None) -> RunState:
+    """The state of a run from its manifest (and a look at its writer's process)."""
+    status = manifest.get("status")
+    if not isinstance(status, str):
+        return RunState("broken", f"manifest.json: field 'status' is {type(status).__name__}")
+    errors = manifest.get("errors")
+    last_error = str(errors[-1])[:200] if isinstance(errors, list) and errors else None
+    if status != "running":
+        return RunState(status, None if status == "complete" else last_error)
+    proc = manifest.get("process")
+    if not isinstance(proc, dict) or not isinstance(proc.get("pid"), int):
+        return RunState(
+            "crashed",
+            "the manifest still says running but records no live process (written by an "
+            "older perfscope or cut short)",
+        )
+    pid, host = int(proc["pid"]), str(proc.get("host") or "")
+    beat = proc.get("heartbeat_unix")
+    at = str(proc.get("heartbeat_at") or "")
+    beat_txt = f" (last heartbeat {at[11:19]})" if len(at) >= 19 else ""
+    if host == socket.gethostname():
+        if _pid_gone(pid, proc.get("start_ticks")):
+            return RunState("crashed", f"process {pid} on {host} is gone{beat_txt}")
+        return RunState("running", f"being written by process {pid}")
+    now = time.time() if now_unix is None else now_unix
+    if isinstance(beat, int | float) and now - float(beat) > STALE_HEARTBEAT_S:
+        return RunState(
+            "crashed", f"no heartbeat from process {pid} on {host} for {now - float(beat):.0f} s"
+        )
+    return RunState("running", f"being written by process {pid} on {host}")
+
+
+# --- validation -------------------------------------------------------------------------
+
+_DICT, _STR, _LIST = (dict,), (str,), (list,)
+_MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "run_id": _STR,
+    "name": _STR,
+    "status": _STR,
+    "started_at": _STR,
+    "engine": _DICT,
+    "workload": _DICT,
+    "load": _DICT,
+    "slos": _DICT,
+    "telemetry": _DICT,
+    "host": _DICT,
+    "errors": _LIST,
+    "warnings": _LIST,
+    "process": _DICT,
+}
+_NULLABLE = {"hardware": _DICT, "ended_at": _STR}
+
+
+def manifest_problems(manifest: Any) -> list[str]:
+    """What is wrong with a manifest, as ``manifest.json: field 'x' ...`` sentences."""
+    if not isinstance(manifest, dict):
+        return [f"manifest.json: holds a {type(manifest).__name__}, not a JSON object"]
+    out: list[str] = []
+    for name, types in {**_MANIFEST_FIELDS, **_NULLABLE}.items():
+        if name not in manifest:
+            continue
+        value = manifest[name]
+        if value is None and (name in _NULLABLE or name in ("telemetry", "process")):
+            continue
+        if not isinstance(value, types) or isinstance(value, bool):
+            want = {"dict": "an object", "str": "a string", "list": "a list"}[types[0].__name__]
+            out.append(
+                f"manifest.json: field {name!r} is {type(value).__name__} "
+                f"({json.dumps(value)[:40]}), expected {want}"
+            )
+    engine = manifest.get("engine")
+    if isinstance(engine, dict):
+        for key in ("uri", "kind"):
+            if key in engine and not isinstance(engine[key], str):
+                out.append(
+                    f"manifest.json: field 'engine.{key}' is {type(engine[key]).__name__}, "
+                    "expected a string"
+                )
+        for key in ("model", "config"):
+            if engine.get(key) is not None and not isinstance(engine[key], dict):
+                out.append(
+                    f"manifest.json: field 'engine.{key}' is {type(engine[key]).__name__}, "
+                    "expected an object"
+                )
+    slos = manifest.get("slos")
+    if isinstance(slos, dict):
+        for k, v in slos.items():
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                out.append(
+                    f"manifest.json: field 'slos.{k}' is {type(v).__name__}, expected seconds"
+                )
+    return out
+
+
+def _summary_problem(summary: Any) -> str | None:
+    if not isinstance(summary, dict):
+        return f"summary.json: holds a {type(summary).__name__}, not a JSON object"
+    schema = summary.get("schema")
+    if not isinstance(schema, str) or not schema.startswith("perfscope.summary/"):
+        return f"summary.json: schema {schema!r} is not a perfscope summary"
+    for key in ("latency", "counts", "throughput"):
+        if key in summary and not isinstance(summary[key], dict):
+            return (
+                f"summary.json: field {key!r} is {type(summary[key]).__name__}, expected an object"
+            )
+    return None
+
+
+def _type_ok(actual: pa.DataType, wanted: pa.DataType) -> bool:
+    t = pa.types
+    if t.is_null(actual):
+        return True
+    if t.is_integer(wanted):
+        return bool(t.is_integer(actual))
+    if t.is_floating(wanted):
+        return bool(t.is_floating(actual) or t.is_integer(actual))
+    if t.is_string(wanted):
+        return bool(t.is_string(actual) or t.is_large_string(actual))
+    if t.is_boolean(wanted):
+        return bool(t.is_boolean(actual))
+    if t.is_list(wanted):
+        return bool(t.is_list(actual) or t.is_large_list(actual))
+    return bool(actual == wanted)
+
+
+#: Columns a table must have; the others of its schema are added as nulls when missing
+#: (telemetry gained columns over time).
+_REQUIRED = {
+    "requests": REQUEST_SCHEMA.names,
+    "chunks": CHUNK_SCHEMA.names,
+    "steps": STEP_SCHEMA.names,
+    "telemetry": ["t", "device"],
+}
+
+
+def _schema_problems(fname: str, actual: pa.Schema, schema: pa.Schema, name: str) -> list[str]:
+    out = []
+    for f in schema:
+        idx = actual.get_field_index(f.name)
+        if idx < 0:
+            if f.name in _REQUIRED[name]:
+                out.append(f"{fname}: column {f.name!r} is missing")
+            continue
+        if not _type_ok(actual.field(idx).type, f.type):
+            out.append(f"{fname}: column {f.name!r} is {actual.field(idx).type}, expected {f.type}")
+    return out
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    cols = []
+    for f in schema:
+        if f.name in table.column_names:
+            cols.append(table.column(f.name).cast(f.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, type=f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+#: Table name → schema of the Parquet files in a run directory.
+TABLES: dict[str, pa.Schema] = {
+    # The core columns are required; the optional ones (send-path stamps, finish reason,
+    # cached tokens) are added as nulls for runs written before them.
+    "requests": REQUEST_TABLE_SCHEMA,
+    "chunks": CHUNK_SCHEMA,
+    "steps": STEP_SCHEMA,
+    "telemetry": TELEMETRY_SCHEMA,
+}
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
 @dataclass
 class StoredRun:
     """A run directory read back. Tables that were never written are empty frames with
-    the right columns."""
+    the right columns.
+
+    Attributes:
+        state: how the run reads now (see the module docstring); ``crashed`` runs also
+            have ``manifest["status"] == "crashed"`` in this copy.
+        notes: what a reader should know (tables read from segments, summary ignored).
+        from_segments: names of the tables read from segment files (not compacted).
+    """
 
     path: Path
     manifest: dict[str, Any]
@@ -144,6 +507,9 @@ class StoredRun:
     steps: pd.DataFrame
     telemetry: pd.DataFrame
     summary: dict[str, Any] | None
+    state: RunState = field(default_factory=lambda: RunState("complete"))
+    notes: list[str] = field(default_factory=list)
+    from_segments: list[str] = field(default_factory=list)
 
     @property
     def run_id(self) -> str:
@@ -153,17 +519,20 @@ class StoredRun:
     def status(self) -> str:
         return str(self.manifest.get("status", "unknown"))
 
+    @property
+    def partial(self) -> bool:
+        return self.state.partial
 
-def _read_table(path: Path, schema: pa.Schema) -> pd.DataFrame:
-    if not path.exists():
-        empty: pd.DataFrame = schema.empty_table().to_pandas()
-        return empty
+
+def _read_parquet(path: Path, name: str, schema: pa.Schema) -> pa.Table:
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as exc:
-        raise RunNotFoundError(f"cannot read {path}: {exc}") from None
-    frame: pd.DataFrame = table.to_pandas()
-    return frame
+        raise BrokenRunError(f"{path}: cannot be read as Parquet ({exc})") from None
+    problems = _schema_problems(path.name, table.schema, schema, name)
+    if problems:
+        raise BrokenRunError(f"run {path.parent.name!r} is broken: " + "; ".join(problems))
+    return _conform(table, schema)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -179,48 +548,179 @@ def read_manifest(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(mpath.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunNotFoundError(f"cannot read {mpath}: {exc}") from None
+        raise BrokenRunError(f"cannot read {mpath}: {exc}") from None
     if not isinstance(data, dict):
-        raise RunNotFoundError(f"{mpath} does not hold a JSON object")
+        raise BrokenRunError(f"{mpath} does not hold a JSON object")
     return data
 
 
+def _mark_state(manifest: dict[str, Any], state: RunState) -> dict[str, Any]:
+    """The manifest as read: a crashed run says so (in this copy only)."""
+    if state.state != "crashed":
+        return manifest
+    out = dict(manifest)
+    out["status"] = "crashed"
+    out["status_reason"] = state.reason
+    out["partial"] = True
+    warnings = [w for w in (out.get("warnings") or []) if isinstance(w, str)]
+    warnings.append(
+        f"this run crashed ({state.reason}): the numbers cover only the records flushed "
+        "before that (partial)"
+    )
+    out["warnings"] = warnings
+    return out
+
+
 def read_run(path: Path | str, *, tables: bool = True) -> StoredRun:
-    """Load a run directory; ``tables=False`` skips the Parquet files (fast listing)."""
+    """Load a run directory; ``tables=False`` skips the tables (fast listing). Never writes.
+
+    Tables come from the Parquet files, or, for a run that never compacted them (crashed,
+    still running, stopped by a full disk), from its segment files.
+
+    Raises:
+        RunNotFoundError: no such run directory or no manifest.
+        BrokenRunError: a malformed manifest, summary-independent table or column.
+    """
     path = Path(path)
     manifest = read_manifest(path)
-    frames = {
-        name: (
-            _read_table(path / f"{name}.parquet", schema)
-            if tables
-            else schema.empty_table().to_pandas()
+    problems = manifest_problems(manifest)
+    if problems:
+        raise BrokenRunError(f"run {path.name!r} is broken: " + "; ".join(problems))
+    state = run_state(manifest)
+    manifest = _mark_state(manifest, state)
+    notes: list[str] = []
+    frames: dict[str, pd.DataFrame] = {}
+    from_segments: list[str] = []
+    segs: SegmentRead | None = None
+    looked = False
+    for name, schema in TABLES.items():
+        ppath = path / f"{name}.parquet"
+        if not tables:
+            frames[name] = schema.empty_table().to_pandas()
+            continue
+        if ppath.exists():
+            frames[name] = _read_parquet(ppath, name, schema).to_pandas()
+            continue
+        if not looked:
+            segs, looked = read_segments(path), True
+        if segs is not None:
+            frames[name] = _conform(segs.tables[name], schema).to_pandas()
+            from_segments.append(name)
+        else:
+            frames[name] = schema.empty_table().to_pandas()
+    if segs is not None:
+        notes.append(
+            "tables read from the segment files flushed during the run ("
+            + ", ".join(n for n in from_segments if len(frames[n]))
+            + ")"
+            + (": " + "; ".join(segs.notes) if segs.notes else "")
         )
-        for name, schema in TABLES.items()
-    }
     summary: dict[str, Any] | None = None
     spath = path / "summary.json"
     if spath.is_file():
         try:
-            summary = json.loads(spath.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            summary = None
-    return StoredRun(path=path, manifest=manifest, summary=summary, **frames)
+            loaded = json.loads(spath.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            notes.append(f"summary.json ignored: unreadable ({type(exc).__name__})")
+        else:
+            problem = _summary_problem(loaded)
+            if problem:
+                notes.append(f"{problem}; ignored (the summary is computed from the tables)")
+            else:
+                summary = loaded
+    return StoredRun(
+        path=path,
+        manifest=manifest,
+        summary=summary,
+        state=state,
+        notes=notes,
+        from_segments=from_segments,
+        **frames,
+    )
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One run directory as a listing shows it (never raises while listing).
+
+    Attributes:
+        state: see :class:`RunState`; ``broken`` when a file is malformed.
+        reason: why the run is not complete (or what is broken), else None.
+        manifest: the manifest as read (None when broken); crashed runs say so in it.
+        summary: summary.json when present and valid.
+    """
+
+    path: Path
+    state: str
+    reason: str | None
+    manifest: dict[str, Any] | None
+    summary: dict[str, Any] | None
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+
+def inspect_run(path: Path) -> RunEntry:
+    """The listing entry of one run directory: its state and reason; never raises."""
+    if not RUN_ID_PATTERN.fullmatch(path.name):
+        return RunEntry(path, "broken", "not a run id (bad folder name)", None, None)
+    if not (path / "manifest.json").is_file():
+        return RunEntry(path, "broken", "no manifest.json", None, None)
+    try:
+        manifest = read_manifest(path)
+    except RunNotFoundError as exc:
+        return RunEntry(path, "broken", str(exc), None, None)
+    problems = manifest_problems(manifest)
+    for name, schema in TABLES.items():
+        ppath = path / f"{name}.parquet"
+        if ppath.is_file():
+            try:
+                actual = pq.read_schema(ppath)
+            except (OSError, pa.ArrowInvalid) as exc:
+                problems.append(f"{ppath.name}: cannot be read as Parquet ({exc})")
+                continue
+            problems.extend(_schema_problems(ppath.name, actual, schema, name))
+    if problems:
+        return RunEntry(path, "broken", "; ".join(problems), None, None)
+    state = run_state(manifest)
+    manifest = _mark_state(manifest, state)
+    summary: dict[str, Any] | None = None
+    reason = state.reason
+    spath = path / "summary.json"
+    if spath.is_file():
+        try:
+            loaded = json.loads(spath.read_text(encoding="utf-8"))
+            problem = _summary_problem(loaded)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            loaded, problem = None, f"summary.json: unreadable ({type(exc).__name__})"
+        if problem:
+            reason = f"{reason}; {problem}" if reason else problem
+        else:
+            summary = loaded
+    return RunEntry(path, state.state, reason, manifest, summary)
 
 
 def resolve_run_path(ref: str | Path, root: Path | None = None) -> Path:
-    """A run given as a path, a run id under ``root`` or ``latest``."""
+    """A run given as a path, a run id under ``root`` or ``latest``.
+
+    ``latest`` is the newest run that is neither broken nor still being written (a
+    crashed, interrupted or failed run can be latest: it reads as such everywhere).
+    """
     p = Path(ref)
-    if p.is_dir():
+    if str(ref) != "latest" and p.is_dir():
         return p
     if p.is_absolute() or len(p.parts) > 1:
         raise RunNotFoundError(f"run directory {str(p)!r} does not exist")
     base = root or default_runs_root()
     if str(ref) == "latest":
-        runs = list_runs(base)
-        if not runs:
-            raise RunNotFoundError(f"no runs in {str(base)!r}")
-        return runs[0]
-    if (base / str(ref)).is_dir():
+        entries = scan_runs(base)
+        usable = [e for e in entries if e.state not in ("broken", "running")]
+        if not usable:
+            why = f" ({len(entries)} broken or still running)" if entries else ""
+            raise RunNotFoundError(f"no readable finished run in {str(base)!r}{why}")
+        return usable[0].path
+    if RUN_ID_PATTERN.fullmatch(str(ref)) and (base / str(ref)).is_dir():
         return base / str(ref)
     matches = [
         r for r in list_runs(base) if r.name.startswith(str(ref)) or r.name.endswith(str(ref))
@@ -233,11 +733,43 @@ def resolve_run_path(ref: str | Path, root: Path | None = None) -> Path:
     )
 
 
+def _mtime(p: Path) -> float:
+    try:
+        return (p / "manifest.json").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def list_runs(root: Path) -> list[Path]:
-    """Run directories under ``root`` (those with a manifest), newest first."""
-    if not root.is_dir():
+    """Run directories under ``root`` (those with a manifest), newest first; never raises."""
+    try:
+        if not root.is_dir():
+            return []
+        runs = [
+            p
+            for p in root.iterdir()
+            if p.is_dir()
+            and not p.name.startswith(".")
+            and p.name not in RESERVED_DIRS
+            and (p / "manifest.json").is_file()
+        ]
+    except OSError:
         return []
-    runs = [p for p in root.iterdir() if p.is_dir() and (p / "manifest.json").is_file()]
-    return sorted(
-        runs, key=lambda p: (p.name[:15], (p / "manifest.json").stat().st_mtime), reverse=True
-    )
+    return sorted(runs, key=lambda p: (p.name[:15], _mtime(p)), reverse=True)
+
+
+def scan_runs(root: Path) -> list[RunEntry]:
+    """Every run directory under ``root`` with its state, newest first; never raises."""
+    return [inspect_run(p) for p in list_runs(root)]
+
+
+def remove_segments(run_dir: Path) -> None:
+    """Delete a run's segment files once its tables are compacted (best effort)."""
+    seg = run_dir / SEGMENTS_DIR
+    if not seg.is_dir():
+        return
+    for f in seg.iterdir():
+        with contextlib.suppress(OSError):
+            f.unlink()
+    with contextlib.suppress(OSError):
+        seg.rmdir()

@@ -14,6 +14,8 @@ from perfscope.errors import WorkloadError
 from perfscope.profiler.records import RequestSpec
 
 __all__ = [
+    "MAX_LENGTH",
+    "MAX_REQUESTS",
     "LengthDist",
     "TraceRow",
     "WorkloadConfig",
@@ -23,6 +25,13 @@ __all__ = [
     "read_trace",
     "with_fresh_salt",
 ]
+
+#: Most requests (warmup included) one workload may plan; each costs a few hundred bytes
+#: before anything is sent, so a mistyped count is refused instead of exhausting memory.
+MAX_REQUESTS = 10_000_000
+#: Longest prompt or output length (tokens) a distribution may produce: far beyond any
+#: context window, and small enough that lengths and KV-cache sizes stay exact integers.
+MAX_LENGTH = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,8 @@ class LengthDist:
         elif self.kind == "uniform":
             out = rng.integers(int(self.a), int(self.b) + 1, size=n)
         else:
-            out = np.rint(rng.normal(self.a, self.b, size=n))
+            # Clipped to the declared range (mean + 6 sigma) so a sample never exceeds ``max``.
+            out = np.clip(np.rint(rng.normal(self.a, self.b, size=n)), 1, self.max)
         result: np.ndarray = np.maximum(out, 1).astype(np.int64)
         return result
 
@@ -71,11 +81,14 @@ def parse_length(text: str | int, what: str = "length") -> LengthDist:
     if isinstance(text, int):
         text = str(text)
     parts = text.strip().lower().split(":")
+    too_long = f"{what} {text!r}: at most {MAX_LENGTH:,} tokens"
     try:
         if len(parts) == 1:
             value = int(parts[0])
             if value < 1:
                 raise WorkloadError(f"{what} must be at least 1 token, got {value}")
+            if value > MAX_LENGTH:
+                raise WorkloadError(too_long)
             return LengthDist("constant", value)
         kind, nums = parts[0], [float(p) for p in parts[1:]]
     except ValueError:
@@ -85,13 +98,17 @@ def parse_length(text: str | int, what: str = "length") -> LengthDist:
         ) from None
     if kind == "uniform" and len(nums) == 2:
         low, high = nums
-        if not (1 <= low <= high) or low != int(low) or high != int(high):
+        if not (1 <= low <= high) or math.isinf(high) or low != int(low) or high != int(high):
             raise WorkloadError(f"{what} {text!r}: uniform needs whole numbers 1 <= LOW <= HIGH")
+        if high > MAX_LENGTH:
+            raise WorkloadError(too_long)
         return LengthDist("uniform", low, high)
     if kind == "normal" and len(nums) == 2:
         mean, std = nums
-        if mean < 1 or std < 0:
+        if not (1 <= mean < math.inf and 0 <= std < math.inf):
             raise WorkloadError(f"{what} {text!r}: normal needs MEAN >= 1 and STD >= 0")
+        if mean + 6 * std > MAX_LENGTH:
+            raise WorkloadError(f"{too_long} (MEAN + 6 STD)")
         return LengthDist("normal", mean, std)
     raise WorkloadError(
         f"cannot read {what} {text!r}: use a number (128), 'uniform:LOW:HIGH' or 'normal:MEAN:STD'"
@@ -249,6 +266,12 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
     """The warmup requests (ids ``0..warmup-1``) followed by the measured ones."""
     if cfg.warmup < 0:
         raise WorkloadError(f"--warmup must be 0 or more, got {cfg.warmup}")
+    planned = cfg.warmup + (cfg.requests or 0)
+    if planned > MAX_REQUESTS:
+        raise WorkloadError(
+            f"{planned:,} requests (warmup included) is more than the {MAX_REQUESTS:,} one run "
+            "may plan: split the load into several runs or bound it with --duration"
+        )
     if cfg.trace_file is not None:
         return load_trace(cfg)
     if cfg.dataset is not None and cfg.prompts_file is None:

@@ -791,5 +791,8 @@ def test_cli_dashboard_rejects_bad_arguments(runs: Runs, tmp_path: Path) -> None
     assert exc.value.code == 2
     f = tmp_path / "file"
     f.write_text("")
-    assert main(["dashboard", "--runs-dir", str(f)]) == 2
+    # A file as the runs dir is refused while parsing the arguments (exit 2, one line).
+    with pytest.raises(SystemExit) as exc:
+        main(["dashboard", "--runs-dir", str(f)])
+    assert exc.value.code == 2
     assert os.environ.get("PERFSCOPE_RUNS_DIR")  # the conftest isolation is in place

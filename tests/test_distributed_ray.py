@@ -165,4 +165,7 @@ def test_a_killed_actor_is_reported_and_its_finished_requests_are_kept(
     # The lost actor's requests that finished well before the kill were kept.
     kept = lost[0]["completed"]
     assert kept >= 3, lost[0]
+    assert any(
+        w.startswith("partial run: 1 of 2 load actors were lost") for w in run.summary["warnings"]
+    )
     assert len(req[req["error"].isna()]) == 40 - len(failed) >= 20 + kept - 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from collections import defaultdict
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 
 from perfscope.analysis.metrics import per_request
 from perfscope.cli import main
+from perfscope.dashboard import exporters
 from perfscope.dashboard.exporters import pack_lanes, perfetto_trace, requests_frame
 from perfscope.profiler.store import StoredRun, read_run
 from tests.data.runs.builders import EVIL, manual_run, small_model, synthetic_run
@@ -223,3 +225,23 @@ def test_perfetto_and_json_exports_through_the_cli(
     assert len(data["requests"]) == len(http_run.requests)
     assert data["summary"]["counts"] == http_run.summary["counts"]  # type: ignore[index]
     assert main(["export", str(http_run.path), "--format", "csv", "-o", "-"]) == 2
+
+
+@pytest.mark.parametrize("batch", [1, 7, 100_000])
+def test_streamed_trace_is_the_in_memory_trace(
+    steps_run: StoredRun, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(exporters, "_STREAM_BATCH", batch)
+    buf = io.BytesIO()
+    n = exporters.stream_perfetto(steps_run, buf)
+    assert n == len(buf.getvalue())
+    assert json.loads(buf.getvalue()) == perfetto_trace(steps_run)
+
+
+def test_perfetto_to_stdout_streams_valid_json(
+    http_run: StoredRun, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    assert main(["export", str(http_run.path), "--format", "perfetto", "-o", "-"]) == 0
+    trace = json.loads(capsysbinary.readouterr().out)
+    validate_trace(trace)
+    assert trace == perfetto_trace(http_run)

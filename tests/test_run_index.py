@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -111,14 +112,14 @@ def test_a_running_run_whose_process_is_gone_reads_as_crashed(
         tmp_path,
         "20261201-100000-dead-0001",
         status="running",
-        liveness={"pid": dead.pid, "host": os.uname().nodename},
+        process={"pid": dead.pid, "host": socket.gethostname()},
     )
     _copy(
         template,
         tmp_path,
         "20261201-100001-alive-0002",
         status="running",
-        liveness={"pid": os.getpid(), "host": os.uname().nodename},
+        process={"pid": os.getpid(), "host": socket.gethostname()},
     )
     with open_index(tmp_path) as index:
         _, rows = index.query("SELECT run_id, state FROM runs ORDER BY run_id")

@@ -388,8 +388,11 @@ def register(app: Dash, dctx: DashboardContext) -> None:
     def request_rows(
         page: int | None, size: int | None, sort_by: list[dict[str, Any]] | None, run_id: str
     ) -> list[dict[str, Any]]:
-        loaded = dctx.repo.load(str(run_id))
-        return requests_page(loaded, page or 0, size or REQUEST_PAGE_SIZE, sort_by)
+        try:
+            loaded = dctx.repo.load(str(run_id))
+            return requests_page(loaded, int(page or 0), int(size or REQUEST_PAGE_SIZE), sort_by)
+        except (PerfscopeError, TypeError, ValueError, AttributeError):
+            return []  # a bad run id, page or sort spec shows an empty table, not a 500
 
     @app.callback(
         Output("detail-request-view", "children"),
@@ -398,14 +401,18 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         prevent_initial_call=True,
     )
     def drill_down(active_cell: dict[str, Any] | None, run_id: str) -> Any:
-        rid = (active_cell or {}).get("row_id")
+        rid = active_cell.get("row_id") if isinstance(active_cell, dict) else None
         if rid is None:
             return note("No request selected.")
+        if isinstance(rid, bool) or not isinstance(rid, int | str):
+            return error_box(f"invalid request id {repr(rid)[:40]}")
         try:
             loaded = dctx.repo.load(str(run_id))
             fig = request_figure(loaded, int(rid))
-        except (PerfscopeError, ValueError) as exc:
+        except PerfscopeError as exc:
             return error_box(str(exc))
+        except (ValueError, OverflowError):
+            return error_box(f"invalid request id {repr(rid)[:40]}")
         if fig is None:
             return error_box(f"request {rid} is not in this run")
         return dcc.Graph(id="detail-request-fig", figure=fig, config=GRAPH_CONFIG)

@@ -18,7 +18,7 @@ from dash import Dash, Input, Output, dcc, html
 from plotly.subplots import make_subplots
 
 from perfscope.dashboard._fmt import esc
-from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError
+from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError, inside_root
 from perfscope.dashboard.figures import FIGURE_LAYOUT
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
@@ -64,9 +64,11 @@ def load_sweep(dctx: DashboardContext, sweep_id: str) -> dict[str, Any]:
         InvalidRunIdError: the id is not a plain file stem.
         RunNotFoundError: no such sweep, or unreadable.
     """
-    if not RUN_ID_PATTERN.fullmatch(sweep_id) or ".." in sweep_id:
-        raise InvalidRunIdError(f"invalid sweep id {sweep_id[:80]!r}")
+    if not isinstance(sweep_id, str) or not RUN_ID_PATTERN.fullmatch(sweep_id) or ".." in sweep_id:
+        raise InvalidRunIdError(f"invalid sweep id {repr(sweep_id)[:80]}")
     path = dctx.runs_dir / SWEEPS_DIR / f"{sweep_id}.json"
+    if not inside_root(dctx.runs_dir, path):
+        raise InvalidRunIdError(f"sweep {sweep_id!r} points outside the runs directory; not read")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

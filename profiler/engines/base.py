@@ -88,6 +88,9 @@ class EngineOptions:
         longest_request_tokens: prompt + output tokens of the workload's longest request,
             when the runner knows it (servers check it against their context length).
         extra: engine-specific options (``--engine-opt key=value``).
+        request_timeout_s: longest a request may take from being sent to its end, in
+            seconds (``--timeout``); ``None`` = no limit. Past it the request fails with a
+            timeout error and the run goes on.
     """
 
     batch_size: int = 8
@@ -102,6 +105,7 @@ class EngineOptions:
     max_seq_len: int = 2048
     longest_request_tokens: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    request_timeout_s: float | None = None
 
 
 @dataclass
@@ -195,6 +199,8 @@ class PerRequestEngine(ABC):
     """
 
     max_workers: int = 512
+    #: Per-request limit in seconds (from ``EngineOptions.request_timeout_s``); None = none.
+    request_timeout_s: float | None = None
 
     @abstractmethod
     def info(self) -> EngineInfo: ...
@@ -212,12 +218,35 @@ class PerRequestEngine(ABC):
 
     def _run_one(self, sub: Submission) -> None:
         sub.handle.sent()
+        if self.request_timeout_s is not None:
+            self._run_with_timeout(sub, self.request_timeout_s)
+            return
+        self._generate_and_finish(sub)
+
+    def _generate_and_finish(self, sub: Submission) -> None:
         try:
             self.generate(sub.spec, sub.handle)
         except Exception as exc:  # one request failing must not end the run
-            sub.handle.finish(error=f"{type(exc).__name__}: {exc}"[:300])
+            sub.handle.finish(error=_error_text(exc))
         else:
             sub.handle.finish()
+
+    def _run_with_timeout(self, sub: Submission, timeout_s: float) -> None:
+        """Serve ``sub`` in a daemon thread and give up on it after ``timeout_s``: a hung
+        engine call cannot be cancelled from Python, but the request fails, its later
+        chunks are ignored and the run (and the process's exit) does not wait for it."""
+        worker = threading.Thread(
+            target=self._generate_and_finish,
+            args=(sub,),
+            name=f"perfscope-req-{sub.spec.request_id}",
+            daemon=True,
+        )
+        worker.start()
+        worker.join(timeout_s)
+        if worker.is_alive():
+            sub.handle._recorder.expire(
+                sub.spec.request_id, f"timeout: no end after {timeout_s:g} s (--timeout)"
+            )
 
     def serve(self, inbox: Inbox, recorder: Recorder) -> None:
         pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="perfscope-req")
@@ -233,6 +262,12 @@ class PerRequestEngine(ABC):
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    name = type(exc).__name__
+    return (f"{name}: {text}" if text else f"{name} (no message)")[:300]
 
 
 EngineFactory = Callable[[str, EngineOptions], Engine]

@@ -57,7 +57,12 @@ class HFEngine:
         if options.device is None:
             self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         else:
-            self.device = torch.device(options.device)
+            try:
+                self.device = torch.device(options.device)
+            except (RuntimeError, ValueError):
+                raise UsageError(
+                    f"unknown device {options.device!r}: use cpu, cuda or cuda:N"
+                ) from None
             if self.device.type == "cuda" and not torch.cuda.is_available():
                 raise UsageError(f"device {options.device!r} requested but CUDA is not available")
         dtype_name = options.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")

@@ -15,6 +15,12 @@ each stamped with the time perfscope receives it. A chunk counts as:
 - a ``dict`` with ``"n_tokens"`` or ``"tokens"``: that count.
 
 A function that returns an ``int`` without streaming is one chunk of that many tokens.
+
+Counts are checked as they arrive: a negative, non-integer (``2.5``, ``"3"`` as a count) or
+implausible (more than :data:`MAX_CHUNK_TOKENS` in one chunk) count fails the request with
+an error that names the value; a zero-token chunk in a stream is skipped, but a callable
+that returns 0 (no stream) fails the request ("no tokens"). ``--timeout`` applies: a call
+that hangs fails its request after that many seconds and the run goes on.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import numbers
+import operator
 import os
 import sys
 from collections.abc import AsyncIterable, Callable, Iterable
-from typing import Any
+from typing import Any, SupportsIndex, cast
 
 from perfscope.errors import EngineNotFoundError, UsageError
 from perfscope.profiler.engines.base import (
@@ -37,7 +45,21 @@ from perfscope.profiler.engines.base import (
 from perfscope.profiler.recorder import RequestHandle
 from perfscope.profiler.records import RequestSpec
 
-__all__ = ["PythonCallableEngine", "chunk_size", "load_callable"]
+__all__ = [
+    "MAX_CHUNK_TOKENS",
+    "BadChunkError",
+    "PythonCallableEngine",
+    "chunk_size",
+    "load_callable",
+]
+
+#: More tokens than this in one chunk is a counting bug, not a measurement.
+MAX_CHUNK_TOKENS = 10_000_000
+
+
+class BadChunkError(ValueError):
+    """A chunk whose token count cannot be right (fails its request, not the run)."""
+
 
 _KWARGS = (
     "request",
@@ -82,24 +104,47 @@ def load_callable(target: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
+def _count(value: object, what: str) -> int:
+    """``value`` as a plausible token count, else BadChunkError naming it."""
+    if isinstance(value, bool):
+        raise BadChunkError(f"{what} is a bool ({value!r}), not a token count")
+    try:
+        n = operator.index(cast(SupportsIndex, value))  # int, numpy ints; not floats, str
+    except TypeError:
+        raise BadChunkError(
+            f"{what} is {type(value).__name__} ({value!r:.40}), not an integer token count"
+        ) from None
+    if n < 0:
+        raise BadChunkError(f"{what} is negative ({n} tokens)")
+    if n > MAX_CHUNK_TOKENS:
+        raise BadChunkError(f"{what} is implausible ({n:,} tokens > {MAX_CHUNK_TOKENS:,})")
+    return n
+
+
 def chunk_size(chunk: object) -> int:
     """Token count of one yielded chunk (rules in the module docstring)."""
-    if isinstance(chunk, bool):
-        raise TypeError("a chunk cannot be a bool")
-    if isinstance(chunk, int):
+    if type(chunk) is int and 0 <= chunk <= MAX_CHUNK_TOKENS:  # the per-chunk fast path
         return chunk
+    if isinstance(chunk, bool):
+        raise BadChunkError("a chunk cannot be a bool")
+    if isinstance(chunk, int):
+        return _count(chunk, "a chunk's token count")
     if isinstance(chunk, str | bytes):
         return 1
     if isinstance(chunk, dict):
         if "n_tokens" in chunk:
-            return int(chunk["n_tokens"])
+            return _count(chunk["n_tokens"], "a chunk's 'n_tokens'")
         if "tokens" in chunk:
             toks = chunk["tokens"]
-            return toks if isinstance(toks, int) else len(toks)
-        raise TypeError("a dict chunk needs 'n_tokens' or 'tokens'")
+            if isinstance(toks, list | tuple | str):
+                return len(toks)
+            return _count(toks, "a chunk's 'tokens'")
+        raise BadChunkError("a dict chunk needs 'n_tokens' or 'tokens'")
     if isinstance(chunk, list | tuple):
         return len(chunk)
-    raise TypeError(f"cannot count tokens in a chunk of type {type(chunk).__name__}")
+    if hasattr(chunk, "__index__") or isinstance(chunk, numbers.Number):
+        return _count(chunk, "a chunk's token count")
+    raise BadChunkError(f"cannot count tokens in a chunk of type {type(chunk).__name__}")
 
 
 class PythonCallableEngine(PerRequestEngine):
@@ -122,7 +167,10 @@ class PythonCallableEngine(PerRequestEngine):
     def generate(self, spec: RequestSpec, handle: RequestHandle) -> None:
         result = self._call(spec)
         if isinstance(result, int) and not isinstance(result, bool):
-            handle.tokens(result)
+            n = _count(result, "the returned token count")
+            if n == 0:
+                raise BadChunkError("the callable returned 0 tokens")
+            handle.tokens(n)
         elif isinstance(result, AsyncIterable):
             asyncio.run(_consume_async(result, handle))
         elif isinstance(result, Iterable) and not isinstance(result, str | bytes):
@@ -184,4 +232,6 @@ def _binder(fn: Callable[..., Any]) -> Callable[[RequestSpec], Any]:
 @register_engine("python")
 def _create(uri: str, options: EngineOptions) -> PythonCallableEngine:
     target = uri.split(":", 1)[1] if ":" in uri else ""
-    return PythonCallableEngine(uri, load_callable(target))
+    engine = PythonCallableEngine(uri, load_callable(target))
+    engine.request_timeout_s = options.request_timeout_s
+    return engine

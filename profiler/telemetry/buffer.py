@@ -119,13 +119,17 @@ class SampleBuffer:
                 self._n += 1
         return decimated
 
-    def to_table(self) -> pa.Table:
-        """A copy of everything buffered so far, as a TELEMETRY_SCHEMA table."""
+    def to_table(self, after_t: int | None = None) -> pa.Table:
+        """A copy of everything buffered so far, as a TELEMETRY_SCHEMA table; with
+        ``after_t`` (ns), only the rows sampled after it (the segment flusher's increment:
+        rows are in time order, so this copies only the tail)."""
         with self._lock:
-            n = self._n
-            t = self._t[:n].copy()
-            dev = self._dev[:n].copy()
-            vals = self._vals[:n].copy()
+            end = self._n
+            start = 0 if after_t is None else int(np.searchsorted(self._t[:end], after_t, "right"))
+            n = end - start
+            t = self._t[start:end].copy()
+            dev = self._dev[start:end].copy()
+            vals = self._vals[start:end].copy()
             devices = list(self._devices)
         arrays: list[pa.Array] = []
         for f in TELEMETRY_SCHEMA:

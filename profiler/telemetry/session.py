@@ -250,9 +250,10 @@ class TelemetrySession:
             self._status = "stopped"
             return self._result
 
-    def snapshot(self) -> pa.Table:
-        """Everything buffered so far (TELEMETRY_SCHEMA), without stopping."""
-        return self._buffer.to_table()
+    def snapshot(self, after_t: int | None = None) -> pa.Table:
+        """Everything buffered so far (TELEMETRY_SCHEMA), without stopping; with
+        ``after_t`` (ns since the run's start) only the samples taken after it."""
+        return self._buffer.to_table(after_t)
 
     @property
     def running(self) -> bool:

@@ -33,6 +33,7 @@ from perfscope.profiler.engines.reference.model import (
     KVCache,
     ReferenceConfig,
     ReferenceModel,
+    torch_dtype,
 )
 from perfscope.profiler.recorder import Recorder
 
@@ -54,12 +55,66 @@ class _Seq:
 def _pick_device(requested: str | None) -> torch.device:
     if requested is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(requested)
+    try:
+        dev = torch.device(requested)
+    except (RuntimeError, ValueError):
+        raise UsageError(
+            f"unknown device {requested!r}: the reference engine runs on cpu, cuda or cuda:N"
+        ) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device {requested!r} requested but CUDA is not available here")
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"device {requested!r}: the reference engine runs on cpu or cuda")
     return dev
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def memory_needed(cfg: ReferenceConfig, slots: int, max_len: int) -> tuple[int, int, int]:
+    """Bytes the engine allocates: (float32 weights while building on the CPU, weights in
+    ``cfg.dtype``, KV cache of ``slots`` sequences of ``max_len`` tokens)."""
+    n = cfg.n_params()
+    itemsize = torch_dtype(cfg.dtype).itemsize
+    kv = 2 * cfg.n_layers * slots * cfg.n_kv_heads * max_len * cfg.head_dim * itemsize
+    return 4 * n, n * itemsize, kv
+
+
+def check_memory(cfg: ReferenceConfig, slots: int, max_len: int, device: torch.device) -> None:
+    """Refuse (UsageError, with the numbers) a model or cache that cannot fit in memory.
+
+    Checked before anything is allocated: the weights are drawn in float32 on the CPU and then
+    cast and moved; the KV cache is allocated on ``device``.
+    """
+    import psutil
+
+    build, weights, kv = memory_needed(cfg, slots, max_len)
+    host_free = psutil.virtual_memory().available
+    shape = (
+        f"{cfg.n_params():,} parameters ({cfg.n_layers} layers, hidden {cfg.hidden_size}, "
+        f"MLP {cfg.intermediate_size}, vocab {cfg.vocab_size})"
+    )
+    fix = "use a smaller preset or --layers/--hidden/--mlp/--vocab"
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        if build > host_free:
+            raise UsageError(
+                f"reference model of {shape} needs {_gb(build)} of host memory to build, "
+                f"{_gb(host_free)} is available: {fix}"
+            )
+        need, where, avail = weights + kv, str(device), free
+    else:
+        # The float32 draft and the cast copy coexist for a moment unless dtype is float32.
+        draft = build + (weights if cfg.dtype != "float32" else 0)
+        need, where, avail = max(draft, weights + kv), "host", host_free
+    if need > avail:
+        raise UsageError(
+            f"reference model of {shape} needs about {_gb(need)} of {where} memory "
+            f"({_gb(weights)} weights in {cfg.dtype} + {_gb(kv)} KV cache for {slots} x "
+            f"{max_len} tokens), {_gb(avail)} is available: {fix}, or lower --batch-size "
+            "or the prompt/output lengths"
+        )
 
 
 class ReferenceEngine:
@@ -88,6 +143,7 @@ class ReferenceEngine:
         except (ValueError, TypeError) as exc:
             raise UsageError(f"reference model: {exc}") from exc
         self.preset = preset
+        check_memory(self.config, options.batch_size, options.max_seq_len, self.device)
         self.model = ReferenceModel.build(self.config, seed=options.seed, device=self.device)
         self.max_seq_len = options.max_seq_len
 

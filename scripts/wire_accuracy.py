@@ -1,0 +1,771 @@
+#!/usr/bin/env python3
+"""How far are a load generator's TTFT/TPOT/E2E from the wire?
+
+Starts a real server on loopback (llama.cpp's ``llama-server`` or vLLM CPU, the builds that
+``.ci/run`` caches), captures the loopback traffic with ``tcpdump -i lo`` (nanosecond stamps),
+runs perfscope (and ``vllm bench serve`` when vLLM is there) against it, and compares each
+request's client-side numbers with the same request's on the wire:
+
+- wire send: the packet that carried the request's last byte;
+- wire first token: the packet that completed the first SSE event carrying a token (text, or a
+  ``usage.completion_tokens`` increase); wire last token: the same for the last such event;
+- wire TTFT = first − send, TPOT = (last − first) / (tokens − 1), E2E = last − send.
+
+perfscope's requests are matched to wire requests by their send, first-token and last-token
+times (one offset between the run clock and the capture clock, from the manifest's start
+time). Peers (``vllm bench serve``) store no per-request start times: their run means are
+compared with the wire means of their own capture.
+
+One-command rerun (needs root for tcpdump, about 6 minutes)::
+
+    python scripts/wire_accuracy.py all --out /tmp/wire
+
+Prints the tables of docs/performance.md and writes ``results.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.live_servers import find_llama_server, find_vllm, free_port  # noqa: E402
+
+# --------------------------------------------------------------------------- pcap + TCP
+
+
+@dataclass
+class _Dir:
+    """One direction of one TCP connection: payload bytes and when each segment arrived."""
+
+    segments: list[tuple[int, int, bytes]] = field(default_factory=list)  # (seq, t_ns, data)
+    data: bytes = b""
+    ends: list[int] = field(default_factory=list)  # byte offset after each segment
+    times: list[int] = field(default_factory=list)
+
+    def assemble(self) -> None:
+        """Order by sequence number, drop retransmitted bytes."""
+        if not self.segments:
+            return
+        self.segments.sort(key=lambda s: (s[0], s[1]))
+        base = self.segments[0][0]
+        buf = bytearray()
+        for seq, t, payload in self.segments:
+            off = (seq - base) & 0xFFFFFFFF
+            if off + len(payload) <= len(buf):
+                continue
+            payload = payload[len(buf) - off :] if off < len(buf) else payload
+            buf += payload
+            self.ends.append(len(buf))
+            self.times.append(t)
+        self.data = bytes(buf)
+
+    def time_of(self, offset: int) -> int:
+        """Capture time (ns) of the packet that carried byte ``offset``."""
+        i = bisect.bisect_right(self.ends, offset)
+        return self.times[min(i, len(self.times) - 1)]
+
+
+def read_pcap(path: Path, server_port: int) -> dict[int, tuple[_Dir, _Dir]]:
+    """Client port → (client→server, server→client) streams of a nanosecond pcap."""
+    raw = path.read_bytes()
+    magic = struct.unpack("<I", raw[:4])[0]
+    if magic == 0xA1B23C4D:
+        endian, scale = "<", 1
+    elif magic == 0xA1B2C3D4:
+        endian, scale = "<", 1000
+    else:
+        raise ValueError(f"{path}: not a little-endian pcap file")
+    linktype = struct.unpack(endian + "I", raw[20:24])[0]
+    conns: dict[int, tuple[_Dir, _Dir]] = {}
+    pos = 24
+    while pos + 16 <= len(raw):
+        sec, frac, incl, _ = struct.unpack(endian + "IIII", raw[pos : pos + 16])
+        pkt = raw[pos + 16 : pos + 16 + incl]
+        pos += 16 + incl
+        t = sec * 1_000_000_000 + frac * scale
+        if linktype == 1:  # Ethernet
+            if struct.unpack("!H", pkt[12:14])[0] != 0x0800:
+                continue
+            ip = pkt[14:]
+        elif linktype == 113:  # Linux cooked
+            ip = pkt[16:]
+        else:
+            ip = pkt[4:] if linktype == 0 else pkt
+        if not ip or ip[0] >> 4 != 4 or ip[9] != 6:
+            continue
+        ihl = (ip[0] & 0x0F) * 4
+        total = struct.unpack("!H", ip[2:4])[0]
+        tcp = ip[ihl:total]
+        sport, dport, seq = struct.unpack("!HHI", tcp[:8])
+        doff = (tcp[12] >> 4) * 4
+        payload = tcp[doff:]
+        if not payload:
+            continue
+        if dport == server_port:
+            conns.setdefault(sport, (_Dir(), _Dir()))[0].segments.append((seq, t, payload))
+        elif sport == server_port:
+            conns.setdefault(dport, (_Dir(), _Dir()))[1].segments.append((seq, t, payload))
+    for c2s, s2c in conns.values():
+        c2s.assemble()
+        s2c.assemble()
+    return conns
+
+
+# --------------------------------------------------------------------------- HTTP + SSE
+
+
+@dataclass
+class WireRequest:
+    """One streamed completion on the wire (capture-clock nanoseconds)."""
+
+    port: int
+    t_sent: int
+    t_first: int | None
+    t_last: int | None
+    tokens: int
+    status: int
+    first_empty: bool = False
+
+    @property
+    def ttft(self) -> float | None:
+        return (self.t_first - self.t_sent) * 1e-9 if self.t_first is not None else None
+
+    @property
+    def e2e(self) -> float | None:
+        return (self.t_last - self.t_sent) * 1e-9 if self.t_last is not None else None
+
+    @property
+    def tpot(self) -> float | None:
+        if self.t_first is None or self.t_last is None or self.tokens < 2:
+            return None
+        return (self.t_last - self.t_first) * 1e-9 / (self.tokens - 1)
+
+
+def _requests(c2s: _Dir) -> list[tuple[str, int]]:
+    """(method + path, time of the last byte) of each HTTP request on a connection."""
+    out, pos, data = [], 0, c2s.data
+    while pos < len(data):
+        end = data.find(b"\r\n\r\n", pos)
+        if end < 0:
+            break
+        head = data[pos:end].decode("latin-1")
+        length = 0
+        for line in head.split("\r\n")[1:]:
+            k, _, v = line.partition(":")
+            if k.strip().lower() == "content-length":
+                length = int(v.strip())
+        last = end + 4 + length - 1
+        out.append((" ".join(head.split(" ", 2)[:2]), c2s.time_of(last)))
+        pos = last + 1
+    return out
+
+
+def _responses(s2c: _Dir) -> list[tuple[int, list[tuple[bytes, int]]]]:
+    """(status, [(SSE event, time of its last byte)]) of each HTTP response."""
+    out: list[tuple[int, list[tuple[bytes, int]]]] = []
+    pos, data = 0, s2c.data
+    while pos < len(data):
+        end = data.find(b"\r\n\r\n", pos)
+        if end < 0:
+            break
+        head = data[pos:end].decode("latin-1").lower()
+        status = int(head.split(" ", 2)[1])
+        body_start = end + 4
+        # Decoded body bytes with their raw offsets.
+        body = bytearray()
+        raw_off: list[int] = []
+        if "transfer-encoding: chunked" in head:
+            p = body_start
+            while True:
+                nl = data.find(b"\r\n", p)
+                if nl < 0:
+                    p = len(data)
+                    break
+                size = int(data[p:nl].split(b";")[0] or b"0", 16)
+                p = nl + 2
+                if size == 0:
+                    p += 2
+                    break
+                body += data[p : p + size]
+                raw_off.extend(range(p, p + size))
+                p += size + 2
+            pos = p
+        else:
+            length = None
+            for line in head.split("\r\n"):
+                if line.startswith("content-length:"):
+                    length = int(line.split(":", 1)[1])
+            stop = len(data) if length is None else body_start + length
+            body += data[body_start:stop]
+            raw_off.extend(range(body_start, stop))
+            pos = stop
+        events = []
+        b = bytes(body).replace(b"\r\n", b"\n")
+        # Offsets shift when \r\n is folded; SSE from these servers uses \n only.
+        i = 0
+        while True:
+            j = b.find(b"\n\n", i)
+            if j < 0:
+                break
+            ev = b[i:j]
+            off = raw_off[min(j + 1, len(raw_off) - 1)] if raw_off else body_start
+            events.append((ev, s2c.time_of(off)))
+            i = j + 2
+        out.append((status, events))
+    return out
+
+
+def _token_events(events: list[tuple[bytes, int]]) -> tuple[list[int], int, bool]:
+    """Times of events that carry a token, and the token count (usage where given).
+
+    A usage increase marks a token only when the server sends usage with every chunk (vLLM's
+    continuous usage); a usage that comes once, at the end (llama.cpp), marks none.
+    """
+    parsed: list[tuple[dict[str, Any], int]] = []
+    for ev, t in events:
+        text = ev.decode("utf-8", errors="replace")
+        if not text.startswith("data:"):
+            continue
+        payload = text[5:].strip()
+        if payload == "[DONE]":
+            continue
+        try:
+            parsed.append((json.loads(payload), t))
+        except json.JSONDecodeError:
+            continue
+    continuous = sum(1 for o, _ in parsed if o.get("usage") and o.get("choices")) > 1
+    times: list[int] = []
+    first_empty = False
+    prev_usage = 0
+    final_usage = None
+    for obj, t in parsed:
+        usage = (obj.get("usage") or {}).get("completion_tokens")
+        choices = obj.get("choices") or []
+        has_text = any(
+            (c.get("text") or (c.get("delta") or {}).get("content") or "") for c in choices
+        )
+        grew = continuous and usage is not None and usage > prev_usage and bool(choices)
+        # Without per-chunk usage (a client that did not ask for it), every chunk with a
+        # choice and no finish_reason is one token, text or not (vLLM, llama.cpp).
+        bare = (
+            not continuous
+            and bool(choices)
+            and all(c.get("finish_reason") is None for c in choices)
+        )
+        if has_text or grew or bare:
+            if not times:
+                first_empty = not has_text
+            times.append(t)
+        if usage is not None:
+            if choices:
+                prev_usage = usage
+            final_usage = usage
+    return times, (final_usage if final_usage is not None else len(times)), first_empty
+
+
+def wire_requests(pcap: Path, port: int) -> list[WireRequest]:
+    """Every streamed POST in the capture, with its token times."""
+    out = []
+    for cport, (c2s, s2c) in read_pcap(pcap, port).items():
+        reqs, resps = _requests(c2s), _responses(s2c)
+        for (what, t_sent), (status, events) in zip(reqs, resps, strict=False):
+            if not what.startswith("POST") or "completions" not in what:
+                continue
+            times, n, first_empty = _token_events(events)
+            out.append(
+                WireRequest(
+                    cport,
+                    t_sent,
+                    times[0] if times else None,
+                    times[-1] if times else None,
+                    n,
+                    status,
+                    first_empty,
+                )
+            )
+    return sorted(out, key=lambda w: w.t_sent)
+
+
+# --------------------------------------------------------------------------- capture
+
+
+class Capture:
+    """``tcpdump -i lo`` of one TCP port into a pcap file (nanosecond stamps)."""
+
+    def __init__(self, port: int, path: Path) -> None:
+        self.path = path
+        self.proc = subprocess.Popen(
+            [
+                "tcpdump",
+                "-i",
+                "lo",
+                "-s",
+                "0",
+                "-B",
+                "65536",
+                "--time-stamp-precision=nano",
+                "-w",
+                str(path),
+                "tcp",
+                "port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(1.0)  # tcpdump needs a moment before it captures
+        if self.proc.poll() is not None:
+            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            raise RuntimeError(f"tcpdump failed: {err.strip()}")
+
+    def stop(self) -> Path:
+        time.sleep(0.3)
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(10)
+        return self.path
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    import numpy as np
+
+    if not values:
+        return {"mean": None, "p50": None, "p99": None, "n": 0}
+    a = np.asarray(values, dtype=float)
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "n": len(a),
+    }
+
+
+def run_perfscope(base: str, tokenizer: Path, load: list[str], n: int, out: Path) -> Path:
+    runs = out / "runs"
+    cmd = [
+        sys.executable,
+        "-m",
+        "perfscope.cli",
+        "run",
+        f"openai:{base}",
+        "--tokenizer",
+        str(tokenizer),
+        "--prompt-len",
+        "64",
+        "--output-len",
+        "32",
+        "--requests",
+        str(n),
+        *load,
+        "--no-progress",
+        "--no-report",
+        "--no-telemetry",
+        "--server-metrics",
+        "off",
+        "--json",
+        "--runs-dir",
+        str(runs),
+    ]
+    before = set(runs.iterdir()) if runs.exists() else set()
+    subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    (new,) = set(runs.iterdir()) - before
+    return new
+
+
+def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
+    """Per-request client − wire errors of one perfscope run (seconds)."""
+    import pandas as pd
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    req = pd.read_parquet(run_dir / "requests.parquet")
+    req = req[req["error"].isna() & ~req["is_warmup"].astype(bool)]
+    origin = int(datetime.fromisoformat(manifest["started_at"]).timestamp() * 1e9)
+    # The preflight request goes out before the run clock starts: not a run request.
+    good = [w for w in wire if w.t_first is not None and w.status == 200 and w.t_sent > origin]
+    # Greedy matching on |send| + |first| + |last| distance (offset from the manifest).
+    pairs = []
+    for i, r in enumerate(req.itertuples()):
+        for j, w in enumerate(good):
+            cost = (
+                abs(origin + r.t_sent - w.t_sent)
+                + abs(origin + r.t_first_token - (w.t_first or 0))
+                + abs(origin + r.t_last_token - (w.t_last or 0))
+            )
+            pairs.append((cost, i, j))
+    pairs.sort()
+    used_i: set[int] = set()
+    used_j: set[int] = set()
+    errs: dict[str, list[float]] = {
+        "ttft": [],
+        "tpot": [],
+        "e2e": [],
+        "send": [],
+        "ttft_text_first": [],
+        "ttft_empty_first": [],
+    }
+    rows = list(req.itertuples())
+    for cost, i, j in pairs:
+        if i in used_i or j in used_j:
+            continue
+        if cost > 300_000_000:  # no wire request within 0.1 s per stamp: not captured
+            break
+        used_i.add(i)
+        used_j.add(j)
+        r, w = rows[i], good[j]
+        ttft = (r.t_first_token - r.t_sent) * 1e-9
+        e2e = (r.t_last_token - r.t_sent) * 1e-9
+        errs["ttft"].append(ttft - (w.ttft or 0))
+        key = "ttft_empty_first" if w.first_empty else "ttft_text_first"
+        errs[key].append(ttft - (w.ttft or 0))
+        errs["e2e"].append(e2e - (w.e2e or 0))
+        errs["send"].append((w.t_sent - origin - r.t_sent) * 1e-9)
+        if r.output_tokens > 1 and w.tpot is not None:
+            tpot = (r.t_last_token - r.t_first_token) * 1e-9 / (r.output_tokens - 1)
+            errs["tpot"].append(tpot - w.tpot)
+    return {
+        "matched": len(used_i),
+        "client_requests": len(req),
+        "wire_requests": len(good),
+        "errors": {k: _stats(v) for k, v in errs.items()},
+    }
+
+
+def _pcap_server_port(pcap: Path) -> int:
+    """The capture's server port: the run's base URL names it (first POST's destination)."""
+    raw = pcap.read_bytes()
+    pos = 24
+    while pos + 16 <= len(raw):
+        incl = struct.unpack("<I", raw[pos + 8 : pos + 12])[0]
+        pkt = raw[pos + 16 : pos + 16 + incl]
+        pos += 16 + incl
+        ip = pkt[14:]
+        ihl = (ip[0] & 0x0F) * 4
+        tcp = ip[ihl:]
+        if b"POST " in tcp[(tcp[12] >> 4) * 4 :][:5]:
+            return int(struct.unpack("!H", tcp[2:4])[0])
+    raise ValueError(f"{pcap}: no POST found")
+
+
+def wire_means(wire: list[WireRequest]) -> dict[str, float | None]:
+    good = [w for w in wire if w.t_first is not None and w.status == 200]
+    out: dict[str, float | None] = {}
+    for key in ("ttft", "tpot", "e2e"):
+        vals = [getattr(w, key) for w in good if getattr(w, key) is not None]
+        out[key] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def run_vllm_bench(
+    vllm: str, base: str, model_dir: Path, load: list[str], n: int, out: Path
+) -> dict[str, float]:
+    res = out / "bench"
+    res.mkdir(parents=True, exist_ok=True)
+    name = f"bench-{time.time_ns()}.json"
+    cmd = [
+        vllm,
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        base.removesuffix("/v1"),
+        "--model",
+        "tiny-llama",
+        "--tokenizer",
+        str(model_dir),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "32",
+        "--num-prompts",
+        str(n),
+        "--ignore-eos",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--ready-check-timeout-sec",
+        "0",
+        "--save-result",
+        "--result-dir",
+        str(res),
+        "--result-filename",
+        name,
+        *load,
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    data = json.loads((res / name).read_text())
+    return {
+        "ttft": data["mean_ttft_ms"] * 1e-3,
+        "tpot": data["mean_tpot_ms"] * 1e-3,
+        "e2e": data["mean_e2el_ms"] * 1e-3 if "mean_e2el_ms" in data else float("nan"),
+    }
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def start_llama(out: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
+    from tests.live_models import build_gguf, save_tokenizer
+
+    binary = find_llama_server()
+    if binary is None:
+        raise SystemExit("llama-server not found (run .ci/run or set PERFSCOPE_LLAMA_SERVER)")
+    model = build_gguf(out / "tiny.gguf")
+    tok = save_tokenizer(out / "tokenizer")
+    port = free_port()
+    log = (out / "llama-server.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            *(binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
+            *("--parallel", "4", "--cont-batching", "--metrics", "-c", "2048", "-t", "1"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    _wait(f"http://127.0.0.1:{port}/health", 60)
+    return proc, port, tok
+
+
+def start_vllm(out: Path) -> tuple[subprocess.Popen[bytes], int, Path, str]:
+    from tests.live_models import build_hf_llama
+
+    vllm = find_vllm()
+    if vllm is None:
+        raise SystemExit("vLLM not found (run .ci/run or set PERFSCOPE_VLLM)")
+    model = build_hf_llama(out / "hf-model")
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    log = (out / "vllm.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            *(vllm, "serve", str(model), "--served-model-name", "tiny-llama"),
+            *("--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"),
+            *("--max-model-len", "512", "--max-num-seqs", "64", "--seed", "0"),
+            "--disable-uvicorn-access-log",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    _wait(f"http://127.0.0.1:{port}/health", 900)
+    return proc, port, model, vllm
+
+
+def _wait(url: str, timeout_s: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"{url} not ready after {timeout_s:.0f} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+# --------------------------------------------------------------------------- main
+
+
+def measure(
+    label: str,
+    port: int,
+    base: str,
+    tokenizer: Path,
+    load: list[str],
+    n: int,
+    out: Path,
+    bench: tuple[str, Path, list[str]] | None,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"load": label, "requests": n}
+    slug = "".join(ch if ch.isalnum() else "_" for ch in label)
+    cap = Capture(port, out / f"{slug}-{time.time_ns()}.pcap")
+    try:
+        run_dir = run_perfscope(base, tokenizer, load, n, out)
+    finally:
+        pcap = cap.stop()
+    wire = wire_requests(pcap, port)
+    row["pcap"], row["run_dir"] = str(pcap), str(run_dir)
+    row["perfscope"] = compare_perfscope(run_dir, wire)
+    row["wire_means"] = wire_means(wire)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    row["perfscope"]["failed"] = summary["counts"]["failed"]
+    if bench is not None:
+        vllm, model_dir, bench_load = bench
+        cap = Capture(port, out / f"bench-{slug}-{time.time_ns()}.pcap")
+        try:
+            means = run_vllm_bench(vllm, base, model_dir, bench_load, n, out)
+        finally:
+            pcap = cap.stop()
+        w = wire_means(wire_requests(pcap, port))
+        row["bench_pcap"], row["bench_means"] = str(pcap), means
+        row["vllm_bench"] = {
+            k: (means[k] - w[k]) if w[k] is not None else None for k in ("ttft", "tpot", "e2e")
+        }
+    return row
+
+
+def _fmt(v: float | None) -> str:
+    return "—" if v is None else f"{v * 1e3:+.3f}"
+
+
+def print_tables(rows: list[dict[str, Any]]) -> None:
+    print(
+        "| server | load | runs × requests | lost | TTFT − wire mean (p50 / p99) | "
+        "TTFT − wire, text-first requests | empty-first requests: n, TTFT − wire | "
+        "TPOT − wire mean | E2E − wire mean (p99) | wire send − send stamp | vllm bench "
+        "TTFT / TPOT − wire |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["load"]), []).append(r)
+    for (server, load), rs in groups.items():
+        import numpy as np
+
+        def pooled(key: str, stat: str, rs: list[dict[str, Any]] = rs) -> float | None:
+            pairs = [
+                (r["perfscope"]["errors"][key][stat], r["perfscope"]["errors"][key]["n"])
+                for r in rs
+            ]
+            pairs = [(v, n) for v, n in pairs if v is not None and n]
+            if not pairs:
+                return None
+            if stat == "mean":  # weighted by requests
+                return float(sum(v * n for v, n in pairs) / sum(n for _, n in pairs))
+            return float(np.mean([v for v, _ in pairs]))
+
+        n_empty = sum(int(r["perfscope"]["errors"]["ttft_empty_first"]["n"]) for r in rs)
+
+        lost = sum(int(r["perfscope"]["failed"]) for r in rs)
+        total = sum(int(r["requests"]) for r in rs)
+        bench = ""
+        if "vllm_bench" in rs[0]:
+            b = rs[0]["vllm_bench"]
+            bench = f"{_fmt(b['ttft'])} / {_fmt(b['tpot'])}"
+        print(
+            f"| {server} | {load} | {len(rs)} × {rs[0]['requests']} | {lost}/{total} | "
+            f"{_fmt(pooled('ttft', 'mean'))} ({_fmt(pooled('ttft', 'p50'))} / "
+            f"{_fmt(pooled('ttft', 'p99'))}) | {_fmt(pooled('ttft_text_first', 'mean'))} | "
+            f"{n_empty}, {_fmt(pooled('ttft_empty_first', 'mean'))} | "
+            f"{_fmt(pooled('tpot', 'mean'))} | "
+            f"{_fmt(pooled('e2e', 'mean'))} ({_fmt(pooled('e2e', 'p99'))}) | "
+            f"{_fmt(pooled('send', 'mean'))} | {bench or '—'} |"
+        )
+    print("(milliseconds; positive = the client reports more than the wire)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("which", choices=("llama", "vllm", "all"))
+    ap.add_argument("--out", type=Path, default=None, help="folder for captures and results")
+    ap.add_argument("--runs", type=int, default=3, help="llama.cpp: runs per load (3)")
+    ap.add_argument("--requests", type=int, default=24, help="llama.cpp: requests per run (24)")
+    ap.add_argument("--no-bench", action="store_true", help="skip vllm bench serve")
+    ap.add_argument(
+        "--reanalyze",
+        type=Path,
+        default=None,
+        metavar="RESULTS_JSON",
+        help="recompute perfscope's errors from the captures and runs a results.json names",
+    )
+    args = ap.parse_args()
+    if args.reanalyze is not None:
+        rows = json.loads(args.reanalyze.read_text())
+        for row in rows:
+            port = _pcap_server_port(Path(row["pcap"]))
+            wire = wire_requests(Path(row["pcap"]), port)
+            failed = row["perfscope"].get("failed")
+            row["perfscope"] = compare_perfscope(Path(row["run_dir"]), wire)
+            row["perfscope"]["failed"] = failed
+            if row.get("bench_pcap"):
+                w = wire_means(wire_requests(Path(row["bench_pcap"]), port))
+                m = row["bench_means"]
+                row["vllm_bench"] = {
+                    k: (m[k] - w[k]) if w[k] is not None else None for k in ("ttft", "tpot", "e2e")
+                }
+        args.reanalyze.write_text(json.dumps(rows, indent=2))
+        print_tables(rows)
+        return 0
+    out = args.out or Path(tempfile.mkdtemp(prefix="wire-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    if args.which in ("llama", "all"):
+        proc, port, tok = start_llama(out)
+        try:
+            base = f"http://127.0.0.1:{port}/v1"
+            for c in (1, 4):
+                for _ in range(args.runs):
+                    row = measure(
+                        f"concurrency {c}",
+                        port,
+                        base,
+                        tok,
+                        ["--concurrency", str(c)],
+                        args.requests,
+                        out,
+                        None,
+                    )
+                    rows.append({"server": "llama.cpp", **row})
+                    (out / "results.json").write_text(json.dumps(rows, indent=2))
+        finally:
+            _stop(proc)
+    if args.which in ("vllm", "all"):
+        proc, port, model, vllm = start_vllm(out)
+        try:
+            base = f"http://127.0.0.1:{port}/v1"
+            # Warm the server's shapes first (compiled graphs per batch size).
+            run_perfscope(base, model, ["--concurrency", "16"], 48, out)
+            loads = (
+                ("2 req/s", ["--rate", "2"], 32, ["--request-rate", "2"]),
+                ("16 streams", ["--concurrency", "16"], 64, ["--max-concurrency", "16"]),
+                ("48 streams", ["--concurrency", "48"], 96, ["--max-concurrency", "48"]),
+            )
+            for label, load, n, bench_load in loads:
+                bench = None if args.no_bench else (vllm, model, bench_load)
+                if bench_load[0] == "--max-concurrency":
+                    bench_load = [*bench_load, "--request-rate", "inf"]
+                    bench = None if args.no_bench else (vllm, model, bench_load)
+                row = measure(label, port, base, model, load, n, out, bench)
+                rows.append({"server": "vLLM CPU", **row})
+                (out / "results.json").write_text(json.dumps(rows, indent=2))
+        finally:
+            _stop(proc)
+    (out / "results.json").write_text(json.dumps(rows, indent=2))
+    print_tables(rows)
+    print(f"results: {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Bad counts, hung engines, all-failed runs: refused or timed out at capture, exit codes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.reliability.helpers import cli
+
+
+def _run(runs: Path, engine: str, *extra: str, requests: int = 4) -> tuple[int, dict, str]:
+    res = cli(
+        "run",
+        f"python:logged_engines:{engine}",
+        "--requests",
+        str(requests),
+        "--output-len",
+        "8",
+        "--no-progress",
+        "--no-telemetry",
+        "--no-report",
+        "--json",
+        *extra,
+        runs=runs,
+    )
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, json.loads(res.stdout) if res.stdout.strip() else {}, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("engine", "words"),
+    [
+        ("negative", "negative (-5 tokens)"),
+        ("absurd", "implausible (1,000,000,000,000 tokens"),
+        ("fractional", "float (2.5), not an integer token count"),
+        ("returns_zero", "returned 0 tokens"),
+    ],
+)
+def test_a_bad_token_count_fails_its_request_with_a_clear_error(
+    tmp_path: Path, engine: str, words: str
+) -> None:
+    rc, summary, err = _run(tmp_path, engine)
+    assert rc == 3, err  # every request failed: no successful measured request
+    assert summary["status"] == "failed"
+    (run_dir,) = list(tmp_path.iterdir())
+    reqs = pd.read_parquet(run_dir / "requests.parquet")
+    assert reqs["error"].notna().all()
+    assert all(words in e for e in reqs["error"]), reqs["error"].tolist()
+    assert "no measured request succeeded" in err
+    # Nothing absurd reaches the numbers.
+    assert (summary.get("throughput") or {}).get("output_tok_s") in (None, 0, 0.0)
+
+
+def test_counts_far_beyond_max_tokens_are_warned_about(tmp_path: Path) -> None:
+    rc, summary, err = _run(tmp_path, "too_many")
+    assert rc == 0, err
+    assert any("far more output tokens than their max_tokens" in w for w in summary["warnings"])
+    assert any(w.startswith("4 requests") for w in summary["warnings"])
+
+
+def test_a_hung_python_engine_is_timed_out_and_the_run_goes_on(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    rc, summary, err = _run(tmp_path, "hangs_on_odd", "--timeout", "1", requests=6)
+    elapsed = time.monotonic() - t0
+    assert rc == 0, err  # partial failure: exit 0, reported
+    assert elapsed < 90  # the hung calls (an hour each) did not hold the run
+    (run_dir,) = list(tmp_path.iterdir())
+    reqs = pd.read_parquet(run_dir / "requests.parquet").set_index("request_id")
+    odd = reqs.loc[[1, 3, 5]]
+    even = reqs.loc[[0, 2, 4]]
+    assert odd["error"].str.contains("timeout: no end after 1 s").all(), odd["error"].tolist()
+    assert even["error"].isna().all() and (even["output_tokens"] == 8).all()
+    assert summary["counts"]["failed"] == 3 and summary["counts"]["completed"] == 3
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["request_timeout_s"] == 1.0 and manifest["status"] == "complete"
+
+
+def test_a_run_where_every_request_failed_ends_failed_with_exit_3(tmp_path: Path) -> None:
+    rc, summary, err = _run(tmp_path, "always_fails")
+    assert rc == 3, err
+    assert summary["status"] == "failed"
+    assert "ConnectionRefusedError: server refused the request" in err
+    (run_dir,) = list(tmp_path.iterdir())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert "no measured request succeeded (4 of 4 failed" in manifest["errors"][-1]
+
+
+def test_an_engine_that_never_yields_exits_3(tmp_path: Path) -> None:
+    rc, summary, _err = _run(tmp_path, "never_yields")
+    assert rc == 3 and summary["status"] == "failed"
+
+
+def test_partial_failure_stays_exit_0_and_is_reported(tmp_path: Path) -> None:
+    rc, summary, err = _run(tmp_path, "half_fail")
+    assert rc == 0, err
+    assert summary["status"] == "complete"
+    assert summary["counts"]["failed"] == 2 and summary["counts"]["completed"] == 2
+
+
+def test_timeout_applies_to_a_batching_engine_too(tmp_path: Path) -> None:
+    """The reference engine queues requests (batch size 1): the later ones pass --timeout."""
+    res = cli(
+        "run",
+        "reference",
+        "--model-preset",
+        "tiny",
+        "--requests",
+        "6",
+        "--batch-size",
+        "1",
+        "--output-len",
+        "64",
+        "--timeout",
+        "0.3",
+        "--no-progress",
+        "--no-telemetry",
+        "--no-report",
+        runs=tmp_path,
+    )
+    assert res.returncode in (0, 3), res.stderr
+    assert "Traceback" not in res.stderr
+    (run_dir,) = list(tmp_path.iterdir())
+    reqs = pd.read_parquet(run_dir / "requests.parquet")
+    errors = reqs["error"].dropna()
+    assert len(errors) >= 1
+    assert errors.str.startswith("timeout: no end after 0.3 s").all(), errors.tolist()
+    # A timed-out request's later tokens were not counted.
+    assert (reqs.loc[reqs["error"].notna(), "output_tokens"] < 64).all()

@@ -1,0 +1,127 @@
+"""A malformed run is shown as broken (file, field, problem) and breaks nothing else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.reliability.helpers import cli
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One good run and three broken copies of it."""
+    root = tmp_path_factory.mktemp("malformed") / "runs"
+    res = cli(
+        "run",
+        "python:logged_engines:half_fail",
+        "--requests",
+        "4",
+        "--output-len",
+        "4",
+        "--no-progress",
+        "--no-report",
+        runs=root,
+    )
+    assert res.returncode == 0, res.stderr
+    (good,) = list(root.iterdir())
+    stem = good.name[:15]
+
+    def copy(tag: str) -> Path:
+        dst = root / f"{stem}-{tag}-0000"
+        shutil.copytree(good, dst)
+        return dst
+
+    bad_manifest = copy("badmanifest")
+    m = json.loads((bad_manifest / "manifest.json").read_text())
+    m["workload"] = ["not", "an", "object"]
+    m["status"] = 7
+    (bad_manifest / "manifest.json").write_text(json.dumps(m))
+
+    foreign_summary = copy("foreignsummary")
+    (foreign_summary / "summary.json").write_text(json.dumps({"schema": "acme/9", "x": 1}))
+
+    foreign_cols = copy("foreigncols")
+    pq.write_table(
+        pa.table({"id": [1, 2], "latency": ["fast", "slow"], "t_sent": ["a", "b"]}),
+        foreign_cols / "requests.parquet",
+    )
+    return root
+
+
+def test_ls_lists_every_run_and_says_what_is_broken(runs: Path) -> None:
+    res = cli("ls", "--json", runs=runs)
+    assert res.returncode == 0, res.stderr
+    rows = {e["run_id"].split("-")[2]: e for e in json.loads(res.stdout)}
+    assert rows["badmanifest"]["state"] == "broken"
+    assert "manifest.json: field 'status' is int" in rows["badmanifest"]["reason"]
+    assert "field 'workload' is list" in rows["badmanifest"]["reason"]
+    assert rows["foreigncols"]["state"] == "broken"
+    assert "requests.parquet: column 'request_id' is missing" in rows["foreigncols"]["reason"]
+    assert "column 't_sent' is string, expected int64" in rows["foreigncols"]["reason"]
+    fs = rows["foreignsummary"]
+    assert fs["state"] == "complete" and fs["summary"] is None
+    assert "summary.json: schema 'acme/9' is not a perfscope summary" in fs["reason"]
+    table = cli("ls", runs=runs)
+    assert table.returncode == 0 and "broken" in table.stdout
+
+
+@pytest.mark.parametrize("cmd", ["show", "analyze", "report", "export"])
+def test_commands_on_a_broken_run_give_one_line_naming_file_and_field(
+    runs: Path, cmd: str, tmp_path: Path
+) -> None:
+    for tag, words in (
+        ("badmanifest", ("manifest.json", "'workload'")),
+        ("foreigncols", ("requests.parquet", "'request_id'")),
+    ):
+        (run,) = [p for p in runs.iterdir() if f"-{tag}-" in p.name]
+        args = [cmd, str(run)]
+        if cmd == "export":
+            args += ["--format", "json", "-o", str(tmp_path / "x.json")]
+        if cmd == "report":
+            args += ["-o", str(tmp_path / "r.html")]
+        res = cli(*args, runs=runs)
+        assert res.returncode == 2, res.stderr
+        assert "Traceback" not in res.stderr
+        line = res.stderr.strip()
+        assert line.startswith("error: ") and "broken" in line and "\n" not in line, line
+        for w in words:
+            assert w in line, line
+
+
+def test_a_foreign_summary_is_ignored_and_recomputed_in_memory(runs: Path) -> None:
+    (run,) = [p for p in runs.iterdir() if "-foreignsummary-" in p.name]
+    res = cli("show", str(run), "--json", runs=runs)
+    assert res.returncode == 0, res.stderr
+    assert "summary.json: schema 'acme/9' is not a perfscope summary" in res.stderr
+    assert json.loads(res.stdout)["counts"]["completed"] == 2
+    assert json.loads((run / "summary.json").read_text())["schema"] == "acme/9"  # not written
+
+
+def test_compare_names_the_broken_run_and_the_good_run_still_reads(runs: Path) -> None:
+    good = next(p for p in runs.iterdir() if "-python-" in p.name)
+    bad = next(p for p in runs.iterdir() if "-foreigncols-" in p.name)
+    res = cli("compare", str(good), str(bad), runs=runs)
+    assert res.returncode == 2 and "requests.parquet" in res.stderr, res.stderr
+    assert cli("show", str(good), runs=runs).returncode == 0
+
+
+def test_the_dashboard_lists_broken_runs_without_failing(runs: Path) -> None:
+    from perfscope.dashboard.app import create_app
+
+    app = create_app(runs)
+    client = app.server.test_client()
+    resp = client.get("/api/runs")
+    assert resp.status_code == 200
+    rows = {r["run_id"].split("-")[2]: r for r in resp.get_json()}
+    assert rows["badmanifest"]["state"] == "broken"
+    assert "field 'workload'" in rows["badmanifest"]["status"]
+    assert rows["foreigncols"]["state"] == "broken"
+    assert "requests.parquet" in rows["foreigncols"]["status"]
+    page = client.get("/")
+    assert page.status_code == 200
