@@ -2,9 +2,21 @@
 
 Every suggestion is a standard technique with the reason it applies to this run and a gain
 computed by re-running the what-if model (:func:`perfscope.analysis.whatif.predict`) on the
-run's workload with the technique applied, at the run's own per-phase efficiency. A
-suggestion never comes without its number; assumptions the number rests on (acceptance
-rate, cached share, target efficiency) are stated in ``assumptions``.
+run's workload with the technique applied. A suggestion never comes without its number;
+assumptions the number rests on (acceptance rate, cached share, target efficiency) are
+stated in ``assumptions``.
+
+Gains stay within physics:
+
+- each gain is a range (``projected_gain.low`` .. ``high``; ``value`` is ``high``) between
+  two stated assumptions: the run's per-step overhead stays fixed (low) or the run's
+  fraction of speed of light carries over (high); for overhead cuts, the efficiency
+  range a tuned engine of the platform reaches (:data:`TUNED_EFFICIENCY`);
+- every gain is capped by the roofline: no technique makes a phase faster than its speed
+  of light with the technique applied (``projected_gain.bound``, the measured time over
+  that speed-of-light time);
+- techniques are gated by platform: CUDA graphs only on NVIDIA GPUs; on a CPU the overhead
+  levers are threads, ``torch.compile`` and batching.
 """
 
 from __future__ import annotations
@@ -31,12 +43,37 @@ SPEC_DRAFT_TOKENS = 4
 SPEC_ACCEPTANCE = 0.7
 #: Draft model cost per drafted token as a fraction of one target decode step.
 SPEC_DRAFT_COST = 0.05
-#: Efficiency a tuned engine reaches once per-step overhead is removed (CUDA graphs etc.).
-TUNED_EFFICIENCY = 0.5
+#: Fraction of speed of light a tuned engine reaches once per-step overhead is cut, per
+#: platform and phase, as (low, high). GPUs: eager PyTorch to compiled engines (the
+#: documented range of :data:`perfscope.analysis.whatif.ENGINE_EFFICIENCY`). CPUs: an
+#: assumption (no published ceiling study at hand): tuned CPU inference with oneDNN/compiled
+#: graphs reaches about 10-40% of the roofline in prefill and 5-30% in decode.
+TUNED_EFFICIENCY: dict[str, dict[str, tuple[float, float]]] = {
+    "gpu": {"prefill": (0.35, 0.70), "decode": (0.20, 0.60)},
+    "cpu": {"prefill": (0.10, 0.40), "decode": (0.05, 0.30)},
+}
 
 
 def _gain(value: float, unit: str, metric: str) -> dict[str, Any]:
     return {"value": round(float(value), 3), "unit": unit, "metric": metric}
+
+
+def _platform(device: DeviceSpec) -> str:
+    """``cuda`` (NVIDIA GPU), ``gpu`` (other accelerators) or ``cpu`` (CPUs and SoCs run
+    on their CPU cores)."""
+    if device.kind == "gpu":
+        return "cuda" if "nvidia" in (device.vendor or "").lower() else "gpu"
+    if device.kind in ("tpu", "npu"):
+        return "gpu"
+    return "cpu"
+
+
+def _overhead_levers(platform: str) -> str:
+    if platform == "cuda":
+        return "CUDA graphs, torch.compile, fused kernels"
+    if platform == "gpu":
+        return "graph compilation, fused kernels"
+    return "torch.set_num_threads to the physical cores, torch.compile, fused CPU kernels"
 
 
 def advise(
@@ -55,8 +92,9 @@ def advise(
             (configured maximum batch), ``requests``.
 
     Returns:
-        A list of ``{"technique", "why", "projected_gain": {"value", "unit", "metric"},
-        "assumptions", "rank"}``, ranked by projected gain (a "does not fit" finding first).
+        A list of ``{"technique", "why", "projected_gain": {"value", "unit", "metric",
+        "low", "high", "bound"}, "assumptions", "rank"}``, ranked by projected gain (a
+        "does not fit" finding first).
     """
     phases = roofline.get("phases") or {}
     dec = phases.get("decode") or {}
@@ -79,7 +117,24 @@ def advise(
         args.update(kw)
         return predict(m, device, **args)
 
+    def sol(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
+        args: dict[str, Any] = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len}
+        args.update(kw)
+        return predict(m, device, **args)
+
+    def scaled(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
+        """The run's fraction of speed of light carried over (time scales with work)."""
+        args: dict[str, Any] = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len}
+        for name in ("prefill", "decode"):
+            eff = (phases.get(name) or {}).get("efficiency")
+            if eff:
+                args[f"{name}_efficiency"] = min(float(eff), 1.0)
+        args.update(kw)
+        return predict(m, device, **args)
+
+    platform = _platform(device)
     base = run()
+    base_scaled = scaled()
     out: list[dict[str, Any]] = []
     dec_verdict = dec.get("verdict")
     dec_memory = dec_verdict == "memory-bound" or (
@@ -141,9 +196,11 @@ def advise(
                     "projected_gain": _gain(gain, "x decode throughput", "decode_tok_s"),
                     "assumptions": (
                         f"batch {target} = min(ridge knee {knee}, memory limit "
-                        f"{cap}); the run's decode efficiency or per-step overhead carries over"
+                        f"{cap}); low: the run's per-step overhead stays fixed; high: its "
+                        "fraction of speed of light carries over"
                     ),
                     "_score": gain,
+                    "_kw": (model, {"batch": target}),
                 }
             )
 
@@ -179,10 +236,12 @@ def advise(
                     ),
                     "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
                     "assumptions": (
-                        "the run's efficiency or per-step overhead carries over; "
-                        "dequantisation cost and accuracy loss not modelled"
+                        "low: the run's per-step overhead stays fixed; high: its fraction of "
+                        "speed of light carries over; dequantisation cost and accuracy loss "
+                        "not modelled"
                     ),
                     "_score": gain,
+                    "_kw": (q, {}),
                 }
             )
 
@@ -203,8 +262,12 @@ def advise(
                             f"largest batch that fits {base['max_batch']} → {p['max_batch']}"
                         ),
                         "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
-                        "assumptions": "the run's efficiency or per-step overhead carries over",
+                        "assumptions": (
+                            "low: the run's per-step overhead stays fixed; high: its fraction "
+                            "of speed of light carries over"
+                        ),
                         "_score": gain,
+                        "_kw": (q, {}),
                     }
                 )
             target_kv = max(model.n_heads // 8, 1)
@@ -226,6 +289,7 @@ def advise(
                         "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
                         "assumptions": "a model trained (or uptrained) with fewer KV heads",
                         "_score": gain,
+                        "_kw": (q, {}),
                     }
                 )
 
@@ -253,6 +317,7 @@ def advise(
                             "with earlier requests"
                         ),
                         "_score": gain,
+                        "_kw": (model, {"cached_prefix_len": cached}),
                     }
                 )
 
@@ -269,6 +334,9 @@ def advise(
         )
         t_step = t_verify + k * SPEC_DRAFT_COST * tpot0
         gain = tokens_per_step * tpot0 / t_step
+        t_verify_sol = max(verify.flops / peak, verify.bytes / bw)
+        measured_step = dec.get("time_per_step_s") or tpot0
+        spec_bound = tokens_per_step * measured_step / max(t_verify_sol, 1e-12)
         if gain >= 1.1:
             out.append(
                 {
@@ -285,9 +353,11 @@ def advise(
                     "projected_gain": _gain(gain, "x decode throughput", "decode_tok_s"),
                     "assumptions": (
                         f"{k} draft tokens, acceptance {fmt_pct(a)}, draft cost "
-                        f"{fmt_pct(SPEC_DRAFT_COST)} of a target step per token"
+                        f"{fmt_pct(SPEC_DRAFT_COST)} of a target step per token; the run's "
+                        "per-step overhead stays"
                     ),
                     "_score": gain,
+                    "_range": (gain, gain, spec_bound),
                 }
             )
 
@@ -311,6 +381,7 @@ def advise(
                     "absorbs the prefills"
                 ),
                 "_score": gain,
+                "_range": (gain, gain, gain),
             }
         )
 
@@ -337,38 +408,105 @@ def advise(
                 "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
                 "assumptions": "2 devices; all-reduce time not included",
                 "_score": gain,
+                "_kw": (model, {"tp": 2}),
             }
         )
 
-    # Overhead-bound: cut per-step overhead.
+    # Overhead-bound: cut per-step overhead (levers depend on the platform).
+    tuned = TUNED_EFFICIENCY["cpu" if platform == "cpu" else "gpu"]
     for name, ph in (("decode", dec), ("prefill", pre)):
         if ph.get("verdict") != "overhead-bound":
             continue
         eff = ph.get("efficiency")
-        if not eff or eff >= TUNED_EFFICIENCY:
+        lo_eff, hi_eff = tuned[name]
+        if not eff or eff >= hi_eff:
             continue
-        gain = TUNED_EFFICIENCY / eff
+        bound = 1.0 / eff  # the phase at speed of light
+        high = min(hi_eff / eff, bound)
+        low = min(max(lo_eff / eff, 1.0), high)
         per_step = ph.get("time_per_step_s") or 0.0
+        levers = _overhead_levers(platform)
         out.append(
             {
-                "technique": (
-                    f"cut {name} per-step overhead (CUDA graphs, torch.compile, fused kernels)"
-                ),
+                "technique": f"cut {name} per-step overhead ({levers})",
                 "why": (
                     f"{name} is overhead-bound: {format_seconds(per_step)} per step reaches only "
                     f"{fmt_pct(eff)} of speed of light (MFU {fmt_pct(ph.get('mfu'))}, MBU "
-                    f"{fmt_pct(ph.get('mbu'))}); the time is launches and host work"
+                    f"{fmt_pct(ph.get('mbu'))}); the time is "
+                    + (
+                        "launches and host work"
+                        if platform != "cpu"
+                        else "Python, threading and unfused operators on the host"
+                    )
                 ),
-                "projected_gain": _gain(gain, f"x faster {name} steps", f"{name}_step_s"),
+                "projected_gain": _gain(high, f"x faster {name} steps", f"{name}_step_s"),
                 "assumptions": (
-                    f"overhead removed until {fmt_pct(TUNED_EFFICIENCY)} of speed of light"
+                    f"a tuned {'CPU' if platform == 'cpu' else 'GPU'} engine reaches "
+                    f"{fmt_pct(lo_eff)}-{fmt_pct(hi_eff)} of speed of light in {name}; never "
+                    f"beyond speed of light ({bound:.3g}x)"
                 ),
-                "_score": gain,
+                "_score": high,
+                "_range": (low, high, bound),
             }
         )
 
+    _bound_gains(out, dec, pre, b_cur, scaled, sol, base, base_scaled)
     out.sort(key=lambda s: -s["_score"])
     for i, s in enumerate(out, 1):
         s.pop("_score")
         s["rank"] = i
     return out
+
+
+def _bound_gains(
+    out: list[dict[str, Any]],
+    dec: dict[str, Any],
+    pre: dict[str, Any],
+    b_cur: int,
+    scaled: Any,
+    sol: Any,
+    base: dict[str, Any],
+    base_scaled: dict[str, Any],
+) -> None:
+    """Give every suggestion its gain range and roofline bound, and cap the gain there.
+
+    ``low``: the run's per-step overhead stays fixed (:func:`run_derating`); ``high``: the
+    run's fraction of speed of light carries over; ``bound``: the measured time over the
+    speed-of-light time with the technique applied. ``value`` (the headline) is ``high``
+    capped at ``bound``.
+    """
+    dec_step = dec.get("time_per_step_s")
+    pre_step = pre.get("time_per_step_s")
+    for s in out:
+        g = s["projected_gain"]
+        rng = s.pop("_range", None)
+        kw = s.pop("_kw", None)
+        if rng is None and kw is not None:
+            m, args = kw
+            low = float(g["value"])
+            p_sc, p_sol = scaled(m, **args), sol(m, **args)
+            metric = g["metric"]
+            if metric == "tpot_s":
+                high = base_scaled["tpot_s"] / p_sc["tpot_s"]
+                bound = (dec_step or base["tpot_s"]) / p_sol["tpot_s"]
+            elif metric == "decode_tok_s":
+                high = p_sc["decode_tok_s"] / base_scaled["decode_tok_s"]
+                measured = b_cur / dec_step if dec_step else base["decode_tok_s"]
+                bound = p_sol["decode_tok_s"] / measured
+            elif metric == "ttft_s":
+                high = base_scaled["ttft_s"] / p_sc["ttft_s"]
+                bound = (pre_step or base["ttft_s"]) / p_sol["ttft_s"]
+            else:
+                high, bound = low, math.inf
+            lo, hi = sorted((low, high))
+            rng = (lo, hi, bound)
+        if rng is None:
+            continue
+        low, high, bound = rng
+        high = min(high, bound)
+        low = min(low, high)
+        g["low"] = round(float(low), 3)
+        g["high"] = round(float(high), 3)
+        g["value"] = g["high"]
+        g["bound"] = round(float(bound), 3) if math.isfinite(bound) else None
+        s["_score"] = high

@@ -1,19 +1,35 @@
-"""Run comparison: key metrics side by side, ratios to a baseline, and bootstrap confidence
-intervals for latency percentiles.
+"""Run comparison with between-run statistics: is a change bigger than run-to-run noise?
 
-The point values are the runs' own summary numbers (never recomputed). For TTFT, TPOT, E2E
-and normalised TPOT percentiles, the uncertainty comes from a percentile bootstrap over the
-per-request values: each run's requests are resampled with replacement ``n_boot`` times, the
-percentile is taken on every resample, and the ``confidence`` interval of the ratio
-``candidate / baseline`` is read off the resampled ratios. An interval that excludes 1 is a
-change beyond resampling noise at that confidence; one that contains 1 is reported as
-``no significant change``. ITL percentiles pool many gaps per request, which are not
-independent, so they get a ratio but no interval. Throughput, goodput and utilisation are one
-number per run and get a ratio only (repeat runs are needed for their noise).
+A comparison is made between *run sets*: the same configuration run one or more times. Each
+metric (a latency percentile, a throughput, MFU...) is one number per run, read from the
+runs' own summaries (never recomputed). Whether two sets differ is decided from those
+per-run numbers only:
+
+- **Welch's t-test on log per-run values** (default, ``method="t"``): the ratio is the ratio
+  of the sets' geometric means, and its ``confidence`` interval is
+  ``exp(d ± t · se)`` with ``d`` the difference of mean logs, ``se`` from each set's sample
+  variance and Welch's degrees of freedom (rounded down: conservative). Metrics that can be
+  zero (goodput, attainment) use the raw values and the ratio of arithmetic means.
+- **Bootstrap over runs** (``method="bootstrap"``): the runs of each set are resampled with
+  replacement; the interval is read off the resampled ratios of geometric means. With few
+  runs it is too narrow, so it needs :data:`MIN_BOOTSTRAP_RUNS` runs per set and otherwise
+  falls back to the t interval (the result says so).
+
+A change is ``better`` or ``worse`` only when its interval excludes 1; otherwise it is ``no
+significant change``. A set of one run has no measured noise: the comparison shows the
+ratio and says ``noise unknown`` -- never a significance claim. (Resampling the requests
+of a single run measures the spread *within* that run, not the variation between runs
+that decides whether a change is real; :func:`bootstrap_percentile_ratio` is kept for
+that within-run question only.)
+
+Every compared run's CPU contention (other processes' share of the machine while it was
+measured) travels with the result, and a comparison involving a contended run says so.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,17 +43,28 @@ from perfscope.analysis.metrics import itl_gaps, per_request
 __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_CONFIDENCE",
+    "MIN_BOOTSTRAP_RUNS",
     "MetricDef",
+    "SetChange",
+    "between_run_change",
     "bootstrap_percentile_ratio",
+    "compare_run_sets",
     "compare_runs",
     "comparison_metrics",
+    "contention_of",
     "latency_samples",
+    "t_quantile",
 ]
 
 DEFAULT_BOOTSTRAP = 1000
 DEFAULT_CONFIDENCE = 0.95
-#: Fewer measured requests than this in either run: no interval.
+#: Fewer measured requests than this in either run: no within-run interval.
 MIN_SAMPLES = 10
+#: Fewer runs than this in a set: the bootstrap over runs falls back to the t interval.
+MIN_BOOTSTRAP_RUNS = 8
+#: Other processes' share of the machine's CPU above which a run counts as contended
+#: (the same threshold as the run's own warning).
+CONTENTION_SHARE = 0.15
 _BATCH_ELEMENTS = 2_000_000  # resampled values held in memory at once
 
 
@@ -163,113 +190,346 @@ def bootstrap_percentile_ratio(
     return float(lo), float(hi)
 
 
-def _change(ratio_ci: tuple[float, float] | None, better: str) -> str | None:
-    if ratio_ci is None:
+# --------------------------------------------------------------------------- t distribution
+
+
+def _t_cdf_two_sided(t: float, df: int) -> float:
+    """``P(|T| <= t)`` for Student's t with integer ``df`` (closed forms of Abramowitz and
+    Stegun 26.7.3 for odd and 26.7.4 for even ``df``)."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    if df == 1:
+        return 2.0 * theta / math.pi
+    if df % 2 == 1:
+        term = math.cos(theta)
+        acc = term
+        for k in range(1, (df - 1) // 2):
+            term *= cos2 * (2 * k) / (2 * k + 1)
+            acc += term
+        return 2.0 / math.pi * (theta + math.sin(theta) * acc)
+    term, acc = 1.0, 1.0
+    for k in range(1, df // 2):
+        term *= cos2 * (2 * k - 1) / (2 * k)
+        acc += term
+    return math.sin(theta) * acc
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile (``0.5 < p < 1``) of Student's t with ``df`` degrees of freedom,
+    ``df`` rounded down to an integer of at least 1 (wider, so conservative, for Welch's
+    fractional degrees of freedom)."""
+    if not 0.5 < p < 1.0:
+        raise ValueError(f"quantile must be between 0.5 and 1, got {p}")
+    k = max(1, math.floor(df))
+    if k > 300:
+        return statistics.NormalDist().inv_cdf(p)
+    target = 2.0 * p - 1.0
+    lo, hi = 0.0, 1.0
+    while _t_cdf_two_sided(hi, k) < target:
+        hi *= 2.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if _t_cdf_two_sided(mid, k) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+# --------------------------------------------------------------------------- between runs
+
+
+@dataclass(frozen=True)
+class SetChange:
+    """How one metric moved from a baseline run set to a candidate run set.
+
+    Attributes:
+        ratio: candidate / baseline (ratio of geometric means; of arithmetic means for
+            metrics that can be zero); ``None`` when not computable.
+        ci: ``(lo, hi)`` interval of ``ratio`` at the confidence used; ``None`` without a
+            noise estimate (a set of one run).
+        noise: half-width of the noise band as a fraction of the baseline (0.05 = ±5%):
+            how big a change must be to count; ``None`` when unknown.
+        verdict: ``better``, ``worse``, ``no significant change``, ``noise unknown`` (single
+            runs: ratio only) or ``n/a`` (a value is missing).
+        n: runs with a value in the baseline and candidate sets.
+        method: how the interval was made, in words.
+    """
+
+    ratio: float | None
+    ci: tuple[float, float] | None
+    noise: float | None
+    verdict: str
+    n: tuple[int, int]
+    method: str
+
+    @property
+    def significant(self) -> bool | None:
+        """True for better/worse, False for no significant change, None when unknown."""
+        if self.verdict in ("better", "worse"):
+            return True
+        if self.verdict == "no significant change":
+            return False
         return None
-    lo, hi = ratio_ci
+
+
+def _finite(values: Sequence[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def _direction(ci: tuple[float, float], better: str | None) -> str:
+    lo, hi = ci
     if lo <= 1.0 <= hi:
         return "no significant change"
-    higher = lo > 1.0
-    good = higher if better == "higher" else not higher
-    return "better" if good else "worse"
+    if better not in ("lower", "higher"):
+        return "changed"
+    up = lo > 1.0
+    return "better" if up == (better == "higher") else "worse"
 
 
-def compare_runs(
-    labels: Sequence[str],
-    summaries: Sequence[Any],
-    samples: Sequence[dict[str, np.ndarray]] | None = None,
+def between_run_change(
+    baseline: Sequence[float | None],
+    candidate: Sequence[float | None],
+    better: str | None,
     *,
-    n_boot: int = DEFAULT_BOOTSTRAP,
     confidence: float = DEFAULT_CONFIDENCE,
+    method: str = "t",
+    n_boot: int = DEFAULT_BOOTSTRAP,
     seed: int = 0,
-) -> dict[str, Any]:
-    """Compare runs against the first one (the baseline). JSON-ready.
+) -> SetChange:
+    """Judge one metric between two run sets from their per-run values.
 
     Args:
-        labels: one display name per run.
-        summaries: the runs' summaries (typed, or their summary.json form).
-        samples: per run, :func:`latency_samples`; ``None`` → no intervals.
-        n_boot: bootstrap resamples per run and metric.
-        confidence: two-sided confidence of the intervals (0-1).
-        seed: seeds the resampling, so a comparison is reproducible.
-
-    Returns:
-        ``{"baseline", "labels", "confidence", "n_boot", "seed", "method", "metrics": [{"key",
-        "label", "unit", "better", "values", "ratios", "ci", "change", "n"}]}``; ``ratios``,
-        ``ci`` and ``change`` hold ``None`` for the baseline; ``ci`` is ``[lo, hi]`` of the
-        ratio; ``change`` is ``better``, ``worse`` or ``no significant change`` (or ``None``
-        without an interval); ``n`` the sample sizes the interval used.
+        baseline, candidate: one value per run (SI units); ``None`` entries are skipped.
+        better: ``lower`` or ``higher`` (anything else: ``changed`` instead of a direction).
+        confidence: two-sided confidence of the interval (0-1); the false-alarm rate on
+            identical configurations is at most ``1 - confidence``.
+        method: ``t`` (Welch on logs) or ``bootstrap`` (over runs; needs
+            :data:`MIN_BOOTSTRAP_RUNS` per set, else the t interval is used).
+        n_boot, seed: resamples and seed of the bootstrap.
     """
-    if len(labels) != len(summaries) or len(summaries) < 2:
-        raise ValueError("compare_runs needs two or more runs with one label each")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    a, b = _finite(baseline), _finite(candidate)
+    n = (len(a), len(b))
+    if not a or not b:
+        return SetChange(None, None, None, "n/a", n, "a value is missing")
+    logs = all(v > 0 for v in a + b)
+    if logs:
+        la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+        ratio: float | None = math.exp(statistics.fmean(lb) - statistics.fmean(la))
+    else:
+        la, lb = a, b
+        ma = statistics.fmean(a)
+        ratio = statistics.fmean(b) / ma if ma else None
+    if len(a) < 2 or len(b) < 2:
+        return SetChange(
+            ratio,
+            None,
+            None,
+            "noise unknown",
+            n,
+            "single run: run-to-run noise unknown, ratio only (repeat runs to test it)",
+        )
+    alpha = 1.0 - confidence
+    if method == "bootstrap" and min(n) >= MIN_BOOTSTRAP_RUNS and logs:
+        rng = np.random.default_rng(seed)
+        xa, xb = np.asarray(la), np.asarray(lb)
+        ia = rng.integers(0, xa.size, size=(n_boot, xa.size))
+        ib = rng.integers(0, xb.size, size=(n_boot, xb.size))
+        d = xb[ib].mean(axis=1) - xa[ia].mean(axis=1)
+        qlo, qhi = np.quantile(d, [alpha / 2, 1 - alpha / 2])
+        ci = (math.exp(float(qlo)), math.exp(float(qhi)))
+        noise = math.exp(float(qhi - qlo) / 2) - 1.0
+        how = f"bootstrap over runs ({n_boot} resamples, seed {seed}) of the geometric-mean ratio"
+        return SetChange(ratio, ci, noise, _direction(ci, better), n, how)
+    va = statistics.variance(la) / len(la)
+    vb = statistics.variance(lb) / len(lb)
+    se = math.sqrt(va + vb)
+    how = "Welch t-test on " + ("log per-run values" if logs else "per-run values")
+    if method == "bootstrap":
+        how += f" (bootstrap over runs needs {MIN_BOOTSTRAP_RUNS}+ runs per set)"
+    if se == 0.0:
+        # Every run of both sets gave the same value (e.g. 100% attainment): no noise.
+        same = (ratio == 1.0) if ratio is not None else True
+        ci0 = (ratio, ratio) if ratio is not None else (1.0, 1.0)
+        verdict = "no significant change" if same else _direction(ci0, better)
+        return SetChange(ratio, ci0, 0.0, verdict, n, how)
+    df = (va + vb) ** 2 / (
+        (va**2 / (len(la) - 1) if va else 0.0) + (vb**2 / (len(lb) - 1) if vb else 0.0)
+    )
+    half = t_quantile(1.0 - alpha / 2, df) * se
+    d = statistics.fmean(lb) - statistics.fmean(la)
+    if logs:
+        ci = (math.exp(d - half), math.exp(d + half))
+        noise = math.exp(half) - 1.0
+    else:
+        ma = statistics.fmean(a)
+        if not ma:
+            return SetChange(ratio, None, None, "n/a", n, how + "; baseline mean is zero")
+        ci = (1.0 + (d - half) / ma, 1.0 + (d + half) / ma)
+        noise = half / abs(ma)
+    return SetChange(ratio, ci, noise, _direction(ci, better), n, how)
+
+
+def contention_of(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's CPU contention record (``summary["contention"]``, else rebuilt from its
+    warnings), with ``contended`` set when others took more than :data:`CONTENTION_SHARE`
+    of the machine or the hypervisor stole that much. ``None`` when not recorded."""
+    c = summary.get("contention")
+    if isinstance(c, dict):
+        out = dict(c)
+        if "contended" not in out:
+            share = out.get("others_share")
+            steal = out.get("steal_share")
+            out["contended"] = bool(
+                (share is not None and share > CONTENTION_SHARE)
+                or (steal is not None and steal > CONTENTION_SHARE)
+            )
+        return out
+    warned = [w for w in summary.get("warnings") or [] if "CPU capacity" in str(w)]
+    if warned:
+        return {"contended": True, "note": str(warned[0])}
+    return None
+
+
+def _center(values: Sequence[float | None]) -> float | None:
+    xs = _finite(values)
+    if not xs:
+        return None
+    if all(v > 0 for v in xs):
+        return math.exp(statistics.fmean(math.log(v) for v in xs))
+    return statistics.fmean(xs)
+
+
+def compare_run_sets(
+    labels: Sequence[str],
+    sets: Sequence[Sequence[dict[str, Any]]],
+    *,
+    run_ids: Sequence[Sequence[str]] | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    method: str = "t",
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Compare run sets against the first one (the baseline). JSON-ready.
+
+    Args:
+        labels: one display name per set.
+        sets: per set, the summaries of its runs (one or more).
+        run_ids: per set, its runs' ids (default: each summary's ``run_id``).
+        confidence, method, n_boot, seed: see :func:`between_run_change`.
+
+    Returns:
+        ``{"baseline", "labels", "runs", "confidence", "method", "n_boot", "seed",
+        "noise_known", "contention", "notes", "metrics": [{"key", "label", "unit",
+        "better", "values", "per_run", "ratios", "ci", "noise", "change", "n"}]}``.
+        ``values`` holds each set's centre (geometric mean of its runs, arithmetic for
+        metrics that can be zero); ``ratios``, ``ci``, ``noise`` and ``change`` hold
+        ``None`` for the baseline; ``n`` the runs per set. ``contention`` lists, per set,
+        the contended runs; ``notes`` says what limits the conclusions.
+    """
+    if len(labels) != len(sets) or len(sets) < 2:
+        raise ValueError("compare_run_sets needs two or more run sets with one label each")
+    if any(len(s) == 0 for s in sets):
+        raise ValueError("every run set needs at least one run")
+    if method not in ("t", "bootstrap"):
+        raise ValueError(f"method must be 't' or 'bootstrap', got {method!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    ids = (
+        [list(x) for x in run_ids]
+        if run_ids is not None
+        else [[str(s.get("run_id") or f"run {j}") for j, s in enumerate(g)] for g in sets]
+    )
     rows: list[dict[str, Any]] = []
-    boot_cache: dict[tuple[int, str], np.ndarray] = {}
-    qs = [50.0, 90.0, 99.0]
-
-    def boot(run: int, sample: str) -> np.ndarray | None:
-        # All percentiles of one run's sample come from the same resamples; a fixed seed
-        # per (run, sample) keeps the result independent of the metric order.
-        assert samples is not None
-        key = (run, sample)
-        if key not in boot_cache:
-            values = samples[run].get(sample, np.empty(0))
-            if values.size < MIN_SAMPLES:
-                return None
-            rng = np.random.default_rng([seed, run, sum(map(ord, sample))])
-            boot_cache[key] = _boot_percentiles(values, qs, n_boot, rng)
-        return boot_cache[key]
-
-    alpha = (1.0 - confidence) / 2.0
+    methods: set[str] = set()
     for m in comparison_metrics():
-        values = [to_float(value_at(s, m.key)) for s in summaries]
-        if all(v is None for v in values):
+        per_run = [[to_float(value_at(s, m.key)) for s in g] for g in sets]
+        if all(v is None for g in per_run for v in g):
             continue
-        base = values[0]
-        ratios: list[float | None] = [None]
-        cis: list[list[float] | None] = [None]
-        changes: list[str | None] = [None]
-        ns: list[int | None] = [
-            int(samples[i].get(m.sample, np.empty(0)).size) if samples and m.sample else None
-            for i in range(len(summaries))
-        ]
-        for i in range(1, len(summaries)):
-            v = values[i]
-            ratios.append(v / base if v is not None and base else None)
-            ci: tuple[float, float] | None = None
-            if samples is not None and m.sample and m.percentile in qs:
-                j = qs.index(float(m.percentile or 0))
-                ba, bb = boot(0, m.sample), boot(i, m.sample)
-                if ba is not None and bb is not None and np.all(ba[:, j] > 0):
-                    r = bb[:, j] / ba[:, j]
-                    lo, hi = np.quantile(r, [alpha, 1.0 - alpha])
-                    ci = (float(lo), float(hi))
-            cis.append([ci[0], ci[1]] if ci else None)
-            changes.append(_change(ci, m.better))
+        changes: list[SetChange | None] = [None]
+        for i in range(1, len(sets)):
+            ch = between_run_change(
+                per_run[0],
+                per_run[i],
+                m.better,
+                confidence=confidence,
+                method=method,
+                n_boot=n_boot,
+                seed=seed,
+            )
+            changes.append(ch)
+            if ch.ci is not None:
+                methods.add(ch.method)
         rows.append(
             {
                 "key": m.key,
                 "label": m.label,
                 "unit": m.unit,
                 "better": m.better,
-                "values": values,
-                "ratios": ratios,
-                "ci": cis,
-                "change": changes,
-                "n": ns,
+                "values": [_center(g) for g in per_run],
+                "per_run": per_run,
+                "ratios": [None] + [c.ratio if c else None for c in changes[1:]],
+                "ci": [None] + [list(c.ci) if c and c.ci else None for c in changes[1:]],
+                "noise": [None] + [c.noise if c else None for c in changes[1:]],
+                "change": [None] + [c.verdict if c else None for c in changes[1:]],
+                "n": [len(_finite(g)) for g in per_run],
             }
         )
+    contention: list[list[dict[str, Any]]] = []
+    for g, gid in zip(sets, ids, strict=True):
+        hits = []
+        for s, rid in zip(g, gid, strict=True):
+            c = contention_of(s)
+            if c and c.get("contended"):
+                hits.append({"run_id": rid, **c})
+        contention.append(hits)
+    noise_known = all(len(g) >= 2 for g in sets)
+    notes: list[str] = []
+    if not noise_known:
+        single = [lab for lab, g in zip(labels, sets, strict=True) if len(g) < 2]
+        notes.append(
+            f"run-to-run noise unknown ({', '.join(single)}: "
+            f"{'a single run' if len(single) == 1 else 'single runs'}): ratios only, no "
+            "better/worse claims; repeat each configuration (perfscope run --repeat N) and "
+            "compare the run sets"
+        )
+    for lab, hits in zip(labels, contention, strict=True):
+        if hits:
+            shares = [
+                f"{h['run_id']} ({h['others_share']:.0%} of the CPU)"
+                if isinstance(h.get("others_share"), float)
+                else str(h["run_id"])
+                for h in hits
+            ]
+            who = "" if [h["run_id"] for h in hits] == [lab] else f"{lab}: "
+            notes.append(
+                f"{who}other processes competed for the CPU during {', '.join(shares)}; "
+                "its timings are likely inflated and the comparison is unreliable"
+            )
     return {
         "baseline": labels[0],
         "labels": list(labels),
+        "runs": ids,
         "confidence": confidence,
+        "method": "; ".join(sorted(methods))
+        or "single runs: ratios only, run-to-run noise unknown",
         "n_boot": n_boot,
         "seed": seed,
-        "method": (
-            "percentile bootstrap over per-request values, independent resamples per run; "
-            "interval of the ratio run / baseline; ITL, throughput, goodput, MFU/MBU and "
-            "energy: ratio only"
-        ),
+        "noise_known": noise_known,
+        "contention": contention,
+        "notes": notes,
         "metrics": rows,
     }
+
+
+def compare_runs(
+    labels: Sequence[str],
+    summaries: Sequence[dict[str, Any]],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> dict[str, Any]:
+    """Compare single runs against the first: ratios only, run-to-run noise unknown (a
+    :func:`compare_run_sets` of one-run sets)."""
+    return compare_run_sets(labels, [[s] for s in summaries], confidence=confidence)

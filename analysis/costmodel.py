@@ -44,6 +44,7 @@ equal rows, which is exact for prefill of equal-length prompts and for decode.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,6 +65,7 @@ __all__ = [
     "kv_cache_layout",
     "matmul_params",
     "mlp_params_per_expert",
+    "operator_class_costs",
     "param_count",
     "prefill_cost",
     "step_cost",
@@ -631,3 +633,33 @@ def generation_cost(
     arrays = step_costs(spec, batch_size, batch_size, batch_size * ctx)
     total = StepCost(**{k: float(arrays[k].sum()) for k in _COST_KEYS})
     return {"prefill": prefill, "decode": total, "decode_steps": steps, "decode_per_step": arrays}
+
+
+#: Operator classes of :func:`operator_class_costs`, in display order.
+OPERATOR_CLASSES = ("weight_gemms", "attention_kv", "other")
+
+
+def operator_class_costs(costs: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """Split summed :func:`step_costs` quantities into operator classes.
+
+    - ``weight_gemms``: the projections, MLP and LM head: ``flops_linear + flops_lm_head``
+      FLOPs over the weight bytes;
+    - ``attention_kv``: score and value products over the KV cache: ``flops_attention`` over
+      the KV bytes read and written;
+    - ``other``: norms, activations, residuals and embeddings: no counted FLOPs, the
+      activation bytes.
+
+    Returns ``{class: {"flops", "bytes"}}`` (FLOP, bytes).
+    """
+    return {
+        "weight_gemms": {
+            "flops": float(costs.get("flops_linear", 0.0)) + float(costs.get("flops_lm_head", 0.0)),
+            "bytes": float(costs.get("bytes_weights", 0.0)),
+        },
+        "attention_kv": {
+            "flops": float(costs.get("flops_attention", 0.0)),
+            "bytes": float(costs.get("bytes_kv_read", 0.0))
+            + float(costs.get("bytes_kv_write", 0.0)),
+        },
+        "other": {"flops": 0.0, "bytes": float(costs.get("bytes_activations", 0.0))},
+    }

@@ -107,6 +107,13 @@ def analyze(
     """
     rows = per_request(stored_run.requests)
     hardware = _hardware(stored_run, device, database)
+    if device is not None:
+        recorded = ((stored_run.manifest.get("hardware") or {}).get("spec") or {}).get("key")
+        if recorded and recorded != (hardware.get("spec") or {}).get("key"):
+            # Analysed against a device the run did not run on: a what-if (no measured
+            # MFU/MBU against it, no advice).
+            hardware["measured_on"] = recorded
+    measured_on = hardware.get("measured_on")
     spec = DeviceSpec.from_dict(hardware["spec"]) if hardware.get("spec") else None
     model_dict = (stored_run.manifest.get("engine") or {}).get("model")
     model = ModelSpec.from_dict(model_dict) if model_dict else None
@@ -127,15 +134,19 @@ def analyze(
         model,
         spec,
         energy=energy.get("phases"),
+        measured_on=measured_on,
     )
     advice: list[dict[str, Any]] = []
     projections: list[dict[str, Any]] = []
     if roofline.get("available") and model is not None and spec is not None:
         workload = _workload_stats(stored_run)
-        advice = advise(roofline, model, spec, workload)
+        if not roofline.get("what_if"):  # advice needs measured efficiencies
+            advice = advise(roofline, model, spec, workload)
         db = database if database is not None else load_database()
         targets = [db.devices[k] for k in PROJECTION_DEVICES if k in db.devices and k != spec.key]
-        projections = project_run(roofline, model, workload, targets)
+        projections = project_run(
+            roofline, model, workload, targets, measured_on=measured_on or spec.key
+        )
     summary = build_summary(
         stored_run.manifest,
         stored_run.requests,

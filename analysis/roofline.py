@@ -20,6 +20,16 @@ how many requests were decoding at each moment. Those phases carry ``estimated: 
 
 FLOPs are counted "as executed" (the attention square the kernels compute); the causal-useful
 count is reported next to it as ``flops_useful`` / ``mfu_useful``.
+
+Each phase is also split by operator class (:func:`~perfscope.analysis.costmodel.
+operator_class_costs`: weight GEMMs, attention/KV, the rest), each with its own intensity,
+speed-of-light time and roof (``classes``); ``class_verdict`` is the common roof, or
+``mixed`` when classes carrying at least :data:`CLASS_SHARE_MIN` of the phase's
+speed-of-light time sit under different roofs. Where the run has engine steps, the time
+between consecutive steps (``gap_s``, host scheduling and Python between forward passes, or
+idle time) is set apart from the time inside them: a large gap share points at host
+overhead, time inside steps far from the roof at slow kernels or launches inside the
+forward pass (which a kernel trace would tell apart).
 """
 
 from __future__ import annotations
@@ -31,15 +41,22 @@ import numpy as np
 import pandas as pd
 
 from perfscope.analysis.catalogue import format_number, format_ratio, format_seconds, format_si
-from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
+from perfscope.analysis.costmodel import (
+    kv_bytes_per_token,
+    operator_class_costs,
+    step_costs,
+    weight_bytes,
+)
 from perfscope.analysis.modelspec import ModelSpec
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
+    "CLASS_SHARE_MIN",
     "DEFAULT_OVERHEAD_THRESHOLD",
     "PHASES",
+    "calibration_spread",
     "fmt_pct",
     "memory_ceiling",
     "phase_roofline",
@@ -53,6 +70,12 @@ __all__ = [
 DEFAULT_OVERHEAD_THRESHOLD = 0.20
 
 PHASES = ("prefill", "decode", "mixed")
+
+#: An operator class counts towards ``class_verdict`` when it holds at least this share of
+#: the phase's speed-of-light time.
+CLASS_SHARE_MIN = 0.10
+
+_CLASS_LABELS = {"weight_gemms": "weight GEMMs", "attention_kv": "attention/KV", "other": "rest"}
 
 
 # ---------------------------------------------------------------------- ceilings
@@ -71,6 +94,25 @@ def memory_ceiling(device: DeviceSpec, working_set_bytes: float) -> tuple[float,
     return float(device.mem_bw_bytes_s), "dram", fits
 
 
+def calibration_spread(device: DeviceSpec, dtype: str) -> dict[str, float] | None:
+    """The measured spread (interquartile range / median) of a calibrated device's compute
+    (``dtype``), DRAM and cache ceilings; ``None`` for datasheet devices and old caches."""
+    cal = (device.extra or {}).get("calibration") if device.source == "calibrated" else None
+    spread = (cal or {}).get("spread") if isinstance(cal, dict) else None
+    if not isinstance(spread, dict) or not spread:
+        return None
+    out = {
+        k: float(v)
+        for k, v in (
+            ("compute", spread.get(dtype)),
+            ("memory", spread.get("memory")),
+            ("cache", spread.get("cache")),
+        )
+        if isinstance(v, int | float)
+    }
+    return out or None
+
+
 def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
     return {
         "dtype": dtype,
@@ -80,6 +122,7 @@ def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
         "cache_bw_bytes_s": device.cache_bw_bytes_s,
         "ridge_point": device.ridge_point(dtype),
         "source": device.source,
+        "spread": calibration_spread(device, dtype),
     }
 
 
@@ -138,7 +181,7 @@ def _evidence(phase: str, r: dict[str, Any], device_name: str, threshold: float)
     )
     util = f"MFU {fmt_pct(mfu)}, MBU {fmt_pct(mbu)}"
     timing = (
-        f"{_fmt_time(per_step)} per step vs {_fmt_time(sol_step)} at speed of light "
+        f"{_fmt_time(per_step)} per step vs {format_seconds(sol_step)} at speed of light "
         f"(efficiency {fmt_pct(r['efficiency'])})"
     )
     verdict = r["verdict"]
@@ -277,8 +320,51 @@ def phase_roofline(
     r["verdict"] = verdict_for(
         mfu=mfu, mbu=mbu, intensity=intensity, ridge=ridge, overhead_threshold=overhead_threshold
     )
+    r["classes"], r["class_verdict"] = _class_split(costs, peak, bw)
     r["evidence"] = _evidence(phase, r, device.name, overhead_threshold)
+    r["evidence"] += " " + _class_evidence(r)
     return r
+
+
+def _class_split(
+    costs: dict[str, float], peak: float | None, bw: float
+) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Per operator class: FLOPs, bytes, intensity, speed-of-light time, its share of the
+    classes' total and its roof; and the verdict over the classes that matter."""
+    split = operator_class_costs(costs)
+    out: dict[str, dict[str, Any]] = {}
+    for name, c in split.items():
+        t_c = c["flops"] / peak if peak else 0.0
+        t_m = c["bytes"] / bw if bw > 0 else 0.0
+        out[name] = {
+            "flops": c["flops"],
+            "bytes": c["bytes"],
+            "intensity": c["flops"] / c["bytes"] if c["bytes"] > 0 else None,
+            "sol_time_s": max(t_c, t_m),
+            "roof": "compute" if t_c > t_m else "memory",
+        }
+    total = sum(v["sol_time_s"] for v in out.values())
+    for v in out.values():
+        v["sol_share"] = v["sol_time_s"] / total if total > 0 else None
+    roofs = {
+        v["roof"]
+        for v in out.values()
+        if v["sol_share"] is not None and v["sol_share"] >= CLASS_SHARE_MIN
+    }
+    verdict = None if not roofs else ("mixed" if len(roofs) > 1 else f"{roofs.pop()}-bound")
+    return out, verdict
+
+
+def _class_evidence(r: dict[str, Any]) -> str:
+    parts = [
+        f"{_CLASS_LABELS[k]} {v['roof']}-bound ({fmt_pct(v['sol_share'])} of speed-of-light time)"
+        for k, v in r["classes"].items()
+        if v["sol_share"]
+    ]
+    text = "By operator class: " + ", ".join(parts)
+    if r["class_verdict"] == "mixed":
+        text += "; the classes disagree, so the phase is mixed: each class has its own lever"
+    return text + "."
 
 
 def _sum_costs(arrays: dict[str, np.ndarray[Any, Any]], weights: Any = None) -> dict[str, float]:
@@ -316,6 +402,13 @@ def _phases_from_steps(
     # Only the numeric columns travel through the per-phase filters (not the id lists).
     df = df[["kind", "batch_size", "new_tokens", "context_tokens", "t_start", "t_end"]]
     out: dict[str, dict[str, Any]] = {}
+    ordered = df.sort_values("t_start", kind="stable")
+    starts = ordered["t_start"].to_numpy(dtype=np.float64)
+    ends = ordered["t_end"].to_numpy(dtype=np.float64)
+    gap_before = np.zeros(len(ordered))
+    if len(ordered) > 1:
+        gap_before[1:] = np.maximum(starts[1:] - np.maximum.accumulate(ends)[:-1], 0.0) * 1e-9
+    gap_by_kind = pd.Series(gap_before, index=ordered.index).groupby(ordered["kind"]).sum()
     for phase in PHASES:
         sub = df[df["kind"] == phase]
         if sub.empty:
@@ -341,7 +434,30 @@ def _phases_from_steps(
             overhead_threshold=threshold,
             energy=(energy or {}).get(phase),
         )
+        _add_gap_evidence(out[phase], float(gap_by_kind.get(phase, 0.0)))
     return out
+
+
+def _add_gap_evidence(r: dict[str, Any], gap_s: float) -> None:
+    """Time between steps (host scheduling, Python, or idle) next to time inside steps."""
+    inside = r["time_s"]
+    share = gap_s / (gap_s + inside) if gap_s + inside > 0 else None
+    r["gap_s"] = gap_s
+    r["gap_share"] = share
+    if r["verdict"] != "overhead-bound" or share is None:
+        return
+    if share >= 0.3:
+        where = (
+            f"{fmt_pct(share)} of its wall time is spent between steps (host scheduling and "
+            "Python between forward passes, or idle waiting): host overhead"
+        )
+    else:
+        where = (
+            f"only {fmt_pct(share)} of its wall time is between steps; the rest is inside the "
+            f"forward passes, at {fmt_pct(r['efficiency'])} of speed of light: slow kernels or "
+            "launch overhead inside the forward (a kernel trace would tell them apart)"
+        )
+    r["evidence"] += f" Host overhead vs slow kernels: {where}."
 
 
 # ---------------------------------------------------------------------- timeline estimate
@@ -523,6 +639,7 @@ def roofline_section(
     *,
     overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
     energy: dict[str, Any] | None = None,
+    measured_on: str | None = None,
 ) -> dict[str, Any]:
     """The ``roofline`` block of summary.json (JSON-ready).
 
@@ -536,6 +653,11 @@ def roofline_section(
         overhead_threshold: both MFU and MBU below this → ``overhead-bound``.
         energy: optional per-phase energy dicts (``{"prefill": {...}, "decode": {...}}``)
             from the telemetry join, passed through into each phase as ``energy``.
+        measured_on: the device the run was measured on, when ``device`` is another one
+            (``analyze --hw X`` on a run from elsewhere): the section is a what-if
+            (``what_if`` true) that keeps the work and the speed-of-light times on
+            ``device`` but withholds measured MFU, MBU, achieved rates and efficiency,
+            which would divide one machine's time by another's ceilings.
 
     Returns:
         ``{"available", "reason", "source" ("steps" | "timeline"), "estimated",
@@ -559,7 +681,10 @@ def roofline_section(
         "latency": {},
     }
     if model is None:
-        base["reason"] = "no model spec: pass --model (preset or config.json) to get a roofline"
+        base["reason"] = (
+            "no model spec: pass --model-spec PRESET|config.json|FOLDER to perfscope run or "
+            "sweep to get an estimated roofline"
+        )
         return base
     if device is None:
         base["reason"] = "no device: pass --hw KEY to get a roofline"
@@ -582,8 +707,43 @@ def roofline_section(
         return base
     base["available"] = True
     base["phases"] = phases
+    base["what_if"] = None
+    if measured_on is not None and measured_on != device.key:
+        base["what_if"] = {"measured_on": measured_on, "target": device.key}
+        for ph in phases.values():
+            _withhold_measured(ph, device.name, measured_on)
     base["latency"] = _latency(requests, phases)
     if has_steps:
         assert steps is not None
         base["latency"].update(_interference(steps, requests))
     return base
+
+
+_MEASURED_KEYS = (
+    "mfu",
+    "mfu_useful",
+    "mbu",
+    "mbu_dram",
+    "achieved_flops_s",
+    "achieved_bytes_s",
+    "efficiency",
+)
+
+
+def _withhold_measured(r: dict[str, Any], device_name: str, measured_on: str) -> None:
+    """Turn a phase analysed against a device it did not run on into a what-if: measured
+    ratios removed, the verdict is the roof the work would sit under at speed of light."""
+    for k in _MEASURED_KEYS:
+        r[k] = None
+    r["what_if"] = True
+    r["verdict"] = f"{r['roof']}-bound"
+    sol_step = r["sol_time_s"] / r["steps"] if r["steps"] else r["sol_time_s"]
+    ridge = r["ridge_point"]
+    rel = "" if ridge is None else (" > " if r["intensity"] > ridge else " < ")
+    r["evidence"] = (
+        f"what-if on {device_name}: the run was measured on {measured_on}, so no measured "
+        f"MFU/MBU against {device_name} is given; at speed of light this {r['phase']} would "
+        f"be {r['roof']}-bound (intensity {r['intensity']:.3g} FLOP/B"
+        + (f"{rel}ridge {ridge:.3g} FLOP/B" if ridge is not None else "")
+        + f"), {format_seconds(sol_step)} per step."
+    )

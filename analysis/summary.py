@@ -52,6 +52,7 @@ __all__ = [
     "Summary",
     "Throughput",
     "build_summary",
+    "contention_record",
     "run_warnings",
     "step_breakdown",
 ]
@@ -407,11 +408,16 @@ class Energy(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Gain(Record):
-    """A projected gain: ``value`` in ``unit`` (e.g. 1.8 "x decode throughput") of ``metric``."""
+    """A projected gain: ``value`` in ``unit`` (e.g. 1.8 "x decode throughput") of ``metric``;
+    for ranged advice ``low``..``high`` (``value`` = ``high``) and ``bound``, the most the
+    roofline allows (``None``: unbounded)."""
 
     value: float | None = None
     unit: str = ""
     metric: str = ""
+    low: float | None = None
+    high: float | None = None
+    bound: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -486,6 +492,8 @@ class Projection(Record):
     max_batch: int | None = None
     notes: tuple[str, ...] = ()
     basis: str | None = None
+    range: dict[str, Any] | None = None
+    assumption: str | None = None
 
 
 # ---------------------------------------------------------------------- the summary
@@ -622,6 +630,10 @@ def build_summary(
         "model": engine.get("model"),
         "warnings": run_warnings(manifest),
     }
+    data["contention"] = contention_record(manifest)
+    data["run_set"] = manifest.get("run_set")
+    if manifest.get("model_spec") is not None:
+        data["model_spec"] = manifest.get("model_spec")
     if sections:
         data.update(sections)
     return Summary.from_dict(data)
@@ -630,6 +642,22 @@ def build_summary(
 #: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
 #: before the run's timings are flagged as inflated.
 CONTENTION_WARN_SHARE = 0.15
+
+
+def contention_record(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run's CPU contention measurement with ``contended`` (others or steal above
+    :data:`CONTENTION_WARN_SHARE`); ``None`` when the run has none. A window too short to
+    measure has no shares and is never called contended."""
+    c = (manifest.get("host") or {}).get("contention")
+    if not isinstance(c, dict):
+        return None
+    out = dict(c)
+    others, steal = c.get("others_share"), c.get("steal_share")
+    out["contended"] = bool(
+        (others is not None and others > CONTENTION_WARN_SHARE)
+        or (steal is not None and steal > CONTENTION_WARN_SHARE)
+    )
+    return out
 
 
 def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
@@ -643,8 +671,14 @@ def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
         out.append(
             f"other processes used {others:.0%} of this machine's CPU capacity during the "
             f"run ({c.get('others_cpu_s', 0):.1f} CPU-s over {c.get('window_s', 0):.1f} s on "
-            f"{c.get('cpu_count')} cores): latencies and throughput are likely inflated; "
-            "measure on a quiet machine"
+            f"{c.get('cpu_count')} cores"
+            + (
+                f"; the server under test on port {', '.join(map(str, c['server_ports']))} "
+                f"used {c['server_cpu_s']:.1f} CPU-s and is not counted"
+                if c.get("server_cpu_s") is not None and c.get("server_ports")
+                else ""
+            )
+            + "): latencies and throughput are likely inflated; measure on a quiet machine"
         )
     if steal is not None and steal > CONTENTION_WARN_SHARE:
         out.append(

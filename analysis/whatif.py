@@ -4,8 +4,12 @@
 ``output_len - 1`` decode steps with a growing cache) and turns each phase into time with
 the roofline: ``max(FLOPs / peak_flops, bytes / peak_bw)``. That is the speed of light;
 an ``efficiency`` (fraction of speed of light actually reached, e.g. a measured run's
-``sol_time / time``) derates it. :func:`project_run` does that for a measured run on
-other devices, using the run's own per-phase efficiency.
+``sol_time / time``) derates it. :func:`project_run` projects a measured run onto other
+devices: device time from the target's speed of light and a *stated* efficiency -- the
+run's own only when the target is the device class the run was measured on, otherwise the
+documented range :data:`ENGINE_EFFICIENCY` (compiled engines to eager PyTorch). The
+measured host overhead of one platform (a CPU's Python and launch time per step) is never
+added to another device.
 
 Tensor parallelism (``tp``) divides FLOPs, weights and activations by ``tp`` and the KV
 cache by ``min(tp, n_kv_heads)`` (KV heads are replicated beyond that); communication is
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MEM_FRACTION",
+    "ENGINE_EFFICIENCY",
     "predict",
     "project_run",
     "run_derating",
@@ -41,6 +46,18 @@ __all__ = [
 #: Share of device memory an engine may use for weights + KV cache (vLLM's default
 #: ``gpu_memory_utilization``); the rest is activations, workspace and fragmentation.
 DEFAULT_MEM_FRACTION = 0.9
+
+#: Fraction of speed of light an engine reaches per phase on a GPU-class device, used when a
+#: run is projected onto a device it was not measured on. "compiled": CUDA graphs / fused
+#: kernels (TensorRT-LLM, vLLM): prefill 0.7 is llm-analysis's inference FLOP efficiency,
+#: decode 0.6 the batch-1 MBU Databricks measured with TensorRT-LLM on H100 (60%) and A100
+#: (55%). "eager": plain PyTorch / HF transformers: decode 0.2 (eager HF decode of a 7B model
+#: on an A100 reaches about 20% MBU), prefill 0.35 (large GEMMs run near cuBLAS speed, but
+#: attention and the unfused ops between them do not). A real engine may fall outside.
+ENGINE_EFFICIENCY: dict[str, dict[str, float]] = {
+    "compiled": {"prefill": 0.70, "decode": 0.60},
+    "eager": {"prefill": 0.35, "decode": 0.20},
+}
 
 _COMPUTE_FALLBACK = {"fp8": ("bf16", "fp16"), "int8": ("bf16", "fp16"), "int4": ("bf16", "fp16")}
 
@@ -286,20 +303,42 @@ def _basis(derate: dict[str, float]) -> str:
     return "; ".join(parts)
 
 
+def _same_class(measured: str | None, target: DeviceSpec) -> bool:
+    return measured is not None and measured == target.key
+
+
+def _headline(p: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "ttft_s": p["ttft_s"],
+        "tpot_s": p["tpot_s"],
+        "throughput_tok_s": p["throughput_tok_s"],
+        "efficiency": p["efficiency"],
+    }
+
+
 def project_run(
     roofline: dict[str, Any],
     model: ModelSpec,
     workload: dict[str, Any],
     devices: list[DeviceSpec],
+    *,
+    measured_on: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The measured run's workload on other devices, derated as the run was.
+    """The measured run's workload on other devices.
 
     The batch is the run's mean decode batch (else the configured ``batch_size``), the
-    lengths are the workload's mean prompt and output tokens. Each phase is derated by
-    :func:`run_derating`: its measured efficiency when it was compute- or memory-bound,
-    its measured per-step overhead added to the new device's speed of light when it was
-    overhead-bound (host overhead assumed to carry over). Each entry is a :func:`predict`
-    dict with ``basis`` saying which.
+    lengths are the workload's mean prompt and output tokens. Device time is each target's
+    speed of light derated by a stated efficiency:
+
+    - a target of the device class the run was measured on (``measured_on``, its key): the
+      run's own per-phase efficiency (:func:`run_derating`);
+    - any other device: the range :data:`ENGINE_EFFICIENCY`, compiled engine (optimistic)
+      to eager PyTorch (conservative). The headline numbers are the eager end; ``range``
+      holds ``speed_of_light``, ``compiled`` and ``eager`` predictions.
+
+    The run's measured host overhead is never carried to another device. Each entry is a
+    :func:`predict` dict with ``basis`` (the assumption in words) and ``assumption``
+    (``measured`` or ``engine range``).
     """
     phases = roofline.get("phases") or {}
     dec = phases.get("decode") or {}
@@ -307,21 +346,52 @@ def project_run(
     batch = max(round(float(batch)), 1)
     prompt_len = max(round(float(workload.get("prompt_tokens_mean") or 1)), 1)
     output_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)
+    shape = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
     derate = run_derating(roofline)
     out = []
     for dev in devices:
-        pred = predict(
-            model,
-            dev,
-            batch=batch,
-            prompt_len=prompt_len,
-            output_len=output_len,
-            prefill_efficiency=derate.get("prefill_efficiency"),
-            decode_efficiency=derate.get("decode_efficiency"),
-            prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
-            decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+        if _same_class(measured_on, dev):
+            pred = predict(
+                model,
+                dev,
+                **shape,
+                prefill_efficiency=derate.get("prefill_efficiency"),
+                decode_efficiency=derate.get("decode_efficiency"),
+                prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
+                decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+            )
+            pred["speed_of_light"] = not derate
+            pred["assumption"] = "measured"
+            pred["basis"] = "same device class as the run: " + _basis(derate)
+            out.append(pred)
+            continue
+        sol = predict(model, dev, **shape)
+        rng: dict[str, Any] = {"speed_of_light": _headline(sol)}
+        preds: dict[str, dict[str, Any]] = {}
+        for kind, eff in ENGINE_EFFICIENCY.items():
+            preds[kind] = predict(
+                model,
+                dev,
+                **shape,
+                prefill_efficiency=eff["prefill"],
+                decode_efficiency=eff["decode"],
+            )
+            rng[kind] = _headline(preds[kind])
+        pred = preds["eager"]
+        if sol["tpot_s"] < 1e-3:
+            pred["notes"].append(
+                "under 1 ms per step at speed of light: kernel-launch and host time per step "
+                "(not modelled) can dominate on a real engine"
+            )
+        pred["speed_of_light"] = False
+        pred["range"] = rng
+        pred["assumption"] = "engine range"
+        c, e = ENGINE_EFFICIENCY["compiled"], ENGINE_EFFICIENCY["eager"]
+        pred["basis"] = (
+            "each device's speed of light at a compiled engine's efficiency (prefill "
+            f"{fmt_pct(c['prefill'])}, decode {fmt_pct(c['decode'])}) to eager PyTorch's "
+            f"(prefill {fmt_pct(e['prefill'])}, decode {fmt_pct(e['decode'])}); this run's "
+            "own host overhead is not carried to another device"
         )
-        pred["speed_of_light"] = not derate
-        pred["basis"] = _basis(derate)
         out.append(pred)
     return out

@@ -1,7 +1,9 @@
-"""Comparison of two or more runs: the rich table of ``perfscope compare`` and its HTML page.
+"""Comparison of run sets: the rich table of ``perfscope compare`` and its HTML page.
 
-The statistics (ratios, bootstrap intervals) live in :mod:`perfscope.analysis.compare`;
-this module gathers the runs' inputs, presents the result and draws the comparison figures.
+The statistics (between-run intervals, the noise band, contention) live in
+:mod:`perfscope.analysis.compare`; this module groups the runs into sets, presents the
+result and draws the comparison figures. Runs made together by ``perfscope run --repeat``
+carry their set (``summary["run_set"]``) and are grouped by it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from perfscope.analysis.catalogue import find_metric, format_value
 from perfscope.analysis.compare import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
-    compare_runs,
-    latency_samples,
+    compare_run_sets,
 )
 from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.figures import (
@@ -32,11 +33,16 @@ from perfscope.dashboard.figures import (
 from perfscope.dashboard.report import figures_html, render_page
 
 __all__ = [
+    "compare_sets",
     "compare_tables",
     "comparison_html",
     "comparison_table",
+    "comparison_title",
     "format_metric",
+    "group_by_run_set",
+    "ratio_cells",
     "run_label",
+    "set_label",
 ]
 
 
@@ -45,28 +51,85 @@ def run_label(summary: dict[str, Any], fallback: str) -> str:
     return str(summary.get("run_id") or fallback)
 
 
+def group_by_run_set(summaries: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """Indices of ``summaries`` grouped by their run set (``summary["run_set"]``'s id and
+    label), in first-seen order; a run outside any set is a set of its own."""
+    groups: dict[Any, list[int]] = {}
+    for i, s in enumerate(summaries):
+        rs = s.get("run_set") if isinstance(s.get("run_set"), dict) else None
+        key: Any = (rs.get("id"), rs.get("label")) if rs and rs.get("id") else ("run", i)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def set_label(summaries: Sequence[dict[str, Any]], ids: Sequence[str]) -> str:
+    """How a run set is named: its run's id for one run; else its set label or first id
+    with the run count."""
+    if len(ids) == 1:
+        return str(ids[0])
+    rs = summaries[0].get("run_set") if isinstance(summaries[0].get("run_set"), dict) else None
+    name = (rs or {}).get("label") or (rs or {}).get("id") or f"{ids[0]}…"
+    return f"{name} ({len(ids)} runs)"
+
+
+def compare_sets(
+    sets: Sequence[Sequence[RunTables]],
+    labels: Sequence[str] | None = None,
+    *,
+    run_ids: Sequence[Sequence[str]] | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    method: str = "t",
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """:func:`perfscope.analysis.compare.compare_run_sets` over stored run sets (first set =
+    baseline)."""
+    ids = (
+        [list(g) for g in run_ids]
+        if run_ids is not None
+        else [[run_label(r.summary, f"run {j}") for j, r in enumerate(g)] for g in sets]
+    )
+    labels = (
+        list(labels)
+        if labels
+        else [set_label([r.summary for r in g], gid) for g, gid in zip(sets, ids, strict=True)]
+    )
+    result: dict[str, Any] = compare_run_sets(
+        labels,
+        [[r.summary for r in g] for g in sets],
+        run_ids=ids,
+        confidence=confidence,
+        method=method,
+        n_boot=n_boot,
+        seed=seed,
+    )
+    return result
+
+
 def compare_tables(
     runs: Sequence[RunTables],
     labels: Sequence[str] | None = None,
     *,
-    n_boot: int = DEFAULT_BOOTSTRAP,
     confidence: float = DEFAULT_CONFIDENCE,
+    method: str = "t",
+    n_boot: int = DEFAULT_BOOTSTRAP,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """:func:`perfscope.analysis.compare.compare_runs` over stored runs (first = baseline),
-    with per-request samples taken from their tables."""
-    labels = (
-        list(labels) if labels else [run_label(r.summary, f"run {i}") for i, r in enumerate(runs)]
-    )
-    result: dict[str, Any] = compare_runs(
-        labels,
-        [r.summary for r in runs],
-        [latency_samples(r.requests, r.chunks) for r in runs],
-        n_boot=n_boot,
+    """Compare stored runs, grouped into their run sets (:func:`group_by_run_set`; the set
+    of the first run is the baseline). Runs from no set each stand alone: ratios only.
+    ``labels`` names the runs (default: their ids)."""
+    ids = list(labels) if labels else [run_label(r.summary, f"run {i}") for i, r in enumerate(runs)]
+    groups = group_by_run_set([r.summary for r in runs])
+    if len(groups) < 2:  # all in one set: compare the runs one by one
+        groups = [[i] for i in range(len(runs))]
+    return compare_sets(
+        [[runs[i] for i in g] for g in groups],
+        run_ids=[[ids[i] for i in g] for g in groups],
         confidence=confidence,
+        method=method,
+        n_boot=n_boot,
         seed=seed,
     )
-    return result
 
 
 def format_metric(value: Any, row: Mapping[str, Any]) -> str:
@@ -77,27 +140,45 @@ def format_metric(value: Any, row: Mapping[str, Any]) -> str:
     return format_value(value, row.get("unit") or "number")
 
 
-def _ratio_text(row: dict[str, Any], i: int) -> tuple[str, str]:
-    r = row["ratios"][i]
-    ci = row["ci"][i]
+def ratio_cells(row: dict[str, Any], i: int) -> tuple[str, str, str, str]:
+    """Display texts of set ``i`` against the baseline: ratio, interval, noise band and
+    change (``noise unknown`` for single runs)."""
+    r, ci, noise = row["ratios"][i], row["ci"][i], (row.get("noise") or [None] * (i + 1))[i]
     ratio = "n/a" if r is None else f"{r:.3f}x"
     interval = "" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
-    return ratio, interval
+    band = "unknown" if noise is None else f"±{100 * noise:.1f}%"
+    return ratio, interval, band, str(row["change"][i] or "")
 
 
-_CHANGE_STYLE = {"better": "green", "worse": "red", "no significant change": "dim"}
+_CHANGE_STYLE = {
+    "better": "green",
+    "worse": "red",
+    "no significant change": "dim",
+    "noise unknown": "yellow",
+}
+
+
+def comparison_title(result: dict[str, Any]) -> str:
+    """One line saying what the ratios and intervals are."""
+    conf = f"{100 * result['confidence']:g}%"
+    if not result.get("noise_known"):
+        return (
+            f"Compared with {result['labels'][0]} (ratios run / baseline; single runs: "
+            "run-to-run noise unknown, no significance claimed)"
+        )
+    return (
+        f"Compared with {result['labels'][0]} (ratios of run-set means; {conf} interval "
+        f"from the run-to-run noise: {result['method']})"
+    )
 
 
 def comparison_table(result: dict[str, Any]) -> Table:
-    """The comparison as a rich table: values per run, then ratio, CI and verdict of each
-    run against the baseline."""
+    """The comparison as a rich table: each set's value, then ratio, interval, noise band
+    and verdict of each set against the baseline; notes (noise unknown, contention) in
+    the caption."""
     labels = result["labels"]
     conf = f"{100 * result['confidence']:g}%"
-    table = Table(
-        title=f"Compared with {labels[0]} (ratios run / baseline; {conf} bootstrap CI, "
-        f"{result['n_boot']} resamples)",
-        title_justify="left",
-    )
+    table = Table(title=comparison_title(result), title_justify="left")
     table.add_column("metric")
     for i in range(len(labels)):
         table.add_column("baseline" if i == 0 else f"run {i}", justify="right")
@@ -105,23 +186,35 @@ def comparison_table(result: dict[str, Any]) -> Table:
         suffix = f" {i}" if len(labels) > 2 else ""
         table.add_column(f"ratio{suffix}", justify="right")
         table.add_column(f"{conf} CI{suffix}", justify="right")
+        table.add_column(f"noise{suffix}", justify="right")
         table.add_column(f"change{suffix}")
     for row in result["metrics"]:
         cells: list[str | Text] = [row["label"]]
         cells += [format_metric(v, row) for v in row["values"]]
         for i in range(1, len(labels)):
-            ratio, interval = _ratio_text(row, i)
-            change = row["change"][i]
-            cells += [
-                ratio,
-                interval,
-                Text(change or "", style=_CHANGE_STYLE.get(change or "", "")),
-            ]
+            ratio, interval, band, change = ratio_cells(row, i)
+            cells += [ratio, interval, band, Text(change, style=_CHANGE_STYLE.get(change, ""))]
         table.add_row(*cells)
-    table.caption = " · ".join(
-        f"{'baseline' if i == 0 else f'run {i}'} = {lab}" for i, lab in enumerate(labels)
-    )
+    lines = [
+        " · ".join(
+            f"{'baseline' if i == 0 else f'run {i}'} = {lab}" for i, lab in enumerate(labels)
+        )
+    ]
+    lines += [f"⚠ {n}" for n in result.get("notes") or []]
+    table.caption = "\n".join(lines)
+    table.caption_justify = "left"
     return table
+
+
+def _set_name(i: int | None) -> str:
+    return "?" if i is None else ("baseline" if i == 0 else f"run {i}")
+
+
+def _flat_ids(result: dict[str, Any], runs: Sequence[RunTables]) -> list[str]:
+    ids = [rid for g in result.get("runs") or [] for rid in g]
+    if len(ids) != len(runs):
+        ids = [run_label(r.summary, f"run {i}") for i, r in enumerate(runs)]
+    return ids
 
 
 def comparison_html(
@@ -141,26 +234,31 @@ def comparison_html(
     for i in range(1, len(labels)):
         sfx = f" {i}" if len(labels) > 2 else ""
         head.append(f"<th class='n'>ratio{sfx}</th><th class='n'>{conf} CI{sfx}</th>")
-        head.append(f"<th>change{sfx}</th>")
+        head.append(f"<th class='n'>noise{sfx}</th><th>change{sfx}</th>")
     head.append("</tr>")
     rows = []
     for row in result["metrics"]:
         cells = [f"<td>{esc(row['label'])}</td>"]
         cells += [f"<td class='n'>{esc(format_metric(v, row))}</td>" for v in row["values"]]
         for i in range(1, len(labels)):
-            ratio, interval = _ratio_text(row, i)
-            change = row["change"][i] or ""
+            ratio, interval, band, change = ratio_cells(row, i)
             cells.append(
                 f"<td class='n'>{esc(ratio)}</td><td class='n'>{esc(interval)}</td>"
+                f"<td class='n'>{esc(band)}</td>"
                 f"<td class='change {esc(change.replace(' ', '-'))}'>{esc(change)}</td>"
             )
         rows.append(f"<tr data-key='{esc(row['key'])}'>" + "".join(cells) + "</tr>")
+    set_of = {rid: i for i, g in enumerate(result.get("runs") or []) for rid in g}
+    contended = {h["run_id"] for hits in result.get("contention") or [] for h in hits}
     legend = "".join(
-        f"<tr><th>{'baseline' if i == 0 else f'run {i}'}</th><td class='mono'>{esc(lab)}</td>"
+        f"<tr><th>{esc(_set_name(set_of.get(rid)))}</th><td class='mono'>{esc(rid)}</td>"
         f"<td>{esc(r.summary.get('status'))}</td>"
-        f"<td>{esc((r.summary.get('engine') or {}).get('uri'))}</td></tr>"
-        for i, (lab, r) in enumerate(zip(labels, runs, strict=True))
+        f"<td>{esc((r.summary.get('engine') or {}).get('uri'))}</td>"
+        f"<td>{'contended' if rid in contended else ''}</td></tr>"
+        for rid, r in zip(_flat_ids(result, runs), runs, strict=True)
     )
+    notes_html = "".join(f"<p class='warning'>{esc(n)}</p>" for n in result.get("notes") or [])
+    labels = _flat_ids(result, runs)
     figures = [
         FigureSpec(
             "compare-metrics",
@@ -196,9 +294,9 @@ def comparison_html(
         f"<header><h1>perfscope comparison of {len(labels)} runs</h1></header>"
         f'<section id="runs"><h2>Runs</h2><table class="kv">{legend}</table></section>'
         f'<section id="comparison"><h2>Metrics</h2>'
-        f"<p class='caption'>{esc(result['method'])}. An interval that excludes 1 is a change "
-        f"beyond resampling noise at {conf} confidence ({result['n_boot']} resamples, "
-        f"seed {result['seed']}).</p>"
+        f"<p class='caption'>{esc(comparison_title(result))}. A change is better or worse "
+        f"only when its {conf} interval excludes 1; single runs get a ratio only.</p>"
+        f"{notes_html}"
         f"<table id='comparison-table'><thead>{''.join(head)}</thead>"
         f"<tbody>{''.join(rows)}</tbody></table></section>"
         f'<section id="figures"><h2>Figures</h2>{figures_html(figures)}</section>'

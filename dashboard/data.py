@@ -100,6 +100,8 @@ class RunRow:
         status: the manifest's status (``complete``, ``running``, ...) or ``broken``.
         problem: why the row is partial or broken, else ``None``.
         sweep: the sweep this run belongs to (``manifest["sweep"]["id"]``), if any.
+        contention: a marker when other processes competed for the CPU while the run was
+            measured (``contended 63%``), else ``None``.
     """
 
     run_id: str
@@ -123,6 +125,7 @@ class RunRow:
     j_per_token: float | None = None
     sweep: str | None = None
     has_roofline: bool = False
+    contention: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         """The row as the runs DataTable shows it: latencies in ms, ratios in %, rounded."""
@@ -152,6 +155,7 @@ class RunRow:
             "mbu_pct": r(self.mbu, 100.0),
             "j_per_token": r(self.j_per_token, nd=4),
             "sweep": self.sweep or "",
+            "contention": self.contention or "",
         }
 
 
@@ -219,7 +223,23 @@ def _row_from(
         else None,
         sweep=str(sweep_id) if sweep_id else None,
         has_roofline=bool(roof.get("available")) if isinstance(roof, dict) else False,
+        contention=contention_marker(manifest, summary),
     )
+
+
+def contention_marker(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
+    """``⚠ contended NN%`` when other processes (or the hypervisor) took more than the
+    warning share of the CPU during the run; ``None`` otherwise or when not measured."""
+    from perfscope.analysis.compare import contention_of
+    from perfscope.analysis.summary import contention_record
+
+    c = contention_of(summary) if summary else None
+    if c is None:
+        c = contention_record(manifest)
+    if not c or not c.get("contended"):
+        return None
+    share = finite(c.get("others_share"))
+    return "⚠ contended" + (f" {share:.0%}" if share is not None else "")
 
 
 def _stat_key(path: Path) -> tuple[int, int] | None:

@@ -906,8 +906,10 @@ def advice_figure(summary: dict[str, Any]) -> go.Figure | None:
     for a in advice:
         g = a.get("projected_gain") or {}
         v, unit = finite(g.get("value")), str(g.get("unit") or "")
+        low = finite(g.get("low"))
         if v is not None and unit.startswith("x "):
-            rows.append((esc(a.get("technique", "?")), v, esc(unit)))
+            span = f"{low:.2f}–{v:.2f}" if low is not None and low < v else f"{v:.2f}"
+            rows.append((esc(a.get("technique", "?")), v, esc(unit), span))
     if not rows:
         return None
     rows.reverse()
@@ -916,7 +918,7 @@ def advice_figure(summary: dict[str, Any]) -> go.Figure | None:
             x=[r[1] for r in rows],
             y=[r[0] for r in rows],
             orientation="h",
-            text=[f"{r[1]:.2f}{r[2]}" for r in rows],
+            text=[f"{r[3]}{r[2]}" for r in rows],
             textposition="auto",
             marker={"color": _COLORS["predicted"]},
             hovertemplate="%{y}: %{text}<extra></extra>",

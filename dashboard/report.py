@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -29,6 +29,7 @@ import plotly.io as pio
 
 from perfscope.analysis import Summary
 from perfscope.analysis.catalogue import metric, value_at
+from perfscope.analysis.summary import Gain, Projection
 from perfscope.dashboard._fmt import (
     esc,
     fmt_bytes,
@@ -439,13 +440,21 @@ def _advice(summary: Summary) -> str:
             out.append(
                 f"<tr><td>{esc(a.rank or i)}</td><td>{esc(a.technique)}</td>"
                 f"<td>{esc(a.why)}</td>"
-                f"<td class='n'>{esc(fmt_num(g.value))} {esc(g.unit)}</td>"
+                f"<td class='n'>{esc(_gain_text(g))} {esc(g.unit)}</td>"
                 f"<td>{esc(a.assumptions)}</td></tr>"
             )
         out.append("</tbody></table>")
     out.append(_projections(summary))
     out.append("</section>")
     return "".join(out)
+
+
+def _gain_text(g: Gain) -> str:
+    """``low–high`` of a projected gain (just the value when there is no range)."""
+    value, low = g.value, g.low
+    if low is not None and value is not None and low < value:
+        return f"{fmt_num(low)}–{fmt_num(value)}"
+    return str(fmt_num(value))
 
 
 def _projections(summary: Summary) -> str:
@@ -457,12 +466,21 @@ def _projections(summary: Summary) -> str:
         "<th class='n'>throughput</th><th>prefill / decode bound</th><th>basis</th></tr>"
         "</thead><tbody>"
     ]
+
+    def span(p: Projection, key: str, fmt: Callable[[Any], str]) -> str:
+        rng = p.range or {}
+        lo, hi = (rng.get("compiled") or {}).get(key), (rng.get("eager") or {}).get(key)
+        if lo is not None and hi is not None:
+            return f"{fmt(lo)} – {fmt(hi)}"
+        return fmt(getattr(p, key))
+
+    rate = metric("output_tok_s").format
     for p in summary.projections:
         out.append(
             f"<tr><td>{esc(p.device.name or p.device.key)}</td>"
-            f"<td class='n'>{fmt_time(p.ttft_s)}</td>"
-            f"<td class='n'>{fmt_time(p.tpot_s)}</td>"
-            f"<td class='n'>{metric('output_tok_s').format(p.throughput_tok_s)}</td>"
+            f"<td class='n'>{esc(span(p, 'ttft_s', fmt_time))}</td>"
+            f"<td class='n'>{esc(span(p, 'tpot_s', fmt_time))}</td>"
+            f"<td class='n'>{esc(span(p, 'throughput_tok_s', rate))}</td>"
             f"<td>{esc(p.prefill.bound)} / {esc(p.decode.bound)}</td>"
             f"<td class='caption'>{esc(p.basis)}</td></tr>"
         )

@@ -5,7 +5,7 @@ They were part of ``perfscope.analysis``; the analysis now computes and this lay
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +202,11 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
     title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
     if r.get("estimated"):
         title += " (estimated from the request timeline)"
+    if r.get("what_if"):
+        title += (
+            f" — WHAT-IF: measured on {r['what_if'].get('measured_on')}, no measured "
+            "MFU/MBU against this device"
+        )
     table = FitTable(
         (
             "phase",
@@ -240,7 +245,10 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
             _fmt_si(p["achieved_flops_s"], "FLOP/s"),
             _fmt_si(p["achieved_bytes_s"], "B/s"),
             fmt_pct(p["efficiency"]),
-            Text(p["verdict"], style=styles.get(p["verdict"], "")),
+            Text(
+                p["verdict"] + (" (mixed)" if p.get("class_verdict") == "mixed" else ""),
+                style=styles.get(p["verdict"], ""),
+            ),
         )
     src = c.get("source", "?")
     ceil = Text(
@@ -252,12 +260,35 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
             if c.get("cache_bw_bytes_s")
             else ""
         )
+        + (
+            "; calibration spread (IQR/2 of the trials) "
+            + ", ".join(f"{k} ±{100 * v / 2:.1f}%" for k, v in c["spread"].items())
+            if c.get("spread")
+            else (
+                "; calibration spread not recorded (an older calibration: 'perfscope hw "
+                "calibrate --force' measures it)"
+                if src == "calibrated"
+                else ""
+            )
+        )
         + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
         f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
         style="dim",
     )
     lines = [Text(f"• {p['evidence']}") for p in r["phases"].values() if p.get("evidence")]
     return Group(table, ceil, *lines)
+
+
+def _span(p: dict[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
+    """``compiled – eager`` for a ranged projection, else the one value."""
+    rng = p.get("range")
+    if not rng:
+        v = p.get(key)
+        return fmt(v) if v else "n/a"
+    lo, hi = rng["compiled"].get(key), rng["eager"].get(key)
+    if not lo or not hi:
+        return "n/a"
+    return f"{fmt(lo)} – {fmt(hi)}"
 
 
 def predictions_table(
@@ -269,18 +300,21 @@ def predictions_table(
     first = predictions[0]
     w = first["workload"]
     sol = all(p["speed_of_light"] for p in predictions)
+    bases = list(dict.fromkeys(str(p["basis"]) for p in predictions if p.get("basis")))
     basis = (
         "at speed of light (100% of roofline)"
         if sol
-        else first.get("basis")
+        else " | ".join(bases)
         or (
             f"derated: prefill {fmt_pct(first['efficiency']['prefill'])}, "
             f"decode {fmt_pct(first['efficiency']['decode'])} of speed of light"
         )
     )
+    ranged = any(p.get("range") for p in predictions)
     cols = (
         "device",
         "ceilings",
+        *(("SOL TTFT", "SOL TPOT") if ranged else ()),
         "TTFT",
         "TPOT",
         "tok/s",
@@ -305,12 +339,17 @@ def predictions_table(
     for p in predictions:
         m = p["memory"]
         fits = "n/a" if m["fits"] is None else ("yes" if m["fits"] else "NO")
+        sol_cells: tuple[str, ...] = ()
+        if ranged:
+            s_l = (p.get("range") or {}).get("speed_of_light") or {}
+            sol_cells = (_ms(s_l.get("ttft_s")), _ms(s_l.get("tpot_s")))
         table.add_row(
             p["device"]["key"],
             p["device"]["source"],
-            _ms(p["ttft_s"]),
-            _ms(p["tpot_s"]),
-            format_value(p["throughput_tok_s"], "rate", unit="tok/s"),
+            *sol_cells,
+            _span(p, "ttft_s", _ms),
+            _span(p, "tpot_s", _ms),
+            _span(p, "throughput_tok_s", lambda v: format_value(v, "rate", unit="tok/s")),
             _gb(m["weights_bytes"]),
             _gb(m["kv_cache_bytes"]),
             fits,

@@ -10,9 +10,17 @@ What is measured, on the device that will run the model:
   the last-level cache (so the working set stays resident).
 
 Each number is the median of repeated timed trials (a trial repeats the operation until it
-has run for a minimum time). Results are cached per machine, keyed by device name, core
-count, torch threads and torch version, under ``$PERFSCOPE_CACHE_DIR`` (default
-``~/.cache/perfscope``) in ``calibration/``. torch is imported only when measuring.
+has run for a minimum time). Trials are added (up to :data:`MAX_ROUNDS` rounds) until their
+spread -- ``(p75 - p25) / median`` -- is at most :data:`TARGET_SPREAD`; the spread of each
+ceiling is stored (``spread``) and shown wherever the ceilings are used. Other processes'
+CPU use during the calibration is measured; a calibration taken while they held more than
+:data:`CONTENTION_LIMIT` of the machine is **not cached as the machine's calibration**: it
+is kept only as a provisional entry for :data:`PROVISIONAL_TTL_S` (so a busy machine does
+not re-measure on every run), after which the next analysis measures again; a quiet
+calibration always wins over a provisional one. Results are cached per machine,
+keyed by device name, core count, torch threads and torch version, under
+``$PERFSCOPE_CACHE_DIR`` (default ``~/.cache/perfscope``) in ``calibration/``. torch is
+imported only when measuring.
 """
 
 from __future__ import annotations
@@ -35,16 +43,30 @@ from perfscope.errors import UsageError
 from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
+    "CONTENTION_LIMIT",
     "ENV_CACHE_DIR",
+    "MAX_ROUNDS",
+    "PROVISIONAL_TTL_S",
+    "TARGET_SPREAD",
     "CalibrationResult",
     "cache_dir_default",
     "cached_calibration",
     "calibrate",
     "machine_fingerprint",
+    "spread_of",
 ]
 
 ENV_CACHE_DIR = "PERFSCOPE_CACHE_DIR"
 _FORMAT = "perfscope.calibration/1"
+#: Trials are added until the interquartile spread over the median is at most this.
+TARGET_SPREAD = 0.10
+#: Most rounds of trials per measurement (each round adds ``trials`` more); quick
+#: calibrations stop after 2.
+MAX_ROUNDS = 3
+#: Other processes' share of the machine's CPU above which a calibration is not cached.
+CONTENTION_LIMIT = 0.15
+#: How long a calibration taken under contention is reused before measuring again, s.
+PROVISIONAL_TTL_S = 600.0
 
 
 def cache_dir_default() -> Path:
@@ -72,6 +94,10 @@ class CalibrationResult:
         created_at: ISO-8601 UTC time of the measurement.
         from_cache: this result was read from the cache, not measured now.
         details: per-measurement sizes, trial counts and medians.
+        spread: per ceiling (``fp32``..., ``memory``, ``cache``), the interquartile spread
+            of its trials over their median (0.05 = 5%); empty for old cache files.
+        contention: other processes' CPU use while measuring (``others_share`` of the
+            machine, ``window_s``) and ``cached`` (False when it was too busy to cache).
     """
 
     device: str
@@ -87,6 +113,8 @@ class CalibrationResult:
     created_at: str
     from_cache: bool = False
     details: dict[str, Any] = field(default_factory=dict)
+    spread: dict[str, float] = field(default_factory=dict)
+    contention: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the cache file's content)."""
@@ -131,6 +159,8 @@ class CalibrationResult:
                     "from_cache": self.from_cache,
                     "fingerprint": self.fingerprint,
                     "details": self.details,
+                    "spread": dict(self.spread),
+                    "contention": dict(self.contention),
                 },
                 "notes": "measured on this machine by perfscope hw calibrate (ERT-style: "
                 "matmul peak per dtype, copy bandwidth counting bytes read + written)",
@@ -229,12 +259,27 @@ def cached_calibration(
             continue  # a corrupt or foreign file: ignore, it will be rewritten
         if not _matches(result.fingerprint, wanted) or (result.quick and not quick):
             continue
-        rank = (not result.quick, result.created_at)
-        if best is None or rank > (not best.quick, best.created_at):
+        provisional = result.contention.get("cached") is False
+        if provisional and _age_s(result.created_at) > PROVISIONAL_TTL_S:
+            continue  # taken under contention and too old: measure again
+        rank = (not provisional, not result.quick, result.created_at)
+        if best is None or rank > (
+            best.contention.get("cached") is not False,
+            not best.quick,
+            best.created_at,
+        ):
             best = result
     if best is None:
         return None
     return CalibrationResult(**{**asdict(best), "from_cache": True})
+
+
+def _age_s(created_at: str) -> float:
+    try:
+        then = datetime.fromisoformat(created_at)
+    except ValueError:
+        return float("inf")
+    return (datetime.now(UTC) - then).total_seconds()
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -287,10 +332,21 @@ def _settings(device: str, quick: bool) -> _Settings:
     )
 
 
+def spread_of(samples: list[float]) -> float:
+    """Interquartile range over the median of ``samples`` (0 for fewer than two)."""
+    if len(samples) < 2:
+        return 0.0
+    q = statistics.quantiles(samples, n=4, method="inclusive")
+    med = statistics.median(samples)
+    return (q[2] - q[0]) / med if med > 0 else 0.0
+
+
 def _trial_medians(
     op: Callable[[], object], sync: Callable[[], None], s: _Settings
-) -> tuple[float, int]:
-    """Median seconds per call over ``s.trials`` trials, and the calls per trial."""
+) -> tuple[float, int, float, int]:
+    """Median seconds per call, calls per trial, the trials' spread (:func:`spread_of`) and
+    the trials run: rounds of ``s.trials`` trials are added until the spread is at most
+    :data:`TARGET_SPREAD` or :data:`MAX_ROUNDS` rounds ran."""
     op()
     sync()  # warm-up: page faults, kernel selection
     t0 = time.perf_counter()
@@ -299,13 +355,16 @@ def _trial_medians(
     one = max(time.perf_counter() - t0, 1e-7)
     reps = max(1, int(s.min_trial_s / one))
     per_call: list[float] = []
-    for _ in range(s.trials):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            op()
-        sync()
-        per_call.append((time.perf_counter() - t0) / reps)
-    return statistics.median(per_call), reps
+    for _round in range(MAX_ROUNDS if s.min_trial_s >= 0.1 else 2):
+        for _ in range(s.trials):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                op()
+            sync()
+            per_call.append((time.perf_counter() - t0) / reps)
+        if spread_of(per_call) <= TARGET_SPREAD:
+            break
+    return statistics.median(per_call), reps, spread_of(per_call), len(per_call)
 
 
 def _plausible_peak_flops(dtype: str, gpu: bool) -> float | None:
@@ -342,23 +401,30 @@ def _measure(
         descheduled worker stalls every parallel call. The ceiling is the best
         configuration, as ERT reports it.
         """
-        sec, reps = _trial_medians(op, sync, s)
+        sec, reps, spread, n = _trial_medians(op, sync, s)
         info: dict[str, Any] = {
             "threads": threads,
             "calls_per_trial": reps,
-            "trials": s.trials,
+            "trials": n,
             "median_s": sec,
+            "spread": spread,
         }
         if gpu or threads <= 1:
             return sec, info
         torch.set_num_threads(1)
         try:
-            sec1, reps1 = _trial_medians(op, sync, s)
+            sec1, reps1, spread1, n1 = _trial_medians(op, sync, s)
         finally:
             torch.set_num_threads(threads)
-        info["one_thread"] = {"calls_per_trial": reps1, "median_s": sec1}
+        info["one_thread"] = {
+            "calls_per_trial": reps1,
+            "median_s": sec1,
+            "spread": spread1,
+            "trials": n1,
+        }
         if sec1 < sec:
             info["threads"] = 1
+            info["spread"] = spread1
         return min(sec, sec1), info
 
     torch_dtypes = {
@@ -489,7 +555,14 @@ def calibrate(
         name = fp["gpu_name"]
         cache_bytes = float(getattr(props, "L2_cache_size", 0) or 0) or None
         mem_bytes = float(props.total_memory)
+    busy = _OthersCpu()
     peaks, mem_bw, cache_bw, details = _measure(device, quick, cache_bytes, mem_bytes)
+    contention = busy.stop()
+    spread = {k: float(v.get("spread", 0.0)) for k, v in details["matmul"].items() if k in peaks}
+    spread["memory"] = float(details["copy"]["memory"].get("spread", 0.0))
+    spread["cache"] = float(details["copy"]["cache"].get("spread", 0.0))
+    share = contention.get("others_share")
+    contention["cached"] = not (share is not None and share > CONTENTION_LIMIT)
     result = CalibrationResult(
         device=device,
         device_name=name,
@@ -503,9 +576,51 @@ def calibrate(
         fingerprint=fp,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         details=details,
+        spread=spread,
+        contention=contention,
     )
+    path = _cache_file(root, fp, quick)
+    if not contention["cached"]:
+        # Numbers measured on a busy machine must not pin every later verdict: kept apart
+        # as provisional, reused only for a short while, replaced by a quiet measurement.
+        result.details["not_cached"] = (
+            f"other processes used {share:.0%} of the CPU while calibrating (limit "
+            f"{CONTENTION_LIMIT:.0%}): kept as provisional for {PROVISIONAL_TTL_S:.0f} s, "
+            "then measured again"
+        )
+        path = path.with_name(path.stem + "-provisional.json")
     try:
-        _write_atomic(_cache_file(root, fp, quick), result.to_dict())
+        _write_atomic(path, result.to_dict())
     except OSError as exc:  # a read-only home must not stop the analysis
         result.details["cache_error"] = str(exc)
     return result
+
+
+class _OthersCpu:
+    """Other processes' share of this machine's CPU between construction and :meth:`stop`
+    (system busy time minus this process's, over the window times the cores)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._t0 = time.monotonic()
+        self._busy0 = self._busy()
+        self._own0 = self._own()
+
+    def _busy(self) -> float:
+        t = self._psutil.cpu_times()
+        idle = getattr(t, "idle", 0.0) + getattr(t, "iowait", 0.0)
+        guest = getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
+        return float(sum(t) - guest - idle)
+
+    def _own(self) -> float:
+        c = self._psutil.Process().cpu_times()
+        return float(c.user + c.system)
+
+    def stop(self) -> dict[str, Any]:
+        window = time.monotonic() - self._t0
+        cores = self._psutil.cpu_count() or os.cpu_count() or 1
+        others = max(self._busy() - self._busy0 - (self._own() - self._own0), 0.0)
+        share = min(others / (window * cores), 1.0) if window >= 1.0 else None
+        return {"others_cpu_s": others, "window_s": window, "others_share": share}

@@ -28,6 +28,7 @@ from perfscope.errors import EngineError, UsageError
 if TYPE_CHECKING:
     from perfscope._run import Run
     from perfscope._runner import ProgressHook, RunOptions, RunOutcome
+    from perfscope.analysis.modelspec import ModelSpec
     from perfscope.profiler.engines.base import Engine, EngineOptions
 
 __all__ = [
@@ -98,6 +99,9 @@ class RunArgs:
     name: str | None = None
     command: Sequence[str] | None = None
     ray: str | None = None
+    #: The model an engine that reports none (HTTP, python) serves: a preset name, a
+    #: ``config.json`` or its folder, a ModelSpec or its dict; gives an estimated roofline.
+    model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None
     #: The server's Prometheus metrics: ``auto`` (an HTTP engine's ``/metrics`` if it
     #: answers), a URL, or ``off``; sampled every ``server_metrics_interval``.
     server_metrics: str | None = "auto"
@@ -309,6 +313,44 @@ def _dataset_fields(a: RunArgs, uri: str) -> dict[str, Any]:
     }
 
 
+def _model_spec(a: RunArgs) -> dict[str, Any] | None:
+    """``model_spec`` resolved to a ModelSpec dict marked as given by the user
+    (``source``, ``estimated``, ``method``); ``None`` when not given."""
+    from perfscope.analysis.modelspec import ModelSpec
+
+    given = a.model_spec
+    if given is None or given == "":
+        return None
+    if isinstance(given, ModelSpec):
+        spec, source = given, f"{a.arg('model_spec')} {given.name}"
+    elif isinstance(given, Mapping):
+        try:
+            spec = ModelSpec.from_dict(dict(given))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{a.arg('model_spec')}: not a model spec ({exc})") from None
+        source = f"{a.arg('model_spec')} (a dict)"
+    elif isinstance(given, str | Path):
+        try:
+            spec = ModelSpec.resolve(str(given))
+        except UsageError as exc:
+            raise UsageError(f"{a.arg('model_spec')} {given}: {exc}") from None
+        source = f"{a.arg('model_spec')} {given}"
+    else:
+        raise UsageError(
+            f"{a.arg('model_spec')} must be a preset name, a config.json path or a ModelSpec, "
+            f"got {type(given).__name__}"
+        )
+    out: dict[str, Any] = dict(spec.to_dict())
+    out["source"] = source
+    out["estimated"] = True
+    out["method"] = (
+        f"model shape from {a.arg('model_spec')}; FLOPs and bytes from perfscope's analytic "
+        "cost model; for engines without steps, phase times estimated from the request "
+        "timeline"
+    )
+    return out
+
+
 # --------------------------------------------------------------------------- plan
 
 
@@ -392,6 +434,7 @@ def plan(a: RunArgs) -> RunPlan:
         nvtx=a.nvtx,
         command=list(a.command) if a.command is not None else None,
         ray=a.ray,
+        model_spec=_model_spec(a),
         server_metrics=_server_metrics(a),
     )
     return RunPlan(options, factory)
@@ -462,6 +505,7 @@ def run(
     name: str | None = None,
     command: Sequence[str] | None = None,
     ray: str | None = None,
+    model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None,
     server_metrics: str | None = "auto",
     progress: ProgressHook | None = None,
     **engine_options: Any,
@@ -529,6 +573,10 @@ def run(
         command: the command line recorded in the manifest (default: ``sys.argv``).
         ray: generate the load from Ray actors (``"local:4"``, a cluster address, or
             ``"auto"``); per-request engines only (``openai:``, ``python:``).
+        model_spec: the model an engine that reports none (``openai:``, ``python:``)
+            serves: a preset (``"llama-3-8b"``), a Hugging Face ``config.json`` or its
+            folder, or a :class:`ModelSpec`; the run then gets an estimated roofline (an
+            engine that reports its own model keeps it).
         server_metrics: scrape the server's Prometheus metrics during the run: ``"auto"``
             (an ``openai:`` server's ``/metrics`` when it answers), a URL, or ``"off"``.
         progress: receives ``on_start(total)``, ``on_request_done(id)``, ``on_end()``.
@@ -584,6 +632,7 @@ def run(
         name=name,
         command=command,
         ray=ray,
+        model_spec=model_spec,
         server_metrics=server_metrics,
         engine_options=engine_options,
     )

@@ -5,8 +5,12 @@ per-repeat samples) with the machine (hardware key, CPU/GPU, versions) and the c
 ``<storage>/NAME.json``; ``--perfscope-compare NAME`` judges every metric against it:
 lower is better for latency and energy, higher for throughput and utilisation, and a
 metric regresses when it got worse by more than its tolerance (and, with repeats on both
-sides, by more than the measured noise). Baselines from other hardware are refused unless
-forced: timings do not carry across machines.
+sides, by more than the run-to-run noise, judged by the same rule as ``perfscope
+compare``: :func:`perfscope.analysis.compare.between_run_change`). Every comparison shows the
+noise band it used (``noise ±x%``, or ``noise unknown`` from single runs, where only the
+tolerance gates). Baselines from other hardware are refused unless forced: timings do not
+carry across machines. :func:`contention_lines` says which runs were measured while other
+processes competed for the CPU.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from perfscope._change import compare_samples
 from perfscope._grammar import format_value, metric_kind, parse_tolerance, parse_value
+from perfscope.analysis.compare import between_run_change, contention_of
 from perfscope.errors import SLOError, UsageError
 
 __all__ = [
@@ -37,6 +42,7 @@ __all__ = [
     "baseline_path",
     "commit_info",
     "compare_metrics",
+    "contention_lines",
     "hardware_mismatch",
     "load_baseline",
     "machine_info",
@@ -309,7 +315,8 @@ class MetricComparison:
         tolerance: the tolerance text applied (``None``: not gated).
         verdict: ``ok``, ``regressed``, ``improved``, ``within noise``, ``info`` (not
             gated or no better direction), ``new`` (no baseline value).
-        noise: relative noise of the difference at 95% (``None`` without repeats).
+        noise: half-width of the 95% run-to-run noise band as a fraction of the baseline
+            (``None`` without repeats on both sides: noise unknown).
     """
 
     key: str
@@ -329,10 +336,19 @@ class MetricComparison:
     def describe(self) -> str:
         kind = metric_kind(self.path or self.metric)
         ch = "" if self.change is None else f" ({self.change * 100:+.1f}%"
-        tol = f", tolerance {self.tolerance})" if self.tolerance and ch else (")" if ch else "")
+        tol = f", tolerance {self.tolerance}" if self.tolerance and ch else ""
+        band = (
+            ""
+            if not ch
+            else (
+                f", noise ±{self.noise * 100:.1f}%"
+                if self.noise is not None
+                else ", noise unknown: single runs"
+            )
+        )
         return (
             f"{self.metric}: {format_value(self.current, kind)} vs baseline "
-            f"{format_value(self.baseline, kind)}{ch}{tol}"
+            f"{format_value(self.baseline, kind)}{ch}{tol}{band}{')' if ch else ''}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -382,10 +398,17 @@ def compare_metrics(
             tolerance=tol.as_relative(float(base["value"])) if tol else 0.0,
             better=better,
         )
+        # The noise band and significance follow perfscope compare's between-run rule.
+        between = between_run_change(b_samples, c_samples, better)
+        noise = between.noise
         if tol is None or better is None:
             verdict = "info"
         else:
             verdict = {"unchanged": "ok", "changed": "info"}.get(change.verdict, change.verdict)
+            if verdict in ("regressed", "improved") and between.significant is False:
+                verdict = "within noise"
+            elif verdict == "within noise" and between.significant:
+                verdict = "regressed" if between.verdict == "worse" else "improved"
         out.append(
             MetricComparison(
                 key,
@@ -396,7 +419,27 @@ def compare_metrics(
                 change.change,
                 tol.text if tol else None,
                 verdict,
-                change.noise,
+                noise,
             )
         )
+    return out
+
+
+def contention_lines(run_dirs: list[str]) -> list[str]:
+    """One line per run in ``run_dirs`` that was measured while other processes competed
+    for the CPU (from its summary.json); unreadable runs are skipped."""
+    out: list[str] = []
+    for d in run_dirs:
+        try:
+            summary = json.loads((Path(d) / "summary.json").read_text())
+        except (OSError, ValueError):
+            continue
+        c = contention_of(summary) if isinstance(summary, dict) else None
+        if c and c.get("contended"):
+            share = c.get("others_share")
+            what = f"{share:.0%} of the CPU" if isinstance(share, float) else "the CPU"
+            out.append(
+                f"contention: other processes used {what} during {Path(d).name}: its timings "
+                "are likely inflated"
+            )
     return out

@@ -1,8 +1,10 @@
 """``perfscope report``, ``perfscope compare`` and ``perfscope export``.
 
 - ``report [RUN] [-o FILE]``: the self-contained HTML report (default ``RUN/report.html``).
-- ``compare RUN_A RUN_B [...]``: key metrics side by side with ratios to RUN_A and bootstrap
-  confidence intervals for latency percentiles; ``--report`` also writes a comparison page.
+- ``compare SET_A SET_B [...]``: key metrics side by side with ratios to SET_A; each SET is
+  one run, a comma-separated list of runs or a glob of run ids (``'*-base-*'``). A change is
+  called better/worse only beyond the run-to-run noise measured from repeats; single runs get
+  ratios only. ``--report`` also writes a comparison page.
 - ``export [RUN] --format perfetto|csv|json [-o PATH]``: a Perfetto/Chrome trace, CSV tables
   or one JSON file.
 
@@ -115,20 +117,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser(
         "compare",
-        help="compare runs: metrics, ratios and bootstrap confidence intervals",
-        description="Compare runs with the first (the baseline): key metrics, their ratios, "
-        "and for latency percentiles a bootstrap confidence interval of the ratio, so a real "
-        "change stands apart from noise.",
+        help="compare run sets: ratios, and better/worse only beyond run-to-run noise",
+        description="Compare run sets with the first (the baseline). Each SET is a run, a "
+        "comma-separated list of runs (A1,A2,A3) or a glob of run ids ('*-base-*'), e.g. the "
+        "runs of 'perfscope run --repeat N'. Each metric is one number per run; a change is "
+        "better or worse only when its confidence interval, from the spread between the "
+        "runs of each set, excludes no change. Single runs get ratios only (noise unknown).",
     )
     p.add_argument(
-        "runs", nargs="+", metavar="RUN", help="two or more runs (the first is the baseline)"
+        "runs",
+        nargs="+",
+        metavar="SET",
+        help="two or more run sets (the first is the baseline): RUN, RUN1,RUN2,... or a glob",
+    )
+    p.add_argument(
+        "--method",
+        choices=("t", "bootstrap"),
+        default="t",
+        help="interval: Welch t-test on log per-run values (default) or a bootstrap over runs "
+        "(needs 8+ runs per set, else t)",
     )
     p.add_argument(
         "--bootstrap",
         type=positive_int,
         default=1000,
         metavar="N",
-        help="bootstrap resamples (default 1000)",
+        help="resamples of --method bootstrap (default 1000)",
     )
     p.add_argument(
         "--confidence",
@@ -188,22 +202,56 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def expand_run_set(text: str, runs_dir: Path | None) -> list[Path]:
+    """The runs one SET argument names: comma-separated refs, each a run directory, run id,
+    ``latest`` or a glob of run ids under the runs folder (newest first order kept)."""
+    import fnmatch
+
+    from perfscope.profiler.store import default_runs_root, list_runs, resolve_run_path
+
+    out: list[Path] = []
+    for ref in (r.strip() for r in text.split(",")):
+        if not ref:
+            continue
+        if any(ch in ref for ch in "*?["):
+            root = runs_dir or default_runs_root()
+            pattern = Path(ref)
+            if len(pattern.parts) > 1:
+                root, ref = pattern.parent, pattern.name
+            hits = sorted(p for p in list_runs(root) if fnmatch.fnmatchcase(p.name, ref))
+            if not hits:
+                raise UsageError(f"no runs match {ref!r} in {root}; 'perfscope ls' lists runs")
+            out += hits
+        else:
+            out.append(resolve_run_path(ref, runs_dir))
+    if not out:
+        raise UsageError(f"empty run set {text!r}: give run ids, comma-separated, or a glob")
+    return out
+
+
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.dashboard.compare import compare_tables, comparison_html, comparison_table
+    from perfscope.dashboard.compare import compare_sets, comparison_html, comparison_table
 
     if len(args.runs) < 2:
-        raise UsageError("compare needs two or more runs, e.g. 'perfscope compare RUN_A RUN_B'")
-    runs = [_load(ref, args.runs_dir) for ref in args.runs]
-    ids = [r.run_id for r in runs]
-    if len(set(ids)) < len(ids):
-        raise UsageError(f"the same run is given twice ({', '.join(ids)}); give different runs")
-    result = compare_tables(
-        [_tables(r) for r in runs],
-        ids,
-        n_boot=args.bootstrap,
+        raise UsageError(
+            "compare needs two or more run sets, e.g. 'perfscope compare RUN_A RUN_B' or "
+            "'perfscope compare A1,A2,A3 B1,B2,B3'"
+        )
+    paths = [expand_run_set(text, args.runs_dir) for text in args.runs]
+    flat = [p.resolve() for g in paths for p in g]
+    if len(set(flat)) < len(flat):
+        names = ", ".join(p.name for p in flat)
+        raise UsageError(f"the same run is given twice ({names}); give different runs")
+    sets = [[_load(str(p), args.runs_dir) for p in g] for g in paths]
+    result = compare_sets(
+        [[_tables(r) for r in g] for g in sets],
+        run_ids=[[r.run_id for r in g] for g in sets],
         confidence=args.confidence,
+        method=args.method,
+        n_boot=args.bootstrap,
         seed=args.seed,
     )
+    runs = [r for g in sets for r in g]
     out_path: Path | None = None
     if args.report:
         out_path = args.output or Path("perfscope-compare.html")
@@ -214,7 +262,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         write_text_atomic(out_path, html)
     if args.json:
         payload: dict[str, Any] = dict(result)
-        payload["runs"] = [{"run_id": r.run_id, "path": str(r.path)} for r in runs]
+        payload["paths"] = [[str(r.path) for r in g] for g in sets]
         if out_path is not None:
             payload["report"] = str(out_path)
         print(json.dumps(payload, indent=2))

@@ -45,6 +45,13 @@ def add_openai_options(group: Any) -> None:
     g = group
     g.add_argument("--model", default=None, help="openai: model name (default: ask GET /models)")
     g.add_argument(
+        "--model-spec",
+        default=None,
+        metavar="PRESET|config.json|FOLDER",
+        help="the model an HTTP or python engine serves (a preset such as llama-3-8b, a "
+        "Hugging Face config.json or its folder): gives the run an estimated roofline",
+    )
+    g.add_argument(
         "--api-key",
         default=None,
         help="openai: bearer key (default: $PERFSCOPE_API_KEY or $OPENAI_API_KEY; never stored)",
@@ -218,6 +225,7 @@ def run_args(args: argparse.Namespace) -> RunArgs:
         runs_dir=args.runs_dir,
         command=redact_argv(["perfscope", *sys.argv[1:]]),
         ray=getattr(args, "ray", None),
+        model_spec=getattr(args, "model_spec", None),
         server_metrics=getattr(args, "server_metrics", "auto"),
         server_metrics_interval=getattr(args, "server_metrics_interval", 1.0),
         engine_options=engine_opts,

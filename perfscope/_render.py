@@ -114,7 +114,13 @@ def _advice_view(summary: Summary) -> RenderableType | None:
     ]
     for item in summary.advice:
         gain = item.projected_gain
-        gain_text = f"{format_number(gain.value)} {gain.unit}" if gain.value is not None else ""
+        value, low = gain.value, gain.low
+        shown = (
+            f"{format_number(low)}–{format_number(value)}"
+            if value is not None and low is not None and low < value
+            else format_number(value)
+        )
+        gain_text = f"{shown} {gain.unit}" if value is not None else ""
         parts.append(
             Text.assemble(
                 (f"{item.rank}. ", "bold"),
@@ -122,7 +128,8 @@ def _advice_view(summary: Summary) -> RenderableType | None:
                 (f" — {gain_text}" if gain_text else "", "green"),
             )
         )
-        parts.append(Padding(Text(item.why, style="dim"), (0, 0, 0, 3)))
+        why = item.why + (f" ({item.assumptions})" if item.assumptions else "")
+        parts.append(Padding(Text(why, style="dim"), (0, 0, 0, 3)))
     return Group(*parts)
 
 
@@ -131,7 +138,8 @@ def _projections_view(summary: Summary) -> RenderableType | None:
         return None
     return predictions_table(
         [p.to_dict() for p in summary.projections],
-        title="This workload on other devices (derated by this run's efficiency)",
+        title="This workload on other devices (each device's speed of light at a stated "
+        "efficiency; TTFT/TPOT ranges: compiled engine – eager PyTorch)",
     )
 
 
@@ -205,6 +213,8 @@ def runs_table(
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
     labels = ("TTFT p50", "TPOT p50", "output tok/s", "SLO met")  # short: fits 120 columns
     cols = ("run", "status", "engine", "requests", *labels)
+    from perfscope.analysis.summary import contention_record
+
     if states is not None:
         cols = (*cols, "reason")
     t = FitTable(cols, right=frozenset(("requests", *labels)), wrap=frozenset({"reason"}))
@@ -212,13 +222,17 @@ def runs_table(
         s = as_summary(raw)
         status = str(manifest.get("status", "?"))
         slos = bool(s.goodput.slos) if raw else False
+        contended = (contention_record(manifest) or {}).get("contended")
         reason: list[Any] = []
         if states is not None:
             status = states[i][0]
             reason = [states[i][1] or ""]
         t.add_row(
             path.name,
-            Text(status, style="green" if status == "complete" else "red"),
+            Text(
+                status + (" ⚠ contended" if contended else ""),
+                style="green" if status == "complete" and not contended else "red",
+            ),
             str((manifest.get("engine") or {}).get("uri", "?")),
             format_count(s.counts.completed) if raw else "n/a",
             *(

@@ -32,7 +32,7 @@ from perfscope.errors import PerfscopeError, StorageError
 from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
-from perfscope.profiler.contention import ContentionMeter
+from perfscope.profiler.contention import ContentionMeter, local_server_ports
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
 from perfscope.profiler.recorder import Recorder
@@ -89,6 +89,11 @@ class RunOptions:
             ``auto``); ``None`` = this process alone.
         server_metrics: scraping of the server's Prometheus endpoint (``auto``: an HTTP
             engine's ``/metrics`` when it answers).
+        run_set: the run set this run belongs to (``perfscope run --repeat``): ``id``,
+            ``label``, ``index``, ``repeat``; stored in the manifest and the summary.
+        model_spec: the model to analyse an engine that reports none (HTTP, python
+            engines) against: a :class:`~perfscope.analysis.modelspec.ModelSpec` dict with
+            ``estimated`` and ``method`` saying where it came from.
     """
 
     engine: str = "reference"
@@ -104,6 +109,8 @@ class RunOptions:
     command: list[str] | None = None
     ray: str | None = None
     server_metrics: ServerMetricsConfig = field(default_factory=ServerMetricsConfig)
+    run_set: dict[str, Any] | None = None
+    model_spec: dict[str, Any] | None = None
 
 
 @dataclass
@@ -393,6 +400,15 @@ def execute_run(
             "errors": [],
             "warnings": [],
         }
+        if opts.run_set is not None:
+            manifest["run_set"] = dict(opts.run_set)
+        if opts.model_spec is not None:
+            given = dict(opts.model_spec)
+            if manifest["engine"].get("model"):
+                given["note"] = "the engine reported its own model; that one is used"
+            else:
+                manifest["engine"]["model"] = given
+            manifest["model_spec"] = given
         mwriter = _ManifestWriter(run_dir / "manifest.json", manifest, interval)
         try:
             mwriter.write()
@@ -428,7 +444,7 @@ def execute_run(
     )
     status, error = "complete", None
     storage: StorageError | None = None
-    contention = ContentionMeter().start()
+    contention = ContentionMeter(exclude_ports=local_server_ports(opts.engine)).start()
     succeeded = 0
     distributed = None
     # Hook: the server's own metrics, start snapshot before the first request.

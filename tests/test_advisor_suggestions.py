@@ -185,7 +185,11 @@ def test_overhead_bound_decode_suggests_cutting_overhead_and_keeps_overhead_fixe
     assert derate["decode_overhead_s"] == pytest.approx(per_step - dec["sol_time_s"] / dec["steps"])
     got = _by_technique(advise(roof, spec, A100, wl))
     cut = got["cut decode per-step overhead (CUDA graphs, torch.compile, fused kernels)"]
-    assert cut["projected_gain"]["value"] == pytest.approx(0.5 / dec["efficiency"], rel=1e-3)
+    # a range: eager (20% of speed of light) to compiled engines (60%), never beyond 1/eff
+    gain = cut["projected_gain"]
+    assert gain["value"] == pytest.approx(0.6 / dec["efficiency"], rel=1e-3)
+    assert gain["low"] == pytest.approx(0.2 / dec["efficiency"], rel=1e-3)
+    assert gain["bound"] == pytest.approx(1 / dec["efficiency"], rel=1e-3)
     # quantising an overhead-bound decode gains < 5%: the fixed overhead stays, so no advice
     assert "int8 weights (W8A16)" not in got
     kw: dict[str, Any] = {"batch": 1, "prompt_len": 256, "output_len": 32, **derate}
@@ -228,16 +232,21 @@ def test_predict_tensor_parallel_and_cached_prefix() -> None:
     assert cached["ttft_s"] < two["ttft_s"] / 3
 
 
-def test_project_run_onto_other_devices_uses_the_run_efficiency() -> None:
+def test_project_run_uses_the_run_efficiency_only_on_its_own_device_class() -> None:
     spec = ModelSpec.from_preset("llama-3-8b")
     roof, wl = _run(spec, A100, batch=4, prompt=512, out=64, eff_prefill=0.6, eff_decode=0.5)
-    proj = project_run(roof, spec, wl, [A100, H100, L4])
+    proj = project_run(roof, spec, wl, [A100, H100, L4], measured_on=A100.key)
     assert [p["device"]["key"] for p in proj] == ["a100-sxm4-80gb", "h100-sxm5-80gb", "l4"]
     on_a100 = proj[0]
+    assert on_a100["assumption"] == "measured"
     assert on_a100["efficiency"]["decode"] == pytest.approx(0.5, rel=1e-3)
     # projecting the run back onto its own device reproduces its TPOT
     assert on_a100["tpot_s"] == pytest.approx(roof["latency"]["tpot_mean_s"], rel=0.02)
-    # memory-bound decode scales with bandwidth
-    assert proj[1]["tpot_s"] == pytest.approx(on_a100["tpot_s"] * 2039 / 3350, rel=0.03)
-    assert "50%" in proj[1]["basis"]
+    # another device: its own speed of light at the documented engine range, not 50%
+    h100 = proj[1]
+    assert h100["assumption"] == "engine range"
+    sol = h100["range"]["speed_of_light"]["tpot_s"]
+    assert h100["range"]["compiled"]["tpot_s"] == pytest.approx(sol / 0.6, rel=1e-3)
+    assert h100["range"]["eager"]["tpot_s"] == pytest.approx(sol / 0.2, rel=1e-3)
+    assert "compiled" in h100["basis"] and "eager" in h100["basis"]
     assert not proj[2]["speed_of_light"]

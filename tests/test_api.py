@@ -73,6 +73,23 @@ def test_a_callable_engine_runs_online_and_records_its_slos(runs_dir: Path) -> N
     assert run.counts.output_tokens == 15
 
 
+def test_a_model_spec_gives_a_callable_engine_an_estimated_roofline(runs_dir: Path) -> None:
+    run = perfscope.run(
+        three_tokens,
+        requests=4,
+        output_len=3,
+        model_spec="llama-3-8b",
+        hw="h100-sxm5-80gb",
+        runs_dir=runs_dir,
+        telemetry=False,
+    )
+    assert run.summary["model_spec"]["source"] == "model_spec llama-3-8b"
+    assert run.manifest["engine"]["model"]["name"] == run.summary["model_spec"]["name"]
+    assert run.summary["roofline"]["available"] and run.summary["roofline"]["estimated"]
+    with pytest.raises(UsageError, match="model_spec no-such-model"):
+        perfscope.run(three_tokens, requests=2, model_spec="no-such-model", runs_dir=runs_dir)
+
+
 def test_an_engine_failure_raises_and_keeps_the_captured_run(runs_dir: Path) -> None:
     with pytest.raises(EngineError, match="the GPU fell off the bus") as info:
         perfscope.run(_BrokenEngine(), requests=2, runs_dir=runs_dir, telemetry=False)

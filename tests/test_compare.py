@@ -1,4 +1,4 @@
-"""Run comparison: ratios from the summaries, bootstrap intervals that tell change from noise."""
+"""Run comparison: ratios from the summaries; better/worse only beyond run-to-run noise."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfscope.analysis.compare import bootstrap_percentile_ratio, compare_runs, latency_samples
+from perfscope.analysis.compare import (
+    between_run_change,
+    bootstrap_percentile_ratio,
+    compare_run_sets,
+    compare_runs,
+    t_quantile,
+)
 from perfscope.cli import main
 from perfscope.profiler.store import read_run
 from tests.data.runs.builders import synthetic_run
@@ -26,12 +32,14 @@ def cache_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory: pytest.TempPathFactory, cache_env: None) -> list[Path]:
-    """Baseline, the same system again (other seed), and a 1.5x slower system."""
+    """Baseline twice, then a 1.5x slower system twice (other seeds: other run-to-run
+    draws)."""
     root = tmp_path_factory.mktemp("compare-runs")
     return [
-        synthetic_run(root, 400, seed=1, name="base", telemetry=False),
-        synthetic_run(root, 400, seed=2, name="again", telemetry=False),
-        synthetic_run(root, 400, seed=3, name="slower", scale=1.5, telemetry=False),
+        synthetic_run(root, 200, seed=1, name="base", telemetry=False),
+        synthetic_run(root, 200, seed=2, name="base", telemetry=False),
+        synthetic_run(root, 200, seed=3, name="slower", scale=1.5, telemetry=False),
+        synthetic_run(root, 200, seed=4, name="slower", scale=1.5, telemetry=False),
     ]
 
 
@@ -67,47 +75,143 @@ def test_too_few_samples_give_no_interval() -> None:
     assert bootstrap_percentile_ratio(np.ones(3), np.ones(100), 50.0) is None
 
 
-def test_compare_runs_ratios_come_from_the_summaries(three_runs: list[Path]) -> None:
+def test_t_quantiles_match_the_tables() -> None:
+    for df, q in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (10, 2.228), (30, 2.042)):
+        assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-3)
+    assert t_quantile(0.95, 5) == pytest.approx(2.015, abs=1e-3)
+
+
+def _summary(rng: np.random.Generator, scale: float, noise: float) -> dict[str, object]:
+    """A run's summary with TTFT/TPOT percentiles and throughput, each drawn with
+    run-to-run noise (lognormal, ``noise`` = sigma of the log)."""
+
+    def draw(v: float) -> float:
+        return float(v * scale * rng.lognormal(0.0, noise))
+
+    return {
+        "latency": {
+            "ttft": {"p50": draw(0.08), "p90": draw(0.15), "p99": draw(0.3)},
+            "tpot": {"p50": draw(0.012), "p90": draw(0.015), "p99": draw(0.02)},
+        },
+        "throughput": {"output_tok_s": float(1000 / scale * rng.lognormal(0.0, noise))},
+    }
+
+
+@pytest.mark.parametrize(("runs", "noise"), [(3, 0.05), (5, 0.2), (2, 0.1)])
+def test_identical_configurations_raise_false_alarms_at_most_at_the_stated_rate(
+    runs: int, noise: float
+) -> None:
+    # Synthetic run sets of one configuration: every better/worse is a false alarm.
+    rng = np.random.default_rng(runs * 1000 + int(noise * 100))
+    trials, alarms, tests = 400, 0, 0
+    for _ in range(trials):
+        a = [_summary(rng, 1.0, noise) for _ in range(runs)]
+        b = [_summary(rng, 1.0, noise) for _ in range(runs)]
+        result = compare_run_sets(["a", "b"], [a, b], confidence=0.95)
+        assert result["noise_known"]
+        for row in result["metrics"]:
+            tests += 1
+            alarms += row["change"][1] in ("better", "worse")
+            assert row["change"][1] in ("better", "worse", "no significant change")
+    rate = alarms / tests
+    # stated level 5%; three binomial standard errors of slack over 2800 tests
+    assert rate <= 0.05 + 3 * (0.05 * 0.95 / tests) ** 0.5, rate
+
+
+def test_normal_not_lognormal_noise_still_keeps_the_false_alarm_rate() -> None:
+    rng = np.random.default_rng(11)
+    alarms, trials = 0, 3000
+    for _ in range(trials):
+        a = list(100 + rng.normal(0, 5, 3))
+        b = list(100 + rng.normal(0, 5, 3))
+        alarms += between_run_change(a, b, "lower").verdict != "no significant change"
+    assert alarms / trials <= 0.05 + 3 * (0.05 * 0.95 / trials) ** 0.5
+
+
+def test_a_real_30_percent_slowdown_is_called_worse_with_its_interval() -> None:
+    rng = np.random.default_rng(5)
+    a = [_summary(rng, 1.0, 0.03) for _ in range(3)]
+    b = [_summary(rng, 1.3, 0.03) for _ in range(3)]
+    result = compare_run_sets(["a", "b"], [a, b])
+    rows = {r["key"]: r for r in result["metrics"]}
+    for key in ("latency.ttft.p50", "latency.tpot.p50", "throughput.output_tok_s"):
+        assert rows[key]["change"][1] == "worse", key
+        lo, hi = rows[key]["ci"][1]
+        assert lo <= rows[key]["ratios"][1] <= hi
+        assert rows[key]["noise"][1] is not None and rows[key]["noise"][1] < 0.2
+    ratio = rows["latency.ttft.p50"]["ratios"][1]
+    assert ratio == pytest.approx(1.3, rel=0.08)
+
+
+def test_single_runs_never_get_a_significance_claim(three_runs: list[Path]) -> None:
     runs = [read_run(p) for p in three_runs]
-    result = compare_runs(
-        ["base", "again", "slower"],
-        [r.summary for r in runs],  # type: ignore[misc]
-        [latency_samples(r.requests, r.chunks) for r in runs],
-        n_boot=400,
-    )
+    result = compare_runs(["base", "slower"], [runs[0].summary, runs[2].summary])  # type: ignore[list-item]
+    assert not result["noise_known"]
+    assert any("noise unknown" in n for n in result["notes"])
     rows = {row["key"]: row for row in result["metrics"]}
     ttft = rows["latency.ttft.p50"]
     base = runs[0].summary["latency"]["ttft"]["p50"]  # type: ignore[index]
     slow = runs[2].summary["latency"]["ttft"]["p50"]  # type: ignore[index]
-    assert ttft["values"][0] == base and ttft["ratios"][2] == pytest.approx(slow / base)
-    assert ttft["ci"][0] is None and ttft["change"][0] is None
-    assert ttft["change"][1] == "no significant change"
-    assert ttft["change"][2] == "worse"
-    lo, hi = ttft["ci"][2]
-    assert lo <= ttft["ratios"][2] <= hi
-    assert rows["throughput.output_tok_s"]["ci"] == [None, None, None]
-    assert rows["latency.itl.p50"]["ci"] == [None, None, None]  # pooled gaps: ratio only
+    assert ttft["values"] == [pytest.approx(base), pytest.approx(slow)]
+    assert ttft["ratios"][1] == pytest.approx(slow / base)
+    for row in result["metrics"]:
+        assert row["change"][1] in ("noise unknown", "n/a"), row["key"]
+        assert row["ci"][1] is None and row["noise"][1] is None
+    # a set of one against a set of many is still a single run: no claim
+    one_vs_two = compare_run_sets(
+        ["a", "b"],
+        [[runs[0].summary], [runs[2].summary, runs[3].summary]],  # type: ignore[list-item]
+    )
+    assert {r["change"][1] for r in one_vs_two["metrics"]} <= {"noise unknown", "n/a"}
 
 
-def test_compare_command_prints_a_table_and_writes_a_page(
+def test_bootstrap_over_runs_needs_enough_runs_and_otherwise_uses_t() -> None:
+    rng = np.random.default_rng(3)
+    few = between_run_change(
+        list(rng.lognormal(0, 0.1, 3)), list(rng.lognormal(0, 0.1, 3)), "lower", method="bootstrap"
+    )
+    assert "Welch" in few.method and "8+" in few.method
+    many_a, many_b = list(rng.lognormal(0, 0.1, 12)), list(rng.lognormal(0.5, 0.1, 12))
+    boot = between_run_change(many_a, many_b, "lower", method="bootstrap", n_boot=500)
+    assert "bootstrap over runs" in boot.method and boot.verdict == "worse"
+
+
+def test_compare_command_takes_run_sets_as_lists_and_globs(
     three_runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "cmp.html"
-    a, _, c = (str(p) for p in three_runs)
-    code = main(["compare", a, c, "--bootstrap", "300", "--report", "-o", str(out), "--json"])
+    a1, a2, _, _ = (str(p) for p in three_runs)
+    root = str(three_runs[0].parent)
+    code = main(
+        [
+            "compare",
+            f"{a1},{a2}",
+            "*-slower-*",
+            "--runs-dir",
+            root,
+            "--report",
+            "-o",
+            str(out),
+            "--json",
+        ]
+    )
     assert code == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["report"] == str(out) and data["n_boot"] == 300
-    assert [r["path"] for r in data["runs"]] == [a, c]
+    assert data["report"] == str(out) and data["noise_known"]
+    assert [len(g) for g in data["runs"]] == [2, 2]
+    assert data["paths"][0] == [a1, a2]
+    rows = {r["key"]: r for r in data["metrics"]}
+    assert rows["latency.ttft.p50"]["n"] == [2, 2]
+    assert rows["latency.ttft.p50"]["ratios"][1] == pytest.approx(1.5, rel=0.1)
     html = out.read_text(encoding="utf-8")
     checker = parse(html)
     assert {"comparison-table", "runs", "figures"} <= checker.ids
     # plotly.js inlined once (the basic bundle: the comparison draws scatters and bars).
     assert len(re.findall(r"\* plotly\.js (\(basic - minified\) )?v\d", html)) == 1
-    assert "worse" in html
-    assert main(["compare", a, c, "--bootstrap", "200", "--confidence", "90"]) == 0
+    assert "noise" in html
+    assert main(["compare", a1, str(three_runs[2]), "--confidence", "90"]) == 0
     text = capsys.readouterr().out
-    assert "TTFT p99" in text and "90% CI" in text
+    assert "TTFT p99" in text and "noise unknown" in text and "90% CI" in text
 
 
 def test_compare_needs_two_different_runs(
@@ -117,3 +221,4 @@ def test_compare_needs_two_different_runs(
     assert main(["compare", a]) == 2
     assert main(["compare", a, a]) == 2
     assert "the same run is given twice" in capsys.readouterr().err
+    assert main(["compare", a, "nothing-matches-*", "--runs-dir", str(three_runs[0].parent)]) == 2

@@ -476,3 +476,31 @@ def test_weight_dtype_override_can_keep_embeddings_16bit() -> None:
     diff = cm.weight_bytes(real) - cm.weight_bytes(whole)
     assert diff == pytest.approx(2 * lm_head * (2 - (0.5 + 2 / 128)))
     assert ModelSpec.from_dict(json.loads(json.dumps(real.to_dict()))) == real
+
+
+@pytest.mark.parametrize(
+    "name", ["gemma3-window", "qwen2-max-window-layers", "deepseek-v3-mla", "qwen3-moe", "gpt2"]
+)
+def test_operator_classes_sum_to_the_step_and_honour_windows_mla_and_moe(name: str) -> None:
+    spec = ModelSpec.from_hf_config(_config(name), name=name)
+    # a prefill and a long-context decode step (context well past any window)
+    for new, ctx in ((32.0, 0.0), (4.0, 256.0)):
+        costs = cm.step_costs(spec, 4, new, ctx)
+        total = {k: float(v) for k, v in costs.items()}
+        classes = cm.operator_class_costs(total)
+        assert sum(c["flops"] for c in classes.values()) == pytest.approx(total["flops"])
+        assert sum(c["bytes"] for c in classes.values()) == pytest.approx(total["bytes"])
+        assert classes["attention_kv"]["bytes"] == pytest.approx(
+            total["bytes_kv_read"] + total["bytes_kv_write"]
+        )
+    if spec.sliding_window or any(spec.layer_windows):
+        # the windowed layers read only their window: less KV than the same model unwindowed
+        full = replace(spec, sliding_window=0, layer_windows=())
+        windowed = cm.operator_class_costs(
+            {k: float(v) for k, v in cm.step_costs(spec, 4, 4.0, 256.0).items()}
+        )
+        unwindowed = cm.operator_class_costs(
+            {k: float(v) for k, v in cm.step_costs(full, 4, 4.0, 256.0).items()}
+        )
+        assert windowed["attention_kv"]["bytes"] < unwindowed["attention_kv"]["bytes"]
+        assert windowed["attention_kv"]["flops"] < unwindowed["attention_kv"]["flops"]

@@ -200,7 +200,7 @@ def test_save_then_compare_flags_a_slowdown_and_not_a_speedup(
     slower.stdout.fnmatch_lines(
         [
             "*perfscope: performance regressed against baseline 'base'*",
-            "*tpot.p50: *ms vs baseline *ms (+*%, tolerance 10%)*",
+            "*tpot.p50: *ms vs baseline *ms (+*%, tolerance 10%, noise unknown: single runs)*",
             "*perfscope: 1 perf test(s), 1 run(s) vs baseline 'base' (cpu:*",
             "*perf test / metric*measured*limit*baseline*change*verdict*",
             "*tpot.p50*ms*ms*+*%*REGRESSED*",

@@ -101,7 +101,9 @@ def test_compare_of_two_v1_runs_gives_ratios_of_one(tmp_path: Path) -> None:
     code, out = _main("compare", str(a), str(b), "--json", "--bootstrap", "50")
     assert code == 0
     result = json.loads(out)
-    assert [r["run_id"] for r in result["runs"]] == [a.name, b.name]
+    # compare works on run sets: one single-run set per argument
+    assert result["runs"] == [[a.name], [b.name]]
+    assert result["paths"] == [[str(a)], [str(b)]]
     text = json.dumps(result)
     assert "ttft" in text
     code, out = _main("compare", str(a), str(b), "--bootstrap", "50")

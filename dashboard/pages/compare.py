@@ -1,5 +1,7 @@
 """Compare page (``/compare?runs=A,B[,C...]&baseline=A``): runs overlaid, metrics with
-ratios and confidence intervals against a pinned baseline.
+ratios against a pinned baseline. Runs of one run set (``perfscope run --repeat``) are
+grouped into that set; a change is better/worse only beyond the run-to-run noise of the
+sets, single runs get ratios only (noise unknown), and contended runs are named.
 
 Statistics come from :func:`perfscope.dashboard.compare.compare_tables` (the same numbers
 as ``perfscope compare``), figures from the shared builders in
@@ -58,9 +60,9 @@ def short_label(run_id: str) -> str:
 
 
 def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Columns and rows of the metric table: value per run, then ratio, CI and change of
-    each run against the baseline (first run)."""
-    from perfscope.dashboard.compare import format_metric
+    """Columns and rows of the metric table: value per run set, then ratio, interval, noise
+    band and change of each set against the baseline (first set)."""
+    from perfscope.dashboard.compare import format_metric, ratio_cells
 
     labels = result["labels"]
     conf = f"{100 * result['confidence']:g}%"
@@ -73,6 +75,7 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
         cols += [
             {"id": f"r{i}", "name": f"ratio run {i}"},
             {"id": f"ci{i}", "name": f"{conf} CI run {i}"},
+            {"id": f"n{i}", "name": f"noise run {i}"},
             {"id": f"c{i}", "name": f"change run {i}"},
         ]
     rows = []
@@ -81,12 +84,7 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
         for i, v in enumerate(m["values"]):
             row[f"v{i}"] = format_metric(v, m)
         for i in range(1, len(labels)):
-            r, ci = m["ratios"][i], m["ci"][i]
-            row[f"r{i}"] = "n/a" if r is None else f"{r:.3f}x"
-            n = (m.get("n") or [None] * len(labels))[i]
-            why = "ratio only: no per-request samples" if n is None else f"not resampled (n={n})"
-            row[f"ci{i}"] = f"n/a ({why})" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
-            row[f"c{i}"] = m["change"][i] or "n/a (no interval)"
+            row[f"r{i}"], row[f"ci{i}"], row[f"n{i}"], row[f"c{i}"] = ratio_cells(m, i)
         rows.append(row)
     return cols, rows
 
@@ -141,15 +139,21 @@ def compare_body(
             [*problems, note("Pick two or more runs to compare (the first is the baseline).")]
         )
     result = _result(ok_ids, loaded, cache if cache is not None else ResultCache())
+    from perfscope.dashboard.compare import comparison_title
+
     cols, rows = metric_records(result)
     conf = f"{100 * result['confidence']:g}%"
     table = html.Div(
         [
-            html.H3(f"Metrics against the baseline {ok_ids[0]}"),
+            html.H3(f"Metrics against the baseline {result['labels'][0]}"),
             note(
-                f"{result['method']}. An interval that excludes 1 is a change beyond "
-                f"resampling noise at {conf} confidence ({result['n_boot']} resamples)."
+                f"{comparison_title(result)}. A change is better or worse only when its "
+                f"{conf} interval excludes 1."
             ),
+            *[
+                html.Div(error_box(str(n), title="Caution"), id=f"compare-note-{i}")
+                for i, n in enumerate(result.get("notes") or [])
+            ],
             data_table(
                 id="compare-table",
                 columns=cols,
@@ -163,7 +167,7 @@ def compare_body(
                         "color": color,
                         "fontWeight": "bold",
                     }
-                    for i in range(1, len(ok_ids))
+                    for i in range(1, len(result["labels"]))
                     for word, color in (("better", "#2e7d32"), ("worse", "#c62828"))
                 ],
             ),

@@ -122,6 +122,13 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
                 else []
             ),
             *[error_box(str(e), title="Run error") for e in (m.get("errors") or [])[:5]],
+            *[
+                html.Div(
+                    error_box(str(w), title="Measurement warning"),
+                    id="detail-contention" if i == 0 else f"detail-warning-{i}",
+                )
+                for i, w in enumerate(s.get("warnings") or [])
+            ],
             html.A(
                 "summary.json",
                 href=f"/api/runs/{loaded.run_id}/summary.json",

@@ -44,6 +44,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("name", "name", "text"),
     ("date", "date (UTC)", "text"),
     ("sweep", "sweep", "text"),
+    ("contention", "CPU contention", "text"),
 )
 
 #: d3 formats of the numeric columns: SI prefixes with the unit ("820ms", "179s"), numbers

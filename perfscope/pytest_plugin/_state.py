@@ -272,6 +272,12 @@ def finish_test(item: pytest.Item, *, body_passed: bool) -> list[str]:
         m.metrics = _metrics_of(m.target, m.asserted)
     if state.baseline is not None:
         problems += _compare_with_baseline(state, rec, opts)
+    if problems:
+        from perfscope._baseline import contention_lines
+
+        extra = [ln for m in rec.measurements for ln in contention_lines(m.run_dirs)]
+        if extra:
+            problems.append("perfscope: " + "\n  ".join(["measured under contention:", *extra]))
     return problems
 
 

@@ -67,3 +67,25 @@ def flaky(request_id: int, max_tokens: int) -> Iterator[int]:
 
 def not_a_generator(prompt_tokens: int) -> object:
     return object()
+
+
+#: How much slower :func:`slower_tokens` is than :func:`single_tokens`.
+SLOWDOWN = 1.3
+
+
+def slower_tokens(max_tokens: int) -> Iterator[int]:
+    """:func:`single_tokens` made 30% slower (first token after 65 ms, then every 13 ms)."""
+    precise_sleep(TTFT_S * SLOWDOWN)
+    yield 1
+    for _ in range(max_tokens - 1):
+        precise_sleep(PER_TOKEN_S * SLOWDOWN)
+        yield 1
+
+
+def same_tokens(max_tokens: int) -> Iterator[int]:
+    """The timing of :func:`single_tokens` under another name (an identical configuration)."""
+    precise_sleep(TTFT_S)
+    yield 1
+    for _ in range(max_tokens - 1):
+        precise_sleep(PER_TOKEN_S)
+        yield 1
