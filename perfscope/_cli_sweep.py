@@ -336,54 +336,50 @@ def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     return 1 if result.failed else 0
 
 
-def _ms(v: Any) -> str:
-    return "-" if v is None else f"{v * 1e3:.1f}"
-
-
-def _num(v: Any, fmt: str = "{:.2f}") -> str:
-    return "-" if v is None else fmt.format(v)
+#: Sweep table columns: (sweep point column, header); cells are formatted by the catalogue
+#: metric the column reads (:data:`perfscope.analysis.sweep.POINT_METRICS`).
+_SWEEP_COLUMNS = (
+    ("req_s", "done"),
+    ("output_tok_s", "output"),
+    ("ttft_p50", "TTFT p50"),
+    ("ttft_p99", "TTFT p99"),
+    ("tpot_p50", "TPOT p50"),
+    ("e2e_p99", "E2E p99"),
+    ("attainment", "attain"),
+    ("failed", "failed"),
+)
 
 
 def sweep_table(summary: dict[str, Any]) -> Table:
     """The sweep as a rich table, with the knee and max goodput rate in the caption."""
+    from perfscope.analysis.catalogue import format_number, metric
+    from perfscope.analysis.sweep import POINT_METRICS
+
     kind = summary["kind"]
     knee = summary.get("knee")
     t = Table(title=f"sweep ({kind})", title_justify="left")
-    for col in (
-        "rate req/s" if kind == "rate" else "concurrency",
-        "done req/s",
-        "out tok/s",
-        "TTFT p50 ms",
-        "TTFT p99 ms",
-        "TPOT p50 ms",
-        "E2E p99 ms",
-        "attain",
-        "failed",
-    ):
-        t.add_column(col, justify="right")
+    t.add_column("rate req/s" if kind == "rate" else "concurrency", justify="right")
+    for _, header in _SWEEP_COLUMNS:
+        t.add_column(header, justify="right")
     for p in summary["points"]:
         mark = " ◀ knee" if knee and p["offered"] == knee["offered"] else ""
-        t.add_row(
-            f"{p['offered']:g}{mark}",
-            _num(p["req_s"]),
-            _num(p["output_tok_s"], "{:.0f}"),
-            _ms(p["ttft_p50"]),
-            _ms(p["ttft_p99"]),
-            _ms(p["tpot_p50"]),
-            _ms(p["e2e_p99"]),
-            _num(p["attainment"], "{:.0%}"),
-            str(p["failed"] if p["failed"] is not None else "-"),
-        )
+        cells = [
+            "-" if p.get(col) is None else metric(POINT_METRICS[col]).format(p[col])
+            for col, _ in _SWEEP_COLUMNS
+        ]
+        t.add_row(f"{format_number(p['offered'])}{mark}", *cells)
     key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
     knee_txt = (
-        f"knee at {knee['offered']:g} ({knee['metric']})"
+        f"knee at {format_number(knee['offered'])} ({knee['metric']})"
         if knee
         else "no knee in the range tested (latency did not climb)"
     )
     if summary.get("slos"):
         good = summary.get(key)
         good_txt = (
-            f"{key} = {good:g}" if good is not None else f"{key}: no point reached 90% attainment"
+            f"{key} = {format_number(good)}"
+            if good is not None
+            else f"{key}: no point reached 90% attainment"
         )
     else:
         good_txt = f"{key}: give --slo to compute it"
