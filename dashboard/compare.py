@@ -13,7 +13,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from perfscope.analysis.catalogue import find_metric, format_value
+from perfscope.analysis.catalogue import find_metric, format_value, value_at
 from perfscope.analysis.compare import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
@@ -40,9 +40,11 @@ __all__ = [
 ]
 
 
-def run_label(summary: dict[str, Any], fallback: str) -> str:
-    """How a run is named in a comparison: its run id (unique), else ``fallback``."""
-    return str(summary.get("run_id") or fallback)
+def run_label(summary: Mapping[str, Any], fallback: str) -> str:
+    """How a run is named in a comparison: its run id (unique), else ``fallback``.
+
+    ``summary`` is a typed :class:`~perfscope.analysis.Summary` or its JSON form."""
+    return str(value_at(summary, "run_id") or fallback)
 
 
 def compare_tables(
@@ -157,8 +159,8 @@ def comparison_html(
         rows.append(f"<tr data-key='{esc(row['key'])}'>" + "".join(cells) + "</tr>")
     legend = "".join(
         f"<tr><th>{'baseline' if i == 0 else f'run {i}'}</th><td class='mono'>{esc(lab)}</td>"
-        f"<td>{esc(r.summary.get('status'))}</td>"
-        f"<td>{esc((r.summary.get('engine') or {}).get('uri'))}</td></tr>"
+        f"<td>{esc(value_at(r.summary, 'status'))}</td>"
+        f"<td>{esc(value_at(r.summary, 'engine.uri'))}</td></tr>"
         for i, (lab, r) in enumerate(zip(labels, runs, strict=True))
     )
     figures = [

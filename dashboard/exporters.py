@@ -27,14 +27,16 @@ import heapq
 import io
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis.catalogue import value_at
 from perfscope.analysis.metrics import per_request
+from perfscope.profiler.store import write_bytes_atomic, write_text_atomic
 
 __all__ = [
     "EXPORT_SCHEMA",
@@ -340,19 +342,19 @@ def _telemetry_events(run: ExportableRun, events: list[dict[str, Any]]) -> list[
 def perfetto_trace(run: ExportableRun) -> dict[str, Any]:
     """The run as a Chrome/Perfetto JSON trace (``{"traceEvents": [...], ...}``)."""
     manifest = run.manifest
-    run_id = str(manifest.get("run_id", "run"))
+    run_id = str(value_at(manifest, "run_id", default="run"))
     events: list[dict[str, Any]] = [
         _meta(_PID_REQUESTS, f"requests ({run_id})"),
     ]
     req_info = _request_events(run, events)
     if not run.steps.empty:
-        events.append(_meta(_PID_ENGINE, f"engine {manifest.get('engine', {}).get('uri', '')}"))
+        events.append(_meta(_PID_ENGINE, f"engine {value_at(manifest, 'engine.uri', default='')}"))
     step_lanes = _step_events(run, events)
     devices = _telemetry_events(run, events)
     other: dict[str, Any] = {
         "perfscope_run_id": run_id,
-        "started_at": manifest.get("started_at"),
-        "status": manifest.get("status"),
+        "started_at": value_at(manifest, "started_at"),
+        "status": value_at(manifest, "status"),
         "time_origin": "run start (ts 0); ts and dur in microseconds",
         "request_lanes": req_info["lanes"],
         "step_lanes": step_lanes,
@@ -371,13 +373,7 @@ def write_perfetto(run: ExportableRun, path: Path) -> Path:
     """Write :func:`perfetto_trace` to ``path`` (gzip-compressed when it ends in ``.gz``)."""
     data = json.dumps(perfetto_trace(run), separators=(",", ":"), allow_nan=False).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if path.suffix == ".gz":
-        with gzip.open(tmp, "wb") as f:
-            f.write(data)
-    else:
-        tmp.write_bytes(data)
-    tmp.replace(path)
+    write_bytes_atomic(path, gzip.compress(data) if path.suffix == ".gz" else data)
     return path
 
 
@@ -418,11 +414,12 @@ def _csv_safe(v: Any) -> Any:
 
 
 def flatten_summary(summary: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
-    """Every leaf of a summary as ``(dotted.key, value)``; lists index by position."""
-    if isinstance(summary, dict):
+    """Every leaf of a summary (a typed :class:`~perfscope.analysis.Summary` reads as its JSON
+    form) as ``(dotted.key, value)``; lists index by position."""
+    if isinstance(summary, Mapping):
         for k, v in summary.items():
             yield from flatten_summary(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(summary, list):
+    elif isinstance(summary, list | tuple):
         if not summary:
             yield prefix, ""
         for i, v in enumerate(summary):
@@ -450,7 +447,7 @@ def export_json(run: ExportableRun) -> dict[str, Any]:
     return {
         "schema": EXPORT_SCHEMA,
         "manifest": run.manifest,
-        "summary": run.summary,
+        "summary": None if run.summary is None else dict(run.summary),
         "requests": json.loads(buf.getvalue()),
     }
 
@@ -458,7 +455,5 @@ def export_json(run: ExportableRun) -> dict[str, Any]:
 def write_json(run: ExportableRun, path: Path) -> Path:
     """Write :func:`export_json` to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(export_json(run), indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(export_json(run), indent=1, default=str))
     return path

@@ -241,3 +241,18 @@ def list_runs(root: Path) -> list[Path]:
     return sorted(
         runs, key=lambda p: (p.name[:15], (p / "manifest.json").stat().st_mtime), reverse=True
     )
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (the same temp-file-and-replace as the run files),
+    for the files perfscope writes beside runs: reports, exports, baselines."""
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+
+    _atomic(path, write)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """:func:`write_bytes_atomic` of ``text`` encoded as UTF-8."""
+    write_bytes_atomic(path, text.encode("utf-8"))
