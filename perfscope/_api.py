@@ -696,6 +696,7 @@ def sweep_with(
     log: Callable[[str], None] | None = None,
 ) -> Sweep:
     """:func:`sweep` from a :class:`RunArgs` record of the per-point options."""
+    from perfscope.analysis.catalogue import format_number
     from perfscope.analysis.sweep import summarize_sweep, sweep_point
     from perfscope.profiler.store import default_runs_root, write_json_atomic
 
@@ -743,7 +744,7 @@ def sweep_with(
             concurrency=int(x) if kind == "concurrency" else None,
             name=f"{name}-{label}",
         )
-        say(f"sweep: {kind} {x:g} ...")
+        say(f"sweep: {kind} {format_number(x)} ...")
         out = execute(plan(point))
         if out.status != "complete":
             failed += 1

@@ -207,7 +207,7 @@ def _measure(
             raise UsageError("stat='bound' works with <, <=, > and >=")
         side = "upper" if op in ("<", "<=") else "lower"
         value = confidence_bound(samples, side, confidence)
-        label = f"{side} {confidence:.0%} bound of the mean of {n}"
+        label = f"{side} {format_ratio(confidence)} bound of the mean of {n}"
     elif n == 1:
         value, label = samples[0], "value"
     elif stat == "mean":
