@@ -34,8 +34,10 @@ __all__ = [
     "better_of",
     "find_metric",
     "format_bytes",
+    "format_change",
     "format_count",
     "format_duration_short",
+    "format_metric",
     "format_number",
     "format_ratio",
     "format_seconds",
@@ -47,6 +49,7 @@ __all__ = [
     "parse_duration",
     "parse_quantity",
     "to_float",
+    "unit_of",
     "value_at",
 ]
 
@@ -360,28 +363,47 @@ def better_of(path: str) -> Better:
     return None
 
 
+def unit_of(path: str) -> str:
+    """The noun of a ``rate`` path (``tok/s``, ``req/s``): the catalogue's entry, else read
+    from the name (``*_tok_s``, ``*_req_s``); empty for other kinds or when unknown."""
+    m = find_metric(path)
+    if m is not None:
+        return m.unit
+    if kind_of(path) != "rate":
+        return ""
+    parts = path.split(".")
+    base = parts[-2] if _STAT_RE.match(parts[-1]) and len(parts) > 1 else parts[-1]
+    if base.endswith("tok_s"):
+        return "tok/s"
+    if base.endswith("req_s"):
+        return "req/s"
+    return ""
+
+
 # ---------------------------------------------------------------------- the dotted getter
 
 
-def value_at(tree: Any, path: str | Iterable[str]) -> Any:
+def value_at(tree: Any, path: str | Iterable[str], default: Any = None) -> Any:
     """The value at dotted ``path`` (``"latency.ttft.p99"``) in a typed summary record or a
-    JSON-form mapping; ``None`` when any step is missing."""
+    JSON-form mapping; ``default`` when any step is missing (a stored ``None`` is returned as
+    ``None``, so ``default=`` tells "absent" from "present without a value")."""
     parts = path.split(".") if isinstance(path, str) else list(path)
     node = tree
     for part in parts:
-        if node is None:
-            return None
         if isinstance(node, Mapping):
-            node = node.get(part)
+            if part not in node:
+                return default
+            node = node[part]
             continue
-        if hasattr(type(node), "__dataclass_fields__"):
+        if node is not None and hasattr(type(node), "__dataclass_fields__"):
             if part in node.__dataclass_fields__:
                 node = getattr(node, part)
                 continue
             extra = getattr(node, "extra", None)
-            node = extra.get(part) if isinstance(extra, Mapping) else None
-            continue
-        return None
+            if isinstance(extra, Mapping) and part in extra:
+                node = extra[part]
+                continue
+        return default
     return node
 
 
@@ -459,6 +481,14 @@ def format_ratio(x: Any) -> str:
     return f"{format_number(p, 3 if abs(p) >= 1 else 2)}%"
 
 
+def format_change(x: Any) -> str:
+    """A relative change with its sign: ``0.125`` → ``+12.5%``, ``-0.03`` → ``-3%``."""
+    v = to_float(x)
+    if v is None:
+        return NA
+    return ("+" if v > 0 else "") + format_ratio(v)
+
+
 def format_count(x: Any) -> str:
     """An integer with thousands separators (``12,345``)."""
     v = to_float(x)
@@ -512,6 +542,12 @@ def format_value(value: Any, kind: Kind, *, unit: str = "") -> str:
     if kind == "factor":
         return f"{format_number(v)}x"
     return format_number(v)
+
+
+def format_metric(value: Any, path: str) -> str:
+    """``value`` (SI) shown as the metric at summary ``path`` is shown (kind and rate noun
+    from :func:`kind_of` and :func:`unit_of`; a plain number when the name says nothing)."""
+    return format_value(value, kind_of(path) or "number", unit=unit_of(path))
 
 
 # ---------------------------------------------------------------------- parsing

@@ -133,13 +133,21 @@ def comparison_metrics() -> list[MetricDef]:
     return out
 
 
-def latency_samples(requests: pd.DataFrame, chunks: pd.DataFrame) -> dict[str, np.ndarray]:
+def latency_samples(
+    requests: pd.DataFrame, chunks: pd.DataFrame, *, rows: pd.DataFrame | None = None
+) -> dict[str, np.ndarray]:
     """Per-request TTFT, TPOT, E2E, NTPOT and pooled ITL gaps (seconds) of the measured,
-    completed requests (the same selection the summary's distributions use)."""
+    completed requests (the same selection the summary's distributions use).
+
+    Args:
+        rows: the run's per-request rows (:func:`~perfscope.analysis.metrics.per_request`,
+            or the dashboard's ``request_rows``) when the caller has them already; they are
+            derived from ``requests`` otherwise.
+    """
     keys = ("ttft", "tpot", "e2e", "ntpot", "itl")
     if requests.empty:
         return {k: np.empty(0) for k in keys}
-    pr = per_request(requests)
+    pr = per_request(requests) if rows is None else rows
     ok = pr[pr["ok"] & ~pr["is_warmup"]]
     out = {k: ok[k].to_numpy(dtype=float) for k in ("ttft", "tpot", "e2e", "ntpot")}
     gaps, _ = itl_gaps(chunks, ok["request_id"].to_numpy())

@@ -447,7 +447,8 @@ def _load_config(config: dict[str, Any] | str | Path) -> tuple[dict[str, Any], s
     return data, name
 
 
-def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+def _first_of(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    """The value of the first of ``keys`` (aliases of one config field) that ``cfg`` sets."""
     for k in keys:
         v = cfg.get(k)
         if v is not None:
@@ -456,7 +457,7 @@ def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
 
 
 def _require(cfg: dict[str, Any], *keys: str) -> int:
-    v = _get(cfg, *keys)
+    v = _first_of(cfg, *keys)
     if v is None:
         raise UsageError(
             f"model config has no {' / '.join(keys)}: not a decoder config perfscope can read "
@@ -527,7 +528,7 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
     q = cfg.get("quantization_config")
     if not isinstance(q, dict):
         return None
-    raw = normalize_dtype(str(_get(cfg, "torch_dtype", "dtype", default="float16")))
+    raw = normalize_dtype(str(_first_of(cfg, "torch_dtype", "dtype", default="float16")))
     b16 = 4.0 if raw == "fp32" else 2.0
     method = str(q.get("quant_method", "")).lower().replace("_", "-")
     if method == "bitsandbytes" or q.get("load_in_4bit") or q.get("load_in_8bit"):
@@ -538,7 +539,7 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
         return QuantLayout("bitsandbytes", "int8", "int8", 8, 0, 0.0, 0.0, 0.0, b16)
     if method in ("gptq", "awq"):
         bits = float(q.get("bits") or q.get("w_bit") or 4)
-        group = int(_get(q, "group_size", "q_group_size", default=128))
+        group = int(_first_of(q, "group_size", "q_group_size", default=128))
         group = max(group, 0)  # -1 = per output channel
         scale = 2.0 / group if group else 0.0
         has_zero = method == "gptq" or bool(q.get("zero_point", True))
@@ -576,7 +577,7 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
 
 
 def _dtypes_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    raw = _get(cfg, "torch_dtype", "dtype", default="bfloat16")
+    raw = _first_of(cfg, "torch_dtype", "dtype", default="bfloat16")
     w = normalize_dtype(str(raw))
     if w not in DTYPE_BYTES:
         w = "bf16"
@@ -794,7 +795,7 @@ def family_for(cfg: dict[str, Any]) -> Family:
 def _flag(cfg: dict[str, Any], rule: bool | str, default: bool = False) -> bool:
     if isinstance(rule, bool):
         return rule
-    return bool(_get(cfg, rule, default=default))
+    return bool(_first_of(cfg, rule, default=default))
 
 
 _LAYER_TYPE_KINDS = {
@@ -806,10 +807,10 @@ _LAYER_TYPE_KINDS = {
 
 def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int, ...]:
     """Per-layer span (0 full, w sliding, -c chunked) or ``()`` when every layer is full."""
-    window = int(_get(cfg, "sliding_window", default=fam.window_default) or 0)
+    window = int(_first_of(cfg, "sliding_window", default=fam.window_default) or 0)
     if fam.window_flag and not cfg.get(fam.window_flag):
         window = 0
-    chunk = int(_get(cfg, "attention_chunk_size", default=0) or 0)
+    chunk = int(_first_of(cfg, "attention_chunk_size", default=0) or 0)
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
         if len(types) != n_layers:
@@ -823,7 +824,7 @@ def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int
                     f"{', '.join(_LAYER_TYPE_KINDS)}"
                 )
             if kind == "sliding" and window <= 0:
-                window = int(_get(cfg, "sliding_window", default=fam.window_default) or 0)
+                window = int(_first_of(cfg, "sliding_window", default=fam.window_default) or 0)
                 if window <= 0:
                     raise UsageError(
                         "config layer_types lists sliding_attention but no sliding_window"
@@ -836,7 +837,7 @@ def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int
         return tuple(out) if any(out) else ()
     if window <= 0 or fam.windows == "none":
         return ()
-    max_w = int(_get(cfg, "max_window_layers", default=28))
+    max_w = int(_first_of(cfg, "max_window_layers", default=28))
     if fam.windows == "all":
         slides = [True] * n_layers
     elif fam.windows == "from_max":
@@ -845,7 +846,7 @@ def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int
         slides = [bool((i + 1) % 2) and i < max_w for i in range(n_layers)]
     else:  # pattern
         pattern = int(
-            _get(
+            _first_of(
                 cfg, "sliding_window_pattern", "_sliding_window_pattern", default=fam.window_pattern
             )
         )
@@ -858,38 +859,39 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
     if fam.moe == "none":
         return {}
     if fam.moe == "mixtral":
-        e = int(_get(cfg, "num_local_experts", default=8))
+        e = int(_first_of(cfg, "num_local_experts", default=8))
         return {
             "n_experts": e,
-            "n_active_experts": int(_get(cfg, "num_experts_per_tok", default=2)),
+            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
         }
     if fam.moe == "qwen":
-        e = int(_get(cfg, "num_experts", default=0))
+        e = int(_first_of(cfg, "num_experts", default=0))
         if not e:
             return {}
-        step = int(_get(cfg, "decoder_sparse_step", default=1))
+        step = int(_first_of(cfg, "decoder_sparse_step", default=1))
         only = {int(i) for i in cfg.get("mlp_only_layers") or []}
         dense = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
-        shared = int(_get(cfg, "shared_expert_intermediate_size", default=0))
+        shared = int(_first_of(cfg, "shared_expert_intermediate_size", default=0))
         return {
             "n_experts": e,
-            "n_active_experts": int(_get(cfg, "num_experts_per_tok", default=2)),
+            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
             "intermediate_size": _require(cfg, "moe_intermediate_size"),
             "shared_expert_intermediate_size": shared,
             "shared_expert_gate": shared > 0,
             "dense_layers": dense,
-            "dense_intermediate_size": int(_get(cfg, "intermediate_size", default=0)),
+            "dense_intermediate_size": int(_first_of(cfg, "intermediate_size", default=0)),
         }
-    e = int(_get(cfg, "n_routed_experts", default=0))
+    e = int(_first_of(cfg, "n_routed_experts", default=0))
     if not e:
         return {}
     moe_f = _require(cfg, "moe_intermediate_size")
-    first = int(_get(cfg, "first_k_dense_replace", default=0))
+    first = int(_first_of(cfg, "first_k_dense_replace", default=0))
     return {
         "n_experts": e,
-        "n_active_experts": int(_get(cfg, "num_experts_per_tok", default=2)),
+        "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
         "intermediate_size": moe_f,
-        "shared_expert_intermediate_size": moe_f * int(_get(cfg, "n_shared_experts", default=0)),
+        "shared_expert_intermediate_size": moe_f
+        * int(_first_of(cfg, "n_shared_experts", default=0)),
         "dense_layers": tuple(range(min(first, n_layers))),
         "dense_intermediate_size": _require(cfg, "intermediate_size"),
     }
@@ -919,8 +921,8 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
     n_layers = _require(cfg, "num_hidden_layers")
-    kv = int(_get(cfg, "num_key_value_heads", default=fam.kv_default or h))
-    head_dim = int(_get(cfg, "head_dim", default=d // h))
+    kv = int(_first_of(cfg, "num_key_value_heads", default=fam.kv_default or h))
+    head_dim = int(_first_of(cfg, "head_dim", default=d // h))
     f.update(
         n_layers=n_layers,
         hidden_size=d,
@@ -930,14 +932,14 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         intermediate_size=_require(cfg, "intermediate_size"),
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=fam.mlp_gated,
-        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=fam.tied_default)),
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=fam.tied_default)),
         qkv_bias=_flag(cfg, fam.qkv_bias, default=fam.qkv_bias == "qkv_bias"),
         o_bias=_flag(cfg, fam.o_bias),
         mlp_bias=_flag(cfg, fam.mlp_bias),
         norm_bias=fam.norm_bias,
         norms_per_layer=fam.norms_per_layer,
         qk_norm=fam.qk_norm,
-        max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0)),
+        max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0)),
         layer_windows=_layer_windows(cfg, fam, n_layers),
     )
     f.update(_moe_fields(cfg, fam, n_layers))
@@ -948,7 +950,7 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
             n_kv_heads=h,
             head_dim=rope + nope,
             kv_lora_rank=_require(cfg, "kv_lora_rank"),
-            q_lora_rank=int(_get(cfg, "q_lora_rank", default=0) or 0),
+            q_lora_rank=int(_first_of(cfg, "q_lora_rank", default=0) or 0),
             qk_rope_head_dim=rope,
             v_head_dim=_require(cfg, "v_head_dim"),
         )
@@ -962,17 +964,17 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
 def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     d = _require(cfg, "n_embd", "hidden_size")
     h = _require(cfg, "n_head", "num_attention_heads")
-    n_pos = int(_get(cfg, "n_positions", "max_position_embeddings", default=1024))
+    n_pos = int(_first_of(cfg, "n_positions", "max_position_embeddings", default=1024))
     f.update(
         n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
         hidden_size=d,
         n_heads=h,
         n_kv_heads=h,
         head_dim=d // h,
-        intermediate_size=int(_get(cfg, "n_inner", default=4 * d)),
-        vocab_size=int(_get(cfg, "vocab_size", default=50257)),
+        intermediate_size=int(_first_of(cfg, "n_inner", default=4 * d)),
+        vocab_size=int(_first_of(cfg, "vocab_size", default=50257)),
         mlp_gated=False,
-        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=True)),
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
         qkv_bias=True,
         o_bias=True,
         mlp_bias=True,
@@ -986,22 +988,22 @@ def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
 def _gpt_neox(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
-    bias = bool(_get(cfg, "attention_bias", default=True))
+    bias = bool(_first_of(cfg, "attention_bias", default=True))
     f.update(
         n_layers=_require(cfg, "num_hidden_layers"),
         hidden_size=d,
         n_heads=h,
         n_kv_heads=h,
         head_dim=d // h,
-        intermediate_size=int(_get(cfg, "intermediate_size", default=4 * d)),
+        intermediate_size=int(_first_of(cfg, "intermediate_size", default=4 * d)),
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=False,
-        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=False)),
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=False)),
         qkv_bias=bias,
         o_bias=bias,
         mlp_bias=True,
         norm_bias=True,
-        max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=2048)),
+        max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=2048)),
     )
     return ModelSpec(**f)
 
@@ -1009,14 +1011,14 @@ def _gpt_neox(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
 def _opt(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
-    bias = bool(_get(cfg, "enable_bias", default=True))
-    affine = bool(_get(cfg, "layer_norm_elementwise_affine", default=True))
-    proj = int(_get(cfg, "word_embed_proj_dim", default=d))
+    bias = bool(_first_of(cfg, "enable_bias", default=True))
+    affine = bool(_first_of(cfg, "layer_norm_elementwise_affine", default=True))
+    proj = int(_first_of(cfg, "word_embed_proj_dim", default=d))
     v = _require(cfg, "vocab_size")
-    final = bool(_get(cfg, "do_layer_norm_before", default=True)) and not bool(
+    final = bool(_first_of(cfg, "do_layer_norm_before", default=True)) and not bool(
         cfg.get("_remove_final_layer_norm", False)
     )
-    max_pos = int(_get(cfg, "max_position_embeddings", default=2048))
+    max_pos = int(_first_of(cfg, "max_position_embeddings", default=2048))
     # OPT-350m projects a narrower embedding in and out; those two matrices and the
     # narrower table are counted here but not modelled as per-step work.
     extra = 0 if proj == d else (2 * d * proj + v * (proj - d))
@@ -1028,10 +1030,10 @@ def _opt(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         n_heads=h,
         n_kv_heads=h,
         head_dim=d // h,
-        intermediate_size=int(_get(cfg, "ffn_dim", default=4 * d)),
+        intermediate_size=int(_first_of(cfg, "ffn_dim", default=4 * d)),
         vocab_size=v,
         mlp_gated=False,
-        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=True)),
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
         qkv_bias=bias,
         o_bias=bias,
         mlp_bias=bias,

@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from perfscope.analysis.catalogue import find_metric, format_value
+from perfscope.analysis.catalogue import find_metric, format_value, value_at
 from perfscope.analysis.compare import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
@@ -46,9 +46,11 @@ __all__ = [
 ]
 
 
-def run_label(summary: dict[str, Any], fallback: str) -> str:
-    """How a run is named in a comparison: its run id (unique), else ``fallback``."""
-    return str(summary.get("run_id") or fallback)
+def run_label(summary: Mapping[str, Any], fallback: str) -> str:
+    """How a run is named in a comparison: its run id (unique), else ``fallback``.
+
+    ``summary`` is a typed :class:`~perfscope.analysis.Summary` or its JSON form."""
+    return str(value_at(summary, "run_id") or fallback)
 
 
 def group_by_run_set(summaries: Sequence[dict[str, Any]]) -> list[list[int]]:
@@ -252,8 +254,8 @@ def comparison_html(
     contended = {h["run_id"] for hits in result.get("contention") or [] for h in hits}
     legend = "".join(
         f"<tr><th>{esc(_set_name(set_of.get(rid)))}</th><td class='mono'>{esc(rid)}</td>"
-        f"<td>{esc(r.summary.get('status'))}</td>"
-        f"<td>{esc((r.summary.get('engine') or {}).get('uri'))}</td>"
+        f"<td>{esc(value_at(r.summary, 'status'))}</td>"
+        f"<td>{esc(value_at(r.summary, 'engine.uri'))}</td>"
         f"<td>{'contended' if rid in contended else ''}</td></tr>"
         for rid, r in zip(_flat_ids(result, runs), runs, strict=True)
     )

@@ -26,7 +26,7 @@ import heapq
 import io
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -502,11 +502,12 @@ def _csv_safe(v: Any) -> Any:
 
 
 def flatten_summary(summary: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
-    """Every leaf of a summary as ``(dotted.key, value)``; lists index by position."""
-    if isinstance(summary, dict):
+    """Every leaf of a summary (a typed :class:`~perfscope.analysis.Summary` reads as its JSON
+    form) as ``(dotted.key, value)``; lists index by position."""
+    if isinstance(summary, Mapping):
         for k, v in summary.items():
             yield from flatten_summary(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(summary, list):
+    elif isinstance(summary, list | tuple):
         if not summary:
             yield prefix, ""
         for i, v in enumerate(summary):
@@ -534,7 +535,7 @@ def export_json(run: ExportableRun) -> dict[str, Any]:
     return {
         "schema": EXPORT_SCHEMA,
         "manifest": run.manifest,
-        "summary": run.summary,
+        "summary": None if run.summary is None else dict(run.summary),
         "requests": json.loads(buf.getvalue()),
     }
 

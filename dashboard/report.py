@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -228,13 +228,15 @@ def _headline(summary: Summary) -> tuple[str, str]:
     )
 
 
-def _hardware_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
-    section = summary.get("hardware")
-    roof = summary.get("roofline") or {}
-    # summary["hardware"] is {"spec": DeviceSpec.to_dict() | None, "resolved_from", "reason"}.
-    hw = section.get("spec") if isinstance(section, dict) and "spec" in section else section
+def _hardware_rows(summary: Summary | Mapping[str, Any]) -> list[tuple[str, Any]]:
+    typed = as_summary(summary)
+    section = typed.hardware
+    roof = typed.roofline
+    # The hardware section holds {"spec": DeviceSpec JSON form | None, "resolved_from",
+    # "reason"}; a summary from before that layout kept the spec's own keys at its top.
+    hw = section.spec if section.spec is not None else (dict(section.extra) or None)
     if isinstance(hw, dict) and (hw.get("name") or hw.get("key")):
-        resolved = section.get("resolved_from") if isinstance(section, dict) else None
+        resolved = section.resolved_from
         peaks = hw.get("peak_flops") or {}
         peak_txt = ", ".join(f"{k} {fmt_si(v, 'FLOP/s')}" for k, v in peaks.items() if v)
         return [
@@ -257,30 +259,34 @@ def _hardware_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
             ),
             ("TDP", f"{fmt_num(hw.get('tdp_w'))} W" if hw.get("tdp_w") else None),
         ]
-    c = roof.get("ceilings") or {}
-    dev = roof.get("device") or {}
-    if c:
+    c = roof.ceilings
+    if c is not None:
+        dev = roof.device
         return [
-            ("device", f"{dev.get('name')} ({dev.get('key')}, {dev.get('kind')})"),
-            ("ceilings source", c.get("source")),
-            ("peak", f"{c.get('dtype')} {fmt_si(c.get('peak_flops'), 'FLOP/s')}"),
-            ("memory bandwidth", fmt_si(c.get("mem_bw_bytes_s"), "B/s")),
+            (
+                "device",
+                f"{value_at(dev, 'name')} ({value_at(dev, 'key')}, {value_at(dev, 'kind')})",
+            ),
+            ("ceilings source", c.source),
+            ("peak", f"{c.dtype} {fmt_si(c.peak_flops, 'FLOP/s')}"),
+            ("memory bandwidth", fmt_si(c.mem_bw_bytes_s, "B/s")),
             (
                 "last-level cache",
-                f"{fmt_bytes(c.get('cache_bytes'))} at {fmt_si(c.get('cache_bw_bytes_s'), 'B/s')}"
-                if c.get("cache_bytes")
+                f"{fmt_bytes(c.cache_bytes)} at {fmt_si(c.cache_bw_bytes_s, 'B/s')}"
+                if c.cache_bytes
                 else None,
             ),
-            ("ridge point", f"{fmt_num(c.get('ridge_point'))} FLOP/byte"),
+            ("ridge point", f"{fmt_num(c.ridge_point)} FLOP/byte"),
         ]
-    reason = section.get("reason") if isinstance(section, dict) else None
+    reason = value_at(summary, "hardware.reason")  # as stored: no text when the section is absent
     return [("device", f"not available: {reason or 'analyse with --hw KEY for ceilings'}")]
 
 
-def _run_header(run: ReportRun, summary: dict[str, Any]) -> str:
+def _run_header(run: ReportRun, summary: Summary | Mapping[str, Any]) -> str:
+    typed = as_summary(summary)
     m = run.manifest
     engine = m.get("engine") or {}
-    model = engine.get("model") or summary.get("model") or {}
+    model = engine.get("model") or typed.model or {}
     cfg = engine.get("config") or {}
     model_rows: list[tuple[str, Any]] = []
     if isinstance(model, dict) and model:
@@ -314,10 +320,10 @@ def _run_header(run: ReportRun, summary: dict[str, Any]) -> str:
         ]
     elif model:
         model_rows = [("model", model)]
-    slos = (summary.get("goodput") or {}).get("slos") or m.get("slos") or {}
-    status = str(m.get("status") or summary.get("status") or "unknown")
+    slos = typed.goodput.slos or m.get("slos") or {}
+    status = str(m.get("status") or typed.status or "unknown")
     errors = list(m.get("errors") or [])
-    err_counts = summary.get("errors") or []
+    err_counts = typed.errors
     parts = [
         '<section id="run"><h2>Run</h2>',
         _kv_table(
@@ -350,10 +356,10 @@ def _run_header(run: ReportRun, summary: dict[str, Any]) -> str:
         parts.append("<h3>Errors</h3><table><tr><th>error</th><th class='n'>requests</th></tr>")
         for e in errors:
             parts.append(f"<tr><td class='err'>{esc(e)}</td><td class='n'>run</td></tr>")
-        for e in err_counts:
+        for ec in err_counts:
             parts.append(
-                f"<tr><td class='err'>{esc(e.get('error'))}</td>"
-                f"<td class='n'>{fmt_count(e.get('count'))}</td></tr>"
+                f"<tr><td class='err'>{esc(ec.error)}</td>"
+                f"<td class='n'>{fmt_count(ec.count)}</td></tr>"
             )
         parts.append("</table>")
     parts.append("</section>")
@@ -543,13 +549,15 @@ def _request_table(run: ReportRun, max_requests: int) -> str:
     return "".join(out)
 
 
-def _environment(run: ReportRun, summary: dict[str, Any]) -> str:
+def _environment(run: ReportRun, summary: Summary | Mapping[str, Any]) -> str:
+    typed = as_summary(summary)
     m = run.manifest
     host = m.get("host") or {}
-    cfg = (m.get("engine") or {}).get("config") or {}
+    cfg = value_at(m, "engine.config") or {}
     rows: list[tuple[str, Any]] = [
-        ("perfscope", m.get("perfscope_version") or summary.get("perfscope_version")),
-        ("summary schema", summary.get("schema")),
+        ("perfscope", m.get("perfscope_version") or typed.perfscope_version),
+        # The schema the stored summary.json was written with (a typed Summary reads as /2).
+        ("summary schema", value_at(run.summary, "schema")),
         ("python", host.get("python")),
         ("torch", host.get("torch") or cfg.get("torch")),
         ("platform", host.get("platform")),

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from perfscope.errors import EngineError, UsageError
+from perfscope.errors import EngineError, RunNotFoundError, UsageError
 
 if TYPE_CHECKING:
     from perfscope._run import Run
@@ -797,6 +797,7 @@ def sweep_with(
     log: Callable[[str], None] | None = None,
 ) -> Sweep:
     """:func:`sweep` from a :class:`RunArgs` record of the per-point options."""
+    from perfscope.analysis.catalogue import format_number
     from perfscope.analysis.sweep import summarize_sweep, sweep_point
     from perfscope.profiler.store import default_runs_root, write_json_atomic
 
@@ -820,7 +821,7 @@ def sweep_with(
             n_probe = probe_requests or max(16, base.requests or base.default_requests)
             say(f"sweep: probing saturation throughput with {n_probe} requests at once")
             out = execute(plan(replace(base, requests=n_probe, name=f"{name}-probe")))
-            sat = (out.summary.get("throughput") or {}).get("req_s")
+            sat = out.summary.throughput.req_s
             if out.status != "complete" or not sat:
                 raise UsageError(
                     f"the saturation probe failed ({out.error or 'no completed requests'}); "
@@ -844,7 +845,7 @@ def sweep_with(
             concurrency=int(x) if kind == "concurrency" else None,
             name=f"{name}-{label}",
         )
-        say(f"sweep: {kind} {x:g} ...")
+        say(f"sweep: {kind} {format_number(x)} ...")
         out = execute(plan(point))
         if out.status != "complete":
             failed += 1
@@ -864,9 +865,11 @@ def sweep_with(
 
 def _engine_of(run_dir: Path) -> str | None:
     """The engine URI a run's manifest records (it may be normalised by the engine)."""
+    from perfscope.analysis.catalogue import value_at
+    from perfscope.profiler.store import read_manifest
+
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
+        uri = value_at(read_manifest(run_dir), "engine.uri")
+    except RunNotFoundError:
         return None
-    uri = (manifest.get("engine") or {}).get("uri")
     return str(uri) if uri else None

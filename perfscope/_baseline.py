@@ -22,7 +22,6 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -30,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from perfscope._change import compare_samples
-from perfscope._grammar import format_value, metric_kind, parse_tolerance, parse_value
+from perfscope._grammar import parse_limit, parse_tolerance
+from perfscope.analysis.catalogue import format_change, format_metric, format_ratio
 from perfscope.analysis.compare import between_run_change, contention_of
 from perfscope.errors import SLOError, UsageError
+from perfscope.profiler.store import write_json_atomic
 
 __all__ = [
     "BASELINE_SCHEMA",
@@ -223,15 +224,7 @@ def save_baseline(
         "tests": merged,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, data)
     return data, note
 
 
@@ -285,8 +278,7 @@ def parse_fail_option(text: str) -> Tolerance:
         )
     if limit.endswith("%"):
         return Tolerance(metric, parse_tolerance(limit), None, limit)
-    kind = None if metric == "*" else metric_kind(metric)
-    absolute = parse_value(limit, kind, context=text)
+    absolute = parse_limit(limit, None if metric == "*" else metric, context=text)
     if absolute < 0:
         raise SLOError(f"tolerance in {text!r} must not be negative")
     return Tolerance(metric, None, absolute, limit)
@@ -334,21 +326,21 @@ class MetricComparison:
         return self.verdict == "regressed"
 
     def describe(self) -> str:
-        kind = metric_kind(self.path or self.metric)
-        ch = "" if self.change is None else f" ({self.change * 100:+.1f}%"
+        path = self.path or self.metric
+        ch = "" if self.change is None else f" ({format_change(self.change)}"
         tol = f", tolerance {self.tolerance}" if self.tolerance and ch else ""
         band = (
             ""
             if not ch
             else (
-                f", noise ±{self.noise * 100:.1f}%"
+                f", noise ±{format_ratio(self.noise)}"
                 if self.noise is not None
                 else ", noise unknown: single runs"
             )
         )
         return (
-            f"{self.metric}: {format_value(self.current, kind)} vs baseline "
-            f"{format_value(self.baseline, kind)}{ch}{tol}{band}{')' if ch else ''}"
+            f"{self.metric}: {format_metric(self.current, path)} vs baseline "
+            f"{format_metric(self.baseline, path)}{ch}{tol}{band}{')' if ch else ''}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -387,7 +379,7 @@ def compare_metrics(
             continue
         tol = _pick_tolerance(name, path, tolerances)
         if tol is None and gate_all:
-            tol = Tolerance("*", DEFAULT_TOLERANCE, None, f"{DEFAULT_TOLERANCE:.0%}")
+            tol = Tolerance("*", DEFAULT_TOLERANCE, None, format_ratio(DEFAULT_TOLERANCE))
         better = cur.get("direction")
         b_samples = [float(v) for v in base.get("samples") or [base["value"]]]
         c_samples = [float(v) for v in cur.get("samples") or [value]]

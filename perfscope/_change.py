@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfscope._grammar import direction, format_value, metric_kind, parse_tolerance
+from perfscope._grammar import parse_tolerance
 from perfscope._runset import samples_of
+from perfscope.analysis.catalogue import better_of, format_change, format_metric, format_ratio
 from perfscope.errors import PerfAssertionError, UsageError
 
 __all__ = [
@@ -111,12 +112,15 @@ class Change:
         return self.verdict == "regressed"
 
     def describe(self) -> str:
-        kind = metric_kind(self.metric)
-        ch = "n/a" if self.change is None else f"{self.change * 100:+.1f}%"
-        noise = "noise unknown" if self.noise is None else f"noise ±{self.noise * 100:.1f}%"
+        ch = "n/a" if self.change is None else format_change(self.change)
+        noise = "noise unknown" if self.noise is None else f"noise ±{format_ratio(self.noise)}"
+        before, after = (
+            format_metric(self.before, self.metric),
+            format_metric(self.after, self.metric),
+        )
         return (
-            f"{self.metric}: {format_value(self.before, kind)} → {format_value(self.after, kind)} "
-            f"({ch}; tolerance {self.tolerance * 100:.0f}%, {noise}): {self.verdict}"
+            f"{self.metric}: {before} → {after} "
+            f"({ch}; tolerance {format_ratio(self.tolerance)}, {noise}): {self.verdict}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,10 +165,10 @@ def compare_samples(
     ``confidence`` bound of the difference of the medians, with each median's spread
     estimated robustly from the median absolute deviation (so one stalled repeat does not
     hide a real change) and Welch's degrees of freedom. ``better`` defaults to
-    :func:`direction` of the metric."""
+    :func:`~perfscope.analysis.catalogue.better_of` the metric."""
     if not before or not after:
         raise UsageError(f"{metric}: nothing to compare (no values before or after)")
-    better = better if better is not None else direction(metric)
+    better = better if better is not None else better_of(metric)
     b_med, a_med = float(statistics.median(before)), float(statistics.median(after))
     if b_med != 0:
         rel: float | None = (a_med - b_med) / abs(b_med)

@@ -429,40 +429,40 @@ def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     return 1 if result.failed else 0
 
 
+#: Sweep table columns: (sweep point column, header); cells are formatted by the catalogue
+#: metric the column reads (:data:`perfscope.analysis.sweep.POINT_METRICS`).
+_SWEEP_COLUMNS = (
+    ("req_s", "done req/s"),
+    ("output_tok_s", "out tok/s"),
+    ("ttft_p50", "TTFT p50"),
+    ("ttft_p99", "TTFT p99"),
+    ("tpot_p50", "TPOT p50"),
+    ("e2e_p99", "E2E p99"),
+    ("attainment", "SLO met"),
+    ("failed", "failed"),
+)
+
+
 def sweep_table(summary: dict[str, Any]) -> Any:
     """The sweep as a terminal table (stacked per point when narrow), with the knee and max
     goodput rate in the caption; every number through the metric catalogue's formats."""
-    from perfscope.analysis.catalogue import format_count, format_number, format_ratio, format_value
-    from perfscope.analysis.catalogue import format_seconds as fs
+    from perfscope.analysis.catalogue import format_number, metric
+    from perfscope.analysis.sweep import POINT_METRICS
     from perfscope.dashboard.terminal import FitTable
 
     kind = summary["kind"]
     knee = summary.get("knee")
-    cols = (
-        "offered req/s" if kind == "rate" else "concurrency",
-        "done req/s",
-        "out tok/s",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "E2E p99",
-        "SLO met",
-        "failed",
-    )
+    cols = ("offered req/s" if kind == "rate" else "concurrency", *(h for _, h in _SWEEP_COLUMNS))
     t = FitTable(cols, title=f"sweep ({kind})", right=frozenset(cols))
     for p in summary["points"]:
         mark = " ◀ knee" if knee and p["offered"] == knee["offered"] else ""
-        t.add_row(
-            f"{format_number(p['offered'])}{mark}",
-            format_value(p["req_s"], "rate", unit="req/s").removesuffix(" req/s"),
-            format_value(p["output_tok_s"], "rate", unit="tok/s").removesuffix(" tok/s"),
-            fs(p["ttft_p50"]),
-            fs(p["ttft_p99"]),
-            fs(p["tpot_p50"]),
-            fs(p["e2e_p99"]),
-            format_ratio(p["attainment"]) if summary.get("slos") else "no SLOs",
-            format_count(p["failed"]) if p["failed"] is not None else "n/a",
-        )
+        cells = [
+            "no SLOs"
+            if col == "attainment" and not summary.get("slos")
+            else ("n/a" if p.get(col) is None else metric(POINT_METRICS[col]).format(p[col]))
+            for col, _ in _SWEEP_COLUMNS
+        ]
+        t.add_row(f"{format_number(p['offered'])}{mark}", *cells)
     key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
     knee_txt = (
         f"knee at {format_number(knee['offered'])} ({knee['metric']})"

@@ -30,16 +30,19 @@ from perfscope._grammar import (
     Assertion,
     MetricNotFoundError,
     compare_op,
-    format_value,
-    get_path,
-    metric_kind,
     number_or_none,
     parse_assertion,
     parse_assertions,
     resolve_metric,
 )
 from perfscope._runset import load_if_path, run_dirs, runs_of, summary_of
-from perfscope.analysis.catalogue import format_number, format_ratio
+from perfscope.analysis.catalogue import (
+    format_metric,
+    format_number,
+    format_ratio,
+    kind_of,
+    value_at,
+)
 from perfscope.errors import PerfAssertionError, SLOError, UsageError
 
 __all__ = [
@@ -115,16 +118,16 @@ class Outcome:
     def metric(self) -> str:
         return self.assertion.metric
 
-    @property
-    def kind(self) -> str | None:
-        return self.assertion.kind or (metric_kind(self.path) if self.path else None)
+    def _show(self, value: Any) -> str:
+        """``value`` formatted as the catalogue shows this metric."""
+        return format_metric(value, self.path if self.path else self.assertion.metric)
 
     def measured_text(self) -> str:
         if self.measured is None:
             return "n/a"
-        text = format_value(self.measured, self.kind)
+        text = self._show(self.measured)
         if len(self.samples) > 1:
-            each = " ".join(format_value(v, self.kind) for v in self.samples)
+            each = " ".join(self._show(v) for v in self.samples)
             text += f" ({self.stat}; repeats: {each})"
         return text
 
@@ -154,13 +157,13 @@ class Outcome:
         d = self.distribution
         if not d or self.path is None:
             return None
-        kind = metric_kind(self.path.rsplit(".", 1)[0] + ".p50")
+        group = self.path.rsplit(".", 1)[0]
         parts = []
         if "count" in d:
-            parts.append(f"n={format_value(d['count'], 'count')}")
+            parts.append(f"n={format_metric(d['count'], f'{group}.count')}")
         for key in ("min", "p50", "p90", "p95", "p99", "max", "mean", "std"):
             if key in d and d[key] is not None:
-                parts.append(f"{key} {format_value(d[key], kind)}")
+                parts.append(f"{key} {format_metric(d[key], f'{group}.{key}')}")
         if len(parts) < 2:
             return None
         return f"{self.path.rsplit('.', 1)[0]}: " + "  ".join(parts)
@@ -198,8 +201,8 @@ def _measure(
             samples.append(value)
     parent_path = path.rsplit(".", 1)[0] if "." in path else ""
     agg = summary_of(target)
-    ok, parent = get_path(agg, parent_path.split(".")) if parent_path else (False, None)
-    distribution = dict(parent) if ok and isinstance(parent, Mapping) and "p50" in parent else None
+    parent = value_at(agg, parent_path) if parent_path else None
+    distribution = dict(parent) if isinstance(parent, Mapping) and "p50" in parent else None
     if not samples:
         return path, None, "value", [], distribution
     n = len(samples)
@@ -212,7 +215,7 @@ def _measure(
             raise UsageError("stat='bound' works with <, <=, > and >=")
         side = "upper" if op in ("<", "<=") else "lower"
         value = confidence_bound(samples, side, confidence)
-        label = f"{side} {confidence:.0%} bound of the mean of {n}"
+        label = f"{side} {format_ratio(confidence)} bound of the mean of {n}"
     elif n == 1:
         value, label = samples[0], "value"
     elif stat == "mean":
@@ -321,13 +324,11 @@ class _MetricRef:
         metric = ".".join(self._parts)
         if not metric:
             raise UsageError("name a metric first: perfscope.expect(run).ttft.p99 < '200ms'")
-        kind = metric_kind(metric)
         if isinstance(other, str):
             assertion = parse_assertion(f"{metric} {op} {other}")
         elif isinstance(other, int | float) and not isinstance(other, bool):
-            assertion = Assertion(
-                metric, op, float(other), f"{metric} {op} {format_value(other, kind)}", kind
-            )
+            text = f"{metric} {op} {format_metric(other, metric)}"
+            assertion = Assertion(metric, op, float(other), text, kind_of(metric))
         else:
             raise SLOError(
                 f"compare {metric} with a string like '200ms' or a number, not {other!r}"

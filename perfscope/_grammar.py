@@ -22,23 +22,29 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfscope.errors import SLOError
+from perfscope.analysis.catalogue import (
+    UNITS,
+    Kind,
+    better_of,
+    format_metric,
+    kind_of,
+    parse_quantity,
+    unit_of,
+    value_at,
+)
+from perfscope.errors import SLOError, UsageError
 
 __all__ = [
     "OPERATORS",
     "Assertion",
     "MetricNotFoundError",
     "compare_op",
-    "direction",
-    "format_value",
-    "get_path",
     "is_metric_name",
-    "metric_kind",
     "number_or_none",
     "parse_assertion",
     "parse_assertions",
+    "parse_limit",
     "parse_tolerance",
-    "parse_value",
     "resolve_metric",
 ]
 
@@ -52,70 +58,27 @@ _OP_FUNCS = {
     "!=": lambda a, b: a != b,
 }
 
-# --------------------------------------------------------------------------- units
+# --------------------------------------------------------------------------- values
 
-#: unit text → (kind, factor to the SI value stored in summary.json)
-_UNITS: dict[str, tuple[str, float]] = {
-    "ns": ("duration", 1e-9),
-    "us": ("duration", 1e-6),
-    "µs": ("duration", 1e-6),
-    "ms": ("duration", 1e-3),
-    "s": ("duration", 1.0),
-    "min": ("duration", 60.0),
-    "tok/s": ("tok_rate", 1.0),
-    "tokens/s": ("tok_rate", 1.0),
-    "ktok/s": ("tok_rate", 1e3),
-    "req/s": ("req_rate", 1.0),
-    "J/tok": ("energy_per_token", 1.0),
-    "mJ/tok": ("energy_per_token", 1e-3),
-    "tok/J": ("tokens_per_energy", 1.0),
-    "J": ("energy", 1.0),
-    "mJ": ("energy", 1e-3),
-    "kJ": ("energy", 1e3),
-    "Wh": ("energy", 3600.0),
-    "W": ("power", 1.0),
-    "mW": ("power", 1e-3),
-    "kW": ("power", 1e3),
-    "B": ("bytes", 1.0),
-    "KB": ("bytes", 1e3),
-    "MB": ("bytes", 1e6),
-    "GB": ("bytes", 1e9),
-    "TB": ("bytes", 1e12),
-    "KiB": ("bytes", 1024.0),
-    "MiB": ("bytes", 1024.0**2),
-    "GiB": ("bytes", 1024.0**3),
-    "B/s": ("bandwidth", 1.0),
-    "KB/s": ("bandwidth", 1e3),
-    "MB/s": ("bandwidth", 1e6),
-    "GB/s": ("bandwidth", 1e9),
-    "TB/s": ("bandwidth", 1e12),
-    "FLOP": ("flops", 1.0),
-    "GFLOP": ("flops", 1e9),
-    "TFLOP": ("flops", 1e12),
-    "FLOP/s": ("flop_rate", 1.0),
-    "GFLOP/s": ("flop_rate", 1e9),
-    "TFLOP/s": ("flop_rate", 1e12),
-    "GFLOPS": ("flop_rate", 1e9),
-    "TFLOPS": ("flop_rate", 1e12),
-    "PFLOPS": ("flop_rate", 1e15),
-    "x": ("number", 1.0),
-}
-_KIND_WORDS = {
-    "duration": "a duration (write ns, us, ms or s)",
-    "fraction": "a fraction (write 0.95 or 95%)",
+#: What a value of each catalogue kind is, and how to write one, for error messages.
+_KIND_WORDS: dict[str, str] = {
+    "seconds": "a duration (write ns, us, ms or s)",
+    "ratio": "a fraction (write 0.95 or 95%)",
     "percent": "a percentage (write 95 or 95%)",
-    "tok_rate": "a token rate (write tok/s)",
-    "req_rate": "a request rate (write req/s)",
-    "energy_per_token": "energy per token (write J/tok)",
-    "tokens_per_energy": "tokens per joule (write tok/J)",
-    "energy": "an energy (write J)",
-    "power": "a power (write W)",
+    "joules_per_token": "energy per token (write J/tok)",
+    "tokens_per_joule": "tokens per joule (write tok/J)",
+    "joules": "an energy (write J)",
+    "watts": "a power (write W)",
     "bytes": "a size (write B, MB or GB)",
-    "bandwidth": "a bandwidth (write GB/s)",
-    "flops": "a FLOP count",
-    "flop_rate": "a FLOP rate (write TFLOPS)",
+    "bytes_per_s": "a bandwidth (write GB/s)",
+    "flop": "a FLOP count",
+    "flop_per_s": "a FLOP rate (write TFLOPS)",
     "count": "a count (write a plain number)",
+    "intensity": "an arithmetic intensity (a plain number of FLOP/B)",
+    "factor": "a factor (write 2x or a plain number)",
+    "number": "a plain number",
 }
+_RATE_WORDS = {"tok/s": "a token rate (write tok/s)", "req/s": "a request rate (write req/s)"}
 _NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _VALUE_RE = re.compile(rf"^\s*({_NUMBER})\s*(%|[A-Za-zµ/]+)?\s*$")
 _METRIC_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*$")
@@ -123,78 +86,26 @@ _ASSERT_RE = re.compile(
     r"^\s*(?P<metric>[^<>=!\s]+)\s*(?P<op><=|>=|==|!=|<|>)\s*(?P<value>.*?)\s*$"
 )
 
-_LATENCY = ("ttft", "tpot", "itl", "itl_per_token", "e2e", "ntpot", "driver_lag")
-_STAT_RE = re.compile(r"^(?:mean|std|min|max|median|p[0-9]+(?:_[0-9]+)?)$")
-_FRACTIONS = ("attainment", "mfu", "mbu", "efficiency", "time_share", "share")
+
+def _kind_words(kind: Kind, unit: str) -> str:
+    if kind == "rate":
+        return _RATE_WORDS.get(unit, "a rate (write tok/s or req/s)")
+    return _KIND_WORDS.get(kind, kind.replace("_", " "))
 
 
-def metric_kind(path: str) -> str | None:
-    """What a metric measures, from its name: ``duration`` (seconds), ``fraction``,
-    ``percent``, ``tok_rate``, ``req_rate``, ``energy_per_token``, ``energy``, ``power``,
-    ``bytes``, ``bandwidth``, ``flops``, ``flop_rate``, ``count`` or ``None`` (unknown)."""
-    parts = path.split(".")
-    leaf = parts[-1]
-    if leaf == "count":
-        return "count"
-    base = parts[-2] if _STAT_RE.match(leaf) and len(parts) > 1 else leaf
-    if base in _LATENCY:
-        return "duration"
-    if base in _FRACTIONS or "per_slo" in parts[:-1] or base.endswith("_share"):
-        return "fraction"
-    if base.endswith("_pct"):
-        return "percent"
-    if base.startswith("j_per_"):
-        return "energy_per_token"
-    if base.startswith(("tokens_per_j", "tok_per_j")):
-        return "tokens_per_energy"
-    for suffix, kind in (
-        ("tok_s", "tok_rate"),
-        ("req_s", "req_rate"),
-        ("bytes_s", "bandwidth"),
-        ("flops_s", "flop_rate"),
-        ("_s", "duration"),
-        ("_j", "energy"),
-        ("_w", "power"),
-        ("bytes", "bytes"),
-        ("flops", "flops"),
-    ):
-        if base.endswith(suffix) or base == suffix.lstrip("_"):
-            return kind
-    if parts[0] == "counts":
-        return "count"
-    return None
+def parse_limit(text: str, metric: str | None = None, *, context: str | None = None) -> float:
+    """A limit for ``metric`` in SI units: ``"200ms"`` → 0.2, ``"95%"`` → 0.95 (95 on a
+    ``*_pct`` metric). Units, kinds and rate nouns are the catalogue's
+    (:data:`~perfscope.analysis.catalogue.UNITS`, :func:`kind_of`, :func:`unit_of`); a unit
+    of another kind is an error, and a duration metric needs a unit. ``metric=None``
+    accepts any unit.
 
-
-_LOWER_BETTER_KINDS = ("duration", "energy_per_token", "energy", "power")
-_HIGHER_BETTER_KINDS = ("tok_rate", "req_rate", "tokens_per_energy", "flop_rate", "bandwidth")
-_NEUTRAL = ("window_s", "busy_s", "time_s", "time_share", "count", "requests", "output_tokens")
-
-
-def direction(path: str) -> str | None:
-    """``"lower"`` when a smaller value is better (latency, energy), ``"higher"`` when a
-    larger one is (throughput, utilisation, attainment), ``None`` when neither."""
-    parts = path.split(".")
-    leaf = parts[-1]
-    base = parts[-2] if _STAT_RE.match(leaf) and len(parts) > 1 else leaf
-    if base in _NEUTRAL or leaf in _NEUTRAL:
-        return None
-    if base in ("failed", "errors") or leaf == "std":
-        return "lower"
-    kind = metric_kind(path)
-    if kind in _LOWER_BETTER_KINDS:
-        return "lower"
-    if kind in _HIGHER_BETTER_KINDS or kind == "fraction":
-        return "higher"
-    if base in ("completed", "good_requests"):
-        return "higher"
-    return None
-
-
-def parse_value(text: str, kind: str | None = None, *, context: str | None = None) -> float:
-    """``"200ms"`` → 0.2, ``"95%"`` → 0.95, ``"1.5k"`` is an error. ``kind`` is the
-    metric's kind (see :func:`metric_kind`); a unit of another kind is an error, and a
-    duration metric needs a unit."""
+    Raises:
+        SLOError: not a number with a known unit, or a unit that does not fit the metric.
+    """
     __tracebackhide__ = True
+    kind = kind_of(metric) if metric else None
+    noun = unit_of(metric) if metric else ""
     where = f" in {context!r}" if context else ""
     m = _VALUE_RE.match(text)
     if not m:
@@ -202,30 +113,33 @@ def parse_value(text: str, kind: str | None = None, *, context: str | None = Non
             f"cannot read value {text!r}{where}: expected a number with an optional unit, "
             "e.g. 200ms, 95%, 1200 tok/s, 0.3"
         )
-    number, unit = float(m.group(1)), m.group(2)
+    number, written = float(m.group(1)), m.group(2)
     if not math.isfinite(number):
         raise SLOError(f"value {text!r}{where} is too large: a limit must be a finite number")
-    if unit is None:
-        if kind == "duration":
+    if written is None:
+        if kind == "seconds":
             raise SLOError(
                 f"value {text!r}{where} needs a unit: the metric is a duration "
                 f"(write e.g. {m.group(1)}ms or {m.group(1)}s)"
             )
         return number
-    if unit == "%":
-        if kind == "percent":
-            return number
-        if kind in (None, "fraction", "number"):
-            return number / 100.0
-        raise SLOError(f"value {text!r}{where}: '%' does not fit {_KIND_WORDS[kind]}")
-    found = _UNITS.get(unit) or _UNITS.get(unit.lower())
+    found = UNITS.get(written.lower())
     if found is None:
         known = "ns us ms s, %, tok/s, req/s, J/tok, J, W, GB, GB/s, TFLOPS, x"
-        raise SLOError(f"unknown unit {unit!r} in value {text!r}{where}: use one of {known}")
-    unit_kind, factor = found
-    if kind is not None and unit_kind not in (kind, "number"):
-        raise SLOError(f"value {text!r}{where}: the metric is {_KIND_WORDS.get(kind, kind)}")
-    return number * factor
+        raise SLOError(f"unknown unit {written!r} in value {text!r}{where}: use one of {known}")
+    unit_kind = found[0]
+    if written == "%":
+        if kind == "percent":
+            return number
+        if kind not in (None, "ratio", "number", "factor"):
+            raise SLOError(f"value {text!r}{where}: '%' does not fit {_kind_words(kind, noun)}")
+    elif kind is not None and unit_kind not in (kind, "factor"):
+        raise SLOError(f"value {text!r}{where}: the metric is {_kind_words(kind, noun)}")
+    try:
+        value, _ = parse_quantity(m.group(0), unit=noun)
+    except UsageError as exc:
+        raise SLOError(f"value {text!r}{where}: {exc}") from None
+    return value
 
 
 def parse_tolerance(text: str | float) -> float:
@@ -242,62 +156,6 @@ def parse_tolerance(text: str | float) -> float:
     return value
 
 
-def _sig(x: float) -> str:
-    """Three significant digits, no exponent above 1e-3: 312, 41.2, 5.36, 0.25."""
-    if abs(x) >= 1000:
-        return f"{x:.0f}"
-    return f"{x:.3g}"
-
-
-def _scaled(x: float, steps: Sequence[tuple[float, str]], unit_last: str) -> str:
-    for factor, unit in steps:
-        if abs(x) >= factor:
-            return f"{_sig(x / factor)}{unit}"
-    return f"{_sig(x)}{unit_last}"
-
-
-def format_value(value: float | None, kind: str | None) -> str:
-    """Human form of an SI value of ``kind``: ``0.3124`` s → ``"312ms"``."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return str(value)
-    if not math.isfinite(value):
-        return str(value)
-    if kind == "duration":
-        a = abs(value)
-        if a == 0:
-            return "0s"
-        for factor, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
-            if a >= factor:
-                return f"{_sig(value / factor)}{unit}"
-        return f"{_sig(value * 1e9)}ns"
-    if kind == "fraction":
-        return f"{_sig(value * 100)}%"
-    if kind == "percent":
-        return f"{_sig(value)}%"
-    simple = {
-        "tok_rate": " tok/s",
-        "req_rate": " req/s",
-        "energy_per_token": " J/tok",
-        "tokens_per_energy": " tok/J",
-        "energy": " J",
-        "power": " W",
-    }
-    if kind in simple:
-        return f"{_sig(value)}{simple[kind]}"
-    if kind == "bytes":
-        return _scaled(value, ((1e12, " TB"), (1e9, " GB"), (1e6, " MB"), (1e3, " KB")), " B")
-    if kind == "bandwidth":
-        return _scaled(value, ((1e12, " TB/s"), (1e9, " GB/s"), (1e6, " MB/s")), " B/s")
-    if kind in ("flops", "flop_rate"):
-        u = "FLOP" if kind == "flops" else "FLOP/s"
-        return _scaled(value, ((1e15, f" P{u}"), (1e12, f" T{u}"), (1e9, f" G{u}")), f" {u}")
-    if kind == "count" and float(value).is_integer():
-        return str(int(value))
-    return _sig(value)
-
-
 # --------------------------------------------------------------------------- lookup
 
 
@@ -305,13 +163,13 @@ class MetricNotFoundError(LookupError):
     """The metric is not in the run's summary (or has no value there)."""
 
 
-def get_path(tree: Any, parts: Sequence[str]) -> tuple[bool, Any]:
-    node = tree
-    for p in parts:
-        if not isinstance(node, Mapping) or p not in node:
-            return False, None
-        node = node[p]
-    return True, node
+_ABSENT = object()
+
+
+def _lookup(tree: Any, parts: Sequence[str]) -> tuple[bool, Any]:
+    """(found, value) of ``parts`` in ``tree`` through the catalogue's getter."""
+    value = value_at(tree, parts, default=_ABSENT)
+    return (False, None) if value is _ABSENT else (True, value)
 
 
 def _walk(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
@@ -338,7 +196,7 @@ def resolve_metric(summary: Mapping[str, Any], name: str) -> tuple[str, Any]:
         raise SLOError(f"cannot read metric {name!r}: write a dotted name such as ttft.p99")
     parts = name.split(".")
     for prefix in ((), ("latency",)):
-        ok, value = get_path(summary, (*prefix, *parts))
+        ok, value = _lookup(summary, (*prefix, *parts))
         if ok:
             return ".".join((*prefix, *parts)), value
     paths = list(_walk(summary))
@@ -352,7 +210,7 @@ def resolve_metric(summary: Mapping[str, Any], name: str) -> tuple[str, Any]:
         ]
     if len(suffix) == 1:
         path = suffix[0]
-        return ".".join(path), get_path(summary, path)[1]
+        return ".".join(path), _lookup(summary, path)[1]
     if len(suffix) > 1:
         shown = ", ".join(".".join(p) for p in suffix[:6])
         raise MetricNotFoundError(f"metric {name!r} is ambiguous in this run: it matches {shown}")
@@ -366,7 +224,7 @@ def _not_found_message(summary: Mapping[str, Any], name: str) -> str:
     for prefix in (("latency",), ()):
         full = (*prefix, *parts)
         for i in range(len(full) - 1, len(prefix), -1):
-            ok, node = get_path(summary, full[:i])
+            ok, node = _lookup(summary, full[:i])
             if ok and isinstance(node, Mapping):
                 depth = i - len(prefix)
                 if best is None or depth > best[0]:
@@ -409,13 +267,20 @@ def number_or_none(name: str, path: str, value: Any, summary: Mapping[str, Any])
 
 @dataclass(frozen=True)
 class Assertion:
-    """One parsed assertion: ``metric op threshold`` (threshold in SI units)."""
+    """One parsed assertion: ``metric op threshold`` (threshold in SI units).
+
+    ``kind`` is the metric's catalogue unit kind (:func:`kind_of`), ``None`` when unknown.
+    """
 
     metric: str
     op: str
     threshold: float
     text: str
-    kind: str | None
+    kind: Kind | None
+
+    def threshold_text(self) -> str:
+        """The threshold as the catalogue shows the metric (``200 ms``, ``95%``)."""
+        return format_metric(self.threshold, self.metric)
 
     def __str__(self) -> str:
         return self.text
@@ -440,9 +305,8 @@ def parse_assertion(text: str) -> Assertion:
         )
     if not value:
         raise SLOError(f"assertion {text!r} has no value after {op!r}, e.g. 'ttft.p99 < 200ms'")
-    kind = metric_kind(metric)
-    threshold = parse_value(value, kind, context=text)
-    return Assertion(metric, op, threshold, f"{metric} {op} {value}", kind)
+    threshold = parse_limit(value, metric, context=text)
+    return Assertion(metric, op, threshold, f"{metric} {op} {value}", kind_of(metric))
 
 
 def _from_mapping_item(metric: str, limit: Any) -> Assertion:
@@ -458,7 +322,7 @@ def _from_mapping_item(metric: str, limit: Any) -> Assertion:
         value_text = ""
     else:
         raise SLOError(f"limit for {metric!r} must be a string like '200ms' or a number")
-    better = direction(metric)
+    better = better_of(metric)
     if better is None:
         raise SLOError(
             f"say how to compare {metric!r}: write e.g. {{'{metric}': '< {limit}'}} "
@@ -467,8 +331,8 @@ def _from_mapping_item(metric: str, limit: Any) -> Assertion:
     op = "<=" if better == "lower" else ">="
     if value_text:
         return parse_assertion(f"{metric} {op} {value_text}")
-    kind = metric_kind(metric)
-    return Assertion(metric, op, float(limit), f"{metric} {op} {format_value(limit, kind)}", kind)
+    text = f"{metric} {op} {format_metric(limit, metric)}"
+    return Assertion(metric, op, float(limit), text, kind_of(metric))
 
 
 def parse_assertions(*specs: Any) -> list[Assertion]:

@@ -212,9 +212,9 @@ def runs_table(
     ``states`` (state, reason) per row adds why a run is not complete (crashed, broken, ...)."""
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
     labels = ("TTFT p50", "TPOT p50", "output tok/s", "SLO met")  # short: fits 120 columns
-    cols = ("run", "status", "engine", "requests", *labels)
     from perfscope.analysis.summary import contention_record
 
+    cols: tuple[str, ...] = ("run", "status", "engine", "requests", *labels)
     if states is not None:
         cols = (*cols, "reason")
     t = FitTable(cols, right=frozenset(("requests", *labels)), wrap=frozenset({"reason"}))

@@ -199,7 +199,7 @@ def write_stream_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None
     def into(tmp: str) -> None:
         if path.suffix == ".gz":
             with gzip.open(tmp, "wb") as gz:
-                write(gz)
+                write(gz)  # type: ignore[arg-type]  # GzipFile is a binary stream
         else:
             with open(tmp, "wb", buffering=1 << 20) as f:
                 write(f)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,3 +251,60 @@ def test_the_dashboard_never_imports_the_front_door_or_capture_engines() -> None
 def test_samples_use_only_public_names() -> None:
     bad = [(f, m) for f, m in imports_of("samples") if _private_front_door(m)]
     assert bad == []
+
+
+# --------------------------------------------------------------------------- one of each
+
+#: The package's source folders (what ``pip install perfscope`` ships).
+PACKAGE_FOLDERS = ("perfscope", "profiler", "hwdb", "analysis", "dashboard")
+
+#: A second dotted getter: a private helper that walks a summary by key path.
+GETTER_PATTERNS = (r"^\s*def _get\(", r"^\s*def _dig\(", r"^\s*def get_path\(")
+#: A second unit table: a table keyed by unit text (``"ms": ("seconds", 1e-3)``,
+#: ``"ms": 1e-3``) or a module-level ``UNITS``/``_UNITS`` table.
+UNIT_TABLE_PATTERNS = (
+    r"""["']ms["']\s*:\s*[(\d]""",
+    r"^_?UNITS\s*(?::[^=]*)?=",
+)
+#: A second atomic writer: a temp file moved over its target.
+ATOMIC_WRITER_PATTERNS = (r"\bos\.replace\(", r"\bos\.rename\(", r"\btmp\w*\.replace\(")
+
+#: The one place each may live. The hardware database keeps its own file units and its
+#: calibration-cache writer: ``hwdb`` may import only ``perfscope.errors`` (the test above),
+#: so it cannot reach the catalogue or the run store.
+ONE_PLACE = {
+    "getter": set[str](),
+    "unit table": {"analysis/catalogue.py", "hwdb/_units.py"},
+    "atomic writer": {"profiler/store.py", "hwdb/calibrate.py"},
+}
+
+
+def _matches(patterns: tuple[str, ...]) -> list[str]:
+    compiled = [re.compile(p, re.MULTILINE) for p in patterns]
+    out: list[str] = []
+    for folder in PACKAGE_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            rel = str(path.relative_to(ROOT))
+            out += [f"{rel}: {c.pattern}" for c in compiled if c.search(text)]
+    return out
+
+
+def _outside(found: list[str], allowed: set[str]) -> list[str]:
+    return [f for f in found if f.split(": ", 1)[0] not in allowed]
+
+
+def test_the_catalogue_getter_is_the_only_dotted_getter() -> None:
+    assert _outside(_matches(GETTER_PATTERNS), ONE_PLACE["getter"]) == []
+
+
+def test_the_catalogue_holds_the_only_unit_table() -> None:
+    found = _matches(UNIT_TABLE_PATTERNS)
+    assert any(f.startswith("analysis/catalogue.py") for f in found)  # the patterns see it
+    assert _outside(found, ONE_PLACE["unit table"]) == []
+
+
+def test_the_run_store_holds_the_only_atomic_writer() -> None:
+    found = _matches(ATOMIC_WRITER_PATTERNS)
+    assert any(f.startswith("profiler/store.py") for f in found)  # the patterns see it
+    assert _outside(found, ONE_PLACE["atomic writer"]) == []

@@ -10,15 +10,9 @@ import pytest
 
 import perfscope
 from perfscope._change import assert_no_regression, compare_samples, t_quantile
-from perfscope._grammar import (
-    direction,
-    format_value,
-    metric_kind,
-    parse_assertion,
-    parse_value,
-    resolve_metric,
-)
+from perfscope._grammar import parse_assertion, parse_limit, resolve_metric
 from perfscope._runset import RunSet
+from perfscope.analysis.catalogue import better_of, format_metric, kind_of
 from perfscope.errors import PerfAssertionError, SLOError, UsageError
 from perfscope.profiler.clock import ManualClock
 
@@ -41,25 +35,44 @@ def run(runs_dir: Path) -> perfscope.Run:
 
 
 @pytest.mark.parametrize(
-    ("text", "kind", "value"),
+    ("text", "metric", "value"),
     [
-        ("200ms", "duration", 0.2),
-        ("1.5s", "duration", 1.5),
-        ("800us", "duration", 800e-6),
-        ("250 ns", "duration", 250e-9),
-        ("95%", "fraction", 0.95),
-        ("0.3", "fraction", 0.3),
-        ("95%", "percent", 95.0),
-        ("1200 tok/s", "tok_rate", 1200.0),
-        ("1200", "tok_rate", 1200.0),
-        ("3 req/s", "req_rate", 3.0),
-        ("0.5 J/tok", "energy_per_token", 0.5),
-        ("2 TB/s", "bandwidth", 2e12),
-        ("1e-3s", "duration", 1e-3),
+        ("200ms", "ttft.p99", 0.2),
+        ("1.5s", "ttft.p99", 1.5),
+        ("800us", "tpot.p50", 800e-6),
+        ("250 ns", "itl.max", 250e-9),
+        ("95%", "goodput.attainment", 0.95),
+        ("0.3", "decode.mbu", 0.3),
+        ("95%", "telemetry.gpu_util_pct", 95.0),
+        ("1200 tok/s", "throughput.output_tok_s", 1200.0),
+        ("1200", "throughput.output_tok_s", 1200.0),
+        ("3 req/s", "throughput.req_s", 3.0),
+        ("0.5 J/tok", "energy.j_per_output_token", 0.5),
+        ("2 TB/s", "decode.achieved_bytes_s", 2e12),
+        ("1e-3s", "ttft.p99", 1e-3),
+        ("95%", "goodput.per_slo.ttft", 0.95),
+        ("2x", None, 2.0),
     ],
 )
-def test_values_are_converted_to_the_summary_si_units(text: str, kind: str, value: float) -> None:
-    assert parse_value(text, kind) == pytest.approx(value)
+def test_values_are_converted_to_the_summary_si_units(
+    text: str, metric: str | None, value: float
+) -> None:
+    assert parse_limit(text, metric) == pytest.approx(value)
+
+
+def test_per_slo_attainment_is_a_ratio_not_a_duration() -> None:
+    """``goodput.per_slo.ttft`` is the share of requests within the TTFT SLO: a bare 0.9
+    or 90% is its limit, and a duration is refused."""
+    a = parse_assertion("goodput.per_slo.ttft >= 90%")
+    assert (a.kind, a.threshold) == ("ratio", pytest.approx(0.9))
+    assert parse_assertion("goodput.per_slo.ttft >= 0.9").threshold == pytest.approx(0.9)
+    with pytest.raises(SLOError, match="the metric is a fraction"):
+        parse_assertion("goodput.per_slo.ttft >= 200ms")
+
+
+def test_a_request_rate_is_refused_on_a_token_rate_metric() -> None:
+    with pytest.raises(SLOError, match="is in req/s, this metric is in tok/s"):
+        parse_assertion("throughput.output_tok_s > 3 req/s")
 
 
 @pytest.mark.parametrize(
@@ -81,20 +94,21 @@ def test_grammar_errors_say_what_is_wrong_and_never_evaluate_code(text: str, mes
         parse_assertion(text)
 
 
-def test_metric_kinds_and_better_directions_come_from_the_names() -> None:
-    assert metric_kind("ttft.p99") == "duration"
-    assert metric_kind("latency.itl_per_token.max") == "duration"
-    assert metric_kind("goodput.attainment") == "fraction"
-    assert metric_kind("roofline.phases.decode.mbu") == "fraction"
-    assert metric_kind("throughput.output_tok_s") == "tok_rate"
-    assert metric_kind("energy.j_per_output_token") == "energy_per_token"
-    assert metric_kind("counts.failed") == "count"
-    assert direction("ttft.p99") == "lower"
-    assert direction("energy.j_per_output_token") == "lower"
-    assert direction("counts.failed") == "lower"
-    assert direction("throughput.output_tok_s") == "higher"
-    assert direction("decode.mbu") == "higher"
-    assert direction("window_s") is None
+def test_metric_kinds_and_better_directions_come_from_the_catalogue() -> None:
+    assert kind_of("ttft.p99") == "seconds"
+    assert kind_of("latency.itl_per_token.max") == "seconds"
+    assert kind_of("goodput.attainment") == "ratio"
+    assert kind_of("roofline.phases.decode.mbu") == "ratio"
+    assert kind_of("throughput.output_tok_s") == "rate"
+    assert kind_of("energy.j_per_output_token") == "joules_per_token"
+    assert kind_of("counts.failed") == "count"
+    assert better_of("ttft.p99") == "lower"
+    assert better_of("energy.j_per_output_token") == "lower"
+    assert better_of("counts.failed") == "lower"
+    assert better_of("throughput.output_tok_s") == "higher"
+    assert better_of("decode.mbu") == "higher"
+    assert better_of("window_s") is None
+    assert parse_assertion("ttft.p99 < 200ms").kind == "seconds"
 
 
 def test_dotted_names_resolve_generically_through_the_summary() -> None:
@@ -128,9 +142,9 @@ def test_a_failing_expect_shows_value_limit_distribution_and_run_dir(run: perfsc
         perfscope.expect(run).ttft.p99 < "200ms"  # noqa: B015
     msg = str(info.value)
     # p99 of 40, 50, 60, 300 ms (linear interpolation) = 292.8 ms
-    assert "ttft.p99 < 200ms: measured 293ms (46.4% over the limit)" in msg
-    assert "latency.ttft: n=4  min 40ms  p50 55ms" in msg
-    assert "max 300ms" in msg
+    assert "ttft.p99 < 200ms: measured 293 ms (46.4% over the limit)" in msg
+    assert "latency.ttft: n=4  min 40 ms  p50 55 ms" in msg
+    assert "max 300 ms" in msg
     assert f"run: {run.path}" in msg
     assert info.value.outcomes[0].measured == pytest.approx(0.2928)
 
@@ -142,8 +156,8 @@ def test_check_reports_every_assertion_when_one_fails(run: perfscope.Run) -> Non
         )
     lines = str(info.value).splitlines()
     assert lines[0] == "perfscope: 1 of 3 checks failed"
-    assert lines[1].startswith("  FAIL  ttft.p99 < 200ms: measured 293ms")
-    assert lines[2].startswith("  ok    tpot.p50 <= 10ms: measured 10ms")
+    assert lines[1].startswith("  FAIL  ttft.p99 < 200ms: measured 293 ms")
+    assert lines[2].startswith("  ok    tpot.p50 <= 10ms: measured 10 ms")
     assert lines[3].startswith("  ok    throughput.output_tok_s > 1 tok/s: measured")
 
 
@@ -237,16 +251,26 @@ def test_assert_no_regression_needs_repeats_and_fails_beyond_noise() -> None:
         _fake_runs([20, 20.5, 19.8]),
     )
     assert [c.verdict for c in assert_no_regression(base, same, "tpot.p50")] == ["unchanged"]
-    with pytest.raises(PerfAssertionError, match=r"tpot.p50: 10ms → 20ms \(\+100.0%"):
+    with pytest.raises(PerfAssertionError, match=r"tpot.p50: 10 ms → 20 ms \(\+100%"):
         assert_no_regression(base, slower, "tpot.p50")
     with pytest.raises(UsageError, match="at least 2 repeats on each side"):
         assert_no_regression(base.runs[0], slower, "tpot.p50")
 
 
 def test_values_are_formatted_for_people() -> None:
-    assert format_value(0.3124, "duration") == "312ms"
-    assert format_value(0.0412, "duration") == "41.2ms"
-    assert format_value(2.5e-6, "duration") == "2.5us"
-    assert format_value(0.912, "fraction") == "91.2%"
-    assert format_value(1234.5, "tok_rate") == "1234 tok/s"
-    assert format_value(None, "duration") == "n/a"
+    assert format_metric(0.3124, "ttft.p99") == "312 ms"
+    assert format_metric(0.0412, "ttft.p99") == "41.2 ms"
+    assert format_metric(2.5e-6, "tpot.p50") == "2.5 µs"
+    assert format_metric(0.912, "goodput.attainment") == "91.2%"
+    assert format_metric(1234.6, "throughput.output_tok_s") == "1,235 tok/s"
+    assert format_metric(None, "ttft.p99") == "n/a"
+
+
+def test_a_huge_margin_is_shown_as_a_plain_percentage() -> None:
+    from perfscope._expect import evaluate
+
+    summary = {"latency": {"ttft": {"p99": 7.562661, "p50": 7.0, "count": 3}}}
+    outcome = evaluate(summary, parse_assertion("ttft.p99 < 1ms"))
+    assert outcome.margin_text() == "756,166% over the limit"
+    assert "measured 7.56 s" in outcome.line()
+    assert "e+" not in outcome.line()

@@ -91,9 +91,9 @@ def test_passing_and_failing_assertions_and_their_messages(suite: pytest.Pyteste
             "*perfscope: 2 perf test(s), 2 run(s)*",
             "*perf test / metric*measured*limit*verdict*",
             "*test_fast_enough*passed*",
-            "*ttft.p99*ms*< 2s*pass*",
+            "*ttft.p99*ms*< 2 s*pass*",
             "*test_too_slow*failed*",
-            "*ttft.p99*ms*< 1us*FAIL*",
+            "*ttft.p99*ms*< 1 µs*FAIL*",
         ]
     )
 

@@ -335,15 +335,16 @@ def _compare_with_baseline(
 
 def _metrics_of(target: Any, asserted: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The key metrics and asserted metrics of a run: value (median), samples, kind."""
-    from perfscope._grammar import MetricNotFoundError, direction, metric_kind, resolve_metric
+    from perfscope._grammar import MetricNotFoundError, resolve_metric
     from perfscope._runset import runs_of, summary_of
+    from perfscope.analysis.catalogue import better_of, kind_of, value_at
     from perfscope.errors import SLOError
 
     try:
         summary = summary_of(target)
     except TypeError:
         return {}
-    has_slos = bool((summary.get("goodput") or {}).get("slos"))
+    has_slos = bool(value_at(summary, "goodput.slos"))
     out: dict[str, dict[str, Any]] = {}
     seen: set[str] = set()
     for name in [*KEY_METRICS, *asserted]:
@@ -365,7 +366,7 @@ def _metrics_of(target: Any, asserted: Sequence[str]) -> dict[str, dict[str, Any
             "path": path,
             "value": float(statistics.median(samples)),
             "samples": samples,
-            "kind": metric_kind(path),
-            "direction": direction(path),
+            "kind": kind_of(path),
+            "direction": better_of(path),
         }
     return out

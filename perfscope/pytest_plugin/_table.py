@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
+from perfscope.analysis.catalogue import format_change, format_metric
 from perfscope.pytest_plugin._state import SessionState
 
 if TYPE_CHECKING:
@@ -25,8 +26,6 @@ def table_text(state: SessionState, width: int) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    from perfscope._grammar import format_value, metric_kind
-
     compare = state.baseline is not None
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("perf test / metric", overflow="fold")
@@ -45,16 +44,16 @@ def table_text(state: SessionState, width: int) -> str:
             table.add_row(_short(m.key), *blank[:-1], rec.outcome if rec.outcome else "")
             for name in names:
                 entry = m.metrics.get(name)
-                kind = metric_kind(entry["path"] if entry else name)
+                path = entry["path"] if entry else name
                 outs = [o for o in mine if o.metric == name]
                 failed = [o for o in outs if not o.passed]
                 shown = failed[0] if failed else (outs[-1] if outs else None)
                 limit = ""
                 if shown is not None:
-                    limit = f"{shown.assertion.op} {format_value(shown.assertion.threshold, kind)}"
+                    limit = f"{shown.assertion.op} {format_metric(shown.assertion.threshold, path)}"
                 value = entry["value"] if entry else (shown.measured if shown else None)
                 verdicts = ["FAIL" if failed else "pass"] if outs else []
-                cells = [f"  {name}", format_value(value, kind), limit]
+                cells = [f"  {name}", format_metric(value, path), limit]
                 if compare:
                     comp = next(
                         (c for c in rec.comparisons if c.key == m.key and c.metric == name), None
@@ -62,8 +61,8 @@ def table_text(state: SessionState, width: int) -> str:
                     base = comp.baseline if comp else None
                     change = comp.change if comp else None
                     cells += [
-                        format_value(base, kind) if base is not None else "-",
-                        f"{change * 100:+.1f}%" if change is not None else "-",
+                        format_metric(base, path) if base is not None else "-",
+                        format_change(change) if change is not None else "-",
                     ]
                     if comp is not None:
                         verdicts.append(comp.verdict.upper() if comp.regressed else comp.verdict)
@@ -109,7 +108,7 @@ def write_terminal_summary(tr: Any, state: SessionState, width: int) -> None:
         )
         for key, comps in by_key.items():
             changes = ", ".join(
-                f"{c.metric} {c.change * 100:+.1f}%" if c.change is not None else c.metric
+                f"{c.metric} {format_change(c.change)}" if c.change is not None else c.metric
                 for c in comps
             )
             tr.write_line(f"{_short(key)}: {changes}", red=True)
