@@ -291,9 +291,11 @@ def project_change(
     dev = DeviceSpec.from_dict(spec)
     derate = run_derating(roof)
     preds = []
+    sols = []
     for summary, b, kv in ((baseline, batch[0], kv_cache[0]), (candidate, batch[1], kv_cache[1])):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
         pred = predict(model, dev, batch=b, prompt_len=prompt_len, output_len=output_len, **derate)
+        sols.append(predict(model, dev, batch=b, prompt_len=prompt_len, output_len=output_len))
         if not kv:
             tpot = _recompute_tpot(model, baseline, b, prompt_len, output_len)
             if tpot is not None:
@@ -303,11 +305,17 @@ def project_change(
                 pred["throughput_tok_s"] = b * output_len / e2e if e2e > 0 else None
         preds.append(pred)
     ratios: dict[str, float | None] = {}
+    sol_ratios: dict[str, float | None] = {}
     for key in ("ttft_s", "tpot_s", "throughput_tok_s"):
         a, c = preds[0].get(key), preds[1].get(key)
         ratios[key] = c / a if a and c is not None else None
+        a, c = sols[0].get(key), sols[1].get(key)
+        sol_ratios[key] = c / a if a and c is not None else None
     return {
         "ratios": ratios,
+        # The bare roofline (speed of light, no derating) for the same change: what the
+        # roofline alone predicts when the hardware's ceilings are what binds.
+        "sol_ratios": sol_ratios,
         "baseline": {k: preds[0].get(k) for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
         "candidate": {k: preds[1].get(k) for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
         "bound": {"prefill": preds[1]["prefill"]["bound"], "decode": preds[1]["decode"]["bound"]},
