@@ -206,7 +206,7 @@ def study_with(
     repeat: int = 3,
     name: str | None = None,
     log: Callable[[str], None] | None = None,
-    quality: Callable[[RunArgs], dict[str, Any] | None] | None = None,
+    quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
 ) -> Study:
     """:func:`study` from a :class:`RunArgs` record of the fixed options."""
     from perfscope._api import _whole, execute, plan
@@ -238,7 +238,7 @@ def study_with(
     requests = plans[0].options.workload.requests or base.default_requests
     prompt_len, output_len = _length(base.prompt_len), _length(base.output_len or 128)
     stamp = datetime.now(UTC)
-    quality_rows = [quality(s) for s in settings] if quality is not None else None
+    quality_rows = [quality(_args_record(s)) for s in settings] if quality is not None else None
     result = build_study(
         k.name,
         [t for t, _ in parsed],
@@ -316,6 +316,7 @@ def study(
     runs_dir: str | Path | None = None,
     name: str | None = None,
     log: Callable[[str], None] | None = None,
+    quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     **options: Any,
 ) -> Study:
     """Vary one knob with everything else fixed; measure each setting next to what the
@@ -342,6 +343,9 @@ def study(
         runs_dir: root of the runs and of ``studies/``.
         name: name of the runs and of the study file (default ``study-KNOB``).
         log: receives one line per run.
+        quality: called once per setting with its options (``model_preset``, ``dtype``,
+            ``model_overrides``, ``engine_options`` ...); what it returns (e.g. top-1
+            agreement with the baseline model) is stored as the setting's ``quality``.
         **options: any other keyword of :func:`perfscope.run` (held fixed).
 
     Returns:
@@ -366,7 +370,7 @@ def study(
         engine_options=extra,
         **run_fields,
     )
-    return study_with(base, knob, values, repeat=repeat, name=name, log=log)
+    return study_with(base, knob, values, repeat=repeat, name=name, log=log, quality=quality)
 
 
 def load_study(path: str | Path) -> Study:

@@ -12,7 +12,8 @@ the engine lives), ``attention=explicit|sdpa``, ``quant=none|int8|int8-wo``,
 ``kv_cache=on|off`` (off: every decode step recomputes the whole sequence, no cache is
 read), ``compile=on|off`` (``torch.compile`` of each block) and ``weights=PATH`` (a
 state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewer
-``n_layers`` than it was trained with, the first layers are kept: pruning).
+``n_layers`` than it was trained with, the first layers are kept: pruning) or
+``weights=trained`` (this shape trained on the synthetic corpus, cached).
 
 Prefill groups the admitted prompts by length, so no padding is ever computed; each group
 is one forward pass. Every forward pass is timed after device synchronisation and
@@ -110,6 +111,11 @@ class ReferenceEngine:
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         self.model = ReferenceModel.build(self.config, seed=options.seed, device=self.device)
+        if self.weights == "trained":
+            from perfscope.profiler.engines.reference.train import TrainConfig, train
+
+            overrides = tuple(sorted((k, int(v)) for k, v in options.model_overrides.items()))
+            self.weights = str(train(TrainConfig(preset=preset, overrides=overrides)).path)
         if self.weights:
             _load_weights(self.model, self.weights)
         for block in self.model.blocks:
