@@ -79,7 +79,7 @@ def _t_quantile(confidence: float, dof: float) -> float:
     """Two-sided Student-t quantile (scipy when present, else a Cornish-Fisher expansion)."""
     p = 1.0 - (1.0 - confidence) / 2.0
     try:
-        from scipy import stats
+        from scipy import stats  # type: ignore[import-untyped, unused-ignore]
 
         return float(stats.t.ppf(p, dof))
     except ImportError:  # pragma: no cover - scipy ships with the test environment
@@ -140,13 +140,15 @@ def between(
     a = [float(v) for v in baseline if v is not None and math.isfinite(float(v))]
     b = [float(v) for v in candidate if v is not None and math.isfinite(float(v))]
     try:
-        from perfscope.analysis.compare import between_run_change
+        from perfscope.analysis.compare import (  # type: ignore[attr-defined, unused-ignore]
+            between_run_change,
+        )
 
         sc = between_run_change(a, b, better, confidence=confidence, method="t")
     except (ImportError, AttributeError):
         return _welch_log(a, b, better, confidence)
     ci = None if sc.ci is None else (float(sc.ci[0]), float(sc.ci[1]))
-    return Change(sc.ratio, ci, sc.noise, sc.verdict, tuple(sc.n), sc.method)  # type: ignore[arg-type]
+    return Change(sc.ratio, ci, sc.noise, sc.verdict, (int(sc.n[0]), int(sc.n[1])), sc.method)
 
 
 # --------------------------------------------------------------------------- per run
@@ -294,7 +296,17 @@ def project_change(
     sols = []
     for summary, b, kv in ((baseline, batch[0], kv_cache[0]), (candidate, batch[1], kv_cache[1])):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
-        pred = predict(model, dev, batch=b, prompt_len=prompt_len, output_len=output_len, **derate)
+        pred = predict(
+            model,
+            dev,
+            batch=b,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            prefill_efficiency=derate.get("prefill_efficiency"),
+            decode_efficiency=derate.get("decode_efficiency"),
+            prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
+            decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+        )
         sols.append(predict(model, dev, batch=b, prompt_len=prompt_len, output_len=output_len))
         if not kv:
             tpot = _recompute_tpot(model, baseline, b, prompt_len, output_len)

@@ -45,7 +45,7 @@ def _curve(study: Study, metric: str) -> go.Figure | None:
         return None
     lo, hi = [], []
     for s, m in zip(study.settings, med, strict=True):
-        vals = [r.metrics.get(metric) for r in s.runs if r.metrics.get(metric) is not None]
+        vals = [float(v) for r in s.runs if (v := r.metrics.get(metric)) is not None]
         lo.append((m - min(vals)) if vals and m is not None else 0.0)
         hi.append((max(vals) - m) if vals and m is not None else 0.0)
     name, unit = _LABELS[metric]

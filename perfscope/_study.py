@@ -301,7 +301,8 @@ def _args_record(a: RunArgs) -> dict[str, Any]:
     out["engine_options"] = {
         k: str(v) for k, v in a.engine_options.items() if k not in ("api_key",)
     }
-    return json.loads(json.dumps(out, default=str))
+    record: dict[str, Any] = json.loads(json.dumps(out, default=str))
+    return record
 
 
 def study(

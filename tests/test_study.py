@@ -163,8 +163,7 @@ def test_sdpa_and_explicit_attention_give_the_same_logits() -> None:
     m = ReferenceModel.build(PRESETS["tiny"], seed=3)
     tokens = torch.randint(1, 100, (2, 12))
     a = m.prefill(tokens, m.new_cache(2, 32))
-    for b in m.blocks:
-        b.sdpa = True
+    m.set_attention("sdpa")
     b_ = m.prefill(tokens, m.new_cache(2, 32))
     torch.testing.assert_close(a, b_, rtol=1e-4, atol=1e-4)
 

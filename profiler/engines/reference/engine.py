@@ -118,15 +118,14 @@ class ReferenceEngine:
             self.weights = str(train(TrainConfig(preset=preset, overrides=overrides)).path)
         if self.weights:
             _load_weights(self.model, self.weights)
-        for block in self.model.blocks:
-            block.sdpa = self.attention == "sdpa"
+        self.model.set_attention(self.attention)
         try:
             self.model = quantize_weights(self.model, self.quant)
         except ValueError as exc:
             raise UsageError(f"reference engine: {exc}") from exc
         if self.compiled:
             for block in self.model.blocks:
-                block.forward = torch.compile(block.forward, dynamic=True)  # type: ignore[method-assign]
+                block.forward = torch.compile(block.forward, dynamic=True)
         self.max_seq_len = options.max_seq_len
 
     # --- protocol -----------------------------------------------------------------------

@@ -359,6 +359,14 @@ class ReferenceModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
+    def set_attention(self, impl: str) -> None:
+        """Attention kernel of every block: ``explicit`` or ``sdpa`` (:data:`ATTENTION_IMPLS`)."""
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown attention {impl!r}: use one of {', '.join(ATTENTION_IMPLS)}")
+        for block in self.blocks:
+            assert isinstance(block, _Block)
+            block.sdpa = impl == "sdpa"
+
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         """An empty cache for ``slots`` concurrent sequences of up to ``max_len`` tokens."""
         return KVCache(self.cfg, slots, max_len, self.device)
@@ -439,7 +447,9 @@ def quantize_weights(model: ReferenceModel, mode: str) -> ReferenceModel:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            q = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+            q = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+                model, {nn.Linear}, dtype=torch.qint8
+            )
         return q  # type: ignore[no-any-return]
     for block in model.blocks:
         for name, child in list(block.named_children()):
