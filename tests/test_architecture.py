@@ -35,6 +35,7 @@ PUBLIC: dict[str, set[str]] = {
         "load_run",
         "profile",
         "run",
+        "study",
         "sweep",
     },
     "perfscope.profiler": {
