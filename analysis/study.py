@@ -233,7 +233,12 @@ def memory_need(
 
 
 def _recompute_tpot(
-    model: ModelSpec, summary: Mapping[str, Any], batch: int, prompt_len: int, output_len: int
+    model: ModelSpec,
+    summary: Mapping[str, Any],
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    derated: bool = True,
 ) -> float | None:
     """Projected time per output token without a KV cache: each decode step is a prefill
     of the whole sequence so far, timed as the baseline's prefill was derated."""
@@ -247,7 +252,7 @@ def _recompute_tpot(
     dev = DeviceSpec.from_dict(spec)
     peak = dev.peak_flops_for(model.act_dtype) or 0.0
     bw = dev.mem_bw_bytes_s
-    derate = run_derating(summary.get("roofline") or {})
+    derate = run_derating(summary.get("roofline") or {}) if derated else {}
     eff = derate.get("prefill_efficiency", 1.0)
     over = derate.get("prefill_overhead_s", 0.0)
     steps = max(output_len - 1, 1)
@@ -307,14 +312,16 @@ def project_change(
             prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
             decode_overhead_s=derate.get("decode_overhead_s", 0.0),
         )
-        sols.append(predict(model, dev, batch=b, prompt_len=prompt_len, output_len=output_len))
+        sol = predict(model, dev, batch=b, prompt_len=prompt_len, output_len=output_len)
         if not kv:
-            tpot = _recompute_tpot(model, baseline, b, prompt_len, output_len)
-            if tpot is not None:
-                pred["tpot_s"] = tpot
-                e2e = pred["ttft_s"] + (output_len - 1) * tpot
-                pred["e2e_s"] = e2e
-                pred["throughput_tok_s"] = b * output_len / e2e if e2e > 0 else None
+            for p, derated in ((pred, True), (sol, False)):
+                tpot = _recompute_tpot(model, baseline, b, prompt_len, output_len, derated)
+                if tpot is not None:
+                    p["tpot_s"] = tpot
+                    e2e = p["ttft_s"] + (output_len - 1) * tpot
+                    p["e2e_s"] = e2e
+                    p["throughput_tok_s"] = b * output_len / e2e if e2e > 0 else None
+        sols.append(sol)
         preds.append(pred)
     ratios: dict[str, float | None] = {}
     sol_ratios: dict[str, float | None] = {}

@@ -253,3 +253,17 @@ def test_training_is_cached_per_configuration_and_pruned_weights_load(
     same = quality(full.model, full.model, n=4)
     assert same["top1_agreement"] == 1.0
     assert same["reference_perplexity"] == same["candidate_perplexity"]
+
+
+def test_recompute_is_projected_as_a_prefill_per_step(tmp_path: Path) -> None:
+    from perfscope.analysis.study import project_change
+
+    run = perfscope.run("reference", runs_dir=tmp_path, **{**FAST, "output_len": 8})
+    summary = run.summary.to_dict()
+    same = project_change(summary, summary, batch=(3, 3), prompt_len=8, output_len=8)
+    off = project_change(
+        summary, summary, batch=(3, 3), prompt_len=8, output_len=8, kv_cache=(True, False)
+    )
+    assert same is not None and off is not None
+    assert same["ratios"]["tpot_s"] == pytest.approx(1.0)
+    assert off["ratios"]["tpot_s"] > 1.0 and off["sol_ratios"]["tpot_s"] > 1.0
