@@ -38,6 +38,7 @@ __all__ = [
     "load_run",
     "profile",
     "run",
+    "study",
     "sweep",
 ]
 
@@ -49,11 +50,13 @@ if TYPE_CHECKING:
     from perfscope._run import Run, load_run
     from perfscope._runner import ProgressHook
     from perfscope._runset import RunSet
+    from perfscope._study import study
     from perfscope.errors import PerfAssertionError
 
 _LAZY = {
     "run": "perfscope._api",
     "sweep": "perfscope._api",
+    "study": "perfscope._study",
     "Sweep": "perfscope._api",
     "Profile": "perfscope._manual",
     "profile": "perfscope._manual",

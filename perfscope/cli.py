@@ -550,6 +550,7 @@ def _command_modules() -> list[Any]:
         "_cli_sweep",
         "_cli_dashboard",
         "_cli_index",
+        "_cli_study",
     )
     for name in names:
         mods.append(importlib.import_module(f"perfscope.{name}"))

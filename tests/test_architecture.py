@@ -36,6 +36,7 @@ PUBLIC: dict[str, set[str]] = {
         "load_run",
         "profile",
         "run",
+        "study",
         "sweep",
     },
     "perfscope.profiler": {

@@ -7,6 +7,14 @@ or once the oldest waiting one has waited ``batch_timeout_s`` (0: at once), or w
 more requests will come; it runs until its longest request finishes, and rows that finish
 early keep occupying their slot, as in classic static batching.
 
+Engine options (``--engine-opt KEY=VALUE``): ``threads=N`` (``torch.set_num_threads`` while
+the engine lives), ``attention=explicit|sdpa``, ``quant=none|int8|int8-wo``,
+``kv_cache=on|off`` (off: every decode step recomputes the whole sequence, no cache is
+read), ``compile=on|off`` (``torch.compile`` of each block) and ``weights=PATH`` (a
+state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewer
+``n_layers`` than it was trained with, the first layers are kept: pruning) or
+``weights=trained`` (this shape trained on the synthetic corpus, cached).
+
 Prefill groups the admitted prompts by length, so no padding is ever computed; each group
 is one forward pass. Every forward pass is timed after device synchronisation and
 reported as a step.
@@ -29,10 +37,13 @@ from perfscope.profiler.engines.base import (
     register_engine,
 )
 from perfscope.profiler.engines.reference.model import (
+    ATTENTION_IMPLS,
     PRESETS,
+    QUANT_MODES,
     KVCache,
     ReferenceConfig,
     ReferenceModel,
+    quantize_weights,
     torch_dtype,
 )
 from perfscope.profiler.recorder import Recorder
@@ -50,6 +61,7 @@ class _Seq:
     generated: int  # output tokens emitted
     next_token: int
     done: bool = False
+    ids: list[int] | None = None  # every token so far, kept only when the KV cache is off
 
 
 def _pick_device(requested: str | None) -> torch.device:
@@ -144,16 +156,45 @@ class ReferenceEngine:
             raise UsageError(f"reference model: {exc}") from exc
         self.preset = preset
         check_memory(self.config, options.batch_size, options.max_seq_len, self.device)
+        extra = dict(options.extra)
+        self.threads = _opt_int(extra, "threads")
+        self.attention = _opt_choice(extra, "attention", ATTENTION_IMPLS, "explicit")
+        self.quant = _opt_choice(extra, "quant", QUANT_MODES, "none")
+        self.kv_cache = _opt_choice(extra, "kv_cache", ("on", "off"), "on") == "on"
+        self.compiled = _opt_choice(extra, "compile", ("off", "on"), "off") == "on"
+        self.weights = extra.get("weights")
+        self._threads_before = torch.get_num_threads()
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         self.model = ReferenceModel.build(self.config, seed=options.seed, device=self.device)
+        if self.weights == "trained":
+            from perfscope.profiler.engines.reference.train import TrainConfig, train
+
+            overrides = tuple(sorted((k, int(v)) for k, v in options.model_overrides.items()))
+            self.weights = str(train(TrainConfig(preset=preset, overrides=overrides)).path)
+        if self.weights:
+            _load_weights(self.model, self.weights)
+        self.model.set_attention(self.attention)
+        try:
+            self.model = quantize_weights(self.model, self.quant)
+        except ValueError as exc:
+            raise UsageError(f"reference engine: {exc}") from exc
+        if self.compiled:
+            for block in self.model.blocks:
+                block.forward = torch.compile(block.forward, dynamic=True)
         self.max_seq_len = options.max_seq_len
 
     # --- protocol -----------------------------------------------------------------------
 
     def info(self) -> EngineInfo:
+        spec = self.config.model_spec()
+        if self.quant != "none":
+            spec["weight_dtype"] = "int8"
+            spec["weight_bytes_per_param"] = 1.0
         return EngineInfo(
             uri=self.uri,
             kind="reference",
-            model=self.config.model_spec(),
+            model=spec,
             device=str(self.device),
             dtype=self.config.dtype,
             config={
@@ -169,11 +210,17 @@ class ReferenceEngine:
                 "device_name": _device_name(self.device),
                 "torch": torch.__version__,
                 "torch_threads": torch.get_num_threads(),
+                "attention": self.attention,
+                "quant": self.quant,
+                "kv_cache": self.kv_cache,
+                "compile": self.compiled,
+                "weights": self.weights,
             },
         )
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
+        torch.set_num_threads(self._threads_before)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -253,13 +300,30 @@ class ReferenceEngine:
                 0,
                 [s.spec.request_id for s in subs],
             )
-            for sub, tok in zip(subs, first, strict=True):
-                seq = _Seq(sub=sub, length=length, generated=1, next_token=int(tok))
+            rows = tokens.tolist() if not self.kv_cache else [None] * len(subs)
+            for sub, tok, row in zip(subs, first, rows, strict=True):
+                seq = _Seq(sub=sub, length=length, generated=1, next_token=int(tok), ids=row)
                 sub.handle.tokens(1, t1)
                 if seq.generated >= sub.spec.max_output_tokens or self._is_eos(tok):
                     seq.done = True
                     sub.handle.finish()
                 running.append(seq)
+
+    def _recompute(self, running: list[_Seq], cache: KVCache) -> list[int]:
+        """Next tokens without a KV cache: each sequence so far goes through a full
+        forward pass again (grouped by length; the cache is scratch, never read back)."""
+        nxt = [0] * len(running)
+        groups: dict[int, list[int]] = {}
+        for i, seq in enumerate(running):
+            assert seq.ids is not None
+            seq.ids.append(seq.next_token)
+            groups.setdefault(len(seq.ids), []).append(i)
+        for idx in groups.values():
+            tokens = torch.tensor([running[i].ids for i in idx], device=self.device)
+            out = self.model.prefill(tokens, cache.view(0, len(idx))).argmax(-1).tolist()
+            for i, tok in zip(idx, out, strict=True):
+                nxt[i] = int(tok)
+        return nxt
 
     def _decode(self, running: list[_Seq], cache: KVCache, recorder: Recorder) -> None:
         tokens = torch.tensor([s.next_token for s in running], device=self.device)
@@ -267,8 +331,11 @@ class ReferenceEngine:
         context = sum(s.length for s in running)
         pushed = nvtx_ranges.push_step("decode", recorder.n_steps)
         t0 = recorder.clock.now_ns()
-        logits = self.model.decode(tokens, cache, lengths)
-        nxt = logits.argmax(-1).tolist()
+        if self.kv_cache:
+            logits = self.model.decode(tokens, cache, lengths)
+            nxt = logits.argmax(-1).tolist()
+        else:
+            nxt = self._recompute(running, cache)
         self._sync()
         t1 = recorder.clock.now_ns()
         if pushed:
@@ -338,6 +405,48 @@ class ReferenceEngine:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _opt_int(extra: dict[str, str], key: str) -> int | None:
+    text = extra.get(key)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--engine-opt {key}= must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def _opt_choice(extra: dict[str, str], key: str, choices: tuple[str, ...], default: str) -> str:
+    text = extra.get(key, default).strip().lower()
+    if text not in choices:
+        raise UsageError(f"--engine-opt {key}= must be one of {', '.join(choices)}, got {text!r}")
+    return text
+
+
+def _load_weights(model: ReferenceModel, path: str) -> None:
+    """Load a trained state dict; blocks beyond the model's layers are dropped (pruning)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as exc:
+        raise UsageError(f"--engine-opt weights={path}: cannot load ({exc})") from exc
+    n = len(model.blocks)
+    keep = {
+        k: v
+        for k, v in state.items()
+        if not (k.startswith("blocks.") and int(k.split(".")[1]) >= n)
+    }
+    try:
+        model.load_state_dict(keep, strict=True)
+    except RuntimeError as exc:
+        raise UsageError(
+            f"--engine-opt weights={path} does not fit this model shape: {str(exc)[:200]}"
+        ) from exc
+    dt = next(model.parameters()).dtype
+    model.to(dtype=dt)
 
 
 def _device_name(device: torch.device) -> str:

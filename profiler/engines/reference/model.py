@@ -18,7 +18,25 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import nn
 
-__all__ = ["PRESETS", "KVCache", "ReferenceConfig", "ReferenceModel", "torch_dtype"]
+__all__ = [
+    "ATTENTION_IMPLS",
+    "PRESETS",
+    "QUANT_MODES",
+    "KVCache",
+    "ReferenceConfig",
+    "ReferenceModel",
+    "quantize_weights",
+    "torch_dtype",
+]
+
+#: ``attention`` engine option: explicit matmuls (what the cost model counts) or torch's
+#: fused ``scaled_dot_product_attention``.
+ATTENTION_IMPLS = ("explicit", "sdpa")
+#: ``quant`` engine option: ``int8`` = torch's dynamic int8 quantisation of every linear
+#: layer (int8 weights per tensor, activations quantised per step: int8 matmuls, fp32
+#: only); ``int8-wo`` = weight-only int8 (per output channel scale, dequantised to the
+#: activation dtype inside each matmul).
+QUANT_MODES = ("none", "int8", "int8-wo")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -236,6 +254,7 @@ class _Block(nn.Module):
         self.w_gate = nn.Linear(d, cfg.intermediate_size, bias=False)
         self.w_up = nn.Linear(d, cfg.intermediate_size, bias=False)
         self.w_down = nn.Linear(cfg.intermediate_size, d, bias=False)
+        self.sdpa = False
 
     def _attention(
         self,
@@ -246,6 +265,9 @@ class _Block(nn.Module):
     ) -> torch.Tensor:
         # q: [B, kvH, G*T, hd] (query heads grouped under their KV head, no K/V copies);
         # k, v: [B, kvH, L, hd]; mask: broadcastable to [B, kvH, G*T, L], True = masked out.
+        if self.sdpa:
+            out: torch.Tensor = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask)
+            return out
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
         scores = scores.masked_fill(mask, float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
@@ -337,6 +359,14 @@ class ReferenceModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
+    def set_attention(self, impl: str) -> None:
+        """Attention kernel of every block: ``explicit`` or ``sdpa`` (:data:`ATTENTION_IMPLS`)."""
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown attention {impl!r}: use one of {', '.join(ATTENTION_IMPLS)}")
+        for block in self.blocks:
+            assert isinstance(block, _Block)
+            block.sdpa = impl == "sdpa"
+
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         """An empty cache for ``slots`` concurrent sequences of up to ``max_len`` tokens."""
         return KVCache(self.cfg, slots, max_len, self.device)
@@ -386,3 +416,45 @@ class ReferenceModel(nn.Module):
         idx = torch.arange(span, device=tokens.device).view(1, span)
         mask = (idx > positions).view(b, 1, 1, span)
         return self._run(tokens.view(b, 1), cache, positions, span, mask)
+
+
+class _Int8WeightLinear(nn.Module):
+    """A bias-free linear layer holding int8 weights and one scale per output channel."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+        self.register_buffer("qweight", torch.round(w / scale).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(linear.weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.qweight.to(x.dtype) * self.scale  # type: ignore[operator]
+        return nn.functional.linear(x, w)
+
+
+def quantize_weights(model: ReferenceModel, mode: str) -> ReferenceModel:
+    """``model`` with its linear layers quantised (see :data:`QUANT_MODES`); in place for
+    ``int8-wo``. ValueError for an unknown mode or ``int8`` on a non-fp32 model."""
+    if mode not in QUANT_MODES:
+        raise ValueError(f"unknown quant {mode!r}: use one of {', '.join(QUANT_MODES)}")
+    if mode == "none":
+        return model
+    if mode == "int8":
+        if model.cfg.dtype != "float32" or model.device.type != "cpu":
+            raise ValueError("quant=int8 (dynamic int8 matmuls) runs on cpu in float32 only")
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+                model, {nn.Linear}, dtype=torch.qint8
+            )
+        return q  # type: ignore[no-any-return]
+    for block in model.blocks:
+        for name, child in list(block.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(block, name, _Int8WeightLinear(child))
+    if not model.cfg.tied_embeddings:
+        model.lm_head = _Int8WeightLinear(model.lm_head)  # type: ignore[assignment]
+    return model

@@ -1,0 +1,507 @@
+"""A study: one knob varied with everything else fixed, measured next to its projection.
+
+The record (:class:`Study`, JSON schema ``perfscope.study/1``) holds, per setting of the knob,
+the per-run metrics of its repeats (runs interleaved A B C A B C ..., the order recorded), the
+memory the setting needs by the cost model (weights + KV cache), the roofline point and
+verdict per phase, and, for every setting after the first, the measured effect against the
+first setting with its between-run interval next to the what-if projection of the same
+change (:func:`perfscope.analysis.whatif.predict`) and that projection's error.
+
+The projection is made as the advisor makes it: the *baseline* run's own derating
+(:func:`~perfscope.analysis.whatif.run_derating`: its per-phase efficiency, or its per-step
+overhead when a phase is overhead-bound) applied to the candidate's model shape, dtypes and
+batch on the same device. A knob the cost model does not see (threads, the attention kernel,
+``torch.compile``, the scheduler) projects no change, and the record says so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from perfscope.analysis.compare import between_run_change
+from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
+from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.whatif import predict, run_derating
+
+__all__ = [
+    "METRICS",
+    "SCHEMA",
+    "Change",
+    "Effect",
+    "PhasePoint",
+    "RunPoint",
+    "SettingResult",
+    "Study",
+    "between",
+    "build_study",
+    "memory_need",
+    "phase_points",
+    "project_change",
+    "run_metrics",
+]
+
+SCHEMA = "perfscope.study/1"
+
+#: Metrics compared per setting: name → (direction that is better, projection key or None).
+METRICS: dict[str, tuple[str, str | None]] = {
+    "ttft_p50_s": ("lower", "ttft_s"),
+    "tpot_p50_s": ("lower", "tpot_s"),
+    "output_tok_s": ("higher", "throughput_tok_s"),
+    "goodput_req_s": ("higher", None),
+    "j_per_output_token": ("lower", None),
+}
+
+
+# --------------------------------------------------------------------------- between runs
+
+
+@dataclass(frozen=True)
+class Change:
+    """How one metric moved from the baseline setting's runs to a candidate's.
+
+    The fields are those of ``perfscope.analysis.compare.SetChange``: ``ratio`` candidate /
+    baseline (geometric means), ``ci`` its interval, ``noise`` the half-width of the noise
+    band as a fraction, ``verdict``, ``n`` runs per set and ``method`` in words.
+    """
+
+    ratio: float | None
+    ci: tuple[float, float] | None
+    noise: float | None
+    verdict: str
+    n: tuple[int, int]
+    method: str
+
+
+def between(
+    baseline: Sequence[float | None],
+    candidate: Sequence[float | None],
+    better: str | None,
+    confidence: float = 0.95,
+) -> Change:
+    """The between-run change of one metric (per-run values, SI units): the same rule as
+    ``perfscope compare`` (:func:`perfscope.analysis.compare.between_run_change`, a Welch
+    t-test on log per-run values)."""
+    a = [float(v) for v in baseline if v is not None and math.isfinite(float(v))]
+    b = [float(v) for v in candidate if v is not None and math.isfinite(float(v))]
+    sc = between_run_change(a, b, better, confidence=confidence, method="t")
+    ci = None if sc.ci is None else (float(sc.ci[0]), float(sc.ci[1]))
+    return Change(sc.ratio, ci, sc.noise, sc.verdict, (int(sc.n[0]), int(sc.n[1])), sc.method)
+
+
+# --------------------------------------------------------------------------- per run
+
+
+@dataclass(frozen=True)
+class PhasePoint:
+    """One phase of one run on the roofline: MFU and MBU (fractions), intensity
+    (FLOP/byte), achieved FLOP/s, the verdict (``compute-bound`` ...)."""
+
+    phase: str
+    mfu: float | None
+    mbu: float | None
+    intensity: float | None
+    achieved_flops_s: float | None
+    verdict: str | None
+    time_per_step_s: float | None
+
+
+def phase_points(summary: Mapping[str, Any]) -> dict[str, PhasePoint]:
+    """The roofline phases of a run summary."""
+    roof = summary.get("roofline") or {}
+    out: dict[str, PhasePoint] = {}
+    for name, ph in (roof.get("phases") or {}).items():
+        out[name] = PhasePoint(
+            phase=name,
+            mfu=ph.get("mfu"),
+            mbu=ph.get("mbu"),
+            intensity=ph.get("intensity"),
+            achieved_flops_s=ph.get("achieved_flops_s"),
+            verdict=ph.get("verdict"),
+            time_per_step_s=ph.get("time_per_step_s"),
+        )
+    return out
+
+
+def run_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The compared metrics of one run summary (seconds, tokens/s, requests/s, J/token)."""
+    lat = summary.get("latency") or {}
+    thr = summary.get("throughput") or {}
+    good = summary.get("goodput") or {}
+    energy = summary.get("energy") or {}
+
+    def p50(name: str) -> float | None:
+        v = (lat.get(name) or {}).get("p50")
+        return None if v is None else float(v)
+
+    return {
+        "ttft_p50_s": p50("ttft"),
+        "tpot_p50_s": p50("tpot"),
+        "e2e_p50_s": p50("e2e"),
+        "output_tok_s": thr.get("output_tok_s"),
+        "goodput_req_s": good.get("goodput_req_s"),
+        "attainment": good.get("attainment"),
+        "j_per_output_token": energy.get("j_per_output_token"),
+    }
+
+
+@dataclass(frozen=True)
+class RunPoint:
+    """One run of a study: where it sits in the interleaved order and what it measured."""
+
+    order: int
+    round: int
+    setting: int
+    run: str
+    metrics: dict[str, float | None]
+    phases: dict[str, PhasePoint]
+
+
+# --------------------------------------------------------------------------- cost model
+
+
+def memory_need(
+    model: ModelSpec, batch: int, seq_tokens: int, kv_cache: bool = True
+) -> dict[str, float]:
+    """Bytes a setting needs by the cost model: weights, and the KV cache of ``batch``
+    sequences of ``seq_tokens`` tokens (0 when the KV cache is off)."""
+    w = float(weight_bytes(model))
+    kv = float(kv_bytes_per_token(model)) * batch * seq_tokens if kv_cache else 0.0
+    return {"weights_bytes": w, "kv_cache_bytes": kv, "total_bytes": w + kv}
+
+
+def _recompute_tpot(
+    model: ModelSpec,
+    summary: Mapping[str, Any],
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    derated: bool = True,
+) -> float | None:
+    """Projected time per output token without a KV cache: each decode step is a prefill
+    of the whole sequence so far, timed as the baseline's prefill was derated."""
+    import numpy as np
+
+    from perfscope.hwdb.spec import DeviceSpec
+
+    spec = (summary.get("hardware") or {}).get("spec")
+    if not spec:
+        return None
+    dev = DeviceSpec.from_dict(spec)
+    peak = dev.peak_flops_for(model.act_dtype) or 0.0
+    bw = dev.mem_bw_bytes_s
+    derate = run_derating(summary.get("roofline") or {}) if derated else {}
+    eff = derate.get("prefill_efficiency", 1.0)
+    over = derate.get("prefill_overhead_s", 0.0)
+    steps = max(output_len - 1, 1)
+    total = 0.0
+    for i in range(steps):
+        ctx = prompt_len + i + 1
+        c = step_costs(model, batch, batch * ctx, 0)
+        f = float(np.asarray(c["flops"]))
+        nb = float(
+            np.asarray(
+                c["bytes_weights"]
+                + c["bytes_activations"]
+                + c["bytes_kv_read"]
+                + c["bytes_kv_write"]
+            )
+        )
+        total += max(f / peak if peak else 0.0, nb / bw) / eff + over
+    return total / steps
+
+
+def project_change(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    batch: tuple[int, int],
+    prompt_len: int,
+    output_len: int,
+    kv_cache: tuple[bool, bool] = (True, True),
+) -> dict[str, Any] | None:
+    """What the what-if model projects for the change from the baseline run's setting to
+    the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
+
+    Both settings are projected on the baseline run's device with the baseline's own
+    derating (so overheads carry over), each with its own model shape and dtypes (from
+    its run's ``model`` section) and batch. ``None`` without a roofline.
+    """
+    from perfscope.hwdb.spec import DeviceSpec
+
+    spec = (baseline.get("hardware") or {}).get("spec")
+    roof = baseline.get("roofline") or {}
+    if not spec or not roof.get("available") or not baseline.get("model"):
+        return None
+    dev = DeviceSpec.from_dict(spec)
+    derate = run_derating(roof)
+    preds = []
+    sols = []
+    for summary, b, kv in ((baseline, batch[0], kv_cache[0]), (candidate, batch[1], kv_cache[1])):
+        model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
+        pred = predict(
+            model,
+            dev,
+            batch=b,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            prefill_efficiency=derate.get("prefill_efficiency"),
+            decode_efficiency=derate.get("decode_efficiency"),
+            prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
+            decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+        )
+        sol = predict(model, dev, batch=b, prompt_len=prompt_len, output_len=output_len)
+        if not kv:
+            for p, derated in ((pred, True), (sol, False)):
+                tpot = _recompute_tpot(model, baseline, b, prompt_len, output_len, derated)
+                if tpot is not None:
+                    p["tpot_s"] = tpot
+                    e2e = p["ttft_s"] + (output_len - 1) * tpot
+                    p["e2e_s"] = e2e
+                    p["throughput_tok_s"] = b * output_len / e2e if e2e > 0 else None
+        sols.append(sol)
+        preds.append(pred)
+    ratios: dict[str, float | None] = {}
+    sol_ratios: dict[str, float | None] = {}
+    for key in ("ttft_s", "tpot_s", "throughput_tok_s"):
+        a, c = preds[0].get(key), preds[1].get(key)
+        ratios[key] = c / a if a and c is not None else None
+        a, c = sols[0].get(key), sols[1].get(key)
+        sol_ratios[key] = c / a if a and c is not None else None
+    return {
+        "ratios": ratios,
+        # The bare roofline (speed of light, no derating) for the same change: what the
+        # roofline alone predicts when the hardware's ceilings are what binds.
+        "sol_ratios": sol_ratios,
+        "baseline": {k: preds[0].get(k) for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
+        "candidate": {k: preds[1].get(k) for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
+        "bound": {"prefill": preds[1]["prefill"]["bound"], "decode": preds[1]["decode"]["bound"]},
+        "basis": "the baseline run's derating ("
+        + ", ".join(f"{k}={v:.3g}" for k, v in derate.items())
+        + ")",
+    }
+
+
+# --------------------------------------------------------------------------- the record
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A metric's measured change from the first setting, next to its projection.
+
+    ``projected_ratio`` is the what-if's candidate / baseline ratio (``None`` when the
+    projection does not cover the metric); ``error`` is ``projected / measured - 1``
+    (0.3: the projection promised 30% more than was measured)."""
+
+    metric: str
+    better: str
+    change: Change
+    projected_ratio: float | None
+    error: float | None
+
+
+@dataclass(frozen=True)
+class SettingResult:
+    """One value of the knob: its runs, the median of each metric over them, the memory it
+    needs, its effects against the first setting and the projection they are judged by."""
+
+    value: str
+    runs: list[RunPoint]
+    median: dict[str, float | None]
+    memory: dict[str, float]
+    effects: list[Effect]
+    projection: dict[str, Any] | None
+    quality: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Study:
+    """A finished study (JSON schema ``perfscope.study/1``; see the module docstring)."""
+
+    knob: str
+    values: list[str]
+    repeat: int
+    settings: list[SettingResult]
+    order: list[tuple[int, int]]
+    args: dict[str, Any]
+    created_at: str
+    notes: list[str] = field(default_factory=list)
+    path: str | None = None
+    schema: str = SCHEMA
+
+    @property
+    def baseline(self) -> SettingResult:
+        return self.settings[0]
+
+    def effect(self, value: str, metric: str) -> Effect | None:
+        """The effect of setting ``value`` on ``metric`` (``None`` for the baseline)."""
+        for s in self.settings:
+            if s.value == value:
+                return next((e for e in s.effects if e.metric == metric), None)
+        raise KeyError(f"{self.knob} has no setting {value!r}: {', '.join(self.values)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Study:
+        """Read back :meth:`to_dict` (lists where JSON turned tuples into lists)."""
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} record (schema {data.get('schema')!r})")
+
+        def change(c: Mapping[str, Any]) -> Change:
+            ci = c.get("ci")
+            return Change(
+                c.get("ratio"),
+                None if ci is None else (float(ci[0]), float(ci[1])),
+                c.get("noise"),
+                str(c["verdict"]),
+                (int(c["n"][0]), int(c["n"][1])),
+                str(c["method"]),
+            )
+
+        settings = []
+        for s in data["settings"]:
+            runs = [
+                RunPoint(
+                    order=int(r["order"]),
+                    round=int(r["round"]),
+                    setting=int(r["setting"]),
+                    run=str(r["run"]),
+                    metrics=dict(r["metrics"]),
+                    phases={k: PhasePoint(**v) for k, v in r["phases"].items()},
+                )
+                for r in s["runs"]
+            ]
+            effects = [
+                Effect(
+                    e["metric"], e["better"], change(e["change"]), e["projected_ratio"], e["error"]
+                )
+                for e in s["effects"]
+            ]
+            settings.append(
+                SettingResult(
+                    value=str(s["value"]),
+                    runs=runs,
+                    median=dict(s["median"]),
+                    memory=dict(s["memory"]),
+                    effects=effects,
+                    projection=s.get("projection"),
+                    quality=s.get("quality"),
+                )
+            )
+        return cls(
+            knob=str(data["knob"]),
+            values=[str(v) for v in data["values"]],
+            repeat=int(data["repeat"]),
+            settings=settings,
+            order=[(int(a), int(b)) for a, b in data["order"]],
+            args=dict(data["args"]),
+            created_at=str(data["created_at"]),
+            notes=list(data.get("notes") or []),
+            path=data.get("path"),
+            schema=str(data["schema"]),
+        )
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return statistics.median(xs) if xs else None
+
+
+def build_study(
+    knob: str,
+    values: Sequence[str],
+    repeat: int,
+    runs: Sequence[tuple[int, int, str, Mapping[str, Any]]],
+    *,
+    batches: Sequence[int],
+    prompt_len: int,
+    output_len: int,
+    kv_cache: Sequence[bool] | None = None,
+    args: Mapping[str, Any] | None = None,
+    created_at: str = "",
+    quality: Sequence[dict[str, Any] | None] | None = None,
+    confidence: float = 0.95,
+) -> Study:
+    """Assemble a :class:`Study` from its runs.
+
+    Args:
+        runs: ``(round, setting index, run path, summary)`` in the order they ran.
+        batches: per setting, the batch the projection uses (sequences decoded together).
+        prompt_len, output_len: the workload's tokens per request (projection, memory).
+        kv_cache: per setting, whether it keeps a KV cache (default: all do).
+    """
+    kv = list(kv_cache) if kv_cache is not None else [True] * len(values)
+    points: list[list[RunPoint]] = [[] for _ in values]
+    summaries: list[list[Mapping[str, Any]]] = [[] for _ in values]
+    for order, (rnd, idx, path, summary) in enumerate(runs):
+        points[idx].append(
+            RunPoint(order, rnd, idx, str(path), run_metrics(summary), phase_points(summary))
+        )
+        summaries[idx].append(summary)
+    notes: list[str] = []
+    if repeat < 2:
+        notes.append("one run per setting: run-to-run noise unknown, ratios only (use --repeat 3)")
+    settings: list[SettingResult] = []
+    for i, value in enumerate(values):
+        first = summaries[i][0] if summaries[i] else {}
+        model = first.get("model")
+        memory = (
+            memory_need(
+                ModelSpec.from_dict(dict(model)), batches[i], prompt_len + output_len, kv[i]
+            )
+            if model
+            else {}
+        )
+        median = (
+            {m: _median([p.metrics.get(m) for p in points[i]]) for m in points[i][0].metrics}
+            if points[i]
+            else {}
+        )
+        effects: list[Effect] = []
+        projection = None
+        if i > 0 and summaries[0] and summaries[i]:
+            projection = project_change(
+                summaries[0][0],
+                first,
+                batch=(batches[0], batches[i]),
+                prompt_len=prompt_len,
+                output_len=output_len,
+                kv_cache=(kv[0], kv[i]),
+            )
+            for metric, (better, key) in METRICS.items():
+                ch = between(
+                    [p.metrics.get(metric) for p in points[0]],
+                    [p.metrics.get(metric) for p in points[i]],
+                    better,
+                    confidence,
+                )
+                proj = None if projection is None or key is None else projection["ratios"].get(key)
+                err = proj / ch.ratio - 1.0 if proj is not None and ch.ratio else None
+                effects.append(Effect(metric, better, ch, proj, err))
+        settings.append(
+            SettingResult(
+                value=str(value),
+                runs=points[i],
+                median=median,
+                memory=memory,
+                effects=effects,
+                projection=projection,
+                quality=None if quality is None else quality[i],
+            )
+        )
+    return Study(
+        knob=knob,
+        values=[str(v) for v in values],
+        repeat=repeat,
+        settings=settings,
+        order=[(r, i) for r, i, _, _ in runs],
+        args=dict(args or {}),
+        created_at=created_at,
+        notes=notes,
+    )

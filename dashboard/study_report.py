@@ -1,0 +1,183 @@
+"""The study report: one offline HTML page for a ``perfscope.study/1`` record.
+
+Every setting's phases on one roofline chart (the comparison roofline builder), the metric
+curves against the knob (median over repeats, the range of the repeats as error bars, and
+the what-if projection as a dashed line from the baseline's median), and the table of
+measured effects with their between-run intervals next to the projection and its error.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape as esc
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from perfscope.analysis.study import METRICS, Study
+from perfscope.dashboard.figures import FIGURE_LAYOUT, FigureSpec, comparison_roofline_figure
+from perfscope.dashboard.report import figures_html, render_page
+
+__all__ = ["render_study_report", "study_figures", "write_study_report"]
+
+_LABELS = {
+    "ttft_p50_s": ("TTFT p50", "s"),
+    "tpot_p50_s": ("TPOT p50", "s"),
+    "output_tok_s": ("output throughput", "tokens/s"),
+    "goodput_req_s": ("goodput", "requests/s"),
+    "j_per_output_token": ("energy per output token", "J"),
+}
+
+
+def _summary(run_dir: str) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((Path(run_dir) / "summary.json").read_text())
+        return data
+    except (OSError, ValueError):
+        return {}
+
+
+def _curve(study: Study, metric: str) -> go.Figure | None:
+    xs = [s.value for s in study.settings]
+    med = [s.median.get(metric) for s in study.settings]
+    if all(v is None for v in med):
+        return None
+    lo, hi = [], []
+    for s, m in zip(study.settings, med, strict=True):
+        vals = [float(v) for r in s.runs if (v := r.metrics.get(metric)) is not None]
+        lo.append((m - min(vals)) if vals and m is not None else 0.0)
+        hi.append((max(vals) - m) if vals and m is not None else 0.0)
+    name, unit = _LABELS[metric]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=med,
+            mode="lines+markers",
+            name="measured (median; bars: range of repeats)",
+            error_y={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
+        )
+    )
+    base = med[0]
+    proj = [base]
+    for s in study.settings[1:]:
+        e = next((e for e in s.effects if e.metric == metric), None)
+        r = e.projected_ratio if e is not None else None
+        proj.append(base * r if base is not None and r is not None else None)
+    if METRICS[metric][1] is not None and any(p is not None for p in proj[1:]):
+        fig.add_trace(
+            go.Scatter(
+                x=xs, y=proj, mode="lines+markers", name="what-if projection", line={"dash": "dash"}
+            )
+        )
+    fig.update_xaxes(title_text=study.knob, type="category")
+    fig.update_yaxes(title_text=f"{name} ({unit})")
+    fig.update_layout(**FIGURE_LAYOUT, height=360)
+    return fig
+
+
+def study_figures(study: Study) -> list[FigureSpec]:
+    """The report's figures: the shared roofline, then one curve per metric."""
+    labels = [f"{study.knob}={s.value}" for s in study.settings]
+    summaries = [_summary(s.runs[0].run) if s.runs else {} for s in study.settings]
+    specs = [
+        FigureSpec(
+            "study-roofline",
+            "Every setting on one roofline",
+            "Measured prefill (diamond) and decode (circle) points of each setting's first "
+            "run against the device's ceilings.",
+            comparison_roofline_figure(labels, summaries),
+            "no run of this study has a roofline",
+        )
+    ]
+    for metric in METRICS:
+        name, _ = _LABELS[metric]
+        specs.append(
+            FigureSpec(
+                f"study-{metric}",
+                f"{name} against {study.knob}",
+                "Median over the repeats; dashed: the baseline median times the what-if's "
+                "projected ratio.",
+                _curve(study, metric),
+                f"{name} was not measured",
+            )
+        )
+    return specs
+
+
+def _fmt(v: Any, metric: str) -> str:
+    if v is None:
+        return "–"
+    if metric.endswith("_s"):
+        return f"{v * 1e3:.3g} ms"
+    return f"{v:.4g}"
+
+
+def _ratio(r: float | None) -> str:
+    return "–" if r is None else f"{r:.3f}x"
+
+
+def _table(study: Study) -> tuple[str, str]:
+    head = "".join(f"<th>{esc(_LABELS[m][0])}</th>" for m in METRICS)
+    rows = []
+    for s in study.settings:
+        mem = s.memory.get("total_bytes")
+        phases = s.runs[0].phases if s.runs else {}
+        verdicts = "; ".join(
+            f"{p}: {esc(str(ph.verdict))} (MFU {100 * (ph.mfu or 0):.2g}%, "
+            f"MBU {100 * (ph.mbu or 0):.2g}%)"
+            for p, ph in phases.items()
+        )
+        cells = "".join(f"<td>{_fmt(s.median.get(m), m)}</td>" for m in METRICS)
+        mem_txt = "–" if mem is None else f"{mem / 1e6:.3g} MB"
+        rows.append(f"<tr><td>{esc(s.value)}</td>{cells}<td>{mem_txt}</td><td>{verdicts}</td></tr>")
+    settings = (
+        f"<table><tr><th>{esc(study.knob)}</th>{head}<th>memory (weights + KV)</th>"
+        f"<th>verdict per phase</th></tr>{''.join(rows)}</table>"
+    )
+    erows = []
+    for s in study.settings[1:]:
+        for e in s.effects:
+            c = e.change
+            ci = "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
+            err = "–" if e.error is None else f"{100 * e.error:+.0f}%"
+            erows.append(
+                f"<tr><td>{esc(s.value)}</td><td>{esc(_LABELS[e.metric][0])}</td>"
+                f"<td>{_ratio(c.ratio)}</td><td>{ci}</td><td>{esc(c.verdict)}</td>"
+                f"<td>{_ratio(e.projected_ratio)}</td><td>{err}</td></tr>"
+            )
+    effects = (
+        f"<table><tr><th>{esc(study.knob)}</th><th>metric</th><th>measured ratio</th>"
+        "<th>interval</th><th>verdict</th><th>projected ratio</th><th>projection error</th>"
+        f"</tr>{''.join(erows)}</table>"
+    )
+    return settings, effects
+
+
+def render_study_report(study: Study) -> str:
+    """The complete HTML page of ``study``."""
+    settings, effects = _table(study)
+    notes = "".join(f"<li>{esc(n)}</li>" for n in study.notes)
+    base = esc(study.values[0])
+    body = (
+        f"<h1>Study: {esc(study.knob)} = {esc(', '.join(study.values))}</h1>"
+        f"<p>{study.repeat} run(s) per setting, interleaved; baseline {base}. "
+        f"Created {esc(study.created_at)}.</p>"
+        + (f"<ul>{notes}</ul>" if notes else "")
+        + "<h2>Settings</h2>"
+        + settings
+        + f"<h2>Effect against {base}: measured vs projected</h2>"
+        + effects
+        + "<h2>Figures</h2>"
+        + figures_html(study_figures(study))
+    )
+    return render_page(f"perfscope study {study.knob}", body, study_figures(study))
+
+
+def write_study_report(study: Study, path: str | Path) -> Path:
+    """Write :func:`render_study_report` to ``path``; returns it."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_study_report(study), encoding="utf-8")
+    return out

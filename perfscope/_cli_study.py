@@ -1,0 +1,162 @@
+"""``perfscope study KNOB --values V1,V2,...``: vary one knob, measured next to projected."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from perfscope.analysis.study import Study
+
+__all__ = ["register", "study_table"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``perfscope study``."""
+    from perfscope._argtypes import key_value, nonneg_int, positive_int
+    from perfscope._cli_sweep import add_openai_options
+    from perfscope._study import KNOBS
+
+    p = subparsers.add_parser(
+        "study",
+        help="vary one knob (batch-size, dtype, kv-heads, ...): measured vs projected effect",
+        description=(
+            "Run the workload once per value of one knob, everything else fixed, the "
+            "settings interleaved (A B C A B C ...) --repeat times; report each setting's "
+            "latency, throughput, goodput, roofline verdicts and memory, and the measured "
+            "effect against the first value (with its between-run interval) next to the "
+            "what-if projection of the same change and its error. Knobs: " + ", ".join(KNOBS)
+        ),
+    )
+    p.add_argument("knob", help="a run flag name: " + ", ".join(KNOBS))
+    p.add_argument(
+        "--values", required=True, metavar="V1,V2,...", help="settings; first = baseline"
+    )
+    p.add_argument("--repeat", type=positive_int, default=3, help="runs per setting (3)")
+    p.add_argument("--engine", default="reference", help="engine URI (default reference)")
+    w = p.add_argument_group("workload (fixed)")
+    w.add_argument("--requests", type=positive_int, default=16, help="measured requests (16)")
+    w.add_argument("--prompt-len", default="128", help="prompt tokens (128)")
+    w.add_argument("--output-len", default="32", help="output tokens (32)")
+    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file")
+    w.add_argument("--warmup", type=nonneg_int, default=2, help="warmup requests per run (2)")
+    w.add_argument("--seed", type=int, default=0, help="seed of lengths, arrivals, weights (0)")
+    w.add_argument("--mode", choices=("batch", "online"), default=None)
+    w.add_argument("--rate", type=float, default=None, help="requests per second (online)")
+    w.add_argument("--concurrency", type=positive_int, default=None, help="closed-loop users")
+    w.add_argument("--arrival", choices=("poisson", "constant", "gamma"), default="poisson")
+    w.add_argument("--burstiness", type=float, default=1.0)
+    e = p.add_argument_group("engine (fixed)")
+    e.add_argument("--batch-size", type=positive_int, default=8)
+    e.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
+    e.add_argument("--device", default=None)
+    e.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+    e.add_argument("--model-preset", default=None, help="tiny, small (default), medium, ...")
+    for flag, field in (
+        ("--layers", "n_layers"),
+        ("--hidden", "hidden_size"),
+        ("--heads", "n_heads"),
+        ("--kv-heads", "n_kv_heads"),
+        ("--mlp", "intermediate_size"),
+        ("--vocab", "vocab_size"),
+    ):
+        e.add_argument(flag, dest=f"shape_{field}", type=positive_int, default=None)
+    e.add_argument("--engine-opt", type=key_value, action="append", default=[], metavar="KEY=VALUE")
+    add_openai_options(p.add_argument_group("openai engine, datasets and duration"))
+    a = p.add_argument_group("analysis and output")
+    a.add_argument("--slo", action="append", default=[], metavar="METRIC=DURATION")
+    a.add_argument("--hw", default=None, help="device to analyse against (default: detect)")
+    a.add_argument("--no-telemetry", action="store_true", help="do not sample the hardware")
+    a.add_argument("--runs-dir", type=Path, default=None)
+    a.add_argument("--name", default=None, help="name of the runs and the study file")
+    a.add_argument("--json", action="store_true", help="print the study JSON")
+    a.add_argument("-o", "--output", type=Path, default=None, help="write the study report HTML")
+    p.set_defaults(handler=_cmd_study)
+
+
+def _cmd_study(args: argparse.Namespace, console: Console) -> int:
+    from perfscope._cli_sweep import run_args
+    from perfscope._study import _knob, _values, study_with
+
+    knob = _knob(args.knob)  # one-line errors before anything runs
+    _values(knob, args.values)
+    base = run_args(args)
+    if args.mode is None and args.rate is None and args.concurrency is None:
+        base = replace(base, mode=None)
+    say = (lambda line: None) if args.json else (lambda line: console.print(line))
+    result = study_with(base, args.knob, args.values, repeat=args.repeat, name=args.name, log=say)
+    if args.output is not None:
+        from perfscope.dashboard.study_report import write_study_report
+
+        write_study_report(result, args.output)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    console.print(study_table(result))
+    console.print(effects_table(result))
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"study: {result.path}")
+    if args.output is not None:
+        console.print(f"report: {args.output}")
+    return 0
+
+
+def _ms(v: Any) -> str:
+    return "–" if v is None else f"{v * 1e3:.3g} ms"
+
+
+def _num(v: Any) -> str:
+    return "–" if v is None else f"{v:.4g}"
+
+
+def study_table(study: Study) -> Table:
+    """Per setting: latency, throughput, goodput, roofline verdicts, memory."""
+    t = Table(title=f"study: {study.knob} ({study.repeat} run(s) per setting, medians)")
+    for col in (study.knob, "TTFT p50", "TPOT p50", "tok/s", "goodput req/s", "phases", "memory"):
+        t.add_column(col)
+    for s in study.settings:
+        phases = s.runs[0].phases if s.runs else {}
+        ph = ", ".join(
+            f"{p} {v.verdict} MFU {100 * (v.mfu or 0):.2g}% MBU {100 * (v.mbu or 0):.2g}%"
+            for p, v in phases.items()
+        )
+        mem = s.memory.get("total_bytes")
+        t.add_row(
+            s.value,
+            _ms(s.median.get("ttft_p50_s")),
+            _ms(s.median.get("tpot_p50_s")),
+            _num(s.median.get("output_tok_s")),
+            _num(s.median.get("goodput_req_s")),
+            ph,
+            "–" if mem is None else f"{mem / 1e6:.3g} MB",
+        )
+    return t
+
+
+def effects_table(study: Study) -> Table:
+    """Measured ratio against the first setting, its interval, the projection, the error."""
+    t = Table(title=f"effect against {study.knob}={study.values[0]}: measured vs projected")
+    for col in (study.knob, "metric", "measured", "interval", "verdict", "projected", "error"):
+        t.add_column(col)
+    for s in study.settings[1:]:
+        for e in s.effects:
+            c = e.change
+            if c.ratio is None:
+                continue
+            t.add_row(
+                s.value,
+                e.metric,
+                f"{c.ratio:.3f}x",
+                "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]",
+                c.verdict,
+                "–" if e.projected_ratio is None else f"{e.projected_ratio:.3f}x",
+                "–" if e.error is None else f"{100 * e.error:+.0f}%",
+            )
+    return t

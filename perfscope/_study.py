@@ -1,0 +1,385 @@
+"""``perfscope.study()``: vary one knob, everything else fixed, runs interleaved with repeats.
+
+Each knob is named as its ``perfscope run`` flag (``batch-size``, ``kv-heads``, ``dtype``,
+...) and maps one value onto the :class:`perfscope._api.RunArgs` of a run (a field, a
+model-shape override or a reference-engine option). The settings run interleaved, round
+after round (A B C A B C ...), so slow drifts of a shared machine hit every setting alike;
+:func:`perfscope.analysis.study.build_study` turns the runs into the study record, which
+is written to ``<runs dir>/studies/<stamp>-<name>.json`` (schema ``perfscope.study/1``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from perfscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from perfscope._api import RunArgs
+    from perfscope.analysis.study import Study
+
+__all__ = ["KNOBS", "Knob", "load_study", "study", "study_with"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob: what it changes and how a value is read.
+
+    Attributes:
+        name: the run flag name (``batch-size``).
+        kind: ``field`` (a :class:`RunArgs` field), ``shape`` (a ``model_overrides`` key)
+            or ``option`` (a reference-engine ``--engine-opt`` key).
+        target: the field, shape key or option key.
+        parse: text → value; raises ValueError with the reason.
+        help: one line for ``--help`` and error messages.
+    """
+
+    name: str
+    kind: str
+    target: str
+    parse: Callable[[str], Any]
+    help: str
+
+
+def _int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise ValueError("must be a whole number >= 1")
+    return v
+
+
+def _float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise ValueError("must be a positive number")
+    return v
+
+
+def _one_of(*choices: str, aliases: Mapping[str, str] | None = None) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        t = text.strip().lower()
+        t = (aliases or {}).get(t, t)
+        if t not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return t
+
+    return parse
+
+
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_ON_OFF = {"true": "on", "false": "off", "1": "on", "0": "off", "yes": "on", "no": "off"}
+
+#: Every knob a study can vary, by run flag name.
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob("batch-size", "field", "batch_size", _int, "most sequences decoded together"),
+        Knob(
+            "scheduler",
+            "field",
+            "scheduler",
+            _one_of("continuous", "static"),
+            "continuous or static batching",
+        ),
+        Knob(
+            "dtype",
+            "field",
+            "dtype",
+            _one_of("float32", "bfloat16", "float16", aliases=_DTYPE_ALIASES),
+            "weights, activations and KV cache dtype",
+        ),
+        Knob("concurrency", "field", "concurrency", _int, "closed-loop users"),
+        Knob("rate", "field", "rate", _float, "offered requests per second"),
+        Knob(
+            "model-preset",
+            "field",
+            "model_preset",
+            _one_of("tiny", "small", "medium", "1b", "7b"),
+            "reference model shape (distillation: a smaller student)",
+        ),
+        Knob("kv-heads", "shape", "n_kv_heads", _int, "KV heads: MHA = heads, GQA, MQA = 1"),
+        Knob("heads", "shape", "n_heads", _int, "query heads (pruning heads)"),
+        Knob("layers", "shape", "n_layers", _int, "transformer blocks (pruning layers)"),
+        Knob("hidden-size", "shape", "hidden_size", _int, "model width"),
+        Knob("intermediate-size", "shape", "intermediate_size", _int, "MLP width"),
+        Knob("threads", "option", "threads", _int, "torch.set_num_threads on CPU"),
+        Knob("kv-cache", "option", "kv_cache", _one_of("on", "off", aliases=_ON_OFF), "KV cache"),
+        Knob(
+            "quant",
+            "option",
+            "quant",
+            _one_of("none", "int8", "int8-wo"),
+            "int8 weights: dynamic int8 matmuls or weight-only",
+        ),
+        Knob(
+            "attention",
+            "option",
+            "attention",
+            _one_of("explicit", "sdpa"),
+            "explicit matmuls or torch SDPA",
+        ),
+        Knob(
+            "compile",
+            "option",
+            "compile",
+            _one_of("off", "on", aliases=_ON_OFF),
+            "torch.compile of each block (kernel fusion)",
+        ),
+    )
+}
+
+
+def _knob(name: str) -> Knob:
+    key = name.strip().lower().removeprefix("--").replace("_", "-")
+    if key not in KNOBS:
+        raise UsageError(f"unknown knob {name!r}: use one of {', '.join(KNOBS)}")
+    return KNOBS[key]
+
+
+def _values(knob: Knob, values: Sequence[Any]) -> list[tuple[str, Any]]:
+    if isinstance(values, str):
+        values = [v for v in values.split(",") if v.strip()]
+    if len(values) < 2:
+        raise UsageError(f"a study of {knob.name} needs at least two values, e.g. --values A,B")
+    out: list[tuple[str, Any]] = []
+    for v in values:
+        text = str(v).strip()
+        try:
+            out.append((text, knob.parse(text)))
+        except ValueError as exc:
+            why = str(exc) if "must" in str(exc) else "is not valid"
+            raise UsageError(f"{knob.name} value {text!r} {why} ({knob.help})") from None
+    labels = [t for t, _ in out]
+    if len(set(labels)) != len(labels):
+        raise UsageError(f"{knob.name} values repeat: {', '.join(labels)}")
+    return out
+
+
+def _apply(base: RunArgs, knob: Knob, value: Any) -> RunArgs:
+    if knob.kind == "field":
+        changes: dict[str, Any] = {knob.target: value}
+        if knob.target in ("rate", "concurrency"):
+            changes["mode"] = "online"
+        return replace(base, **changes)
+    if knob.kind == "shape":
+        shape = dict(base.model_overrides or {})
+        shape[knob.target] = value
+        return replace(base, model_overrides=shape)
+    opts = dict(base.engine_options)
+    opts[knob.target] = str(value)
+    return replace(base, engine_options=opts)
+
+
+def _length(value: int | str) -> int:
+    """A fixed token count of a length spec (the mean of ``uniform:A:B``/``normal:M:S``)."""
+    if isinstance(value, int):
+        return value
+    parts = str(value).split(":")
+    try:
+        if len(parts) == 1:
+            return int(parts[0])
+        if parts[0] == "uniform":
+            return round((float(parts[1]) + float(parts[2])) / 2)
+        return round(float(parts[1]))
+    except (ValueError, IndexError):
+        raise UsageError(f"cannot read a token count from {value!r}") from None
+
+
+def _batch(a: RunArgs, requests: int) -> int:
+    """Sequences decoded together as the projection assumes (before the run)."""
+    b = min(a.batch_size, requests)
+    if a.concurrency is not None:
+        b = min(b, a.concurrency)
+    return max(b, 1)
+
+
+def study_with(
+    base: RunArgs,
+    knob: str,
+    values: Sequence[Any] | str,
+    *,
+    repeat: int = 3,
+    name: str | None = None,
+    log: Callable[[str], None] | None = None,
+    quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+) -> Study:
+    """:func:`study` from a :class:`RunArgs` record of the fixed options."""
+    from perfscope._api import _whole, execute, plan
+    from perfscope.analysis.study import build_study
+    from perfscope.profiler.store import default_runs_root, write_json_atomic
+
+    say = log or (lambda line: None)
+    k = _knob(knob)
+    parsed = _values(k, values)
+    repeat = _whole(repeat, "repeat", 1)
+    label = name or f"study-{k.name}"
+    settings = [_apply(base, k, v) for _, v in parsed]
+    plans = [
+        plan(replace(s, name=f"{label}-{t}")) for s, (t, _) in zip(settings, parsed, strict=True)
+    ]
+    for s in settings:  # reference-engine options and shapes are checked here, not mid-study
+        _check_engine(s)
+    runs: list[tuple[int, int, str, Mapping[str, Any]]] = []
+    for rnd in range(repeat):
+        for i, p in enumerate(plans):
+            say(f"study: round {rnd + 1}/{repeat}, {k.name}={parsed[i][0]} ...")
+            out = execute(p)
+            if out.status != "complete":
+                raise UsageError(
+                    f"the run for {k.name}={parsed[i][0]} {out.status}: {out.error} "
+                    f"(captured data is in {out.path})"
+                )
+            runs.append((rnd, i, str(out.path), out.summary))
+    requests = plans[0].options.workload.requests or base.default_requests
+    prompt_len, output_len = _length(base.prompt_len), _length(base.output_len or 128)
+    stamp = datetime.now(UTC)
+    quality_rows = [quality(_args_record(s)) for s in settings] if quality is not None else None
+    result = build_study(
+        k.name,
+        [t for t, _ in parsed],
+        repeat,
+        runs,
+        batches=[_batch(s, requests) for s in settings],
+        prompt_len=prompt_len,
+        output_len=output_len,
+        kv_cache=[s.engine_options.get("kv_cache", "on") != "off" for s in settings],
+        args=_args_record(base),
+        created_at=stamp.isoformat(timespec="seconds"),
+        quality=quality_rows,
+    )
+    root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
+    path = root / "studies" / f"{stamp.strftime('%Y%m%d-%H%M%S')}-{label}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = replace(result, path=str(path))
+    write_json_atomic(path, result.to_dict())
+    return result
+
+
+def _check_engine(a: RunArgs) -> None:
+    """Build-time checks of the reference engine (shape, options) without building it."""
+    if a.engine != "reference":
+        return
+    from perfscope.profiler.engines.reference.model import PRESETS
+
+    preset = PRESETS.get(a.model_preset or "small")
+    if preset is None:
+        return  # the run's own check names it
+    try:
+        preset.with_overrides(**dict(a.model_overrides or {}))
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"reference model: {exc}") from exc
+    if a.engine_options.get("quant") == "int8" and a.dtype not in (None, "float32"):
+        raise UsageError("quant=int8 (dynamic int8 matmuls) runs in float32 only")
+
+
+def _args_record(a: RunArgs) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in (
+        "engine",
+        "requests",
+        "prompt_len",
+        "output_len",
+        "warmup",
+        "seed",
+        "mode",
+        "rate",
+        "concurrency",
+        "batch_size",
+        "scheduler",
+        "dtype",
+        "model_preset",
+        "model_overrides",
+        "slos",
+    ):
+        v = getattr(a, key)
+        out[key] = dict(v) if isinstance(v, Mapping) else v if not callable(v) else repr(v)
+    out["engine_options"] = {
+        k: str(v) for k, v in a.engine_options.items() if k not in ("api_key",)
+    }
+    record: dict[str, Any] = json.loads(json.dumps(out, default=str))
+    return record
+
+
+def study(
+    knob: str,
+    values: Sequence[Any] | str,
+    *,
+    engine: Any = "reference",
+    repeat: int = 3,
+    requests: int | None = 16,
+    warmup: int = 2,
+    slos: Mapping[str, float | str] | None = None,
+    runs_dir: str | Path | None = None,
+    name: str | None = None,
+    log: Callable[[str], None] | None = None,
+    quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    **options: Any,
+) -> Study:
+    """Vary one knob with everything else fixed; measure each setting next to what the
+    what-if model projected for it.
+
+    ::
+
+        s = perfscope.study("kv-heads", [8, 2, 1], model_preset="small", repeat=3)
+        for setting in s.settings:
+            print(setting.value, setting.median["tpot_p50_s"], setting.memory["total_bytes"])
+        print(s.effect("1", "tpot_p50_s"))   # measured ratio, interval, projection, error
+
+    Args:
+        knob: a run flag name (see :data:`KNOBS`): ``batch-size``, ``scheduler``,
+            ``dtype``, ``concurrency``, ``rate``, ``model-preset``, ``kv-heads``,
+            ``heads``, ``layers``, ``threads``, ``kv-cache``, ``quant``, ``attention``,
+            ``compile`` ...
+        values: the settings, the first being the baseline (a list or ``"A,B,C"``).
+        engine: as in :func:`perfscope.run`.
+        repeat: runs per setting (interleaved); 1 gives ratios without intervals.
+        requests: measured requests per run (16).
+        warmup: warmup requests per run, excluded from the statistics (2).
+        slos: per-request limits for goodput, as in :func:`perfscope.run`.
+        runs_dir: root of the runs and of ``studies/``.
+        name: name of the runs and of the study file (default ``study-KNOB``).
+        log: receives one line per run.
+        quality: called once per setting with its options (``model_preset``, ``dtype``,
+            ``model_overrides``, ``engine_options`` ...); what it returns (e.g. top-1
+            agreement with the baseline model) is stored as the setting's ``quality``.
+        **options: any other keyword of :func:`perfscope.run` (held fixed).
+
+    Returns:
+        The :class:`perfscope.analysis.study.Study`, also stored as JSON at ``.path``.
+
+    Raises:
+        perfscope.errors.UsageError: an unknown knob or value, bad options, or a run that
+            did not complete (its captured data is kept).
+    """
+    from perfscope._api import _RUN_ARG_NAMES, RunArgs
+
+    if k := {"knob", "values"} & set(options):
+        raise UsageError(f"study() takes {', '.join(sorted(k))} once")
+    run_fields = {k: v for k, v in options.items() if k in _RUN_ARG_NAMES}
+    extra = {k: v for k, v in options.items() if k not in _RUN_ARG_NAMES}
+    base = RunArgs(
+        engine=engine,
+        requests=requests,
+        warmup=warmup,
+        slos=slos,
+        runs_dir=runs_dir,
+        engine_options=extra,
+        **run_fields,
+    )
+    return study_with(base, knob, values, repeat=repeat, name=name, log=log, quality=quality)
+
+
+def load_study(path: str | Path) -> Study:
+    """Read a stored study JSON back into a :class:`~perfscope.analysis.study.Study`."""
+    from perfscope.analysis.study import Study
+
+    try:
+        data = json.loads(Path(path).read_text())
+        return Study.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"cannot read study {path}: {exc}") from exc

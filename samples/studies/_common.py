@@ -1,0 +1,144 @@
+"""Shared driver of the study samples: run one ``perfscope.study`` and print its tables as
+Markdown (the numbers in each write-up come from this output). Public names only."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import perfscope
+
+#: What a ``--smoke`` run uses: tiny model, few tokens, one run per setting.
+SMOKE = {
+    "model_preset": "tiny",
+    "requests": 2,
+    "warmup": 0,
+    "prompt_len": 8,
+    "output_len": 4,
+    "repeat": 1,
+}
+
+
+def _ms(v: Any) -> str:
+    return "–" if v is None else f"{v * 1e3:.3g}"
+
+
+def _r(v: Any) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def markdown(s: Any) -> str:
+    """The study's settings table and its effects table, as Markdown."""
+    lines = [
+        f"| {s.knob} | TTFT p50 ms | TPOT p50 ms | output tok/s | memory MB | prefill | decode |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for st in s.settings:
+        ph = st.runs[0].phases
+
+        def v(p: str, ph: Any = ph) -> str:
+            x = ph.get(p)
+            if x is None:
+                return "–"
+            return f"{x.verdict}, MFU {100 * (x.mfu or 0):.2g}%, MBU {100 * (x.mbu or 0):.2g}%"
+
+        mem = st.memory.get("total_bytes")
+        lines.append(
+            f"| {st.value} | {_ms(st.median['ttft_p50_s'])} | {_ms(st.median['tpot_p50_s'])} "
+            f"| {_r(st.median['output_tok_s'])} | {'–' if mem is None else f'{mem / 1e6:.3g}'} "
+            f"| {v('prefill')} | {v('decode')} |"
+        )
+    lines += [
+        "",
+        f"| {s.knob} | metric | measured ratio | 95% interval | verdict "
+        "| projected (derated) | error | roofline alone (SoL) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keys = {"ttft_p50_s": "ttft_s", "tpot_p50_s": "tpot_s", "output_tok_s": "throughput_tok_s"}
+    for st in s.settings[1:]:
+        for e in st.effects:
+            if e.metric not in keys:
+                continue
+            c = e.change
+            ci = "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
+            sol = ((st.projection or {}).get("sol_ratios") or {}).get(keys[e.metric])
+            err = "–" if e.error is None else f"{100 * e.error:+.0f}%"
+            lines.append(
+                f"| {st.value} | {e.metric} | {_r(c.ratio)} | {ci} | {c.verdict} "
+                f"| {_r(e.projected_ratio)} | {err} | {_r(sol)} |"
+            )
+    q = [(st.value, st.quality) for st in s.settings if st.quality]
+    if q:
+        lines += [
+            "",
+            f"| {s.knob} | top-1 agreement with baseline | perplexity | baseline perplexity |",
+            "|---|---|---|---|",
+        ]
+        for value, qual in q:
+            lines.append(
+                f"| {value} | {qual['top1_agreement']:.3f} | {qual['candidate_perplexity']:.3f} "
+                f"| {qual['reference_perplexity']:.3f} |"
+            )
+    lines += ["", *[f"- note: {n}" for n in s.notes], f"- study file: `{s.path}`"]
+    return "\n".join(lines)
+
+
+def quality_hook() -> Callable[[dict[str, Any]], Any]:
+    """A study ``quality`` hook: top-1 agreement and perplexity of each setting's model
+    against the first setting's (the study calls it in setting order; both models are
+    built exactly as the engine builds them)."""
+    from perfscope.profiler.engines.base import EngineOptions
+    from perfscope.profiler.engines.reference.engine import ReferenceEngine
+    from perfscope.profiler.engines.reference.train import quality
+
+    def build(args: dict[str, Any]) -> Any:
+        opts = EngineOptions(
+            model_preset=args.get("model_preset"),
+            dtype=args.get("dtype"),
+            model_overrides=dict(args.get("model_overrides") or {}),
+            extra={k: str(v) for k, v in (args.get("engine_options") or {}).items()},
+            device="cpu",
+        )
+        return ReferenceEngine("reference", opts).model
+
+    ref: list[Any] = []
+
+    def hook(args: dict[str, Any]) -> Any:
+        model = build(args)
+        if not ref:
+            ref.append(model)
+        return quality(ref[0], model)
+
+    return hook
+
+
+def run_study(
+    knob: str,
+    values: str,
+    *,
+    doc: str,
+    smoke_values: str | None = None,
+    smoke: dict[str, Any] | None = None,
+    with_quality: bool = False,
+    **options: Any,
+) -> Any:
+    """Parse ``--smoke``, run the study, print Markdown; returns the study."""
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--smoke", action="store_true", help="a few seconds: tiny, 1 run each")
+    ap.add_argument("--runs-dir", default=None)
+    a = ap.parse_args()
+    opts = dict(options)
+    if a.smoke:
+        opts.update(SMOKE)
+        opts.update(smoke or {})
+        opts.pop("weights", None)  # training takes a minute; the smoke uses random weights
+        values = smoke_values or values
+    runs_dir = a.runs_dir or tempfile.mkdtemp(prefix="perfscope-study-")
+    hook = quality_hook() if with_quality else None
+    s = perfscope.study(
+        knob, values, runs_dir=runs_dir, telemetry=False, seed=0, quality=hook, **opts
+    )
+    print(markdown(s))
+    return s

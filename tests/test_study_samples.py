@@ -1,0 +1,35 @@
+"""Every study sample in ``samples/studies`` runs in its smoke mode (tiny model, seconds)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import subprocess_env
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "studies"
+SCRIPTS = sorted(p for p in SAMPLES.glob("*.py") if not p.name.startswith("_"))
+
+
+def test_every_sample_has_a_write_up() -> None:
+    assert len(SCRIPTS) >= 10
+    missing = [p.name for p in SCRIPTS if not p.with_suffix(".md").exists()]
+    assert missing == []
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_sample_smoke_run_prints_its_measured_table(script: Path, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--runs-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=SAMPLES,
+        env=subprocess_env(PERFSCOPE_CACHE_DIR=str(tmp_path / "cache")),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| measured ratio |" in out.stdout
+    assert list((tmp_path / "studies").glob("*.json"))
