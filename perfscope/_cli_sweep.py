@@ -384,11 +384,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     a.add_argument(
         "--runs-dir",
-        type=Path,
+        type=runs_dir,
         default=None,
         help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )
-    a.add_argument("--runs-dir", type=runs_dir, default=None)
     a.add_argument("--name", default="sweep", help="name prefix of the point runs")
     a.add_argument("--json", action="store_true", help="print the sweep summary as JSON")
     p.set_defaults(handler=_cmd_sweep)

@@ -136,9 +136,6 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="requests run first and excluded from statistics (default 0)",
     )
     w.add_argument(
-        "--seed", type=int, default=0, help="seeds lengths, arrivals and weights (default 0)"
-    )
-    w.add_argument(
         "--seed",
         type=int,
         default=None,
