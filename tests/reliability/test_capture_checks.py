@@ -103,18 +103,23 @@ def test_partial_failure_stays_exit_0_and_is_reported(tmp_path: Path) -> None:
 
 
 def test_timeout_applies_to_a_batching_engine_too(tmp_path: Path) -> None:
-    """The reference engine queues requests (batch size 1): the later ones pass --timeout."""
+    """The reference engine queues requests (batch size 1): the later ones pass --timeout.
+
+    Sized so that, however fast the machine, the last request cannot finish in time: each
+    request decodes 1,000 tokens one step at a time, and the last waits for three others."""
     res = cli(
         "run",
         "reference",
         "--model-preset",
         "tiny",
         "--requests",
-        "6",
+        "4",
+        "--prompt-len",
+        "8",
         "--batch-size",
         "1",
         "--output-len",
-        "64",
+        "1000",
         "--timeout",
         "0.3",
         "--no-progress",
@@ -130,4 +135,4 @@ def test_timeout_applies_to_a_batching_engine_too(tmp_path: Path) -> None:
     assert len(errors) >= 1
     assert errors.str.startswith("timeout: no end after 0.3 s").all(), errors.tolist()
     # A timed-out request's later tokens were not counted.
-    assert (reqs.loc[reqs["error"].notna(), "output_tokens"] < 64).all()
+    assert (reqs.loc[reqs["error"].notna(), "output_tokens"] < 1000).all()
