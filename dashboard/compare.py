@@ -146,10 +146,15 @@ def ratio_cells(row: dict[str, Any], i: int) -> tuple[str, str, str, str]:
     """Display texts of set ``i`` against the baseline: ratio, interval, noise band and
     change (``noise unknown`` for single runs)."""
     r, ci, noise = row["ratios"][i], row["ci"][i], (row.get("noise") or [None] * (i + 1))[i]
-    ratio = "n/a" if r is None else f"{r:.3f}x"
-    interval = "" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+    ratio = "n/a (a value is missing)" if r is None else f"{r:.3f}x"
+    if ci:
+        interval = f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+    elif r is None:
+        interval = "n/a (a value is missing)"
+    else:
+        interval = "n/a (single runs: repeat them for an interval)"
     band = "unknown" if noise is None else f"±{100 * noise:.1f}%"
-    return ratio, interval, band, str(row["change"][i] or "")
+    return ratio, interval, band, str(row["change"][i] or "n/a (a value is missing)")
 
 
 _CHANGE_STYLE = {

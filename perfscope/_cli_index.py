@@ -67,7 +67,7 @@ def print_rows(
 
 
 def _cmd_index(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.profiler.index import open_index
+    from perfscope._index import open_index
 
     root = runs_root(args)
     with open_index(root, rebuild=args.rebuild) as index:
@@ -84,8 +84,8 @@ def _cmd_index(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_query(args: argparse.Namespace, console: Console) -> int:
+    from perfscope._index import ALL_COLUMN_NAMES, INDEX_COLUMNS, open_index
     from perfscope.errors import UsageError
-    from perfscope.profiler.index import ALL_COLUMN_NAMES, INDEX_COLUMNS, open_index
 
     if args.columns:
         docs = {c.name: (c.sql_type, c.doc) for c in INDEX_COLUMNS}

@@ -467,7 +467,7 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
 def _ls_where(root: Path, args: argparse.Namespace, console: Console) -> int:
     """``ls --where``: the listing answered by the run index (fast over thousands of runs)."""
     from perfscope._cli_index import print_rows
-    from perfscope.profiler.index import open_index
+    from perfscope._index import open_index
 
     cols = (
         "run_id, state, name, engine_kind, requests, failed, ttft_p50_s, tpot_p50_s, "

@@ -154,7 +154,8 @@ def test_a_calibration_taken_under_contention_is_only_provisional(
     calibrate_module = sys.modules["perfscope.hwdb.calibrate"]  # the function shadows it
 
     spin = "import time; end = time.time() + 25\nwhile time.time() < end: pass"
-    cmd = f"{sys.executable} -c {shlex.quote(spin)} & echo $!; "
+    # (stdout to /dev/null: a spinner holding the pipe would make subprocess.run wait 25 s)
+    cmd = f"{sys.executable} -c {shlex.quote(spin)} >/dev/null 2>&1 & echo $!; "
     # two spinning strangers (not our children) on this machine's cores; their pids are
     # kept so they stop with the test instead of loading the tests that follow
     out = subprocess.run(["sh", "-c", cmd + cmd], check=True, capture_output=True, text=True)

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("duckdb")
 
+from perfscope._index import INDEX_FILE, open_index
 from perfscope.cli import main
 from perfscope.errors import UsageError
-from perfscope.profiler.index import INDEX_FILE, open_index
 from tests.data.runs.builders import manual_run
 
 

@@ -38,6 +38,7 @@ from perfscope.profiler.engines.reference.model import (
     ReferenceConfig,
     ReferenceModel,
 )
+from perfscope.profiler.store import write_stream_atomic
 
 __all__ = [
     "TrainConfig",
@@ -183,9 +184,8 @@ def _train(cfg: TrainConfig, path: Path, meta: Path) -> TrainResult:
         opt.step()
     seconds = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(model.state_dict(), tmp)
-    tmp.replace(path)
+    state = model.state_dict()
+    write_stream_atomic(path, lambda f: torch.save(state, f))
     meta.write_text(
         json.dumps(
             {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfscope.analysis.catalogue import value_at
 from perfscope.errors import UsageError
 from perfscope.profiler.store import manifest_problems, run_state
 
@@ -172,14 +173,6 @@ class RefreshStats:
     note: str | None = None
 
 
-def _dig(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(part)
-    return obj
-
-
 def _coerce(value: Any, sql_type: str) -> Any:
     """The value as the column's type, or None when it does not fit (never raises)."""
     if value is None:
@@ -234,7 +227,7 @@ def _row(run_path: str, stats: tuple[int, int, int, int]) -> dict[str, Any]:
         return row
     sources = {"manifest": manifest, "summary": summary or {}}
     for col in INDEX_COLUMNS:
-        raw = _dig(sources[col.source], col.path)
+        raw = value_at(sources[col.source], col.path)
         value = _coerce(raw, col.sql_type)
         row[col.name] = value
     warnings = summary.get("warnings") if summary else None
