@@ -13,6 +13,7 @@ from pathlib import Path
 __all__ = [
     "MAX_REQUESTS",
     "TORCH_DTYPES",
+    "add_runs_dir",
     "device",
     "key_value",
     "nonneg_int",
@@ -118,4 +119,14 @@ def torch_dtype(text: str) -> str:
         return t
     raise argparse.ArgumentTypeError(
         f"expected fp32, bf16 or fp16 (or float32, bfloat16, float16), got {text!r}"
+    )
+
+
+def add_runs_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The ``--runs-dir`` flag every command that reads or writes runs takes."""
+    p.add_argument(
+        "--runs-dir",
+        type=runs_dir,
+        default=None,
+        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
     )

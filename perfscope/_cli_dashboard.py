@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from perfscope._argtypes import runs_dir
+from perfscope._argtypes import add_runs_dir
 from perfscope.errors import UsageError
 
 __all__ = ["register"]
@@ -46,12 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "127.0.0.1 unless --host says otherwise; new runs appear without a restart."
         ),
     )
-    p.add_argument(
-        "--runs-dir",
-        type=runs_dir,
-        default=None,
-        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
-    )
+    add_runs_dir(p)
     p.add_argument(
         "--host",
         default=None,

@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from perfscope._argtypes import add_runs_dir
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,11 +25,10 @@ __all__ = ["print_rows", "register", "runs_root"]
 
 
 def runs_root(args: argparse.Namespace) -> Path:
-    # Not perfscope.profiler.store.default_runs_root: importing the store loads pandas, which
-    # would cost more than the whole query.
-    if args.runs_dir is not None:
-        return Path(args.runs_dir)
-    return Path(os.environ.get("PERFSCOPE_RUNS_DIR") or "perfscope-runs")
+    """``--runs-dir``, else the run store's default root."""
+    from perfscope.profiler.store import default_runs_root
+
+    return Path(args.runs_dir) if args.runs_dir is not None else default_runs_root()
 
 
 def _jsonable(v: Any) -> Any:
@@ -102,15 +102,6 @@ def _cmd_query(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _add_runs_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--runs-dir",
-        type=Path,
-        default=None,
-        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
-    )
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``index`` and ``query`` to the CLI."""
     p = sub.add_parser(
@@ -119,7 +110,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Bring <runs root>/.perfscope-index.duckdb up to date: only runs whose "
         "manifest.json or summary.json changed are re-read.",
     )
-    _add_runs_dir(p)
+    add_runs_dir(p)
     p.add_argument("--rebuild", action="store_true", help="re-read every run (default: changed)")
     p.set_defaults(handler=_cmd_index)
 
@@ -133,5 +124,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("sql", nargs="?", default=None, help="the SQL query")
     p.add_argument("--columns", action="store_true", help="list the columns of 'runs'")
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
-    _add_runs_dir(p)
+    add_runs_dir(p)
     p.set_defaults(handler=_cmd_query)

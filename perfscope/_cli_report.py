@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfscope._argtypes import positive_int, runs_dir
+from perfscope._argtypes import add_runs_dir, positive_int
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -86,15 +86,6 @@ def _confidence(text: str) -> float:
     return v
 
 
-def _runs_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--runs-dir",
-        type=runs_dir,
-        default=None,
-        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
-    )
-
-
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``report``, ``compare`` and ``export`` commands."""
     p = subparsers.add_parser(
@@ -111,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=100,
         help="rows of the per-request table (default 100)",
     )
-    _runs_dir(p)
+    add_runs_dir(p)
     p.add_argument("--json", action="store_true", help="print {path, bytes} as JSON")
     p.set_defaults(handler=_cmd_report)
 
@@ -159,7 +150,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="comparison HTML file (with --report; default ./perfscope-compare.html)",
     )
-    _runs_dir(p)
+    add_runs_dir(p)
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(handler=_cmd_compare)
 
@@ -183,7 +174,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="file (perfetto, json; '-' for stdout) or folder (csv); default: in the run directory",
     )
-    _runs_dir(p)
+    add_runs_dir(p)
     p.set_defaults(handler=_cmd_export)
 
 

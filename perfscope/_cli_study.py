@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from perfscope._argtypes import add_runs_dir
+
 if TYPE_CHECKING:
     from perfscope.analysis.study import Study
 
@@ -73,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     a.add_argument("--slo", action="append", default=[], metavar="METRIC=DURATION")
     a.add_argument("--hw", default=None, help="device to analyse against (default: detect)")
     a.add_argument("--no-telemetry", action="store_true", help="do not sample the hardware")
-    a.add_argument("--runs-dir", type=Path, default=None)
+    add_runs_dir(a)
     a.add_argument("--name", default=None, help="name of the runs and the study file")
     a.add_argument("--json", action="store_true", help="print the study JSON")
     a.add_argument("-o", "--output", type=Path, default=None, help="write the study report HTML")

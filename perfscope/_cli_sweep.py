@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from perfscope._argtypes import nonneg_int, request_count, runs_dir
+from perfscope._argtypes import add_runs_dir, nonneg_int, request_count
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -382,12 +382,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("e2e_p50", "e2e_p99", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"),
         help="latency the knee is found on (default e2e_p50)",
     )
-    a.add_argument(
-        "--runs-dir",
-        type=runs_dir,
-        default=None,
-        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
-    )
+    add_runs_dir(a)
     a.add_argument("--name", default="sweep", help="name prefix of the point runs")
     a.add_argument("--json", action="store_true", help="print the sweep summary as JSON")
     p.set_defaults(handler=_cmd_sweep)

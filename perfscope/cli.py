@@ -20,13 +20,13 @@ from rich.console import Console
 
 from perfscope import __version__
 from perfscope._argtypes import (
+    add_runs_dir,
     device,
     key_value,
     nonneg_int,
     number,
     positive_int,
     request_count,
-    runs_dir,
     torch_dtype,
 )
 from perfscope.errors import PerfscopeError, StorageError, UsageError
@@ -82,15 +82,6 @@ class _Parser(argparse.ArgumentParser):
                 hint = f"; did you mean {close[0]!r}?"
         sys.stderr.write(f"error: {message}{hint} (see '{target.prog} --help')\n")
         sys.exit(2)
-
-
-def _add_runs_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument(
-        "--runs-dir",
-        type=runs_dir,
-        default=None,
-        help="root folder of runs (default: $PERFSCOPE_RUNS_DIR or ./perfscope-runs)",
-    )
 
 
 def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -312,7 +303,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a second engine to compare with: runs alternate A B A B (--repeat each) and "
         "the comparison is printed at the end",
     )
-    _add_runs_dir(a)
+    add_runs_dir(a)
     a.add_argument(
         "--name", default=None, help="short name in the run id (default: the engine kind)"
     )
@@ -499,12 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", help="print the summary of a stored run")
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
-    _add_runs_dir(p)
+    add_runs_dir(p)
     p.add_argument("--json", action="store_true", help="print summary.json instead of tables")
     p.set_defaults(handler=_cmd_show)
 
     p = sub.add_parser("ls", help="list stored runs, newest first")
-    _add_runs_dir(p)
+    add_runs_dir(p)
     p.add_argument("--limit", type=positive_int, default=50, help="newest N runs (default 50)")
     p.add_argument("--json", action="store_true", help="print JSON to stdout instead of a table")
     p.add_argument(
@@ -518,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="recompute a run's summary from its raw records")
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
-    _add_runs_dir(p)
+    add_runs_dir(p)
     p.add_argument(
         "--slo",
         action="append",

@@ -33,10 +33,15 @@ class Clock(Protocol):
 
 
 class MonotonicClock:
-    """``time.perf_counter_ns`` shifted so that the run starts at 0."""
+    """``time.perf_counter_ns`` shifted so that the run starts at 0.
 
-    def __init__(self) -> None:
-        self._origin_ns = time.perf_counter_ns()
+    Args:
+        origin_ns: the raw ``perf_counter_ns`` reading that maps to 0 (default: now); 0 keeps
+            raw readings, as a distributed load actor does.
+    """
+
+    def __init__(self, origin_ns: int | None = None) -> None:
+        self._origin_ns = time.perf_counter_ns() if origin_ns is None else origin_ns
         self._started_at = datetime.now(UTC)
 
     @property

@@ -35,10 +35,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from perfscope.errors import UsageError
+from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
 
@@ -272,30 +272,6 @@ def boot_id() -> str | None:
 # --- the actor ---------------------------------------------------------------------------
 
 
-class _RawClock:
-    """``perf_counter_ns`` itself (origin 0): actors stamp absolute readings."""
-
-    def __init__(self) -> None:
-        self._started_at = datetime.now(UTC)
-
-    @property
-    def started_at(self) -> datetime:
-        return self._started_at
-
-    def now_ns(self) -> int:
-        return time.perf_counter_ns()
-
-    def sleep_until_ns(self, t_ns: int) -> None:
-        while True:
-            remaining = t_ns - time.perf_counter_ns()
-            if remaining <= 0:
-                return
-            if remaining > 2_000_000:
-                time.sleep((remaining - 1_000_000) / 1e9)
-            elif remaining > 200_000:
-                time.sleep(0)
-
-
 class LoadActor:
     """One load generator: its own engine, recorder and clock (a Ray actor class body).
 
@@ -308,7 +284,8 @@ class LoadActor:
         from perfscope.profiler.engines.base import EngineOptions, create_engine
 
         self._engine = create_engine(engine_uri, EngineOptions(**options))
-        self._recorder = Recorder(_RawClock())
+        # Raw perf_counter_ns readings (origin 0): the driver shifts them onto its run clock.
+        self._recorder = Recorder(MonotonicClock(origin_ns=0))
         self._lock = threading.Lock()
         self._finished: list[int] = []
         self._recorder.add_finish_listener(self._on_finish)
