@@ -276,14 +276,25 @@ def _no_success_error(recorder: Recorder) -> tuple[int, str | None]:
     )
 
 
-def _model_from_hf_config(path: str, dtype: str | None) -> dict[str, Any] | None:
-    """ModelSpec fields of a local HF model, in the dtype it runs in (logits: last position)."""
+def _model_from_hf_config(
+    path: str, dtype: str | None, *, mla_absorbed: bool = True
+) -> dict[str, Any] | None:
+    """ModelSpec fields of a local HF model, in the dtype it runs in (logits: last position).
+
+    ``mla_absorbed`` is the engine's own statement of how it runs multi-head latent
+    attention: ``True`` for serving engines that absorb the up-projections (vLLM, SGLang),
+    ``False`` for HF transformers, which expands the latent for every attended token.
+    """
+    from dataclasses import replace
+
     from perfscope.analysis.modelspec import ModelSpec
 
     try:
         spec = ModelSpec.from_hf_config(path)
     except PerfscopeError:
         return None
+    if spec.is_mla and spec.mla_absorbed != mla_absorbed:
+        spec = replace(spec, mla_absorbed=mla_absorbed)
     if dtype:
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
         spec = spec.with_dtypes(weight_dtype=short, kv_dtype=short, act_dtype=short)
@@ -352,7 +363,11 @@ def execute_run(
     # A server's model (openai:) is known from its config: --engine-opt hf_config=PATH.
     hf_config = info.config.get("hf_config") or eopts.extra.get("hf_config")
     if info.model is None and hf_config:
-        info.model = _model_from_hf_config(str(hf_config), info.dtype)
+        info.model = _model_from_hf_config(
+            str(hf_config),
+            info.dtype,
+            mla_absorbed=bool(info.config.get("mla_absorbed", True)),
+        )
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:

@@ -60,3 +60,50 @@ def test_hf_engine_records_steps_and_a_model_spec_from_config(
 def test_hf_engine_needs_a_local_model_folder(tmp_path: Path) -> None:
     with pytest.raises(EngineNotFoundError, match="local model folder"):
         create_engine(f"hf:{tmp_path / 'nowhere'}")
+
+
+@pytest.fixture(scope="module")
+def tiny_mla(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        first_k_dense_replace=2,  # dense MLPs only: the test is about attention
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=0,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+    )
+    model = transformers.DeepseekV3ForCausalLM(cfg)
+    path = tmp_path_factory.mktemp("tiny-mla")
+    model.save_pretrained(path)
+    return path
+
+
+def test_hf_engine_prices_mla_attention_as_expanded_not_absorbed(
+    tiny_mla: Path, runs_dir: Path
+) -> None:
+    """transformers expands the MLA latent per attended token; the spec must say so, or
+    decode's FLOPs and bytes would be those of vLLM's absorbed kernel."""
+    opts = RunOptions(
+        engine=f"hf:{tiny_mla}",
+        workload=WorkloadConfig(
+            requests=2, prompt_len=LengthDist("constant", 8), output_len=LengthDist("constant", 4)
+        ),
+        engine_options=EngineOptions(batch_size=2),
+        runs_dir=runs_dir,
+        telemetry=TelemetryConfig(enabled=False),
+    )
+    out = execute_run(opts)
+    assert out.status == "complete"
+    model = out.summary["model"]
+    assert model["kv_lora_rank"] == 16
+    assert model["mla_absorbed"] is False

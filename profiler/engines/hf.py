@@ -106,6 +106,9 @@ class HFEngine:
                 "tokenizer": self.tokenizer is not None,
                 "device_name": dev_name,
                 "torch": self.torch.__version__,
+                # transformers expands an MLA latent to per-head K/V for every attended
+                # token (no absorbed up-projections): the cost model must price that.
+                "mla_absorbed": False,
             },
         )
 
