@@ -43,6 +43,7 @@ import pandas as pd
 from perfscope.analysis.catalogue import format_number, format_ratio, format_seconds, format_si
 from perfscope.analysis.costmodel import (
     kv_bytes_per_token,
+    kv_cache_bytes_per_sequence,
     operator_class_costs,
     step_costs,
     weight_bytes,
@@ -231,6 +232,18 @@ def _evidence(phase: str, r: dict[str, Any], device_name: str, threshold: float)
 # ---------------------------------------------------------------------- per phase
 
 
+def _kv_held(model: ModelSpec, tokens: float, rows: float | None) -> float:
+    """KV-cache bytes of ``tokens`` cached tokens split evenly over ``rows`` sequences,
+    each capped at the model's context (bytes)."""
+    if rows is None:
+        return tokens * kv_bytes_per_token(model)
+    n = max(round(rows), 1)
+    per_seq = tokens / n
+    if model.max_position_embeddings:
+        per_seq = min(per_seq, float(model.max_position_embeddings))
+    return n * kv_cache_bytes_per_sequence(model, per_seq)
+
+
 def phase_roofline(
     phase: str,
     *,
@@ -243,6 +256,7 @@ def phase_roofline(
     batch_size_mean: float,
     context_tokens_mean: float,
     max_context_tokens: float,
+    max_context_rows: float | None = None,
     overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
     estimated: bool = False,
     energy: dict[str, Any] | None = None,
@@ -259,10 +273,13 @@ def phase_roofline(
         context_tokens_mean: mean cached tokens per row.
         max_context_tokens: the largest KV-cache occupancy (tokens, summed over rows) seen,
             for the working set.
+        max_context_rows: the sequences that occupancy was split over (each holds at most
+            the model's context, its sliding-window layers at most their window); ``None``:
+            unknown, every layer keeps every token.
     """
     dtype = model.act_dtype
     peak = device.peak_flops_for(dtype)
-    working_set = weight_bytes(model) + max_context_tokens * kv_bytes_per_token(model)
+    working_set = weight_bytes(model) + _kv_held(model, max_context_tokens, max_context_rows)
     bw, level, fits = memory_ceiling(device, working_set)
     flops, nbytes = float(costs["flops"]), float(costs["bytes"])
     intensity = flops / nbytes if nbytes > 0 else math.inf
@@ -431,6 +448,7 @@ def _phases_from_steps(
             batch_size_mean=float(b.mean()),
             context_tokens_mean=float(c.sum() / max(b.sum(), 1.0)),
             max_context_tokens=float(np.max(c + n)),
+            max_context_rows=float(b[int(np.argmax(c + n))]),
             overhead_threshold=threshold,
             energy=(energy or {}).get(phase),
         )
@@ -516,6 +534,7 @@ def _phases_from_timeline(
         batch_size_mean=ttft_sum / t_pref if t_pref > 0 else 1.0,
         context_tokens_mean=0.0,
         max_context_tokens=float(prompt.max()),
+        max_context_rows=1.0,
         overhead_threshold=threshold,
         estimated=True,
         energy=(energy or {}).get("prefill"),
@@ -570,6 +589,7 @@ def _phases_from_timeline(
         batch_size_mean=float(np.sum(n_act * dt) / t_dec) if t_dec > 0 else 0.0,
         context_tokens_mean=float(np.sum(ctx * dt) / max(float(np.sum(n_act * dt)), 1e-30)),
         max_context_tokens=float(ctx.max()) if len(ctx) else 0.0,
+        max_context_rows=float(n_act[int(np.argmax(ctx))]) if len(ctx) else 1.0,
         overhead_threshold=threshold,
         estimated=True,
         energy=(energy or {}).get("decode"),

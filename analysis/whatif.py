@@ -25,7 +25,7 @@ import numpy as np
 
 from perfscope.analysis.catalogue import format_seconds
 from perfscope.analysis.costmodel import (
-    kv_bytes_per_token,
+    kv_cache_bytes_per_sequence,
     step_costs,
     weight_bytes,
 )
@@ -128,11 +128,16 @@ def predict(
     eff_d = min(max(eff_d if eff_d is not None else 1.0, 1e-6), 1.0)
 
     peak, compute_dtype = _peak(device, model.act_dtype)
-    kv_tok = kv_bytes_per_token(model)
     kv_share = _kv_share(model, tp)
     w_bytes = weight_bytes(model) / tp
     seq_tokens = prompt_len + output_len
-    kv_total = batch * seq_tokens * kv_tok * kv_share
+    # A sequence never holds more than the model's context, and sliding-window/chunked
+    # layers hold at most their span: the per-sequence KV cache, not tokens × per-token.
+    max_pos = model.max_position_embeddings
+    kv_tokens = min(seq_tokens, max_pos) if max_pos else seq_tokens
+    per_seq_kv = kv_cache_bytes_per_sequence(model, kv_tokens) * kv_share
+    kv_tok = per_seq_kv / kv_tokens
+    kv_total = batch * per_seq_kv
     working_set = w_bytes + kv_total
     bw, level, _fits_cache = memory_ceiling(device, working_set)
 
@@ -173,8 +178,9 @@ def predict(
             return "memory-bound"
         return "compute-bound" if f / b > ridge else "memory-bound"
 
-    capacity = device.mem_bytes * mem_fraction if device.mem_bytes else None
-    per_seq_kv = seq_tokens * kv_tok * kv_share
+    # What the driver exposes (81559 MiB on an "80 GB" H100) when known, else the datasheet.
+    cap_raw = device.mem_usable_bytes or device.mem_bytes
+    capacity = cap_raw * mem_fraction if cap_raw else None
     max_batch = max(int((capacity - w_bytes) // per_seq_kv), 0) if capacity is not None else None
     notes = []
     if sol:
@@ -193,7 +199,11 @@ def predict(
     if model.max_position_embeddings and seq_tokens > model.max_position_embeddings:
         notes.append(
             f"prompt + output ({seq_tokens}) exceeds the model's context "
-            f"({model.max_position_embeddings})"
+            f"({model.max_position_embeddings}): KV cache counted at the context"
+        )
+    if device.mem_usable_bytes and capacity is not None:
+        notes.append(
+            "memory: the device's usable capacity (as the driver reports), not the datasheet figure"
         )
     fits = None if capacity is None else (w_bytes + kv_total) <= capacity
     if fits is False:
@@ -249,10 +259,12 @@ def predict(
         "memory": {
             "weights_bytes": w_bytes,
             "kv_cache_bytes": kv_total,
-            "kv_bytes_per_token": kv_tok * kv_share,
+            "kv_bytes_per_token": kv_tok,
+            "kv_tokens_per_sequence": kv_tokens,
             "total_bytes": w_bytes + kv_total,
             "capacity_bytes": capacity,
             "device_bytes": device.mem_bytes,
+            "usable_bytes": device.mem_usable_bytes,
             "mem_fraction": mem_fraction,
             "fits": fits,
         },

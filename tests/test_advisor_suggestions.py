@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.advisor import advise
+from perfscope.analysis.costmodel import step_costs
 from perfscope.analysis.modelspec import ModelSpec
-from perfscope.analysis.roofline import roofline_section
+from perfscope.analysis.roofline import phase_roofline, roofline_section
 from perfscope.analysis.whatif import predict, project_run, run_derating
+from perfscope.hwdb import lookup
 from perfscope.hwdb.spec import DeviceSpec
 
 
@@ -250,3 +253,60 @@ def test_project_run_uses_the_run_efficiency_only_on_its_own_device_class() -> N
     assert h100["range"]["eager"]["tpot_s"] == pytest.approx(sol / 0.2, rel=1e-3)
     assert "compiled" in h100["basis"] and "eager" in h100["basis"]
     assert not proj[2]["speed_of_light"]
+
+
+def test_predict_counts_the_kv_cache_a_sequence_really_holds() -> None:
+    """Sliding-window layers hold at most their window, and no sequence holds more than
+    the model's context: memory, fit and the largest batch use that, not tokens x bytes."""
+    gemma = ModelSpec.from_preset("gemma-2-9b")  # half its layers slide over 4096 tokens
+    long = predict(gemma, A100, batch=4, prompt_len=7000, output_len=1000)
+    per_seq = cm.kv_cache_bytes_per_sequence(gemma, 8000)
+    assert per_seq < 8000 * cm.kv_bytes_per_token(gemma)  # the window caps half the layers
+    assert long["memory"]["kv_cache_bytes"] == pytest.approx(4 * per_seq)
+    cap = 0.9 * 80e9  # this hand-built A100 states no usable capacity: the datasheet's
+    assert long["max_batch"] == int((cap - cm.weight_bytes(gemma)) // per_seq)
+
+    llama = ModelSpec.from_preset("llama-2-7b")  # 4096-token context
+    over = predict(llama, A100, batch=2, prompt_len=4000, output_len=1000)
+    at_context = cm.kv_cache_bytes_per_sequence(llama, 4096)
+    assert over["memory"]["kv_cache_bytes"] == pytest.approx(2 * at_context)
+    assert over["memory"]["kv_tokens_per_sequence"] == 4096
+    assert any("KV cache counted at the context" in n for n in over["notes"])
+
+
+def test_predict_measures_capacity_against_what_the_driver_exposes() -> None:
+    """An "80 GB" H100 exposes 81559 MiB (85.5 GB): the fit and the largest batch use it."""
+    h100 = lookup("h100-sxm5-80gb")
+    assert h100.mem_usable_bytes == 81559 * 2**20
+    spec = ModelSpec.from_preset("llama-3-8b")
+    p = predict(spec, h100, batch=1, prompt_len=1024, output_len=1024)
+    assert p["memory"]["capacity_bytes"] == pytest.approx(0.9 * 81559 * 2**20)
+    per_seq = cm.kv_cache_bytes_per_sequence(spec, 2048)
+    assert p["max_batch"] == int((0.9 * 81559 * 2**20 - cm.weight_bytes(spec)) // per_seq)
+    assert p["max_batch"] > int((0.9 * 80e9 - cm.weight_bytes(spec)) // per_seq)
+    assert any("usable capacity" in n for n in p["notes"])
+
+
+def test_the_roofline_working_set_holds_each_sequence_within_its_window() -> None:
+    """A sliding-window model's cached tokens, split over the step's rows, hold less KV than
+    tokens x the all-layer per-token size; the working set (cache or DRAM) uses that."""
+    gemma = ModelSpec.from_preset("gemma-2-9b")
+    b, ctx = 8, 8000
+    arrays = step_costs(gemma, np.array([b]), np.array([b]), np.array([b * ctx]))
+    costs = {k: float(v.sum()) for k, v in arrays.items()}
+    kw: dict[str, Any] = {
+        "model": gemma,
+        "device": A100,
+        "costs": costs,
+        "time_s": 0.1,
+        "steps": 1,
+        "tokens": b,
+        "batch_size_mean": b,
+        "context_tokens_mean": ctx,
+        "max_context_tokens": b * (ctx + 1),
+    }
+    held = phase_roofline("decode", **kw, max_context_rows=b)
+    unknown = phase_roofline("decode", **kw)
+    expect = cm.weight_bytes(gemma) + b * cm.kv_cache_bytes_per_sequence(gemma, ctx + 1)
+    assert held["working_set_bytes"] == pytest.approx(expect)
+    assert unknown["working_set_bytes"] > held["working_set_bytes"]
