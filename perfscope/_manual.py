@@ -8,6 +8,13 @@
                 for chunk in my_engine.stream(prompt):
                     r.tokens(len(chunk))
     print(p.run.ttft.p50)
+
+Durability is that of ``perfscope run`` (DESIGN.md §9): entering the block creates the run
+directory with a ``running`` manifest that carries this process's liveness record, and a
+background flusher copies new records into segment files every
+:data:`~perfscope._runner.FLUSH_INTERVAL_S` seconds (refreshing the heartbeat). A process
+killed inside the block leaves a run that reads as ``crashed`` with everything flushed;
+leaving the block compacts the tables and removes the segments.
 """
 
 from __future__ import annotations
@@ -24,15 +31,20 @@ from typing import Any
 from perfscope import __version__
 from perfscope._analyze import analyze_stored
 from perfscope._run import Run
+from perfscope._runner import FLUSH_INTERVAL_S, MANIFEST_SCHEMA, _ManifestWriter, host_info
+from perfscope.errors import StorageError
 from perfscope.hwdb import resolve_hardware
 from perfscope.profiler.clock import Clock, MonotonicClock
 from perfscope.profiler.recorder import Recorder, RequestHandle
 from perfscope.profiler.records import RequestSpec, StepKind
+from perfscope.profiler.redact import redact_argv
+from perfscope.profiler.segments import SegmentFlusher
 from perfscope.profiler.store import (
     default_runs_root,
+    liveness_record,
     new_run_dir,
     read_run,
-    write_json_atomic,
+    remove_segments,
     write_table_atomic,
 )
 
@@ -61,6 +73,8 @@ class Profile:
         self._ids = itertools.count()
         self._run: Run | None = None
         self.path: Path | None = None
+        self._manifest: _ManifestWriter | None = None
+        self._flusher: SegmentFlusher | None = None
 
     def request(
         self,
@@ -121,19 +135,20 @@ class Profile:
             raise RuntimeError("p.run is available after the 'with perfscope.profile()' block")
         return self._run
 
-    def _finish(self, status: str, error: str | None) -> None:
-        if status != "complete":
-            self.recorder.fail_unfinished(status)
+    def _start(self) -> None:
+        """Create the run directory, write the ``running`` manifest (with this process's
+        liveness record) and start flushing segments."""
         path = new_run_dir(self.runs_dir, self.name, self.clock.started_at)
-        manifest = {
-            "schema": "perfscope.manifest/1",
+        manifest: dict[str, Any] = {
+            "schema": MANIFEST_SCHEMA,
             "run_id": path.name,
             "name": self.name,
             "perfscope_version": __version__,
-            "command": list(sys.argv),
+            "command": redact_argv(list(sys.argv)),
             "started_at": self.clock.started_at.isoformat(),
-            "ended_at": datetime.now(UTC).isoformat(),
-            "status": status,
+            "clock_origin_perf_counter_ns": getattr(self.clock, "origin_perf_counter_ns", None),
+            "ended_at": None,
+            "status": "running",
             "engine": {
                 "uri": "manual",
                 "kind": "manual",
@@ -142,23 +157,69 @@ class Profile:
                 "dtype": None,
                 "config": {},
             },
-            "workload": {"requests": self.recorder.n_requests},
+            "workload": {"requests": 0},
             "load": {"mode": "manual"},
             "slos": self.slos,
             "hw": self.hw,
             "hardware": resolve_hardware({"kind": "manual"}, self.hw),
-            "errors": [error] if error else [],
+            "host": host_info(),
+            "process": liveness_record(FLUSH_INTERVAL_S),
+            "errors": [],
+            "warnings": [],
         }
-        write_table_atomic(path / "requests.parquet", self.recorder.requests_table())
-        write_table_atomic(path / "chunks.parquet", self.recorder.chunks_table())
-        write_table_atomic(path / "steps.parquet", self.recorder.steps_table())
-        write_json_atomic(path / "manifest.json", manifest)
+        writer = _ManifestWriter(path / "manifest.json", manifest, FLUSH_INTERVAL_S)
+        writer.write()
+        flusher = SegmentFlusher(
+            path, self.recorder, heartbeat=writer.heartbeat, interval_s=FLUSH_INTERVAL_S
+        )
+        self.path, self._manifest, self._flusher = path, writer, flusher.start()
+
+    def _finish(self, status: str, error: str | None) -> None:
+        if self._manifest is None:
+            self._start()  # used without entering the block: write it all now
+        assert self._manifest is not None and self._flusher is not None and self.path
+        path, writer = self.path, self._manifest
+        if status != "complete":
+            self.recorder.fail_unfinished(status)
+        storage = self._flusher.close()
+        if storage is not None:
+            status, error = "failed", f"{storage}; capture stopped"
+        else:
+            try:
+                write_table_atomic(path / "requests.parquet", self.recorder.requests_table())
+                write_table_atomic(path / "chunks.parquet", self.recorder.chunks_table())
+                write_table_atomic(path / "steps.parquet", self.recorder.steps_table())
+            except StorageError as exc:
+                # Half-compacted tables would shadow complete segments: readers use those.
+                for name in ("requests", "chunks", "steps"):
+                    (path / f"{name}.parquet").unlink(missing_ok=True)
+                storage = exc
+        m = writer.manifest
+        # The flusher's thread has stopped: no heartbeat races these updates.
+        m["status"] = status
+        m["ended_at"] = datetime.now(UTC).isoformat()
+        m["workload"] = {"requests": self.recorder.n_requests}
+        m["process"] = {**m["process"], "exited": True}
+        if error:
+            m["errors"].append(error)
+        m["warnings"].extend(f"{n} {text}" for text, n in sorted(self.recorder.warnings.items()))
+        try:
+            writer.write()
+        except StorageError as exc:
+            storage = storage or exc
+        if storage is not None:
+            raise StorageError(
+                f"{storage}; what was flushed is kept in {path}",
+                path=storage.path,
+                errno=storage.errno,
+            )
+        remove_segments(path)
         stored = read_run(path)
         analyze_stored(stored)
-        self.path = path
         self._run = Run(stored)
 
     def __enter__(self) -> Profile:
+        self._start()
         return self
 
     def __exit__(
