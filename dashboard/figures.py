@@ -18,7 +18,7 @@ density view above ``max_rows`` requests, time series keep at most
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +28,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from perfscope.analysis.compare import latency_samples
+from perfscope.analysis.summary import PhaseRoofline, Roofline, RooflineCeilings, Summary
 from perfscope.dashboard._fmt import esc, finite, fmt_num, fmt_pct, fmt_si
-from perfscope.dashboard.view import roofline_ceilings
+from perfscope.dashboard.view import as_summary, roofline_ceilings
 
 __all__ = [
     "LATENCY_METRICS",
@@ -84,13 +85,18 @@ class RunTables:
 
     ``perfscope.profiler.store.StoredRun`` has these attributes, so a stored run can be
     passed directly wherever a ``RunTables`` is expected.
+
+    Attributes:
+        rows: the run's per-request rows (``perfscope.dashboard.view.request_rows``) when the
+            caller derived them already; ``None``: the figures derive them.
     """
 
-    summary: dict[str, Any]
+    summary: Summary | Mapping[str, Any]
     requests: pd.DataFrame
     chunks: pd.DataFrame
     steps: pd.DataFrame
     telemetry: pd.DataFrame
+    rows: pd.DataFrame | None = None
 
 
 @dataclass
@@ -105,9 +111,12 @@ class FigureSpec:
     missing: str | None = None
 
 
-def _section(summary: dict[str, Any], name: str) -> dict[str, Any]:
-    value = summary.get(name)
-    return value if isinstance(value, dict) else {}
+def _ceilings_of(p: PhaseRoofline, roof: Roofline) -> RooflineCeilings:
+    """A phase's own ceilings, or the run's when the phase carries none (older summaries)."""
+    own = p.ceilings
+    if own.peak_flops is not None or own.mem_bw_bytes_s is not None:
+        return own
+    return roof.ceilings or own
 
 
 def _empty(message: str) -> go.Figure:
@@ -138,7 +147,7 @@ def _log_range(values: Sequence[float], pad: float = 0.4) -> list[float]:
     return [math.log10(lo) - pad, math.log10(hi) + pad]
 
 
-def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
+def roofline_figure(summary: Summary | Mapping[str, Any]) -> go.Figure | None:
     """Log-log roofline of the run's phases (``summary["roofline"]``), or ``None``.
 
     Draws one flat compute ceiling per dtype in use, the DRAM/HBM bandwidth ceiling (and
@@ -146,42 +155,39 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
     phase's measured point (intensity, achieved FLOP/s) labelled with MFU and MBU, and the
     cost model's predicted point at speed of light (``flops / sol_time_s``).
     """
-    roof = _section(summary, "roofline")
-    phases = roof.get("phases") or {}
-    if not roof.get("available") or not phases:
+    roof = as_summary(summary).roofline
+    phases = roof.phases
+    if not roof.available or not phases:
         return None
     peaks: dict[str, float] = {}
     mems: dict[str, float] = {}
     for p in phases.values():
-        c = p.get("ceilings") or roof.get("ceilings") or {}
-        peak, dtype = finite(c.get("peak_flops")), str(c.get("dtype") or "?")
+        c = _ceilings_of(p, roof)
+        peak, dtype = finite(c.peak_flops), str(c.dtype or "?")
         if peak:
             peaks[dtype] = peak
-        dram = finite(c.get("mem_bw_bytes_s"))
+        dram = finite(c.mem_bw_bytes_s)
         if dram:
             mems["DRAM/HBM"] = dram
-        cache_bw = finite(c.get("cache_bw_bytes_s"))
-        if cache_bw and (p.get("memory_level") == "cache" or p.get("fits_in_cache")):
-            size = fmt_si(c.get("cache_bytes"), "B")
+        cache_bw = finite(c.cache_bw_bytes_s)
+        if cache_bw and (p.memory_level == "cache" or p.fits_in_cache):
+            size = fmt_si(c.cache_bytes, "B")
             mems[f"cache ({size})"] = cache_bw
-    if not peaks:
-        c = roof.get("ceilings") or {}
-        if finite(c.get("peak_flops")):
-            peaks[str(c.get("dtype"))] = float(c["peak_flops"])
-    if not mems:
-        bw = finite((roof.get("ceilings") or {}).get("mem_bw_bytes_s"))
-        if bw:
-            mems["DRAM/HBM"] = bw
+    run_c = roof.ceilings or RooflineCeilings()
+    if not peaks and (run_peak := finite(run_c.peak_flops)):
+        peaks[str(run_c.dtype)] = run_peak
+    if not mems and (bw := finite(run_c.mem_bw_bytes_s)):
+        mems["DRAM/HBM"] = bw
 
     xs: list[float] = []
     ys: list[float] = []
     points = []
     for name, p in phases.items():
-        x, y = finite(p.get("intensity")), finite(p.get("achieved_flops_s"))
+        x, y = finite(p.intensity), finite(p.achieved_flops_s)
         if x is None or y is None or x <= 0 or y <= 0:
             continue
-        sol = finite(p.get("sol_time_s"))
-        flops = finite(p.get("flops"))
+        sol = finite(p.sol_time_s)
+        flops = finite(p.flops)
         pred = flops / sol if flops and sol else None
         points.append((str(name), p, x, y, pred))
         xs.append(x)
@@ -250,17 +256,17 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
         )
     for name, p, x, y, pred in points:
         color = _COLORS.get(name, _PALETTE[len(name) % len(_PALETTE)])
-        label = f"{esc(name)}: MFU {fmt_pct(p.get('mfu'))}, MBU {fmt_pct(p.get('mbu'))}"
-        if p.get("estimated"):
+        label = f"{esc(name)}: MFU {fmt_pct(p.mfu)}, MBU {fmt_pct(p.mbu)}"
+        if p.estimated:
             label += " (est.)"
         hover = (
-            f"<b>{esc(name)}</b> ({esc(p.get('verdict', ''))})<br>"
+            f"<b>{esc(name)}</b> ({esc(p.verdict)})<br>"
             f"intensity {fmt_num(x, 4)} FLOP/B<br>achieved {fmt_si(y, 'FLOP/s')}, "
-            f"{fmt_si(p.get('achieved_bytes_s'), 'B/s')}<br>"
-            f"MFU {fmt_pct(p.get('mfu'))}, MBU {fmt_pct(p.get('mbu'))} "
-            f"({esc(p.get('memory_level', 'dram'))})<br>"
-            f"time {fmt_si(p.get('time_s'), 's')}, FLOPs {fmt_si(p.get('flops'))}, "
-            f"bytes {fmt_si(p.get('bytes'), 'B')}<extra></extra>"
+            f"{fmt_si(p.achieved_bytes_s, 'B/s')}<br>"
+            f"MFU {fmt_pct(p.mfu)}, MBU {fmt_pct(p.mbu)} "
+            f"({esc(p.memory_level or 'dram')})<br>"
+            f"time {fmt_si(p.time_s, 's')}, FLOPs {fmt_si(p.flops)}, "
+            f"bytes {fmt_si(p.bytes, 'B')}<extra></extra>"
         )
         fig.add_trace(
             go.Scatter(
@@ -292,13 +298,13 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
                     hovertemplate=(
                         f"<b>{esc(name)}</b> predicted at speed of light<br>"
                         f"{fmt_si(pred, 'FLOP/s')} (efficiency "
-                        f"{fmt_pct(p.get('efficiency'))})<extra></extra>"
+                        f"{fmt_pct(p.efficiency)})<extra></extra>"
                     ),
                     meta={"phase": name, "kind": "predicted"},
                 )
             )
-    dev = (roof.get("device") or {}).get("name") or "device"
-    src = (roof.get("ceilings") or {}).get("source") or "?"
+    dev = (roof.device.name if roof.device else None) or "device"
+    src = run_c.source or "?"
     fig.update_xaxes(type="log", range=xr, title_text="arithmetic intensity (FLOP/byte)")
     fig.update_yaxes(
         type="log",
@@ -323,10 +329,13 @@ def roofline_figure(summary: dict[str, Any]) -> go.Figure | None:
 # ---------------------------------------------------------------------- latency
 
 
-def latency_values(requests: pd.DataFrame, chunks: pd.DataFrame) -> dict[str, np.ndarray]:
+def latency_values(
+    requests: pd.DataFrame, chunks: pd.DataFrame, *, rows: pd.DataFrame | None = None
+) -> dict[str, np.ndarray]:
     """Per-request TTFT, TPOT, E2E and pooled ITL gaps (seconds) of the measured, completed
-    requests (:func:`perfscope.analysis.compare.latency_samples`)."""
-    return dict(latency_samples(requests, chunks))
+    requests (:func:`perfscope.analysis.compare.latency_samples`); ``rows`` are the run's
+    per-request rows when the caller has them (they are derived otherwise)."""
+    return dict(latency_samples(requests, chunks, rows=rows))
 
 
 def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -342,13 +351,19 @@ def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def latency_cdf_figure(
-    summary: dict[str, Any], requests: pd.DataFrame, chunks: pd.DataFrame
+    summary: Summary | Mapping[str, Any],
+    requests: pd.DataFrame,
+    chunks: pd.DataFrame,
+    *,
+    rows: pd.DataFrame | None = None,
 ) -> go.Figure:
     """CDFs of TTFT, TPOT, ITL and E2E (ms) with p50/p90/p99 markers taken from the summary
-    and the run's SLOs as vertical lines."""
-    values = latency_values(requests, chunks)
-    lat = _section(summary, "latency")
-    slos = _section(summary, "goodput").get("slos") or {}
+    and the run's SLOs as vertical lines. ``rows``: the run's per-request rows, when the
+    caller has derived them already (see :func:`latency_values`)."""
+    typed = as_summary(summary)
+    values = latency_values(requests, chunks, rows=rows)
+    lat = typed.latency
+    slos = typed.goodput.slos
     fig = make_subplots(
         rows=2,
         cols=2,
@@ -372,10 +387,10 @@ def latency_cdf_figure(
             row=row,
             col=col,
         )
-        dist = lat.get(key) or {}
+        dist = getattr(lat, key)
         px_, py_, pt_ = [], [], []
         for p in MARKER_PERCENTILES:
-            v = finite(dist.get(f"p{p}"))
+            v = finite(getattr(dist, f"p{p}", None))
             if v is not None:
                 px_.append(v * 1e3)
                 py_.append(p / 100)
@@ -854,21 +869,22 @@ def offered_achieved_figure(requests: pd.DataFrame, load: dict[str, Any]) -> go.
 # ---------------------------------------------------------------------- phases, advice
 
 
-def phase_breakdown_figure(summary: dict[str, Any]) -> go.Figure | None:
+def phase_breakdown_figure(summary: Summary | Mapping[str, Any]) -> go.Figure | None:
     """Per-phase time (s), FLOPs, bytes and energy (J), from the roofline, step and energy
     sections of the summary; ``None`` when the run has no phase data."""
-    roof = _section(summary, "roofline").get("phases") or {}
-    steps = _section(summary, "steps")
-    energy = _section(summary, "energy")
-    e_phases = (energy.get("phases") or {}) if energy.get("available") else {}
+    typed = as_summary(summary)
+    roof = typed.roofline.phases
+    e_phases = typed.energy.phases if typed.energy.available else {}
     panels: list[tuple[str, dict[str, float]]] = []
-    time_s = {k: finite(v.get("time_s")) for k, v in (roof or steps).items()}
-    panels.append(("time (s)", {k: v for k, v in time_s.items() if v is not None}))
-    panels.append(("FLOPs", {k: v for k, p in roof.items() if (v := finite(p.get("flops")))}))
-    panels.append(("bytes moved", {k: v for k, p in roof.items() if (v := finite(p.get("bytes")))}))
-    panels.append(
-        ("energy (J)", {k: v for k, p in e_phases.items() if (v := finite(p.get("energy_j")))})
+    time_s = (
+        {k: finite(p.time_s) for k, p in roof.items()}
+        if roof
+        else {k: finite(st.time_s) for k, st in typed.steps.items()}
     )
+    panels.append(("time (s)", {k: v for k, v in time_s.items() if v is not None}))
+    panels.append(("FLOPs", {k: v for k, p in roof.items() if (v := finite(p.flops))}))
+    panels.append(("bytes moved", {k: v for k, p in roof.items() if (v := finite(p.bytes))}))
+    panels.append(("energy (J)", {k: v for k, e in e_phases.items() if (v := finite(e.energy_j))}))
     panels = [(t, d) for t, d in panels if d]
     if not panels:
         return None
@@ -897,19 +913,16 @@ def phase_breakdown_figure(summary: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def advice_figure(summary: dict[str, Any]) -> go.Figure | None:
+def advice_figure(summary: Summary | Mapping[str, Any]) -> go.Figure | None:
     """Projected gains of the advisor's suggestions that are speed-ups (``x ...`` units)."""
-    advice = summary.get("advice")
-    if not isinstance(advice, list):
-        return None
     rows = []
-    for a in advice:
-        g = a.get("projected_gain") or {}
-        v, unit = finite(g.get("value")), str(g.get("unit") or "")
-        low = finite(g.get("low"))
+    for a in as_summary(summary).advice:
+        g = a.projected_gain
+        v, unit = finite(g.value), str(g.unit or "")
+        low = finite(g.low)
         if v is not None and unit.startswith("x "):
             span = f"{low:.2f}–{v:.2f}" if low is not None and low < v else f"{v:.2f}"
-            rows.append((esc(a.get("technique", "?")), v, esc(unit), span))
+            rows.append((esc(a.technique or "?"), v, esc(unit), span))
     if not rows:
         return None
     rows.reverse()
@@ -938,7 +951,7 @@ def advice_figure(summary: dict[str, Any]) -> go.Figure | None:
 
 
 def comparison_metrics_figure(
-    labels: Sequence[str], summaries: Sequence[dict[str, Any]]
+    labels: Sequence[str], summaries: Sequence[Summary | Mapping[str, Any]]
 ) -> go.Figure:
     """Grouped bars: TTFT/TPOT/ITL/E2E p50 and p99 (ms) and throughput per run."""
     fig = make_subplots(
@@ -948,10 +961,10 @@ def comparison_metrics_figure(
         subplot_titles=["latency percentiles (ms)", "output tokens/s"],
     )
     cats = [f"{LATENCY_METRICS[m]} p{p}" for m in LATENCY_METRICS for p in (50, 99)]
-    for i, (label, s) in enumerate(zip(labels, summaries, strict=True)):
-        lat = _section(s, "latency")
+    for i, (label, summary) in enumerate(zip(labels, summaries, strict=True)):
+        s = as_summary(summary)
         vals = [
-            (finite((lat.get(m) or {}).get(f"p{p}")) or math.nan) * 1e3
+            (finite(getattr(getattr(s.latency, m), f"p{p}", None)) or math.nan) * 1e3
             for m in LATENCY_METRICS
             for p in (50, 99)
         ]
@@ -961,7 +974,7 @@ def comparison_metrics_figure(
             row=1,
             col=1,
         )
-        tput = finite(_section(s, "throughput").get("output_tok_s"))
+        tput = finite(s.throughput.output_tok_s)
         fig.add_trace(
             go.Bar(
                 x=[esc(label)],
@@ -1011,7 +1024,7 @@ def comparison_cdf_figure(labels: Sequence[str], runs: Sequence[RunTables]) -> g
 
 
 def comparison_roofline_figure(
-    labels: Sequence[str], summaries: Sequence[dict[str, Any]]
+    labels: Sequence[str], summaries: Sequence[Summary | Mapping[str, Any]]
 ) -> go.Figure | None:
     """Measured phase points of several runs on one log-log roofline, with each distinct
     device's ceilings (compute flat, DRAM slope) drawn once; ``None`` when no run has a
@@ -1021,17 +1034,17 @@ def comparison_roofline_figure(
     ys: list[float] = []
     roofs: dict[str, tuple[float, float]] = {}
     for j, (label, summary) in enumerate(zip(labels, summaries, strict=True)):
-        roof = _section(summary, "roofline")
-        if not roof.get("available"):
+        roof = as_summary(summary).roofline
+        if not roof.available:
             continue
         color = _PALETTE[j % len(_PALETTE)]
-        dev = (roof.get("device") or {}).get("name") or "device"
-        for phase, p in (roof.get("phases") or {}).items():
-            x, y = finite(p.get("intensity")), finite(p.get("achieved_flops_s"))
-            c = p.get("ceilings") or roof.get("ceilings") or {}
-            peak, bw = finite(c.get("peak_flops")), finite(c.get("mem_bw_bytes_s"))
+        dev = (roof.device.name if roof.device else None) or "device"
+        for phase, p in roof.phases.items():
+            x, y = finite(p.intensity), finite(p.achieved_flops_s)
+            c = _ceilings_of(p, roof)
+            peak, bw = finite(c.peak_flops), finite(c.mem_bw_bytes_s)
             if peak and bw:
-                roofs.setdefault(f"{dev} ({c.get('dtype') or '?'})", (peak, bw))
+                roofs.setdefault(f"{dev} ({c.dtype or '?'})", (peak, bw))
             if x is None or y is None or x <= 0 or y <= 0:
                 continue
             xs.append(x)
@@ -1050,8 +1063,8 @@ def comparison_roofline_figure(
                     legendgroup=str(j),
                     hovertemplate=(
                         f"{esc(label)} {esc(str(phase))}: %{{x:.3g}} FLOP/B, "
-                        f"%{{y:.3g}} FLOP/s; MFU {fmt_pct(p.get('mfu'))}, "
-                        f"MBU {fmt_pct(p.get('mbu'))}<extra></extra>"
+                        f"%{{y:.3g}} FLOP/s; MFU {fmt_pct(p.mfu)}, "
+                        f"MBU {fmt_pct(p.mbu)}<extra></extra>"
                     ),
                 )
             )
@@ -1131,12 +1144,11 @@ def comparison_throughput_figure(labels: Sequence[str], runs: Sequence[RunTables
 
 def run_figures(run: RunTables, *, timeline_max_rows: int = TIMELINE_MAX_ROWS) -> list[FigureSpec]:
     """Every figure of one run, in report order, with captions and reasons for absences."""
-    s = run.summary
-    roof = _section(s, "roofline")
+    s = as_summary(run.summary)
+    roof = s.roofline
     roof_fig = roofline_figure(s)
     if roof_fig is None:
-        why = roof.get("reason") if roof else "the summary has no roofline section"
-        roof_missing: str | None = f"roofline not available: {why or 'no phase data'}"
+        roof_missing: str | None = f"roofline not available: {roof.reason or 'no phase data'}"
     else:
         roof_missing = None
     tele = run.telemetry
@@ -1147,7 +1159,7 @@ def run_figures(run: RunTables, *, timeline_max_rows: int = TIMELINE_MAX_ROWS) -
             "Roofline",
             "Measured points (filled) per phase against the device's ceilings; the hollow "
             "diamond above each is the cost model's prediction at speed of light. "
-            f"FLOPs counted {roof.get('flops_convention') or 'as executed'}.",
+            f"FLOPs counted {roof.flops_convention or 'as executed'}.",
             roof_fig,
             roof_missing,
         ),
@@ -1156,7 +1168,7 @@ def run_figures(run: RunTables, *, timeline_max_rows: int = TIMELINE_MAX_ROWS) -
             "Latency distributions",
             "Empirical CDFs of completed, non-warmup requests; diamonds are the summary's "
             "p50/p90/p99, dashed red lines the SLOs. ITL pools the gaps between chunks.",
-            latency_cdf_figure(s, run.requests, run.chunks),
+            latency_cdf_figure(s, run.requests, run.chunks, rows=getattr(run, "rows", None)),
         ),
         FigureSpec(
             "timeline",
@@ -1200,7 +1212,7 @@ def run_figures(run: RunTables, *, timeline_max_rows: int = TIMELINE_MAX_ROWS) -
             "Offered and achieved rate",
             "Requests sent and requests completed so far; the slopes are the offered and the "
             "achieved rate, and a widening gap is a backlog.",
-            offered_achieved_figure(run.requests, _section(s, "load")),
+            offered_achieved_figure(run.requests, s.load or {}),
         ),
     )
     adv = advice_figure(s)

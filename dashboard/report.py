@@ -17,13 +17,14 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import pandas as pd
 import plotly
 import plotly.io as pio
 
@@ -228,10 +229,9 @@ def _headline(summary: Summary) -> tuple[str, str]:
     )
 
 
-def _hardware_rows(summary: Summary | Mapping[str, Any]) -> list[tuple[str, Any]]:
-    typed = as_summary(summary)
-    section = typed.hardware
-    roof = typed.roofline
+def _hardware_rows(summary: Summary) -> list[tuple[str, Any]]:
+    section = summary.hardware
+    roof = summary.roofline
     # The hardware section holds {"spec": DeviceSpec JSON form | None, "resolved_from",
     # "reason"}; a summary from before that layout kept the spec's own keys at its top.
     hw = section.spec if section.spec is not None else (dict(section.extra) or None)
@@ -278,12 +278,15 @@ def _hardware_rows(summary: Summary | Mapping[str, Any]) -> list[tuple[str, Any]
             ),
             ("ridge point", f"{fmt_num(c.ridge_point)} FLOP/byte"),
         ]
-    reason = value_at(summary, "hardware.reason")  # as stored: no text when the section is absent
-    return [("device", f"not available: {reason or 'analyse with --hw KEY for ceilings'}")]
+    return [
+        (
+            "device",
+            f"not available: {section.reason or 'analyse with --hw KEY for ceilings'}",
+        )
+    ]
 
 
-def _run_header(run: ReportRun, summary: Summary | Mapping[str, Any]) -> str:
-    typed = as_summary(summary)
+def _run_header(run: ReportRun, typed: Summary) -> str:
     m = run.manifest
     engine = m.get("engine") or {}
     model = engine.get("model") or typed.model or {}
@@ -342,7 +345,7 @@ def _run_header(run: ReportRun, summary: Summary | Mapping[str, Any]) -> str:
             ]
         ),
         "<h3>Hardware and ceilings</h3>",
-        _kv_table(_hardware_rows(summary)),
+        _kv_table(_hardware_rows(typed)),
         "<h3>Workload and load</h3>",
         _kv_table(
             [
@@ -498,14 +501,16 @@ def _ms(x: Any) -> str:
     return "" if x is None or not math.isfinite(x) else f"{x * 1e3:.2f}"
 
 
-def _request_table(run: ReportRun, max_requests: int) -> str:
+def _request_table(run: ReportRun, max_requests: int, rows: pd.DataFrame) -> str:
+    """The first ``max_requests`` requests; ``rows`` are their per-request rows
+    (:func:`request_rows` of the requests sorted by id), derived once per report."""
     req = run.requests
     out = ['<section id="requests"><h2>Requests</h2>']
     if req.empty:
         out.append("<p class='missing'>No requests recorded.</p></section>")
         return "".join(out)
     r = req.sort_values("request_id", kind="stable").reset_index(drop=True)
-    pr = request_rows(r)
+    pr = rows
     n = len(r)
     shown = min(n, max_requests)
     out.append(
@@ -549,8 +554,7 @@ def _request_table(run: ReportRun, max_requests: int) -> str:
     return "".join(out)
 
 
-def _environment(run: ReportRun, summary: Summary | Mapping[str, Any]) -> str:
-    typed = as_summary(summary)
+def _environment(run: ReportRun, typed: Summary) -> str:
     m = run.manifest
     host = m.get("host") or {}
     cfg = value_at(m, "engine.config") or {}
@@ -568,12 +572,34 @@ def _environment(run: ReportRun, summary: Summary | Mapping[str, Any]) -> str:
     rows += [
         (k, v)
         for k, v in host.items()
-        if k not in {"python", "torch", "platform", "machine", "cpu_count", "hostname"}
+        if k
+        not in {"python", "torch", "platform", "machine", "cpu_count", "hostname", "contention"}
     ]
+    if isinstance(host.get("contention"), dict):
+        rows.append(("CPU contention", _contention_text(host["contention"])))
     tele = m.get("telemetry")
     if isinstance(tele, dict):
         rows.append(("telemetry", f"{tele.get('status')}; devices {tele.get('devices')}"))
     return '<section id="environment"><h2>Environment</h2>' + _kv_table(rows) + "</section>"
+
+
+def _contention_text(c: dict[str, Any]) -> str:
+    """The capture's CPU contention measurement as one sentence (not its JSON)."""
+    window = fmt_time(c.get("window_s"))
+    if c.get("too_short"):
+        return (
+            f"not measured: the window ({window}) is shorter than {fmt_time(c.get('min_window_s'))}"
+        )
+    parts = [
+        f"other processes {fmt_pct(c.get('others_share'))} of {fmt_count(c.get('cpu_count'))} "
+        f"cores over {window}",
+        f"steal {fmt_pct(c.get('steal_share'))}",
+        f"perfscope {fmt_num(c.get('own_cpu_s'))} CPU-s",
+    ]
+    if c.get("server_ports"):
+        ports = ", ".join(str(p) for p in c["server_ports"])
+        parts.append(f"server on port {ports} {fmt_num(c.get('server_cpu_s'))} CPU-s (excluded)")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------------- report
@@ -601,11 +627,14 @@ def render_report(
     if summary is None:
         raise ValueError(f"run {run.path} has no summary.json; run 'perfscope analyze' first")
     typed = as_summary(summary)
-    tables = RunTables(summary, run.requests, run.chunks, run.steps, run.telemetry)
+    # Per-request rows derived once: the request table and the latency figure share them.
+    ordered = run.requests.sort_values("request_id", kind="stable").reset_index(drop=True)
+    rows = request_rows(ordered)
+    tables = RunTables(typed, run.requests, run.chunks, run.steps, run.telemetry, rows=rows)
     kw = {} if timeline_max_rows is None else {"timeline_max_rows": timeline_max_rows}
     figures = run_figures(tables, **kw)
     m = run.manifest
-    status = str(m.get("status") or summary.get("status") or "unknown")
+    status = str(m.get("status") or typed.status or "unknown")
     title_name = m.get("name") or m.get("run_id") or run.path.name
     banner = ""
     if status != "complete":
@@ -656,11 +685,11 @@ def render_report(
             '<section id="figures"><h2>Figures</h2>' + figures_html(rest) + "</section>",
             numbers,
             _advice(typed),
-            _request_table(run, max_requests),
+            _request_table(run, max_requests, rows),
             '<details class="meta"><summary>Run configuration, model, hardware and '
-            "workload</summary>" + _run_header(run, summary) + "</details>",
+            "workload</summary>" + _run_header(run, typed) + "</details>",
             '<details class="meta"><summary>Environment</summary>'
-            + _environment(run, summary)
+            + _environment(run, typed)
             + "</details>",
             f"<footer>Generated by perfscope on {esc(when)} from {esc(run.path.name)}; "
             "works offline (plotly.js inlined). Times are seconds since the run's start "

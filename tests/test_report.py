@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -255,3 +256,45 @@ def test_report_of_a_missing_run_is_a_usage_error(
     assert main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "does not exist" in err
+
+
+def test_a_report_derives_the_per_request_rows_once(
+    runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request table and the latency figure share one derivation of the rows."""
+    from perfscope.analysis import compare, metrics
+    from perfscope.dashboard import view
+
+    calls: list[int] = []
+    real = metrics.per_request
+
+    def counted(requests: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(requests))
+        return real(requests, *args, **kwargs)
+
+    monkeypatch.setattr(view, "per_request", counted)
+    monkeypatch.setattr(compare, "per_request", counted)
+    html = render_report(read_run(runs["complete"]))
+    assert "id='request-table'" in html and 'id="fig-latency"' in html
+    assert len(calls) == 1
+
+
+def test_a_report_of_the_default_run_size_is_at_most_1_5_mb(tmp_path: Path) -> None:
+    """48 requests (the default run's count) with telemetry: the partial plotly bundle and
+    compact figure data keep the file within 1.5 MB, figures still drawn offline."""
+    run = synthetic_run(tmp_path, 48, name="default-size")
+    out = write_report(read_run(run))
+    size = out.stat().st_size
+    print(f"report of 48 requests: {size:,} B")
+    assert size <= 1_500_000
+    assert "Plotly" in out.read_text()  # inlined: works offline
+
+
+def test_the_environment_states_cpu_contention_in_words_not_json(
+    runs: dict[str, Path],
+) -> None:
+    html = render_report(read_run(runs["complete"]))
+    env = re.search(r'<section id="environment">.*?</section>', html, re.S)
+    assert env is not None
+    assert "CPU contention" in env.group(0)
+    assert "others_share" not in env.group(0) and "{" not in env.group(0)
