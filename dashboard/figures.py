@@ -29,7 +29,7 @@ from plotly.subplots import make_subplots
 
 from perfscope.analysis.compare import latency_samples
 from perfscope.analysis.summary import PhaseRoofline, Roofline, RooflineCeilings, Summary
-from perfscope.dashboard._fmt import esc, finite, fmt_num, fmt_pct, fmt_si
+from perfscope.dashboard._fmt import esc, finite, fmt_num, fmt_pct, fmt_si, fmt_time
 from perfscope.dashboard.view import as_summary, roofline_ceilings
 
 __all__ = [
@@ -75,7 +75,10 @@ FIGURE_LAYOUT: dict[str, Any] = {
     "template": "plotly_white",
     "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
     "font": {"size": 12},
-    "legend": {"orientation": "h", "y": -0.18},
+    # Below the plot, hanging from its top edge under the x-axis title: the bottom margin
+    # grows with the legend's rows (plotly's automargin), so a narrow figure never cuts it
+    # or draws it over the axis title.
+    "legend": {"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0, "xanchor": "left"},
 }
 
 
@@ -276,10 +279,11 @@ def roofline_figure(summary: Summary | Mapping[str, Any]) -> go.Figure | None:
                 name=label,
                 text=[label],
                 # Labels point into the plot so the right edge never cuts them.
+                # Beside the marker (not below: the lowest point sits on the x axis).
                 textposition=(
-                    "bottom left"
+                    "middle left"
                     if math.log10(max(x, 1e-30)) > (xr[0] + xr[1]) / 2
-                    else "bottom right"
+                    else "middle right"
                 ),
                 marker={"size": 13, "color": color, "line": {"width": 1, "color": "#222"}},
                 hovertemplate=hover,
@@ -305,7 +309,15 @@ def roofline_figure(summary: Summary | Mapping[str, Any]) -> go.Figure | None:
             )
     dev = (roof.device.name if roof.device else None) or "device"
     src = run_c.source or "?"
-    fig.update_xaxes(type="log", range=xr, title_text="arithmetic intensity (FLOP/byte)")
+    decades = range(math.floor(xr[0]), math.ceil(xr[1]) + 1)
+    fig.update_xaxes(
+        type="log",
+        range=xr,
+        title_text="arithmetic intensity (FLOP/byte)",
+        # One labelled tick per decade (plotly's log axis labels every 2..9 otherwise).
+        tickvals=[10.0**e for e in decades],
+        ticktext=[fmt_num(10.0**e) for e in decades],
+    )
     fig.update_yaxes(
         type="log",
         # Head room above the peak for the (staggered) ridge labels.
@@ -318,9 +330,11 @@ def roofline_figure(summary: Summary | Mapping[str, Any]) -> go.Figure | None:
         title_text="attainable FLOP/s",
         **si_log_ticks(yr, "FLOP/s"),
     )
+    # "(calibrated)" is already in a calibrated device's name: say it once.
+    title = f"Roofline on {esc(dev)}" + ("" if f"({src})" in dev else f" (ceilings: {esc(src)})")
     fig.update_layout(
         **FIGURE_LAYOUT,
-        title={"text": f"Roofline on {esc(dev)} (ceilings: {esc(src)})"},
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
         height=480,
     )
     return fig
@@ -357,8 +371,9 @@ def latency_cdf_figure(
     *,
     rows: pd.DataFrame | None = None,
 ) -> go.Figure:
-    """CDFs of TTFT, TPOT, ITL and E2E (ms) with p50/p90/p99 markers taken from the summary
-    and the run's SLOs as vertical lines. ``rows``: the run's per-request rows, when the
+    """CDFs of TTFT, TPOT, ITL and E2E (seconds on the x axes, ticks with SI prefixes:
+    ``300ms``, ``2s``) with p50/p90/p99 markers taken from the summary and the run's SLOs as
+    vertical lines. ``rows``: the run's per-request rows, when the
     caller has derived them already (see :func:`latency_values`)."""
     typed = as_summary(summary)
     values = latency_values(requests, chunks, rows=rows)
@@ -367,7 +382,7 @@ def latency_cdf_figure(
     fig = make_subplots(
         rows=2,
         cols=2,
-        subplot_titles=[f"{label} (ms)" for label in LATENCY_METRICS.values()],
+        subplot_titles=list(LATENCY_METRICS.values()),
         vertical_spacing=0.16,
         horizontal_spacing=0.08,
     )
@@ -376,13 +391,13 @@ def latency_cdf_figure(
         x, y = _ecdf(values[key])
         fig.add_trace(
             go.Scatter(
-                x=(x * 1e3).astype(np.float32),
+                x=x.astype(np.float32),
                 y=y.astype(np.float32),
                 mode="lines",
                 line={"shape": "hv", "color": _PALETTE[i]},
                 name=f"{label} CDF",
                 showlegend=False,
-                hovertemplate=f"{label} %{{x:.3f}} ms<br>share %{{y:.3f}}<extra></extra>",
+                hovertemplate=f"{label} %{{x:.3s}}s<br>share %{{y:.3f}}<extra></extra>",
             ),
             row=row,
             col=col,
@@ -392,7 +407,7 @@ def latency_cdf_figure(
         for p in MARKER_PERCENTILES:
             v = finite(getattr(dist, f"p{p}", None))
             if v is not None:
-                px_.append(v * 1e3)
+                px_.append(v)
                 py_.append(p / 100)
                 pt_.append(f"p{p}")
         if px_:
@@ -406,7 +421,7 @@ def latency_cdf_figure(
                     marker={"size": 8, "color": "#222", "symbol": "diamond"},
                     name=f"{label} percentiles",
                     showlegend=False,
-                    hovertemplate=f"{label} %{{text}} = %{{x:.3f}} ms<extra></extra>",
+                    hovertemplate=f"{label} %{{text}} = %{{x:.3s}}s<extra></extra>",
                     meta={"metric": key, "kind": "percentiles"},
                 ),
                 row=row,
@@ -415,17 +430,17 @@ def latency_cdf_figure(
         limit = finite(slos.get(key))
         if limit is not None:
             fig.add_vline(
-                x=limit * 1e3,
+                x=limit,
                 line={"color": _COLORS["error"], "dash": "dash"},
                 row=row,
                 col=col,
             )
             fig.add_trace(
                 go.Scatter(
-                    x=[limit * 1e3],
+                    x=[limit],
                     y=[1.02],
                     mode="text",
-                    text=[f"SLO {limit * 1e3:g} ms"],
+                    text=[f"SLO {fmt_time(limit)}"],
                     textposition="top center",
                     showlegend=False,
                     hoverinfo="skip",
@@ -446,6 +461,7 @@ def latency_cdf_figure(
             )
     fig.update_yaxes(range=[0, 1.1], title_text="share of requests", col=1)
     fig.update_yaxes(range=[0, 1.1])
+    fig.update_xaxes(ticksuffix="s", exponentformat="SI")
     fig.update_layout(**FIGURE_LAYOUT, height=560, title={"text": "Latency distributions"})
     return fig
 
@@ -1148,7 +1164,9 @@ def run_figures(run: RunTables, *, timeline_max_rows: int = TIMELINE_MAX_ROWS) -
     roof = s.roofline
     roof_fig = roofline_figure(s)
     if roof_fig is None:
-        roof_missing: str | None = f"roofline not available: {roof.reason or 'no phase data'}"
+        absent = not isinstance(run.summary, Summary) and "roofline" not in run.summary
+        why = "the summary has no roofline section" if absent else roof.reason
+        roof_missing: str | None = f"roofline not available: {why or 'no phase data'}"
     else:
         roof_missing = None
     tele = run.telemetry
@@ -1228,6 +1246,6 @@ def run_figures(run: RunTables, *, timeline_max_rows: int = TIMELINE_MAX_ROWS) -
     for spec in out:
         if spec.figure is not None:
             # SI prefixes (k, M, G), never plotly's "B" for billions, which reads as bytes.
-            spec.figure.update_xaxes(exponentformat="SI")
-            spec.figure.update_yaxes(exponentformat="SI")
+            spec.figure.update_xaxes(exponentformat="SI", automargin=True)
+            spec.figure.update_yaxes(exponentformat="SI", automargin=True)
     return out

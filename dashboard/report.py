@@ -64,7 +64,21 @@ __all__ = [
 #: Rows of the per-request table.
 DEFAULT_MAX_REQUESTS = 100
 
-_PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+_PLOTLY_CONFIG = {
+    "displaylogo": False,
+    "responsive": True,
+    # A short mode bar (save, zoom, pan, reset) that stays clear of a figure's title.
+    "modeBarButtonsToRemove": [
+        "select2d",
+        "lasso2d",
+        "zoomIn2d",
+        "zoomOut2d",
+        "autoScale2d",
+        "toggleSpikelines",
+        "hoverClosestCartesian",
+        "hoverCompareCartesian",
+    ],
+}
 
 
 class ReportRun(ExportableRun, Protocol):
