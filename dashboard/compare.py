@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from rich.table import Table
 from rich.text import Text
 
 from perfscope.analysis.catalogue import find_metric, format_value, value_at
@@ -31,6 +30,7 @@ from perfscope.dashboard.figures import (
     comparison_throughput_figure,
 )
 from perfscope.dashboard.report import figures_html, render_page
+from perfscope.dashboard.terminal import FitTable
 
 __all__ = [
     "compare_sets",
@@ -179,22 +179,33 @@ def comparison_title(result: dict[str, Any]) -> str:
     )
 
 
-def comparison_table(result: dict[str, Any]) -> Table:
-    """The comparison as a rich table: each set's value, then ratio, interval, noise band
-    and verdict of each set against the baseline; notes (noise unknown, contention) in
-    the caption."""
+def comparison_table(result: dict[str, Any]) -> FitTable:
+    """The comparison as a terminal table: each set's value, then ratio, interval, noise
+    band and verdict of each set against the baseline; notes (noise unknown, contention) in
+    the caption. Too wide for the terminal, it is drawn stacked (one block per metric)."""
     labels = result["labels"]
     conf = f"{100 * result['confidence']:g}%"
-    table = Table(title=comparison_title(result), title_justify="left")
-    table.add_column("metric")
-    for i in range(len(labels)):
-        table.add_column("baseline" if i == 0 else f"run {i}", justify="right")
+    cols = ["metric"]
+    cols += ["baseline" if i == 0 else f"run {i}" for i in range(len(labels))]
+    right = set(cols[1:])
     for i in range(1, len(labels)):
         suffix = f" {i}" if len(labels) > 2 else ""
-        table.add_column(f"ratio{suffix}", justify="right")
-        table.add_column(f"{conf} CI{suffix}", justify="right")
-        table.add_column(f"noise{suffix}", justify="right")
-        table.add_column(f"change{suffix}")
+        more = [f"ratio{suffix}", f"{conf} CI{suffix}", f"noise{suffix}"]
+        cols += [*more, f"change{suffix}"]
+        right.update(more)
+    lines = [
+        " · ".join(
+            f"{'baseline' if i == 0 else f'run {i}'} = {lab}" for i, lab in enumerate(labels)
+        )
+    ]
+    lines += [f"⚠ {n}" for n in result.get("notes") or []]
+    table = FitTable(
+        cols,
+        title=comparison_title(result),
+        right=frozenset(right),
+        caption="\n".join(lines),
+        hoist_constant=True,  # single runs: the same "no interval" in every row, said once
+    )
     for row in result["metrics"]:
         cells: list[str | Text] = [row["label"]]
         cells += [format_metric(v, row) for v in row["values"]]
@@ -202,14 +213,6 @@ def comparison_table(result: dict[str, Any]) -> Table:
             ratio, interval, band, change = ratio_cells(row, i)
             cells += [ratio, interval, band, Text(change, style=_CHANGE_STYLE.get(change, ""))]
         table.add_row(*cells)
-    lines = [
-        " · ".join(
-            f"{'baseline' if i == 0 else f'run {i}'} = {lab}" for i, lab in enumerate(labels)
-        )
-    ]
-    lines += [f"⚠ {n}" for n in result.get("notes") or []]
-    table.caption = "\n".join(lines)
-    table.caption_justify = "left"
     return table
 
 

@@ -59,6 +59,9 @@ class FitTable:
         wrap: prose columns that may wrap.
         caption: a dim line under the table.
         show_header: ``False`` for two-column key/value tables.
+        hoist_constant: a column whose cell is the same in every row (two rows or more) is
+            printed once under the table (``column: value, every row``) instead of in
+            each row.
     """
 
     columns: Sequence[str]
@@ -68,6 +71,7 @@ class FitTable:
     wrap: frozenset[str] = frozenset()
     caption: str | None = None
     show_header: bool = True
+    hoist_constant: bool = False
 
     def add_row(self, *cells: Cell) -> None:
         """Append a row (one cell per column)."""
@@ -161,11 +165,42 @@ class FitTable:
             parts.append(Text(self.caption, style="dim"))
         return Group(*parts)
 
+    def hoisted(self) -> FitTable:
+        """This table without its constant columns, which move to the caption (the first
+        column, the rows' names, always stays)."""
+        if len(self.rows) < 2:
+            return self
+        keep = [0]
+        same: list[str] = []
+        for i, col in enumerate(self.columns[1:], start=1):
+            cells = {_plain(r[i]) if i < len(r) else "" for r in self.rows}
+            if len(cells) == 1:
+                (value,) = cells
+                if value.strip():
+                    same.append(f"{col}: {value}")
+            else:
+                keep.append(i)
+        if len(keep) == len(self.columns):
+            return self
+        lines = [*([self.caption] if self.caption else [])]
+        if same:
+            lines.append("every row: " + " · ".join(same))
+        return FitTable(
+            [self.columns[i] for i in keep],
+            rows=[[r[i] for i in keep if i < len(r)] for r in self.rows],
+            title=self.title,
+            right=self.right,
+            wrap=self.wrap,
+            caption="\n".join(lines) or None,
+            show_header=self.show_header,
+        )
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if self.required_width() <= options.max_width:
-            yield self.table()
+        fit = self.hoisted() if self.hoist_constant else self
+        if fit.required_width() <= options.max_width:
+            yield fit.table()
         else:
-            yield self.stacked(options.max_width)
+            yield fit.stacked(options.max_width)
 
 
 _fmt_time = format_seconds
@@ -335,6 +370,9 @@ def predictions_table(
         ),
         caption=basis + "; tok/s counts output tokens over the whole request (prefill included)",
         right=frozenset(("TTFT", "TPOT", "tok/s", "weights", "KV cache", "fits", "max batch")),
+        # Devices of one workload share weights, KV size and often the verdicts: say those
+        # once, so the columns that differ fit side by side.
+        hoist_constant=True,
     )
     for p in predictions:
         m = p["memory"]

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 
 from perfscope._argtypes import add_runs_dir
+from perfscope.analysis.catalogue import format_bytes, format_number, format_ratio, format_seconds
+from perfscope.dashboard.terminal import FitTable
 
 if TYPE_CHECKING:
     from perfscope.analysis.study import Study
@@ -111,49 +112,56 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
 
 
 def _ms(v: Any) -> str:
-    return "–" if v is None else f"{v * 1e3:.3g} ms"
+    return "–" if v is None else format_seconds(v)
 
 
 def _num(v: Any) -> str:
-    return "–" if v is None else f"{v:.4g}"
+    return "–" if v is None else format_number(v, 4)
 
 
-def study_table(study: Study) -> Table:
-    """Per setting: latency, throughput, goodput, roofline verdicts, memory."""
-    t = Table(title=f"study: {study.knob} ({study.repeat} run(s) per setting, medians)")
-    for col in (study.knob, "TTFT p50", "TPOT p50", "tok/s", "goodput req/s", "phases", "memory"):
-        t.add_column(col)
+def study_table(study: Study) -> FitTable:
+    """Per setting: latency, throughput, goodput, roofline verdicts, memory (stacked, one
+    block per setting, when the terminal is too narrow)."""
+    cols = (study.knob, "TTFT p50", "TPOT p50", "tok/s", "goodput req/s", "phases", "memory")
+    t = FitTable(
+        cols,
+        title=f"study: {study.knob} ({study.repeat} run(s) per setting, medians)",
+        right=frozenset(("TTFT p50", "TPOT p50", "tok/s", "goodput req/s", "memory")),
+        wrap=frozenset(("phases",)),
+    )
     for s in study.settings:
         phases = s.runs[0].phases if s.runs else {}
-        ph = ", ".join(
-            f"{p} {v.verdict} MFU {100 * (v.mfu or 0):.2g}% MBU {100 * (v.mbu or 0):.2g}%"
+        ph = "; ".join(
+            f"{p} {v.verdict} MFU {format_ratio(v.mfu)} MBU {format_ratio(v.mbu)}"
             for p, v in phases.items()
         )
         mem = s.memory.get("total_bytes")
         t.add_row(
-            s.value,
+            str(s.value),
             _ms(s.median.get("ttft_p50_s")),
             _ms(s.median.get("tpot_p50_s")),
             _num(s.median.get("output_tok_s")),
             _num(s.median.get("goodput_req_s")),
             ph,
-            "–" if mem is None else f"{mem / 1e6:.3g} MB",
+            "–" if mem is None else format_bytes(mem),
         )
     return t
 
 
-def effects_table(study: Study) -> Table:
+def effects_table(study: Study) -> FitTable:
     """Measured ratio against the first setting, its interval, the projection, the error."""
-    t = Table(title=f"effect against {study.knob}={study.values[0]}: measured vs projected")
-    for col in (study.knob, "metric", "measured", "interval", "verdict", "projected", "error"):
-        t.add_column(col)
+    t = FitTable(
+        (study.knob, "metric", "measured", "interval", "verdict", "projected", "error"),
+        title=f"effect against {study.knob}={study.values[0]}: measured vs projected",
+        right=frozenset(("measured", "interval", "projected", "error")),
+    )
     for s in study.settings[1:]:
         for e in s.effects:
             c = e.change
             if c.ratio is None:
                 continue
             t.add_row(
-                s.value,
+                str(s.value),
                 e.metric,
                 f"{c.ratio:.3f}x",
                 "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]",

@@ -100,3 +100,95 @@ def test_roofline_prints_whole_verdicts_and_device_keys(width: int) -> None:
     text = _cli_text([*argv, "--batch", "8"], width)
     _assert_fits(text, width, ["a100-sxm4-80gb", "h100-sxm5-80gb", "memory-bound"])
     assert "prefill included" in text
+    # Both devices hold the same weights and KV cache: one line, not a column each.
+    assert text.count("16.1 GB") == 1 and "every row:" in text
+
+
+@pytest.fixture(scope="module")
+def two_runs(run_dir: Path) -> tuple[Path, Path]:
+    """The module's run and one more in the same runs folder (for compare)."""
+    runs = run_dir.parent
+    res = _cli("run", *FAST, "--no-report", "--json", runs=runs)
+    assert res.returncode == 0, res.stderr
+    (other,) = [p for p in runs.iterdir() if p.is_dir() and p != run_dir]
+    return run_dir, other
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_show_prints_every_identifier_and_number_whole(run_dir: Path, width: int) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    text = _cli_text(["show", run_dir.name, "--runs-dir", str(run_dir.parent)], width)
+    verdicts = [p["verdict"] for p in summary["roofline"]["phases"].values()]
+    devices = [p["device"]["key"] for p in summary.get("projections") or []]
+    _assert_fits(text, width, [run_dir.name, *verdicts, *devices, "TTFT", "E2E"])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_compare_prints_whole_labels_ratios_and_changes(
+    two_runs: tuple[Path, Path], width: int
+) -> None:
+    a, b = two_runs
+    argv = ["compare", a.name, b.name, "--runs-dir", str(a.parent)]
+    text = _cli_text(argv, width)
+    _assert_fits(text, width, [a.name, b.name, "TTFT p50", "noise unknown"])
+    assert re.search(r"\d\.\d{3}x", text), "a ratio is printed whole"
+    # Single runs: the interval, noise and change are the same in every row: said once.
+    assert text.count("every row:") == 1
+    prose = " ".join(text.split())  # captions wrap at spaces
+    assert prose.count("95% CI: n/a (single runs: repeat them for an interval)") == 1
+
+
+@pytest.fixture(scope="module")
+def sweep_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    from tests.test_openai_scripted import scripted_server
+
+    runs = tmp_path_factory.mktemp("width-sweep")
+    with scripted_server("--max-concurrent", "4", "--ttft", "0.01", "--itl", "0.005") as url:
+        argv = ["sweep", f"openai:{url}", "--rates", "5,20,80", "--requests", "8"]
+        argv += ["--output-len", "4", "--slo", "ttft=50ms", "--runs-dir", str(runs), "--json"]
+        args = build_parser().parse_args(argv)
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert args.handler(args, Console(file=io.StringIO(), width=120)) == 0
+    summary: dict[str, object] = json.loads(out.getvalue())
+    return summary
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_sweep_prints_whole_rates_and_metrics(sweep_summary: dict[str, object], width: int) -> None:
+    from perfscope._cli_sweep import sweep_table
+
+    text = _text(sweep_table(sweep_summary), width)
+    _assert_fits(text, width, ["sweep (rate)", "max_goodput_rate", "80"])
+    assert "TTFT p50" in text or "TTFT" in text
+
+
+@pytest.fixture(scope="module")
+def study_result(tmp_path_factory: pytest.TempPathFactory) -> object:
+    from perfscope._cli_sweep import run_args
+    from perfscope._study import study_with
+
+    runs = tmp_path_factory.mktemp("width-study")
+    argv = ["study", "batch-size", "--values", "1,4", "--model-preset", "tiny"]
+    argv += ["--requests", "4", "--prompt-len", "16", "--output-len", "4"]
+    argv += ["--no-telemetry", "--runs-dir", str(runs)]
+    args = build_parser().parse_args(argv)
+    return study_with(run_args(args), args.knob, args.values, repeat=1, log=lambda line: None)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_study_prints_whole_settings_verdicts_and_effects(study_result: object, width: int) -> None:
+    from perfscope._cli_study import effects_table, study_table
+
+    study = study_result
+    text = _text(study_table(study), width) + _text(effects_table(study), width)  # type: ignore[arg-type]
+    verdicts = [
+        v.verdict
+        for s in study.settings  # type: ignore[attr-defined]
+        for r in s.runs[:1]
+        for v in r.phases.values()
+    ]
+    _assert_fits(text, width, ["batch-size", *verdicts, "measured"])
