@@ -443,7 +443,7 @@ def advise(
                 "assumptions": (
                     f"a tuned {'CPU' if platform == 'cpu' else 'GPU'} engine reaches "
                     f"{fmt_pct(lo_eff)}-{fmt_pct(hi_eff)} of speed of light in {name}; never "
-                    f"beyond speed of light ({bound:.3g}x)"
+                    f"beyond speed of light ({format_number(bound)}x)"
                 ),
                 "_score": high,
                 "_range": (low, high, bound),

@@ -763,7 +763,7 @@ def _withhold_measured(r: dict[str, Any], device_name: str, measured_on: str) ->
     r["evidence"] = (
         f"what-if on {device_name}: the run was measured on {measured_on}, so no measured "
         f"MFU/MBU against {device_name} is given; at speed of light this {r['phase']} would "
-        f"be {r['roof']}-bound (intensity {r['intensity']:.3g} FLOP/B"
-        + (f"{rel}ridge {ridge:.3g} FLOP/B" if ridge is not None else "")
+        f"be {r['roof']}-bound (intensity {format_number(r['intensity'])} FLOP/B"
+        + (f"{rel}ridge {format_number(ridge)} FLOP/B" if ridge is not None else "")
         + f"), {format_seconds(sol_step)} per step."
     )

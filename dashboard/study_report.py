@@ -16,6 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from perfscope.analysis.study import METRICS, Study
+from perfscope.dashboard._fmt import fmt_bytes, fmt_num, fmt_pct, fmt_time
 from perfscope.dashboard.figures import FIGURE_LAYOUT, FigureSpec, comparison_roofline_figure
 from perfscope.dashboard.report import figures_html, render_page
 
@@ -110,8 +111,8 @@ def _fmt(v: Any, metric: str) -> str:
     if v is None:
         return "–"
     if metric.endswith("_s"):
-        return f"{v * 1e3:.3g} ms"
-    return f"{v:.4g}"
+        return fmt_time(v)
+    return fmt_num(v, 4)
 
 
 def _ratio(r: float | None) -> str:
@@ -125,12 +126,11 @@ def _table(study: Study) -> tuple[str, str]:
         mem = s.memory.get("total_bytes")
         phases = s.runs[0].phases if s.runs else {}
         verdicts = "; ".join(
-            f"{p}: {esc(str(ph.verdict))} (MFU {100 * (ph.mfu or 0):.2g}%, "
-            f"MBU {100 * (ph.mbu or 0):.2g}%)"
+            f"{p}: {esc(str(ph.verdict))} (MFU {fmt_pct(ph.mfu)}, MBU {fmt_pct(ph.mbu)})"
             for p, ph in phases.items()
         )
         cells = "".join(f"<td>{_fmt(s.median.get(m), m)}</td>" for m in METRICS)
-        mem_txt = "–" if mem is None else f"{mem / 1e6:.3g} MB"
+        mem_txt = "–" if mem is None else fmt_bytes(mem)
         rows.append(f"<tr><td>{esc(s.value)}</td>{cells}<td>{mem_txt}</td><td>{verdicts}</td></tr>")
     settings = (
         f"<table><tr><th>{esc(study.knob)}</th>{head}<th>memory (weights + KV)</th>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -310,3 +311,14 @@ def test_the_roofline_working_set_holds_each_sequence_within_its_window() -> Non
     expect = cm.weight_bytes(gemma) + b * cm.kv_cache_bytes_per_sequence(gemma, ctx + 1)
     assert held["working_set_bytes"] == pytest.approx(expect)
     assert unknown["working_set_bytes"] > held["working_set_bytes"]
+
+
+def test_a_far_from_the_roof_phase_states_its_bound_without_exponent_notation() -> None:
+    """At 0.01% of speed of light the bound is 10,000x: written as a number, not 1e+04x."""
+    spec = ModelSpec.from_preset("llama-3-8b")
+    roof, wl = _run(spec, A100, batch=1, prompt=256, out=32, eff_prefill=0.5, eff_decode=1e-4)
+    got = _by_technique(advise(roof, spec, A100, wl))
+    cut = got["cut decode per-step overhead (CUDA graphs, torch.compile, fused kernels)"]
+    assert cut["projected_gain"]["bound"] > 1000
+    assert "e+" not in cut["assumptions"]
+    assert re.search(r"never beyond speed of light \(\d{1,3}(,\d{3})+x\)", cut["assumptions"])
