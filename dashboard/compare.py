@@ -14,6 +14,7 @@ from typing import Any
 
 from rich.text import Text
 
+from perfscope.analysis import Summary
 from perfscope.analysis.catalogue import find_metric, format_value, value_at
 from perfscope.analysis.compare import (
     DEFAULT_BOOTSTRAP,
@@ -44,6 +45,11 @@ __all__ = [
     "run_label",
     "set_label",
 ]
+
+
+def _json(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's summary in its JSON form (a typed Summary is written out)."""
+    return summary.to_dict() if isinstance(summary, Summary) else dict(summary)
 
 
 def run_label(summary: Mapping[str, Any], fallback: str) -> str:
@@ -94,11 +100,13 @@ def compare_sets(
     labels = (
         list(labels)
         if labels
-        else [set_label([r.summary for r in g], gid) for g, gid in zip(sets, ids, strict=True)]
+        else [
+            set_label([_json(r.summary) for r in g], gid) for g, gid in zip(sets, ids, strict=True)
+        ]
     )
     result: dict[str, Any] = compare_run_sets(
         labels,
-        [[r.summary for r in g] for g in sets],
+        [[_json(r.summary) for r in g] for g in sets],
         run_ids=ids,
         confidence=confidence,
         method=method,
@@ -121,7 +129,7 @@ def compare_tables(
     of the first run is the baseline). Runs from no set each stand alone: ratios only.
     ``labels`` names the runs (default: their ids)."""
     ids = list(labels) if labels else [run_label(r.summary, f"run {i}") for i, r in enumerate(runs)]
-    groups = group_by_run_set([r.summary for r in runs])
+    groups = group_by_run_set([_json(r.summary) for r in runs])
     if len(groups) < 2:  # all in one set: compare the runs one by one
         groups = [[i] for i in range(len(runs))]
     return compare_sets(
