@@ -215,9 +215,13 @@ def runs_table(
     from perfscope.analysis.summary import contention_record
 
     cols: tuple[str, ...] = ("run", "status", "engine", "requests", *labels)
-    if states is not None:
+    # A reason column only when some run has one (an empty column costs the width of its
+    # header, and pushes a 120-column terminal into the stacked layout).
+    reasons = states is not None and any(why for _, why in states)
+    if reasons:
         cols = (*cols, "reason")
     t = FitTable(cols, right=frozenset(("requests", *labels)), wrap=frozenset({"reason"}))
+    any_contended = False
     for i, (path, manifest, raw) in enumerate(rows):
         s = as_summary(raw)
         status = str(manifest.get("status", "?"))
@@ -226,11 +230,13 @@ def runs_table(
         reason: list[Any] = []
         if states is not None:
             status = states[i][0]
-            reason = [states[i][1] or ""]
+            if reasons:
+                reason = [states[i][1] or ""]
+        any_contended = any_contended or bool(contended)
         t.add_row(
             path.name,
             Text(
-                status + (" ⚠ contended" if contended else ""),
+                status + (" ⚠" if contended else ""),
                 style="green" if status == "complete" and not contended else "red",
             ),
             str((manifest.get("engine") or {}).get("uri", "?")),
@@ -242,5 +248,10 @@ def runs_table(
                 for n in names
             ),
             *reason,
+        )
+    if any_contended:
+        t.caption = (
+            "⚠ contended: other processes used the machine's CPU during the run; its "
+            "latencies and throughput are likely inflated"
         )
     return t

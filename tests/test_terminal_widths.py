@@ -192,3 +192,13 @@ def test_study_prints_whole_settings_verdicts_and_effects(study_result: object, 
         for v in r.phases.values()
     ]
     _assert_fits(text, width, ["batch-size", *verdicts, "measured"])
+
+
+def test_ls_is_a_table_at_120_columns_without_an_empty_reason_column(run_dir: Path) -> None:
+    stored = read_run(run_dir, tables=False)
+    rows = [(run_dir, stored.manifest, stored.summary)]
+    text = _text(runs_table(rows, states=[("complete", None)]), 120)
+    assert re.search(r"^\s*run\s+status\s+engine\s+requests", text, re.M), text
+    assert "reason" not in text
+    with_reason = _text(runs_table(rows, states=[("crashed", "process 1 is gone")]), 200)
+    assert re.search(r"\breason\s*$", with_reason.splitlines()[0]) and "is gone" in with_reason
