@@ -456,14 +456,23 @@ class ProjectionPhase(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ProjectionMemory(Record):
-    """Memory a projected workload needs (bytes) and whether it fits the device."""
+    """Memory a projected workload needs (bytes) and whether it fits the device.
+
+    ``kv_cache_bytes`` holds each sequence's KV cache at ``kv_tokens_per_sequence`` tokens
+    (capped at the model's context; sliding-window layers at their window);
+    ``kv_bytes_per_token`` is its mean per token. ``capacity_bytes`` is
+    ``mem_fraction`` of ``usable_bytes`` (what the driver exposes) when known, else of
+    ``device_bytes`` (the datasheet figure).
+    """
 
     weights_bytes: float | None = None
     kv_cache_bytes: float | None = None
     kv_bytes_per_token: float | None = None
+    kv_tokens_per_sequence: float | None = None
     total_bytes: float | None = None
     capacity_bytes: float | None = None
     device_bytes: float | None = None
+    usable_bytes: float | None = None
     mem_fraction: float | None = None
     fits: bool | None = None
 
