@@ -793,6 +793,7 @@ def sparsify_weights(model: ReferenceModel, sparsity: Sparsity) -> SparsityStats
         with torch.no_grad():
             w = child.weight.detach() * magnitude_mask(child.weight, sparsity)
         nonzeros += int(torch.count_nonzero(w))
+        sw: torch.Tensor
         if sparsity.kind == "2:4":  # pragma: no cover - CUDA only
             from torch.sparse import to_sparse_semi_structured
 
