@@ -270,3 +270,27 @@ def test_study_knobs_for_kv_dtype_and_sparsity() -> None:
     assert KNOBS["sparsity"].parse("2:4") == "2:4"
     with pytest.raises(ValueError, match="must be"):
         KNOBS["sparsity"].parse("half")
+
+
+def test_study_cli_quality_flag_stores_agreement_per_setting(tmp_path: Path) -> None:
+    import json
+
+    argv = ["study", "kv-dtype", "--values", "auto,int8", "--repeat", "1", "--requests", "2"]
+    argv += ["--warmup", "0", "--prompt-len", "8", "--output-len", "4", "--model-preset", "tiny"]
+    argv += ["--device", "cpu", "--no-telemetry", "--quality", "--json"]
+    argv += ["--runs-dir", str(tmp_path / "runs")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfscope", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    study = json.loads(proc.stdout)
+    quality = [s["quality"] for s in study["settings"]]
+    assert quality[0]["top1_agreement"] == 1.0
+    assert 0.5 < quality[1]["top1_agreement"] <= 1.0  # random weights: a sanity bound only
+    assert [s["memory"]["kv_cache_bytes"] > 0 for s in study["settings"]] == [True, True]
+    fp32, int8 = (s["memory"]["kv_cache_bytes"] for s in study["settings"])
+    assert int8 / fp32 == pytest.approx((1 + 4 / PRESETS["tiny"].head_dim) / 4)
