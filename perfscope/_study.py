@@ -72,6 +72,21 @@ def _one_of(*choices: str, aliases: Mapping[str, str] | None = None) -> Callable
 
 
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_KV_DTYPE_ALIASES = {"fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "float8": "fp8"}
+#: Other spellings of a knob (vLLM's ``kv_cache_dtype``).
+_KNOB_ALIASES = {"kv-cache-dtype": "kv-dtype"}
+
+
+def _sparsity(text: str) -> str:
+    """A ``sparsity`` value in its canonical spelling (``unstructured:0.5``)."""
+    from perfscope.profiler.engines.reference.model import parse_sparsity
+
+    try:
+        return parse_sparsity(text).label
+    except ValueError:
+        raise ValueError("must be none, unstructured:F (F between 0 and 1) or 2:4") from None
+
+
 _ON_OFF = {"true": "on", "false": "off", "1": "on", "0": "off", "yes": "on", "no": "off"}
 
 #: Every knob a study can vary, by run flag name.
@@ -124,6 +139,20 @@ KNOBS: dict[str, Knob] = {
             "explicit matmuls or torch SDPA",
         ),
         Knob(
+            "kv-dtype",
+            "option",
+            "kv_dtype",
+            _one_of("auto", "int8", "fp8", aliases=_KV_DTYPE_ALIASES),
+            "KV-cache storage dtype (vLLM kv_cache_dtype): auto = the model dtype",
+        ),
+        Knob(
+            "sparsity",
+            "option",
+            "sparsity",
+            _sparsity,
+            "magnitude pruning of the block linears: none, unstructured:F (CSR), 2:4 (CUDA)",
+        ),
+        Knob(
             "compile",
             "option",
             "compile",
@@ -136,6 +165,7 @@ KNOBS: dict[str, Knob] = {
 
 def _knob(name: str) -> Knob:
     key = name.strip().lower().removeprefix("--").replace("_", "-")
+    key = _KNOB_ALIASES.get(key, key)
     if key not in KNOBS:
         raise UsageError(f"unknown knob {name!r}: use one of {', '.join(KNOBS)}")
     return KNOBS[key]
@@ -275,6 +305,20 @@ def _check_engine(a: RunArgs) -> None:
         raise UsageError(f"reference model: {exc}") from exc
     if a.engine_options.get("quant") == "int8" and a.dtype not in (None, "float32"):
         raise UsageError("quant=int8 (dynamic int8 matmuls) runs in float32 only")
+    sparsity = str(a.engine_options.get("sparsity", "none"))
+    if sparsity != "none":
+        import torch
+
+        on_cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        if sparsity == "2:4" and not on_cuda:
+            raise UsageError(
+                "sparsity=2:4 runs only on CUDA (torch.sparse.to_sparse_semi_structured needs an "
+                "NVIDIA GPU): use sparsity=unstructured:0.5 (CSR) or none"
+            )
+        if not on_cuda and a.dtype not in (None, "float32"):
+            raise UsageError("sparsity=unstructured on cpu runs in float32 only (torch CSR matmul)")
+        if str(a.engine_options.get("quant", "none")) != "none":
+            raise UsageError("sparsity and quant cannot be combined: pick one")
 
 
 def _args_record(a: RunArgs) -> dict[str, Any]:
@@ -334,7 +378,7 @@ def study(
         knob: a run flag name (see :data:`KNOBS`): ``batch-size``, ``scheduler``,
             ``dtype``, ``concurrency``, ``rate``, ``model-preset``, ``kv-heads``,
             ``heads``, ``layers``, ``threads``, ``kv-cache``, ``quant``, ``attention``,
-            ``compile`` ...
+            ``compile``, ``kv-dtype``, ``sparsity`` ...
         values: the settings, the first being the baseline (a list or ``"A,B,C"``).
         engine: as in :func:`perfscope.run`.
         repeat: runs per setting (interleaved); 1 gives ratios without intervals.
