@@ -16,10 +16,12 @@ batch on the same device. A knob the cost model does not see (threads, the atten
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from perfscope.analysis.compare import between_run_change
@@ -41,6 +43,7 @@ __all__ = [
     "memory_need",
     "phase_points",
     "project_change",
+    "read_study",
     "run_metrics",
 ]
 
@@ -406,6 +409,24 @@ class Study:
             path=data.get("path"),
             schema=str(data["schema"]),
         )
+
+
+def read_study(path: str | Path) -> Study:
+    """Read a stored study JSON (``perfscope.study/1``) into a :class:`Study`.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON, or not a ``perfscope.study/1`` record (also for
+            missing or mistyped fields).
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    data = json.loads(text)  # JSONDecodeError is a ValueError
+    if not isinstance(data, dict):
+        raise ValueError(f"not a {SCHEMA} record (a JSON {type(data).__name__})")
+    try:
+        return Study.from_dict(data)
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise ValueError(f"a malformed {SCHEMA} record ({type(exc).__name__}: {exc})") from None
 
 
 def _median(values: Sequence[float | None]) -> float | None:

@@ -376,10 +376,9 @@ def study(
 
 def load_study(path: str | Path) -> Study:
     """Read a stored study JSON back into a :class:`~perfscope.analysis.study.Study`."""
-    from perfscope.analysis.study import Study
+    from perfscope.analysis.study import read_study
 
     try:
-        data = json.loads(Path(path).read_text())
-        return Study.from_dict(data)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return read_study(path)
+    except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read study {path}: {exc}") from exc
