@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``perfscope study``."""
     from perfscope._argtypes import key_value, nonneg_int, positive_int
     from perfscope._cli_sweep import add_openai_options
-    from perfscope._study import KNOBS
+    from perfscope._study import APPLIES, KNOBS
 
     p = subparsers.add_parser(
         "study",
@@ -34,7 +34,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "settings interleaved (A B C A B C ...) --repeat times; report each setting's "
             "latency, throughput, goodput, roofline verdicts and memory, and the measured "
             "effect against the first value (with its between-run interval) next to the "
-            "what-if projection of the same change and its error. Knobs: " + ", ".join(KNOBS)
+            "what-if projection of the same change and its error. Knobs by engine: "
+            + "; ".join(
+                f"{fam}: " + ", ".join(k for k in KNOBS if fam in APPLIES[k])
+                for fam in ("reference", "hf", "openai", "python")
+            )
         ),
     )
     p.add_argument("knob", help="a run flag name: " + ", ".join(KNOBS))
@@ -91,9 +95,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _cmd_study(args: argparse.Namespace, console: Console) -> int:
     from perfscope._cli_sweep import run_args
-    from perfscope._study import _knob, _values, study_with
+    from perfscope._study import _check_applies, _knob, _values, study_with
 
     knob = _knob(args.knob)  # one-line errors before anything runs
+    _check_applies(knob, args.engine)
     _values(knob, args.values)
     base = run_args(args)
     if args.mode is None and args.rate is None and args.concurrency is None:

@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     from perfscope._api import RunArgs
     from perfscope.analysis.study import Study
 
-__all__ = ["KNOBS", "Knob", "load_study", "study", "study_with"]
+__all__ = [
+    "APPLIES",
+    "KNOBS",
+    "Knob",
+    "engine_family",
+    "knobs_for",
+    "load_study",
+    "study",
+    "study_with",
+]
 
 
 @dataclass(frozen=True)
@@ -135,8 +144,8 @@ KNOBS: dict[str, Knob] = {
             "attention",
             "option",
             "attention",
-            _one_of("explicit", "sdpa"),
-            "explicit matmuls or torch SDPA",
+            _one_of("explicit", "sdpa", aliases={"eager": "explicit"}),
+            "explicit matmuls (hf: eager) or torch SDPA",
         ),
         Knob(
             "kv-dtype",
@@ -159,8 +168,70 @@ KNOBS: dict[str, Knob] = {
             _one_of("off", "on", aliases=_ON_OFF),
             "torch.compile of each block (kernel fusion)",
         ),
+        Knob("max-tokens", "option", "max_tokens", _int, "max_tokens sent with every request"),
+        Knob(
+            "connection",
+            "option",
+            "connection",
+            _one_of("reuse", "new"),
+            "keep-alive connections or a new one per request",
+        ),
     )
 }
+
+_ALL = ("reference", "hf", "openai", "python")
+_MODEL_SHAPE = ("reference",)
+
+#: The one table of which knob applies to which engine family (``reference``, ``hf:``,
+#: ``openai:``, ``python`` callables). The load knobs (concurrency, rate) apply to every
+#: engine; model and kernel knobs only where the engine builds the model itself; the
+#: ``openai:`` knobs are what the client sends per request or how it connects.
+APPLIES: dict[str, tuple[str, ...]] = {
+    "batch-size": ("reference", "hf"),
+    "scheduler": ("reference",),
+    "dtype": ("reference", "hf"),
+    "concurrency": _ALL,
+    "rate": _ALL,
+    "model-preset": _MODEL_SHAPE,
+    "kv-heads": _MODEL_SHAPE,
+    "heads": _MODEL_SHAPE,
+    "layers": _MODEL_SHAPE,
+    "hidden-size": _MODEL_SHAPE,
+    "intermediate-size": _MODEL_SHAPE,
+    "threads": ("reference",),
+    "kv-cache": ("reference",),
+    "quant": ("reference",),
+    "attention": ("reference", "hf"),
+    "compile": ("reference",),
+    "max-tokens": ("openai",),
+    "connection": ("openai",),
+}
+
+
+def engine_family(engine: Any) -> str:
+    """``reference``, ``hf``, ``openai`` or ``python`` (a callable or ``python:`` URI);
+    any other URI scheme is returned as written (no knob table row names it)."""
+    if not isinstance(engine, str):
+        return "python"
+    scheme = engine.split(":", 1)[0].strip().lower()
+    return scheme or "reference"
+
+
+def knobs_for(engine: Any) -> list[str]:
+    """The knobs that apply to ``engine``, in :data:`KNOBS` order."""
+    fam = engine_family(engine)
+    return [k for k in KNOBS if fam in APPLIES[k]]
+
+
+def _check_applies(knob: Knob, engine: Any) -> None:
+    fam = engine_family(engine)
+    if fam not in APPLIES[knob.name]:
+        shown = f"{fam}:" if fam in ("hf", "openai") else fam
+        usable = knobs_for(engine)
+        raise UsageError(
+            f"knob {knob.name!r} does not apply to the {shown} engine: use one of "
+            + (", ".join(usable) if usable else "none (an engine perfscope has no knobs for)")
+        )
 
 
 def _knob(name: str) -> Knob:
@@ -245,6 +316,7 @@ def study_with(
 
     say = log or (lambda line: None)
     k = _knob(knob)
+    _check_applies(k, base.engine)
     parsed = _values(k, values)
     repeat = _whole(repeat, "repeat", 1)
     label = name or f"study-{k.name}"
@@ -267,6 +339,11 @@ def study_with(
             runs.append((rnd, i, str(out.path), out.summary))
     requests = plans[0].options.workload.requests or base.default_requests
     prompt_len, output_len = _length(base.prompt_len), _length(base.output_len or 128)
+    # max_tokens replaces each request's output length (the openai engine sends it).
+    output_lens = [
+        int(s.engine_options["max_tokens"]) if s.engine_options.get("max_tokens") else output_len
+        for s in settings
+    ]
     stamp = datetime.now(UTC)
     quality_rows = [quality(_args_record(s)) for s in settings] if quality is not None else None
     result = build_study(
@@ -277,6 +354,7 @@ def study_with(
         batches=[_batch(s, requests) for s in settings],
         prompt_len=prompt_len,
         output_len=output_len,
+        output_lens=output_lens,
         kv_cache=[s.engine_options.get("kv_cache", "on") != "off" for s in settings],
         args=_args_record(base),
         created_at=stamp.isoformat(timespec="seconds"),
@@ -420,10 +498,9 @@ def study(
 
 def load_study(path: str | Path) -> Study:
     """Read a stored study JSON back into a :class:`~perfscope.analysis.study.Study`."""
-    from perfscope.analysis.study import Study
+    from perfscope.analysis.study import read_study
 
     try:
-        data = json.loads(Path(path).read_text())
-        return Study.from_dict(data)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return read_study(path)
+    except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read study {path}: {exc}") from exc
