@@ -59,6 +59,7 @@ from perfscope.profiler.engines.base import (
     register_engine,
 )
 from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.records import StepKind
 
 __all__ = ["VllmEngine", "default_vllm_python"]
 
@@ -403,7 +404,7 @@ class VllmEngine:
         if rows:
             prefill = sum(int(r[1]) for r in rows)
             decode = sum(int(r[2]) for r in rows)
-            kind = "prefill" if decode == 0 else ("decode" if prefill == 0 else "mixed")
+            kind: StepKind = "prefill" if decode == 0 else ("decode" if prefill == 0 else "mixed")
             recorder.step(
                 kind,
                 run(int(ev["t0"])),

@@ -66,10 +66,10 @@ def install_version_shim() -> None:
         return
     original = md.version
 
-    def version(name: str) -> str:
-        if name == "vllm":
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
             return cpu + "+cpu"
-        return original(name)
+        return original(distribution_name)
 
     md.version = version
 
