@@ -518,9 +518,9 @@ class VllmEngine:
         while not self._eof.wait(0.2):
             if self._fatal is not None:
                 break
-        self._raise_if_dead(ended=True)
+        self._raise_if_dead()
 
-    def _raise_if_dead(self, ended: bool = False) -> None:
+    def _raise_if_dead(self) -> None:
         if self._fatal is None and not self._eof.is_set():
             return
         if self._bye and self._fatal is None:
@@ -570,6 +570,8 @@ class VllmEngine:
             if proc.stdin is not None:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()  # the worker finishes and exits on EOF
+            if self._subs and proc.poll() is None:
+                proc.terminate()  # a run that stopped early: its open requests are moot
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
