@@ -30,6 +30,7 @@ __all__ = [
     "SUMMARY_SCHEMA",
     "SUMMARY_SCHEMAS",
     "Advice",
+    "ClusterEnergy",
     "Counts",
     "Distribution",
     "Energy",
@@ -42,6 +43,7 @@ __all__ = [
     "Hardware",
     "Latency",
     "MemoryUse",
+    "NodeEnergy",
     "PhaseRoofline",
     "Projection",
     "Record",
@@ -365,6 +367,40 @@ class MemoryUse(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeEnergy(Record):
+    """One cluster node's share of a ``--ray`` run (telemetry agent per node): its devices,
+    the energy (J) and power (W) of its headline devices over the measured window, and its
+    peak memory (bytes; GPU: the sum of each GPU's own peak). ``power_source`` is None when
+    none of its devices had a power reading."""
+
+    devices: tuple[str, ...] = ()
+    gpus: int = 0
+    power_source: str | None = None
+    power_devices: tuple[str, ...] = ()
+    energy_j: float | None = None
+    avg_power_w: float | None = None
+    peak_power_w: float | None = None
+    gpu_mem_used_peak_bytes: float | None = None
+    gpu_mem_total_bytes: float | None = None
+    system_mem_used_peak_bytes: float | None = None
+    system_mem_total_bytes: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterEnergy(Record):
+    """The cluster totals of a ``--ray`` run: energy (J), average power (W), peak memory
+    (bytes, sums over the nodes) and which nodes had no power reading (not counted)."""
+
+    nodes: tuple[str, ...] = ()
+    nodes_with_power: tuple[str, ...] = ()
+    nodes_without_power: tuple[str, ...] = ()
+    energy_j: float | None = None
+    avg_power_w: float | None = None
+    gpu_mem_used_peak_bytes: float | None = None
+    system_mem_used_peak_bytes: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Energy(Record):
     """Energy and power of the run from telemetry, or ``available`` false with the
     ``reason``. Energy in J, power in W, ``method`` ``counter`` or ``integrated``."""
@@ -392,6 +428,10 @@ class Energy(Record):
     throttle: dict[str, Any] = field(default_factory=dict)
     cpu: dict[str, Any] = field(default_factory=dict)
     hardware_counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``--ray`` runs: per-node energy, power and memory, and the cluster totals (the
+    #: headline energy and J per token are then the cluster total).
+    nodes: dict[str, NodeEnergy] = field(default_factory=dict)
+    cluster: ClusterEnergy | None = None
     notes: tuple[str, ...] = ()
 
     @property

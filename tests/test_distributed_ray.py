@@ -10,8 +10,10 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from perfscope._runner import RunOptions, execute_run
@@ -34,7 +36,14 @@ def cluster() -> Iterator[None]:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
     )
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        # Every worker samples one scripted GPU through the pynvml binding layer (no GPU here).
+        runtime_env={"worker_process_setup_hook": "tests.data.ray_fake_nvml.install"},
+    )
     yield
     ray.shutdown()
 
@@ -45,7 +54,15 @@ def server() -> Iterator[str]:
         yield url
 
 
-def _run(tmp_path: Path, engine: str, *, ray_target: str | None, **work: object) -> Path:
+def _run(
+    tmp_path: Path,
+    engine: str,
+    *,
+    ray_target: str | None,
+    telemetry: TelemetryConfig | None = None,
+    autoscale: int | None = None,
+    **work: object,
+) -> Path:
     prompts = work.pop("prompts", None)
     opts = RunOptions(
         engine=engine,
@@ -59,7 +76,8 @@ def _run(tmp_path: Path, engine: str, *, ray_target: str | None, **work: object)
         engine_options=EngineOptions(extra={"model": "m"} if engine.startswith("openai") else {}),
         runs_dir=tmp_path,
         ray=ray_target,
-        telemetry=TelemetryConfig(enabled=False),
+        ray_autoscale=autoscale,
+        telemetry=telemetry or TelemetryConfig(enabled=False),
     )
     return execute_run(opts).path
 
@@ -169,3 +187,178 @@ def test_a_killed_actor_is_reported_and_its_finished_requests_are_kept(
         w.startswith("partial run: 1 of 2 load actors were lost") for w in run.summary["warnings"]
     )
     assert len(req[req["error"].isna()]) == 40 - len(failed) >= 20 + kept - 1
+
+
+# --- telemetry agents, one per node ---------------------------------------------------------
+
+
+def test_a_ray_run_samples_every_node_through_an_agent_and_aligns_its_clock(
+    cluster: None, tmp_path: Path
+) -> None:
+    from tests.data.ray_fake_nvml import POWER_W
+
+    path = _run(
+        tmp_path,
+        "python:tests.data.engines.ray_engines:steady",
+        ray_target="local:2",
+        telemetry=TelemetryConfig(interval_s=0.05, baseline_s=0.3),
+        rate=20.0,
+        requests=24,
+        output_len=8,
+    )
+    run = read_run(path)
+    assert run.status == "complete"
+    tele = run.telemetry
+    node = ray.nodes()[0]["NodeManagerHostname"]
+    assert set(tele["node"]) == {node}
+    assert set(tele["device"]) == {"gpu0", "cpu"}
+    info = run.manifest["telemetry"]
+    assert info["backend"] == "ray" and info["driver_node"] == node
+    agent = info["nodes"][node]["agent"]
+    assert agent["same_clock"] and agent["lost"] is None and agent["rows"] == len(tele)
+    # The scripted GPU reads the agent's own raw perf_counter_ns as its temperature: each
+    # merged row, put back on the raw clock, sits within the sampling round that read it.
+    gpu = tele[tele["device"] == "gpu0"]
+    origin = run.manifest["clock_origin_perf_counter_ns"]
+    skew_ms = (gpu["t"].to_numpy() + origin - gpu["temp_c"].to_numpy()) / 1e6
+    assert np.abs(skew_ms).max() < 20.0, skew_ms
+    # Samples cover the measured window (the idle baseline before, a last sample after).
+    req = run.requests
+    assert gpu["t"].min() < req["t_sent"].min() and gpu["t"].max() > req["t_last_token"].max()
+    energy = run.summary["energy"]
+    assert energy["available"] and energy["source"] == "gpu"
+    window = energy["window_s"]
+    assert energy["total_j"] == pytest.approx(POWER_W * window, rel=0.03)
+    assert energy["j_per_output_token"] == pytest.approx(
+        energy["total_j"] / req["output_tokens"].sum(), rel=1e-9
+    )
+    assert energy["cluster"]["energy_j"] == pytest.approx(energy["total_j"])
+    assert energy["nodes"][node]["power_source"] == "gpu"
+    assert energy["cluster"]["nodes_without_power"] == []
+    assert any("cluster total of 1 of 1 nodes" in n for n in energy["notes"]), energy["notes"]
+
+
+@pytest.mark.parametrize("names", [["node-a"], ["node-a", "node-b"]])
+def test_node_agents_merge_into_one_table_and_a_cluster_total(
+    cluster: None, names: list[str]
+) -> None:
+    """The per-node path with the node list given: a local cluster has one node, so each
+    named "node" is an agent pinned to it (its own process, sampler and clock exchange)."""
+    import time
+
+    import pyarrow as pa
+
+    from perfscope.analysis.energy import energy_section
+    from perfscope.profiler.cluster_telemetry import ClusterTelemetry, NodeTarget
+    from tests.data.ray_fake_nvml import POWER_W
+
+    real = ray.nodes()[0]["NodeID"]
+    origin = time.perf_counter_ns()
+    tele = ClusterTelemetry(
+        ray,
+        TelemetryConfig(interval_s=0.05, baseline_s=0.0, cpu=False),
+        origin,
+        nodes=[NodeTarget(real, n) for n in names],
+        poll_interval_s=0.2,
+    ).start()
+    increments = []
+    t_end = time.monotonic() + 1.5
+    while time.monotonic() < t_end:
+        time.sleep(0.3)
+        increments.append(tele.take_new())
+    merged = tele.stop()
+    increments.append(tele.take_new())
+    streamed = pa.concat_tables(increments)
+    # Everything the agents sent reached the flusher's increments once, and nothing else.
+    assert streamed.num_rows == merged.num_rows
+    assert sorted(streamed.column("t").to_pylist()) == sorted(merged.column("t").to_pylist())
+    frame = merged.to_pandas()
+    assert sorted(set(frame["node"])) == names
+    info = tele.manifest_info()
+    assert sorted(info["nodes"]) == names and info["devices"] == [f"{n}/gpu0" for n in names]
+    # A synthetic request over the span every node sampled: the cluster total is every
+    # node's GPU.
+    span = frame.groupby("node")["t"].agg(["min", "max"])
+    w0, w1 = int(span["min"].max()) + 100_000_000, int(span["max"].min()) - 100_000_000
+    assert w1 - w0 > 500_000_000, span
+    requests = pd.DataFrame(
+        {
+            "request_id": [0],
+            "t_sent": [w0],
+            "t_first_token": [w0],
+            "t_last_token": [w1],
+            "output_tokens": [10],
+            "prompt_tokens": [8],
+            "is_warmup": [False],
+            "error": [None],
+        }
+    )
+    sec = energy_section(frame, pd.DataFrame(), requests, pd.DataFrame(), info)
+    window_s = (w1 - w0) / 1e9
+    assert sec["total_j"] == pytest.approx(len(names) * POWER_W * window_s, rel=0.03)
+    assert sec["j_per_output_token"] == pytest.approx(sec["total_j"] / 10)
+    assert sorted(sec["nodes"]) == names
+    for n in names:
+        assert sec["nodes"][n]["energy_j"] == pytest.approx(POWER_W * window_s, rel=0.03)
+    assert sec["cluster"]["energy_j"] == pytest.approx(sec["total_j"])
+
+
+# --- autoscale --------------------------------------------------------------------------------
+
+
+def _hog_run(tmp_path: Path, autoscale: int | None) -> Any:
+    return read_run(
+        _run(
+            tmp_path,
+            "python:tests.data.engines.ray_engines:gil_hog_on_even",
+            ray_target="local:2",
+            autoscale=autoscale,
+            rate=6.0,
+            requests=48,
+            output_len=3,
+        )
+    )
+
+
+def test_a_lagging_actor_gets_a_new_actor_for_its_requests_not_yet_sent(
+    cluster: None, tmp_path: Path
+) -> None:
+    run = _hog_run(tmp_path, autoscale=3)
+    assert run.status == "complete"
+    req = run.requests
+    assert len(req) == 48 and req["error"].isna().all()
+    dist = run.manifest["distributed"]
+    auto = dist["autoscale"]
+    assert auto["enabled"] and auto["max_actors"] == 3
+    first = auto["decisions"][0]
+    # Actor 0 serves the even requests, whose tokens hold its GIL: its lag is the one seen.
+    assert first["actor"] == 0 and first["action"] == "added", auto["decisions"]
+    assert (first["actors_before"], first["actors_after"], first["new_actor"]) == (2, 3, 2)
+    assert first["moved_requests"] > 0
+    assert first["lag_p99_s"] > first["threshold_s"] >= 1e-3
+    assert len(dist["actors"]) == 3 and dist["actors"][2]["added_at_s"] is not None
+    actors = (
+        __import__("pyarrow.parquet", fromlist=["x"])
+        .read_table(run.path / "actors.parquet")
+        .to_pandas()
+    )
+    moved = actors[actors["actor"] == 2]["request_id"]
+    assert len(moved) == first["moved_requests"] and (moved % 2 == 0).all()
+    assert sorted(actors["request_id"]) == list(range(48))
+    # The added actor's requests were planned after the decision: none of them is sent
+    # before it existed.
+    sent = req.set_index("request_id").loc[moved.to_list(), "t_sent"] / 1e9
+    assert (sent > dist["actors"][2]["added_at_s"]).all()
+
+
+def test_without_autoscale_a_lagging_actor_is_a_warning_and_no_actor_is_added(
+    cluster: None, tmp_path: Path
+) -> None:
+    run = _hog_run(tmp_path, autoscale=None)
+    dist = run.manifest["distributed"]
+    assert len(dist["actors"]) == 2
+    decisions = dist["autoscale"]["decisions"]
+    assert decisions and decisions[0]["actor"] == 0 and decisions[0]["action"] == "warned"
+    assert all(d["actors_after"] == 2 for d in decisions)
+    warned = [w for w in run.summary["warnings"] if "event-loop lag" in w]
+    assert warned and "--ray-autoscale" in warned[0], run.summary["warnings"]
