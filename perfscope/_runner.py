@@ -28,7 +28,7 @@ from typing import Any
 from perfscope import __version__
 from perfscope._analyze import analyze_stored
 from perfscope.analysis import Summary
-from perfscope.errors import PerfscopeError, StorageError
+from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
@@ -307,11 +307,6 @@ def _serve_distributed(
 
     from perfscope.profiler.distributed import parse_ray_target, plan_for, run_distributed
 
-    if opts.engine.split(":", 1)[0] not in ("openai", "python"):
-        raise PerfscopeError(
-            "--ray spreads per-request engines (openai:, python:) over load actors; "
-            f"{opts.engine!r} batches in one process"
-        )
     load = opts.load
     plan = plan_for(
         specs, load.mode, load.rate, load.arrival, load.burstiness, load.seed, load.duration_s
@@ -326,6 +321,15 @@ def _serve_distributed(
         concurrency=load.concurrency,
         autoscale_max=opts.ray_autoscale,
     )
+
+
+def _check_ray_engine(engine: str) -> None:
+    """``--ray`` serves per-request engines only: refuse the others before anything runs."""
+    if engine.split(":", 1)[0] not in ("openai", "python"):
+        raise UsageError(
+            "--ray spreads per-request engines (openai:, python:) over load actors; "
+            f"{engine!r} batches in one process: drop --ray for it"
+        )
 
 
 def _start_cluster_telemetry(
@@ -367,6 +371,8 @@ def execute_run(
     # A new prompt salt per run (unless a seed asked for an exact repeat): no server can
     # answer a rerun from its prefix cache.
     opts = dataclasses.replace(opts, workload=with_fresh_salt(opts.workload))
+    if opts.ray is not None:
+        _check_ray_engine(opts.engine)
     specs = build_workload(opts.workload)
     opts.load.validate()
     longest = max(s.prompt_tokens + s.max_output_tokens for s in specs)

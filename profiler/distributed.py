@@ -167,7 +167,9 @@ class ActorReport:
         drift_ns: ``offset_end - offset_start`` (0 on one host: one monotonic clock).
         uncertainty_ns: residual alignment uncertainty of its records.
         send_lag_p50_s, send_lag_p99_s: sent − scheduled on the actor (its own saturation).
-        cpu_s: CPU seconds the actor process used during the run.
+        cpu_s: CPU seconds the actor process used while serving its share.
+        serve_s: wall seconds from its start to its last request's end (``cpu_s / serve_s``
+            is its load on a core).
         loop_lag: its event-loop lag over the run (``source``, ``samples``, ``p50_s``,
             ``p99_s``, ``max_s``): the engine's own loop probe (``openai:``), else a probe
             thread in the actor.
@@ -189,6 +191,7 @@ class ActorReport:
     send_lag_p50_s: float | None = None
     send_lag_p99_s: float | None = None
     cpu_s: float | None = None
+    serve_s: float | None = None
     loop_lag: dict[str, Any] | None = None
     added_at_s: float | None = None
     lost: str | None = None
@@ -354,6 +357,8 @@ class LoadActor:
         self._error: str | None = None
         self._done = False
         self._cpu0 = time.process_time()
+        self._t0: float | None = None
+        self._t_done: float | None = None
         # The plan not yet started, shared by the feeder and release().
         self._plan_lock = threading.Lock()
         self._queue: list[tuple[RequestSpec, int]] = []
@@ -392,6 +397,8 @@ class LoadActor:
         """
         with self._plan_lock:
             self._queue, self._next, self._users = list(plan), 0, concurrency
+        self._cpu0 = time.process_time()
+        self._t0 = time.perf_counter()
         if self._engine_lags() is None:
             threading.Thread(target=self._probe, name="perfscope-lag-probe", daemon=True).start()
         self._thread = threading.Thread(target=self._serve, name="perfscope-load", daemon=True)
@@ -483,6 +490,7 @@ class LoadActor:
         except BaseException as exc:
             self._error = f"{type(exc).__name__}: {exc}"[:300]
         finally:
+            self._t_done = time.perf_counter()
             self._done = True
 
     def poll(self) -> dict[str, Any]:
@@ -512,6 +520,7 @@ class LoadActor:
             "done": done and not ids,
             "error": self._error,
             "cpu_s": time.process_time() - self._cpu0,
+            "serve_s": (self._t_done or time.perf_counter()) - self._t0 if self._t0 else None,
             "lag_p99_s": _ns_to_s(_percentile(window, 0.99)),
             "lag_samples": len(window),
         }
@@ -723,8 +732,6 @@ class _Fleet:
         off = self.reports[i].offset_start
         assert off is not None
         plan = sorted(((spec, t + off.offset_ns) for spec, t in items), key=lambda item: item[1])
-        if users == 0:
-            plan = []
         self.reports[i].requests += len(plan)
         for spec, _ in plan:
             self.pending[i][spec.request_id] = spec
@@ -836,6 +843,7 @@ class _Fleet:
             )
             rep.completed += 1
         rep.cpu_s = got["cpu_s"]
+        rep.serve_s = got.get("serve_s")
         if got["error"] and f"load actor {i}: {got['error']}" not in self.result.errors:
             self.result.errors.append(f"load actor {i}: {got['error']}")
         if got["done"]:

@@ -303,6 +303,35 @@ def test_node_agents_merge_into_one_table_and_a_cluster_total(
     assert sec["cluster"]["energy_j"] == pytest.approx(sec["total_j"])
 
 
+def test_a_lost_telemetry_agent_is_reported_and_its_samples_are_kept(cluster: None) -> None:
+    import signal
+    import time
+
+    from perfscope.profiler.cluster_telemetry import ClusterTelemetry, NodeTarget
+
+    real = ray.nodes()[0]["NodeID"]
+    tele = ClusterTelemetry(
+        ray,
+        TelemetryConfig(interval_s=0.05, baseline_s=0.0, cpu=False),
+        time.perf_counter_ns(),
+        nodes=[NodeTarget(real, "node-a"), NodeTarget(real, "node-b")],
+        poll_interval_s=0.2,
+    ).start()
+    time.sleep(1.0)
+    victim = tele.manifest_info()["nodes"]["node-b"]["agent"]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(1.0)
+    frame = tele.stop().to_pandas()
+    info = tele.manifest_info()
+    assert info["nodes"]["node-b"]["agent"]["lost"].startswith("telemetry agent on node node-b")
+    assert info["nodes"]["node-a"]["agent"]["lost"] is None
+    assert any("node-b lost" in e for e in info["errors"]), info["errors"]
+    rows = frame.groupby("node")["t"].agg(["count", "max"])
+    # What node-b sent before it died stays; node-a kept sampling after.
+    assert rows.loc["node-b", "count"] >= 5
+    assert rows.loc["node-a", "max"] > rows.loc["node-b", "max"] + 0.5e9
+
+
 # --- autoscale --------------------------------------------------------------------------------
 
 
