@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["THROTTLE_REASONS", "EnergyCurve", "energy_section"]
+__all__ = ["THROTTLE_REASONS", "EnergyCurve", "device_keys", "energy_section"]
 
 THROTTLE_REASONS: dict[str, int] = {
     "sw_power_cap": 0x4,
@@ -217,15 +217,21 @@ def _node_of(key: str) -> str | None:
     return key.rsplit("/", 1)[0] if "/" in key else None
 
 
-def _device_frames(tele: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Samples per device. Rows that carry a ``node`` (a ``--ray`` run's telemetry agents)
-    are keyed ``node/device``, so ``gpu0`` of two nodes stay two devices."""
-    if tele is None or len(tele) == 0 or "device" not in tele.columns:
-        return {}
+def device_keys(tele: pd.DataFrame) -> pd.Series:
+    """Each telemetry row's device key: ``device``, or ``node/device`` for rows that carry a
+    ``node`` (a ``--ray`` run's telemetry agents), so ``gpu0`` of two nodes stay two devices."""
     keys = tele["device"].astype(str)
     if "node" in tele.columns and tele["node"].notna().any():
         node = tele["node"].astype("string").fillna("")
         keys = keys.where(node == "", node + "/" + keys).astype(str)
+    return keys
+
+
+def _device_frames(tele: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Samples per device key (:func:`device_keys`)."""
+    if tele is None or len(tele) == 0 or "device" not in tele.columns:
+        return {}
+    keys = device_keys(tele)
     out: dict[str, pd.DataFrame] = {}
     for dev, df in tele.groupby(keys.to_numpy(), sort=True):
         out[str(dev)] = df.sort_values("t", kind="stable")

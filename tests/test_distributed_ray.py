@@ -236,6 +236,11 @@ def test_a_ray_run_samples_every_node_through_an_agent_and_aligns_its_clock(
     assert energy["nodes"][node]["power_source"] == "gpu"
     assert energy["cluster"]["nodes_without_power"] == []
     assert any("cluster total of 1 of 1 nodes" in n for n in energy["notes"]), energy["notes"]
+    # The trace export keeps each node's devices apart.
+    from perfscope.dashboard.exporters import perfetto_trace
+
+    devices = perfetto_trace(run)["otherData"]["telemetry_devices"]
+    assert devices == [f"{node}/cpu", f"{node}/gpu0"]
 
 
 @pytest.mark.parametrize("names", [["node-a"], ["node-a", "node-b"]])
