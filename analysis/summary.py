@@ -726,6 +726,7 @@ def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
         )
     out.extend(_client_warnings(manifest))
     out.extend(_distributed_warnings(manifest))
+    out.extend(_telemetry_warnings(manifest))
     return out
 
 
@@ -762,7 +763,35 @@ def _distributed_warnings(manifest: Mapping[str, Any]) -> list[str]:
             f"{len(lagging)} load actor(s) sent late (send lag p99 up to "
             f"{format_seconds(worst)}): they were saturated; use more actors or fewer streams"
         )
+    decisions = (dist.get("autoscale") or {}).get("decisions") or []
+    for d in decisions:
+        if isinstance(d, Mapping) and d.get("action") == "added":
+            out.append(
+                f"load actor {d.get('actor')}'s event-loop lag p99 reached "
+                f"{format_seconds(d.get('lag_p99_s'))} at {d.get('t_s', 0):.1f} s (threshold "
+                f"{format_seconds(d.get('threshold_s'))}): --ray-autoscale added actor "
+                f"{d.get('new_actor')} and moved {d.get('moved_requests')} of its requests to "
+                "it; its stamps before that may be late"
+            )
     return out
+
+
+def _telemetry_warnings(manifest: Mapping[str, Any]) -> list[str]:
+    """A ``--ray`` run's telemetry agents that were lost: their nodes' samples stop there."""
+    tele = manifest.get("telemetry")
+    if not isinstance(tele, Mapping) or tele.get("backend") != "ray":
+        return []
+    lost = [
+        str((n.get("agent") or {}).get("lost"))
+        for n in (tele.get("nodes") or {}).values()
+        if isinstance(n, Mapping) and (n.get("agent") or {}).get("lost")
+    ]
+    if not lost:
+        return []
+    return [
+        f"{len(lost)} of {len(tele.get('nodes') or {})} telemetry agents were lost "
+        f"({'; '.join(lost)}): their nodes' power and memory stop at the last samples received"
+    ]
 
 
 #: Share of prompt tokens served from the server's prefix cache above which a run that was
