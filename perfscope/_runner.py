@@ -32,6 +32,7 @@ from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
+from perfscope.profiler.cluster_telemetry import ClusterTelemetry
 from perfscope.profiler.contention import ContentionMeter, local_server_ports
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
@@ -86,7 +87,10 @@ class RunOptions:
             (Nsight Systems) is attached.
         command: the command line, for the manifest.
         ray: spread load generation over Ray actors (``local:N``, a cluster address, or
-            ``auto``); ``None`` = this process alone.
+            ``auto``); ``None`` = this process alone. Telemetry then comes from one agent
+            per cluster node (``node`` column), not from this process.
+        ray_autoscale: with ``ray``, add load actors (up to this many in all) when one's
+            event-loop lag grows past the threshold; ``None`` = warn only.
         server_metrics: scraping of the server's Prometheus endpoint (``auto``: an HTTP
             engine's ``/metrics`` when it answers).
         run_set: the run set this run belongs to (``perfscope run --repeat``): ``id``,
@@ -108,6 +112,7 @@ class RunOptions:
     nvtx: bool | None = None
     command: list[str] | None = None
     ray: str | None = None
+    ray_autoscale: int | None = None
     server_metrics: ServerMetricsConfig = field(default_factory=ServerMetricsConfig)
     run_set: dict[str, Any] | None = None
     model_spec: dict[str, Any] | None = None
@@ -319,11 +324,6 @@ def _serve_distributed(
 
     from perfscope.profiler.distributed import parse_ray_target, plan_for, run_distributed
 
-    if opts.engine.split(":", 1)[0] not in ("openai", "python"):
-        raise PerfscopeError(
-            "--ray spreads per-request engines (openai:, python:) over load actors; "
-            f"{opts.engine!r} batches in one process"
-        )
     load = opts.load
     plan = plan_for(
         specs, load.mode, load.rate, load.arrival, load.burstiness, load.seed, load.duration_s
@@ -336,7 +336,43 @@ def _serve_distributed(
         clock.origin_perf_counter_ns,
         parse_ray_target(opts.ray),
         concurrency=load.concurrency,
+        autoscale_max=opts.ray_autoscale,
     )
+
+
+def _check_ray_engine(engine: str) -> None:
+    """``--ray`` serves per-request engines only: refuse the others before anything runs."""
+    if engine.split(":", 1)[0] not in ("openai", "python"):
+        raise UsageError(
+            "--ray spreads per-request engines (openai:, python:) over load actors; "
+            f"{engine!r} batches in one process: drop --ray for it"
+        )
+
+
+def _start_cluster_telemetry(
+    opts: RunOptions, tcfg: TelemetryConfig, clock: MonotonicClock
+) -> tuple[Any, bool]:
+    """``--ray``: connect to the cluster first and start one telemetry agent per node.
+    Returns the session and whether this call started Ray (then the run shuts it down)."""
+    from perfscope.profiler.cluster_telemetry import ClusterTelemetry
+    from perfscope.profiler.distributed import connect, disconnect, parse_ray_target
+
+    started = connect(parse_ray_target(opts.ray))
+    try:
+        import ray
+
+        return ClusterTelemetry(ray, tcfg, clock.origin_perf_counter_ns).start(), started
+    except BaseException:
+        if started:
+            disconnect()
+        raise
+
+
+def _release_ray(started: bool) -> None:
+    if started:
+        from perfscope.profiler.distributed import disconnect
+
+        disconnect()
 
 
 def execute_run(
@@ -352,6 +388,8 @@ def execute_run(
     # A new prompt salt per run (unless a seed asked for an exact repeat): no server can
     # answer a rerun from its prefix cache.
     opts = dataclasses.replace(opts, workload=with_fresh_salt(opts.workload))
+    if opts.ray is not None:
+        _check_ray_engine(opts.engine)
     specs = build_workload(opts.workload)
     opts.load.validate()
     longest = max(s.prompt_tokens + s.max_output_tokens for s in specs)
@@ -372,7 +410,8 @@ def execute_run(
     if info.model is None and hf_config:
         info.model = _model_from_hf_config(str(hf_config), info.dtype)
     clock = MonotonicClock()
-    telemetry: TelemetrySession | None = None
+    telemetry: TelemetrySession | ClusterTelemetry | None = None
+    ray_started = False
     try:
         database = load_database()  # once per run: resolution here, projections later
         hardware = resolve_hardware(info.to_dict(), opts.hw, database=database)
@@ -383,7 +422,10 @@ def execute_run(
             if str(info.device or "").startswith("cuda") and not tcfg.cuda_memory:
                 tcfg = TelemetryConfig(**{**tcfg.__dict__, "cuda_memory": True})
             # Before the first request: it samples the idle baseline first.
-            telemetry = start_telemetry(clock, tcfg)
+            if opts.ray is not None:
+                telemetry, ray_started = _start_cluster_telemetry(opts, tcfg, clock)
+            else:
+                telemetry = start_telemetry(clock, tcfg)
     except BaseException:
         engine.close()
         raise
@@ -436,6 +478,7 @@ def execute_run(
     except BaseException:
         if telemetry is not None:
             telemetry.stop()
+        _release_ray(ray_started)
         engine.close()
         raise
 
@@ -454,7 +497,7 @@ def execute_run(
     flusher = SegmentFlusher(
         run_dir,
         recorder,
-        telemetry=telemetry.snapshot if telemetry is not None else None,
+        telemetry=_telemetry_source(telemetry),
         heartbeat=mwriter.heartbeat,
         on_error=stop_capture,
         interval_s=interval,
@@ -530,6 +573,10 @@ def execute_run(
                 if distributed is not None:
                     manifest["distributed"] = distributed.to_dict()
                     manifest["errors"].extend(distributed.errors)
+                    manifest["warnings"].extend(distributed.warnings)
+                if isinstance(telemetry, ClusterTelemetry):
+                    manifest["errors"].extend(telemetry.errors)
+                _release_ray(ray_started)
                 manifest["warnings"].extend(
                     f"{n} {text}" for text, n in sorted(recorder.warnings.items())
                 )
@@ -553,6 +600,19 @@ def execute_run(
     return RunOutcome(
         path=run_dir, status=status, summary=summary, error=error, succeeded=succeeded
     )
+
+
+def _telemetry_source(
+    telemetry: TelemetrySession | ClusterTelemetry | None,
+) -> Callable[[int], Any] | None:
+    """What the segment flusher reads new samples from: a local session by time, the
+    cluster's agents by arrival (nodes report at their own pace)."""
+    if telemetry is None:
+        return None
+    if isinstance(telemetry, ClusterTelemetry):
+        cluster = telemetry
+        return lambda _after_t: cluster.take_new()
+    return telemetry.snapshot
 
 
 def _compact(
