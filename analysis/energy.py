@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["THROTTLE_REASONS", "EnergyCurve", "energy_section"]
+__all__ = ["THROTTLE_REASONS", "EnergyCurve", "device_keys", "energy_section"]
 
 THROTTLE_REASONS: dict[str, int] = {
     "sw_power_cap": 0x4,
@@ -207,19 +207,45 @@ def _windowed_mean(
 # -- the section --------------------------------------------------------------------------------
 
 
+def _kind(key: str) -> str:
+    """The device part of a device key: ``gpu0`` of ``node-a/gpu0`` (or of ``gpu0``)."""
+    return key.rsplit("/", 1)[-1]
+
+
+def _node_of(key: str) -> str | None:
+    """The node part of a device key (``node-a`` of ``node-a/gpu0``); None on one host."""
+    return key.rsplit("/", 1)[0] if "/" in key else None
+
+
+def device_keys(tele: pd.DataFrame) -> pd.Series:
+    """Each telemetry row's device key: ``device``, or ``node/device`` for rows that carry a
+    ``node`` (a ``--ray`` run's telemetry agents), so ``gpu0`` of two nodes stay two devices."""
+    keys = tele["device"].astype(str)
+    if "node" in tele.columns and tele["node"].notna().any():
+        node = tele["node"].astype("string").fillna("")
+        keys = keys.where(node == "", node + "/" + keys).astype(str)
+    return keys
+
+
 def _device_frames(tele: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Samples per device key (:func:`device_keys`)."""
     if tele is None or len(tele) == 0 or "device" not in tele.columns:
         return {}
+    keys = device_keys(tele)
     out: dict[str, pd.DataFrame] = {}
-    for dev, df in tele.groupby("device", sort=True):
+    for dev, df in tele.groupby(keys.to_numpy(), sort=True):
         out[str(dev)] = df.sort_values("t", kind="stable")
     return out
 
 
 def _curves(
-    frames: dict[str, pd.DataFrame], devices: list[str]
+    frames: dict[str, pd.DataFrame], devices: list[str], *, partial: bool = False
 ) -> tuple[dict[str, EnergyCurve], str]:
-    """Per-device curves, all by counter if every device has one, else all integrated."""
+    """Per-device curves, all by counter if every device has one, else all integrated.
+
+    ``partial`` (a cluster): when no method covers every device, the method that covers
+    the most devices is used for those it covers; the caller names the devices left out.
+    """
     counter: dict[str, EnergyCurve] = {}
     integ: dict[str, EnergyCurve] = {}
     for d in devices:
@@ -237,6 +263,8 @@ def _curves(
         return counter, "counter"
     if integ and len(integ) == len(devices):
         return integ, "integrated"
+    if partial and (counter or integ):
+        return (counter, "counter") if len(counter) >= len(integ) else (integ, "integrated")
     return {}, "unavailable"
 
 
@@ -458,10 +486,25 @@ def _throttle(
     return {"share": float(np.mean([s["any"] for s in shares.values()])), "per_device": shares}
 
 
+def _cpu_key(frames: dict[str, pd.DataFrame], manifest: dict[str, Any]) -> str | None:
+    """The host whose CPU the top-level ``cpu`` section describes: this host on a single-host
+    run, the driver's node on a cluster (every node's is under ``nodes``)."""
+    if "cpu" in frames:
+        return "cpu"
+    driver = manifest.get("driver_node")
+    if driver and f"{driver}/cpu" in frames:
+        return f"{driver}/cpu"
+    return next((d for d in frames if _kind(d) == "cpu"), None)
+
+
 def _cpu_section(
-    frames: dict[str, pd.DataFrame], manifest: dict[str, Any], w0: float, w1: float
+    frames: dict[str, pd.DataFrame],
+    manifest: dict[str, Any],
+    w0: float,
+    w1: float,
+    key: str | None = "cpu",
 ) -> dict[str, Any]:
-    df = frames.get("cpu")
+    df = frames.get(key) if key is not None else None
     if df is None:
         return {"sampled": False}
     t = _col(df, "t")
@@ -502,6 +545,96 @@ def _cpu_section(
     return out
 
 
+def _peak(values: np.ndarray) -> float | None:
+    return _f(np.nanmax(values)) if len(values) and not np.all(np.isnan(values)) else None
+
+
+def _nodes_section(
+    frames: dict[str, pd.DataFrame],
+    curves: dict[str, EnergyCurve],
+    manifest: dict[str, Any],
+    w0: float,
+    w1: float,
+    source: str | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per-node power and memory of a cluster run, and the cluster totals.
+
+    A node's energy counts only its headline devices (the ones in ``curves``), so the nodes'
+    energies add up to the run's total; a node none of whose devices has a power reading
+    is listed in ``nodes_without_power``.
+    """
+    window_s = (w1 - w0) / 1e9
+    wa, wb = np.array([w0]), np.array([w1])
+    nodes: dict[str, Any] = {}
+    names = sorted({n for d in frames if (n := _node_of(d)) is not None})
+    for node in names:
+        devs = sorted(d for d in frames if _node_of(d) == node)
+        mine = {d: c for d, c in curves.items() if _node_of(d) == node}
+        gpus = [d for d in devs if _kind(d).startswith("gpu")]
+        gpu_peaks = [p for d in gpus if (p := _peak(_col(frames[d], "mem_used_bytes")))]
+        cpu = frames.get(f"{node}/cpu")
+        entry: dict[str, Any] = {
+            "devices": [_kind(d) for d in devs],
+            "gpus": len(gpus),
+            "power_source": source if mine else None,
+            "power_devices": [_kind(d) for d in sorted(mine)],
+            "energy_j": None,
+            "avg_power_w": None,
+            "peak_power_w": None,
+            # Sum of each GPU's own peak: an upper bound of what was in use at one moment.
+            "gpu_mem_used_peak_bytes": float(sum(gpu_peaks)) if gpu_peaks else None,
+            "gpu_mem_total_bytes": _f(
+                sum(float((manifest.get("mem_total_bytes") or {}).get(d) or 0) for d in gpus)
+            )
+            or None,
+            "system_mem_used_peak_bytes": _peak(_col(cpu, "mem_used_bytes")),
+            "system_mem_total_bytes": _f(
+                (manifest.get("mem_total_bytes") or {}).get(f"{node}/cpu")
+            ),
+        }
+        if mine:
+            e = float(_energy_between(mine, wa, wb)[0])
+            entry["energy_j"] = e
+            entry["avg_power_w"] = _ratio(e, window_s)
+            entry["peak_power_w"] = _peak_power(frames, mine, w0, w1)[0]
+        nodes[node] = entry
+    with_power = [n for n, e in nodes.items() if e["energy_j"] is not None]
+    cluster: dict[str, Any] = {
+        "nodes": names,
+        "nodes_with_power": with_power,
+        "nodes_without_power": [n for n in names if n not in with_power],
+        "energy_j": float(sum(nodes[n]["energy_j"] for n in with_power)) if with_power else None,
+        "gpu_mem_used_peak_bytes": _f(
+            sum(e["gpu_mem_used_peak_bytes"] or 0 for e in nodes.values())
+        )
+        or None,
+        "system_mem_used_peak_bytes": _f(
+            sum(e["system_mem_used_peak_bytes"] or 0 for e in nodes.values())
+        )
+        or None,
+    }
+    cluster["avg_power_w"] = _ratio(cluster["energy_j"], window_s)
+    return nodes, cluster
+
+
+def _cluster_note(cluster: dict[str, Any], source: str | None) -> str:
+    names = cluster["nodes"]
+    missing = cluster["nodes_without_power"]
+    what = {"gpu": "GPUs'", "cpu": "CPU packages' (RAPL)"}.get(source or "", "")
+    if source is None:
+        return (
+            f"no node of the cluster ({', '.join(names)}) had a power reading: energy is "
+            "unavailable"
+        )
+    text = (
+        f"energy and energy per token are the cluster total of {len(cluster['nodes_with_power'])}"
+        f" of {len(names)} nodes' {what} energy ({', '.join(cluster['nodes_with_power'])})"
+    )
+    if missing:
+        text += f"; no power reading on {', '.join(missing)} (not counted)"
+    return text
+
+
 def energy_section(
     telemetry: pd.DataFrame,
     steps: pd.DataFrame,
@@ -531,7 +664,9 @@ def energy_section(
     """
     manifest = manifest_telemetry or {}
     frames = _device_frames(telemetry)
-    gpus = [d for d in frames if d.startswith("gpu")]
+    gpus = [d for d in frames if _kind(d).startswith("gpu")]
+    cpus = [d for d in frames if _kind(d) == "cpu"]
+    clustered = any(_node_of(d) is not None for d in frames)
     notes: list[str] = []
 
     req = requests if requests is not None else pd.DataFrame()
@@ -546,17 +681,23 @@ def energy_section(
         )
 
     # Which devices carry the headline energy?
-    gpu_curves, gpu_method = _curves(frames, gpus) if gpus else ({}, "unavailable")
+    gpu_curves, gpu_method = (
+        _curves(frames, gpus, partial=clustered) if gpus else ({}, "unavailable")
+    )
     source: str | None = None
     curves: dict[str, EnergyCurve] = {}
     method = "unavailable"
     if gpu_curves:
         source, curves, method = "gpu", gpu_curves, gpu_method
-    elif "cpu" in frames:
-        cpu_curves, cpu_method = _curves(frames, ["cpu"])
+    elif cpus:
+        cpu_curves, cpu_method = _curves(frames, cpus, partial=clustered)
         if cpu_curves and cpu_method == "counter":
             source, curves, method = "cpu", cpu_curves, "counter"
 
+    if clustered and source is not None:
+        left_out = [d for d in (gpus if source == "gpu" else cpus) if d not in curves]
+        if left_out:
+            notes.append(f"no power reading from {', '.join(left_out)}: not counted")
     reasons: list[str] = []
     if source is None:
         if gpus:
@@ -592,17 +733,22 @@ def energy_section(
         return section
     w0, w1 = window
     wa, wb = np.array([w0]), np.array([w1])
-    all_devices = gpus or (["cpu"] if "cpu" in frames else [])
+    all_devices = gpus or cpus
     section["memory"] = _memory(frames, all_devices, manifest, mem_capacity_bytes if gpus else None)
     section["throttle"] = _throttle(frames, gpus, w0, w1)
-    section["cpu"] = _cpu_section(frames, manifest, w0, w1)
+    section["cpu"] = _cpu_section(frames, manifest, w0, w1, _cpu_key(frames, manifest))
+    window_s = (w1 - w0) / 1e9
+    if clustered:
+        section["nodes"], section["cluster"] = _nodes_section(
+            frames, curves, manifest, w0, w1, source
+        )
+        notes.append(_cluster_note(section["cluster"], source))
 
     if source is None:
         section["notes"] = notes
         return section
 
     total = float(_energy_between(curves, wa, wb)[0])
-    window_s = (w1 - w0) / 1e9
     section["total_j"] = total
     section["avg_power_w"] = _ratio(total, window_s)
     section["j_per_output_token"] = _ratio(total, out_tokens)

@@ -30,6 +30,8 @@ __all__ = [
     "SUMMARY_SCHEMA",
     "SUMMARY_SCHEMAS",
     "Advice",
+    "AdviceCalibration",
+    "ClusterEnergy",
     "Counts",
     "Distribution",
     "Energy",
@@ -42,6 +44,7 @@ __all__ = [
     "Hardware",
     "Latency",
     "MemoryUse",
+    "NodeEnergy",
     "PhaseRoofline",
     "Projection",
     "Record",
@@ -365,6 +368,40 @@ class MemoryUse(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeEnergy(Record):
+    """One cluster node's share of a ``--ray`` run (telemetry agent per node): its devices,
+    the energy (J) and power (W) of its headline devices over the measured window, and its
+    peak memory (bytes; GPU: the sum of each GPU's own peak). ``power_source`` is None when
+    none of its devices had a power reading."""
+
+    devices: tuple[str, ...] = ()
+    gpus: int = 0
+    power_source: str | None = None
+    power_devices: tuple[str, ...] = ()
+    energy_j: float | None = None
+    avg_power_w: float | None = None
+    peak_power_w: float | None = None
+    gpu_mem_used_peak_bytes: float | None = None
+    gpu_mem_total_bytes: float | None = None
+    system_mem_used_peak_bytes: float | None = None
+    system_mem_total_bytes: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterEnergy(Record):
+    """The cluster totals of a ``--ray`` run: energy (J), average power (W), peak memory
+    (bytes, sums over the nodes) and which nodes had no power reading (not counted)."""
+
+    nodes: tuple[str, ...] = ()
+    nodes_with_power: tuple[str, ...] = ()
+    nodes_without_power: tuple[str, ...] = ()
+    energy_j: float | None = None
+    avg_power_w: float | None = None
+    gpu_mem_used_peak_bytes: float | None = None
+    system_mem_used_peak_bytes: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Energy(Record):
     """Energy and power of the run from telemetry, or ``available`` false with the
     ``reason``. Energy in J, power in W, ``method`` ``counter`` or ``integrated``."""
@@ -392,6 +429,10 @@ class Energy(Record):
     throttle: dict[str, Any] = field(default_factory=dict)
     cpu: dict[str, Any] = field(default_factory=dict)
     hardware_counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``--ray`` runs: per-node energy, power and memory, and the cluster totals (the
+    #: headline energy and J per token are then the cluster total).
+    nodes: dict[str, NodeEnergy] = field(default_factory=dict)
+    cluster: ClusterEnergy | None = None
     notes: tuple[str, ...] = ()
 
     @property
@@ -421,15 +462,32 @@ class Gain(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdviceCalibration(Record):
+    """How far the studies measured a suggestion's kind of projection to be off on this
+    hardware class (:mod:`perfscope.analysis.calibration`): ``error`` = projected /
+    measured - 1, ``significant`` whether the measured interval excluded 1, ``text`` one
+    sentence, ``source`` the study's provenance; ``calibrated`` false when no study did."""
+
+    hardware_class: str = ""
+    technique: str | None = None
+    calibrated: bool = False
+    significant: bool | None = None
+    error: float | None = None
+    text: str = ""
+    source: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Advice(Record):
-    """One ranked suggestion: the technique, why it applies, its projected gain and the
-    assumptions that number rests on."""
+    """One ranked suggestion: the technique, why it applies, its projected gain, the
+    assumptions that number rests on and its calibration against measured studies."""
 
     technique: str = ""
     why: str = ""
     projected_gain: Gain = field(default_factory=Gain)
     assumptions: str | None = None
     rank: int = 0
+    calibration: AdviceCalibration | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -695,6 +753,7 @@ def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
         )
     out.extend(_client_warnings(manifest))
     out.extend(_distributed_warnings(manifest))
+    out.extend(_telemetry_warnings(manifest))
     return out
 
 
@@ -731,7 +790,35 @@ def _distributed_warnings(manifest: Mapping[str, Any]) -> list[str]:
             f"{len(lagging)} load actor(s) sent late (send lag p99 up to "
             f"{format_seconds(worst)}): they were saturated; use more actors or fewer streams"
         )
+    decisions = (dist.get("autoscale") or {}).get("decisions") or []
+    for d in decisions:
+        if isinstance(d, Mapping) and d.get("action") == "added":
+            out.append(
+                f"load actor {d.get('actor')}'s event-loop lag p99 reached "
+                f"{format_seconds(d.get('lag_p99_s'))} at {d.get('t_s', 0):.1f} s (threshold "
+                f"{format_seconds(d.get('threshold_s'))}): --ray-autoscale added actor "
+                f"{d.get('new_actor')} and moved {d.get('moved_requests')} of its requests to "
+                "it; its stamps before that may be late"
+            )
     return out
+
+
+def _telemetry_warnings(manifest: Mapping[str, Any]) -> list[str]:
+    """A ``--ray`` run's telemetry agents that were lost: their nodes' samples stop there."""
+    tele = manifest.get("telemetry")
+    if not isinstance(tele, Mapping) or tele.get("backend") != "ray":
+        return []
+    lost = [
+        str((n.get("agent") or {}).get("lost"))
+        for n in (tele.get("nodes") or {}).values()
+        if isinstance(n, Mapping) and (n.get("agent") or {}).get("lost")
+    ]
+    if not lost:
+        return []
+    return [
+        f"{len(lost)} of {len(tele.get('nodes') or {})} telemetry agents were lost "
+        f"({'; '.join(lost)}): their nodes' power and memory stop at the last samples received"
+    ]
 
 
 #: Share of prompt tokens served from the server's prefix cache above which a run that was

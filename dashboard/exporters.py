@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis.energy import device_keys
 from perfscope.analysis.metrics import per_request
 from perfscope.profiler.store import write_stream_atomic, write_text_atomic
 
@@ -371,6 +372,7 @@ def _telemetry_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict
     tele = run.telemetry
     if tele is None or tele.empty:
         return
+    tele = tele.assign(device=device_keys(tele))  # node/device on a cluster run
     devices = sorted(str(d) for d in tele["device"].dropna().unique())
     info["telemetry_devices"] = devices
     fields = [f for f in _TELEMETRY_FIELDS if f in tele.columns]

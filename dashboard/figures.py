@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from perfscope.analysis.compare import latency_samples
+from perfscope.analysis.energy import device_keys
 from perfscope.analysis.summary import PhaseRoofline, Roofline, RooflineCeilings, Summary
 from perfscope.dashboard._fmt import esc, finite, fmt_num, fmt_pct, fmt_si, fmt_time
 from perfscope.dashboard.view import as_summary, roofline_ceilings
@@ -766,6 +767,8 @@ def throughput_figure(
         tickformat=",d",
         showgrid=False,
     )
+    if tele_rows:
+        tele = tele.assign(device=device_keys(tele))  # node/device on a cluster run
     devices = sorted(str(d) for d in tele["device"].dropna().unique()) if tele_rows else []
     for i, (column, label, scale) in enumerate(tele_rows, start=2):
         for j, dev in enumerate(devices):

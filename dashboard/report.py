@@ -29,7 +29,7 @@ import plotly
 import plotly.io as pio
 
 from perfscope.analysis import Summary
-from perfscope.analysis.catalogue import metric, value_at
+from perfscope.analysis.catalogue import format_bytes, metric, value_at
 from perfscope.analysis.summary import Gain, Projection
 from perfscope.dashboard._fmt import (
     esc,
@@ -415,10 +415,54 @@ def _verdicts(summary: Summary) -> str:
     return "".join(out)
 
 
+def _nodes_table(summary: Summary) -> str:
+    """A cluster run (``--ray``): each node's energy, power and memory, and the total."""
+    en = summary.energy
+    if not en.nodes:
+        return ""
+
+    def fmt(name: str, value: Any) -> str:
+        return metric(name).format(value) if value is not None else "–"
+
+    def mem(value: float | None) -> str:
+        return format_bytes(value) if value is not None else "–"
+
+    head = (
+        "<table><thead><tr><th>node</th><th class='n'>GPUs</th><th>power from</th>"
+        "<th class='n'>energy</th><th class='n'>avg power</th><th class='n'>peak power</th>"
+        "<th class='n'>GPU memory peak</th><th class='n'>system memory peak</th>"
+        "</tr></thead><tbody>"
+    )
+    rows = []
+    for name, n in en.nodes.items():
+        rows.append(
+            f"<tr><td>{esc(name)}</td><td class='n'>{n.gpus}</td>"
+            f"<td>{esc(n.power_source or 'no power reading')}</td>"
+            f"<td class='n'>{fmt('energy.total_j', n.energy_j)}</td>"
+            f"<td class='n'>{fmt('avg_power_w', n.avg_power_w)}</td>"
+            f"<td class='n'>{fmt('peak_power_w', n.peak_power_w)}</td>"
+            f"<td class='n'>{mem(n.gpu_mem_used_peak_bytes)}</td>"
+            f"<td class='n'>{mem(n.system_mem_used_peak_bytes)}</td></tr>"
+        )
+    c = en.cluster
+    if c is not None:
+        rows.append(
+            f"<tr><th>cluster ({len(c.nodes)} nodes)</th><td></td><td></td>"
+            f"<th class='n'>{fmt('energy.total_j', c.energy_j)}</th>"
+            f"<th class='n'>{fmt('avg_power_w', c.avg_power_w)}</th><td></td>"
+            f"<th class='n'>{mem(c.gpu_mem_used_peak_bytes)}</th>"
+            f"<th class='n'>{mem(c.system_mem_used_peak_bytes)}</th></tr>"
+        )
+    return "<h4>Per node</h4>" + head + "".join(rows) + "</tbody></table>"
+
+
 def _energy_block(summary: Summary) -> str:
     en = summary.energy
     if not en.available:
-        return f"<h3>Energy</h3><p class='missing'>Not available: {esc(en.reason)}.</p>"
+        return (
+            f"<h3>Energy</h3><p class='missing'>Not available: {esc(en.reason)}.</p>"
+            + _nodes_table(summary)
+        )
     power = en.power
 
     def fmt(name: str, value: Any) -> str:
@@ -444,7 +488,10 @@ def _energy_block(summary: Summary) -> str:
         rows.append((f"phase {phase}", fmt("energy.total_j", p.energy_j)))
     notes = "".join(f"<li>{esc(n)}</li>" for n in en.notes)
     return (
-        "<h3>Energy</h3>" + _kv_table(rows) + (f"<ul class='caption'>{notes}</ul>" if notes else "")
+        "<h3>Energy</h3>"
+        + _kv_table(rows)
+        + _nodes_table(summary)
+        + (f"<ul class='caption'>{notes}</ul>" if notes else "")
     )
 
 
@@ -456,7 +503,8 @@ def _advice(summary: Summary) -> str:
     else:
         out.append(
             "<table><thead><tr><th>#</th><th>technique</th><th>why</th>"
-            "<th class='n'>projected gain</th><th>assumptions</th></tr></thead><tbody>"
+            "<th class='n'>projected gain</th><th>assumptions</th>"
+            "<th>calibration (measured by our studies)</th></tr></thead><tbody>"
         )
         for i, a in enumerate(summary.advice, start=1):
             g = a.projected_gain
@@ -464,7 +512,8 @@ def _advice(summary: Summary) -> str:
                 f"<tr><td>{esc(a.rank or i)}</td><td>{esc(a.technique)}</td>"
                 f"<td>{esc(a.why)}</td>"
                 f"<td class='n'>{esc(_gain_text(g))} {esc(g.unit)}</td>"
-                f"<td>{esc(a.assumptions)}</td></tr>"
+                f"<td>{esc(a.assumptions)}</td>"
+                f"<td>{esc(a.calibration.text if a.calibration is not None else '')}</td></tr>"
             )
         out.append("</tbody></table>")
     out.append(_projections(summary))

@@ -476,6 +476,24 @@ def energy_table(section: dict[str, Any]) -> RenderableType:
             _bytes(m.get("peak_used_bytes")),
             f"of {_bytes(m.get('capacity_bytes'))} ({_fmt(m.get('peak_pct_of_capacity'), '%')})",
         )
+    for node, n in (section.get("nodes") or {}).items():
+        table.add_row(
+            f"node {node}",
+            _fmt(n.get("energy_j"), " J", 4) if n.get("energy_j") is not None else "no power",
+            f"avg {_fmt(n.get('avg_power_w'), ' W')}, peak {_fmt(n.get('peak_power_w'), ' W')}; "
+            f"GPU memory peak {_bytes(n.get('gpu_mem_used_peak_bytes'))} "
+            f"({n.get('gpus', 0)} GPUs), system memory peak "
+            f"{_bytes(n.get('system_mem_used_peak_bytes'))}",
+        )
+    cluster = section.get("cluster")
+    if cluster:
+        table.add_row(
+            f"cluster ({len(cluster.get('nodes') or [])} nodes)",
+            _fmt(cluster.get("energy_j"), " J", 4),
+            f"avg {_fmt(cluster.get('avg_power_w'), ' W')}; GPU memory peak "
+            f"{_bytes(cluster.get('gpu_mem_used_peak_bytes'))}, system memory peak "
+            f"{_bytes(cluster.get('system_mem_used_peak_bytes'))}",
+        )
     cpu = section.get("cpu") or {}
     if cpu.get("sampled"):
         table.add_row(

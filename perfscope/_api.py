@@ -99,6 +99,8 @@ class RunArgs:
     name: str | None = None
     command: Sequence[str] | None = None
     ray: str | None = None
+    #: With ``ray``: add load actors, up to this many, when one's event-loop lag grows.
+    ray_autoscale: int | None = None
     #: The model an engine that reports none (HTTP, python) serves: a preset name, a
     #: ``config.json`` or its folder, a ModelSpec or its dict; gives an estimated roofline.
     model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None
@@ -434,10 +436,20 @@ def plan(a: RunArgs) -> RunPlan:
         nvtx=a.nvtx,
         command=list(a.command) if a.command is not None else None,
         ray=a.ray,
+        ray_autoscale=_autoscale(a),
         model_spec=_model_spec(a),
         server_metrics=_server_metrics(a),
     )
     return RunPlan(options, factory)
+
+
+def _autoscale(a: RunArgs) -> int | None:
+    if a.ray_autoscale is None:
+        return None
+    if a.ray is None:
+        raise UsageError(f"{a.arg('ray_autoscale')} needs --ray (load actors to add to)")
+    n = _whole(a.ray_autoscale, a.arg("ray_autoscale"), 1)
+    return n
 
 
 def _server_metrics(a: RunArgs) -> Any:
@@ -505,6 +517,7 @@ def run(
     name: str | None = None,
     command: Sequence[str] | None = None,
     ray: str | None = None,
+    ray_autoscale: int | None = None,
     model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None,
     server_metrics: str | None = "auto",
     progress: ProgressHook | None = None,
@@ -573,6 +586,8 @@ def run(
         command: the command line recorded in the manifest (default: ``sys.argv``).
         ray: generate the load from Ray actors (``"local:4"``, a cluster address, or
             ``"auto"``); per-request engines only (``openai:``, ``python:``).
+        ray_autoscale: with ``ray``, add load actors (up to this many in all) when one's
+            event-loop lag exceeds a tenth of the inter-token gap; None: only warn.
         model_spec: the model an engine that reports none (``openai:``, ``python:``)
             serves: a preset (``"llama-3-8b"``), a Hugging Face ``config.json`` or its
             folder, or a :class:`ModelSpec`; the run then gets an estimated roofline (an
@@ -632,6 +647,7 @@ def run(
         name=name,
         command=command,
         ray=ray,
+        ray_autoscale=ray_autoscale,
         model_spec=model_spec,
         server_metrics=server_metrics,
         engine_options=engine_options,

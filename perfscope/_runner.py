@@ -28,10 +28,11 @@ from typing import Any
 from perfscope import __version__
 from perfscope._analyze import analyze_stored
 from perfscope.analysis import Summary
-from perfscope.errors import PerfscopeError, StorageError
+from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
+from perfscope.profiler.cluster_telemetry import ClusterTelemetry
 from perfscope.profiler.contention import ContentionMeter, local_server_ports
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
@@ -86,7 +87,10 @@ class RunOptions:
             (Nsight Systems) is attached.
         command: the command line, for the manifest.
         ray: spread load generation over Ray actors (``local:N``, a cluster address, or
-            ``auto``); ``None`` = this process alone.
+            ``auto``); ``None`` = this process alone. Telemetry then comes from one agent
+            per cluster node (``node`` column), not from this process.
+        ray_autoscale: with ``ray``, add load actors (up to this many in all) when one's
+            event-loop lag grows past the threshold; ``None`` = warn only.
         server_metrics: scraping of the server's Prometheus endpoint (``auto``: an HTTP
             engine's ``/metrics`` when it answers).
         run_set: the run set this run belongs to (``perfscope run --repeat``): ``id``,
@@ -108,6 +112,7 @@ class RunOptions:
     nvtx: bool | None = None
     command: list[str] | None = None
     ray: str | None = None
+    ray_autoscale: int | None = None
     server_metrics: ServerMetricsConfig = field(default_factory=ServerMetricsConfig)
     run_set: dict[str, Any] | None = None
     model_spec: dict[str, Any] | None = None
@@ -301,6 +306,23 @@ def _model_from_hf_config(
     return {**spec.to_dict(), "lm_head_all_positions": False}
 
 
+def _check_local_model(engine: str) -> None:
+    """Refuse a ``vllm:PATH`` model whose architecture the cost model does not know, before
+    vLLM spends minutes starting: its roofline would have no model to measure against."""
+    scheme, _, path = engine.partition(":")
+    if scheme.strip().lower() != "vllm" or not (Path(path).expanduser() / "config.json").is_file():
+        return  # the engine itself names a missing folder
+    from perfscope.analysis.modelspec import ModelSpec
+
+    try:
+        ModelSpec.from_hf_config(Path(path).expanduser())
+    except UsageError as exc:
+        raise UsageError(
+            f"vllm engine: perfscope cannot model {path}: {exc} (the roofline needs the "
+            "model's shape)"
+        ) from exc
+
+
 def _serve_distributed(
     opts: RunOptions,
     eopts: EngineOptions,
@@ -313,11 +335,6 @@ def _serve_distributed(
 
     from perfscope.profiler.distributed import parse_ray_target, plan_for, run_distributed
 
-    if opts.engine.split(":", 1)[0] not in ("openai", "python"):
-        raise PerfscopeError(
-            "--ray spreads per-request engines (openai:, python:) over load actors; "
-            f"{opts.engine!r} batches in one process"
-        )
     load = opts.load
     plan = plan_for(
         specs, load.mode, load.rate, load.arrival, load.burstiness, load.seed, load.duration_s
@@ -330,7 +347,43 @@ def _serve_distributed(
         clock.origin_perf_counter_ns,
         parse_ray_target(opts.ray),
         concurrency=load.concurrency,
+        autoscale_max=opts.ray_autoscale,
     )
+
+
+def _check_ray_engine(engine: str) -> None:
+    """``--ray`` serves per-request engines only: refuse the others before anything runs."""
+    if engine.split(":", 1)[0] not in ("openai", "python"):
+        raise UsageError(
+            "--ray spreads per-request engines (openai:, python:) over load actors; "
+            f"{engine!r} batches in one process: drop --ray for it"
+        )
+
+
+def _start_cluster_telemetry(
+    opts: RunOptions, tcfg: TelemetryConfig, clock: MonotonicClock
+) -> tuple[Any, bool]:
+    """``--ray``: connect to the cluster first and start one telemetry agent per node.
+    Returns the session and whether this call started Ray (then the run shuts it down)."""
+    from perfscope.profiler.cluster_telemetry import ClusterTelemetry
+    from perfscope.profiler.distributed import connect, disconnect, parse_ray_target
+
+    started = connect(parse_ray_target(opts.ray))
+    try:
+        import ray
+
+        return ClusterTelemetry(ray, tcfg, clock.origin_perf_counter_ns).start(), started
+    except BaseException:
+        if started:
+            disconnect()
+        raise
+
+
+def _release_ray(started: bool) -> None:
+    if started:
+        from perfscope.profiler.distributed import disconnect
+
+        disconnect()
 
 
 def execute_run(
@@ -346,6 +399,8 @@ def execute_run(
     # A new prompt salt per run (unless a seed asked for an exact repeat): no server can
     # answer a rerun from its prefix cache.
     opts = dataclasses.replace(opts, workload=with_fresh_salt(opts.workload))
+    if opts.ray is not None:
+        _check_ray_engine(opts.engine)
     specs = build_workload(opts.workload)
     opts.load.validate()
     longest = max(s.prompt_tokens + s.max_output_tokens for s in specs)
@@ -358,6 +413,7 @@ def execute_run(
             "extra": {"prompt_salt": str(opts.workload.prompt_salt), **eopts.extra},
         }
     )
+    _check_local_model(opts.engine)
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
     # A server's model (openai:) is known from its config: --engine-opt hf_config=PATH.
@@ -369,7 +425,8 @@ def execute_run(
             mla_absorbed=bool(info.config.get("mla_absorbed", True)),
         )
     clock = MonotonicClock()
-    telemetry: TelemetrySession | None = None
+    telemetry: TelemetrySession | ClusterTelemetry | None = None
+    ray_started = False
     try:
         database = load_database()  # once per run: resolution here, projections later
         hardware = resolve_hardware(info.to_dict(), opts.hw, database=database)
@@ -380,7 +437,10 @@ def execute_run(
             if str(info.device or "").startswith("cuda") and not tcfg.cuda_memory:
                 tcfg = TelemetryConfig(**{**tcfg.__dict__, "cuda_memory": True})
             # Before the first request: it samples the idle baseline first.
-            telemetry = start_telemetry(clock, tcfg)
+            if opts.ray is not None:
+                telemetry, ray_started = _start_cluster_telemetry(opts, tcfg, clock)
+            else:
+                telemetry = start_telemetry(clock, tcfg)
     except BaseException:
         engine.close()
         raise
@@ -433,6 +493,7 @@ def execute_run(
     except BaseException:
         if telemetry is not None:
             telemetry.stop()
+        _release_ray(ray_started)
         engine.close()
         raise
 
@@ -451,7 +512,7 @@ def execute_run(
     flusher = SegmentFlusher(
         run_dir,
         recorder,
-        telemetry=telemetry.snapshot if telemetry is not None else None,
+        telemetry=_telemetry_source(telemetry),
         heartbeat=mwriter.heartbeat,
         on_error=stop_capture,
         interval_s=interval,
@@ -527,6 +588,10 @@ def execute_run(
                 if distributed is not None:
                     manifest["distributed"] = distributed.to_dict()
                     manifest["errors"].extend(distributed.errors)
+                    manifest["warnings"].extend(distributed.warnings)
+                if isinstance(telemetry, ClusterTelemetry):
+                    manifest["errors"].extend(telemetry.errors)
+                _release_ray(ray_started)
                 manifest["warnings"].extend(
                     f"{n} {text}" for text, n in sorted(recorder.warnings.items())
                 )
@@ -550,6 +615,19 @@ def execute_run(
     return RunOutcome(
         path=run_dir, status=status, summary=summary, error=error, succeeded=succeeded
     )
+
+
+def _telemetry_source(
+    telemetry: TelemetrySession | ClusterTelemetry | None,
+) -> Callable[[int], Any] | None:
+    """What the segment flusher reads new samples from: a local session by time, the
+    cluster's agents by arrival (nodes report at their own pace)."""
+    if telemetry is None:
+        return None
+    if isinstance(telemetry, ClusterTelemetry):
+        cluster = telemetry
+        return lambda _after_t: cluster.take_new()
+    return telemetry.snapshot
 
 
 def _compact(

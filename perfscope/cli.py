@@ -181,6 +181,15 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "running cluster or starts a local one (openai: and python: engines; "
         "pip install 'perfscope[ray]')",
     )
+    d.add_argument(
+        "--ray-autoscale",
+        type=positive_int,
+        default=None,
+        metavar="MAX",
+        help="with --ray: when a load actor's event-loop lag exceeds a tenth of the "
+        "inter-token gap (and 1 ms), add an actor for the requests not yet sent, up to MAX "
+        "actors in all; the decisions are recorded in the run (default: only warn)",
+    )
     e = p.add_argument_group("engine")
     e.add_argument(
         "--batch-size",

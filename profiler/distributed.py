@@ -33,8 +33,10 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from statistics import median
 from typing import Any
 
 from perfscope.errors import UsageError
@@ -44,9 +46,14 @@ from perfscope.profiler.records import RequestSpec
 
 __all__ = [
     "ActorReport",
+    "AutoscaleDecision",
     "ClockOffset",
     "DistributedResult",
     "RayTarget",
+    "actor_offset",
+    "boot_id",
+    "connect",
+    "disconnect",
     "measure_offset",
     "parse_ray_target",
     "plan_for",
@@ -60,6 +67,11 @@ POLL_INTERVAL_S = 0.5
 PLAN_LEAD_S = 1.0
 #: Clock exchanges per offset measurement.
 OFFSET_SAMPLES = 9
+#: Polls in a row an actor's event-loop lag must exceed the threshold before the driver
+#: acts (warns, or adds an actor): one slow window (a GC pause) is not saturation.
+AUTOSCALE_STREAK = 2
+#: Inter-token gaps kept per actor to judge its lag against (the latest ones).
+GAP_WINDOW = 512
 
 
 @dataclass(frozen=True)
@@ -155,7 +167,13 @@ class ActorReport:
         drift_ns: ``offset_end - offset_start`` (0 on one host: one monotonic clock).
         uncertainty_ns: residual alignment uncertainty of its records.
         send_lag_p50_s, send_lag_p99_s: sent − scheduled on the actor (its own saturation).
-        cpu_s: CPU seconds the actor process used during the run.
+        cpu_s: CPU seconds the actor process used while serving its share.
+        serve_s: wall seconds from its start to its last request's end (``cpu_s / serve_s``
+            is its load on a core).
+        loop_lag: its event-loop lag over the run (``source``, ``samples``, ``p50_s``,
+            ``p99_s``, ``max_s``): the engine's own loop probe (``openai:``), else a probe
+            thread in the actor.
+        added_at_s: run time the autoscaler added it (None: started with the run).
         lost: why the actor was lost, or None.
     """
 
@@ -173,7 +191,40 @@ class ActorReport:
     send_lag_p50_s: float | None = None
     send_lag_p99_s: float | None = None
     cpu_s: float | None = None
+    serve_s: float | None = None
+    loop_lag: dict[str, Any] | None = None
+    added_at_s: float | None = None
     lost: str | None = None
+
+
+@dataclass(frozen=True)
+class AutoscaleDecision:
+    """What the driver did when a load actor's event-loop lag crossed the threshold.
+
+    Attributes:
+        t_s: run time of the decision (s).
+        actor: the lagging actor.
+        lag_p99_s: its event-loop lag p99 over the last poll window (s).
+        gap_s: the median inter-token gap of the requests it finished (s).
+        threshold_s: the lag above which its stamps are called late (s).
+        action: ``added`` (a new actor took half its requests not yet started),
+            ``warned`` (no ``--ray-autoscale``), ``at cap`` (``--ray-autoscale MAX``
+            reached) or ``nothing to move`` (no request of its share was left to hand over).
+        actors_before, actors_after: load actors before and after.
+        new_actor: the added actor's index, or None.
+        moved_requests: requests handed from ``actor`` to ``new_actor``.
+    """
+
+    t_s: float
+    actor: int
+    lag_p99_s: float
+    gap_s: float
+    threshold_s: float
+    action: str
+    actors_before: int
+    actors_after: int
+    new_actor: int | None = None
+    moved_requests: int = 0
 
 
 @dataclass
@@ -187,6 +238,9 @@ class DistributedResult:
         actors: one report per load actor.
         request_actor: request id -> actor index.
         errors: lost actors and actor failures, as sentences.
+        warnings: conditions that make the numbers less trustworthy (a lagging actor).
+        autoscale_max: ``--ray-autoscale MAX`` (None: off, lagging actors only warn).
+        decisions: every autoscale decision, in order.
     """
 
     address: str | None
@@ -194,6 +248,9 @@ class DistributedResult:
     actors: list[ActorReport] = field(default_factory=list)
     request_actor: dict[int, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    autoscale_max: int | None = None
+    decisions: list[AutoscaleDecision] = field(default_factory=list)
 
     @property
     def uncertainty_ns(self) -> int | None:
@@ -224,6 +281,11 @@ class DistributedResult:
             "actors": [asdict(a) for a in self.actors],
             "clock_uncertainty_ns": self.uncertainty_ns,
             "errors": list(self.errors),
+            "autoscale": {
+                "enabled": self.autoscale_max is not None,
+                "max_actors": self.autoscale_max,
+                "decisions": [asdict(d) for d in self.decisions],
+            },
         }
 
 
@@ -295,6 +357,17 @@ class LoadActor:
         self._error: str | None = None
         self._done = False
         self._cpu0 = time.process_time()
+        self._t0: float | None = None
+        self._t_done: float | None = None
+        # The plan not yet started, shared by the feeder and release().
+        self._plan_lock = threading.Lock()
+        self._queue: list[tuple[RequestSpec, int]] = []
+        self._next = 0
+        self._users: int | None = None
+        # Event-loop lag: the engine's own probe (openai:) where it has one, else this
+        # actor's probe thread (how late a 2 ms sleep wakes: GIL and CPU waits).
+        self._probe_lags: list[int] = []
+        self._lag_pos = 0
 
     def _on_finish(self, request_id: int) -> None:
         with self._lock:
@@ -308,18 +381,74 @@ class LoadActor:
         """Host name, pid and the kernel's boot id (same boot id = same monotonic clock)."""
         return socket.gethostname(), os.getpid(), boot_id()
 
+    def _engine_lags(self) -> list[int] | None:
+        lags = getattr(getattr(self._engine, "stats", None), "lag_ns", None)
+        return lags if isinstance(lags, list) else None
+
+    def _lags(self) -> list[int]:
+        engine = self._engine_lags()
+        return engine if engine is not None else self._probe_lags
+
     def start(self, plan: list[tuple[RequestSpec, int]], concurrency: int | None) -> None:
         """Serve ``plan`` (spec, absolute send time on this clock) in the background.
 
         ``concurrency``: a closed loop of that many users over the plan's specs (send times
         then only order the specs; the first sends start at the first planned time).
         """
-        self._thread = threading.Thread(
-            target=self._serve, args=(plan, concurrency), name="perfscope-load", daemon=True
-        )
+        with self._plan_lock:
+            self._queue, self._next, self._users = list(plan), 0, concurrency
+        self._cpu0 = time.process_time()
+        self._t0 = time.perf_counter()
+        if self._engine_lags() is None:
+            threading.Thread(target=self._probe, name="perfscope-lag-probe", daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, name="perfscope-load", daemon=True)
         self._thread.start()
 
-    def _serve(self, plan: list[tuple[RequestSpec, int]], concurrency: int | None) -> None:
+    def _probe(self, step_s: float = 0.002) -> None:
+        step = int(step_s * 1e9)
+        lags = self._probe_lags
+        while not self._done:
+            t0 = time.perf_counter_ns()
+            time.sleep(step_s)
+            lags.append(max(0, time.perf_counter_ns() - t0 - step))
+
+    def release(self, t_from_ns: int | None, users: int = 0) -> list[int]:
+        """Give up every other request not started yet, for another actor to send.
+
+        Only requests planned at or after ``t_from_ns`` (this clock) move, so the new
+        actor has time to receive them; None: any not started (a closed loop). A closed
+        loop also gives up ``users`` of its users (keeping at least one).
+
+        Returns:
+            The ids of the requests this actor will no longer send.
+        """
+        with self._plan_lock:
+            rest = self._queue[self._next :]
+            keep: list[tuple[RequestSpec, int]] = []
+            give: list[int] = []
+            movable = 0
+            for spec, t in rest:
+                if t_from_ns is None or t >= t_from_ns:
+                    movable += 1
+                    if movable % 2 == 0:
+                        give.append(spec.request_id)
+                        continue
+                keep.append((spec, t))
+            self._queue = self._queue[: self._next] + keep
+            self._next = min(self._next, len(self._queue))
+            if self._users is not None and users:
+                self._users = max(1, self._users - users)
+        return give
+
+    def _take(self) -> tuple[RequestSpec, int] | None:
+        with self._plan_lock:
+            if self._next >= len(self._queue):
+                return None
+            item = self._queue[self._next]
+            self._next += 1
+            return item
+
+    def _serve(self) -> None:
         from perfscope.profiler.engines.base import Inbox, Submission
 
         inbox = Inbox()
@@ -337,10 +466,11 @@ class LoadActor:
 
         def feed() -> None:
             try:
-                for spec, t_plan in plan:
-                    if concurrency is not None:
+                while (item := self._take()) is not None:
+                    spec, t_plan = item
+                    if self._users is not None:
                         with done:
-                            while len(open_ids) >= concurrency:
+                            while len(open_ids) >= self._users:
                                 done.wait(0.5)
                         t_plan = max(t_plan, clock.now_ns())
                     clock.sleep_until_ns(t_plan)
@@ -360,10 +490,12 @@ class LoadActor:
         except BaseException as exc:
             self._error = f"{type(exc).__name__}: {exc}"[:300]
         finally:
+            self._t_done = time.perf_counter()
             self._done = True
 
     def poll(self) -> dict[str, Any]:
-        """Requests finished since the last poll, with their chunks; ``done`` once served."""
+        """Requests finished since the last poll, with their chunks; ``done`` once served;
+        the event-loop lag p99 over the lag samples taken since the last poll (s)."""
         with self._lock:
             ids, self._finished = self._finished, []
         done = self._done
@@ -381,11 +513,28 @@ class LoadActor:
             row = dict(by_id[rid])
             row["chunks"] = self._chunk_rows.pop(rid, [])
             out.append(row)
+        lags = self._lags()
+        window, self._lag_pos = lags[self._lag_pos :], len(lags)
         return {
             "requests": out,
             "done": done and not ids,
             "error": self._error,
             "cpu_s": time.process_time() - self._cpu0,
+            "serve_s": (self._t_done or time.perf_counter()) - self._t0 if self._t0 else None,
+            "lag_p99_s": _ns_to_s(_percentile(window, 0.99)),
+            "lag_samples": len(window),
+        }
+
+    def lag_summary(self) -> dict[str, Any]:
+        """Event-loop lag over the whole run (s) and where it was measured."""
+        lags = self._lags()
+        src = "engine event loop" if self._engine_lags() is not None else "actor probe thread"
+        return {
+            "source": src,
+            "samples": len(lags),
+            "p50_s": _ns_to_s(_percentile(lags, 0.5)),
+            "p99_s": _ns_to_s(_percentile(lags, 0.99)),
+            "max_s": _ns_to_s(max(lags) if lags else None),
         }
 
     def close(self) -> None:
@@ -402,6 +551,10 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
+def _ns_to_s(ns: float | None) -> float | None:
+    return None if ns is None else ns * 1e-9
+
+
 def _import_ray() -> Any:
     try:
         import ray
@@ -410,6 +563,41 @@ def _import_ray() -> Any:
             "--ray needs Ray: pip install 'perfscope[ray]' (or pip install ray)"
         ) from None
     return ray
+
+
+def connect(target: RayTarget) -> bool:
+    """Connect this process to ``target``'s cluster (or start a local one) unless Ray is
+    already initialised; True when this call did it, so the caller shuts Ray down after.
+
+    Raises:
+        UsageError: Ray is not installed, or the cluster cannot be started or reached.
+    """
+    ray = _import_ray()
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "configure_logging": False,
+    }
+    if target.address is None:
+        kwargs["num_cpus"] = max(target.actors, os.cpu_count() or 1)
+    else:
+        kwargs["address"] = target.address
+    try:
+        ray.init(**kwargs)
+    except Exception as exc:
+        raise UsageError(
+            f"--ray: cannot start or reach a Ray cluster: {_first_line(exc)}"
+        ) from None
+    return True
+
+
+def disconnect() -> None:
+    """Shut this process's Ray connection down (after :func:`connect` returned True)."""
+    ray = _import_ray()
+    with contextlib.suppress(Exception):  # a cluster that is already gone
+        ray.shutdown()
 
 
 def run_distributed(
@@ -423,6 +611,7 @@ def run_distributed(
     concurrency: int | None = None,
     stop: threading.Event | None = None,
     on_poll: Callable[[], None] | None = None,
+    autoscale_max: int | None = None,
 ) -> DistributedResult:
     """Serve ``plan_offsets_ns`` (spec, send time in ns after the plan starts) from
     ``target.actors`` Ray actors and feed every finished request into ``recorder``.
@@ -434,43 +623,29 @@ def run_distributed(
         concurrency: closed loop with this many users in all (split over the actors).
         stop: set to stop early (Ctrl-C): actors are killed, finished requests kept.
         on_poll: called after each collection round (progress).
+        autoscale_max: add actors, up to this many in all, when one's event-loop lag grows
+            past the threshold (:func:`lag_threshold_s`); None: warn only.
     """
     ray = _import_ray()
     result = DistributedResult(
-        address=target.address, origin_perf_counter_ns=origin_perf_counter_ns
+        address=target.address,
+        origin_perf_counter_ns=origin_perf_counter_ns,
+        autoscale_max=autoscale_max,
     )
-    started_here = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {
-            "include_dashboard": False,
-            "log_to_driver": False,
-            "configure_logging": False,
-        }
-        if target.address is None:
-            kwargs["num_cpus"] = max(target.actors, os.cpu_count() or 1)
-        else:
-            kwargs["address"] = target.address
-        try:
-            ray.init(**kwargs)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"--ray: cannot start or reach a Ray cluster: {first}") from None
-        started_here = True
+    started_here = connect(target)
     remote_cls = ray.remote(num_cpus=0, max_concurrency=4)(LoadActor)
     n = target.actors if concurrency is None else max(1, min(target.actors, concurrency))
-    actors = [remote_cls.remote(engine_uri, options) for _ in range(n)]
+    actors: list[Any] = []
+
+    def spawn() -> Any:
+        actors.append(remote_cls.remote(engine_uri, options))
+        return actors[-1]
+
+    for _ in range(n):
+        spawn()
     try:
-        return _drive(
-            ray,
-            actors,
-            plan_offsets_ns,
-            recorder,
-            origin_perf_counter_ns,
-            concurrency,
-            stop,
-            on_poll,
-            result,
-        )
+        fleet = _Fleet(ray, actors, spawn, recorder, origin_perf_counter_ns, result)
+        return fleet.drive(plan_offsets_ns, concurrency, stop, on_poll)
     finally:
         for a in actors:
             with contextlib.suppress(Exception):  # already gone
@@ -479,150 +654,308 @@ def run_distributed(
             ray.shutdown()
 
 
-def _drive(
-    ray: Any,
-    actors: list[Any],
-    plan_offsets_ns: Sequence[tuple[RequestSpec, int]],
-    recorder: Recorder,
-    origin: int,
-    concurrency: int | None,
-    stop: threading.Event | None,
-    on_poll: Callable[[], None] | None,
-    result: DistributedResult,
-) -> DistributedResult:
-    n = len(actors)
-    reports = [ActorReport(index=i) for i in range(n)]
-    result.actors = reports
-    # Actors are ready once they answer; creating the engines (preflight) happens here.
-    mine = boot_id()
-    for i, a in enumerate(actors):
+def lag_threshold_s(gap_s: float) -> float:
+    """The event-loop lag above which a load actor's stamps are late for chunks ``gap_s``
+    apart: the rule the single-process client calls "saturated" by (more than 1 ms and
+    more than a tenth of the gap)."""
+    from perfscope.profiler.engines.openai.engine import SATURATION_GAP_SHARE, SATURATION_LAG_S
+
+    return max(SATURATION_LAG_S, SATURATION_GAP_SHARE * gap_s)
+
+
+class _Fleet:
+    """The driver's view of its load actors during one run (they may grow: autoscale)."""
+
+    def __init__(
+        self,
+        ray: Any,
+        actors: list[Any],
+        spawn: Callable[[], Any],
+        recorder: Recorder,
+        origin: int,
+        result: DistributedResult,
+    ) -> None:
+        self.ray = ray
+        self.actors = actors
+        self.spawn = spawn
+        self.recorder = recorder
+        self.origin = origin
+        self.result = result
+        self.reports: list[ActorReport] = []
+        self.pending: list[dict[int, RequestSpec]] = []
+        self.lags: list[list[float]] = []
+        self.gaps: list[deque[float]] = []
+        self.streak: list[int] = []
+        self.handled: list[bool] = []
+        self.users: list[int | None] = []
+        self.live: set[int] = set()
+        self.t_driver: dict[int, int] = {}
+        self.mine = boot_id()
+
+    def _ready(self, i: int) -> None:
+        """Wait for actor ``i`` to start (its engine's preflight) and align its clock."""
+        a, rep = self.actors[i], self.reports[i]
         try:
-            reports[i].host, reports[i].pid, theirs = ray.get(a.where.remote(), timeout=120)
+            rep.host, rep.pid, theirs = self.ray.get(a.where.remote(), timeout=120)
         except Exception as exc:
             raise UsageError(f"--ray: load actor {i} did not start: {_first_line(exc)}") from None
-        reports[i].same_clock = mine is not None and theirs == mine
-        reports[i].offset_start = _offset(ray, a, reports[i])
+        rep.same_clock = self.mine is not None and theirs == self.mine
+        rep.offset_start = _offset(self.ray, a, rep)
 
-    shares: list[list[tuple[RequestSpec, int]]] = [[] for _ in range(n)]
-    for k, item in enumerate(plan_offsets_ns):
-        shares[k % n].append(item)
-        result.request_actor[item[0].request_id] = k % n
-    users = (
-        [concurrency // n + (1 if i < concurrency % n else 0) for i in range(n)]
-        if concurrency is not None
-        else [None] * n
-    )
-    t_start_driver = time.perf_counter_ns() + int(PLAN_LEAD_S * 1e9)
-    for i, a in enumerate(actors):
-        off = reports[i].offset_start
+    def _add_slot(self) -> int:
+        i = len(self.reports)
+        self.reports.append(ActorReport(index=i))
+        self.pending.append({})
+        self.lags.append([])
+        self.gaps.append(deque(maxlen=GAP_WINDOW))
+        self.streak.append(0)
+        self.handled.append(False)
+        self.users.append(None)
+        return i
+
+    def _drop_last_slot(self) -> None:
+        """Forget the actor just added (it was not needed after all)."""
+        for seq in (
+            self.actors,
+            self.reports,
+            self.pending,
+            self.lags,
+            self.gaps,
+            self.streak,
+            self.handled,
+            self.users,
+        ):
+            seq.pop()
+
+    def _start(self, i: int, items: Sequence[tuple[RequestSpec, int]], users: int | None) -> None:
+        """Hand actor ``i`` its plan (driver times, shifted onto its clock) and start it."""
+        off = self.reports[i].offset_start
         assert off is not None
-        plan = [(spec, t_start_driver + int(t) + off.offset_ns) for spec, t in shares[i]]
-        reports[i].requests = len(plan)
-        if users[i] == 0:
-            plan, reports[i].requests = [], 0
-        ray.get(a.start.remote(plan, users[i]))
+        plan = sorted(((spec, t + off.offset_ns) for spec, t in items), key=lambda item: item[1])
+        self.reports[i].requests += len(plan)
+        for spec, _ in plan:
+            self.pending[i][spec.request_id] = spec
+            self.result.request_actor[spec.request_id] = i
+        self.users[i] = users
+        self.ray.get(self.actors[i].start.remote(plan, users))
+        self.live.add(i)
 
-    pending = {i: {s.request_id: s for s, _ in shares[i]} for i in range(n)}
-    live = set(range(n))
-    lags: list[list[float]] = [[] for _ in range(n)]
-    interrupted = False
-    try:
-        while live:
-            if stop is not None and stop.is_set():
-                break
-            time.sleep(POLL_INTERVAL_S)
-            for i in sorted(live):
-                _collect(
-                    ray, actors[i], reports[i], pending[i], lags[i], recorder, origin, result, live
-                )
-            if on_poll is not None:
-                on_poll()
-    except KeyboardInterrupt:
-        # Keep what the actors finished: one last collection, then record the rest as failed.
-        interrupted = True
-        for i in sorted(live):
-            _collect(
-                ray, actors[i], reports[i], pending[i], lags[i], recorder, origin, result, live
+    def drive(
+        self,
+        plan_offsets_ns: Sequence[tuple[RequestSpec, int]],
+        concurrency: int | None,
+        stop: threading.Event | None,
+        on_poll: Callable[[], None] | None,
+    ) -> DistributedResult:
+        n = len(self.actors)
+        for _ in range(n):
+            self._add_slot()
+        self.result.actors = self.reports
+        # Actors are ready once they answer; creating the engines (preflight) happens here.
+        for i in range(n):
+            self._ready(i)
+        shares: list[list[tuple[RequestSpec, int]]] = [[] for _ in range(n)]
+        t_start = time.perf_counter_ns() + int(PLAN_LEAD_S * 1e9)
+        for k, (spec, t) in enumerate(plan_offsets_ns):
+            shares[k % n].append((spec, t_start + int(t)))
+            self.t_driver[spec.request_id] = t_start + int(t)
+        users = (
+            [concurrency // n + (1 if i < concurrency % n else 0) for i in range(n)]
+            if concurrency is not None
+            else [None] * n
+        )
+        for i in range(n):
+            self._start(i, shares[i], users[i])
+        interrupted = False
+        try:
+            while self.live:
+                if stop is not None and stop.is_set():
+                    break
+                time.sleep(POLL_INTERVAL_S)
+                for i in sorted(self.live):
+                    self._collect(i)
+                if on_poll is not None:
+                    on_poll()
+        except KeyboardInterrupt:
+            # Keep what the actors finished: one last collection, then record the rest.
+            interrupted = True
+            for i in sorted(self.live):
+                self._collect(i)
+        self._finish(interrupted)
+        if interrupted:
+            raise KeyboardInterrupt
+        return self.result
+
+    def _finish(self, interrupted: bool) -> None:
+        ray, recorder = self.ray, self.recorder
+        for i, a in enumerate(self.actors):
+            rep = self.reports[i]
+            if rep.lost is None:
+                try:
+                    rep.offset_end = _offset(ray, a, rep)
+                    rep.loop_lag = ray.get(a.lag_summary.remote(), timeout=30)
+                except Exception as exc:
+                    rep.lost = f"load actor {i} lost at the end: {_first_line(exc)}"
+            if rep.offset_start and rep.offset_end:
+                rep.drift_ns = rep.offset_end.offset_ns - rep.offset_start.offset_ns
+                rep.uncertainty_ns = max(
+                    rep.offset_start.uncertainty_ns, rep.offset_end.uncertainty_ns
+                ) + abs(rep.drift_ns)
+            elif rep.offset_start:
+                rep.uncertainty_ns = rep.offset_start.uncertainty_ns
+            rep.send_lag_p50_s = _percentile(self.lags[i], 0.5)
+            rep.send_lag_p99_s = _percentile(self.lags[i], 0.99)
+            # Whatever the actor still held never came back: record it, never drop it.
+            why = rep.lost or (
+                "interrupted before the request finished"
+                if interrupted
+                else "stopped before the request finished"
+            )
+            for spec in self.pending[i].values():
+                h = recorder.add_request(spec)
+                h.finish(error=f"distributed: {why}")
+            self.pending[i].clear()
+            with contextlib.suppress(Exception):  # a lost actor cannot close
+                ray.get(a.close.remote(), timeout=10)
+
+    def _collect(self, i: int) -> None:
+        """One poll of actor ``i``: its finished requests into the recorder, a lost actor
+        noted, its event-loop lag checked."""
+        rep = self.reports[i]
+        try:
+            got = self.ray.get(self.actors[i].poll.remote(), timeout=30)
+        except Exception as exc:
+            why = f"load actor {i} on {rep.host or '?'} lost: {_first_line(exc)}"
+            rep.lost = why
+            self.result.errors.append(why)
+            self.live.discard(i)
+            return
+        off = rep.offset_start
+        assert off is not None
+        for row in got["requests"]:
+            _feed(
+                self.recorder,
+                self.pending[i],
+                row,
+                off.offset_ns + self.origin,
+                self.lags[i],
+                self.gaps[i],
+            )
+            rep.completed += 1
+        rep.cpu_s = got["cpu_s"]
+        rep.serve_s = got.get("serve_s")
+        if got["error"] and f"load actor {i}: {got['error']}" not in self.result.errors:
+            self.result.errors.append(f"load actor {i}: {got['error']}")
+        if got["done"]:
+            self.live.discard(i)
+            return
+        self._check_lag(i, got.get("lag_p99_s"))
+
+    def _check_lag(self, i: int, lag: float | None) -> None:
+        # Its own requests' gaps; until one finished, any actor's (the same workload).
+        gaps: deque[float] | None = self.gaps[i] or next((g for g in self.gaps if g), None)
+        if lag is None or not gaps:
+            return  # no lag samples, or no finished request yet to judge the gap by
+        gap = float(median(gaps))
+        threshold = lag_threshold_s(gap)
+        self.streak[i] = self.streak[i] + 1 if lag > threshold else 0
+        if self.streak[i] < AUTOSCALE_STREAK or self.handled[i]:
+            return
+        self.handled[i] = True
+        before = len(self.actors)
+        cap = self.result.autoscale_max
+        action, new, moved = "warned", None, 0
+        if cap is not None:
+            if before >= cap:
+                action = "at cap"
+            else:
+                new, moved = self._scale_out(i)
+                action = "added" if new is not None else "nothing to move"
+        t_s = self.recorder.clock.now_ns() / 1e9
+        self.result.decisions.append(
+            AutoscaleDecision(
+                t_s=t_s,
+                actor=i,
+                lag_p99_s=lag,
+                gap_s=gap,
+                threshold_s=threshold,
+                action=action,
+                actors_before=before,
+                actors_after=len(self.actors),
+                new_actor=new,
+                moved_requests=moved,
+            )
+        )
+        if action != "added":
+            advice = {
+                "warned": "rerun with --ray-autoscale MAX or more actors",
+                "at cap": f"the --ray-autoscale cap of {cap} actors was reached",
+                "nothing to move": "none of its requests was left to hand to a new actor",
+            }[action]
+            self.result.warnings.append(
+                f"load actor {i}'s event-loop lag p99 reached {lag * 1e3:.1f} ms at "
+                f"{t_s:.1f} s, above {threshold * 1e3:.1f} ms (a tenth of its "
+                f"{gap * 1e3:.1f} ms inter-token gap): its stamps are late; {advice}"
             )
 
-    for i, a in enumerate(actors):
-        rep = reports[i]
-        if rep.lost is None:
-            try:
-                rep.offset_end = _offset(ray, a, rep)
-            except Exception as exc:
-                rep.lost = f"load actor {i} lost at the end: {_first_line(exc)}"
-        if rep.offset_start and rep.offset_end:
-            rep.drift_ns = rep.offset_end.offset_ns - rep.offset_start.offset_ns
-            rep.uncertainty_ns = max(
-                rep.offset_start.uncertainty_ns, rep.offset_end.uncertainty_ns
-            ) + abs(rep.drift_ns)
-        elif rep.offset_start:
-            rep.uncertainty_ns = rep.offset_start.uncertainty_ns
-        rep.send_lag_p50_s = _percentile(lags[i], 0.5)
-        rep.send_lag_p99_s = _percentile(lags[i], 0.99)
-        # Whatever the actor still held never came back: record it, never drop it silently.
-        why = rep.lost or (
-            "interrupted before the request finished"
-            if interrupted
-            else "stopped before the request finished"
+    def _scale_out(self, i: int) -> tuple[int | None, int]:
+        """Start a new actor and hand it every other request of actor ``i`` not started yet
+        (and half its closed-loop users). Returns (new index, requests moved)."""
+        users = self.users[i]
+        give_users = users // 2 if users is not None else 0
+        if users is not None and give_users == 0:
+            return None, 0
+        j = self._add_slot()
+        self.spawn()
+        self._ready(j)
+        self.reports[j].added_at_s = self.recorder.clock.now_ns() / 1e9
+        off = self.reports[i].offset_start
+        assert off is not None
+        t_from = (
+            None
+            if users is not None
+            else time.perf_counter_ns() + int(PLAN_LEAD_S * 1e9) + off.offset_ns
         )
-        for spec in pending[i].values():
-            h = recorder.add_request(spec)
-            h.finish(error=f"distributed: {why}")
-        pending[i].clear()
-        with contextlib.suppress(Exception):  # a lost actor cannot close
-            ray.get(a.close.remote(), timeout=10)
-    if interrupted:
-        raise KeyboardInterrupt
-    return result
+        moved = self.ray.get(self.actors[i].release.remote(t_from, give_users), timeout=30)
+        if not moved:
+            with contextlib.suppress(Exception):
+                self.ray.kill(self.actors[j])
+            self._drop_last_slot()
+            return None, 0
+        items = [(self.pending[i].pop(rid), self.t_driver[rid]) for rid in moved]
+        self.reports[i].requests -= len(items)
+        if users is not None:
+            self.users[i] = users - give_users
+        self._start(j, items, give_users if users is not None else None)
+        return j, len(items)
 
 
 def _offset(ray: Any, actor: Any, report: ActorReport) -> ClockOffset:
     """The offset to apply to an actor's stamps: 0 on a shared clock, else measured."""
+    offset, check = actor_offset(ray, actor, report.same_clock)
+    if check is not None:
+        report.exchange_check_ns = check
+    return offset
+
+
+def actor_offset(ray: Any, actor: Any, same_clock: bool) -> tuple[ClockOffset, int | None]:
+    """The clock offset to apply to the stamps of an actor with a ``now_ns`` method, and on
+    a shared clock what the exchange measured as a check (None otherwise).
+
+    On a shared clock (same kernel boot id) the offset is 0 exactly; elsewhere it is the
+    NTP-style exchange's."""
     measured = measure_offset(lambda: int(ray.get(actor.now_ns.remote())))
-    if report.same_clock:
-        report.exchange_check_ns = measured.offset_ns
-        return ClockOffset(
-            offset_ns=0,
-            rtt_ns=measured.rtt_ns,
-            uncertainty_ns=0,
-            method="shared CLOCK_MONOTONIC (same kernel boot id)",
+    if same_clock:
+        return (
+            ClockOffset(
+                offset_ns=0,
+                rtt_ns=measured.rtt_ns,
+                uncertainty_ns=0,
+                method="shared CLOCK_MONOTONIC (same kernel boot id)",
+            ),
+            measured.offset_ns,
         )
-    return measured
-
-
-def _collect(
-    ray: Any,
-    actor: Any,
-    report: ActorReport,
-    pending: dict[int, RequestSpec],
-    lags: list[float],
-    recorder: Recorder,
-    origin: int,
-    result: DistributedResult,
-    live: set[int],
-) -> None:
-    """One poll of one actor: its finished requests into the recorder; a lost actor noted."""
-    i = report.index
-    try:
-        got = ray.get(actor.poll.remote(), timeout=30)
-    except Exception as exc:
-        why = f"load actor {i} on {report.host or '?'} lost: {_first_line(exc)}"
-        report.lost = why
-        result.errors.append(why)
-        live.discard(i)
-        return
-    off = report.offset_start
-    assert off is not None
-    for row in got["requests"]:
-        _feed(recorder, pending, row, off.offset_ns + origin, lags)
-        report.completed += 1
-    report.cpu_s = got["cpu_s"]
-    if got["error"] and f"load actor {i}: {got['error']}" not in result.errors:
-        result.errors.append(f"load actor {i}: {got['error']}")
-    if got["done"]:
-        live.discard(i)
+    return measured, None
 
 
 def _feed(
@@ -631,15 +964,21 @@ def _feed(
     row: dict[str, Any],
     shift_ns: int,
     lags: list[float],
+    gaps: deque[float] | None = None,
 ) -> None:
-    """One finished request from an actor into the run's recorder, shifted onto run time."""
+    """One finished request from an actor into the run's recorder, shifted onto run time;
+    its send lag into ``lags`` and its gaps between chunks (s) into ``gaps``."""
     spec = pending.pop(row["request_id"])
     h = recorder.add_request(spec, row["t_scheduled"] - shift_ns)
     if row["t_sent"] is not None:
         h.sent(row["t_sent"] - shift_ns)
         lags.append((row["t_sent"] - row["t_scheduled"]) * 1e-9)
+    prev: int | None = None
     for t, n_tokens, _ in row["chunks"]:
         h.tokens(n_tokens, t_ns=t - shift_ns)
+        if gaps is not None and prev is not None:
+            gaps.append((t - prev) * 1e-9)
+        prev = t
     if row["prompt_tokens"] != spec.prompt_tokens:
         h.set_prompt_tokens(row["prompt_tokens"])
     if row["output_tokens"] != h.record.output_tokens:

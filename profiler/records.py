@@ -181,5 +181,8 @@ TELEMETRY_SCHEMA = pa.schema(
         ("torch_allocated_bytes", pa.float64()),
         ("torch_reserved_bytes", pa.float64()),
         ("torch_peak_allocated_bytes", pa.float64()),
+        # The cluster node that took the sample (``--ray`` runs: one telemetry agent per
+        # node); null on a single-host run, where every sample is the run's own host.
+        ("node", pa.string()),
     ]
 )

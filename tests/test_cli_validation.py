@@ -83,6 +83,8 @@ CASES: list[tuple[str, list[str], str]] = [
         "at most",
     ),
     ("calibrate device tpu", ["hw", "calibrate", "--device", "tpu"], "unknown device"),
+    ("ray-autoscale without ray", [*RUN, "--ray-autoscale", "4"], "--ray-autoscale needs --ray"),
+    ("ray with a batching engine", [*RUN, "--ray", "local:2"], "batches in one process"),
 ]
 
 

@@ -10,8 +10,10 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from perfscope._runner import RunOptions, execute_run
@@ -34,7 +36,14 @@ def cluster() -> Iterator[None]:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
     )
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        # Every worker samples one scripted GPU through the pynvml binding layer (no GPU here).
+        runtime_env={"worker_process_setup_hook": "tests.data.ray_fake_nvml.install"},
+    )
     yield
     ray.shutdown()
 
@@ -45,7 +54,15 @@ def server() -> Iterator[str]:
         yield url
 
 
-def _run(tmp_path: Path, engine: str, *, ray_target: str | None, **work: object) -> Path:
+def _run(
+    tmp_path: Path,
+    engine: str,
+    *,
+    ray_target: str | None,
+    telemetry: TelemetryConfig | None = None,
+    autoscale: int | None = None,
+    **work: object,
+) -> Path:
     prompts = work.pop("prompts", None)
     opts = RunOptions(
         engine=engine,
@@ -59,7 +76,8 @@ def _run(tmp_path: Path, engine: str, *, ray_target: str | None, **work: object)
         engine_options=EngineOptions(extra={"model": "m"} if engine.startswith("openai") else {}),
         runs_dir=tmp_path,
         ray=ray_target,
-        telemetry=TelemetryConfig(enabled=False),
+        ray_autoscale=autoscale,
+        telemetry=telemetry or TelemetryConfig(enabled=False),
     )
     return execute_run(opts).path
 
@@ -169,3 +187,228 @@ def test_a_killed_actor_is_reported_and_its_finished_requests_are_kept(
         w.startswith("partial run: 1 of 2 load actors were lost") for w in run.summary["warnings"]
     )
     assert len(req[req["error"].isna()]) == 40 - len(failed) >= 20 + kept - 1
+
+
+# --- telemetry agents, one per node ---------------------------------------------------------
+
+
+def test_a_ray_run_samples_every_node_through_an_agent_and_aligns_its_clock(
+    cluster: None, tmp_path: Path
+) -> None:
+    from tests.data.ray_fake_nvml import POWER_W
+
+    path = _run(
+        tmp_path,
+        "python:tests.data.engines.ray_engines:steady",
+        ray_target="local:2",
+        telemetry=TelemetryConfig(interval_s=0.05, baseline_s=0.3),
+        rate=20.0,
+        requests=24,
+        output_len=8,
+    )
+    run = read_run(path)
+    assert run.status == "complete"
+    tele = run.telemetry
+    node = ray.nodes()[0]["NodeManagerHostname"]
+    assert set(tele["node"]) == {node}
+    assert set(tele["device"]) == {"gpu0", "cpu"}
+    info = run.manifest["telemetry"]
+    assert info["backend"] == "ray" and info["driver_node"] == node
+    agent = info["nodes"][node]["agent"]
+    assert agent["same_clock"] and agent["lost"] is None and agent["rows"] == len(tele)
+    # The scripted GPU reads the agent's own raw perf_counter_ns as its temperature: each
+    # merged row, put back on the raw clock, sits within the sampling round that read it.
+    gpu = tele[tele["device"] == "gpu0"]
+    origin = run.manifest["clock_origin_perf_counter_ns"]
+    skew_ms = (gpu["t"].to_numpy() + origin - gpu["temp_c"].to_numpy()) / 1e6
+    assert np.abs(skew_ms).max() < 20.0, skew_ms
+    # Samples cover the measured window (the idle baseline before, a last sample after).
+    req = run.requests
+    assert gpu["t"].min() < req["t_sent"].min() and gpu["t"].max() > req["t_last_token"].max()
+    energy = run.summary["energy"]
+    assert energy["available"] and energy["source"] == "gpu"
+    window = energy["window_s"]
+    assert energy["total_j"] == pytest.approx(POWER_W * window, rel=0.03)
+    assert energy["j_per_output_token"] == pytest.approx(
+        energy["total_j"] / req["output_tokens"].sum(), rel=1e-9
+    )
+    assert energy["cluster"]["energy_j"] == pytest.approx(energy["total_j"])
+    assert energy["nodes"][node]["power_source"] == "gpu"
+    assert energy["cluster"]["nodes_without_power"] == []
+    assert any("cluster total of 1 of 1 nodes" in n for n in energy["notes"]), energy["notes"]
+    # The trace export keeps each node's devices apart.
+    from perfscope.dashboard.exporters import perfetto_trace
+
+    devices = perfetto_trace(run)["otherData"]["telemetry_devices"]
+    assert devices == [f"{node}/cpu", f"{node}/gpu0"]
+
+
+@pytest.mark.parametrize("names", [["node-a"], ["node-a", "node-b"]])
+def test_node_agents_merge_into_one_table_and_a_cluster_total(
+    cluster: None, names: list[str]
+) -> None:
+    """The per-node path with the node list given: a local cluster has one node, so each
+    named "node" is an agent pinned to it (its own process, sampler and clock exchange)."""
+    import time
+
+    import pyarrow as pa
+
+    from perfscope.analysis.energy import energy_section
+    from perfscope.profiler.cluster_telemetry import ClusterTelemetry, NodeTarget
+    from tests.data.ray_fake_nvml import POWER_W
+
+    real = ray.nodes()[0]["NodeID"]
+    origin = time.perf_counter_ns()
+    tele = ClusterTelemetry(
+        ray,
+        TelemetryConfig(interval_s=0.05, baseline_s=0.0, cpu=False),
+        origin,
+        nodes=[NodeTarget(real, n) for n in names],
+        poll_interval_s=0.2,
+    ).start()
+    increments = []
+    t_end = time.monotonic() + 1.5
+    while time.monotonic() < t_end:
+        time.sleep(0.3)
+        increments.append(tele.take_new())
+    merged = tele.stop()
+    increments.append(tele.take_new())
+    streamed = pa.concat_tables(increments)
+    # Everything the agents sent reached the flusher's increments once, and nothing else.
+    assert streamed.num_rows == merged.num_rows
+    assert sorted(streamed.column("t").to_pylist()) == sorted(merged.column("t").to_pylist())
+    frame = merged.to_pandas()
+    assert sorted(set(frame["node"])) == names
+    info = tele.manifest_info()
+    assert sorted(info["nodes"]) == names and info["devices"] == [f"{n}/gpu0" for n in names]
+    # A synthetic request over the span every node sampled: the cluster total is every
+    # node's GPU.
+    span = frame.groupby("node")["t"].agg(["min", "max"])
+    w0, w1 = int(span["min"].max()) + 100_000_000, int(span["max"].min()) - 100_000_000
+    assert w1 - w0 > 500_000_000, span
+    requests = pd.DataFrame(
+        {
+            "request_id": [0],
+            "t_sent": [w0],
+            "t_first_token": [w0],
+            "t_last_token": [w1],
+            "output_tokens": [10],
+            "prompt_tokens": [8],
+            "is_warmup": [False],
+            "error": [None],
+        }
+    )
+    sec = energy_section(frame, pd.DataFrame(), requests, pd.DataFrame(), info)
+    window_s = (w1 - w0) / 1e9
+    assert sec["total_j"] == pytest.approx(len(names) * POWER_W * window_s, rel=0.03)
+    assert sec["j_per_output_token"] == pytest.approx(sec["total_j"] / 10)
+    assert sorted(sec["nodes"]) == names
+    for n in names:
+        assert sec["nodes"][n]["energy_j"] == pytest.approx(POWER_W * window_s, rel=0.03)
+    assert sec["cluster"]["energy_j"] == pytest.approx(sec["total_j"])
+
+
+def test_a_lost_telemetry_agent_is_reported_and_its_samples_are_kept(cluster: None) -> None:
+    import signal
+    import time
+
+    from perfscope.profiler.cluster_telemetry import ClusterTelemetry, NodeTarget
+
+    real = ray.nodes()[0]["NodeID"]
+    tele = ClusterTelemetry(
+        ray,
+        TelemetryConfig(interval_s=0.05, baseline_s=0.0, cpu=False),
+        time.perf_counter_ns(),
+        nodes=[NodeTarget(real, "node-a"), NodeTarget(real, "node-b")],
+        poll_interval_s=0.2,
+    ).start()
+    # Kill node-b's agent once the driver has received some of its samples (the first
+    # poll of a fresh actor can take a second on a loaded machine).
+    deadline = time.monotonic() + 30
+    while tele.manifest_info()["nodes"]["node-b"]["agent"]["rows"] < 5:
+        assert time.monotonic() < deadline, "node-b's agent sent no samples in 30 s"
+        time.sleep(0.1)
+    agent_b = tele.manifest_info()["nodes"]["node-b"]["agent"]
+    os.kill(agent_b["pid"], signal.SIGKILL)
+    time.sleep(1.0)
+    frame = tele.stop().to_pandas()
+    info = tele.manifest_info()
+    assert info["nodes"]["node-b"]["agent"]["lost"].startswith("telemetry agent on node node-b")
+    assert info["nodes"]["node-a"]["agent"]["lost"] is None
+    assert any("node-b lost" in e for e in info["errors"]), info["errors"]
+    rows = frame.groupby("node")["t"].agg(["count", "max"])
+    # What node-b sent before it died stays; node-a kept sampling after.
+    assert rows.loc["node-b", "count"] >= agent_b["rows"] >= 5
+    assert rows.loc["node-a", "max"] > rows.loc["node-b", "max"] + 0.5e9
+    from perfscope.analysis.summary import run_warnings
+
+    warned = run_warnings({"telemetry": info})
+    assert len(warned) == 1 and warned[0].startswith("1 of 2 telemetry agents were lost")
+
+
+# --- autoscale --------------------------------------------------------------------------------
+
+
+def _hog_run(tmp_path: Path, autoscale: int | None) -> Any:
+    return read_run(
+        _run(
+            tmp_path,
+            "python:tests.data.engines.ray_engines:gil_hog_on_even",
+            ray_target="local:2",
+            autoscale=autoscale,
+            rate=6.0,
+            requests=48,
+            output_len=3,
+        )
+    )
+
+
+def test_a_lagging_actor_gets_a_new_actor_for_its_requests_not_yet_sent(
+    cluster: None, tmp_path: Path
+) -> None:
+    run = _hog_run(tmp_path, autoscale=4)
+    assert run.status == "complete"
+    req = run.requests
+    assert len(req) == 48 and req["error"].isna().all()
+    dist = run.manifest["distributed"]
+    auto = dist["autoscale"]
+    assert auto["enabled"] and auto["max_actors"] == 4
+    # Actor 0 serves the even requests, whose tokens hold its GIL: its lag crosses the
+    # threshold. (On a loaded machine actor 1 may cross it too; the cap leaves room.)
+    mine = [d for d in auto["decisions"] if d["actor"] == 0]
+    assert mine and mine[0]["action"] == "added", auto["decisions"]
+    d = mine[0]
+    j = d["new_actor"]
+    assert j == d["actors_before"] >= 2 and d["actors_after"] == j + 1
+    assert d["moved_requests"] > 0
+    assert d["lag_p99_s"] > d["threshold_s"] >= 1e-3
+    assert 3 <= len(dist["actors"]) <= 4 and dist["actors"][j]["added_at_s"] is not None
+    actors = (
+        __import__("pyarrow.parquet", fromlist=["x"])
+        .read_table(run.path / "actors.parquet")
+        .to_pandas()
+    )
+    # Every request was served once, and the new actor's are actor 0's (even) ones.
+    assert sorted(actors["request_id"]) == list(range(48))
+    moved = actors[actors["actor"] == j]["request_id"]
+    assert 0 < len(moved) <= d["moved_requests"] and (moved % 2 == 0).all()
+    # They were planned after the decision: none was sent before the new actor existed.
+    sent = req.set_index("request_id").loc[moved.to_list(), "t_sent"] / 1e9
+    assert (sent > dist["actors"][j]["added_at_s"]).all()
+    assert any(f"--ray-autoscale added actor {j}" in w for w in run.summary["warnings"])
+
+
+@pytest.mark.parametrize(("autoscale", "action"), [(None, "warned"), (2, "at cap")])
+def test_a_lagging_actor_without_room_to_grow_is_a_warning_and_no_actor_is_added(
+    cluster: None, tmp_path: Path, autoscale: int | None, action: str
+) -> None:
+    run = _hog_run(tmp_path, autoscale=autoscale)
+    assert run.requests["error"].isna().all()
+    dist = run.manifest["distributed"]
+    assert len(dist["actors"]) == 2
+    decisions = dist["autoscale"]["decisions"]
+    assert any(d["actor"] == 0 and d["action"] == action for d in decisions), decisions
+    assert all(d["actors_after"] == 2 and d["new_actor"] is None for d in decisions)
+    warned = [w for w in run.summary["warnings"] if "load actor 0's event-loop lag" in w]
+    hint = "--ray-autoscale MAX" if autoscale is None else "cap of 2 actors was reached"
+    assert warned and hint in warned[0], run.summary["warnings"]

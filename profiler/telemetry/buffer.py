@@ -20,9 +20,11 @@ from perfscope.profiler.records import TELEMETRY_SCHEMA
 
 __all__ = ["VALUE_COLUMNS", "SampleBuffer"]
 
-#: Every TELEMETRY_SCHEMA column except ``t`` and ``device``, in schema order.
+#: Columns a sampler does not fill with a number: the time, the device and the node name.
+_LABEL_COLUMNS = ("t", "device", "node")
+#: Every numeric TELEMETRY_SCHEMA column, in schema order.
 VALUE_COLUMNS: tuple[str, ...] = tuple(
-    name for name in TELEMETRY_SCHEMA.names if name not in ("t", "device")
+    name for name in TELEMETRY_SCHEMA.names if name not in _LABEL_COLUMNS
 )
 _INT_COLUMNS = frozenset(
     f.name for f in TELEMETRY_SCHEMA if pa.types.is_integer(f.type) and f.name != "t"
@@ -38,10 +40,11 @@ class SampleBuffer:
             even-numbered sampling rounds (see module docstring).
     """
 
-    def __init__(self, max_rows: int = 1_000_000) -> None:
+    def __init__(self, max_rows: int = 1_000_000, node: str | None = None) -> None:
         if max_rows < 16:
             raise ValueError("max_rows must be at least 16")
         self.max_rows = max_rows
+        self.node = node
         self._ncols = len(VALUE_COLUMNS)
         self._col_index = {name: i for i, name in enumerate(VALUE_COLUMNS)}
         cap = min(_BLOCK_ROWS, max_rows)
@@ -138,6 +141,8 @@ class SampleBuffer:
             elif f.name == "device":
                 names = np.array(devices, dtype=object) if devices else np.array([], dtype=object)
                 arrays.append(pa.array(names[dev] if n else [], type=pa.string()))
+            elif f.name == "node":
+                arrays.append(pa.array([self.node] * n, type=pa.string()))
             else:
                 col = vals[:, self._col_index[f.name]]
                 mask = np.isnan(col)

@@ -58,6 +58,8 @@ class TelemetryConfig:
         max_rows: bound on buffered rows; beyond it the buffer keeps every second round and
             the interval doubles.
         powercap_root: where RAPL zones live (tests point it at a fake sysfs tree).
+        node: the cluster node this session samples, written into every row's ``node``
+            column (a ``--ray`` run's telemetry agents); None on a single-host run.
     """
 
     interval_s: float = 0.05
@@ -69,6 +71,7 @@ class TelemetryConfig:
     cpu: bool = True
     max_rows: int = 1_000_000
     powercap_root: Path = field(default_factory=lambda: DEFAULT_POWERCAP_ROOT)
+    node: str | None = None
 
     def validate(self) -> None:
         """Raise :class:`UsageError` for settings that cannot give meaningful samples."""
@@ -114,7 +117,7 @@ class TelemetrySession:
     def __init__(self, clock: Clock, config: TelemetryConfig) -> None:
         self.clock = clock
         self.config = config
-        self._buffer = SampleBuffer(config.max_rows)
+        self._buffer = SampleBuffer(config.max_rows, node=config.node)
         self._col = self._buffer.column_index
         self._interval_s = config.interval_s
         self._nvml: NvmlLibrary | None = None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 #: The request id at which :func:`dies_at` kills its own process (the Ray actor).
 KILL_AT = 20
@@ -25,3 +27,30 @@ def dies_at(request_id: int, max_tokens: int) -> Iterator[int]:
     if request_id == KILL_AT:
         os.kill(os.getpid(), signal.SIGKILL)
     yield from steady(request_id, max_tokens)
+
+
+def _gil_holding_sleep() -> Callable[[int], object]:
+    """libc ``usleep`` called through ``ctypes.PyDLL``, which keeps the GIL held during the
+    call: the process's other threads (the actor's event-loop lag probe among them) stall,
+    as they do behind a C extension that never releases the GIL."""
+    libc = ctypes.PyDLL(ctypes.util.find_library("c"))
+    usleep: Callable[[int], object] = libc.usleep
+    return usleep
+
+
+#: How long each token of an even-numbered request holds the GIL (s).
+HOG_S = 0.05
+#: The gap between tokens of the other requests (s).
+CALM_GAP_S = 0.2
+
+
+def gil_hog_on_even(request_id: int, max_tokens: int) -> Iterator[int]:
+    """Even-numbered requests (load actor 0's share of a 2-actor run) hold the GIL for
+    :data:`HOG_S` before each token; the others sleep :data:`CALM_GAP_S` between tokens."""
+    usleep = _gil_holding_sleep()
+    for _ in range(max_tokens):
+        if request_id % 2 == 0:
+            usleep(int(HOG_S * 1e6))
+        else:
+            time.sleep(CALM_GAP_S)
+        yield 1
