@@ -203,6 +203,8 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "quant": ("reference",),
     "attention": ("reference", "hf"),
     "compile": ("reference",),
+    "kv-dtype": ("reference",),
+    "sparsity": ("reference",),
     "max-tokens": ("openai",),
     "connection": ("openai",),
 }
