@@ -266,4 +266,8 @@ def test_recompute_is_projected_as_a_prefill_per_step(tmp_path: Path) -> None:
     )
     assert same is not None and off is not None
     assert same["ratios"]["tpot_s"] == pytest.approx(1.0)
-    assert off["ratios"]["tpot_s"] > 1.0 and off["sol_ratios"]["tpot_s"] > 1.0
+    # At speed of light recompute is strictly more work per token. The derated projection
+    # keeps the baseline's measured per-step overhead, which on a busy machine can hide the
+    # extra work entirely (then exactly 1.0): it must never project recompute as faster.
+    assert off["sol_ratios"]["tpot_s"] > 1.0
+    assert off["ratios"]["tpot_s"] >= 1.0 - 1e-9
