@@ -582,14 +582,18 @@ def _interference(steps: pd.DataFrame, requests: pd.DataFrame | None) -> dict[st
 
     For every prefill step, the requests between their first and last token at its start
     wait for it; ``decode_stall_share`` is that waiting (step time x requests waiting) over
-    all requests' decode time, ``prefill_stall_max_s`` the longest such step.
+    all requests' decode time, ``prefill_stall_max_s`` the longest such step. A ``mixed``
+    step (chunked prefill: decode rows and prompt chunks in one pass) stalls the requests
+    decoding at its start by its prompt chunks' share of the step: the time times
+    ``(new tokens - decode rows) / new tokens``, with one decode row per such request
+    (at most ``batch_size - 1``: a mixed step has at least one chunk).
     """
     out: dict[str, float | None] = {"decode_stall_share": None, "prefill_stall_max_s": None}
     if requests is None or requests.empty or steps.empty:
         return out
     df = _completed(requests).dropna(subset=["t_last_token"])
     df = df[df["output_tokens"] > 1]
-    pre = steps[steps["kind"] == "prefill"]
+    pre = steps[steps["kind"].isin(("prefill", "mixed"))]
     if df.empty or pre.empty:
         return out
     first = np.sort(df["t_first_token"].to_numpy(dtype=np.float64))
@@ -601,6 +605,12 @@ def _interference(steps: pd.DataFrame, requests: pd.DataFrame | None) -> dict[st
     dur = pre["t_end"].to_numpy(dtype=np.float64) - t0
     waiting = np.searchsorted(first, t0, side="left") - np.searchsorted(last, t0, side="right")
     waiting = np.maximum(waiting, 0)
+    mixed = (pre["kind"] == "mixed").to_numpy()
+    if mixed.any():
+        n = pre["new_tokens"].to_numpy(dtype=np.float64)
+        rows = np.minimum(waiting, np.maximum(pre["batch_size"].to_numpy() - 1, 0))
+        share = np.where(n > 0, np.maximum(n - rows, 0.0) / np.maximum(n, 1.0), 0.0)
+        dur = np.where(mixed, dur * share, dur)
     stalled = dur[waiting > 0]
     out["decode_stall_share"] = float(np.sum(dur * waiting) / total)
     out["prefill_stall_max_s"] = float(stalled.max() * 1e-9) if len(stalled) else 0.0

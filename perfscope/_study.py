@@ -71,6 +71,16 @@ def _one_of(*choices: str, aliases: Mapping[str, str] | None = None) -> Callable
     return parse
 
 
+def _budget(text: str) -> int | None:
+    t = text.strip().lower()
+    if t in ("unlimited", "none", "off", "inf"):
+        return None
+    v = int(t)
+    if v < 1:
+        raise ValueError("must be a whole number >= 1 or 'unlimited'")
+    return v
+
+
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _ON_OFF = {"true": "on", "false": "off", "1": "on", "0": "off", "yes": "on", "no": "off"}
 
@@ -124,6 +134,20 @@ KNOBS: dict[str, Knob] = {
             "explicit matmuls or torch SDPA",
         ),
         Knob(
+            "prefix-cache",
+            "option",
+            "prefix_cache",
+            _one_of("off", "on", aliases=_ON_OFF),
+            "reuse the KV of prompt prefixes computed before (16-token blocks, LRU)",
+        ),
+        Knob(
+            "max-batched-tokens",
+            "option",
+            "max_batched_tokens",
+            _budget,
+            "tokens per step, decode first, then prompt chunks (chunked prefill); 'unlimited'",
+        ),
+        Knob(
             "compile",
             "option",
             "compile",
@@ -171,7 +195,10 @@ def _apply(base: RunArgs, knob: Knob, value: Any) -> RunArgs:
         shape[knob.target] = value
         return replace(base, model_overrides=shape)
     opts = dict(base.engine_options)
-    opts[knob.target] = str(value)
+    if value is None:  # the option's default (e.g. max-batched-tokens=unlimited)
+        opts.pop(knob.target, None)
+    else:
+        opts[knob.target] = str(value)
     return replace(base, engine_options=opts)
 
 
