@@ -332,8 +332,8 @@ def _scheduling_projection(
     if knob == "prefix-cache":
         pcs = [s.get("prompt_cache") or {} for s in (baseline, candidate)]
         cached = tuple(round(float(pc.get("cached_tokens_mean") or 0.0)) for pc in pcs)
-        means = [pc.get("prompt_tokens_mean") for pc in pcs if pc.get("prompt_tokens_mean")]
-        plen = round(float(means[0])) if means else prompt_len
+        means = [float(pc["prompt_tokens_mean"]) for pc in pcs if pc.get("prompt_tokens_mean")]
+        plen = round(means[0]) if means else prompt_len
         proj = project_change(
             baseline,
             candidate,

@@ -63,6 +63,7 @@ from perfscope.profiler.engines.reference.model import (
 from perfscope.profiler.engines.reference.packed import Chunk, packed_forward
 from perfscope.profiler.engines.reference.prefix import DEFAULT_CAPACITY_TOKENS, PrefixCache
 from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.records import StepKind
 
 __all__ = ["ReferenceEngine"]
 
@@ -528,7 +529,7 @@ class ReferenceEngine:
             if dec:
                 self._decode(dec, cache, recorder)
             return
-        kind = "mixed" if dec else "prefill"
+        kind: StepKind = "mixed" if dec else "prefill"
         tokens = torch.tensor([s.next_token for s in dec], dtype=torch.long, device=self.device)
         lengths = torch.tensor([s.length for s in dec], dtype=torch.long, device=self.device)
         pushed = nvtx_ranges.push_step(kind, recorder.n_steps)
