@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -9,8 +11,10 @@ import pytest
 
 import perfscope
 from perfscope._api import RunArgs
+from perfscope._render import _prompt_cache_line
 from perfscope._study import KNOBS, _apply, _values
 from perfscope.analysis.roofline import _interference
+from perfscope.analysis.summary import Summary
 from perfscope.errors import UsageError
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig
@@ -209,6 +213,9 @@ def test_prefix_cache_study_projects_from_the_measured_cached_share(runs_dir: An
     # Less prefill work: the roofline alone projects a shorter TTFT, never "no change".
     assert proj["sol_ratios"]["ttft_s"] < 1.0
     assert any("measured cache use" in n for n in s.notes)
+    summary = Summary.from_dict(json.loads((Path(on.runs[0].run) / "summary.json").read_text()))
+    line = _prompt_cache_line(summary)
+    assert line is not None and "% of prompt tokens served from it" in line
 
 
 def test_chunked_prefill_study_has_no_projection_and_shows_the_disaggregation_what_if(
