@@ -11,7 +11,11 @@ The projection is made as the advisor makes it: the *baseline* run's own deratin
 (:func:`~perfscope.analysis.whatif.run_derating`: its per-phase efficiency, or its per-step
 overhead when a phase is overhead-bound) applied to the candidate's model shape, dtypes and
 batch on the same device. A knob the cost model does not see (threads, the attention kernel,
-``torch.compile``, the scheduler) projects no change, and the record says so.
+``torch.compile``, the scheduler) projects no change, and the record says so. Two
+scheduling knobs are projected apart (:func:`_scheduling_projection`, with a study note):
+``prefix-cache`` from each setting's measured cached prompt tokens (the prefill's work scales
+by the uncached share), ``max-batched-tokens`` not at all (no ratio, never 1.0x) with the
+disaggregation what-if of the baseline next to it.
 """
 
 from __future__ import annotations
