@@ -24,7 +24,7 @@ count is reported next to it as ``flops_useful`` / ``mfu_useful``.
 A ``mixed`` step (chunked prefill: the running batch's decode rows and prompt chunks in one
 pass) is its own phase. Its weight bytes are read once, and its GEMM FLOPs, KV reads and
 writes are exact from the step's totals; its attention FLOPs treat the rows as equal (the
-step table has totals, not per-row lengths), which overstates them when a long chunk shares a
+step table has totals, not per-row lengths), so they are approximate when a long chunk shares a
 step with short decode rows. Its prompt chunks count towards ``decode_stall_share`` by their
 share of the step's tokens (:func:`_interference`).
 
