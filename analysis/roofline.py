@@ -22,10 +22,11 @@ FLOPs are counted "as executed" (the attention square the kernels compute); the 
 count is reported next to it as ``flops_useful`` / ``mfu_useful``.
 
 A ``mixed`` step (chunked prefill: the running batch's decode rows and prompt chunks in one
-pass) is its own phase. Its weight bytes are read once, and its GEMM FLOPs, KV reads and
+pass) is its own phase. Its weight bytes are read once, and its block GEMM FLOPs, KV reads and
 writes are exact from the step's totals; its attention FLOPs treat the rows as equal (the
 step table has totals, not per-row lengths), so they are approximate when a long chunk shares a
-step with short decode rows. Its prompt chunks count towards ``decode_stall_share`` by their
+step with short decode rows (and the lm_head is counted for every row, also a chunk that does
+not end its prompt). Its prompt chunks count towards ``decode_stall_share`` by their
 share of the step's tokens (:func:`_interference`).
 
 Each phase is also split by operator class (:func:`~perfscope.analysis.costmodel.
