@@ -125,15 +125,67 @@ def test_chunked_prefill_splits_a_long_prompt_and_keeps_the_outputs() -> None:
     assert during["request_ids"].map(lambda r: 0 in r).all()
 
 
-def test_mixed_steps_count_as_prefill_stalls_by_their_chunk_share() -> None:
-    specs = [RequestSpec(0, 4, 30), RequestSpec(1, 4, 2), RequestSpec(2, 60, 4)]
-    _, steps, req = _serve(specs, batch_size=2, max_batched_tokens="8")
-    assert set(steps["kind"]) == {"prefill", "mixed", "decode"}
-    share = _interference(steps, req)["decode_stall_share"]
-    assert share is not None and share > 0
-    # Without the mixed steps only the first prefill pass (before anyone decodes) is left.
-    only = _interference(steps[steps["kind"] != "mixed"], req)["decode_stall_share"]
-    assert only == 0
+def test_mixed_steps_stall_decoding_requests_by_their_time_beyond_a_decode_step() -> None:
+    ms = 1_000_000
+
+    def step(kind: str, a: int, b: int, n: int) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "t_start": a * ms,
+            "t_end": b * ms,
+            "batch_size": 2,
+            "new_tokens": n,
+            "context_tokens": 0,
+            "request_ids": [0, 1],
+        }
+
+    # Two requests decode from 0 to 100 ms; decode steps take 10 ms, the one mixed step 50.
+    steps = pd.DataFrame(
+        [
+            step("decode", 0, 10, 2),
+            step("mixed", 10, 60, 9),
+            step("decode", 60, 70, 2),
+            step("decode", 70, 80, 2),
+        ]
+    )
+    req = pd.DataFrame(
+        {
+            "request_id": [0, 1],
+            "t_sent": [0, 0],
+            "t_first_token": [0, 0],
+            "t_last_token": [100 * ms, 100 * ms],
+            "output_tokens": [10, 10],
+            "error": [None, None],
+            "is_warmup": [False, False],
+        }
+    )
+    out = _interference(steps, req)
+    # 40 ms beyond a decode step, for both requests, over 200 ms of decode time.
+    assert out["decode_stall_share"] == pytest.approx(2 * 40 / 200)
+    assert out["prefill_stall_max_s"] == pytest.approx(0.040)
+
+
+def test_a_chunked_run_reports_its_mixed_phase_on_the_roofline(runs_dir: Any) -> None:
+    run = perfscope.run(
+        "reference",
+        model_preset="tiny",
+        requests=3,
+        warmup=0,
+        prompt_len=40,
+        output_len=6,
+        batch_size=2,
+        telemetry=False,
+        runs_dir=runs_dir,
+        seed=0,
+        max_batched_tokens="8",
+        concurrency=2,
+    )
+    s = run.summary.to_dict()
+    assert s["steps"]["mixed"]["count"] > 0
+    mixed = s["roofline"]["phases"]["mixed"]
+    assert mixed["verdict"] in ("compute-bound", "memory-bound", "overhead-bound")
+    assert mixed["tokens"] == s["steps"]["mixed"]["new_tokens"]
+    assert s["roofline"]["latency"]["decode_stall_share"] is not None
 
 
 def test_prefix_cache_and_chunking_together_keep_the_outputs() -> None:
