@@ -281,3 +281,14 @@ def test_chunked_prefill_study_has_no_projection_and_shows_the_disaggregation_wh
     assert "disaggregation" in chunked.projection
     assert any("mixed" in r.phases for r in chunked.runs)
     assert any(n.startswith("max-batched-tokens=4: no projection") for n in s.notes)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_reuse_and_chunks_keep_the_outputs_with_a_quantised_kv_cache(kv_dtype: str) -> None:
+    specs = _shared_prefix_specs(4)
+    base, _, _ = _serve(specs, batch_size=2, kv_dtype=kv_dtype)
+    both, _, req = _serve(
+        specs, batch_size=2, kv_dtype=kv_dtype, prefix_cache="on", max_batched_tokens="12"
+    )
+    assert both == base
+    assert (req["cached_tokens"] > 0).any()

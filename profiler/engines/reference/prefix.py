@@ -44,7 +44,8 @@ class PrefixCache:
     """K/V of prompt blocks seen before, LRU-bounded in tokens.
 
     Each entry is one tensor ``[n_layers, 2, n_kv_heads, BLOCK_TOKENS, head_dim]`` (K then
-    V), a copy, so cache slots can be reused freely.
+    V) in the model dtype, a copy, so cache slots can be reused freely (with a quantised KV
+    cache the entries are the dequantised values; writing them back re-quantises exactly).
     """
 
     def __init__(self, capacity_tokens: int = DEFAULT_CAPACITY_TOKENS) -> None:
@@ -78,8 +79,9 @@ class PrefixCache:
         kv = torch.cat([self._blocks[k] for k in keys], dim=3)  # [L, 2, kvH, T, hd]
         t = kv.shape[3]
         for layer in range(len(cache.k)):
-            cache.k[layer][slot, :, :t].copy_(kv[layer, 0])
-            cache.v[layer][slot, :, :t].copy_(kv[layer, 1])
+            # Assignment, not copy_: a quantised KV store (kv_dtype int8/fp8) quantises on write.
+            cache.k[layer][slot, :, :t] = kv[layer, 0]
+            cache.v[layer][slot, :, :t] = kv[layer, 1]
         return int(t)
 
     def store(self, ids: Sequence[int], cache: KVCache, slot: int) -> None:
