@@ -27,6 +27,7 @@ from perfscope.analysis.catalogue import value_at
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.metrics import per_request
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.prompt_cache import prompt_cache_section
 from perfscope.analysis.roofline import roofline_section
 from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.summary import Summary, build_summary
@@ -160,6 +161,7 @@ def analyze(
             "energy": energy,
             "advice": advice,
             "projections": projections,
+            "prompt_cache": prompt_cache_section(stored_run.requests),
         },
     )
     info = stored_run.manifest.get("server_metrics")

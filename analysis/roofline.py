@@ -21,6 +21,14 @@ how many requests were decoding at each moment. Those phases carry ``estimated: 
 FLOPs are counted "as executed" (the attention square the kernels compute); the causal-useful
 count is reported next to it as ``flops_useful`` / ``mfu_useful``.
 
+A ``mixed`` step (chunked prefill: the running batch's decode rows and prompt chunks in one
+pass) is its own phase. Its weight bytes are read once, and its block GEMM FLOPs, KV reads and
+writes are exact from the step's totals; its attention FLOPs treat the rows as equal (the
+step table has totals, not per-row lengths), so they are approximate when a long chunk shares a
+step with short decode rows (and the lm_head is counted for every row, also a chunk that does
+not end its prompt). Its time beyond a plain decode step counts towards
+``decode_stall_share`` (:func:`_interference`).
+
 Each phase is also split by operator class (:func:`~perfscope.analysis.costmodel.
 operator_class_costs`: weight GEMMs, attention/KV, the rest), each with its own intensity,
 speed-of-light time and roof (``classes``); ``class_verdict`` is the common roof, or
@@ -602,14 +610,18 @@ def _interference(steps: pd.DataFrame, requests: pd.DataFrame | None) -> dict[st
 
     For every prefill step, the requests between their first and last token at its start
     wait for it; ``decode_stall_share`` is that waiting (step time x requests waiting) over
-    all requests' decode time, ``prefill_stall_max_s`` the longest such step.
+    all requests' decode time, ``prefill_stall_max_s`` the longest such step. A ``mixed``
+    step (chunked prefill: decode rows and prompt chunks in one pass) stalls the requests
+    decoding at its start by what its prompt chunks added: its time beyond the run's median
+    plain decode step (without decode steps: its time times the chunks' share of its
+    tokens, one decode row per decoding request).
     """
     out: dict[str, float | None] = {"decode_stall_share": None, "prefill_stall_max_s": None}
     if requests is None or requests.empty or steps.empty:
         return out
     df = _completed(requests).dropna(subset=["t_last_token"])
     df = df[df["output_tokens"] > 1]
-    pre = steps[steps["kind"] == "prefill"]
+    pre = steps[steps["kind"].isin(("prefill", "mixed"))]
     if df.empty or pre.empty:
         return out
     first = np.sort(df["t_first_token"].to_numpy(dtype=np.float64))
@@ -621,6 +633,19 @@ def _interference(steps: pd.DataFrame, requests: pd.DataFrame | None) -> dict[st
     dur = pre["t_end"].to_numpy(dtype=np.float64) - t0
     waiting = np.searchsorted(first, t0, side="left") - np.searchsorted(last, t0, side="right")
     waiting = np.maximum(waiting, 0)
+    mixed = (pre["kind"] == "mixed").to_numpy()
+    if mixed.any():
+        dec = steps[steps["kind"] == "decode"]
+        if not dec.empty:
+            # What the chunks added: the step's time beyond a plain decode step's (median).
+            d_dec = dec["t_end"].to_numpy(np.float64) - dec["t_start"].to_numpy(np.float64)
+            ref = float(np.median(d_dec))
+            extra = np.maximum(dur - ref, 0.0)
+        else:  # no plain decode step to compare with: the chunks' share of the tokens
+            n = pre["new_tokens"].to_numpy(dtype=np.float64)
+            rows = np.minimum(waiting, np.maximum(pre["batch_size"].to_numpy() - 1, 0))
+            extra = dur * np.maximum(n - rows, 0.0) / np.maximum(n, 1.0)
+        dur = np.where(mixed, extra, dur)
     stalled = dur[waiting > 0]
     out["decode_stall_share"] = float(np.sum(dur * waiting) / total)
     out["prefill_stall_max_s"] = float(stalled.max() * 1e-9) if len(stalled) else 0.0

@@ -11,7 +11,11 @@ The projection is made as the advisor makes it: the *baseline* run's own deratin
 (:func:`~perfscope.analysis.whatif.run_derating`: its per-phase efficiency, or its per-step
 overhead when a phase is overhead-bound) applied to the candidate's model shape, dtypes and
 batch on the same device. A knob the cost model does not see (threads, the attention kernel,
-``torch.compile``, the scheduler) projects no change, and the record says so.
+``torch.compile``, the scheduler) projects no change, and the record says so. Two
+scheduling knobs are projected apart (:func:`_scheduling_projection`, with a study note):
+``prefix-cache`` from each setting's measured cached prompt tokens (the prefill's work scales
+by the uncached share), ``max-batched-tokens`` not at all (no ratio, never 1.0x) with the
+disaggregation what-if of the baseline next to it.
 """
 
 from __future__ import annotations
@@ -136,10 +140,12 @@ def run_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
     good = summary.get("goodput") or {}
     energy = summary.get("energy") or {}
 
-    def p50(name: str) -> float | None:
-        v = (lat.get(name) or {}).get("p50")
+    def p50(name: str, q: str = "p50") -> float | None:
+        v = (lat.get(name) or {}).get(q)
         return None if v is None else float(v)
 
+    cache = summary.get("prompt_cache") or {}
+    roof_lat = (summary.get("roofline") or {}).get("latency") or {}
     return {
         "ttft_p50_s": p50("ttft"),
         "tpot_p50_s": p50("tpot"),
@@ -148,6 +154,10 @@ def run_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
         "goodput_req_s": good.get("goodput_req_s"),
         "attainment": good.get("attainment"),
         "j_per_output_token": energy.get("j_per_output_token"),
+        "itl_p99_s": p50("itl", "p99"),
+        "prompt_cache_share": cache.get("share"),
+        "prompt_cache_hit_rate": cache.get("hit_rate"),
+        "decode_stall_share": roof_lat.get("decode_stall_share"),
     }
 
 
@@ -226,6 +236,7 @@ def project_change(
     output_len: int,
     kv_cache: tuple[bool, bool] = (True, True),
     output_lens: tuple[int, int] | None = None,
+    cached_prefix_len: tuple[int, int] = (0, 0),
 ) -> dict[str, Any] | None:
     """What the what-if model projects for the change from the baseline run's setting to
     the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
@@ -233,8 +244,10 @@ def project_change(
     Both settings are projected on the baseline run's device with the baseline's own
     derating (so overheads carry over), each with its own model shape and dtypes (from
     its run's ``model`` section) and batch; ``output_lens`` (baseline, candidate) when the
-    settings generate different numbers of tokens (default ``output_len`` for both).
-    ``None`` without a roofline.
+    settings generate different numbers of tokens (default ``output_len`` for both);
+    ``cached_prefix_len`` (per setting) is the prompt tokens per request its prefix cache
+    serves, which the prefill does not compute (the prefill's FLOPs and bytes scale with the
+    uncached share). ``None`` without a roofline.
     """
     from perfscope.hwdb.spec import DeviceSpec
 
@@ -247,9 +260,9 @@ def project_change(
     preds = []
     sols = []
     outs = output_lens or (output_len, output_len)
-    for summary, b, kv, output_len in (
-        (baseline, batch[0], kv_cache[0], outs[0]),
-        (candidate, batch[1], kv_cache[1], outs[1]),
+    for summary, b, kv, output_len, cached in (
+        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0]),
+        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1]),
     ):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
         pred = predict(
@@ -262,8 +275,16 @@ def project_change(
             decode_efficiency=derate.get("decode_efficiency"),
             prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
             decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+            cached_prefix_len=cached,
         )
-        sol = predict(model, dev, batch=b, prompt_len=prompt_len, output_len=output_len)
+        sol = predict(
+            model,
+            dev,
+            batch=b,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            cached_prefix_len=cached,
+        )
         if not kv:
             for p, derated in ((pred, True), (sol, False)):
                 tpot = _recompute_tpot(model, baseline, b, prompt_len, output_len, derated)
@@ -292,6 +313,86 @@ def project_change(
         "basis": "the baseline run's derating ("
         + ", ".join(f"{k}={v:.3g}" for k, v in derate.items())
         + ")",
+    }
+
+
+_NO_RATIOS = {"ttft_s": None, "tpot_s": None, "throughput_tok_s": None}
+#: Knobs whose projection is not a plain change of model, dtype or batch.
+_SCHEDULING_KNOBS = ("prefix-cache", "max-batched-tokens")
+
+
+def _scheduling_projection(
+    knob: str,
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    batch: tuple[int, int],
+    prompt_len: int,
+    output_len: int,
+) -> dict[str, Any]:
+    """The projection of a scheduling knob, with a ``note`` saying what it rests on.
+
+    ``prefix-cache``: :func:`project_change` with each setting's measured mean cached prompt
+    tokens per request (its ``prompt_cache`` section; 0 without one) at the measured mean
+    prompt length, so the prefill's FLOPs and bytes scale by the uncached share.
+    ``max-batched-tokens``: no projection (``ratios`` all None; the what-if prices one
+    static batch with prefill and decode apart and has no per-step token budget), and next
+    to it the advisor's prefill/decode disaggregation what-if for the baseline run
+    (``disaggregation``): TPOT x ``1 - decode_stall_share``.
+    """
+    if knob == "prefix-cache":
+        pcs = [s.get("prompt_cache") or {} for s in (baseline, candidate)]
+        cached = tuple(round(float(pc.get("cached_tokens_mean") or 0.0)) for pc in pcs)
+        means = [float(pc["prompt_tokens_mean"]) for pc in pcs if pc.get("prompt_tokens_mean")]
+        plen = round(means[0]) if means else prompt_len
+        proj = project_change(
+            baseline,
+            candidate,
+            batch=batch,
+            prompt_len=plen,
+            output_len=output_len,
+            cached_prefix_len=(int(cached[0]), int(cached[1])),
+        )
+        if proj is None:
+            return {
+                "ratios": dict(_NO_RATIOS),
+                "sol_ratios": dict(_NO_RATIOS),
+                "note": "no projection: the baseline run has no roofline",
+            }
+        shares = [pc.get("share") for pc in pcs]
+        said = ", ".join(
+            "no cache" if sh is None else f"{100 * sh:.0f}% of prompt tokens cached"
+            for sh in shares
+        )
+        proj["cached_prefix_len"] = list(cached)
+        proj["note"] = (
+            f"projected with the measured cache use ({said}; {cached[0]} → {cached[1]} cached "
+            f"of {plen} prompt tokens per request): prefill FLOPs and bytes scaled by the "
+            "uncached share, decode unchanged"
+        )
+        return proj
+    lat = (baseline.get("roofline") or {}).get("latency") or {}
+    share = lat.get("decode_stall_share")
+    dis: dict[str, Any] | None = None
+    dis_txt = "no disaggregation what-if (the baseline has no prefill/decode steps to weigh)"
+    if isinstance(share, int | float):
+        dis = {
+            "ratios": {"ttft_s": None, "tpot_s": 1.0 - float(share), "throughput_tok_s": None},
+            "decode_stall_share": float(share),
+            "basis": "the baseline's decode time spent waiting for prefill passes disappears "
+            "(a second device takes the prefills; KV transfer not priced)",
+        }
+        dis_txt = (
+            f"the disaggregation what-if next to it: TPOT x{1.0 - float(share):.3f} "
+            f"({100 * float(share):.0f}% of the baseline's decode time waited for prefills)"
+        )
+    return {
+        "ratios": dict(_NO_RATIOS),
+        "sol_ratios": dict(_NO_RATIOS),
+        "disaggregation": dis,
+        "note": "no projection: the what-if prices one static batch with prefill and decode "
+        "apart and has no per-step token budget, so it cannot price chunked (mixed) steps; "
+        + dis_txt,
     }
 
 
@@ -496,15 +597,26 @@ def build_study(
         effects: list[Effect] = []
         projection = None
         if i > 0 and summaries[0] and summaries[i]:
-            projection = project_change(
-                summaries[0][0],
-                first,
-                batch=(batches[0], batches[i]),
-                prompt_len=prompt_len,
-                output_len=output_len,
-                kv_cache=(kv[0], kv[i]),
-                output_lens=(outs[0], outs[i]),
-            )
+            if knob in _SCHEDULING_KNOBS:
+                projection = _scheduling_projection(
+                    knob,
+                    summaries[0][0],
+                    first,
+                    batch=(batches[0], batches[i]),
+                    prompt_len=prompt_len,
+                    output_len=output_len,
+                )
+                notes.append(f"{knob}={value}: {projection['note']}")
+            else:
+                projection = project_change(
+                    summaries[0][0],
+                    first,
+                    batch=(batches[0], batches[i]),
+                    prompt_len=prompt_len,
+                    output_len=output_len,
+                    kv_cache=(kv[0], kv[i]),
+                    output_lens=(outs[0], outs[i]),
+                )
             for metric, (better, key) in METRICS.items():
                 ch = between(
                     [p.metrics.get(metric) for p in points[0]],

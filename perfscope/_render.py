@@ -62,6 +62,18 @@ def steps_table(summary: Summary) -> FitTable | None:
     return t
 
 
+def _prompt_cache_line(summary: Summary) -> str | None:
+    """One line on the prefix cache (engines that report cached prompt tokens)."""
+    pc = summary.to_dict().get("prompt_cache")
+    if not isinstance(pc, dict) or pc.get("share") is None:
+        return None
+    return (
+        f"prefix cache: {100 * pc['share']:.0f}% of prompt tokens served from it "
+        f"({pc['cached_tokens']:,} of {pc['prompt_tokens']:,}); {pc['requests_hit']} of "
+        f"{pc['requests_reporting']} requests hit"
+    )
+
+
 def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) -> RenderableType:
     """The whole summary as the CLI prints it (a summary.json dict is read as a Summary)."""
     summary = as_summary(summary)
@@ -83,6 +95,9 @@ def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) ->
     st = steps_table(summary)
     if st is not None:
         parts.append(st)
+    cache_line = _prompt_cache_line(summary)
+    if cache_line is not None:
+        parts.append(Text(cache_line))
     for section_renderer in _extra_renderers():
         r = section_renderer(summary)
         if r is not None:

@@ -80,6 +80,16 @@ def _one_of(*choices: str, aliases: Mapping[str, str] | None = None) -> Callable
     return parse
 
 
+def _budget(text: str) -> int | None:
+    t = text.strip().lower()
+    if t in ("unlimited", "none", "off", "inf"):
+        return None
+    v = int(t)
+    if v < 1:
+        raise ValueError("must be a whole number >= 1 or 'unlimited'")
+    return v
+
+
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _KV_DTYPE_ALIASES = {"fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "float8": "fp8"}
 #: Other spellings of a knob (vLLM's ``kv_cache_dtype``).
@@ -162,6 +172,20 @@ KNOBS: dict[str, Knob] = {
             "magnitude pruning of the block linears: none, unstructured:F (CSR), 2:4 (CUDA)",
         ),
         Knob(
+            "prefix-cache",
+            "option",
+            "prefix_cache",
+            _one_of("off", "on", aliases=_ON_OFF),
+            "reuse the KV of prompt prefixes computed before (16-token blocks, LRU)",
+        ),
+        Knob(
+            "max-batched-tokens",
+            "option",
+            "max_batched_tokens",
+            _budget,
+            "tokens per step, decode first, then prompt chunks (chunked prefill); 'unlimited'",
+        ),
+        Knob(
             "compile",
             "option",
             "compile",
@@ -205,6 +229,8 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "compile": ("reference",),
     "kv-dtype": ("reference",),
     "sparsity": ("reference",),
+    "prefix-cache": ("reference",),
+    "max-batched-tokens": ("reference",),
     "max-tokens": ("openai",),
     "connection": ("openai",),
 }
@@ -274,7 +300,10 @@ def _apply(base: RunArgs, knob: Knob, value: Any) -> RunArgs:
         shape[knob.target] = value
         return replace(base, model_overrides=shape)
     opts = dict(base.engine_options)
-    opts[knob.target] = str(value)
+    if value is None:  # the option's default (e.g. max-batched-tokens=unlimited)
+        opts.pop(knob.target, None)
+    else:
+        opts[knob.target] = str(value)
     return replace(base, engine_options=opts)
 
 

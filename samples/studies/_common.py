@@ -31,9 +31,12 @@ def _r(v: Any) -> str:
 
 def markdown(s: Any) -> str:
     """The study's settings table and its effects table, as Markdown."""
+    # Chunked prefill runs have a third phase: steps with decode rows and prompt chunks.
+    mixed = any("mixed" in st.runs[0].phases for st in s.settings if st.runs)
     lines = [
-        f"| {s.knob} | TTFT p50 ms | TPOT p50 ms | output tok/s | memory MB | prefill | decode |",
-        "|---|---|---|---|---|---|---|",
+        f"| {s.knob} | TTFT p50 ms | TPOT p50 ms | output tok/s | memory MB | prefill | decode |"
+        + (" mixed |" if mixed else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if mixed else ""),
     ]
     for st in s.settings:
         ph = st.runs[0].phases
@@ -48,7 +51,7 @@ def markdown(s: Any) -> str:
         lines.append(
             f"| {st.value} | {_ms(st.median['ttft_p50_s'])} | {_ms(st.median['tpot_p50_s'])} "
             f"| {_r(st.median['output_tok_s'])} | {'–' if mem is None else f'{mem / 1e6:.3g}'} "
-            f"| {v('prefill')} | {v('decode')} |"
+            f"| {v('prefill')} | {v('decode')} |" + (f" {v('mixed')} |" if mixed else "")
         )
     lines += [
         "",
@@ -69,6 +72,22 @@ def markdown(s: Any) -> str:
                 f"| {st.value} | {e.metric} | {_r(c.ratio)} | {ci} | {c.verdict} "
                 f"| {_r(e.projected_ratio)} | {err} | {_r(sol)} |"
             )
+    extra = [
+        ("itl_p99_s", "ITL p99 ms", _ms),
+        ("decode_stall_share", "decode time stalled by prefill", _r),
+        ("prompt_cache_share", "prompt tokens from prefix cache", _r),
+        ("prompt_cache_hit_rate", "requests hitting the cache", _r),
+    ]
+    shown = [x for x in extra if any(st.median.get(x[0]) is not None for st in s.settings)]
+    if shown and s.knob in ("prefix-cache", "max-batched-tokens"):
+        lines += [
+            "",
+            f"| {s.knob} | " + " | ".join(label for _, label, _ in shown) + " |",
+            "|---" * (len(shown) + 1) + "|",
+        ]
+        for st in s.settings:
+            cells = " | ".join(fmt(st.median.get(key)) for key, _, fmt in shown)
+            lines.append(f"| {st.value} | {cells} |")
     q = [(st.value, st.quality) for st in s.settings if st.quality]
     if q:
         lines += [

@@ -18,13 +18,27 @@ state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewe
 ``n_layers`` than it was trained with, the first layers are kept: pruning) or
 ``weights=trained`` (this shape trained on the synthetic corpus, cached).
 
+Scheduling options (continuous scheduler, KV cache on): ``prefix_cache=on|off`` (default
+off) reuses the K/V of 16-token prompt blocks an earlier request computed
+(:mod:`~perfscope.profiler.engines.reference.prefix`; ``prefix_cache_tokens=N`` bounds the
+store, LRU): prefill computes only the uncached suffix and each request records its
+``cached_tokens``. ``max_batched_tokens=N`` (vLLM's name; default unlimited) caps the tokens
+of one step: the running batch's decode tokens first, then chunks of pending prompts in
+arrival order (chunked prefill); a step with both is a ``mixed`` step, one forward pass
+(:func:`~perfscope.profiler.engines.reference.packed.packed_forward`).
+
 Prefill groups the admitted prompts by length, so no padding is ever computed; each group
-is one forward pass. Every forward pass is timed after device synchronisation and
+is one forward pass (with either scheduling option set, the prompts of a step are packed into
+one pass instead). A text prompt becomes one token per whitespace-separated word (as
+perfscope's datasets count tokens without a tokenizer), so prompts that share words share
+tokens. Every forward pass is timed after device synchronisation and
 reported as a step.
 """
 
 from __future__ import annotations
 
+import math
+import zlib
 from collections import deque
 from dataclasses import dataclass
 
@@ -54,7 +68,10 @@ from perfscope.profiler.engines.reference.model import (
     sparsify_weights,
     torch_dtype,
 )
+from perfscope.profiler.engines.reference.packed import Chunk, packed_forward
+from perfscope.profiler.engines.reference.prefix import DEFAULT_CAPACITY_TOKENS, PrefixCache
 from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.records import StepKind
 
 __all__ = ["ReferenceEngine"]
 
@@ -70,6 +87,18 @@ class _Seq:
     next_token: int
     done: bool = False
     ids: list[int] | None = None  # every token so far, kept only when the KV cache is off
+
+
+@dataclass
+class _Fill:
+    """A prompt being prefilled (possibly over several steps) in cache ``slot``."""
+
+    sub: Submission
+    ids: torch.Tensor  # the whole prompt
+    id_list: list[int]
+    slot: int
+    done: int  # prompt tokens in the cache (reused prefix + computed chunks)
+    cached: int  # of which reused from the prefix cache
 
 
 def _pick_device(requested: str | None) -> torch.device:
@@ -189,6 +218,13 @@ class ReferenceEngine:
         self.kv_cache = _opt_choice(extra, "kv_cache", ("on", "off"), "on") == "on"
         self.compiled = _opt_choice(extra, "compile", ("off", "on"), "off") == "on"
         self.weights = extra.get("weights")
+        self.prefix_cache = _opt_choice(extra, "prefix_cache", ("off", "on"), "off") == "on"
+        self.prefix_cache_tokens = _opt_int(extra, "prefix_cache_tokens") or DEFAULT_CAPACITY_TOKENS
+        self.max_batched_tokens = _opt_int(extra, "max_batched_tokens")
+        #: Set to ``{}`` to keep every emitted token id per request id (tests compare the
+        #: outputs of scheduling options); None keeps nothing.
+        self.output_ids: dict[int, list[int]] | None = None
+        self._check_scheduling_options()
         self._threads_before = torch.get_num_threads()
         if self.threads is not None:
             torch.set_num_threads(self.threads)
@@ -254,6 +290,9 @@ class ReferenceEngine:
                 "kv_dtype": self.kv_dtype,
                 "sparsity": self.sparsity.label,
                 "weight_density": self.sparse_stats.density,
+                "prefix_cache": self.prefix_cache,
+                "prefix_cache_tokens": self.prefix_cache_tokens if self.prefix_cache else None,
+                "max_batched_tokens": self.max_batched_tokens,
             },
         )
 
@@ -264,6 +303,9 @@ class ReferenceEngine:
             torch.cuda.empty_cache()
 
     def serve(self, inbox: Inbox, recorder: Recorder) -> None:
+        if self.prefix_cache or self.max_batched_tokens is not None:
+            self._serve_packed(inbox, recorder)
+            return
         bs = self.options.batch_size
         cache = self.model.new_cache(bs, self.max_seq_len)
         pending: deque[Submission] = deque()
@@ -343,6 +385,7 @@ class ReferenceEngine:
             for sub, tok, row in zip(subs, first, rows, strict=True):
                 seq = _Seq(sub=sub, length=length, generated=1, next_token=int(tok), ids=row)
                 sub.handle.tokens(1, t1)
+                self._keep(sub, int(tok))
                 if seq.generated >= sub.spec.max_output_tokens or self._is_eos(tok):
                     seq.done = True
                     sub.handle.finish()
@@ -395,6 +438,7 @@ class ReferenceEngine:
                 continue  # static batching: a finished row still occupies its slot
             seq.generated += 1
             seq.sub.handle.tokens(1, t1)
+            self._keep(seq.sub, int(tok))
             if seq.generated >= seq.sub.spec.max_output_tokens or self._is_eos(tok):
                 seq.done = True
                 seq.sub.handle.finish()
@@ -414,6 +458,187 @@ class ReferenceEngine:
             else:
                 i += 1
 
+    # --- prefix caching and chunked prefill -------------------------------------------------
+
+    def _check_scheduling_options(self) -> None:
+        if not (self.prefix_cache or self.max_batched_tokens is not None):
+            return
+        what = "prefix_cache=on" if self.prefix_cache else "max_batched_tokens"
+        if self.options.scheduler != "continuous":
+            raise UsageError(f"--engine-opt {what} needs --scheduler continuous")
+        if not self.kv_cache:
+            raise UsageError(f"--engine-opt {what} needs the KV cache (kv_cache=on)")
+        n = self.max_batched_tokens
+        if n is not None and n < self.options.batch_size:
+            raise UsageError(
+                f"--engine-opt max_batched_tokens={n} is below --batch-size "
+                f"{self.options.batch_size}: a step must fit one decode token per sequence "
+                "(raise it or lower --batch-size)"
+            )
+
+    def _serve_packed(self, inbox: Inbox, recorder: Recorder) -> None:
+        """The continuous scheduler with prefix reuse and/or a token budget per step.
+
+        Slots: decoding sequences in ``0..R-1`` (as :meth:`ReferenceModel.decode` needs),
+        prompts being prefilled right after them in arrival order. Without a budget each
+        iteration is one prefill pass of every admitted prompt's uncached part, then one
+        decode step (as :meth:`serve`); with one, each iteration is one step of at most
+        ``max_batched_tokens`` tokens.
+        """
+        bs = self.options.batch_size
+        cache = self.model.new_cache(bs, self.max_seq_len)
+        store = PrefixCache(self.prefix_cache_tokens) if self.prefix_cache else None
+        pending: deque[Submission] = deque()
+        running: list[_Seq] = []
+        filling: list[_Fill] = []
+        budget = self.max_batched_tokens
+        while True:
+            pending.extend(inbox.drain())
+            if not running and not pending and not filling:
+                if inbox.finished:
+                    return
+                sub = inbox.get()
+                if sub is not None:
+                    pending.append(sub)
+                continue
+            self._admit_fill(pending, running, filling, bs, cache, store)
+            if budget is None:
+                if filling:
+                    self._packed_step([], filling, running, None, cache, recorder, store)
+                    self._compact(running, filling, cache)
+                if running:
+                    self._decode(running, cache, recorder)
+                    self._compact(running, filling, cache)
+            elif running or filling:
+                self._packed_step(list(running), filling, running, budget, cache, recorder, store)
+                self._compact(running, filling, cache)
+
+    def _admit_fill(
+        self,
+        pending: deque[Submission],
+        running: list[_Seq],
+        filling: list[_Fill],
+        bs: int,
+        cache: KVCache,
+        store: PrefixCache | None,
+    ) -> None:
+        while pending and len(running) + len(filling) < bs:
+            sub = pending.popleft()
+            need = sub.spec.prompt_tokens + sub.spec.max_output_tokens
+            if sub.spec.prompt_tokens < 1:
+                sub.handle.finish(error="empty prompt")
+                continue
+            if need > self.max_seq_len:
+                sub.handle.finish(
+                    error=f"prompt + output = {need} tokens exceeds max_seq_len {self.max_seq_len}"
+                )
+                continue
+            ids = self._prompt_ids(sub)
+            id_list = [int(t) for t in ids.tolist()]
+            slot = len(running) + len(filling)
+            cached = 0
+            if store is not None:
+                cached = store.load(store.match(id_list), cache, slot)
+                sub.handle.record.cached_tokens = cached
+            filling.append(_Fill(sub, ids, id_list, slot, done=cached, cached=cached))
+
+    def _packed_step(
+        self,
+        dec: list[_Seq],
+        filling: list[_Fill],
+        running: list[_Seq],
+        budget: int | None,
+        cache: KVCache,
+        recorder: Recorder,
+        store: PrefixCache | None,
+    ) -> None:
+        """One forward pass: decode rows ``dec`` (slots 0..R-1) and, within ``budget``
+        tokens (None: no limit), the next chunks of ``filling`` in order. Prompts that
+        complete emit their first token and join ``running``."""
+        left = math.inf if budget is None else budget - len(dec)
+        chunks: list[Chunk] = []
+        for f in filling:
+            if left <= 0:
+                break
+            q = int(min(len(f.id_list) - f.done, left))
+            end = f.done + q
+            chunks.append(Chunk(f.slot, f.done, f.ids[f.done : end], end == len(f.id_list)))
+            left -= q
+        if not chunks:
+            if dec:
+                self._decode(dec, cache, recorder)
+            return
+        kind: StepKind = "mixed" if dec else "prefill"
+        tokens = torch.tensor([s.next_token for s in dec], dtype=torch.long, device=self.device)
+        lengths = torch.tensor([s.length for s in dec], dtype=torch.long, device=self.device)
+        pushed = nvtx_ranges.push_step(kind, recorder.n_steps)
+        t0 = recorder.clock.now_ns()
+        dec_logits, firsts = packed_forward(self.model, cache, tokens, lengths, chunks)
+        nxt = dec_logits.argmax(-1).tolist() if dec_logits is not None else []
+        first = [int(x.argmax().item()) for x in firsts]
+        self._sync()
+        t1 = recorder.clock.now_ns()
+        if pushed:
+            nvtx_ranges.pop_range()
+        recorder.step(
+            kind,
+            t0,
+            t1,
+            len(dec) + len(chunks),
+            len(dec) + sum(len(c.ids) for c in chunks),
+            sum(s.length for s in dec) + sum(c.start for c in chunks),
+            [s.sub.spec.request_id for s in dec]
+            + [f.sub.spec.request_id for f in filling[: len(chunks)]],
+        )
+        for seq, tok in zip(dec, nxt, strict=True):
+            self._advance(seq, int(tok), t1)
+        done = 0
+        for f, c in zip(filling, chunks, strict=False):
+            f.done += len(c.ids)
+            if not c.logits:
+                continue
+            tok = first[done]
+            done += 1
+            if store is not None:
+                store.store(f.id_list, cache, f.slot)
+            seq = _Seq(sub=f.sub, length=len(f.id_list), generated=1, next_token=tok)
+            f.sub.handle.tokens(1, t1)
+            self._keep(f.sub, tok)
+            if seq.generated >= f.sub.spec.max_output_tokens or self._is_eos(tok):
+                seq.done = True
+                f.sub.handle.finish()
+            running.append(seq)
+        del filling[:done]
+        assert all(f.slot == len(running) + j for j, f in enumerate(filling))
+
+    def _advance(self, seq: _Seq, tok: int, t_ns: int) -> None:
+        """A decode row got its next token ``tok`` at ``t_ns`` (continuous scheduler)."""
+        seq.length += 1
+        seq.next_token = tok
+        seq.generated += 1
+        seq.sub.handle.tokens(1, t_ns)
+        self._keep(seq.sub, tok)
+        if seq.generated >= seq.sub.spec.max_output_tokens or self._is_eos(tok):
+            seq.done = True
+            seq.sub.handle.finish()
+
+    @staticmethod
+    def _compact(running: list[_Seq], filling: list[_Fill], cache: KVCache) -> None:
+        """Drop finished sequences; keep decoding slots contiguous from 0 and the prompts
+        being filled right after them."""
+        i = 0
+        while i < len(running):
+            if not running[i].done:
+                i += 1
+                continue
+            last = running.pop()
+            if i < len(running):
+                cache.move(len(running), i, last.length)
+                running[i] = last
+            for f in filling:
+                cache.move(f.slot, f.slot - 1, f.done)
+                f.slot -= 1
+
     # --- helpers ------------------------------------------------------------------------
 
     def _batch_wait_s(self, pending: deque[Submission], inbox: Inbox, recorder: Recorder) -> float:
@@ -423,6 +648,10 @@ class ReferenceEngine:
             return 0.0
         oldest = pending[0].handle.record.t_sent or recorder.clock.now_ns()
         return max(0.0, (oldest + timeout_s * 1e9 - recorder.clock.now_ns()) / 1e9)
+
+    def _keep(self, sub: Submission, token: int) -> None:
+        if self.output_ids is not None:
+            self.output_ids.setdefault(sub.spec.request_id, []).append(token)
 
     def _is_eos(self, token: int) -> bool:
         return self.options.stop_on_eos and token == EOS_TOKEN_ID
@@ -434,9 +663,13 @@ class ReferenceEngine:
             ids = torch.tensor(spec.prompt_token_ids[: spec.prompt_tokens], dtype=torch.long)
             return ids % vocab
         if spec.prompt is not None:
-            raw = list(spec.prompt.encode("utf-8"))[: spec.prompt_tokens]
-            raw += [32] * (spec.prompt_tokens - len(raw))
-            return torch.tensor(raw, dtype=torch.long) % vocab
+            # One token per word, ids from 1 (0 ends a sequence); padded with spaces' id.
+            raw = [
+                1 + zlib.crc32(w.encode("utf-8")) % (vocab - 1)
+                for w in spec.prompt.split()[: spec.prompt_tokens]
+            ]
+            raw += [32 % vocab] * (spec.prompt_tokens - len(raw))
+            return torch.tensor(raw, dtype=torch.long)
         gen = torch.Generator().manual_seed(self.options.seed * 1_000_003 + spec.request_id)
         # Ids from 1: 0 is the end-of-sequence token.
         return torch.randint(1, vocab, (spec.prompt_tokens,), generator=gen)
