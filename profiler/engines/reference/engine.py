@@ -13,7 +13,10 @@ the engine lives), ``attention=explicit|sdpa``, ``quant=none|int8|int8-wo``,
 read), ``compile=on|off`` (``torch.compile`` of each block) and ``weights=PATH`` (a
 state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewer
 ``n_layers`` than it was trained with, the first layers are kept: pruning) or
-``weights=trained`` (this shape trained on the synthetic corpus, cached).
+``weights=trained`` (this shape trained on the synthetic corpus, cached);
+``draft=PRESET_OR_PATH`` with ``num_speculative_tokens=K`` and ``draft_layers=N``:
+speculative decoding with a draft model (see
+:mod:`perfscope.profiler.engines.reference.speculative`).
 
 Prefill groups the admitted prompts by length, so no padding is ever computed; each group
 is one forward pass. Every forward pass is timed after device synchronisation and
@@ -45,6 +48,11 @@ from perfscope.profiler.engines.reference.model import (
     ReferenceModel,
     quantize_weights,
     torch_dtype,
+)
+from perfscope.profiler.engines.reference.speculative import (
+    Speculator,
+    build_draft,
+    parse_draft,
 )
 from perfscope.profiler.recorder import Recorder
 
@@ -183,6 +191,21 @@ class ReferenceEngine:
             for block in self.model.blocks:
                 block.forward = torch.compile(block.forward, dynamic=True)
         self.max_seq_len = options.max_seq_len
+        self._spec: Speculator | None = None
+        self.draft = parse_draft(extra, target_trained=bool(self.weights))
+        self.draft_model: ReferenceModel | None = None
+        #: Emitted token ids per request id (speculative decoding only; tests compare them).
+        self.outputs: dict[int, list[int]] = {}
+        if self.draft is not None:
+            if not self.kv_cache:
+                raise UsageError(
+                    "--engine-opt draft= needs the KV cache: speculative decoding rolls "
+                    "caches back; drop kv_cache=off"
+                )
+            self.draft_model = build_draft(
+                self.draft, self.config, seed=options.seed, device=self.device, load=_load_weights
+            )
+            self.draft_model.set_attention(self.attention)
 
     # --- protocol -----------------------------------------------------------------------
 
@@ -215,18 +238,43 @@ class ReferenceEngine:
                 "kv_cache": self.kv_cache,
                 "compile": self.compiled,
                 "weights": self.weights,
+                "speculative": self._speculative_info(),
             },
         )
 
+    def _speculative_info(self) -> dict[str, object] | None:
+        """The draft and K (None without speculation); ``draft_model`` is its ModelSpec."""
+        if self.draft is None or self.draft_model is None:
+            return None
+        cfg = self.draft_model.cfg
+        return {
+            "draft": self.draft.source,
+            "num_speculative_tokens": self.draft.k,
+            "draft_weights": self.draft.weights,
+            "draft_shape": cfg.to_dict(),
+            "draft_n_params": cfg.n_params(),
+            "draft_model": {**cfg.model_spec(), "name": f"draft:{self.draft.source}"},
+            "target_n_params": self.config.n_params(),
+        }
+
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
+        self.draft_model = None
+        self._spec = None
         torch.set_num_threads(self._threads_before)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def serve(self, inbox: Inbox, recorder: Recorder) -> None:
         bs = self.options.batch_size
-        cache = self.model.new_cache(bs, self.max_seq_len)
+        spare = 0
+        if self.draft is not None and self.draft_model is not None:
+            # A verify pass writes up to K positions past the accepted length.
+            spare = self.draft.k + 1
+            self._spec = Speculator(
+                self.draft_model, self.draft.k, bs, self.max_seq_len + spare, self._sync
+            )
+        cache = self.model.new_cache(bs, self.max_seq_len + spare)
         pending: deque[Submission] = deque()
         running: list[_Seq] = []
         static = self.options.scheduler == "static"
@@ -300,10 +348,14 @@ class ReferenceEngine:
                 0,
                 [s.spec.request_id for s in subs],
             )
+            if self._spec is not None:
+                self._spec.prefill(tokens, start, [s.spec.request_id for s in subs], recorder)
             rows = tokens.tolist() if not self.kv_cache else [None] * len(subs)
             for sub, tok, row in zip(subs, first, rows, strict=True):
                 seq = _Seq(sub=sub, length=length, generated=1, next_token=int(tok), ids=row)
                 sub.handle.tokens(1, t1)
+                if self._spec is not None:
+                    self.outputs[sub.spec.request_id] = [int(tok)]
                 if seq.generated >= sub.spec.max_output_tokens or self._is_eos(tok):
                     seq.done = True
                     sub.handle.finish()
@@ -326,6 +378,9 @@ class ReferenceEngine:
         return nxt
 
     def _decode(self, running: list[_Seq], cache: KVCache, recorder: Recorder) -> None:
+        if self._spec is not None:
+            self._speculative_decode(self._spec, running, cache, recorder)
+            return
         tokens = torch.tensor([s.next_token for s in running], device=self.device)
         lengths = torch.tensor([s.length for s in running], device=self.device)
         context = sum(s.length for s in running)
@@ -360,6 +415,38 @@ class ReferenceEngine:
                 seq.done = True
                 seq.sub.handle.finish()
 
+    def _speculative_decode(
+        self, spec: Speculator, running: list[_Seq], cache: KVCache, recorder: Recorder
+    ) -> None:
+        """One speculative step (draft K tokens, verify, accept); several tokens per row."""
+        results, t1 = spec.step(
+            self.model,
+            cache,
+            [s.sub.spec.request_id for s in running],
+            [s.length for s in running],
+            [s.next_token for s in running],
+            [not s.done for s in running],
+            recorder,
+            self.device,
+        )
+        for seq, res in zip(running, results, strict=True):
+            if seq.done:
+                continue  # static batching: the row keeps its slot and its length
+            room = seq.sub.spec.max_output_tokens - seq.generated
+            emit = res.tokens[:room]
+            if self.options.stop_on_eos:
+                eos = [i for i, t in enumerate(emit) if t == EOS_TOKEN_ID]
+                emit = emit[: eos[0] + 1] if eos else emit
+            seq.length += res.accepted + 1
+            seq.next_token = res.tokens[-1]
+            seq.generated += len(emit)
+            self.outputs.setdefault(seq.sub.spec.request_id, []).extend(emit)
+            seq.sub.handle.tokens(len(emit), t1)
+            if seq.generated >= seq.sub.spec.max_output_tokens or (emit and self._is_eos(emit[-1])):
+                seq.done = True
+                seq.sub.handle.finish()
+                spec.forget(seq.sub.spec.request_id)
+
     def _drop_finished(self, running: list[_Seq], cache: KVCache, static: bool) -> None:
         if static:
             if running and all(s.done for s in running):
@@ -371,6 +458,8 @@ class ReferenceEngine:
                 last = running.pop()
                 if i < len(running):
                     cache.move(len(running), i, last.length)
+                    if self._spec is not None:
+                        self._spec.move(len(running), i, last.length)
                     running[i] = last
             else:
                 i += 1
