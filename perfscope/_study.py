@@ -53,6 +53,13 @@ def _int(text: str) -> int:
     return v
 
 
+def _count(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise ValueError("must be a whole number >= 0")
+    return v
+
+
 def _float(text: str) -> float:
     v = float(text)
     if not v > 0:
@@ -129,6 +136,13 @@ KNOBS: dict[str, Knob] = {
             "compile",
             _one_of("off", "on", aliases=_ON_OFF),
             "torch.compile of each block (kernel fusion)",
+        ),
+        Knob(
+            "num-speculative-tokens",
+            "option",
+            "num_speculative_tokens",
+            _count,
+            "draft tokens per speculative step (0 = off; needs --engine-opt draft=...)",
         ),
     )
 }
@@ -275,6 +289,10 @@ def _check_engine(a: RunArgs) -> None:
         raise UsageError(f"reference model: {exc}") from exc
     if a.engine_options.get("quant") == "int8" and a.dtype not in (None, "float32"):
         raise UsageError("quant=int8 (dynamic int8 matmuls) runs in float32 only")
+    from perfscope.profiler.engines.reference.speculative import parse_draft
+
+    opts = {k: str(v) for k, v in a.engine_options.items()}
+    parse_draft(opts, target_trained=bool(opts.get("weights")))
 
 
 def _args_record(a: RunArgs) -> dict[str, Any]:

@@ -168,3 +168,120 @@ def test_bad_draft_options_are_usage_errors() -> None:
         "reference",
         EngineOptions(model_preset="tiny", extra={"draft": "tiny", "num_speculative_tokens": "0"}),
     )
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def test_speedup_formula_matches_its_limits_and_inverts_the_acceptance() -> None:
+    from perfscope.analysis.whatif import (
+        alpha_from_accepted,
+        expected_tokens_per_step,
+        speculative_speedup,
+    )
+
+    # Nothing accepted: K draft passes of cost c bought nothing.
+    assert speculative_speedup(0.0, 4, 0.25) == pytest.approx(1 / 2.0)
+    # Everything accepted, free draft: K + 1 tokens per target pass.
+    assert speculative_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert speculative_speedup(0.5, 2, 0.1, verify_cost=1.5) == pytest.approx(1.75 / 1.7)
+    assert alpha_from_accepted(0.5 + 0.25, 2) == pytest.approx(0.5, abs=1e-9)
+    assert alpha_from_accepted(3.0, 3) == pytest.approx(1.0, abs=1e-9)
+    with pytest.raises(ValueError, match="alpha"):
+        speculative_speedup(1.5, 2, 0.1)
+
+
+def test_summary_reports_acceptance_and_costs_draft_passes_with_the_drafts_spec(
+    runs_dir: Path,
+) -> None:
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    import perfscope
+    from perfscope.analysis.costmodel import step_costs
+    from perfscope.analysis.modelspec import ModelSpec
+
+    r = perfscope.run(
+        "reference",
+        requests=4,
+        prompt_len=8,
+        output_len=9,
+        model_preset="tiny",
+        batch_size=4,
+        telemetry=False,
+        runs_dir=runs_dir,
+        draft="tiny",  # identical to the target: every draft token is accepted
+        num_speculative_tokens="3",
+    )
+    s = r.summary
+    sp = s["speculative"]
+    assert sp["num_speculative_tokens"] == 3
+    assert sp["acceptance_rate"] == pytest.approx(1.0)
+    assert sp["mean_accepted_per_step"] == pytest.approx(3.0)
+    assert sp["alpha"] == pytest.approx(1.0, abs=1e-6)
+    assert sp["draft_time_s"] > 0 and sp["verify_time_s"] > 0
+    assert set(s["steps"]) == {"prefill", "decode", "draft_prefill", "draft_decode"}
+    # 8 output tokens after the first: 1 + 4 + 4 per request, 2 verify passes.
+    assert s["steps"]["decode"]["count"] == 2
+    assert s["latency"]["tpot"]["count"] == 4
+    steps = pq.read_table(Path(r.path) / "steps.parquet").to_pandas()
+    assert {"role", "proposed_tokens", "accepted_tokens"} <= set(steps.columns)
+    roof = s["roofline"]
+    if not roof["available"]:
+        pytest.skip(f"no roofline here: {roof['reason']}")
+    assert {"draft_prefill", "draft_decode"} <= set(roof["phases"])
+    # The verify passes are costed with logits at every position they feed.
+    model = ModelSpec.from_dict(dict(s["model"]))
+    verify = steps[steps["proposed_tokens"].notna()]
+    n = verify["new_tokens"].to_numpy(dtype=float)
+    costs = step_costs(
+        model,
+        verify["batch_size"].to_numpy(dtype=float),
+        n,
+        verify["context_tokens"].to_numpy(dtype=float),
+        logits_tokens=n,
+    )
+    assert roof["phases"]["decode"]["flops"] == pytest.approx(float(np.sum(costs["flops"])))
+    draft = ModelSpec.from_dict(dict(sp["draft_model"]))
+    assert draft.n_layers == model.n_layers  # same preset; a 1-layer draft below
+
+
+def test_study_projects_speculation_from_the_assumed_acceptance_before_the_run(
+    runs_dir: Path,
+) -> None:
+    import perfscope
+    from perfscope.analysis.whatif import ASSUMED_ACCEPTANCE
+
+    st = perfscope.study(
+        "num-speculative-tokens",
+        "0,2",
+        model_preset="tiny",
+        requests=2,
+        warmup=0,
+        prompt_len=8,
+        output_len=6,
+        repeat=1,
+        telemetry=False,
+        runs_dir=runs_dir,
+        draft="tiny",
+        draft_layers="1",
+    )
+    cand = st.settings[1]
+    proj = cand.projection
+    assert proj is not None
+    sp = proj["speculative"]
+    assert sp["k"] == 2
+    before = sp["before_run"]
+    assert before["alpha"] == ASSUMED_ACCEPTANCE
+    # Same target model and batch: the plain what-if ratio is 1, so the projection is the
+    # formula's speedup alone.
+    assert proj["ratios"]["tpot_s"] == pytest.approx(1 / before["derated"])
+    assert proj["ratios"]["throughput_tok_s"] == pytest.approx(before["derated"])
+    after = sp["after_run"]
+    assert after is not None and 0 <= after["acceptance_rate"] <= 1
+    # The draft's weights and cache are part of the setting's memory.
+    assert cand.memory["draft_bytes"] > 0
+    assert cand.memory["total_bytes"] > st.settings[0].memory["total_bytes"]
+    with pytest.raises(UsageError, match="needs a draft model"):
+        perfscope.study("num-speculative-tokens", "0,2", model_preset="tiny", runs_dir=runs_dir)
