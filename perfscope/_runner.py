@@ -353,6 +353,12 @@ def execute_run(
     hf_config = info.config.get("hf_config") or eopts.extra.get("hf_config")
     if info.model is None and hf_config:
         info.model = _model_from_hf_config(str(hf_config), info.dtype)
+    spec_cfg = info.config.get("speculative")
+    if isinstance(spec_cfg, dict) and spec_cfg.get("draft_hf_config"):
+        # hf: assisted generation: the draft's passes are costed with its own config.
+        spec_cfg["draft_model"] = _model_from_hf_config(
+            str(spec_cfg["draft_hf_config"]), info.dtype
+        )
     clock = MonotonicClock()
     telemetry: TelemetrySession | None = None
     try:
