@@ -285,10 +285,12 @@ def project_change(
     if spec[0] is not None or spec[1] is not None:
         for table, key in ((ratios, "derated"), (sol_ratios, "sol")):
             gain = [1.0 if p is None else p["before_run"][key] for p in spec]
-            if all(g is not None for g in gain):
-                for metric, power in (("tpot_s", -1), ("throughput_tok_s", 1)):
-                    if table.get(metric) is not None:
-                        table[metric] = table[metric] * (gain[1] / gain[0]) ** power
+            if gain[0] is None or gain[1] is None:
+                continue
+            for metric, power in (("tpot_s", -1), ("throughput_tok_s", 1)):
+                value = table.get(metric)
+                if value is not None:
+                    table[metric] = value * (float(gain[1]) / float(gain[0])) ** power
     return {
         "ratios": ratios,
         # The bare roofline (speed of light, no derating) for the same change: what the
@@ -310,6 +312,41 @@ def _mean_step_s(summary: Mapping[str, Any], kind: str) -> float | None:
     return float(v) if v else None
 
 
+def _after_run_median(
+    baselines: Sequence[Mapping[str, Any]],
+    candidates: Sequence[Mapping[str, Any]],
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+) -> dict[str, Any] | None:
+    """:func:`speculative_projection`'s ``after_run`` of each round (the candidate's run next
+    to the baseline's run of the same round), each number the median over the rounds: one
+    run's pass times on a shared machine can be far off."""
+    from perfscope.hwdb.spec import DeviceSpec
+
+    rows = []
+    for base, cand in zip(baselines, candidates, strict=False):
+        spec = (base.get("hardware") or {}).get("spec")
+        if not spec:
+            continue
+        dev = DeviceSpec.from_dict(spec)
+        derate = run_derating(base.get("roofline") or {})
+        p = speculative_projection(cand, base, dev, derate, batch, prompt_len, output_len)
+        if p is not None and p["after_run"] is not None:
+            rows.append(p["after_run"])
+    if not rows:
+        return None
+    out: dict[str, Any] = {k: _median([r.get(k) for r in rows]) for k in rows[0]}
+    out["runs"] = len(rows)
+    return out
+
+
+def _gap_per_step(summary: Mapping[str, Any], phase: str) -> float | None:
+    ph = ((summary.get("roofline") or {}).get("phases") or {}).get(phase) or {}
+    gap, steps = ph.get("gap_s"), ph.get("steps")
+    return float(gap) / float(steps) if gap is not None and steps else None
+
+
 def speculative_projection(
     summary: Mapping[str, Any],
     baseline: Mapping[str, Any],
@@ -327,8 +364,10 @@ def speculative_projection(
     baseline run's derating applied to both models' decode steps; ``sol``: speed of light),
     verify pass = one target pass, as the formula assumes. ``after_run``: the measured
     ``alpha`` of this setting's run, ``c`` = its mean draft pass over the baseline's mean
-    plain decode step, and ``verify_cost`` = its mean verify pass over that same step, so the
-    parts of the projection's error can be told apart.
+    plain decode step, and ``verify_cost`` = its mean verify pass over that same step
+    (``speedup``), and the same with the host time before each pass added to it
+    (``speedup_with_host``), so the parts of the projection's error can be told apart (a
+    study stores the median of each over its rounds).
     """
     sp = summary.get("speculative") or {}
     k = int(sp.get("num_speculative_tokens") or 0)
@@ -337,7 +376,7 @@ def speculative_projection(
         return None
     draft, target = ModelSpec.from_dict(dict(draft_dict)), ModelSpec.from_dict(dict(model_dict))
     kw: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
-    derated_kw = {
+    derated_kw: dict[str, Any] = {
         "decode_efficiency": derate.get("decode_efficiency"),
         "decode_overhead_s": derate.get("decode_overhead_s", 0.0),
     }
@@ -354,6 +393,16 @@ def speculative_projection(
     alpha = sp.get("alpha")
     if plain and draft_s and verify_s and alpha is not None:
         c, v = draft_s / plain, verify_s / plain
+        # The same with each pass's host time before it (Python and scheduling between
+        # passes, the roofline's gap_s per step): the part the formula does not see.
+        g_plain = _gap_per_step(baseline, "decode")
+        g_draft, g_verify = _gap_per_step(summary, "draft_decode"), _gap_per_step(summary, "decode")
+        host = None
+        if g_plain is not None and g_draft is not None and g_verify is not None:
+            unit = plain + g_plain
+            host = speculative_speedup(
+                float(alpha), k, (draft_s + g_draft) / unit, (verify_s + g_verify) / unit
+            )
         after = {
             "acceptance_rate": sp.get("acceptance_rate"),
             "mean_accepted_per_step": sp.get("mean_accepted_per_step"),
@@ -363,6 +412,7 @@ def speculative_projection(
             "tokens_per_step": expected_tokens_per_step(float(alpha), k),
             "speedup": speculative_speedup(float(alpha), k, c, v),
             "speedup_formula": speculative_speedup(float(alpha), k, c),
+            "speedup_with_host": host,
         }
     return {"k": k, "draft": sp.get("draft"), "before_run": before, "after_run": after}
 
@@ -563,6 +613,10 @@ def build_study(
                 output_len=output_len,
                 kv_cache=(kv[0], kv[i]),
             )
+            if projection is not None and projection.get("speculative"):
+                projection["speculative"]["after_run"] = _after_run_median(
+                    summaries[0], summaries[i], batches[i], prompt_len, output_len
+                )
             for metric, (better, key) in METRICS.items():
                 ch = between(
                     [p.metrics.get(metric) for p in points[0]],

@@ -37,6 +37,7 @@ from perfscope.profiler.engines.base import (
     register_engine,
 )
 from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.records import StepKind
 
 __all__ = ["HFEngine"]
 
@@ -329,15 +330,16 @@ class _Assisted:
         self.target_calls = 0
         self.t0 = 0
         self.shape = (1, 0, 0)  # rows, new tokens, cached tokens of the pass under way
-        self.pending: tuple[str, int, int, tuple[int, int, int], int] | None = None
+        self.pending: tuple[StepKind, int, int, tuple[int, int, int], int] | None = None
         self.emitted = 0
 
     def _start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids")
         if ids is None and args:
             ids = args[0]
-        cache = kwargs.get(self.engine._cache_arg, kwargs.get("past_key_values"))
-        ctx = int(cache.get_seq_length()) if hasattr(cache, "get_seq_length") else 0
+        cache: Any = kwargs.get(self.engine._cache_arg, kwargs.get("past_key_values"))
+        seq_len = getattr(cache, "get_seq_length", None)
+        ctx = int(seq_len()) if callable(seq_len) else 0
         b, t = (ids.shape[0], ids.shape[1]) if ids is not None else (1, 0)
         self.shape = (int(b), int(t), int(ctx) * int(b))
         self.engine._sync()
@@ -350,7 +352,7 @@ class _Assisted:
         self.engine._sync()
         t1 = self.recorder.clock.now_ns()
         b, n, ctx = self.shape
-        kind = "prefill" if self.draft_calls == 0 else "decode"
+        kind: StepKind = "prefill" if self.draft_calls == 0 else "decode"
         self.recorder.step(kind, self.t0, t1, b, b * n, ctx, [self.rid], role="draft")
         self.draft_calls += 1
         self.drafts += 1
@@ -361,7 +363,7 @@ class _Assisted:
     def target_post(self, _m: Any, _args: Any, _kwargs: Any, _out: Any) -> None:
         self.engine._sync()
         t1 = self.recorder.clock.now_ns()
-        kind = "prefill" if self.target_calls == 0 else "decode"
+        kind: StepKind = "prefill" if self.target_calls == 0 else "decode"
         self.target_calls += 1
         # Recorded when the streamer says how many tokens this pass emitted.
         self.pending = (kind, self.t0, t1, self.shape, self.drafts)

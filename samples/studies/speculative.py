@@ -33,12 +33,12 @@ if __name__ == "__main__":
         doc=__doc__ or "",
         smoke_values="0,2",
         model_preset="tiny",
-        prompts=corpus_prompts(4 if smoke else 10, 16),
-        requests=8,
+        prompts=corpus_prompts(4 if smoke else 20, 16),
+        requests=16,
         prompt_len=16,
         output_len=32,
         batch_size=4,
-        repeat=3,
+        repeat=5,
         weights="trained",
         draft="tiny",
         draft_layers="1",
@@ -47,13 +47,15 @@ if __name__ == "__main__":
     print(
         "\n| K | acceptance rate | accepted / step | alpha | c (draft / plain step) "
         "| verify / plain step | projected before (alpha 0.7, c from the cost model) "
-        "| projected after (measured alpha, c, verify) | measured output tok/s ratio |"
+        "| projected after (measured alpha, c, verify) | after, with host time between passes "
+        "| measured 1 / TPOT ratio | measured output tok/s ratio |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for st in s.settings[1:]:
         sp = (st.projection or {}).get("speculative") or {}
         before, after = sp.get("before_run") or {}, sp.get("after_run") or {}
         measured = next((e.change.ratio for e in st.effects if e.metric == "output_tok_s"), None)
+        tpot = next((e.change.ratio for e in st.effects if e.metric == "tpot_p50_s"), None)
 
         def f(v: object) -> str:
             return "–" if not isinstance(v, int | float) else f"{v:.3f}"
@@ -63,5 +65,6 @@ if __name__ == "__main__":
             f"| {f(after.get('mean_accepted_per_step'))} | {f(after.get('alpha'))} "
             f"| {f(after.get('cost_ratio'))} | {f(after.get('verify_cost'))} "
             f"| {f(before.get('derated'))} (c = {f(before.get('cost_ratio_derated'))}) "
-            f"| {f(after.get('speedup'))} | {f(measured)} |"
+            f"| {f(after.get('speedup'))} | {f(after.get('speedup_with_host'))} "
+            f"| {f(1 / tpot if tpot else None)} | {f(measured)} |"
         )
