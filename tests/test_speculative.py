@@ -245,6 +245,16 @@ def test_summary_reports_acceptance_and_costs_draft_passes_with_the_drafts_spec(
     assert roof["phases"]["decode"]["flops"] == pytest.approx(float(np.sum(costs["flops"])))
     draft = ModelSpec.from_dict(dict(sp["draft_model"]))
     assert draft.n_layers == model.n_layers  # same preset; a 1-layer draft below
+    # The CLI prints the section.
+    from rich.console import Console
+
+    from perfscope._render import summary_view
+
+    console = Console(width=160, record=True)
+    console.print(summary_view(s))
+    text = console.export_text()
+    assert "Speculative decoding (draft tiny)" in text
+    assert "24 / 24 = 1.000" in text  # accepted / proposed: 4 requests x 2 steps x 3
 
 
 def test_study_projects_speculation_from_the_assumed_acceptance_before_the_run(
