@@ -152,7 +152,8 @@ class HFEngine:
                 "model_type": getattr(self.model.config, "model_type", None),
                 "n_params": int(sum(p.numel() for p in self.model.parameters())),
                 "scheduler": "static",
-                "batch_size": self.options.batch_size,
+                # Assisted generation runs one request at a time.
+                "batch_size": 1 if self.assistant is not None else self.options.batch_size,
                 "stop_on_eos": self.options.stop_on_eos,
                 "tokenizer": self.tokenizer is not None,
                 "device_name": dev_name,
