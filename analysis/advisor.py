@@ -25,6 +25,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from perfscope.analysis.calibration import calibration_for, hardware_class
 from perfscope.analysis.catalogue import format_bytes, format_number, format_seconds
 from perfscope.analysis.costmodel import step_cost, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
@@ -93,8 +94,11 @@ def advise(
 
     Returns:
         A list of ``{"technique", "why", "projected_gain": {"value", "unit", "metric",
-        "low", "high", "bound"}, "assumptions", "rank"}``, ranked by projected gain (a
-        "does not fit" finding first).
+        "low", "high", "bound"}, "assumptions", "rank", "calibration"}``, ranked by
+        projected gain (a "does not fit" finding first). ``calibration``
+        (:class:`perfscope.analysis.calibration.Calibration` as JSON) says how far the
+        studies measured such projections to be off on this class of hardware, or that
+        they were not calibrated there; the projected gain is left as projected.
     """
     phases = roofline.get("phases") or {}
     dec = phases.get("decode") or {}
@@ -452,9 +456,14 @@ def advise(
 
     _bound_gains(out, dec, pre, b_cur, scaled, sol, base, base_scaled)
     out.sort(key=lambda s: -s["_score"])
+    hw_class = hardware_class(device.kind)
     for i, s in enumerate(out, 1):
         s.pop("_score")
         s["rank"] = i
+        # Beside the projection, never folded into it: how far such projections were off.
+        s["calibration"] = calibration_for(
+            s["technique"], hw_class, s["projected_gain"]["metric"]
+        ).to_dict()
     return out
 
 

@@ -28,6 +28,8 @@ Counting conventions (hardware.md §8, §9 lists where other tools differ):
   ``r + h_rope`` and values over ``r``.
 - MoE: router, shared experts and dense blocks always run; a token runs
   ``n_active_experts`` routed experts.
+- Sparse weights (:attr:`ModelSpec.weight_density` < 1): block-matrix FLOPs and bytes
+  scale with the density, and each stored weight adds its index bytes.
 - Bytes: weights are read once per step for the whole batch (MoE: only experts that some
   token in the step routes to, in expectation under uniform routing,
   :func:`expected_active_experts`); quantised checkpoints add zero points and ``g_idx`` and
@@ -219,8 +221,12 @@ def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: Any) -> Any:
 
 
 def _quantised_bytes(spec: ModelSpec, params: Any, inputs: Any) -> Any:
-    """Bytes of quantised block matrices: weights and scales, zero points, ``g_idx``."""
+    """Bytes of quantised block matrices: weights and scales, zero points, ``g_idx``; of a
+    sparse model only the stored weights (:attr:`ModelSpec.weight_density`) and their
+    indices."""
     per = spec.weight_bytes_per_param + spec.quant_zero_bytes_per_param
+    if spec.weight_density < 1.0:
+        per = spec.weight_density * (per + spec.weight_index_bytes_per_nonzero)
     return params * per + inputs * spec.quant_index_bytes_per_input
 
 
@@ -500,6 +506,8 @@ def step_costs(
 
         mlp_active = _mlp_params(spec, moe, k_act)
         per_token = attn_params - (kv_b if naive_mla else 0.0) + mlp_active
+        # A sparse run multiplies only the stored weights (the router of a MoE too: small).
+        per_token = per_token * spec.weight_density
         flops_linear = flops_linear + lc * 2.0 * n * per_token
         if naive_mla:
             # HF/vLLM-prefill MLA expands the latent of every attended key.

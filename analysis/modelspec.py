@@ -192,6 +192,11 @@ class ModelSpec:
         unquantized_bytes_per_param: bytes per weight of the matrices a quantised checkpoint
             keeps in 16 bits (embedding, lm_head, router); 0 = same as
             :attr:`weight_bytes_per_param` (not quantised, or the old "all quantised" view).
+        weight_density: fraction of the block matrices' weights that are stored and
+            multiplied (1 = dense; 0.5 = half pruned away and run as a sparse format). The
+            embedding and lm_head stay dense.
+        weight_index_bytes_per_nonzero: bytes of sparse-format indices per stored weight
+            (torch CSR: an int64 column index, 8, plus row pointers; 2:4 metadata); 0 dense.
     """
 
     name: str
@@ -240,8 +245,12 @@ class ModelSpec:
     quant_zero_bytes_per_param: float = 0.0
     quant_index_bytes_per_input: float = 0.0
     unquantized_bytes_per_param: float = 0.0
+    weight_density: float = 1.0
+    weight_index_bytes_per_nonzero: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.weight_density <= 1.0:
+            raise UsageError(f"weight_density must be in (0, 1], got {self.weight_density}")
         # JSON round trips turn tuples into lists; keep the record hashable and comparable.
         for name in ("layer_windows", "dense_layers"):
             value = getattr(self, name)

@@ -16,10 +16,12 @@ batch on the same device. A knob the cost model does not see (threads, the atten
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from perfscope.analysis.compare import between_run_change
@@ -47,6 +49,7 @@ __all__ = [
     "memory_need",
     "phase_points",
     "project_change",
+    "read_study",
     "run_metrics",
     "speculative_projection",
 ]
@@ -229,13 +232,16 @@ def project_change(
     prompt_len: int,
     output_len: int,
     kv_cache: tuple[bool, bool] = (True, True),
+    output_lens: tuple[int, int] | None = None,
 ) -> dict[str, Any] | None:
     """What the what-if model projects for the change from the baseline run's setting to
     the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
 
     Both settings are projected on the baseline run's device with the baseline's own
     derating (so overheads carry over), each with its own model shape and dtypes (from
-    its run's ``model`` section) and batch. ``None`` without a roofline.
+    its run's ``model`` section) and batch; ``output_lens`` (baseline, candidate) when the
+    settings generate different numbers of tokens (default ``output_len`` for both).
+    ``None`` without a roofline.
     """
     from perfscope.hwdb.spec import DeviceSpec
 
@@ -247,7 +253,11 @@ def project_change(
     derate = run_derating(roof)
     preds = []
     sols = []
-    for summary, b, kv in ((baseline, batch[0], kv_cache[0]), (candidate, batch[1], kv_cache[1])):
+    outs = output_lens or (output_len, output_len)
+    for summary, b, kv, output_len in (
+        (baseline, batch[0], kv_cache[0], outs[0]),
+        (candidate, batch[1], kv_cache[1], outs[1]),
+    ):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
         pred = predict(
             model,
@@ -540,6 +550,24 @@ class Study:
         )
 
 
+def read_study(path: str | Path) -> Study:
+    """Read a stored study JSON (``perfscope.study/1``) into a :class:`Study`.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON, or not a ``perfscope.study/1`` record (also for
+            missing or mistyped fields).
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    data = json.loads(text)  # JSONDecodeError is a ValueError
+    if not isinstance(data, dict):
+        raise ValueError(f"not a {SCHEMA} record (a JSON {type(data).__name__})")
+    try:
+        return Study.from_dict(data)
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise ValueError(f"a malformed {SCHEMA} record ({type(exc).__name__}: {exc})") from None
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     return statistics.median(xs) if xs else None
@@ -555,6 +583,7 @@ def build_study(
     prompt_len: int,
     output_len: int,
     kv_cache: Sequence[bool] | None = None,
+    output_lens: Sequence[int] | None = None,
     args: Mapping[str, Any] | None = None,
     created_at: str = "",
     quality: Sequence[dict[str, Any] | None] | None = None,
@@ -567,7 +596,10 @@ def build_study(
         batches: per setting, the batch the projection uses (sequences decoded together).
         prompt_len, output_len: the workload's tokens per request (projection, memory).
         kv_cache: per setting, whether it keeps a KV cache (default: all do).
+        output_lens: per setting, output tokens per request when the knob changes them
+            (``max-tokens``); default ``output_len`` for every setting.
     """
+    outs = list(output_lens) if output_lens is not None else [output_len] * len(values)
     kv = list(kv_cache) if kv_cache is not None else [True] * len(values)
     points: list[list[RunPoint]] = [[] for _ in values]
     summaries: list[list[Mapping[str, Any]]] = [[] for _ in values]
@@ -584,9 +616,7 @@ def build_study(
         first = summaries[i][0] if summaries[i] else {}
         model = first.get("model")
         memory = (
-            memory_need(
-                ModelSpec.from_dict(dict(model)), batches[i], prompt_len + output_len, kv[i]
-            )
+            memory_need(ModelSpec.from_dict(dict(model)), batches[i], prompt_len + outs[i], kv[i])
             if model
             else {}
         )
@@ -612,6 +642,7 @@ def build_study(
                 prompt_len=prompt_len,
                 output_len=output_len,
                 kv_cache=(kv[0], kv[i]),
+                output_lens=(outs[0], outs[i]),
             )
             if projection is not None and projection.get("speculative"):
                 projection["speculative"]["after_run"] = _after_run_median(

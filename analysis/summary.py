@@ -30,6 +30,7 @@ __all__ = [
     "SUMMARY_SCHEMA",
     "SUMMARY_SCHEMAS",
     "Advice",
+    "AdviceCalibration",
     "Counts",
     "Distribution",
     "Energy",
@@ -422,15 +423,32 @@ class Gain(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdviceCalibration(Record):
+    """How far the studies measured a suggestion's kind of projection to be off on this
+    hardware class (:mod:`perfscope.analysis.calibration`): ``error`` = projected /
+    measured - 1, ``significant`` whether the measured interval excluded 1, ``text`` one
+    sentence, ``source`` the study's provenance; ``calibrated`` false when no study did."""
+
+    hardware_class: str = ""
+    technique: str | None = None
+    calibrated: bool = False
+    significant: bool | None = None
+    error: float | None = None
+    text: str = ""
+    source: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Advice(Record):
-    """One ranked suggestion: the technique, why it applies, its projected gain and the
-    assumptions that number rests on."""
+    """One ranked suggestion: the technique, why it applies, its projected gain, the
+    assumptions that number rests on and its calibration against measured studies."""
 
     technique: str = ""
     why: str = ""
     projected_gain: Gain = field(default_factory=Gain)
     assumptions: str | None = None
     rank: int = 0
+    calibration: AdviceCalibration | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

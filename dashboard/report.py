@@ -439,7 +439,8 @@ def _advice(summary: Summary) -> str:
     else:
         out.append(
             "<table><thead><tr><th>#</th><th>technique</th><th>why</th>"
-            "<th class='n'>projected gain</th><th>assumptions</th></tr></thead><tbody>"
+            "<th class='n'>projected gain</th><th>assumptions</th>"
+            "<th>calibration (measured by our studies)</th></tr></thead><tbody>"
         )
         for i, a in enumerate(summary.advice, start=1):
             g = a.projected_gain
@@ -447,7 +448,8 @@ def _advice(summary: Summary) -> str:
                 f"<tr><td>{esc(a.rank or i)}</td><td>{esc(a.technique)}</td>"
                 f"<td>{esc(a.why)}</td>"
                 f"<td class='n'>{esc(_gain_text(g))} {esc(g.unit)}</td>"
-                f"<td>{esc(a.assumptions)}</td></tr>"
+                f"<td>{esc(a.assumptions)}</td>"
+                f"<td>{esc(a.calibration.text if a.calibration is not None else '')}</td></tr>"
             )
         out.append("</tbody></table>")
     out.append(_projections(summary))

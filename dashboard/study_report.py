@@ -9,6 +9,7 @@ measured effects with their between-run intervals next to the projection and its
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from html import escape as esc
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,16 @@ from perfscope.analysis.study import METRICS, Study
 from perfscope.dashboard.figures import FIGURE_LAYOUT, FigureSpec, comparison_roofline_figure
 from perfscope.dashboard.report import figures_html, render_page
 
-__all__ = ["render_study_report", "study_figures", "write_study_report"]
+__all__ = [
+    "METRIC_LABELS",
+    "metric_curve_figure",
+    "render_study_report",
+    "study_figures",
+    "write_study_report",
+]
 
-_LABELS = {
+#: Display name and unit of each compared metric.
+METRIC_LABELS: dict[str, tuple[str, str]] = {
     "ttft_p50_s": ("TTFT p50", "s"),
     "tpot_p50_s": ("TPOT p50", "s"),
     "output_tok_s": ("output throughput", "tokens/s"),
@@ -38,7 +46,10 @@ def _summary(run_dir: str) -> dict[str, Any]:
         return {}
 
 
-def _curve(study: Study, metric: str) -> go.Figure | None:
+def metric_curve_figure(study: Study, metric: str) -> go.Figure | None:
+    """One metric against the knob: the median over the repeats with the range of the
+    repeats as error bars, and the what-if projection (the baseline median times each
+    setting's projected ratio) dashed; ``None`` when no setting measured the metric."""
     xs = [s.value for s in study.settings]
     med = [s.median.get(metric) for s in study.settings]
     if all(v is None for v in med):
@@ -48,7 +59,7 @@ def _curve(study: Study, metric: str) -> go.Figure | None:
         vals = [float(v) for r in s.runs if (v := r.metrics.get(metric)) is not None]
         lo.append((m - min(vals)) if vals and m is not None else 0.0)
         hi.append((max(vals) - m) if vals and m is not None else 0.0)
-    name, unit = _LABELS[metric]
+    name, unit = METRIC_LABELS[metric]
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
@@ -77,10 +88,19 @@ def _curve(study: Study, metric: str) -> go.Figure | None:
     return fig
 
 
-def study_figures(study: Study) -> list[FigureSpec]:
-    """The report's figures: the shared roofline, then one curve per metric."""
+def study_figures(
+    study: Study, summary_of: Callable[[str], dict[str, Any]] | None = None
+) -> list[FigureSpec]:
+    """The report's figures: the shared roofline, then one curve per metric.
+
+    Args:
+        summary_of: reads the ``summary.json`` of a run given the run path the study
+            recorded (``{}`` when it cannot); by default the file at that path. The
+            dashboard passes its own reader, which only reads inside its runs directory.
+    """
+    read = summary_of or _summary
     labels = [f"{study.knob}={s.value}" for s in study.settings]
-    summaries = [_summary(s.runs[0].run) if s.runs else {} for s in study.settings]
+    summaries = [read(s.runs[0].run) if s.runs else {} for s in study.settings]
     specs = [
         FigureSpec(
             "study-roofline",
@@ -92,14 +112,14 @@ def study_figures(study: Study) -> list[FigureSpec]:
         )
     ]
     for metric in METRICS:
-        name, _ = _LABELS[metric]
+        name, _ = METRIC_LABELS[metric]
         specs.append(
             FigureSpec(
                 f"study-{metric}",
                 f"{name} against {study.knob}",
                 "Median over the repeats; dashed: the baseline median times the what-if's "
                 "projected ratio.",
-                _curve(study, metric),
+                metric_curve_figure(study, metric),
                 f"{name} was not measured",
             )
         )
@@ -119,7 +139,7 @@ def _ratio(r: float | None) -> str:
 
 
 def _table(study: Study) -> tuple[str, str]:
-    head = "".join(f"<th>{esc(_LABELS[m][0])}</th>" for m in METRICS)
+    head = "".join(f"<th>{esc(METRIC_LABELS[m][0])}</th>" for m in METRICS)
     rows = []
     for s in study.settings:
         mem = s.memory.get("total_bytes")
@@ -143,7 +163,7 @@ def _table(study: Study) -> tuple[str, str]:
             ci = "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
             err = "–" if e.error is None else f"{100 * e.error:+.0f}%"
             erows.append(
-                f"<tr><td>{esc(s.value)}</td><td>{esc(_LABELS[e.metric][0])}</td>"
+                f"<tr><td>{esc(s.value)}</td><td>{esc(METRIC_LABELS[e.metric][0])}</td>"
                 f"<td>{_ratio(c.ratio)}</td><td>{ci}</td><td>{esc(c.verdict)}</td>"
                 f"<td>{_ratio(e.projected_ratio)}</td><td>{err}</td></tr>"
             )

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perfscope._argtypes import add_runs_dir
+from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
     from perfscope.analysis.study import Study
@@ -23,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``perfscope study``."""
     from perfscope._argtypes import key_value, nonneg_int, positive_int
     from perfscope._cli_sweep import add_openai_options
-    from perfscope._study import KNOBS
+    from perfscope._study import APPLIES, KNOBS
 
     p = subparsers.add_parser(
         "study",
@@ -33,7 +34,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "settings interleaved (A B C A B C ...) --repeat times; report each setting's "
             "latency, throughput, goodput, roofline verdicts and memory, and the measured "
             "effect against the first value (with its between-run interval) next to the "
-            "what-if projection of the same change and its error. Knobs: " + ", ".join(KNOBS)
+            "what-if projection of the same change and its error. Knobs by engine: "
+            + "; ".join(
+                f"{fam}: " + ", ".join(k for k in KNOBS if fam in APPLIES[k])
+                for fam in ("reference", "hf", "openai", "python")
+            )
         ),
     )
     p.add_argument("knob", help="a run flag name: " + ", ".join(KNOBS))
@@ -78,21 +83,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_runs_dir(a)
     a.add_argument("--name", default=None, help="name of the runs and the study file")
     a.add_argument("--json", action="store_true", help="print the study JSON")
+    a.add_argument(
+        "--quality",
+        action="store_true",
+        help="reference engine: top-1 agreement and perplexity of each setting's model against "
+        "the first's (use with --engine-opt weights=trained)",
+    )
     a.add_argument("-o", "--output", type=Path, default=None, help="write the study report HTML")
     p.set_defaults(handler=_cmd_study)
 
 
 def _cmd_study(args: argparse.Namespace, console: Console) -> int:
     from perfscope._cli_sweep import run_args
-    from perfscope._study import _knob, _values, study_with
+    from perfscope._study import _check_applies, _knob, _values, study_with
 
     knob = _knob(args.knob)  # one-line errors before anything runs
+    _check_applies(knob, args.engine)
     _values(knob, args.values)
     base = run_args(args)
     if args.mode is None and args.rate is None and args.concurrency is None:
         base = replace(base, mode=None)
     say = (lambda line: None) if args.json else (lambda line: console.print(line))
-    result = study_with(base, args.knob, args.values, repeat=args.repeat, name=args.name, log=say)
+    hook = None
+    if args.quality:
+        if base.engine != "reference":
+            raise UsageError("--quality compares reference-engine models: use --engine reference")
+        from perfscope.profiler.engines.reference.quality import reference_quality
+
+        hook = reference_quality()
+    result = study_with(
+        base, args.knob, args.values, repeat=args.repeat, name=args.name, log=say, quality=hook
+    )
     if args.output is not None:
         from perfscope.dashboard.study_report import write_study_report
 
@@ -102,6 +123,8 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
         return 0
     console.print(study_table(result))
     console.print(effects_table(result))
+    if any(st.quality for st in result.settings):
+        console.print(quality_table(result))
     for note in result.notes:
         console.print(f"note: {note}")
     console.print(f"study: {result.path}")
@@ -161,4 +184,20 @@ def effects_table(study: Study) -> Table:
                 "–" if e.projected_ratio is None else f"{e.projected_ratio:.3f}x",
                 "–" if e.error is None else f"{100 * e.error:+.0f}%",
             )
+    return t
+
+
+def quality_table(study: Study) -> Table:
+    """Per setting: top-1 agreement with the first setting's model and perplexities."""
+    t = Table(title=f"quality against {study.knob}={study.values[0]} (held-out corpus)")
+    for col in (study.knob, "top-1 agreement", "perplexity", "baseline perplexity"):
+        t.add_column(col)
+    for s in study.settings:
+        q = s.quality or {}
+        t.add_row(
+            s.value,
+            _num(q.get("top1_agreement")),
+            _num(q.get("candidate_perplexity")),
+            _num(q.get("reference_perplexity")),
+        )
     return t

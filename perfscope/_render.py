@@ -130,6 +130,12 @@ def _advice_view(summary: Summary) -> RenderableType | None:
         )
         why = item.why + (f" ({item.assumptions})" if item.assumptions else "")
         parts.append(Padding(Text(why, style="dim"), (0, 0, 0, 3)))
+        if item.calibration is not None and item.calibration.text:
+            parts.append(
+                Padding(
+                    Text(f"calibration: {item.calibration.text}", style="dim italic"), (0, 0, 0, 3)
+                )
+            )
     return Group(*parts)
 
 

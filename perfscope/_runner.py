@@ -28,7 +28,7 @@ from typing import Any
 from perfscope import __version__
 from perfscope._analyze import analyze_stored
 from perfscope.analysis import Summary
-from perfscope.errors import PerfscopeError, StorageError
+from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.clock import MonotonicClock
@@ -290,6 +290,23 @@ def _model_from_hf_config(path: str, dtype: str | None) -> dict[str, Any] | None
     return {**spec.to_dict(), "lm_head_all_positions": False}
 
 
+def _check_local_model(engine: str) -> None:
+    """Refuse a ``vllm:PATH`` model whose architecture the cost model does not know, before
+    vLLM spends minutes starting: its roofline would have no model to measure against."""
+    scheme, _, path = engine.partition(":")
+    if scheme.strip().lower() != "vllm" or not (Path(path).expanduser() / "config.json").is_file():
+        return  # the engine itself names a missing folder
+    from perfscope.analysis.modelspec import ModelSpec
+
+    try:
+        ModelSpec.from_hf_config(Path(path).expanduser())
+    except UsageError as exc:
+        raise UsageError(
+            f"vllm engine: perfscope cannot model {path}: {exc} (the roofline needs the "
+            "model's shape)"
+        ) from exc
+
+
 def _serve_distributed(
     opts: RunOptions,
     eopts: EngineOptions,
@@ -347,6 +364,7 @@ def execute_run(
             "extra": {"prompt_salt": str(opts.workload.prompt_salt), **eopts.extra},
         }
     )
+    _check_local_model(opts.engine)
     engine = engine_factory(opts.engine, eopts)
     info = engine.info()
     # A server's model (openai:) is known from its config: --engine-opt hf_config=PATH.

@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     from perfscope._api import RunArgs
     from perfscope.analysis.study import Study
 
-__all__ = ["KNOBS", "Knob", "load_study", "study", "study_with"]
+__all__ = [
+    "APPLIES",
+    "KNOBS",
+    "Knob",
+    "engine_family",
+    "knobs_for",
+    "load_study",
+    "study",
+    "study_with",
+]
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,21 @@ def _one_of(*choices: str, aliases: Mapping[str, str] | None = None) -> Callable
 
 
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_KV_DTYPE_ALIASES = {"fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "float8": "fp8"}
+#: Other spellings of a knob (vLLM's ``kv_cache_dtype``).
+_KNOB_ALIASES = {"kv-cache-dtype": "kv-dtype"}
+
+
+def _sparsity(text: str) -> str:
+    """A ``sparsity`` value in its canonical spelling (``unstructured:0.5``)."""
+    from perfscope.profiler.engines.reference.model import parse_sparsity
+
+    try:
+        return parse_sparsity(text).label
+    except ValueError:
+        raise ValueError("must be none, unstructured:F (F between 0 and 1) or 2:4") from None
+
+
 _ON_OFF = {"true": "on", "false": "off", "1": "on", "0": "off", "yes": "on", "no": "off"}
 
 #: Every knob a study can vary, by run flag name.
@@ -127,8 +151,22 @@ KNOBS: dict[str, Knob] = {
             "attention",
             "option",
             "attention",
-            _one_of("explicit", "sdpa"),
-            "explicit matmuls or torch SDPA",
+            _one_of("explicit", "sdpa", aliases={"eager": "explicit"}),
+            "explicit matmuls (hf: eager) or torch SDPA",
+        ),
+        Knob(
+            "kv-dtype",
+            "option",
+            "kv_dtype",
+            _one_of("auto", "int8", "fp8", aliases=_KV_DTYPE_ALIASES),
+            "KV-cache storage dtype (vLLM kv_cache_dtype): auto = the model dtype",
+        ),
+        Knob(
+            "sparsity",
+            "option",
+            "sparsity",
+            _sparsity,
+            "magnitude pruning of the block linears: none, unstructured:F (CSR), 2:4 (CUDA)",
         ),
         Knob(
             "compile",
@@ -144,12 +182,78 @@ KNOBS: dict[str, Knob] = {
             _count,
             "draft tokens per speculative step (0 = off; needs --engine-opt draft=...)",
         ),
+        Knob("max-tokens", "option", "max_tokens", _int, "max_tokens sent with every request"),
+        Knob(
+            "connection",
+            "option",
+            "connection",
+            _one_of("reuse", "new"),
+            "keep-alive connections or a new one per request",
+        ),
     )
 }
+
+_ALL = ("reference", "hf", "openai", "python")
+_MODEL_SHAPE = ("reference",)
+
+#: The one table of which knob applies to which engine family (``reference``, ``hf:``,
+#: ``openai:``, ``python`` callables). The load knobs (concurrency, rate) apply to every
+#: engine; model and kernel knobs only where the engine builds the model itself; the
+#: ``openai:`` knobs are what the client sends per request or how it connects.
+APPLIES: dict[str, tuple[str, ...]] = {
+    "batch-size": ("reference", "hf"),
+    "scheduler": ("reference",),
+    "dtype": ("reference", "hf"),
+    "concurrency": _ALL,
+    "rate": _ALL,
+    "model-preset": _MODEL_SHAPE,
+    "kv-heads": _MODEL_SHAPE,
+    "heads": _MODEL_SHAPE,
+    "layers": _MODEL_SHAPE,
+    "hidden-size": _MODEL_SHAPE,
+    "intermediate-size": _MODEL_SHAPE,
+    "threads": ("reference",),
+    "kv-cache": ("reference",),
+    "quant": ("reference",),
+    "attention": ("reference", "hf"),
+    "compile": ("reference",),
+    "kv-dtype": ("reference",),
+    "sparsity": ("reference",),
+    "num-speculative-tokens": ("reference",),
+    "max-tokens": ("openai",),
+    "connection": ("openai",),
+}
+
+
+def engine_family(engine: Any) -> str:
+    """``reference``, ``hf``, ``openai`` or ``python`` (a callable or ``python:`` URI);
+    any other URI scheme is returned as written (no knob table row names it)."""
+    if not isinstance(engine, str):
+        return "python"
+    scheme = engine.split(":", 1)[0].strip().lower()
+    return scheme or "reference"
+
+
+def knobs_for(engine: Any) -> list[str]:
+    """The knobs that apply to ``engine``, in :data:`KNOBS` order."""
+    fam = engine_family(engine)
+    return [k for k in KNOBS if fam in APPLIES[k]]
+
+
+def _check_applies(knob: Knob, engine: Any) -> None:
+    fam = engine_family(engine)
+    if fam not in APPLIES[knob.name]:
+        shown = f"{fam}:" if fam in ("hf", "openai") else fam
+        usable = knobs_for(engine)
+        raise UsageError(
+            f"knob {knob.name!r} does not apply to the {shown} engine: use one of "
+            + (", ".join(usable) if usable else "none (an engine perfscope has no knobs for)")
+        )
 
 
 def _knob(name: str) -> Knob:
     key = name.strip().lower().removeprefix("--").replace("_", "-")
+    key = _KNOB_ALIASES.get(key, key)
     if key not in KNOBS:
         raise UsageError(f"unknown knob {name!r}: use one of {', '.join(KNOBS)}")
     return KNOBS[key]
@@ -229,6 +333,7 @@ def study_with(
 
     say = log or (lambda line: None)
     k = _knob(knob)
+    _check_applies(k, base.engine)
     parsed = _values(k, values)
     repeat = _whole(repeat, "repeat", 1)
     label = name or f"study-{k.name}"
@@ -251,6 +356,11 @@ def study_with(
             runs.append((rnd, i, str(out.path), out.summary))
     requests = plans[0].options.workload.requests or base.default_requests
     prompt_len, output_len = _length(base.prompt_len), _length(base.output_len or 128)
+    # max_tokens replaces each request's output length (the openai engine sends it).
+    output_lens = [
+        int(s.engine_options["max_tokens"]) if s.engine_options.get("max_tokens") else output_len
+        for s in settings
+    ]
     stamp = datetime.now(UTC)
     quality_rows = [quality(_args_record(s)) for s in settings] if quality is not None else None
     result = build_study(
@@ -261,6 +371,7 @@ def study_with(
         batches=[_batch(s, requests) for s in settings],
         prompt_len=prompt_len,
         output_len=output_len,
+        output_lens=output_lens,
         kv_cache=[s.engine_options.get("kv_cache", "on") != "off" for s in settings],
         args=_args_record(base),
         created_at=stamp.isoformat(timespec="seconds"),
@@ -289,6 +400,20 @@ def _check_engine(a: RunArgs) -> None:
         raise UsageError(f"reference model: {exc}") from exc
     if a.engine_options.get("quant") == "int8" and a.dtype not in (None, "float32"):
         raise UsageError("quant=int8 (dynamic int8 matmuls) runs in float32 only")
+    sparsity = str(a.engine_options.get("sparsity", "none"))
+    if sparsity != "none":
+        import torch
+
+        on_cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        if sparsity == "2:4" and not on_cuda:
+            raise UsageError(
+                "sparsity=2:4 runs only on CUDA (torch.sparse.to_sparse_semi_structured needs an "
+                "NVIDIA GPU): use sparsity=unstructured:0.5 (CSR) or none"
+            )
+        if not on_cuda and a.dtype not in (None, "float32"):
+            raise UsageError("sparsity=unstructured on cpu runs in float32 only (torch CSR matmul)")
+        if str(a.engine_options.get("quant", "none")) != "none":
+            raise UsageError("sparsity and quant cannot be combined: pick one")
     from perfscope.profiler.engines.reference.speculative import parse_draft
 
     opts = {k: str(v) for k, v in a.engine_options.items()}
@@ -352,7 +477,7 @@ def study(
         knob: a run flag name (see :data:`KNOBS`): ``batch-size``, ``scheduler``,
             ``dtype``, ``concurrency``, ``rate``, ``model-preset``, ``kv-heads``,
             ``heads``, ``layers``, ``threads``, ``kv-cache``, ``quant``, ``attention``,
-            ``compile`` ...
+            ``compile``, ``kv-dtype``, ``sparsity`` ...
         values: the settings, the first being the baseline (a list or ``"A,B,C"``).
         engine: as in :func:`perfscope.run`.
         repeat: runs per setting (interleaved); 1 gives ratios without intervals.
@@ -394,10 +519,9 @@ def study(
 
 def load_study(path: str | Path) -> Study:
     """Read a stored study JSON back into a :class:`~perfscope.analysis.study.Study`."""
-    from perfscope.analysis.study import Study
+    from perfscope.analysis.study import read_study
 
     try:
-        data = json.loads(Path(path).read_text())
-        return Study.from_dict(data)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return read_study(path)
+    except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read study {path}: {exc}") from exc

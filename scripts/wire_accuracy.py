@@ -56,6 +56,8 @@ class _Dir:
     data: bytes = b""
     ends: list[int] = field(default_factory=list)  # byte offset after each segment
     times: list[int] = field(default_factory=list)
+    #: Byte offsets where the capture has a hole (a segment the kernel dropped).
+    gaps: list[int] = field(default_factory=list)
 
     def assemble(self) -> None:
         """Order by sequence number, drop retransmitted bytes."""
@@ -68,6 +70,8 @@ class _Dir:
             off = (seq - base) & 0xFFFFFFFF
             if off + len(payload) <= len(buf):
                 continue
+            if off > len(buf):
+                self.gaps.append(len(buf))
             payload = payload[len(buf) - off :] if off < len(buf) else payload
             buf += payload
             self.ends.append(len(buf))
@@ -140,6 +144,10 @@ class WireRequest:
     tokens: int
     status: int
     first_empty: bool = False
+    #: The capture holds the whole stream (it ends with ``data: [DONE]`` and the token events
+    #: found match the server's final count). A capture that dropped packets loses events:
+    #: its last-token time is early, so E2E and TPOT are compared only on complete streams.
+    complete: bool = True
 
     @property
     def ttft(self) -> float | None:
@@ -175,14 +183,16 @@ def _requests(c2s: _Dir) -> list[tuple[str, int]]:
     return out
 
 
-def _responses(s2c: _Dir) -> list[tuple[int, list[tuple[bytes, int]]]]:
-    """(status, [(SSE event, time of its last byte)]) of each HTTP response."""
-    out: list[tuple[int, list[tuple[bytes, int]]]] = []
+def _responses(s2c: _Dir) -> list[tuple[int, list[tuple[bytes, int]], bool]]:
+    """(status, [(SSE event, time of its last byte)], whole) of each HTTP response; ``whole``
+    is false when the capture has a hole inside the response's bytes."""
+    out: list[tuple[int, list[tuple[bytes, int]], bool]] = []
     pos, data = 0, s2c.data
     while pos < len(data):
         end = data.find(b"\r\n\r\n", pos)
         if end < 0:
             break
+        start = pos
         head = data[pos:end].decode("latin-1").lower()
         status = int(head.split(" ", 2)[1])
         body_start = end + 4
@@ -226,8 +236,24 @@ def _responses(s2c: _Dir) -> list[tuple[int, list[tuple[bytes, int]]]]:
             off = raw_off[min(j + 1, len(raw_off) - 1)] if raw_off else body_start
             events.append((ev, s2c.time_of(off)))
             i = j + 2
-        out.append((status, events))
+        whole = not any(start <= g < pos for g in s2c.gaps)
+        out.append((status, events, whole))
     return out
+
+
+def _stream_done(events: list[tuple[bytes, int]]) -> bool:
+    """Whether the capture holds the stream's end: ``data: [DONE]`` (vLLM), or a last event
+    whose choice has a ``finish_reason`` (llama.cpp sends no ``[DONE]``)."""
+    if not events:
+        return False
+    last = events[-1][0].strip()
+    if last == b"data: [DONE]":
+        return True
+    try:
+        obj = json.loads(last.decode("utf-8", errors="replace").removeprefix("data:"))
+    except json.JSONDecodeError:
+        return False
+    return any(c.get("finish_reason") for c in (obj.get("choices") or []))
 
 
 def _token_events(events: list[tuple[bytes, int]]) -> tuple[list[int], int, bool]:
@@ -283,10 +309,11 @@ def wire_requests(pcap: Path, port: int) -> list[WireRequest]:
     out = []
     for cport, (c2s, s2c) in read_pcap(pcap, port).items():
         reqs, resps = _requests(c2s), _responses(s2c)
-        for (what, t_sent), (status, events) in zip(reqs, resps, strict=False):
+        for (what, t_sent), (status, events, whole) in zip(reqs, resps, strict=False):
             if not what.startswith("POST") or "completions" not in what:
                 continue
             times, n, first_empty = _token_events(events)
+            complete = whole and _stream_done(events)
             out.append(
                 WireRequest(
                     cport,
@@ -296,6 +323,7 @@ def wire_requests(pcap: Path, port: int) -> list[WireRequest]:
                     n,
                     status,
                     first_empty,
+                    complete,
                 )
             )
     return sorted(out, key=lambda w: w.t_sent)
@@ -336,7 +364,12 @@ class Capture:
     def stop(self) -> Path:
         time.sleep(0.3)
         self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(10)
+        _, err = self.proc.communicate(timeout=10)
+        #: tcpdump's own count of packets the kernel dropped (its exit report).
+        self.dropped = 0
+        for line in err.decode(errors="replace").splitlines():
+            if "dropped by kernel" in line:
+                self.dropped = int(line.split()[0])
         return self.path
 
 
@@ -421,6 +454,7 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
         "ttft_empty_first": [],
     }
     rows = list(req.itertuples())
+    incomplete = 0
     for cost, i, j in pairs:
         if i in used_i or j in used_j:
             continue
@@ -434,8 +468,11 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
         errs["ttft"].append(ttft - (w.ttft or 0))
         key = "ttft_empty_first" if w.first_empty else "ttft_text_first"
         errs[key].append(ttft - (w.ttft or 0))
-        errs["e2e"].append(e2e - (w.e2e or 0))
         errs["send"].append((w.t_sent - origin - r.t_sent) * 1e-9)
+        if not w.complete:
+            incomplete += 1
+            continue
+        errs["e2e"].append(e2e - (w.e2e or 0))
         if r.output_tokens > 1 and w.tpot is not None:
             tpot = (r.t_last_token - r.t_first_token) * 1e-9 / (r.output_tokens - 1)
             errs["tpot"].append(tpot - w.tpot)
@@ -443,6 +480,7 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
         "matched": len(used_i),
         "client_requests": len(req),
         "wire_requests": len(good),
+        "incomplete_captures": incomplete,
         "errors": {k: _stats(v) for k, v in errs.items()},
     }
 
@@ -467,7 +505,8 @@ def wire_means(wire: list[WireRequest]) -> dict[str, float | None]:
     good = [w for w in wire if w.t_first is not None and w.status == 200]
     out: dict[str, float | None] = {}
     for key in ("ttft", "tpot", "e2e"):
-        vals = [getattr(w, key) for w in good if getattr(w, key) is not None]
+        use = good if key == "ttft" else [w for w in good if w.complete]
+        vals = [getattr(w, key) for w in use if getattr(w, key) is not None]
         out[key] = sum(vals) / len(vals) if vals else None
     return out
 
@@ -620,6 +659,7 @@ def measure(
     row["wire_means"] = wire_means(wire)
     summary = json.loads((run_dir / "summary.json").read_text())
     row["perfscope"]["failed"] = summary["counts"]["failed"]
+    row["capture_dropped_packets"] = cap.dropped
     if bench is not None:
         vllm, model_dir, bench_load = bench
         cap = Capture(port, out / f"bench-{slug}-{time.time_ns()}.pcap")
@@ -683,6 +723,12 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
             f"{_fmt(pooled('send', 'mean'))} | {bench or '—'} |"
         )
     print("(milliseconds; positive = the client reports more than the wire)")
+    incomplete = sum(int(r["perfscope"].get("incomplete_captures", 0)) for r in rows)
+    if incomplete:
+        print(
+            f"({incomplete} matched requests whose capture lost packets are left out of the "
+            "E2E and TPOT columns: their wire last-token time is early)"
+        )
 
 
 def main() -> int:

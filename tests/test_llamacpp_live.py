@@ -175,12 +175,13 @@ def test_no_request_is_lost_at_concurrency_4_over_repeated_runs(
     llama: LlamaServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """llama-server closes every streamed connection although it advertises keep-alive: a
-    client that reuses the dead pooled connection loses requests."""
+    client that reuses the dead pooled connection loses requests. Ten consecutive runs, as the
+    issue's done-when asks (about 3 s each here)."""
     failed = []
-    for _ in range(3):
+    for _ in range(10):
         run = _run(llama, tmp_path, capsys, *WORKLOAD, "--requests", "24", "--concurrency", "4")
         failed.append(int(run.summary["counts"]["failed"]))
-    assert failed == [0, 0, 0]
+    assert failed == [0] * 10
 
 
 def test_rerunning_a_command_does_not_silently_measure_the_prompt_cache(

@@ -6,7 +6,15 @@ factory routes URLs to them and lets each register its callbacks on the app it b
 
 from __future__ import annotations
 
-from perfscope.dashboard.pages import compare, hardware, roofline, run_detail, runs, sweeps
+from perfscope.dashboard.pages import (
+    compare,
+    hardware,
+    roofline,
+    run_detail,
+    runs,
+    studies,
+    sweeps,
+)
 from perfscope.dashboard.pages._common import Page
 
 __all__ = ["PAGES"]
@@ -16,6 +24,7 @@ PAGES: tuple[Page, ...] = (
     run_detail.PAGE,
     compare.PAGE,
     sweeps.PAGE,
+    studies.PAGE,
     roofline.PAGE,
     hardware.PAGE,
 )

@@ -289,6 +289,7 @@ def _load_builtin_engines() -> None:
     import perfscope.profiler.engines.hf
     import perfscope.profiler.engines.python_callable
     import perfscope.profiler.engines.reference
+    import perfscope.profiler.engines.vllm_engine
 
     try:
         import perfscope.profiler.engines.openai  # noqa: F401

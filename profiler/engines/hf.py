@@ -6,6 +6,8 @@ The model and (when present) its tokenizer are loaded from ``PATH`` with
 prefilled in one forward pass and decoded one token per row per forward pass with the
 model's KV cache, greedily. Every pass is timed after device synchronisation and reported
 as a step, with ``logits_to_keep=1`` so the lm_head runs on the last position only.
+``--engine-opt attention=sdpa|eager`` picks transformers' attention implementation
+(default: the model's own default).
 
 The manifest's model spec is built from the model's ``config.json`` by the front door.
 
@@ -44,6 +46,24 @@ __all__ = ["HFEngine"]
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
+#: ``--engine-opt attention=...`` → transformers' ``attn_implementation`` ("explicit" is
+#: the reference engine's name for the plain matmul path transformers calls "eager").
+_ATTENTION = {"eager": "eager", "explicit": "eager", "sdpa": "sdpa"}
+
+
+def _attention(value: str | None) -> str | None:
+    """transformers' ``attn_implementation`` for an ``attention`` option (None: its default)."""
+    if value is None or not str(value).strip():
+        return None
+    key = str(value).strip().lower()
+    if key not in _ATTENTION:
+        raise UsageError(
+            f"hf engine: attention={value!r}: use sdpa or eager (explicit matmuls; "
+            "also spelled explicit)"
+        )
+    return _ATTENTION[key]
+
+
 class HFEngine:
     """Serves requests on a local ``AutoModelForCausalLM``."""
 
@@ -78,9 +98,13 @@ class HFEngine:
                 raise UsageError(f"device {options.device!r} requested but CUDA is not available")
         dtype_name = options.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.dtype_name = dtype_name
+        self.attention = _attention(options.extra.get("attention"))
+        load: dict[str, Any] = {}
+        if self.attention is not None:
+            load["attn_implementation"] = self.attention
         try:
             model: Any = AutoModelForCausalLM.from_pretrained(
-                path, dtype=getattr(torch, _DTYPES[dtype_name]), local_files_only=True
+                path, dtype=getattr(torch, _DTYPES[dtype_name]), local_files_only=True, **load
             )
         except (OSError, ValueError) as exc:
             raise UsageError(f"hf engine: cannot load a causal LM from {path}: {exc}") from exc
@@ -155,6 +179,7 @@ class HFEngine:
                 # Assisted generation runs one request at a time.
                 "batch_size": 1 if self.assistant is not None else self.options.batch_size,
                 "stop_on_eos": self.options.stop_on_eos,
+                "attention": getattr(self.model.config, "_attn_implementation", self.attention),
                 "tokenizer": self.tokenizer is not None,
                 "device_name": dev_name,
                 "torch": self.torch.__version__,

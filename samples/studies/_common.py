@@ -87,31 +87,10 @@ def markdown(s: Any) -> str:
 
 def quality_hook() -> Callable[[dict[str, Any]], Any]:
     """A study ``quality`` hook: top-1 agreement and perplexity of each setting's model
-    against the first setting's (the study calls it in setting order; both models are
-    built exactly as the engine builds them)."""
-    from perfscope.profiler.engines.base import EngineOptions
-    from perfscope.profiler.engines.reference.engine import ReferenceEngine
-    from perfscope.profiler.engines.reference.train import quality
+    against the first setting's (both built exactly as the engine builds them)."""
+    from perfscope.profiler.engines.reference.quality import reference_quality
 
-    def build(args: dict[str, Any]) -> Any:
-        opts = EngineOptions(
-            model_preset=args.get("model_preset"),
-            dtype=args.get("dtype"),
-            model_overrides=dict(args.get("model_overrides") or {}),
-            extra={k: str(v) for k, v in (args.get("engine_options") or {}).items()},
-            device="cpu",
-        )
-        return ReferenceEngine("reference", opts).model
-
-    ref: list[Any] = []
-
-    def hook(args: dict[str, Any]) -> Any:
-        model = build(args)
-        if not ref:
-            ref.append(model)
-        return quality(ref[0], model)
-
-    return hook
+    return reference_quality()
 
 
 def run_study(

@@ -10,7 +10,10 @@ early keep occupying their slot, as in classic static batching.
 Engine options (``--engine-opt KEY=VALUE``): ``threads=N`` (``torch.set_num_threads`` while
 the engine lives), ``attention=explicit|sdpa``, ``quant=none|int8|int8-wo``,
 ``kv_cache=on|off`` (off: every decode step recomputes the whole sequence, no cache is
-read), ``compile=on|off`` (``torch.compile`` of each block) and ``weights=PATH`` (a
+read), ``compile=on|off`` (``torch.compile`` of each block), ``kv_dtype=auto|int8|fp8`` (vLLM's
+``kv_cache_dtype`` spelling accepted too: KV-cache storage dtype, upcast before attention),
+``sparsity=none|unstructured:F|2:4`` (magnitude pruning of the block linears, run as sparse
+matmuls; 2:4 needs CUDA) and ``weights=PATH`` (a
 state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewer
 ``n_layers`` than it was trained with, the first layers are kept: pruning) or
 ``weights=trained`` (this shape trained on the synthetic corpus, cached);
@@ -41,12 +44,17 @@ from perfscope.profiler.engines.base import (
 )
 from perfscope.profiler.engines.reference.model import (
     ATTENTION_IMPLS,
+    KV_DTYPES,
     PRESETS,
     QUANT_MODES,
     KVCache,
     ReferenceConfig,
     ReferenceModel,
+    SparsityStats,
+    kv_bytes_per_element,
+    parse_sparsity,
     quantize_weights,
+    sparsify_weights,
     torch_dtype,
 )
 from perfscope.profiler.engines.reference.speculative import (
@@ -92,24 +100,34 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.3g} GB"
 
 
-def memory_needed(cfg: ReferenceConfig, slots: int, max_len: int) -> tuple[int, int, int]:
+def memory_needed(
+    cfg: ReferenceConfig, slots: int, max_len: int, kv_dtype: str = "auto"
+) -> tuple[int, int, int]:
     """Bytes the engine allocates: (float32 weights while building on the CPU, weights in
-    ``cfg.dtype``, KV cache of ``slots`` sequences of ``max_len`` tokens)."""
+    ``cfg.dtype``, KV cache of ``slots`` sequences of ``max_len`` tokens stored in
+    ``kv_dtype``, int8 scales included)."""
     n = cfg.n_params()
     itemsize = torch_dtype(cfg.dtype).itemsize
-    kv = 2 * cfg.n_layers * slots * cfg.n_kv_heads * max_len * cfg.head_dim * itemsize
+    elements = 2 * cfg.n_layers * slots * cfg.n_kv_heads * max_len * cfg.head_dim
+    kv = round(elements * kv_bytes_per_element(cfg, kv_dtype))
     return 4 * n, n * itemsize, kv
 
 
-def check_memory(cfg: ReferenceConfig, slots: int, max_len: int, device: torch.device) -> None:
+def check_memory(
+    cfg: ReferenceConfig,
+    slots: int,
+    max_len: int,
+    device: torch.device,
+    kv_dtype: str = "auto",
+) -> None:
     """Refuse (UsageError, with the numbers) a model or cache that cannot fit in memory.
 
     Checked before anything is allocated: the weights are drawn in float32 on the CPU and then
-    cast and moved; the KV cache is allocated on ``device``.
+    cast and moved; the KV cache is allocated on ``device`` in ``kv_dtype``.
     """
     import psutil
 
-    build, weights, kv = memory_needed(cfg, slots, max_len)
+    build, weights, kv = memory_needed(cfg, slots, max_len, kv_dtype)
     host_free = psutil.virtual_memory().available
     shape = (
         f"{cfg.n_params():,} parameters ({cfg.n_layers} layers, hidden {cfg.hidden_size}, "
@@ -132,7 +150,8 @@ def check_memory(cfg: ReferenceConfig, slots: int, max_len: int, device: torch.d
         raise UsageError(
             f"reference model of {shape} needs about {_gb(need)} of {where} memory "
             f"({_gb(weights)} weights in {cfg.dtype} + {_gb(kv)} KV cache for {slots} x "
-            f"{max_len} tokens), {_gb(avail)} is available: {fix}, or lower --batch-size "
+            f"{max_len} tokens in {cfg.dtype if kv_dtype == 'auto' else kv_dtype}), "
+            f"{_gb(avail)} is available: {fix}, or lower --batch-size "
             "or the prompt/output lengths"
         )
 
@@ -163,8 +182,15 @@ class ReferenceEngine:
         except (ValueError, TypeError) as exc:
             raise UsageError(f"reference model: {exc}") from exc
         self.preset = preset
-        check_memory(self.config, options.batch_size, options.max_seq_len, self.device)
         extra = dict(options.extra)
+        self.kv_dtype = _kv_dtype(extra)
+        try:
+            self.sparsity = parse_sparsity(extra.get("sparsity", "none"))
+        except ValueError as exc:
+            raise UsageError(f"--engine-opt {exc}") from None
+        check_memory(
+            self.config, options.batch_size, options.max_seq_len, self.device, self.kv_dtype
+        )
         self.threads = _opt_int(extra, "threads")
         self.attention = _opt_choice(extra, "attention", ATTENTION_IMPLS, "explicit")
         self.quant = _opt_choice(extra, "quant", QUANT_MODES, "none")
@@ -183,8 +209,12 @@ class ReferenceEngine:
         if self.weights:
             _load_weights(self.model, self.weights)
         self.model.set_attention(self.attention)
+        self.model.set_kv_dtype(self.kv_dtype)
+        if self.sparsity.kind != "none" and self.quant != "none":
+            raise UsageError("--engine-opt sparsity= and quant= cannot be combined: pick one")
         try:
             self.model = quantize_weights(self.model, self.quant)
+            self.sparse_stats: SparsityStats = sparsify_weights(self.model, self.sparsity)
         except ValueError as exc:
             raise UsageError(f"reference engine: {exc}") from exc
         if self.compiled:
@@ -214,6 +244,12 @@ class ReferenceEngine:
         if self.quant != "none":
             spec["weight_dtype"] = "int8"
             spec["weight_bytes_per_param"] = 1.0
+        if self.kv_dtype != "auto":
+            spec["kv_dtype"] = self.kv_dtype
+            spec["kv_bytes_per_element"] = kv_bytes_per_element(self.config, self.kv_dtype)
+        if self.sparsity.kind != "none":
+            spec["weight_density"] = self.sparse_stats.density
+            spec["weight_index_bytes_per_nonzero"] = self.sparse_stats.index_bytes_per_nonzero
         return EngineInfo(
             uri=self.uri,
             kind="reference",
@@ -238,6 +274,9 @@ class ReferenceEngine:
                 "kv_cache": self.kv_cache,
                 "compile": self.compiled,
                 "weights": self.weights,
+                "kv_dtype": self.kv_dtype,
+                "sparsity": self.sparsity.label,
+                "weight_density": self.sparse_stats.density,
                 "speculative": self._speculative_info(),
             },
         )
@@ -513,6 +552,24 @@ def _opt_choice(extra: dict[str, str], key: str, choices: tuple[str, ...], defau
     text = extra.get(key, default).strip().lower()
     if text not in choices:
         raise UsageError(f"--engine-opt {key}= must be one of {', '.join(choices)}, got {text!r}")
+    return text
+
+
+def _kv_dtype(extra: dict[str, str]) -> str:
+    """``kv_dtype`` (or vLLM's ``kv_cache_dtype``) option: auto | int8 | fp8 (vLLM's
+    ``fp8_e4m3`` is fp8)."""
+    keys = [k for k in ("kv_dtype", "kv_cache_dtype") if k in extra]
+    if (
+        len(keys) == 2
+        and extra["kv_dtype"].strip().lower() != extra["kv_cache_dtype"].strip().lower()
+    ):
+        raise UsageError("--engine-opt kv_dtype= and kv_cache_dtype= disagree: give one")
+    text = extra[keys[0]].strip().lower() if keys else "auto"
+    text = {"fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "float8": "fp8"}.get(text, text)
+    if text not in KV_DTYPES:
+        raise UsageError(
+            f"--engine-opt {keys[0]}= must be one of {', '.join(KV_DTYPES)}, got {text!r}"
+        )
     return text
 
 

@@ -20,12 +20,22 @@ from torch import nn
 
 __all__ = [
     "ATTENTION_IMPLS",
+    "KV_DTYPES",
     "PRESETS",
     "QUANT_MODES",
     "KVCache",
+    "QuantizedKV",
     "ReferenceConfig",
     "ReferenceModel",
+    "Sparsity",
+    "SparsityStats",
+    "dequantize_kv",
+    "kv_bytes_per_element",
+    "magnitude_mask",
+    "parse_sparsity",
+    "quantize_kv",
     "quantize_weights",
+    "sparsify_weights",
     "torch_dtype",
 ]
 
@@ -37,6 +47,12 @@ ATTENTION_IMPLS = ("explicit", "sdpa")
 #: only); ``int8-wo`` = weight-only int8 (per output channel scale, dequantised to the
 #: activation dtype inside each matmul).
 QUANT_MODES = ("none", "int8", "int8-wo")
+#: ``kv_dtype`` engine option (vLLM: ``kv_cache_dtype``): ``auto`` = the model dtype;
+#: ``int8`` = int8 values with one float32 scale per token and KV head (absmax / 127);
+#: ``fp8`` = ``torch.float8_e4m3fn`` values, no scale (as vLLM's default ``k_scale = 1``).
+#: Storage only: K/V are upcast to the model dtype before attention, because CPUs (and
+#: this eager engine) have no int8/fp8 attention matmul; what shrinks is the cache's bytes.
+KV_DTYPES = ("auto", "int8", "fp8")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -191,33 +207,177 @@ PRESETS: dict[str, ReferenceConfig] = {
 }
 
 
+def kv_bytes_per_element(cfg: ReferenceConfig, kv_dtype: str = "auto") -> float:
+    """Bytes one cached K or V element occupies (scales included) for ``kv_dtype``
+    (:data:`KV_DTYPES`): the model dtype's size for ``auto``, ``1 + 4 / head_dim`` for
+    ``int8`` (a float32 scale per token and head), 1 for ``fp8``."""
+    if kv_dtype == "auto":
+        return float(torch_dtype(cfg.dtype).itemsize)
+    if kv_dtype == "int8":
+        return 1.0 + 4.0 / cfg.head_dim
+    if kv_dtype == "fp8":
+        return 1.0
+    raise ValueError(f"unknown kv_dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
+
+
+def quantize_kv(x: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x`` (any float dtype, head_dim last) as stored in a ``kv_dtype`` cache: the values
+    and, for ``int8``, the float32 scale per vector of the last dimension (``None`` for
+    ``fp8``). Round trip (:func:`dequantize_kv`): int8 is within ``absmax / 254`` of each
+    vector; fp8 within ``2**-4`` relative (``2**-10`` absolute below ``2**-6``), for
+    ``|x| <= 448`` (larger values saturate)."""
+    if kv_dtype == "int8":
+        scale = x.detach().abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / 127.0
+        q = torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8)
+        return q, scale
+    if kv_dtype == "fp8":
+        return x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn), None
+    raise ValueError(f"kv_dtype {kv_dtype!r} is not quantised: use int8 or fp8")
+
+
+_FP8_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _fp8_table(device: torch.device) -> torch.Tensor:
+    """The float32 value of each of the 256 e4m3 bit patterns."""
+    if device not in _FP8_TABLES:
+        bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        _FP8_TABLES[device] = bits.view(torch.float8_e4m3fn).float().to(device)
+    return _FP8_TABLES[device]
+
+
+def dequantize_kv(q: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Stored cache values back in ``dtype`` (the inverse of :func:`quantize_kv`)."""
+    if scale is None:
+        if q.device.type == "cpu":
+            # torch's CPU fp8 -> float cast is a slow scalar loop; a 256-entry table lookup
+            # gives the same bits about 3x faster.
+            table = _fp8_table(q.device)
+            return torch.take(table, q.view(torch.uint8).long()).to(dtype)
+        return q.to(dtype)
+    return (q * scale).to(dtype)  # int8 * float32 promotes in one pass
+
+
+class QuantizedKV:
+    """One layer's K (or V) ``[slots, n_kv_heads, max_len, head_dim]`` stored in int8 or
+    fp8; indexed like the float tensor it replaces. Writing (``c[idx] = x``) quantises
+    ``x`` per vector of the last dimension; reading (``c[idx]``) returns a float copy in
+    the model dtype. ``idx`` must not index the last dimension."""
+
+    def __init__(
+        self,
+        values: torch.Tensor,
+        scale: torch.Tensor | None,
+        kv_dtype: str,
+        dtype: torch.dtype,
+    ) -> None:
+        self.values = values
+        self.scale = scale
+        self.kv_dtype = kv_dtype
+        self.dtype = dtype
+
+    @classmethod
+    def empty(
+        cls,
+        shape: tuple[int, int, int, int],
+        kv_dtype: str,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> QuantizedKV:
+        if kv_dtype == "int8":
+            values = torch.zeros(shape, dtype=torch.int8, device=device)
+            scale: torch.Tensor | None = torch.zeros(
+                (*shape[:-1], 1), dtype=torch.float32, device=device
+            )
+        elif kv_dtype == "fp8":
+            values, scale = torch.zeros(shape, dtype=torch.float8_e4m3fn, device=device), None
+        else:
+            raise ValueError(f"kv_dtype {kv_dtype!r} is not quantised: use int8 or fp8")
+        return cls(values, scale, kv_dtype, dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: values and scales."""
+        n = self.values.numel() * self.values.element_size()
+        if self.scale is not None:
+            n += self.scale.numel() * self.scale.element_size()
+        return n
+
+    def __getitem__(self, idx: object) -> torch.Tensor:
+        scale = None if self.scale is None else self.scale[idx]  # type: ignore[index]
+        return dequantize_kv(self.values[idx], scale, self.dtype)  # type: ignore[index]
+
+    def __setitem__(self, idx: object, x: torch.Tensor) -> None:
+        q, scale = quantize_kv(x, self.kv_dtype)
+        self.values[idx] = q  # type: ignore[index]
+        if self.scale is not None:
+            assert scale is not None
+            self.scale[idx] = scale  # type: ignore[index]
+
+    def slots(self, start: int, n: int) -> QuantizedKV:
+        """Slots ``start..start+n-1``, sharing this one's storage."""
+        scale = None if self.scale is None else self.scale[start : start + n]
+        return QuantizedKV(self.values[start : start + n], scale, self.kv_dtype, self.dtype)
+
+    def copy_positions(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (exact)."""
+        self.values[dst, :, :length].copy_(self.values[src, :, :length])
+        if self.scale is not None:
+            self.scale[dst, :, :length].copy_(self.scale[src, :, :length])
+
+
+#: One layer's K or V store: a float tensor (``kv_dtype=auto``) or a quantised one.
+KVStore = torch.Tensor | QuantizedKV
+
+
 class KVCache:
-    """Per-layer K and V tensors ``[slots, n_kv_heads, max_len, head_dim]``.
+    """Per-layer K and V ``[slots, n_kv_heads, max_len, head_dim]``: float tensors in the
+    model dtype, or :class:`QuantizedKV` stores for ``kv_dtype`` ``int8``/``fp8``.
 
     Active sequences occupy slots ``0..n-1`` contiguously so a decode step can read a view
     of the first ``n`` slots without gathering; :meth:`move` compacts after a sequence leaves.
     """
 
     def __init__(
-        self, cfg: ReferenceConfig, slots: int, max_len: int, device: torch.device
+        self,
+        cfg: ReferenceConfig,
+        slots: int,
+        max_len: int,
+        device: torch.device,
+        kv_dtype: str = "auto",
     ) -> None:
         shape = (slots, cfg.n_kv_heads, max_len, cfg.head_dim)
         dt = torch_dtype(cfg.dtype)
-        self.k = [torch.zeros(shape, dtype=dt, device=device) for _ in range(cfg.n_layers)]
-        self.v = [torch.zeros(shape, dtype=dt, device=device) for _ in range(cfg.n_layers)]
+        self.k: list[KVStore]
+        self.v: list[KVStore]
+        if kv_dtype == "auto":
+            self.k = [torch.zeros(shape, dtype=dt, device=device) for _ in range(cfg.n_layers)]
+            self.v = [torch.zeros(shape, dtype=dt, device=device) for _ in range(cfg.n_layers)]
+        else:
+            self.k = [QuantizedKV.empty(shape, kv_dtype, dt, device) for _ in range(cfg.n_layers)]
+            self.v = [QuantizedKV.empty(shape, kv_dtype, dt, device) for _ in range(cfg.n_layers)]
+        self.kv_dtype = kv_dtype
         self.slots = slots
         self.max_len = max_len
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the cache in bytes."""
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        """Memory held by the cache in bytes (int8 scales included)."""
+        return sum(
+            t.nbytes if isinstance(t, QuantizedKV) else t.numel() * t.element_size()
+            for t in (*self.k, *self.v)
+        )
 
     def view(self, start: int, n: int) -> KVCache:
         """Slots ``start..start+n-1`` as a cache of ``n`` slots sharing this one's storage."""
         out = object.__new__(KVCache)
-        out.k = [t[start : start + n] for t in self.k]
-        out.v = [t[start : start + n] for t in self.v]
+        out.k = [_slots(t, start, n) for t in self.k]
+        out.v = [_slots(t, start, n) for t in self.v]
+        out.kv_dtype = self.kv_dtype
         out.slots, out.max_len = n, self.max_len
         return out
 
@@ -226,7 +386,14 @@ class KVCache:
         if src == dst or length <= 0:
             return
         for t in (*self.k, *self.v):
-            t[dst, :, :length].copy_(t[src, :, :length])
+            if isinstance(t, QuantizedKV):
+                t.copy_positions(src, dst, length)
+            else:
+                t[dst, :, :length].copy_(t[src, :, :length])
+
+
+def _slots(t: KVStore, start: int, n: int) -> KVStore:
+    return t.slots(start, n) if isinstance(t, QuantizedKV) else t[start : start + n]
 
 
 class _RMSNorm(nn.Module):
@@ -278,8 +445,8 @@ class _Block(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache_k: torch.Tensor,
-        cache_v: torch.Tensor,
+        cache_k: KVStore,
+        cache_v: KVStore,
         positions: torch.Tensor,
         span: int,
         mask: torch.Tensor,
@@ -326,6 +493,8 @@ class ReferenceModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tied_embeddings:
             self.lm_head.weight = self.embed.weight
+        #: storage dtype of the caches :meth:`new_cache` makes (:data:`KV_DTYPES`).
+        self.kv_dtype = "auto"
         self._inv_freq = 1.0 / (
             cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
         )
@@ -367,9 +536,15 @@ class ReferenceModel(nn.Module):
             assert isinstance(block, _Block)
             block.sdpa = impl == "sdpa"
 
+    def set_kv_dtype(self, kv_dtype: str) -> None:
+        """Storage dtype of the KV caches :meth:`new_cache` makes (:data:`KV_DTYPES`)."""
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown kv_dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
+        self.kv_dtype = kv_dtype
+
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         """An empty cache for ``slots`` concurrent sequences of up to ``max_len`` tokens."""
-        return KVCache(self.cfg, slots, max_len, self.device)
+        return KVCache(self.cfg, slots, max_len, self.device, self.kv_dtype)
 
     def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ang = positions.to(torch.float32).unsqueeze(-1) * self._inv_freq
@@ -458,3 +633,178 @@ def quantize_weights(model: ReferenceModel, mode: str) -> ReferenceModel:
     if not model.cfg.tied_embeddings:
         model.lm_head = _Int8WeightLinear(model.lm_head)  # type: ignore[assignment]
     return model
+
+
+# --------------------------------------------------------------------------- sparsity
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    """``sparsity`` engine option: magnitude pruning of every block's linear weights.
+
+    Attributes:
+        kind: ``none``, ``unstructured`` (the smallest ``fraction`` of each matrix by
+            magnitude set to zero, run as torch.sparse CSR matmuls) or ``2:4`` (in every
+            group of 4 consecutive input weights the 2 smallest are zeroed, run as
+            ``torch.sparse.to_sparse_semi_structured``: NVIDIA GPUs only).
+        fraction: share of each matrix's weights set to zero (0.5 for ``2:4``).
+    """
+
+    kind: str = "none"
+    fraction: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return (
+            "none"
+            if self.kind == "none"
+            else "2:4"
+            if self.kind == "2:4"
+            else (f"unstructured:{self.fraction:g}")
+        )
+
+
+@dataclass(frozen=True)
+class SparsityStats:
+    """What pruning left in the block matrices (embedding and lm_head stay dense).
+
+    Attributes:
+        params: weights of the pruned matrices.
+        nonzeros: weights kept.
+        index_bytes: bytes of the sparse format's indices (CSR column indices and row
+            pointers; 2:4 metadata).
+    """
+
+    params: int
+    nonzeros: int
+    index_bytes: int
+
+    @property
+    def density(self) -> float:
+        return self.nonzeros / self.params if self.params else 1.0
+
+    @property
+    def index_bytes_per_nonzero(self) -> float:
+        return self.index_bytes / self.nonzeros if self.nonzeros else 0.0
+
+
+def parse_sparsity(text: str) -> Sparsity:
+    """``none`` | ``unstructured[:F]`` (F in (0, 1), default 0.5) | ``2:4``; ValueError
+    with the accepted forms otherwise."""
+    t = text.strip().lower()
+    if t in ("none", "off", "0"):
+        return Sparsity()
+    if t == "2:4":
+        return Sparsity("2:4", 0.5)
+    if t == "unstructured" or t.startswith("unstructured:"):
+        frac_text = t.partition(":")[2] or "0.5"
+        try:
+            frac = float(frac_text)
+        except ValueError:
+            frac = -1.0
+        if 0.0 < frac < 1.0:
+            return Sparsity("unstructured", frac)
+        raise ValueError(
+            f"sparsity unstructured:{frac_text}: the fraction of zeros must be between 0 and 1"
+        )
+    raise ValueError(f"unknown sparsity {text!r}: use none, unstructured:0.5 or 2:4")
+
+
+def magnitude_mask(weight: torch.Tensor, sparsity: Sparsity) -> torch.Tensor:
+    """Boolean mask (True = keep) of ``weight`` ``[out, in]`` for ``sparsity``.
+
+    Unstructured: exactly ``round(fraction * numel)`` weights are dropped, the smallest by
+    magnitude (ties broken by position). 2:4: in each group of 4 consecutive weights along
+    the input dimension the 2 largest are kept (``in`` must be divisible by 4)."""
+    if sparsity.kind == "none":
+        return torch.ones_like(weight, dtype=torch.bool)
+    mag = weight.detach().abs().float()
+    if sparsity.kind == "2:4":
+        if weight.shape[-1] % 4:
+            raise ValueError(
+                f"2:4 sparsity needs an input width divisible by 4, got {weight.shape}"
+            )
+        groups = mag.reshape(-1, 4)
+        keep = torch.zeros_like(groups, dtype=torch.bool)
+        keep.scatter_(1, groups.topk(2, dim=1).indices, True)
+        return keep.reshape(weight.shape)
+    drop = round(sparsity.fraction * weight.numel())
+    order = torch.argsort(mag.reshape(-1), stable=True)
+    keep = torch.ones(weight.numel(), dtype=torch.bool, device=weight.device)
+    keep[order[:drop]] = False
+    return keep.reshape(weight.shape)
+
+
+class _SparseLinear(nn.Module):
+    """A bias-free linear layer whose weight is a torch sparse tensor (CSR or 2:4)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight)
+
+
+def _csr_index_bytes(w: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in (w.crow_indices(), w.col_indices()))
+
+
+def _semi_structured_index_bytes(w: torch.Tensor) -> int:  # pragma: no cover - CUDA only
+    meta = getattr(w, "meta", None)
+    return 0 if meta is None else int(meta.numel() * meta.element_size())
+
+
+def sparsify_weights(model: ReferenceModel, sparsity: Sparsity) -> SparsityStats:
+    """Prune every block's linear weights by magnitude and swap in sparse kernels, in place.
+
+    Never a silent dense fallback: ValueError (one line, with what to use instead) where
+    torch cannot run the format here: 2:4 off CUDA; CSR matmuls off float32 on CPU.
+    """
+    linears = [
+        (block, name, child)
+        for block in model.blocks
+        for name, child in block.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+    params = sum(c.weight.numel() for _, _, c in linears)
+    if sparsity.kind == "none":
+        return SparsityStats(params, params, 0)
+    dev = model.device
+    if sparsity.kind == "2:4":
+        if dev.type != "cuda":
+            raise ValueError(
+                f"sparsity=2:4 runs only on CUDA (torch.sparse.to_sparse_semi_structured needs an "
+                f"NVIDIA GPU with compute capability 8.0+), this engine is on {dev.type}: use "
+                "sparsity=unstructured:0.5 (CSR) or none"
+            )
+        if model.cfg.dtype == "float32":
+            raise ValueError(
+                "sparsity=2:4 needs --dtype bfloat16 or float16 (semi-structured float32 is not "
+                "supported by torch's CUTLASS/cuSPARSELt kernels)"
+            )
+    elif dev.type == "cpu" and model.cfg.dtype != "float32":
+        raise ValueError(
+            f"sparsity=unstructured on cpu runs in float32 only (torch's CSR matmul has no "
+            f"{model.cfg.dtype} CPU kernel): use --dtype float32"
+        )
+    nonzeros = index_bytes = 0
+    for block, name, child in linears:
+        with torch.no_grad():
+            w = child.weight.detach() * magnitude_mask(child.weight, sparsity)
+        nonzeros += int(torch.count_nonzero(w))
+        sw: torch.Tensor
+        if sparsity.kind == "2:4":  # pragma: no cover - CUDA only
+            from torch.sparse import to_sparse_semi_structured
+
+            sw = to_sparse_semi_structured(w)
+            index_bytes += _semi_structured_index_bytes(sw)
+        else:
+            import warnings
+
+            with warnings.catch_warnings():  # "sparse CSR support is in beta state"
+                warnings.simplefilter("ignore", UserWarning)
+                sw = w.to_sparse_csr()
+            index_bytes += _csr_index_bytes(sw)
+        setattr(block, name, _SparseLinear(sw))
+    return SparsityStats(params, nonzeros, index_bytes)

@@ -122,7 +122,7 @@ def forward_all(model: ReferenceModel, tokens: torch.Tensor) -> torch.Tensor:
     """Logits at every position ``[B, T, V]`` (the engine's prefill returns the last only)."""
     b, t = tokens.shape
     cfg = model.cfg
-    cache = KVCache(cfg, b, t, tokens.device)
+    cache = KVCache(cfg, b, t, tokens.device, getattr(model, "kv_dtype", "auto"))
     positions = torch.arange(t, device=tokens.device).unsqueeze(0).expand(b, t)
     g = cfg.n_heads // cfg.n_kv_heads
     causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)
