@@ -6,9 +6,11 @@
 2. metrics: counts, latency, throughput, goodput, driver lag, errors, steps, warnings,
 3. ``hardware``: the device the run is analysed against,
 4. ``energy``: the telemetry join,
-5. ``roofline``: per phase, with the energy of each phase,
+5. ``roofline``: per phase, with the energy of each phase (a draft model's passes are
+   phases of their own, costed with the draft's spec),
 6. ``advice`` and ``projections`` (only with a roofline, a model and a device),
-7. ``server_metrics``: the server's own metrics for the run, when they were scraped.
+7. ``speculative``: acceptance and draft cost of a speculative-decoding run,
+8. ``server_metrics``: the server's own metrics for the run, when they were scraped.
 
 It is a pure function of the run's records and the analysis inputs (SLOs, device): it reads
 and writes no file, so ``perfscope analyze`` reproduces a run's numbers exactly and can re-derive
@@ -30,6 +32,7 @@ from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.prompt_cache import prompt_cache_section
 from perfscope.analysis.roofline import roofline_section
 from perfscope.analysis.server_metrics import server_metrics_section
+from perfscope.analysis.speculative import speculative_config, speculative_section
 from perfscope.analysis.summary import Summary, build_summary
 from perfscope.analysis.whatif import project_run
 from perfscope.hwdb import HardwareDatabase, load_database, resolve_hardware
@@ -118,6 +121,9 @@ def analyze(
     spec = DeviceSpec.from_dict(hardware["spec"]) if hardware.get("spec") else None
     model_dict = (stored_run.manifest.get("engine") or {}).get("model")
     model = ModelSpec.from_dict(model_dict) if model_dict else None
+    spec_cfg = speculative_config(stored_run.manifest) or {}
+    draft_dict = spec_cfg.get("draft_model")
+    draft_model = ModelSpec.from_dict(dict(draft_dict)) if draft_dict else None
 
     energy = energy_section(
         stored_run.telemetry,
@@ -136,6 +142,7 @@ def analyze(
         spec,
         energy=energy.get("phases"),
         measured_on=measured_on,
+        draft_model=draft_model,
     )
     advice: list[dict[str, Any]] = []
     projections: list[dict[str, Any]] = []
@@ -162,6 +169,7 @@ def analyze(
             "advice": advice,
             "projections": projections,
             "prompt_cache": prompt_cache_section(stored_run.requests),
+            "speculative": speculative_section(stored_run.steps, stored_run.manifest, roofline),
         },
     )
     info = stored_run.manifest.get("server_metrics")

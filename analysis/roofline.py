@@ -413,6 +413,7 @@ def _phases_from_steps(
     device: DeviceSpec,
     threshold: float,
     energy: dict[str, Any] | None,
+    draft_model: ModelSpec | None = None,
 ) -> dict[str, dict[str, Any]]:
     warm = _warmup_ids(requests)
     df = steps
@@ -425,7 +426,12 @@ def _phases_from_steps(
         n_cold = np.bincount(np.repeat(np.arange(len(lists)), counts), cold, len(lists))
         df = df[(counts == 0) | (n_cold > 0)]
     # Only the numeric columns travel through the per-phase filters (not the id lists).
-    df = df[["kind", "batch_size", "new_tokens", "context_tokens", "t_start", "t_end"]]
+    cols = ["kind", "batch_size", "new_tokens", "context_tokens", "t_start", "t_end"]
+    df = df[cols + [c for c in ("role", "proposed_tokens") if c in df]]
+    # A draft model's passes (speculative decoding) are phases of their own, costed with the
+    # draft's spec: "draft_prefill", "draft_decode".
+    is_draft = (df["role"] == "draft").to_numpy() if "role" in df else np.zeros(len(df), bool)
+    key = df["kind"].astype(str).where(~is_draft, "draft_" + df["kind"].astype(str))
     out: dict[str, dict[str, Any]] = {}
     ordered = df.sort_values("t_start", kind="stable")
     starts = ordered["t_start"].to_numpy(dtype=np.float64)
@@ -433,10 +439,11 @@ def _phases_from_steps(
     gap_before = np.zeros(len(ordered))
     if len(ordered) > 1:
         gap_before[1:] = np.maximum(starts[1:] - np.maximum.accumulate(ends)[:-1], 0.0) * 1e-9
-    gap_by_kind = pd.Series(gap_before, index=ordered.index).groupby(ordered["kind"]).sum()
-    for phase in PHASES:
-        sub = df[df["kind"] == phase]
-        if sub.empty:
+    gap_by_kind = pd.Series(gap_before, index=ordered.index).groupby(key[ordered.index]).sum()
+    for phase in (*PHASES, *(f"draft_{p}" for p in PHASES)):
+        phase_model = model if not phase.startswith("draft_") else draft_model
+        sub = df[(key == phase).to_numpy()]
+        if sub.empty or phase_model is None:
             continue
         b = sub["batch_size"].to_numpy(dtype=np.float64)
         n = sub["new_tokens"].to_numpy(dtype=np.float64)
@@ -444,10 +451,15 @@ def _phases_from_steps(
         dur = (
             sub["t_end"].to_numpy(dtype=np.float64) - sub["t_start"].to_numpy(dtype=np.float64)
         ) * 1e-9
-        arrays = step_costs(model, b, n, c)
+        logits = None
+        if "proposed_tokens" in sub and not phase_model.lm_head_all_positions:
+            # A speculative verify pass computes logits at every position it feeds.
+            verify = sub["proposed_tokens"].notna().to_numpy()
+            logits = np.where(verify, n, np.minimum(np.maximum(b, 1.0), n))
+        arrays = step_costs(phase_model, b, n, c, logits_tokens=logits)
         out[phase] = phase_roofline(
             phase,
-            model=model,
+            model=phase_model,
             device=device,
             costs=_sum_costs(arrays),
             time_s=float(np.sum(np.maximum(dur, 0.0))),
@@ -458,7 +470,7 @@ def _phases_from_steps(
             max_context_tokens=float(np.max(c + n)),
             max_context_rows=float(b[int(np.argmax(c + n))]),
             overhead_threshold=threshold,
-            energy=(energy or {}).get(phase),
+            energy=None if phase.startswith("draft_") else (energy or {}).get(phase),
         )
         _add_gap_evidence(out[phase], float(gap_by_kind.get(phase, 0.0)))
     return out
@@ -685,6 +697,7 @@ def roofline_section(
     overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
     energy: dict[str, Any] | None = None,
     measured_on: str | None = None,
+    draft_model: ModelSpec | None = None,
 ) -> dict[str, Any]:
     """The ``roofline`` block of summary.json (JSON-ready).
 
@@ -703,6 +716,9 @@ def roofline_section(
             (``what_if`` true) that keeps the work and the speed-of-light times on
             ``device`` but withholds measured MFU, MBU, achieved rates and efficiency,
             which would divide one machine's time by another's ceilings.
+        draft_model: the draft model of a speculative-decoding run: its passes (steps with
+            ``role == "draft"``) become the phases ``draft_prefill`` and ``draft_decode``,
+            costed with this spec (without it they are left out of every phase).
 
     Returns:
         ``{"available", "reason", "source" ("steps" | "timeline"), "estimated",
@@ -739,7 +755,9 @@ def roofline_section(
     has_steps = steps is not None and not steps.empty
     if has_steps:
         assert steps is not None
-        phases = _phases_from_steps(steps, requests, model, device, overhead_threshold, energy)
+        phases = _phases_from_steps(
+            steps, requests, model, device, overhead_threshold, energy, draft_model
+        )
         base["source"] = "steps"
     elif requests is not None and not requests.empty:
         phases = _phases_from_timeline(requests, model, device, overhead_threshold, energy)

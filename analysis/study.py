@@ -31,7 +31,13 @@ from typing import Any
 from perfscope.analysis.compare import between_run_change
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
-from perfscope.analysis.whatif import predict, run_derating
+from perfscope.analysis.whatif import (
+    ASSUMED_ACCEPTANCE,
+    expected_tokens_per_step,
+    predict,
+    run_derating,
+    speculative_speedup,
+)
 
 __all__ = [
     "METRICS",
@@ -49,6 +55,7 @@ __all__ = [
     "project_change",
     "read_study",
     "run_metrics",
+    "speculative_projection",
 ]
 
 SCHEMA = "perfscope.study/1"
@@ -302,6 +309,19 @@ def project_change(
         ratios[key] = c / a if a and c is not None else None
         a, c = sols[0].get(key), sols[1].get(key)
         sol_ratios[key] = c / a if a and c is not None else None
+    spec = [
+        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len)
+        for s, b in ((baseline, batch[0]), (candidate, batch[1]))
+    ]
+    if spec[0] is not None or spec[1] is not None:
+        for table, key in ((ratios, "derated"), (sol_ratios, "sol")):
+            gain = [1.0 if p is None else p["before_run"][key] for p in spec]
+            if gain[0] is None or gain[1] is None:
+                continue
+            for metric, power in (("tpot_s", -1), ("throughput_tok_s", 1)):
+                value = table.get(metric)
+                if value is not None:
+                    table[metric] = value * (float(gain[1]) / float(gain[0])) ** power
     return {
         "ratios": ratios,
         # The bare roofline (speed of light, no derating) for the same change: what the
@@ -313,6 +333,7 @@ def project_change(
         "basis": "the baseline run's derating ("
         + ", ".join(f"{k}={v:.3g}" for k, v in derate.items())
         + ")",
+        "speculative": spec[1],
     }
 
 
@@ -394,6 +415,117 @@ def _scheduling_projection(
         "apart and has no per-step token budget, so it cannot price chunked (mixed) steps; "
         + dis_txt,
     }
+
+
+def _mean_step_s(summary: Mapping[str, Any], kind: str) -> float | None:
+    st = (summary.get("steps") or {}).get(kind) or {}
+    v = st.get("mean_step_s")
+    return float(v) if v else None
+
+
+def _after_run_median(
+    baselines: Sequence[Mapping[str, Any]],
+    candidates: Sequence[Mapping[str, Any]],
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+) -> dict[str, Any] | None:
+    """:func:`speculative_projection`'s ``after_run`` of each round (the candidate's run next
+    to the baseline's run of the same round), each number the median over the rounds: one
+    run's pass times on a shared machine can be far off."""
+    from perfscope.hwdb.spec import DeviceSpec
+
+    rows = []
+    for base, cand in zip(baselines, candidates, strict=False):
+        spec = (base.get("hardware") or {}).get("spec")
+        if not spec:
+            continue
+        dev = DeviceSpec.from_dict(spec)
+        derate = run_derating(base.get("roofline") or {})
+        p = speculative_projection(cand, base, dev, derate, batch, prompt_len, output_len)
+        if p is not None and p["after_run"] is not None:
+            rows.append(p["after_run"])
+    if not rows:
+        return None
+    out: dict[str, Any] = {k: _median([r.get(k) for r in rows]) for k in rows[0]}
+    out["runs"] = len(rows)
+    return out
+
+
+def _gap_per_step(summary: Mapping[str, Any], phase: str) -> float | None:
+    ph = ((summary.get("roofline") or {}).get("phases") or {}).get(phase) or {}
+    gap, steps = ph.get("gap_s"), ph.get("steps")
+    return float(gap) / float(steps) if gap is not None and steps else None
+
+
+def speculative_projection(
+    summary: Mapping[str, Any],
+    baseline: Mapping[str, Any],
+    dev: Any,
+    derate: Mapping[str, float],
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+) -> dict[str, Any] | None:
+    """Speedup over plain decoding of one setting that decodes speculatively (None if it
+    does not): :func:`~perfscope.analysis.whatif.speculative_speedup`, cited there.
+
+    ``before_run``: with the stated :data:`~perfscope.analysis.whatif.ASSUMED_ACCEPTANCE`
+    and the draft/target pass cost ratio ``c`` from the what-if model (``derated``: the
+    baseline run's derating applied to both models' decode steps; ``sol``: speed of light),
+    verify pass = one target pass, as the formula assumes. ``after_run``: the measured
+    ``alpha`` of this setting's run, ``c`` = its mean draft pass over the baseline's mean
+    plain decode step, and ``verify_cost`` = its mean verify pass over that same step
+    (``speedup``), and the same with the host time before each pass added to it
+    (``speedup_with_host``), so the parts of the projection's error can be told apart (a
+    study stores the median of each over its rounds).
+    """
+    sp = summary.get("speculative") or {}
+    k = int(sp.get("num_speculative_tokens") or 0)
+    draft_dict, model_dict = sp.get("draft_model"), summary.get("model")
+    if k < 1 or not draft_dict or not model_dict:
+        return None
+    draft, target = ModelSpec.from_dict(dict(draft_dict)), ModelSpec.from_dict(dict(model_dict))
+    kw: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
+    derated_kw: dict[str, Any] = {
+        "decode_efficiency": derate.get("decode_efficiency"),
+        "decode_overhead_s": derate.get("decode_overhead_s", 0.0),
+    }
+    before: dict[str, Any] = {"alpha": ASSUMED_ACCEPTANCE, "k": k}
+    for key, extra in (("derated", derated_kw), ("sol", {})):
+        t_target = predict(target, dev, **kw, **extra).get("tpot_s")
+        t_draft = predict(draft, dev, **kw, **extra).get("tpot_s")
+        c = t_draft / t_target if t_target and t_draft is not None else None
+        before[f"cost_ratio_{key}"] = c
+        before[key] = None if c is None else speculative_speedup(ASSUMED_ACCEPTANCE, k, c)
+    after: dict[str, Any] | None = None
+    plain = _mean_step_s(baseline, "decode") if not baseline.get("speculative") else None
+    draft_s, verify_s = _mean_step_s(summary, "draft_decode"), _mean_step_s(summary, "decode")
+    alpha = sp.get("alpha")
+    if plain and draft_s and verify_s and alpha is not None:
+        c, v = draft_s / plain, verify_s / plain
+        # The same with each pass's host time before it (Python and scheduling between
+        # passes, the roofline's gap_s per step): the part the formula does not see.
+        g_plain = _gap_per_step(baseline, "decode")
+        g_draft, g_verify = _gap_per_step(summary, "draft_decode"), _gap_per_step(summary, "decode")
+        host = None
+        if g_plain is not None and g_draft is not None and g_verify is not None:
+            unit = plain + g_plain
+            host = speculative_speedup(
+                float(alpha), k, (draft_s + g_draft) / unit, (verify_s + g_verify) / unit
+            )
+        after = {
+            "acceptance_rate": sp.get("acceptance_rate"),
+            "mean_accepted_per_step": sp.get("mean_accepted_per_step"),
+            "alpha": alpha,
+            "cost_ratio": c,
+            "verify_cost": v,
+            "tokens_per_step": expected_tokens_per_step(float(alpha), k),
+            "speedup": speculative_speedup(float(alpha), k, c, v),
+            "speedup_formula": speculative_speedup(float(alpha), k, c),
+            "speedup_with_host": host,
+        }
+    return {"k": k, "draft": sp.get("draft"), "before_run": before, "after_run": after}
 
 
 # --------------------------------------------------------------------------- the record
@@ -589,6 +721,13 @@ def build_study(
             if model
             else {}
         )
+        draft = (first.get("speculative") or {}).get("draft_model")
+        if draft and memory:
+            extra = memory_need(
+                ModelSpec.from_dict(dict(draft)), batches[i], prompt_len + output_len, kv[i]
+            )
+            memory = {name: memory[name] + extra[name] for name in memory}
+            memory["draft_bytes"] = extra["total_bytes"]
         median = (
             {m: _median([p.metrics.get(m) for p in points[i]]) for m in points[i][0].metrics}
             if points[i]
@@ -617,6 +756,10 @@ def build_study(
                     kv_cache=(kv[0], kv[i]),
                     output_lens=(outs[0], outs[i]),
                 )
+                if projection is not None and projection.get("speculative"):
+                    projection["speculative"]["after_run"] = _after_run_median(
+                        summaries[0], summaries[i], batches[i], prompt_len, output_len
+                    )
             for metric, (better, key) in METRICS.items():
                 ch = between(
                     [p.metrics.get(metric) for p in points[0]],

@@ -51,6 +51,7 @@ __all__ = [
     "Roofline",
     "RooflineCeilings",
     "RooflineLatency",
+    "Speculative",
     "StepStats",
     "Summary",
     "Throughput",
@@ -563,6 +564,40 @@ class Projection(Record):
     assumption: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Speculative(Record):
+    """Speculative decoding: the draft, ``num_speculative_tokens`` (K), draft tokens
+    ``proposed_tokens`` / ``accepted_tokens`` and their ratio ``acceptance_rate``, accepted
+    and emitted tokens per sequence and verify step, the per-token acceptance probability
+    ``alpha``, seconds in draft and verify passes, the draft/verify pass cost ratio ``c``
+    (measured and at speed of light) and the speedup over plain decoding they project
+    (see :mod:`perfscope.analysis.speculative`)."""
+
+    draft: str | None = None
+    num_speculative_tokens: int = 0
+    draft_model: dict[str, Any] | None = None
+    draft_n_params: int | None = None
+    target_n_params: int | None = None
+    verify_steps: int = 0
+    draft_steps: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float | None = None
+    mean_accepted_per_step: float | None = None
+    mean_tokens_per_step: float | None = None
+    alpha: float | None = None
+    expected_tokens_per_step: float | None = None
+    draft_time_s: float = 0.0
+    draft_prefill_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    draft_time_share: float | None = None
+    cost_ratio: float | None = None
+    cost_ratio_sol: float | None = None
+    projected_speedup: float | None = None
+    projected_speedup_sol: float | None = None
+    basis: str | None = None
+
+
 # ---------------------------------------------------------------------- the summary
 
 
@@ -603,6 +638,8 @@ class Summary(Record, Mapping[str, Any]):
     energy: Energy = field(default_factory=Energy)
     advice: tuple[Advice, ...] = ()
     projections: tuple[Projection, ...] = ()
+    #: Present for speculative-decoding runs only.
+    speculative: Speculative | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Summary:
@@ -634,13 +671,19 @@ class Summary(Record, Mapping[str, Any]):
 
 
 def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
-    """Per step kind: passes, time (s), tokens processed, mean batch size, share of busy time."""
+    """Per step kind: passes, time (s), tokens processed, mean batch size, share of busy time.
+
+    A draft model's passes (speculative decoding) are kinds of their own: ``draft_prefill``,
+    ``draft_decode``."""
     if steps.empty:
         return {}
     dur = (steps["t_end"] - steps["t_start"]) * 1e-9
     total = float(dur.sum())
     out: dict[str, dict[str, float | int]] = {}
-    for kind, g in steps.assign(dur=dur).groupby("kind", sort=True):
+    key = steps["kind"].astype(str)
+    if "role" in steps:
+        key = key.where((steps["role"] != "draft").to_numpy(), "draft_" + key)
+    for kind, g in steps.assign(dur=dur, _key=key).groupby("_key", sort=True):
         t = float(g["dur"].sum())
         out[str(kind)] = {
             "count": len(g),

@@ -36,11 +36,15 @@ if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
+    "ASSUMED_ACCEPTANCE",
     "DEFAULT_MEM_FRACTION",
     "ENGINE_EFFICIENCY",
+    "alpha_from_accepted",
+    "expected_tokens_per_step",
     "predict",
     "project_run",
     "run_derating",
+    "speculative_speedup",
 ]
 
 #: Share of device memory an engine may use for weights + KV cache (vLLM's default
@@ -407,3 +411,64 @@ def project_run(
         )
         out.append(pred)
     return out
+
+
+# ---------------------------------------------------------------------- speculative decoding
+
+#: Per-token acceptance probability assumed before a speculative run has measured one: within
+#: the range Leviathan et al. (2023) report for small drafts of the same model family on real
+#: tasks (roughly 0.5 to 0.8); a draft trained on other data accepts far less. A stated
+#: assumption, replaced by the measured value once a run has one.
+ASSUMED_ACCEPTANCE = 0.7
+
+
+def speculative_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: float = 1.0) -> float:
+    """Expected speedup of speculative decoding over plain decoding of the target.
+
+    ``(1 - alpha^(K+1)) / ((1 - alpha) (c K + 1))``: Leviathan, Kalman and Matias, "Fast
+    Inference from Transformers via Speculative Decoding" (ICML 2023), Theorem 3.8. The
+    numerator over ``1 - alpha`` is the expected tokens a step emits (accepted draft tokens
+    plus the target's own) when each draft token is accepted independently with probability
+    ``alpha``; the denominator is the step's cost in target forward passes: ``K`` draft passes
+    of ``c`` each (``cost_ratio``: one draft pass's time over one target pass's) and one
+    target pass, which assumes verifying ``K + 1`` positions costs what one position does
+    (true while the target is memory- or overhead-bound); ``verify_cost`` replaces that 1 by
+    the measured (or modelled) time of a verify pass over a plain target pass.
+
+    Args:
+        alpha: per-token acceptance probability, 0..1.
+        k: draft tokens per step (``num_speculative_tokens``), >= 1.
+        cost_ratio: ``c``, draft pass time / target pass time, >= 0.
+        verify_cost: verify pass time / plain target decode pass time (1: the formula's).
+    """
+    if not 0.0 <= alpha <= 1.0 or k < 1 or cost_ratio < 0 or verify_cost <= 0:
+        raise ValueError(
+            f"need 0 <= alpha <= 1, k >= 1, c >= 0, verify_cost > 0; got {alpha}, {k}, "
+            f"{cost_ratio}, {verify_cost}"
+        )
+    return expected_tokens_per_step(alpha, k) / (cost_ratio * k + verify_cost)
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens one speculative step emits on average: ``(1 - alpha^(K+1)) / (1 - alpha)``
+    (``K + 1`` when every draft token is accepted)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def alpha_from_accepted(mean_accepted: float, k: int) -> float:
+    """The per-token acceptance probability ``alpha`` whose expected accepted draft tokens
+    per step, ``sum_{i=1..K} alpha^i``, equals the measured ``mean_accepted`` (0..K);
+    found by bisection (the sum grows with ``alpha``)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    target = min(max(mean_accepted, 0.0), float(k))
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        if sum(mid**i for i in range(1, k + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0

@@ -220,9 +220,48 @@ def _server_metrics_view(summary: Summary) -> RenderableType | None:
     return t
 
 
+def _speculative_view(summary: Summary) -> RenderableType | None:
+    """Speculative decoding: acceptance, draft cost and the speedup they project."""
+    sp = summary.speculative
+    if sp is None:
+        return None
+
+    def num(v: float | None, fmt: str = ".3f") -> str:
+        return "–" if v is None else format(v, fmt)
+
+    t = FitTable(("quantity", "value"), title=f"Speculative decoding (draft {sp.draft})")
+    t.add_row("draft tokens per step (K)", str(sp.num_speculative_tokens))
+    t.add_row(
+        "accepted / proposed draft tokens",
+        f"{sp.accepted_tokens} / {sp.proposed_tokens} = {num(sp.acceptance_rate)}",
+    )
+    t.add_row("accepted per sequence and step", num(sp.mean_accepted_per_step))
+    t.add_row("per-token acceptance alpha", num(sp.alpha))
+    t.add_row(
+        "time in draft / verify passes",
+        f"{format_seconds(sp.draft_time_s)} / {format_seconds(sp.verify_time_s)}",
+    )
+    c_text = f"{num(sp.cost_ratio)} (SoL {num(sp.cost_ratio_sol)})"
+    t.add_row("draft pass / verify pass (c)", c_text)
+    t.add_row(
+        "projected speedup over plain decoding",
+        f"{num(sp.projected_speedup, '.2f')}x (SoL {num(sp.projected_speedup_sol, '.2f')}x; "
+        "formula of Leviathan et al. 2023, measure it with a study)",
+    )
+    return t
+
+
 def _extra_renderers() -> Iterable[Any]:
-    """Renderers of the analysis sections (roofline, energy, advice, projections, server)."""
-    return (_roofline_view, _energy_view, _advice_view, _projections_view, _server_metrics_view)
+    """Renderers of the analysis sections (roofline, energy, advice, projections, server,
+    speculative decoding)."""
+    return (
+        _roofline_view,
+        _energy_view,
+        _advice_view,
+        _projections_view,
+        _server_metrics_view,
+        _speculative_view,
+    )
 
 
 def runs_table(

@@ -424,6 +424,12 @@ def execute_run(
             info.dtype,
             mla_absorbed=bool(info.config.get("mla_absorbed", True)),
         )
+    spec_cfg = info.config.get("speculative")
+    if isinstance(spec_cfg, dict) and spec_cfg.get("draft_hf_config"):
+        # hf: assisted generation: the draft's passes are costed with its own config.
+        spec_cfg["draft_model"] = _model_from_hf_config(
+            str(spec_cfg["draft_hf_config"]), info.dtype
+        )
     clock = MonotonicClock()
     telemetry: TelemetrySession | ClusterTelemetry | None = None
     ray_started = False

@@ -62,6 +62,13 @@ def _int(text: str) -> int:
     return v
 
 
+def _count(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise ValueError("must be a whole number >= 0")
+    return v
+
+
 def _float(text: str) -> float:
     v = float(text)
     if not v > 0:
@@ -192,6 +199,13 @@ KNOBS: dict[str, Knob] = {
             _one_of("off", "on", aliases=_ON_OFF),
             "torch.compile of each block (kernel fusion)",
         ),
+        Knob(
+            "num-speculative-tokens",
+            "option",
+            "num_speculative_tokens",
+            _count,
+            "draft tokens per speculative step (0 = off; needs --engine-opt draft=...)",
+        ),
         Knob("max-tokens", "option", "max_tokens", _int, "max_tokens sent with every request"),
         Knob(
             "connection",
@@ -231,6 +245,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "sparsity": ("reference",),
     "prefix-cache": ("reference",),
     "max-batched-tokens": ("reference",),
+    "num-speculative-tokens": ("reference",),
     "max-tokens": ("openai",),
     "connection": ("openai",),
 }
@@ -428,6 +443,10 @@ def _check_engine(a: RunArgs) -> None:
             raise UsageError("sparsity=unstructured on cpu runs in float32 only (torch CSR matmul)")
         if str(a.engine_options.get("quant", "none")) != "none":
             raise UsageError("sparsity and quant cannot be combined: pick one")
+    from perfscope.profiler.engines.reference.speculative import parse_draft
+
+    opts = {k: str(v) for k, v in a.engine_options.items()}
+    parse_draft(opts, target_trained=bool(opts.get("weights")))
 
 
 def _args_record(a: RunArgs) -> dict[str, Any]:

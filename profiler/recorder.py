@@ -27,7 +27,7 @@ from perfscope.profiler.clock import Clock
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,
     REQUEST_TABLE_SCHEMA,
-    STEP_SCHEMA,
+    STEP_TABLE_SCHEMA,
     RequestRecord,
     RequestSpec,
     StepKind,
@@ -307,8 +307,17 @@ class Recorder:
         new_tokens: int,
         context_tokens: int,
         request_ids: Sequence[int] = (),
+        *,
+        role: str | None = None,
+        proposed_tokens: int | None = None,
+        accepted_tokens: int | None = None,
     ) -> None:
-        """Record one forward pass (times after device synchronisation)."""
+        """Record one forward pass (times after device synchronisation).
+
+        ``role="draft"`` marks a draft model's pass; ``proposed_tokens`` and
+        ``accepted_tokens`` go on a speculative verify step (see
+        :data:`~perfscope.profiler.records.STEP_OPTIONAL_SCHEMA`).
+        """
         self._steps.append(
             (
                 len(self._steps),
@@ -319,6 +328,9 @@ class Recorder:
                 new_tokens,
                 context_tokens,
                 list(request_ids),
+                role,
+                proposed_tokens,
+                accepted_tokens,
             )
         )
 
@@ -397,9 +409,11 @@ class Recorder:
     def steps_table(self) -> pa.Table:
         rows = list(self._steps)
         cols: list[list[Any]] = (
-            [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in STEP_SCHEMA.names]
+            [list(c) for c in zip(*rows, strict=True)]
+            if rows
+            else [[] for _ in STEP_TABLE_SCHEMA.names]
         )
         return pa.table(
-            dict(zip(STEP_SCHEMA.names, cols, strict=True)),
-            schema=STEP_SCHEMA,
+            dict(zip(STEP_TABLE_SCHEMA.names, cols, strict=True)),
+            schema=STEP_TABLE_SCHEMA,
         )

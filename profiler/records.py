@@ -18,7 +18,9 @@ __all__ = [
     "REQUEST_OPTIONAL_SCHEMA",
     "REQUEST_SCHEMA",
     "REQUEST_TABLE_SCHEMA",
+    "STEP_OPTIONAL_SCHEMA",
     "STEP_SCHEMA",
+    "STEP_TABLE_SCHEMA",
     "TELEMETRY_SCHEMA",
     "RequestRecord",
     "RequestSpec",
@@ -150,6 +152,24 @@ STEP_SCHEMA = pa.schema(
         ("request_ids", pa.list_(pa.int64())),
     ]
 )
+
+#: Optional step columns (speculative decoding, issue 17; null where they do not apply, and
+#: for runs written before them): ``role`` is ``draft`` for a forward pass of the draft
+#: model (its FLOPs and bytes are the draft's, not the target's) and null for the target;
+#: ``proposed_tokens`` / ``accepted_tokens`` are set on a target *verify* step: draft tokens
+#: it checked, summed over its rows, and how many of them matched the target's greedy choice
+#: (the target's own token that follows is not counted). A verify step's ``new_tokens`` is
+#: every position it processed (``K + 1`` per row), not the tokens it emitted.
+STEP_OPTIONAL_SCHEMA = pa.schema(
+    [
+        ("role", pa.string()),
+        ("proposed_tokens", pa.int64()),
+        ("accepted_tokens", pa.int64()),
+    ]
+)
+
+#: What the recorder and the run directory hold: the core step columns, then the optional ones.
+STEP_TABLE_SCHEMA = pa.schema([*STEP_SCHEMA, *STEP_OPTIONAL_SCHEMA])
 
 TELEMETRY_SCHEMA = pa.schema(
     [

@@ -36,7 +36,7 @@ from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,
     REQUEST_TABLE_SCHEMA,
-    STEP_SCHEMA,
+    STEP_TABLE_SCHEMA,
     TELEMETRY_SCHEMA,
 )
 
@@ -62,7 +62,7 @@ REQUEST_SEGMENT_SCHEMA = REQUEST_TABLE_SCHEMA.append(pa.field("final", pa.bool_(
 _SCHEMAS: dict[str, pa.Schema] = {
     "requests": REQUEST_SEGMENT_SCHEMA,
     "chunks": CHUNK_SCHEMA,
-    "steps": STEP_SCHEMA,
+    "steps": STEP_TABLE_SCHEMA,
     "telemetry": TELEMETRY_SCHEMA,
 }
 
@@ -248,7 +248,7 @@ class SegmentFlusher:
             pos["chunks"] += len(chunks)
         steps = rec.step_rows(pos["steps"])
         if steps:
-            self._streams["steps"].write(_rows_to_batch(steps, STEP_SCHEMA))
+            self._streams["steps"].write(_rows_to_batch(steps, STEP_TABLE_SCHEMA))
             pos["steps"] += len(steps)
         if self.telemetry is not None:
             table = self.telemetry(self._tele_t)

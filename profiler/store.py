@@ -49,6 +49,7 @@ from perfscope.profiler.records import (
     REQUEST_SCHEMA,
     REQUEST_TABLE_SCHEMA,
     STEP_SCHEMA,
+    STEP_TABLE_SCHEMA,
     TELEMETRY_SCHEMA,
 )
 from perfscope.profiler.segments import SEGMENTS_DIR, SegmentRead, read_segments, storage_error
@@ -477,10 +478,11 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 #: Table name → schema of the Parquet files in a run directory.
 TABLES: dict[str, pa.Schema] = {
     # The core columns are required; the optional ones (send-path stamps, finish reason,
-    # cached tokens) are added as nulls for runs written before them.
+    # cached tokens; the steps' speculative-decoding columns) are added as nulls for runs
+    # written before them.
     "requests": REQUEST_TABLE_SCHEMA,
     "chunks": CHUNK_SCHEMA,
-    "steps": STEP_SCHEMA,
+    "steps": STEP_TABLE_SCHEMA,
     "telemetry": TELEMETRY_SCHEMA,
 }
 

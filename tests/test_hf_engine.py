@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from perfscope._runner import RunOptions, execute_run
-from perfscope.errors import EngineNotFoundError
+from perfscope.errors import EngineNotFoundError, UsageError
 from perfscope.profiler.engines.base import EngineOptions, create_engine
 from perfscope.profiler.telemetry import TelemetryConfig
 from perfscope.profiler.workload import LengthDist, WorkloadConfig
@@ -107,3 +107,48 @@ def test_hf_engine_prices_mla_attention_as_expanded_not_absorbed(
     model = out.summary["model"]
     assert model["kv_lora_rank"] == 16
     assert model["mla_absorbed"] is False
+
+
+def test_assisted_generation_records_proposed_and_accepted_tokens(
+    tiny_llama: Path, runs_dir: Path, tmp_path: Path
+) -> None:
+    # The assistant is the model itself: every proposed token is accepted.
+    same = tmp_path / "same"
+    transformers.LlamaForCausalLM.from_pretrained(tiny_llama).save_pretrained(same)
+    opts = RunOptions(
+        engine=f"hf:{tiny_llama}",
+        workload=WorkloadConfig(
+            requests=2, prompt_len=LengthDist("constant", 10), output_len=LengthDist("constant", 15)
+        ),
+        engine_options=EngineOptions(extra={"assistant": str(same), "num_assistant_tokens": "3"}),
+        runs_dir=runs_dir,
+        telemetry=TelemetryConfig(enabled=False),
+    )
+    out = execute_run(opts)
+    s = out.summary
+    assert out.status == "complete"
+    assert s["counts"]["output_tokens"] == 30
+    sp = s["speculative"]
+    assert sp["num_speculative_tokens"] == 3
+    assert sp["acceptance_rate"] == pytest.approx(1.0)
+    # 15 tokens in passes of 4 (3 accepted + the model's own): 4, 4, 4, 3.
+    assert sp["verify_steps"] == 2 * 4
+    assert "draft_decode" in s["steps"]
+    assert s["latency"]["tpot"]["count"] == 2
+    if s["roofline"]["available"]:
+        assert "draft_decode" in s["roofline"]["phases"]
+
+
+def test_assistant_with_another_vocabulary_is_refused(tiny_llama: Path, tmp_path: Path) -> None:
+    cfg = transformers.LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    other = tmp_path / "other"
+    transformers.LlamaForCausalLM(cfg).save_pretrained(other)
+    with pytest.raises(UsageError, match="shared tokenizer"):
+        create_engine(f"hf:{tiny_llama}", EngineOptions(extra={"assistant": str(other)}))

@@ -10,6 +10,16 @@ as a step, with ``logits_to_keep=1`` so the lm_head runs on the last position on
 (default: the model's own default).
 
 The manifest's model spec is built from the model's ``config.json`` by the front door.
+
+Assisted generation (speculative decoding, ``--engine-opt assistant=PATH`` with a local draft
+model folder sharing the tokenizer, and ``num_assistant_tokens=K``, default 4): each request
+runs alone through ``generate(assistant_model=...)`` (transformers supports assisted
+generation for a batch of one only), greedily, with a constant ``K`` and no confidence cut-off
+so the draft proposes exactly ``K`` tokens per step. Forward hooks on both models time every
+pass: the draft's are steps with ``role="draft"``; each target pass verifies the candidates
+(the first one also prefills the prompt, so it is a ``prefill`` step) and carries
+``proposed_tokens`` (draft passes since the previous target pass, one token each) and
+``accepted_tokens`` (tokens it emitted, from the streamer, minus its own one).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from perfscope.profiler.engines.base import (
     register_engine,
 )
 from perfscope.profiler.recorder import Recorder
+from perfscope.profiler.records import StepKind
 
 __all__ = ["HFEngine"]
 
@@ -107,6 +118,46 @@ class HFEngine:
         self.eos_id = getattr(cfg, "eos_token_id", None)
         if isinstance(self.eos_id, list):
             self.eos_id = self.eos_id[0] if self.eos_id else None
+        self.assistant: Any = None
+        self.num_assistant_tokens = 0
+        if options.extra.get("assistant"):
+            self._load_assistant(options.extra["assistant"], options.extra)
+
+    def _load_assistant(self, where: str, extra: dict[str, str]) -> None:
+        from transformers import AutoModelForCausalLM
+
+        text = extra.get("num_assistant_tokens", "4")
+        try:
+            k = int(text)
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise UsageError(f"--engine-opt num_assistant_tokens= must be >= 1, got {text!r}")
+        path = Path(where).expanduser()
+        if not (path / "config.json").is_file():
+            raise UsageError(
+                f"--engine-opt assistant={where!r}: expected a local model folder holding "
+                "config.json (nothing is downloaded)"
+            )
+        try:
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                path, dtype=self.model.dtype, local_files_only=True
+            )
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"hf engine: cannot load the assistant from {path}: {exc}") from exc
+        vocab = int(getattr(model.config, "vocab_size", 0))
+        if vocab != self.vocab_size:
+            raise UsageError(
+                f"assistant {path} has a vocabulary of {vocab} tokens, the model "
+                f"{self.vocab_size}: assisted generation here needs a shared tokenizer"
+            )
+        gc = model.generation_config
+        gc.num_assistant_tokens = k
+        gc.num_assistant_tokens_schedule = "constant"
+        gc.assistant_confidence_threshold = 0.0
+        self.assistant = model.to(self.device).eval()
+        self.assistant_path = path
+        self.num_assistant_tokens = k
 
     def info(self) -> EngineInfo:
         dev_name = (
@@ -125,7 +176,8 @@ class HFEngine:
                 "model_type": getattr(self.model.config, "model_type", None),
                 "n_params": int(sum(p.numel() for p in self.model.parameters())),
                 "scheduler": "static",
-                "batch_size": self.options.batch_size,
+                # Assisted generation runs one request at a time.
+                "batch_size": 1 if self.assistant is not None else self.options.batch_size,
                 "stop_on_eos": self.options.stop_on_eos,
                 "attention": getattr(self.model.config, "_attn_implementation", self.attention),
                 "tokenizer": self.tokenizer is not None,
@@ -134,11 +186,21 @@ class HFEngine:
                 # transformers expands an MLA latent to per-head K/V for every attended
                 # token (no absorbed up-projections): the cost model must price that.
                 "mla_absorbed": False,
+                "speculative": None
+                if self.assistant is None
+                else {
+                    "draft": str(self.assistant_path),
+                    "num_speculative_tokens": self.num_assistant_tokens,
+                    "method": "transformers assisted generation (batch of one)",
+                    "draft_n_params": int(sum(p.numel() for p in self.assistant.parameters())),
+                    "draft_hf_config": str((self.assistant_path / "config.json").resolve()),
+                },
             },
         )
 
     def close(self) -> None:
         self.model = None
+        self.assistant = None
         if self.device.type == "cuda":
             self.torch.cuda.empty_cache()
 
@@ -152,6 +214,9 @@ class HFEngine:
                 sub = inbox.get()
                 if sub is not None:
                     pending.append(sub)
+                continue
+            if self.assistant is not None:
+                self._run_assisted(pending.popleft(), recorder)
                 continue
             # Static batch: the oldest request and up to batch_size-1 waiting ones of the
             # same prompt length.
@@ -221,6 +286,40 @@ class HFEngine:
         )
         return (nxt, tokens, t1), getattr(out, self._cache_arg)
 
+    def _run_assisted(self, sub: Submission, recorder: Recorder) -> None:
+        """One request through ``generate(assistant_model=...)`` (see the module doc)."""
+        torch = self.torch
+        ids = self._ids(sub).view(1, -1).to(self.device)
+        run = _Assisted(self, sub, recorder)
+        hooks = [
+            self.assistant.register_forward_pre_hook(run.draft_pre, with_kwargs=True),
+            self.assistant.register_forward_hook(run.draft_post, with_kwargs=True),
+            self.model.register_forward_pre_hook(run.target_pre, with_kwargs=True),
+            self.model.register_forward_hook(run.target_post, with_kwargs=True),
+        ]
+        n = sub.spec.max_output_tokens
+        eos = self.eos_id if self.options.stop_on_eos else None
+        try:
+            with torch.no_grad():
+                self.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    assistant_model=self.assistant,
+                    streamer=run,
+                    max_new_tokens=n,
+                    min_new_tokens=None if self.options.stop_on_eos else n,
+                    do_sample=False,
+                    eos_token_id=eos,
+                    pad_token_id=self.eos_id if self.eos_id is not None else 0,
+                )
+        except (RuntimeError, ValueError) as exc:
+            sub.handle.finish(error=f"assisted generation failed: {exc}")
+            return
+        finally:
+            for h in hooks:
+                h.remove()
+        sub.handle.finish()
+
     def _run_batch(self, batch: list[Submission], recorder: Recorder) -> None:
         torch = self.torch
         ids = torch.stack([self._ids(s) for s in batch]).to(self.device)
@@ -245,6 +344,89 @@ class HFEngine:
                 "decode", recorder, batch, nxt.view(-1, 1), cache, length * len(batch)
             )
             length += 1
+
+
+class _Assisted:
+    """Hooks and streamer of one assisted ``generate`` call: turn its passes into steps and
+    its streamed tokens into chunks."""
+
+    def __init__(self, engine: HFEngine, sub: Submission, recorder: Recorder) -> None:
+        self.engine, self.sub, self.recorder = engine, sub, recorder
+        self.rid = sub.spec.request_id
+        self.prompt_seen = False
+        self.drafts = 0  # draft passes since the last target pass
+        self.draft_calls = 0
+        self.target_calls = 0
+        self.t0 = 0
+        self.shape = (1, 0, 0)  # rows, new tokens, cached tokens of the pass under way
+        self.pending: tuple[StepKind, int, int, tuple[int, int, int], int] | None = None
+        self.emitted = 0
+
+    def _start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids")
+        if ids is None and args:
+            ids = args[0]
+        cache: Any = kwargs.get(self.engine._cache_arg, kwargs.get("past_key_values"))
+        seq_len = getattr(cache, "get_seq_length", None)
+        ctx = int(seq_len()) if callable(seq_len) else 0
+        b, t = (ids.shape[0], ids.shape[1]) if ids is not None else (1, 0)
+        self.shape = (int(b), int(t), int(ctx) * int(b))
+        self.engine._sync()
+        self.t0 = self.recorder.clock.now_ns()
+
+    def draft_pre(self, _m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._start(args, kwargs)
+
+    def draft_post(self, _m: Any, _args: Any, _kwargs: Any, _out: Any) -> None:
+        self.engine._sync()
+        t1 = self.recorder.clock.now_ns()
+        b, n, ctx = self.shape
+        kind: StepKind = "prefill" if self.draft_calls == 0 else "decode"
+        self.recorder.step(kind, self.t0, t1, b, b * n, ctx, [self.rid], role="draft")
+        self.draft_calls += 1
+        self.drafts += 1
+
+    def target_pre(self, _m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._start(args, kwargs)
+
+    def target_post(self, _m: Any, _args: Any, _kwargs: Any, _out: Any) -> None:
+        self.engine._sync()
+        t1 = self.recorder.clock.now_ns()
+        kind: StepKind = "prefill" if self.target_calls == 0 else "decode"
+        self.target_calls += 1
+        # Recorded when the streamer says how many tokens this pass emitted.
+        self.pending = (kind, self.t0, t1, self.shape, self.drafts)
+        self.drafts = 0
+
+    # streamer protocol
+    def put(self, value: Any) -> None:
+        n = int(value.numel())
+        if not self.prompt_seen:
+            self.prompt_seen = True  # generate streams the prompt first
+            return
+        t = self.recorder.clock.now_ns()
+        n = min(n, self.sub.spec.max_output_tokens - self.emitted)
+        if n <= 0:
+            return
+        self.emitted += n
+        if self.pending is not None:
+            kind, t0, t1, (b, new, ctx), proposed = self.pending
+            self.pending = None
+            self.recorder.step(
+                kind,
+                t0,
+                t1,
+                b,
+                b * new,
+                ctx,
+                [self.rid],
+                proposed_tokens=proposed,
+                accepted_tokens=min(max(n - 1, 0), proposed),
+            )
+        self.sub.handle.tokens(n, t)
+
+    def end(self) -> None:
+        pass
 
 
 def _load_tokenizer(path: Path) -> Any:

@@ -16,7 +16,10 @@ read), ``compile=on|off`` (``torch.compile`` of each block), ``kv_dtype=auto|int
 matmuls; 2:4 needs CUDA) and ``weights=PATH`` (a
 state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewer
 ``n_layers`` than it was trained with, the first layers are kept: pruning) or
-``weights=trained`` (this shape trained on the synthetic corpus, cached).
+``weights=trained`` (this shape trained on the synthetic corpus, cached);
+``draft=PRESET_OR_PATH`` with ``num_speculative_tokens=K`` and ``draft_layers=N``:
+speculative decoding with a draft model (see
+:mod:`perfscope.profiler.engines.reference.speculative`).
 
 Scheduling options (continuous scheduler, KV cache on): ``prefix_cache=on|off`` (default
 off) reuses the K/V of 16-token prompt blocks an earlier request computed
@@ -70,6 +73,11 @@ from perfscope.profiler.engines.reference.model import (
 )
 from perfscope.profiler.engines.reference.packed import Chunk, packed_forward
 from perfscope.profiler.engines.reference.prefix import DEFAULT_CAPACITY_TOKENS, PrefixCache
+from perfscope.profiler.engines.reference.speculative import (
+    Speculator,
+    build_draft,
+    parse_draft,
+)
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import StepKind
 
@@ -249,6 +257,27 @@ class ReferenceEngine:
             for block in self.model.blocks:
                 block.forward = torch.compile(block.forward, dynamic=True)
         self.max_seq_len = options.max_seq_len
+        self._spec: Speculator | None = None
+        self.draft = parse_draft(extra, target_trained=bool(self.weights))
+        self.draft_model: ReferenceModel | None = None
+        #: Emitted token ids per request id (speculative decoding only; tests compare them).
+        self.outputs: dict[int, list[int]] = {}
+        if self.draft is not None:
+            if not self.kv_cache:
+                raise UsageError(
+                    "--engine-opt draft= needs the KV cache: speculative decoding rolls "
+                    "caches back; drop kv_cache=off"
+                )
+            if self.prefix_cache or self.max_batched_tokens is not None:
+                raise UsageError(
+                    "--engine-opt draft= cannot be combined with prefix_cache=on or "
+                    "max_batched_tokens= yet (the packed scheduler has no speculative "
+                    "step): drop one of them"
+                )
+            self.draft_model = build_draft(
+                self.draft, self.config, seed=options.seed, device=self.device, load=_load_weights
+            )
+            self.draft_model.set_attention(self.attention)
 
     # --- protocol -----------------------------------------------------------------------
 
@@ -293,11 +322,29 @@ class ReferenceEngine:
                 "prefix_cache": self.prefix_cache,
                 "prefix_cache_tokens": self.prefix_cache_tokens if self.prefix_cache else None,
                 "max_batched_tokens": self.max_batched_tokens,
+                "speculative": self._speculative_info(),
             },
         )
 
+    def _speculative_info(self) -> dict[str, object] | None:
+        """The draft and K (None without speculation); ``draft_model`` is its ModelSpec."""
+        if self.draft is None or self.draft_model is None:
+            return None
+        cfg = self.draft_model.cfg
+        return {
+            "draft": self.draft.source,
+            "num_speculative_tokens": self.draft.k,
+            "draft_weights": self.draft.weights,
+            "draft_shape": cfg.to_dict(),
+            "draft_n_params": cfg.n_params(),
+            "draft_model": {**cfg.model_spec(), "name": f"draft:{self.draft.source}"},
+            "target_n_params": self.config.n_params(),
+        }
+
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
+        self.draft_model = None
+        self._spec = None
         torch.set_num_threads(self._threads_before)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -307,7 +354,14 @@ class ReferenceEngine:
             self._serve_packed(inbox, recorder)
             return
         bs = self.options.batch_size
-        cache = self.model.new_cache(bs, self.max_seq_len)
+        spare = 0
+        if self.draft is not None and self.draft_model is not None:
+            # A verify pass writes up to K positions past the accepted length.
+            spare = self.draft.k + 1
+            self._spec = Speculator(
+                self.draft_model, self.draft.k, bs, self.max_seq_len + spare, self._sync
+            )
+        cache = self.model.new_cache(bs, self.max_seq_len + spare)
         pending: deque[Submission] = deque()
         running: list[_Seq] = []
         static = self.options.scheduler == "static"
@@ -381,11 +435,15 @@ class ReferenceEngine:
                 0,
                 [s.spec.request_id for s in subs],
             )
+            if self._spec is not None:
+                self._spec.prefill(tokens, start, [s.spec.request_id for s in subs], recorder)
             rows = tokens.tolist() if not self.kv_cache else [None] * len(subs)
             for sub, tok, row in zip(subs, first, rows, strict=True):
                 seq = _Seq(sub=sub, length=length, generated=1, next_token=int(tok), ids=row)
                 sub.handle.tokens(1, t1)
                 self._keep(sub, int(tok))
+                if self._spec is not None:
+                    self.outputs[sub.spec.request_id] = [int(tok)]
                 if seq.generated >= sub.spec.max_output_tokens or self._is_eos(tok):
                     seq.done = True
                     sub.handle.finish()
@@ -408,6 +466,9 @@ class ReferenceEngine:
         return nxt
 
     def _decode(self, running: list[_Seq], cache: KVCache, recorder: Recorder) -> None:
+        if self._spec is not None:
+            self._speculative_decode(self._spec, running, cache, recorder)
+            return
         tokens = torch.tensor([s.next_token for s in running], device=self.device)
         lengths = torch.tensor([s.length for s in running], device=self.device)
         context = sum(s.length for s in running)
@@ -443,6 +504,38 @@ class ReferenceEngine:
                 seq.done = True
                 seq.sub.handle.finish()
 
+    def _speculative_decode(
+        self, spec: Speculator, running: list[_Seq], cache: KVCache, recorder: Recorder
+    ) -> None:
+        """One speculative step (draft K tokens, verify, accept); several tokens per row."""
+        results, t1 = spec.step(
+            self.model,
+            cache,
+            [s.sub.spec.request_id for s in running],
+            [s.length for s in running],
+            [s.next_token for s in running],
+            [not s.done for s in running],
+            recorder,
+            self.device,
+        )
+        for seq, res in zip(running, results, strict=True):
+            if seq.done:
+                continue  # static batching: the row keeps its slot and its length
+            room = seq.sub.spec.max_output_tokens - seq.generated
+            emit = res.tokens[:room]
+            if self.options.stop_on_eos:
+                eos = [i for i, t in enumerate(emit) if t == EOS_TOKEN_ID]
+                emit = emit[: eos[0] + 1] if eos else emit
+            seq.length += res.accepted + 1
+            seq.next_token = res.tokens[-1]
+            seq.generated += len(emit)
+            self.outputs.setdefault(seq.sub.spec.request_id, []).extend(emit)
+            seq.sub.handle.tokens(len(emit), t1)
+            if seq.generated >= seq.sub.spec.max_output_tokens or (emit and self._is_eos(emit[-1])):
+                seq.done = True
+                seq.sub.handle.finish()
+                spec.forget(seq.sub.spec.request_id)
+
     def _drop_finished(self, running: list[_Seq], cache: KVCache, static: bool) -> None:
         if static:
             if running and all(s.done for s in running):
@@ -454,6 +547,8 @@ class ReferenceEngine:
                 last = running.pop()
                 if i < len(running):
                     cache.move(len(running), i, last.length)
+                    if self._spec is not None:
+                        self._spec.move(len(running), i, last.length)
                     running[i] = last
             else:
                 i += 1
