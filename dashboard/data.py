@@ -103,6 +103,8 @@ class RunRow:
             not analysed) or ``broken`` (not a readable run).
         status: the manifest's status (``complete``, ``running``, ...) or ``broken``.
         problem: why the row is partial or broken, else ``None``.
+        has_model_spec: the manifest records a model shape (layers and widths), so the
+            roofline explorer can project the run's model.
         sweep: the sweep this run belongs to (``manifest["sweep"]["id"]``), if any.
         slo_count: how many SLOs the run was judged by (``None`` when not analysed); with
             none, ``slo_attainment`` and ``goodput_req_s`` are ``None`` and the table says
@@ -134,6 +136,7 @@ class RunRow:
     has_roofline: bool = False
     contention: str | None = None
     slo_count: int | None = None
+    has_model_spec: bool = False
 
     def to_record(self) -> dict[str, Any]:
         """The row as the runs DataTable shows it: latencies in ms, ratios in %, rounded."""
@@ -146,7 +149,10 @@ class RunRow:
         return {
             "id": self.run_id,
             "run_id": self.run_id,
-            "link": f"[open](/run/{self.run_id})" if self.state != "broken" else "",
+            # The run id, as a link to its page (plain text for a broken directory).
+            "link": f"[{self.run_id}](/run/{self.run_id})"
+            if self.state != "broken"
+            else _md_escape(self.run_id),
             "state": self.state,
             "status": self.status if self.problem is None else f"{self.status}: {self.problem}",
             "name": self.name or "",
@@ -167,6 +173,11 @@ class RunRow:
             "sweep": self.sweep or "",
             "contention": self.contention or "",
         }
+
+
+def _md_escape(text: str) -> str:
+    """``text`` with every Markdown metacharacter backslash-escaped (shown, not rendered)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~])", r"\\\1", text)
 
 
 def _model_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
@@ -238,6 +249,7 @@ def _row_from(
         has_roofline=bool(roof.get("available")) if isinstance(roof, dict) else False,
         contention=contention_marker(manifest, summary),
         slo_count=slo_count if summary is not None else None,
+        has_model_spec=bool(value_at(manifest, "engine.model.n_layers")),
     )
 
 
@@ -296,6 +308,7 @@ def _row_from_index(rec: dict[str, Any]) -> RunRow:
         has_roofline=bool(rec["roofline_available"]),
         contention=marker,
         slo_count=rec["slo_count"] if has_summary else None,
+        has_model_spec=bool(rec["model_layers"]),
     )
 
 
@@ -306,7 +319,8 @@ _INDEX_SELECT = (
     "strftime(started_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%S') AS started_at_text, "
     "requests, ttft_p50_s, ttft_p99_s, tpot_p50_s, output_tok_s, goodput_req_s, attainment, "
     "prefill_mfu, decode_mbu, j_per_output_token, energy_available, sweep_id, "
-    "roofline_available, contended, others_cpu_share, steal_cpu_share, slo_count FROM runs"
+    "roofline_available, contended, others_cpu_share, steal_cpu_share, slo_count, model_layers "
+    "FROM runs"
 )
 
 

@@ -58,7 +58,7 @@ Lookup = Callable[[Any, str], Any]
 
 INDEX_FILE = ".perfscope-index.duckdb"
 #: Bumped whenever the columns or their meaning change; an older index file is rebuilt.
-INDEX_SCHEMA_VERSION = 4
+INDEX_SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,7 @@ INDEX_COLUMNS: tuple[IndexColumn, ...] = (
     _c("last_error", "VARCHAR", "manifest", "errors", "last error the run recorded", reduce="last"),
     _c("sweep_id", "VARCHAR", "manifest", "sweep.id", "sweep the run is a point of"),
     _c("model_preset", "VARCHAR", "manifest", "engine.config.preset", "model preset name"),
+    _c("model_layers", "BIGINT", "manifest", "engine.model.n_layers", "layers of the model spec"),
     _c("analysed_model", "VARCHAR", "summary", "model.name", "model spec the analysis used"),
     _c("hardware_name", "VARCHAR", "summary", "hardware.spec.name", "device analysed against"),
     _c("roofline_available", "BOOLEAN", "summary", "roofline.available", "roofline computed"),
