@@ -141,7 +141,7 @@ def tab(browser: Any) -> Iterator[Page]:
 
 def _cell(page: Any, run_id: str, column: str) -> str:
     row = page.locator(
-        "#runs-table tr", has=page.locator(f"td[data-dash-column=run_id] >> text={run_id}")
+        "#runs-table tr", has=page.locator(f"td[data-dash-column=link] >> text={run_id}")
     )
     text: str = row.locator(f"td[data-dash-column={column}]").inner_text()
     return text
@@ -154,16 +154,16 @@ def test_runs_page_shows_the_runs_and_the_broken_one(site: Site, tab: Page, shot
     page = tab.page
     t0 = time.perf_counter()
     page.goto(site.url + "/")
-    page.wait_for_selector(f"#runs-table td[data-dash-column=run_id] >> text={site.alpha.name}")
+    page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={site.alpha.name}")
     load = time.perf_counter() - t0
-    # State and status are one column: one word when all is well, else the state and why.
+    # State and status are one short column; the reason of a broken run has its own.
     for run in (site.alpha, site.beta, site.big):
         assert _cell(page, run.name, "outcome") == "complete"
     assert _cell(page, site.broken.name, "outcome").startswith("broken")
-    assert "manifest.json" in _cell(page, site.broken.name, "outcome")
+    assert "manifest.json" in _cell(page, site.broken.name, "problem")
     # New runs appear without a reload (the page polls the directory).
     late = complete_run(site.root, "--hw", "epyc-9654", "--name", "late")
-    page.wait_for_selector(f"#runs-table td[data-dash-column=run_id] >> text={late.name}")
+    page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={late.name}")
     tab.shot(shots, "runs")
     sys.stderr.write(f"runs page load: {load:.2f} s\n")
     assert not tab.errors, tab.errors
@@ -174,7 +174,7 @@ def test_selecting_two_runs_shows_the_comparison(site: Site, tab: Page, shots: P
     page.goto(site.url + "/")
     for run in (site.alpha, site.beta):
         row = page.locator(
-            "#runs-table tr", has=page.locator(f"td[data-dash-column=run_id] >> text={run.name}")
+            "#runs-table tr", has=page.locator(f"td[data-dash-column=link] >> text={run.name}")
         )
         row.locator("input[type=checkbox]").check()
     link = page.locator("#runs-compare-link")
@@ -294,7 +294,7 @@ def test_user_text_is_not_executed(site: Site, tab: Page, tmp_path: Path) -> Non
 
     page.on("dialog", on_dialog)
     page.goto(site.url + "/")
-    page.wait_for_selector(f"#runs-table td[data-dash-column=run_id] >> text={run.name}")
+    page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={run.name}")
     assert EVIL in _cell(page, run.name, "name")
     assert not dialogs
     shutil.rmtree(run)
