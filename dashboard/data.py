@@ -397,6 +397,7 @@ class RunRepository:
         # One index connection at a time: DuckDB refuses a second one to the same file with
         # a different mode inside one process.
         self._index_lock = threading.Lock()
+        self._index_cache: dict[str, tuple[Any, RunRow]] = {}
         #: How the last listing was made: ``index`` or ``scan``.
         self.listing_source = "scan"
         #: Why the last listing was not read from a saved index (``None`` when it was).
@@ -487,7 +488,18 @@ class RunRepository:
             note = index.note if not index.persistent else None
         self.listing_source = "index"
         self.listing_note = note
-        return {str(r[0]): _row_from_index(dict(zip(names, r, strict=True))) for r in raw}
+        # A row whose index values did not change keeps its RunRow (most rows, most polls).
+        old, fresh = self._index_cache, {}
+        for r in raw:
+            rid = str(r[0])
+            hit = old.get(rid)
+            fresh[rid] = (
+                hit
+                if hit is not None and hit[0] == r
+                else (r, _row_from_index(dict(zip(names, r, strict=True))))
+            )
+        self._index_cache = fresh
+        return {rid: row for rid, (_, row) in fresh.items()}
 
     def rows(self) -> list[RunRow]:
         """Every run directory's row, newest first; forgets rows of deleted directories."""

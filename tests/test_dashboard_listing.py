@@ -3,7 +3,6 @@ short labels and the roofline explorer's own-device roofs (real runs, real Dash 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import subprocess
@@ -15,38 +14,14 @@ from typing import Any
 
 import pytest
 
-from perfscope.cli import main
 from perfscope.dashboard.compare import config_diff, short_labels
 from perfscope.dashboard.data import RunRepository
 from perfscope.profiler.run_index import INDEX_FILE
 from perfscope.profiler.store import write_json_atomic
 from tests.conftest import ROOT
-from tests.data.runs.builders import complete_run, manual_run
+from tests.data.runs.builders import complete_run, manual_run, run_without_slos
 
 duckdb = pytest.importorskip("duckdb")
-
-
-def _run_without_slos(root: Path, *extra: str) -> Path:
-    before = set(root.iterdir()) if root.exists() else set()
-    argv = [
-        "run",
-        "--model-preset",
-        "tiny",
-        "--requests",
-        "6",
-        "--prompt-len",
-        "16",
-        "--output-len",
-        "4",
-        "--no-progress",
-        "--runs-dir",
-        str(root),
-        *extra,
-    ]
-    with contextlib.redirect_stdout(None):  # type: ignore[type-var]
-        assert main(argv) == 0
-    (path,) = set(root.iterdir()) - before
-    return path
 
 
 class Runs:
@@ -55,8 +30,8 @@ class Runs:
         common = ("--hw", "epyc-9654", "--requests", "12")
         self.alpha = complete_run(root, *common, "--name", "alpha")
         self.beta = complete_run(root, *common, "--name", "beta", "--batch-size", "2")
-        self.no_slo = _run_without_slos(root, "--name", "noslo")
-        self.gpu = _run_without_slos(root, "--name", "ongpu", "--hw", "h100-sxm5-80gb")
+        self.no_slo = run_without_slos(root, "--name", "noslo")
+        self.gpu = run_without_slos(root, "--name", "ongpu", "--hw", "h100-sxm5-80gb")
         self.no_model = manual_run(root, name="nomodel", n_requests=3)
         self.broken = root / "20990101-000000-broken-0000"
         self.broken.mkdir()
