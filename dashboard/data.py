@@ -279,10 +279,11 @@ def _row_from_index(rec: dict[str, Any]) -> RunRow:
         shares = {"others_share": rec["others_cpu_share"], "steal_share": rec["steal_cpu_share"]}
         c = contention_record({"host": {"contention": shares}})
         contended = bool(c and c.get("contended"))
-    share = rec["others_cpu_share"]
-    marker = None
-    if contended:
-        marker = "⚠ contended" + (f" {share:.0%}" if share is not None else "")
+    marker = (
+        _marker(finite(rec["others_cpu_share"]), finite(rec["steal_cpu_share"]))
+        if contended
+        else None
+    )
     requests = rec["requests"]
     return RunRow(
         run_id=run_id,
@@ -325,8 +326,9 @@ _INDEX_SELECT = (
 
 
 def contention_marker(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
-    """``⚠ contended NN%`` when other processes (or the hypervisor) took more than the
-    warning share of the CPU during the run; ``None`` otherwise or when not measured."""
+    """``⚠ others NN%`` (or ``⚠ steal NN%``) when other processes (or the hypervisor) took
+    more than the warning share of the CPU during the run; ``None`` otherwise or when not
+    measured."""
     from perfscope.analysis.compare import contention_of
     from perfscope.analysis.summary import contention_record
 
@@ -335,8 +337,15 @@ def contention_marker(manifest: dict[str, Any], summary: dict[str, Any] | None) 
         c = contention_record(manifest)
     if not c or not c.get("contended"):
         return None
-    share = finite(c.get("others_share"))
-    return "⚠ contended" + (f" {share:.0%}" if share is not None else "")
+    return _marker(finite(c.get("others_share")), finite(c.get("steal_share")))
+
+
+def _marker(others: float | None, steal: float | None) -> str:
+    """``⚠ others 63%`` (other processes' share of the CPU), or ``⚠ steal 40%`` when the
+    hypervisor took more than the other processes did."""
+    if steal is not None and steal > (others or 0.0):
+        return f"⚠ steal {steal:.0%}"
+    return "⚠ others" + (f" {others:.0%}" if others is not None else "")
 
 
 def _stat_key(path: Path) -> tuple[int, int] | None:

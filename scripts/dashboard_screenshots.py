@@ -25,7 +25,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-
 
 #: JavaScript: cells and headers of every table whose text is wider than the cell.
 CUT_JS = """
-() => Array.from(document.querySelectorAll('th, td, .dash-header, .dash-cell'))
+() => Array.from(document.querySelectorAll('th.dash-header, td.dash-cell, th, td:not(.dash-select-cell)'))
   .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
   .map(e => (e.innerText || '').trim().slice(0, 60)
     + ' [' + e.scrollWidth + '>' + e.clientWidth + ']')

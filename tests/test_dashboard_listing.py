@@ -265,3 +265,27 @@ def test_explorer_error_shows_a_message_not_an_empty_grid(runs: Runs) -> None:
     layout = out["roofline-fig"]["figure"]["layout"]
     assert layout["xaxis"]["visible"] is False and layout["yaxis"]["visible"] is False
     assert "recorded no model shape" in layout["annotations"][0]["text"]
+
+
+# ---------------------------------------------------------------------- contention
+
+
+def test_a_contended_run_is_marked_next_to_its_state(runs: Runs, tmp_path: Path) -> None:
+    from perfscope.dashboard.app import create_app
+    from tests.data.runs.builders import set_manifest
+    from tests.test_dashboard_app import find, route
+
+    root = tmp_path / "c"
+    quiet = manual_run(root, name="quiet", n_requests=3)
+    busy = manual_run(root, name="busy", n_requests=3)
+    shares = {"window_s": 5.0, "cpu_count": 2, "others_share": 0.63, "steal_share": 0.0}
+    set_manifest(busy, host__contention=shares)
+    rows = {r.run_id: r for r in RunRepository(root).rows()}
+    assert rows[busy.name].contention == "⚠ others 63%"
+    assert rows[quiet.name].contention is None
+    table = find(route(create_app(root).server.test_client(), "/"), "runs-table")
+    assert table is not None
+    ids = [c["id"] for c in table["columns"]]
+    assert ids.index("contention") == ids.index("outcome") + 1  # before the metrics
+    cells = {r["run_id"]: r["contention"] for r in table["data"]}
+    assert cells == {busy.name: "⚠ others 63%", quiet.name: ""}

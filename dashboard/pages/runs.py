@@ -28,7 +28,7 @@ __all__ = ["COLUMNS", "PAGE", "table_records"]
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("link", "run id", "text"),
     ("outcome", "state", "text"),
-    ("contention", "CPU contention", "text"),
+    ("contention", "contention", "text"),
     ("ttft_p50_s", "TTFT p50", "numeric"),
     ("ttft_p99_s", "TTFT p99", "numeric"),
     ("tpot_p50_s", "TPOT p50", "numeric"),
@@ -110,8 +110,10 @@ def _columns() -> list[dict[str, Any]]:
         if cid == "link":
             col["presentation"] = "markdown"
         if cid in _FORMATS:
-            # A missing value says so instead of leaving the cell blank.
-            col["format"] = {**_FORMATS[cid], "nully": "n/a"}
+            # A missing value says so instead of leaving the cell blank (energy needs a
+            # power meter: NVML, RAPL).
+            nully = "not measured" if cid == "j_per_token" else "n/a"
+            col["format"] = {**_FORMATS[cid], "nully": nully}
         cols.append(col)
     return cols
 
@@ -169,7 +171,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 style_cell={
                     "fontFamily": "sans-serif",
                     "fontSize": "13px",
-                    "padding": "4px 6px",
+                    "padding": "4px 5px",
                     "textAlign": "left",
                     "maxWidth": "320px",
                     "overflow": "hidden",
