@@ -169,7 +169,8 @@ class RunRow:
             "slo_pct": "no SLOs" if no_slos else r(self.slo_attainment, 100.0),
             "mfu_pct": r(self.mfu, 100.0),
             "mbu_pct": r(self.mbu, 100.0),
-            "j_per_token": r(self.j_per_token, nd=4),
+            # (A broken run measured nothing: not "no meter", which the column's blank says.)
+            "j_per_token": "n/a" if self.state == "broken" else r(self.j_per_token, nd=4),
             "sweep": self.sweep or "",
             "contention": self.contention or "",
         }

@@ -357,16 +357,20 @@ def explorer_figure(
             strict=True,
         )
     )
+    # A label only where it cannot overlap another one (within ~0.4 decade across and 0.3
+    # decade up or down); the others are named in the legend and on hover. Chosen from the
+    # last trace back, so a label belongs to the marker drawn on top of its cluster.
     labelled: list[tuple[float, float]] = []
+    with_text: set[int] = set()
+    for j in reversed(range(len(measured))):
+        lx, ly = math.log10(measured[j]["x"]), math.log10(measured[j]["y"])
+        if all(abs(lx - ox) > 0.4 or abs(ly - oy) > 0.3 for ox, oy in labelled):
+            labelled.append((lx, ly))
+            with_text.add(j)
     for j, m in enumerate(measured):
         color = roof_color.get(_roof_key(m), _PALETTE[(j + 3) % len(_PALETTE)])
         label = f"{esc(labels[m['run']])} {esc(m['phase'])}"
-        # A label only where it cannot overlap another one (within ~0.4 decade across and
-        # 0.3 decade up or down); the others are named in the legend and on hover.
-        lx, ly = math.log10(m["x"]), math.log10(m["y"])
-        free = all(abs(lx - ox) > 0.4 or abs(ly - oy) > 0.3 for ox, oy in labelled)
-        if free:
-            labelled.append((lx, ly))
+        free = j in with_text
         fig.add_trace(
             go.Scatter(
                 x=[m["x"]],

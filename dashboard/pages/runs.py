@@ -111,8 +111,8 @@ def _columns() -> list[dict[str, Any]]:
             col["presentation"] = "markdown"
         if cid in _FORMATS:
             # A missing value says so instead of leaving the cell blank (energy needs a
-            # power meter: NVML, RAPL).
-            nully = "not measured" if cid == "j_per_token" else "n/a"
+            # power meter, NVML or RAPL, and says so).
+            nully = "no meter" if cid == "j_per_token" else "n/a"
             col["format"] = {**_FORMATS[cid], "nully": nully}
         cols.append(col)
     return cols
@@ -171,7 +171,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 style_cell={
                     "fontFamily": "sans-serif",
                     "fontSize": "13px",
-                    "padding": "4px 5px",
+                    "padding": "4px 4px",
                     "textAlign": "left",
                     "maxWidth": "320px",
                     "overflow": "hidden",
