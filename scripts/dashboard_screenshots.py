@@ -25,7 +25,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-
 
 #: JavaScript: cells and headers of every table whose text is wider than the cell.
 CUT_JS = """
-() => Array.from(document.querySelectorAll('th.dash-header, td.dash-cell, th, td:not(.dash-select-cell)'))
+() => Array.from(document.querySelectorAll('th, td:not(.dash-select-cell)'))
   .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
   .map(e => (e.innerText || '').trim().slice(0, 60)
     + ' [' + e.scrollWidth + '>' + e.clientWidth + ']')
@@ -60,7 +60,8 @@ def main() -> int:
     server = make_server("127.0.0.1", port, app.server, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{port}"
-    targets = [(p.key, p.path) for p in PAGES if "<" not in p.path]
+    # The run page needs an id (--run); every other page of the navigation as it is.
+    targets = [(p.key, p.path) for p in PAGES if "<" not in p.path and p.key != "run"]
     if args.run:
         targets.append(("run-detail", f"/run/{args.run}"))
     if args.compare:
