@@ -261,7 +261,10 @@ def _row_from_index(rec: dict[str, Any]) -> RunRow:
         why = rec["problem"] or "not a readable run"
         return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
     status = str(rec["status"] or "unknown")
-    problem = rec["problem"] if rec["state"] in ("crashed", "running") else None
+    why = rec["problem"]
+    # As a scan reads it: a crashed or running run's reason, or a foreign summary.json's.
+    keep = rec["state"] in ("crashed", "running") or "summary.json" in str(why or "")
+    problem = why if keep else None
     if problem is None and status != "complete":
         problem = rec["last_error"]
     has_summary = bool(rec["has_summary"])

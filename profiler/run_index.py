@@ -36,7 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfscope.errors import UsageError
-from perfscope.profiler.store import manifest_problems, run_state
+from perfscope.profiler.store import (
+    manifest_problems,
+    run_state,
+    summary_problem,
+    table_problems,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -58,7 +63,7 @@ Lookup = Callable[[Any, str], Any]
 
 INDEX_FILE = ".perfscope-index.duckdb"
 #: Bumped whenever the columns or their meaning change; an older index file is rebuilt.
-INDEX_SCHEMA_VERSION = 5
+INDEX_SCHEMA_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -286,6 +291,12 @@ def _row(
         row["state"] = "broken"
         row["problem"] = m_problem or "manifest.json missing"
         return row
+    # A summary.json that parses but is not perfscope's (another tool's file) reads as no
+    # summary with the reason, as in `perfscope ls`; its values are not indexed.
+    foreign = summary_problem(summary) if summary is not None else None
+    if foreign is not None:
+        summary = None
+        row["has_summary"] = False
     sources = {"manifest": manifest, "summary": summary or {}}
     for col in INDEX_COLUMNS:
         raw = lookup(sources[col.source], col.path)
@@ -304,7 +315,10 @@ def _row(
     state = run_state(manifest)
     row["state"] = state.state
     row["problem"] = state.reason if state.state != "complete" else None
-    problems.extend(manifest_problems(manifest))
+    if foreign is not None:
+        row["problem"] = f"{row['problem']}; {foreign}" if row["problem"] else foreign
+    # Tables whose columns are not the store's make the run unreadable (footers only).
+    problems.extend(manifest_problems(manifest) + table_problems(run_dir))
     if problems:
         row["state"] = "broken"
         row["problem"] = "; ".join(problems)
