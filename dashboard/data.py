@@ -260,7 +260,8 @@ def _row_from_index(rec: dict[str, Any]) -> RunRow:
     if rec["state"] == "broken":
         why = rec["problem"] or "not a readable run"
         return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
-    status = str(rec["status"] or "unknown")
+    # A crashed run's manifest still says "running": the store reads it as crashed.
+    status = "crashed" if rec["state"] == "crashed" else str(rec["status"] or "unknown")
     why = rec["problem"]
     # As a scan reads it: a crashed or running run's reason, or a foreign summary.json's.
     keep = rec["state"] in ("crashed", "running") or "summary.json" in str(why or "")
