@@ -7,7 +7,10 @@ with varied metrics and states; no Parquet tables, which the index never reads),
 - a refresh that finds nothing changed plus one query (what ``perfscope query`` does),
 - the same after 1% of the runs changed,
 - ``perfscope query`` and ``perfscope ls --where`` end to end as subprocesses (includes Python
-  start-up and imports).
+  start-up and imports),
+- the dashboard's runs-list data (``RunRepository.rows()`` and each row's table record) read
+  from the index against the fallback scan (duckdb hidden), on a fresh repository (the first
+  page load after the dashboard starts) and on a warm one (every later load or poll).
 
 Run: ``python benchmarks/index_scale.py [--runs 10000] [--repeat 5]``. Prints medians.
 """
@@ -15,6 +18,7 @@ Run: ``python benchmarks/index_scale.py [--runs 10000] [--repeat 5]``. Prints me
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -117,6 +121,49 @@ def main() -> None:
                 )
                 times.append(time.perf_counter() - t0)
             print(f"{label + ':':38s}median {statistics.median(times):.3f} s")
+
+        dashboard_list(root, args.repeat)
+
+
+def _list_once(repo: object) -> int:
+    rows = repo.rows()  # type: ignore[attr-defined]
+    return len([r.to_record() for r in rows])
+
+
+def dashboard_list(root: Path, repeat: int) -> None:
+    """Runs-list page data: the index against the scan it replaces, medians of ``repeat``."""
+    from perfscope.dashboard.data import RunRepository
+
+    results: dict[str, float] = {}
+    for source in ("index", "scan"):
+        saved = sys.modules.get("duckdb")
+        if source == "scan":
+            sys.modules["duckdb"] = None  # type: ignore[assignment]  # import raises
+        try:
+            cold, warm = [], []
+            for _ in range(repeat):
+                repo = RunRepository(root)
+                cold.append(_timed(functools.partial(_list_once, repo)))
+                warm.append(_timed(functools.partial(_list_once, repo)))
+                assert repo.listing_source == source, repo.listing_source
+        finally:
+            if saved is not None:
+                sys.modules["duckdb"] = saved
+            else:
+                sys.modules.pop("duckdb", None)
+        results[f"{source} cold"] = statistics.median(cold)
+        results[f"{source} warm"] = statistics.median(warm)
+        print(
+            f"dashboard runs list, {source}, fresh app:".ljust(38)
+            + f"median {results[f'{source} cold']:.3f} s"
+        )
+        print(
+            f"dashboard runs list, {source}, warm app:".ljust(38)
+            + f"median {results[f'{source} warm']:.3f} s"
+        )
+    for kind in ("cold", "warm"):
+        ratio = results[f"scan {kind}"] / results[f"index {kind}"]
+        print(f"scan / index, {kind}:".ljust(38) + f"{ratio:.1f}x")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,12 @@ The dashboard reads a runs directory that other processes keep writing into. Eve
 here is per :class:`RunRepository` instance (no module-level caches), so two apps in one
 process never share state.
 
-* Listing is cheap: one ``stat`` per file of each run directory, and a run's row is
-  re-read only when its ``manifest.json`` or ``summary.json`` changed.
+* Listing reads the run index (:mod:`perfscope.profiler.run_index`, a DuckDB table kept in
+  ``<runs root>/.perfscope-index.duckdb``), refreshed incrementally on every listing: only
+  runs whose ``manifest.json`` or ``summary.json`` changed are re-read. Without duckdb the
+  listing falls back to scanning every run directory (rows cached per run on the files'
+  modification times) and :attr:`RunRepository.listing_note` says so. Directories the index
+  does not hold (no manifest, a linked folder) are read one by one as before.
 * Tables (Parquet) load lazily, only when a page needs them, and stay in a small LRU
   keyed by the files' modification times.
 * A directory that is not a readable run is listed with ``state="broken"`` and the
@@ -99,7 +103,12 @@ class RunRow:
             not analysed) or ``broken`` (not a readable run).
         status: the manifest's status (``complete``, ``running``, ...) or ``broken``.
         problem: why the row is partial or broken, else ``None``.
+        has_model_spec: the manifest records a model shape (layers and widths), so the
+            roofline explorer can project the run's model.
         sweep: the sweep this run belongs to (``manifest["sweep"]["id"]``), if any.
+        slo_count: how many SLOs the run was judged by (``None`` when not analysed); with
+            none, ``slo_attainment`` and ``goodput_req_s`` are ``None`` and the table says
+            "no SLOs" (every request trivially "meets" an empty set of limits).
         contention: a marker when other processes competed for the CPU while the run was
             measured (``contended 63%``), else ``None``.
     """
@@ -126,6 +135,8 @@ class RunRow:
     sweep: str | None = None
     has_roofline: bool = False
     contention: str | None = None
+    slo_count: int | None = None
+    has_model_spec: bool = False
 
     def to_record(self) -> dict[str, Any]:
         """The row as the runs DataTable shows it: latencies in ms, ratios in %, rounded."""
@@ -133,10 +144,15 @@ class RunRow:
         def r(x: float | None, scale: float = 1.0, nd: int = 3) -> float | None:
             return None if x is None else float(f"{x * scale:.{nd}g}")
 
+        no_slos = self.slo_count == 0
+
         return {
             "id": self.run_id,
             "run_id": self.run_id,
-            "link": f"[open](/run/{self.run_id})" if self.state != "broken" else "",
+            # The run id, as a link to its page (plain text for a broken directory).
+            "link": f"[{self.run_id}](/run/{self.run_id})"
+            if self.state != "broken"
+            else _md_escape(self.run_id),
             "state": self.state,
             "status": self.status if self.problem is None else f"{self.status}: {self.problem}",
             "name": self.name or "",
@@ -149,14 +165,20 @@ class RunRow:
             "ttft_p99_ms": r(self.ttft_p99_s, 1e3),
             "tpot_p50_ms": r(self.tpot_p50_s, 1e3),
             "output_tok_s": r(self.output_tok_s, nd=4),
-            "goodput_req_s": r(self.goodput_req_s, nd=4),
-            "slo_pct": r(self.slo_attainment, 100.0),
+            "goodput_req_s": "no SLOs" if no_slos else r(self.goodput_req_s, nd=4),
+            "slo_pct": "no SLOs" if no_slos else r(self.slo_attainment, 100.0),
             "mfu_pct": r(self.mfu, 100.0),
             "mbu_pct": r(self.mbu, 100.0),
-            "j_per_token": r(self.j_per_token, nd=4),
+            # (A broken run measured nothing: not "no meter", which the column's blank says.)
+            "j_per_token": "n/a" if self.state == "broken" else r(self.j_per_token, nd=4),
             "sweep": self.sweep or "",
             "contention": self.contention or "",
         }
+
+
+def _md_escape(text: str) -> str:
+    """``text`` with every Markdown metacharacter backslash-escaped (shown, not rendered)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~])", r"\\\1", text)
 
 
 def _model_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
@@ -199,6 +221,9 @@ def _row_from(
     # MFU is telling in the compute-heavy prefill, MBU in the bandwidth-heavy decode.
     mfu = _phase_ratio(s, "prefill", "mfu")
     mbu = _phase_ratio(s, "decode", "mbu")
+    slos = value_at(s, "goodput.slos")
+    slo_count = len(slos) if isinstance(slos, dict) else None
+    judged = bool(slo_count)  # attainment of no SLOs is no measurement
     return RunRow(
         run_id=run_id,
         state=state,
@@ -214,8 +239,8 @@ def _row_from(
         ttft_p99_s=finite(value_at(lat, "ttft.p99")),
         tpot_p50_s=finite(value_at(lat, "tpot.p50")),
         output_tok_s=finite(value_at(s, "throughput.output_tok_s")),
-        goodput_req_s=finite(value_at(s, "goodput.goodput_req_s")),
-        slo_attainment=finite(value_at(s, "goodput.attainment")),
+        goodput_req_s=finite(value_at(s, "goodput.goodput_req_s")) if judged else None,
+        slo_attainment=finite(value_at(s, "goodput.attainment")) if judged else None,
         mfu=mfu,
         mbu=mbu,
         j_per_token=finite(value_at(s, "energy.j_per_output_token"))
@@ -224,12 +249,91 @@ def _row_from(
         sweep=str(sweep_id) if sweep_id else None,
         has_roofline=bool(roof.get("available")) if isinstance(roof, dict) else False,
         contention=contention_marker(manifest, summary),
+        slo_count=slo_count if summary is not None else None,
+        has_model_spec=bool(value_at(manifest, "engine.model.n_layers")),
     )
 
 
+def _row_from_index(rec: dict[str, Any]) -> RunRow:
+    """A runs-table row from one row of the index's ``runs`` table (same rules as a scan)."""
+    run_id = str(rec["run_id"])
+    if rec["state"] == "broken":
+        why = rec["problem"] or "not a readable run"
+        return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
+    # A crashed run's manifest still says "running": the store reads it as crashed.
+    status = "crashed" if rec["state"] == "crashed" else str(rec["status"] or "unknown")
+    why = rec["problem"]
+    # As a scan reads it: a crashed or running run's reason, or a foreign summary.json's.
+    keep = rec["state"] in ("crashed", "running") or "summary.json" in str(why or "")
+    problem = why if keep else None
+    if problem is None and status != "complete":
+        problem = rec["last_error"]
+    has_summary = bool(rec["has_summary"])
+    state = "ok" if status == "complete" and has_summary and problem is None else "partial"
+    if not has_summary and problem is None:
+        problem = "not analysed yet (perfscope analyze)"
+    model, preset = rec["analysed_model"] or rec["model"], rec["model_preset"]
+    if model and preset and str(preset) != str(model):
+        model = f"{model} ({preset})"
+    model = model or preset
+    if rec["contended"] is not None:
+        contended = bool(rec["contended"])
+    else:
+        from perfscope.analysis.summary import contention_record
+
+        shares = {"others_share": rec["others_cpu_share"], "steal_share": rec["steal_cpu_share"]}
+        c = contention_record({"host": {"contention": shares}})
+        contended = bool(c and c.get("contended"))
+    marker = (
+        _marker(finite(rec["others_cpu_share"]), finite(rec["steal_cpu_share"]))
+        if contended
+        else None
+    )
+    requests = rec["requests"]
+    return RunRow(
+        run_id=run_id,
+        state=state,
+        status=status,
+        problem=problem,
+        name=rec["name"] or None,
+        engine=rec["engine_uri"] or rec["engine_kind"] or None,
+        model=str(model) if model else None,
+        hardware=rec["hardware_name"] or rec["hardware"] or None,
+        started_at=str(rec["started_at_text"]) if rec["started_at_text"] else None,
+        requests=int(requests) if requests is not None else None,
+        ttft_p50_s=rec["ttft_p50_s"],
+        ttft_p99_s=rec["ttft_p99_s"],
+        tpot_p50_s=rec["tpot_p50_s"],
+        output_tok_s=rec["output_tok_s"],
+        goodput_req_s=rec["goodput_req_s"],
+        slo_attainment=rec["attainment"],
+        mfu=rec["prefill_mfu"],
+        mbu=rec["decode_mbu"],
+        j_per_token=rec["j_per_output_token"] if rec["energy_available"] else None,
+        sweep=rec["sweep_id"] or None,
+        has_roofline=bool(rec["roofline_available"]),
+        contention=marker,
+        slo_count=rec["slo_count"] if has_summary else None,
+        has_model_spec=bool(rec["model_layers"]),
+    )
+
+
+#: Columns of the index the runs list reads (``started_at_text``: the manifest's own text).
+_INDEX_SELECT = (
+    "SELECT run_id, state, problem, status, has_summary, last_error, name, engine_uri, "
+    "engine_kind, model, analysed_model, model_preset, hardware, hardware_name, "
+    "strftime(started_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%S') AS started_at_text, "
+    "requests, ttft_p50_s, ttft_p99_s, tpot_p50_s, output_tok_s, goodput_req_s, attainment, "
+    "prefill_mfu, decode_mbu, j_per_output_token, energy_available, sweep_id, "
+    "roofline_available, contended, others_cpu_share, steal_cpu_share, slo_count, model_layers "
+    "FROM runs"
+)
+
+
 def contention_marker(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
-    """``⚠ contended NN%`` when other processes (or the hypervisor) took more than the
-    warning share of the CPU during the run; ``None`` otherwise or when not measured."""
+    """``⚠ others NN%`` (or ``⚠ steal NN%``) when other processes (or the hypervisor) took
+    more than the warning share of the CPU during the run; ``None`` otherwise or when not
+    measured."""
     from perfscope.analysis.compare import contention_of
     from perfscope.analysis.summary import contention_record
 
@@ -238,8 +342,15 @@ def contention_marker(manifest: dict[str, Any], summary: dict[str, Any] | None) 
         c = contention_record(manifest)
     if not c or not c.get("contended"):
         return None
-    share = finite(c.get("others_share"))
-    return "⚠ contended" + (f" {share:.0%}" if share is not None else "")
+    return _marker(finite(c.get("others_share")), finite(c.get("steal_share")))
+
+
+def _marker(others: float | None, steal: float | None) -> str:
+    """``⚠ others 63%`` (other processes' share of the CPU), or ``⚠ steal 40%`` when the
+    hypervisor took more than the other processes did."""
+    if steal is not None and steal > (others or 0.0):
+        return f"⚠ steal {steal:.0%}"
+    return "⚠ others" + (f" {others:.0%}" if others is not None else "")
 
 
 def _stat_key(path: Path) -> tuple[int, int] | None:
@@ -297,6 +408,14 @@ class RunRepository:
         self._lock = threading.Lock()
         self._rows: dict[str, tuple[Any, RunRow]] = {}
         self._loaded: OrderedDict[str, tuple[Any, LoadedRun]] = OrderedDict()
+        # One index connection at a time: DuckDB refuses a second one to the same file with
+        # a different mode inside one process.
+        self._index_lock = threading.Lock()
+        self._index_cache: dict[str, tuple[Any, RunRow]] = {}
+        #: How the last listing was made: ``index`` or ``scan``.
+        self.listing_source = "scan"
+        #: Why the last listing was not read from a saved index (``None`` when it was).
+        self.listing_note: str | None = None
 
     # ------------------------------------------------------------------ listing
 
@@ -363,10 +482,47 @@ class RunRepository:
             problem = entry.reason
         return _row_from(run_id, entry.manifest, entry.summary, problem)
 
+    def _index_rows(self) -> dict[str, RunRow] | None:
+        """Rows of every run the index holds, after an incremental refresh; ``None`` (and
+        :attr:`listing_note` set) when duckdb is not installed."""
+        try:
+            import duckdb  # noqa: F401
+        except ImportError:
+            self.listing_source = "scan"
+            self.listing_note = (
+                "duckdb is not installed: the list is a scan of every run folder "
+                "(pip install 'perfscope[index]' for the run index)"
+            )
+            return None
+        from perfscope.analysis.catalogue import value_at
+        from perfscope.profiler.run_index import open_index
+
+        with self._index_lock, open_index(self.runs_dir, lookup=value_at) as index:
+            names, raw = index.query(_INDEX_SELECT)
+            note = index.note if not index.persistent else None
+        self.listing_source = "index"
+        self.listing_note = note
+        # A row whose index values did not change keeps its RunRow (most rows, most polls).
+        old, fresh = self._index_cache, {}
+        for r in raw:
+            rid = str(r[0])
+            hit = old.get(rid)
+            fresh[rid] = (
+                hit
+                if hit is not None and hit[0] == r
+                else (r, _row_from_index(dict(zip(names, r, strict=True))))
+            )
+        self._index_cache = fresh
+        return {rid: row for rid, (_, row) in fresh.items()}
+
     def rows(self) -> list[RunRow]:
         """Every run directory's row, newest first; forgets rows of deleted directories."""
         ids = self.run_ids()
-        rows = [self.row(i) for i in ids]
+        indexed = self._index_rows() if ids else {}
+        if indexed is None:
+            rows = [self.row(i) for i in ids]
+        else:
+            rows = [indexed.get(i) or self.row(i) for i in ids]
         with self._lock:
             for gone in set(self._rows) - set(ids):
                 del self._rows[gone]

@@ -74,6 +74,8 @@ __all__ = [
     "resolve_run_path",
     "run_state",
     "scan_runs",
+    "summary_problem",
+    "table_problems",
     "validate_run_id",
     "write_bytes_atomic",
     "write_json_atomic",
@@ -663,6 +665,27 @@ class RunEntry:
         return self.path.name
 
 
+def table_problems(path: Path) -> list[str]:
+    """Why the run's Parquet tables do not match the run store's schemas (footers only);
+    empty when every table present is readable and has the columns the store writes."""
+    problems: list[str] = []
+    for name, schema in TABLES.items():
+        ppath = path / f"{name}.parquet"
+        if ppath.is_file():
+            try:
+                actual = pq.read_schema(ppath)
+            except (OSError, pa.ArrowInvalid) as exc:
+                problems.append(f"{ppath.name}: cannot be read as Parquet ({exc})")
+                continue
+            problems.extend(_schema_problems(ppath.name, actual, schema, name))
+    return problems
+
+
+def summary_problem(summary: Any) -> str | None:
+    """Why a parsed ``summary.json`` is not a perfscope summary (``None`` when it is)."""
+    return _summary_problem(summary)
+
+
 def inspect_run(path: Path) -> RunEntry:
     """The listing entry of one run directory: its state and reason; never raises."""
     if not RUN_ID_PATTERN.fullmatch(path.name):
@@ -673,16 +696,7 @@ def inspect_run(path: Path) -> RunEntry:
         manifest = read_manifest(path)
     except RunNotFoundError as exc:
         return RunEntry(path, "broken", str(exc), None, None)
-    problems = manifest_problems(manifest)
-    for name, schema in TABLES.items():
-        ppath = path / f"{name}.parquet"
-        if ppath.is_file():
-            try:
-                actual = pq.read_schema(ppath)
-            except (OSError, pa.ArrowInvalid) as exc:
-                problems.append(f"{ppath.name}: cannot be read as Parquet ({exc})")
-                continue
-            problems.extend(_schema_problems(ppath.name, actual, schema, name))
+    problems = manifest_problems(manifest) + table_problems(path)
     if problems:
         return RunEntry(path, "broken", "; ".join(problems), None, None)
     state = run_state(manifest)

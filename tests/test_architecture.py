@@ -243,6 +243,7 @@ def test_the_dashboard_never_imports_the_front_door_or_capture_engines() -> None
                 "perfscope.hwdb",
                 "perfscope.errors",
                 "perfscope.profiler.store",
+                "perfscope.profiler.run_index",
             ),
         )
     ]

@@ -215,7 +215,7 @@ def test_runs_page_lists_every_directory_and_marks_broken_and_partial(
     assert alpha["output_tok_s"] == pytest.approx(summary["throughput"]["output_tok_s"], rel=1e-3)
     assert alpha["hardware"].startswith("AMD EPYC 9654")
     assert alpha["engine"] == "reference"
-    assert alpha["link"] == f"[open](/run/{runs.alpha.name})"
+    assert alpha["link"] == f"[{runs.alpha.name}](/run/{runs.alpha.name})"
     # The run name is user text: it reaches the browser as data, never as markup.
     assert rows[runs.interrupted.name]["name"] == EVIL
 
@@ -225,7 +225,12 @@ def test_runs_poll_shows_new_runs_and_keeps_the_selection(
 ) -> None:
     page = route(client, "/")
     data = find(page, "runs-table")["data"]  # type: ignore[index]
-    outputs = ["runs-table.data", "runs-table.selected_rows", "runs-count.children"]
+    outputs = [
+        "runs-table.data",
+        "runs-table.tooltip_data",
+        "runs-table.selected_rows",
+        "runs-count.children",
+    ]
     state = {"runs-table.data": data, "runs-table.selected_row_ids": [runs.beta.name]}
     assert dash_call(client, outputs, {"runs-poll.n_intervals": 1}, state) is None  # unchanged
     new = manual_run(runs.root, name="late", n_requests=3, model=small_model())
@@ -415,8 +420,8 @@ def test_compare_page_overlays_runs_with_ratios_and_intervals(client: Any, runs:
     assert {"TTFT p50", "TPOT p50", "output tokens/s"} <= set(by_metric)
     ttft = by_metric["TTFT p50"]
     # two single runs: a ratio, but no interval and no better/worse claim
-    assert ttft["r1"].endswith("x") and ttft["ci1"].startswith("n/a (single runs")
-    assert ttft["c1"] == "noise unknown" and ttft["n1"] == "unknown"
+    assert ttft["r1"].endswith("x") and ttft["ci1"] == "n/a (1 run per side)"
+    assert ttft["c1"] == "noise unknown" and ttft["n1"] == "unknown (1 run per side)"
     assert "noise unknown" in texts(body)
     names = [c["name"] for c in table["columns"]]
     # Headers carry the short run label (no timestamp prefix); a blank CI says why.

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.data.runs.builders import EVIL, complete_run, synthetic_run
+from tests.data.runs.builders import EVIL, complete_run, run_without_slos, synthetic_run
 
 pytestmark = pytest.mark.browser
 
@@ -50,12 +50,15 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwr
 class Site:
     """The served app and the runs behind it."""
 
-    def __init__(self, root: Path, url: str, big: Path, alpha: Path, beta: Path) -> None:
+    def __init__(
+        self, root: Path, url: str, big: Path, alpha: Path, beta: Path, no_slo: Path
+    ) -> None:
         self.root = root
         self.url = url
         self.big = big
         self.alpha = alpha
         self.beta = beta
+        self.no_slo = no_slo
         self.broken = root / "20990101-000000-broken-0000"
 
 
@@ -79,6 +82,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         alpha = complete_run(root, *common, "--name", "alpha")
         beta = complete_run(root, *common, "--name", "beta", "--batch-size", "2")
         big = synthetic_run(root, 10_000, name="big")
+        no_slo = run_without_slos(root, "--hw", "epyc-9654", "--name", "noslo")
         broken = root / "20990101-000000-broken-0000"
         broken.mkdir()
         (broken / "manifest.json").write_text("{truncated", encoding="utf-8")
@@ -89,7 +93,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
-            yield Site(root, f"http://127.0.0.1:{port}", big, alpha, beta)
+            yield Site(root, f"http://127.0.0.1:{port}", big, alpha, beta, no_slo)
         finally:
             server.shutdown()
 
@@ -141,7 +145,7 @@ def tab(browser: Any) -> Iterator[Page]:
 
 def _cell(page: Any, run_id: str, column: str) -> str:
     row = page.locator(
-        "#runs-table tr", has=page.locator(f"td[data-dash-column=run_id] >> text={run_id}")
+        "#runs-table tr", has=page.locator(f"td[data-dash-column=link] >> text={run_id}")
     )
     text: str = row.locator(f"td[data-dash-column={column}]").inner_text()
     return text
@@ -154,16 +158,16 @@ def test_runs_page_shows_the_runs_and_the_broken_one(site: Site, tab: Page, shot
     page = tab.page
     t0 = time.perf_counter()
     page.goto(site.url + "/")
-    page.wait_for_selector(f"#runs-table td[data-dash-column=run_id] >> text={site.alpha.name}")
+    page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={site.alpha.name}")
     load = time.perf_counter() - t0
-    # State and status are one column: one word when all is well, else the state and why.
+    # State and status are one short column; the reason of a broken run has its own.
     for run in (site.alpha, site.beta, site.big):
         assert _cell(page, run.name, "outcome") == "complete"
     assert _cell(page, site.broken.name, "outcome").startswith("broken")
-    assert "manifest.json" in _cell(page, site.broken.name, "outcome")
+    assert "manifest.json" in _cell(page, site.broken.name, "problem")
     # New runs appear without a reload (the page polls the directory).
     late = complete_run(site.root, "--hw", "epyc-9654", "--name", "late")
-    page.wait_for_selector(f"#runs-table td[data-dash-column=run_id] >> text={late.name}")
+    page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={late.name}")
     tab.shot(shots, "runs")
     sys.stderr.write(f"runs page load: {load:.2f} s\n")
     assert not tab.errors, tab.errors
@@ -174,7 +178,7 @@ def test_selecting_two_runs_shows_the_comparison(site: Site, tab: Page, shots: P
     page.goto(site.url + "/")
     for run in (site.alpha, site.beta):
         row = page.locator(
-            "#runs-table tr", has=page.locator(f"td[data-dash-column=run_id] >> text={run.name}")
+            "#runs-table tr", has=page.locator(f"td[data-dash-column=link] >> text={run.name}")
         )
         row.locator("input[type=checkbox]").check()
     link = page.locator("#runs-compare-link")
@@ -294,7 +298,113 @@ def test_user_text_is_not_executed(site: Site, tab: Page, tmp_path: Path) -> Non
 
     page.on("dialog", on_dialog)
     page.goto(site.url + "/")
-    page.wait_for_selector(f"#runs-table td[data-dash-column=run_id] >> text={run.name}")
+    page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={run.name}")
     assert EVIL in _cell(page, run.name, "name")
     assert not dialogs
     shutil.rmtree(run)
+
+
+# ------------------------------------------------------------- 1,440 px: nothing cut
+
+WIDE = {"width": 1440, "height": 900}
+
+#: Elements of ``selector`` whose content is wider than their box (text cut off), as
+#: ``text [scrollWidth>clientWidth]``.
+_CUT_JS = """
+(selector) => Array.from(document.querySelectorAll(selector))
+  .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+  .map(e => (e.innerText || '').trim() + ' [' + e.scrollWidth + '>' + e.clientWidth + ']')
+"""
+
+
+@pytest.fixture
+def wide(browser: Any) -> Iterator[Page]:
+    p = Page(browser)
+    p.context.close()
+    p.context = browser.new_context(viewport=WIDE)
+    p.page = p.context.new_page()
+    p.page.set_default_timeout(TIMEOUT_MS)
+    p.page.on("pageerror", lambda e: p.errors.append(f"uncaught: {e}"))
+    try:
+        yield p
+    finally:
+        p.context.close()
+
+
+def _right_edges(page: Any, selector: str) -> dict[str, float]:
+    edges: dict[str, float] = page.evaluate(
+        "(s) => Object.fromEntries(Array.from(document.querySelectorAll(s))"
+        ".map(e => [e.innerText.trim(), e.getBoundingClientRect().right]))",
+        selector,
+    )
+    return edges
+
+
+def test_runs_list_at_1440_px_shows_every_metric_and_says_no_slos(
+    site: Site, wide: Page, shots: Path
+) -> None:
+    page = wide.page
+    page.goto(site.url + "/")
+    page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={site.no_slo.name}")
+    assert _cell(page, site.no_slo.name, "slo_pct") == "no SLOs"
+    assert _cell(page, site.no_slo.name, "goodput_req_s") == "no SLOs"
+    assert _cell(page, site.alpha.name, "slo_pct").endswith("%")
+    sync_api.expect(page.locator("#runs-count")).to_contain_text("from the run index")
+    headers = _right_edges(page, "#runs-table th.dash-header")
+    for name in ("TTFT p50", "TPOT p50", "output tok/s", "SLO met", "MFU prefill", "J/token"):
+        assert headers[name] <= WIDE["width"], (name, headers)
+    cut = page.evaluate(_CUT_JS, "#runs-table th.dash-header, #runs-table td.dash-cell")
+    assert cut == []
+    wide.shot(shots, "runs-1440")
+    assert not wide.errors, wide.errors
+
+
+def test_hardware_table_at_1440_px_cuts_no_header_and_fits(
+    site: Site, wide: Page, shots: Path
+) -> None:
+    page = wide.page
+    page.goto(site.url + "/hardware")
+    page.wait_for_selector("#hw-table td[data-dash-column=key] >> text=h100-sxm5-80gb")
+    assert page.evaluate(_CUT_JS, "#hw-table th.dash-header, #hw-table td.dash-cell") == []
+    edges = _right_edges(page, "#hw-table th.dash-header")
+    assert max(edges.values()) <= WIDE["width"], edges
+    assert {"mem BW GB/s", "refs"} <= {k.replace("\n", " ") for k in edges}
+    wide.shot(shots, "hardware-1440")
+    assert not wide.errors, wide.errors
+
+
+def test_compare_legends_use_short_labels_and_the_config_diff_shows(
+    site: Site, wide: Page, shots: Path
+) -> None:
+    page = wide.page
+    page.goto(f"{site.url}/compare?runs={site.alpha.name},{site.beta.name}")
+    page.wait_for_selector("#compare-fig-metrics .legendtext")
+    legends = page.locator("#compare-fig-metrics .legendtext").all_text_contents()
+    assert legends and all(len(t) <= 24 for t in legends), legends
+    assert not any(t.startswith("2026") for t in legends), legends
+    config = page.locator("#compare-config").inner_text()
+    assert "engine.config.batch_size" in config
+    table = page.locator("#compare-table").inner_text()
+    assert "1 run per side" in table  # the blank interval says why
+    wide.shot(shots, "compare-1440")
+    assert not wide.errors, wide.errors
+
+
+def test_explorer_labels_stay_inside_the_plot(site: Site, wide: Page, shots: Path) -> None:
+    page = wide.page
+    page.goto(f"{site.url}/roofline?runs={site.alpha.name},{site.beta.name}")
+    page.wait_for_selector("#roofline-fig .textpoint text")
+    out = page.evaluate(
+        "() => { const svg = document.querySelector('#roofline-fig .main-svg')"
+        ".getBoundingClientRect();"
+        " return Array.from(document.querySelectorAll('#roofline-fig .textpoint text'))"
+        ".map(t => { const b = t.getBoundingClientRect();"
+        " return [t.textContent, b.left >= svg.left && b.right <= svg.right"
+        " && b.top >= svg.top && b.bottom <= svg.bottom]; }); }"
+    )
+    assert out and all(inside for _, inside in out), out
+    assert all(not text.startswith("2026") for text, _ in out), out
+    legend = page.locator("#roofline-fig .legendtext").all_text_contents()
+    assert any("roof" in t and "own device" in t for t in legend), legend
+    wide.shot(shots, "explorer-1440")
+    assert not wide.errors, wide.errors

@@ -239,7 +239,7 @@ def test_contended_runs_are_marked_in_listings_and_grouped_sets_compare_as_sets(
     busy = {"host": {"contention": {"others_share": 0.6, "steal_share": 0.0}}}
     quiet = {"host": {"contention": {"others_share": 0.02, "steal_share": 0.0}}}
     short = {"host": {"contention": {"others_share": None, "too_short": True}}}
-    assert contention_marker(busy, None) == "⚠ contended 60%"
+    assert contention_marker(busy, None) == "⚠ others 60%"
     assert contention_marker(quiet, None) is None and contention_marker(short, None) is None
     runs = [read_run(p) for p in stored_runs[:2]]
     sums = [dict(r.summary or {}) for r in runs]

@@ -10,7 +10,6 @@ as ``perfscope compare``), figures from the shared builders in
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -56,7 +55,49 @@ def _run_options(dctx: DashboardContext) -> list[dict[str, Any]]:
 def short_label(run_id: str) -> str:
     """A run id without its ``YYYYMMDD-HHMMSS-`` prefix (``reference-730b``), for legends
     and headers; other labels unchanged."""
-    return re.sub(r"^\d{8}-\d{6}-", "", run_id)
+    from perfscope.dashboard.compare import short_labels
+
+    return short_labels([run_id])[0]
+
+
+def config_block(ids: list[str], manifests: list[dict[str, Any]]) -> Any:
+    """The configuration diff of the compared runs: only the fields that differ (engine,
+    model shape, dtype, workload, batch, options, device, versions, SLOs), or a line saying
+    the configurations are identical."""
+    from perfscope.dashboard.compare import config_diff, short_labels
+
+    diff = config_diff(manifests)
+    labels = short_labels(ids)
+    if not diff:
+        body: Any = html.P(
+            "identical: engine, model shape, dtype, workload, batch, options, device and "
+            "versions are the same in every run",
+            id="compare-config-identical",
+        )
+    else:
+        cols = [{"id": "group", "name": "what"}, {"id": "field", "name": "field"}]
+        cols += [{"id": f"v{i}", "name": lab} for i, lab in enumerate(labels)]
+        rows = [
+            {"group": d.group, "field": d.field, **{f"v{i}": v for i, v in enumerate(d.values)}}
+            for d in diff
+        ]
+        body = data_table(
+            id="compare-config",
+            columns=cols,
+            data=rows,
+            style_table={"overflowX": "auto"},
+            style_cell=TABLE_CELL,
+            style_header=TABLE_HEADER,
+        )
+    return html.Div(
+        [
+            html.H3("Configuration"),
+            note(f"{len(diff)} field(s) differ" if diff else "No configuration difference."),
+            body,
+        ],
+        style=CARD_STYLE,
+        id="compare-config-block",
+    )
 
 
 def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -82,7 +123,7 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
     for m in result["metrics"]:
         row: dict[str, Any] = {"metric": m["label"], "key": m["key"]}
         for i, v in enumerate(m["values"]):
-            row[f"v{i}"] = format_metric(v, m)
+            row[f"v{i}"] = "n/a (not in this run's summary)" if v is None else format_metric(v, m)
         for i in range(1, len(labels)):
             row[f"r{i}"], row[f"ci{i}"], row[f"n{i}"], row[f"c{i}"] = ratio_cells(m, i)
         rows.append(row)
@@ -175,27 +216,31 @@ def compare_body(
         style=CARD_STYLE,
     )
     tables = [x.tables for x in loaded]
+    from perfscope.dashboard.compare import short_labels
+
+    legend = short_labels(ok_ids)
+    config = config_block(ok_ids, [x.manifest for x in loaded])
     figs = [
         figure_block(
             "compare-fig-metrics",
             "Key metrics",
-            comparison_metrics_figure(ok_ids, [t.summary for t in tables]),
+            comparison_metrics_figure(legend, [t.summary for t in tables]),
             caption="Latency percentiles (ms) and output throughput per run.",
         ),
         figure_block(
             "compare-fig-cdf",
             "Latency distributions",
-            comparison_cdf_figure(ok_ids, tables),
+            comparison_cdf_figure(legend, tables),
             caption="Empirical CDFs of each run's completed, non-warmup requests.",
         ),
         figure_block(
             "compare-fig-throughput",
             "Throughput over time",
-            comparison_throughput_figure(ok_ids, tables),
+            comparison_throughput_figure(legend, tables),
             caption="Output tokens/s, each run from its own first measured request.",
         ),
     ]
-    roof_fig = comparison_roofline_figure(ok_ids, [t.summary for t in tables])
+    roof_fig = comparison_roofline_figure(legend, [t.summary for t in tables])
     if roof_fig is not None:
         figs.append(
             figure_block(
@@ -217,7 +262,7 @@ def compare_body(
         ],
         style=CARD_STYLE,
     )
-    return html.Div([*problems, table, *figs, roofline_link])
+    return html.Div([*problems, config, table, *figs, roofline_link])
 
 
 def layout(dctx: DashboardContext, req: PageRequest) -> Any:

@@ -187,7 +187,15 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                     },
                     {"if": {"column_id": "mem_gb"}, "minWidth": "64px"},
                 ],
-                fixed_rows={"headers": True},
+                # Sticky headers by CSS rather than ``fixed_rows``: fixed rows split the
+                # header into its own table sized from the first rows, which left the last
+                # column wider than the viewport at 1,440 px.
+                css=[
+                    {
+                        "selector": ".dash-spreadsheet-container th",
+                        "rule": "position: sticky; top: 0; z-index: 2",
+                    }
+                ],
             ),
             html.Div(device_detail(ctx, req.get("device")), id="hw-detail", style=CARD_STYLE),
         ]

@@ -66,19 +66,13 @@ def model_options(dctx: DashboardContext) -> list[dict[str, str]]:
     """Presets, then the models recorded in stored runs (``run:<run id>``): only runs whose
     manifest has a model shape (an engine that reports none cannot be explored)."""
     from perfscope.analysis.modelspec import preset_names
+    from perfscope.dashboard.compare import short_labels
 
     opts = [{"label": f"preset: {n}", "value": n} for n in preset_names()]
-    for row in dctx.repo.rows():
-        if row.state == "broken":
-            continue
-        model = ((dctx.repo.manifest(row.run_id) or {}).get("engine") or {}).get("model")
-        if not isinstance(model, dict) or not model.get("n_layers"):
-            continue
+    rows = [r for r in dctx.repo.rows() if r.state != "broken" and r.has_model_spec]
+    for row, label in zip(rows, short_labels([r.run_id for r in rows]), strict=True):
         opts.append(
-            {
-                "label": f"run {row.run_id}: {row.model or 'model'}",
-                "value": f"{_RUN_PREFIX}{row.run_id}",
-            }
+            {"label": f"run {label}: {row.model or 'model'}", "value": f"{_RUN_PREFIX}{row.run_id}"}
         )
     return opts
 
@@ -161,6 +155,8 @@ def _measured_points(dctx: DashboardContext, run_ids: list[str]) -> list[dict[st
         roof = s.get("roofline") or {}
         if not roof.get("available"):
             continue
+        ceilings = roof.get("ceilings") or {}
+        device = roof.get("device") or {}
         for phase, p in (roof.get("phases") or {}).items():
             x, y = p.get("intensity"), p.get("achieved_flops_s")
             if isinstance(x, int | float) and isinstance(y, int | float) and x > 0 and y > 0:
@@ -172,10 +168,71 @@ def _measured_points(dctx: DashboardContext, run_ids: list[str]) -> list[dict[st
                         "y": float(y),
                         "mfu": p.get("mfu"),
                         "mbu": p.get("mbu"),
-                        "device": (roof.get("device") or {}).get("name"),
+                        "device": device.get("name"),
+                        "device_key": device.get("key"),
+                        "peak_flops": ceilings.get("peak_flops"),
+                        "mem_bw_bytes_s": ceilings.get("mem_bw_bytes_s"),
+                        "dtype": ceilings.get("dtype"),
+                        "ceiling_source": ceilings.get("source"),
                     }
                 )
     return pts
+
+
+_MEASURED_PALETTE = ("#d62728", "#9467bd", "#8c564b", "#17becf")
+
+
+def _roof_key(m: dict[str, Any]) -> tuple[Any, ...]:
+    return (m.get("device_key"), m.get("dtype"), m.get("peak_flops"), m.get("mem_bw_bytes_s"))
+
+
+def _measured_roofs(measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One roof per distinct device ceiling the measured runs were analysed against (a CPU
+    run's point sits under the CPU's calibrated roof, not under a GPU's)."""
+    out: dict[Any, dict[str, Any]] = {}
+    for m in measured:
+        peak, bw = m.get("peak_flops"), m.get("mem_bw_bytes_s")
+        if not (isinstance(peak, int | float) and isinstance(bw, int | float)):
+            continue
+        if peak <= 0 or bw <= 0:
+            continue
+        key = _roof_key(m)
+        out.setdefault(
+            key,
+            {
+                "key": key,
+                "name": m.get("device"),
+                "device_key": m.get("device_key"),
+                "dtype": m.get("dtype"),
+                "source": m.get("ceiling_source"),
+                "peak_flops": float(peak),
+                "mem_bw_bytes_s": float(bw),
+            },
+        )
+    return list(out.values())
+
+
+def message_figure(text: str) -> go.Figure:
+    """A figure that shows only ``text``: no axes, no grid (an empty plot reads as data)."""
+    fig = go.Figure()
+    fig.update_layout(
+        **FIGURE_LAYOUT,
+        height=220,
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        annotations=[
+            {
+                "text": esc(text),
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0.5,
+                "y": 0.5,
+                "showarrow": False,
+                "font": {"size": 15, "color": "#555"},
+            }
+        ],
+    )
+    return fig
 
 
 def explorer_figure(
@@ -201,10 +258,13 @@ def explorer_figure(
             xs.append(c["ridge_point"])
     xs += [m["x"] for m in measured]
     ys += [m["y"] for m in measured]
-    fig = go.Figure()
+    roofs = _measured_roofs(measured)
+    for r in roofs:
+        ys.append(r["peak_flops"])
+        xs.append(r["peak_flops"] / r["mem_bw_bytes_s"])
     if not xs:
-        fig.update_layout(title={"text": "nothing to draw: pick a model and a device"})
-        return fig
+        return message_figure("Nothing to draw: pick a model and at least one device.")
+    fig = go.Figure()
     x_lo = 10 ** (math.floor(math.log10(min(xs))) - 0.5)
     x_hi = 10 ** (math.ceil(math.log10(max(xs))) + 0.5)
     for i, p in enumerate(predictions):
@@ -265,16 +325,63 @@ def explorer_figure(
                     ),
                 )
             )
+    from perfscope.dashboard.compare import short_labels
+
+    roof_color: dict[Any, str] = {}
+    for k, r in enumerate(roofs):
+        color = _MEASURED_PALETTE[k % len(_MEASURED_PALETTE)]
+        roof_color[r["key"]] = color
+        peak, bw = r["peak_flops"], r["mem_bw_bytes_s"]
+        ceil = roofline_ceilings(peak, bw, x_lo, x_hi)
+        dev = esc(r["name"] or r["device_key"] or "run device")
+        src = f"{esc(r['source'])}, " if r["source"] else ""
+        fig.add_trace(
+            go.Scatter(
+                x=[*ceil.memory_x, *ceil.peak_x] if ceil else [x_lo, x_hi],
+                y=[*ceil.memory_y, peak, peak] if ceil else [peak, peak],
+                mode="lines",
+                line={"color": color, "dash": "dot", "width": 2},
+                name=f"{dev} roof ({src}{esc(r['dtype'] or '?')}): measured runs' own device",
+                legendgroup=f"measured-{r['key']}",
+                meta={"kind": "measured-roof", "device": r["device_key"]},
+                hovertemplate=(
+                    f"{dev} ({src}{esc(r['dtype'] or '?')})<br>peak {fmt_si(peak, 'FLOP/s')}, "
+                    f"memory {fmt_si(bw, 'B/s')}<extra></extra>"
+                ),
+            )
+        )
+    labels = dict(
+        zip(
+            dict.fromkeys(m["run"] for m in measured),
+            short_labels(list(dict.fromkeys(m["run"] for m in measured))),
+            strict=True,
+        )
+    )
+    # A label only where it cannot overlap another one (within ~0.4 decade across and 0.3
+    # decade up or down); the others are named in the legend and on hover. Chosen from the
+    # last trace back, so a label belongs to the marker drawn on top of its cluster.
+    labelled: list[tuple[float, float]] = []
+    with_text: set[int] = set()
+    for j in reversed(range(len(measured))):
+        lx, ly = math.log10(measured[j]["x"]), math.log10(measured[j]["y"])
+        if all(abs(lx - ox) > 0.4 or abs(ly - oy) > 0.3 for ox, oy in labelled):
+            labelled.append((lx, ly))
+            with_text.add(j)
     for j, m in enumerate(measured):
+        color = roof_color.get(_roof_key(m), _PALETTE[(j + 3) % len(_PALETTE)])
+        label = f"{esc(labels[m['run']])} {esc(m['phase'])}"
+        free = j in with_text
         fig.add_trace(
             go.Scatter(
                 x=[m["x"]],
                 y=[m["y"]],
-                mode="markers+text",
-                marker={"symbol": "x", "size": 12, "color": _PALETTE[(j + 3) % len(_PALETTE)]},
-                text=[f"{esc(m['run'])[:24]} {esc(m['phase'])}"],
-                textposition="top center",
-                name=f"measured {esc(m['run'])} {esc(m['phase'])}",
+                mode="markers+text" if free else "markers",
+                marker={"symbol": "x", "size": 12, "color": color},
+                text=[label] if free else None,
+                textposition="top center" if j % 2 == 0 else "bottom center",
+                cliponaxis=False,
+                legendgroup=f"measured-{_roof_key(m)}",
+                name=f"measured {label}",
                 meta={"run": m["run"], "phase": m["phase"], "kind": "measured"},
                 hovertemplate=(
                     f"<b>{esc(m['run'])}</b> {esc(m['phase'])} measured on "
@@ -283,7 +390,13 @@ def explorer_figure(
                 ),
             )
         )
-    y_lo = min([*ys, *(p["ceilings"]["mem_bw_bytes_s"] * x_lo for p in predictions)])
+    y_lo = min(
+        [
+            *ys,
+            *(p["ceilings"]["mem_bw_bytes_s"] * x_lo for p in predictions),
+            *(r["mem_bw_bytes_s"] * x_lo for r in roofs),
+        ]
+    )
     fig.update_xaxes(
         type="log",
         range=[math.log10(x_lo), math.log10(x_hi)],
@@ -292,7 +405,8 @@ def explorer_figure(
     )
     fig.update_yaxes(
         type="log",
-        range=(yr := [math.log10(y_lo) - 0.3, math.log10(max(ys)) + 0.3]),
+        # Headroom above the highest roof for the point labels.
+        range=(yr := [math.log10(y_lo) - 0.3, math.log10(max(ys)) + 0.5]),
         title_text="attainable FLOP/s",
         **si_log_ticks(yr, "FLOP/s"),
     )
@@ -353,10 +467,12 @@ def layout(dctx: DashboardContext, req: PageRequest) -> Any:
     default_devs = [k for k in DEFAULT_DEVICES if k in db.devices][:2] or [
         d["value"] for d in devices[:1]
     ]
+    from perfscope.dashboard.compare import short_labels
+
+    with_roof = [r.run_id for r in dctx.repo.rows() if r.has_roofline and r.state != "broken"]
     measured_opts = [
-        {"label": r.run_id, "value": r.run_id}
-        for r in dctx.repo.rows()
-        if r.has_roofline and r.state != "broken"
+        {"label": label, "value": rid}
+        for rid, label in zip(with_roof, short_labels(with_roof), strict=True)
     ]
     # /roofline?runs=A,B overlays those runs (the compare page links here).
     overlay = [o["value"] for o in measured_opts if o["value"] in query_list(req, "runs")]
@@ -496,7 +612,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
                 kv_dtype=kv,
             )
         except PerfscopeError as exc:
-            return go.Figure(), [], "", error_box(str(exc))
+            return message_figure(f"Nothing to draw: {exc}"), [], "", error_box(str(exc))
         fig = explorer_figure(preds, _measured_points(dctx, list(runs or [])))
         summary = (
             f"{model.name}: batch {batch}, prompt {prompt}, output {output}, weights {dtype}, "

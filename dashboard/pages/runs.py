@@ -22,12 +22,13 @@ from perfscope.dashboard.pages._common import (
 
 __all__ = ["COLUMNS", "PAGE", "table_records"]
 
-#: (column id, header, type) of the runs table: identity, then the metrics, then the
-#: metadata (at 1,440 px every metric is visible without scrolling).
+#: (column id, header, type) of the runs table: identity and the contention marker (a
+#: contended run's timings are suspect), then the metrics, then the metadata (at 1,440 px
+#: every metric is visible without scrolling).
 COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("run_id", "run id", "text"),
-    ("link", "", "text"),
+    ("link", "run id", "text"),
     ("outcome", "state", "text"),
+    ("contention", "contention", "text"),
     ("ttft_p50_s", "TTFT p50", "numeric"),
     ("ttft_p99_s", "TTFT p99", "numeric"),
     ("tpot_p50_s", "TPOT p50", "numeric"),
@@ -44,7 +45,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("name", "name", "text"),
     ("date", "date (UTC)", "text"),
     ("sweep", "sweep", "text"),
-    ("contention", "CPU contention", "text"),
+    ("problem", "why partial or broken", "text"),
 )
 
 #: d3 formats of the numeric columns: SI prefixes with the unit ("820ms", "179s"), numbers
@@ -65,14 +66,19 @@ _FORMATS: dict[str, dict[str, Any]] = {
 }
 
 
-def _state(record: dict[str, Any]) -> str:
-    """One word when all is well ("complete"); otherwise the state and why."""
-    state, status = str(record.get("state") or ""), str(record.get("status") or "")
-    if state == "ok":
-        return status or "ok"
-    if not status or status.startswith(state):
-        return status or state
-    return f"{state}: {status}"
+def _state(row: Any) -> str:
+    """A word or two: ``complete``, ``running``, ``crashed``, ``failed``, ``not analysed``,
+    ``broken`` (the reason is in the ``problem`` column and the cell's tooltip)."""
+    if row.state == "ok":
+        return str(row.status or "ok")
+    if row.state == "broken":
+        return "broken"
+    problem = str(row.problem or "")
+    if "crashed" in problem:
+        return "crashed"
+    if row.status == "complete" and "not analysed" in problem:
+        return "not analysed"
+    return str(row.status or row.state)
 
 
 def table_records(ctx: DashboardContext) -> list[dict[str, Any]]:
@@ -80,12 +86,21 @@ def table_records(ctx: DashboardContext) -> list[dict[str, Any]]:
     out = []
     for row in ctx.repo.rows():
         rec = row.to_record()
-        rec["outcome"] = _state(rec)  # state and status in one column
+        rec["outcome"] = _state(row)  # state and status in one short column
+        rec["problem"] = row.problem or ""
         for key in ("ttft_p50", "ttft_p99", "tpot_p50"):
             ms = rec.get(f"{key}_ms")
             rec[f"{key}_s"] = None if ms is None else ms / 1e3
         out.append(rec)
     return out
+
+
+def _tooltips(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reason of a partial or broken run on its state cell."""
+    return [
+        {"outcome": {"value": str(r["problem"]), "type": "text"}} if r.get("problem") else {}
+        for r in records
+    ]
 
 
 def _columns() -> list[dict[str, Any]]:
@@ -95,10 +110,23 @@ def _columns() -> list[dict[str, Any]]:
         if cid == "link":
             col["presentation"] = "markdown"
         if cid in _FORMATS:
-            # A missing value says so instead of leaving the cell blank.
-            col["format"] = {**_FORMATS[cid], "nully": "n/a"}
+            # A missing value says so instead of leaving the cell blank (energy needs a
+            # power meter, NVML or RAPL, and says so).
+            nully = "no meter" if cid == "j_per_token" else "n/a"
+            col["format"] = {**_FORMATS[cid], "nully": nully}
         cols.append(col)
     return cols
+
+
+def _source_text(ctx: DashboardContext, n: int) -> str:
+    """How many runs and where the list was read from (the index, or a scan and why)."""
+    repo = ctx.repo
+    text = f"{n} run directories in {ctx.runs_dir}"
+    if repo.listing_source == "index":
+        text += " · from the run index"
+    if repo.listing_note:
+        text += f" · {repo.listing_note}"
+    return text
 
 
 def layout(ctx: DashboardContext, req: PageRequest) -> Any:
@@ -108,10 +136,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
             html.H2("Runs"),
             html.Div(
                 [
-                    html.Span(
-                        f"{len(records)} run directories in {ctx.runs_dir}",
-                        id="runs-count",
-                    ),
+                    html.Span(_source_text(ctx, len(records)), id="runs-count"),
                     html.Span(" · refreshed every "),
                     html.Span(f"{ctx.poll_interval_s:g} s"),
                 ],
@@ -146,13 +171,17 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 style_cell={
                     "fontFamily": "sans-serif",
                     "fontSize": "13px",
-                    "padding": "4px 8px",
+                    "padding": "4px 4px",
                     "textAlign": "left",
                     "maxWidth": "320px",
                     "overflow": "hidden",
                     "textOverflow": "ellipsis",
                 },
                 style_header={"fontWeight": "bold", "background": "#f3f3f3"},
+                style_cell_conditional=[
+                    # The reason wraps instead of being cut.
+                    {"if": {"column_id": "problem"}, "whiteSpace": "normal", "minWidth": "240px"},
+                ],
                 style_data_conditional=[
                     {
                         "if": {"filter_query": '{state} = "broken"'},
@@ -164,6 +193,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                         "backgroundColor": "#fff8e1",
                     },
                 ],
+                tooltip_data=_tooltips(records),
                 tooltip_duration=None,
             ),
             dcc.Interval(id="runs-poll", interval=int(ctx.poll_interval_s * 1000), n_intervals=0),
@@ -174,6 +204,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
 def register(app: Dash, ctx: DashboardContext) -> None:
     @app.callback(
         Output("runs-table", "data"),
+        Output("runs-table", "tooltip_data"),
         Output("runs-table", "selected_rows"),
         Output("runs-count", "children"),
         Input("runs-poll", "n_intervals"),
@@ -183,15 +214,15 @@ def register(app: Dash, ctx: DashboardContext) -> None:
     )
     def refresh_runs(
         _n: int, current: list[dict[str, Any]] | None, selected_ids: list[str] | None
-    ) -> tuple[Any, Any, Any]:
+    ) -> tuple[Any, Any, Any, Any]:
         records = table_records(ctx)
         if current == records:
-            return no_update, no_update, no_update
+            return no_update, no_update, no_update, no_update
         # Selection is by row index in the DataTable; keep it on the same runs when new
         # runs shift the rows.
         wanted = set(selected_ids or [])
         selected = [i for i, r in enumerate(records) if r["id"] in wanted]
-        return records, selected, f"{len(records)} run directories in {ctx.runs_dir}"
+        return records, _tooltips(records), selected, _source_text(ctx, len(records))
 
     @app.callback(
         Output("runs-compare-link", "href"),

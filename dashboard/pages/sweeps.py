@@ -212,17 +212,39 @@ def goodput_figure(summary: dict[str, Any]) -> go.Figure:
     if best is not None:
         fig.add_vline(x=best, line={"color": "#e15759", "dash": "dash"})
         fig.add_annotation(
-            x=best, y=1.02, yref="paper", text=f"{key} = {format_number(best)}", showarrow=False
+            x=best,
+            y=1.0,
+            yref="paper",
+            yanchor="bottom",
+            xanchor="left",
+            text=f"{key} = {format_number(best)}",
+            showarrow=False,
         )
     fig.update_layout(
         **{**FIGURE_LAYOUT, "margin": {"l": 60, "r": 60, "t": 50, "b": 50}},
         height=420,
         title={"text": "Goodput against offered load"},
     )
-    fig.update_xaxes(title_text=_offered_label(kind))
+    fig.update_xaxes(title_text=_offered_label(kind), **_count_ticks(kind, x))
     fig.update_yaxes(title_text="requests/s", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text="SLO attainment (%)", secondary_y=True, range=[0, 105])
+    # Round percentages on the right axis, with no second grid over the left one's.
+    fig.update_yaxes(
+        title_text="SLO attainment (%)",
+        secondary_y=True,
+        range=[0, 105],
+        tickmode="array",
+        tickvals=[0, 25, 50, 75, 100],
+        showgrid=False,
+    )
     return fig
+
+
+def _count_ticks(kind: str, x: list[float | None]) -> dict[str, Any]:
+    """Concurrency is a count: ticks at the tested values, as integers."""
+    if kind == "rate":
+        return {}
+    vals = sorted({int(v) for v in x if v is not None})
+    return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{v:,}" for v in vals]}
 
 
 def _points_table(dctx: DashboardContext, summary: dict[str, Any]) -> Any:

@@ -70,6 +70,31 @@ def complete_run(root: Path, *extra: str) -> Path:
     return path
 
 
+def run_without_slos(root: Path, *extra: str) -> Path:
+    """A real reference-engine run (6 requests, tiny model) with no SLOs."""
+    argv = [
+        "run",
+        "--model-preset",
+        "tiny",
+        "--requests",
+        "6",
+        "--prompt-len",
+        "16",
+        "--output-len",
+        "4",
+        "--no-progress",
+        "--runs-dir",
+        str(root),
+        *extra,
+    ]
+    before = set(root.iterdir()) if root.exists() else set()
+    with contextlib.redirect_stdout(None):  # type: ignore[type-var]
+        code = main(argv)
+    assert code == 0, code
+    (path,) = set(root.iterdir()) - before
+    return path
+
+
 def small_model() -> dict[str, Any]:
     """The reference engine's tiny shape as ModelSpec fields."""
     return ModelSpec(

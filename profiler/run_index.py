@@ -1,0 +1,571 @@
+"""A DuckDB index over a runs folder: one row per run, refreshed incrementally.
+
+Teams that gate every commit on performance keep thousands of runs; listing them by reading
+every ``manifest.json`` and ``summary.json`` takes seconds. The index keeps the fields people
+filter and sort on (identity, state, engine, workload, the headline metrics) in one table named
+``runs`` inside ``<runs root>/.perfscope-index.duckdb``, so ``perfscope query "SQL"`` and
+``perfscope ls --where ...`` answer in milliseconds.
+
+Refreshing is incremental: each row remembers the modification time and size of the run's
+``manifest.json`` and ``summary.json``; a refresh stats every run directory (cheap), re-reads only
+the runs whose files changed, and drops rows of runs that are gone. The index is a cache: deleting
+the file loses nothing, and a runs folder that cannot be written (read-only, or locked by another
+perfscope) gets an in-memory index built for this call instead.
+
+Values are copied from the files as stored (SI units: seconds, tokens per second, ratios); a
+field a run does not have is NULL. A run whose files cannot be parsed keeps a row with
+``state = 'broken'`` and the reason in ``problem``, so it shows up rather than vanishing.
+SLO attainment and goodput are NULL for a run without SLOs (``slo_count = 0``): a share of
+requests "meeting" no limit is no measurement.
+
+This module is the store layer's, so the front door (``perfscope index``, ``query``, ``ls
+--where``) and the dashboard's runs list share it. It imports only the run store and
+:mod:`perfscope.errors`; the caller passes the dotted-path reader (``lookup``), which is the
+metric catalogue's :func:`~perfscope.analysis.catalogue.value_at` everywhere, so the summary
+is read through the one getter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from perfscope.errors import UsageError
+from perfscope.profiler.store import (
+    manifest_problems,
+    run_state,
+    summary_problem,
+    table_problems,
+)
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = [
+    "ALL_COLUMN_NAMES",
+    "INDEX_COLUMNS",
+    "INDEX_FILE",
+    "IndexColumn",
+    "Lookup",
+    "RefreshStats",
+    "RunIndex",
+    "open_index",
+]
+
+#: Reads the value at a dotted path of a JSON object (``None`` when absent): the metric
+#: catalogue's ``value_at``, passed in by the caller.
+Lookup = Callable[[Any, str], Any]
+
+INDEX_FILE = ".perfscope-index.duckdb"
+#: Bumped whenever the columns or their meaning change; an older index file is rebuilt.
+INDEX_SCHEMA_VERSION = 6
+
+
+@dataclass(frozen=True)
+class IndexColumn:
+    """One column of the ``runs`` table.
+
+    Attributes:
+        name: SQL column name (units in the name where ambiguous).
+        sql_type: DuckDB type.
+        source: ``manifest`` or ``summary``: the file the value is read from.
+        path: dotted path inside that file's JSON object.
+        doc: what the value means, with its unit.
+        reduce: ``"count"`` stores the number of entries of the object or list at ``path``,
+            ``"last"`` the last item of the list there; ``None`` stores the value itself.
+    """
+
+    name: str
+    sql_type: str
+    source: str
+    path: str
+    doc: str
+    reduce: str | None = None
+
+
+def _c(
+    name: str, sql_type: str, source: str, path: str, doc: str, *, reduce: str | None = None
+) -> IndexColumn:
+    return IndexColumn(name, sql_type, source, path, doc, reduce)
+
+
+#: The data columns of ``runs`` (bookkeeping columns are added after them).
+INDEX_COLUMNS: tuple[IndexColumn, ...] = (
+    _c("name", "VARCHAR", "manifest", "name", "run name (default: the engine kind)"),
+    _c("status", "VARCHAR", "manifest", "status", "status written by the run"),
+    _c("started_at", "TIMESTAMPTZ", "manifest", "started_at", "wall-clock start"),
+    _c("ended_at", "TIMESTAMPTZ", "manifest", "ended_at", "wall-clock end (NULL if none)"),
+    _c("perfscope_version", "VARCHAR", "manifest", "perfscope_version", "writer's version"),
+    _c("engine_uri", "VARCHAR", "manifest", "engine.uri", "engine URI"),
+    _c("engine_kind", "VARCHAR", "manifest", "engine.kind", "reference, hf, openai, python"),
+    _c("device", "VARCHAR", "manifest", "engine.device", "engine device (cpu, cuda:0, ...)"),
+    _c("dtype", "VARCHAR", "manifest", "engine.dtype", "engine compute dtype"),
+    _c("model", "VARCHAR", "manifest", "engine.model.name", "model spec name"),
+    _c("hardware", "VARCHAR", "manifest", "hardware.spec.key", "hwdb key analysed against"),
+    _c("hostname", "VARCHAR", "manifest", "host.hostname", "machine the run ran on"),
+    _c("pid", "BIGINT", "manifest", "process.pid", "process id of the writer, if recorded"),
+    _c("writer_host", "VARCHAR", "manifest", "process.host", "host of the writing process"),
+    _c("load_mode", "VARCHAR", "manifest", "load.mode", "batch or online"),
+    _c("rate_req_s", "DOUBLE", "manifest", "load.rate", "offered rate, requests/s"),
+    _c("concurrency", "BIGINT", "manifest", "load.concurrency", "closed-loop users"),
+    _c(
+        "others_cpu_share",
+        "DOUBLE",
+        "manifest",
+        "host.contention.others_share",
+        "share of the machine's CPU other processes used during the run",
+    ),
+    _c("requests", "BIGINT", "summary", "counts.requests", "measured requests"),
+    _c("completed", "BIGINT", "summary", "counts.completed", "requests that completed"),
+    _c("failed", "BIGINT", "summary", "counts.failed", "requests that failed"),
+    _c("output_tokens", "BIGINT", "summary", "counts.output_tokens", "output tokens"),
+    _c("prompt_tokens", "BIGINT", "summary", "counts.prompt_tokens", "prompt tokens"),
+    _c("window_s", "DOUBLE", "summary", "window_s", "measured window, s"),
+    _c("ttft_p50_s", "DOUBLE", "summary", "latency.ttft.p50", "TTFT median, s"),
+    _c("ttft_p90_s", "DOUBLE", "summary", "latency.ttft.p90", "TTFT p90, s"),
+    _c("ttft_p99_s", "DOUBLE", "summary", "latency.ttft.p99", "TTFT p99, s"),
+    _c("tpot_p50_s", "DOUBLE", "summary", "latency.tpot.p50", "TPOT median, s"),
+    _c("tpot_p99_s", "DOUBLE", "summary", "latency.tpot.p99", "TPOT p99, s"),
+    _c("itl_p50_s", "DOUBLE", "summary", "latency.itl.p50", "ITL median, s"),
+    _c("itl_p99_s", "DOUBLE", "summary", "latency.itl.p99", "ITL p99, s"),
+    _c("e2e_p50_s", "DOUBLE", "summary", "latency.e2e.p50", "E2E median, s"),
+    _c("e2e_p99_s", "DOUBLE", "summary", "latency.e2e.p99", "E2E p99, s"),
+    _c("output_tok_s", "DOUBLE", "summary", "throughput.output_tok_s", "output tokens/s"),
+    _c("total_tok_s", "DOUBLE", "summary", "throughput.total_tok_s", "prompt+output tokens/s"),
+    _c("req_s", "DOUBLE", "summary", "throughput.req_s", "completed requests/s"),
+    _c("goodput_req_s", "DOUBLE", "summary", "goodput.goodput_req_s", "requests/s meeting SLOs"),
+    _c("attainment", "DOUBLE", "summary", "goodput.attainment", "share meeting every SLO"),
+    _c("prefill_mfu", "DOUBLE", "summary", "roofline.phases.prefill.mfu", "prefill MFU (0-1)"),
+    _c("prefill_mbu", "DOUBLE", "summary", "roofline.phases.prefill.mbu", "prefill MBU (0-1)"),
+    _c("prefill_verdict", "VARCHAR", "summary", "roofline.phases.prefill.verdict", "prefill bound"),
+    _c("decode_mfu", "DOUBLE", "summary", "roofline.phases.decode.mfu", "decode MFU (0-1)"),
+    _c("decode_mbu", "DOUBLE", "summary", "roofline.phases.decode.mbu", "decode MBU (0-1)"),
+    _c("decode_verdict", "VARCHAR", "summary", "roofline.phases.decode.verdict", "decode bound"),
+    _c(
+        "j_per_output_token",
+        "DOUBLE",
+        "summary",
+        "energy.j_per_output_token",
+        "energy per output token, J",
+    ),
+    _c("summary_schema", "VARCHAR", "summary", "schema", "summary schema of the stored file"),
+    _c(
+        "slo_count",
+        "BIGINT",
+        "summary",
+        "goodput.slos",
+        "SLOs the run was judged by",
+        reduce="count",
+    ),
+    _c("last_error", "VARCHAR", "manifest", "errors", "last error the run recorded", reduce="last"),
+    _c("sweep_id", "VARCHAR", "manifest", "sweep.id", "sweep the run is a point of"),
+    _c("model_preset", "VARCHAR", "manifest", "engine.config.preset", "model preset name"),
+    _c("model_layers", "BIGINT", "manifest", "engine.model.n_layers", "layers of the model spec"),
+    _c("analysed_model", "VARCHAR", "summary", "model.name", "model spec the analysis used"),
+    _c("hardware_name", "VARCHAR", "summary", "hardware.spec.name", "device analysed against"),
+    _c("roofline_available", "BOOLEAN", "summary", "roofline.available", "roofline computed"),
+    _c("energy_available", "BOOLEAN", "summary", "energy.available", "energy measured"),
+    _c("contended", "BOOLEAN", "summary", "contention.contended", "CPU contention flagged"),
+    _c(
+        "steal_cpu_share",
+        "DOUBLE",
+        "manifest",
+        "host.contention.steal_share",
+        "share of the machine's CPU the hypervisor stole during the run",
+    ),
+)
+
+_BOOKKEEPING = (
+    ("run_id", "VARCHAR PRIMARY KEY"),
+    ("path", "VARCHAR"),
+    ("state", "VARCHAR"),
+    ("problem", "VARCHAR"),
+    ("has_summary", "BOOLEAN"),
+    ("warnings", "BIGINT"),
+    ("manifest_mtime_ns", "BIGINT"),
+    ("manifest_size", "BIGINT"),
+    ("summary_mtime_ns", "BIGINT"),
+    ("summary_size", "BIGINT"),
+)
+
+#: Every column of ``runs`` in table order.
+ALL_COLUMN_NAMES: tuple[str, ...] = tuple(n for n, _ in _BOOKKEEPING) + tuple(
+    c.name for c in INDEX_COLUMNS
+)
+
+
+@dataclass(frozen=True)
+class RefreshStats:
+    """What one refresh did.
+
+    Attributes:
+        runs: rows in the index after the refresh.
+        added: runs read for the first time.
+        updated: runs re-read because a file changed.
+        removed: rows dropped because the run directory is gone.
+        persistent: False when the index lives only in memory for this call.
+        note: why the index is not persistent, if it is not.
+    """
+
+    runs: int
+    added: int
+    updated: int
+    removed: int
+    persistent: bool
+    note: str | None = None
+
+
+def _coerce(value: Any, sql_type: str) -> Any:
+    """The value as the column's type, or None when it does not fit (never raises)."""
+    if value is None:
+        return None
+    try:
+        if sql_type == "DOUBLE":
+            if isinstance(value, bool):
+                return None
+            f = float(value)
+            return f if f == f and f not in (float("inf"), float("-inf")) else None
+        if sql_type == "BIGINT":
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None
+            return int(value)
+        if sql_type == "BOOLEAN":
+            return value if isinstance(value, bool) else None
+        if sql_type in ("VARCHAR", "TIMESTAMPTZ"):
+            return value if isinstance(value, str) else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None
+
+
+def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{path.name}: {type(exc).__name__}: {exc}"
+    if not isinstance(data, dict):
+        return None, f"{path.name}: not a JSON object"
+    return data, None
+
+
+def _outside(root: Path, path: Path) -> bool:
+    """Whether ``path`` (links resolved) lies outside ``root`` (already resolved)."""
+    try:
+        return not path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # unreadable, or a symlink loop
+        return True
+
+
+def _row(
+    run_path: str, stats: tuple[int, int, int, int], lookup: Lookup, root: Path
+) -> dict[str, Any]:
+    run_dir = Path(run_path)
+    row: dict[str, Any] = dict.fromkeys(ALL_COLUMN_NAMES)
+    row.update(
+        run_id=run_dir.name,
+        path=str(run_dir),
+        manifest_mtime_ns=stats[0],
+        manifest_size=stats[1],
+        summary_mtime_ns=stats[2],
+        summary_size=stats[3],
+        has_summary=False,
+    )
+    # A file linked out of the runs folder is never read (the dashboard serves this table).
+    away = [n for n in ("manifest.json", "summary.json") if _outside(root, run_dir / n)]
+    if away:
+        row["state"] = "broken"
+        row["problem"] = f"{away[0]} points outside the runs directory; not read"
+        return row
+    manifest, m_problem = _read_json(run_dir / "manifest.json")
+    summary, s_problem = _read_json(run_dir / "summary.json")
+    row["has_summary"] = summary is not None
+    problems = [p for p in (m_problem, s_problem) if p]
+    if manifest is None:
+        row["state"] = "broken"
+        row["problem"] = m_problem or "manifest.json missing"
+        return row
+    # A summary.json that parses but is not perfscope's (another tool's file) reads as no
+    # summary with the reason, as in `perfscope ls`; its values are not indexed.
+    foreign = summary_problem(summary) if summary is not None else None
+    if foreign is not None:
+        summary = None
+        row["has_summary"] = False
+    sources = {"manifest": manifest, "summary": summary or {}}
+    for col in INDEX_COLUMNS:
+        raw = lookup(sources[col.source], col.path)
+        if col.reduce == "count":
+            raw = len(raw) if isinstance(raw, dict | list) else None
+        elif col.reduce == "last":
+            raw = str(raw[-1])[:200] if isinstance(raw, list) and raw else None
+        row[col.name] = _coerce(raw, col.sql_type)
+    if summary is not None and not row["slo_count"]:
+        # Without SLOs every request "meets" them: no attainment, no goodput.
+        row["attainment"] = row["goodput_req_s"] = None
+    warnings = summary.get("warnings") if summary else None
+    row["warnings"] = len(warnings) if isinstance(warnings, list) else 0
+    # The run store's own reading of the state (crashed when the writer is gone), so the
+    # index and `perfscope ls` never disagree.
+    state = run_state(manifest)
+    row["state"] = state.state
+    row["problem"] = state.reason if state.state != "complete" else None
+    if foreign is not None:
+        row["problem"] = f"{row['problem']}; {foreign}" if row["problem"] else foreign
+    # Tables whose columns are not the store's make the run unreadable (footers only).
+    problems.extend(manifest_problems(manifest) + table_problems(run_dir))
+    if problems:
+        row["state"] = "broken"
+        row["problem"] = "; ".join(problems)
+    return row
+
+
+def _scan(root: Path) -> dict[str, tuple[str, tuple[int, int, int, int]]]:
+    """Run directories under ``root`` with the (mtime_ns, size) of manifest and summary.
+
+    Two ``stat`` calls per run and no JSON parsing: this is what makes a refresh of an
+    unchanged folder of 10,000 runs take a fraction of a second.
+    """
+    out: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return out
+    stat = os.stat
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        base = entry.path + os.sep
+        try:
+            m = stat(base + "manifest.json")
+        except OSError:
+            continue
+        try:
+            s = stat(base + "summary.json")
+            s_key = (s.st_mtime_ns, s.st_size)
+        except OSError:
+            s_key = (0, -1)
+        out[entry.name] = (entry.path, (m.st_mtime_ns, m.st_size, *s_key))
+    return out
+
+
+def _create_sql() -> str:
+    cols = [f'"{n}" {t}' for n, t in _BOOKKEEPING]
+    cols += [f'"{c.name}" {c.sql_type}' for c in INDEX_COLUMNS]
+    return "CREATE TABLE runs (" + ", ".join(cols) + ")"
+
+
+class RunIndex:
+    """The ``runs`` table over one runs folder. Use :func:`open_index`."""
+
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, root: Path, persistent: bool, lookup: Lookup
+    ) -> None:
+        self._con = con
+        self._lookup = lookup
+        self.root = root
+        self.persistent = persistent
+        self.note: str | None = None
+        #: What the last refresh of this folder did (None before one).
+        self.last_stats: RefreshStats | None = None
+
+    # -- maintenance ------------------------------------------------------------------------
+
+    def _ensure_schema(self) -> None:
+        con = self._con
+        con.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+        got = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if got is not None and got[0] == str(INDEX_SCHEMA_VERSION):
+            return
+        con.execute("DROP TABLE IF EXISTS runs")
+        con.execute(_create_sql())
+        con.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(INDEX_SCHEMA_VERSION)]
+        )
+
+    def refresh(self, *, rebuild: bool = False) -> RefreshStats:
+        """Bring the table up to date with the folder; ``rebuild`` re-reads every run."""
+        self._ensure_schema()
+        con = self._con
+        if rebuild:
+            con.execute("DELETE FROM runs")
+        known: dict[str, tuple[int, int, int, int]] = {
+            r[0]: (r[1], r[2], r[3], r[4])
+            for r in con.execute(
+                "SELECT run_id, manifest_mtime_ns, manifest_size, summary_mtime_ns, summary_size "
+                "FROM runs"
+            ).fetchall()
+        }
+        on_disk = _scan(self.root)
+        stale = [rid for rid in known if rid not in on_disk]
+        changed = [rid for rid, (_, st) in on_disk.items() if known.get(rid) != st]
+        added = sum(1 for rid in changed if rid not in known)
+        # A run that says "running" may have died since: re-read those (few) every time.
+        died = [
+            r[0]
+            for r in con.execute("SELECT run_id FROM runs WHERE state = 'running'").fetchall()
+            if r[0] in on_disk and r[0] not in changed
+        ]
+        redo = changed + died
+        con.execute("BEGIN TRANSACTION")
+        try:
+            drop = stale + [rid for rid in redo if rid in known]
+            if drop:
+                con.execute(
+                    "DELETE FROM runs WHERE run_id IN (SELECT unnest(?::VARCHAR[]))", [drop]
+                )
+            if redo:
+                import pyarrow as pa
+
+                real_root = self.root.resolve()
+                rows = [_row(*on_disk[rid], self._lookup, real_root) for rid in redo]
+                con.register("incoming_runs", pa.Table.from_pylist(rows))
+                try:
+                    con.execute(
+                        "INSERT INTO runs SELECT "
+                        + ", ".join(_cast(n) for n in ALL_COLUMN_NAMES)
+                        + " FROM incoming_runs"
+                    )
+                finally:
+                    con.unregister("incoming_runs")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        total = con.execute("SELECT count(*) FROM runs").fetchone()
+        self.last_stats = RefreshStats(
+            runs=int(total[0]) if total else 0,
+            added=added,
+            updated=len(changed) - added,
+            removed=len(stale),
+            persistent=self.persistent,
+            note=self.note,
+        )
+        return self.last_stats
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def query(
+        self, sql: str, params: Sequence[Any] = ()
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run ``sql`` (over the table ``runs``); returns column names and rows.
+
+        Raises UsageError with DuckDB's one-line message when the SQL is wrong.
+        """
+        import duckdb
+
+        try:
+            cur = self._con.execute(sql, list(params))
+            names = [d[0] for d in (cur.description or [])]
+            rows = cur.fetchall() if cur.description else []
+        except duckdb.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"query failed: {first}") from None
+        return names, rows
+
+    def select_where(
+        self, where: str | None, *, limit: int | None = None
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Rows of ``runs`` matching the SQL condition ``where``, newest first."""
+        sql = "SELECT * FROM runs"
+        if where:
+            sql += f" WHERE ({where})"
+        sql += " ORDER BY started_at DESC NULLS LAST, run_id DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return self.query(sql)
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _cast(name: str) -> str:
+    types = dict(_BOOKKEEPING)
+    types.update({c.name: c.sql_type for c in INDEX_COLUMNS})
+    sql_type = types[name].split()[0]
+    if sql_type == "TIMESTAMPTZ":
+        return f'TRY_CAST("{name}" AS TIMESTAMPTZ)'
+    return f'CAST("{name}" AS {sql_type})'
+
+
+def _import_duckdb() -> Any:
+    try:
+        import duckdb
+    except ImportError:
+        raise UsageError(
+            "the run index needs duckdb: pip install 'perfscope[index]' (or pip install duckdb)"
+        ) from None
+    return duckdb
+
+
+@contextmanager
+def open_index(
+    root: Path,
+    *,
+    lookup: Lookup,
+    refresh: bool = True,
+    rebuild: bool = False,
+    on_refresh: Callable[[RefreshStats], None] | None = None,
+) -> Iterator[RunIndex]:
+    """Open (and by default refresh) the index of runs folder ``root``.
+
+    The index file lives at ``root/.perfscope-index.duckdb``. When it cannot be written (a
+    read-only folder, a full disk, another process holding DuckDB's lock) the index is built in
+    memory for this call and ``RunIndex.note`` says why. After the refresh the connection is
+    reopened read-only, so a query cannot change the index. ``lookup`` reads a dotted path
+    of a manifest or summary (the catalogue's ``value_at``).
+    """
+    duckdb = _import_duckdb()
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"runs folder {str(root)!r} is a file; pass a folder with --runs-dir")
+    path = root / INDEX_FILE
+    note: str | None = None
+    con = None
+    if root.is_dir():
+        try:
+            con = duckdb.connect(str(path))
+        except (duckdb.Error, OSError) as exc:
+            note = f"index not saved ({str(exc).splitlines()[0]}); built in memory"
+    else:
+        note = f"runs folder {str(root)!r} does not exist"
+    persistent = con is not None
+    if con is None:
+        con = duckdb.connect(":memory:")
+    index = RunIndex(con, root, persistent, lookup)
+    index.note = note
+    try:
+        if refresh:
+            try:
+                stats = index.refresh(rebuild=rebuild)
+            except (duckdb.IOException, OSError) as exc:
+                if not persistent:
+                    raise
+                # A full disk or similar while writing the cache: fall back to memory.
+                con.close()
+                con = duckdb.connect(":memory:")
+                index = RunIndex(con, root, False, lookup)
+                index.note = f"index not saved ({str(exc).splitlines()[0]}); built in memory"
+                stats = index.refresh()
+            if on_refresh is not None:
+                on_refresh(stats)
+        if index.persistent:
+            index.close()
+            last = index.last_stats
+            try:
+                index = RunIndex(duckdb.connect(str(path), read_only=True), root, True, lookup)
+                index.last_stats = last
+            except duckdb.Error:
+                # Another writer got the lock between close and reopen: answer from memory.
+                mem = RunIndex(duckdb.connect(":memory:"), root, False, lookup)
+                mem.note = "index busy; built in memory"
+                mem.refresh()
+                index = mem
+        yield index
+    finally:
+        index.close()
