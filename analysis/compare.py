@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,12 @@ COMPARED = (
     "j_per_token",
 )
 _BOOTSTRAPPED = ("ttft", "tpot", "e2e")
+#: Metrics that mean something only when the run set SLOs.
+_SLO_JUDGED = ("goodput.goodput_req_s", "goodput.attainment")
+
+
+def _has_slos(summary: Mapping[str, Any]) -> bool:
+    return bool(value_at(summary, "goodput.slos"))
 
 
 def comparison_metrics() -> list[MetricDef]:
@@ -452,8 +458,17 @@ def compare_run_sets(
     )
     rows: list[dict[str, Any]] = []
     methods: set[str] = set()
+    slo_less = 0
     for m in comparison_metrics():
         per_run = [[to_float(value_at(s, m.key)) for s in g] for g in sets]
+        if m.key in _SLO_JUDGED:
+            # A run without SLOs counts every completed request as good (100% attainment):
+            # that is no measurement, so it is left out rather than compared.
+            per_run = [
+                [v if _has_slos(s) else None for v, s in zip(vals, g, strict=True)]
+                for vals, g in zip(per_run, sets, strict=True)
+            ]
+            slo_less = sum(1 for g in sets for s in g if not _has_slos(s))
         if all(v is None for g in per_run for v in g):
             continue
         changes: list[SetChange | None] = [None]
@@ -495,6 +510,13 @@ def compare_run_sets(
         contention.append(hits)
     noise_known = all(len(g) >= 2 for g in sets)
     notes: list[str] = []
+    if slo_less:
+        total = sum(len(g) for g in sets)
+        notes.append(
+            "goodput and SLO attainment: no SLOs set in "
+            + ("any run" if slo_less == total else f"{slo_less} of {total} runs")
+            + " (left out: without SLOs every completed request counts as good)"
+        )
     if not noise_known:
         single = [lab for lab, g in zip(labels, sets, strict=True) if len(g) < 2]
         notes.append(

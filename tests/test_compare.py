@@ -222,3 +222,22 @@ def test_compare_needs_two_different_runs(
     assert main(["compare", a, a]) == 2
     assert "the same run is given twice" in capsys.readouterr().err
     assert main(["compare", a, "nothing-matches-*", "--runs-dir", str(three_runs[0].parent)]) == 2
+
+
+def test_goodput_and_attainment_are_not_compared_for_runs_without_slos() -> None:
+    """Without SLOs every completed request is good (100%): not a measurement to compare."""
+    rng = np.random.default_rng(3)
+    a = [_summary(rng, 1.0, 0.05) for _ in range(3)]
+    b = [_summary(rng, 1.0, 0.05) for _ in range(3)]
+    for s in a + b:
+        s["goodput"] = {"slos": {}, "goodput_req_s": 4.0, "attainment": 1.0}
+    result = compare_run_sets(["a", "b"], [a, b])
+    keys = {row["key"] for row in result["metrics"]}
+    assert "goodput.attainment" not in keys and "goodput.goodput_req_s" not in keys
+    assert any("no SLOs set in any run" in n for n in result["notes"])
+    # With SLOs on every run the rows are back and no such note is made.
+    for s in a + b:
+        s["goodput"] = {"slos": {"ttft": 0.2}, "goodput_req_s": 4.0, "attainment": 1.0}
+    result = compare_run_sets(["a", "b"], [a, b])
+    assert "goodput.attainment" in {row["key"] for row in result["metrics"]}
+    assert not any("no SLOs" in n for n in result["notes"])
