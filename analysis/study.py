@@ -158,8 +158,9 @@ def run_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
         "tpot_p50_s": p50("tpot"),
         "e2e_p50_s": p50("e2e"),
         "output_tok_s": thr.get("output_tok_s"),
-        "goodput_req_s": good.get("goodput_req_s"),
-        "attainment": good.get("attainment"),
+        # Without SLOs every completed request counts as good: no goodput was measured.
+        "goodput_req_s": good.get("goodput_req_s") if good.get("slos") else None,
+        "attainment": good.get("attainment") if good.get("slos") else None,
         "j_per_output_token": energy.get("j_per_output_token"),
         "itl_p99_s": p50("itl", "p99"),
         "prompt_cache_share": cache.get("share"),

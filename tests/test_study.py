@@ -271,3 +271,12 @@ def test_recompute_is_projected_as_a_prefill_per_step(tmp_path: Path) -> None:
     # extra work entirely (then exactly 1.0): it must never project recompute as faster.
     assert off["sol_ratios"]["tpot_s"] > 1.0
     assert off["ratios"]["tpot_s"] >= 1.0 - 1e-9
+
+
+def test_a_study_measures_no_goodput_for_runs_without_slos() -> None:
+    from perfscope.analysis.study import run_metrics
+
+    no_slos = run_metrics({"goodput": {"slos": {}, "goodput_req_s": 3.0, "attainment": 1.0}})
+    assert no_slos["goodput_req_s"] is None and no_slos["attainment"] is None
+    judged = run_metrics({"goodput": {"slos": {"ttft": 0.2}, "goodput_req_s": 3.0}})
+    assert judged["goodput_req_s"] == 3.0

@@ -131,9 +131,21 @@ def _run_link(dctx: DashboardContext, run: str) -> str:
     return f"{rid} (not in this runs directory)"
 
 
+#: Why a study metric can be missing from a run (shown instead of a blank cell).
+_MISSING = {
+    "goodput_req_s": "no SLOs set",
+    "attainment": "no SLOs set",
+    "j_per_output_token": "no power reading",
+}
+
+
+def _missing(metric: str) -> str:
+    return _MISSING.get(metric, "not in the runs' summaries")
+
+
 def _value(v: Any, metric: str) -> str:
     if v is None:
-        return "–"
+        return _missing(metric)
     unit = METRIC_LABELS.get(metric, ("", ""))[1]
     if unit == "s":
         return format_seconds(v)
@@ -156,7 +168,7 @@ def _settings_table(dctx: DashboardContext, study: Study) -> Any:
         row: dict[str, Any] = {"value": s.value}
         for m in METRICS:
             row[m] = _value(s.median.get(m), m)
-        row["memory"] = "–" if mem is None else f"{mem / 1e6:.3g} MB"
+        row["memory"] = "not estimated" if mem is None else f"{mem / 1e6:.3g} MB"
         row["verdicts"] = verdicts or "no roofline"
         row["runs"] = " ".join(_run_link(dctx, r.run) for r in s.runs)
         rows.append(row)
@@ -187,9 +199,13 @@ def _effects_table(study: Study) -> Any:
                 {
                     "value": s.value,
                     "metric": METRIC_LABELS[e.metric][0] if e.metric in METRIC_LABELS else e.metric,
-                    "measured": _ratio(c.ratio),
+                    "measured": _ratio(c.ratio) if c.ratio is not None else _missing(e.metric),
                     "interval": (
-                        "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
+                        "n/a"
+                        if c.ratio is None
+                        else "noise unknown"
+                        if c.ci is None
+                        else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
                     ),
                     "verdict": c.verdict,
                     "projected": (
@@ -197,7 +213,7 @@ def _effects_table(study: Study) -> Any:
                         if e.projected_ratio is not None
                         else "not projected"
                     ),
-                    "error": "–" if e.error is None else f"{100 * e.error:+.0f}%",
+                    "error": "n/a" if e.error is None else f"{100 * e.error:+.0f}%",
                 }
             )
     cols = [
