@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 from perfscope.errors import EngineNotFoundError, UsageError
 from perfscope.profiler.recorder import Recorder, RequestHandle
@@ -34,6 +34,9 @@ __all__ = [
     "PerRequestEngine",
     "Submission",
     "create_engine",
+    "option_choice",
+    "option_float",
+    "option_int",
     "register_engine",
 ]
 
@@ -262,6 +265,57 @@ class PerRequestEngine(ABC):
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
+
+
+def option_int(extra: dict[str, str], key: str) -> int | None:
+    """``--engine-opt KEY=N`` as a whole number >= 1 (None when not given); anything else is
+    a one-line :class:`UsageError` naming the option."""
+    text = extra.get(key)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--engine-opt {key}= must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def option_float(extra: dict[str, str], key: str, default: float) -> float:
+    """``--engine-opt KEY=X`` as a number > 0 (``default`` when not given)."""
+    text = extra.get(key)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"--engine-opt {key}= must be a number > 0, got {text!r}")
+    return value
+
+
+@overload
+def option_choice(
+    extra: dict[str, str], key: str, choices: tuple[str, ...], default: str
+) -> str: ...
+@overload
+def option_choice(
+    extra: dict[str, str], key: str, choices: tuple[str, ...], default: None = None
+) -> str | None: ...
+def option_choice(
+    extra: dict[str, str], key: str, choices: tuple[str, ...], default: str | None = None
+) -> str | None:
+    """``--engine-opt KEY=WORD``, case-insensitive, one of ``choices`` (``default`` when not
+    given)."""
+    text = extra.get(key, default)
+    if text is None:
+        return None
+    text = text.strip().lower()
+    if text not in choices:
+        raise UsageError(f"--engine-opt {key}= must be one of {', '.join(choices)}, got {text!r}")
+    return text
 
 
 def _error_text(exc: BaseException) -> str:

@@ -36,6 +36,7 @@ from perfscope.profiler.engines.base import (
     EngineOptions,
     Inbox,
     Submission,
+    option_int,
     register_engine,
 )
 from perfscope.profiler.recorder import Recorder
@@ -126,13 +127,7 @@ class HFEngine:
     def _load_assistant(self, where: str, extra: dict[str, str]) -> None:
         from transformers import AutoModelForCausalLM
 
-        text = extra.get("num_assistant_tokens", "4")
-        try:
-            k = int(text)
-        except ValueError:
-            k = 0
-        if k < 1:
-            raise UsageError(f"--engine-opt num_assistant_tokens= must be >= 1, got {text!r}")
+        k = option_int(extra, "num_assistant_tokens") or 4
         path = Path(where).expanduser()
         if not (path / "config.json").is_file():
             raise UsageError(

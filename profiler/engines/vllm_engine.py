@@ -58,6 +58,9 @@ from perfscope.profiler.engines.base import (
     EngineOptions,
     Inbox,
     Submission,
+    option_choice,
+    option_float,
+    option_int,
     register_engine,
 )
 from perfscope.profiler.recorder import Recorder
@@ -86,42 +89,6 @@ def default_vllm_python() -> str | None:
     if os.access(py, os.X_OK) and (venv / ".complete").exists():
         return str(py)
     return None
-
-
-def _opt_int(extra: dict[str, str], key: str) -> int | None:
-    text = extra.get(key)
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"--engine-opt {key}= must be a whole number >= 1, got {text!r}")
-    return value
-
-
-def _opt_float(extra: dict[str, str], key: str, default: float) -> float:
-    text = extra.get(key)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UsageError(f"--engine-opt {key}= must be a number > 0, got {text!r}")
-    return value
-
-
-def _opt_choice(extra: dict[str, str], key: str, choices: tuple[str, ...]) -> str | None:
-    text = extra.get(key)
-    if text is None:
-        return None
-    text = text.strip().lower()
-    if text not in choices:
-        raise UsageError(f"--engine-opt {key}= must be one of {', '.join(choices)}, got {text!r}")
-    return text
 
 
 def _last_line(lines: collections.deque[str]) -> str:
@@ -159,7 +126,7 @@ class VllmEngine:
             if isinstance(i, int)
         }
         extra = dict(options.extra)
-        max_len = _opt_int(extra, "max_model_len")
+        max_len = option_int(extra, "max_model_len")
         limit = max_len or hf.get("max_position_embeddings")
         longest = options.longest_request_tokens
         if isinstance(limit, int) and longest is not None and longest > limit:
@@ -168,30 +135,30 @@ class VllmEngine:
                 f"max_model_len is {limit}: shorten --prompt-len/--output-len or raise "
                 "--engine-opt max_model_len="
             )
-        self.kv_cache_gib = _opt_float(
+        self.kv_cache_gib = option_float(
             extra, "kv_cache_gib", float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1)
         )
-        self.start_timeout_s = _opt_float(extra, "start_timeout", 900.0)
+        self.start_timeout_s = option_float(extra, "start_timeout", 900.0)
         # vLLM serve runs its model on one OpenMP thread per core but one (kept for its
         # scheduler process), bound. In one process nothing sets that up, and OpenMP's
         # default of a thread per core made decode steps 36x slower on a loaded 2-core
         # machine (249 ms vs 6.9 ms): each parallel region waits for its slowest thread.
         env_threads = os.environ.get("OMP_NUM_THREADS")
-        self.threads = _opt_int(extra, "threads") or (
+        self.threads = option_int(extra, "threads") or (
             int(env_threads)
             if env_threads and env_threads.isdigit() and int(env_threads) > 0
             else max(1, (os.cpu_count() or 2) - 1)
         )
-        mode = _opt_choice(extra, "inprocess", ("auto", "on", "off")) or "auto"
-        prefix = _opt_choice(extra, "prefix_caching", ("on", "off"))
-        eager = _opt_choice(extra, "enforce_eager", ("on", "off"))
+        mode = option_choice(extra, "inprocess", ("auto", "on", "off")) or "auto"
+        prefix = option_choice(extra, "prefix_caching", ("on", "off"))
+        eager = option_choice(extra, "enforce_eager", ("on", "off"))
         self.config: dict[str, Any] = {
             "model": str(self.path),
             "seed": options.seed,
             "dtype": options.dtype or "auto",
             "max_model_len": max_len,
             "max_num_seqs": options.batch_size,
-            "max_num_batched_tokens": _opt_int(extra, "max_num_batched_tokens"),
+            "max_num_batched_tokens": option_int(extra, "max_num_batched_tokens"),
             "enable_prefix_caching": None if prefix is None else prefix == "on",
             "enforce_eager": None if eager is None else eager == "on",
         }

@@ -54,6 +54,8 @@ from perfscope.profiler.engines.base import (
     EngineOptions,
     Inbox,
     Submission,
+    option_choice,
+    option_int,
     register_engine,
 )
 from perfscope.profiler.engines.reference.model import (
@@ -220,15 +222,17 @@ class ReferenceEngine:
         check_memory(
             self.config, options.batch_size, options.max_seq_len, self.device, self.kv_dtype
         )
-        self.threads = _opt_int(extra, "threads")
-        self.attention = _opt_choice(extra, "attention", ATTENTION_IMPLS, "explicit")
-        self.quant = _opt_choice(extra, "quant", QUANT_MODES, "none")
-        self.kv_cache = _opt_choice(extra, "kv_cache", ("on", "off"), "on") == "on"
-        self.compiled = _opt_choice(extra, "compile", ("off", "on"), "off") == "on"
+        self.threads = option_int(extra, "threads")
+        self.attention = option_choice(extra, "attention", ATTENTION_IMPLS, "explicit")
+        self.quant = option_choice(extra, "quant", QUANT_MODES, "none")
+        self.kv_cache = option_choice(extra, "kv_cache", ("on", "off"), "on") == "on"
+        self.compiled = option_choice(extra, "compile", ("off", "on"), "off") == "on"
         self.weights = extra.get("weights")
-        self.prefix_cache = _opt_choice(extra, "prefix_cache", ("off", "on"), "off") == "on"
-        self.prefix_cache_tokens = _opt_int(extra, "prefix_cache_tokens") or DEFAULT_CAPACITY_TOKENS
-        self.max_batched_tokens = _opt_int(extra, "max_batched_tokens")
+        self.prefix_cache = option_choice(extra, "prefix_cache", ("off", "on"), "off") == "on"
+        self.prefix_cache_tokens = (
+            option_int(extra, "prefix_cache_tokens") or DEFAULT_CAPACITY_TOKENS
+        )
+        self.max_batched_tokens = option_int(extra, "max_batched_tokens")
         #: Set to ``{}`` to keep every emitted token id per request id (tests compare the
         #: outputs of scheduling options); None keeps nothing.
         self.output_ids: dict[int, list[int]] | None = None
@@ -772,26 +776,6 @@ class ReferenceEngine:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-def _opt_int(extra: dict[str, str], key: str) -> int | None:
-    text = extra.get(key)
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"--engine-opt {key}= must be a whole number >= 1, got {text!r}")
-    return value
-
-
-def _opt_choice(extra: dict[str, str], key: str, choices: tuple[str, ...], default: str) -> str:
-    text = extra.get(key, default).strip().lower()
-    if text not in choices:
-        raise UsageError(f"--engine-opt {key}= must be one of {', '.join(choices)}, got {text!r}")
-    return text
 
 
 def _kv_dtype(extra: dict[str, str]) -> str:
