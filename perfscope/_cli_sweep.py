@@ -40,6 +40,27 @@ def _pos_float(text: str) -> float:
     return v
 
 
+def add_length_options(group: Any) -> None:
+    """``--prompt-len``/``--output-len`` (vLLM bench's ``--random-input-len``/``-output-len``)
+    and ``--prompts``: the workload's lengths, shared by ``run`` and ``sweep``."""
+    group.add_argument(
+        "--prompt-len",
+        "--random-input-len",
+        default="128",
+        help="prompt tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
+    )
+    group.add_argument(
+        "--output-len",
+        "--random-output-len",
+        default=None,
+        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128; when given, "
+        "it wins over the dataset's reply lengths)",
+    )
+    group.add_argument(
+        "--prompts", type=Path, default=None, help="JSONL prompts file (default: none)"
+    )
+
+
 def add_openai_options(group: Any) -> None:
     """Add the ``openai:`` engine, dataset and duration flags to an argparse group."""
     g = group
@@ -324,20 +345,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="measured requests per point (default 32)",
     )
-    w.add_argument(
-        "--prompt-len",
-        "--random-input-len",
-        default="128",
-        help="prompt tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
-    )
-    w.add_argument(
-        "--output-len",
-        "--random-output-len",
-        default=None,
-        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128; when given, "
-        "it wins over the dataset's reply lengths)",
-    )
-    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file (default: none)")
+    add_length_options(w)
     w.add_argument(
         "--warmup", type=nonneg_int, default=0, help="warmup requests per point (default 0)"
     )

@@ -98,6 +98,8 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "Hugging Face model folder), 'openai:URL' (an OpenAI-compatible server) or "
         "'python:MODULE:ATTR' (any generator of tokens)",
     )
+    from perfscope._cli_sweep import add_length_options, add_openai_options
+
     w = p.add_argument_group("workload")
     w.add_argument(
         "--requests",
@@ -106,20 +108,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="measured requests (default 48, or one per line of --prompts)",
     )
-    w.add_argument(
-        "--prompt-len",
-        "--random-input-len",
-        default="128",
-        help="prompt tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128)",
-    )
-    w.add_argument(
-        "--output-len",
-        "--random-output-len",
-        default=None,
-        help="output tokens: N, uniform:LOW:HIGH or normal:MEAN:STD (default 128; when "
-        "given, it wins over the dataset's reply lengths)",
-    )
-    w.add_argument("--prompts", type=Path, default=None, help="JSONL prompts file (default: none)")
+    add_length_options(w)
     w.add_argument(
         "--warmup",
         type=nonneg_int,
@@ -257,8 +246,6 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="KEY=VALUE",
         help="engine-specific option (repeatable)",
     )
-    from perfscope._cli_sweep import add_openai_options
-
     add_openai_options(p.add_argument_group("openai engine, datasets and duration"))
     a = p.add_argument_group("analysis and output")
     a.add_argument(
