@@ -458,17 +458,18 @@ def compare_run_sets(
     )
     rows: list[dict[str, Any]] = []
     methods: set[str] = set()
-    slo_less = 0
+    # A run without SLOs counts every completed request as good (100% attainment): that
+    # is no measurement, so its goodput and attainment are left out rather than compared.
+    judged = [[_has_slos(s) for s in g] for g in sets]
+    slo_less = sum(not j for g in judged for j in g)
     for m in comparison_metrics():
-        per_run = [[to_float(value_at(s, m.key)) for s in g] for g in sets]
-        if m.key in _SLO_JUDGED:
-            # A run without SLOs counts every completed request as good (100% attainment):
-            # that is no measurement, so it is left out rather than compared.
-            per_run = [
-                [v if _has_slos(s) else None for v, s in zip(vals, g, strict=True)]
-                for vals, g in zip(per_run, sets, strict=True)
+        per_run = [
+            [
+                to_float(value_at(s, m.key)) if ok or m.key not in _SLO_JUDGED else None
+                for s, ok in zip(g, js, strict=True)
             ]
-            slo_less = sum(1 for g in sets for s in g if not _has_slos(s))
+            for g, js in zip(sets, judged, strict=True)
+        ]
         if all(v is None for g in per_run for v in g):
             continue
         changes: list[SetChange | None] = [None]
