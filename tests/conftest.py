@@ -48,3 +48,21 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 PERFSCOPE = [sys.executable, "-m", "perfscope"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight 2-layer Llama saved as a Hugging Face folder (``hf:`` engine tests)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    path = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path

@@ -15,23 +15,6 @@ from perfscope.profiler.workload import LengthDist, WorkloadConfig
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cfg = transformers.LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    model = transformers.LlamaForCausalLM(cfg)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    return path
-
-
 def test_hf_engine_records_steps_and_a_model_spec_from_config(
     tiny_llama: Path, runs_dir: Path
 ) -> None:

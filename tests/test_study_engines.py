@@ -32,22 +32,6 @@ SMALL: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cfg = transformers.LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
-
-
 def _config(run: str) -> dict[str, Any]:
     manifest = json.loads((Path(run) / "manifest.json").read_text())
     cfg: dict[str, Any] = manifest["engine"]["config"]
