@@ -24,11 +24,11 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from perfscope.analysis.compare import between_run_change
+from perfscope.analysis.compare import SetChange, between_run_change
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.whatif import (
@@ -73,21 +73,10 @@ METRICS: dict[str, tuple[str, str | None]] = {
 # --------------------------------------------------------------------------- between runs
 
 
-@dataclass(frozen=True)
-class Change:
-    """How one metric moved from the baseline setting's runs to a candidate's.
-
-    The fields are those of ``perfscope.analysis.compare.SetChange``: ``ratio`` candidate /
-    baseline (geometric means), ``ci`` its interval, ``noise`` the half-width of the noise
-    band as a fraction, ``verdict``, ``n`` runs per set and ``method`` in words.
-    """
-
-    ratio: float | None
-    ci: tuple[float, float] | None
-    noise: float | None
-    verdict: str
-    n: tuple[int, int]
-    method: str
+#: How one metric moved from the baseline setting's runs to a candidate's: the same record
+#: as ``perfscope compare``'s (ratio of geometric means, its interval, noise band, verdict,
+#: runs per set, method).
+Change = SetChange
 
 
 def between(
@@ -103,7 +92,7 @@ def between(
     b = [float(v) for v in candidate if v is not None and math.isfinite(float(v))]
     sc = between_run_change(a, b, better, confidence=confidence, method="t")
     ci = None if sc.ci is None else (float(sc.ci[0]), float(sc.ci[1]))
-    return Change(sc.ratio, ci, sc.noise, sc.verdict, (int(sc.n[0]), int(sc.n[1])), sc.method)
+    return replace(sc, ci=ci, n=(int(sc.n[0]), int(sc.n[1])))
 
 
 # --------------------------------------------------------------------------- per run
