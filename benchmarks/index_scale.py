@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
 
-    from perfscope._index import open_index
+    from perfscope.api.index import open_index
 
     sql = (
         "SELECT engine_kind, count(*), median(ttft_p99_s), max(output_tok_s) FROM runs "

@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write every number here")
     args = ap.parse_args()
 
-    from perfscope._runner import RunOptions, execute_run
+    from perfscope.api.runner import RunOptions, execute_run
     from perfscope.profiler.driver import LoadConfig
     from perfscope.profiler.engines.base import EngineOptions
     from perfscope.profiler.telemetry import TelemetryConfig

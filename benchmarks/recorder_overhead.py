@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from perfscope._runner import RunOptions, execute_run
+from perfscope.api.runner import RunOptions, execute_run
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import LoadConfig
 from perfscope.profiler.recorder import Recorder

@@ -77,7 +77,7 @@ def run_openai(port: int, model: Path, runs: Path, args: argparse.Namespace) -> 
 
 
 def run_engine(model: Path, runs: Path, args: argparse.Namespace) -> dict[str, float]:
-    from perfscope._runner import RunOptions, execute_run
+    from perfscope.api.runner import RunOptions, execute_run
     from perfscope.profiler.driver import LoadConfig
     from perfscope.profiler.engines.base import Engine, EngineOptions, create_engine
     from perfscope.profiler.telemetry import TelemetryConfig

@@ -43,32 +43,32 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from perfscope._api import Sweep, run, sweep
-    from perfscope._change import assert_no_regression, compare_runs
-    from perfscope._expect import check, expect
-    from perfscope._manual import Profile, profile
-    from perfscope._run import Run, load_run
-    from perfscope._runner import ProgressHook
-    from perfscope._runset import RunSet
-    from perfscope._study import study
+    from perfscope.api.manual import Profile, profile
+    from perfscope.api.results import Run, load_run
+    from perfscope.api.run import Sweep, run, sweep
+    from perfscope.api.runner import ProgressHook
+    from perfscope.api.runset import RunSet
+    from perfscope.api.study import study
+    from perfscope.checks.change import assert_no_regression, compare_runs
+    from perfscope.checks.expect import check, expect
     from perfscope.errors import PerfAssertionError
 
 _LAZY = {
-    "run": "perfscope._api",
-    "sweep": "perfscope._api",
-    "study": "perfscope._study",
-    "Sweep": "perfscope._api",
-    "Profile": "perfscope._manual",
-    "profile": "perfscope._manual",
-    "Run": "perfscope._run",
-    "load_run": "perfscope._run",
-    "ProgressHook": "perfscope._runner",
-    "RunSet": "perfscope._runset",
-    "expect": "perfscope._expect",
-    "check": "perfscope._expect",
+    "run": "perfscope.api.run",
+    "sweep": "perfscope.api.run",
+    "study": "perfscope.api.study",
+    "Sweep": "perfscope.api.run",
+    "Profile": "perfscope.api.manual",
+    "profile": "perfscope.api.manual",
+    "Run": "perfscope.api.results",
+    "load_run": "perfscope.api.results",
+    "ProgressHook": "perfscope.api.runner",
+    "RunSet": "perfscope.api.runset",
+    "expect": "perfscope.checks.expect",
+    "check": "perfscope.checks.expect",
     "PerfAssertionError": "perfscope.errors",
-    "compare_runs": "perfscope._change",
-    "assert_no_regression": "perfscope._change",
+    "compare_runs": "perfscope.checks.change",
+    "assert_no_regression": "perfscope.checks.change",
 }
 
 

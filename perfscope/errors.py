@@ -128,7 +128,8 @@ class PerfAssertionError(AssertionError):
     test, and the CLI never raises it.
 
     Attributes:
-        outcomes: every evaluated assertion, failed and passed (``perfscope._expect.Outcome``).
+        outcomes: every evaluated assertion, failed and passed
+            (``perfscope.checks.expect.Outcome``).
     """
 
     def __init__(self, message: str, outcomes: Sequence[Any] = ()) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import perfscope
-from perfscope._api import RunArgs, plan
-from perfscope._cli_sweep import register, run_args
+from perfscope.api.run import RunArgs, plan
 from perfscope.cli import build_parser
+from perfscope.cli.sweep import register, run_args
 from perfscope.errors import EngineError, UsageError
 from perfscope.profiler.engines.base import EngineInfo, Inbox
 from perfscope.profiler.recorder import Recorder

@@ -117,7 +117,7 @@ def test_a_run_without_slos_shows_no_slos_never_an_attainment(runs: Runs) -> Non
     with_slo = rows[runs.alpha.name].to_record()
     assert isinstance(with_slo["slo_pct"], float) and 0 <= with_slo["slo_pct"] <= 100
     # The index itself stores no attainment for a run judged by no SLO.
-    from perfscope._index import open_index
+    from perfscope.api.index import open_index
 
     with open_index(runs.root) as index:
         _, got = index.query(

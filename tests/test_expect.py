@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import perfscope
-from perfscope._change import assert_no_regression, compare_samples, t_quantile
-from perfscope._grammar import parse_assertion, parse_limit, resolve_metric
-from perfscope._runset import RunSet
 from perfscope.analysis.catalogue import better_of, format_metric, kind_of
+from perfscope.api.runset import RunSet
+from perfscope.checks.change import assert_no_regression, compare_samples, t_quantile
+from perfscope.checks.grammar import parse_assertion, parse_limit, resolve_metric
 from perfscope.errors import PerfAssertionError, SLOError, UsageError
 from perfscope.profiler.clock import ManualClock
 
@@ -267,7 +267,7 @@ def test_values_are_formatted_for_people() -> None:
 
 
 def test_a_huge_margin_is_shown_as_a_multiple_of_the_limit() -> None:
-    from perfscope._expect import evaluate
+    from perfscope.checks.expect import evaluate
 
     summary = {"latency": {"ttft": {"p99": 7.562661, "p50": 7.0, "count": 3}}}
     outcome = evaluate(summary, parse_assertion("ttft.p99 < 1ms"))

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfscope._run import load_run
-from perfscope._runner import RunOptions, execute_run
+from perfscope.api.results import load_run
+from perfscope.api.runner import RunOptions, execute_run
 from perfscope.profiler.driver import LoadConfig
 from perfscope.profiler.workload import LengthDist, WorkloadConfig
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from perfscope._runner import RunOptions, execute_run
+from perfscope.api.runner import RunOptions, execute_run
 from perfscope.errors import EngineNotFoundError, UsageError
 from perfscope.profiler.engines.base import EngineOptions, create_engine
 from perfscope.profiler.telemetry import TelemetryConfig

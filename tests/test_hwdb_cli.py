@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from perfscope._cli_hw import register
+from perfscope.cli.hw import register
 from perfscope.errors import UnknownDeviceError, UsageError
 
 DATA = Path(__file__).parent / "data" / "hwdb"

@@ -262,7 +262,7 @@ def test_sparsity_refuses_what_torch_cannot_run_here() -> None:
 
 
 def test_study_knobs_for_kv_dtype_and_sparsity() -> None:
-    from perfscope._study import KNOBS, _knob
+    from perfscope.api.study import KNOBS, _knob
 
     assert _knob("kv_cache_dtype").name == "kv-dtype"
     assert KNOBS["kv-dtype"].parse("FP8_E4M3") == "fp8"

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from perfscope._runner import RunOptions, execute_run
+from perfscope.api.runner import RunOptions, execute_run
 from perfscope.errors import UsageError
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig
@@ -263,7 +263,7 @@ def test_api_key_never_reaches_the_run_directory(
 
 
 def test_openai_options_reach_the_engine_through_the_cli_parser() -> None:
-    from perfscope._cli_sweep import add_openai_options, openai_extra, redact_argv
+    from perfscope.cli.sweep import add_openai_options, openai_extra, redact_argv
 
     p = argparse.ArgumentParser()
     add_openai_options(p.add_argument_group("x"))

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfscope._runner import RunOptions, execute_run
+from perfscope.api.runner import RunOptions, execute_run
 from perfscope.errors import UsageError
 from perfscope.profiler.driver import LoadConfig
 from perfscope.profiler.engines.base import EngineOptions, create_engine

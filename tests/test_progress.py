@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from perfscope._progress import LiveProgress, ProgressState, progress_hook, render_progress
-from perfscope._runner import ProgressHook, RunOptions, execute_run
+from perfscope.api.runner import ProgressHook, RunOptions, execute_run
+from perfscope.cli.progress import LiveProgress, ProgressState, progress_hook, render_progress
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.engines.base import EngineOptions
 from perfscope.profiler.recorder import Recorder

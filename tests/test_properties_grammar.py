@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import perfscope
-from perfscope import _argtypes
 from perfscope.analysis.slo import format_duration, parse_duration, parse_slos
+from perfscope.cli import _argtypes
 from perfscope.errors import PerfscopeError, SLOError, WorkloadError
 from perfscope.profiler.workload import MAX_LENGTH, parse_length
 

@@ -15,8 +15,8 @@ from tests.conftest import ROOT
 # Imported here, in the outer session, so that pytester's in-process runs (which drop the
 # modules they import) never import numpy, pandas or torch a second time.
 for _module in (
-    "perfscope._manual",
-    "perfscope._runner",
+    "perfscope.api.manual",
+    "perfscope.api.runner",
     "perfscope.profiler.engines.python_callable",
     "perfscope.profiler.engines.reference",
     "rich.table",

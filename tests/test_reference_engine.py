@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from perfscope._runner import RunOptions, execute_run
+from perfscope.api.runner import RunOptions, execute_run
 from perfscope.errors import UsageError
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig

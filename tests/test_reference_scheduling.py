@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 import perfscope
-from perfscope._api import RunArgs
-from perfscope._render import _prompt_cache_line
-from perfscope._study import KNOBS, _apply, _values
 from perfscope.analysis.roofline import _interference
 from perfscope.analysis.summary import Summary
+from perfscope.api.run import RunArgs
+from perfscope.api.study import KNOBS, _apply, _values
+from perfscope.cli.render import _prompt_cache_line
 from perfscope.errors import UsageError
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig

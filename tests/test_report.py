@@ -239,7 +239,7 @@ def test_report_command_writes_the_file_and_prints_its_size(
 def test_report_command_through_register(runs: dict[str, Path], tmp_path: Path) -> None:
     import argparse
 
-    from perfscope import _cli_report
+    from perfscope.cli import report as _cli_report
 
     parser = argparse.ArgumentParser()
     _cli_report.register(parser.add_subparsers())

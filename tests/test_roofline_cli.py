@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from perfscope import _cli_roofline
+from perfscope.cli import roofline as _cli_roofline
 from perfscope.errors import UnknownDeviceError, UsageError
 
 pytest.importorskip("perfscope.hwdb._resolve")

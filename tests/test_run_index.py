@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("duckdb")
 
-from perfscope._index import INDEX_FILE, open_index
+from perfscope.api.index import INDEX_FILE, open_index
 from perfscope.cli import main
 from perfscope.errors import UsageError
 from tests.data.runs.builders import manual_run

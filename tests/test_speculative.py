@@ -248,7 +248,7 @@ def test_summary_reports_acceptance_and_costs_draft_passes_with_the_drafts_spec(
     # The CLI prints the section.
     from rich.console import Console
 
-    from perfscope._render import summary_view
+    from perfscope.cli.render import summary_view
 
     console = Console(width=160, record=True)
     console.print(summary_view(s))

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import perfscope
-from perfscope._study import load_study
 from perfscope.analysis.study import Study
+from perfscope.api.study import load_study
 from perfscope.errors import UsageError
 from tests.conftest import PERFSCOPE, subprocess_env
 

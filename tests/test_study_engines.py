@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import perfscope
-from perfscope._study import APPLIES, KNOBS, engine_family, knobs_for
+from perfscope.api.study import APPLIES, KNOBS, engine_family, knobs_for
 from perfscope.errors import UsageError
 from tests.conftest import PERFSCOPE, subprocess_env
 from tests.test_openai_scripted import scripted_server

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from perfscope._api import auto_rates
-from perfscope._cli_sweep import register
 from perfscope.analysis.sweep import find_knee, summarize_sweep
+from perfscope.api.run import auto_rates
+from perfscope.cli.sweep import register
 from tests.test_openai_scripted import scripted_server
 
 

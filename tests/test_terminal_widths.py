@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from perfscope._render import runs_table, summary_view
 from perfscope.cli import build_parser
+from perfscope.cli.render import runs_table, summary_view
 from perfscope.profiler.store import read_run
 from tests.test_cli import FAST, _cli
 
@@ -159,7 +159,7 @@ def sweep_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_sweep_prints_whole_rates_and_metrics(sweep_summary: dict[str, object], width: int) -> None:
-    from perfscope._cli_sweep import sweep_table
+    from perfscope.cli.sweep import sweep_table
 
     text = _text(sweep_table(sweep_summary), width)
     _assert_fits(text, width, ["sweep (rate)", "max_goodput_rate", "80"])
@@ -168,8 +168,8 @@ def test_sweep_prints_whole_rates_and_metrics(sweep_summary: dict[str, object], 
 
 @pytest.fixture(scope="module")
 def study_result(tmp_path_factory: pytest.TempPathFactory) -> object:
-    from perfscope._cli_sweep import run_args
-    from perfscope._study import study_with
+    from perfscope.api.study import study_with
+    from perfscope.cli.sweep import run_args
 
     runs = tmp_path_factory.mktemp("width-study")
     argv = ["study", "batch-size", "--values", "1,4", "--model-preset", "tiny"]
@@ -181,7 +181,7 @@ def study_result(tmp_path_factory: pytest.TempPathFactory) -> object:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_study_prints_whole_settings_verdicts_and_effects(study_result: object, width: int) -> None:
-    from perfscope._cli_study import effects_table, study_table
+    from perfscope.cli.study import effects_table, study_table
 
     study = study_result
     text = _text(study_table(study), width) + _text(effects_table(study), width)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from perfscope._runner import RunOptions, RunOutcome, execute_run
+from perfscope.api.runner import RunOptions, RunOutcome, execute_run
 from perfscope.cli import main
 from perfscope.errors import EngineError, UsageError
 from perfscope.profiler.engines.base import Engine, EngineOptions, create_engine

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perfscope._argtypes import positive_int
-from perfscope._expect import observing
+from perfscope.checks.expect import observing
+from perfscope.cli._argtypes import positive_int
 from perfscope.pytest_plugin._fixture import PerfscopeFixture, perfscope
 from perfscope.pytest_plugin._report import save_baseline, write_json_report
 from perfscope.pytest_plugin._state import (
@@ -49,7 +49,7 @@ from perfscope.pytest_plugin._state import (
 from perfscope.pytest_plugin._table import write_terminal_summary
 
 if TYPE_CHECKING:
-    from perfscope._baseline import Tolerance
+    from perfscope.pytest_plugin._baseline import Tolerance
 
 __all__ = ["KEY_METRICS", "PerfscopeFixture", "perfscope"]
 
@@ -65,8 +65,8 @@ _MARKER_HELP = (
 
 
 def _fail_option(text: str) -> Tolerance:
-    from perfscope._baseline import parse_fail_option
     from perfscope.errors import SLOError
+    from perfscope.pytest_plugin._baseline import parse_fail_option
 
     try:
         return parse_fail_option(text)

@@ -20,9 +20,9 @@ from perfscope.pytest_plugin._state import (
 )
 
 if TYPE_CHECKING:
-    from perfscope._change import Change
-    from perfscope._expect import Outcome
-    from perfscope._manual import Profile
+    from perfscope.api.manual import Profile
+    from perfscope.checks.change import Change
+    from perfscope.checks.expect import Outcome
 
 __all__ = ["PerfscopeFixture", "perfscope"]
 
@@ -116,8 +116,8 @@ class PerfscopeFixture:
             **options: any other keyword of :func:`perfscope.run` (``duration``,
                 ``telemetry``, ``model_overrides``, engine-specific options, ...).
         """
-        from perfscope._api import run
-        from perfscope._runset import RunSet
+        from perfscope.api.run import run
+        from perfscope.api.runset import RunSet
         from perfscope.errors import UsageError
         from perfscope.profiler.engines.base import Engine
 
@@ -168,7 +168,7 @@ class PerfscopeFixture:
                 r.tokens(1)
         run = p.run
         """
-        from perfscope._manual import profile
+        from perfscope.api.manual import profile
 
         p = profile(name=name, runs_dir=kwargs.pop("runs_dir", None) or self.runs_dir, **kwargs)
         with p:
@@ -183,7 +183,7 @@ class PerfscopeFixture:
 
     def expect(self, run: Any, *, stat: str | None = None, confidence: float | None = None) -> Any:
         """``perfscope.expect(run).ttft.p99 < "200ms"`` (see :func:`perfscope.expect`)."""
-        from perfscope._expect import expect
+        from perfscope.checks.expect import expect
 
         return expect(
             run,
@@ -199,7 +199,7 @@ class PerfscopeFixture:
         confidence: float | None = None,
     ) -> list[Outcome]:
         """``perfscope.check(run, "ttft.p99 < 200ms", ...)`` (see :func:`perfscope.check`)."""
-        from perfscope._expect import check
+        from perfscope.checks.expect import check
 
         __tracebackhide__ = True
         return check(
@@ -213,7 +213,7 @@ class PerfscopeFixture:
         self, before: Any, after: Any, metric: str, *, tolerance: str | float = "0%"
     ) -> Change:
         """How ``metric`` moved from ``before`` to ``after``, judged against the noise."""
-        from perfscope._change import compare_runs
+        from perfscope.checks.change import compare_runs
 
         return compare_runs(
             before, after, metric, tolerance=tolerance, confidence=self._options.confidence
@@ -224,7 +224,7 @@ class PerfscopeFixture:
     ) -> list[Change]:
         """Fail only when a metric got worse by more than ``tolerance`` and the measured
         noise (both sides need ``repeat >= 2``)."""
-        from perfscope._change import assert_no_regression
+        from perfscope.checks.change import assert_no_regression
 
         __tracebackhide__ = True
         return assert_no_regression(

@@ -51,7 +51,7 @@ def report(state: SessionState, exitstatus: int) -> dict[str, Any]:
             "commit": state.baseline.get("commit"),
             "forced": bool(state.mismatch),
         }
-    from perfscope._baseline import commit_info
+    from perfscope.pytest_plugin._baseline import commit_info
 
     return {
         "schema": REPORT_SCHEMA,
@@ -78,9 +78,9 @@ def write_json_report(state: SessionState, exitstatus: int) -> None:
 
 
 def save_baseline(state: SessionState) -> None:
-    from perfscope._baseline import baseline_path, commit_info
-    from perfscope._baseline import save_baseline as write_baseline
     from perfscope.errors import UsageError
+    from perfscope.pytest_plugin._baseline import baseline_path, commit_info
+    from perfscope.pytest_plugin._baseline import save_baseline as write_baseline
 
     assert state.save is not None
     tests: dict[str, dict[str, Any]] = {}

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from perfscope._baseline import MetricComparison, Tolerance
-    from perfscope._expect import Outcome
-    from perfscope._grammar import Assertion
+    from perfscope.checks.expect import Outcome
+    from perfscope.checks.grammar import Assertion
+    from perfscope.pytest_plugin._baseline import MetricComparison, Tolerance
 
 __all__ = [
     "KEY_METRICS",
@@ -86,7 +86,7 @@ class TestRecord:
 
     def add(self, target: Any, label: str | None = None) -> Measurement:
         """The measurement of ``target`` (made on first sight; keyed by node id and label)."""
-        from perfscope._runset import run_dirs
+        from perfscope.api.runset import run_dirs
 
         dirs = run_dirs(target)
         for m in self.measurements:
@@ -136,7 +136,7 @@ class SessionState:
 
     def machine(self) -> dict[str, Any]:
         if self._machine is None:
-            from perfscope._baseline import machine_info
+            from perfscope.pytest_plugin._baseline import machine_info
 
             self._machine = machine_info()
         return self._machine
@@ -149,8 +149,12 @@ class SessionState:
             )
         if not self.compare:
             return
-        from perfscope._baseline import baseline_path, hardware_mismatch, load_baseline
         from perfscope.errors import UsageError
+        from perfscope.pytest_plugin._baseline import (
+            baseline_path,
+            hardware_mismatch,
+            load_baseline,
+        )
 
         try:
             self.baseline_file = baseline_path(self.storage, self.compare)
@@ -214,9 +218,9 @@ def observer_for(item: pytest.Item) -> Any:
 
 def marker_options(item: pytest.Item) -> MarkerOptions:
     """Parse the test's ``@pytest.mark.perfscope``; raises UsageError on bad arguments."""
-    from perfscope._baseline import parse_fail_option
-    from perfscope._grammar import parse_assertions
+    from perfscope.checks.grammar import parse_assertions
     from perfscope.errors import SLOError, UsageError
+    from perfscope.pytest_plugin._baseline import parse_fail_option
 
     marker = item.get_closest_marker("perfscope")
     if marker is None:
@@ -273,7 +277,7 @@ def finish_test(item: pytest.Item, *, body_passed: bool) -> list[str]:
     if state.baseline is not None:
         problems += _compare_with_baseline(state, rec, opts)
     if problems:
-        from perfscope._baseline import contention_lines
+        from perfscope.pytest_plugin._baseline import contention_lines
 
         extra = [ln for m in rec.measurements for ln in contention_lines(m.run_dirs)]
         if extra:
@@ -282,7 +286,7 @@ def finish_test(item: pytest.Item, *, body_passed: bool) -> list[str]:
 
 
 def _check_marker_slos(rec: TestRecord, opts: MarkerOptions) -> list[str]:
-    from perfscope._expect import evaluate, failure_message
+    from perfscope.checks.expect import evaluate, failure_message
 
     if not rec.measurements:
         return [
@@ -310,7 +314,7 @@ def _check_marker_slos(rec: TestRecord, opts: MarkerOptions) -> list[str]:
 def _compare_with_baseline(
     state: SessionState, rec: TestRecord, opts: MarkerOptions | None
 ) -> list[str]:
-    from perfscope._baseline import compare_metrics
+    from perfscope.pytest_plugin._baseline import compare_metrics
 
     assert state.baseline is not None
     tests = state.baseline.get("tests") or {}
@@ -335,9 +339,9 @@ def _compare_with_baseline(
 
 def _metrics_of(target: Any, asserted: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The key metrics and asserted metrics of a run: value (median), samples, kind."""
-    from perfscope._grammar import MetricNotFoundError, resolve_metric
-    from perfscope._runset import runs_of, summary_of
     from perfscope.analysis.catalogue import better_of, kind_of, value_at
+    from perfscope.api.runset import runs_of, summary_of
+    from perfscope.checks.grammar import MetricNotFoundError, resolve_metric
     from perfscope.errors import SLOError
 
     try:

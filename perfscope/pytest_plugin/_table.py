@@ -10,7 +10,7 @@ from perfscope.analysis.catalogue import format_change, format_metric
 from perfscope.pytest_plugin._state import SessionState
 
 if TYPE_CHECKING:
-    from perfscope._baseline import MetricComparison
+    from perfscope.pytest_plugin._baseline import MetricComparison
 
 __all__ = ["table_text", "write_terminal_summary"]
 

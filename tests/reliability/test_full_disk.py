@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfscope._runner import RunOptions, execute_run
+from perfscope.api.runner import RunOptions, execute_run
 from perfscope.errors import StorageError
 from perfscope.profiler import segments
 from perfscope.profiler.driver import LoadConfig

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from perfscope._runner import RunOptions, execute_run
+from perfscope.api.runner import RunOptions, execute_run
 from perfscope.profiler.driver import LoadConfig
 from perfscope.profiler.engines.base import EngineInfo, EngineOptions, Inbox
 from perfscope.profiler.recorder import Recorder

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 import perfscope
-from perfscope._analyze import analyze_stored
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.api.analyze import analyze_stored
 from perfscope.cli import main
 from perfscope.hwdb import lookup
 from perfscope.profiler.clock import ManualClock

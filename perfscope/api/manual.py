@@ -12,7 +12,7 @@
 Durability is that of ``perfscope run`` (DESIGN.md §9): entering the block creates the run
 directory with a ``running`` manifest that carries this process's liveness record, and a
 background flusher copies new records into segment files every
-:data:`~perfscope._runner.FLUSH_INTERVAL_S` seconds (refreshing the heartbeat). A process
+:data:`~perfscope.api.runner.FLUSH_INTERVAL_S` seconds (refreshing the heartbeat). A process
 killed inside the block leaves a run that reads as ``crashed`` with everything flushed;
 leaving the block compacts the tables and removes the segments.
 """
@@ -29,9 +29,9 @@ from types import TracebackType
 from typing import Any
 
 from perfscope import __version__
-from perfscope._analyze import analyze_stored
-from perfscope._run import Run
-from perfscope._runner import FLUSH_INTERVAL_S, MANIFEST_SCHEMA, _ManifestWriter, host_info
+from perfscope.api.analyze import analyze_stored
+from perfscope.api.results import Run
+from perfscope.api.runner import FLUSH_INTERVAL_S, MANIFEST_SCHEMA, _ManifestWriter, host_info
 from perfscope.errors import StorageError
 from perfscope.hwdb import resolve_hardware
 from perfscope.profiler.clock import Clock, MonotonicClock

@@ -5,8 +5,8 @@
     perfscope.expect(run).ttft.p99 < "200ms"
     perfscope.check(run, "ttft.p99 < 200ms", "decode.mbu > 0.3", "goodput.attainment >= 95%")
 
-The expression grammar (metric names, units) is :mod:`perfscope._grammar`. On a
-:class:`~perfscope._runset.RunSet` (a workload repeated N times) an assertion uses the
+The expression grammar (metric names, units) is :mod:`perfscope.checks.grammar`. On a
+:class:`~perfscope.api.runset.RunSet` (a workload repeated N times) an assertion uses the
 median over the repeats (``stat="median"``), their mean, or a one-sided Student-t
 confidence bound on the mean (``stat="bound"``: the upper bound for ``<``, the lower bound
 for ``>``), so a test passes only when the limit holds with that confidence.
@@ -25,8 +25,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfscope._change import confidence_bound
-from perfscope._grammar import (
+from perfscope.analysis.catalogue import (
+    format_metric,
+    format_number,
+    format_ratio,
+    kind_of,
+    value_at,
+)
+from perfscope.api.runset import load_if_path, run_dirs, runs_of, summary_of
+from perfscope.checks.change import confidence_bound
+from perfscope.checks.grammar import (
     Assertion,
     MetricNotFoundError,
     compare_op,
@@ -34,14 +42,6 @@ from perfscope._grammar import (
     parse_assertion,
     parse_assertions,
     resolve_metric,
-)
-from perfscope._runset import load_if_path, run_dirs, runs_of, summary_of
-from perfscope.analysis.catalogue import (
-    format_metric,
-    format_number,
-    format_ratio,
-    kind_of,
-    value_at,
 )
 from perfscope.errors import PerfAssertionError, SLOError, UsageError
 

@@ -6,7 +6,7 @@ arguments into the capture layer's config objects (``WorkloadConfig``, ``LoadCon
 ``EngineOptions``, ``TelemetryConfig``, ``RunOptions``) and holds every option-assembly rule
 once: a rate or a concurrency implies online arrivals, a duration sizes the request pool,
 ``openai:`` engines default to synthetic prompt text, durations take units, and so on.
-:func:`execute` hands the plan to :func:`perfscope._runner.execute_run`.
+:func:`execute` hands the plan to :func:`perfscope.api.runner.execute_run`.
 
 Each keyword of :func:`run` is the ``perfscope run`` flag of the same name (``--prompt-len``
 → ``prompt_len``); ``**engine_options`` are ``--engine-opt KEY=VALUE``.
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from perfscope.errors import EngineError, RunNotFoundError, UsageError
 
 if TYPE_CHECKING:
-    from perfscope._run import Run
-    from perfscope._runner import ProgressHook, RunOptions, RunOutcome
     from perfscope.analysis.modelspec import ModelSpec
+    from perfscope.api.results import Run
+    from perfscope.api.runner import ProgressHook, RunOptions, RunOutcome
     from perfscope.profiler.engines.base import Engine, EngineOptions
 
 __all__ = [
@@ -131,7 +131,7 @@ class RunPlan:
     """A run, ready to execute: the capture options and how to build the engine.
 
     Attributes:
-        options: everything :func:`perfscope._runner.execute_run` needs.
+        options: everything :func:`perfscope.api.runner.execute_run` needs.
         engine_factory: builds the engine from ``(uri, EngineOptions)``; ``None`` = the
             registry (by URI scheme).
     """
@@ -360,7 +360,7 @@ def plan(a: RunArgs) -> RunPlan:
     """Assemble the capture options of a run from its arguments; raises
     :class:`perfscope.errors.UsageError` (one line, naming the argument) on bad input,
     before anything runs or is written."""
-    from perfscope._runner import RunOptions
+    from perfscope.api.runner import RunOptions
     from perfscope.profiler.driver import LoadConfig
     from perfscope.profiler.telemetry import TelemetryConfig, parse_gpus
     from perfscope.profiler.workload import WorkloadConfig, parse_length
@@ -467,7 +467,7 @@ def _server_metrics(a: RunArgs) -> Any:
 def execute(p: RunPlan, progress: ProgressHook | None = None) -> RunOutcome:
     """Run a plan and store the run; the outcome says how it ended (never raises for an
     engine failure or Ctrl-C: the captured data is kept and the status says so)."""
-    from perfscope._runner import execute_run
+    from perfscope.api.runner import execute_run
 
     if p.engine_factory is None:
         return execute_run(p.options, progress)
@@ -657,7 +657,7 @@ def run(
 
 def run_with(args: RunArgs, progress: ProgressHook | None = None) -> Run:
     """:func:`run` from a :class:`RunArgs` record."""
-    from perfscope._run import load_run
+    from perfscope.api.results import load_run
 
     p = plan(args)
     outcome = execute(p, progress)

@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from perfscope._argtypes import device
 from perfscope.analysis.catalogue import NA, format_bytes, format_number, format_seconds, format_si
+from perfscope.cli._argtypes import device
 from perfscope.dashboard.terminal import FitTable
 from perfscope.errors import PerfscopeError, UsageError
 

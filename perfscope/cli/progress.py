@@ -16,8 +16,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from perfscope._runner import ProgressHook
 from perfscope.analysis.catalogue import format_count, format_ratio, format_seconds, format_si
+from perfscope.api.runner import ProgressHook
 from perfscope.profiler.recorder import LiveCounts, Recorder
 
 __all__ = ["LiveProgress", "ProgressState", "progress_hook", "render_progress"]

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from perfscope._argtypes import add_runs_dir
 from perfscope.analysis.catalogue import format_bytes, format_number, format_ratio, format_seconds
+from perfscope.cli._argtypes import add_runs_dir
 from perfscope.dashboard.terminal import FitTable
 from perfscope.errors import UsageError
 
@@ -23,9 +23,9 @@ __all__ = ["register", "study_table"]
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``perfscope study``."""
-    from perfscope._argtypes import key_value, nonneg_int, positive_int
-    from perfscope._cli_sweep import add_openai_options
-    from perfscope._study import APPLIES, KNOBS
+    from perfscope.api.study import APPLIES, KNOBS
+    from perfscope.cli._argtypes import key_value, nonneg_int, positive_int
+    from perfscope.cli.sweep import add_openai_options
 
     p = subparsers.add_parser(
         "study",
@@ -95,8 +95,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _cmd_study(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._cli_sweep import run_args
-    from perfscope._study import _check_applies, _knob, _values, study_with
+    from perfscope.api.study import _check_applies, _knob, _values, study_with
+    from perfscope.cli.sweep import run_args
 
     knob = _knob(args.knob)  # one-line errors before anything runs
     _check_applies(knob, args.engine)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfscope._argtypes import add_runs_dir
+from perfscope.cli._argtypes import add_runs_dir
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -67,7 +67,7 @@ def print_rows(
 
 
 def _cmd_index(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._index import open_index
+    from perfscope.api.index import open_index
 
     root = runs_root(args)
     with open_index(root, rebuild=args.rebuild) as index:
@@ -84,7 +84,7 @@ def _cmd_index(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_query(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._index import ALL_COLUMN_NAMES, INDEX_COLUMNS, open_index
+    from perfscope.api.index import ALL_COLUMN_NAMES, INDEX_COLUMNS, open_index
     from perfscope.errors import UsageError
 
     if args.columns:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NoReturn
 from rich.console import Console
 
 from perfscope import __version__
-from perfscope._argtypes import (
+from perfscope.cli._argtypes import (
     add_runs_dir,
     device,
     key_value,
@@ -98,7 +98,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "Hugging Face model folder), 'openai:URL' (an OpenAI-compatible server) or "
         "'python:MODULE:ATTR' (any generator of tokens)",
     )
-    from perfscope._cli_sweep import add_length_options, add_openai_options
+    from perfscope.cli.sweep import add_length_options, add_openai_options
 
     w = p.add_argument_group("workload")
     w.add_argument(
@@ -319,10 +319,10 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._api import execute, plan
-    from perfscope._cli_sweep import run_args
-    from perfscope._progress import progress_hook
-    from perfscope._render import summary_view
+    from perfscope.api.run import execute, plan
+    from perfscope.cli.progress import progress_hook
+    from perfscope.cli.render import summary_view
+    from perfscope.cli.sweep import run_args
 
     if args.seed is not None and args.engine.startswith("openai"):
         Console(stderr=True).print(
@@ -334,7 +334,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     err = Console(stderr=True)
     hook = progress_hook(err, args.no_progress)
     if args.repeat > 1 or args.vs:
-        from perfscope._run_sets import run_repeated
+        from perfscope.api.repeat import run_repeated
 
         return run_repeated(
             given, args.repeat, args.vs, hook, console, err, as_json=args.json, report=args.report
@@ -345,7 +345,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     else:
         console.print(summary_view(outcome.summary, outcome.path))
     if args.report:
-        from perfscope._cli_report import write_run_report
+        from perfscope.cli.report import write_run_report
 
         write_run_report(outcome.path, err)
     if outcome.status != "complete":
@@ -371,9 +371,9 @@ def _say_state(run: Any) -> None:
 
 
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._analyze import analyze_stored
-    from perfscope._render import summary_view
     from perfscope.analysis import Summary
+    from perfscope.api.analyze import analyze_stored
+    from perfscope.cli.render import summary_view
     from perfscope.profiler.store import read_run, resolve_run_path
 
     run = read_run(resolve_run_path(args.run, args.runs_dir))
@@ -392,9 +392,9 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._analyze import analyze_stored
-    from perfscope._render import summary_view
     from perfscope.analysis.slo import parse_slos
+    from perfscope.api.analyze import analyze_stored
+    from perfscope.cli.render import summary_view
     from perfscope.profiler.store import read_run, resolve_run_path, write_json_atomic
 
     run = read_run(resolve_run_path(args.run, args.runs_dir))
@@ -417,10 +417,10 @@ def _cmd_analyze(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
     if args.where:
-        from perfscope._cli_index import runs_root
+        from perfscope.cli.index import runs_root
 
         return _ls_where(runs_root(args), args, console)
-    from perfscope._render import runs_table
+    from perfscope.cli.render import runs_table
     from perfscope.profiler.store import default_runs_root, scan_runs
 
     root = args.runs_dir or default_runs_root()
@@ -453,8 +453,8 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
 
 def _ls_where(root: Path, args: argparse.Namespace, console: Console) -> int:
     """``ls --where``: the listing answered by the run index (fast over thousands of runs)."""
-    from perfscope._cli_index import print_rows
-    from perfscope._index import open_index
+    from perfscope.api.index import open_index
+    from perfscope.cli.index import print_rows
 
     cols = (
         "run_id, state, name, engine_kind, requests, failed, ttft_p50_s, tpot_p50_s, "
@@ -523,22 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _command_modules() -> list[Any]:
-    """Command groups that live in their own modules (``perfscope/_cli_*.py``)."""
-    import importlib
+    """Command groups that live in their own modules (``perfscope/cli/*.py``)."""
+    from perfscope.cli import dashboard, hw, index, report, roofline, study, sweep
 
-    mods = []
-    names: tuple[str, ...] = (
-        "_cli_hw",
-        "_cli_roofline",
-        "_cli_report",
-        "_cli_sweep",
-        "_cli_dashboard",
-        "_cli_index",
-        "_cli_study",
-    )
-    for name in names:
-        mods.append(importlib.import_module(f"perfscope.{name}"))
-    return mods
+    return [hw, roofline, report, sweep, dashboard, index, study]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -552,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=120)  # pipes and CI logs: do not squeeze tables to 80
-    from perfscope._runner import stop_signals_as_interrupt
+    from perfscope.api.runner import stop_signals_as_interrupt
 
     try:
         # SIGTERM/SIGHUP unwind like Ctrl-C: temp files are removed, captured data kept.

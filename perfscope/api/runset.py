@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from perfscope._grammar import number_or_none, resolve_metric
+from perfscope.checks.grammar import number_or_none, resolve_metric
 from perfscope.errors import UsageError
 
 __all__ = ["RunSet", "load_if_path", "run_dirs", "runs_of", "samples_of", "summary_of"]
@@ -93,7 +93,7 @@ class RunSet:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        from perfscope._run import Section
+        from perfscope.api.results import Section
 
         latency = self.summary.get("latency", {})
         if name in latency:
@@ -124,7 +124,7 @@ def run_dirs(target: Any) -> list[str]:
 
 def load_if_path(target: Any) -> Any:
     if isinstance(target, Path):
-        from perfscope._run import load_run
+        from perfscope.api.results import load_run
 
         return load_run(target)
     return target

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from perfscope import __version__
-from perfscope._analyze import analyze_stored
 from perfscope.analysis import Summary
+from perfscope.api.analyze import analyze_stored
 from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.hwdb import load_database, resolve_hardware
 from perfscope.profiler import nvtx_ranges

@@ -20,8 +20,8 @@ from perfscope.errors import UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from perfscope._api import RunArgs
-    from perfscope._runner import ProgressHook
+    from perfscope.api.run import RunArgs
+    from perfscope.api.runner import ProgressHook
 
 __all__ = ["run_repeated"]
 
@@ -44,8 +44,8 @@ def run_repeated(
     """Run ``args`` ``repeat`` times (alternating with engine ``vs`` when given), then print
     the comparison (with ``vs``) or the run set; returns the exit code (1 if any run did not
     complete). Both configurations are planned (and so checked) before anything runs."""
-    from perfscope._api import RunPlan, execute, plan
-    from perfscope._cli_report import write_run_report
+    from perfscope.api.run import RunPlan, execute, plan
+    from perfscope.cli.report import write_run_report
 
     first = plan(args)
     opts = first.options
@@ -90,7 +90,7 @@ def run_repeated(
                 failed += 1
     sets = [",".join(p.name for p in paths[key]) for key, _ in configs]
     if vs is not None:
-        from perfscope._cli_report import _load, _tables
+        from perfscope.cli.report import _load, _tables
         from perfscope.dashboard.compare import compare_sets, comparison_table
 
         runs = [[_load(str(p), None) for p in paths[key]] for key, _ in configs]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from perfscope._argtypes import add_runs_dir
+from perfscope.cli._argtypes import add_runs_dir
 from perfscope.errors import UsageError
 
 __all__ = ["register"]

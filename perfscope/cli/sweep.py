@@ -1,7 +1,7 @@
 """``perfscope sweep``: one run per offered rate (or concurrency), then the sweep summary
 (throughput-latency curve, knee, ``max_goodput_rate``), through :func:`perfscope.sweep`;
 and what ``perfscope run`` shares with it: the ``openai:`` flags and :func:`run_args`, which
-turns either command's flags into the :class:`perfscope._api.RunArgs` of a run."""
+turns either command's flags into the :class:`perfscope.api.run.RunArgs` of a run."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from perfscope._argtypes import add_runs_dir, nonneg_int, request_count
+from perfscope.cli._argtypes import add_runs_dir, nonneg_int, request_count
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from perfscope._api import RunArgs
+    from perfscope.api.run import RunArgs
 
 __all__ = [
     "add_openai_options",
@@ -187,10 +187,10 @@ def openai_extra(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run_args(args: argparse.Namespace) -> RunArgs:
-    """The :class:`perfscope._api.RunArgs` of ``perfscope run``'s flags (shared with the
+    """The :class:`perfscope.api.run.RunArgs` of ``perfscope run``'s flags (shared with the
     sweep, which has a subset of them)."""
-    from perfscope._api import RunArgs
     from perfscope.analysis.slo import parse_slos
+    from perfscope.api.run import RunArgs
 
     shape = {
         k.removeprefix("shape_"): v
@@ -402,7 +402,7 @@ SMALL_SAMPLE = 100
 
 
 def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
-    from perfscope._api import sweep_with
+    from perfscope.api.run import sweep_with
 
     err = Console(stderr=True)
     per_point = args.requests or 32

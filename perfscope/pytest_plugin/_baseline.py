@@ -28,10 +28,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from perfscope._change import compare_samples
-from perfscope._grammar import parse_limit, parse_tolerance
 from perfscope.analysis.catalogue import format_change, format_metric, format_ratio
 from perfscope.analysis.compare import between_run_change, contention_of
+from perfscope.checks.change import compare_samples
+from perfscope.checks.grammar import parse_limit, parse_tolerance
 from perfscope.errors import SLOError, UsageError
 from perfscope.profiler.store import write_json_atomic
 

@@ -90,7 +90,7 @@ class Run:
 
     def __init__(self, stored: StoredRun) -> None:
         if stored.summary is None:
-            from perfscope._analyze import analyze_stored
+            from perfscope.api.analyze import analyze_stored
 
             summary = analyze_stored(stored, write=False)  # reading never writes
         else:

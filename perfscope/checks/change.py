@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfscope._grammar import parse_tolerance
-from perfscope._runset import samples_of
 from perfscope.analysis.catalogue import better_of, format_change, format_metric, format_ratio
+from perfscope.api.runset import samples_of
+from perfscope.checks.grammar import parse_tolerance
 from perfscope.errors import PerfAssertionError, UsageError
 
 __all__ = [

@@ -1,7 +1,7 @@
 """``perfscope.study()``: vary one knob, everything else fixed, runs interleaved with repeats.
 
 Each knob is named as its ``perfscope run`` flag (``batch-size``, ``kv-heads``, ``dtype``,
-...) and maps one value onto the :class:`perfscope._api.RunArgs` of a run (a field, a
+...) and maps one value onto the :class:`perfscope.api.run.RunArgs` of a run (a field, a
 model-shape override or a reference-engine option). The settings run interleaved, round
 after round (A B C A B C ...), so slow drifts of a shared machine hit every setting alike;
 :func:`perfscope.analysis.study.build_study` turns the runs into the study record, which
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from perfscope._api import RunArgs
     from perfscope.analysis.study import Study
+    from perfscope.api.run import RunArgs
 
 __all__ = [
     "APPLIES",
@@ -356,8 +356,8 @@ def study_with(
     quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
 ) -> Study:
     """:func:`study` from a :class:`RunArgs` record of the fixed options."""
-    from perfscope._api import _whole, execute, plan
     from perfscope.analysis.study import build_study
+    from perfscope.api.run import _whole, execute, plan
     from perfscope.profiler.store import default_runs_root, write_json_atomic
 
     say = log or (lambda line: None)
@@ -528,7 +528,7 @@ def study(
         perfscope.errors.UsageError: an unknown knob or value, bad options, or a run that
             did not complete (its captured data is kept).
     """
-    from perfscope._api import _RUN_ARG_NAMES, RunArgs
+    from perfscope.api.run import _RUN_ARG_NAMES, RunArgs
 
     if k := {"knob", "values"} & set(options):
         raise UsageError(f"study() takes {', '.join(sorted(k))} once")

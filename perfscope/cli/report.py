@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfscope._argtypes import add_runs_dir, positive_int
+from perfscope.cli._argtypes import add_runs_dir, positive_int
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ __all__ = ["register", "write_run_report"]
 def _load(ref: str, runs_dir: Path | None) -> StoredRun:
     """A stored run with its summary (computed in memory, never saved, when summary.json
     is missing: reading never writes). Crashed runs and ignored files are noted on stderr."""
-    from perfscope._analyze import analyze_stored
+    from perfscope.api.analyze import analyze_stored
     from perfscope.profiler.store import read_run, resolve_run_path
 
     run = read_run(resolve_run_path(ref, runs_dir))
