@@ -29,6 +29,7 @@ from perfscope.analysis.catalogue import value_at
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.metrics import per_request
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.client import client_section
 from perfscope.analysis.prompt_cache import prompt_cache_section
 from perfscope.analysis.roofline import roofline_section
 from perfscope.analysis.server_metrics import server_metrics_section
@@ -169,6 +170,7 @@ def analyze(
             "advice": advice,
             "projections": projections,
             "prompt_cache": prompt_cache_section(stored_run.requests),
+            "client": client_section(stored_run.manifest),
             "speculative": speculative_section(stored_run.steps, stored_run.manifest, roofline),
         },
     )

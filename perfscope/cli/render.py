@@ -74,6 +74,16 @@ def _prompt_cache_line(summary: Summary) -> str | None:
     )
 
 
+def _client_line(summary: Summary) -> str | None:
+    """One line on the HTTP client's own cost and stamping clock (``openai:`` runs)."""
+    c = summary.to_dict().get("client")
+    if not isinstance(c, dict) or c.get("cpu_s") is None:
+        return None
+    rss = c.get("peak_rss_bytes") or 0
+    clock = f", chunks stamped by the {c['stamp_clock']} clock" if c.get("stamp_clock") else ""
+    return f"client: {c['cpu_s']:.2f} CPU-s, peak RSS {rss / 1e6:.0f} MB{clock}"
+
+
 def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) -> RenderableType:
     """The whole summary as the CLI prints it (a summary.json dict is read as a Summary)."""
     summary = as_summary(summary)
@@ -98,6 +108,9 @@ def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) ->
     cache_line = _prompt_cache_line(summary)
     if cache_line is not None:
         parts.append(Text(cache_line))
+    client_line = _client_line(summary)
+    if client_line is not None:
+        parts.append(Text(client_line, style="dim"))
     for section_renderer in _extra_renderers():
         r = section_renderer(summary)
         if r is not None:

@@ -338,31 +338,46 @@ def register_engine(scheme: str) -> Callable[[EngineFactory], EngineFactory]:
     return deco
 
 
-def _load_builtin_engines() -> None:
-    # Imported lazily: the reference engine pulls in torch, which `perfscope ls` never needs.
-    import perfscope.profiler.engines.hf
-    import perfscope.profiler.engines.python_callable
-    import perfscope.profiler.engines.reference
-    import perfscope.profiler.engines.vllm_engine
+#: Built-in engine modules by URI scheme: a run imports only its own engine's module, so an
+#: ``openai:`` run never imports torch (the reference engine's dependency).
+_BUILTIN_MODULES: dict[str, str] = {
+    "reference": "perfscope.profiler.engines.reference",
+    "hf": "perfscope.profiler.engines.hf",
+    "python": "perfscope.profiler.engines.python_callable",
+    "vllm": "perfscope.profiler.engines.vllm_engine",
+    "openai": "perfscope.profiler.engines.openai",
+}
 
-    try:
-        import perfscope.profiler.engines.openai  # noqa: F401
-    except ImportError as exc:  # optional dependency (aiohttp): fail only when openai: is used
-        _missing = str(exc)
 
-        def _openai_missing(uri: str, options: EngineOptions) -> Engine:
-            raise UsageError(
-                f"the openai engine needs the 'openai' extra ({_missing}): "
-                "pip install 'perfscope[openai]'"
-            )
+def _load_builtin_engines(scheme: str | None = None) -> None:
+    """Import the built-in engine module for ``scheme`` (all of them when None or unknown)."""
+    import importlib
 
-        _REGISTRY.setdefault("openai", _openai_missing)
+    wanted = [scheme] if scheme in _BUILTIN_MODULES else list(_BUILTIN_MODULES)
+    for name in wanted:
+        if name in _REGISTRY:
+            continue
+        try:
+            importlib.import_module(_BUILTIN_MODULES[name])
+        except ImportError as exc:
+            if name != "openai":
+                raise
+            # optional dependency (aiohttp): fail only when openai: is used
+            _missing = str(exc)
+
+            def _openai_missing(uri: str, options: EngineOptions, _m: str = _missing) -> Engine:
+                raise UsageError(
+                    f"the openai engine needs the 'openai' extra ({_m}): "
+                    "pip install 'perfscope[openai]'"
+                )
+
+            _REGISTRY.setdefault("openai", _openai_missing)
 
 
 def create_engine(uri: str, options: EngineOptions | None = None) -> Engine:
     """Build the engine for ``uri`` (``reference``, ``python:module:attr``, ...)."""
-    _load_builtin_engines()
     scheme = uri.split(":", 1)[0].strip().lower() if uri else ""
+    _load_builtin_engines(scheme)
     factory = _REGISTRY.get(scheme)
     if factory is None:
         known = ", ".join(f"{s}" if s == "reference" else f"{s}:..." for s in sorted(_REGISTRY))

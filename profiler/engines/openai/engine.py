@@ -50,6 +50,7 @@ from perfscope.profiler.engines.openai.client import (
     stream_request,
     trace_config,
 )
+from perfscope.profiler.engines.openai.cost import ClientCost
 from perfscope.profiler.engines.openai.tokens import TokenCounter, count_tokens, load_tokenizer
 from perfscope.profiler.engines.openai.workers import WorkerJobResult, WorkerPool, WorkerSettings
 from perfscope.profiler.recorder import Recorder
@@ -289,6 +290,7 @@ class OpenAIEngine:
         self.stats = _Stats()
         self._preflight_warnings: list[str] = []
         self._pool: WorkerPool | None = None
+        self._cost = ClientCost()
 
     # --- setup --------------------------------------------------------------------------
 
@@ -572,6 +574,7 @@ class OpenAIEngine:
     ) -> None:
         now_ns = recorder.clock.now_ns
         jobs: dict[int, Submission] = {}
+        self._cost = ClientCost.start()
         submitted = threading.Event()
         feeder_error: list[BaseException] = []
         pool.start_run(origin)
@@ -616,6 +619,9 @@ class OpenAIEngine:
         self.stats.lag_ns = [x for w in worker_stats for x in w.lag_ns]
         _client.STAMP_DELAYS_NS[:] = [x for w in worker_stats for x in w.stamp_delays_ns]
         busiest = max(worker_stats, key=lambda w: w.cpu_s / w.wall_s if w.wall_s else 0.0)
+        self._cost.workers_cpu_s = sum(w.cpu_s for w in worker_stats)
+        self._cost.workers_peak_rss_bytes = max((w.peak_rss_bytes for w in worker_stats), default=0)
+        self._cost.stop()
         self._report(busiest.cpu_s, busiest.wall_s)
         if feeder_error:
             exc = feeder_error[0]
@@ -664,6 +670,7 @@ class OpenAIEngine:
 
         thread = threading.Thread(target=feeder, name="perfscope-openai-feeder", daemon=True)
         monitor = loop.create_task(self._lag_probe())
+        self._cost = ClientCost.start()
         cpu0, wall0 = time.thread_time(), time.perf_counter()
         thread.start()
         try:
@@ -676,6 +683,7 @@ class OpenAIEngine:
             cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
             await session.close()
             await fresh.close()
+            self._cost.stop()
             self._report(cpu, wall)
         if feeder_error:
             exc = feeder_error[0]
@@ -833,6 +841,8 @@ class OpenAIEngine:
             "chunk_gap_s": gap,
             "stamp_lateness_share_of_gap": late / gap if gap else None,
             "loop_cpu_share": cpu_share,
+            "cpu_s": self._cost.cpu_s,
+            "peak_rss_bytes": self._cost.peak_rss_bytes,
             "workers": self.cfg.workers if self._pool is not None else 1,
             "saturated": saturated,
             "client_queue_s": _pcts(st.queue_ns),

@@ -27,6 +27,7 @@ import aiohttp
 
 from perfscope.profiler.engines.openai import client as _client
 from perfscope.profiler.engines.openai.client import StreamResult, stream_request, trace_config
+from perfscope.profiler.engines.openai.cost import peak_rss_bytes
 
 __all__ = ["WorkerJobResult", "WorkerPool", "WorkerSettings"]
 
@@ -61,6 +62,7 @@ class WorkerStats:
     stamp_delays_ns: list[int] = field(default_factory=list)
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    peak_rss_bytes: int = 0
 
 
 def _session(force_close: bool) -> aiohttp.ClientSession:
@@ -133,6 +135,7 @@ async def _worker(conn: Connection, st: WorkerSettings) -> None:
                 stats.stamp_delays_ns = list(_client.STAMP_DELAYS_NS)
                 stats.cpu_s = time.thread_time() - cpu0
                 stats.wall_s = time.perf_counter() - wall0
+                stats.peak_rss_bytes = peak_rss_bytes()
                 conn.send(stats)
             elif msg[0] == "quit":
                 break
