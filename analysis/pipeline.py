@@ -26,10 +26,10 @@ import pandas as pd
 
 from perfscope.analysis.advisor import advise
 from perfscope.analysis.catalogue import value_at
+from perfscope.analysis.client import client_section
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.metrics import per_request
 from perfscope.analysis.modelspec import ModelSpec
-from perfscope.analysis.client import client_section
 from perfscope.analysis.prompt_cache import prompt_cache_section
 from perfscope.analysis.roofline import roofline_section
 from perfscope.analysis.server_metrics import server_metrics_section

@@ -356,7 +356,11 @@ def test_streams_sharded_over_worker_processes_keep_the_run_clock() -> None:
         # (loosely: one descheduled process on a shared 2-core machine delays a stamp).
         assert (t >= w).all() and np.median(t - w) < 50e6, (t - w) / 1e6
     client = engine.info().config["client"]
-    assert client["workers"] == 2 and client["stamp_delay_s"]["samples"] > 0
+    assert client["workers"] == 2
+    if client["stamp_clock"] == "kernel":  # the workers' reads came back with their stamps
+        assert client["stall"]["evidence"]["reads"] >= 12 * 6 / 2
+    else:
+        assert client["stamp_delay_s"]["samples"] > 0
 
 
 def test_multi_turn_from_a_file_resends_the_recorded_replies(tmp_path: Path) -> None:

@@ -90,6 +90,10 @@ class StreamResult:
         reused: the request went out on a pooled (kept-alive) connection.
         t_headers_ns: when the client read the response headers.
         t_usage_ns: when the last event with a usage arrived.
+        kernel_stamped: the arrival times are the kernel's receive stamps (:mod:`.kstamp`),
+            not user-space read times.
+        stall_ns: the longest a read of this stream waited between the kernel's receive
+            stamp and the event loop's processing (kernel-stamped streams only; ns).
     """
 
     candidates: list[Candidate] = field(default_factory=list)
@@ -114,6 +118,8 @@ class StreamResult:
     reused: bool = False
     t_headers_ns: int | None = None
     t_usage_ns: int | None = None
+    kernel_stamped: bool = False
+    stall_ns: int | None = None
 
     def settle(self) -> None:
         """Decide which candidates are token arrivals (see the class docstring)."""

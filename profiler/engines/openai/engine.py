@@ -51,6 +51,12 @@ from perfscope.profiler.engines.openai.client import (
     trace_config,
 )
 from perfscope.profiler.engines.openai.cost import ClientCost
+from perfscope.profiler.engines.openai.kstamp import (
+    KernelTransport,
+    TransportStats,
+    kernel_stamps_available,
+)
+from perfscope.profiler.engines.openai.stall import RequestSpan, judge_kernel, judge_user
 from perfscope.profiler.engines.openai.tokens import TokenCounter, count_tokens, load_tokenizer
 from perfscope.profiler.engines.openai.workers import WorkerJobResult, WorkerPool, WorkerSettings
 from perfscope.profiler.recorder import Recorder
@@ -74,6 +80,9 @@ SATURATION_GAP_SHARE = 0.1
 PROMPT_LEN_TOLERANCE = 0.05
 
 CONNECTION_POLICIES = ("reuse", "new")
+#: ``--engine-opt transport=``: ``auto`` (kernel stamps for plain http:// on Linux, else
+#: aiohttp), ``kernel`` (insist; an error where unavailable), ``aiohttp`` (user-space stamps).
+TRANSPORTS = ("auto", "kernel", "aiohttp")
 
 _OPTIONAL_FIELDS = ("ignore_eos", "continuous_usage_stats", "stream_options")
 
@@ -122,6 +131,9 @@ class OpenAIConfig:
             None repeats it exactly (the server may serve it from its prompt cache).
         longest_request_tokens: the workload's longest prompt + output, checked against the
             server's ``max_model_len`` at preflight.
+        transport: ``kernel`` (chunks stamped with the kernel's receive time, see
+            :mod:`.kstamp`) or ``aiohttp`` (stamped in user space); ``auto`` picks ``kernel``
+            for plain ``http://`` on Linux where the kernel accepts the socket options.
     """
 
     base_url: str
@@ -140,6 +152,14 @@ class OpenAIConfig:
     workers: int = 1
     prompt_salt: int | None = None
     longest_request_tokens: int | None = None
+    transport: str = "auto"
+
+    @property
+    def kernel_stamps(self) -> bool:
+        """Whether streams go through the kernel-stamped transport."""
+        if self.transport == "aiohttp" or not self.base_url.startswith("http://"):
+            return False
+        return kernel_stamps_available()
 
     @classmethod
     def from_engine_options(cls, uri: str, options: EngineOptions) -> OpenAIConfig:
@@ -195,6 +215,17 @@ class OpenAIConfig:
             raise UsageError(f"workers {x.get('workers')!r}: give a whole number") from None
         if not 1 <= workers <= 64:
             raise UsageError(f"workers must be 1-64, got {workers}")
+        transport = (x.get("transport") or "auto").strip().lower()
+        if transport not in TRANSPORTS:
+            raise UsageError(
+                f"transport {transport!r}: use 'auto', 'kernel' (kernel receive stamps, plain "
+                "http:// on Linux) or 'aiohttp' (user-space stamps)"
+            )
+        if transport == "kernel" and not (url.startswith("http://") and kernel_stamps_available()):
+            raise UsageError(
+                "transport=kernel needs a plain http:// URL on Linux with SO_TIMESTAMPING; "
+                "use transport=auto to fall back to user-space stamps"
+            )
         salt_text = (x.get("prompt_salt") or "none").strip().lower()
         try:
             salt = None if salt_text in ("", "none") else int(salt_text)
@@ -219,6 +250,7 @@ class OpenAIConfig:
             workers=workers,
             prompt_salt=salt,
             longest_request_tokens=options.longest_request_tokens,
+            transport=transport,
         )
 
     @property
@@ -268,6 +300,9 @@ class _Stats:
         self.prompt_server: list[int] = []
         self.reconciled = 0
         self.unexplained = 0
+        self.spans: list[RequestSpan] = []
+        self.lag_events: list[tuple[int, int]] = []
+        self.kernel_stamped = 0
 
 
 class OpenAIEngine:
@@ -291,6 +326,7 @@ class OpenAIEngine:
         self._preflight_warnings: list[str] = []
         self._pool: WorkerPool | None = None
         self._cost = ClientCost()
+        self._transport_stats: list[TransportStats] = []
 
     # --- setup --------------------------------------------------------------------------
 
@@ -522,7 +558,11 @@ class OpenAIEngine:
             self._pool = WorkerPool(
                 self.cfg.workers,
                 WorkerSettings(
-                    self.cfg.url, dict(self._headers), self.cfg.timeout_s, self.cfg.connection
+                    self.cfg.url,
+                    dict(self._headers),
+                    self.cfg.timeout_s,
+                    self.cfg.connection,
+                    kernel_stamps=self.cfg.kernel_stamps,
                 ),
             )
 
@@ -619,6 +659,7 @@ class OpenAIEngine:
         self.stats.lag_ns = [x for w in worker_stats for x in w.lag_ns]
         _client.STAMP_DELAYS_NS[:] = [x for w in worker_stats for x in w.stamp_delays_ns]
         busiest = max(worker_stats, key=lambda w: w.cpu_s / w.wall_s if w.wall_s else 0.0)
+        self._transport_stats = [w.transport for w in worker_stats if w.transport is not None]
         self._cost.workers_cpu_s = sum(w.cpu_s for w in worker_stats)
         self._cost.workers_peak_rss_bytes = max((w.peak_rss_bytes for w in worker_stats), default=0)
         self._cost.stop()
@@ -642,10 +683,16 @@ class OpenAIEngine:
         session = self._session(force_close=self.cfg.connection == "new")
         # Retries go out on a new connection each (never on a pooled one).
         fresh = self._session(force_close=True)
+        kernel: tuple[KernelTransport, KernelTransport] | None = None
+        if self.cfg.kernel_stamps:
+            kernel = (
+                KernelTransport(now_ns, reuse=self.cfg.connection == "reuse"),
+                KernelTransport(now_ns, reuse=False),
+            )
 
         def start(sub: Submission, body: bytes) -> None:
             sub.handle.record.t_dispatched = now_ns()
-            task = loop.create_task(self._one(session, fresh, sub, body, recorder))
+            task = loop.create_task(self._one(session, fresh, sub, body, recorder, kernel))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -669,7 +716,7 @@ class OpenAIEngine:
                     loop.call_soon_threadsafe(all_submitted.set)
 
         thread = threading.Thread(target=feeder, name="perfscope-openai-feeder", daemon=True)
-        monitor = loop.create_task(self._lag_probe())
+        monitor = loop.create_task(self._lag_probe(now_ns))
         self._cost = ClientCost.start()
         cpu0, wall0 = time.thread_time(), time.perf_counter()
         thread.start()
@@ -683,6 +730,12 @@ class OpenAIEngine:
             cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
             await session.close()
             await fresh.close()
+            if kernel is not None:
+                self._transport_stats = [kernel[0].stats, kernel[1].stats]
+                for k in kernel:
+                    k.close()
+            else:
+                self._transport_stats = []
             self._cost.stop()
             self._report(cpu, wall)
         if feeder_error:
@@ -691,14 +744,19 @@ class OpenAIEngine:
                 raise exc
             raise EngineError(f"openai engine: preparing a request failed: {exc}") from exc
 
-    async def _lag_probe(self, interval_s: float = 0.002) -> None:
-        """How late the loop runs a due timer: the wait a just-arrived chunk may have had."""
-        lags = self.stats.lag_ns
+    async def _lag_probe(self, now_ns: Any, interval_s: float = 0.002) -> None:
+        """How late the loop runs a due timer: the wait a just-arrived chunk may have had.
+        Lags over 1 ms are also kept with their end time (run clock), to find the requests
+        in flight during a stall."""
+        lags, events = self.stats.lag_ns, self.stats.lag_events
         step = int(interval_s * 1e9)
         while True:
             t0 = time.perf_counter_ns()
             await asyncio.sleep(interval_s)
-            lags.append(max(0, time.perf_counter_ns() - t0 - step))
+            lag = max(0, time.perf_counter_ns() - t0 - step)
+            lags.append(lag)
+            if lag > 1_000_000:
+                events.append((now_ns(), lag))
 
     @staticmethod
     def _session(force_close: bool) -> aiohttp.ClientSession:
@@ -717,20 +775,24 @@ class OpenAIEngine:
         sub: Submission,
         body: bytes,
         recorder: Recorder,
+        kernel: tuple[KernelTransport, KernelTransport] | None = None,
     ) -> None:
         h = sub.handle
+        url, headers, timeout = self.cfg.url, self._headers, self.cfg.timeout_s
         try:
             now = recorder.clock.now_ns
-            res = await stream_request(
-                session, self.cfg.url, body, self._headers, now, self.cfg.timeout_s
-            )
+            if kernel is not None:
+                res = await kernel[0].stream_request(url, body, headers, timeout)
+            else:
+                res = await stream_request(session, url, body, headers, now, timeout)
             attempts = 1
             if res.retryable:
                 self.stats.retried += 1
                 self.stats.retry_reasons[str(res.error).split(":")[0]] += 1
-                res = await stream_request(
-                    fresh, self.cfg.url, body, self._headers, now, self.cfg.timeout_s
-                )
+                if kernel is not None:
+                    res = await kernel[1].stream_request(url, body, headers, timeout)
+                else:
+                    res = await stream_request(fresh, url, body, headers, now, timeout)
                 attempts = 2
                 if res.error is not None:
                     self.stats.retry_failed += 1
@@ -754,6 +816,17 @@ class OpenAIEngine:
                 st.send_path_ns.append(res.t_sent_ns - rec.t_dispatched - (res.connect_ns or 0))
         st.comments += res.comments
         st.ignored_lines += res.ignored_lines
+        if res.t_sent_ns is not None:
+            st.spans.append(
+                RequestSpan(
+                    sub.spec.request_id,
+                    res.t_sent_ns,
+                    res.t_headers_ns,
+                    tuple(res.t_ns),
+                    res.stall_ns,
+                )
+            )
+        st.kernel_stamped += res.kernel_stamped
         tc = count_tokens(res.texts, res.cumulative, res.completion_tokens, self.tokenizer)
         st.token_source[tc.source] += 1
         # Every arrival is recorded, also one attributed no token (only when the server's
@@ -824,7 +897,30 @@ class OpenAIEngine:
         # The client's own lateness: its loop's work between a chunk's arrival and its stamp.
         # (The lag probe also counts waits for a CPU, which fewer streams would not cure.)
         late = delay_p99 if delay_p99 is not None else (lag_p99 or 0.0)
-        saturated = is_saturated(late, gap)
+        kernel_clock = st.kernel_stamped > 0
+        # Kernel stamps do not wait for the loop: its lateness is not in them.
+        saturated = is_saturated(late, gap) and not kernel_clock
+        if kernel_clock:
+            ts = TransportStats()
+            for t in self._transport_stats:
+                ts.merge(t)
+            stall = judge_kernel(
+                st.spans, ts.loop_delay_ns, ts.reader_delay_ns, ts.merged_reads, ts.reads
+            )
+            stall.evidence["kernel_send_stamps"] = ts.kernel_send_stamps
+            stall.evidence["user_send_stamps"] = ts.user_send_stamps
+        else:
+            stall = judge_user(st.spans, st.lag_events)
+            if lag.size:  # the probe's own distribution, not just the events over 1 ms
+                stall.p50_s, stall.p99_s = lag_p50 or 0.0, lag_p99 or 0.0
+        n_spans = len(st.spans)
+        stamp_clock = (
+            "kernel"
+            if kernel_clock and st.kernel_stamped == n_spans
+            else "mixed"
+            if kernel_clock
+            else "user"
+        )
         client: dict[str, Any] = {
             "loop_lag_s": {
                 "samples": int(lag.size),
@@ -841,6 +937,8 @@ class OpenAIEngine:
             "chunk_gap_s": gap,
             "stamp_lateness_share_of_gap": late / gap if gap else None,
             "loop_cpu_share": cpu_share,
+            "stamp_clock": stamp_clock,
+            "stall": stall.to_dict(),
             "cpu_s": self._cost.cpu_s,
             "peak_rss_bytes": self._cost.peak_rss_bytes,
             "workers": self.cfg.workers if self._pool is not None else 1,
@@ -889,6 +987,9 @@ class OpenAIEngine:
                 + f"; loop thread at {100 * cpu_share:.0f}% of a core: use fewer concurrent "
                 "streams per client"
             )
+        stall_warning = stall.warning()
+        if stall_warning is not None:
+            warnings.append(stall_warning)
         if st.retried:
             warnings.append(
                 f"{st.retried} requests failed before reaching the server (pooled connection "

@@ -28,6 +28,7 @@ import aiohttp
 from perfscope.profiler.engines.openai import client as _client
 from perfscope.profiler.engines.openai.client import StreamResult, stream_request, trace_config
 from perfscope.profiler.engines.openai.cost import peak_rss_bytes
+from perfscope.profiler.engines.openai.kstamp import KernelTransport, TransportStats
 
 __all__ = ["WorkerJobResult", "WorkerPool", "WorkerSettings"]
 
@@ -41,6 +42,7 @@ class WorkerSettings:
     headers: dict[str, str]
     timeout_s: float | None
     connection: str
+    kernel_stamps: bool = False
 
 
 @dataclass
@@ -63,6 +65,7 @@ class WorkerStats:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     peak_rss_bytes: int = 0
+    transport: TransportStats | None = None
 
 
 def _session(force_close: bool) -> aiohttp.ClientSession:
@@ -106,12 +109,27 @@ async def _worker(conn: Connection, st: WorkerSettings) -> None:
             await asyncio.sleep(step_s)
             stats.lag_ns.append(max(0, time.perf_counter_ns() - t0 - step))
 
+    kernel = (
+        (
+            KernelTransport(now_ns, reuse=st.connection == "reuse"),
+            KernelTransport(now_ns, reuse=False),
+        )
+        if st.kernel_stamps
+        else None
+    )
+
     async def one(job_id: int, body: bytes) -> None:
-        res = await stream_request(session, st.url, body, st.headers, now_ns, st.timeout_s)
+        if kernel is not None:
+            res = await kernel[0].stream_request(st.url, body, st.headers, st.timeout_s)
+        else:
+            res = await stream_request(session, st.url, body, st.headers, now_ns, st.timeout_s)
         attempts, first = 1, None
         if res.retryable:
             first = res.error
-            res = await stream_request(fresh, st.url, body, st.headers, now_ns, st.timeout_s)
+            if kernel is not None:
+                res = await kernel[1].stream_request(st.url, body, st.headers, st.timeout_s)
+            else:
+                res = await stream_request(fresh, st.url, body, st.headers, now_ns, st.timeout_s)
             attempts = 2
         res.candidates = []  # settled: the arrivals are what the parent needs
         conn.send(WorkerJobResult(job_id, res, attempts, first))
@@ -124,6 +142,8 @@ async def _worker(conn: Connection, st: WorkerSettings) -> None:
                 origin[0] = int(msg[1])
                 stats = WorkerStats()
                 _client.STAMP_DELAYS_NS.clear()
+                for k in kernel or ():
+                    k.stats.clear()
                 cpu0, wall0 = time.thread_time(), time.perf_counter()
             elif msg[0] == "job":
                 task = loop.create_task(one(int(msg[1]), bytes(msg[2])))
@@ -136,6 +156,9 @@ async def _worker(conn: Connection, st: WorkerSettings) -> None:
                 stats.cpu_s = time.thread_time() - cpu0
                 stats.wall_s = time.perf_counter() - wall0
                 stats.peak_rss_bytes = peak_rss_bytes()
+                if kernel is not None:
+                    stats.transport = kernel[0].stats
+                    stats.transport.merge(kernel[1].stats)
                 conn.send(stats)
             elif msg[0] == "quit":
                 break
@@ -143,6 +166,8 @@ async def _worker(conn: Connection, st: WorkerSettings) -> None:
         probe.cancel()
         await session.close()
         await fresh.close()
+        for k in kernel or ():
+            k.close()
 
 
 def _worker_main(conn: Connection, settings: WorkerSettings) -> None:

@@ -1,0 +1,521 @@
+"""Streaming transport stamped by the kernel: each byte range carries the time Linux received it.
+
+The aiohttp client (:mod:`.client`) stamps a chunk when the event loop's socket callback
+runs. When the loop is stalled (a slow callback, or a server that takes every core), bytes
+that arrived earlier take the later read time: 10-1,300 ms late was measured with a vLLM CPU
+server on a 2-core machine. This transport asks the kernel instead:
+
+- Each socket has ``SO_TIMESTAMPING`` (``SOF_TIMESTAMPING_RX_SOFTWARE``): every ``recvmsg``
+  returns, as ancillary data, the CLOCK_REALTIME at which the kernel queued the last segment
+  it returned. It is converted to the run clock (``now_ns``) by how long ago it was.
+- TCP merges segments that wait in the receive queue, and a merged segment keeps the later
+  stamp. So sockets are read by one **reader thread** (``epoll``; it only reads and stamps,
+  never parses) rather than by the event loop: a blocked callback or a busy loop does not
+  hold it back (it waits in ``epoll`` without the GIL and gets the GIL back within the
+  interpreter's switch interval, 5 ms). A read that returned more than one SSE event is
+  counted as *merged*: its earlier events' stamps are upper bounds.
+- The request's send stamp is the kernel's transmit stamp of its last byte
+  (``SOF_TIMESTAMPING_TX_SOFTWARE``, ``OPT_ID``: read from the socket's error queue) where
+  the kernel gives one, else the time ``send`` returned.
+- HTTP/1.1 is parsed by ``h11`` (sans-IO), chunked transfer included; SSE framing is
+  :class:`.sse.SSEParser`'s, the event semantics :func:`.client._apply_event`'s, so both
+  transports produce the same :class:`.client.StreamResult`.
+
+Per read the transport also keeps two delays (ns): the reader thread's (kernel stamp to
+``recvmsg``; how close the stamps are to exact) and the event loop's (kernel stamp to the
+coroutine that processed it: what a user-space client would have booked as latency). The
+second is the client's *stall*.
+
+Plain ``http://`` on Linux only; :func:`kernel_stamps_available` says whether the kernel
+accepts the options. Elsewhere (TLS, other systems) the engine keeps the aiohttp client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import h11
+
+from perfscope.profiler.engines.openai.client import StreamResult, _apply_event, error_text
+from perfscope.profiler.engines.openai.sse import SSEParser
+
+__all__ = [
+    "KernelTransport",
+    "ReadStamp",
+    "kernel_stamps_available",
+]
+
+#: Linux socket option numbers (``asm-generic/socket.h``; Python's socket module lacks them).
+SO_TIMESTAMPING = 37
+SCM_TIMESTAMPING = SO_TIMESTAMPING
+SOF_TIMESTAMPING_TX_SOFTWARE = 1 << 1
+SOF_TIMESTAMPING_RX_SOFTWARE = 1 << 3
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+SOF_TIMESTAMPING_OPT_ID = 1 << 7
+SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
+_RX_FLAGS = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
+_TX_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY
+#: ``struct scm_timestamping``: three ``struct timespec`` (software stamp first).
+_TS_SPACE = socket.CMSG_SPACE(48) + socket.CMSG_SPACE(64) if hasattr(socket, "CMSG_SPACE") else 0
+_IP_RECVERR = 11
+_IPV6_RECVERR = 25
+_READ_SIZE = 65536
+
+
+def kernel_stamps_available() -> bool:
+    """Whether this system stamps received TCP data for a socket (Linux with
+    ``SO_TIMESTAMPING`` accepted); False elsewhere."""
+    if not sys.platform.startswith("linux") or not hasattr(socket.socket, "recvmsg"):
+        return False
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS)
+    except OSError:
+        return False
+    return True
+
+
+def _timespec_ns(data: bytes) -> int:
+    sec, nsec = struct.unpack_from("qq", data)
+    return int(sec * 1_000_000_000 + nsec)
+
+
+@dataclass(frozen=True)
+class ReadStamp:
+    """One ``recvmsg`` of a stream.
+
+    Attributes:
+        data: the bytes read (empty: the peer closed).
+        kernel_ns: when the kernel received the last segment of ``data`` (run clock, ns);
+            None when the read carried no stamp.
+        read_ns: when the reader thread's ``recvmsg`` returned (run clock, ns).
+    """
+
+    data: bytes
+    kernel_ns: int | None
+    read_ns: int
+
+
+@dataclass
+class _Conn:
+    """One TCP connection, its HTTP state and what the reader thread has read for it."""
+
+    sock: socket.socket
+    key: tuple[str, int]
+    http: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    inbox: deque[ReadStamp] = field(default_factory=deque)
+    tx_stamps: dict[int, int] = field(default_factory=dict)
+    bytes_sent: int = 0
+    wake: asyncio.Event | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    eof: bool = False
+    requests: int = 0
+
+    def notify(self) -> None:
+        """Wake the coroutine reading this connection (reader thread → event loop)."""
+        ev, loop = self.wake, self.loop
+        if ev is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(ev.set)
+
+
+class _Reader(threading.Thread):
+    """The thread that reads every registered socket and stamps what it reads."""
+
+    def __init__(self, now_ns: Callable[[], int]) -> None:
+        super().__init__(name="perfscope-kstamp-reader", daemon=True)
+        self.now_ns = now_ns
+        self.ep = select.epoll()
+        self.conns: dict[int, _Conn] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def register(self, conn: _Conn) -> None:
+        with self.lock:
+            self.conns[conn.sock.fileno()] = conn
+        self.ep.register(conn.sock.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+
+    def unregister(self, conn: _Conn) -> None:
+        fd = conn.sock.fileno()
+        with self.lock:
+            self.conns.pop(fd, None)
+        if fd >= 0:
+            with contextlib.suppress(OSError, ValueError):
+                self.ep.unregister(fd)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                events = self.ep.poll(0.05)
+            except (OSError, ValueError):  # closed
+                return
+            touched: list[_Conn] = []
+            for fd, ev in events:
+                with self.lock:
+                    conn = self.conns.get(fd)
+                if conn is None:
+                    continue
+                if ev & select.EPOLLERR:
+                    self._read_errqueue(conn)
+                if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLRDHUP):
+                    self._read(conn)
+                    touched.append(conn)
+            for conn in touched:
+                conn.notify()
+
+    def _to_run_clock(self, real_ns: int) -> int:
+        # How long ago the kernel stamped it, taken off the run clock now.
+        return self.now_ns() - (time.clock_gettime_ns(time.CLOCK_REALTIME) - real_ns)
+
+    def _read(self, conn: _Conn) -> None:
+        sock = conn.sock
+        while not conn.eof:
+            try:
+                data, anc, _flags, _addr = sock.recvmsg(_READ_SIZE, _TS_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # reset: a note for the coroutine (read_ns -1)
+                conn.eof = True
+                conn.inbox.append(ReadStamp((exc.strerror or repr(exc)).encode(), None, -1))
+                self.unregister(conn)
+                return
+            t_read = self.now_ns()
+            k_ns: int | None = None
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPING and len(payload) >= 16:
+                    real = _timespec_ns(payload)
+                    if real:
+                        k_ns = self._to_run_clock(real)
+            conn.inbox.append(ReadStamp(data, k_ns, t_read))
+            if not data:
+                conn.eof = True
+                self.unregister(conn)
+                return
+
+    def _read_errqueue(self, conn: _Conn) -> None:
+        """Transmit stamps: ``(byte offset of the last byte sent, kernel time)``."""
+        while True:
+            try:
+                _d, anc, _f, _a = conn.sock.recvmsg(1, _TS_SPACE, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            stamp: int | None = None
+            key: int | None = None
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPING and len(payload) >= 16:
+                    real = _timespec_ns(payload)
+                    stamp = self._to_run_clock(real) if real else None
+                elif (level, kind) in (
+                    (socket.IPPROTO_IP, _IP_RECVERR),
+                    (socket.IPPROTO_IPV6, _IPV6_RECVERR),
+                ) and len(payload) >= 16:
+                    key = struct.unpack_from("I", payload, 12)[0]  # sock_extended_err.ee_data
+            if stamp is not None and key is not None:
+                conn.tx_stamps[key] = stamp
+
+
+class _ClosedEarlyError(Exception):
+    """The connection ended before a full response."""
+
+
+@dataclass
+class TransportStats:
+    """What the transport measured over a run (ns lists are per read).
+
+    Attributes:
+        reader_delay_ns: kernel stamp to the reader thread's ``recvmsg`` (how exact stamps
+            are: segments that wait merge and keep the later stamp).
+        loop_delay_ns: kernel stamp to the event loop's processing of the read (the stall a
+            user-space stamp would have carried).
+        reads / stamped_reads / merged_reads: reads of response bytes; those with a kernel
+            stamp; those that held more than one SSE event with choices.
+        kernel_send_stamps / user_send_stamps: requests whose send stamp is the kernel's
+            transmit stamp / the time ``send`` returned.
+    """
+
+    reader_delay_ns: list[int] = field(default_factory=list)
+    loop_delay_ns: list[int] = field(default_factory=list)
+    reads: int = 0
+    stamped_reads: int = 0
+    merged_reads: int = 0
+    kernel_send_stamps: int = 0
+    user_send_stamps: int = 0
+
+    def clear(self) -> None:
+        """Start a new run."""
+        self.__init__()  # type: ignore[misc]
+
+    def merge(self, other: TransportStats) -> None:
+        """Add ``other``'s reads and stamps to this one's."""
+        self.reader_delay_ns += other.reader_delay_ns
+        self.loop_delay_ns += other.loop_delay_ns
+        self.reads += other.reads
+        self.stamped_reads += other.stamped_reads
+        self.merged_reads += other.merged_reads
+        self.kernel_send_stamps += other.kernel_send_stamps
+        self.user_send_stamps += other.user_send_stamps
+
+
+class KernelTransport:
+    """Kernel-stamped HTTP/1.1 streaming over a pool of keep-alive connections.
+
+    Create it inside the event loop that will use it; ``close()`` at the end.
+    ``reuse=False`` opens a new connection per request (``--connection new``).
+    """
+
+    _MAX_DELAYS = 2_000_000
+
+    def __init__(self, now_ns: Callable[[], int], *, reuse: bool = True) -> None:
+        self.now_ns = now_ns
+        self.reuse = reuse
+        self.reader = _Reader(now_ns)
+        self.reader.start()
+        self.idle: dict[tuple[str, int], list[_Conn]] = {}
+        self.stats = TransportStats()
+
+    def close(self) -> None:
+        """Close every connection and stop the reader thread."""
+        for conns in self.idle.values():
+            for c in conns:
+                self._drop(c)
+        self.idle.clear()
+        self.reader.stop.set()
+        self.reader.join(2)
+        with contextlib.suppress(OSError):
+            self.reader.ep.close()
+
+    def _drop(self, conn: _Conn) -> None:
+        self.reader.unregister(conn)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+    async def _open(self, host: str, port: int) -> tuple[_Conn, int]:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _t, _p, _c, addr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS)
+        t0 = self.now_ns()
+        try:
+            await loop.sock_connect(sock, addr)
+        except BaseException:
+            sock.close()
+            raise
+        # Transmit stamps keyed by byte offset (OPT_ID) need a connected TCP socket.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS | _TX_FLAGS)
+        conn = _Conn(sock, (host, port))
+        self.reader.register(conn)
+        return conn, self.now_ns() - t0
+
+    async def stream_request(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        timeout_s: float | None,
+    ) -> StreamResult:
+        """POST ``body`` to ``url`` and read the SSE stream to its end, stamped by the
+        kernel; never raises for a failed request (the failure is in ``error``). Same
+        contract as :func:`.client.stream_request`."""
+        res = StreamResult()
+        parser = SSEParser()
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        t_begin = self.now_ns()
+        conn: _Conn | None = None
+        t_sent: int | None = None
+        key: int | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                pool = self.idle.get((host, port)) or []
+                while pool and conn is None:
+                    c = pool.pop()
+                    if c.eof or c.inbox:
+                        self._drop(c)
+                    else:
+                        conn, res.reused = c, True
+                if conn is None:
+                    conn, res.connect_ns = await self._open(host, port)
+                conn.loop = asyncio.get_running_loop()
+                conn.wake = asyncio.Event()
+                conn.requests += 1
+                hdrs = [("Host", f"{host}:{port}"), ("Content-Length", str(len(body)))]
+                hdrs += [(k, v) for k, v in headers.items() if k.lower() != "host"]
+                if not self.reuse:
+                    hdrs.append(("Connection", "close"))
+                wire = conn.http.send(h11.Request(method="POST", target=target, headers=hdrs))
+                wire = (wire or b"") + (conn.http.send(h11.Data(data=body)) or b"")
+                wire += conn.http.send(h11.EndOfMessage()) or b""
+                await conn.loop.sock_sendall(conn.sock, wire)
+                t_sent = self.now_ns()
+                conn.bytes_sent += len(wire)
+                key = conn.bytes_sent - 1
+                await self._read_response(conn, res, parser)
+        except _ClosedEarlyError as exc:
+            res.error = str(exc) or "connection closed by the server"
+            res.retryable = res.t_headers_ns is None and (t_sent is None or res.reused)
+        except ValueError as exc:
+            res.error = str(exc)[:200]
+        except h11.RemoteProtocolError as exc:
+            if conn is not None and conn.eof and res.t_headers_ns is None:
+                # Closed before any response: a pooled connection the server had closed.
+                res.error = "connection closed by the server"
+                res.retryable = t_sent is None or res.reused
+            elif conn is not None and conn.eof:
+                res.error = "connection reset during the stream"
+            else:
+                res.error = f"malformed HTTP response: {exc}"[:200]
+        except h11.LocalProtocolError as exc:
+            res.error = f"cannot send the request: {exc}"[:200]
+        except TimeoutError:
+            res.error = f"timeout after {timeout_s:g} s" if timeout_s else "timeout"
+        except ConnectionRefusedError as exc:
+            res.error = f"cannot connect: {exc.strerror or exc}"[:200]
+            res.retryable = True
+        except OSError as exc:
+            res.error = (
+                "connection reset during the stream"
+                if res.t_headers_ns is not None
+                else f"connection reset: {exc.strerror or exc}"[:200]
+            )
+            res.retryable = res.t_headers_ns is None and (t_sent is None or res.reused)
+        finally:
+            if conn is not None:
+                conn.wake = None
+                self._release(conn)
+        res.t_sent_ns = self._send_stamp(conn, key, t_sent, t_begin)
+        res.kernel_stamped = res.stall_ns is not None
+        res.settle()
+        res.events, res.comments, res.ignored_lines = (
+            parser.events,
+            parser.comments,
+            parser.ignored_lines,
+        )
+        if res.error is None and not res.done and not res.finish_reasons:
+            res.error = (
+                f"truncated stream: ended after {len(res.t_ns)} chunks without a finish_reason "
+                "or [DONE]"
+            )
+        return res
+
+    def _send_stamp(
+        self, conn: _Conn | None, key: int | None, t_sent: int | None, t_begin: int
+    ) -> int:
+        """The kernel's transmit stamp of the request's last byte, else the write's return."""
+        if conn is not None and key is not None:
+            k = conn.tx_stamps.pop(key, None)
+            conn.tx_stamps.clear()
+            if k is not None and t_sent is not None and k <= t_sent + 1_000_000:
+                self.stats.kernel_send_stamps += 1
+                return k
+        self.stats.user_send_stamps += 1
+        return t_sent if t_sent is not None else t_begin
+
+    def _release(self, conn: _Conn) -> None:
+        http = conn.http
+        if (
+            self.reuse
+            and not conn.eof
+            and http.our_state is h11.DONE
+            and http.their_state is h11.DONE
+        ):
+            http.start_next_cycle()
+            self.idle.setdefault(conn.key, []).append(conn)
+        else:
+            self._drop(conn)
+
+    async def _next_reads(self, conn: _Conn) -> list[ReadStamp]:
+        wake = conn.wake
+        assert wake is not None
+        while not conn.inbox:
+            wake.clear()
+            if conn.inbox:
+                break
+            await wake.wait()
+        out = list(conn.inbox)
+        for _ in out:
+            conn.inbox.popleft()
+        return out
+
+    async def _read_response(self, conn: _Conn, res: StreamResult, parser: SSEParser) -> None:
+        http = conn.http
+        st = self.stats
+        error_body: list[bytes] | None = None
+        reason = ""
+        while True:
+            for rs in await self._next_reads(conn):
+                if rs.read_ns < 0:  # the reader's note of a reset
+                    raise OSError(rs.data.decode(errors="replace"))
+                t_loop = self.now_ns()
+                stamp = rs.kernel_ns if rs.kernel_ns is not None else rs.read_ns
+                if rs.data:
+                    st.reads += 1
+                    if rs.kernel_ns is not None:
+                        st.stamped_reads += 1
+                        stall = t_loop - rs.kernel_ns
+                        res.stall_ns = max(res.stall_ns or 0, stall)
+                        if len(st.loop_delay_ns) < self._MAX_DELAYS:
+                            st.reader_delay_ns.append(rs.read_ns - rs.kernel_ns)
+                            st.loop_delay_ns.append(stall)
+                http.receive_data(rs.data)
+                before = len(res.candidates)
+                while True:
+                    ev = http.next_event()
+                    if ev is h11.NEED_DATA or ev is h11.PAUSED:
+                        break
+                    if isinstance(ev, h11.Response):
+                        res.status = ev.status_code
+                        res.t_headers_ns = stamp
+                        reason = ev.reason.decode(errors="replace")
+                        if ev.status_code != 200:
+                            error_body = []
+                        else:
+                            ctype = dict(ev.headers).get(b"content-type", b"").decode()
+                            if "text/event-stream" not in ctype and "application/json" in ctype:
+                                error_body = []
+                                res.error = (
+                                    f"server did not stream (Content-Type "
+                                    f"{ctype.split(';')[0]}): it ignored stream=true"
+                                )
+                    elif isinstance(ev, h11.Data):
+                        if error_body is not None:
+                            error_body.append(bytes(ev.data))
+                        else:
+                            for payload in parser.feed(bytes(ev.data)):
+                                _apply_event(res, payload, stamp)
+                    elif isinstance(ev, h11.EndOfMessage):
+                        if error_body is not None and res.error is None:
+                            text = b"".join(error_body).decode(errors="replace")
+                            res.error = error_text(res.status, reason, text)
+                        elif error_body is None and not res.done:
+                            for payload in parser.close():
+                                _apply_event(res, payload, stamp)
+                        return
+                    elif isinstance(ev, h11.ConnectionClosed):
+                        if res.t_headers_ns is None:
+                            raise _ClosedEarlyError("connection closed by the server")
+                        if not res.done and error_body is None:
+                            for payload in parser.close():
+                                _apply_event(res, payload, stamp)
+                        if res.error is None and not res.done and not res.finish_reasons:
+                            raise _ClosedEarlyError("connection reset during the stream")
+                        return
+                if len(res.candidates) - before > 1:
+                    st.merged_reads += 1
