@@ -390,16 +390,28 @@ def _stats(values: list[float]) -> dict[str, float | None]:
     }
 
 
-def run_perfscope(base: str, tokenizer: Path, load: list[str], n: int, out: Path) -> Path:
+def run_perfscope(
+    base: str,
+    tokenizer: Path | None,
+    load: list[str],
+    n: int,
+    out: Path,
+    transport: str = "auto",
+    timeout_s: float = 600.0,
+) -> Path:
+    """One bounded ``perfscope run`` (``transport``: kernel, aiohttp or auto); its run dir."""
     runs = out / "runs"
     cmd = [
         sys.executable,
         "-m",
-        "perfscope.cli",
+        "perfscope",
         "run",
         f"openai:{base}",
-        "--tokenizer",
-        str(tokenizer),
+        *(("--tokenizer", str(tokenizer)) if tokenizer is not None else ()),
+        "--engine-opt",
+        f"transport={transport}",
+        "--timeout",
+        "120",
         "--prompt-len",
         "64",
         "--output-len",
@@ -417,8 +429,13 @@ def run_perfscope(base: str, tokenizer: Path, load: list[str], n: int, out: Path
         str(runs),
     ]
     before = set(runs.iterdir()) if runs.exists() else set()
-    subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    (new,) = set(runs.iterdir()) - before
+    proc = subprocess.run(
+        cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s
+    )
+    new_dirs = set(runs.iterdir()) - before if runs.exists() else set()
+    if len(new_dirs) != 1:
+        raise SystemExit(f"perfscope run failed: {proc.stderr.decode(errors='replace')[-800:]}")
+    (new,) = new_dirs
     return new
 
 
@@ -427,6 +444,8 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
     import pandas as pd
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
+    client = ((manifest.get("engine") or {}).get("config") or {}).get("client") or {}
+    stall = client.get("stall") or {}
     req = pd.read_parquet(run_dir / "requests.parquet")
     req = req[req["error"].isna() & ~req["is_warmup"].astype(bool)]
     origin = int(datetime.fromisoformat(manifest["started_at"]).timestamp() * 1e9)
@@ -477,6 +496,10 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
             tpot = (r.t_last_token - r.t_first_token) * 1e-9 / (r.output_tokens - 1)
             errs["tpot"].append(tpot - w.tpot)
     return {
+        "stamp_clock": client.get("stamp_clock"),
+        "stall_worst_s": stall.get("worst_s"),
+        "stall_affected": stall.get("affected"),
+        "client_cpu_s": client.get("cpu_s"),
         "matched": len(used_i),
         "client_requests": len(req),
         "wire_requests": len(good),
@@ -563,6 +586,21 @@ def run_vllm_bench(
 # --------------------------------------------------------------------------- servers
 
 
+def start_scripted() -> tuple[subprocess.Popen[bytes], int]:
+    """The scripted SSE server (tests/data/openai/sse_server.py): TTFT 30 ms, ITL 10 ms."""
+    server = ROOT / "tests" / "data" / "openai" / "sse_server.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(server), "--port", "0", "--ttft", "0.03", "--itl", "0.01"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if not line.startswith("PORT "):
+        raise SystemExit(f"scripted server did not start: {line!r}")
+    return proc, int(line.split()[1])
+
+
 def start_llama(out: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
     from tests.live_models import build_gguf, save_tokenizer
 
@@ -645,12 +683,13 @@ def measure(
     n: int,
     out: Path,
     bench: tuple[str, Path, list[str]] | None,
+    transport: str = "auto",
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {"load": label, "requests": n}
+    row: dict[str, Any] = {"load": label, "requests": n, "transport": transport}
     slug = "".join(ch if ch.isalnum() else "_" for ch in label)
-    cap = Capture(port, out / f"{slug}-{time.time_ns()}.pcap")
+    cap = Capture(port, out / f"{slug}-{transport}-{time.time_ns()}.pcap")
     try:
-        run_dir = run_perfscope(base, tokenizer, load, n, out)
+        run_dir = run_perfscope(base, tokenizer, load, n, out, transport)
     finally:
         pcap = cap.stop()
     wire = wire_requests(pcap, port)
@@ -681,16 +720,18 @@ def _fmt(v: float | None) -> str:
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
     print(
-        "| server | load | runs × requests | lost | TTFT − wire mean (p50 / p99) | "
+        "| server | load | stamps | runs × requests | lost | client stall max | "
+        "TTFT − wire mean (p50 / p99) | "
         "TTFT − wire, text-first requests | empty-first requests: n, TTFT − wire | "
         "TPOT − wire mean | E2E − wire mean (p99) | wire send − send stamp | vllm bench "
         "TTFT / TPOT − wire |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["server"], r["load"]), []).append(r)
-    for (server, load), rs in groups.items():
+        clock = r["perfscope"].get("stamp_clock") or r.get("transport") or "?"
+        groups.setdefault((r["server"], r["load"], clock), []).append(r)
+    for (server, load, clock), rs in groups.items():
         import numpy as np
 
         def pooled(key: str, stat: str, rs: list[dict[str, Any]] = rs) -> float | None:
@@ -713,8 +754,11 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         if "vllm_bench" in rs[0]:
             b = rs[0]["vllm_bench"]
             bench = f"{_fmt(b['ttft'])} / {_fmt(b['tpot'])}"
+        stalls = [r["perfscope"].get("stall_worst_s") for r in rs]
+        stall = max((x for x in stalls if x is not None), default=None)
         print(
-            f"| {server} | {load} | {len(rs)} × {rs[0]['requests']} | {lost}/{total} | "
+            f"| {server} | {load} | {clock} | {len(rs)} × {rs[0]['requests']} | {lost}/{total} | "
+            f"{_fmt(stall)} | "
             f"{_fmt(pooled('ttft', 'mean'))} ({_fmt(pooled('ttft', 'p50'))} / "
             f"{_fmt(pooled('ttft', 'p99'))}) | {_fmt(pooled('ttft_text_first', 'mean'))} | "
             f"{n_empty}, {_fmt(pooled('ttft_empty_first', 'mean'))} | "
@@ -733,7 +777,18 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", choices=("llama", "vllm", "all"))
+    ap.add_argument("which", choices=("scripted", "llama", "vllm", "all"))
+    ap.add_argument(
+        "--transports",
+        default="kernel,aiohttp",
+        help="stamping modes to measure, comma-separated: kernel (kernel receive stamps), "
+        "aiohttp (user-space stamps); default both, interleaved",
+    )
+    ap.add_argument(
+        "--loads",
+        default=None,
+        help="concurrencies to run, comma-separated (scripted: 16,256; vLLM: 16,48)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="folder for captures and results")
     ap.add_argument("--runs", type=int, default=3, help="llama.cpp: runs per load (3)")
     ap.add_argument("--requests", type=int, default=24, help="llama.cpp: requests per run (24)")
@@ -766,6 +821,30 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="wire-"))
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    if args.which == "scripted":
+        proc, port = start_scripted()
+        try:
+            base = f"http://127.0.0.1:{port}/v1"
+            for c in [int(x) for x in (args.loads or "16,256").split(",")]:
+                n = max(64, c)
+                for _ in range(args.runs):
+                    for transport in transports:  # interleaved: the same load on both
+                        row = measure(
+                            f"{c} streams",
+                            port,
+                            base,
+                            None,
+                            ["--concurrency", str(c)],
+                            n,
+                            out,
+                            None,
+                            transport,
+                        )
+                        rows.append({"server": "scripted", **row})
+                        (out / "results.json").write_text(json.dumps(rows, indent=2))
+        finally:
+            _stop(proc)
     if args.which in ("llama", "all"):
         proc, port, tok = start_llama(out)
         try:
@@ -791,7 +870,7 @@ def main() -> int:
         try:
             base = f"http://127.0.0.1:{port}/v1"
             # Warm the server's shapes first (compiled graphs per batch size).
-            run_perfscope(base, model, ["--concurrency", "16"], 48, out)
+            run_perfscope(base, model, ["--concurrency", "16"], 48, out, transports[0])
             loads = (
                 ("2 req/s", ["--rate", "2"], 32, ["--request-rate", "2"]),
                 ("16 streams", ["--concurrency", "16"], 64, ["--max-concurrency", "16"]),
@@ -802,9 +881,22 @@ def main() -> int:
                 if bench_load[0] == "--max-concurrency":
                     bench_load = [*bench_load, "--request-rate", "inf"]
                     bench = None if args.no_bench else (vllm, model, bench_load)
-                row = measure(label, port, base, model, load, n, out, bench)
-                rows.append({"server": "vLLM CPU", **row})
-                (out / "results.json").write_text(json.dumps(rows, indent=2))
+                if args.loads and label.split()[0] not in args.loads.split(","):
+                    continue
+                for k, transport in enumerate(transports):
+                    row = measure(
+                        label,
+                        port,
+                        base,
+                        model,
+                        load,
+                        n,
+                        out,
+                        bench if k == 0 else None,
+                        transport,
+                    )
+                    rows.append({"server": "vLLM CPU", **row})
+                    (out / "results.json").write_text(json.dumps(rows, indent=2))
         finally:
             _stop(proc)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
