@@ -909,6 +909,8 @@ class OpenAIEngine:
             )
             stall.evidence["kernel_send_stamps"] = ts.kernel_send_stamps
             stall.evidence["user_send_stamps"] = ts.user_send_stamps
+            stall.evidence["per_segment_reads"] = ts.per_segment_reads
+            stall.evidence["tap_gaps"] = ts.tap_gaps
         else:
             stall = judge_user(st.spans, st.lag_events)
             if lag.size:  # the probe's own distribution, not just the events over 1 ms

@@ -100,11 +100,14 @@ class ReadStamp:
         kernel_ns: when the kernel received the last segment of ``data`` (run clock, ns);
             None when the read carried no stamp.
         read_ns: when the reader thread's ``recvmsg`` returned (run clock, ns).
+        per_segment: ``data`` is one TCP segment's bytes (or part) and ``kernel_ns`` that
+            segment's stamp, from the packet tap.
     """
 
     data: bytes
     kernel_ns: int | None
     read_ns: int
+    per_segment: bool = False
 
 
 @dataclass
@@ -121,6 +124,11 @@ class _Conn:
     loop: asyncio.AbstractEventLoop | None = None
     eof: bool = False
     requests: int = 0
+    #: Packet tap only: the server's initial sequence number and the received segments
+    #: not yet read, as (offset in the received stream, length, run-clock ns).
+    isn: int | None = None
+    segments: deque[tuple[int, int, int]] = field(default_factory=deque)
+    rx_offset: int = 0
 
     def notify(self) -> None:
         """Wake the coroutine reading this connection (reader thread → event loop)."""
@@ -128,6 +136,121 @@ class _Conn:
         if ev is not None and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed
                 loop.call_soon_threadsafe(ev.set)
+
+
+ETH_P_ALL = 0x0003
+SO_TIMESTAMPNS = 35
+SO_RCVBUFFORCE = 33
+PACKET_OUTGOING = 4
+_TAP_SNAP = 192  # Ethernet + IPv4 + TCP headers with options
+
+
+class _PacketTap:
+    """Per-segment receive stamps from an ``AF_PACKET`` socket (needs CAP_NET_RAW).
+
+    TCP merges segments that wait in a socket's receive queue and keeps the later stamp, so
+    a reader that was descheduled (a server taking every core) would stamp every waiting
+    event with the last one's time. A packet socket queues every packet on its own with its
+    own kernel stamp; mapping each received TCP sequence range to the stream's byte offsets
+    gives each SSE event the receive time of the segment that completed it, however late the
+    stream is read. Only the headers of each packet are copied (``_TAP_SNAP`` bytes).
+    """
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        self.sock.setblocking(False)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 << 20)
+        except OSError:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
+        self.by_port: dict[int, _Conn] = {}
+        self.dropped = 0
+
+    @classmethod
+    def open(cls) -> _PacketTap | None:
+        """A tap, or None where packet sockets are not permitted (no CAP_NET_RAW)."""
+        if not hasattr(socket, "AF_PACKET"):
+            return None
+        try:
+            return cls()
+        except OSError:
+            return None
+
+    def drain(self, to_run_clock: Callable[[int], int]) -> None:
+        """Read every queued packet; file the TCP segments of registered connections."""
+        sock = self.sock
+        while True:
+            try:
+                pkt, anc, _f, addr = sock.recvmsg(_TAP_SNAP, socket.CMSG_SPACE(16))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if addr[2] == PACKET_OUTGOING or len(pkt) < 54 or pkt[12:14] != b"\x08\x00":
+                continue
+            ip = 14
+            ihl = (pkt[ip] & 0x0F) * 4
+            if pkt[ip + 9] != 6:  # not TCP
+                continue
+            total = int.from_bytes(pkt[ip + 2 : ip + 4], "big")
+            tcp = ip + ihl
+            sport = int.from_bytes(pkt[tcp : tcp + 2], "big")
+            dport = int.from_bytes(pkt[tcp + 2 : tcp + 4], "big")
+            conn = self.by_port.get(dport)
+            if conn is None or conn.key[1] != sport:
+                continue
+            seq = int.from_bytes(pkt[tcp + 4 : tcp + 8], "big")
+            thl = (pkt[tcp + 12] >> 4) * 4
+            flags = pkt[tcp + 13]
+            stamp: int | None = None
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+                    stamp = to_run_clock(_timespec_ns(payload))
+            if flags & 0x12 == 0x12:  # SYN-ACK: the server's initial sequence number
+                conn.isn = seq
+                continue
+            n = total - ihl - thl
+            if n <= 0 or stamp is None:
+                continue
+            if conn.isn is None:
+                conn.isn = (seq - 1 - conn.rx_offset) & 0xFFFFFFFF
+            off = (seq - conn.isn - 1) & 0xFFFFFFFF
+            if off + n <= conn.rx_offset or (conn.segments and off < conn.segments[-1][0]):
+                continue  # a retransmission of bytes already filed
+            conn.segments.append((off, n, stamp))
+
+    def split(
+        self, conn: _Conn, data: bytes, fallback: int | None
+    ) -> list[tuple[bytes, int | None]]:
+        """``data`` (read at ``conn.rx_offset``) cut at segment boundaries, each piece with
+        its segment's stamp (``fallback``, the socket's stamp, where the tap has none)."""
+        start = conn.rx_offset
+        end = start + len(data)
+        conn.rx_offset = end
+        segs = conn.segments
+        out: list[tuple[bytes, int | None]] = []
+        pos = start
+        while pos < end:
+            while segs and segs[0][0] + segs[0][1] <= pos:
+                segs.popleft()
+            if not segs or segs[0][0] > pos:
+                nxt = segs[0][0] if segs else end
+                stop = min(end, nxt)
+                self.dropped += 1
+                out.append((data[pos - start : stop - start], fallback))
+                pos = stop
+                continue
+            off, n, stamp = segs[0]
+            stop = min(end, off + n)
+            out.append((data[pos - start : stop - start], stamp))
+            pos = stop
+        return out
+
+    def close(self) -> None:
+        """Close the packet socket."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 class _Reader(threading.Thread):
@@ -140,6 +263,14 @@ class _Reader(threading.Thread):
         self.conns: dict[int, _Conn] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.tap = _PacketTap.open()
+        if self.tap is not None:
+            self.ep.register(self.tap.sock.fileno(), select.EPOLLIN)
+
+    def register_port(self, conn: _Conn, port: int) -> None:
+        """File the tap's packets to local ``port`` under ``conn`` (before connecting)."""
+        if self.tap is not None:
+            self.tap.by_port[port] = conn
 
     def register(self, conn: _Conn) -> None:
         with self.lock:
@@ -147,6 +278,11 @@ class _Reader(threading.Thread):
         self.ep.register(conn.sock.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
 
     def unregister(self, conn: _Conn) -> None:
+        if self.tap is not None:
+            with contextlib.suppress(OSError):
+                port = conn.sock.getsockname()[1]
+                if self.tap.by_port.get(port) is conn:
+                    del self.tap.by_port[port]
         fd = conn.sock.fileno()
         with self.lock:
             self.conns.pop(fd, None)
@@ -161,6 +297,8 @@ class _Reader(threading.Thread):
             except (OSError, ValueError):  # closed
                 return
             touched: list[_Conn] = []
+            if self.tap is not None:  # first: the packets of the bytes about to be read
+                self.tap.drain(self._to_run_clock)
             for fd, ev in events:
                 with self.lock:
                     conn = self.conns.get(fd)
@@ -197,7 +335,12 @@ class _Reader(threading.Thread):
                     real = _timespec_ns(payload)
                     if real:
                         k_ns = self._to_run_clock(real)
-            conn.inbox.append(ReadStamp(data, k_ns, t_read))
+            if data and self.tap is not None:
+                self.tap.drain(self._to_run_clock)
+                for piece, stamp in self.tap.split(conn, data, k_ns):
+                    conn.inbox.append(ReadStamp(piece, stamp, t_read, per_segment=True))
+            else:
+                conn.inbox.append(ReadStamp(data, k_ns, t_read))
             if not data:
                 conn.eof = True
                 self.unregister(conn)
@@ -244,6 +387,8 @@ class TransportStats:
             stamp; those that held more than one SSE event with choices.
         kernel_send_stamps / user_send_stamps: requests whose send stamp is the kernel's
             transmit stamp / the time ``send`` returned.
+        per_segment_reads: reads stamped per TCP segment by the packet tap; tap_gaps: byte
+            ranges the tap had no segment for (its queue overflowed): the socket's stamp.
     """
 
     reader_delay_ns: list[int] = field(default_factory=list)
@@ -253,6 +398,8 @@ class TransportStats:
     merged_reads: int = 0
     kernel_send_stamps: int = 0
     user_send_stamps: int = 0
+    per_segment_reads: int = 0
+    tap_gaps: int = 0
 
     def clear(self) -> None:
         """Start a new run."""
@@ -267,6 +414,8 @@ class TransportStats:
         self.merged_reads += other.merged_reads
         self.kernel_send_stamps += other.kernel_send_stamps
         self.user_send_stamps += other.user_send_stamps
+        self.per_segment_reads += other.per_segment_reads
+        self.tap_gaps += other.tap_gaps
 
 
 class KernelTransport:
@@ -294,6 +443,9 @@ class KernelTransport:
         self.idle.clear()
         self.reader.stop.set()
         self.reader.join(2)
+        if self.reader.tap is not None:
+            self.stats.tap_gaps = self.reader.tap.dropped
+            self.reader.tap.close()
         with contextlib.suppress(OSError):
             self.reader.ep.close()
 
@@ -310,16 +462,20 @@ class KernelTransport:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS)
+        conn = _Conn(sock, (host, port))
+        if self.reader.tap is not None:  # the local port first: the tap files the SYN-ACK
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+            self.reader.register_port(conn, sock.getsockname()[1])
         t0 = self.now_ns()
         try:
             await loop.sock_connect(sock, addr)
         except BaseException:
+            self.reader.unregister(conn)
             sock.close()
             raise
         # Transmit stamps keyed by byte offset (OPT_ID) need a connected TCP socket.
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS | _TX_FLAGS)
-        conn = _Conn(sock, (host, port))
         self.reader.register(conn)
         return conn, self.now_ns() - t0
 
@@ -467,6 +623,7 @@ class KernelTransport:
                 stamp = rs.kernel_ns if rs.kernel_ns is not None else rs.read_ns
                 if rs.data:
                     st.reads += 1
+                    st.per_segment_reads += rs.per_segment
                     if rs.kernel_ns is not None:
                         st.stamped_reads += 1
                         stall = t_loop - rs.kernel_ns
