@@ -184,5 +184,6 @@ def analyze(
         client_tpot_mean_s=value_at(summary, "latency.tpot.mean"),
         model=model,
         requests=stored_run.requests,
+        client_stall=(client_section(stored_run.manifest) or {}).get("stall"),
     )
     return Summary.from_dict({**summary.to_dict(), "server_metrics": section})

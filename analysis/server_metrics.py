@@ -263,6 +263,7 @@ def server_metrics_section(
     client_tpot_mean_s: float | None = None,
     model: ModelSpec | None = None,
     requests: pd.DataFrame | None = None,
+    client_stall: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``server_metrics`` block of summary.json.
 
@@ -272,6 +273,8 @@ def server_metrics_section(
         client_ttft_mean_s / client_tpot_mean_s: perfscope's own means, for the split.
         model: the served model, for the cost-model comparison with vLLM's work counters.
         requests: REQUEST_SCHEMA rows, for the cost model.
+        client_stall: the client's stall record (``manifest.engine.config.client.stall``):
+            a stall inside user-space stamps is never booked as network time.
 
     Returns:
         ``{"available", "reason", "server", "url", "window_s", "scrapes", "latency" {key:
@@ -344,7 +347,23 @@ def server_metrics_section(
             "reported as busy time and throughput, not as per-request prefill"
         )
 
-    split = _ttft_split(latency, client_ttft_mean_s)
+    split = _ttft_split(latency, client_ttft_mean_s, client_stall)
+    if split is not None and split.get("client_stall_max_s") is not None:
+        notes.append(
+            f"the client stalled up to {1e3 * split['client_stall_max_s']:.0f} ms with "
+            "user-space stamps: the TTFT beyond the server's is client stall and network "
+            "together, not network time"
+        )
+    if (
+        client_tpot_mean_s is not None
+        and (latency.get("tpot") or {}).get("mean_s")
+        and client_tpot_mean_s < 0.9 * latency["tpot"]["mean_s"]
+    ):
+        notes.append(
+            f"the client's TPOT ({1e3 * client_tpot_mean_s:.2f} ms) is below the server's "
+            f"({1e3 * latency['tpot']['mean_s']:.2f} ms): the client read chunks bunched "
+            "(a stall), so its inter-token times are too short"
+        )
     if split is None and client_ttft_mean_s is not None and "ttft" not in latency:
         notes.append("the server exports no TTFT: TTFT cannot be split")
 
@@ -441,8 +460,14 @@ def _detect(names: Any) -> str | None:
     return max(counts, key=lambda k: counts[k]) if counts else None
 
 
-def _ttft_split(latency: dict[str, Any], client_ttft: float | None) -> dict[str, Any] | None:
-    """Client TTFT = client/network/front-end + server queue + server prefill + other."""
+def _ttft_split(
+    latency: dict[str, Any], client_ttft: float | None, stall: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """Client TTFT = client/network/front-end + server queue + server prefill + other.
+
+    When the client's stamps are user-space and it stalled (``stall``: its stall record),
+    the part beyond the server's TTFT is ``client_network_or_stall_s`` and
+    ``client_network_s`` is None: a stall is never booked as network time."""
     server = (latency.get("ttft") or {}).get("mean_s")
     if server is None:
         return None
@@ -458,6 +483,12 @@ def _ttft_split(latency: dict[str, Any], client_ttft: float | None) -> dict[str,
     }
     if queue is not None and prefill is not None:
         out["server_other_s"] = server - queue - prefill
+    if stall:
+        out["stamp_clock"] = stall.get("clock")
+        if stall.get("in_stamps") and stall.get("stalled"):
+            out["client_network_or_stall_s"] = out["client_network_s"]
+            out["client_network_s"] = None
+            out["client_stall_max_s"] = stall.get("worst_s")
     return out
 
 

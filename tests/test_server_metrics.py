@@ -156,6 +156,34 @@ def test_ttft_is_split_into_client_network_queue_and_prefill() -> None:
     assert parts == pytest.approx(server)
 
 
+def test_a_user_space_stall_is_never_booked_as_network_time() -> None:
+    before, after = _fixture("vllm-0.32-cpu-before.prom"), _fixture("vllm-0.32-cpu-after.prom")
+    frame = _frame(before, after)
+    user = {"clock": "user", "in_stamps": True, "stalled": True, "worst_s": 1.3}
+    sec = server_metrics_section(frame, {}, client_ttft_mean_s=0.299, client_stall=user)
+    split = sec["ttft_split"]
+    server = sec["latency"]["ttft"]["mean_s"]
+    assert split["client_network_s"] is None
+    assert split["client_network_or_stall_s"] == pytest.approx(0.299 - server)
+    assert split["client_stall_max_s"] == 1.3
+    assert any("not network time" in n for n in sec["notes"])
+    # Kernel stamps carry no stall: the remainder is the client/network/front-end share.
+    kernel = {"clock": "kernel", "in_stamps": False, "stalled": True, "worst_s": 1.3}
+    sec = server_metrics_section(frame, {}, client_ttft_mean_s=0.0850, client_stall=kernel)
+    assert sec["ttft_split"]["client_network_s"] == pytest.approx(0.0850 - server)
+    assert sec["ttft_split"]["stamp_clock"] == "kernel"
+
+
+def test_a_client_tpot_below_the_servers_is_called_bunched_reads() -> None:
+    before, after = _fixture("vllm-0.32-cpu-before.prom"), _fixture("vllm-0.32-cpu-after.prom")
+    frame = _frame(before, after)
+    server_tpot = server_metrics_section(frame, {})["latency"]["tpot"]["mean_s"]
+    sec = server_metrics_section(frame, {}, client_tpot_mean_s=0.5 * server_tpot)
+    assert any("bunched" in n for n in sec["notes"])
+    sec = server_metrics_section(frame, {}, client_tpot_mean_s=server_tpot)
+    assert not any("bunched" in n for n in sec["notes"])
+
+
 def test_histogram_delta_refuses_a_counter_reset() -> None:
     before, after = _fixture("vllm-0.32-cpu-after.prom"), _fixture("vllm-0.32-cpu-before.prom")
     f = _frame(before, after)
