@@ -257,6 +257,13 @@ class _Scrape:
     samples: list[MetricSample]
 
 
+#: Gauges (running, waiting, KV-cache use) are sampled at least this many times per run of a
+#: second or more: a 1 s interval read "running max 0" during a short 16-stream run.
+MIN_SAMPLES_PER_RUN = 10
+#: ... and at most every 100 ms (each scrape costs the server a /metrics render).
+FASTEST_INTERVAL_S = 0.1
+
+
 @dataclass
 class ServerMetricsSampler:
     """Scrapes ``url`` on a daemon thread; snapshots at :meth:`start` and :meth:`stop`.
@@ -264,7 +271,8 @@ class ServerMetricsSampler:
     Args:
         url: the Prometheus endpoint.
         now_ns: the run clock (nanoseconds since the run's start).
-        interval_s: seconds between periodic scrapes.
+        interval_s: the longest wait between periodic scrapes (s); shorter early in a run
+            (see :meth:`next_interval_s`).
         timeout_s: HTTP limit per scrape.
     """
 
@@ -324,8 +332,17 @@ class ServerMetricsSampler:
         self._thread.start()
         return True
 
+    def next_interval_s(self, elapsed_s: float) -> float:
+        """Seconds to the next periodic scrape, ``elapsed_s`` into the run: fast enough for
+        at least :data:`MIN_SAMPLES_PER_RUN` gauge samples in any run that lasts a second
+        or more (elapsed / 20), never more often than :data:`FASTEST_INTERVAL_S` (unless
+        ``interval_s`` asks for it), never slower than ``interval_s``."""
+        fastest = min(self.interval_s, FASTEST_INTERVAL_S)
+        return min(self.interval_s, max(fastest, elapsed_s / (2 * MIN_SAMPLES_PER_RUN)))
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        t0 = time.monotonic()
+        while not self._stop.wait(self.next_interval_s(time.monotonic() - t0)):
             self._scrape("sample")
 
     def stop(self) -> pa.Table:

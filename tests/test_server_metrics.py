@@ -324,6 +324,24 @@ def test_sampler_takes_start_periodic_and_end_snapshots_on_the_run_clock() -> No
     assert sec["series"]["running"][0][0] == pytest.approx(t_start * 1e-9)
 
 
+def test_gauges_are_sampled_ten_times_a_run_and_at_most_every_100ms() -> None:
+    sampler = ServerMetricsSampler("http://127.0.0.1:1/metrics", MonotonicClock().now_ns)
+    # The default 1 s interval: 100 ms early on, elapsed/20 later, never beyond 1 s.
+    steps = [sampler.next_interval_s(t) for t in (0.0, 1.0, 2.0, 10.0, 60.0)]
+    assert steps == pytest.approx([0.1, 0.1, 0.1, 0.5, 1.0])
+    # Any run of a second or more gets at least 10 samples; none come faster than 100 ms.
+    for run_s in (1.05, 3.0, 30.0, 300.0):
+        t, n = 0.0, 0
+        while t + sampler.next_interval_s(t) <= run_s:
+            assert sampler.next_interval_s(t) >= 0.1
+            t += sampler.next_interval_s(t)
+            n += 1
+        assert n >= 10, (run_s, n)
+    # An explicit faster interval is kept.
+    fast = ServerMetricsSampler("http://127.0.0.1:1/metrics", MonotonicClock().now_ns, 0.05)
+    assert fast.next_interval_s(0.0) == 0.05
+
+
 def test_an_endpoint_that_is_not_there_leaves_the_run_without_server_metrics() -> None:
     from perfscope.profiler.server_metrics import start_server_metrics
 

@@ -203,7 +203,8 @@ def _server_metrics_view(summary: Summary) -> RenderableType | None:
     ):
         if key not in lat:
             continue
-        mine = (client.get(key) or {}).get("mean") if key in ("ttft", "tpot", "e2e") else None
+        ours = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "itl": "itl_per_token"}.get(key)
+        mine = (client.get(ours) or {}).get("mean") if ours else None
         t.add_row(label, format_seconds(lat[key].get("mean_s")), format_seconds(mine))
     tokens = sm.get("tokens") or {}
     counts = summary.get("counts") or {}
