@@ -11,14 +11,18 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["prompt_cache_section"]
+__all__ = ["SHARED_BOS_TOKENS", "prompt_cache_section"]
+
+#: Cached prompt tokens every request has (the shared BOS): not a prefix-cache hit.
+SHARED_BOS_TOKENS = 1
 
 
 def prompt_cache_section(requests: pd.DataFrame | None) -> dict[str, Any] | None:
     """The ``prompt_cache`` summary section, or None when no measured request reports.
 
     Over the measured (not warmup), successful requests that report ``cached_tokens``:
-    ``requests_reporting``, ``requests_hit`` (some tokens cached), ``hit_rate`` (their share),
+    ``requests_reporting``, ``requests_hit`` (more tokens cached than the shared BOS),
+    ``hit_rate`` (their share),
     ``cached_tokens`` and ``prompt_tokens`` (sums), ``share`` (cached / prompt tokens, the
     share of prefill work the cache saved), ``cached_tokens_mean`` and
     ``prompt_tokens_mean`` (per request).
@@ -36,7 +40,8 @@ def prompt_cache_section(requests: pd.DataFrame | None) -> dict[str, Any] | None
     cached = df["cached_tokens"].astype("float64")
     prompt = df["prompt_tokens"].astype("float64")
     n = len(df)
-    hits = int((cached > 0).sum())
+    # A hit caches more than the BOS token every prompt shares (llama.cpp reports it cached).
+    hits = int((cached > SHARED_BOS_TOKENS).sum())
     total_prompt = float(prompt.sum())
     return {
         "requests_reporting": n,

@@ -388,3 +388,18 @@ def test_multi_turn_from_a_file_resends_the_recorded_replies(tmp_path: Path) -> 
     )
     # The recorded reply sets the output length (one word a token without a tokenizer).
     assert [s.max_output_tokens for s in specs] == [5, 2]
+
+
+def test_a_shared_bos_token_served_from_cache_is_not_a_prefix_cache_hit() -> None:
+    from perfscope.analysis.prompt_cache import prompt_cache_section
+
+    # The scripted cache counts the words a prompt shares with an earlier one: the first word
+    # ("bos") stands for the BOS every llama.cpp prompt starts with.
+    prompts = ["bos alpha beta gamma", "bos delta eps zeta", "bos alpha beta gamma eta"]
+    specs = [RequestSpec(i, 4, 3, prompt=p) for i, p in enumerate(prompts)]
+    with scripted_server(*FAST, "--cache") as url:
+        rec, _ = _run_in_process(url, specs, LoadConfig(mode="online", concurrency=1))
+    req = rec.requests_table().to_pandas().sort_values("request_id")
+    assert req["cached_tokens"].tolist() == [0, 1, 4]
+    pc = prompt_cache_section(req)
+    assert pc is not None and pc["requests_hit"] == 1 and pc["requests_reporting"] == 3

@@ -80,6 +80,9 @@ SATURATION_GAP_SHARE = 0.1
 PROMPT_LEN_TOLERANCE = 0.05
 
 CONNECTION_POLICIES = ("reuse", "new")
+#: Prompt tokens every prompt shares (llama.cpp counts the BOS as served from its cache):
+#: a request is a prefix-cache hit only with more cached tokens than this.
+SHARED_BOS_TOKENS = 1
 #: ``--engine-opt transport=``: ``auto`` (kernel stamps for plain http:// on Linux, else
 #: aiohttp), ``kernel`` (insist; an error where unavailable), ``aiohttp`` (user-space stamps).
 TRANSPORTS = ("auto", "kernel", "aiohttp")
@@ -864,7 +867,7 @@ class OpenAIEngine:
             st.cache_reported += 1
             st.cached_tokens += res.cached_tokens
             st.cache_prompt_tokens += res.prompt_tokens or sub.spec.prompt_tokens
-            if res.cached_tokens > 0:
+            if res.cached_tokens > SHARED_BOS_TOKENS:
                 st.cache_hits += 1
         if res.error is None:
             h.set_output_tokens(tc.total)
@@ -1012,7 +1015,9 @@ class OpenAIEngine:
                 f"'length' before the tokens asked for; {ex}): they count as completed, and "
                 "their TPOT and SLO checks use the tokens they delivered"
             )
-        if st.unexplained:
+        # The right tokenizer's round trip differs on a few requests (random-weight output
+        # decodes and re-encodes differently); another tokenizer differs on most.
+        if st.unexplained and st.unexplained * 2 > st.compared:
             warnings.append(
                 f"client and server token counts differ beyond the tokenizer round trip on "
                 f"{st.unexplained} of {st.compared} requests (client {st.client_tokens}, "
