@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import select
 import socket
 import struct
@@ -43,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import h11
@@ -141,8 +143,10 @@ class _Conn:
 ETH_P_ALL = 0x0003
 SO_TIMESTAMPNS = 35
 SO_RCVBUFFORCE = 33
+SO_ATTACH_FILTER = 26
+SO_DETACH_FILTER = 27
 PACKET_OUTGOING = 4
-_TAP_SNAP = 192  # Ethernet + IPv4 + TCP headers with options
+_TAP_SNAP = 134  # Ethernet (14) + IPv4 (up to 60) + TCP (up to 60) headers
 
 
 class _PacketTap:
@@ -166,6 +170,42 @@ class _PacketTap:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
         self.by_port: dict[int, _Conn] = {}
         self.dropped = 0
+        self.filter_port: int | None = None
+        self._filter_buf: Any = None
+
+    def filter_server_port(self, port: int) -> None:
+        """Let the kernel pass only IPv4 TCP segments from ``port`` (a classic BPF program,
+        as ``tcpdump 'tcp src port P'``): less work, and no bytes of other connections are
+        copied. A second server port lifts the filter (every packet, filtered here)."""
+        if self.filter_port == port:
+            return
+        if self.filter_port is not None:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+            self.filter_port = -1
+            return
+        prog = [
+            (0x28, 0, 0, 12),  # ldh [12]: EtherType
+            (0x15, 0, 8, 0x0800),  # IPv4, else drop
+            (0x30, 0, 0, 23),  # ldb [23]: IP protocol
+            (0x15, 0, 6, 6),  # TCP, else drop
+            (0x28, 0, 0, 20),  # ldh [20]: fragment offset
+            (0x45, 4, 0, 0x1FFF),  # a fragment: drop
+            (0xB1, 0, 0, 14),  # ldxb 4*([14]&0xf): IP header length
+            (0x48, 0, 0, 14),  # ldh [x+14]: TCP source port
+            (0x15, 0, 1, port),  # the server's, else drop
+            (0x06, 0, 0, _TAP_SNAP),  # keep the headers
+            (0x06, 0, 0, 0),  # drop
+        ]
+        raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+        buf = ctypes.create_string_buffer(raw)
+        fprog = struct.pack("HL", len(prog), ctypes.addressof(buf))
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        except OSError:
+            return
+        self._filter_buf = buf  # the kernel copied it; kept for clarity of lifetime
+        self.filter_port = port
 
     @classmethod
     def open(cls) -> _PacketTap | None:
@@ -464,6 +504,7 @@ class KernelTransport:
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS)
         conn = _Conn(sock, (host, port))
         if self.reader.tap is not None:  # the local port first: the tap files the SYN-ACK
+            self.reader.tap.filter_server_port(port)
             sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
             self.reader.register_port(conn, sock.getsockname()[1])
         t0 = self.now_ns()
