@@ -8,6 +8,7 @@ the stall is a real callback on the engine's event loop that blocks for 200 ms.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from typing import Any
@@ -19,8 +20,15 @@ from perfscope.errors import UsageError
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import EngineOptions, Inbox, create_engine
+from perfscope.profiler.engines.openai import client as _client
+from perfscope.profiler.engines.openai.client import StreamResult
 from perfscope.profiler.engines.openai.engine import OpenAIConfig, OpenAIEngine
-from perfscope.profiler.engines.openai.kstamp import kernel_stamps_available
+from perfscope.profiler.engines.openai.kstamp import (
+    KernelTransport,
+    TransportStats,
+    _PacketTap,
+    kernel_stamps_available,
+)
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
 from tests.test_openai_scripted import scripted_server, server_log
@@ -32,18 +40,31 @@ pytestmark = pytest.mark.skipif(
 STALL_S = 0.2
 
 
+def _tap_permitted() -> bool:
+    tap = _PacketTap.open()
+    if tap is None:
+        return False
+    tap.close()
+    return True
+
+
 class _StalledEngine(OpenAIEngine):
-    """The openai engine with one callback on its loop that blocks for 200 ms, 60 ms after
-    the requests started (mid-stream: TTFT is 20 ms, 20 chunks 10 ms apart)."""
+    """The openai engine with one callback on its loop that blocks for 200 ms, 30 ms after
+    the first response bytes arrived (mid-stream: 20 chunks 10 ms apart)."""
 
     async def _lag_probe(self, now_ns: Any, interval_s: float = 0.002) -> None:
         asyncio.get_running_loop().create_task(self._stall_mid_stream())
         await super()._lag_probe(now_ns, interval_s)
 
+    def _streaming(self) -> bool:
+        if self._kernel is not None:
+            return self._kernel[0].stats.reads > 0
+        return bool(_client._ARRIVALS)  # a response is being read (headers are in)
+
     async def _stall_mid_stream(self) -> None:
-        while len(asyncio.all_tasks()) < 8:  # the probe, this task and the requests
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.06)
+        while not self._streaming():
+            await asyncio.sleep(0.0005)
+        await asyncio.sleep(0.03)
         asyncio.get_running_loop().call_soon(time.sleep, STALL_S)
 
 
@@ -98,7 +119,8 @@ def test_a_200ms_loop_stall_leaves_kernel_stamps_exact_and_is_reported() -> None
     # The kernel stamped the sends too (transmit stamps), and most reads held one event.
     ev = kernel["stall"]["evidence"]
     assert ev["kernel_send_stamps"] == 8 and ev["user_send_stamps"] == 0
-    assert ev["reader_delay_p99_s"] < 0.05
+    if _tap_permitted():  # each read is one segment's bytes with that segment's stamp
+        assert ev["per_segment_reads"] == ev["reads"] and ev["tap_gaps"] == 0
 
 
 def test_kernel_stamps_are_the_default_for_plain_http_and_refused_where_they_cannot_work() -> None:
@@ -116,3 +138,44 @@ def test_kernel_stamps_are_the_default_for_plain_http_and_refused_where_they_can
         OpenAIConfig.from_engine_options(
             "openai:http://h:1/v1", EngineOptions(extra={"transport": "x"})
         )
+
+
+def _blocked_reader_errors(url: str, tap: bool, tag: str) -> tuple[np.ndarray, TransportStats]:
+    """One stream read by a reader thread that is held for 200 ms mid-stream (its lock
+    taken, as a descheduled thread would be): per chunk, stamp − server write (ms)."""
+    clock = MonotonicClock()
+
+    async def main() -> tuple[StreamResult, TransportStats]:
+        tr = KernelTransport(clock.now_ns)
+        if not tap and tr.reader.tap is not None:
+            tr.reader.tap.close()
+            tr.reader.tap = None
+        body = json.dumps(
+            {"model": "m", "prompt": f"id={tag} words", "max_tokens": 20, "stream": True}
+        ).encode()
+        task = asyncio.create_task(tr.stream_request(url + "/completions", body, {}, 30))
+        await asyncio.sleep(0.06)
+        with tr.reader.lock:  # the reader cannot file what it reads: segments queue up
+            time.sleep(STALL_S)
+        res = await task
+        tr.close()
+        return res, tr.stats
+
+    server_log(url)
+    res, stats = asyncio.run(main())
+    writes = np.asarray(server_log(url)[tag]["writes"], dtype=np.int64)
+    assert res.error is None and len(res.t_ns) == len(writes) == 20
+    return (np.asarray(res.t_ns) - (writes - clock.origin_perf_counter_ns)) / 1e6, stats
+
+
+@pytest.mark.skipif(not _tap_permitted(), reason="the packet tap needs CAP_NET_RAW")
+def test_segments_that_waited_in_the_socket_keep_their_own_stamps_with_the_packet_tap() -> None:
+    with scripted_server("--ttft", "0.02", "--itl", "0.01") as url:
+        tapped, with_tap = _blocked_reader_errors(url, True, "tap")
+        merged, without = _blocked_reader_errors(url, False, "notap")
+    # Without the tap, TCP merged the segments that waited, and the merged read carries the
+    # last one's stamp: the earlier chunks are stamped late by up to the wait.
+    assert without.merged_reads >= 1 and merged.max() > 0.5 * STALL_S * 1e3, merged
+    # With it, every chunk has its own segment's stamp (loopback transfer only).
+    assert with_tap.per_segment_reads == with_tap.reads and with_tap.tap_gaps == 0
+    assert np.median(tapped) < 2.0 and tapped.max() < 0.25 * STALL_S * 1e3, tapped

@@ -330,6 +330,7 @@ class OpenAIEngine:
         self._pool: WorkerPool | None = None
         self._cost = ClientCost()
         self._transport_stats: list[TransportStats] = []
+        self._kernel: tuple[KernelTransport, KernelTransport] | None = None
 
     # --- setup --------------------------------------------------------------------------
 
@@ -692,6 +693,7 @@ class OpenAIEngine:
                 KernelTransport(now_ns, reuse=self.cfg.connection == "reuse"),
                 KernelTransport(now_ns, reuse=False),
             )
+        self._kernel = kernel
 
         def start(sub: Submission, body: bytes) -> None:
             sub.handle.record.t_dispatched = now_ns()

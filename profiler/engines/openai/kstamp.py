@@ -705,6 +705,7 @@ class KernelTransport:
                         elif error_body is None and not res.done:
                             for payload in parser.close():
                                 _apply_event(res, payload, stamp)
+                        st.merged_reads += len(res.candidates) - before > 1
                         return
                     elif isinstance(ev, h11.ConnectionClosed):
                         if res.t_headers_ns is None:
@@ -714,6 +715,7 @@ class KernelTransport:
                                 _apply_event(res, payload, stamp)
                         if res.error is None and not res.done and not res.finish_reasons:
                             raise _ClosedEarlyError("connection reset during the stream")
+                        st.merged_reads += len(res.candidates) - before > 1
                         return
                 if len(res.candidates) - before > 1:
                     st.merged_reads += 1
