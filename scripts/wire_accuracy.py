@@ -645,7 +645,11 @@ def start_vllm(out: Path) -> tuple[subprocess.Popen[bytes], int, Path, str]:
         stderr=subprocess.STDOUT,
         env=env,
     )
-    _wait(f"http://127.0.0.1:{port}/health", 900)
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", 900)
+    except SystemExit:
+        _stop(proc)  # never leave a server that did not come up running
+        raise
     return proc, port, model, vllm
 
 
