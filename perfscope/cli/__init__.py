@@ -524,9 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command_modules() -> list[Any]:
     """Command groups that live in their own modules (``perfscope/cli/*.py``)."""
-    from perfscope.cli import dashboard, hw, index, report, roofline, study, sweep
+    from perfscope.cli import advisor, dashboard, hw, index, report, roofline, study, sweep
 
-    return [hw, roofline, report, sweep, dashboard, index, study]
+    return [hw, roofline, report, sweep, dashboard, index, study, advisor]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
