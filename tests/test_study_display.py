@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.console import Console
 
 from perfscope.analysis.study import PhasePoint, read_study
-from perfscope.cli.study import _save, effects_table, phase_summary, sol_ratio, study_table
+from perfscope.cli.study import _save, effects_table, study_table
+from perfscope.dashboard.study_report import phase_summary, sol_ratio
 from tests.conftest import ROOT
 
 STUDIES = ROOT / "samples" / "studies" / "results"

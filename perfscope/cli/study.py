@@ -4,24 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from perfscope.analysis.catalogue import format_bytes, format_number, format_ratio, format_seconds
+from perfscope.analysis.catalogue import format_bytes, format_number, format_seconds
 from perfscope.cli._argtypes import add_runs_dir
 from perfscope.dashboard.terminal import FitTable
 from perfscope.errors import StorageError, UsageError
 
 if TYPE_CHECKING:
-    from perfscope.analysis.study import PhasePoint, SettingResult, Study
+    from perfscope.analysis.study import Study
 
-__all__ = ["effects_table", "phase_summary", "register", "sol_ratio", "study_table"]
+__all__ = ["effects_table", "register", "study_table"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -184,6 +181,8 @@ def study_table(study: Study) -> FitTable:
         right=frozenset(("TTFT p50", "TPOT p50", "tok/s", "goodput req/s", "memory")),
         wrap=frozenset(("phases",)),
     )
+    from perfscope.dashboard.study_report import phase_summary
+
     for s in study.settings:
         ph = phase_summary(s)
         mem = s.memory.get("total_bytes")
@@ -199,52 +198,6 @@ def study_table(study: Study) -> FitTable:
     return t
 
 
-def phase_summary(s: SettingResult) -> str:
-    """Per phase over *all* runs of a setting: the verdicts seen (with counts when they
-    differ) and the median MFU and MBU with their range; an MFU or MBU above 100% is shown
-    as a ceiling to check, not as a fact."""
-    by: dict[str, list[PhasePoint]] = {}
-    for r in s.runs:
-        for name, v in r.phases.items():
-            by.setdefault(name, []).append(v)
-    parts = []
-    for name, pts in by.items():
-        verdicts = Counter(v.verdict or "?" for v in pts)
-        verdict = (
-            next(iter(verdicts))
-            if len(verdicts) == 1
-            else ", ".join(f"{k} {n}/{len(pts)}" for k, n in verdicts.most_common())
-        )
-        parts.append(
-            f"{name} {verdict} MFU {_util(pts, 'mfu')} MBU {_util(pts, 'mbu')}"
-            + (f" ({len(pts)} runs)" if len(pts) > 1 else "")
-        )
-    return "; ".join(parts)
-
-
-def _util(points: Sequence[PhasePoint], attr: str) -> str:
-    xs = sorted(float(v) for p in points if (v := getattr(p, attr)) is not None)
-    if not xs:
-        return "–"
-    med = statistics.median(xs)
-    text = format_ratio(med)
-    if len(xs) > 1 and xs[-1] > xs[0]:
-        text += f" [{format_ratio(xs[0])}–{format_ratio(xs[-1])}]"
-    if xs[-1] > 1.0:
-        text += " (over 100%: the ceiling is suspect)"
-    return text
-
-
-_SOL_KEY = {"ttft_p50_s": "ttft_s", "tpot_p50_s": "tpot_s", "output_tok_s": "throughput_tok_s"}
-
-
-def sol_ratio(s: SettingResult, metric: str) -> float | None:
-    """The bare roofline's (speed-of-light) ratio of ``metric`` for setting ``s``."""
-    key = _SOL_KEY.get(metric)
-    v = ((s.projection or {}).get("sol_ratios") or {}).get(key) if key else None
-    return float(v) if isinstance(v, int | float) else None
-
-
 def effects_table(study: Study) -> FitTable:
     """Measured ratio [interval] against the first setting, the projection, the speed-of-light
     ratio and the projection's error, per effect."""
@@ -253,6 +206,8 @@ def effects_table(study: Study) -> FitTable:
         title=f"effect against {study.knob}={study.values[0]}: measured vs projected",
         right=frozenset(("measured [95% interval]", "projected", "SoL", "error")),
     )
+    from perfscope.dashboard.study_report import sol_ratio
+
     for s in study.settings[1:]:
         for e in s.effects:
             c = e.change
