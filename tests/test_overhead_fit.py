@@ -200,3 +200,23 @@ def test_a_real_run_fits_with_a_stated_residual(tmp_path: Path) -> None:
     s = samples_from_steps(steps, spec, lookup("epyc-9654"))
     pred = fit.step_time(s.roof_s, spec.n_layers, s.sequences, s.tokens)
     assert abs(float(pred.sum() - s.time_s.sum())) <= fit.residual_rms_s * len(s) ** 0.5 * 3
+
+
+@pytest.mark.slow
+def test_advisor_fit_shows_each_run_and_all_together_with_the_residual(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perfscope.cli import main
+    from tests.data.runs.builders import complete_run
+
+    one = complete_run(tmp_path, "--hw", "epyc-9654", "--no-telemetry")
+    two = complete_run(tmp_path, "--hw", "epyc-9654", "--no-telemetry", "--batch-size", "2")
+    capsys.readouterr()
+    assert main(["advisor", "fit", str(one), str(two), "--json"]) == 0
+    fits = json.loads(capsys.readouterr().out)
+    assert set(fits) == {one.name, two.name, "all"}
+    assert fits["all"]["samples"] == fits[one.name]["samples"] + fits[two.name]["samples"]
+    assert all(f["residual_rms_s"] >= 0 for f in fits.values())
+    assert main(["advisor", "fit", str(one)]) == 0
+    assert "residual" in capsys.readouterr().out
+    assert main(["advisor", "fit", str(tmp_path / "nope")]) != 0

@@ -22,9 +22,10 @@ from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
     from perfscope.analysis.calibration import CalibrationEntry
+    from perfscope.analysis.overhead import OverheadFit
     from perfscope.analysis.study import Study
 
-__all__ = ["load_studies", "median_abs_error", "projection_table", "register"]
+__all__ = ["fit_runs", "load_studies", "median_abs_error", "projection_table", "register"]
 
 #: Where ``perfscope study --save`` stores studies and ``advisor calibrate`` reads them.
 STUDIES_DIR = Path("samples") / "studies" / "results"
@@ -66,6 +67,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     t.add_argument("studies", nargs="*", type=Path, help=f"default: {STUDIES_DIR}")
     t.add_argument("--all", action="store_true", help="also effects that are not significant")
     t.set_defaults(handler=_cmd_table)
+    f = sub.add_parser(
+        "fit",
+        help="fit per-step time = roofline + host terms (per layer, sequence, token, step) "
+        "to runs' steps, each run and all together, with the residual",
+    )
+    f.add_argument("runs", nargs="+", help="run directories or ids (one device)")
+    f.add_argument("--runs-dir", default=None, help="where run ids are looked up")
+    f.add_argument("--json", action="store_true", help="print the fits as JSON")
+    f.set_defaults(handler=_cmd_fit)
 
 
 def _study_files(paths: Sequence[Path]) -> list[Path]:
@@ -194,4 +204,81 @@ def _cmd_table(args: argparse.Namespace, console: Console) -> int:
         "median absolute projection error over significant effects: "
         + ("– (none significant)" if med is None else f"{100 * med:.0f}% ({n} effects)")
     )
+    return 0
+
+
+def fit_runs(runs: Sequence[str], runs_dir: str | None = None) -> list[tuple[str, OverheadFit]]:
+    """The fitted cost model of each run's steps, then of all of them together (``all``)
+    when there are several; runs must share one device.
+
+    Raises:
+        UsageError: a run without steps, model or device, or runs on different devices.
+    """
+    from perfscope.analysis.modelspec import ModelSpec
+    from perfscope.analysis.overhead import fit_overhead, samples_from_steps
+    from perfscope.hwdb.spec import DeviceSpec
+    from perfscope.profiler.store import read_run, resolve_run_path
+
+    samples = []
+    out = []
+    for ref in runs:
+        run = read_run(resolve_run_path(ref, runs_dir))
+        summary = run.summary or {}
+        spec = (summary.get("hardware") or {}).get("spec")
+        model = summary.get("model")
+        if run.steps.empty or not spec or not model:
+            raise UsageError(
+                f"{run.path.name}: no engine steps, model or device to fit (a reference, hf "
+                "or vLLM run records its steps; analyse it first with `perfscope analyze`)"
+            )
+        s = samples_from_steps(
+            run.steps, ModelSpec.from_dict(dict(model)), DeviceSpec.from_dict(dict(spec))
+        )
+        if samples and s.device != samples[0].device:
+            raise UsageError(
+                f"{run.path.name} was analysed against {s.device}, the others against "
+                f"{samples[0].device}: fit runs of one device (re-analyse with --hw)"
+            )
+        try:
+            out.append((run.path.name, fit_overhead(s)))
+        except ValueError as exc:
+            raise UsageError(f"{run.path.name}: {exc}") from None
+        samples.append(s)
+    if len(samples) > 1:
+        out.append(("all", fit_overhead(samples)))
+    return out
+
+
+def _cmd_fit(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.dashboard.terminal import FitTable
+
+    fits = fit_runs(args.runs, args.runs_dir)
+    if args.json:
+        print(json.dumps({name: f.to_dict() for name, f in fits}, indent=2))
+        return 0
+    t = FitTable(
+        ("runs", "x roofline", "per layer", "per sequence", "per token", "per step", "residual"),
+        title="fitted per-step time = k x roofline + host terms (non-negative least squares)",
+        right=frozenset(
+            ("x roofline", "per layer", "per sequence", "per token", "per step", "residual")
+        ),
+    )
+    us = 1e6
+    for name, f in fits:
+        t.add_row(
+            name,
+            f"{f.roof_scale:.3g}",
+            f"{f.per_layer_s * us:.3g} us",
+            f"{f.per_sequence_s * us:.3g} us",
+            f"{f.per_token_s * us:.3g} us",
+            f"{f.per_step_s * us:.3g} us",
+            f"{f.residual_rms_s * us:.3g} us rms ({100 * f.residual_rel:.0f}%, {f.samples} steps)",
+        )
+    console.print(t)
+    for name, f in fits:
+        if f.folded:
+            console.print(
+                f"{name}: not separable in these steps, folded into per step: "
+                + ", ".join(f.folded)
+            )
     return 0
