@@ -280,7 +280,7 @@ class CalibrationEntry:
         return f"{self.measured_ratio:.3g}x {iv}, {sig}"
 
 
-_ENTRY_KEYS = {
+_ENTRY_KEYS: dict[str, type | tuple[type, ...]] = {
     "technique": str,
     "machine": dict,
     "metric": str,

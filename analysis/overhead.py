@@ -139,14 +139,19 @@ class StepSamples:
         devices = {p.device for p in parts}
         if len(devices) > 1:
             raise ValueError(f"samples from different devices: {', '.join(sorted(devices))}")
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts])
+
         return StepSamples(
-            *(np.concatenate([getattr(p, f) for p in parts]) for f in _ARRAYS),
+            time_s=cat("time_s"),
+            roof_s=cat("roof_s"),
+            layers=cat("layers"),
+            sequences=cat("sequences"),
+            tokens=cat("tokens"),
             device=parts[0].device,
             platform=parts[0].platform,
         )
-
-
-_ARRAYS = ("time_s", "roof_s", "layers", "sequences", "tokens")
 
 
 def roof_times(
@@ -261,7 +266,7 @@ class OverheadFit:
             layer += launch / max(model.n_layers, 1)
             notes.append(
                 f"{KERNELS_PER_LAYER} kernel launches per layer at "
-                f"{target.kernel_launch_s * 1e6:.3g} us each ({target.key})"
+                f"{(target.kernel_launch_s or 0.0) * 1e6:.3g} us each ({target.key})"
             )
         return OverheadFit(
             roof_scale=1.0,

@@ -313,8 +313,12 @@ def run_derating(roofline: dict[str, Any], fit: OverheadFit | None = None) -> di
     Phases the run lacks stay at speed of light.
     """
     if fit is not None:
-        eff = 1.0 / fit.roof_scale if fit.roof_scale > 1.0 else 1.0
-        return {"prefill_efficiency": eff, "decode_efficiency": eff, "overhead": fit}
+        fitted_eff = 1.0 / fit.roof_scale if fit.roof_scale > 1.0 else 1.0
+        return {
+            "prefill_efficiency": fitted_eff,
+            "decode_efficiency": fitted_eff,
+            "overhead": fit,
+        }
     out: dict[str, Any] = {}
     phases = roofline.get("phases") or {}
     for name in ("prefill", "decode"):
@@ -334,7 +338,7 @@ def run_derating(roofline: dict[str, Any], fit: OverheadFit | None = None) -> di
 def _basis(derate: dict[str, Any]) -> str:
     fit = derate.get("overhead")
     if fit is not None:
-        return "the fitted cost model: " + fit.describe()
+        return "the fitted cost model: " + str(fit.describe())
     parts = []
     for name in ("prefill", "decode"):
         if f"{name}_overhead_s" in derate:
@@ -400,7 +404,7 @@ def project_run(
     batch = max(round(float(batch)), 1)
     prompt_len = max(round(float(workload.get("prompt_tokens_mean") or 1)), 1)
     output_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)
-    shape = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
+    shape: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
     derate = run_derating(roofline, fit)
     out = []
     for dev in devices:

@@ -22,7 +22,7 @@ from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
     from perfscope.analysis.calibration import CalibrationEntry
-    from perfscope.analysis.overhead import OverheadFit
+    from perfscope.analysis.overhead import OverheadFit, StepSamples
     from perfscope.analysis.study import Study
 
 __all__ = ["fit_runs", "load_studies", "median_abs_error", "projection_table", "register"]
@@ -219,10 +219,10 @@ def fit_runs(runs: Sequence[str], runs_dir: str | None = None) -> list[tuple[str
     from perfscope.hwdb.spec import DeviceSpec
     from perfscope.profiler.store import read_run, resolve_run_path
 
-    samples = []
-    out = []
+    samples: list[StepSamples] = []
+    out: list[tuple[str, OverheadFit]] = []
     for ref in runs:
-        run = read_run(resolve_run_path(ref, runs_dir))
+        run = read_run(resolve_run_path(ref, Path(runs_dir) if runs_dir else None))
         summary = run.summary or {}
         spec = (summary.get("hardware") or {}).get("spec")
         model = summary.get("model")
