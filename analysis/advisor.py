@@ -22,10 +22,18 @@ Gains stay within physics:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from perfscope.analysis.calibration import calibration_for, hardware_class
+from perfscope.analysis.calibration import (
+    CalibrationEntry,
+    calibration_for,
+    contradicting_entry,
+    load_calibration,
+    machine_of_device,
+    threads_evidence,
+)
 from perfscope.analysis.catalogue import format_bytes, format_number, format_seconds
 from perfscope.analysis.costmodel import step_cost, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
@@ -35,7 +43,7 @@ from perfscope.analysis.whatif import DEFAULT_MEM_FRACTION, predict, run_deratin
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
 
-__all__ = ["advise"]
+__all__ = ["advise", "batch_target"]
 
 #: Share of the prompt assumed to be a shared, cacheable prefix for the prompt-caching gain.
 PROMPT_CACHE_SHARE = 0.5
@@ -69,12 +77,40 @@ def _platform(device: DeviceSpec) -> str:
     return "cpu"
 
 
-def _overhead_levers(platform: str) -> str:
+def _overhead_levers(platform: str, threads_contradicted: bool = False) -> str:
+    """The levers that cut per-step overhead on ``platform``; on a CPU, setting threads to
+    the physical cores only where no stored study on this machine class measured more
+    threads to be slower."""
     if platform == "cuda":
         return "CUDA graphs, torch.compile, fused kernels"
     if platform == "gpu":
         return "graph compilation, fused kernels"
+    if threads_contradicted:
+        return "torch.compile, fused CPU kernels"
     return "torch.set_num_threads to the physical cores, torch.compile, fused CPU kernels"
+
+
+def batch_target(knee: int, current: int, memory_limit: int | None) -> tuple[int, str]:
+    """The batch the batching suggestion projects, and the rule that chose it, in words.
+
+    ``target = min(max(knee, 2 x current), memory_limit)``: the ridge knee (the batch at
+    which decode's intensity reaches the ridge), at least twice the current batch, never
+    beyond what fits in memory. The words quote the same three numbers and name the term
+    that decided, so the text cannot disagree with the arithmetic.
+    """
+    want = max(knee, 2 * current)
+    cap = want if memory_limit is None else max(memory_limit, 1)
+    target = min(want, cap)
+    terms = f"min(max(ridge knee {knee}, 2 x current batch {current}), " + (
+        "memory limit unknown)" if memory_limit is None else f"memory limit {memory_limit})"
+    )
+    if memory_limit is not None and target == memory_limit and memory_limit < want:
+        why = "the memory limit"
+    elif knee >= 2 * current:
+        why = "the ridge knee"
+    else:
+        why = "twice the current batch (the ridge knee is below it)"
+    return target, f"batch {target} = {terms}: set by {why}"
 
 
 def advise(
@@ -82,6 +118,9 @@ def advise(
     model: ModelSpec,
     device: DeviceSpec,
     workload: dict[str, Any],
+    *,
+    engine: str | None = None,
+    calibration: Sequence[CalibrationEntry] | None = None,
 ) -> list[dict[str, Any]]:
     """Suggestions for this run, best first.
 
@@ -91,6 +130,9 @@ def advise(
         device: the device the run used.
         workload: ``prompt_tokens_mean``, ``output_tokens_mean``, ``batch_size``
             (configured maximum batch), ``requests``.
+        engine: the engine kind (``reference``, ``hf``...), part of the machine class the
+            calibration is looked up for (``None``: any engine on this hardware).
+        calibration: entries to judge the advice by (default: the packaged file).
 
     Returns:
         A list of ``{"technique", "why", "projected_gain": {"value", "unit", "metric",
@@ -98,8 +140,13 @@ def advise(
         projected gain (a "does not fit" finding first). ``calibration``
         (:class:`perfscope.analysis.calibration.Calibration` as JSON) says how far the
         studies measured such projections to be off on this class of hardware, or that
-        they were not calibrated there; the projected gain is left as projected.
+        they were not calibrated there; the projected gain is left as projected. A
+        suggestion a stored study on this machine class measured to make things worse
+        (significantly) is reworded with that evidence, marked ``contradicted_by`` and
+        ranked last.
     """
+    machine = machine_of_device(device, engine)
+    table = load_calibration() if calibration is None else tuple(calibration)
     phases = roofline.get("phases") or {}
     dec = phases.get("decode") or {}
     pre = phases.get("prefill") or {}
@@ -172,18 +219,16 @@ def advise(
     # Larger batches / continuous batching.
     if dec and dec_verdict in ("memory-bound", "overhead-bound") and ridge:
         knee = max(int(ridge * model.weight_bytes_per_param / 2), 2)
-        cap = base["max_batch"] if base["max_batch"] is not None else knee
-        target = min(max(knee, 2 * b_cur), max(cap, 1))
+        target, rule = batch_target(knee, b_cur, base["max_batch"])
         if target >= 2 * b_cur or (target > b_cur and b_cfg > 1.3 * b_cur):
             p = run(batch=target)
             gain = p["decode_tok_s"] / base["decode_tok_s"]
-            why = (
-                f"decode is {dec_verdict} at a mean batch of "
-                f"{format_number(dec.get('batch_size_mean', 0))}: "
-                f"each step reads the {format_bytes(base['memory']['weights_bytes'])} of weights "
-                f"for few tokens (intensity {format_number(dec.get('intensity', 0))} FLOP/B vs "
-                f"ridge "
-                f"{format_number(ridge)}); at batch {target} decode throughput rises from "
+            why = f"decode is {dec_verdict} at a mean batch of " + format_number(
+                dec.get("batch_size_mean", 0)
+            )
+            why += ": " + _intensity_reason(dec, ridge, base["memory"]["weights_bytes"], b_cur)
+            why += (
+                f"; at batch {target} decode throughput rises from "
                 f"{format_number(base['decode_tok_s'], 4)} to "
                 f"{format_number(p['decode_tok_s'], 4)} tok/s "
                 f"(TPOT {format_seconds(tpot0)} → {format_seconds(p['tpot_s'])})"
@@ -199,8 +244,7 @@ def advise(
                     "why": why,
                     "projected_gain": _gain(gain, "x decode throughput", "decode_tok_s"),
                     "assumptions": (
-                        f"batch {target} = min(ridge knee {knee}, memory limit "
-                        f"{cap}); low: the run's per-step overhead stays fixed; high: its "
+                        f"{rule}; low: the run's per-step overhead stays fixed; high: its "
                         "fraction of speed of light carries over"
                     ),
                     "_score": gain,
@@ -429,7 +473,8 @@ def advise(
         high = min(hi_eff / eff, bound)
         low = min(max(lo_eff / eff, 1.0), high)
         per_step = ph.get("time_per_step_s") or 0.0
-        levers = _overhead_levers(platform)
+        threads_bad = threads_evidence(machine, table) if platform == "cpu" else None
+        levers = _overhead_levers(platform, threads_bad is not None)
         out.append(
             {
                 "technique": f"cut {name} per-step overhead ({levers})",
@@ -451,20 +496,62 @@ def advise(
                 ),
                 "_score": high,
                 "_range": (low, high, bound),
+                **({"_threads": threads_bad} if threads_bad is not None else {}),
             }
         )
 
     _bound_gains(out, dec, pre, b_cur, scaled, sol, base, base_scaled)
+    for s in out:
+        th = s.pop("_threads", None)
+        if th is not None:
+            s["why"] += (
+                f"; not more threads: {_evidence(th)} (so setting threads to the physical "
+                "cores is left out)"
+            )
+        metric = s["projected_gain"]["metric"]
+        bad = contradicting_entry(s["technique"], machine, metric, table)
+        if bad is not None and float(s["projected_gain"]["value"]) > 1.0:
+            s["why"] += f"; but contradicted here: {_evidence(bad)}"
+            s["contradicted_by"] = bad.to_dict()
+            s["_score"] = -1.0 / max(float(s["_score"]), 1e-9)
     out.sort(key=lambda s: -s["_score"])
-    hw_class = hardware_class(device.kind)
     for i, s in enumerate(out, 1):
         s.pop("_score")
         s["rank"] = i
         # Beside the projection, never folded into it: how far such projections were off.
         s["calibration"] = calibration_for(
-            s["technique"], hw_class, s["projected_gain"]["metric"]
+            s["technique"], machine, s["projected_gain"]["metric"], table
         ).to_dict()
     return out
+
+
+def _evidence(e: CalibrationEntry) -> str:
+    """A stored study's measurement in words, with its source."""
+    gain = e.measured_gain
+    how = f"{gain:.2g}x better" if gain >= 1 else f"{1 / gain:.2g}x worse"
+    return (
+        f"the {e.knob} study on this machine class measured {e.change} {how} on {e.metric} "
+        f"({e.measured_text()}; {e.runs_per_setting} runs per setting, {e.study_file})"
+    )
+
+
+def _intensity_reason(dec: dict[str, Any], ridge: float, weights_bytes: float, batch: int) -> str:
+    """Why batching helps, from decode's measured intensity against the ridge: below it,
+    weights are read for few tokens; at or above it, the roofline gains nothing and the
+    gain is the per-step overhead shared by more sequences."""
+    intensity = float(dec.get("intensity") or 0.0)
+    times = intensity / ridge if ridge else 0.0
+    if intensity < ridge:
+        return (
+            f"each step reads the {format_bytes(weights_bytes)} of weights for {batch} "
+            f"token(s) (intensity {format_number(intensity)} FLOP/B, "
+            f"{format_number(times)}x the ridge {format_number(ridge)})"
+        )
+    return (
+        f"intensity {format_number(intensity)} FLOP/B is already {format_number(times)}x the "
+        f"ridge {format_number(ridge)}, so the weights are not what limits it; a larger batch "
+        "shares each step's fixed overhead among more sequences"
+    )
 
 
 def _bound_gains(

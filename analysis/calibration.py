@@ -1,40 +1,56 @@
-"""How far the advisor's projections were off, as measured by ``perfscope study``.
+"""How far the advisor's projections were off, rebuilt from stored ``perfscope study`` records.
 
-``calibration.json`` (schema ``perfscope.calibration/1``, next to this module) holds one
-:class:`CalibrationEntry` per technique, hardware class (``cpu`` / ``gpu``) and metric: the
-change a study made, the what-if's projected ratio, the measured ratio with its between-run
-interval, the error ``projected / measured - 1`` and where it comes from (study, script,
-date, machine, runs per setting). :func:`calibration_for` turns an advisor suggestion into
-a :class:`Calibration` note that goes *beside* its projected gain; the projection itself is
-never changed.
+``calibration.json`` (schema ``perfscope.calibration/2``, next to this module) is *generated*,
+never typed: ``perfscope advisor calibrate [STUDIES...]`` reads stored study records
+(``perfscope.study/1`` JSON, e.g. ``samples/studies/results/*.json``) and writes one
+:class:`CalibrationEntry` per technique, machine class, metric and change: the projected
+ratio, the speed-of-light (roofline alone) ratio, the measured ratio with its between-run
+interval as the study computed it, whether that interval excludes 1 (``significant``), the
+error ``projected / measured - 1`` and the study file it came from.
 
-A measured interval that includes 1 means the study could not tell the setting from the
-baseline on that metric: the calibration is then reported as not significant. A hardware
-class without measurements says so ("not calibrated on GPU").
+Entries are keyed by a :class:`MachineClass` (CPU model and cores, GPU model, engine): the
+advice on a run quotes the entry measured on *that* machine class, names its source, and
+says "uncalibrated here" otherwise (:func:`calibration_for`). A significant measured effect
+that goes against a suggestion is evidence against it (:func:`contradicting_entry`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfscope.analysis.study import Study
+    from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
     "CALIBRATION_FILE",
+    "METRIC_FOR_GAIN",
     "SCHEMA",
     "TECHNIQUES",
     "Calibration",
     "CalibrationEntry",
+    "MachineClass",
+    "build_calibration",
+    "calibration_document",
     "calibration_for",
+    "contradicting_entry",
     "hardware_class",
     "load_calibration",
+    "machine_of_device",
+    "machine_of_summary",
     "technique_key",
+    "technique_of_change",
+    "threads_evidence",
+    "write_calibration",
 ]
 
-SCHEMA = "perfscope.calibration/1"
+SCHEMA = "perfscope.calibration/2"
 CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
 
 #: Calibration technique key → (display name, advisor technique prefixes it covers).
@@ -44,161 +60,304 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "int4-weights": ("int4 weights", ("int4 weights",)),
     "kv-heads": ("GQA/MQA", ("GQA/MQA",)),
     "fp8-kv": ("fp8 KV cache", ("fp8 KV cache",)),
+    "int8-kv": ("int8 KV cache", ("int8 KV cache",)),
     "prefix-caching": ("prompt caching", ("prompt (prefix) caching",)),
     "speculative": ("speculative decoding", ("speculative decoding",)),
-    "disaggregation": ("prefill/decode disaggregation", ("prefill/decode disaggregation",)),
+    "chunked-prefill": ("chunked prefill", ("prefill/decode disaggregation",)),
     "tensor-parallel": ("tensor parallelism", ("tensor parallelism",)),
-    "overhead": ("cutting per-step overhead", ("cut decode", "cut prefill")),
+    "compile": ("torch.compile", ("cut decode", "cut prefill")),
+    "threads": ("more threads", ()),
+    "dtype": ("a narrower dtype", ()),
+    "sparsity": ("weight sparsity", ()),
+    "layers": ("layer pruning", ()),
+    "model-preset": ("a smaller (distilled) model", ()),
+    "attention": ("the attention kernel", ()),
+    "scheduler": ("the scheduler", ()),
+    "concurrency": ("more concurrent users", ()),
+    "kv-cache": ("the KV cache", ()),
 }
 
 #: Advisor gain metric → the study metric that measures it.
-_METRIC = {
+METRIC_FOR_GAIN = {
     "decode_tok_s": "output_tok_s",
     "tpot_s": "tpot_p50_s",
     "ttft_s": "ttft_p50_s",
+    "decode_step_s": "tpot_p50_s",
+    "prefill_step_s": "ttft_p50_s",
 }
 
-_REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "technique": str,
-    "hardware_class": str,
-    "metric": str,
-    "change": str,
-    "projected_ratio": (int, float),
-    "measured_ratio": (int, float),
-    "interval": list,
-    "confidence": (int, float),
-    "error": (int, float),
-    "study": str,
-    "script": str,
-    "write_up": str,
-    "study_file": str,
-    "date": str,
-    "machine": str,
-    "runs_per_setting": int,
-    "cause": str,
-}
+#: Study metrics calibrated and whether higher is better.
+_CALIBRATED = {"ttft_p50_s": False, "tpot_p50_s": False, "output_tok_s": True}
+
+
+def technique_of_change(knob: str, value: str) -> str:
+    """The calibration technique a study's change is (``quant`` to ``int8-wo``: int8 weights)."""
+    v = value.lower()
+    if knob == "batch-size":
+        return "batching"
+    if knob == "quant":
+        return "int4-weights" if "int4" in v else "int8-weights"
+    if knob == "kv-dtype":
+        return "fp8-kv" if "fp8" in v else "int8-kv"
+    if knob == "prefix-cache":
+        return "prefix-caching"
+    if knob == "num-speculative-tokens":
+        return "speculative"
+    if knob == "max-batched-tokens":
+        return "chunked-prefill"
+    return knob
+
+
+@dataclass(frozen=True)
+class MachineClass:
+    """The machine class a measurement holds for: what calibration entries are keyed by.
+
+    Attributes:
+        cpu_model: the host CPU model name (``""`` unknown).
+        cores: logical CPU cores (``None`` unknown).
+        gpu_model: the GPU the run used, ``None`` for a CPU run.
+        engine: the engine kind (``reference``, ``hf``, ``openai``); ``None`` matches any.
+    """
+
+    cpu_model: str
+    cores: int | None
+    gpu_model: str | None
+    engine: str | None = None
+
+    @property
+    def hardware_class(self) -> str:
+        """``gpu`` when a GPU ran the model, else ``cpu``."""
+        return "gpu" if self.gpu_model else "cpu"
+
+    def matches(self, other: MachineClass) -> bool:
+        """Same hardware (GPU model, or CPU model and cores) and, when both name one, the
+        same engine."""
+        if self.hardware_class != other.hardware_class:
+            return False
+        if self.gpu_model:
+            same_hw = self.gpu_model == other.gpu_model
+        else:
+            same_hw = self.cpu_model == other.cpu_model and self.cores == other.cores
+        engines = self.engine is None or other.engine is None or self.engine == other.engine
+        return same_hw and engines
+
+    def describe(self) -> str:
+        """In words: ``AMD EPYC 7B13, 2 cores, reference engine``."""
+        parts = [self.gpu_model] if self.gpu_model else []
+        parts.append(self.cpu_model or "unknown CPU")
+        if self.cores:
+            parts.append(f"{self.cores} cores")
+        if self.engine:
+            parts.append(f"{self.engine} engine")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MachineClass:
+        """Inverse of :meth:`to_dict`."""
+        cores = data.get("cores")
+        return cls(
+            cpu_model=str(data.get("cpu_model") or ""),
+            cores=int(cores) if isinstance(cores, int | float) else None,
+            gpu_model=str(data["gpu_model"]) if data.get("gpu_model") else None,
+            engine=str(data["engine"]) if data.get("engine") else None,
+        )
+
+
+def _strip_calibrated(name: str) -> str:
+    return name.removesuffix(" (calibrated)").strip()
+
+
+def _machine_from_spec_dict(spec: Mapping[str, Any], engine: str | None) -> MachineClass:
+    extra = spec.get("extra") or {}
+    fp = ((extra.get("calibration") or {}).get("fingerprint")) or {}
+    kind = str(spec.get("kind") or "cpu")
+    name = _strip_calibrated(str(spec.get("name") or ""))
+    gpu = fp.get("gpu_name") or (name if kind in ("gpu", "tpu", "npu") else None)
+    cpu = fp.get("cpu_model") or ("" if gpu else name)
+    cores = fp.get("cores")
+    return MachineClass(
+        cpu_model=str(cpu),
+        cores=int(cores) if isinstance(cores, int) else None,
+        gpu_model=str(gpu) if gpu else None,
+        engine=engine,
+    )
+
+
+def machine_of_device(device: DeviceSpec, engine: str | None = None) -> MachineClass:
+    """The machine class of a run analysed against ``device`` (a calibrated device names its
+    CPU model and cores in its calibration fingerprint)."""
+    return _machine_from_spec_dict(
+        {"kind": device.kind, "name": device.name, "extra": device.extra}, engine
+    )
+
+
+def machine_of_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The machine class of a run summary, as JSON (``{}`` without a hardware section)."""
+    spec = (summary.get("hardware") or {}).get("spec")
+    if not isinstance(spec, Mapping):
+        return {}
+    engine = (summary.get("engine") or {}).get("kind")
+    return _machine_from_spec_dict(spec, str(engine) if engine else None).to_dict()
 
 
 @dataclass(frozen=True)
 class CalibrationEntry:
-    """One measured error of a projection.
+    """One measured effect of a study next to its projection.
 
     Attributes:
-        technique: key of :data:`TECHNIQUES` (``batching``).
-        hardware_class: ``cpu`` or ``gpu``.
+        technique: key of :data:`TECHNIQUES`.
+        machine: where it was measured.
         metric: the study metric (``output_tok_s``, ``tpot_p50_s``, ``ttft_p50_s``).
-        change: the change the study made, in words (``batch-size 1 -> 8``).
-        projected_ratio: the what-if's candidate / baseline ratio.
-        measured_ratio: the measured candidate / baseline ratio (geometric means).
-        interval: its between-run interval (low, high) at ``confidence``.
+        knob, baseline, value: the study's knob and the change (``batch-size``, ``1``, ``8``).
+        projected_ratio: the what-if's (derated) candidate / baseline ratio, ``None`` when
+            the projection did not cover it.
+        sol_ratio: the bare roofline's (speed of light) ratio, ``None`` when not covered.
+        measured_ratio: the measured candidate / baseline ratio.
+        interval: its between-run interval at ``confidence`` (``None``: one run a setting).
         confidence: e.g. 0.95.
-        error: ``projected_ratio / measured_ratio - 1`` (+0.82: 82% more than measured).
-        study, script, write_up, study_file: where the numbers come from.
-        date: when the study ran (ISO date).
-        machine: what it ran on, in words.
-        runs_per_setting: repeats per setting.
-        cause: why the projection was off, in words.
+        significant: the interval excludes 1.
+        error: ``projected_ratio / measured_ratio - 1`` (``None`` without a projection).
+        runs_per_setting: the study's repeats.
+        method: the study's interval method.
+        study_file: the stored study it came from.
+        created_at: when the study ran (ISO-8601).
     """
 
     technique: str
-    hardware_class: str
+    machine: MachineClass
     metric: str
-    change: str
-    projected_ratio: float
+    knob: str
+    baseline: str
+    value: str
+    projected_ratio: float | None
+    sol_ratio: float | None
     measured_ratio: float
-    interval: tuple[float, float]
+    interval: tuple[float, float] | None
     confidence: float
-    error: float
-    study: str
-    script: str
-    write_up: str
-    study_file: str
-    date: str
-    machine: str
+    significant: bool
+    error: float | None
     runs_per_setting: int
-    cause: str
+    method: str
+    study_file: str
+    created_at: str
 
     @property
-    def significant(self) -> bool:
-        """Whether the measured interval excludes 1 (the study saw an effect at all)."""
-        lo, hi = self.interval
-        return not lo <= 1.0 <= hi
+    def change(self) -> str:
+        """``batch-size 1 -> 8``."""
+        return f"{self.knob} {self.baseline} -> {self.value}"
+
+    @property
+    def measured_gain(self) -> float:
+        """The measured ratio turned into a gain (> 1: better), whatever the metric's sense."""
+        return self.measured_ratio if _CALIBRATED[self.metric] else 1.0 / self.measured_ratio
 
     @property
     def projection_inside(self) -> bool:
         """Whether the projected ratio lies inside the measured interval."""
-        lo, hi = self.interval
-        return lo <= self.projected_ratio <= hi
-
-    @property
-    def error_interval(self) -> tuple[float, float]:
-        """The error at the ends of the measured interval (low, high)."""
-        lo, hi = self.interval
-        return (self.projected_ratio / hi - 1.0, self.projected_ratio / lo - 1.0)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The calibration note of one suggestion (JSON: the advice's ``calibration``).
-
-    Attributes:
-        hardware_class: ``cpu`` or ``gpu``.
-        technique: the calibration technique key, ``None`` when the suggestion maps to none.
-        calibrated: whether a study measured this technique on this hardware class.
-        significant: whether that study's measured interval excludes 1 (``None`` when
-            not calibrated).
-        error: ``projected / measured - 1`` of the study (``None`` when not calibrated).
-        text: one sentence for people.
-        source: the entry's provenance (study, script, date, machine, runs), or ``None``.
-    """
-
-    hardware_class: str
-    technique: str | None
-    calibrated: bool
-    significant: bool | None
-    error: float | None
-    text: str
-    source: dict[str, Any] | None = None
+        if self.interval is None or self.projected_ratio is None:
+            return False
+        return self.interval[0] <= self.projected_ratio <= self.interval[1]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {
-            "hardware_class": self.hardware_class,
-            "technique": self.technique,
-            "calibrated": self.calibrated,
-            "significant": self.significant,
-            "error": self.error,
-            "text": self.text,
-            "source": self.source,
-        }
+        """JSON-ready dict (the file's entry)."""
+        d = asdict(self)
+        d["machine"] = self.machine.to_dict()
+        d["interval"] = None if self.interval is None else list(self.interval)
+        return d
+
+    def measured_text(self) -> str:
+        """``1.80x [0.54, 5.99], not significant``."""
+        iv = (
+            "one run a setting"
+            if self.interval is None
+            else f"[{self.interval[0]:.3g}, {self.interval[1]:.3g}]"
+        )
+        sig = "significant" if self.significant else "not significant"
+        return f"{self.measured_ratio:.3g}x {iv}, {sig}"
+
+
+_ENTRY_KEYS: dict[str, type | tuple[type, ...]] = {
+    "technique": str,
+    "machine": dict,
+    "metric": str,
+    "knob": str,
+    "baseline": str,
+    "value": str,
+    "measured_ratio": (int, float),
+    "confidence": (int, float),
+    "significant": bool,
+    "runs_per_setting": int,
+    "method": str,
+    "study_file": str,
+    "created_at": str,
+}
+_OPTIONAL_NUM = ("projected_ratio", "sol_ratio", "error")
 
 
 def _entry(raw: Any, i: int) -> CalibrationEntry:
     if not isinstance(raw, dict):
         raise ValueError(f"calibration entry {i} is not an object")
-    for key, tp in _REQUIRED.items():
+    for key, tp in _ENTRY_KEYS.items():
         if key not in raw:
             raise ValueError(f"calibration entry {i} lacks {key!r}")
-        if not isinstance(raw[key], tp) or isinstance(raw[key], bool):
+        if not isinstance(raw[key], tp) or (isinstance(raw[key], bool) and tp is not bool):
             raise ValueError(f"calibration entry {i}: {key!r} has the wrong type")
-    if extra := set(raw) - set(_REQUIRED):
+    for key in (*_OPTIONAL_NUM, "interval"):
+        if key not in raw:
+            raise ValueError(f"calibration entry {i} lacks {key!r}")
+    if extra := set(raw) - set(_ENTRY_KEYS) - {*_OPTIONAL_NUM, "interval"}:
         raise ValueError(f"calibration entry {i}: unknown keys {sorted(extra)}")
-    iv = raw["interval"]
-    if len(iv) != 2 or not all(isinstance(v, int | float) and v > 0 for v in iv):
-        raise ValueError(f"calibration entry {i}: interval must be two positive ratios")
     if raw["technique"] not in TECHNIQUES:
         raise ValueError(f"calibration entry {i}: unknown technique {raw['technique']!r}")
-    if raw["hardware_class"] not in ("cpu", "gpu"):
-        raise ValueError(f"calibration entry {i}: hardware_class must be cpu or gpu")
-    if raw["metric"] not in _METRIC.values():
+    if raw["metric"] not in _CALIBRATED:
         raise ValueError(f"calibration entry {i}: unknown metric {raw['metric']!r}")
+    iv = raw["interval"]
+    if iv is not None and (
+        not isinstance(iv, list)
+        or len(iv) != 2
+        or not all(isinstance(v, int | float) and v > 0 for v in iv)
+    ):
+        raise ValueError(f"calibration entry {i}: interval must be two positive ratios or null")
+    for key in _OPTIONAL_NUM:
+        if raw[key] is not None and not isinstance(raw[key], int | float):
+            raise ValueError(f"calibration entry {i}: {key!r} has the wrong type")
+    interval = None if iv is None else (float(iv[0]), float(iv[1]))
     e = CalibrationEntry(
-        **{k: raw[k] for k in _REQUIRED if k != "interval"},
-        interval=(float(iv[0]), float(iv[1])),
+        technique=raw["technique"],
+        machine=MachineClass.from_dict(raw["machine"]),
+        metric=raw["metric"],
+        knob=raw["knob"],
+        baseline=raw["baseline"],
+        value=raw["value"],
+        projected_ratio=raw["projected_ratio"],
+        sol_ratio=raw["sol_ratio"],
+        measured_ratio=float(raw["measured_ratio"]),
+        interval=interval,
+        confidence=float(raw["confidence"]),
+        significant=raw["significant"],
+        error=raw["error"],
+        runs_per_setting=raw["runs_per_setting"],
+        method=raw["method"],
+        study_file=raw["study_file"],
+        created_at=raw["created_at"],
     )
-    if not math.isclose(e.error, e.projected_ratio / e.measured_ratio - 1.0, abs_tol=5e-3):
+    if e.significant != _excludes_one(interval):
+        raise ValueError(f"calibration entry {i}: significant disagrees with its interval")
+    if (
+        e.error is not None
+        and e.projected_ratio is not None
+        and not math.isclose(e.error, e.projected_ratio / e.measured_ratio - 1.0, abs_tol=5e-3)
+    ):
         raise ValueError(f"calibration entry {i}: error is not projected / measured - 1")
     return e
+
+
+def _excludes_one(interval: tuple[float, float] | None) -> bool:
+    return interval is not None and not interval[0] <= 1.0 <= interval[1]
 
 
 def load_calibration(path: str | Path | None = None) -> tuple[CalibrationEntry, ...]:
@@ -206,8 +365,8 @@ def load_calibration(path: str | Path | None = None) -> tuple[CalibrationEntry, 
 
     Raises:
         OSError: unreadable file.
-        ValueError: not a valid ``perfscope.calibration/1`` document (the message names
-            the entry and field), or two entries for one technique, class and metric.
+        ValueError: not a valid ``perfscope.calibration/2`` document (the message names
+            the entry and field).
     """
     if path is None:
         return _packaged()
@@ -226,14 +385,148 @@ def _parse(text: str) -> tuple[CalibrationEntry, ...]:
     raw = data.get("entries")
     if not isinstance(raw, list):
         raise ValueError("calibration: 'entries' must be a list")
-    entries = tuple(_entry(r, i) for i, r in enumerate(raw))
-    seen: set[tuple[str, str, str]] = set()
-    for e in entries:
-        key = (e.technique, e.hardware_class, e.metric)
-        if key in seen:
-            raise ValueError(f"calibration: two entries for {' / '.join(key)}")
-        seen.add(key)
-    return entries
+    return tuple(_entry(r, i) for i, r in enumerate(raw))
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _rel(path: str | Path, root: Path | None) -> str:
+    p = Path(path)
+    if root is not None:
+        try:
+            return p.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    return p.name
+
+
+def build_calibration(
+    studies: Iterable[tuple[str | Path, Study]], *, root: Path | None = None
+) -> list[CalibrationEntry]:
+    """The calibration entries of stored studies, one per technique, machine class, metric
+    and change; a change measured by several studies on one machine class keeps the newest.
+
+    Args:
+        studies: ``(path, study)`` pairs (:func:`perfscope.analysis.study.read_study`).
+        root: paths under it are stored relative to it (the repository root), others by
+            file name.
+    """
+    best: dict[tuple[str, str, str, str, str], CalibrationEntry] = {}
+    for path, st in studies:
+        machine = MachineClass.from_dict(getattr(st, "machine", None) or {})
+        for s in st.settings[1:]:
+            for e in s.effects:
+                if e.metric not in _CALIBRATED or e.change.ratio is None:
+                    continue
+                ratio = float(e.change.ratio)
+                if not math.isfinite(ratio) or ratio <= 0:
+                    continue
+                iv = e.change.ci
+                interval = None if iv is None else (float(iv[0]), float(iv[1]))
+                sol = _sol_ratio(s.projection, e.metric)
+                proj = None if e.projected_ratio is None else _sig(float(e.projected_ratio))
+                measured = _sig(ratio)
+                entry = CalibrationEntry(
+                    technique=technique_of_change(st.knob, s.value),
+                    machine=machine,
+                    metric=e.metric,
+                    knob=st.knob,
+                    baseline=st.values[0],
+                    value=s.value,
+                    projected_ratio=proj,
+                    sol_ratio=None if sol is None else _sig(sol),
+                    measured_ratio=measured,
+                    interval=None if interval is None else (_sig(interval[0]), _sig(interval[1])),
+                    confidence=float(st.args.get("confidence", 0.95) or 0.95),
+                    significant=_excludes_one(interval),
+                    error=None if proj is None else _sig(proj / measured - 1.0),
+                    runs_per_setting=int(st.repeat),
+                    method=str(e.change.method),
+                    study_file=_rel(path, root),
+                    created_at=st.created_at,
+                )
+                key = (
+                    entry.technique,
+                    json.dumps(machine.to_dict(), sort_keys=True),
+                    entry.metric,
+                    entry.change,
+                    entry.knob,
+                )
+                old = best.get(key)
+                if old is None or entry.created_at >= old.created_at:
+                    best[key] = entry
+    return sorted(
+        best.values(),
+        key=lambda x: (x.technique, x.machine.describe(), x.knob, x.value, x.metric),
+    )
+
+
+def _sig(x: float) -> float:
+    """``x`` to 6 significant digits (a stable, diff-friendly file)."""
+    return float(f"{x:.6g}")
+
+
+_PROJ_KEY = {"ttft_p50_s": "ttft_s", "tpot_p50_s": "tpot_s", "output_tok_s": "throughput_tok_s"}
+
+
+def _sol_ratio(projection: Mapping[str, Any] | None, metric: str) -> float | None:
+    v = ((projection or {}).get("sol_ratios") or {}).get(_PROJ_KEY[metric])
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def calibration_document(entries: Sequence[CalibrationEntry]) -> dict[str, Any]:
+    """The ``perfscope.calibration/2`` document of ``entries`` (what the file holds)."""
+    return {
+        "schema": SCHEMA,
+        "about": (
+            "Generated by `perfscope advisor calibrate` from stored perfscope studies; do "
+            "not edit. ratios are candidate / baseline; interval: the study's between-run "
+            "interval of the measured ratio; error = projected / measured - 1."
+        ),
+        "sources": sorted({e.study_file for e in entries}),
+        "entries": [e.to_dict() for e in entries],
+    }
+
+
+def write_calibration(path: str | Path, entries: Sequence[CalibrationEntry]) -> None:
+    """Write ``entries`` as a calibration file (stable order, so a rebuild diffs clean)."""
+    text = json.dumps(calibration_document(entries), indent=2, sort_keys=False) + "\n"
+    Path(path).write_text(text, encoding="utf-8")
+    _packaged.cache_clear()
+
+
+# --------------------------------------------------------------------------- lookup
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration note of one suggestion (JSON: the advice's ``calibration``).
+
+    Attributes:
+        hardware_class: ``cpu`` or ``gpu``.
+        machine: the machine class the advice is for, in words.
+        technique: the calibration technique key, ``None`` when the suggestion maps to none.
+        calibrated: whether a stored study measured this technique on this machine class.
+        significant: whether that study's measured interval excludes 1 (``None`` when
+            not calibrated).
+        error: ``projected / measured - 1`` of the study (``None`` when not calibrated).
+        text: one sentence for people.
+        source: the entry (:meth:`CalibrationEntry.to_dict`), or ``None``.
+    """
+
+    hardware_class: str
+    machine: str
+    technique: str | None
+    calibrated: bool
+    significant: bool | None
+    error: float | None
+    text: str
+    source: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
 
 
 def technique_key(advisor_technique: str) -> str | None:
@@ -253,67 +546,90 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.0f}%"
 
 
+def _for_machine(
+    table: Sequence[CalibrationEntry], key: str | None, machine: MachineClass, metric: str | None
+) -> list[CalibrationEntry]:
+    return [
+        e
+        for e in table
+        if e.technique == key
+        and e.machine.matches(machine)
+        and (metric is None or e.metric == metric)
+    ]
+
+
 def calibration_for(
     advisor_technique: str,
-    hw_class: str,
+    machine: MachineClass,
     metric: str,
-    entries: tuple[CalibrationEntry, ...] | None = None,
+    entries: Sequence[CalibrationEntry] | None = None,
 ) -> Calibration:
-    """The calibration note of one suggestion.
+    """The calibration note of one suggestion on ``machine``.
+
+    Prefers a significant entry, then the one with the most runs, then the newest.
 
     Args:
         advisor_technique: the suggestion's ``technique``.
-        hw_class: ``cpu`` or ``gpu`` (:func:`hardware_class`).
+        machine: the machine class of the run (:func:`machine_of_device`).
         metric: the suggestion's gain metric (``decode_tok_s``, ``tpot_s``, ``ttft_s``).
         entries: default :func:`load_calibration`.
     """
     key = technique_key(advisor_technique)
     table = load_calibration() if entries is None else entries
-    upper = hw_class.upper()
     name = TECHNIQUES[key][0] if key is not None else advisor_technique
-    study_metric = _METRIC.get(metric)
-    found = next(
-        (
-            e
-            for e in table
-            if e.technique == key and e.hardware_class == hw_class and e.metric == study_metric
-        ),
-        None,
-    )
-    if found is None:
-        has_class = any(e.hardware_class == hw_class for e in table)
-        text = (
-            f"not calibrated on {upper}"
-            if not has_class
-            else f"not calibrated on {upper} for {name} (no study measured it)"
+    where = machine.describe()
+    hw = machine.hardware_class
+    found = _for_machine(table, key, machine, METRIC_FOR_GAIN.get(metric))
+    if not found:
+        return Calibration(
+            hw,
+            where,
+            key,
+            False,
+            None,
+            None,
+            f"uncalibrated here: no stored study of {name} on {where}",
         )
-        return Calibration(hw_class, key, False, None, None, text)
-    e = found
-    lo, hi = e.interval
+    e = max(found, key=lambda x: (x.significant, x.runs_per_setting, x.created_at))
+    proj = "not projected" if e.projected_ratio is None else f"projected {e.projected_ratio:.3g}x"
+    err = "" if e.error is None else f": off by {_pct(e.error)}"
     text = (
-        f"on {upper} our projections for {name} were off by {_pct(e.error)} "
-        f"({e.study}, {e.change}, {e.metric}, {e.runs_per_setting} runs per setting, "
-        f"{e.date}: measured {e.measured_ratio:.3g}x [{lo:.3g}, {hi:.3g}] vs projected "
-        f"{e.projected_ratio:.3g}x)"
+        f"on this machine class ({where}) the {e.knob} study measured {e.change} "
+        f"{e.metric} {e.measured_text()} vs {proj}{err} ({e.runs_per_setting} runs per "
+        f"setting, {e.created_at[:10]}, {e.study_file})"
     )
-    if not e.significant:
-        text += "; not significant: the measured interval includes 1"
-    elif e.projection_inside:
+    if e.projection_inside:
         text += "; the projection lies inside the measured interval"
-    source = {
-        "study": e.study,
-        "change": e.change,
-        "metric": e.metric,
-        "script": e.script,
-        "write_up": e.write_up,
-        "study_file": e.study_file,
-        "date": e.date,
-        "machine": e.machine,
-        "runs_per_setting": e.runs_per_setting,
-        "measured_ratio": e.measured_ratio,
-        "interval": [lo, hi],
-        "confidence": e.confidence,
-        "projected_ratio": e.projected_ratio,
-        "cause": e.cause,
-    }
-    return Calibration(hw_class, key, True, e.significant, e.error, text, source)
+    return Calibration(hw, where, key, True, e.significant, e.error, text, e.to_dict())
+
+
+def contradicting_entry(
+    advisor_technique: str,
+    machine: MachineClass,
+    metric: str,
+    entries: Sequence[CalibrationEntry] | None = None,
+) -> CalibrationEntry | None:
+    """A stored study on ``machine`` that measured the technique significantly *worse* than
+    its baseline on the suggestion's metric (the advice promises a gain), or ``None``."""
+    table = load_calibration() if entries is None else entries
+    key = technique_key(advisor_technique)
+    found = _for_machine(table, key, machine, METRIC_FOR_GAIN.get(metric))
+    bad = [e for e in found if e.significant and e.measured_gain < 1.0]
+    return min(bad, key=lambda e: e.measured_gain) if bad else None
+
+
+def threads_evidence(
+    machine: MachineClass, entries: Sequence[CalibrationEntry] | None = None
+) -> CalibrationEntry | None:
+    """A stored threads study on ``machine`` where more threads were significantly slower
+    (output tokens/s), or ``None``."""
+    table = load_calibration() if entries is None else entries
+    bad = []
+    for e in _for_machine(table, "threads", machine, "output_tok_s"):
+        try:
+            more = int(e.value) > int(e.baseline)
+        except ValueError:
+            continue
+        if more and e.significant and e.measured_gain < 1.0:
+            bad.append(e)
+    return min(bad, key=lambda e: e.measured_gain) if bad else None

@@ -57,6 +57,7 @@ from perfscope.analysis.costmodel import (
     weight_bytes,
 )
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.hwdb.calibrate import provisional_note
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -132,6 +133,8 @@ def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
         "ridge_point": device.ridge_point(dtype),
         "source": device.source,
         "spread": calibration_spread(device, dtype),
+        # ceilings calibrated under contention say so wherever they are used
+        "provisional": provisional_note(device.extra) if device.source == "calibrated" else None,
     }
 
 
@@ -225,6 +228,8 @@ def _evidence(phase: str, r: dict[str, Any], device_name: str, threshold: float)
             f"DRAM MBU above 100% ({fmt_pct(r['mbu_dram'])}) means part of the traffic is "
             "served from caches"
         )
+    if r["ceilings"].get("provisional"):
+        notes.append(str(r["ceilings"]["provisional"]))
     if mfu is not None and mfu > 1.0:
         notes.append(
             f"MFU above 100% means the {r['ceilings']['dtype']} compute ceiling "

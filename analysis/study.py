@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from perfscope.analysis.calibration import machine_of_summary
 from perfscope.analysis.compare import SetChange, between_run_change
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
@@ -564,6 +565,9 @@ class Study:
     notes: list[str] = field(default_factory=list)
     path: str | None = None
     schema: str = SCHEMA
+    #: The machine class the study ran on (:class:`perfscope.analysis.calibration.MachineClass`
+    #: as JSON: CPU model and cores, GPU model, engine), ``{}`` in older records.
+    machine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def baseline(self) -> SettingResult:
@@ -638,6 +642,7 @@ class Study:
             notes=list(data.get("notes") or []),
             path=data.get("path"),
             schema=str(data["schema"]),
+            machine=dict(data.get("machine") or {}),
         )
 
 
@@ -780,4 +785,5 @@ def build_study(
         args=dict(args or {}),
         created_at=created_at,
         notes=notes,
+        machine=machine_of_summary(summaries[0][0]) if summaries and summaries[0] else {},
     )

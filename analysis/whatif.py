@@ -7,9 +7,11 @@ an ``efficiency`` (fraction of speed of light actually reached, e.g. a measured 
 ``sol_time / time``) derates it. :func:`project_run` projects a measured run onto other
 devices: device time from the target's speed of light and a *stated* efficiency -- the
 run's own only when the target is the device class the run was measured on, otherwise the
-documented range :data:`ENGINE_EFFICIENCY` (compiled engines to eager PyTorch). The
-measured host overhead of one platform (a CPU's Python and launch time per step) is never
-added to another device.
+documented range :data:`ENGINE_EFFICIENCY` (compiled engines to eager PyTorch), plus the
+target's kernel launches per step (:mod:`perfscope.analysis.overhead`). A run's fitted
+cost model (:func:`perfscope.analysis.overhead.fit_overhead`) replaces "the whole per-step
+excess is fixed overhead": its host terms scale per layer, per sequence, per token and per
+step, and only the parts that move with the device move to another device.
 
 Tensor parallelism (``tp``) divides FLOPs, weights and activations by ``tp`` and the KV
 cache by ``min(tp, n_kv_heads)`` (KV heads are replicated beyond that); communication is
@@ -30,6 +32,7 @@ from perfscope.analysis.costmodel import (
     weight_bytes,
 )
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.overhead import KERNELS_PER_LAYER, OverheadFit, launch_time
 from perfscope.analysis.roofline import fmt_pct, memory_ceiling
 
 if TYPE_CHECKING:
@@ -97,6 +100,7 @@ def predict(
     mem_fraction: float = DEFAULT_MEM_FRACTION,
     prefill_overhead_s: float = 0.0,
     decode_overhead_s: float = 0.0,
+    overhead: OverheadFit | None = None,
 ) -> dict[str, Any]:
     """Predicted TTFT, TPOT, throughput, memory and bound of a static batch on ``device``.
 
@@ -113,6 +117,10 @@ def predict(
         mem_fraction: usable share of device memory for weights + KV cache.
         prefill_overhead_s: fixed time added to the prefill (launches, host work), s.
         decode_overhead_s: fixed time added to every decode step, s.
+        overhead: a fitted host/overhead model (:class:`~perfscope.analysis.overhead.
+            OverheadFit`): each step adds its per-layer, per-sequence, per-token and
+            per-step terms for the step's shape (so a larger batch pays its per-row cost),
+            on top of the fixed overheads above.
 
     Returns:
         JSON-ready dict: ``ttft_s``, ``tpot_s``, ``e2e_s``, ``throughput_tok_s`` (output
@@ -127,7 +135,13 @@ def predict(
     cached = min(max(int(cached_prefix_len), 0), prompt_len - 1)
     eff_p = prefill_efficiency if prefill_efficiency is not None else efficiency
     eff_d = decode_efficiency if decode_efficiency is not None else efficiency
-    sol = eff_p is None and eff_d is None and not prefill_overhead_s and not decode_overhead_s
+    sol = (
+        eff_p is None
+        and eff_d is None
+        and not prefill_overhead_s
+        and not decode_overhead_s
+        and overhead is None
+    )
     eff_p = min(max(eff_p if eff_p is not None else 1.0, 1e-6), 1.0)
     eff_d = min(max(eff_d if eff_d is not None else 1.0, 1e-6), 1.0)
 
@@ -160,7 +174,9 @@ def predict(
     pre = step_costs(model, batch, batch * new_p, batch * cached)
     pf, pb = per_device(pre)
     t_prefill_sol = float(roof(pf, pb))
-    ttft = t_prefill_sol / eff_p + prefill_overhead_s
+    host_p = float(overhead.host_time(model.n_layers, batch, batch * new_p)) if overhead else 0.0
+    host_d = float(overhead.host_time(model.n_layers, batch, batch)) if overhead else 0.0
+    ttft = t_prefill_sol / eff_p + prefill_overhead_s + host_p
 
     steps = output_len - 1
     ctx = prompt_len + np.arange(max(steps, 1), dtype=np.float64)
@@ -169,11 +185,11 @@ def predict(
     t_steps = roof(df, db)
     if steps > 0:
         t_decode_sol = float(np.sum(t_steps))
-        tpot = t_decode_sol / steps / eff_d + decode_overhead_s
+        tpot = t_decode_sol / steps / eff_d + decode_overhead_s + host_d
         dec_f, dec_b = float(np.sum(df)), float(np.sum(db))
     else:
         t_decode_sol, dec_f, dec_b = 0.0, float(df[0]), float(db[0])
-        tpot = float(t_steps[0]) / eff_d + decode_overhead_s
+        tpot = float(t_steps[0]) / eff_d + decode_overhead_s + host_d
     e2e = ttft + steps * tpot
     ridge = peak / bw if peak else None
 
@@ -230,7 +246,11 @@ def predict(
         },
         "speed_of_light": sol,
         "efficiency": {"prefill": eff_p, "decode": eff_d},
-        "overhead_s": {"prefill": prefill_overhead_s, "decode_per_step": decode_overhead_s},
+        "overhead_s": {
+            "prefill": prefill_overhead_s + host_p,
+            "decode_per_step": decode_overhead_s + host_d,
+        },
+        "overhead_fit": overhead.to_dict() if overhead is not None else None,
         "ceilings": {
             "peak_flops": peak,
             "mem_bw_bytes_s": bw,
@@ -277,8 +297,14 @@ def predict(
     }
 
 
-def run_derating(roofline: dict[str, Any]) -> dict[str, float]:
+def run_derating(roofline: dict[str, Any], fit: OverheadFit | None = None) -> dict[str, Any]:
     """How a measured run falls short of speed of light, as :func:`predict` keyword args.
+
+    With ``fit`` (:func:`perfscope.analysis.overhead.fit_overhead` of the run's steps) the
+    run is the fitted cost model: the roofline time scaled by ``roof_scale`` plus host terms
+    per layer, per sequence, per token and per step, so a change of batch or work moves the
+    parts that scale with it. Without a fit (only the roofline's per-phase aggregates, which
+    cannot tell the terms apart), the rule below.
 
     A phase near a roof (compute- or memory-bound) keeps its measured efficiency as a
     multiplier on the roofline time. An overhead-bound phase is modelled as speed of light
@@ -286,7 +312,14 @@ def run_derating(roofline: dict[str, Any]) -> dict[str, float]:
     fixed when the work per step changes: launches and host work do not scale with bytes.
     Phases the run lacks stay at speed of light.
     """
-    out: dict[str, float] = {}
+    if fit is not None:
+        fitted_eff = 1.0 / fit.roof_scale if fit.roof_scale > 1.0 else 1.0
+        return {
+            "prefill_efficiency": fitted_eff,
+            "decode_efficiency": fitted_eff,
+            "overhead": fit,
+        }
+    out: dict[str, Any] = {}
     phases = roofline.get("phases") or {}
     for name in ("prefill", "decode"):
         ph = phases.get(name) or {}
@@ -302,7 +335,10 @@ def run_derating(roofline: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _basis(derate: dict[str, float]) -> str:
+def _basis(derate: dict[str, Any]) -> str:
+    fit = derate.get("overhead")
+    if fit is not None:
+        return "the fitted cost model: " + str(fit.describe())
     parts = []
     for name in ("prefill", "decode"):
         if f"{name}_overhead_s" in derate:
@@ -339,6 +375,7 @@ def project_run(
     devices: list[DeviceSpec],
     *,
     measured_on: str | None = None,
+    fit: OverheadFit | None = None,
 ) -> list[dict[str, Any]]:
     """The measured run's workload on other devices.
 
@@ -352,9 +389,14 @@ def project_run(
       to eager PyTorch (conservative). The headline numbers are the eager end; ``range``
       holds ``speed_of_light``, ``compiled`` and ``eager`` predictions.
 
-    The run's measured host overhead is never carried to another device. Each entry is a
-    :func:`predict` dict with ``basis`` (the assumption in words) and ``assumption``
-    (``measured`` or ``engine range``).
+    The run's measured host overhead is never carried to another device. With ``fit`` (the
+    run's fitted cost model) the own-device projection is that model, and another device
+    gets only the parts that move with the device (:meth:`~perfscope.analysis.overhead.
+    OverheadFit.on_device`). On a GPU target the eager end also pays the device's kernel
+    launches per step (:func:`~perfscope.analysis.overhead.launch_time`, from the device
+    file's ``kernel_launch_s``) and the compiled end one launch per step (a CUDA graph).
+    Each entry is a :func:`predict` dict with ``basis`` (the assumption in words) and
+    ``assumption`` (``measured`` or ``engine range``).
     """
     phases = roofline.get("phases") or {}
     dec = phases.get("decode") or {}
@@ -362,8 +404,8 @@ def project_run(
     batch = max(round(float(batch)), 1)
     prompt_len = max(round(float(workload.get("prompt_tokens_mean") or 1)), 1)
     output_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)
-    shape = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
-    derate = run_derating(roofline)
+    shape: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
+    derate = run_derating(roofline, fit)
     out = []
     for dev in devices:
         if _same_class(measured_on, dev):
@@ -375,6 +417,7 @@ def project_run(
                 decode_efficiency=derate.get("decode_efficiency"),
                 prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
                 decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+                overhead=derate.get("overhead"),
             )
             pred["speed_of_light"] = not derate
             pred["assumption"] = "measured"
@@ -384,6 +427,8 @@ def project_run(
         sol = predict(model, dev, **shape)
         rng: dict[str, Any] = {"speed_of_light": _headline(sol)}
         preds: dict[str, dict[str, Any]] = {}
+        carried = fit.on_device(dev, model, launches=False) if fit is not None else None
+        launches = {"eager": launch_time(dev, model), "compiled": dev.kernel_launch_s or 0.0}
         for kind, eff in ENGINE_EFFICIENCY.items():
             preds[kind] = predict(
                 model,
@@ -391,14 +436,26 @@ def project_run(
                 **shape,
                 prefill_efficiency=eff["prefill"],
                 decode_efficiency=eff["decode"],
+                prefill_overhead_s=launches[kind],
+                decode_overhead_s=launches[kind],
+                overhead=_host_only(carried),
             )
             rng[kind] = _headline(preds[kind])
         pred = preds["eager"]
-        if sol["tpot_s"] < 1e-3:
+        if launches["eager"]:
             pred["notes"].append(
-                "under 1 ms per step at speed of light: kernel-launch and host time per step "
-                "(not modelled) can dominate on a real engine"
+                f"kernel launches priced: {KERNELS_PER_LAYER} per layer x {model.n_layers} "
+                f"layers x {format_seconds(dev.kernel_launch_s or 0.0)} = "
+                f"{format_seconds(launches['eager'])} per eager step, one launch per "
+                "compiled (CUDA graph) step"
             )
+        elif sol["tpot_s"] < 1e-3:
+            pred["notes"].append(
+                "under 1 ms per step at speed of light: host time per step can dominate on a "
+                f"real engine ({dev.key} gives no kernel-launch cost to price it)"
+            )
+        if carried is not None:
+            pred["notes"].extend(carried.notes)
         pred["speed_of_light"] = False
         pred["range"] = rng
         pred["assumption"] = "engine range"
@@ -411,6 +468,17 @@ def project_run(
         )
         out.append(pred)
     return out
+
+
+def _host_only(fit: OverheadFit | None) -> OverheadFit | None:
+    """The host terms of a carried fit without its launches (priced apart per engine end)."""
+    if (
+        fit is None
+        or fit.platform != "gpu"
+        or not any((fit.per_layer_s, fit.per_sequence_s, fit.per_token_s, fit.per_step_s))
+    ):
+        return None
+    return fit
 
 
 # ---------------------------------------------------------------------- speculative decoding

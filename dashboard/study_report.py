@@ -9,14 +9,16 @@ measured effects with their between-run intervals next to the projection and its
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import statistics
+from collections import Counter
+from collections.abc import Callable, Sequence
 from html import escape as esc
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 
-from perfscope.analysis.study import METRICS, Study
+from perfscope.analysis.study import METRICS, PhasePoint, SettingResult, Study
 from perfscope.dashboard._fmt import fmt_bytes, fmt_num, fmt_pct, fmt_time
 from perfscope.dashboard.figures import FIGURE_LAYOUT, FigureSpec, comparison_roofline_figure
 from perfscope.dashboard.report import figures_html, render_page
@@ -139,16 +141,58 @@ def _ratio(r: float | None) -> str:
     return "–" if r is None else f"{r:.3f}x"
 
 
+def phase_summary(s: SettingResult) -> str:
+    """Per phase over *all* runs of a setting: the verdicts seen (with counts when they
+    differ) and the median MFU and MBU with their range; an MFU or MBU above 100% is shown
+    as a ceiling to check, not as a fact."""
+    by: dict[str, list[PhasePoint]] = {}
+    for r in s.runs:
+        for name, v in r.phases.items():
+            by.setdefault(name, []).append(v)
+    parts = []
+    for name, pts in by.items():
+        verdicts = Counter(v.verdict or "?" for v in pts)
+        verdict = (
+            next(iter(verdicts))
+            if len(verdicts) == 1
+            else ", ".join(f"{k} {n}/{len(pts)}" for k, n in verdicts.most_common())
+        )
+        parts.append(
+            f"{name} {verdict} MFU {_util(pts, 'mfu')} MBU {_util(pts, 'mbu')}"
+            + (f" ({len(pts)} runs)" if len(pts) > 1 else "")
+        )
+    return "; ".join(parts)
+
+
+def _util(points: Sequence[PhasePoint], attr: str) -> str:
+    xs = sorted(float(v) for p in points if (v := getattr(p, attr)) is not None)
+    if not xs:
+        return "–"
+    med = statistics.median(xs)
+    text = fmt_pct(med)
+    if len(xs) > 1 and xs[-1] > xs[0]:
+        text += f" [{fmt_pct(xs[0])}–{fmt_pct(xs[-1])}]"
+    if xs[-1] > 1.0:
+        text += " (over 100%: the ceiling is suspect)"
+    return text
+
+
+_SOL_KEY = {"ttft_p50_s": "ttft_s", "tpot_p50_s": "tpot_s", "output_tok_s": "throughput_tok_s"}
+
+
+def sol_ratio(s: SettingResult, metric: str) -> float | None:
+    """The bare roofline's (speed-of-light) ratio of ``metric`` for setting ``s``."""
+    key = _SOL_KEY.get(metric)
+    v = ((s.projection or {}).get("sol_ratios") or {}).get(key) if key else None
+    return float(v) if isinstance(v, int | float) else None
+
+
 def _table(study: Study) -> tuple[str, str]:
     head = "".join(f"<th>{esc(METRIC_LABELS[m][0])}</th>" for m in METRICS)
     rows = []
     for s in study.settings:
         mem = s.memory.get("total_bytes")
-        phases = s.runs[0].phases if s.runs else {}
-        verdicts = "; ".join(
-            f"{p}: {esc(str(ph.verdict))} (MFU {fmt_pct(ph.mfu)}, MBU {fmt_pct(ph.mbu)})"
-            for p, ph in phases.items()
-        )
+        verdicts = esc(phase_summary(s))
         cells = "".join(f"<td>{_fmt(s.median.get(m), m)}</td>" for m in METRICS)
         mem_txt = "–" if mem is None else fmt_bytes(mem)
         rows.append(f"<tr><td>{esc(s.value)}</td>{cells}<td>{mem_txt}</td><td>{verdicts}</td></tr>")
@@ -165,12 +209,13 @@ def _table(study: Study) -> tuple[str, str]:
             erows.append(
                 f"<tr><td>{esc(s.value)}</td><td>{esc(METRIC_LABELS[e.metric][0])}</td>"
                 f"<td>{_ratio(c.ratio)}</td><td>{ci}</td><td>{esc(c.verdict)}</td>"
-                f"<td>{_ratio(e.projected_ratio)}</td><td>{err}</td></tr>"
+                f"<td>{_ratio(e.projected_ratio)}</td><td>{_ratio(sol_ratio(s, e.metric))}</td>"
+                f"<td>{err}</td></tr>"
             )
     effects = (
         f"<table><tr><th>{esc(study.knob)}</th><th>metric</th><th>measured ratio</th>"
-        "<th>interval</th><th>verdict</th><th>projected ratio</th><th>projection error</th>"
-        f"</tr>{''.join(erows)}</table>"
+        "<th>interval</th><th>verdict</th><th>projected ratio</th><th>speed of light</th>"
+        f"<th>projection error</th></tr>{''.join(erows)}</table>"
     )
     return settings, effects
 

@@ -26,7 +26,7 @@ from perfscope.analysis.catalogue import (
 )
 from perfscope.analysis.catalogue import format_ratio as fmt_pct
 
-__all__ = ["FitTable", "energy_table", "predictions_table", "roofline_table"]
+__all__ = ["FitTable", "energy_table", "fmt_utilisation", "predictions_table", "roofline_table"]
 
 #: The one table style of every terminal table.
 BOX = box.SIMPLE_HEAD
@@ -227,6 +227,14 @@ def _bytes(v: float | None) -> str:
     return "—" if v is None else format_bytes(v)
 
 
+def fmt_utilisation(v: float | None) -> str:
+    """MFU or MBU as a percentage; above 100% it is not a fact but a ceiling to suspect."""
+    text = fmt_pct(v)
+    if v is not None and v > 1.0:
+        text += " (ceiling suspect)"
+    return text
+
+
 def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
     """The roofline section of ``perfscope run``/``show``: a table plus the evidence lines."""
     r = summary_roofline
@@ -275,8 +283,8 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
             _fmt_si(p["bytes"], "B"),
             f"{format_number(p['intensity'])} FLOP/B",
             (f"{format_number(ridge)} FLOP/B" if ridge else "n/a") + cache,
-            fmt_pct(p["mfu"]),
-            fmt_pct(p["mbu"]) + cache,
+            fmt_utilisation(p["mfu"]),
+            fmt_utilisation(p["mbu"]) + cache,
             _fmt_si(p["achieved_flops_s"], "FLOP/s"),
             _fmt_si(p["achieved_bytes_s"], "B/s"),
             fmt_pct(p["efficiency"]),
@@ -311,6 +319,8 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
         style="dim",
     )
     lines = [Text(f"• {p['evidence']}") for p in r["phases"].values() if p.get("evidence")]
+    if c.get("provisional"):
+        lines.insert(0, Text(f"⚠ {c['provisional']}", style="bold yellow"))
     return Group(table, ceil, *lines)
 
 

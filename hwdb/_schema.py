@@ -35,7 +35,16 @@ SCHEMA_VERSION = 1
 _KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _TOP_TEXT = ("key", "name", "vendor", "kind", "architecture", "notes", "extends")
 _TOP_LISTS = ("aliases", "device_names")
-_SECTIONS = ("memory", "onchip", "power", "interconnect", "dense", "sparse", "sources")
+_SECTIONS = (
+    "memory",
+    "onchip",
+    "power",
+    "launch",
+    "interconnect",
+    "dense",
+    "sparse",
+    "sources",
+)
 #: fixed quantity fields per section; ``interconnect``, ``dense`` and ``sparse`` take any
 #: key of one dimension (links, dtypes). In ``interconnect`` a link key (``nvlink``,
 #: ``pcie``, ``infinity_fabric``, ``ici``) is its total bidirectional bandwidth per device
@@ -53,6 +62,8 @@ _FIELDS: dict[str, dict[str, Dimension | None]] = {
         "cores": "count",
     },
     "power": {"tdp": "power"},
+    # host-to-device cost of launching one kernel (driver and runtime calls), a time
+    "launch": {"kernel": "time"},
 }
 _QUANTITY_KEYS = {"value", "unit", "source", "estimate", "note"}
 
@@ -365,7 +376,7 @@ def entry_from_document(
 
     quantities: dict[str, Quantity] = {}
     section_texts: dict[str, str] = {}
-    for section in ("memory", "onchip", "power", "interconnect", "dense", "sparse"):
+    for section in ("memory", "onchip", "power", "launch", "interconnect", "dense", "sparse"):
         body = doc.get(section)
         if body is None:
             continue
@@ -472,6 +483,7 @@ def entry_to_spec(entry: Entry) -> DeviceSpec:
         cache_bw_bytes_s=si("onchip.llc_bandwidth"),
         tdp_w=si("power.tdp"),
         mem_usable_bytes=si("memory.usable"),
+        kernel_launch_s=si("launch.kernel"),
         interconnect_bytes_s={
             k: v for k, v in group("interconnect").items() if not k.endswith("_latency")
         },

@@ -17,7 +17,15 @@ CPU use during the calibration is measured; a calibration taken while they held 
 :data:`CONTENTION_LIMIT` of the machine is **not cached as the machine's calibration**: it
 is kept only as a provisional entry for :data:`PROVISIONAL_TTL_S` (so a busy machine does
 not re-measure on every run), after which the next analysis measures again; a quiet
-calibration always wins over a provisional one. Results are cached per machine,
+calibration always wins over a provisional one. A contended calibration is first measured
+again (up to ``retries`` more attempts, :data:`CONTENTION_RETRIES` by default) and the
+least contended attempt kept; every attempt's contention is stored (``contention
+["attempts"]``); ``refuse_contended=True`` raises instead of keeping provisional ceilings.
+Contention is judged on a window of any length: CPU time is counted in clock ticks, so a
+short window carries a ``resolution`` (the share one tick's error per reading can make),
+and the window is contended when its share *minus* that resolution exceeds the limit.
+:func:`provisional_note` is the sentence every place that uses such ceilings shows.
+Results are cached per machine,
 keyed by device name, core count, torch threads and torch version, under
 ``$PERFSCOPE_CACHE_DIR`` (default ``~/.cache/perfscope``) in ``calibration/``. torch is
 imported only when measuring.
@@ -44,6 +52,7 @@ from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
     "CONTENTION_LIMIT",
+    "CONTENTION_RETRIES",
     "ENV_CACHE_DIR",
     "MAX_ROUNDS",
     "PROVISIONAL_TTL_S",
@@ -53,6 +62,7 @@ __all__ = [
     "cached_calibration",
     "calibrate",
     "machine_fingerprint",
+    "provisional_note",
     "spread_of",
 ]
 
@@ -67,6 +77,30 @@ MAX_ROUNDS = 3
 CONTENTION_LIMIT = 0.15
 #: How long a calibration taken under contention is reused before measuring again, s.
 PROVISIONAL_TTL_S = 600.0
+#: Further attempts made when a calibration was contended (the least contended is kept).
+CONTENTION_RETRIES = 1
+#: Pause before measuring again after a contended attempt, s.
+RETRY_WAIT_S = 1.0
+#: CPU time granularity of ``/proc/stat`` and per-process times (USER_HZ ticks), s.
+_TICK_S = 0.01
+
+
+def provisional_note(extra: dict[str, Any] | None) -> str | None:
+    """The sentence to show wherever ceilings calibrated under contention are used, from a
+    calibrated device's ``extra`` (:meth:`CalibrationResult.to_device_spec`); ``None`` for
+    clean (or datasheet) ceilings."""
+    cal = (extra or {}).get("calibration") if isinstance(extra, dict) else None
+    c = (cal or {}).get("contention") if isinstance(cal, dict) else None
+    if not isinstance(c, dict) or c.get("cached") is not False:
+        return None
+    share = c.get("others_share")
+    attempts = c.get("attempts") or [c]
+    seen = f"{share:.0%}" if isinstance(share, int | float) else "an unknown share"
+    return (
+        f"provisional ceilings: calibrated while other processes used {seen} of the CPU "
+        f"(limit {CONTENTION_LIMIT:.0%}, {len(attempts)} attempt(s)); MFU, MBU and verdicts "
+        "against them are suspect: `perfscope hw calibrate --force` on a quiet machine"
+    )
 
 
 def cache_dir_default() -> Path:
@@ -518,6 +552,8 @@ def calibrate(
     quick: bool = False,
     cache_dir: Path | None = None,
     force: bool = False,
+    retries: int = CONTENTION_RETRIES,
+    refuse_contended: bool = False,
 ) -> CalibrationResult:
     """Measure (or read from the cache) the ceilings of ``device`` on this machine.
 
@@ -526,9 +562,14 @@ def calibrate(
         quick: short settings (fp32 and bf16 on CPU; about 3-8 s on 2 cores).
         cache_dir: cache root; default :func:`cache_dir_default`.
         force: measure even when a cached result exists.
+        retries: further attempts when an attempt was contended (the least contended
+            attempt is kept; all are recorded in ``contention["attempts"]``).
+        refuse_contended: raise instead of keeping provisional ceilings when every attempt
+            was contended.
 
     Raises:
-        UsageError: the device is not available.
+        UsageError: the device is not available, or (``refuse_contended``) every attempt
+            was contended.
     """
     import torch  # deliberately here: the rest of perfscope.hwdb must not pay for it
 
@@ -555,14 +596,35 @@ def calibrate(
         name = fp["gpu_name"]
         cache_bytes = float(getattr(props, "L2_cache_size", 0) or 0) or None
         mem_bytes = float(props.total_memory)
-    busy = _OthersCpu()
-    peaks, mem_bw, cache_bw, details = _measure(device, quick, cache_bytes, mem_bytes)
-    contention = busy.stop()
+    attempts: list[dict[str, Any]] = []
+    best: tuple[float, Any, dict[str, Any]] | None = None
+    for attempt in range(max(int(retries), 0) + 1):
+        if attempt:
+            time.sleep(RETRY_WAIT_S)
+        busy = _OthersCpu()
+        measured = _measure(device, quick, cache_bytes, mem_bytes)
+        seen = busy.stop()
+        attempts.append(seen)
+        score = _contention_score(seen)
+        if best is None or score < best[0]:
+            best = (score, measured, seen)
+        if not _contended(seen):
+            break
+    assert best is not None
+    _, (peaks, mem_bw, cache_bw, details), contention = best
+    contention = dict(contention)
+    contention["attempts"] = attempts
     spread = {k: float(v.get("spread", 0.0)) for k, v in details["matmul"].items() if k in peaks}
     spread["memory"] = float(details["copy"]["memory"].get("spread", 0.0))
     spread["cache"] = float(details["copy"]["cache"].get("spread", 0.0))
     share = contention.get("others_share")
-    contention["cached"] = not (share is not None and share > CONTENTION_LIMIT)
+    contention["cached"] = not _contended(contention)
+    if not contention["cached"] and refuse_contended:
+        raise UsageError(
+            f"calibration refused: other processes used {share:.0%} of the CPU (limit "
+            f"{CONTENTION_LIMIT:.0%}) in each of {len(attempts)} attempt(s); calibrate on a "
+            "quieter machine, or drop --refuse-contended to keep provisional ceilings"
+        )
     result = CalibrationResult(
         device=device,
         device_name=name,
@@ -619,8 +681,30 @@ class _OthersCpu:
         return float(c.user + c.system)
 
     def stop(self) -> dict[str, Any]:
-        window = time.monotonic() - self._t0
+        """``others_cpu_s``, ``window_s``, ``others_share`` (of the machine, any window
+        length) and ``resolution`` (the share the tick counting can be off by)."""
+        window = max(time.monotonic() - self._t0, 1e-6)
         cores = self._psutil.cpu_count() or os.cpu_count() or 1
         others = max(self._busy() - self._busy0 - (self._own() - self._own0), 0.0)
-        share = min(others / (window * cores), 1.0) if window >= 1.0 else None
-        return {"others_cpu_s": others, "window_s": window, "others_share": share}
+        capacity = window * cores
+        # Four readings (system and own, start and end), each up to a tick per core off.
+        resolution = min(4 * _TICK_S * cores / capacity, 1.0)
+        return {
+            "others_cpu_s": others,
+            "window_s": window,
+            "others_share": min(others / capacity, 1.0),
+            "resolution": resolution,
+        }
+
+
+def _contended(c: dict[str, Any]) -> bool:
+    """Other processes' share beyond the limit by more than the measurement's resolution."""
+    share = c.get("others_share")
+    if share is None:
+        return False
+    return bool(share - float(c.get("resolution") or 0.0) > CONTENTION_LIMIT)
+
+
+def _contention_score(c: dict[str, Any]) -> float:
+    share = c.get("others_share")
+    return float(share) if share is not None else 0.0

@@ -42,6 +42,8 @@ class DeviceSpec:
         interconnect_bytes_s: total bidirectional bandwidth per device of each scale-up or
             host link (``nvlink``, ``infinity_fabric``, ``ici``, ``pcie``), bytes/s.
         collective_latency_s: latency of one small collective (all-reduce) per link, s.
+        kernel_launch_s: host cost of launching one kernel on the device (driver and runtime
+            calls, without the kernel's own run time), s; ``None`` when the file gives none.
         source: where the ceilings come from (see :data:`CeilingSource`).
         aliases: other names and exact NVML/driver strings that resolve to this device.
         extra: every other field of the TOML file, already converted to SI, for display.
@@ -60,6 +62,7 @@ class DeviceSpec:
     mem_usable_bytes: float | None = None
     interconnect_bytes_s: dict[str, float] = field(default_factory=dict)
     collective_latency_s: dict[str, float] = field(default_factory=dict)
+    kernel_launch_s: float | None = None
     source: CeilingSource = "datasheet"
     aliases: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)

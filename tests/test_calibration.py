@@ -1,5 +1,5 @@
-"""Advisor calibration: the measured errors of the projections are data with their source,
-and every suggestion carries the one for its technique and hardware class beside an
+"""Advisor calibration: generated from stored studies (never typed), keyed by machine class,
+and every suggestion carries the entry of its technique and machine class beside an
 unchanged projected gain."""
 
 from __future__ import annotations
@@ -16,64 +16,95 @@ from perfscope.analysis.calibration import (
     CALIBRATION_FILE,
     SCHEMA,
     TECHNIQUES,
+    CalibrationEntry,
+    MachineClass,
+    build_calibration,
+    calibration_document,
     calibration_for,
     load_calibration,
 )
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.cli.advisor import load_studies
 from perfscope.hwdb.spec import DeviceSpec
 from tests.conftest import PERFSCOPE, ROOT, subprocess_env
 from tests.test_advisor_suggestions import A100, _run
 
-ENTRY_KEYS = {
-    "technique",
-    "hardware_class",
-    "metric",
-    "change",
-    "projected_ratio",
-    "measured_ratio",
-    "interval",
-    "confidence",
-    "error",
-    "study",
-    "script",
-    "write_up",
-    "study_file",
-    "date",
-    "machine",
-    "runs_per_setting",
-    "cause",
-}
+STUDIES = ROOT / "samples" / "studies" / "results"
 
 
-def test_the_packaged_calibration_pins_its_schema_and_matches_the_study_write_ups() -> None:
+def test_the_packaged_calibration_is_the_rebuild_of_the_stored_studies() -> None:
+    """Generated, never typed: rebuilding from the stored study JSON gives the file."""
+    studies = load_studies([STUDIES])
+    assert studies, "the repository stores the studies its calibration comes from"
+    entries = build_calibration(studies, root=ROOT)
+    assert json.loads(CALIBRATION_FILE.read_text()) == calibration_document(entries)
+    assert load_calibration() == tuple(entries)
     data = json.loads(CALIBRATION_FILE.read_text())
-    assert data["schema"] == SCHEMA == "perfscope.calibration/1"
-    assert data["entries"]
-    for raw in data["entries"]:
-        assert set(raw) == ENTRY_KEYS
-    entries = load_calibration()
-    assert len(entries) == len(data["entries"])
+    assert data["schema"] == SCHEMA == "perfscope.calibration/2"
     for e in entries:
-        assert e.technique in TECHNIQUES and e.hardware_class in ("cpu", "gpu")
-        assert e.error == pytest.approx(e.projected_ratio / e.measured_ratio - 1, abs=5e-3)
-        assert e.runs_per_setting >= 2 and 0 < e.confidence < 1
-        assert (ROOT / e.script).is_file()
-        # The numbers are the ones the study's write-up measured.
-        lo, hi = e.interval
-        row = f"| {e.metric} | {e.measured_ratio:.3f} | [{lo:.3f}, {hi:.3f}] |"
-        assert row in (ROOT / e.write_up).read_text(), (e.write_up, row)
-        assert e.study_file in (ROOT / e.write_up).read_text()
+        assert (ROOT / e.study_file).is_file()
+        assert e.technique in TECHNIQUES
+        assert e.significant == (e.interval is not None and not e.interval[0] <= 1 <= e.interval[1])
+        if e.error is not None and e.projected_ratio is not None:
+            assert e.error == pytest.approx(e.projected_ratio / e.measured_ratio - 1, abs=1e-3)
+        assert e.machine.cores and e.machine.engine  # keyed by machine class
+
+
+def test_every_entry_is_the_number_its_study_record_holds() -> None:
+    for path, st in load_studies([STUDIES]):
+        rel = path.relative_to(ROOT).as_posix()
+        for e in (e for e in load_calibration() if e.study_file == rel):
+            eff = st.effect(e.value, e.metric)
+            assert eff is not None and eff.change.ratio is not None
+            assert e.measured_ratio == pytest.approx(eff.change.ratio, rel=1e-3)
+            assert e.interval == pytest.approx(eff.change.ci, rel=1e-3)
+
+
+def test_advisor_calibrate_rebuilds_the_file_and_check_notices_a_typed_edit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perfscope.cli import main
+
+    out = tmp_path / "calibration.json"
+    assert main(["advisor", "calibrate", str(STUDIES), "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["entries"]
+    assert main(["advisor", "calibrate", str(STUDIES), "-o", str(out), "--check"]) == 0
+    data = json.loads(out.read_text())
+    data["entries"][0]["measured_ratio"] = 9.99  # a hand-copied figure
+    out.write_text(json.dumps(data))
+    assert main(["advisor", "calibrate", str(STUDIES), "-o", str(out), "--check"]) == 1
+    capsys.readouterr()
+    assert main(["advisor", "table", str(STUDIES)]) == 0
+    text = capsys.readouterr().out
+    assert "| technique | change | metric | machine | projected | speed of light " in text
+    assert "median absolute projection error over significant effects" in text
+
+
+def test_advisor_calibrate_without_studies_says_what_to_do(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*PERFSCOPE, "advisor", "calibrate", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+    )
+    assert out.returncode != 0
+    assert "perfscope study KNOB --values ... --save" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         (lambda d: d["entries"][0].pop("machine"), "lacks 'machine'"),
-        (lambda d: d["entries"][0].update(error=0.5), "projected / measured - 1"),
+        (lambda d: d["entries"][0].update(error=5.0), "projected / measured - 1"),
         (lambda d: d["entries"][0].update(interval=[1.0]), "two positive ratios"),
         (lambda d: d["entries"][0].update(technique="magic"), "unknown technique"),
-        (lambda d: d["entries"].append(dict(d["entries"][0])), "two entries for batching"),
-        (lambda d: d.update(schema="other/1"), "not a perfscope.calibration/1"),
+        (
+            lambda d: d["entries"][0].update(significant=not d["entries"][0]["significant"]),
+            "significant disagrees",
+        ),
+        (lambda d: d.update(schema="other/1"), "not a perfscope.calibration/2"),
     ],
 )
 def test_a_malformed_calibration_file_is_refused_with_the_reason(
@@ -87,46 +118,51 @@ def test_a_malformed_calibration_file_is_refused_with_the_reason(
         load_calibration(path)
 
 
-def _cpu_twin(dev: DeviceSpec) -> DeviceSpec:
-    """A CPU with the GPU's ceilings: the same projections, another hardware class."""
-    return dataclasses.replace(dev, key="cpu-twin", name="CPU TWIN", vendor="amd", kind="cpu")
+def _cpu_twin(dev: DeviceSpec, entry: CalibrationEntry) -> DeviceSpec:
+    """A CPU with the GPU's ceilings on the machine class of ``entry``."""
+    fp = {"cpu_model": entry.machine.cpu_model, "cores": entry.machine.cores}
+    return dataclasses.replace(
+        dev,
+        key="cpu-twin",
+        name=f"{entry.machine.cpu_model} (calibrated)",
+        vendor="amd",
+        kind="cpu",
+        extra={"calibration": {"fingerprint": fp}},
+    )
 
 
-def test_advice_carries_the_measured_error_beside_an_unchanged_projection() -> None:
+def test_advice_quotes_the_entry_of_its_machine_class_beside_an_unchanged_projection() -> None:
     spec = ModelSpec.from_preset("llama-2-7b")
     roof, wl = _run(spec, A100, batch=1, prompt=512, out=64, eff_prefill=0.6, eff_decode=0.6)
+    entry = next(
+        e for e in load_calibration() if e.technique == "batching" and e.metric == "output_tok_s"
+    )
+    cpu = _cpu_twin(A100, entry)
     on_gpu = {a["technique"]: a for a in advise(roof, spec, A100, wl)}
-    on_cpu = {a["technique"]: a for a in advise(roof, spec, _cpu_twin(A100), wl)}
+    on_cpu = {a["technique"]: a for a in advise(roof, spec, cpu, wl, engine="reference")}
     batching = "larger batches / continuous batching"
     assert batching in on_gpu and batching in on_cpu
     for name in set(on_gpu) & set(on_cpu):
         assert on_cpu[name]["projected_gain"] == on_gpu[name]["projected_gain"]
-        assert on_gpu[name]["calibration"]["text"] == "not calibrated on GPU"
+        assert on_gpu[name]["calibration"]["text"].startswith("uncalibrated here")
         assert on_gpu[name]["calibration"]["calibrated"] is False
-
     cal = on_cpu[batching]["calibration"]
-    entry = next(
-        e for e in load_calibration() if e.technique == "batching" and e.metric == "output_tok_s"
-    )
-    assert cal["calibrated"] and cal["significant"] is True
+    assert cal["calibrated"] and cal["significant"] is entry.significant
     assert cal["error"] == entry.error
-    assert cal["text"].startswith("on CPU our projections for batching were off by +82%")
-    assert "batch-size study" in cal["text"] and "3 runs per setting" in cal["text"]
-    assert entry.date in cal["text"]
-    assert cal["source"]["machine"] == entry.machine
-    assert cal["source"]["interval"] == list(entry.interval)
-
-    int8 = on_cpu["int8 weights (W8A16)"]["calibration"]
-    assert int8["calibrated"] and int8["significant"] is False
-    assert "not significant: the measured interval includes 1" in int8["text"]
-    int4 = next(a for n, a in on_cpu.items() if n.startswith("int4"))["calibration"]
-    assert int4["text"] == "not calibrated on CPU for int4 weights (no study measured it)"
+    assert cal["text"].startswith(f"on this machine class ({entry.machine.describe()})")
+    assert entry.study_file in cal["text"] and entry.measured_text() in cal["text"]
+    # another engine on the same CPU is another machine class
+    other = advise(roof, spec, cpu, wl, engine="hf")
+    assert all(a["calibration"]["text"].startswith("uncalibrated here") for a in other)
 
 
-def test_calibration_for_an_unknown_technique_says_it_is_not_calibrated() -> None:
-    c = calibration_for("something new", "cpu", "tpot_s")
+def test_calibration_for_an_unknown_technique_says_it_is_uncalibrated_here() -> None:
+    c = calibration_for("something new", MachineClass("X", 2, None, "reference"), "tpot_s")
     assert c.technique is None and not c.calibrated and c.error is None
-    assert c.text == "not calibrated on CPU for something new (no study measured it)"
+    assert (
+        c.text
+        == "uncalibrated here: no stored study of something new on X, 2 cores, reference engine"
+    )
 
 
 def test_a_cpu_run_shows_the_calibration_in_the_terminal_and_the_html_report(
@@ -161,7 +197,7 @@ def test_a_cpu_run_shows_the_calibration_in_the_terminal_and_the_html_report(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["advice"], "an overhead-bound tiny run gets advice"
     texts = [a["calibration"]["text"] for a in summary["advice"]]
-    assert all(t.startswith(("on CPU", "not calibrated on CPU")) for t in texts)
+    assert all(t.startswith(("on this machine class", "uncalibrated here")) for t in texts)
     assert "calibration: " in out.stdout
     report = tmp_path / "r.html"
     rep = subprocess.run(

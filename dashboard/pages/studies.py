@@ -35,7 +35,12 @@ from perfscope.dashboard.pages._common import (
     figure_block,
     note,
 )
-from perfscope.dashboard.study_report import METRIC_LABELS, study_figures
+from perfscope.dashboard.study_report import (
+    METRIC_LABELS,
+    phase_summary,
+    sol_ratio,
+    study_figures,
+)
 from perfscope.errors import PerfscopeError, RunNotFoundError
 
 __all__ = ["PAGE", "STUDIES_DIR", "StudyListing", "list_studies", "load_study", "study_body"]
@@ -159,11 +164,7 @@ def _ratio(r: float | None) -> str:
 def _settings_table(dctx: DashboardContext, study: Study) -> Any:
     rows = []
     for s in study.settings:
-        phases = s.runs[0].phases if s.runs else {}
-        verdicts = "; ".join(
-            f"{p}: {ph.verdict} (MFU {100 * (ph.mfu or 0):.2g}%, MBU {100 * (ph.mbu or 0):.2g}%)"
-            for p, ph in phases.items()
-        )
+        verdicts = phase_summary(s)
         mem = s.memory.get("total_bytes")
         row: dict[str, Any] = {"value": s.value}
         for m in METRICS:
@@ -213,6 +214,11 @@ def _effects_table(study: Study) -> Any:
                         if e.projected_ratio is not None
                         else "not projected"
                     ),
+                    "sol": (
+                        _ratio(sol)
+                        if (sol := sol_ratio(s, e.metric)) is not None
+                        else "not projected"
+                    ),
                     "error": "n/a" if e.error is None else f"{100 * e.error:+.0f}%",
                 }
             )
@@ -223,6 +229,7 @@ def _effects_table(study: Study) -> Any:
         ("interval", "95% interval"),
         ("verdict", "verdict"),
         ("projected", "projected ratio (what-if)"),
+        ("sol", "speed of light (roofline alone)"),
         ("error", "projection error"),
     ]
     return data_table(

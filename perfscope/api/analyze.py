@@ -5,14 +5,16 @@ The analysis itself is :func:`perfscope.analysis.analyze`; this adds the file wr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from pathlib import Path
 
 from perfscope.analysis import Summary, analyze
 from perfscope.hwdb import HardwareDatabase
 from perfscope.profiler.server_metrics import read_server_metrics
 from perfscope.profiler.store import StoredRun, write_json_atomic
 
-__all__ = ["analyze_stored"]
+__all__ = ["analyze_stored", "projection_path", "write_analysis"]
 
 
 def analyze_stored(
@@ -39,3 +41,23 @@ def analyze_stored(
         write_json_atomic(run.path / "summary.json", data)
     run.summary = data
     return summary
+
+
+def projection_path(run: StoredRun, hw: str) -> Path:
+    """Where ``analyze --hw X`` writes the run analysed against another device: beside the
+    stored ``summary.json``, as ``summary.hw-<X>.json`` (``X`` made file-name safe)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", hw).strip("-") or "device"
+    return run.path / f"summary.hw-{safe}.json"
+
+
+def write_analysis(run: StoredRun, summary: Summary, *, hw: str | None, save: bool) -> Path:
+    """Store a re-analysis without losing the run's own summary.
+
+    Without ``hw`` (or with ``save``) it is the run's summary: ``summary.json`` is replaced.
+    With ``hw`` and no ``save`` it is a projection onto that device: written beside the
+    stored summary (:func:`projection_path`), which keeps its analysis and advice.
+    Returns the path written.
+    """
+    path = run.path / "summary.json" if hw is None or save else projection_path(run, hw)
+    write_json_atomic(path, summary.to_dict())
+    return path

@@ -393,9 +393,9 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_analyze(args: argparse.Namespace, console: Console) -> int:
     from perfscope.analysis.slo import parse_slos
-    from perfscope.api.analyze import analyze_stored
+    from perfscope.api.analyze import analyze_stored, write_analysis
     from perfscope.cli.render import summary_view
-    from perfscope.profiler.store import read_run, resolve_run_path, write_json_atomic
+    from perfscope.profiler.store import read_run, resolve_run_path
 
     run = read_run(resolve_run_path(args.run, args.runs_dir))
     _say_state(run)
@@ -405,7 +405,12 @@ def _cmd_analyze(args: argparse.Namespace, console: Console) -> int:
         sys.stderr.write("note: summary.json not saved (the run is not finished)\n")
     else:
         try:
-            write_json_atomic(run.path / "summary.json", summary.to_dict())
+            written = write_analysis(run, summary, hw=args.hw, save=args.save)
+            if written.name != "summary.json":
+                sys.stderr.write(
+                    f"note: analysed against {args.hw}: written to {written.name}; the run's "
+                    "summary.json is kept (--save replaces it)\n"
+                )
         except StorageError as exc:
             sys.stderr.write(f"note: summary computed but not saved ({exc})\n")
     if args.json:
@@ -513,7 +518,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="METRIC=DURATION",
         help="replace the run's SLOs (repeatable)",
     )
-    p.add_argument("--hw", default=None, help="device to analyse against (default: the run's)")
+    p.add_argument(
+        "--hw",
+        default=None,
+        help="device to analyse against (default: the run's); written beside summary.json",
+    )
+    p.add_argument("--save", action="store_true", help="with --hw: replace summary.json instead")
     p.add_argument("--json", action="store_true", help="print summary.json instead of tables")
     p.set_defaults(handler=_cmd_analyze)
 
@@ -524,9 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command_modules() -> list[Any]:
     """Command groups that live in their own modules (``perfscope/cli/*.py``)."""
-    from perfscope.cli import dashboard, hw, index, report, roofline, study, sweep
+    from perfscope.cli import advisor, dashboard, hw, index, report, roofline, study, sweep
 
-    return [hw, roofline, report, sweep, dashboard, index, study]
+    return [hw, roofline, report, sweep, dashboard, index, study, advisor]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -207,9 +207,16 @@ def _detect(args: argparse.Namespace, console: Console) -> int:
 
 def _calibrate(args: argparse.Namespace, console: Console) -> int:
     from perfscope.hwdb import calibrate, detect_local_device
+    from perfscope.hwdb.calibrate import provisional_note
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else None
-    result = calibrate(args.device, quick=args.quick, cache_dir=cache_dir, force=args.force)
+    result = calibrate(
+        args.device,
+        quick=args.quick,
+        cache_dir=cache_dir,
+        force=args.force,
+        refuse_contended=args.refuse_contended,
+    )
     spec = result.to_device_spec()
     datasheet = None
     if args.device != "cpu":
@@ -240,6 +247,9 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
             + f", memory {format_si(datasheet.mem_bw_bytes_s, 'B/s', 4)}",
             highlight=False,
         )
+    note = provisional_note(spec.extra)
+    if note:
+        console.print(f"[bold yellow]⚠ {note}[/]", highlight=False)
     fp = result.fingerprint
     console.print(
         f"machine: {fp.get('cpu_model')}, {fp.get('cores')} cores, torch "
@@ -302,5 +312,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--device", type=device, default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument(
         "--cache-dir", help="cache root (default $PERFSCOPE_CACHE_DIR or ~/.cache/perfscope)"
+    )
+    p.add_argument(
+        "--refuse-contended",
+        action="store_true",
+        help="fail instead of keeping provisional ceilings when other processes keep the "
+        "machine busy through every attempt",
     )
     p.set_defaults(handler=_calibrate)

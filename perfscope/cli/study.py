@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from perfscope.analysis.catalogue import format_bytes, format_number, format_ratio, format_seconds
+from perfscope.analysis.catalogue import format_bytes, format_number, format_seconds
 from perfscope.cli._argtypes import add_runs_dir
 from perfscope.dashboard.terminal import FitTable
-from perfscope.errors import UsageError
+from perfscope.errors import StorageError, UsageError
 
 if TYPE_CHECKING:
     from perfscope.analysis.study import Study
 
-__all__ = ["register", "study_table"]
+__all__ = ["effects_table", "register", "study_table"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -91,6 +91,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the first's (use with --engine-opt weights=trained)",
     )
     a.add_argument("-o", "--output", type=Path, default=None, help="write the study report HTML")
+    a.add_argument(
+        "--save",
+        nargs="?",
+        type=Path,
+        const=Path("samples/studies/results"),
+        default=None,
+        metavar="DIR",
+        help="also store the study where `perfscope advisor calibrate` reads it "
+        "(default DIR: samples/studies/results)",
+    )
     p.set_defaults(handler=_cmd_study)
 
 
@@ -119,6 +129,7 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
         from perfscope.dashboard.study_report import write_study_report
 
         write_study_report(result, args.output)
+    saved = _save(result, args.save) if args.save is not None else None
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
@@ -129,9 +140,27 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
     for note in result.notes:
         console.print(f"note: {note}")
     console.print(f"study: {result.path}")
+    if saved is not None:
+        console.print(f"saved: {saved} (rebuild the calibration: perfscope advisor calibrate)")
     if args.output is not None:
         console.print(f"report: {args.output}")
     return 0
+
+
+def _save(study: Study, folder: Path) -> Path:
+    """Store a copy of the study record in ``folder`` (the stored studies calibration reads)."""
+    from perfscope.profiler.store import write_json_atomic
+
+    name = Path(study.path).name if study.path else f"{study.created_at}-{study.knob}.json"
+    target = folder / name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(target, study.to_dict())
+    except (OSError, StorageError) as exc:
+        raise UsageError(
+            f"cannot store the study in {folder} ({exc}); it is in {study.path}"
+        ) from None
+    return target
 
 
 def _ms(v: Any) -> str:
@@ -152,12 +181,10 @@ def study_table(study: Study) -> FitTable:
         right=frozenset(("TTFT p50", "TPOT p50", "tok/s", "goodput req/s", "memory")),
         wrap=frozenset(("phases",)),
     )
+    from perfscope.dashboard.study_report import phase_summary
+
     for s in study.settings:
-        phases = s.runs[0].phases if s.runs else {}
-        ph = "; ".join(
-            f"{p} {v.verdict} MFU {format_ratio(v.mfu)} MBU {format_ratio(v.mbu)}"
-            for p, v in phases.items()
-        )
+        ph = phase_summary(s)
         mem = s.memory.get("total_bytes")
         t.add_row(
             str(s.value),
@@ -172,24 +199,29 @@ def study_table(study: Study) -> FitTable:
 
 
 def effects_table(study: Study) -> FitTable:
-    """Measured ratio against the first setting, its interval, the projection, the error."""
+    """Measured ratio [interval] against the first setting, the projection, the speed-of-light
+    ratio and the projection's error, per effect."""
     t = FitTable(
-        (study.knob, "metric", "measured", "interval", "verdict", "projected", "error"),
+        (study.knob, "metric", "measured [95% interval]", "verdict", "projected", "SoL", "error"),
         title=f"effect against {study.knob}={study.values[0]}: measured vs projected",
-        right=frozenset(("measured", "interval", "projected", "error")),
+        right=frozenset(("measured [95% interval]", "projected", "SoL", "error")),
     )
+    from perfscope.dashboard.study_report import sol_ratio
+
     for s in study.settings[1:]:
         for e in s.effects:
             c = e.change
             if c.ratio is None:
                 continue
+            sol = sol_ratio(s, e.metric)
             t.add_row(
                 str(s.value),
                 e.metric,
-                f"{c.ratio:.3f}x",
-                "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]",
+                f"{c.ratio:.3f}x "
+                + ("[noise unknown]" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"),
                 c.verdict,
                 "–" if e.projected_ratio is None else f"{e.projected_ratio:.3f}x",
+                "–" if sol is None else f"{sol:.3f}x",
                 "–" if e.error is None else f"{100 * e.error:+.0f}%",
             )
     return t

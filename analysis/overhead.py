@@ -1,0 +1,440 @@
+"""A fitted cost model: per-step time = roofline time of the work + a host/overhead term.
+
+The what-if's speed of light prices FLOPs and bytes; what dominates small engines is the
+rest. This module fits that rest from steps a run already recorded::
+
+    t_step = k * roof(step) + per_layer * L + per_sequence * b + per_token * n + per_step
+
+where ``roof`` is ``max(FLOPs / peak, bytes / bandwidth)`` of the step's work on the run's
+device (:func:`perfscope.analysis.costmodel.step_costs`), ``L`` the model's layers, ``b``
+the sequences in the step (per-row sampling and bookkeeping), ``n`` its new tokens. All
+coefficients are fitted together by non-negative least squares (:func:`nnls`, Lawson and
+Hanson's active-set method), so no term can go negative to absorb another's noise. A term
+the data cannot tell apart (one model shape cannot separate per-layer from per-step, a run
+at one batch cannot separate per-sequence from per-step) is folded into ``per_step`` and
+named in ``folded``; samples from two runs of different shapes pin it.
+
+Priced beside the fit (bytes the roofline does not see, and per-device costs):
+
+- :func:`quantisation_bytes`: int8 dynamic re-quantisation of activations, weight-only
+  dequantisation of a full-precision copy per call;
+- :func:`cast_bytes`: a KV cache stored in a dtype the device computes in another (CPU fp8
+  to fp32) is read, written as the compute dtype and read again;
+- :func:`sparse_bytes_factor`: a CSR weight reads value + column index per non-zero;
+- :func:`launch_time`: kernels launched per layer on a GPU (``kernel_launch_s`` of the
+  device file) times layers;
+- :func:`chunked_prefill_steps`: a per-step token budget splits a prompt into chunks, each
+  paying the per-step terms and re-reading the weights.
+
+:meth:`OverheadFit.on_device` is the projection onto another device: only the parts that
+move with the device move (the roofline term at the target's ceilings, the target's kernel
+launches); host terms fitted on a GPU run stay (the same host drives the new device); terms
+fitted on a CPU run are CPU compute mixed with host work and are not carried.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from perfscope.analysis.costmodel import step_costs, weight_bytes
+from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from perfscope.hwdb.spec import DeviceSpec
+
+__all__ = [
+    "KERNELS_PER_LAYER",
+    "TERMS",
+    "OverheadFit",
+    "StepSamples",
+    "cast_bytes",
+    "chunked_prefill_steps",
+    "fit_overhead",
+    "launch_time",
+    "nnls",
+    "quantisation_bytes",
+    "roof_times",
+    "samples_from_steps",
+    "sparse_bytes_factor",
+]
+
+#: The fitted terms, in the order of :attr:`OverheadFit.coefficients`.
+TERMS = ("roof_scale", "per_layer_s", "per_sequence_s", "per_token_s", "per_step_s")
+
+#: Kernels an eager decoder block launches per step: norms (2), q/k/v and output projections
+#: (4), rotary embedding (2), attention (about 3: scores, softmax, weighted sum; 1 fused),
+#: residual adds (2), MLP (3 GEMMs + activation + multiply = 5): about 18. An assumption for
+#: unfused engines; a compiled engine (CUDA graphs) launches one graph per step instead.
+KERNELS_PER_LAYER = 18
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
+    """Non-negative least squares: ``argmin ||a x - b||`` subject to ``x >= 0``.
+
+    Lawson and Hanson (1974), *Solving Least Squares Problems*, ch. 23 (the active-set
+    algorithm ``scipy.optimize.nnls`` implements), in numpy.
+    """
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    tol = 10 * np.finfo(float).eps * max(m, n) * (np.abs(a).max() if a.size else 1.0)
+    for _ in range(max_iter):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= tol:
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """Steps to fit, as equal-length arrays.
+
+    Attributes:
+        time_s: measured step durations, s.
+        roof_s: the roofline time of each step's work on the run's device, s.
+        layers: the model's layers for each step.
+        sequences: sequences (rows) in each step.
+        tokens: new tokens in each step.
+        device: key of the device the roofline time is against.
+        platform: ``cpu`` or ``gpu`` (where the host terms belong).
+    """
+
+    time_s: np.ndarray
+    roof_s: np.ndarray
+    layers: np.ndarray
+    sequences: np.ndarray
+    tokens: np.ndarray
+    device: str = ""
+    platform: str = "cpu"
+
+    def __len__(self) -> int:
+        return int(self.time_s.shape[0])
+
+    @staticmethod
+    def concat(parts: Sequence[StepSamples]) -> StepSamples:
+        """Samples of several runs together (their device and platform must agree)."""
+        if not parts:
+            raise ValueError("no samples to fit")
+        devices = {p.device for p in parts}
+        if len(devices) > 1:
+            raise ValueError(f"samples from different devices: {', '.join(sorted(devices))}")
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts])
+
+        return StepSamples(
+            time_s=cat("time_s"),
+            roof_s=cat("roof_s"),
+            layers=cat("layers"),
+            sequences=cat("sequences"),
+            tokens=cat("tokens"),
+            device=parts[0].device,
+            platform=parts[0].platform,
+        )
+
+
+def roof_times(
+    model: ModelSpec,
+    device: DeviceSpec,
+    batch: np.ndarray,
+    new_tokens: np.ndarray,
+    context_tokens: np.ndarray,
+    extra_bytes: float = 0.0,
+) -> np.ndarray:
+    """The roofline time of each step's work on ``device`` (DRAM bandwidth), s;
+    ``extra_bytes`` per step (passes the roofline's cost model does not count)."""
+    c = step_costs(model, batch, new_tokens, context_tokens)
+    peak = device.peak_flops_for(model.act_dtype) or device.peak_flops_for("fp32") or math.inf
+    return np.asarray(
+        np.maximum(c["flops"] / peak, (c["bytes"] + extra_bytes) / device.mem_bw_bytes_s),
+        dtype=np.float64,
+    )
+
+
+def samples_from_steps(
+    steps: pd.DataFrame, model: ModelSpec, device: DeviceSpec, extra_bytes: float = 0.0
+) -> StepSamples:
+    """The samples of one run's step table (``t_start``, ``t_end`` in ns, ``batch_size``,
+    ``new_tokens``, ``context_tokens``); steps of zero or negative length are dropped."""
+    dur = (steps["t_end"].to_numpy(np.float64) - steps["t_start"].to_numpy(np.float64)) / 1e9
+    keep = dur > 0
+    b = steps["batch_size"].to_numpy(np.float64)[keep]
+    n = steps["new_tokens"].to_numpy(np.float64)[keep]
+    c = steps["context_tokens"].to_numpy(np.float64)[keep]
+    return StepSamples(
+        time_s=dur[keep],
+        roof_s=roof_times(model, device, b, n, c, extra_bytes),
+        layers=np.full(b.shape, float(model.n_layers)),
+        sequences=b,
+        tokens=n,
+        device=device.key,
+        platform="cpu" if device.kind in ("cpu", "soc") else "gpu",
+    )
+
+
+@dataclass(frozen=True)
+class OverheadFit:
+    """Fitted per-step time (see the module docstring).
+
+    Attributes:
+        roof_scale: multiplier on the roofline time (1 / efficiency of the device work).
+        per_layer_s, per_sequence_s, per_token_s, per_step_s: host/overhead terms, s.
+        folded: terms the samples could not separate, folded into ``per_step_s``.
+        samples: steps fitted.
+        residual_rms_s: root-mean-square residual, s.
+        residual_rel: that over the mean step time (0.1: steps scatter 10% around the fit).
+        device: device key the roofline term is against.
+        platform: ``cpu`` or ``gpu``.
+    """
+
+    roof_scale: float
+    per_layer_s: float
+    per_sequence_s: float
+    per_token_s: float
+    per_step_s: float
+    folded: tuple[str, ...] = ()
+    samples: int = 0
+    residual_rms_s: float = 0.0
+    residual_rel: float = 0.0
+    device: str = ""
+    platform: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+
+    def host_time(self, layers: float, sequences: Any, tokens: Any) -> Any:
+        """The host/overhead term of steps of this shape, s."""
+        return (
+            self.per_layer_s * layers
+            + self.per_sequence_s * np.asarray(sequences, dtype=np.float64)
+            + self.per_token_s * np.asarray(tokens, dtype=np.float64)
+            + self.per_step_s
+        )
+
+    def step_time(self, roof_s: Any, layers: float, sequences: Any, tokens: Any) -> Any:
+        """Predicted step time from its roofline time and shape, s."""
+        return self.roof_scale * np.asarray(roof_s, dtype=np.float64) + self.host_time(
+            layers, sequences, tokens
+        )
+
+    def on_device(
+        self, target: DeviceSpec, model: ModelSpec, *, launches: bool = True
+    ) -> OverheadFit:
+        """The fit carried to ``target``: the roofline term is recomputed there by the caller
+        (``roof_scale`` 1, speed of light, unless the target is the fitted device); host
+        terms stay when fitted on a GPU run (the host does not change), are dropped when
+        fitted on a CPU (CPU compute and host work are not separable); a GPU target adds
+        its kernel launches (:func:`launch_time`) per step unless ``launches`` is false
+        (the caller prices them)."""
+        if target.key == self.device:
+            return self
+        notes = []
+        if self.platform == "gpu":
+            layer, seq, tok, step = (
+                self.per_layer_s,
+                self.per_sequence_s,
+                self.per_token_s,
+                self.per_step_s,
+            )
+            notes.append("host terms carried from the fitted GPU run (same host)")
+        else:
+            layer = seq = tok = step = 0.0
+            notes.append(
+                "host terms fitted on a CPU are CPU compute and host work together: not carried"
+            )
+        launch = launch_time(target, model) if launches else 0.0
+        if launch:
+            layer += launch / max(model.n_layers, 1)
+            notes.append(
+                f"{KERNELS_PER_LAYER} kernel launches per layer at "
+                f"{(target.kernel_launch_s or 0.0) * 1e6:.3g} us each ({target.key})"
+            )
+        return OverheadFit(
+            roof_scale=1.0,
+            per_layer_s=layer,
+            per_sequence_s=seq,
+            per_token_s=tok,
+            per_step_s=step,
+            folded=self.folded,
+            samples=self.samples,
+            residual_rms_s=self.residual_rms_s,
+            residual_rel=self.residual_rel,
+            device=target.key,
+            platform="cpu" if target.kind in ("cpu", "soc") else "gpu",
+            notes=notes,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        d = asdict(self)
+        d["folded"] = list(self.folded)
+        return d
+
+    def describe(self) -> str:
+        """One line: the terms and the residual."""
+        us = 1e6
+        parts = [
+            f"{self.roof_scale:.3g} x roofline",
+            f"{self.per_layer_s * us:.3g} us/layer",
+            f"{self.per_sequence_s * us:.3g} us/sequence",
+            f"{self.per_token_s * us:.3g} us/token",
+            f"{self.per_step_s * us:.3g} us/step",
+        ]
+        text = " + ".join(parts) + (
+            f" (residual {self.residual_rms_s * us:.3g} us rms, "
+            f"{100 * self.residual_rel:.0f}% of the mean step; {self.samples} steps)"
+        )
+        if self.folded:
+            text += f"; folded into per step: {', '.join(self.folded)}"
+        return text
+
+
+def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
+    """Fit :class:`OverheadFit` to steps (one run's, or several runs' on one device).
+
+    Raises:
+        ValueError: fewer than two steps, or runs on different devices.
+    """
+    s = StepSamples.concat(list(samples)) if not isinstance(samples, StepSamples) else samples
+    if len(s) < 2:
+        raise ValueError(f"need at least two steps to fit, got {len(s)}")
+    cols = {
+        "roof_scale": s.roof_s,
+        "per_layer_s": s.layers,
+        "per_sequence_s": s.sequences,
+        "per_token_s": s.tokens,
+        "per_step_s": np.ones(len(s)),
+    }
+    folded = []
+    for name in ("per_layer_s", "per_sequence_s", "per_token_s"):
+        v = cols[name]
+        if float(np.ptp(v)) == 0.0:
+            folded.append(name.removesuffix("_s").replace("_", " "))
+    # per-sequence and per-token coincide when every step has one token per row (decode only)
+    if (
+        "per sequence" not in folded
+        and "per token" not in folded
+        and np.allclose(cols["per_sequence_s"], cols["per_token_s"])
+    ):
+        folded.append("per token (= per sequence in these steps)")
+    use = [
+        n
+        for n in TERMS
+        if not any(f.startswith(n.removesuffix("_s").replace("_", " ")) for f in folded)
+    ]
+    a = np.column_stack([cols[n] for n in use])
+    # scale columns so the active-set tolerances see comparable magnitudes
+    scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)
+    x = nnls(a / scale, s.time_s) / scale
+    coef = dict.fromkeys(TERMS, 0.0)
+    coef.update({n: float(v) for n, v in zip(use, x, strict=True)})
+    resid = s.time_s - a @ x
+    rms = float(np.sqrt(np.mean(resid**2)))
+    mean = float(np.mean(s.time_s))
+    return OverheadFit(
+        roof_scale=coef["roof_scale"],
+        per_layer_s=coef["per_layer_s"],
+        per_sequence_s=coef["per_sequence_s"],
+        per_token_s=coef["per_token_s"],
+        per_step_s=coef["per_step_s"],
+        folded=tuple(folded),
+        samples=len(s),
+        residual_rms_s=rms,
+        residual_rel=rms / mean if mean > 0 else 0.0,
+        device=s.device,
+        platform=s.platform,
+    )
+
+
+# --------------------------------------------------------------------------- priced passes
+
+
+def quantisation_bytes(model: ModelSpec, mode: str, tokens: float) -> float:
+    """Bytes a quantised linear layer stack moves per step beyond its weights, B.
+
+    ``int8`` (dynamic): every linear reads its fp32 input and writes an int8 copy (5 bytes
+    per input element); per token and layer the inputs are q, k, v, output, gate and up
+    projections' (``6 x hidden``) and the down projection's (``intermediate``).
+    ``int8-wo`` (weight-only, dequantised per call): every weight is written as an
+    activation-dtype copy and read again (``2 x`` the activation dtype's bytes per
+    parameter, beyond the int8 read the roofline counts). ``none``: 0.
+    """
+    if mode in ("none", "", None):
+        return 0.0
+    if mode == "int8":
+        per_token = (6 * model.hidden_size + model.intermediate_size) * model.n_layers
+        return float(5.0 * per_token * max(tokens, 0.0))
+    if mode == "int8-wo":
+        params = weight_bytes(model) / max(model.weight_bytes_per_param, 1e-9)
+        return float(params * 2 * weight_bytes_per_param(model.act_dtype))
+    raise ValueError(f"unknown quantisation mode {mode!r} (none, int8, int8-wo)")
+
+
+def cast_bytes(kv_bytes_read: float, stored_bytes: float, compute_bytes: float) -> float:
+    """Extra bytes of casting a cache stored at ``stored_bytes`` per element to the compute
+    dtype (``compute_bytes``) per step: the cast writes and the attention reads a
+    compute-dtype copy of everything read. 0 when the device computes in the stored dtype.
+    """
+    if stored_bytes >= compute_bytes:
+        return 0.0
+    elements = kv_bytes_read / stored_bytes
+    return float(2.0 * elements * compute_bytes)
+
+
+def sparse_bytes_factor(
+    density: float, value_bytes: float = 4.0, index_bytes: float = 8.0
+) -> float:
+    """Bytes a CSR weight reads relative to its dense form: ``density x (value + index) /
+    value`` (torch CSR: int64 column indices; row pointers are negligible). At 50% density
+    with fp32 values: 1.5 (more bytes than dense, so unstructured sparsity slows a
+    memory-bound step)."""
+    if not 0.0 <= density <= 1.0:
+        raise ValueError(f"density must be in [0, 1], got {density}")
+    return density * (value_bytes + index_bytes) / value_bytes
+
+
+def launch_time(
+    device: DeviceSpec, model: ModelSpec, kernels_per_layer: int = KERNELS_PER_LAYER
+) -> float:
+    """Kernel-launch time of one eager step on ``device``: launches per layer x layers x the
+    device's ``kernel_launch_s`` (0 when the device file gives none, e.g. CPUs), s."""
+    if not device.kernel_launch_s:
+        return 0.0
+    return float(device.kernel_launch_s * kernels_per_layer * model.n_layers)
+
+
+def chunked_prefill_steps(
+    prompt_tokens: int, budget: int | None, decode_rows: int = 0
+) -> list[int]:
+    """Prompt tokens per step when each step may carry at most ``budget`` tokens, decode
+    rows first (``None``: the whole prompt in one step)."""
+    if prompt_tokens <= 0:
+        return []
+    if budget is None:
+        return [prompt_tokens]
+    room = budget - decode_rows
+    if room <= 0:
+        raise ValueError(
+            f"a budget of {budget} tokens leaves no room beside {decode_rows} decode rows"
+        )
+    full, rest = divmod(prompt_tokens, room)
+    return [room] * full + ([rest] if rest else [])

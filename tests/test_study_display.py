@@ -1,0 +1,65 @@
+"""What ``perfscope study`` shows: measured ratio [interval], projected, speed of light and
+error per effect; per-phase columns over all runs of a setting, not the first."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from perfscope.analysis.study import PhasePoint, read_study
+from perfscope.cli.study import _save, effects_table, study_table
+from perfscope.dashboard.study_report import phase_summary, sol_ratio
+from tests.conftest import ROOT
+
+STUDIES = ROOT / "samples" / "studies" / "results"
+
+
+def _text(renderable: object) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=200, color_system=None).print(renderable)
+    return buf.getvalue()
+
+
+def _batch_study() -> object:
+    return read_study(next(STUDIES.glob("*-study-batch-size.json")))
+
+
+def test_the_effects_table_shows_measured_interval_projected_sol_and_error() -> None:
+    st = _batch_study()
+    text = _text(effects_table(st))  # type: ignore[arg-type]
+    assert "measured [95% interval]" in text and "SoL" in text and "projected" in text
+    cand = st.settings[1]  # type: ignore[attr-defined]
+    e = next(x for x in cand.effects if x.metric == "output_tok_s")
+    lo, hi = e.change.ci
+    assert f"{e.change.ratio:.3f}x [{lo:.3f}, {hi:.3f}]" in text
+    sol = sol_ratio(cand, "output_tok_s")
+    assert sol is not None and f"{sol:.3f}x" in text
+    assert f"{100 * e.error:+.0f}%" in text
+
+
+def test_phase_columns_summarise_every_run_and_question_a_ceiling_over_100_percent() -> None:
+    st = _batch_study()
+    s = st.settings[0]  # type: ignore[attr-defined]
+    runs = []
+    for r, mfu in zip(s.runs, (1.96, 0.22, 0.34), strict=True):
+        ph = dict(r.phases)
+        ph["decode"] = dataclasses.replace(ph["decode"], mfu=mfu)
+        runs.append(dataclasses.replace(r, phases=ph))
+    s = dataclasses.replace(s, runs=runs)
+    text = phase_summary(s)
+    dec = next(p for p in text.split("; ") if p.startswith("decode"))
+    assert "MFU 34" in dec and "[22" in dec and "196" in dec  # median [min–max], not run 1
+    assert "(over 100%: the ceiling is suspect)" in dec
+    assert "(3 runs)" in dec
+    st2 = dataclasses.replace(st, settings=[s, *st.settings[1:]])  # type: ignore[arg-type]
+    assert "ceiling is suspect" in _text(study_table(st2))
+
+
+def test_save_stores_a_copy_that_reads_back(tmp_path: Path) -> None:
+    st = _batch_study()
+    path = _save(st, tmp_path / "stored")  # type: ignore[arg-type]
+    assert read_study(path).to_dict() == st.to_dict()  # type: ignore[attr-defined]
+    assert isinstance(PhasePoint, type)
