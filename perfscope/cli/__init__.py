@@ -84,6 +84,11 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _threads_opt(text: str) -> tuple[str, str]:
+    """``--threads N`` → the engine option ``("threads", "N")``."""
+    return ("threads", str(positive_int(text)))
+
+
 def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
@@ -245,6 +250,15 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="KEY=VALUE",
         help="engine-specific option (repeatable)",
+    )
+    e.add_argument(
+        "--threads",
+        dest="engine_opt",
+        action="append",
+        type=_threads_opt,
+        metavar="N",
+        help="intra-op CPU threads of a torch engine (default: the usable CPUs not busy with "
+        "other work, at least 1; the choice is in the manifest)",
     )
     add_openai_options(p.add_argument_group("openai engine, datasets and duration"))
     a = p.add_argument_group("analysis and output")
@@ -531,6 +545,9 @@ def _command_modules() -> list[Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``perfscope`` script; returns the exit code."""
+    from perfscope.profiler.engines.threads import prefer_passive_wait
+
+    prefer_passive_wait()  # before anything loads torch: waiting threads sleep, not spin
     parser = build_parser()
     _Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
