@@ -1,5 +1,8 @@
 """The ``perfscope`` command line: a thin layer over the library.
 
+A command whose optional extra is missing says which one to install, in one line
+(:data:`EXTRA_OF_MODULE`).
+
 Exit codes: 0 success (a run where some requests failed is reported, still 0), 1 the run
 failed or was interrupted, or a file could not be written (what was captured is kept),
 2 bad usage (one-line message, no traceback), 3 no measured request succeeded.
@@ -573,9 +576,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         sig = f" by {exc}" if str(exc) else ""
         sys.stderr.write(f"interrupted{sig}\n")
         return 1
+    except ModuleNotFoundError as exc:
+        line = missing_extra_line(exc, getattr(args, "command", None))
+        if line is None:
+            raise
+        sys.stderr.write(line + "\n")
+        return 1
     except OSError as exc:  # a write outside the run store (an export, a report file)
         sys.stderr.write(f"error: {redact_text(str(_storage_error(exc)))}\n")
         return 1
+
+
+#: Top-level module → the optional extra that installs it (pyproject.toml's
+#: ``[project.optional-dependencies]``). Core dependencies are not listed.
+EXTRA_OF_MODULE: dict[str, str] = {
+    "dash": "dashboard",
+    "flask": "dashboard",
+    "waitress": "dashboard",
+    "duckdb": "index",
+    "ray": "ray",
+    "transformers": "hf",
+    "tokenizers": "hf",
+    "aiohttp": "openai",
+}
+
+
+def missing_extra_line(exc: ImportError, command: str | None) -> str | None:
+    """One line naming the extra to install for a missing optional module, or None when the
+    module is not one an extra provides (a real bug: let it surface)."""
+    root = (exc.name or "").split(".", 1)[0]
+    extra = EXTRA_OF_MODULE.get(root)
+    if extra is None:
+        return None
+    what = f"perfscope {command}" if command else "perfscope"
+    return f"error: {what} needs {root}, from the '{extra}' extra: pip install 'perfscope[{extra}]'"
 
 
 def _storage_error(exc: OSError) -> StorageError:
