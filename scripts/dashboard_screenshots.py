@@ -36,6 +36,12 @@ CUT_JS = """
 """
 
 
+#: JavaScript: true once no Dash component is loading and the page shows real content.
+READY_JS = """
+() => !document.querySelector('[data-dash-is-loading="true"]')
+  && document.body.innerText.replace(/\\s+/g, ' ').length > 200
+"""
+
 #: JavaScript: how many px the page is wider than the window (0: no sideways scrolling).
 SIDEWAYS_JS = "() => Math.max(0, document.documentElement.scrollWidth - window.innerWidth)"
 
@@ -62,6 +68,7 @@ def main() -> int:
     )
     args = ap.parse_args()
 
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
     from werkzeug.serving import make_server
 
@@ -97,6 +104,11 @@ def main() -> int:
                 for name, address in pages:
                     page.goto(address)
                     page.wait_for_load_state("networkidle")
+                    # Wait on the page's own state: Dash done loading and content drawn.
+                    try:
+                        page.wait_for_function(READY_JS, timeout=60_000)
+                    except PlaywrightTimeout:
+                        print(f"{name} @ {width}px: still loading after 60 s")
                     page.wait_for_timeout(args.wait_ms)
                     shot = args.out_dir / f"{name}-{width}.png"
                     page.screenshot(path=str(shot), full_page=False)
