@@ -27,14 +27,18 @@ sys.path.insert(0, str(ROOT))
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 
-#: JavaScript: cells and headers of every table whose text is wider than the cell.
+#: JavaScript: cells and headers of every table whose text is wider than the cell, and
+#: tables that scroll sideways inside their box (their last columns are out of sight).
 CUT_JS = """
 () => Array.from(document.querySelectorAll('th, td:not(.dash-select-cell)'))
   .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
   .map(e => (e.innerText || '').trim().slice(0, 60)
     + ' [' + e.scrollWidth + '>' + e.clientWidth + ']')
+  .concat(Array.from(document.querySelectorAll('.dash-spreadsheet-container'))
+    .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+    .map(e => 'table #' + (e.closest('[id]') || {id: '?'}).id + ' scrolls sideways ['
+      + e.scrollWidth + '>' + e.clientWidth + ']'))
 """
-
 
 #: JavaScript: true once no Dash component is loading and the page shows real content.
 READY_JS = """
