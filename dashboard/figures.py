@@ -1110,8 +1110,19 @@ def comparison_roofline_figure(
                 ),
             )
         )
-    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP/byte)")
-    fig.update_yaxes(type="log", title_text="attainable FLOP/s")
+    # Decade ticks with SI prefixes and units (plotly's default log labels read "100B/10B").
+    yr = _log_range(ys, pad=0.3)
+    decades = range(math.floor(xr[0]), math.ceil(xr[1]) + 1)
+    fig.update_xaxes(
+        type="log",
+        range=xr,
+        title_text="arithmetic intensity (FLOP/byte)",
+        tickvals=[10.0**e for e in decades],
+        ticktext=[fmt_num(10.0**e) for e in decades],
+    )
+    fig.update_yaxes(
+        type="log", range=yr, title_text="attainable FLOP/s", **si_log_ticks(yr, "FLOP/s")
+    )
     fig.update_layout(**FIGURE_LAYOUT, height=480, title={"text": "Roofline points compared"})
     return fig
 

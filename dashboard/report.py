@@ -42,6 +42,7 @@ from perfscope.dashboard._fmt import (
 )
 from perfscope.dashboard.exporters import ExportableRun
 from perfscope.dashboard.figures import FigureSpec, RunTables, run_figures
+from perfscope.dashboard.queueing import queueing_line
 from perfscope.dashboard.view import (
     TABLE_STATS,
     as_summary,
@@ -715,6 +716,9 @@ def render_report(
         )
     for warning in typed.warnings:
         banner += f'<div class="banner">Warning: {esc(warning)}.</div>'
+    queue_line = queueing_line((summary.get("load") or {}).get("mode"), run.path)
+    if queue_line is not None:
+        banner += f'<div class="banner" id="queueing">{esc(queue_line)}.</div>'
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")
     engine = m.get("engine") or {}
     model_name = value_at(engine, "model.name") or typed.model

@@ -101,8 +101,9 @@ def _slug(text: str) -> str:
 #: of the runs directory).
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
-#: Folders under the runs root that are not runs (``perfscope sweep`` writes ``sweeps/``).
-RESERVED_DIRS = frozenset({"sweeps"})
+#: Folders under the runs root that are not runs (``perfscope sweep`` writes ``sweeps/``,
+#: ``perfscope study --save`` writes ``studies/``).
+RESERVED_DIRS = frozenset({"sweeps", "studies"})
 
 
 class InvalidRunIdError(UsageError):

@@ -10,6 +10,7 @@ launched by path.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import socket
 import sys
@@ -143,12 +144,24 @@ def tab(browser: Any) -> Iterator[Page]:
         p.context.close()
 
 
-def _cell(page: Any, run_id: str, column: str) -> str:
+def _cell_locator(page: Any, run_id: str, column: str) -> Any:
+    """The runs table's cell of ``run_id`` in ``column``, as a locator (re-resolved on use)."""
     row = page.locator(
         "#runs-table tr", has=page.locator(f"td[data-dash-column=link] >> text={run_id}")
     )
-    text: str = row.locator(f"td[data-dash-column={column}]").inner_text()
+    return row.locator(f"td[data-dash-column={column}]")
+
+
+def _cell(page: Any, run_id: str, column: str) -> str:
+    text: str = _cell_locator(page, run_id, column).inner_text()
     return text
+
+
+def _expect_cell(page: Any, run_id: str, column: str, pattern: str) -> None:
+    """Wait until the cell's text matches ``pattern`` (a regex): the runs table re-renders on
+    every poll, and a read between two renders sees a row the page has not filled yet (the
+    cause of this test's flakes), so wait on the page's own state instead of reading once."""
+    sync_api.expect(_cell_locator(page, run_id, column)).to_have_text(re.compile(pattern))
 
 
 # ---------------------------------------------------------------------- tests
@@ -162,9 +175,9 @@ def test_runs_page_shows_the_runs_and_the_broken_one(site: Site, tab: Page, shot
     load = time.perf_counter() - t0
     # State and status are one short column; the reason of a broken run has its own.
     for run in (site.alpha, site.beta, site.big):
-        assert _cell(page, run.name, "outcome") == "complete"
-    assert _cell(page, site.broken.name, "outcome").startswith("broken")
-    assert "manifest.json" in _cell(page, site.broken.name, "problem")
+        _expect_cell(page, run.name, "outcome", r"^complete$")
+    _expect_cell(page, site.broken.name, "outcome", r"^broken")
+    _expect_cell(page, site.broken.name, "problem", r"manifest\.json")
     # New runs appear without a reload (the page polls the directory).
     late = complete_run(site.root, "--hw", "epyc-9654", "--name", "late")
     page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={late.name}")
@@ -346,9 +359,9 @@ def test_runs_list_at_1440_px_shows_every_metric_and_says_no_slos(
     page = wide.page
     page.goto(site.url + "/")
     page.wait_for_selector(f"#runs-table td[data-dash-column=link] >> text={site.no_slo.name}")
-    assert _cell(page, site.no_slo.name, "slo_pct") == "no SLOs"
-    assert _cell(page, site.no_slo.name, "goodput_req_s") == "no SLOs"
-    assert _cell(page, site.alpha.name, "slo_pct").endswith("%")
+    _expect_cell(page, site.no_slo.name, "slo_pct", r"^no SLOs$")
+    _expect_cell(page, site.no_slo.name, "goodput_req_s", r"^no SLOs$")
+    _expect_cell(page, site.alpha.name, "slo_pct", r"%$")
     sync_api.expect(page.locator("#runs-count")).to_contain_text("from the run index")
     headers = _right_edges(page, "#runs-table th.dash-header")
     for name in ("TTFT p50", "TPOT p50", "output tok/s", "SLO met", "MFU prefill", "J/token"):

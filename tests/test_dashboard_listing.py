@@ -289,3 +289,15 @@ def test_a_contended_run_is_marked_next_to_its_state(runs: Runs, tmp_path: Path)
     assert ids.index("contention") == ids.index("outcome") + 1  # before the metrics
     cells = {r["run_id"]: r["contention"] for r in table["data"]}
     assert cells == {busy.name: "⚠ others 63%", quiet.name: ""}
+
+
+def test_study_and_sweep_folders_are_never_listed_as_runs(tmp_path: Path) -> None:
+    from perfscope.dashboard.data import RunRepository
+    from perfscope.profiler.store import list_runs, scan_runs
+
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "20260101-000000-batch-size.json").write_text("{}")
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "sweep.json").write_text("{}")
+    assert list_runs(tmp_path) == [] and scan_runs(tmp_path) == []
+    assert RunRepository(tmp_path).run_ids() == []

@@ -257,6 +257,16 @@ def test_comparison_roofline_puts_each_runs_phases_at_their_summary_numbers(
     assert comparison_roofline_figure(["x"], [{}]) is None
 
 
+def test_comparison_roofline_axes_read_in_si_units_not_billions(
+    steps_run: StoredRun, big_run: StoredRun
+) -> None:
+    fig = comparison_roofline_figure(["a", "b"], [steps_run.summary or {}, big_run.summary or {}])
+    assert fig is not None
+    y_ticks = list(fig.layout.yaxis.ticktext)
+    assert y_ticks and all(t.endswith("FLOP/s") for t in y_ticks)
+    assert not any(t.endswith("B") for t in [*y_ticks, *fig.layout.xaxis.ticktext])
+
+
 def test_comparison_throughput_integrates_to_each_runs_measured_tokens(
     steps_run: StoredRun, big_run: StoredRun
 ) -> None:

@@ -6,10 +6,18 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from perfscope.api.runner import ProgressHook, RunOptions, execute_run
-from perfscope.cli.progress import LiveProgress, ProgressState, progress_hook, render_progress
+from perfscope.cli.progress import (
+    LiveProgress,
+    ProgressState,
+    RateEstimator,
+    format_duration,
+    progress_hook,
+    render_progress,
+)
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.engines.base import EngineOptions
 from perfscope.profiler.recorder import Recorder
@@ -57,7 +65,7 @@ def test_the_view_shows_tokens_requests_latency_and_eta_without_cutting() -> Non
         for word in ("2 / ≤6,144", "0/48 done", "1 in flight", "0 failed", "1 tok/s"):
             assert word in " ".join(text.split()), (word, text)
         assert "TTFT p50" in text and "ITL p50" in text
-        assert "ETA 6,142 s" in " ".join(text.split())  # 6,142 tokens left at 1 tok/s
+        assert "ETA 1 h 42 min" in " ".join(text.split())  # 6,142 tokens left at 1 tok/s
 
 
 def test_progress_is_quiet_when_stderr_is_not_a_terminal() -> None:
@@ -87,3 +95,47 @@ def test_a_real_run_drives_the_live_view_to_its_totals(tmp_path: Path) -> None:
     assert final.counts.completed == 4 and final.counts.in_flight == 0
     assert final.counts.output_tokens == 24
     assert "tokens" in out.getvalue()  # at least one frame was drawn
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(42.4, "42 s"), (200, "3 min 20 s"), (3076, "51 min"), (7500, "2 h 05 min"), (None, "n/a")],
+)
+def test_the_eta_reads_as_a_duration(seconds: float | None, said: str) -> None:
+    assert format_duration(seconds) == said
+
+
+def test_the_eta_follows_the_current_rate_not_the_mean_since_the_start() -> None:
+    # 20 s of prefill at 5 tok/s, then decode at 50 tok/s for 40 s: the mean since the start
+    # (about 35 tok/s) would overstate what is left by ~40%; the smoothed rate is near 50.
+    est = RateEstimator(tau_s=10.0)
+    tokens = 0
+    for t in range(61):
+        est.update(float(t), tokens)
+        tokens += 5 if t < 20 else 50
+    assert est.rate is not None and 45 < est.rate <= 50
+
+
+def test_the_view_takes_its_eta_from_the_smoothed_rate() -> None:
+    rec = Recorder(MonotonicClock())
+    h = rec.add_request(_spec(0))
+    h.sent()
+    h.tokens(1)
+    h.tokens(1)
+    state = ProgressState(
+        counts=rec.live_counts(),
+        total_requests=48,
+        total_output_tokens=6144,
+        elapsed_s=2.0,
+        smoothed_tok_s=2.0,  # the mean is 1 tok/s; the current rate twice that
+    )
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(render_progress(state, 120))
+    assert "ETA 51 min" in " ".join(console.export_text().split())  # 6,142 tokens at 2 tok/s
+
+
+def test_the_estimator_says_nothing_before_it_has_seen_a_few_seconds() -> None:
+    est = RateEstimator(tau_s=15.0)
+    est.update(0.0, 0)
+    est.update(1.0, 10)
+    assert est.rate is None

@@ -1,5 +1,8 @@
 """The ``perfscope`` command line: a thin layer over the library.
 
+A command whose optional extra is missing says which one to install, in one line
+(:data:`EXTRA_OF_MODULE`).
+
 Exit codes: 0 success (a run where some requests failed is reported, still 0), 1 the run
 failed or was interrupted, or a file could not be written (what was captured is kept),
 2 bad usage (one-line message, no traceback), 3 no measured request succeeded.
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -52,19 +56,33 @@ class _Parser(argparse.ArgumentParser):
                 parser = subs[0].choices[token]
         return parser
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No prefix matching: another tool's --data must not silently become --dataset.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
+        from perfscope.cli.dialect import pointer_for, suggest
+
         target: argparse.ArgumentParser = self
         hint = ""
         if message.startswith("unrecognized arguments:"):
             target = self._selected()
             known = [o for o in target._option_string_actions if o.startswith("--")]
-            for token in message.split(":", 1)[1].split():
-                flag = token.split("=", 1)[0]
-                if flag.startswith("-"):
-                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-                    if close:
-                        hint = f"; did you mean {close[0]}?"
-                        break
+            tokens = message.split(":", 1)[1].split()
+            for token in tokens:
+                flag, _, inline = token.partition("=")
+                if not flag.startswith("-"):
+                    continue
+                value = inline or _value_after(flag)
+                pointer = pointer_for(flag, value)
+                if pointer is not None:
+                    sys.stderr.write(f"error: {flag} is not a perfscope flag: {pointer}\n")
+                    sys.exit(2)
+                close = suggest(flag, known)
+                if close:
+                    hint = f"; did you mean {close}?"
+                    break
         elif "invalid choice:" in message:
             bad = message.split("invalid choice:", 1)[1].split("(", 1)[0].strip().strip("'")
             choices = [
@@ -77,11 +95,27 @@ class _Parser(argparse.ArgumentParser):
                 named = f"argument {'/'.join(a.option_strings)}:" in message
                 if a.choices and a.option_strings and named:
                     choices = [str(c) for c in a.choices]
-            close = difflib.get_close_matches(bad, choices, n=1, cutoff=0.5)
+            from perfscope.cli.dialect import SUGGEST_CUTOFF
+
+            close = difflib.get_close_matches(bad, choices, n=1, cutoff=SUGGEST_CUTOFF)
             if close:
                 hint = f"; did you mean {close[0]!r}?"
         sys.stderr.write(f"error: {message}{hint} (see '{target.prog} --help')\n")
         sys.exit(2)
+
+
+def _value_after(flag: str) -> str | None:
+    """The token after ``flag`` on the command line (argparse may have taken it as a
+    positional), or None."""
+    argv = _Parser.argv
+    if flag in argv and argv.index(flag) + 1 < len(argv):
+        return argv[argv.index(flag) + 1]
+    return None
+
+
+def _threads_opt(text: str) -> tuple[str, str]:
+    """``--threads N`` → the engine option ``("threads", "N")``."""
+    return ("threads", str(positive_int(text)))
 
 
 def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -246,6 +280,15 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="KEY=VALUE",
         help="engine-specific option (repeatable)",
     )
+    e.add_argument(
+        "--threads",
+        dest="engine_opt",
+        action="append",
+        type=_threads_opt,
+        metavar="N",
+        help="intra-op CPU threads of a torch engine (default: the usable CPUs not busy with "
+        "other work, at least 1; the choice is in the manifest)",
+    )
     add_openai_options(p.add_argument_group("openai engine, datasets and duration"))
     a = p.add_argument_group("analysis and output")
     a.add_argument(
@@ -318,6 +361,23 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_cmd_run)
 
 
+def infinite_rate_as_mode(args: argparse.Namespace) -> str | None:
+    """vLLM bench's ``--request-rate inf`` (every request at once) as perfscope spells it:
+    ``--mode batch``, or with ``--max-concurrency N`` a closed loop of N. Changes ``args``;
+    returns the note to print (None when the rate is finite or not given, or spelled
+    ``--rate``)."""
+    if args.rate is None or not (math.isinf(args.rate) and args.rate > 0):
+        return None
+    if not any(t.split("=", 1)[0] == "--request-rate" for t in _Parser.argv):
+        return None  # perfscope's own --rate wants a finite rate (refused with the reason)
+    args.rate = None
+    if args.concurrency is None:
+        args.mode = "batch"
+        return "--request-rate inf is perfscope's --mode batch"
+    n = args.concurrency
+    return f"--request-rate inf with --max-concurrency {n} is perfscope's --concurrency {n}"
+
+
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope.api.run import execute, plan
     from perfscope.cli.progress import progress_hook
@@ -330,6 +390,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "them from its prefix cache",
             style="dim",
         )
+    note = infinite_rate_as_mode(args)
+    if note is not None:
+        Console(stderr=True).print(f"note: {note}", style="dim")
     given = run_args(args)
     err = Console(stderr=True)
     hook = progress_hook(err, args.no_progress)
@@ -539,10 +602,27 @@ def _command_modules() -> list[Any]:
     return [hw, roofline, report, sweep, dashboard, index, study, advisor]
 
 
+def _spoken_as_perfscope(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with vLLM-bench/guidellm/AIPerf flags of the same meaning renamed to
+    perfscope's (docs/flags.md); the subcommand is the first token naming one."""
+    from perfscope.cli.dialect import rewrite_aliases
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for i, token in enumerate(argv):
+        if subs and token in subs[0].choices:
+            known = set(subs[0].choices[token]._option_string_actions)
+            return argv[: i + 1] + rewrite_aliases(argv[i + 1 :], token, known)
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``perfscope`` script; returns the exit code."""
+    from perfscope.profiler.engines.threads import prefer_passive_wait
+
+    prefer_passive_wait()  # before anything loads torch: waiting threads sleep, not spin
     parser = build_parser()
-    _Parser.argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _spoken_as_perfscope(parser, list(sys.argv[1:] if argv is None else argv))
+    _Parser.argv = argv
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
         parser.print_help()
@@ -566,9 +646,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         sig = f" by {exc}" if str(exc) else ""
         sys.stderr.write(f"interrupted{sig}\n")
         return 1
+    except ModuleNotFoundError as exc:
+        line = missing_extra_line(exc, getattr(args, "command", None))
+        if line is None:
+            raise
+        sys.stderr.write(line + "\n")
+        return 1
     except OSError as exc:  # a write outside the run store (an export, a report file)
         sys.stderr.write(f"error: {redact_text(str(_storage_error(exc)))}\n")
         return 1
+
+
+#: Top-level module → the optional extra that installs it (pyproject.toml's
+#: ``[project.optional-dependencies]``). Core dependencies are not listed.
+EXTRA_OF_MODULE: dict[str, str] = {
+    "dash": "dashboard",
+    "flask": "dashboard",
+    "waitress": "dashboard",
+    "duckdb": "index",
+    "ray": "ray",
+    "transformers": "hf",
+    "tokenizers": "hf",
+    "aiohttp": "openai",
+}
+
+
+def missing_extra_line(exc: ImportError, command: str | None) -> str | None:
+    """One line naming the extra to install for a missing optional module, or None when the
+    module is not one an extra provides (a real bug: let it surface)."""
+    root = (exc.name or "").split(".", 1)[0]
+    extra = EXTRA_OF_MODULE.get(root)
+    if extra is None:
+        return None
+    what = f"perfscope {command}" if command else "perfscope"
+    return f"error: {what} needs {root}, from the '{extra}' extra: pip install 'perfscope[{extra}]'"
 
 
 def _storage_error(exc: OSError) -> StorageError:

@@ -7,6 +7,7 @@ as requests: in batch mode requests finish together at the end, tokens arrive th
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -20,7 +21,14 @@ from perfscope.analysis.catalogue import format_count, format_ratio, format_seco
 from perfscope.api.runner import ProgressHook
 from perfscope.profiler.recorder import LiveCounts, Recorder
 
-__all__ = ["LiveProgress", "ProgressState", "progress_hook", "render_progress"]
+__all__ = [
+    "LiveProgress",
+    "ProgressState",
+    "RateEstimator",
+    "format_duration",
+    "progress_hook",
+    "render_progress",
+]
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,62 @@ class ProgressState:
     total_requests: int
     total_output_tokens: int
     elapsed_s: float
+    #: Output tokens per second, smoothed (:class:`RateEstimator`); None: the mean so far.
+    smoothed_tok_s: float | None = None
+
+
+def format_duration(seconds: float | None) -> str:
+    """A time left as people say it: ``42 s``, ``3 min 20 s``, ``51 min``, ``2 h 05 min``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 3600:
+        return f"{round(s / 60)} min"
+    return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+
+
+@dataclass
+class RateEstimator:
+    """Output tokens per second, exponentially smoothed over the last ``tau_s`` seconds.
+
+    The mean rate since the start is pessimistic mid-run (the first seconds are model
+    warm-up and prefill of a whole batch, with few tokens out) and blind to the tail (the
+    last requests decode in a shrinking batch, slower). The smoothed rate follows the
+    current phase, so the ETA tracks both; :attr:`rate` is None for the first few seconds.
+    """
+
+    tau_s: float = 15.0
+    _t: float | None = None
+    _tokens: int = 0
+    _rate: float | None = None
+    _warm_s: float = 0.0
+
+    def update(self, t_s: float, tokens: int) -> float | None:
+        """Feed the elapsed seconds and the output tokens so far; the smoothed tok/s."""
+        if self._t is None:
+            self._t, self._tokens = t_s, tokens
+            return None
+        dt = t_s - self._t
+        if dt <= 0:
+            return self._rate
+        inst = max(0, tokens - self._tokens) / dt
+        if self._rate is None:
+            self._rate = inst if tokens > 0 else None
+        else:
+            a = 1.0 - math.exp(-dt / self.tau_s)
+            self._rate = a * inst + (1 - a) * self._rate
+        self._warm_s += dt
+        self._t, self._tokens = t_s, tokens
+        return self._rate
+
+    @property
+    def rate(self) -> float | None:
+        """The smoothed rate once a few seconds have been seen (None before)."""
+        return self._rate if self._warm_s >= min(5.0, self.tau_s) else None
 
 
 def _median(xs: tuple[float, ...]) -> float | None:
@@ -42,13 +106,15 @@ def _median(xs: tuple[float, ...]) -> float | None:
 
 
 def _eta_s(state: ProgressState) -> float | None:
-    """Seconds left, from the token rate so far (tokens are the finer measure of work)."""
+    """Seconds left: output tokens left over the smoothed token rate (the mean so far
+    until the smoothed rate exists)."""
     c = state.counts
     done = c.output_tokens
     if done <= 0 or state.elapsed_s <= 0 or state.total_output_tokens <= 0:
         return None
     left = max(0, state.total_output_tokens - done)
-    return left / (done / state.elapsed_s)
+    rate = state.smoothed_tok_s or done / state.elapsed_s
+    return left / rate if rate > 0 else None
 
 
 def render_progress(state: ProgressState, width: int = 80) -> RenderableType:
@@ -78,7 +144,7 @@ def render_progress(state: ProgressState, width: int = 80) -> RenderableType:
         f"TTFT p50 {format_seconds(_median(c.ttft_s))}" if c.ttft_s else "TTFT p50 (none yet)",
         f"ITL p50 {format_seconds(_median(c.itl_s))}" if c.itl_s else "ITL p50 (none yet)",
         f"elapsed {format_seconds(state.elapsed_s)}",
-        f"ETA {format_seconds(eta)}" if eta is not None else "ETA (after the first token)",
+        f"ETA {format_duration(eta)}" if eta is not None else "ETA (after the first token)",
     ]
     lines: list[Text] = []
     line = Text()
@@ -107,6 +173,7 @@ class LiveProgress(ProgressHook):
         self.total_requests = 0
         self.t0 = 0.0
         self.live: Live | None = None
+        self.rate = RateEstimator()
 
     def on_watch(self, recorder: Recorder, total_output_tokens: int) -> None:
         self.recorder = recorder
@@ -115,11 +182,15 @@ class LiveProgress(ProgressHook):
     def state(self) -> ProgressState:
         """The current frame's data."""
         assert self.recorder is not None
+        counts = self.recorder.live_counts()
+        elapsed = time.monotonic() - self.t0
+        self.rate.update(elapsed, counts.output_tokens)
         return ProgressState(
-            counts=self.recorder.live_counts(),
+            counts=counts,
             total_requests=self.total_requests,
             total_output_tokens=self.total_tokens,
-            elapsed_s=time.monotonic() - self.t0,
+            elapsed_s=elapsed,
+            smoothed_tok_s=self.rate.rate,
         )
 
     def __rich__(self) -> RenderableType:

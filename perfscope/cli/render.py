@@ -18,6 +18,7 @@ from perfscope.analysis.catalogue import (
     format_seconds,
     metric,
 )
+from perfscope.dashboard.queueing import queueing_line
 from perfscope.dashboard.terminal import FitTable, energy_table, predictions_table, roofline_table
 from perfscope.dashboard.view import (
     TABLE_STATS,
@@ -101,6 +102,9 @@ def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) ->
     for warning in view.warnings:
         parts.append(Text(f"warning: {warning}", style="yellow"))
     parts.append(latency_table(summary))
+    queue_line = queueing_line((summary.get("load") or {}).get("mode"), path)
+    if queue_line is not None:
+        parts.append(Text(queue_line, style="yellow"))
     parts.append(throughput_table(summary))
     st = steps_table(summary)
     if st is not None:

@@ -7,7 +7,9 @@ prefilled in one forward pass and decoded one token per row per forward pass wit
 model's KV cache, greedily. Every pass is timed after device synchronisation and reported
 as a step, with ``logits_to_keep=1`` so the lm_head runs on the last position only.
 ``--engine-opt attention=sdpa|eager`` picks transformers' attention implementation
-(default: the model's own default).
+(default: the model's own default). ``--threads N`` (``--engine-opt threads=N``) sets the
+intra-op threads on the CPU; by default they follow the idle usable CPUs
+(:mod:`perfscope.profiler.engines.threads`).
 
 The manifest's model spec is built from the model's ``config.json`` by the front door.
 
@@ -39,6 +41,7 @@ from perfscope.profiler.engines.base import (
     option_int,
     register_engine,
 )
+from perfscope.profiler.engines.threads import ThreadChoice, choose_threads
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import StepKind
 
@@ -97,6 +100,12 @@ class HFEngine:
                 ) from None
             if self.device.type == "cuda" and not torch.cuda.is_available():
                 raise UsageError(f"device {options.device!r} requested but CUDA is not available")
+        self._threads_before = torch.get_num_threads()
+        self.thread_choice: ThreadChoice | None = None
+        requested = option_int(options.extra, "threads")
+        if requested is not None or self.device.type == "cpu":
+            self.thread_choice = choose_threads(requested)
+            torch.set_num_threads(self.thread_choice.threads)
         dtype_name = options.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.dtype_name = dtype_name
         self.attention = _attention(options.extra.get("attention"))
@@ -178,6 +187,9 @@ class HFEngine:
                 "tokenizer": self.tokenizer is not None,
                 "device_name": dev_name,
                 "torch": self.torch.__version__,
+                "torch_threads": self.torch.get_num_threads(),
+                "threads_rule": self.thread_choice.rule if self.thread_choice else None,
+                "omp_wait_policy": self.thread_choice.wait_policy if self.thread_choice else None,
                 # transformers expands an MLA latent to per-head K/V for every attended
                 # token (no absorbed up-projections): the cost model must price that.
                 "mla_absorbed": False,
@@ -196,6 +208,7 @@ class HFEngine:
     def close(self) -> None:
         self.model = None
         self.assistant = None
+        self.torch.set_num_threads(self._threads_before)
         if self.device.type == "cuda":
             self.torch.cuda.empty_cache()
 

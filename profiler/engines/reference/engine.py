@@ -8,7 +8,9 @@ more requests will come; it runs until its longest request finishes, and rows th
 early keep occupying their slot, as in classic static batching.
 
 Engine options (``--engine-opt KEY=VALUE``): ``threads=N`` (``torch.set_num_threads`` while
-the engine lives), ``attention=explicit|sdpa``, ``quant=none|int8|int8-wo``,
+the engine lives; ``--threads N`` on the command line; default on the CPU: the usable CPUs
+that are not busy, see :mod:`perfscope.profiler.engines.threads`),
+``attention=explicit|sdpa``, ``quant=none|int8|int8-wo``,
 ``kv_cache=on|off`` (off: every decode step recomputes the whole sequence, no cache is
 read), ``compile=on|off`` (``torch.compile`` of each block), ``kv_dtype=auto|int8|fp8`` (vLLM's
 ``kv_cache_dtype`` spelling accepted too: KV-cache storage dtype, upcast before attention),
@@ -80,6 +82,7 @@ from perfscope.profiler.engines.reference.speculative import (
     build_draft,
     parse_draft,
 )
+from perfscope.profiler.engines.threads import ThreadChoice, choose_threads
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import StepKind
 
@@ -238,8 +241,12 @@ class ReferenceEngine:
         self.output_ids: dict[int, list[int]] | None = None
         self._check_scheduling_options()
         self._threads_before = torch.get_num_threads()
-        if self.threads is not None:
-            torch.set_num_threads(self.threads)
+        # On the CPU the intra-op threads follow the CPUs really free (threads.py); on CUDA
+        # only an explicit threads= changes them (host threads barely matter there).
+        self.thread_choice: ThreadChoice | None = None
+        if self.threads is not None or self.device.type == "cpu":
+            self.thread_choice = choose_threads(self.threads)
+            torch.set_num_threads(self.thread_choice.threads)
         self.model = ReferenceModel.build(self.config, seed=options.seed, device=self.device)
         if self.weights == "trained":
             from perfscope.profiler.engines.reference.train import TrainConfig, train
@@ -315,6 +322,8 @@ class ReferenceEngine:
                 "device_name": _device_name(self.device),
                 "torch": torch.__version__,
                 "torch_threads": torch.get_num_threads(),
+                "threads_rule": self.thread_choice.rule if self.thread_choice else None,
+                "omp_wait_policy": self.thread_choice.wait_policy if self.thread_choice else None,
                 "attention": self.attention,
                 "quant": self.quant,
                 "kv_cache": self.kv_cache,
