@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import perfscope
+from perfscope.analysis.summary import ErrorCount
 from perfscope.profiler.clock import ManualClock
 
 MS = 1_000_000
@@ -55,7 +56,7 @@ def test_an_exception_inside_a_request_marks_it_failed_and_is_raised(runs_dir: P
             r.tokens(1)
             raise RuntimeError("engine crashed")
     assert p.run.counts.failed == 1
-    assert p.run.errors == [{"error": "RuntimeError: engine crashed", "count": 1}]
+    assert p.run.errors == [ErrorCount(error="RuntimeError: engine crashed", count=1)]
 
 
 def test_an_exception_out_of_the_profile_block_still_stores_the_run(runs_dir: Path) -> None:

@@ -108,7 +108,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
     m = loaded.manifest
     s = loaded.summary
     engine = m.get("engine") or {}
-    hw = ((s.get("hardware") or {}).get("spec") or {}).get("name") or "unknown device"
+    hw = (s.hardware.spec or {}).get("name") or "unknown device"
     header = html.Div(
         [
             html.H2(f"Run {loaded.run_id}", id="detail-title"),
@@ -127,7 +127,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
                     error_box(str(w), title="Measurement warning"),
                     id="detail-contention" if i == 0 else f"detail-warning-{i}",
                 )
-                for i, w in enumerate(s.get("warnings") or [])
+                for i, w in enumerate(s.warnings)
             ],
             html.A(
                 "summary.json",

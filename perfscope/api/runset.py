@@ -18,6 +18,8 @@ def summary_of(target: Any) -> Mapping[str, Any]:
     if isinstance(target, Mapping):
         return target
     summary = getattr(target, "summary", None)
+    if hasattr(summary, "to_dict") and not isinstance(summary, Mapping):
+        summary = summary.to_dict()  # a Run's typed Summary: its summary.json form
     if not isinstance(summary, Mapping):
         raise TypeError(
             f"expected a perfscope Run, RunSet or summary dict, got {type(target).__name__}"
