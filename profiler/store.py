@@ -1,4 +1,4 @@
-"""Run directories: manifest.json, Parquet tables, summary.json (DESIGN.md §3, §9).
+"""Run directories: manifest.json, Parquet tables, summary.json (docs/architecture.md).
 
 The store owns runs: it creates run directories, validates run ids, lists and reads runs,
 and holds the one atomic writer every component uses (a temp file in the same folder, then

@@ -9,7 +9,7 @@
                     r.tokens(len(chunk))
     print(p.run.ttft.p50)
 
-Durability is that of ``perfscope run`` (DESIGN.md §9): entering the block creates the run
+Durability is that of ``perfscope run`` (docs/architecture.md): entering the block creates the run
 directory with a ``running`` manifest that carries this process's liveness record, and a
 background flusher copies new records into segment files every
 :data:`~perfscope.api.runner.FLUSH_INTERVAL_S` seconds (refreshing the heartbeat). A process

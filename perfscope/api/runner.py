@@ -1,6 +1,6 @@
 """``perfscope run`` as a library call: workload → driver → engine → recorder → run store.
 
-Durability (DESIGN.md §9): records stream into segment files during the run (a background
+Durability (docs/architecture.md): records stream into segment files during the run (a background
 flusher, every :data:`FLUSH_INTERVAL_S`), the manifest carries the writer's pid, host and a
 heartbeat, SIGTERM/SIGHUP stop the run as Ctrl-C does, and a failed write (disk full) stops
 capture, keeps what was flushed and raises one :class:`~perfscope.errors.StorageError`.
