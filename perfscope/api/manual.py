@@ -19,7 +19,6 @@ leaving the block compacts the tables and removes the segments.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import sys
 from collections.abc import Iterator
@@ -191,8 +190,8 @@ class Profile:
                 errno=storage.errno,
             )
         stored = writer.stored()
-        summary = analyze_stored(stored)
-        self._run = Run(dataclasses.replace(stored, summary=summary.to_dict()))
+        analyze_stored(stored)  # writes summary.json and sets stored.summary
+        self._run = Run(stored)
 
     def __enter__(self) -> Profile:
         self._start()

@@ -577,7 +577,7 @@ def execute_run(
         summary=summary,
         error=error,
         succeeded=succeeded,
-        stored=dataclasses.replace(stored, summary=summary.to_dict()),
+        stored=stored,  # analyze_stored set its summary
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from perfscope.analysis import Summary
 from perfscope.checks.grammar import number_or_none, resolve_metric
 from perfscope.errors import UsageError
 
@@ -18,7 +19,7 @@ def summary_of(target: Any) -> Mapping[str, Any]:
     if isinstance(target, Mapping):
         return target
     summary = getattr(target, "summary", None)
-    if hasattr(summary, "to_dict") and not isinstance(summary, Mapping):
+    if isinstance(summary, Summary):
         summary = summary.to_dict()  # a Run's typed Summary: its summary.json form
     if not isinstance(summary, Mapping):
         raise TypeError(
