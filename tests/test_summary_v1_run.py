@@ -122,3 +122,15 @@ def test_load_run_of_a_v1_run_reads_typed_attributes(v1_run: Path) -> None:
     assert run.summary.hardware.device is not None
     assert run.summary.counts == Counts.from_dict(old["counts"])
     assert run.advice[0].technique == old["advice"][0]["technique"]  # records, not dicts
+
+
+def test_a_v1_manifest_reads_into_the_typed_manifest_and_keeps_every_value() -> None:
+    from perfscope.profiler.records import Manifest
+
+    old = json.loads((V1 / "manifest.json").read_text())
+    m = Manifest.from_dict(old)
+    assert (m.run_id, m.status) == (old["run_id"], "complete")
+    assert m.engine["kind"] == old["engine"]["kind"] and m.slos == old["slos"]
+    out = m.to_dict()
+    assert {k: out[k] for k in old} == old  # every value it had comes back
+    assert out["warnings"] == [] and out["process"] == {}  # keys it lacked: their defaults
