@@ -7,8 +7,9 @@ record types the hints name (``Distribution``, ``dict[str, PhaseRoofline]``,
 ``to_dict``, so a summary written by a newer perfscope (or with fields other components add)
 loads and round-trips without losing anything. Missing keys take the field's default.
 
-Attribute access falls back to ``extra``, so ``section.some_new_field`` works for fields that
-exist in the data but not (yet) in the type.
+``extra`` is only for that round trip: attribute access reaches fields and nothing else, so a
+misspelt name (``summary.rooflne``) is an AttributeError at run time and a mypy error before.
+A field that consumers read belongs in the type (tests/test_architecture.py holds this).
 """
 
 from __future__ import annotations
@@ -100,25 +101,19 @@ class Record:
             out.setdefault(k, _to_json(v))
         return out
 
-    def __getattr__(self, name: str) -> Any:
-        # Only called for names that are not fields: look in the keys the type does not know.
-        if name.startswith("__") or name in ("extra", "_hints"):
-            raise AttributeError(name)
-        extra = self.__dict__.get("extra") or {}
-        if name in extra:
-            return extra[name]
-        known = sorted([*self._field_types(), *extra])
-        why = ""
-        if self.__dict__.get("available") is False:
-            reason = self.__dict__.get("reason")
-            why = f" ({type(self).__name__.lower()} is not available: {reason})"
-        raise AttributeError(
-            f"{type(self).__name__} has no {name!r}{why}; it has: {', '.join(known)}"
-        )
-
     def __getitem__(self, name: str) -> Any:
-        """``section["p99"]``: the same as attribute access."""
+        """``section["p99"]``: a field by name (KeyError naming the fields when absent)."""
+        if name not in self._field_types():
+            why = ""
+            if getattr(self, "available", True) is False:
+                reason = getattr(self, "reason", None)
+                why = f" ({type(self).__name__.lower()} is not available: {reason})"
+            raise KeyError(
+                f"{type(self).__name__} has no {name!r}{why}; it has: "
+                + ", ".join(sorted(self._field_types()))
+            )
         return getattr(self, name)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (name in self._field_types() or name in self.extra)
+        """Whether ``name`` is a field of this type."""
+        return isinstance(name, str) and name in self._field_types()

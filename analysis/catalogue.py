@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from perfscope.errors import UsageError
+from perfscope.units import MISSING, UNITS, Kind
 
 __all__ = [
     "KINDS",
@@ -58,24 +59,6 @@ __all__ = [
 #: shown as %); ``percent`` (already 0..100); ``bytes``; ``flop``; ``flop_per_s``;
 #: ``bytes_per_s``; ``intensity`` (FLOP/byte); ``joules``; ``watts``; ``joules_per_token``;
 #: ``tokens_per_joule``; ``count`` (an integer); ``factor`` (a multiplier, 1.8x); ``number``.
-Kind = Literal[
-    "seconds",
-    "rate",
-    "ratio",
-    "percent",
-    "bytes",
-    "flop",
-    "flop_per_s",
-    "bytes_per_s",
-    "intensity",
-    "joules",
-    "watts",
-    "joules_per_token",
-    "tokens_per_joule",
-    "count",
-    "factor",
-    "number",
-]
 KINDS: tuple[Kind, ...] = (
     "seconds",
     "rate",
@@ -97,7 +80,8 @@ KINDS: tuple[Kind, ...] = (
 #: ``lower`` or ``higher`` is better; ``None``: neither (a count, a configuration value).
 Better = Literal["lower", "higher"] | None
 
-NA = "n/a"
+#: The missing-value marker (:data:`perfscope.units.MISSING`).
+NA = MISSING
 
 
 @dataclass(frozen=True)
@@ -552,59 +536,6 @@ def format_metric(value: Any, path: str) -> str:
 
 # ---------------------------------------------------------------------- parsing
 
-
-#: Unit text (lowercase) → (kind, factor to the SI value). The one unit table of perfscope's
-#: text inputs (SLOs, expectations, baselines); the hardware database's file units are its own.
-UNITS: dict[str, tuple[Kind, float]] = {
-    "ns": ("seconds", 1e-9),
-    "us": ("seconds", 1e-6),
-    "µs": ("seconds", 1e-6),
-    "ms": ("seconds", 1e-3),
-    "s": ("seconds", 1.0),
-    "min": ("seconds", 60.0),
-    "%": ("ratio", 1e-2),
-    "b": ("bytes", 1.0),
-    "kb": ("bytes", 1e3),
-    "mb": ("bytes", 1e6),
-    "gb": ("bytes", 1e9),
-    "tb": ("bytes", 1e12),
-    "kib": ("bytes", 2.0**10),
-    "mib": ("bytes", 2.0**20),
-    "gib": ("bytes", 2.0**30),
-    "tok/s": ("rate", 1.0),
-    "tokens/s": ("rate", 1.0),
-    "ktok/s": ("rate", 1e3),
-    "req/s": ("rate", 1.0),
-    "/s": ("rate", 1.0),
-    "flop": ("flop", 1.0),
-    "gflop": ("flop", 1e9),
-    "tflop": ("flop", 1e12),
-    "flop/s": ("flop_per_s", 1.0),
-    "gflop/s": ("flop_per_s", 1e9),
-    "tflop/s": ("flop_per_s", 1e12),
-    "gflops": ("flop_per_s", 1e9),
-    "tflops": ("flop_per_s", 1e12),
-    "pflops": ("flop_per_s", 1e15),
-    "pflop/s": ("flop_per_s", 1e15),
-    "b/s": ("bytes_per_s", 1.0),
-    "kb/s": ("bytes_per_s", 1e3),
-    "mb/s": ("bytes_per_s", 1e6),
-    "gb/s": ("bytes_per_s", 1e9),
-    "tb/s": ("bytes_per_s", 1e12),
-    "j": ("joules", 1.0),
-    "mj": ("joules", 1e-3),
-    "kj": ("joules", 1e3),
-    "wh": ("joules", 3600.0),
-    "w": ("watts", 1.0),
-    "mw": ("watts", 1e-3),
-    "kw": ("watts", 1e3),
-    "j/token": ("joules_per_token", 1.0),
-    "j/tok": ("joules_per_token", 1.0),
-    "mj/token": ("joules_per_token", 1e-3),
-    "mj/tok": ("joules_per_token", 1e-3),
-    "tok/j": ("tokens_per_joule", 1.0),
-    "x": ("factor", 1.0),
-}
 
 _QUANTITY = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s0-9][^\s]*)?\s*$")
 

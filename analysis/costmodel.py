@@ -1,4 +1,4 @@
-"""FLOPs and bytes of one forward pass of a decoder-only transformer (DESIGN.md §6).
+"""FLOPs and bytes of one forward pass of a decoder-only transformer (docs/architecture.md).
 
 Counting conventions (hardware.md §8, §9 lists where other tools differ):
 

@@ -1,4 +1,4 @@
-"""Latency, throughput and goodput from the raw records (DESIGN.md §5).
+"""Latency, throughput and goodput from the raw records (docs/architecture.md).
 
 Everything is vectorised over pandas/numpy columns. Inputs are the run's tables with the
 columns of ``profiler/records.py`` (times in ns); outputs are in seconds.

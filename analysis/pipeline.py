@@ -19,13 +19,13 @@ them with other SLOs or against another device. Storing the result is the caller
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pandas as pd
 
 from perfscope.analysis.advisor import advise
-from perfscope.analysis.catalogue import value_at
 from perfscope.analysis.client import client_section
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.metrics import per_request
@@ -34,12 +34,27 @@ from perfscope.analysis.prompt_cache import prompt_cache_section
 from perfscope.analysis.roofline import roofline_section
 from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.speculative import speculative_config, speculative_section
-from perfscope.analysis.summary import Summary, build_summary
+from perfscope.analysis.summary import (
+    Advice,
+    Client,
+    Energy,
+    Hardware,
+    Projection,
+    PromptCache,
+    Record,
+    Roofline,
+    ServerMetrics,
+    Speculative,
+    Summary,
+    build_summary,
+)
 from perfscope.analysis.whatif import project_run
 from perfscope.hwdb import HardwareDatabase, load_database, resolve_hardware
 from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = ["PROJECTION_DEVICES", "RunRecords", "analyze"]
+
+_R = TypeVar("_R", bound=Record)
 
 #: Devices a measured run is projected onto ("the same workload on other devices").
 PROJECTION_DEVICES = ("l4", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb")
@@ -156,6 +171,9 @@ def analyze(
         projections = project_run(
             roofline, model, workload, targets, measured_on=measured_on or spec.key
         )
+    # The sections above are computed as JSON objects by modules other components own
+    # (advisor, whatif, speculative, server metrics); each becomes its record here, once.
+    roofline_rec = Roofline.from_dict(roofline)
     summary = build_summary(
         stored_run.manifest,
         stored_run.requests,
@@ -163,16 +181,16 @@ def analyze(
         stored_run.steps,
         slos=slos,
         per_request_rows=rows,
-        sections={
-            "hardware": hardware,
-            "roofline": roofline,
-            "energy": energy,
-            "advice": advice,
-            "projections": projections,
-            "prompt_cache": prompt_cache_section(stored_run.requests),
-            "client": client_section(stored_run.manifest),
-            "speculative": speculative_section(stored_run.steps, stored_run.manifest, roofline),
-        },
+        hardware=Hardware.from_dict(hardware),
+        roofline=roofline_rec,
+        energy=Energy.from_dict(energy),
+        advice=tuple(Advice.from_dict(a) for a in advice),
+        projections=tuple(Projection.from_dict(p) for p in projections),
+        prompt_cache=_record(PromptCache, prompt_cache_section(stored_run.requests)),
+        client=_record(Client, client_section(stored_run.manifest)),
+        speculative=_record(
+            Speculative, speculative_section(stored_run.steps, stored_run.manifest, roofline)
+        ),
     )
     info = stored_run.manifest.get("server_metrics")
     if server_metrics is None and not info:
@@ -180,10 +198,15 @@ def analyze(
     section = server_metrics_section(
         server_metrics if server_metrics is not None else pd.DataFrame(),
         dict(info or {}),
-        client_ttft_mean_s=value_at(summary, "latency.ttft.mean"),
-        client_tpot_mean_s=value_at(summary, "latency.tpot.mean"),
+        client_ttft_mean_s=summary.latency.ttft.mean,
+        client_tpot_mean_s=summary.latency.tpot.mean,
         model=model,
         requests=stored_run.requests,
         client_stall=(client_section(stored_run.manifest) or {}).get("stall"),
     )
-    return Summary.from_dict({**summary.to_dict(), "server_metrics": section})
+    return dataclasses.replace(summary, server_metrics=ServerMetrics.from_dict(section))
+
+
+def _record(cls: type[_R], section: Mapping[str, Any] | None) -> _R | None:
+    """``section`` as a ``cls`` record, ``None`` when the section is absent."""
+    return cls.from_dict(section) if section is not None else None

@@ -1,4 +1,4 @@
-"""Roofline per phase and verdicts with their evidence (DESIGN.md §6).
+"""Roofline per phase and verdicts with their evidence (docs/architecture.md).
 
 For each phase (prefill, decode, and mixed when an engine runs chunked prefill) the stored
 steps give FLOPs and bytes through the cost model and the time they took; against the

@@ -14,8 +14,7 @@ SI units (seconds, bytes, FLOP, J, W, per-second rates, fractions 0..1).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +31,7 @@ __all__ = [
     "Advice",
     "AdviceCalibration",
     "ClusterEnergy",
+    "Contention",
     "Counts",
     "Distribution",
     "Energy",
@@ -47,10 +47,13 @@ __all__ = [
     "NodeEnergy",
     "PhaseRoofline",
     "Projection",
+    "PromptCache",
     "Record",
     "Roofline",
     "RooflineCeilings",
     "RooflineLatency",
+    "RunSet",
+    "ServerMetrics",
     "Speculative",
     "StepStats",
     "Summary",
@@ -93,6 +96,8 @@ class Counts(Record):
     warmup: int = 0
     output_tokens: int = 0
     prompt_tokens: int = 0
+    #: Completed requests the server cut short (finish "length" before the tokens asked for).
+    truncated: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -441,7 +446,9 @@ class Energy(Record):
         """Short name of ``j_per_output_token`` (J per output token); AttributeError with the
         reason when energy is not available (rather than a silent ``None``)."""
         if not self.available:
-            raise AttributeError("j_per_token")  # Record.__getattr__ words it with the reason
+            raise AttributeError(
+                f"energy has no 'j_per_token' (energy is not available: {self.reason})"
+            )
         return self.j_per_output_token
 
 
@@ -598,20 +605,127 @@ class Speculative(Record):
     basis: str | None = None
 
 
+# ---------------------------------------------------------------------- run context
+
+
+@dataclass(frozen=True, kw_only=True)
+class Contention(Record):
+    """CPU time other processes and the hypervisor took during the run
+    (:mod:`perfscope.profiler.contention`): the window (s), the machine's cores, CPU seconds
+    of this process, of the others and stolen, their shares of the capacity (0..1; ``None``
+    when the window was ``too_short``), the server under test (ports, pids, CPU-s, not counted
+    as others) and ``contended``: others or steal above :data:`CONTENTION_WARN_SHARE`."""
+
+    window_s: float | None = None
+    cpu_count: int | None = None
+    own_cpu_s: float | None = None
+    others_cpu_s: float | None = None
+    others_share: float | None = None
+    steal_s: float | None = None
+    steal_share: float | None = None
+    server_ports: tuple[int, ...] = ()
+    server_pids: tuple[int, ...] = ()
+    server_cpu_s: float | None = None
+    too_short: bool = False
+    min_window_s: float | None = None
+    contended: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSet(Record):
+    """The repeated set a run belongs to (``--repeat``): the set ``id``, its ``label``, this
+    run's ``index`` (0-based) of ``repeat`` runs, and whether it was ``interleaved`` with a
+    ``--vs`` set."""
+
+    id: str = ""
+    label: str | None = None
+    index: int = 0
+    repeat: int = 1
+    interleaved: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptCache(Record):
+    """Prefix-cache statistics over the measured, successful requests that report
+    ``cached_tokens``: how many report and hit, the hit rate (0..1), cached and prompt token
+    sums, ``share`` (cached / prompt tokens) and per-request means (tokens)."""
+
+    requests_reporting: int = 0
+    requests_hit: int = 0
+    hit_rate: float | None = None
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    share: float | None = None
+    cached_tokens_mean: float | None = None
+    prompt_tokens_mean: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Client(Record):
+    """The HTTP client's own account of a run (:mod:`perfscope.analysis.client`):
+    ``cpu_s`` its CPU seconds over the serve loop, ``peak_rss_bytes`` its peak resident set
+    (bytes), ``stamp_clock`` which clock stamped the chunks (``kernel``, ``user``, ``mixed``)
+    and ``stall`` the stall record (threshold, worst and p99 read delay in seconds, requests
+    affected) when the client measured one."""
+
+    cpu_s: float | None = None
+    peak_rss_bytes: int | None = None
+    stamp_clock: str | None = None
+    stall: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerMetrics(Record):
+    """The server's own Prometheus metrics over the run
+    (:mod:`perfscope.analysis.server_metrics`), or ``available`` false with the ``reason``.
+
+    ``latency``: per phase (ttft, queue, prefill, decode, tpot, e2e) the server's mean (s),
+    count and metric name; ``tokens``: prompt, generation and cached token deltas;
+    ``ttft_split``: the client's TTFT split into network, queue and prefill (s); ``work``:
+    the server's FLOP/byte counters against the cost model; ``series``: ``[t_s, value]``
+    points of running/waiting requests, KV-cache usage (0..1) and preemptions.
+    """
+
+    available: bool = False
+    reason: str | None = None
+    server: str | None = None
+    url: str | None = None
+    window_s: float | None = None
+    scrapes: int | None = None
+    interval_s: float | None = None
+    latency: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tokens: dict[str, float | None] = field(default_factory=dict)
+    requests: int | None = None
+    preemptions: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    spec_decode_acceptance: float | None = None
+    running_max: float | None = None
+    waiting_max: float | None = None
+    kv_cache_usage_max: float | None = None
+    llamacpp: dict[str, Any] | None = None
+    ttft_split: dict[str, float | None] | None = None
+    client_tpot_mean_s: float | None = None
+    work: dict[str, Any] | None = None
+    series: dict[str, list[list[float]]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
 # ---------------------------------------------------------------------- the summary
 
 
 @dataclass(frozen=True, kw_only=True)
-class Summary(Record, Mapping[str, Any]):
+class Summary(Record):
     """Everything derived from one stored run (see the module docstring).
 
     Identity: ``run_id``, ``name``, ``status`` (complete, interrupted, failed),
     ``started_at`` (ISO 8601), ``perfscope_version``, ``engine``; the configured ``workload``
     and ``load`` as recorded in the manifest; ``window_s`` the measured window (s).
 
-    Besides typed attribute access, a Summary is a read-only ``Mapping`` over its JSON form
-    (``summary["latency"]["ttft"]["p99"]``), so code written for summary.json dicts (the
-    pytest grammar, baselines, user scripts) reads it unchanged.
+    It is typed all the way down: read ``summary.latency.ttft.p99``; code that wants the
+    summary.json object (the pytest grammar, baselines, user scripts) calls :meth:`to_dict`.
+    ``contention``, ``run_set`` and ``model_spec`` come from the manifest; ``prompt_cache`` and
+    ``server_metrics`` are ``None`` when the run has no such data (and ``model_spec`` and
+    ``server_metrics`` are then left out of the JSON, as before).
     """
 
     schema: str = SUMMARY_SCHEMA
@@ -640,6 +754,14 @@ class Summary(Record, Mapping[str, Any]):
     projections: tuple[Projection, ...] = ()
     #: Present for speculative-decoding runs only.
     speculative: Speculative | None = None
+    prompt_cache: PromptCache | None = None
+    contention: Contention | None = None
+    run_set: RunSet | None = None
+    #: The model shape the user gave (``model_spec=``), ModelSpec JSON plus its ``source``.
+    model_spec: dict[str, Any] | None = None
+    server_metrics: ServerMetrics | None = None
+    #: ``openai:`` runs only: the client's CPU, memory, stamping clock and stalls.
+    client: Client | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Summary:
@@ -652,22 +774,17 @@ class Summary(Record, Mapping[str, Any]):
         data["schema"] = SUMMARY_SCHEMA
         return super().from_dict(data)
 
-    @functools.cached_property
-    def _json(self) -> dict[str, Any]:
-        return self.to_dict()
+    def to_dict(self) -> dict[str, Any]:
+        """The summary.json object (schema ``/2``); sections a run never had are left out."""
+        out = super().to_dict()
+        for key in _OMIT_WHEN_NONE:
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
-    # Mapping over the JSON form (see the class docstring).
-    def __getitem__(self, name: str) -> Any:
-        return self._json[name]
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._json)
-
-    def __len__(self) -> int:
-        return len(self._json)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._json
+#: Sections written only when the run has them (summary.json has never carried a null there).
+_OMIT_WHEN_NONE = ("model_spec", "server_metrics", "client")
 
 
 def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
@@ -704,49 +821,69 @@ def build_summary(
     steps: pd.DataFrame,
     *,
     slos: Mapping[str, float] | None = None,
-    sections: Mapping[str, Any] | None = None,
+    hardware: Hardware | None = None,
+    roofline: Roofline | None = None,
+    energy: Energy | None = None,
+    advice: tuple[Advice, ...] = (),
+    projections: tuple[Projection, ...] = (),
+    prompt_cache: PromptCache | None = None,
+    speculative: Speculative | None = None,
+    server_metrics: ServerMetrics | None = None,
     per_request_rows: pd.DataFrame | None = None,
 ) -> Summary:
-    """The summary of one run: metrics from the tables plus the analysis ``sections``.
+    """The summary of one run: metrics from the tables plus the analysis sections.
 
     Args:
         manifest: the run's manifest (engine, workload, status, ...).
         requests, chunks, steps: the run's tables.
         slos: per-request limits in seconds (``{"ttft": 0.2}``); default: the manifest's.
-        sections: further top-level sections computed by the caller (``hardware``,
-            ``roofline``, ``energy``, ``advice``, ``projections``) in their JSON form.
+        hardware, roofline, energy, advice, projections, prompt_cache, speculative,
+            server_metrics: the sections the analysis computed (records); a section not
+            given is unavailable with the reason (:data:`_ABSENT`).
         per_request_rows: :func:`~perfscope.analysis.metrics.per_request` of ``requests``
             when the caller already has it.
     """
     slos = dict(manifest.get("slos") or {}) if slos is None else dict(slos)
-    metrics = compute_metrics(requests, chunks, steps, slos, per_request_rows=per_request_rows)
+    m = compute_metrics(requests, chunks, steps, slos, per_request_rows=per_request_rows)
     engine = manifest.get("engine") or {}
-    data: dict[str, Any] = {
-        "run_id": manifest.get("run_id"),
-        "name": manifest.get("name"),
-        "status": manifest.get("status"),
-        "started_at": manifest.get("started_at"),
-        "perfscope_version": manifest.get("perfscope_version"),
-        "engine": {
-            "uri": engine.get("uri"),
-            "kind": engine.get("kind"),
-            "device": engine.get("device"),
-            "dtype": engine.get("dtype"),
-        },
-        "workload": manifest.get("workload"),
-        "load": manifest.get("load"),
-        **metrics,
-        "steps": step_breakdown(steps),
-        "model": engine.get("model"),
-        "warnings": run_warnings(manifest),
-    }
-    data["contention"] = contention_record(manifest)
-    data["run_set"] = manifest.get("run_set")
-    if manifest.get("model_spec") is not None:
-        data["model_spec"] = manifest.get("model_spec")
-    if sections:
-        data.update(sections)
-    return Summary.from_dict(data)
+    run_set = manifest.get("run_set")
+    model_spec = manifest.get("model_spec")
+    return Summary(
+        run_id=manifest.get("run_id"),
+        name=manifest.get("name"),
+        status=manifest.get("status"),
+        started_at=manifest.get("started_at"),
+        perfscope_version=manifest.get("perfscope_version"),
+        engine=EngineInfo(
+            uri=engine.get("uri"),
+            kind=engine.get("kind"),
+            device=engine.get("device"),
+            dtype=engine.get("dtype"),
+        ),
+        workload=manifest.get("workload"),
+        load=manifest.get("load"),
+        counts=Counts.from_dict(m["counts"]),
+        window_s=float(m["window_s"]),
+        latency=Latency.from_dict(m["latency"]),
+        throughput=Throughput.from_dict(m["throughput"]),
+        goodput=Goodput.from_dict(m["goodput"]),
+        driver_lag=Distribution.from_dict(m["driver_lag"]),
+        errors=tuple(ErrorCount.from_dict(e) for e in m["errors"]),
+        steps={k: StepStats.from_dict(v) for k, v in step_breakdown(steps).items()},
+        model=engine.get("model"),
+        warnings=tuple(run_warnings(manifest)),
+        hardware=hardware if hardware is not None else Hardware(reason=_ABSENT),
+        roofline=roofline if roofline is not None else Roofline(),
+        energy=energy if energy is not None else Energy(),
+        advice=advice,
+        projections=projections,
+        speculative=speculative,
+        prompt_cache=prompt_cache,
+        contention=contention_record(manifest),
+        run_set=RunSet.from_dict(run_set) if isinstance(run_set, Mapping) else None,
+        model_spec=dict(model_spec) if isinstance(model_spec, Mapping) else None,
+        server_metrics=server_metrics,
+    )
 
 
 #: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
@@ -754,20 +891,19 @@ def build_summary(
 CONTENTION_WARN_SHARE = 0.15
 
 
-def contention_record(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+def contention_record(manifest: Mapping[str, Any]) -> Contention | None:
     """The run's CPU contention measurement with ``contended`` (others or steal above
     :data:`CONTENTION_WARN_SHARE`); ``None`` when the run has none. A window too short to
     measure has no shares and is never called contended."""
     c = (manifest.get("host") or {}).get("contention")
     if not isinstance(c, dict):
         return None
-    out = dict(c)
     others, steal = c.get("others_share"), c.get("steal_share")
-    out["contended"] = bool(
+    contended = bool(
         (others is not None and others > CONTENTION_WARN_SHARE)
         or (steal is not None and steal > CONTENTION_WARN_SHARE)
     )
-    return out
+    return Contention.from_dict({**c, "contended": contended})
 
 
 def run_warnings(manifest: Mapping[str, Any]) -> list[str]:

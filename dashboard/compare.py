@@ -53,12 +53,12 @@ __all__ = [
 ]
 
 
-def _json(summary: Mapping[str, Any]) -> dict[str, Any]:
+def _json(summary: Summary | Mapping[str, Any]) -> dict[str, Any]:
     """A run's summary in its JSON form (a typed Summary is written out)."""
     return summary.to_dict() if isinstance(summary, Summary) else dict(summary)
 
 
-def run_label(summary: Mapping[str, Any], fallback: str) -> str:
+def run_label(summary: Summary | Mapping[str, Any], fallback: str) -> str:
     """How a run is named in a comparison: its run id (unique), else ``fallback``.
 
     ``summary`` is a typed :class:`~perfscope.analysis.Summary` or its JSON form."""

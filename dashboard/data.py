@@ -41,6 +41,7 @@ from typing import Any
 import pandas as pd
 
 from perfscope.analysis.catalogue import value_at
+from perfscope.analysis.summary import Summary
 from perfscope.dashboard._fmt import finite
 from perfscope.errors import PerfscopeError, RunNotFoundError
 from perfscope.profiler.store import (
@@ -283,7 +284,7 @@ def _row_from_index(rec: dict[str, Any]) -> RunRow:
 
         shares = {"others_share": rec["others_cpu_share"], "steal_share": rec["steal_cpu_share"]}
         c = contention_record({"host": {"contention": shares}})
-        contended = bool(c and c.get("contended"))
+        contended = c is not None and c.contended
     marker = (
         _marker(finite(rec["others_cpu_share"]), finite(rec["steal_cpu_share"]))
         if contended
@@ -339,7 +340,8 @@ def contention_marker(manifest: dict[str, Any], summary: dict[str, Any] | None) 
 
     c = contention_of(summary) if summary else None
     if c is None:
-        c = contention_record(manifest)
+        rec = contention_record(manifest)
+        c = rec.to_dict() if rec is not None else None
     if not c or not c.get("contended"):
         return None
     return _marker(finite(c.get("others_share")), finite(c.get("steal_share")))
@@ -377,16 +379,17 @@ def _read_json(path: Path, root: Path) -> tuple[Any, str | None]:
 class LoadedRun:
     """A run with its tables in memory (what the detail and compare pages draw from).
 
-    ``tables`` is a :class:`perfscope.dashboard.figures.RunTables`; ``summary`` is the
-    stored summary.json or, when there is none yet, one computed in memory by the
-    analysis (never written from the dashboard). ``cache`` holds per-run derived
-    objects the pages build once (figures, the per-request frame).
+    ``tables`` is a :class:`perfscope.dashboard.figures.RunTables`; ``summary`` is the typed
+    :class:`~perfscope.analysis.Summary` of the stored summary.json or, when there is none
+    yet, one computed in memory by the analysis (never written from the dashboard).
+    ``cache`` holds per-run derived objects the pages build once (figures, the per-request
+    frame).
     """
 
     run_id: str
     path: Path
     manifest: dict[str, Any]
-    summary: dict[str, Any]
+    summary: Summary
     tables: Any
     summary_computed: bool = False
     signature: tuple[Any, ...] = ()
@@ -557,8 +560,9 @@ class RunRepository:
                 return hit[1]
         stored = read_run(path)
         computed = False
-        summary = stored.summary
-        if not isinstance(summary, dict):
+        if isinstance(stored.summary, dict):
+            summary = Summary.from_dict(stored.summary)
+        else:
             summary = self._analyze(stored)
             computed = True
         tables = RunTables(
@@ -585,11 +589,11 @@ class RunRepository:
         return loaded
 
     @staticmethod
-    def _analyze(stored: Any) -> dict[str, Any]:
+    def _analyze(stored: Any) -> Summary:
         from perfscope.analysis import analyze
 
         try:
-            summary: dict[str, Any] = analyze(stored).to_dict()
+            summary = analyze(stored)
         except PerfscopeError as exc:
             raise RunNotFoundError(f"run {stored.path.name!r} cannot be analysed: {exc}") from None
         except (KeyError, ValueError, TypeError) as exc:

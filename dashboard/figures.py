@@ -1,4 +1,4 @@
-"""Figure builders shared by the HTML report, the comparison and the dashboard (DESIGN.md §8).
+"""Figure builders shared by the HTML report, the comparison and the dashboard.
 
 Every figure is built from a run's summary.json and its Parquet tables; the numbers the
 summary already holds (percentiles, MFU/MBU, ceilings, energy) are plotted as they are and

@@ -1,4 +1,4 @@
-"""Records that flow from capture to analysis (DESIGN.md §3).
+"""Records that flow from capture to analysis (docs/architecture.md, "Stages").
 
 Times are integer nanoseconds since the run's start (one monotonic clock, see
 :mod:`perfscope.profiler.clock`). Quantities are SI base units. The Arrow schemas
@@ -8,13 +8,16 @@ samplers store them column-wise); a table on disk has exactly these columns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import pyarrow as pa
 
 __all__ = [
+    "ACTORS_SCHEMA",
     "CHUNK_SCHEMA",
+    "MANIFEST_SCHEMA",
     "REQUEST_OPTIONAL_SCHEMA",
     "REQUEST_SCHEMA",
     "REQUEST_TABLE_SCHEMA",
@@ -22,6 +25,7 @@ __all__ = [
     "STEP_SCHEMA",
     "STEP_TABLE_SCHEMA",
     "TELEMETRY_SCHEMA",
+    "Manifest",
     "RequestRecord",
     "RequestSpec",
     "StepKind",
@@ -206,3 +210,126 @@ TELEMETRY_SCHEMA = pa.schema(
         ("node", pa.string()),
     ]
 )
+
+
+#: Schema of manifest.json (the run's identity, configuration and outcome).
+MANIFEST_SCHEMA = "perfscope.manifest/1"
+
+#: ``actors.parquet`` of a ``--ray`` run: which load actor (and host) served each request.
+ACTORS_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.int64(), nullable=False),
+        pa.field("actor", pa.int32()),
+        pa.field("host", pa.string()),
+    ]
+)
+
+#: Manifest keys with a field in :class:`Manifest`, in the order manifest.json has them.
+_MANIFEST_KEYS = (
+    "schema",
+    "run_id",
+    "name",
+    "perfscope_version",
+    "command",
+    "started_at",
+    "clock_origin_perf_counter_ns",
+    "ended_at",
+    "status",
+    "engine",
+    "workload",
+    "load",
+    "slos",
+    "hw",
+    "hardware",
+    "telemetry",
+    "nvtx",
+    "host",
+    "process",
+    "request_timeout_s",
+    "errors",
+    "warnings",
+    "run_set",
+    "model_spec",
+    "server_metrics",
+    "distributed",
+)
+#: Keys written only when set (older runs and most runs do not have them).
+_MANIFEST_OPTIONAL = frozenset(
+    {"request_timeout_s", "nvtx", "run_set", "model_spec", "server_metrics", "distributed"}
+)
+
+
+@dataclass(kw_only=True)
+class Manifest:
+    """manifest.json as a typed record: what was run, on what, and how it ended.
+
+    Mutable on purpose: capture fills it in as the run goes (``status`` from ``running`` to
+    ``complete``/``interrupted``/``failed``, ``ended_at``, ``errors``, ``warnings``, the host's
+    contention, the server-metrics and distributed records). :meth:`from_dict` reads any
+    manifest perfscope ever wrote (missing keys default; keys this type has no field for are
+    kept in ``extra`` and written back), :meth:`to_dict` gives the JSON object.
+
+    Attributes:
+        run_id: the run directory's name; ``name``: its short name.
+        started_at, ended_at: ISO 8601 (UTC); ``ended_at`` None while running.
+        clock_origin_perf_counter_ns: raw ``perf_counter_ns`` at run time 0.
+        engine: the engine's info (uri, kind, model, device, dtype, config), JSON form.
+        workload, load: the configured workload and load (JSON form).
+        slos: per-request limits (s); ``hw``: the device asked for; ``hardware``: the
+            device resolved (``{"spec": ..., "resolved_from": ...}``).
+        telemetry: the telemetry session's info (``{"enabled": False}`` without).
+        host: host facts plus ``contention`` at the end; ``process``: the liveness record.
+        request_timeout_s: the per-request timeout (s).
+        errors, warnings: sentences, in the order they happened.
+        run_set, model_spec, server_metrics, distributed: present for runs that have them.
+    """
+
+    schema: str = MANIFEST_SCHEMA
+    run_id: str = ""
+    name: str = ""
+    perfscope_version: str | None = None
+    command: list[str] = field(default_factory=list)
+    started_at: str = ""
+    clock_origin_perf_counter_ns: int | None = None
+    ended_at: str | None = None
+    status: str = "running"
+    engine: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    load: dict[str, Any] = field(default_factory=dict)
+    slos: dict[str, float] = field(default_factory=dict)
+    hw: str | None = None
+    hardware: dict[str, Any] | None = None
+    telemetry: dict[str, Any] = field(default_factory=lambda: {"enabled": False})
+    nvtx: bool | None = None
+    host: dict[str, Any] = field(default_factory=dict)
+    process: dict[str, Any] = field(default_factory=dict)
+    request_timeout_s: float | None = None
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    run_set: dict[str, Any] | None = None
+    model_spec: dict[str, Any] | None = None
+    server_metrics: dict[str, Any] | None = None
+    distributed: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        """A manifest.json object (any version) as a record; unknown keys go to ``extra``."""
+        known = {k: data[k] for k in _MANIFEST_KEYS if k in data and data[k] is not None}
+        for key in ("command", "errors", "warnings"):
+            if key in known:
+                known[key] = list(known[key])
+        extra = {k: v for k, v in data.items() if k not in _MANIFEST_KEYS}
+        return cls(**known, extra=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest.json object (keys in the usual order; unset optional keys left out)."""
+        out: dict[str, Any] = {}
+        for key in _MANIFEST_KEYS:
+            value = getattr(self, key)
+            if key in _MANIFEST_OPTIONAL and value is None:
+                continue
+            out[key] = value
+        for k, v in self.extra.items():
+            out.setdefault(k, v)
+        return out

@@ -1,4 +1,4 @@
-"""Run directories: manifest.json, Parquet tables, summary.json (DESIGN.md §3, §9).
+"""Run directories: manifest.json, Parquet tables, summary.json (docs/architecture.md).
 
 The store owns runs: it creates run directories, validates run ids, lists and reads runs,
 and holds the one atomic writer every component uses (a temp file in the same folder, then
@@ -30,10 +30,11 @@ import re
 import secrets
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -43,25 +44,29 @@ import pyarrow.parquet as pq
 if TYPE_CHECKING:
     import pandas as pd
 
-from perfscope.errors import BrokenRunError, RunNotFoundError, UsageError
+from perfscope.errors import BrokenRunError, RunNotFoundError, StorageError, UsageError
 from perfscope.profiler.records import (
+    ACTORS_SCHEMA,
     CHUNK_SCHEMA,
     REQUEST_SCHEMA,
     REQUEST_TABLE_SCHEMA,
     STEP_SCHEMA,
     STEP_TABLE_SCHEMA,
     TELEMETRY_SCHEMA,
+    Manifest,
 )
 from perfscope.profiler.segments import SEGMENTS_DIR, SegmentRead, read_segments, storage_error
 
 __all__ = [
     "DEFAULT_RUNS_DIR",
+    "EXTRA_TABLES",
     "RESERVED_DIRS",
     "RUN_ID_PATTERN",
     "TABLES",
     "InvalidRunIdError",
     "RunEntry",
     "RunState",
+    "RunWriter",
     "StoredRun",
     "default_runs_root",
     "inspect_run",
@@ -74,6 +79,7 @@ __all__ = [
     "resolve_run_path",
     "run_state",
     "scan_runs",
+    "stored_table_names",
     "summary_problem",
     "table_problems",
     "validate_run_id",
@@ -790,3 +796,164 @@ def remove_segments(run_dir: Path) -> None:
             f.unlink()
     with contextlib.suppress(OSError):
         seg.rmdir()
+
+
+# --- writing a run ------------------------------------------------------------------------
+
+
+def _server_metrics_schema() -> pa.Schema:
+    from perfscope.profiler.server_metrics import SERVER_METRICS_SCHEMA
+
+    schema: pa.Schema = SERVER_METRICS_SCHEMA
+    return schema
+
+
+#: Tables a run may have besides :data:`TABLES` (never read back from segments): the
+#: server's own metrics scrapes and, for ``--ray`` runs, which actor served each request.
+EXTRA_TABLES: dict[str, Callable[[], pa.Schema]] = {
+    "server_metrics": _server_metrics_schema,
+    "actors": lambda: ACTORS_SCHEMA,
+}
+
+
+def stored_table_names() -> tuple[str, ...]:
+    """Every table a run directory may hold, as ``<name>.parquet`` (the store's list)."""
+    return (*TABLES, *EXTRA_TABLES)
+
+
+def _table_schema(name: str) -> pa.Schema:
+    if name in TABLES:
+        return TABLES[name]
+    if name in EXTRA_TABLES:
+        return EXTRA_TABLES[name]()
+    raise ValueError(
+        f"{name!r} is not a run table; the store knows {', '.join(stored_table_names())}"
+    )
+
+
+class RunWriter:
+    """The run directory while a run is captured, and its finalisation.
+
+    The writer owns the run's lifecycle on disk: :meth:`create` makes the directory and
+    writes the ``running`` manifest (secrets redacted; :meth:`heartbeat` refreshes its
+    liveness record from the segment flusher's thread); :meth:`compact` writes every table
+    (the store's list, each checked against its schema) and removes all of them again when
+    one fails, so half-compacted tables never shadow the complete segments; :meth:`finish`
+    writes the final manifest, removes the segments when the tables are in place, and
+    returns the stored run, read once, for analysis and the report alike.
+
+    Attributes:
+        path: the run directory.
+        manifest: the run's typed manifest (capture fills it in as the run goes).
+    """
+
+    def __init__(self, path: Path, manifest: Manifest, interval_s: float) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._compacted = False
+
+    @classmethod
+    def create(
+        cls, root: Path, manifest: Manifest, started_at: datetime, interval_s: float
+    ) -> RunWriter:
+        """A new run directory under ``root`` named after ``manifest.name``, with the
+        ``running`` manifest written; ``manifest.run_id`` is set to the directory's name.
+
+        Raises:
+            StorageError: the directory or the manifest cannot be written (nothing is left).
+        """
+        path = new_run_dir(root, manifest.name, started_at)
+        manifest.run_id = path.name
+        manifest.process = liveness_record(interval_s)
+        writer = cls(path, manifest, interval_s)
+        try:
+            writer.write()
+        except StorageError:
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)  # nothing captured yet: leave no husk
+            raise
+        return writer
+
+    def write(self) -> None:
+        """Write manifest.json atomically, secrets redacted."""
+        from perfscope.profiler.redact import redact
+
+        with self._lock:
+            write_json_atomic(self.path / "manifest.json", redact(self.manifest.to_dict()))
+
+    def heartbeat(self) -> None:
+        """Refresh the liveness record of a running run (the flusher's thread calls it)."""
+        from perfscope.profiler.redact import redact
+
+        with self._lock:
+            if self.manifest.status != "running":
+                return
+            self.manifest.process = liveness_record(self.interval_s)
+            try:
+                clean = redact(self.manifest.to_dict())
+            except RuntimeError:
+                return  # an engine thread was updating its config: next heartbeat
+            write_json_atomic(self.path / "manifest.json", clean)
+
+    def compact(self, tables: dict[str, pa.Table | None]) -> StorageError | None:
+        """Write ``tables`` (name → table; ``None`` skips one) as ``<name>.parquet``.
+
+        Every name must be one of :func:`stored_table_names` and every table must carry its
+        schema's required columns with their types (a ValueError names the problem: that is
+        a bug in capture, not bad input). On a write failure (disk full) every table written
+        here is removed again and the error is returned: readers then use the segments.
+        """
+        checked: list[tuple[str, pa.Table]] = []
+        for name, table in tables.items():
+            if table is None:
+                continue
+            schema = _table_schema(name)
+            problems = [
+                p for f in schema for p in _column_problem(f"{name}.parquet", table.schema, f)
+            ]
+            if problems:
+                raise ValueError("; ".join(problems))
+            checked.append((name, table))
+        try:
+            for name, table in checked:
+                write_table_atomic(self.path / f"{name}.parquet", table)
+        except StorageError as exc:
+            for name in stored_table_names():
+                (self.path / f"{name}.parquet").unlink(missing_ok=True)
+            return exc
+        self._compacted = True
+        return None
+
+    def finish(self, status: str, *, error: str | None = None) -> StorageError | None:
+        """Final manifest: ``status``, ``ended_at`` now, ``error`` appended, the process
+        marked exited; then the segment files go when the tables were compacted. Returns
+        the error of writing the manifest (the caller keeps the first storage error)."""
+        m = self.manifest
+        m.status = status
+        m.ended_at = datetime.now(UTC).isoformat()
+        if error:
+            m.errors.append(error)
+        m.process = {**m.process, "exited": True}
+        try:
+            self.write()
+        except StorageError as exc:
+            return exc
+        if self._compacted:
+            remove_segments(self.path)
+        return None
+
+    def stored(self) -> StoredRun:
+        """The finished run as the store reads it (one read, shared by analysis and report)."""
+        return read_run(self.path)
+
+
+def _column_problem(fname: str, actual: pa.Schema, f: pa.Field) -> list[str]:
+    idx = actual.get_field_index(f.name)
+    if idx < 0:
+        return [f"{fname}: column {f.name!r} is missing"] if not f.nullable else []
+    if not _type_ok(actual.field(idx).type, f.type):
+        return [f"{fname}: column {f.name!r} is {actual.field(idx).type}, expected {f.type}"]
+    return []

@@ -1,12 +1,12 @@
 """The public surface and the dependency direction, read from the code itself.
 
 Pinned surfaces (as httpx pins ``httpx.__all__``): a name added to or dropped from a public
-facade is a deliberate change to this file. Dependency direction (DESIGN.md §2): the front
-door ``perfscope`` → ``dashboard`` → ``analysis`` → ``hwdb``; ``profiler`` and ``hwdb``
-import only ``perfscope.errors`` and themselves; ``analysis`` no presentation library;
-nothing outside ``perfscope/`` imports the front door's rooms (``perfscope.api``,
-``perfscope.cli``, ``perfscope.checks``) or a private ``perfscope._*`` module
-(docs/architecture.md).
+facade is a deliberate change to this file. Dependency direction (docs/architecture.md): the
+front door ``perfscope`` → ``dashboard`` → ``analysis`` → ``hwdb``; ``profiler`` and ``hwdb``
+import only the ground floor (``perfscope.errors``, ``perfscope.units``) and themselves;
+``analysis`` no presentation library; nothing outside ``perfscope/`` imports the front
+door's rooms (``perfscope.api``, ``perfscope.cli``, ``perfscope.checks``) or a private
+``perfscope._*`` module.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ PUBLIC: dict[str, set[str]] = {
         "spec_to_dict",
     },
     "perfscope.analysis": {"RunRecords", "Summary", "analyze"},
+    "perfscope.units": {"MISSING", "UNITS", "Kind", "factor_of", "units_of"},
     "perfscope.dashboard": {
         "create_app",
         "serve",
@@ -181,6 +182,9 @@ def _allowed(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+#: Modules every stage may import: the errors and the one unit table.
+GROUND_FLOOR = ("perfscope.errors", "perfscope.units")
+
 #: the front door's rooms: behind :mod:`perfscope`'s public names, for the front door only
 ROOMS = ("api", "cli", "checks")
 
@@ -214,13 +218,13 @@ def test_capture_and_the_hardware_database_import_only_errors_and_themselves(
     bad = [
         (f, m)
         for f, m in imports_of(component)
-        if _ours(m) and not _allowed(m, (own, "perfscope.errors"))
+        if _ours(m) and not _allowed(m, (own, *GROUND_FLOOR))
     ]
     assert bad == []
 
 
 def test_analysis_imports_only_the_hardware_database_and_errors() -> None:
-    allowed = ("perfscope.analysis", "perfscope.hwdb", "perfscope.errors")
+    allowed = ("perfscope.analysis", "perfscope.hwdb", *GROUND_FLOOR)
     bad = [(f, m) for f, m in imports_of("analysis") if _ours(m) and not _allowed(m, allowed)]
     assert bad == []
 
@@ -247,7 +251,7 @@ def test_the_dashboard_never_imports_the_front_door_or_capture_engines() -> None
                 "perfscope.dashboard",
                 "perfscope.analysis",
                 "perfscope.hwdb",
-                "perfscope.errors",
+                *GROUND_FLOOR,
                 "perfscope.profiler.store",
                 "perfscope.profiler.run_index",
             ),
@@ -277,12 +281,12 @@ UNIT_TABLE_PATTERNS = (
 #: A second atomic writer: a temp file moved over its target.
 ATOMIC_WRITER_PATTERNS = (r"\bos\.replace\(", r"\bos\.rename\(", r"\btmp\w*\.replace\(")
 
-#: The one place each may live. The hardware database keeps its own file units and its
-#: calibration-cache writer: ``hwdb`` may import only ``perfscope.errors`` (the test above),
-#: so it cannot reach the catalogue or the run store.
+#: The one place each may live. The unit table is on the ground floor, shared by the hardware
+#: database and the catalogue; the hardware database keeps its calibration-cache writer:
+#: ``hwdb`` may import only the ground floor (the test above), not the run store.
 ONE_PLACE = {
     "getter": set[str](),
-    "unit table": {"analysis/catalogue.py", "hwdb/_units.py"},
+    "unit table": {"perfscope/units.py"},
     "atomic writer": {"profiler/store.py", "hwdb/calibrate.py"},
 }
 
@@ -306,9 +310,9 @@ def test_the_catalogue_getter_is_the_only_dotted_getter() -> None:
     assert _outside(_matches(GETTER_PATTERNS), ONE_PLACE["getter"]) == []
 
 
-def test_the_catalogue_holds_the_only_unit_table() -> None:
+def test_the_ground_floor_holds_the_only_unit_table() -> None:
     found = _matches(UNIT_TABLE_PATTERNS)
-    assert any(f.startswith("analysis/catalogue.py") for f in found)  # the patterns see it
+    assert any(f.startswith("perfscope/units.py") for f in found)  # the patterns see it
     assert _outside(found, ONE_PLACE["unit table"]) == []
 
 
@@ -316,3 +320,84 @@ def test_the_run_store_holds_the_only_atomic_writer() -> None:
     found = _matches(ATOMIC_WRITER_PATTERNS)
     assert any(f.startswith("profiler/store.py") for f in found)  # the patterns see it
     assert _outside(found, ONE_PLACE["atomic writer"]) == []
+
+
+# --------------------------------------------------------------------------- typed records
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_all_subclasses(sub)]
+    return out
+
+
+def test_no_record_falls_back_to_attributes_it_does_not_declare() -> None:
+    from perfscope.analysis.summary import Record
+    from perfscope.profiler.records import Manifest
+
+    importlib.import_module("perfscope.analysis")  # every section's record is defined
+    records = [Record, *_all_subclasses(Record), Manifest]
+    assert len(records) > 30  # the walk sees the summary's records
+    bad = [
+        c.__qualname__
+        for c in records
+        for k in c.__mro__
+        if k is not object and "__getattr__" in vars(k)
+    ]
+    assert bad == []
+
+
+def test_the_summary_is_a_record_not_a_mapping() -> None:
+    from collections.abc import Mapping
+
+    from perfscope.analysis import Summary
+
+    assert not issubclass(Summary, Mapping)
+
+
+#: ``dict[str, Any]`` written in these folders at most this often (a ceiling that only goes
+#: down): typed records cross the stages, not JSON-shaped dicts. 350 before issue 24.
+DICT_ANY_CEILING = 346
+DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
+
+
+def test_untyped_dicts_stay_under_their_ceiling() -> None:
+    counts = {
+        folder: sum(
+            p.read_text(encoding="utf-8").count("dict[str, Any]")
+            for p in (ROOT / folder).rglob("*.py")
+        )
+        for folder in DICT_ANY_FOLDERS
+    }
+    assert sum(counts.values()) <= DICT_ANY_CEILING, counts
+
+
+#: Writing a Parquet file: the store's RunWriter (every table checked against its schema).
+PARQUET_WRITE_PATTERNS = (r"\bpq\.write_table\(", r"\.to_parquet\(", r"\bwrite_table_atomic\(")
+
+
+def test_every_parquet_table_is_written_through_the_store() -> None:
+    found = [
+        f for f in _matches(PARQUET_WRITE_PATTERNS) if not f.endswith("def write_table_atomic(")
+    ]
+    assert any(f.startswith("profiler/store.py") for f in found)  # the patterns see it
+    assert _outside(found, {"profiler/store.py"}) == []
+
+
+def test_the_store_lists_every_table_a_run_directory_holds() -> None:
+    from perfscope.profiler.store import stored_table_names
+
+    assert set(stored_table_names()) == {
+        "requests",
+        "chunks",
+        "steps",
+        "telemetry",
+        "server_metrics",
+        "actors",
+    }
+
+
+def test_docstrings_cite_documents_in_the_repository() -> None:
+    assert (ROOT / "docs" / "architecture.md").is_file()
+    assert _matches((r"DESIGN\.md",)) == []

@@ -1,4 +1,4 @@
-"""Metric definitions (DESIGN.md §5) checked on hand-built records."""
+"""Metric definitions (docs/architecture.md) checked on hand-built records."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property tests of the metric definitions (DESIGN.md §5) on random runs (hypothesis).
+"""Property tests of the metric definitions (docs/architecture.md) on random runs (hypothesis).
 
 Runs are drawn as the recorder writes them: each request is sent, streams chunks of 1-4
 tokens at increasing times, and either completes, fails after some chunks, or is a warmup

@@ -4,6 +4,7 @@ section is absent; the catalogue names, reads and formats its metrics."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -63,15 +64,19 @@ def test_to_dict_gives_back_every_v1_value_under_schema_2() -> None:
     assert Summary.from_dict(out) == Summary.from_dict(V1)
 
 
-def test_unknown_keys_survive_and_read_as_attributes() -> None:
+def test_unknown_keys_round_trip_but_are_not_attributes() -> None:
     data = {**V1, "cost": {"usd_per_mtok": 0.42}}
     data["latency"] = {**V1["latency"], "queue": {"count": 1, "p50": 0.1}}
     s = Summary.from_dict(data)
-    assert s.cost == {"usd_per_mtok": 0.42}
-    assert s.latency.queue["p50"] == 0.1
     assert s.to_dict()["cost"] == {"usd_per_mtok": 0.42}
-    with pytest.raises(AttributeError, match=r"it has: .*p99"):
-        _ = s.latency.ttft.p42
+    assert s.to_dict()["latency"]["queue"] == {"count": 1, "p50": 0.1}
+    # extra only round-trips: a name the type does not know is an error, not a lookup.
+    with pytest.raises(AttributeError):
+        _ = s.cost  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        _ = s.latency.ttft.p42  # type: ignore[attr-defined]
+    with pytest.raises(KeyError, match=r"it has: .*p99"):
+        _ = s.latency.ttft["p42"]
 
 
 def test_sections_missing_from_an_old_summary_are_unavailable_with_a_reason() -> None:
@@ -86,11 +91,29 @@ def test_sections_missing_from_an_old_summary_are_unavailable_with_a_reason() ->
         _ = s.energy.j_per_token
 
 
-def test_a_summary_reads_as_the_json_mapping_it_was_made_from() -> None:
+def test_a_summary_is_a_record_not_a_mapping() -> None:
     s = Summary.from_dict(V1)
-    assert s["latency"]["ttft"]["p99"] == V1["latency"]["ttft"]["p99"]
-    assert dict(s)["counts"] == V1["counts"]
-    assert "roofline" in s and "nothing" not in s
+    assert not isinstance(s, Mapping)
+    assert s.to_dict()["latency"]["ttft"]["p99"] == V1["latency"]["ttft"]["p99"]
+    assert {k: v for k, v in s.to_dict()["counts"].items() if k in V1["counts"]} == V1["counts"]
+    assert "roofline" in s and "nothing" not in s  # field names
+
+
+def test_run_context_sections_are_typed_and_absent_ones_stay_out_of_the_json() -> None:
+    data = {
+        **V1,
+        "contention": {"others_share": 0.3, "steal_share": 0.0, "contended": True},
+        "run_set": {"id": "s-A", "label": "A", "index": 1, "repeat": 3},
+        "prompt_cache": {"requests_reporting": 4, "requests_hit": 2, "hit_rate": 0.5},
+    }
+    s = Summary.from_dict(data)
+    assert s.contention is not None and s.contention.contended is True
+    assert s.run_set is not None and (s.run_set.index, s.run_set.repeat) == (1, 3)
+    assert s.prompt_cache is not None and s.prompt_cache.hit_rate == 0.5
+    assert s.server_metrics is None and s.model_spec is None
+    out = s.to_dict()
+    assert "server_metrics" not in out and "model_spec" not in out
+    assert out["run_set"]["id"] == "s-A"
 
 
 def test_every_catalogue_metric_resolves_in_a_real_summary_or_is_optional() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from perfscope.analysis.summary import Counts
 from perfscope.cli import main
 from tests.conftest import DATA
 
@@ -119,4 +120,17 @@ def test_load_run_of_a_v1_run_reads_typed_attributes(v1_run: Path) -> None:
     assert run.ttft.p99 == old["latency"]["ttft"]["p99"]
     assert run.roofline.decode.mbu == old["roofline"]["phases"]["decode"]["mbu"]
     assert run.summary.hardware.device is not None
-    assert run.summary["counts"] == old["counts"]
+    assert run.summary.counts == Counts.from_dict(old["counts"])
+    assert run.advice[0].technique == old["advice"][0]["technique"]  # records, not dicts
+
+
+def test_a_v1_manifest_reads_into_the_typed_manifest_and_keeps_every_value() -> None:
+    from perfscope.profiler.records import Manifest
+
+    old = json.loads((V1 / "manifest.json").read_text())
+    m = Manifest.from_dict(old)
+    assert (m.run_id, m.status) == (old["run_id"], "complete")
+    assert m.engine["kind"] == old["engine"]["kind"] and m.slos == old["slos"]
+    out = m.to_dict()
+    assert {k: out[k] for k in old} == old  # every value it had comes back
+    assert out["warnings"] == [] and out["process"] == {}  # keys it lacked: their defaults

@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
 
+from perfscope.analysis.summary import Summary
 from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.data import LoadedRun, per_request_frame
 from perfscope.dashboard.figures import FIGURE_LAYOUT
@@ -83,7 +84,7 @@ def _x_axes(fig: go.Figure | None) -> list[str]:
     return sorted(names) or ["xaxis"]
 
 
-def _metrics_table(summary: dict[str, Any]) -> html.Table:
+def _metrics_table(summary: Summary | dict[str, Any]) -> html.Table:
     s = as_summary(summary)
     cells = [(c.title, c.value) for c in headline_cards(s)]
     cells += [
@@ -108,7 +109,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
     m = loaded.manifest
     s = loaded.summary
     engine = m.get("engine") or {}
-    hw = ((s.get("hardware") or {}).get("spec") or {}).get("name") or "unknown device"
+    hw = (s.hardware.spec or {}).get("name") or "unknown device"
     header = html.Div(
         [
             html.H2(f"Run {loaded.run_id}", id="detail-title"),
@@ -127,7 +128,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
                     error_box(str(w), title="Measurement warning"),
                     id="detail-contention" if i == 0 else f"detail-warning-{i}",
                 )
-                for i, w in enumerate(s.get("warnings") or [])
+                for i, w in enumerate(s.warnings)
             ],
             html.A(
                 "summary.json",

@@ -9,7 +9,7 @@
                     r.tokens(len(chunk))
     print(p.run.ttft.p50)
 
-Durability is that of ``perfscope run`` (DESIGN.md §9): entering the block creates the run
+Durability is that of ``perfscope run`` (docs/architecture.md): entering the block creates the run
 directory with a ``running`` manifest that carries this process's liveness record, and a
 background flusher copies new records into segment files every
 :data:`~perfscope.api.runner.FLUSH_INTERVAL_S` seconds (refreshing the heartbeat). A process
@@ -23,7 +23,6 @@ import itertools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,22 +30,15 @@ from typing import Any
 from perfscope import __version__
 from perfscope.api.analyze import analyze_stored
 from perfscope.api.results import Run
-from perfscope.api.runner import FLUSH_INTERVAL_S, MANIFEST_SCHEMA, _ManifestWriter, host_info
+from perfscope.api.runner import FLUSH_INTERVAL_S, host_info
 from perfscope.errors import StorageError
 from perfscope.hwdb import resolve_hardware
 from perfscope.profiler.clock import Clock, MonotonicClock
 from perfscope.profiler.recorder import Recorder, RequestHandle
-from perfscope.profiler.records import RequestSpec, StepKind
+from perfscope.profiler.records import Manifest, RequestSpec, StepKind
 from perfscope.profiler.redact import redact_argv
 from perfscope.profiler.segments import SegmentFlusher
-from perfscope.profiler.store import (
-    default_runs_root,
-    liveness_record,
-    new_run_dir,
-    read_run,
-    remove_segments,
-    write_table_atomic,
-)
+from perfscope.profiler.store import RunWriter, default_runs_root
 
 __all__ = ["Profile", "profile"]
 
@@ -73,7 +65,7 @@ class Profile:
         self._ids = itertools.count()
         self._run: Run | None = None
         self.path: Path | None = None
-        self._manifest: _ManifestWriter | None = None
+        self._writer: RunWriter | None = None
         self._flusher: SegmentFlusher | None = None
 
     def request(
@@ -138,18 +130,13 @@ class Profile:
     def _start(self) -> None:
         """Create the run directory, write the ``running`` manifest (with this process's
         liveness record) and start flushing segments."""
-        path = new_run_dir(self.runs_dir, self.name, self.clock.started_at)
-        manifest: dict[str, Any] = {
-            "schema": MANIFEST_SCHEMA,
-            "run_id": path.name,
-            "name": self.name,
-            "perfscope_version": __version__,
-            "command": redact_argv(list(sys.argv)),
-            "started_at": self.clock.started_at.isoformat(),
-            "clock_origin_perf_counter_ns": getattr(self.clock, "origin_perf_counter_ns", None),
-            "ended_at": None,
-            "status": "running",
-            "engine": {
+        manifest = Manifest(
+            name=self.name,
+            perfscope_version=__version__,
+            command=redact_argv(list(sys.argv)),
+            started_at=self.clock.started_at.isoformat(),
+            clock_origin_perf_counter_ns=getattr(self.clock, "origin_perf_counter_ns", None),
+            engine={
                 "uri": "manual",
                 "kind": "manual",
                 "model": self.model,
@@ -157,65 +144,53 @@ class Profile:
                 "dtype": None,
                 "config": {},
             },
-            "workload": {"requests": 0},
-            "load": {"mode": "manual"},
-            "slos": self.slos,
-            "hw": self.hw,
-            "hardware": resolve_hardware({"kind": "manual"}, self.hw),
-            "host": host_info(),
-            "process": liveness_record(FLUSH_INTERVAL_S),
-            "errors": [],
-            "warnings": [],
-        }
-        writer = _ManifestWriter(path / "manifest.json", manifest, FLUSH_INTERVAL_S)
-        writer.write()
-        flusher = SegmentFlusher(
-            path, self.recorder, heartbeat=writer.heartbeat, interval_s=FLUSH_INTERVAL_S
+            workload={"requests": 0},
+            load={"mode": "manual"},
+            slos=self.slos,
+            hw=self.hw,
+            hardware=resolve_hardware({"kind": "manual"}, self.hw),
+            host=host_info(),
         )
-        self.path, self._manifest, self._flusher = path, writer, flusher.start()
+        writer = RunWriter.create(self.runs_dir, manifest, self.clock.started_at, FLUSH_INTERVAL_S)
+        flusher = SegmentFlusher(
+            writer.path, self.recorder, heartbeat=writer.heartbeat, interval_s=FLUSH_INTERVAL_S
+        )
+        self.path, self._writer, self._flusher = writer.path, writer, flusher.start()
 
     def _finish(self, status: str, error: str | None) -> None:
-        if self._manifest is None:
+        if self._writer is None:
             self._start()  # used without entering the block: write it all now
-        assert self._manifest is not None and self._flusher is not None and self.path
-        path, writer = self.path, self._manifest
+        assert self._writer is not None and self._flusher is not None and self.path
+        path, writer = self.path, self._writer
         if status != "complete":
             self.recorder.fail_unfinished(status)
         storage = self._flusher.close()
         if storage is not None:
             status, error = "failed", f"{storage}; capture stopped"
         else:
-            try:
-                write_table_atomic(path / "requests.parquet", self.recorder.requests_table())
-                write_table_atomic(path / "chunks.parquet", self.recorder.chunks_table())
-                write_table_atomic(path / "steps.parquet", self.recorder.steps_table())
-            except StorageError as exc:
-                # Half-compacted tables would shadow complete segments: readers use those.
-                for name in ("requests", "chunks", "steps"):
-                    (path / f"{name}.parquet").unlink(missing_ok=True)
-                storage = exc
-        m = writer.manifest
+            storage = writer.compact(
+                {
+                    "requests": self.recorder.requests_table(),
+                    "chunks": self.recorder.chunks_table(),
+                    "steps": self.recorder.steps_table(),
+                }
+            )
         # The flusher's thread has stopped: no heartbeat races these updates.
-        m["status"] = status
-        m["ended_at"] = datetime.now(UTC).isoformat()
-        m["workload"] = {"requests": self.recorder.n_requests}
-        m["process"] = {**m["process"], "exited": True}
+        m = writer.manifest
+        m.workload = {"requests": self.recorder.n_requests}
         if error:
-            m["errors"].append(error)
-        m["warnings"].extend(f"{n} {text}" for text, n in sorted(self.recorder.warnings.items()))
-        try:
-            writer.write()
-        except StorageError as exc:
-            storage = storage or exc
+            m.errors.append(error)
+        m.warnings.extend(f"{n} {text}" for text, n in sorted(self.recorder.warnings.items()))
+        written = writer.finish(status)
+        storage = storage or written
         if storage is not None:
             raise StorageError(
                 f"{storage}; what was flushed is kept in {path}",
                 path=storage.path,
                 errno=storage.errno,
             )
-        remove_segments(path)
-        stored = read_run(path)
-        analyze_stored(stored)
+        stored = writer.stored()
+        analyze_stored(stored)  # writes summary.json and sets stored.summary
         self._run = Run(stored)
 
     def __enter__(self) -> Profile:

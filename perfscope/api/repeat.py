@@ -79,7 +79,7 @@ def run_repeated(
             )
             outcome = execute(run_plan, hook)
             paths[key].append(outcome.path)
-            warn = [w for w in outcome.summary.get("warnings") or [] if "CPU" in str(w)]
+            warn = [w for w in outcome.summary.warnings if "CPU" in str(w)]
             err.print(
                 f"run {i + 1}/{repeat} {labels[key]}: {outcome.path.name} ({outcome.status})"
                 + (" [yellow]contended[/yellow]" if warn else "")

@@ -80,8 +80,8 @@ class Run:
     Attributes:
         path: the run directory.
         manifest: manifest.json as a dict.
-        summary: the typed :class:`~perfscope.analysis.Summary` (also a read-only mapping
-            over its JSON form, ``run.summary["latency"]["ttft"]["p99"]``).
+        summary: the typed :class:`~perfscope.analysis.Summary` (its summary.json form is
+            ``run.summary.to_dict()``).
 
     ``run.ttft`` (and the other latency metrics) is ``run.summary.latency.ttft``; every other
     section is ``run.summary.<section>`` (``run.roofline.decode.mbu``,
@@ -132,10 +132,10 @@ class Run:
         latency = summary.latency.metrics()
         if name in latency:
             return latency[name]
-        if name in summary.__dataclass_fields__ or name in summary.extra:
+        if name in summary:  # a field of the Summary type, never its ``extra``
             value = getattr(summary, name)
-            # Lists (errors, warnings, advice, projections) read as in summary.json.
-            return summary[name] if isinstance(value, tuple) else value
+            # Lists (errors, warnings, advice, projections) are lists of their records.
+            return list(value) if isinstance(value, tuple) else value
         raise AttributeError(f"Run has no attribute {name!r}")
 
     def __repr__(self) -> str:

@@ -657,7 +657,7 @@ def run(
 
 def run_with(args: RunArgs, progress: ProgressHook | None = None) -> Run:
     """:func:`run` from a :class:`RunArgs` record."""
-    from perfscope.api.results import load_run
+    from perfscope.api.results import Run, load_run
 
     p = plan(args)
     outcome = execute(p, progress)
@@ -666,7 +666,8 @@ def run_with(args: RunArgs, progress: ProgressHook | None = None) -> Run:
             f"the run on {p.options.engine} {outcome.status}: {outcome.error} "
             f"(what was captured is in {outcome.path})"
         )
-    return load_run(outcome.path)
+    # The run as capture read it once (summary included): no second read of the directory.
+    return Run(outcome.stored) if outcome.stored is not None else load_run(outcome.path)
 
 
 # --------------------------------------------------------------------------- sweep

@@ -1,6 +1,6 @@
 """``perfscope run`` as a library call: workload → driver → engine → recorder → run store.
 
-Durability (DESIGN.md §9): records stream into segment files during the run (a background
+Durability (docs/architecture.md): records stream into segment files during the run (a background
 flusher, every :data:`FLUSH_INTERVAL_S`), the manifest carries the writer's pid, host and a
 heartbeat, SIGTERM/SIGHUP stop the run as Ctrl-C does, and a failed write (disk full) stops
 capture, keeps what was flushed and raises one :class:`~perfscope.errors.StorageError`.
@@ -13,7 +13,6 @@ import _thread
 import dataclasses
 import os
 import platform
-import shutil
 import signal
 import socket
 import sys
@@ -21,7 +20,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +35,11 @@ from perfscope.profiler.contention import ContentionMeter, local_server_ports
 from perfscope.profiler.driver import Driver, LoadConfig
 from perfscope.profiler.engines.base import Engine, EngineOptions, Inbox, create_engine
 from perfscope.profiler.recorder import Recorder
-from perfscope.profiler.redact import redact, redact_argv, redact_text
+from perfscope.profiler.records import Manifest
+from perfscope.profiler.redact import redact_argv, redact_text
 from perfscope.profiler.segments import DEFAULT_FLUSH_INTERVAL_S, SegmentFlusher
 from perfscope.profiler.server_metrics import ServerMetricsConfig, start_server_metrics
-from perfscope.profiler.store import (
-    default_runs_root,
-    liveness_record,
-    new_run_dir,
-    read_run,
-    remove_segments,
-    write_json_atomic,
-    write_table_atomic,
-)
+from perfscope.profiler.store import RunWriter, StoredRun, default_runs_root
 from perfscope.profiler.telemetry import TelemetryConfig, TelemetrySession, start_telemetry
 from perfscope.profiler.workload import WorkloadConfig, build_workload, with_fresh_salt
 
@@ -63,7 +54,6 @@ __all__ = [
     "stop_signals_as_interrupt",
 ]
 
-MANIFEST_SCHEMA = "perfscope.manifest/1"
 #: Seconds between segment flushes (and heartbeats): what a SIGKILL can lose at most.
 FLUSH_INTERVAL_S = DEFAULT_FLUSH_INTERVAL_S
 
@@ -127,6 +117,9 @@ class RunOutcome:
     summary: Summary
     error: str | None = None
     succeeded: int = -1
+    #: The run as stored, read once after capture (its ``summary`` the one just written):
+    #: the caller's report reads this instead of the directory again.
+    stored: StoredRun | None = None
 
     @property
     def exit_code(self) -> int:
@@ -233,32 +226,6 @@ def _sigint_deferred() -> Iterator[None]:
             signal.signal(s, handler)
     if received:
         raise Terminated(received[0])
-
-
-class _ManifestWriter:
-    """The run's manifest, rewritten atomically (secrets redacted) by the main thread at
-    the start and end, and by the flusher's thread at each heartbeat."""
-
-    def __init__(self, path: Path, manifest: dict[str, Any], interval_s: float) -> None:
-        self.path = path
-        self.manifest = manifest
-        self.interval_s = interval_s
-        self._lock = threading.Lock()
-
-    def write(self) -> None:
-        with self._lock:
-            write_json_atomic(self.path, redact(self.manifest))
-
-    def heartbeat(self) -> None:
-        with self._lock:
-            if self.manifest.get("status") != "running":
-                return
-            self.manifest["process"] = liveness_record(self.interval_s)
-            try:
-                clean = redact(self.manifest)
-            except RuntimeError:
-                return  # an engine thread was updating its config: next heartbeat
-            write_json_atomic(self.path, clean)
 
 
 def _no_success_error(recorder: Recorder) -> tuple[int, str | None]:
@@ -454,48 +421,35 @@ def execute_run(
     root = opts.runs_dir or default_runs_root()
     interval = FLUSH_INTERVAL_S
     try:
-        run_dir = new_run_dir(root, opts.name or info.kind, clock.started_at)
-        manifest: dict[str, Any] = {
-            "schema": MANIFEST_SCHEMA,
-            "run_id": run_dir.name,
-            "name": opts.name or info.kind,
-            "perfscope_version": __version__,
-            "command": redact_argv(opts.command or sys.argv),
-            "started_at": clock.started_at.isoformat(),
+        manifest = Manifest(
+            name=opts.name or info.kind,
+            perfscope_version=__version__,
+            command=redact_argv(opts.command or sys.argv),
+            started_at=clock.started_at.isoformat(),
             # Raw perf_counter_ns (CLOCK_MONOTONIC) at run time 0: lets records be compared
             # with other processes' monotonic stamps (a server's log, a packet capture's clock).
-            "clock_origin_perf_counter_ns": clock.origin_perf_counter_ns,
-            "ended_at": None,
-            "status": "running",
-            "engine": info.to_dict(),  # redacted when written (_ManifestWriter)
-            "workload": opts.workload.to_dict(),
-            "load": opts.load.to_dict(),
-            "slos": opts.slos,
-            "hw": opts.hw,
-            "hardware": hardware,
-            "telemetry": telemetry.manifest_info() if telemetry else {"enabled": False},
-            "nvtx": nvtx_ranges.is_enabled(),
-            "host": host_info(),
-            "process": liveness_record(interval),
-            "request_timeout_s": eopts.request_timeout_s,
-            "errors": [],
-            "warnings": [],
-        }
-        if opts.run_set is not None:
-            manifest["run_set"] = dict(opts.run_set)
+            clock_origin_perf_counter_ns=clock.origin_perf_counter_ns,
+            engine=info.to_dict(),  # redacted when written (RunWriter)
+            workload=opts.workload.to_dict(),
+            load=opts.load.to_dict(),
+            slos=opts.slos,
+            hw=opts.hw,
+            hardware=hardware,
+            telemetry=telemetry.manifest_info() if telemetry else {"enabled": False},
+            nvtx=nvtx_ranges.is_enabled(),
+            host=host_info(),
+            request_timeout_s=eopts.request_timeout_s,
+            run_set=dict(opts.run_set) if opts.run_set is not None else None,
+        )
         if opts.model_spec is not None:
             given = dict(opts.model_spec)
-            if manifest["engine"].get("model"):
+            if manifest.engine.get("model"):
                 given["note"] = "the engine reported its own model; that one is used"
             else:
-                manifest["engine"]["model"] = given
-            manifest["model_spec"] = given
-        mwriter = _ManifestWriter(run_dir / "manifest.json", manifest, interval)
-        try:
-            mwriter.write()
-        except StorageError:
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing captured yet: leave no husk
-            raise
+                manifest.engine["model"] = given
+            manifest.model_spec = given
+        mwriter = RunWriter.create(root, manifest, clock.started_at, interval)
+        run_dir = mwriter.path
     except BaseException:
         if telemetry is not None:
             telemetry.stop()
@@ -530,7 +484,7 @@ def execute_run(
     succeeded = 0
     distributed = None
     # Hook: the server's own metrics, start snapshot before the first request.
-    scraper, manifest["server_metrics"] = start_server_metrics(
+    scraper, manifest.server_metrics = start_server_metrics(
         opts.server_metrics, opts.engine, clock.now_ns
     )
     with stop_signals_as_interrupt():
@@ -538,7 +492,7 @@ def execute_run(
         progress.on_watch(recorder, sum(s.max_output_tokens for s in specs))
         progress.on_start(len(specs))
         try:
-            with nvtx_ranges.run_range(manifest["run_id"]):
+            with nvtx_ranges.run_range(manifest.run_id):
                 if opts.ray is not None:
                     distributed = _serve_distributed(opts, eopts, specs, recorder, clock)
                 else:
@@ -567,49 +521,47 @@ def execute_run(
                 try:
                     engine.close()
                 except Exception as exc:  # closing must not lose the run
-                    manifest["errors"].append(redact_text(f"engine close failed: {exc}"))
+                    manifest.errors.append(redact_text(f"engine close failed: {exc}"))
                 tele_table = telemetry.stop() if telemetry is not None else None
                 storage = flusher.close()
                 succeeded, no_success = _no_success_error(recorder)
                 if no_success is not None and status == "complete":
                     status, error = "failed", no_success
-                if storage is None:
-                    storage = _compact(run_dir, recorder, tele_table, distributed)
+                sm_table = None
                 if scraper is not None:
                     sm_table = scraper.stop()
-                    manifest["server_metrics"] = {
-                        **manifest["server_metrics"],
+                    manifest.server_metrics = {
+                        **(manifest.server_metrics or {}),
                         **scraper.manifest_info(),
                     }
-                    if storage is None:
-                        try:
-                            write_table_atomic(run_dir / "server_metrics.parquet", sm_table)
-                        except StorageError as exc:
-                            storage = exc
-                manifest["status"] = status
-                manifest["ended_at"] = datetime.now(UTC).isoformat()
-                manifest["host"]["contention"] = contention.stop()
+                if storage is None:
+                    storage = mwriter.compact(
+                        {
+                            "requests": recorder.requests_table(),
+                            "chunks": recorder.chunks_table(),
+                            "steps": recorder.steps_table(),
+                            "telemetry": tele_table,
+                            "server_metrics": sm_table,
+                            "actors": distributed.actors_table() if distributed else None,
+                        }
+                    )
+                manifest.host["contention"] = contention.stop()
                 if error:
-                    manifest["errors"].append(error)
+                    manifest.errors.append(error)
                 if distributed is not None:
-                    manifest["distributed"] = distributed.to_dict()
-                    manifest["errors"].extend(distributed.errors)
-                    manifest["warnings"].extend(distributed.warnings)
+                    manifest.distributed = distributed.to_dict()
+                    manifest.errors.extend(distributed.errors)
+                    manifest.warnings.extend(distributed.warnings)
                 if isinstance(telemetry, ClusterTelemetry):
-                    manifest["errors"].extend(telemetry.errors)
+                    manifest.errors.extend(telemetry.errors)
                 _release_ray(ray_started)
-                manifest["warnings"].extend(
+                manifest.warnings.extend(
                     f"{n} {text}" for text, n in sorted(recorder.warnings.items())
                 )
                 if telemetry is not None:
-                    manifest["telemetry"] = telemetry.manifest_info()
-                manifest["process"] = {**manifest["process"], "exited": True}
-                try:
-                    mwriter.write()
-                except StorageError as exc:
-                    storage = storage or exc
-                if storage is None:
-                    remove_segments(run_dir)
+                    manifest.telemetry = telemetry.manifest_info()
+                written = mwriter.finish(status)
+                storage = storage or written
     if storage is not None:
         raise StorageError(
             f"{storage}; the run stopped and what was flushed is kept in {run_dir}",
@@ -617,9 +569,15 @@ def execute_run(
             errno=storage.errno,
         )
     with _sigint_deferred():
-        summary = analyze_stored(read_run(run_dir), database=database)
+        stored = mwriter.stored()  # the one read: analysis and the caller's report share it
+        summary = analyze_stored(stored, database=database)
     return RunOutcome(
-        path=run_dir, status=status, summary=summary, error=error, succeeded=succeeded
+        path=run_dir,
+        status=status,
+        summary=summary,
+        error=error,
+        succeeded=succeeded,
+        stored=stored,  # analyze_stored set its summary
     )
 
 
@@ -634,23 +592,3 @@ def _telemetry_source(
         cluster = telemetry
         return lambda _after_t: cluster.take_new()
     return telemetry.snapshot
-
-
-def _compact(
-    run_dir: Path, recorder: Recorder, telemetry: Any, distributed: Any = None
-) -> StorageError | None:
-    """Write the final Parquet tables; the segment files stay until this succeeds."""
-    try:
-        write_table_atomic(run_dir / "requests.parquet", recorder.requests_table())
-        write_table_atomic(run_dir / "chunks.parquet", recorder.chunks_table())
-        write_table_atomic(run_dir / "steps.parquet", recorder.steps_table())
-        if distributed is not None:
-            write_table_atomic(run_dir / "actors.parquet", distributed.actors_table())
-        if telemetry is not None:
-            write_table_atomic(run_dir / "telemetry.parquet", telemetry)
-    except StorageError as exc:
-        # Half-compacted tables would shadow complete segments: readers use the segments.
-        for name in ("requests", "chunks", "steps", "actors", "telemetry"):
-            (run_dir / f"{name}.parquet").unlink(missing_ok=True)
-        return exc
-    return None

@@ -382,7 +382,7 @@ def study_with(
                     f"the run for {k.name}={parsed[i][0]} {out.status}: {out.error} "
                     f"(captured data is in {out.path})"
                 )
-            runs.append((rnd, i, str(out.path), out.summary))
+            runs.append((rnd, i, str(out.path), out.summary.to_dict()))
     requests = plans[0].options.workload.requests or base.default_requests
     prompt_len, output_len = _length(base.prompt_len), _length(base.output_len or 128)
     # max_tokens replaces each request's output length (the openai engine sends it).

@@ -410,7 +410,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.report:
         from perfscope.cli.report import write_run_report
 
-        write_run_report(outcome.path, err)
+        write_run_report(outcome.stored or outcome.path, err)
     if outcome.status != "complete":
         err.print(
             f"[red]run {outcome.status}[/red]: {redact_text(outcome.error or '')}; "

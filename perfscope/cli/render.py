@@ -65,24 +65,24 @@ def steps_table(summary: Summary) -> FitTable | None:
 
 def _prompt_cache_line(summary: Summary) -> str | None:
     """One line on the prefix cache (engines that report cached prompt tokens)."""
-    pc = summary.to_dict().get("prompt_cache")
-    if not isinstance(pc, dict) or pc.get("share") is None:
+    pc = summary.prompt_cache
+    if pc is None or pc.share is None:
         return None
     return (
-        f"prefix cache: {100 * pc['share']:.0f}% of prompt tokens served from it "
-        f"({pc['cached_tokens']:,} of {pc['prompt_tokens']:,}); {pc['requests_hit']} of "
-        f"{pc['requests_reporting']} requests hit"
+        f"prefix cache: {100 * pc.share:.0f}% of prompt tokens served from it "
+        f"({pc.cached_tokens:,} of {pc.prompt_tokens:,}); {pc.requests_hit} of "
+        f"{pc.requests_reporting} requests hit"
     )
 
 
 def _client_line(summary: Summary) -> str | None:
     """One line on the HTTP client's own cost and stamping clock (``openai:`` runs)."""
-    c = summary.to_dict().get("client")
-    if not isinstance(c, dict) or c.get("cpu_s") is None:
+    c = summary.client
+    if c is None or c.cpu_s is None:
         return None
-    rss = c.get("peak_rss_bytes") or 0
-    clock = f", chunks stamped by the {c['stamp_clock']} clock" if c.get("stamp_clock") else ""
-    return f"client: {c['cpu_s']:.2f} CPU-s, peak RSS {rss / 1e6:.0f} MB{clock}"
+    rss = c.peak_rss_bytes or 0
+    clock = f", chunks stamped by the {c.stamp_clock} clock" if c.stamp_clock else ""
+    return f"client: {c.cpu_s:.2f} CPU-s, peak RSS {rss / 1e6:.0f} MB{clock}"
 
 
 def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) -> RenderableType:
@@ -187,16 +187,16 @@ def _energy_view(summary: Summary) -> RenderableType | None:
 
 def _server_metrics_view(summary: Summary) -> RenderableType | None:
     """The server's own means for the run (from its /metrics), beside perfscope's."""
-    sm = summary.get("server_metrics") or {}
-    if not sm.get("available"):
+    sm = summary.server_metrics
+    if sm is None or not sm.available:
         return None
     t = FitTable(
         ("metric", "server", "perfscope"),
-        title=f"Server metrics ({sm.get('server')}, its own /metrics, run deltas)",
+        title=f"Server metrics ({sm.server}, its own /metrics, run deltas)",
         right=frozenset(("server", "perfscope")),
     )
-    lat = sm.get("latency") or {}
-    client = summary.get("latency") or {}
+    lat = sm.latency
+    client = summary.latency.metrics()
     for key, label in (
         ("ttft", "TTFT mean"),
         ("queue", "  queue"),
@@ -208,14 +208,13 @@ def _server_metrics_view(summary: Summary) -> RenderableType | None:
         if key not in lat:
             continue
         ours = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "itl": "itl_per_token"}.get(key)
-        mine = (client.get(ours) or {}).get("mean") if ours else None
+        mine = client[ours].mean if ours and ours in client else None
         t.add_row(label, format_seconds(lat[key].get("mean_s")), format_seconds(mine))
-    tokens = sm.get("tokens") or {}
-    counts = summary.get("counts") or {}
+    tokens = sm.tokens
     t.add_row(
         "output tokens",
         format_count(tokens.get("generation")),
-        format_count(counts.get("output_tokens")),
+        format_count(summary.counts.output_tokens),
     )
     if tokens.get("prompt_cached"):
         t.add_row("prompt tokens from cache", format_count(tokens.get("prompt_cached")), "")
@@ -224,15 +223,15 @@ def _server_metrics_view(summary: Summary) -> RenderableType | None:
         ("spec_decode_acceptance", "spec-decode acceptance"),
         ("kv_cache_usage_max", "KV-cache usage max"),
     ):
-        if sm.get(key) is not None:
+        if sm[key] is not None:
             t.add_row(label, format_ratio(sm[key]), "")
-    if sm.get("running_max") is not None:
+    if sm.running_max is not None:
         t.add_row(
             "running / waiting max",
-            f"{sm['running_max']:.0f} / {(sm.get('waiting_max') or 0):.0f}",
+            f"{sm.running_max:.0f} / {(sm.waiting_max or 0):.0f}",
             "",
         )
-    work = sm.get("work") or {}
+    work = sm.work or {}
     if work.get("flops_ratio_server_to_model") is not None:
         t.add_row("FLOPs: server / cost model", f"{work['flops_ratio_server_to_model']:.3f}", "")
     return t
@@ -304,7 +303,8 @@ def runs_table(
         s = as_summary(raw)
         status = str(manifest.get("status", "?"))
         slos = bool(s.goodput.slos) if raw else False
-        contended = (contention_record(manifest) or {}).get("contended")
+        c = contention_record(manifest)
+        contended = c.contended if c is not None else None
         reason: list[Any] = []
         if states is not None:
             status = states[i][0]

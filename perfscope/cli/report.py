@@ -54,17 +54,22 @@ def _size(path: Path) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def write_run_report(run_dir: Path, console: Console) -> Path | None:
+def write_run_report(run_dir: Path | StoredRun, console: Console) -> Path | None:
     """Write ``run_dir/report.html`` after ``perfscope run`` and say where it is.
+
+    ``run_dir`` may be the run as capture already read it (``RunOutcome.stored``): then the
+    directory is not read again.
 
     A report that cannot be written never fails the run (its data is already stored): the
     reason is printed and ``None`` returned.
     """
     from perfscope.dashboard.report import write_report
     from perfscope.errors import StorageError
+    from perfscope.profiler.store import StoredRun
 
     try:
-        path: Path = write_report(_load(str(run_dir), None))
+        stored = run_dir if isinstance(run_dir, StoredRun) else _load(str(run_dir), None)
+        path: Path = write_report(stored)
     except StorageError:
         raise  # disk full or read-only: one line and exit 1 from the CLI
     except Exception as exc:  # the run is stored; a report failure must not lose it
