@@ -32,6 +32,7 @@ __all__ = [
     "compute_dtype_for",
     "dtype_bytes",
     "family_for",
+    "normalised_config",
     "normalize_dtype",
     "preset_names",
     "quant_layout",
@@ -178,10 +179,13 @@ class ModelSpec:
         q_lora_rank: MLA query compression width (0 = a plain ``d → H·h_qk`` projection).
         qk_rope_head_dim: MLA per-head rotary part of queries/keys (cached once, shared).
         v_head_dim: MLA value head width.
-        mla_absorbed: MLA attention runs with the up-projections absorbed into the query
-            and output (vLLM/SGLang decode: attends over the latent directly); False:
-            the latent is expanded to per-head K/V for every attended token, as HF
-            transformers (and vLLM's prefill) do.
+        mla_absorbed: MLA decode steps (one new token per row) run with the
+            up-projections absorbed into the query and output (vLLM/SGLang decode: attend
+            over the latent directly); False: the latent is expanded to per-head K/V for
+            every attended token, as HF transformers does.
+        mla_prefill_absorbed: MLA steps with more than one new token per row (prefill,
+            chunks) run absorbed too. False (the default): expanded, as vLLM, SGLang and
+            transformers all run prefill.
         quant_method: ``quantization_config.quant_method`` (``gptq``, ``awq``,
             ``bitsandbytes``, ``fp8``, ``compressed-tensors``), empty when not quantised.
         quant_group_size: weights per scale group (0 = per channel or not quantised).
@@ -197,6 +201,15 @@ class ModelSpec:
             embedding and lm_head stay dense.
         weight_index_bytes_per_nonzero: bytes of sparse-format indices per stored weight
             (torch CSR: an int64 column index, 8, plus row pointers; 2:4 metadata); 0 dense.
+        quant_lm_head: the checkpoint quantises the lm_head like the block matrices (GPTQ
+            ``"lm_head": true``); otherwise it stays at :attr:`embedding_bytes_per_param`.
+        embed_dim: width of the embedding table and lm_head when it differs from
+            :attr:`hidden_size` (OPT-350m ``word_embed_proj_dim``: a ``e → d`` project_in
+            before the first block and a ``d → e`` project_out after the last, both
+            without bias); 0 = :attr:`hidden_size`.
+        family: the :data:`FAMILIES` row the config was read with (empty: built by hand).
+        notes: the conventions and assumptions the spec carries, in words (how the config
+            was read, what is left out); ``perfscope roofline`` prints them.
     """
 
     name: str
@@ -240,6 +253,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     mla_absorbed: bool = True
+    mla_prefill_absorbed: bool = False
     quant_method: str = ""
     quant_group_size: int = 0
     quant_zero_bytes_per_param: float = 0.0
@@ -247,6 +261,10 @@ class ModelSpec:
     unquantized_bytes_per_param: float = 0.0
     weight_density: float = 1.0
     weight_index_bytes_per_nonzero: float = 0.0
+    quant_lm_head: bool = False
+    embed_dim: int = 0
+    family: str = ""
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.weight_density <= 1.0:
@@ -256,6 +274,8 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(int(v) for v in value))
+        if not isinstance(self.notes, tuple):
+            object.__setattr__(self, "notes", tuple(str(v) for v in self.notes))
         if self.layer_windows and len(self.layer_windows) != self.n_layers:
             raise UsageError(
                 f"layer_windows has {len(self.layer_windows)} entries for {self.n_layers} layers"
@@ -266,6 +286,7 @@ class ModelSpec:
         d = asdict(self)
         d["layer_windows"] = list(self.layer_windows)
         d["dense_layers"] = list(self.dense_layers)
+        d["notes"] = list(self.notes)
         return d
 
     @classmethod
@@ -290,6 +311,11 @@ class ModelSpec:
     def qk_nope_head_dim(self) -> int:
         """MLA per-head query/key part without rotary embedding."""
         return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def embedding_width(self) -> int:
+        """Width of the embedding rows and of the lm_head input (:attr:`embed_dim`)."""
+        return self.embed_dim or self.hidden_size
 
     @property
     def embedding_bytes_per_param(self) -> float:
@@ -365,9 +391,20 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(
-        cls, config: dict[str, Any] | str | Path, *, name: str | None = None
+        cls,
+        config: dict[str, Any] | str | Path,
+        *,
+        name: str | None = None,
+        reader: str = "auto",
     ) -> ModelSpec:
         """Build from a Hugging Face ``config.json`` (a path, a folder holding one, or the dict).
+
+        ``reader`` ``auto`` (the default) reads the config through the installed
+        transformers' own config class when transformers is importable and knows the
+        ``model_type`` (:func:`normalised_config`): every spelling (``num_experts`` /
+        ``num_local_experts``) and every default is then the one the model code reads.
+        ``json`` reads the raw JSON keys only (the fallback, also used when transformers is
+        absent or rejects the config); ``transformers`` insists on the config class.
 
         The ``model_type`` selects a row of :data:`FAMILIES` (or, for an unknown type, the
         ``architectures`` class names do); the row says which config fields give biases,
@@ -379,8 +416,21 @@ class ModelSpec:
             UsageError: the file is missing or unreadable, the family is unknown, or the
                 config lacks the shape keys (the message names what is missing).
         """
+        if reader not in ("auto", "json", "transformers"):
+            raise UsageError(f"reader must be auto, json or transformers, got {reader!r}")
         cfg, default_name = _load_config(config)
-        return _spec_from_config(cfg, name or default_name)
+        note = "config read from raw JSON keys"
+        if reader != "json":
+            normal, why = normalised_config(cfg)
+            if normal is not None:
+                cfg = normal
+                note = f"config read through transformers {why}"
+            elif reader == "transformers":
+                raise UsageError(f"cannot read the config through transformers: {why}")
+            else:
+                note = f"config read from raw JSON keys ({why})"
+        spec = _spec_from_config(cfg, name or default_name)
+        return replace(spec, notes=(note, *spec.notes))
 
     @classmethod
     def from_preset(cls, name: str) -> ModelSpec:
@@ -456,6 +506,49 @@ def _load_config(config: dict[str, Any] | str | Path) -> tuple[dict[str, Any], s
     return data, name
 
 
+def normalised_config(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """``cfg`` as the installed transformers' config class reads it, or ``(None, why not)``.
+
+    The config class (``AutoConfig.for_model(**cfg)``, what ``from_pretrained`` does with a
+    local ``config.json``) applies the version's defaults and renames; its ``to_dict()`` is
+    then overlaid with every ``attribute_map`` alias (``num_experts`` for Qwen3-MoE's saved
+    ``num_local_experts``, ``hidden_size`` for GPT-2's ``n_embd``), so the readers below
+    find a field under either spelling. Sub-configs (``text_config``, ``vision_config``) are
+    normalised the same way. Returns the dict and a short description of the class used.
+    """
+    mt = cfg.get("model_type")
+    if not mt:
+        return None, "the config has no model_type"
+    try:
+        import transformers
+    except ImportError:
+        return None, "transformers is not installed"
+    try:
+        mapping = transformers.CONFIG_MAPPING
+        if mt not in mapping:
+            return None, f"transformers {transformers.__version__} does not know {mt!r}"
+        obj = mapping[mt](**{k: v for k, v in cfg.items() if k != "model_type"})
+    except Exception as exc:  # a config class rejecting its input: fall back to raw JSON
+        return None, f"{type(exc).__name__} from the config class: {str(exc)[:120]}"
+    out = _config_to_dict(obj, transformers.PretrainedConfig)
+    for k, v in cfg.items():  # keys the class dropped (quantization_config of old writers)
+        out.setdefault(k, v)
+    return out, f"{transformers.__version__} ({type(obj).__name__})"
+
+
+def _config_to_dict(obj: Any, base: type) -> dict[str, Any]:
+    out: dict[str, Any] = dict(obj.to_dict())
+    for alias in getattr(obj, "attribute_map", {}) or {}:
+        try:
+            out[alias] = getattr(obj, alias)
+        except AttributeError:
+            continue
+    for k, v in list(vars(obj).items()):
+        if isinstance(v, base):
+            out[k] = _config_to_dict(v, base)
+    return out
+
+
 def _first_of(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     """The value of the first of ``keys`` (aliases of one config field) that ``cfg`` sets."""
     for k in keys:
@@ -496,6 +589,7 @@ class QuantLayout:
             ``g_idx``, int32).
         unquantized_bytes_per_param: width of the matrices kept in 16 bits (embedding,
             lm_head, router), from ``torch_dtype``.
+        lm_head: the lm_head is quantised too (GPTQ ``"lm_head": true``).
     """
 
     method: str
@@ -507,6 +601,7 @@ class QuantLayout:
     zero_bytes_per_param: float
     index_bytes_per_input: float
     unquantized_bytes_per_param: float
+    lm_head: bool = False
 
 
 def _bits_dtype(bits: float, kind: str = "int") -> str:
@@ -532,7 +627,8 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
       16-bit width.
 
     Embedding and lm_head stay 16-bit in every method (GPTQ/AWQ quantise only the blocks'
-    linears, bitsandbytes skips ``lm_head``, FP8/compressed-tensors list it in ``ignore``).
+    linears, bitsandbytes skips ``lm_head``, FP8/compressed-tensors list it in ``ignore``),
+    except a GPTQ config with ``"lm_head": true``, whose lm_head is quantised as the blocks.
     """
     q = cfg.get("quantization_config")
     if not isinstance(q, dict):
@@ -554,7 +650,18 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
         has_zero = method == "gptq" or bool(q.get("zero_point", True))
         zero = bits / 8 / group if group and has_zero else 0.0
         index = 4.0 if method == "gptq" else 0.0
-        return QuantLayout(method, _bits_dtype(bits), "bf16", bits, group, scale, zero, index, b16)
+        return QuantLayout(
+            method,
+            _bits_dtype(bits),
+            "bf16",
+            bits,
+            group,
+            scale,
+            zero,
+            index,
+            b16,
+            lm_head=bool(q.get("lm_head", False)),
+        )
     if method in ("fp8", "fbgemm-fp8", "finegrained-fp8"):
         block = q.get("weight_block_size")
         scale = 4.0 / (int(block[0]) * int(block[1])) if block else 0.0
@@ -610,6 +717,7 @@ def _dtypes_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
             quant_zero_bytes_per_param=layout.zero_bytes_per_param,
             quant_index_bytes_per_input=layout.index_bytes_per_input,
             unquantized_bytes_per_param=layout.unquantized_bytes_per_param,
+            quant_lm_head=layout.lm_head,
         )
     return out
 
@@ -874,7 +982,8 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
             "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
         }
     if fam.moe == "qwen":
-        e = int(_first_of(cfg, "num_experts", default=0))
+        # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
+        e = int(_first_of(cfg, "num_experts", "num_local_experts", default=0))
         if not e:
             return {}
         step = int(_first_of(cfg, "decoder_sparse_step", default=1))
@@ -916,10 +1025,19 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
                 merged[k] = cfg[k]
         if "model_type" not in merged and cfg.get("model_type"):
             merged["model_type"] = f"{cfg['model_type']}_text"
-        return _spec_from_config(merged, name)
+        spec = _spec_from_config(merged, name)
+        towers = sorted(
+            k
+            for k, v in cfg.items()
+            if k.endswith("_config") and isinstance(v, dict) and k not in _NOT_TOWERS
+        )
+        if not towers:
+            return spec
+        extra, note = _tower_params(cfg, towers)
+        return replace(spec, extra_params=spec.extra_params + extra, notes=(*spec.notes, note))
 
     fam = family_for(cfg)
-    f: dict[str, Any] = {"name": name, **_dtypes_from_config(cfg)}
+    f: dict[str, Any] = {"name": name, "family": fam.key, **_dtypes_from_config(cfg)}
     if fam.reader == "gpt2":
         return _gpt2(cfg, f)
     if fam.reader == "gpt_neox":
@@ -968,6 +1086,37 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     if windows and len(set(windows)) == 1 and windows[0] > 0:
         f.update(sliding_window=windows[0], layer_windows=())
     return ModelSpec(**f)
+
+
+_NOT_TOWERS = ("text_config", "quantization_config", "rope_scaling", "generation_config")
+
+
+def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
+    """Parameters of a multimodal wrapper outside its text decoder (vision tower and
+    projector), counted by building the wrapper and its text model on torch's ``meta``
+    device (no memory). ``(0, why)`` when that cannot be done here."""
+    what = ", ".join(towers)
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return 0, f"weights of {what} left out (needs torch and transformers to count)"
+    try:
+        conf = transformers.CONFIG_MAPPING[cfg["model_type"]](
+            **{k: v for k, v in cfg.items() if k != "model_type"}
+        )
+        with torch.device("meta"):
+            full = transformers.AutoModel.from_config(conf)
+            text = transformers.AutoModel.from_config(conf.get_text_config())
+        extra = sum(p.numel() for p in full.parameters()) - sum(
+            p.numel() for p in text.parameters()
+        )
+    except Exception as exc:  # an unknown wrapper: say what is missing, never guess
+        return 0, f"weights of {what} left out ({type(exc).__name__}: {str(exc)[:100]})"
+    return int(extra), (
+        f"{what}: {extra:,} parameters (vision tower, projector) counted in weights, "
+        "not run per decode step"
+    )
 
 
 def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
@@ -1028,9 +1177,7 @@ def _opt(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         cfg.get("_remove_final_layer_norm", False)
     )
     max_pos = int(_first_of(cfg, "max_position_embeddings", default=2048))
-    # OPT-350m projects a narrower embedding in and out; those two matrices and the
-    # narrower table are counted here but not modelled as per-step work.
-    extra = 0 if proj == d else (2 * d * proj + v * (proj - d))
+    extra = 0
     if not affine:
         extra -= 2 * (2 * d) * _require(cfg, "num_hidden_layers") + (2 * d if final else 0)
     f.update(
@@ -1051,6 +1198,8 @@ def _opt(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         pos_embeddings=max_pos + 2,  # OPT's learned table has a fixed offset of 2
         max_position_embeddings=max_pos,
         extra_params=extra,
+        # OPT-350m: a narrower table, projected in and out (word_embed_proj_dim).
+        embed_dim=proj if proj != d else 0,
     )
     return ModelSpec(**f)
 
@@ -1124,6 +1273,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 8,
         "vocab_size": 32000,
         "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16",
+    },
+    "mistral-7b-v0.1": {
+        # v0.1 attends over a 4096-token sliding window (v0.2/v0.3 dropped it).
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
         "torch_dtype": "bfloat16",
     },
     "mixtral-8x7b": {
@@ -1228,7 +1390,8 @@ _PRESET_ALIASES = {
     "llama3-70b": "llama-3-70b",
     "llama-3.1-8b": "llama-3-8b",
     "llama-3.1-70b": "llama-3-70b",
-    "mistral-7b-v0.1": "mistral-7b",
+    "mistral-7b-v0.3": "mistral-7b",
+    "mistral-7b-v0.2": "mistral-7b",
     "qwen2.5-7b-instruct": "qwen2.5-7b",
     "gemma2-9b": "gemma-2-9b",
     "qwen1.5-moe": "qwen1.5-moe-a2.7b",
