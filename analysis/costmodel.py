@@ -207,7 +207,8 @@ def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
     if moe_layer and spec.router_bias:
         n += spec.n_experts
     if spec.qk_norm:
-        n += 2 * hd
+        width = (spec.n_heads + spec.n_kv_heads) * hd if spec.qk_norm_full else 2 * hd
+        n += width * (2 if spec.norm_bias else 1)
     return n
 
 
@@ -216,7 +217,8 @@ def _small_params(spec: ModelSpec) -> int:
     """Norm weights/biases and linear biases: vectors, not matrices."""
     norm = spec.hidden_size * (2 if spec.norm_bias else 1)
     total = sum(_layer_small_params(spec, m) for m in spec.moe_layer_mask())
-    return total + (norm if spec.final_norm else 0)
+    head_bias = spec.vocab_size if spec.lm_head_bias else 0
+    return total + (norm if spec.final_norm else 0) + head_bias
 
 
 def param_count(spec: ModelSpec) -> int:

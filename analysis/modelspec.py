@@ -207,6 +207,9 @@ class ModelSpec:
             :attr:`hidden_size` (OPT-350m ``word_embed_proj_dim``: a ``e → d`` project_in
             before the first block and a ``d → e`` project_out after the last, both
             without bias); 0 = :attr:`hidden_size`.
+        qk_norm_full: the q/k norms span all heads (``H·h_d`` and ``K·h_d`` weights: OLMo-2,
+            OLMoE, Cohere, StableLM's per-head LayerNorms) rather than one ``h_d`` vector each.
+        lm_head_bias: the lm_head has a bias (GPT-J).
         family: the :data:`FAMILIES` row the config was read with (empty: built by hand).
         notes: the conventions and assumptions the spec carries, in words (how the config
             was read, what is left out); ``perfscope roofline`` prints them.
@@ -263,6 +266,8 @@ class ModelSpec:
     weight_index_bytes_per_nonzero: float = 0.0
     quant_lm_head: bool = False
     embed_dim: int = 0
+    qk_norm_full: bool = False
+    lm_head_bias: bool = False
     family: str = ""
     notes: tuple[str, ...] = ()
 
@@ -740,7 +745,9 @@ class Family:
         mlp_gated: three-matrix gated MLP.
         norm_bias: LayerNorm with bias.
         norms_per_layer: norm modules per block.
-        qk_norm: per-head q/k RMSNorm.
+        qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
+        qk_norm_full: those norms span every head (:attr:`ModelSpec.qk_norm_full`).
+        lm_head_bias: the lm_head has a bias: ``True``/``False`` or the config key.
         tied_default: ``tie_word_embeddings`` when the config omits it.
         kv_default: ``num_key_value_heads`` when omitted (``None``: ``n_heads``).
         windows: which layers slide when the config lists no ``layer_types``: ``none``,
@@ -767,7 +774,9 @@ class Family:
     mlp_gated: bool = True
     norm_bias: bool = False
     norms_per_layer: int = 2
-    qk_norm: bool = False
+    qk_norm: bool | str = False
+    qk_norm_full: bool = False
+    lm_head_bias: bool | str = False
     tied_default: bool = False
     kv_default: int | None = None
     windows: str = "none"
@@ -869,6 +878,113 @@ FAMILIES: tuple[Family, ...] = (
         ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
         moe="deepseek",
         mla=True,
+    ),
+    # Decoders the registry oracle proves Llama-shaped as far as FLOPs, bytes and
+    # parameters go (their differences are RoPE variants, activations or scalings).
+    Family("smollm3", ("smollm3",), ("SmolLM3ForCausalLM",)),
+    Family("ministral", ("ministral",), ("MinistralForCausalLM",)),
+    Family("helium", ("helium",), ("HeliumForCausalLM",)),
+    Family(
+        "seed_oss",
+        ("seed_oss",),
+        ("SeedOssForCausalLM",),
+        o_bias="attention_out_bias",
+    ),
+    Family(
+        "internlm3", ("internlm3",), ("InternLM3ForCausalLM",), qkv_bias="qkv_bias", o_bias="bias"
+    ),
+    Family(
+        "ernie4_5",
+        ("ernie4_5",),
+        ("Ernie4_5ForCausalLM",),
+        qkv_bias="use_bias",
+        o_bias="use_bias",
+        mlp_bias="use_bias",
+    ),
+    Family("glm", ("glm",), ("GlmForCausalLM",), o_bias=False),
+    Family("glm4", ("glm4",), ("Glm4ForCausalLM",), o_bias=False, norms_per_layer=4),
+    Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), ("HunYuanDenseV1ForCausalLM",), qk_norm=True),
+    Family("arcee", ("arcee",), ("ArceeForCausalLM",), mlp_gated=False),
+    Family("exaone4", ("exaone4",), ("Exaone4ForCausalLM",), qk_norm=True),
+    Family("olmo2", ("olmo2",), ("Olmo2ForCausalLM",), qk_norm=True, qk_norm_full=True),
+    Family("olmo3", ("olmo3",), ("Olmo3ForCausalLM",), qk_norm=True, qk_norm_full=True),
+    Family(
+        "olmoe",
+        ("olmoe",),
+        ("OlmoeForCausalLM",),
+        qk_norm=True,
+        qk_norm_full=True,
+        moe="mixtral",
+    ),
+    Family("granitemoe", ("granitemoe",), ("GraniteMoeForCausalLM",), moe="mixtral"),
+    Family(
+        "cohere",
+        ("cohere",),
+        ("CohereForCausalLM",),
+        norms_per_layer=1,
+        qk_norm="use_qk_norm",
+        qk_norm_full=True,
+        tied_default=True,
+    ),
+    Family(
+        "cohere2",
+        ("cohere2",),
+        ("Cohere2ForCausalLM",),
+        norms_per_layer=1,
+        tied_default=True,
+    ),
+    Family(
+        "stablelm",
+        ("stablelm",),
+        ("StableLmForCausalLM",),
+        qkv_bias="use_qkv_bias",
+        o_bias=False,
+        mlp_bias=False,
+        norm_bias=True,
+        qk_norm="qk_layernorm",
+        qk_norm_full=True,
+    ),
+    Family("iquestcoder", ("iquestcoder",), ()),
+    Family("cwm", ("cwm",), ()),
+    Family("gptj", ("gptj",), ("GPTJForCausalLM",), reader="gptj"),
+    Family("codegen", ("codegen",), ("CodeGenForCausalLM",), reader="gptj"),
+    Family("bloom", ("bloom",), ("BloomForCausalLM",), reader="bloom"),
+    Family(
+        "phi",
+        ("phi",),
+        ("PhiForCausalLM",),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        mlp_gated=False,
+        norm_bias=True,
+        norms_per_layer=1,
+        qk_norm="qk_layernorm",
+        lm_head_bias=True,
+    ),
+    Family(
+        "phimoe",
+        ("phimoe",),
+        ("PhimoeForCausalLM",),
+        norm_bias=True,
+        lm_head_bias="lm_head_bias",
+        windows="all",
+        moe="mixtral",
+    ),
+    Family(
+        "granitemoeshared",
+        ("granitemoeshared",),
+        ("GraniteMoeSharedForCausalLM",),
+        moe="mixtral",
+    ),
+    Family("nemotron", ("nemotron",), ("NemotronForCausalLM",), mlp_gated=False, norm_bias=True),
+    Family(
+        "flex_olmo",
+        ("flex_olmo",),
+        ("FlexOlmoForCausalLM",),
+        qk_norm=True,
+        qk_norm_full=True,
+        moe="mixtral",
     ),
     Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
     Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
@@ -976,10 +1092,14 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
     if fam.moe == "none":
         return {}
     if fam.moe == "mixtral":
-        e = int(_first_of(cfg, "num_local_experts", default=8))
+        e = int(_first_of(cfg, "num_local_experts", "num_experts", default=8))
         return {
             "n_experts": e,
             "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            # GraniteMoeShared: an ungated shared MLP beside the experts
+            "shared_expert_intermediate_size": int(
+                _first_of(cfg, "shared_intermediate_size", default=0) or 0
+            ),
         }
     if fam.moe == "qwen":
         # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
@@ -1044,6 +1164,10 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return _gpt_neox(cfg, f)
     if fam.reader == "opt":
         return _opt(cfg, f)
+    if fam.reader == "gptj":
+        return _gptj(cfg, f)
+    if fam.reader == "bloom":
+        return _bloom(cfg, f)
 
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
@@ -1065,7 +1189,9 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         mlp_bias=_flag(cfg, fam.mlp_bias),
         norm_bias=fam.norm_bias,
         norms_per_layer=fam.norms_per_layer,
-        qk_norm=fam.qk_norm,
+        qk_norm=_flag(cfg, fam.qk_norm),
+        qk_norm_full=fam.qk_norm_full,
+        lm_head_bias=_flag(cfg, fam.lm_head_bias),
         max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0)),
         layer_windows=_layer_windows(cfg, fam, n_layers),
     )
@@ -1139,6 +1265,55 @@ def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         norm_bias=True,
         pos_embeddings=n_pos,
         max_position_embeddings=n_pos,
+    )
+    return ModelSpec(**f)
+
+
+def _bloom(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    # BLOOM: ALiBi (a bias added to the scores: no matmul, no parameters), fused biased
+    # QKV, a plain 4d MLP with biases, LayerNorms with bias and one more LayerNorm on the
+    # embeddings, tied lm_head.
+    d = _require(cfg, "hidden_size", "n_embed")
+    h = _require(cfg, "n_head", "num_attention_heads")
+    f.update(
+        n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=h,
+        head_dim=d // h,
+        intermediate_size=4 * d,
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=False,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        norm_bias=True,
+        extra_params=2 * d,  # word_embeddings_layernorm
+    )
+    return ModelSpec(**f)
+
+
+def _gptj(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    # GPT-J: one LayerNorm feeding attention and MLP in parallel, unbiased q/k/v/out,
+    # biased plain MLP, partial rotary (not counted: no matmul), a biased lm_head.
+    d = _require(cfg, "n_embd", "hidden_size")
+    h = _require(cfg, "n_head", "num_attention_heads")
+    f.update(
+        n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=h,
+        head_dim=d // h,
+        intermediate_size=int(_first_of(cfg, "n_inner", default=4 * d) or 4 * d),
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=False,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=False)),
+        mlp_bias=True,
+        norm_bias=True,
+        norms_per_layer=1,
+        lm_head_bias=True,
+        max_position_embeddings=int(_first_of(cfg, "n_positions", default=2048)),
     )
     return ModelSpec(**f)
 
