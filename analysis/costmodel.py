@@ -206,6 +206,8 @@ def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
             n += (2 * f if spec.mlp_gated else f) + d
     if moe_layer and spec.router_bias:
         n += spec.n_experts
+    if spec.attention_sinks:
+        n += spec.n_heads
     if spec.qk_norm:
         width = (spec.n_heads + spec.n_kv_heads) * hd if spec.qk_norm_full else 2 * hd
         n += width * (2 if spec.norm_bias else 1)

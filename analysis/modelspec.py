@@ -24,6 +24,7 @@ __all__ = [
     "DTYPE_BYTES",
     "FAMILIES",
     "PRESETS",
+    "REFUSED",
     "Family",
     "LayerAttention",
     "ModelSpec",
@@ -210,6 +211,8 @@ class ModelSpec:
         qk_norm_full: the q/k norms span all heads (``H·h_d`` and ``K·h_d`` weights: OLMo-2,
             OLMoE, Cohere, StableLM's per-head LayerNorms) rather than one ``h_d`` vector each.
         lm_head_bias: the lm_head has a bias (GPT-J).
+        attention_sinks: every attention layer has one learned sink logit per head (gpt-oss):
+            a softmax column, no matmul, ``H`` parameters per layer.
         family: the :data:`FAMILIES` row the config was read with (empty: built by hand).
         notes: the conventions and assumptions the spec carries, in words (how the config
             was read, what is left out); ``perfscope roofline`` prints them.
@@ -268,6 +271,7 @@ class ModelSpec:
     embed_dim: int = 0
     qk_norm_full: bool = False
     lm_head_bias: bool = False
+    attention_sinks: bool = False
     family: str = ""
     notes: tuple[str, ...] = ()
 
@@ -748,6 +752,8 @@ class Family:
         qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
         qk_norm_full: those norms span every head (:attr:`ModelSpec.qk_norm_full`).
         lm_head_bias: the lm_head has a bias: ``True``/``False`` or the config key.
+        attention_sinks: learned per-head sink logits (gpt-oss).
+        router_bias: the MoE router has a bias.
         tied_default: ``tie_word_embeddings`` when the config omits it.
         kv_default: ``num_key_value_heads`` when omitted (``None``: ``n_heads``).
         windows: which layers slide when the config lists no ``layer_types``: ``none``,
@@ -758,6 +764,8 @@ class Family:
         window_default: default ``sliding_window`` for ``pattern`` families.
         window_flag: config key that must be true for the window to apply (Qwen).
         moe: ``none``, ``mixtral`` (``num_local_experts``, ``intermediate_size`` per expert),
+            ``llama4`` (``moe_layers``/``interleave_moe_layer_step``, a shared expert as wide
+            as a routed one, dense blocks ``intermediate_size_mlp`` wide),
             ``qwen`` (``num_experts``, ``moe_intermediate_size``, optional shared expert,
             ``mlp_only_layers``/``decoder_sparse_step``) or ``deepseek`` (``n_routed_experts``,
             ``n_shared_experts``, ``first_k_dense_replace``).
@@ -777,6 +785,8 @@ class Family:
     qk_norm: bool | str = False
     qk_norm_full: bool = False
     lm_head_bias: bool | str = False
+    attention_sinks: bool = False
+    router_bias: bool = False
     tied_default: bool = False
     kv_default: int | None = None
     windows: str = "none"
@@ -946,6 +956,15 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("iquestcoder", ("iquestcoder",), ()),
     Family("cwm", ("cwm",), ()),
+    Family(
+        "gpt_oss",
+        ("gpt_oss",),
+        ("GptOssForCausalLM",),
+        mlp_bias=True,
+        attention_sinks=True,
+        router_bias=True,
+        moe="mixtral",
+    ),
     Family("gptj", ("gptj",), ("GPTJForCausalLM",), reader="gptj"),
     Family("codegen", ("codegen",), ("CodeGenForCausalLM",), reader="gptj"),
     Family("bloom", ("bloom",), ("BloomForCausalLM",), reader="bloom"),
@@ -991,6 +1010,105 @@ FAMILIES: tuple[Family, ...] = (
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
 )
 
+_SSM = (
+    "a recurrent state replaces the KV cache: the per-step state bytes and the scan's "
+    "FLOPs are not modelled yet"
+)
+_HYBRID = (
+    "hybrid of attention and state-space/linear-attention layers: the recurrent state "
+    "those layers read and write per step is not modelled yet"
+)
+_ENC_DEC = (
+    "encoder-decoder: a request pays an encoder pass over the source and cross-attention "
+    "over it in every decoder step; perfscope models decoder-only serving"
+)
+_ENCODER = (
+    "an encoder (bidirectional) model with an LM head, not a decoder a serving engine "
+    "generates with"
+)
+
+#: Families perfscope knows about and deliberately does not count, with the reason.
+REFUSED: dict[str, str] = {
+    "llama4_text": (
+        "Llama-4: transformers runs every routed expert on every token and caches chunked "
+        "layers its own way, so the oracle cannot prove a serving count; not modelled yet"
+    ),
+    "llama4": "Llama-4 (multimodal wrapper): see llama4_text",
+    "falcon": (
+        "Falcon's three attention layouts (multi-query, new decoder architecture, ALiBi) "
+        "are not modelled yet"
+    ),
+    "dbrx": "DBRX's fused attention and expert layout (attn_config/ffn_config) is not modelled yet",
+    "minimax": _HYBRID,
+    "qwen3_next": _HYBRID,
+    "qwen3_5": _HYBRID,
+    "qwen3_5_text": _HYBRID,
+    "qwen3_5_moe": _HYBRID,
+    "qwen3_5_moe_text": _HYBRID,
+    "kimi_linear": _HYBRID,
+    "jamba": _HYBRID,
+    "zamba": _HYBRID,
+    "zamba2": _HYBRID,
+    "bamba": _HYBRID,
+    "falcon_h1": _HYBRID,
+    "granitemoehybrid": _HYBRID,
+    "nemotron_h": _HYBRID,
+    "lfm2": _HYBRID,
+    "lfm2_moe": _HYBRID,
+    "olmo_hybrid": _HYBRID,
+    "bailing_hybrid": _HYBRID,
+    "recurrent_gemma": _HYBRID,
+    "mamba": _SSM,
+    "mamba2": _SSM,
+    "falcon_mamba": _SSM,
+    "rwkv": _SSM,
+    "xlstm": _SSM,
+    **{
+        mt: _ENC_DEC
+        for mt in (
+            "t5",
+            "mt5",
+            "umt5",
+            "bart",
+            "mbart",
+            "marian",
+            "pegasus",
+            "blenderbot",
+            "blenderbot-small",
+            "plbart",
+            "mvp",
+            "bigbird_pegasus",
+            "prophetnet",
+            "whisper",
+            "trocr",
+        )
+    },
+    **{
+        mt: _ENCODER
+        for mt in (
+            "bert",
+            "bert-generation",
+            "big_bird",
+            "camembert",
+            "data2vec-text",
+            "electra",
+            "ernie",
+            "megatron-bert",
+            "rembert",
+            "roberta",
+            "roberta-prelayernorm",
+            "roc_bert",
+            "roformer",
+            "xlm",
+            "xlm-roberta",
+            "xlm-roberta-xl",
+            "xmod",
+            "xlnet",
+            "reformer",
+        )
+    },
+}
+
 _BY_TYPE = {mt: f for f in FAMILIES for mt in f.model_types}
 _BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
 _SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -1010,6 +1128,11 @@ def family_for(cfg: dict[str, Any]) -> Family:
     for a in archs:
         if a in _BY_ARCH:
             return _BY_ARCH[a]
+    if mt in REFUSED:
+        raise UsageError(
+            f"model_type {mt!r} is not counted: {REFUSED[mt]}. Describe a decoder of the "
+            "same shape with --layers/--hidden-size/--heads/--intermediate-size/--vocab-size"
+        )
     missing = [k for k in _SHAPE_KEYS if k not in cfg]
     known = ", ".join(sorted(_BY_TYPE))
     why = f"model_type {mt!r}" if mt else "a config without model_type"
@@ -1100,6 +1223,22 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
             "shared_expert_intermediate_size": int(
                 _first_of(cfg, "shared_intermediate_size", default=0) or 0
             ),
+        }
+    if fam.moe == "llama4":
+        e = int(_first_of(cfg, "num_local_experts", default=16))
+        step = int(_first_of(cfg, "interleave_moe_layer_step", default=1))
+        moe_layers = cfg.get("moe_layers")
+        if moe_layers is None:
+            moe_layers = list(range(step - 1, n_layers, step))
+        moe_set = {int(i) for i in moe_layers}
+        f = _require(cfg, "intermediate_size")
+        return {
+            "n_experts": e,
+            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=1)),
+            "intermediate_size": f,
+            "shared_expert_intermediate_size": f,
+            "dense_layers": tuple(i for i in range(n_layers) if i not in moe_set),
+            "dense_intermediate_size": int(_first_of(cfg, "intermediate_size_mlp", default=0)),
         }
     if fam.moe == "qwen":
         # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
@@ -1192,6 +1331,8 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         qk_norm=_flag(cfg, fam.qk_norm),
         qk_norm_full=fam.qk_norm_full,
         lm_head_bias=_flag(cfg, fam.lm_head_bias),
+        attention_sinks=fam.attention_sinks,
+        router_bias=fam.router_bias,
         max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0)),
         layer_windows=_layer_windows(cfg, fam, n_layers),
     )

@@ -279,3 +279,27 @@ def test_llava_counts_its_vision_tower(tmp_path: Path) -> None:
     step = cm.decode_cost(spec, 1, 16).bytes_weights
     assert step == cm.decode_cost(no_tower, 1, 16).bytes_weights
     assert cm.weight_bytes(spec) > cm.weight_bytes(no_tower)
+
+
+def test_roofline_names_the_family_and_every_assumption(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perfscope.cli import main
+
+    conf = _deepseek_tiny()
+    folder = _save(tmp_path, conf)
+    assert main(["roofline", "--model", str(folder), "--hw", "h100-sxm5-80gb", "--json"]) == 0
+    lines = json.loads(capsys.readouterr().out)["assumptions"]
+    assert lines[0] == "family: deepseek"
+    assert any(x.startswith("MLA: prefill expanded, decode absorbed") for x in lines)
+    assert any("uniform, independent routing" in x for x in lines)
+    assert any(x.startswith("config read through transformers") for x in lines)
+    assert main(["roofline", "--model", "mistral-7b-v0.1", "--hw", "h100-sxm5-80gb"]) == 0
+    text = capsys.readouterr().out
+    assert "family: mistral" in text
+    gptq = transformers.LlamaConfig(**_TINY, quantization_config=_gptq(True))
+    assert main(["roofline", "--model", str(_save(tmp_path / "q", gptq)), "--json"]) == 0
+    lines = json.loads(capsys.readouterr().out)["assumptions"]
+    assert any(
+        x.startswith("weights: gptq int4 group 128") and "lm_head quantised" in x for x in lines
+    )
