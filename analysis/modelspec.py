@@ -1372,9 +1372,10 @@ def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
         conf = transformers.CONFIG_MAPPING[cfg["model_type"]](
             **{k: v for k, v in cfg.items() if k != "model_type"}
         )
+        auto: Any = transformers.AutoModel  # untyped in transformers' stubs
         with torch.device("meta"):
-            full = transformers.AutoModel.from_config(conf)
-            text = transformers.AutoModel.from_config(conf.get_text_config())
+            full = auto.from_config(conf)
+            text = auto.from_config(conf.get_text_config())
         extra = sum(p.numel() for p in full.parameters()) - sum(
             p.numel() for p in text.parameters()
         )
