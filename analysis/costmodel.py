@@ -23,9 +23,10 @@ Counting conventions (hardware.md §8, §9 lists where other tools differ):
 - MLA (DeepSeek-V2/V3): the cache holds the latent ``r`` and the rotary key ``h_rope`` per
   token and layer. Naive (HF transformers, vLLM prefill): the latent of every attended key
   is expanded by ``kv_b`` (``2·r·H·(h_nope + h_v)`` per key), scores over ``h_nope + h_rope``
-  and values over ``h_v``. Absorbed (vLLM/SGLang decode, the default): ``kv_b`` is folded
-  into the query and output (``2·r·H·(h_nope + h_v)`` per new token), scores over
-  ``r + h_rope`` and values over ``r``.
+  and values over ``h_v``. Absorbed (vLLM/SGLang decode): ``kv_b`` is folded into the
+  query and output (``2·r·H·(h_nope + h_v)`` per new token), scores over ``r + h_rope`` and
+  values over ``r``. By default decode steps (one new token per row) are absorbed and
+  prefill steps expanded, as vLLM and SGLang run them (:func:`mla_mode`).
 - MoE: router, shared experts and dense blocks always run; a token runs
   ``n_active_experts`` routed experts.
 - Sparse weights (:attr:`ModelSpec.weight_density` < 1): block-matrix FLOPs and bytes
@@ -59,14 +60,19 @@ __all__ = [
     "StepCost",
     "attention_params_per_layer",
     "decode_cost",
+    "embedding_table_bytes",
     "expected_active_experts",
     "generation_cost",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_cache_bytes_per_sequence",
     "kv_cache_layout",
+    "kv_share_per_device",
+    "lm_head_bytes",
     "matmul_params",
+    "mla_mode",
     "mlp_params_per_expert",
+    "model_assumptions",
     "operator_class_costs",
     "param_count",
     "prefill_cost",
@@ -132,6 +138,34 @@ def _mlp_params(spec: ModelSpec, moe_layer: bool, experts: float) -> float:
     return _router_params(spec) + _shared_params(spec) + experts * mlp_params_per_expert(spec)
 
 
+def _proj_params(spec: ModelSpec) -> int:
+    """OPT-350m's project_in and project_out (``e → d`` and ``d → e``), 0 otherwise."""
+    e, d = spec.embedding_width, spec.hidden_size
+    return 2 * d * e if e != d else 0
+
+
+def _lm_head_bytes(spec: ModelSpec) -> float:
+    """Bytes of the lm_head matrix: 16-bit, or quantised as the blocks (GPTQ ``lm_head``)."""
+    e = spec.embedding_width
+    params = float(e * spec.vocab_size)
+    if spec.quant_lm_head:
+        per = spec.weight_bytes_per_param + spec.quant_zero_bytes_per_param
+        return params * per + e * spec.quant_index_bytes_per_input
+    return params * spec.embedding_bytes_per_param
+
+
+def lm_head_bytes(spec: ModelSpec) -> float:
+    """Bytes the untied lm_head occupies (0 when tied to the embedding)."""
+    return 0.0 if spec.tied_embeddings else _lm_head_bytes(spec)
+
+
+def embedding_table_bytes(spec: ModelSpec) -> float:
+    """Bytes of the token and position tables and OPT-350m's in/out projections."""
+    d = spec.hidden_size
+    n = spec.vocab_size * spec.embedding_width + spec.pos_embeddings * d + _proj_params(spec)
+    return n * spec.embedding_bytes_per_param
+
+
 def matmul_params(spec: ModelSpec, *, active: bool = False, lm_head: bool = True) -> int:
     """Parameters that take part in matmuls (``N_mat``; the embedding lookup is not one).
 
@@ -139,14 +173,14 @@ def matmul_params(spec: ModelSpec, *, active: bool = False, lm_head: bool = True
         active: count only the routed experts a token goes to (MoE), i.e. the parameters
             whose FLOPs one token pays (shared experts and dense blocks always count);
             otherwise every expert.
-        lm_head: include the ``d·V`` output projection (counted even when tied).
+        lm_head: include the ``e·V`` output projection (counted even when tied).
     """
     experts = spec.n_active_experts if active else spec.n_experts
-    total = 0.0
+    total = float(_proj_params(spec))
     for moe_layer in spec.moe_layer_mask():
         total += attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, experts)
     if lm_head:
-        total += spec.hidden_size * spec.vocab_size
+        total += spec.embedding_width * spec.vocab_size
     return int(total)
 
 
@@ -172,8 +206,11 @@ def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
             n += (2 * f if spec.mlp_gated else f) + d
     if moe_layer and spec.router_bias:
         n += spec.n_experts
+    if spec.attention_sinks:
+        n += spec.n_heads
     if spec.qk_norm:
-        n += 2 * hd
+        width = (spec.n_heads + spec.n_kv_heads) * hd if spec.qk_norm_full else 2 * hd
+        n += width * (2 if spec.norm_bias else 1)
     return n
 
 
@@ -182,7 +219,8 @@ def _small_params(spec: ModelSpec) -> int:
     """Norm weights/biases and linear biases: vectors, not matrices."""
     norm = spec.hidden_size * (2 if spec.norm_bias else 1)
     total = sum(_layer_small_params(spec, m) for m in spec.moe_layer_mask())
-    return total + (norm if spec.final_norm else 0)
+    head_bias = spec.vocab_size if spec.lm_head_bias else 0
+    return total + (norm if spec.final_norm else 0) + head_bias
 
 
 def param_count(spec: ModelSpec) -> int:
@@ -191,12 +229,12 @@ def param_count(spec: ModelSpec) -> int:
     Embedding table, learned position table, every block's matrices, biases and norms, the
     final norm, and the lm_head unless tied to the embedding.
     """
-    d, v = spec.hidden_size, spec.vocab_size
+    d, v, e = spec.hidden_size, spec.vocab_size, spec.embedding_width
     total = matmul_params(spec, lm_head=False) + _small_params(spec)
-    total += v * d  # embedding
+    total += v * e  # embedding
     total += spec.pos_embeddings * d
     if not spec.tied_embeddings:
-        total += v * d
+        total += v * e
     return total + spec.extra_params
 
 
@@ -238,17 +276,19 @@ def weight_bytes(spec: ModelSpec) -> float:
     :attr:`ModelSpec.embedding_bytes_per_param` (16-bit in quantised checkpoints); norm and
     bias vectors at the activation width.
     """
-    d, v = spec.hidden_size, spec.vocab_size
+    d, v, e = spec.hidden_size, spec.vocab_size, spec.embedding_width
     blocks = 0.0
     for moe_layer in spec.moe_layer_mask():
         params = attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, spec.n_experts)
         params -= _router_params(spec) if moe_layer else 0
         blocks += _quantised_bytes(spec, params, _linear_inputs(spec, moe_layer, spec.n_experts))
     n_moe = sum(spec.moe_layer_mask())
-    tables = v * d * (1 if spec.tied_embeddings else 2) + spec.pos_embeddings * d
+    tables = v * e + spec.pos_embeddings * d + _proj_params(spec)
     tables += n_moe * _router_params(spec) + spec.extra_params
+    head = 0.0 if spec.tied_embeddings else _lm_head_bytes(spec)
     return (
         blocks
+        + head
         + tables * spec.embedding_bytes_per_param
         + _small_params(spec) * spec.act_bytes_per_element
     )
@@ -298,6 +338,18 @@ def kv_cache_bytes(spec: ModelSpec, tokens: float, *, batch: int | None = None) 
     return tokens * kv_bytes_per_token(spec)
 
 
+def kv_share_per_device(spec: ModelSpec, tp: int) -> float:
+    """Fraction of the KV cache one of ``tp`` tensor-parallel devices holds.
+
+    Ordinary attention splits the KV heads, ``max(K/tp, 1)/K`` (heads are replicated once
+    ``tp > K``). An MLA latent has no heads to split: every rank keeps all of it (1.0).
+    """
+    tp = max(int(tp), 1)
+    if spec.is_mla:
+        return 1.0
+    return max(spec.n_kv_heads / tp, 1.0) / spec.n_kv_heads
+
+
 def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]:
     """KV-cache bytes of one sequence by layer type, for display.
 
@@ -320,6 +372,57 @@ def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]
                 "bytes": n * held * per,
             }
         )
+    return out
+
+
+def model_assumptions(spec: ModelSpec) -> list[str]:
+    """The family and every counting assumption that applies to ``spec``, in words
+    (``perfscope roofline`` prints them; a JSON run stores them with the model)."""
+    out = [f"family: {spec.family or 'custom (shape given by hand)'}"]
+    if spec.is_mla:
+        pre = "absorbed" if spec.mla_prefill_absorbed else "expanded"
+        dec = "absorbed" if spec.mla_absorbed else "expanded"
+        out.append(
+            f"MLA: prefill {pre}, decode {dec} (vLLM/SGLang: prefill expanded, decode "
+            "absorbed; transformers: both expanded); the latent KV is replicated on every "
+            "tensor-parallel rank"
+        )
+    if spec.is_moe:
+        shared = (
+            f", shared expert {spec.shared_expert_intermediate_size} wide"
+            if spec.shared_expert_intermediate_size
+            else ""
+        )
+        dense = f", {len(spec.dense_layers)} dense block(s)" if spec.dense_layers else ""
+        out.append(
+            f"MoE: {spec.n_experts} experts, top-{spec.n_active_experts}{shared}{dense}; "
+            "weights read per step assume uniform, independent routing"
+        )
+    groups: dict[tuple[str, int], int] = {}
+    for la in spec.layer_attention():
+        groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
+    if any(kind != "full" for kind, _ in groups):
+        parts = [
+            f"{n} {kind}" + (f" ({span} tokens)" if span else "")
+            for (kind, span), n in groups.items()
+        ]
+        out.append("attention per layer: " + ", ".join(parts))
+    if spec.quant_method:
+        group = f" group {spec.quant_group_size}" if spec.quant_group_size else ""
+        head = "quantised" if spec.quant_lm_head else "16-bit"
+        out.append(
+            f"weights: {spec.quant_method} {spec.weight_dtype}{group} "
+            f"({spec.weight_bytes_per_param:.4g} B/param with scales); embedding 16-bit, "
+            f"lm_head {head}"
+        )
+    if spec.embed_dim:
+        out.append(
+            f"embedding {spec.embed_dim} wide, projected in and out of the {spec.hidden_size}"
+            "-wide blocks"
+        )
+    if spec.weight_density < 1.0:
+        out.append(f"sparse weights: density {spec.weight_density:g}")
+    out.extend(spec.notes)
     return out
 
 
@@ -392,14 +495,24 @@ def _chunk_prefix(x: FloatArray, c: float) -> FloatArray:
     return full * c * (c + 1.0) / 2.0 + r * (r + 1.0) / 2.0
 
 
-def _attention_widths(spec: ModelSpec) -> tuple[float, float]:
+def _attention_widths(spec: ModelSpec, absorbed: bool) -> tuple[float, float]:
     """Per-head widths of the score (q·k) and value (p·v) matmuls."""
     if not spec.is_mla:
         return float(spec.head_dim), float(spec.head_dim)
-    if spec.mla_absorbed:
+    if absorbed:
         r = float(spec.kv_lora_rank)
         return r + spec.qk_rope_head_dim, r
     return float(spec.head_dim), float(spec.v_head_dim)
+
+
+def mla_mode(spec: ModelSpec, new_tokens_per_row: float) -> str:
+    """``absorbed`` or ``expanded``: how an MLA step with that many new tokens per row runs
+    (decode: :attr:`ModelSpec.mla_absorbed`; prefill: :attr:`ModelSpec.mla_prefill_absorbed`).
+    Empty for a model without MLA."""
+    if not spec.is_mla:
+        return ""
+    absorbed = spec.mla_prefill_absorbed if new_tokens_per_row > 1 else spec.mla_absorbed
+    return "absorbed" if absorbed else "expanded"
 
 
 @functools.lru_cache(maxsize=256)
@@ -449,13 +562,18 @@ def step_costs(
 
     d, v = float(spec.hidden_size), float(spec.vocab_size)
     h = float(spec.n_heads)
-    w_qk, w_pv = _attention_widths(spec)
     attn_params = float(attention_params_per_layer(spec))
     kv_b = float(_mla_kv_b_params(spec)) if spec.is_mla else 0.0
-    naive_mla = spec.is_mla and not spec.mla_absorbed
     # Per row: q = n/b new tokens over kv = (c + n)/b keys; times b rows.
     q = n / b
     p = c / b
+    # MLA: decode rows (one new token) and prefill rows may run absorbed or expanded.
+    multi = q > 1.0
+    absorbed = np.where(multi, spec.mla_prefill_absorbed, spec.mla_absorbed)
+    naive = np.where(absorbed, 0.0, 1.0) if spec.is_mla else np.zeros_like(q)
+    wa, wn = _attention_widths(spec, True), _attention_widths(spec, False)
+    w_qk = naive * wn[0] + (1.0 - naive) * wa[0]
+    w_pv = naive * wn[1] + (1.0 - naive) * wa[1]
 
     zero = np.zeros(np.broadcast_shapes(b.shape, n.shape, c.shape))
     flops_linear = zero.copy()
@@ -505,13 +623,12 @@ def step_costs(
             scores = scores + lc * 4.0 * h * b * q * kv_exec
 
         mlp_active = _mlp_params(spec, moe, k_act)
-        per_token = attn_params - (kv_b if naive_mla else 0.0) + mlp_active
+        per_token = attn_params - kv_b * naive + mlp_active
         # A sparse run multiplies only the stored weights (the router of a MoE too: small).
         per_token = per_token * spec.weight_density
         flops_linear = flops_linear + lc * 2.0 * n * per_token
-        if naive_mla:
-            # HF/vLLM-prefill MLA expands the latent of every attended key.
-            flops_linear = flops_linear + lc * 2.0 * kv_b * b * kv_exec
+        # Expanded MLA (prefill; HF decode) expands the latent of every attended key.
+        flops_linear = flops_linear + naive * lc * 2.0 * kv_b * b * kv_exec
 
         read_params: Any
         if moe:
@@ -540,22 +657,27 @@ def step_costs(
 
     # Bytes.
     eb = spec.embedding_bytes_per_param
+    e = float(spec.embedding_width)
+    proj = float(_proj_params(spec))
+    flops_linear = flops_linear + 2.0 * n * proj  # OPT-350m project_in/out, every token
+    head = v * e * eb if spec.tied_embeddings else _lm_head_bytes(spec)
     small = float(_small_params(spec))
     bytes_weights = (
         _quantised_bytes(spec, w_params, w_inputs)
-        + eb * (w_tables + d * v)
-        + eb * n * d * (2.0 if spec.pos_embeddings else 1.0)  # embedding (and position) rows
+        + eb * (w_tables + proj)
+        + head
+        + eb * n * (e + (d if spec.pos_embeddings else 0.0))  # embedding (and position) rows
         + small * spec.act_bytes_per_element
     )
     kv_layer = _kv_layer_bytes_per_token(spec)
     bytes_kv_read = b * kv_read_tokens * kv_layer
     bytes_kv_write = n * spec.n_layers * kv_layer
-    bytes_act = spec.act_bytes_per_element * (n * act_elems + lt * v + lt * d)
+    bytes_act = spec.act_bytes_per_element * (n * act_elems + lt * v + lt * e)
     if materialized_scores:
         # scores written, read by softmax, probabilities written, read by P·V
         bytes_act = bytes_act + spec.act_bytes_per_element * scores
 
-    flops_lm = 2.0 * lt * d * v
+    flops_lm = 2.0 * lt * e * v
     out: dict[str, FloatArray] = {
         "flops": flops_linear + flops_lm + attn_exec,
         "flops_useful": flops_linear + flops_lm + attn_useful,

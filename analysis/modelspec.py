@@ -24,6 +24,7 @@ __all__ = [
     "DTYPE_BYTES",
     "FAMILIES",
     "PRESETS",
+    "REFUSED",
     "Family",
     "LayerAttention",
     "ModelSpec",
@@ -32,6 +33,7 @@ __all__ = [
     "compute_dtype_for",
     "dtype_bytes",
     "family_for",
+    "normalised_config",
     "normalize_dtype",
     "preset_names",
     "quant_layout",
@@ -178,10 +180,13 @@ class ModelSpec:
         q_lora_rank: MLA query compression width (0 = a plain ``d → H·h_qk`` projection).
         qk_rope_head_dim: MLA per-head rotary part of queries/keys (cached once, shared).
         v_head_dim: MLA value head width.
-        mla_absorbed: MLA attention runs with the up-projections absorbed into the query
-            and output (vLLM/SGLang decode: attends over the latent directly); False:
-            the latent is expanded to per-head K/V for every attended token, as HF
-            transformers (and vLLM's prefill) do.
+        mla_absorbed: MLA decode steps (one new token per row) run with the
+            up-projections absorbed into the query and output (vLLM/SGLang decode: attend
+            over the latent directly); False: the latent is expanded to per-head K/V for
+            every attended token, as HF transformers does.
+        mla_prefill_absorbed: MLA steps with more than one new token per row (prefill,
+            chunks) run absorbed too. False (the default): expanded, as vLLM, SGLang and
+            transformers all run prefill.
         quant_method: ``quantization_config.quant_method`` (``gptq``, ``awq``,
             ``bitsandbytes``, ``fp8``, ``compressed-tensors``), empty when not quantised.
         quant_group_size: weights per scale group (0 = per channel or not quantised).
@@ -197,6 +202,20 @@ class ModelSpec:
             embedding and lm_head stay dense.
         weight_index_bytes_per_nonzero: bytes of sparse-format indices per stored weight
             (torch CSR: an int64 column index, 8, plus row pointers; 2:4 metadata); 0 dense.
+        quant_lm_head: the checkpoint quantises the lm_head like the block matrices (GPTQ
+            ``"lm_head": true``); otherwise it stays at :attr:`embedding_bytes_per_param`.
+        embed_dim: width of the embedding table and lm_head when it differs from
+            :attr:`hidden_size` (OPT-350m ``word_embed_proj_dim``: a ``e → d`` project_in
+            before the first block and a ``d → e`` project_out after the last, both
+            without bias); 0 = :attr:`hidden_size`.
+        qk_norm_full: the q/k norms span all heads (``H·h_d`` and ``K·h_d`` weights: OLMo-2,
+            OLMoE, Cohere, StableLM's per-head LayerNorms) rather than one ``h_d`` vector each.
+        lm_head_bias: the lm_head has a bias (GPT-J).
+        attention_sinks: every attention layer has one learned sink logit per head (gpt-oss):
+            a softmax column, no matmul, ``H`` parameters per layer.
+        family: the :data:`FAMILIES` row the config was read with (empty: built by hand).
+        notes: the conventions and assumptions the spec carries, in words (how the config
+            was read, what is left out); ``perfscope roofline`` prints them.
     """
 
     name: str
@@ -240,6 +259,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     mla_absorbed: bool = True
+    mla_prefill_absorbed: bool = False
     quant_method: str = ""
     quant_group_size: int = 0
     quant_zero_bytes_per_param: float = 0.0
@@ -247,6 +267,13 @@ class ModelSpec:
     unquantized_bytes_per_param: float = 0.0
     weight_density: float = 1.0
     weight_index_bytes_per_nonzero: float = 0.0
+    quant_lm_head: bool = False
+    embed_dim: int = 0
+    qk_norm_full: bool = False
+    lm_head_bias: bool = False
+    attention_sinks: bool = False
+    family: str = ""
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.weight_density <= 1.0:
@@ -256,6 +283,8 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(int(v) for v in value))
+        if not isinstance(self.notes, tuple):
+            object.__setattr__(self, "notes", tuple(str(v) for v in self.notes))
         if self.layer_windows and len(self.layer_windows) != self.n_layers:
             raise UsageError(
                 f"layer_windows has {len(self.layer_windows)} entries for {self.n_layers} layers"
@@ -266,6 +295,7 @@ class ModelSpec:
         d = asdict(self)
         d["layer_windows"] = list(self.layer_windows)
         d["dense_layers"] = list(self.dense_layers)
+        d["notes"] = list(self.notes)
         return d
 
     @classmethod
@@ -290,6 +320,11 @@ class ModelSpec:
     def qk_nope_head_dim(self) -> int:
         """MLA per-head query/key part without rotary embedding."""
         return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def embedding_width(self) -> int:
+        """Width of the embedding rows and of the lm_head input (:attr:`embed_dim`)."""
+        return self.embed_dim or self.hidden_size
 
     @property
     def embedding_bytes_per_param(self) -> float:
@@ -365,9 +400,20 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(
-        cls, config: dict[str, Any] | str | Path, *, name: str | None = None
+        cls,
+        config: dict[str, Any] | str | Path,
+        *,
+        name: str | None = None,
+        reader: str = "auto",
     ) -> ModelSpec:
         """Build from a Hugging Face ``config.json`` (a path, a folder holding one, or the dict).
+
+        ``reader`` ``auto`` (the default) reads the config through the installed
+        transformers' own config class when transformers is importable and knows the
+        ``model_type`` (:func:`normalised_config`): every spelling (``num_experts`` /
+        ``num_local_experts``) and every default is then the one the model code reads.
+        ``json`` reads the raw JSON keys only (the fallback, also used when transformers is
+        absent or rejects the config); ``transformers`` insists on the config class.
 
         The ``model_type`` selects a row of :data:`FAMILIES` (or, for an unknown type, the
         ``architectures`` class names do); the row says which config fields give biases,
@@ -379,8 +425,21 @@ class ModelSpec:
             UsageError: the file is missing or unreadable, the family is unknown, or the
                 config lacks the shape keys (the message names what is missing).
         """
+        if reader not in ("auto", "json", "transformers"):
+            raise UsageError(f"reader must be auto, json or transformers, got {reader!r}")
         cfg, default_name = _load_config(config)
-        return _spec_from_config(cfg, name or default_name)
+        note = "config read from raw JSON keys"
+        if reader != "json":
+            normal, why = normalised_config(cfg)
+            if normal is not None:
+                cfg = normal
+                note = f"config read through transformers {why}"
+            elif reader == "transformers":
+                raise UsageError(f"cannot read the config through transformers: {why}")
+            else:
+                note = f"config read from raw JSON keys ({why})"
+        spec = _spec_from_config(cfg, name or default_name)
+        return replace(spec, notes=(note, *spec.notes))
 
     @classmethod
     def from_preset(cls, name: str) -> ModelSpec:
@@ -456,6 +515,49 @@ def _load_config(config: dict[str, Any] | str | Path) -> tuple[dict[str, Any], s
     return data, name
 
 
+def normalised_config(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """``cfg`` as the installed transformers' config class reads it, or ``(None, why not)``.
+
+    The config class (``AutoConfig.for_model(**cfg)``, what ``from_pretrained`` does with a
+    local ``config.json``) applies the version's defaults and renames; its ``to_dict()`` is
+    then overlaid with every ``attribute_map`` alias (``num_experts`` for Qwen3-MoE's saved
+    ``num_local_experts``, ``hidden_size`` for GPT-2's ``n_embd``), so the readers below
+    find a field under either spelling. Sub-configs (``text_config``, ``vision_config``) are
+    normalised the same way. Returns the dict and a short description of the class used.
+    """
+    mt = cfg.get("model_type")
+    if not mt:
+        return None, "the config has no model_type"
+    try:
+        import transformers
+    except ImportError:
+        return None, "transformers is not installed"
+    try:
+        mapping = transformers.CONFIG_MAPPING
+        if mt not in mapping:
+            return None, f"transformers {transformers.__version__} does not know {mt!r}"
+        obj = mapping[mt](**{k: v for k, v in cfg.items() if k != "model_type"})
+    except Exception as exc:  # a config class rejecting its input: fall back to raw JSON
+        return None, f"{type(exc).__name__} from the config class: {str(exc)[:120]}"
+    out = _config_to_dict(obj, transformers.PretrainedConfig)
+    for k, v in cfg.items():  # keys the class dropped (quantization_config of old writers)
+        out.setdefault(k, v)
+    return out, f"{transformers.__version__} ({type(obj).__name__})"
+
+
+def _config_to_dict(obj: Any, base: type) -> dict[str, Any]:
+    out: dict[str, Any] = dict(obj.to_dict())
+    for alias in getattr(obj, "attribute_map", {}) or {}:
+        try:
+            out[alias] = getattr(obj, alias)
+        except AttributeError:
+            continue
+    for k, v in list(vars(obj).items()):
+        if isinstance(v, base):
+            out[k] = _config_to_dict(v, base)
+    return out
+
+
 def _first_of(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     """The value of the first of ``keys`` (aliases of one config field) that ``cfg`` sets."""
     for k in keys:
@@ -496,6 +598,7 @@ class QuantLayout:
             ``g_idx``, int32).
         unquantized_bytes_per_param: width of the matrices kept in 16 bits (embedding,
             lm_head, router), from ``torch_dtype``.
+        lm_head: the lm_head is quantised too (GPTQ ``"lm_head": true``).
     """
 
     method: str
@@ -507,6 +610,7 @@ class QuantLayout:
     zero_bytes_per_param: float
     index_bytes_per_input: float
     unquantized_bytes_per_param: float
+    lm_head: bool = False
 
 
 def _bits_dtype(bits: float, kind: str = "int") -> str:
@@ -532,7 +636,8 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
       16-bit width.
 
     Embedding and lm_head stay 16-bit in every method (GPTQ/AWQ quantise only the blocks'
-    linears, bitsandbytes skips ``lm_head``, FP8/compressed-tensors list it in ``ignore``).
+    linears, bitsandbytes skips ``lm_head``, FP8/compressed-tensors list it in ``ignore``),
+    except a GPTQ config with ``"lm_head": true``, whose lm_head is quantised as the blocks.
     """
     q = cfg.get("quantization_config")
     if not isinstance(q, dict):
@@ -554,7 +659,18 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
         has_zero = method == "gptq" or bool(q.get("zero_point", True))
         zero = bits / 8 / group if group and has_zero else 0.0
         index = 4.0 if method == "gptq" else 0.0
-        return QuantLayout(method, _bits_dtype(bits), "bf16", bits, group, scale, zero, index, b16)
+        return QuantLayout(
+            method,
+            _bits_dtype(bits),
+            "bf16",
+            bits,
+            group,
+            scale,
+            zero,
+            index,
+            b16,
+            lm_head=bool(q.get("lm_head", False)),
+        )
     if method in ("fp8", "fbgemm-fp8", "finegrained-fp8"):
         block = q.get("weight_block_size")
         scale = 4.0 / (int(block[0]) * int(block[1])) if block else 0.0
@@ -610,6 +726,7 @@ def _dtypes_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
             quant_zero_bytes_per_param=layout.zero_bytes_per_param,
             quant_index_bytes_per_input=layout.index_bytes_per_input,
             unquantized_bytes_per_param=layout.unquantized_bytes_per_param,
+            quant_lm_head=layout.lm_head,
         )
     return out
 
@@ -632,7 +749,11 @@ class Family:
         mlp_gated: three-matrix gated MLP.
         norm_bias: LayerNorm with bias.
         norms_per_layer: norm modules per block.
-        qk_norm: per-head q/k RMSNorm.
+        qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
+        qk_norm_full: those norms span every head (:attr:`ModelSpec.qk_norm_full`).
+        lm_head_bias: the lm_head has a bias: ``True``/``False`` or the config key.
+        attention_sinks: learned per-head sink logits (gpt-oss).
+        router_bias: the MoE router has a bias.
         tied_default: ``tie_word_embeddings`` when the config omits it.
         kv_default: ``num_key_value_heads`` when omitted (``None``: ``n_heads``).
         windows: which layers slide when the config lists no ``layer_types``: ``none``,
@@ -643,6 +764,8 @@ class Family:
         window_default: default ``sliding_window`` for ``pattern`` families.
         window_flag: config key that must be true for the window to apply (Qwen).
         moe: ``none``, ``mixtral`` (``num_local_experts``, ``intermediate_size`` per expert),
+            ``llama4`` (``moe_layers``/``interleave_moe_layer_step``, a shared expert as wide
+            as a routed one, dense blocks ``intermediate_size_mlp`` wide),
             ``qwen`` (``num_experts``, ``moe_intermediate_size``, optional shared expert,
             ``mlp_only_layers``/``decoder_sparse_step``) or ``deepseek`` (``n_routed_experts``,
             ``n_shared_experts``, ``first_k_dense_replace``).
@@ -659,7 +782,11 @@ class Family:
     mlp_gated: bool = True
     norm_bias: bool = False
     norms_per_layer: int = 2
-    qk_norm: bool = False
+    qk_norm: bool | str = False
+    qk_norm_full: bool = False
+    lm_head_bias: bool | str = False
+    attention_sinks: bool = False
+    router_bias: bool = False
     tied_default: bool = False
     kv_default: int | None = None
     windows: str = "none"
@@ -762,10 +889,225 @@ FAMILIES: tuple[Family, ...] = (
         moe="deepseek",
         mla=True,
     ),
+    # Decoders the registry oracle proves Llama-shaped as far as FLOPs, bytes and
+    # parameters go (their differences are RoPE variants, activations or scalings).
+    Family("smollm3", ("smollm3",), ("SmolLM3ForCausalLM",)),
+    Family("ministral", ("ministral",), ("MinistralForCausalLM",)),
+    Family("helium", ("helium",), ("HeliumForCausalLM",)),
+    Family(
+        "seed_oss",
+        ("seed_oss",),
+        ("SeedOssForCausalLM",),
+        o_bias="attention_out_bias",
+    ),
+    Family(
+        "internlm3", ("internlm3",), ("InternLM3ForCausalLM",), qkv_bias="qkv_bias", o_bias="bias"
+    ),
+    Family(
+        "ernie4_5",
+        ("ernie4_5",),
+        ("Ernie4_5ForCausalLM",),
+        qkv_bias="use_bias",
+        o_bias="use_bias",
+        mlp_bias="use_bias",
+    ),
+    Family("glm", ("glm",), ("GlmForCausalLM",), o_bias=False),
+    Family("glm4", ("glm4",), ("Glm4ForCausalLM",), o_bias=False, norms_per_layer=4),
+    Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), ("HunYuanDenseV1ForCausalLM",), qk_norm=True),
+    Family("arcee", ("arcee",), ("ArceeForCausalLM",), mlp_gated=False),
+    Family("exaone4", ("exaone4",), ("Exaone4ForCausalLM",), qk_norm=True),
+    Family("olmo2", ("olmo2",), ("Olmo2ForCausalLM",), qk_norm=True, qk_norm_full=True),
+    Family("olmo3", ("olmo3",), ("Olmo3ForCausalLM",), qk_norm=True, qk_norm_full=True),
+    Family(
+        "olmoe",
+        ("olmoe",),
+        ("OlmoeForCausalLM",),
+        qk_norm=True,
+        qk_norm_full=True,
+        moe="mixtral",
+    ),
+    Family("granitemoe", ("granitemoe",), ("GraniteMoeForCausalLM",), moe="mixtral"),
+    Family(
+        "cohere",
+        ("cohere",),
+        ("CohereForCausalLM",),
+        norms_per_layer=1,
+        qk_norm="use_qk_norm",
+        qk_norm_full=True,
+        tied_default=True,
+    ),
+    Family(
+        "cohere2",
+        ("cohere2",),
+        ("Cohere2ForCausalLM",),
+        norms_per_layer=1,
+        tied_default=True,
+    ),
+    Family(
+        "stablelm",
+        ("stablelm",),
+        ("StableLmForCausalLM",),
+        qkv_bias="use_qkv_bias",
+        o_bias=False,
+        mlp_bias=False,
+        norm_bias=True,
+        qk_norm="qk_layernorm",
+        qk_norm_full=True,
+    ),
+    Family("iquestcoder", ("iquestcoder",), ()),
+    Family("cwm", ("cwm",), ()),
+    Family(
+        "gpt_oss",
+        ("gpt_oss",),
+        ("GptOssForCausalLM",),
+        mlp_bias=True,
+        attention_sinks=True,
+        router_bias=True,
+        moe="mixtral",
+    ),
+    Family("gptj", ("gptj",), ("GPTJForCausalLM",), reader="gptj"),
+    Family("codegen", ("codegen",), ("CodeGenForCausalLM",), reader="gptj"),
+    Family("bloom", ("bloom",), ("BloomForCausalLM",), reader="bloom"),
+    Family(
+        "phi",
+        ("phi",),
+        ("PhiForCausalLM",),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        mlp_gated=False,
+        norm_bias=True,
+        norms_per_layer=1,
+        qk_norm="qk_layernorm",
+        lm_head_bias=True,
+    ),
+    Family(
+        "phimoe",
+        ("phimoe",),
+        ("PhimoeForCausalLM",),
+        norm_bias=True,
+        lm_head_bias="lm_head_bias",
+        windows="all",
+        moe="mixtral",
+    ),
+    Family(
+        "granitemoeshared",
+        ("granitemoeshared",),
+        ("GraniteMoeSharedForCausalLM",),
+        moe="mixtral",
+    ),
+    Family("nemotron", ("nemotron",), ("NemotronForCausalLM",), mlp_gated=False, norm_bias=True),
+    Family(
+        "flex_olmo",
+        ("flex_olmo",),
+        ("FlexOlmoForCausalLM",),
+        qk_norm=True,
+        qk_norm_full=True,
+        moe="mixtral",
+    ),
     Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
     Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
 )
+
+_SSM = (
+    "a recurrent state replaces the KV cache: the per-step state bytes and the scan's "
+    "FLOPs are not modelled yet"
+)
+_HYBRID = (
+    "hybrid of attention and state-space/linear-attention layers: the recurrent state "
+    "those layers read and write per step is not modelled yet"
+)
+_ENC_DEC = (
+    "encoder-decoder: a request pays an encoder pass over the source and cross-attention "
+    "over it in every decoder step; perfscope models decoder-only serving"
+)
+_ENCODER = (
+    "an encoder (bidirectional) model with an LM head, not a decoder a serving engine "
+    "generates with"
+)
+
+#: Families perfscope knows about and deliberately does not count, with the reason.
+REFUSED: dict[str, str] = {
+    "llama4_text": (
+        "Llama-4: transformers runs every routed expert on every token and caches chunked "
+        "layers its own way, so the oracle cannot prove a serving count; not modelled yet"
+    ),
+    "llama4": "Llama-4 (multimodal wrapper): see llama4_text",
+    "falcon": (
+        "Falcon's three attention layouts (multi-query, new decoder architecture, ALiBi) "
+        "are not modelled yet"
+    ),
+    "dbrx": "DBRX's fused attention and expert layout (attn_config/ffn_config) is not modelled yet",
+    "minimax": _HYBRID,
+    "qwen3_next": _HYBRID,
+    "qwen3_5": _HYBRID,
+    "qwen3_5_text": _HYBRID,
+    "qwen3_5_moe": _HYBRID,
+    "qwen3_5_moe_text": _HYBRID,
+    "kimi_linear": _HYBRID,
+    "jamba": _HYBRID,
+    "zamba": _HYBRID,
+    "zamba2": _HYBRID,
+    "bamba": _HYBRID,
+    "falcon_h1": _HYBRID,
+    "granitemoehybrid": _HYBRID,
+    "nemotron_h": _HYBRID,
+    "lfm2": _HYBRID,
+    "lfm2_moe": _HYBRID,
+    "olmo_hybrid": _HYBRID,
+    "bailing_hybrid": _HYBRID,
+    "recurrent_gemma": _HYBRID,
+    "mamba": _SSM,
+    "mamba2": _SSM,
+    "falcon_mamba": _SSM,
+    "rwkv": _SSM,
+    "xlstm": _SSM,
+    **{
+        mt: _ENC_DEC
+        for mt in (
+            "t5",
+            "mt5",
+            "umt5",
+            "bart",
+            "mbart",
+            "marian",
+            "pegasus",
+            "blenderbot",
+            "blenderbot-small",
+            "plbart",
+            "mvp",
+            "bigbird_pegasus",
+            "prophetnet",
+            "whisper",
+            "trocr",
+        )
+    },
+    **{
+        mt: _ENCODER
+        for mt in (
+            "bert",
+            "bert-generation",
+            "big_bird",
+            "camembert",
+            "data2vec-text",
+            "electra",
+            "ernie",
+            "megatron-bert",
+            "rembert",
+            "roberta",
+            "roberta-prelayernorm",
+            "roc_bert",
+            "roformer",
+            "xlm",
+            "xlm-roberta",
+            "xlm-roberta-xl",
+            "xmod",
+            "xlnet",
+            "reformer",
+        )
+    },
+}
 
 _BY_TYPE = {mt: f for f in FAMILIES for mt in f.model_types}
 _BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
@@ -786,6 +1128,11 @@ def family_for(cfg: dict[str, Any]) -> Family:
     for a in archs:
         if a in _BY_ARCH:
             return _BY_ARCH[a]
+    if mt in REFUSED:
+        raise UsageError(
+            f"model_type {mt!r} is not counted: {REFUSED[mt]}. Describe a decoder of the "
+            "same shape with --layers/--hidden-size/--heads/--intermediate-size/--vocab-size"
+        )
     missing = [k for k in _SHAPE_KEYS if k not in cfg]
     known = ", ".join(sorted(_BY_TYPE))
     why = f"model_type {mt!r}" if mt else "a config without model_type"
@@ -868,13 +1215,34 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
     if fam.moe == "none":
         return {}
     if fam.moe == "mixtral":
-        e = int(_first_of(cfg, "num_local_experts", default=8))
+        e = int(_first_of(cfg, "num_local_experts", "num_experts", default=8))
         return {
             "n_experts": e,
             "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            # GraniteMoeShared: an ungated shared MLP beside the experts
+            "shared_expert_intermediate_size": int(
+                _first_of(cfg, "shared_intermediate_size", default=0) or 0
+            ),
+        }
+    if fam.moe == "llama4":
+        e = int(_first_of(cfg, "num_local_experts", default=16))
+        step = int(_first_of(cfg, "interleave_moe_layer_step", default=1))
+        moe_layers = cfg.get("moe_layers")
+        if moe_layers is None:
+            moe_layers = list(range(step - 1, n_layers, step))
+        moe_set = {int(i) for i in moe_layers}
+        f = _require(cfg, "intermediate_size")
+        return {
+            "n_experts": e,
+            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=1)),
+            "intermediate_size": f,
+            "shared_expert_intermediate_size": f,
+            "dense_layers": tuple(i for i in range(n_layers) if i not in moe_set),
+            "dense_intermediate_size": int(_first_of(cfg, "intermediate_size_mlp", default=0)),
         }
     if fam.moe == "qwen":
-        e = int(_first_of(cfg, "num_experts", default=0))
+        # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
+        e = int(_first_of(cfg, "num_experts", "num_local_experts", default=0))
         if not e:
             return {}
         step = int(_first_of(cfg, "decoder_sparse_step", default=1))
@@ -916,16 +1284,29 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
                 merged[k] = cfg[k]
         if "model_type" not in merged and cfg.get("model_type"):
             merged["model_type"] = f"{cfg['model_type']}_text"
-        return _spec_from_config(merged, name)
+        spec = _spec_from_config(merged, name)
+        towers = sorted(
+            k
+            for k, v in cfg.items()
+            if k.endswith("_config") and isinstance(v, dict) and k not in _NOT_TOWERS
+        )
+        if not towers:
+            return spec
+        extra, note = _tower_params(cfg, towers)
+        return replace(spec, extra_params=spec.extra_params + extra, notes=(*spec.notes, note))
 
     fam = family_for(cfg)
-    f: dict[str, Any] = {"name": name, **_dtypes_from_config(cfg)}
+    f: dict[str, Any] = {"name": name, "family": fam.key, **_dtypes_from_config(cfg)}
     if fam.reader == "gpt2":
         return _gpt2(cfg, f)
     if fam.reader == "gpt_neox":
         return _gpt_neox(cfg, f)
     if fam.reader == "opt":
         return _opt(cfg, f)
+    if fam.reader == "gptj":
+        return _gptj(cfg, f)
+    if fam.reader == "bloom":
+        return _bloom(cfg, f)
 
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
@@ -947,7 +1328,11 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         mlp_bias=_flag(cfg, fam.mlp_bias),
         norm_bias=fam.norm_bias,
         norms_per_layer=fam.norms_per_layer,
-        qk_norm=fam.qk_norm,
+        qk_norm=_flag(cfg, fam.qk_norm),
+        qk_norm_full=fam.qk_norm_full,
+        lm_head_bias=_flag(cfg, fam.lm_head_bias),
+        attention_sinks=fam.attention_sinks,
+        router_bias=fam.router_bias,
         max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0)),
         layer_windows=_layer_windows(cfg, fam, n_layers),
     )
@@ -970,6 +1355,38 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     return ModelSpec(**f)
 
 
+_NOT_TOWERS = ("text_config", "quantization_config", "rope_scaling", "generation_config")
+
+
+def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
+    """Parameters of a multimodal wrapper outside its text decoder (vision tower and
+    projector), counted by building the wrapper and its text model on torch's ``meta``
+    device (no memory). ``(0, why)`` when that cannot be done here."""
+    what = ", ".join(towers)
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return 0, f"weights of {what} left out (needs torch and transformers to count)"
+    try:
+        conf = transformers.CONFIG_MAPPING[cfg["model_type"]](
+            **{k: v for k, v in cfg.items() if k != "model_type"}
+        )
+        auto: Any = transformers.AutoModel  # untyped in transformers' stubs
+        with torch.device("meta"):
+            full = auto.from_config(conf)
+            text = auto.from_config(conf.get_text_config())
+        extra = sum(p.numel() for p in full.parameters()) - sum(
+            p.numel() for p in text.parameters()
+        )
+    except Exception as exc:  # an unknown wrapper: say what is missing, never guess
+        return 0, f"weights of {what} left out ({type(exc).__name__}: {str(exc)[:100]})"
+    return int(extra), (
+        f"{what}: {extra:,} parameters (vision tower, projector) counted in weights, "
+        "not run per decode step"
+    )
+
+
 def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     d = _require(cfg, "n_embd", "hidden_size")
     h = _require(cfg, "n_head", "num_attention_heads")
@@ -990,6 +1407,55 @@ def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         norm_bias=True,
         pos_embeddings=n_pos,
         max_position_embeddings=n_pos,
+    )
+    return ModelSpec(**f)
+
+
+def _bloom(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    # BLOOM: ALiBi (a bias added to the scores: no matmul, no parameters), fused biased
+    # QKV, a plain 4d MLP with biases, LayerNorms with bias and one more LayerNorm on the
+    # embeddings, tied lm_head.
+    d = _require(cfg, "hidden_size", "n_embed")
+    h = _require(cfg, "n_head", "num_attention_heads")
+    f.update(
+        n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=h,
+        head_dim=d // h,
+        intermediate_size=4 * d,
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=False,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        norm_bias=True,
+        extra_params=2 * d,  # word_embeddings_layernorm
+    )
+    return ModelSpec(**f)
+
+
+def _gptj(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    # GPT-J: one LayerNorm feeding attention and MLP in parallel, unbiased q/k/v/out,
+    # biased plain MLP, partial rotary (not counted: no matmul), a biased lm_head.
+    d = _require(cfg, "n_embd", "hidden_size")
+    h = _require(cfg, "n_head", "num_attention_heads")
+    f.update(
+        n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=h,
+        head_dim=d // h,
+        intermediate_size=int(_first_of(cfg, "n_inner", default=4 * d) or 4 * d),
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=False,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=False)),
+        mlp_bias=True,
+        norm_bias=True,
+        norms_per_layer=1,
+        lm_head_bias=True,
+        max_position_embeddings=int(_first_of(cfg, "n_positions", default=2048)),
     )
     return ModelSpec(**f)
 
@@ -1028,9 +1494,7 @@ def _opt(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         cfg.get("_remove_final_layer_norm", False)
     )
     max_pos = int(_first_of(cfg, "max_position_embeddings", default=2048))
-    # OPT-350m projects a narrower embedding in and out; those two matrices and the
-    # narrower table are counted here but not modelled as per-step work.
-    extra = 0 if proj == d else (2 * d * proj + v * (proj - d))
+    extra = 0
     if not affine:
         extra -= 2 * (2 * d) * _require(cfg, "num_hidden_layers") + (2 * d if final else 0)
     f.update(
@@ -1051,6 +1515,8 @@ def _opt(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         pos_embeddings=max_pos + 2,  # OPT's learned table has a fixed offset of 2
         max_position_embeddings=max_pos,
         extra_params=extra,
+        # OPT-350m: a narrower table, projected in and out (word_embed_proj_dim).
+        embed_dim=proj if proj != d else 0,
     )
     return ModelSpec(**f)
 
@@ -1124,6 +1590,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 8,
         "vocab_size": 32000,
         "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16",
+    },
+    "mistral-7b-v0.1": {
+        # v0.1 attends over a 4096-token sliding window (v0.2/v0.3 dropped it).
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
         "torch_dtype": "bfloat16",
     },
     "mixtral-8x7b": {
@@ -1228,7 +1707,8 @@ _PRESET_ALIASES = {
     "llama3-70b": "llama-3-70b",
     "llama-3.1-8b": "llama-3-8b",
     "llama-3.1-70b": "llama-3-70b",
-    "mistral-7b-v0.1": "mistral-7b",
+    "mistral-7b-v0.3": "mistral-7b",
+    "mistral-7b-v0.2": "mistral-7b",
     "qwen2.5-7b-instruct": "qwen2.5-7b",
     "gemma2-9b": "gemma-2-9b",
     "qwen1.5-moe": "qwen1.5-moe-a2.7b",

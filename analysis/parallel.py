@@ -33,7 +33,13 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from perfscope.analysis.catalogue import format_seconds, format_si
-from perfscope.analysis.costmodel import kv_cache_bytes_per_sequence, weight_bytes
+from perfscope.analysis.costmodel import (
+    embedding_table_bytes,
+    kv_cache_bytes_per_sequence,
+    kv_share_per_device,
+    lm_head_bytes,
+    weight_bytes,
+)
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.whatif import DEFAULT_MEM_FRACTION, predict
 from perfscope.errors import UsageError
@@ -202,9 +208,7 @@ def _link_for(
 
 
 def _kv_share(model: ModelSpec, tp: int) -> float:
-    if model.is_mla:
-        return 1.0  # the latent has no heads to split; every rank keeps all of it
-    return max(model.n_kv_heads / tp, 1.0) / model.n_kv_heads
+    return kv_share_per_device(model, tp)
 
 
 def predict_parallel(
@@ -322,9 +326,8 @@ def predict_parallel(
 
     # Memory per device of each stage.
     share = _kv_share(model, tp)
-    eb = model.embedding_bytes_per_param
-    emb = (v + model.pos_embeddings) * d * eb
-    head = 0.0 if model.tied_embeddings else v * d * eb
+    emb = embedding_table_bytes(model)
+    head = lm_head_bytes(model)
     blocks = weight_bytes(model) - emb - head
     kv_seq = kv_cache_bytes_per_sequence(model, prompt_len + output_len)
     batches_held = min(in_flight, pp) if pp > 1 else 1

@@ -28,6 +28,7 @@ import numpy as np
 from perfscope.analysis.catalogue import format_seconds
 from perfscope.analysis.costmodel import (
     kv_cache_bytes_per_sequence,
+    kv_share_per_device,
     step_costs,
     weight_bytes,
 )
@@ -81,8 +82,8 @@ def _peak(device: DeviceSpec, dtype: str) -> tuple[float | None, str]:
 
 
 def _kv_share(model: ModelSpec, tp: int) -> float:
-    """Fraction of the KV cache each of ``tp`` devices holds."""
-    return max(model.n_kv_heads / tp, 1.0) / model.n_kv_heads
+    """Fraction of the KV cache each of ``tp`` devices holds (an MLA latent: all of it)."""
+    return kv_share_per_device(model, tp)
 
 
 def predict(

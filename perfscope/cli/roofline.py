@@ -205,12 +205,22 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
         for dev in devices
     ]
     parallel = _parallel(args, spec, devices)
+    from perfscope.analysis.costmodel import model_assumptions
+
+    assumptions = model_assumptions(spec)
     if args.json:
-        out: dict[str, Any] = {"model": spec.to_dict(), "predictions": preds}
+        out: dict[str, Any] = {
+            "model": spec.to_dict(),
+            "assumptions": assumptions,
+            "predictions": preds,
+        }
         if parallel:
             out["parallel"] = [p.to_dict() for p in parallel]
         print(json.dumps(out, indent=2))
         return 0
+    console.print(f"model {spec.name}:", markup=False, highlight=False)
+    for line in assumptions:
+        console.print(f"  - {line}", markup=False, highlight=False)
     console.print(predictions_table(preds))
     if parallel:
         console.print(_parallel_table(parallel))

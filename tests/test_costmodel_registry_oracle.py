@@ -1,0 +1,261 @@
+"""The registry oracle: every causal-LM family the installed transformers lists is either
+counted exactly by perfscope or refused with a reason.
+
+For each ``model_type`` of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` a tiny random instance is
+built from the family's own config class (eager attention and experts, float32, tiny
+widths, two or three layers), a prefill of ``B x S`` tokens and one cached decode step run
+under ``FlopCounterMode``, and the cache tensors the prefill left are read. perfscope's
+spec, read from that config's ``to_dict()`` the way a saved ``config.json`` is, must then
+match on
+
+- parameters: ``sum(p.numel() for p in model.parameters())``;
+- weight bytes: every parameter tensor's bytes (fp32);
+- FLOPs: prefill (logits for the last position only, ``logits_to_keep=1``) and decode,
+  exactly as FlopCounterMode counts them (norms, softmax, activations count 0);
+- KV bytes: the key/value tensors of the cache after the prefill, against the decode
+  step's KV read;
+
+or raise :class:`UsageError` naming why it cannot count the family. A family whose tiny
+instance cannot be built here (an optional dependency, a config that needs real weights,
+a non-text input) is skipped with the reason. Families added to transformers later are
+checked automatically. Conventions, the only ones allowed: FLOPs as executed (the full
+masked square in prefill), the embedding lookup is free, fp32 throughout.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from perfscope.analysis import costmodel as cm
+from perfscope.analysis.modelspec import ModelSpec
+from perfscope.errors import UsageError
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.auto.modeling_auto import (  # noqa: E402
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+)
+
+pytestmark = pytest.mark.slow
+
+B, S = 2, 9
+
+#: Tiny widths, by canonical config name (translated through each class's attribute_map).
+TINY: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 211,
+    "max_position_embeddings": 128,
+    "head_dim": 16,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+    "num_local_experts": 4,
+    "num_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 24,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "n_group": 1,
+    "topk_group": 1,
+    "ffn_dim": 96,
+    "n_inner": 96,
+    "d_ff": 96,
+    "decoder_ffn_dim": 96,
+    "encoder_ffn_dim": 96,
+    "decoder_layers": 2,
+    "encoder_layers": 2,
+    "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4,
+    "d_model": 64,
+    "word_embed_proj_dim": 64,
+    "rotary_dim": 8,
+    "sliding_window": 4,
+    "attention_chunk_size": 4,
+    "first_k_dense_replace": 1,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+_CORE = {"hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "vocab_size"}
+
+FAMILIES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+#: Above this the "tiny" instance is not tiny (nested configs the widths do not reach).
+MAX_PARAMS = 3_000_000
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What the tiny model really did."""
+
+    params: int
+    weight_bytes: int
+    prefill_flops: int
+    decode_flops: int
+    kv_bytes: int
+    logits_all: bool
+
+
+def tiny_config(model_type: str) -> Any:
+    """The family's config class with :data:`TINY` widths, or raise why not."""
+    cls = transformers.CONFIG_MAPPING[model_type]
+    default = cls()
+    amap = getattr(default, "attribute_map", {}) or {}
+    kw: dict[str, Any] = {}
+    for key, value in TINY.items():
+        real = amap.get(key, key)
+        if real in kw or isinstance(getattr(cls, real, None), property):
+            continue
+        if key == "head_dim" and hasattr(default, "qk_rope_head_dim"):
+            continue  # MLA: head_dim is derived from the rope/nope split
+        try:
+            present = hasattr(default, real)
+            current = getattr(default, real) if present else None
+        except Exception:  # per-layer attributes that refuse a global read
+            continue
+        if present and not isinstance(current, (dict, list)):
+            kw[real] = value
+    if "kv_lora_rank" in kw and "num_key_value_heads" in kw:
+        kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)  # MLA: one KV per head
+    for key in ("layer_types", "mlp_only_layers"):
+        if hasattr(default, key):
+            kw[key] = None if key == "layer_types" else []
+    error: Exception | None = None
+    # the full tiny set, then only the core widths (some classes validate combinations)
+    for attempt in (kw, {k: v for k, v in kw.items() if k in _CORE}):
+        try:
+            conf = cls(**attempt)
+            conf._attn_implementation = "eager"
+            return conf
+        except Exception as exc:
+            error = exc
+    assert error is not None
+    raise error
+
+
+def _kv_bytes(cache: Any) -> int:
+    total = 0
+    for layer in getattr(cache, "layers", []) or []:
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def run_truth(conf: Any) -> tuple[Any, Truth]:
+    """Build the tiny model and measure it; raises when it cannot be built or run."""
+    kwargs: dict[str, Any] = {"attn_implementation": "eager"}
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):
+            size = sum(
+                p.numel() for p in transformers.AutoModelForCausalLM.from_config(conf).parameters()
+            )
+        if size > MAX_PARAMS:
+            raise RuntimeError(
+                f"{size:,} parameters: its sub-configs (text/vision) keep full-size defaults"
+            )
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(
+                conf, experts_implementation="eager", **kwargs
+            )
+        except (TypeError, ValueError):
+            model = transformers.AutoModelForCausalLM.from_config(conf, **kwargs)
+    model = model.float().eval()
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    ids = torch.randint(3, min(vocab, 200), (B, S))
+    nxt = torch.randint(3, min(vocab, 200), (B, 1))
+    logits_all = False
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with FlopCounterMode(display=False) as fc:
+            try:
+                out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            except TypeError:
+                logits_all = True
+                out = model(input_ids=ids, use_cache=True)
+        prefill = int(fc.get_total_flops())
+        cache = out.past_key_values
+        kv = _kv_bytes(cache)
+        with FlopCounterMode(display=False) as fc:
+            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        decode = int(fc.get_total_flops())
+    params = sum(p.numel() for p in model.parameters())
+    wbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return model, Truth(params, wbytes, prefill, decode, kv, logits_all)
+
+
+def perfscope_spec(conf: Any) -> ModelSpec:
+    """perfscope's reading of the config as a saved ``config.json`` gives it (fp32)."""
+    spec = ModelSpec.from_hf_config(conf.to_dict(), name=conf.model_type)
+    spec = replace(
+        spec,
+        weight_bytes_per_param=4.0,
+        unquantized_bytes_per_param=0.0,
+        act_bytes_per_element=4.0,
+        kv_bytes_per_element=4.0,
+    )
+    if spec.is_mla:
+        spec = replace(spec, mla_absorbed=False)  # transformers expands the latent
+    return spec
+
+
+def mismatches(spec: ModelSpec, truth: Truth) -> list[str]:
+    """The quantities where perfscope and the model disagree, in words."""
+    logits = B * S if truth.logits_all else None
+    got = {
+        "params": cm.param_count(spec),
+        "weight_bytes": cm.weight_bytes(spec),
+        "prefill_flops": cm.step_cost(spec, B, B * S, 0, logits_tokens=logits).flops,
+        "decode_flops": cm.step_cost(spec, B, B, B * S).flops,
+        "kv_bytes": cm.step_cost(spec, B, B, B * S).bytes_kv_read,
+    }
+    return [
+        f"{k}: perfscope {v:,.0f} vs model {getattr(truth, k):,}"
+        for k, v in got.items()
+        if v != getattr(truth, k)
+    ]
+
+
+def verdict(model_type: str) -> tuple[str, str]:
+    """``(exact|refused|skipped|WRONG, detail)`` for one family."""
+    try:
+        conf = tiny_config(model_type)
+    except Exception as exc:
+        return "skipped", f"config class: {type(exc).__name__}: {str(exc)[:160]}"
+    try:
+        spec = perfscope_spec(conf)
+    except UsageError as exc:
+        return "refused", str(exc)
+    try:
+        _, truth = run_truth(conf)
+    except Exception as exc:
+        return "skipped", f"tiny model: {type(exc).__name__}: {str(exc)[:160]}"
+    wrong = mismatches(spec, truth)
+    if wrong:
+        return "WRONG", "; ".join(wrong)
+    return "exact", spec.family
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_family_is_counted_exactly_or_refused_with_a_reason(model_type: str) -> None:
+    kind, detail = verdict(model_type)
+    if kind == "skipped":
+        pytest.skip(detail)
+    assert kind != "WRONG", f"{model_type}: perfscope counts it silently wrong: {detail}"
+    assert detail, f"{model_type}: {kind} without a reason"
+    if kind == "refused":
+        assert model_type in detail or "not" in detail, detail
