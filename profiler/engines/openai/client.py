@@ -188,8 +188,30 @@ def classify_exception(exc: BaseException, timeout_s: float | None) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
+#: The largest token count a server may report for one request (one billion: far beyond
+#: any context window, and well inside the int64 columns the counts are stored in).
+MAX_SERVER_COUNT = 1_000_000_000
+#: The largest choice ``index`` taken as a number at all (any index but 0 is then refused:
+#: perfscope asks for one choice per request, see ``_apply_event``).
+MAX_CHOICE_INDEX = 1023
+
+
 def _int(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _count(x: Any, name: str, limit: int = MAX_SERVER_COUNT) -> int | None:
+    """A count the server sent, range-checked where it enters: None when absent or not an
+    integer; ValueError naming the field and value when negative or beyond ``limit``
+    (10^30 or 2^64 would overflow the int64 columns and poison the run's files)."""
+    n = _int(x)
+    if n is not None and not 0 <= n <= limit:
+        shown = str(n) if len(str(n)) <= 24 else f"{str(n)[:12]}...({len(str(n))} digits)"
+        raise ValueError(
+            f"server sent an impossible {name} ({shown}; allowed 0..{limit:,}): "
+            "the request is failed, the run goes on"
+        )
+    return n
 
 
 def _cached_of(obj: dict[str, Any]) -> int | None:
@@ -198,13 +220,16 @@ def _cached_of(obj: dict[str, Any]) -> int | None:
     usage = obj.get("usage")
     if isinstance(usage, dict):
         details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
-            return _int(details.get("cached_tokens"))
-        if _int(usage.get("cached_tokens")) is not None:
-            return _int(usage.get("cached_tokens"))
+        if isinstance(details, dict):
+            n = _count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens")
+            if n is not None:
+                return n
+        n = _count(usage.get("cached_tokens"), "usage.cached_tokens")
+        if n is not None:
+            return n
     timings = obj.get("timings")
     if isinstance(timings, dict):
-        return _int(timings.get("cache_n"))
+        return _count(timings.get("cache_n"), "timings.cache_n")
     return None
 
 
@@ -229,12 +254,12 @@ def _apply_event(res: StreamResult, payload: str, t: int) -> None:
     usage = obj.get("usage")
     cum: int | None = None
     if isinstance(usage, dict):
-        ct = _int(usage.get("completion_tokens"))
+        ct = _count(usage.get("completion_tokens"), "usage.completion_tokens")
         if ct is not None:
             cum = ct
             res.completion_tokens = ct
             res.t_usage_ns = t
-        pt = _int(usage.get("prompt_tokens"))
+        pt = _count(usage.get("prompt_tokens"), "usage.prompt_tokens")
         if pt is not None:
             res.prompt_tokens = pt
     cached = _cached_of(obj)
@@ -246,7 +271,14 @@ def _apply_event(res: StreamResult, payload: str, t: int) -> None:
     for ch in choices:
         if not isinstance(ch, dict):
             continue
-        idx = ch.get("index", 0)
+        idx = _count(ch.get("index", 0), "choices[].index", MAX_CHOICE_INDEX)
+        if idx:
+            # Each request asks for one choice; merging a second into the first's token
+            # times would be wrong, and per-choice records are not kept: refuse it.
+            raise ValueError(
+                f"server sent choice index {idx}: more than one choice per request (n > 1) "
+                "is not measured; remove n from the request body"
+            )
         delta = ch.get("delta")
         if isinstance(delta, dict):  # chat: content, reasoning, tool-call arguments
             text = delta.get("content") or ""
@@ -260,7 +292,7 @@ def _apply_event(res: StreamResult, payload: str, t: int) -> None:
         else:
             text = ch.get("text") or ""
         if text:
-            pieces.append((int(idx) if isinstance(idx, int) else 0, text))
+            pieces.append((0, text))
         fr = ch.get("finish_reason")
         if fr:
             res.finish_reasons.append(str(fr))
