@@ -166,3 +166,49 @@ def test_segment_file_with_another_tables_schema_is_reported_not_a_keyerror(
         res = cli(*cmd, str(run_dir), runs=tmp_path / "runs")
         assert "KeyError" not in res.stderr + res.stdout, res.stderr
         assert "Traceback" not in res.stderr, res.stderr
+
+
+def test_runaway_lines_bodies_redirects_and_bad_chunking_fail_only_their_request(
+    tmp_path: Path,
+) -> None:
+    modes = ["ok", "long_line", "ok", "huge_error_body", "redirect", "bad_chunked", "ok"]
+    with hostile_server(modes, huge_bytes=24 << 20) as srv:
+        _rc, out, run_dir = _run(base_url(srv), tmp_path / "runs", len(modes))
+    assert "Traceback" not in out, out
+    assert srv.served == modes
+    req = _requests(run_dir)
+    assert len(req) == len(modes)
+    ok = req[req["error"].isna()]
+    assert len(ok) == 3 and (ok["output_tokens"] == 5).all(), "the good requests are kept"
+    errors = [e for e in req["error"] if isinstance(e, str)]
+
+    def one(*words: str) -> None:
+        assert sum(all(w in e for w in words) for e in errors) == 1, (words, errors)
+
+    one("stream line over 4,194,304 bytes", "sse_line_cap")
+    one("HTTP 500", "body cut at 1,048,576 bytes")
+    one("HTTP 307 redirect to", "/elsewhere/v1/completions", "follow_redirects=1")
+    one("transport error", "chunked")
+    assert not any("400" in e for e in errors), errors
+
+
+def test_sse_parser_is_linear_in_a_line_split_over_many_reads() -> None:
+    """20 MB in 4 KiB reads: re-concatenating the buffer per read copies ~50 GB (minutes);
+    the parser joins each line once. The bound is two orders of magnitude above linear."""
+    import time
+
+    from perfscope.profiler.engines.openai.sse import SSELineTooLongError, SSEParser
+
+    body = b'data: {"x":"' + b"a" * (20 << 20) + b'"}\n\n'
+    parser = SSEParser(max_line_bytes=64 << 20)
+    t0 = time.perf_counter()
+    got: list[str] = []
+    for i in range(0, len(body), 4096):
+        got += parser.feed(body[i : i + 4096])
+    elapsed = time.perf_counter() - t0
+    assert len(got) == 1 and len(got[0]) == len(body) - 8
+    assert elapsed < 30, f"{elapsed:.1f} s for 20 MB"
+    capped = SSEParser(max_line_bytes=1 << 20)
+    with pytest.raises(SSELineTooLongError, match="over 1,048,576 bytes"):
+        for i in range(0, len(body), 4096):
+            capped.feed(body[i : i + 4096])

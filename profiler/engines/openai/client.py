@@ -26,19 +26,71 @@ from typing import Any
 import aiohttp
 from aiohttp.streams import StreamReader
 
-from perfscope.profiler.engines.openai.sse import SSEParser
+from perfscope.profiler.engines.openai.sse import DEFAULT_MAX_LINE_BYTES, SSEParser
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "MAX_SERVER_COUNT",
     "Candidate",
+    "ReadLimits",
     "RequestTrace",
     "StreamResult",
     "build_body",
     "classify_exception",
     "error_text",
     "install_select_stamps",
+    "read_limits",
     "stream_request",
     "trace_config",
 ]
+
+
+#: Most bytes read of an error body or a non-streamed JSON body (the rest is not read:
+#: a 500 MB error page once took 1.3 GB of memory).
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What one request may read and follow.
+
+    Attributes:
+        max_line_bytes: longest SSE line or event (``--engine-opt sse_line_cap=BYTES``).
+        max_body_bytes: most bytes read of an error or non-streamed body
+            (``--engine-opt body_cap=BYTES``).
+        follow_redirects: follow HTTP redirects (``--engine-opt follow_redirects=1``);
+            off, a redirect fails the request naming its target, since the timings would
+            be of another server than the one named.
+    """
+
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    follow_redirects: bool = False
+
+
+def read_limits(options: dict[str, str]) -> ReadLimits:
+    """:class:`ReadLimits` from engine options ``sse_line_cap``, ``body_cap`` (bytes, at
+    least 1024) and ``follow_redirects`` (1/true/yes); UsageError naming a bad value."""
+    from perfscope.errors import UsageError
+
+    def size(key: str, default: int) -> int:
+        text = (options.get(key) or "").strip()
+        if not text:
+            return default
+        try:
+            n = int(text)
+        except ValueError:
+            raise UsageError(f"{key} {text!r}: give a number of bytes, e.g. {default}") from None
+        if n < 1024:
+            raise UsageError(f"{key} must be at least 1024 bytes, got {n}")
+        return n
+
+    follow = (options.get("follow_redirects") or "").strip().lower() in ("1", "true", "yes", "on")
+    return ReadLimits(
+        max_line_bytes=size("sse_line_cap", DEFAULT_MAX_LINE_BYTES),
+        max_body_bytes=size("body_cap", DEFAULT_MAX_BODY_BYTES),
+        follow_redirects=follow,
+    )
 
 
 @dataclass
@@ -90,6 +142,7 @@ class StreamResult:
         reused: the request went out on a pooled (kept-alive) connection.
         t_headers_ns: when the client read the response headers.
         t_usage_ns: when the last event with a usage arrived.
+        final_url: the URL that answered, when a redirect was followed (else None).
     """
 
     candidates: list[Candidate] = field(default_factory=list)
@@ -114,6 +167,7 @@ class StreamResult:
     reused: bool = False
     t_headers_ns: int | None = None
     t_usage_ns: int | None = None
+    final_url: str | None = None
 
     def settle(self) -> None:
         """Decide which candidates are token arrivals (see the class docstring)."""
@@ -182,7 +236,19 @@ def classify_exception(exc: BaseException, timeout_s: float | None) -> str:
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "connection closed by the server"
     if isinstance(exc, aiohttp.ClientPayloadError):
+        text = f"{exc} {exc.__cause__ or ''}"
+        if "TransferEncoding" in text or "chunk" in text.lower():
+            return "transport error: the server's chunked encoding is broken (bad chunk)"
+        if "ContentLength" in text or "not completed" in text:
+            return "transport error: the response ended before its declared length"
         return "connection reset during the stream"
+    if isinstance(exc, aiohttp.ClientResponseError) and exc.status == 400:
+        # aiohttp's parser reports a malformed response (a bad chunk size on a 200) as a
+        # "400": the server said no such thing, the bytes on the wire were broken.
+        what = " ".join(str(exc.message).split())[:120]
+        if "chunk" in what.lower():
+            return f"transport error: the server's chunked encoding is broken ({what})"
+        return f"transport error: malformed response from the server ({what})"
     if isinstance(exc, ConnectionResetError | aiohttp.ClientOSError):
         return "connection reset"
     return f"{type(exc).__name__}: {exc}"[:200]
@@ -482,6 +548,23 @@ def error_text(status: int, reason: str | None, body: str) -> str:
     return head + (f": {msg[:400]}" if msg else "")
 
 
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool]:
+    """At most ``cap`` bytes of the body, and whether there was more (then the connection
+    is closed, not drained: the rest is never read)."""
+    parts: list[bytes] = []
+    n = 0
+    while n < cap:
+        data = await resp.content.readany()
+        if not data:
+            return b"".join(parts), False
+        parts.append(data)
+        n += len(data)
+    more = not resp.content.at_eof()
+    if more:
+        resp.close()
+    return b"".join(parts)[:cap], more
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -489,12 +572,15 @@ async def stream_request(
     headers: dict[str, str],
     now_ns: Callable[[], int],
     timeout_s: float | None,
+    limits: ReadLimits | None = None,
 ) -> StreamResult:
     """POST ``body`` to ``url`` and read the SSE stream to its end; never raises for a failed
     request (the failure is in ``error``). The session needs :func:`trace_config` for the
-    send stamp and connection times (without it ``t_sent_ns`` is when the POST began)."""
+    send stamp and connection times (without it ``t_sent_ns`` is when the POST began).
+    ``limits`` caps what is read and whether redirects are followed (:class:`ReadLimits`)."""
+    lim = limits or ReadLimits()
     res = StreamResult()
-    parser = SSEParser()
+    parser = SSEParser(lim.max_line_bytes)
     tr = RequestTrace(now_ns)
     t_begin = now_ns()
     try:
@@ -504,16 +590,29 @@ async def stream_request(
                 data=body,
                 headers=headers,
                 trace_request_ctx=tr,
+                allow_redirects=lim.follow_redirects,
             ) as resp:
                 res.t_headers_ns = now_ns()
                 res.status = resp.status
+                if resp.history:
+                    res.final_url = str(resp.url)
+                if 300 <= resp.status < 400 and resp.headers.get("Location"):
+                    where = resp.headers["Location"][:200]
+                    res.error = (
+                        f"HTTP {resp.status} redirect to {where!r} refused: the timings would "
+                        "be of another server; use that URL, or --engine-opt follow_redirects=1"
+                    )
+                    return res
                 if resp.status != 200:
-                    text = await resp.text(errors="replace")
+                    raw, more = await _read_capped(resp, lim.max_body_bytes)
+                    text = raw.decode("utf-8", "replace")
                     res.error = error_text(resp.status, resp.reason, text)
+                    if more:
+                        res.error += f" (body cut at {lim.max_body_bytes:,} bytes)"
                     return res
                 ctype = resp.headers.get("Content-Type", "")
                 if "text/event-stream" not in ctype and "application/json" in ctype:
-                    await resp.read()
+                    await _read_capped(resp, lim.max_body_bytes)
                     res.error = (
                         f"server did not stream (Content-Type {ctype.split(';')[0]}): "
                         "it ignored stream=true"

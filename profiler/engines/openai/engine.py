@@ -44,9 +44,11 @@ from perfscope.profiler.engines.base import (
 )
 from perfscope.profiler.engines.openai import client as _client
 from perfscope.profiler.engines.openai.client import (
+    ReadLimits,
     StreamResult,
     build_body,
     classify_exception,
+    read_limits,
     stream_request,
     trace_config,
 )
@@ -139,6 +141,8 @@ class OpenAIConfig:
     workers: int = 1
     prompt_salt: int | None = None
     longest_request_tokens: int | None = None
+    #: SSE line cap, body cap, redirects (``sse_line_cap``, ``body_cap``, ``follow_redirects``).
+    limits: ReadLimits = field(default_factory=ReadLimits)
 
     @classmethod
     def from_engine_options(cls, uri: str, options: EngineOptions) -> OpenAIConfig:
@@ -218,6 +222,7 @@ class OpenAIConfig:
             workers=workers,
             prompt_salt=salt,
             longest_request_tokens=options.longest_request_tokens,
+            limits=read_limits(x),
         )
 
     @property
@@ -326,6 +331,7 @@ class OpenAIEngine:
                     self._headers,
                     time.perf_counter_ns,
                     cfg.timeout_s,
+                    cfg.limits,
                 )
                 if res.status in (400, 422) and res.error and self._drop_rejected(res.error):
                     continue
@@ -714,14 +720,20 @@ class OpenAIEngine:
         try:
             now = recorder.clock.now_ns
             res = await stream_request(
-                session, self.cfg.url, body, self._headers, now, self.cfg.timeout_s
+                session, self.cfg.url, body, self._headers, now, self.cfg.timeout_s, self.cfg.limits
             )
             attempts = 1
             if res.retryable:
                 self.stats.retried += 1
                 self.stats.retry_reasons[str(res.error).split(":")[0]] += 1
                 res = await stream_request(
-                    fresh, self.cfg.url, body, self._headers, now, self.cfg.timeout_s
+                    fresh,
+                    self.cfg.url,
+                    body,
+                    self._headers,
+                    now,
+                    self.cfg.timeout_s,
+                    self.cfg.limits,
                 )
                 attempts = 2
                 if res.error is not None:
