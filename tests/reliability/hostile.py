@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -113,6 +114,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         body = stream_body(mode)
+        if mode == "slow":  # one event every 0.2 s: a request stays in flight for ~1.5 s
+            self._raw(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+            )
+            for event in body.split(b"\n\n"):
+                if event:
+                    self._raw(event + b"\n\n")
+                    time.sleep(0.2)
+            self.close_connection = True
+            return
         if mode == "bad_chunked":
             # A valid first chunk, then a size line that is not hex.
             first = body[:40]

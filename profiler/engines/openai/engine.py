@@ -526,7 +526,11 @@ class OpenAIEngine:
             self._pool = WorkerPool(
                 self.cfg.workers,
                 WorkerSettings(
-                    self.cfg.url, dict(self._headers), self.cfg.timeout_s, self.cfg.connection
+                    self.cfg.url,
+                    dict(self._headers),
+                    self.cfg.timeout_s,
+                    self.cfg.connection,
+                    self.cfg.limits,
                 ),
             )
 
