@@ -236,12 +236,10 @@ def classify_exception(exc: BaseException, timeout_s: float | None) -> str:
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "connection closed by the server"
     if isinstance(exc, aiohttp.ClientPayloadError):
-        text = f"{exc} {exc.__cause__ or ''}"
-        if "TransferEncoding" in text or "chunk" in text.lower():
+        text = f"{exc} {exc.__cause__ or ''}".lower()
+        if "invalid character in chunk" in text or "chunk size" in text:
             return "transport error: the server's chunked encoding is broken (bad chunk)"
-        if "ContentLength" in text or "not completed" in text:
-            return "transport error: the response ended before its declared length"
-        return "connection reset during the stream"
+        return "connection reset during the stream"  # also a stream cut mid-chunk
     if isinstance(exc, aiohttp.ClientResponseError) and exc.status == 400:
         # aiohttp's parser reports a malformed response (a bad chunk size on a 200) as a
         # "400": the server said no such thing, the bytes on the wire were broken.
