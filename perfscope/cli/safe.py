@@ -94,7 +94,7 @@ class SafeConsole(Console):
         kwargs.setdefault("emoji", False)
         super().__init__(*args, **kwargs)
 
-    def render_str(self, text: str, **kwargs: Any) -> Text:  # type: ignore[override]
+    def render_str(self, text: str, **kwargs: Any) -> Text:
         try:
             return super().render_str(text, **kwargs)
         except MarkupError:

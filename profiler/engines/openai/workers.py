@@ -261,7 +261,7 @@ class WorkerPool:
             for ready in wait(live, timeout=0.1) if live else ():
                 k = index[id(ready)]
                 try:
-                    msg = ready.recv()
+                    msg = self.conns[k].recv()
                 except (EOFError, OSError):
                     for r in self._mark_dead(k):
                         on_result(r)
