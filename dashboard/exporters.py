@@ -35,7 +35,7 @@ import pandas as pd
 
 from perfscope.analysis.energy import device_keys
 from perfscope.analysis.metrics import per_request
-from perfscope.profiler.store import write_stream_atomic, write_text_atomic
+from perfscope.profiler.output import write_output, write_output_text
 
 __all__ = [
     "EXPORT_SCHEMA",
@@ -460,10 +460,9 @@ def stream_perfetto(run: ExportableRun, out: _Writable) -> int:
 
 def write_perfetto(run: ExportableRun, path: Path) -> Path:
     """Write the run's Perfetto trace to ``path`` (gzip-compressed when it ends in ``.gz``),
-    streamed through a temporary file that replaces ``path`` only when complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The run store's atomic writer: streamed, and no temp file survives a full disk.
-    write_stream_atomic(path, lambda f: stream_perfetto(run, f))
+    streamed; a regular file is replaced only when complete (``profiler/output.py``)."""
+    # The one -o writer: streamed; atomic for a regular file, in place for a device or pipe.
+    write_output(path, lambda f: stream_perfetto(run, f))
     return path
 
 
@@ -544,6 +543,5 @@ def export_json(run: ExportableRun) -> dict[str, Any]:
 
 def write_json(run: ExportableRun, path: Path) -> Path:
     """Write :func:`export_json` to ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(export_json(run), indent=1, default=str))
+    write_output_text(path, json.dumps(export_json(run), indent=1, default=str))
     return path

@@ -51,7 +51,7 @@ from perfscope.dashboard.view import (
     request_rows,
     throughput_rows,
 )
-from perfscope.profiler.store import write_text_atomic
+from perfscope.profiler.output import write_output_text
 
 __all__ = [
     "DEFAULT_MAX_REQUESTS",
@@ -773,9 +773,9 @@ def write_report(
     max_requests: int = DEFAULT_MAX_REQUESTS,
     timeline_max_rows: int | None = None,
 ) -> Path:
-    """Render and write the report atomically; default ``<run dir>/report.html``."""
+    """Render and write the report (``profiler/output.py``: atomic for a regular file, in
+    place for a device or pipe, ``-`` for stdout); default ``<run dir>/report.html``."""
     out = Path(path) if path is not None else Path(run.path) / "report.html"
     text = render_report(run, max_requests=max_requests, timeline_max_rows=timeline_max_rows)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, text)  # the run store's writer: no temp file survives a failure
+    write_output_text(out, text)  # atomic for a file; in place for a device, FIFO, socket
     return out

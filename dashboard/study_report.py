@@ -242,7 +242,8 @@ def render_study_report(study: Study) -> str:
 
 def write_study_report(study: Study, path: str | Path) -> Path:
     """Write :func:`render_study_report` to ``path``; returns it."""
+    from perfscope.profiler.output import write_output_text
+
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_study_report(study), encoding="utf-8")
+    write_output_text(out, render_study_report(study))  # atomic file, or device/pipe/stdout
     return out

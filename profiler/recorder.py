@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from perfscope.profiler.arrow_safe import safe_table
 from perfscope.profiler.clock import Clock
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,
@@ -394,7 +395,7 @@ class Recorder:
         for r in recs:
             for name in REQUEST_TABLE_SCHEMA.names:
                 cols[name].append(getattr(r, name))
-        return pa.table(cols, schema=REQUEST_TABLE_SCHEMA)
+        return safe_table(cols, REQUEST_TABLE_SCHEMA)  # an impossible count keeps its row
 
     def chunks_table(self) -> pa.Table:
         rows = list(self._chunks)  # snapshot: an engine thread may still be appending

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from perfscope.errors import StorageError
+from perfscope.profiler.arrow_safe import safe_arrays
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,
@@ -82,10 +83,10 @@ def storage_error(path: Path | str, exc: OSError) -> StorageError:
 
 
 def _rows_to_batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
+    """Rows as one batch; a value its column cannot hold never loses its row
+    (:func:`~perfscope.profiler.arrow_safe.safe_arrays`)."""
     cols = [list(c) for c in zip(*rows, strict=True)]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)], schema=schema
-    )
+    return pa.RecordBatch.from_arrays(safe_arrays(cols, schema), schema=schema)
 
 
 def _chunk_batch(rows: list[tuple[int, int, int, int]]) -> pa.RecordBatch:
@@ -95,7 +96,7 @@ def _chunk_batch(rows: list[tuple[int, int, int, int]]) -> pa.RecordBatch:
         flat = np.fromiter(
             itertools.chain.from_iterable(rows), dtype=np.int64, count=4 * len(rows)
         ).reshape(-1, 4)
-    except (TypeError, ValueError):  # a count that is not an int (manual API misuse)
+    except (TypeError, ValueError, OverflowError):  # not an int64 count (manual API misuse)
         return _rows_to_batch(rows, CHUNK_SCHEMA)
     return pa.RecordBatch.from_arrays([pa.array(flat[:, j]) for j in range(4)], schema=CHUNK_SCHEMA)
 
@@ -236,12 +237,13 @@ class SegmentFlusher:
     def _flush_locked(self) -> None:
         rec = self.recorder
         pos = self._pos
-        new, fin, pos["registered"], pos["finished"] = rec.request_rows(
-            pos["registered"], pos["finished"]
-        )
+        # Each position moves only after its rows were written: a failed write (or a row
+        # that could not be converted) leaves them to the next round, never dropped.
+        new, fin, reg_to, fin_to = rec.request_rows(pos["registered"], pos["finished"])
         rows = [(*r, False) for r in new] + [(*r, True) for r in fin]
         if rows:
             self._streams["requests"].write(_rows_to_batch(rows, REQUEST_SEGMENT_SCHEMA))
+        pos["registered"], pos["finished"] = reg_to, fin_to
         chunks = rec.chunk_rows(pos["chunks"])
         if chunks:
             self._streams["chunks"].write(_chunk_batch(chunks))
@@ -318,8 +320,18 @@ def _read_stream(path: Path, schema: pa.Schema, notes: list[str]) -> pa.Table:
         return schema.empty_table()
     table = pa.Table.from_batches(batches)
     if table.schema != schema:
-        table = table.select([n for n in schema.names if n in table.column_names])
-        table = table.cast(schema) if table.schema.names == schema.names else table
+        missing = [n for n in schema.names if n not in table.column_names]
+        if missing:
+            shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+            notes.append(
+                f"{path.name}: schema of another table (no column {shown}); segment ignored"
+            )
+            return schema.empty_table()
+        try:
+            table = table.select(schema.names).cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            notes.append(f"{path.name}: schema does not match its table ({exc}); segment ignored")
+            return schema.empty_table()
     return table
 
 

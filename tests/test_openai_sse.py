@@ -53,16 +53,18 @@ def test_role_only_empty_usage_only_and_multi_choice_chunks() -> None:
     for payload in (
         '{"choices":[{"index":0,"delta":{"role":"assistant"}}]}',
         '{"choices":[{"index":0,"delta":{"content":""}}]}',
-        '{"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}',
+        '{"choices":[{"index":0,"delta":{"content":"a"}}]}',
         '{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}',
         '{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}',
         "[DONE]",
     ):
         _apply_event(res, payload, 7)
     res.settle()  # the stream ended: decide the arrivals
-    assert res.texts == [[(0, "a"), (1, "b")]]
+    assert res.texts == [[(0, "a")]]
     assert res.completion_tokens == 2 and res.prompt_tokens == 5
     assert res.done and res.finish_reasons == ["length"]
+    with pytest.raises(ValueError, match=r"choice index 1: .*\(n > 1\) is not measured"):
+        _apply_event(res, '{"choices":[{"index":0,"text":"a"},{"index":1,"text":"b"}]}', 8)
     with pytest.raises(ValueError, match="malformed stream"):
         _apply_event(res, "{nope", 8)
     with pytest.raises(ValueError, match="server error in stream: boom"):

@@ -33,6 +33,7 @@ from perfscope.cli._argtypes import (
     request_count,
     torch_dtype,
 )
+from perfscope.cli.safe import SafeConsole, configure_streams, safe_markup, safe_text
 from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.profiler.redact import redact_text
 
@@ -385,7 +386,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope.cli.sweep import run_args
 
     if args.seed is not None and args.engine.startswith("openai"):
-        Console(stderr=True).print(
+        SafeConsole(stderr=True).print(
             f"note: --seed {args.seed} repeats these prompts exactly; the server may serve "
             "them from its prefix cache",
             style="dim",
@@ -394,7 +395,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     if note is not None:
         Console(stderr=True).print(f"note: {note}", style="dim")
     given = run_args(args)
-    err = Console(stderr=True)
+    err = SafeConsole(stderr=True)
     hook = progress_hook(err, args.no_progress)
     if args.repeat > 1 or args.vs:
         from perfscope.api.repeat import run_repeated
@@ -413,7 +414,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         write_run_report(outcome.stored or outcome.path, err)
     if outcome.status != "complete":
         err.print(
-            f"[red]run {outcome.status}[/red]: {redact_text(outcome.error or '')}; "
+            f"[red]run {outcome.status}[/red]: {safe_markup(redact_text(outcome.error or ''))}; "
             f"what was captured is in {outcome.path}",
             markup=True,
             highlight=False,
@@ -627,9 +628,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 2
-    console = Console()
+    configure_streams()  # LC_ALL=C / PYTHONIOENCODING=ascii: ASCII stand-ins, no traceback
+    console = SafeConsole()
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=120)  # pipes and CI logs: do not squeeze tables to 80
+        console = SafeConsole(width=120)  # pipes and CI logs: do not squeeze tables to 80
     from perfscope.api.runner import stop_signals_as_interrupt
 
     try:
@@ -637,10 +639,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with stop_signals_as_interrupt():
             return int(args.handler(args, console))
     except UsageError as exc:
-        sys.stderr.write(f"error: {redact_text(str(exc))}\n")
+        sys.stderr.write(f"error: {safe_text(redact_text(str(exc)))}\n")
         return 2
     except PerfscopeError as exc:
-        sys.stderr.write(f"error: {redact_text(str(exc))}\n")
+        sys.stderr.write(f"error: {safe_text(redact_text(str(exc)))}\n")
         return 1
     except KeyboardInterrupt as exc:
         sig = f" by {exc}" if str(exc) else ""
@@ -653,7 +655,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(line + "\n")
         return 1
     except OSError as exc:  # a write outside the run store (an export, a report file)
-        sys.stderr.write(f"error: {redact_text(str(_storage_error(exc)))}\n")
+        sys.stderr.write(f"error: {safe_text(redact_text(str(_storage_error(exc))))}\n")
         return 1
 
 

@@ -7,9 +7,8 @@ import contextlib
 import socket
 from pathlib import Path
 
-from rich.console import Console
-
 from perfscope.cli._argtypes import add_runs_dir
+from perfscope.cli.safe import SafeConsole as Console
 from perfscope.errors import UsageError
 
 __all__ = ["register"]

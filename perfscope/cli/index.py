@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfscope.cli._argtypes import add_runs_dir
+from perfscope.cli.safe import safe_markup
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,7 +45,7 @@ def _cell(v: Any) -> str:
         return f"{v:.6g}"
     if isinstance(v, _dt.datetime):
         return v.strftime("%Y-%m-%d %H:%M:%S")
-    return str(v)
+    return safe_markup(v)  # run names, errors, model ids: inert text (perfscope/cli/safe.py)
 
 
 def print_rows(

@@ -18,6 +18,7 @@ from perfscope.analysis.catalogue import (
     format_seconds,
     metric,
 )
+from perfscope.cli.safe import safe_markup
 from perfscope.dashboard.queueing import queueing_line
 from perfscope.dashboard.terminal import FitTable, energy_table, predictions_table, roofline_table
 from perfscope.dashboard.view import (
@@ -123,7 +124,7 @@ def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) ->
         et = FitTable(("count", "error"), title="Errors", right=frozenset(("count",)))
         et.wrap = frozenset(("error",))
         for e in view.errors:
-            et.add_row(e.value, e.label)
+            et.add_row(e.value, safe_markup(e.label))
         parts.append(et)
     if path is not None:
         parts.append(Text(f"run directory: {path}", style="dim"))
@@ -309,15 +310,15 @@ def runs_table(
         if states is not None:
             status = states[i][0]
             if reasons:
-                reason = [states[i][1] or ""]
+                reason = [safe_markup(states[i][1] or "")]
         any_contended = any_contended or bool(contended)
         t.add_row(
-            path.name,
+            safe_markup(path.name),
             Text(
                 status + (" ⚠" if contended else ""),
                 style="green" if status == "complete" and not contended else "red",
             ),
-            str((manifest.get("engine") or {}).get("uri", "?")),
+            safe_markup((manifest.get("engine") or {}).get("uri", "?")),
             format_count(s.counts.completed) if raw else "n/a",
             *(
                 "no SLOs"

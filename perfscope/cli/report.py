@@ -50,6 +50,10 @@ def _load(ref: str, runs_dir: Path | None) -> StoredRun:
 
 
 def _size(path: Path) -> str:
+    from perfscope.profiler.output import output_kind
+
+    if output_kind(path) != "regular":
+        return "streamed"
     n = path.stat().st_size
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
@@ -100,7 +104,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "advice and requests (default: report.html in the run directory).",
     )
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
-    p.add_argument("-o", "--output", type=Path, default=None, help="HTML file to write")
+    p.add_argument(
+        "-o", "--output", type=Path, default=None, help="HTML file to write ('-' for stdout)"
+    )
     p.add_argument(
         "--max-requests",
         type=positive_int,
@@ -191,6 +197,8 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
     if out is not None and out.is_dir():
         out = out / "report.html"
     path = write_report(run, out, max_requests=args.max_requests)
+    if str(path) == "-":
+        return 0  # the page went to stdout: nothing else may be printed there
     if args.json:
         print(json.dumps({"path": str(path), "bytes": path.stat().st_size}, indent=2))
     else:
@@ -252,10 +260,9 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if args.report:
         out_path = args.output or Path("perfscope-compare.html")
         html = comparison_html([_tables(r) for r in runs], result)
-        from perfscope.profiler.store import write_text_atomic
+        from perfscope.profiler.output import write_output_text
 
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out_path, html)
+        write_output_text(out_path, html)
     if args.json:
         payload: dict[str, Any] = dict(result)
         payload["paths"] = [[str(r.path) for r in g] for g in sets]
@@ -294,13 +301,12 @@ def _cmd_export(args: argparse.Namespace, console: Console) -> int:
             console.print(f"wrote {p} ({_size(p)})")
         return 0
     if out is not None and str(out) == "-":
+        from perfscope.profiler.output import write_output, write_output_text
+
         if args.format == "perfetto":
-            sys.stdout.flush()
-            stream_perfetto(run, sys.stdout.buffer)
-            sys.stdout.buffer.write(b"\n")
-            sys.stdout.buffer.flush()
+            write_output("-", lambda f: (stream_perfetto(run, f), f.write(b"\n")))
         else:
-            sys.stdout.write(json.dumps(export_json(run), default=str) + "\n")
+            write_output_text("-", json.dumps(export_json(run), default=str) + "\n")
         return 0
     if args.format == "perfetto":
         path = write_perfetto(run, out or run.path / "trace.json")

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
 from perfscope.cli._argtypes import add_runs_dir, nonneg_int, request_count
+from perfscope.cli.safe import SafeConsole as Console
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:

@@ -26,19 +26,71 @@ from typing import Any
 import aiohttp
 from aiohttp.streams import StreamReader
 
-from perfscope.profiler.engines.openai.sse import SSEParser
+from perfscope.profiler.engines.openai.sse import DEFAULT_MAX_LINE_BYTES, SSEParser
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "MAX_SERVER_COUNT",
     "Candidate",
+    "ReadLimits",
     "RequestTrace",
     "StreamResult",
     "build_body",
     "classify_exception",
     "error_text",
     "install_select_stamps",
+    "read_limits",
     "stream_request",
     "trace_config",
 ]
+
+
+#: Most bytes read of an error body or a non-streamed JSON body (the rest is not read:
+#: a 500 MB error page once took 1.3 GB of memory).
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What one request may read and follow.
+
+    Attributes:
+        max_line_bytes: longest SSE line or event (``--engine-opt sse_line_cap=BYTES``).
+        max_body_bytes: most bytes read of an error or non-streamed body
+            (``--engine-opt body_cap=BYTES``).
+        follow_redirects: follow HTTP redirects (``--engine-opt follow_redirects=1``);
+            off, a redirect fails the request naming its target, since the timings would
+            be of another server than the one named.
+    """
+
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    follow_redirects: bool = False
+
+
+def read_limits(options: dict[str, str]) -> ReadLimits:
+    """:class:`ReadLimits` from engine options ``sse_line_cap``, ``body_cap`` (bytes, at
+    least 1024) and ``follow_redirects`` (1/true/yes); UsageError naming a bad value."""
+    from perfscope.errors import UsageError
+
+    def size(key: str, default: int) -> int:
+        text = (options.get(key) or "").strip()
+        if not text:
+            return default
+        try:
+            n = int(text)
+        except ValueError:
+            raise UsageError(f"{key} {text!r}: give a number of bytes, e.g. {default}") from None
+        if n < 1024:
+            raise UsageError(f"{key} must be at least 1024 bytes, got {n}")
+        return n
+
+    follow = (options.get("follow_redirects") or "").strip().lower() in ("1", "true", "yes", "on")
+    return ReadLimits(
+        max_line_bytes=size("sse_line_cap", DEFAULT_MAX_LINE_BYTES),
+        max_body_bytes=size("body_cap", DEFAULT_MAX_BODY_BYTES),
+        follow_redirects=follow,
+    )
 
 
 @dataclass
@@ -94,6 +146,7 @@ class StreamResult:
             not user-space read times.
         stall_ns: the longest a read of this stream waited between the kernel's receive
             stamp and the event loop's processing (kernel-stamped streams only; ns).
+        final_url: the URL that answered, when a redirect was followed (else None).
     """
 
     candidates: list[Candidate] = field(default_factory=list)
@@ -120,6 +173,7 @@ class StreamResult:
     t_usage_ns: int | None = None
     kernel_stamped: bool = False
     stall_ns: int | None = None
+    final_url: str | None = None
 
     def settle(self) -> None:
         """Decide which candidates are token arrivals (see the class docstring)."""
@@ -188,14 +242,46 @@ def classify_exception(exc: BaseException, timeout_s: float | None) -> str:
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "connection closed by the server"
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return "connection reset during the stream"
+        text = f"{exc} {exc.__cause__ or ''}".lower()
+        if "invalid character in chunk" in text or "chunk size" in text:
+            return "transport error: the server's chunked encoding is broken (bad chunk)"
+        return "connection reset during the stream"  # also a stream cut mid-chunk
+    if isinstance(exc, aiohttp.ClientResponseError) and exc.status == 400:
+        # aiohttp's parser reports a malformed response (a bad chunk size on a 200) as a
+        # "400": the server said no such thing, the bytes on the wire were broken.
+        what = " ".join(str(exc.message).split())[:120]
+        if "chunk" in what.lower():
+            return f"transport error: the server's chunked encoding is broken ({what})"
+        return f"transport error: malformed response from the server ({what})"
     if isinstance(exc, ConnectionResetError | aiohttp.ClientOSError):
         return "connection reset"
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
+#: The largest token count a server may report for one request (one billion: far beyond
+#: any context window, and well inside the int64 columns the counts are stored in).
+MAX_SERVER_COUNT = 1_000_000_000
+#: The largest choice ``index`` taken as a number at all (any index but 0 is then refused:
+#: perfscope asks for one choice per request, see ``_apply_event``).
+MAX_CHOICE_INDEX = 1023
+
+
 def _int(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _count(x: Any, name: str, limit: int = MAX_SERVER_COUNT) -> int | None:
+    """A count the server sent, range-checked where it enters: None when absent or not an
+    integer; ValueError naming the field and value when negative or beyond ``limit``
+    (10^30 or 2^64 would overflow the int64 columns and poison the run's files)."""
+    n = _int(x)
+    if n is not None and not 0 <= n <= limit:
+        shown = str(n) if len(str(n)) <= 24 else f"{str(n)[:12]}...({len(str(n))} digits)"
+        raise ValueError(
+            f"server sent an impossible {name} ({shown}; allowed 0..{limit:,}): "
+            "the request is failed, the run goes on"
+        )
+    return n
 
 
 def _cached_of(obj: dict[str, Any]) -> int | None:
@@ -204,13 +290,16 @@ def _cached_of(obj: dict[str, Any]) -> int | None:
     usage = obj.get("usage")
     if isinstance(usage, dict):
         details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
-            return _int(details.get("cached_tokens"))
-        if _int(usage.get("cached_tokens")) is not None:
-            return _int(usage.get("cached_tokens"))
+        if isinstance(details, dict):
+            n = _count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens")
+            if n is not None:
+                return n
+        n = _count(usage.get("cached_tokens"), "usage.cached_tokens")
+        if n is not None:
+            return n
     timings = obj.get("timings")
     if isinstance(timings, dict):
-        return _int(timings.get("cache_n"))
+        return _count(timings.get("cache_n"), "timings.cache_n")
     return None
 
 
@@ -235,12 +324,12 @@ def _apply_event(res: StreamResult, payload: str, t: int) -> None:
     usage = obj.get("usage")
     cum: int | None = None
     if isinstance(usage, dict):
-        ct = _int(usage.get("completion_tokens"))
+        ct = _count(usage.get("completion_tokens"), "usage.completion_tokens")
         if ct is not None:
             cum = ct
             res.completion_tokens = ct
             res.t_usage_ns = t
-        pt = _int(usage.get("prompt_tokens"))
+        pt = _count(usage.get("prompt_tokens"), "usage.prompt_tokens")
         if pt is not None:
             res.prompt_tokens = pt
     cached = _cached_of(obj)
@@ -252,7 +341,14 @@ def _apply_event(res: StreamResult, payload: str, t: int) -> None:
     for ch in choices:
         if not isinstance(ch, dict):
             continue
-        idx = ch.get("index", 0)
+        idx = _count(ch.get("index", 0), "choices[].index", MAX_CHOICE_INDEX)
+        if idx:
+            # Each request asks for one choice; merging a second into the first's token
+            # times would be wrong, and per-choice records are not kept: refuse it.
+            raise ValueError(
+                f"server sent choice index {idx}: more than one choice per request (n > 1) "
+                "is not measured; remove n from the request body"
+            )
         delta = ch.get("delta")
         if isinstance(delta, dict):  # chat: content, reasoning, tool-call arguments
             text = delta.get("content") or ""
@@ -266,7 +362,7 @@ def _apply_event(res: StreamResult, payload: str, t: int) -> None:
         else:
             text = ch.get("text") or ""
         if text:
-            pieces.append((int(idx) if isinstance(idx, int) else 0, text))
+            pieces.append((0, text))
         fr = ch.get("finish_reason")
         if fr:
             res.finish_reasons.append(str(fr))
@@ -456,6 +552,23 @@ def error_text(status: int, reason: str | None, body: str) -> str:
     return head + (f": {msg[:400]}" if msg else "")
 
 
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool]:
+    """At most ``cap`` bytes of the body, and whether there was more (then the connection
+    is closed, not drained: the rest is never read)."""
+    parts: list[bytes] = []
+    n = 0
+    while n < cap:
+        data = await resp.content.readany()
+        if not data:
+            return b"".join(parts), False
+        parts.append(data)
+        n += len(data)
+    more = not resp.content.at_eof()
+    if more:
+        resp.close()
+    return b"".join(parts)[:cap], more
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -463,12 +576,15 @@ async def stream_request(
     headers: dict[str, str],
     now_ns: Callable[[], int],
     timeout_s: float | None,
+    limits: ReadLimits | None = None,
 ) -> StreamResult:
     """POST ``body`` to ``url`` and read the SSE stream to its end; never raises for a failed
     request (the failure is in ``error``). The session needs :func:`trace_config` for the
-    send stamp and connection times (without it ``t_sent_ns`` is when the POST began)."""
+    send stamp and connection times (without it ``t_sent_ns`` is when the POST began).
+    ``limits`` caps what is read and whether redirects are followed (:class:`ReadLimits`)."""
+    lim = limits or ReadLimits()
     res = StreamResult()
-    parser = SSEParser()
+    parser = SSEParser(lim.max_line_bytes)
     tr = RequestTrace(now_ns)
     t_begin = now_ns()
     try:
@@ -478,16 +594,29 @@ async def stream_request(
                 data=body,
                 headers=headers,
                 trace_request_ctx=tr,
+                allow_redirects=lim.follow_redirects,
             ) as resp:
                 res.t_headers_ns = now_ns()
                 res.status = resp.status
+                if resp.history:
+                    res.final_url = str(resp.url)
+                if 300 <= resp.status < 400 and resp.headers.get("Location"):
+                    where = resp.headers["Location"][:200]
+                    res.error = (
+                        f"HTTP {resp.status} redirect to {where!r} refused: the timings would "
+                        "be of another server; use that URL, or --engine-opt follow_redirects=1"
+                    )
+                    return res
                 if resp.status != 200:
-                    text = await resp.text(errors="replace")
+                    raw, more = await _read_capped(resp, lim.max_body_bytes)
+                    text = raw.decode("utf-8", "replace")
                     res.error = error_text(resp.status, resp.reason, text)
+                    if more:
+                        res.error += f" (body cut at {lim.max_body_bytes:,} bytes)"
                     return res
                 ctype = resp.headers.get("Content-Type", "")
                 if "text/event-stream" not in ctype and "application/json" in ctype:
-                    await resp.read()
+                    await _read_capped(resp, lim.max_body_bytes)
                     res.error = (
                         f"server did not stream (Content-Type {ctype.split(';')[0]}): "
                         "it ignored stream=true"

@@ -44,9 +44,11 @@ from perfscope.profiler.engines.base import (
 )
 from perfscope.profiler.engines.openai import client as _client
 from perfscope.profiler.engines.openai.client import (
+    ReadLimits,
     StreamResult,
     build_body,
     classify_exception,
+    read_limits,
     stream_request,
     trace_config,
 )
@@ -164,6 +166,9 @@ class OpenAIConfig:
             return False
         return kernel_stamps_available()
 
+    #: SSE line cap, body cap, redirects (``sse_line_cap``, ``body_cap``, ``follow_redirects``).
+    limits: ReadLimits = field(default_factory=ReadLimits)
+
     @classmethod
     def from_engine_options(cls, uri: str, options: EngineOptions) -> OpenAIConfig:
         """Read the URI and ``options.extra`` (``model``, ``api_key``, ``endpoint``,
@@ -254,6 +259,7 @@ class OpenAIConfig:
             prompt_salt=salt,
             longest_request_tokens=options.longest_request_tokens,
             transport=transport,
+            limits=read_limits(x),
         )
 
     @property
@@ -368,6 +374,7 @@ class OpenAIEngine:
                     self._headers,
                     time.perf_counter_ns,
                     cfg.timeout_s,
+                    cfg.limits,
                 )
                 if res.status in (400, 422) and res.error and self._drop_rejected(res.error):
                     continue
@@ -566,6 +573,7 @@ class OpenAIEngine:
                     dict(self._headers),
                     self.cfg.timeout_s,
                     self.cfg.connection,
+                    limits=self.cfg.limits,
                     kernel_stamps=self.cfg.kernel_stamps,
                 ),
             )
@@ -789,7 +797,9 @@ class OpenAIEngine:
             if kernel is not None:
                 res = await kernel[0].stream_request(url, body, headers, timeout)
             else:
-                res = await stream_request(session, url, body, headers, now, timeout)
+                res = await stream_request(
+                    session, url, body, headers, now, timeout, self.cfg.limits
+                )
             attempts = 1
             if res.retryable:
                 self.stats.retried += 1
@@ -797,7 +807,9 @@ class OpenAIEngine:
                 if kernel is not None:
                     res = await kernel[1].stream_request(url, body, headers, timeout)
                 else:
-                    res = await stream_request(fresh, url, body, headers, now, timeout)
+                    res = await stream_request(
+                        fresh, url, body, headers, now, timeout, self.cfg.limits
+                    )
                 attempts = 2
                 if res.error is not None:
                     self.stats.retry_failed += 1
