@@ -27,8 +27,10 @@ is read through the one getter.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,12 +38,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfscope.errors import UsageError
-from perfscope.profiler.store import (
-    manifest_problems,
-    run_state,
-    summary_problem,
-    table_problems,
-)
 
 if TYPE_CHECKING:
     import duckdb
@@ -63,7 +59,7 @@ Lookup = Callable[[Any, str], Any]
 
 INDEX_FILE = ".perfscope-index.duckdb"
 #: Bumped whenever the columns or their meaning change; an older index file is rebuilt.
-INDEX_SCHEMA_VERSION = 6
+INDEX_SCHEMA_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -191,6 +187,7 @@ _BOOKKEEPING = (
     ("manifest_size", "BIGINT"),
     ("summary_mtime_ns", "BIGINT"),
     ("summary_size", "BIGINT"),
+    ("files_key", "BIGINT"),
 )
 
 #: Every column of ``runs`` in table order.
@@ -243,9 +240,32 @@ def _coerce(value: Any, sql_type: str) -> Any:
     return None
 
 
+def safe_text(value: str) -> str:
+    """``value`` as text any UTF-8 store accepts: undecodable file-name bytes (Python's
+    surrogate escapes) become ``\\xNN``, lone surrogates from JSON ``\\uD800`` escapes
+    become ``\\udNNN``; valid text is returned unchanged."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        pass
+    try:
+        return os.fsencode(value).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+#: Largest manifest.json / summary.json the index reads, bytes (a run's are a few kB).
+MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
 def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            return None, f"{path.name}: larger than {MAX_JSON_BYTES // 2**20} MiB; not read"
+        data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         return None, None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -263,20 +283,45 @@ def _outside(root: Path, path: Path) -> bool:
         return True
 
 
-def _row(
-    run_path: str, stats: tuple[int, int, int, int], lookup: Lookup, root: Path
+def _row(run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path) -> dict[str, Any]:
+    """The ``runs`` row of one run directory (never raises on bad files).
+
+    Every string is passed through :func:`safe_text`, so one run with an undecodable name
+    or a lone surrogate in its manifest cannot fail the insert for every run."""
+    row = _read_row(run_id, run_path, key, lookup, root)
+    for name, value in row.items():
+        if isinstance(value, str):
+            row[name] = safe_text(value)
+    return row
+
+
+def _read_row(
+    run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path
 ) -> dict[str, Any]:
+    from perfscope.profiler.store import (
+        manifest_problems,
+        run_state,
+        summary_problem,
+        table_problems,
+    )
+
     run_dir = Path(run_path)
     row: dict[str, Any] = dict.fromkeys(ALL_COLUMN_NAMES)
     row.update(
-        run_id=run_dir.name,
-        path=str(run_dir),
-        manifest_mtime_ns=stats[0],
-        manifest_size=stats[1],
-        summary_mtime_ns=stats[2],
-        summary_size=stats[3],
+        run_id=run_id,
+        path=run_path,
+        manifest_mtime_ns=key[0],
+        manifest_size=key[1],
+        summary_mtime_ns=key[2],
+        summary_size=key[3],
+        files_key=key[4],
         has_summary=False,
     )
+    if safe_text(run_dir.name) != run_dir.name:
+        # Listed (escaped) so it shows up; not read, since no tool downstream can open it.
+        row["state"] = "broken"
+        row["problem"] = "folder name is not valid UTF-8; rename the folder to read the run"
+        return row
     # A file linked out of the runs folder is never read (the dashboard serves this table).
     away = [n for n in ("manifest.json", "summary.json") if _outside(root, run_dir / n)]
     if away:
@@ -325,32 +370,62 @@ def _row(
     return row
 
 
-def _scan(root: Path) -> dict[str, tuple[str, tuple[int, int, int, int]]]:
-    """Run directories under ``root`` with the (mtime_ns, size) of manifest and summary.
+#: What a refresh compares to decide whether a run must be re-read: manifest.json's and
+#: summary.json's (mtime_ns, size), and a 63-bit digest of the identity (name, inode,
+#: mtime_ns, size) of every other file and folder at the top of the run directory (its
+#: Parquet tables, ``segments/``), so a table rewritten, replaced, added or removed
+#: re-reads the run even when its JSON files did not change.
+FileKey = tuple[int, int, int, int, int]
 
-    Two ``stat`` calls per run and no JSON parsing: this is what makes a refresh of an
-    unchanged folder of 10,000 runs take a fraction of a second.
+
+def _dir_key(run_path: str) -> tuple[int, int, int, int, int] | None:
+    """The :data:`FileKey` of one run directory; ``None`` when it has no manifest.json."""
+    manifest = summary = (0, -1)
+    parts: list[str] = []
+    try:
+        with os.scandir(run_path) as it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                name = entry.name
+                if name == "manifest.json":
+                    manifest = (st.st_mtime_ns, st.st_size)
+                elif name == "summary.json":
+                    summary = (st.st_mtime_ns, st.st_size)
+                else:
+                    parts.append(
+                        f"{name}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_size}\0{st.st_mode}"
+                    )
+    except OSError:
+        return None
+    if manifest[1] < 0:
+        return None
+    parts.sort()
+    digest = hashlib.blake2b("\n".join(parts).encode("utf-8", "surrogateescape"), digest_size=8)
+    files = int.from_bytes(digest.digest(), "big") >> 1  # fits a signed BIGINT
+    return (*manifest, *summary, files)
+
+
+def _scan(root: Path) -> dict[str, tuple[str, FileKey]]:
+    """Run directories under ``root``, keyed by their :func:`safe_text` name, with their path
+    and :data:`FileKey`.
+
+    One directory listing and a ``stat`` per top-level file per run, no JSON parsing: a
+    refresh of an unchanged folder of 10,000 runs takes a fraction of a second.
     """
-    out: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
+    out: dict[str, tuple[str, FileKey]] = {}
     try:
         entries = list(os.scandir(root))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return out
-    stat = os.stat
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
-        base = entry.path + os.sep
-        try:
-            m = stat(base + "manifest.json")
-        except OSError:
-            continue
-        try:
-            s = stat(base + "summary.json")
-            s_key = (s.st_mtime_ns, s.st_size)
-        except OSError:
-            s_key = (0, -1)
-        out[entry.name] = (entry.path, (m.st_mtime_ns, m.st_size, *s_key))
+        key = _dir_key(entry.path)
+        if key is not None:
+            out[safe_text(entry.name)] = (entry.path, key)
     return out
 
 
@@ -394,11 +469,11 @@ class RunIndex:
         con = self._con
         if rebuild:
             con.execute("DELETE FROM runs")
-        known: dict[str, tuple[int, int, int, int]] = {
-            r[0]: (r[1], r[2], r[3], r[4])
+        known: dict[str, FileKey] = {
+            r[0]: (r[1], r[2], r[3], r[4], r[5])
             for r in con.execute(
-                "SELECT run_id, manifest_mtime_ns, manifest_size, summary_mtime_ns, summary_size "
-                "FROM runs"
+                "SELECT run_id, manifest_mtime_ns, manifest_size, summary_mtime_ns, "
+                "summary_size, files_key FROM runs"
             ).fetchall()
         }
         on_disk = _scan(self.root)
@@ -423,7 +498,7 @@ class RunIndex:
                 import pyarrow as pa
 
                 real_root = self.root.resolve()
-                rows = [_row(*on_disk[rid], self._lookup, real_root) for rid in redo]
+                rows = [_row(rid, *on_disk[rid], self._lookup, real_root) for rid in redo]
                 con.register("incoming_runs", pa.Table.from_pylist(rows))
                 try:
                     con.execute(
@@ -460,6 +535,15 @@ class RunIndex:
         import duckdb
 
         try:
+            statements = self._con.extract_statements(sql)
+        except duckdb.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"query failed: {first}") from None
+        if len(statements) != 1:
+            raise UsageError(
+                f"query failed: give exactly one SQL statement (got {len(statements)})"
+            )
+        try:
             cur = self._con.execute(sql, list(params))
             names = [d[0] for d in (cur.description or [])]
             rows = cur.fetchall() if cur.description else []
@@ -493,6 +577,55 @@ def _cast(name: str) -> str:
     return f'CAST("{name}" AS {sql_type})'
 
 
+def _lock_down(con: duckdb.DuckDBPyConnection, *, allow_files: bool) -> None:
+    """Make ``con`` safe for SQL typed by a user or sent by a browser: no extension is
+    installed or loaded behind the query's back, no Python variable is scanned by name, and
+    (unless ``allow_files``) no file or URL outside the index can be read or written
+    (``COPY ... TO``, ``read_csv``, ``ATTACH``). The configuration is then locked, so the
+    query cannot ``SET`` it back."""
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET python_enable_replacements = false")
+    if not allow_files:
+        con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def _memory_copy(duckdb: Any, path: Path) -> duckdb.DuckDBPyConnection | None:
+    """An in-memory database holding a copy of the saved index at ``path`` (opened
+    read-only), or ``None`` when it cannot be read either."""
+    if not path.is_file():
+        return None
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("ATTACH ? AS saved (READ_ONLY)", [str(path)])
+        con.execute("CREATE TABLE meta AS SELECT * FROM saved.meta")
+        con.execute("CREATE TABLE runs AS SELECT * FROM saved.runs")
+        con.execute("DETACH saved")
+    except duckdb.Error:
+        con.close()
+        return None
+    return con
+
+
+def _index_file_problem(path: Path) -> str | None:
+    """Why the index file (or its write-ahead log) must not be opened: a symlink (which
+    could make the index drop the ``runs`` table of a user's own DuckDB file at the link's
+    target) or anything but a regular file. ``None`` when absent or a plain file."""
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{p.name}: {exc.strerror or exc}"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{p.name} is a symbolic link; not followed"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{p.name} is not a regular file"
+    return None
+
+
 def _import_duckdb() -> Any:
     try:
         import duckdb
@@ -511,8 +644,13 @@ def open_index(
     refresh: bool = True,
     rebuild: bool = False,
     on_refresh: Callable[[RefreshStats], None] | None = None,
+    allow_files: bool = False,
 ) -> Iterator[RunIndex]:
     """Open (and by default refresh) the index of runs folder ``root``.
+
+    The connection handed out is locked down for untrusted SQL (:func:`_lock_down`): no
+    extension auto-loading and, unless ``allow_files``, no access to files outside the
+    index. A symlinked index file is never opened (the index is built in memory instead).
 
     The index file lives at ``root/.perfscope-index.duckdb``. When it cannot be written (a
     read-only folder, a full disk, another process holding DuckDB's lock) the index is built in
@@ -527,14 +665,25 @@ def open_index(
     path = root / INDEX_FILE
     note: str | None = None
     con = None
-    if root.is_dir():
+    con_is_copy = False
+    problem = _index_file_problem(path) if root.is_dir() else None
+    if problem is not None:
+        note = f"index not saved ({problem}); built in memory"
+    elif root.is_dir():
         try:
             con = duckdb.connect(str(path))
         except (duckdb.Error, OSError) as exc:
-            note = f"index not saved ({str(exc).splitlines()[0]}); built in memory"
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            # Another process holds the file (a query, a DuckDB shell): start from a copy
+            # of what it holds, so the refresh below is incremental, not a full rebuild.
+            con = _memory_copy(duckdb, path)
+            note = f"index not saved ({first}); " + (
+                "refreshed in memory from the saved index" if con is not None else "built in memory"
+            )
+            con_is_copy = con is not None
     else:
         note = f"runs folder {str(root)!r} does not exist"
-    persistent = con is not None
+    persistent = con is not None and not con_is_copy
     if con is None:
         con = duckdb.connect(":memory:")
     index = RunIndex(con, root, persistent, lookup)
@@ -566,6 +715,7 @@ def open_index(
                 mem.note = "index busy; built in memory"
                 mem.refresh()
                 index = mem
+        _lock_down(index._con, allow_files=allow_files)
         yield index
     finally:
         index.close()

@@ -460,7 +460,7 @@ def _ls_where(root: Path, args: argparse.Namespace, console: Console) -> int:
         "run_id, state, name, engine_kind, requests, failed, ttft_p50_s, tpot_p50_s, "
         "output_tok_s, attainment, problem"
     )
-    with open_index(root) as index:
+    with open_index(root, allow_files=args.allow_files) as index:
         names, rows = index.query(
             f"SELECT {cols} FROM runs WHERE ({args.where}) "
             f"ORDER BY started_at DESC NULLS LAST, run_id DESC LIMIT {int(args.limit)}"
@@ -501,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="only runs matching this SQL condition over the index's columns, e.g. "
         "\"ttft_p99_s < 0.2 AND engine_kind = 'openai'\" ('perfscope query --columns' lists them)",
     )
+    from perfscope.cli.index import add_allow_files
+
+    add_allow_files(p)
     p.set_defaults(handler=_cmd_ls)
 
     p = sub.add_parser("analyze", help="recompute a run's summary from its raw records")

@@ -21,7 +21,7 @@ from perfscope.cli._argtypes import add_runs_dir
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["print_rows", "register", "runs_root"]
+__all__ = ["add_allow_files", "print_rows", "register", "runs_root"]
 
 
 def runs_root(args: argparse.Namespace) -> Path:
@@ -94,12 +94,22 @@ def _cmd_query(args: argparse.Namespace, console: Console) -> int:
         return 0
     if not args.sql:
         raise UsageError('give a query, e.g. perfscope query "SELECT run_id FROM runs"')
-    with open_index(runs_root(args)) as index:
+    with open_index(runs_root(args), allow_files=args.allow_files) as index:
         names, rows = index.query(args.sql)
         if index.note:
             sys.stderr.write(f"note: {index.note}\n")
     print_rows(names, rows, console, as_json=args.json)
     return 0
+
+
+def add_allow_files(p: argparse.ArgumentParser) -> None:
+    """``--allow-files``: let the SQL read and write files (off: one statement over the
+    index only, no file functions, no extension loading)."""
+    p.add_argument(
+        "--allow-files",
+        action="store_true",
+        help="let the SQL use DuckDB's file functions (read_csv, COPY ... TO); off by default",
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -124,5 +134,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("sql", nargs="?", default=None, help="the SQL query")
     p.add_argument("--columns", action="store_true", help="list the columns of 'runs'")
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    add_allow_files(p)
     add_runs_dir(p)
     p.set_defaults(handler=_cmd_query)
