@@ -448,6 +448,8 @@ class RunIndex:
         self.note: str | None = None
         #: What the last refresh of this folder did (None before one).
         self.last_stats: RefreshStats | None = None
+        #: Run id -> the directory's real path (as the OS spells it), from the last refresh.
+        self._paths: dict[str, str] = {}
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -477,6 +479,7 @@ class RunIndex:
             ).fetchall()
         }
         on_disk = _scan(self.root)
+        self._paths = {rid: path for rid, (path, _) in on_disk.items()}
         stale = [rid for rid in known if rid not in on_disk]
         changed = [rid for rid, (_, st) in on_disk.items() if known.get(rid) != st]
         added = sum(1 for rid in changed if rid not in known)
@@ -563,6 +566,15 @@ class RunIndex:
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return self.query(sql)
+
+    def newest_paths(self, limit: int) -> list[Path]:
+        """The ``limit`` newest run directories, in ``perfscope ls`` order (the run id's
+        timestamp prefix, then the start time), as the last refresh found them."""
+        _, rows = self.query(
+            "SELECT run_id FROM runs ORDER BY left(run_id, 15) DESC, "
+            f"started_at DESC NULLS LAST, run_id DESC LIMIT {int(limit)}"
+        )
+        return [Path(self._paths.get(r[0], self.root / r[0])) for r in rows]
 
     def close(self) -> None:
         self._con.close()
@@ -707,8 +719,10 @@ def open_index(
             index.close()
             last = index.last_stats
             try:
+                paths = index._paths
                 index = RunIndex(duckdb.connect(str(path), read_only=True), root, True, lookup)
                 index.last_stats = last
+                index._paths = paths
             except duckdb.Error:
                 # Another writer got the lock between close and reopen: answer from memory.
                 mem = RunIndex(duckdb.connect(":memory:"), root, False, lookup)

@@ -314,3 +314,24 @@ def test_an_index_held_open_elsewhere_is_refreshed_from_its_copy_not_rebuilt(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_plain_ls_with_an_index_lists_the_same_newest_runs_as_a_scan(
+    template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for i in range(4):
+        _copy(template, tmp_path, f"20261201-10000{i}-r-000{i}", name=f"r{i}")
+    rd = ["--runs-dir", str(tmp_path), "--limit", "2", "--json"]
+    assert main(["ls", *rd]) == 0
+    scanned = json.loads(capsys.readouterr().out)
+    assert main(["index", "--runs-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    _copy(template, tmp_path, "20261201-100009-late-0009", name="late")
+    assert main(["ls", *rd]) == 0
+    indexed = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in scanned] == ["20261201-100003-r-0003", "20261201-100002-r-0002"]
+    assert [r["run_id"] for r in indexed] == [
+        "20261201-100009-late-0009",
+        "20261201-100003-r-0003",
+    ]
+    assert indexed[1] == scanned[0]  # same record, whichever way the run was found

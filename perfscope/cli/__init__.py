@@ -8,6 +8,7 @@ failed or was interrupted, or a file could not be written (what was captured is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -420,11 +421,10 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
         from perfscope.cli.index import runs_root
 
         return _ls_where(runs_root(args), args, console)
+    from perfscope.cli.index import newest_runs
     from perfscope.cli.render import runs_table
-    from perfscope.profiler.store import default_runs_root, scan_runs
 
-    root = args.runs_dir or default_runs_root()
-    entries = scan_runs(root)[: args.limit]
+    root, entries = newest_runs(args)
     if args.json:
         print(
             json.dumps(
@@ -504,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     from perfscope.cli.index import add_allow_files
 
     add_allow_files(p)
-    p.set_defaults(handler=_cmd_ls)
+    p.set_defaults(handler=_cmd_ls, reads_only=True)
 
     p = sub.add_parser("analyze", help="recompute a run's summary from its raw records")
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
@@ -543,11 +543,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=120)  # pipes and CI logs: do not squeeze tables to 80
-    from perfscope.api.runner import stop_signals_as_interrupt
+    if getattr(args, "reads_only", False):  # ls/query/index: no runner import (start-up)
+        stop: Any = contextlib.nullcontext()
+    else:
+        from perfscope.api.runner import stop_signals_as_interrupt
 
+        stop = stop_signals_as_interrupt()
     try:
         # SIGTERM/SIGHUP unwind like Ctrl-C: temp files are removed, captured data kept.
-        with stop_signals_as_interrupt():
+        with stop:
             return int(args.handler(args, console))
     except UsageError as exc:
         sys.stderr.write(f"error: {redact_text(str(exc))}\n")

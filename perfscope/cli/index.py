@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,14 +23,37 @@ from perfscope.cli._argtypes import add_runs_dir
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["add_allow_files", "print_rows", "register", "runs_root"]
+    from perfscope.profiler.store import RunEntry
+
+__all__ = ["add_allow_files", "newest_runs", "print_rows", "register", "runs_root"]
 
 
 def runs_root(args: argparse.Namespace) -> Path:
-    """``--runs-dir``, else the run store's default root."""
-    from perfscope.profiler.store import default_runs_root
+    """``--runs-dir``, else the run store's default root (``$PERFSCOPE_RUNS_DIR`` or
+    ``./perfscope-runs``, as :func:`perfscope.profiler.store.default_runs_root`, spelled out
+    here so a query does not import the store and pyarrow)."""
+    if args.runs_dir is not None:
+        return Path(args.runs_dir)
+    return Path(os.environ.get("PERFSCOPE_RUNS_DIR") or "perfscope-runs")
 
-    return Path(args.runs_dir) if args.runs_dir is not None else default_runs_root()
+
+def newest_runs(args: argparse.Namespace) -> tuple[Path, list[RunEntry]]:
+    """The runs folder and its ``args.limit`` newest runs for plain ``perfscope ls``.
+
+    When the folder has a run index (and duckdb is installed) the index picks the newest
+    runs and only those are read; otherwise every run folder is scanned.
+    """
+    from perfscope.api.index import INDEX_FILE
+    from perfscope.profiler.store import inspect_run, scan_runs
+
+    root = runs_root(args)
+    if (root / INDEX_FILE).is_file() and importlib.util.find_spec("duckdb") is not None:
+        from perfscope.api.index import open_index
+
+        with open_index(root) as index:
+            paths = index.newest_paths(args.limit)
+        return root, [inspect_run(p) for p in paths]
+    return root, scan_runs(root)[: args.limit]
 
 
 def _jsonable(v: Any) -> Any:
@@ -122,7 +147,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_runs_dir(p)
     p.add_argument("--rebuild", action="store_true", help="re-read every run (default: changed)")
-    p.set_defaults(handler=_cmd_index)
+    p.set_defaults(handler=_cmd_index, reads_only=True)
 
     p = sub.add_parser(
         "query",
@@ -136,4 +161,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     add_allow_files(p)
     add_runs_dir(p)
-    p.set_defaults(handler=_cmd_query)
+    p.set_defaults(handler=_cmd_query, reads_only=True)
