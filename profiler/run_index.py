@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALL_COLUMN_NAMES",
+    "BOOKKEEPING_DOCS",
     "INDEX_COLUMNS",
     "INDEX_FILE",
     "IndexColumn",
@@ -59,7 +60,7 @@ Lookup = Callable[[Any, str], Any]
 
 INDEX_FILE = ".perfscope-index.duckdb"
 #: Bumped whenever the columns or their meaning change; an older index file is rebuilt.
-INDEX_SCHEMA_VERSION = 7
+INDEX_SCHEMA_VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,11 @@ class IndexColumn:
         path: dotted path inside that file's JSON object.
         doc: what the value means, with its unit.
         reduce: ``"count"`` stores the number of entries of the object or list at ``path``,
-            ``"last"`` the last item of the list there; ``None`` stores the value itself.
+            ``"last"`` the last item of the list there, ``"count_lost"`` the number of
+            items of the list there with a true ``lost`` field, ``"ns_to_s"`` the number
+            there divided by 1e9, ``"per_request"`` / ``"per_completed"`` the number there
+            divided by the run's measured / completed requests; ``None`` stores the value
+            itself.
     """
 
     name: str
@@ -174,7 +179,101 @@ INDEX_COLUMNS: tuple[IndexColumn, ...] = (
         "host.contention.steal_share",
         "share of the machine's CPU the hypervisor stole during the run",
     ),
+    _c("dataset", "VARCHAR", "manifest", "workload.dataset", "workload dataset (synthetic, ...)"),
+    _c(
+        "prompt_len_spec",
+        "VARCHAR",
+        "manifest",
+        "workload.prompt_len",
+        "prompt length asked for, tokens (a number or a distribution, as given)",
+    ),
+    _c(
+        "output_len_spec",
+        "VARCHAR",
+        "manifest",
+        "workload.output_len",
+        "output length asked for, tokens (a number or a distribution, as given)",
+    ),
+    _c(
+        "prompt_tokens_per_request",
+        "DOUBLE",
+        "summary",
+        "counts.prompt_tokens",
+        "mean prompt length of the measured requests, tokens",
+        reduce="per_request",
+    ),
+    _c(
+        "output_tokens_per_request",
+        "DOUBLE",
+        "summary",
+        "counts.output_tokens",
+        "mean output length of the completed requests, tokens",
+        reduce="per_completed",
+    ),
+    _c(
+        "distributed_backend",
+        "VARCHAR",
+        "manifest",
+        "distributed.backend",
+        "'ray' for a --ray run, NULL for a single-process one",
+    ),
+    _c("ray_address", "VARCHAR", "manifest", "distributed.address", "Ray cluster the run used"),
+    _c(
+        "ray_actors",
+        "BIGINT",
+        "manifest",
+        "distributed.actors",
+        "load actors of a --ray run",
+        reduce="count",
+    ),
+    _c(
+        "ray_lost_actors",
+        "BIGINT",
+        "manifest",
+        "distributed.actors",
+        "load actors lost mid-run (the run is partial when > 0)",
+        reduce="count_lost",
+    ),
+    _c(
+        "ray_lost_in_flight",
+        "BIGINT",
+        "manifest",
+        "distributed.loss.in_flight",
+        "requests a lost actor had sent and not finished (recorded as failed)",
+    ),
+    _c(
+        "ray_never_sent",
+        "BIGINT",
+        "manifest",
+        "distributed.loss.never_sent",
+        "requests planned on a lost actor that it never sent (recorded as failed)",
+    ),
+    _c(
+        "ray_clock_uncertainty_s",
+        "DOUBLE",
+        "manifest",
+        "distributed.clock_uncertainty_ns",
+        "largest residual clock-alignment uncertainty over the load actors, s",
+        reduce="ns_to_s",
+    ),
 )
+
+#: What each bookkeeping column means (``perfscope query --columns``).
+BOOKKEEPING_DOCS: dict[str, str] = {
+    "run_id": "run directory name (undecodable bytes shown as \\xNN)",
+    "path": "run directory path",
+    "state": "complete, partial, failed, interrupted, running, crashed or broken: the "
+    "status as perfscope ls reads it (crashed: says running but its process is gone; "
+    "broken: files cannot be read)",
+    "problem": "why the state is not complete (the reason perfscope ls shows), else NULL",
+    "has_summary": "summary.json exists and is perfscope's",
+    "warnings": "number of warnings in summary.json",
+    "manifest_mtime_ns": "manifest.json modification time, ns since the epoch (refresh key)",
+    "manifest_size": "manifest.json size, bytes (refresh key)",
+    "summary_mtime_ns": "summary.json modification time, ns since the epoch (refresh key)",
+    "summary_size": "summary.json size, bytes; -1 when absent (refresh key)",
+    "files_key": "digest of the identity of every other file in the run folder (refresh key)",
+}
 
 _BOOKKEEPING = (
     ("run_id", "VARCHAR PRIMARY KEY"),
@@ -257,6 +356,12 @@ def safe_text(value: str) -> str:
 
 #: Largest manifest.json / summary.json the index reads, bytes (a run's are a few kB).
 MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
+def _ratio(num: Any, den: Any) -> float | None:
+    """``num / den`` for real numbers with ``den > 0``, else None."""
+    ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (num, den))
+    return float(num) / float(den) if ok and float(den) > 0 else None
 
 
 def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -349,6 +454,18 @@ def _read_row(
             raw = len(raw) if isinstance(raw, dict | list) else None
         elif col.reduce == "last":
             raw = str(raw[-1])[:200] if isinstance(raw, list) and raw else None
+        elif col.reduce == "count_lost":
+            raw = (
+                sum(1 for a in raw if isinstance(a, dict) and a.get("lost"))
+                if isinstance(raw, list)
+                else None
+            )
+        elif col.reduce == "ns_to_s":
+            raw = _ratio(raw, 1e9)
+        elif col.reduce in ("per_request", "per_completed"):
+            counts = sources["summary"].get("counts")
+            key = "requests" if col.reduce == "per_request" else "completed"
+            raw = _ratio(raw, counts.get(key) if isinstance(counts, dict) else None)
         row[col.name] = _coerce(raw, col.sql_type)
     if summary is not None and not row["slo_count"]:
         # Without SLOs every request "meets" them: no attainment, no goodput.

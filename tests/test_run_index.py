@@ -335,3 +335,24 @@ def test_plain_ls_with_an_index_lists_the_same_newest_runs_as_a_scan(
         "20261201-100003-r-0003",
     ]
     assert indexed[1] == scanned[0]  # same record, whichever way the run was found
+
+
+def test_query_columns_documents_every_column_including_state_ray_and_lengths(
+    template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["query", "--columns", "--json", "--runs-dir", str(tmp_path)]) == 0
+    documented = {r["column"]: r for r in json.loads(capsys.readouterr().out)}
+    _copy(template, tmp_path, "20261201-100000-a-0001")
+    with open_index(tmp_path) as index:
+        names, rows = index.query("SELECT * FROM runs")
+    assert set(documented) == set(names)
+    assert all(r["type"] and len(r["meaning"]) >= 5 for r in documented.values())
+    for col in ("state", "problem", "ray_lost_actors", "ray_never_sent", "prompt_len_spec"):
+        assert col in documented
+    row = dict(zip(names, rows[0], strict=True))
+    summary = json.loads((template / "summary.json").read_text())
+    counts = summary["counts"]
+    assert row["prompt_tokens_per_request"] == pytest.approx(
+        counts["prompt_tokens"] / counts["requests"]
+    )
+    assert row["distributed_backend"] is None and row["ray_actors"] is None

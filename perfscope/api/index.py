@@ -14,6 +14,7 @@ from perfscope.analysis.catalogue import value_at
 from perfscope.profiler import run_index as _core
 from perfscope.profiler.run_index import (
     ALL_COLUMN_NAMES,
+    BOOKKEEPING_DOCS,
     INDEX_COLUMNS,
     INDEX_FILE,
     IndexColumn,
@@ -23,6 +24,7 @@ from perfscope.profiler.run_index import (
 
 __all__ = [
     "ALL_COLUMN_NAMES",
+    "BOOKKEEPING_DOCS",
     "INDEX_COLUMNS",
     "INDEX_FILE",
     "IndexColumn",

@@ -109,12 +109,15 @@ def _cmd_index(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_query(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.api.index import ALL_COLUMN_NAMES, INDEX_COLUMNS, open_index
+    from perfscope.api.index import ALL_COLUMN_NAMES, BOOKKEEPING_DOCS, INDEX_COLUMNS, open_index
     from perfscope.errors import UsageError
 
     if args.columns:
+        from perfscope.profiler.run_index import _BOOKKEEPING
+
         docs = {c.name: (c.sql_type, c.doc) for c in INDEX_COLUMNS}
-        rows = [(n, *docs.get(n, ("", "bookkeeping"))) for n in ALL_COLUMN_NAMES]
+        docs.update({n: (t.split()[0], BOOKKEEPING_DOCS[n]) for n, t in _BOOKKEEPING})
+        rows = [(n, *docs[n]) for n in ALL_COLUMN_NAMES]
         print_rows(["column", "type", "meaning"], rows, console, as_json=args.json)
         return 0
     if not args.sql:
