@@ -163,13 +163,13 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     d.add_argument(
         "--ray",
         nargs="?",
-        const="auto",
+        const="local",
         default=None,
         metavar="ADDRESS|local:N",
-        help="generate the load from Ray actors: 'local:N' starts a local cluster with N "
-        "actors, an address (ADDRESS#N for N actors) joins a cluster, bare --ray joins a "
-        "running cluster or starts a local one (openai: and python: engines; "
-        "pip install 'perfscope[ray]')",
+        help="generate the load from Ray actors: bare --ray or 'local:N' starts a private "
+        "local cluster (loopback, N actors, gone when the run ends), an address (ADDRESS#N "
+        "for N actors; 'auto' for this machine's 'ray start' cluster) joins a cluster "
+        "(openai: and python: engines; pip install 'perfscope[ray]')",
     )
     d.add_argument(
         "--ray-autoscale",
@@ -361,7 +361,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def _say_state(run: Any) -> None:
     """One stderr line per thing a reader of this run should know (crashed, notes)."""
-    if run.state.state not in ("complete", "interrupted", "failed"):
+    if run.state.state not in ("complete", "partial", "interrupted", "failed"):
         sys.stderr.write(
             f"note: run {run.path.name} is {run.state.state}"
             + (f" ({run.state.reason})" if run.state.reason else "")
