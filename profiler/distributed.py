@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -244,7 +245,9 @@ class LossCount:
 
     Attributes:
         lost_actors: load actors lost mid-run.
-        in_flight: requests a lost actor had sent and not finished.
+        in_flight: requests a lost actor had sent and not finished (an open-loop request
+            due before the loss was noticed counts as sent: the actor's last notes may
+            have died with it).
         never_sent: requests planned on a lost actor that it never sent.
         unfinished: requests of live actors still open when the run was stopped (Ctrl-C,
             SIGTERM) or that never came back.
@@ -797,11 +800,18 @@ def connect(target: RayTarget) -> bool:
             )
         else:
             kwargs["address"] = target.address
+        # ray.init replaces the SIGTERM handler with sys.exit(): keep the caller's, so a
+        # SIGTERM stops the run as perfscope handles it (Ray section kept, signal named).
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGTERM) if main else None
         try:
             ray.init(**kwargs)
         except Exception as exc:
             _stop_reaper()
             raise UsageError(_connect_error(target, exc)) from None
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     finally:
         if env_address is not None:
             os.environ["RAY_ADDRESS"] = env_address
@@ -818,7 +828,14 @@ def _connect_error(target: RayTarget, exc: BaseException) -> str:
             "RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, or the token file "
             "RAY_AUTH_TOKEN_PATH) in this shell, as on the head node (docs/scale.md)"
         )
-    return f"--ray: cannot {where}: {_first_line(exc)}"
+    hint = ""
+    if target.address is not None and os.environ.get("RAY_AUTH_MODE") != "token":
+        # Ray 2.60 heads require a token by default and the failure often does not say so.
+        hint = (
+            " (if the cluster uses token authentication, Ray's default since 2.60, set "
+            "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN in this shell)"
+        )
+    return f"--ray: cannot {where}: {_first_line(exc)}{hint}"
 
 
 def _stop_reaper() -> None:
@@ -949,6 +966,8 @@ class _Fleet:
         self.sent: list[set[int]] = []
         #: Per actor: when it first said it was done while requests were still due (s).
         self.done_at: list[float | None] = []
+        #: Per actor: the driver's perf_counter_ns when it was found lost.
+        self.lost_at: dict[int, int] = {}
         self.actors = actors
         self.spawn = spawn
         self.recorder = recorder
@@ -1131,7 +1150,12 @@ class _Fleet:
                 if rep.lost is None:
                     loss.unfinished += 1
                     text = why
-                elif rid in self.sent[i]:
+                elif rid in self.sent[i] or (
+                    # Its last "sent" notes may have died with it: an open-loop request
+                    # due before the loss was noticed counts as sent.
+                    self.users[i] is None
+                    and self.t_driver.get(rid, 1 << 62) <= self.lost_at.get(i, 0)
+                ):
                     loss.in_flight += 1
                     text = f"{why} (the request was in flight)"
                 else:
@@ -1154,6 +1178,7 @@ class _Fleet:
         except Exception as exc:
             why = f"load actor {i} on {rep.host or '?'} lost: {_first_line(exc)}"
             rep.lost = why
+            self.lost_at[i] = time.perf_counter_ns()
             self.result.errors.append(why)
             self.live.discard(i)
             return

@@ -464,8 +464,8 @@ def _read_row(
             raw = _ratio(raw, 1e9)
         elif col.reduce in ("per_request", "per_completed"):
             counts = sources["summary"].get("counts")
-            key = "requests" if col.reduce == "per_request" else "completed"
-            raw = _ratio(raw, counts.get(key) if isinstance(counts, dict) else None)
+            per = "requests" if col.reduce == "per_request" else "completed"
+            raw = _ratio(raw, counts.get(per) if isinstance(counts, dict) else None)
         row[col.name] = _coerce(raw, col.sql_type)
     if summary is not None and not row["slo_count"]:
         # Without SLOs every request "meets" them: no attainment, no goodput.
@@ -725,7 +725,7 @@ def _memory_copy(duckdb: Any, path: Path) -> duckdb.DuckDBPyConnection | None:
     read-only), or ``None`` when it cannot be read either."""
     if not path.is_file():
         return None
-    con = duckdb.connect(":memory:")
+    con: duckdb.DuckDBPyConnection = duckdb.connect(":memory:")
     try:
         con.execute("ATTACH ? AS saved (READ_ONLY)", [str(path)])
         con.execute("CREATE TABLE meta AS SELECT * FROM saved.meta")
