@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from perfscope.errors import UsageError
 
@@ -725,7 +725,7 @@ def _memory_copy(duckdb: Any, path: Path) -> duckdb.DuckDBPyConnection | None:
     read-only), or ``None`` when it cannot be read either."""
     if not path.is_file():
         return None
-    con: duckdb.DuckDBPyConnection = duckdb.connect(":memory:")
+    con = cast("duckdb.DuckDBPyConnection", duckdb.connect(":memory:"))
     try:
         con.execute("ATTACH ? AS saved (READ_ONLY)", [str(path)])
         con.execute("CREATE TABLE meta AS SELECT * FROM saved.meta")
