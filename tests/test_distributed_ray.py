@@ -515,7 +515,12 @@ def _start_cli_run(tmp_path: Path, *extra: str) -> tuple[Any, str]:
         if tmp and runs and any(f.stat().st_size for f in runs[0].iterdir()):
             break  # the cluster is up and requests are being flushed
         time.sleep(0.5)
-    assert proc.poll() is None and tmp is not None, (tmp_path / "stderr.txt").read_text()
+    if proc.poll() is not None or tmp is None:
+        proc.kill()  # never leave it running behind a failed test
+        proc.wait()
+        raise AssertionError(
+            f"the run did not start serving: {(tmp_path / 'stderr.txt').read_text()}"
+        )
     time.sleep(2.0)  # a few more requests finish
     return proc, tmp
 
