@@ -738,18 +738,18 @@ def _lock_down(con: duckdb.DuckDBPyConnection, *, allow_files: bool) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def _memory_copy(duckdb: Any, path: Path) -> duckdb.DuckDBPyConnection | None:
+def _memory_copy(db: Any, path: Path) -> duckdb.DuckDBPyConnection | None:
     """An in-memory database holding a copy of the saved index at ``path`` (opened
     read-only), or ``None`` when it cannot be read either."""
     if not path.is_file():
         return None
-    con = cast("duckdb.DuckDBPyConnection", duckdb.connect(":memory:"))
+    con = cast("duckdb.DuckDBPyConnection", db.connect(":memory:"))
     try:
         con.execute("ATTACH ? AS saved (READ_ONLY)", [str(path)])
         con.execute("CREATE TABLE meta AS SELECT * FROM saved.meta")
         con.execute("CREATE TABLE runs AS SELECT * FROM saved.runs")
         con.execute("DETACH saved")
-    except duckdb.Error:
+    except db.Error:
         con.close()
         return None
     return con

@@ -340,6 +340,11 @@ def _serve_distributed(
 
     from perfscope.profiler.distributed import parse_ray_target, plan_for, run_distributed
 
+    def serving(pids: set[int]) -> None:
+        # Contention from when the actors serve, perfscope's own processes left out.
+        contention.restart()
+        contention.add_own(pids)
+
     load = opts.load
     plan = plan_for(
         specs, load.mode, load.rate, load.arrival, load.burstiness, load.seed, load.duration_s
@@ -354,8 +359,7 @@ def _serve_distributed(
         concurrency=load.concurrency,
         autoscale_max=opts.ray_autoscale,
         result_out=result_out,
-        # Contention from when the actors serve, perfscope's own processes left out.
-        on_serving=lambda pids: (contention.restart(), contention.add_own(pids)),
+        on_serving=serving,
     )
 
 
