@@ -203,12 +203,14 @@ def test_a_sigkilled_actor_loses_only_its_in_flight_requests_and_the_run_reads_p
     share = set(actors.loc[actors["actor"] == lost[0]["index"], "request_id"])
     assert KILL_AT in share and len(share) == 20
     failed = req[req["error"].notna()]
-    # Every request the lost actor finished before the kill was kept (they were pushed to
-    # the driver's mailbox as they finished; the engine's own log is the truth); only what
-    # it had in flight or never sent failed.
+    # The requests the lost actor finished before the kill were kept (the engine's own log
+    # is the truth); what it had in flight or never sent failed.
     finished = {int(x) for x in log.read_text().split()} if log.exists() else set()
     kept = set(req.loc[req["error"].isna(), "request_id"]) & share
-    assert kept == finished & share and KILL_AT not in kept
+    # Collected by poll every 0.2 s: at most the requests finished in the last interval
+    # before the kill are lost with it (5 requests/s per actor here: one or two).
+    assert kept <= finished & share and KILL_AT not in kept
+    assert len(finished & share) - len(kept) <= 3
     assert set(failed["request_id"]) == share - kept
     assert lost[0]["completed"] == len(kept)
     loss = dist["loss"]
