@@ -23,9 +23,9 @@ process identical to a single host's and every stamp honest:
    off: a SIGKILLed actor's pushes did not arrive in the tests.)
 4. **Faults.** An actor (or its node) lost mid-run is reported with its host; what the
    driver had collected is kept, so only the requests it had sent and not finished (and
-   those finished in its last poll interval) are lost (``in_flight``), apart from those it never sent (``never_sent``); both are recorded
-   as failed with the reason, counted under ``loss`` in the manifest, and the run's status
-   is ``partial``.
+   those finished in its last poll interval) are lost (``in_flight``), apart from those
+   it never sent (``never_sent``); both are recorded as failed with the reason, counted
+   under ``loss`` in the manifest, and the run's status is ``partial``.
 
 Ray is an optional dependency (``pip install 'perfscope[ray]'``).
 """
