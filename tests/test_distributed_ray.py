@@ -476,7 +476,7 @@ def _cluster_procs(tmp: str) -> list[int]:
 
 
 def _start_cli_run(tmp_path: Path, *extra: str) -> tuple[Any, str]:
-    """``perfscope run --ray local:1`` in a subprocess, once its load actor serves; returns
+    """``perfscope run --ray`` (two actors) in a subprocess, once its load actor serves; returns
     the process and its private cluster's temp dir."""
     import subprocess
     import sys
@@ -550,7 +550,7 @@ def test_a_signalled_ray_run_keeps_its_ray_records_and_names_the_signal(
     named = "SIGTERM" if sig == "SIGTERM" else "Ctrl-C"
     assert any(named in e for e in run.manifest["errors"]), run.manifest["errors"]
     dist = run.manifest["distributed"]
-    assert dist["backend"] == "ray" and len(dist["actors"]) == 1
+    assert dist["backend"] == "ray" and len(dist["actors"]) == 2  # bare --ray: two actors
     assert dist["loss"]["unfinished"] > 0
     actors = pd.read_parquet(run.path / "actors.parquet")
     assert set(actors["request_id"]) == set(run.requests["request_id"])
