@@ -1,7 +1,8 @@
 """How fast the run index answers over many runs (issue: an index over thousands of runs).
 
-Builds N synthetic run directories (manifest.json + summary.json copied from one real run,
-with varied metrics and states; no Parquet tables, which the index never reads), then measures:
+Builds N real run directories (one real run's manifest.json, summary.json and Parquet tables,
+with varied metrics and states: the index reads every table's footer on a first build), then
+measures:
 
 - the first index build (every run read),
 - a refresh that finds nothing changed plus one query (what ``perfscope query`` does),
@@ -33,11 +34,22 @@ sys.path.insert(0, str(ROOT))
 
 
 def make_runs(root: Path, n: int, seed: int = 0) -> None:
+    """``n`` real run folders: each a copy of one real run (manifest.json, summary.json and
+    its Parquet tables, which the index reads footers of), with varied metrics and states.
+
+    Files are hard-linked where the filesystem allows (the index reads each as a file of its
+    own: a refresh stats it, the first build reads its footer); the JSON files are written
+    per run.
+    """
+    import os
+    import shutil
+
     from tests.data.runs.builders import manual_run
 
     template = manual_run(root / "_template", name="tmpl", n_requests=6)
     manifest = json.loads((template / "manifest.json").read_text())
     summary = json.loads((template / "summary.json").read_text())
+    tables = sorted(p for p in template.iterdir() if p.suffix == ".parquet")
     rng = random.Random(seed)
     kinds = ["reference", "openai", "hf", "python"]
     states = ["complete"] * 17 + ["failed", "interrupted", "running"]
@@ -45,6 +57,11 @@ def make_runs(root: Path, n: int, seed: int = 0) -> None:
         run_id = f"20261201-{i // 3600:02d}{i // 60 % 60:02d}{i % 60:02d}-bench-{i:05x}"
         d = root / run_id
         d.mkdir()
+        for t in tables:
+            try:
+                os.link(t, d / t.name)
+            except OSError:
+                shutil.copyfile(t, d / t.name)
         manifest["run_id"] = run_id
         manifest["status"] = rng.choice(states)
         manifest["engine"]["kind"] = rng.choice(kinds)
@@ -53,8 +70,6 @@ def make_runs(root: Path, n: int, seed: int = 0) -> None:
         summary["throughput"]["output_tok_s"] = rng.uniform(10, 5000)
         (d / "manifest.json").write_text(json.dumps(manifest))
         (d / "summary.json").write_text(json.dumps(summary))
-    import shutil
-
     shutil.rmtree(root / "_template")
 
 
@@ -68,6 +83,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--root", type=Path, default=None, help="keep the runs here (made once, reused)"
+    )
+    ap.add_argument("--skip-scan", action="store_true", help="skip the dashboard scan timing")
     args = ap.parse_args()
 
     from perfscope.api.index import open_index
@@ -77,9 +96,12 @@ def main() -> None:
         "WHERE state = 'complete' GROUP BY 1 ORDER BY 1"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        t_make = _timed(lambda: make_runs(root, args.runs))
-        print(f"made {args.runs} runs in {t_make:.1f} s")
+        root = args.root or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        if not any(p.is_dir() for p in root.iterdir()):
+            t_make = _timed(lambda: make_runs(root, args.runs))
+            print(f"made {args.runs} runs in {t_make:.1f} s")
+        (root / ".perfscope-index.duckdb").unlink(missing_ok=True)
 
         def build() -> None:
             with open_index(root, rebuild=True):
@@ -109,6 +131,7 @@ def main() -> None:
         for label, argv in (
             ("perfscope query (subprocess)", ["query", sql]),
             ("perfscope ls --where (subprocess)", ["ls", "--where", "ttft_p99_s > 0.5"]),
+            ("perfscope ls --limit 5 (subprocess)", ["ls", "--limit", "5"]),
             ("perfscope --version (start-up only)", ["--version"]),
         ):
             times = []
@@ -122,7 +145,7 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
             print(f"{label + ':':38s}median {statistics.median(times):.3f} s")
 
-        dashboard_list(root, args.repeat)
+        dashboard_list(root, args.repeat, ("index",) if args.skip_scan else ("index", "scan"))
 
 
 def _list_once(repo: object) -> int:
@@ -130,12 +153,12 @@ def _list_once(repo: object) -> int:
     return len([r.to_record() for r in rows])
 
 
-def dashboard_list(root: Path, repeat: int) -> None:
+def dashboard_list(root: Path, repeat: int, sources: tuple[str, ...]) -> None:
     """Runs-list page data: the index against the scan it replaces, medians of ``repeat``."""
     from perfscope.dashboard.data import RunRepository
 
     results: dict[str, float] = {}
-    for source in ("index", "scan"):
+    for source in sources:
         saved = sys.modules.get("duckdb")
         if source == "scan":
             sys.modules["duckdb"] = None  # type: ignore[assignment]  # import raises
@@ -161,7 +184,7 @@ def dashboard_list(root: Path, repeat: int) -> None:
             f"dashboard runs list, {source}, warm app:".ljust(38)
             + f"median {results[f'{source} warm']:.3f} s"
         )
-    for kind in ("cold", "warm"):
+    for kind in ("cold", "warm") if "scan" in sources else ():
         ratio = results[f"scan {kind}"] / results[f"index {kind}"]
         print(f"scan / index, {kind}:".ljust(38) + f"{ratio:.1f}x")
 

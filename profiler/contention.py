@@ -8,7 +8,14 @@ longer). The measurement is cheap: system-wide busy CPU time and this process's 
 A server under test on this machine (an ``openai:`` engine at a loopback address) is not
 competition: the processes listening on the port the run targets are found with psutil's
 connection table and their CPU time is reported apart (``server_cpu_s``), not as
-"other processes". A window shorter than :data:`MIN_WINDOW_S` is too short for CPU
+"other processes".
+
+A ``--ray`` run's own helpers (load actors, the request mailbox, the Ray daemons of its
+private cluster) are perfscope's, not competition: :meth:`ContentionMeter.add_own` counts
+them apart (``helper_cpu_s``), and :meth:`ContentionMeter.restart` begins the window once
+the actors serve, so cluster start-up is left out (``excluded_s``).
+
+A window shorter than :data:`MIN_WINDOW_S` is too short for CPU
 accounting (the kernel counts in ticks): it gets no share figure (``others_share`` None,
 ``too_short`` True).
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -127,16 +135,39 @@ class ContentionMeter:
     _steal0: float = 0.0
     _server0: dict[int, float] = field(default_factory=dict)
     _server_pids: set[int] = field(default_factory=set)
+    _helper_pids: set[int] = field(default_factory=set)
+    _helper0: dict[int, float] = field(default_factory=dict)
+    _t_first: float | None = None
 
     def start(self) -> ContentionMeter:
+        """Start (or restart: :meth:`restart`) the window."""
         self._server_pids = listening_pids(tuple(self.exclude_ports))
         self._server0 = _tree_cpu_s(self._server_pids)
+        self._helper0 = _tree_cpu_s(self._helper_pids)
         t = psutil.cpu_times()
         self._t0 = time.monotonic()
         self._busy0 = _busy_s(t)
         self._steal0 = float(getattr(t, "steal", 0.0))
         self._own0 = _own_s(psutil.Process())
+        if self._t_first is None:
+            self._t_first = self._t0
         return self
+
+    def restart(self) -> None:
+        """Begin the window again now: what happened before (a ``--ray`` run's cluster and
+        actor start-up) is left out; the time left out is reported as ``excluded_s``."""
+        t_first = self._t_first
+        self.start()
+        self._t_first = t_first
+
+    def add_own(self, pids: Iterable[int]) -> None:
+        """Count these processes (and their children) as perfscope's own from now on, not
+        as other processes: a ``--ray`` run's load actors, its request mailbox and the Ray
+        daemons of its private cluster."""
+        new = set(pids) - self._helper_pids - {os.getpid()}
+        self._helper_pids |= new
+        for pid, v in _tree_cpu_s(new).items():
+            self._helper0.setdefault(pid, v)
 
     def stop(self) -> dict[str, Any]:
         """JSON-ready: window, this process's, the local server's and other processes' CPU
@@ -150,7 +181,9 @@ class ContentionMeter:
         server_now = _tree_cpu_s(self._server_pids)
         # processes that appeared during the run (new workers) count from zero
         server = sum(max(v - self._server0.get(pid, 0.0), 0.0) for pid, v in server_now.items())
-        others = max(busy - own - server, 0.0)
+        helpers_now = _tree_cpu_s(self._helper_pids)
+        helpers = sum(max(v - self._helper0.get(p, 0.0), 0.0) for p, v in helpers_now.items())
+        others = max(busy - own - server - helpers, 0.0)
         steal = max(float(getattr(t, "steal", 0.0)) - self._steal0, 0.0)
         short = window < MIN_WINDOW_S
         capacity = window * cores
@@ -169,6 +202,9 @@ class ContentionMeter:
             "server_ports": list(self.exclude_ports),
             "server_pids": sorted(self._server_pids),
             "server_cpu_s": server if self._server_pids else None,
+            "helper_pids": sorted(self._helper_pids),
+            "helper_cpu_s": helpers if self._helper_pids else None,
+            "excluded_s": self._t0 - (self._t_first if self._t_first is not None else self._t0),
             "too_short": short,
             "min_window_s": MIN_WINDOW_S,
             "loadavg_1m": load1,

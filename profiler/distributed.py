@@ -15,13 +15,17 @@ process identical to a single host's and every stamp honest:
    and the drift between the two measurements. Records are shifted onto the driver's run
    clock; the residual uncertainty (half the smallest round trip plus the drift) is reported
    and the summary must not draw conclusions finer than it.
-3. **Records stream back.** Each actor keeps its own recorder; the driver polls every actor
-   about twice a second and receives every request finished since the last poll with all its
-   chunks, and feeds them into the run's recorder through the ordinary handle API, so the
-   stored run reads like any other.
-4. **Faults.** An actor (or its node) lost mid-run is reported with its host; the requests it
-   had finished are kept, the ones it still held are recorded as failed with the reason, and
-   the run carries the loss in its errors.
+3. **Records come back by poll.** Each actor keeps its own recorder; the driver polls every
+   actor five times a second and receives every request finished (and the id of every
+   request sent) since the last poll, with all its chunks, and feeds them into the run's
+   recorder through the ordinary handle API, so the stored run reads like any other. (A
+   push path to a mailbox actor on the driver's node, :class:`RequestSink`, exists but is
+   off: a SIGKILLed actor's pushes did not arrive in the tests.)
+4. **Faults.** An actor (or its node) lost mid-run is reported with its host; what the
+   driver had collected is kept, so only the requests it had sent and not finished (and
+   those finished in its last poll interval) are lost (``in_flight``), apart from those
+   it never sent (``never_sent``); both are recorded as failed with the reason, counted
+   under ``loss`` in the manifest, and the run's status is ``partial``.
 
 Ray is an optional dependency (``pip install 'perfscope[ray]'``).
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -49,7 +54,9 @@ __all__ = [
     "AutoscaleDecision",
     "ClockOffset",
     "DistributedResult",
+    "LossCount",
     "RayTarget",
+    "RequestSink",
     "actor_offset",
     "boot_id",
     "connect",
@@ -57,11 +64,15 @@ __all__ = [
     "measure_offset",
     "parse_ray_target",
     "plan_for",
+    "private_cluster_pids",
     "run_distributed",
 ]
 
 #: How often the driver collects finished requests from the actors (s).
-POLL_INTERVAL_S = 0.5
+POLL_INTERVAL_S = 0.2
+#: How long the driver waits, after an actor says it is done, for the requests it pushed
+#: last to reach the mailbox (s).
+DONE_GRACE_S = 5.0
 #: Head start between handing out the plan and its first send (s): every actor must hold
 #: its share before the first arrival is due.
 PLAN_LEAD_S = 1.0
@@ -89,14 +100,15 @@ class RayTarget:
 
 
 def parse_ray_target(value: str | None, *, default_actors: int = 2) -> RayTarget:
-    """``--ray`` as given: ``local:N`` (a local cluster with N actors), an address, or empty
-    (``auto``: an existing cluster if one is reachable, else a local one).
+    """``--ray`` as given: ``local:N`` (a private local cluster with N actors), an address
+    (``auto``: the cluster ``ray start`` runs on this machine), or empty (bare ``--ray``:
+    a private local cluster with ``default_actors`` actors).
 
     An address may carry the actor count as ``ADDRESS#N``.
     """
     text = (value or "").strip()
-    if not text or text == "auto":
-        return RayTarget(address="auto" if text else None, actors=default_actors)
+    if not text or text == "private":
+        return RayTarget(address=None, actors=default_actors)
     if text.startswith("local"):
         _, _, n = text.partition(":")
         actors = _positive(n or str(default_actors), text)
@@ -228,6 +240,26 @@ class AutoscaleDecision:
 
 
 @dataclass
+class LossCount:
+    """Requests a ``--ray`` run could not measure, counted apart.
+
+    Attributes:
+        lost_actors: load actors lost mid-run.
+        in_flight: requests a lost actor had sent and not finished (an open-loop request
+            due before the loss was noticed counts as sent: the actor's last notes may
+            have died with it).
+        never_sent: requests planned on a lost actor that it never sent.
+        unfinished: requests of live actors still open when the run was stopped (Ctrl-C,
+            SIGTERM) or that never came back.
+    """
+
+    lost_actors: int = 0
+    in_flight: int = 0
+    never_sent: int = 0
+    unfinished: int = 0
+
+
+@dataclass
 class DistributedResult:
     """The fan-out's account of the run (stored under ``manifest["distributed"]``).
 
@@ -251,6 +283,12 @@ class DistributedResult:
     warnings: list[str] = field(default_factory=list)
     autoscale_max: int | None = None
     decisions: list[AutoscaleDecision] = field(default_factory=list)
+    loss: LossCount = field(default_factory=lambda: LossCount())
+
+    @property
+    def partial(self) -> bool:
+        """Whether a load actor was lost mid-run (the run's status is then ``partial``)."""
+        return any(a.lost for a in self.actors)
 
     @property
     def uncertainty_ns(self) -> int | None:
@@ -281,6 +319,8 @@ class DistributedResult:
             "actors": [asdict(a) for a in self.actors],
             "clock_uncertainty_ns": self.uncertainty_ns,
             "errors": list(self.errors),
+            "partial": self.partial,
+            "loss": asdict(self.loss),
             "autoscale": {
                 "enabled": self.autoscale_max is not None,
                 "max_actors": self.autoscale_max,
@@ -342,8 +382,18 @@ class LoadActor:
         options: ``EngineOptions`` fields as a dict.
     """
 
-    def __init__(self, engine_uri: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self, engine_uri: str, options: dict[str, Any], sink: Any = None, index: int = 0
+    ) -> None:
         from perfscope.profiler.engines.base import EngineOptions, create_engine
+
+        # Where finished and sent requests are pushed as they happen (a RequestSink actor
+        # handle), and this actor's number there; None: the driver collects by poll().
+        self._sink = sink
+        self._index = index
+        self._sent: list[int] = []
+        self._wake = threading.Event()
+        self._pushed_all = sink is None
 
         self._engine = create_engine(engine_uri, EngineOptions(**options))
         # Raw perf_counter_ns readings (origin 0): the driver shifts them onto its run clock.
@@ -372,6 +422,50 @@ class LoadActor:
     def _on_finish(self, request_id: int) -> None:
         with self._lock:
             self._finished.append(request_id)
+        self._wake.set()
+
+    def _on_sent(self, request_id: int) -> None:
+        with self._lock:
+            self._sent.append(request_id)
+        self._wake.set()
+
+    def _push(self) -> None:
+        """Push finished requests and sent ids to the sink as they happen (woken by each
+        finish and send; batched when several arrive together) until the plan is served."""
+        sink = self._sink
+        while True:
+            self._wake.wait(0.2)
+            self._wake.clear()
+            done = self._done
+            rows = self._finished_rows()
+            with self._lock:
+                sent, self._sent = self._sent, []
+            if rows or sent:
+                sink.put.remote(self._index, rows, sent)
+            if done:
+                self._pushed_all = True
+                return
+
+    def _finished_rows(self) -> list[dict[str, Any]]:
+        """Requests finished since the last call, each with its chunks (actor clock)."""
+        with self._lock:
+            ids, self._finished = self._finished, []
+        chunks = self._recorder.chunks_table()
+        new = chunks.slice(self._chunks_sent).to_pydict()
+        self._chunks_sent = chunks.num_rows
+        for rid, t, n, idx in zip(
+            new["request_id"], new["t"], new["n_tokens"], new["index"], strict=True
+        ):
+            self._chunk_rows.setdefault(rid, []).append((t, n, idx))
+        if not ids:
+            return []
+        by_id = {r["request_id"]: r for r in self._recorder.requests_table().to_pylist()}
+        out = []
+        for rid in ids:
+            row = dict(by_id[rid])
+            row["chunks"] = self._chunk_rows.pop(rid, [])
+            out.append(row)
+        return out
 
     def now_ns(self) -> int:
         """This process's ``perf_counter_ns``."""
@@ -403,6 +497,8 @@ class LoadActor:
             threading.Thread(target=self._probe, name="perfscope-lag-probe", daemon=True).start()
         self._thread = threading.Thread(target=self._serve, name="perfscope-load", daemon=True)
         self._thread.start()
+        if self._sink is not None:
+            threading.Thread(target=self._push, name="perfscope-push", daemon=True).start()
 
     def _probe(self, step_s: float = 0.002) -> None:
         step = int(step_s * 1e9)
@@ -478,6 +574,7 @@ class LoadActor:
                     with done:
                         open_ids.add(spec.request_id)
                     handle.sent()
+                    self._on_sent(spec.request_id)
                     inbox.put(Submission(spec, handle))
             finally:
                 inbox.close()
@@ -492,27 +589,19 @@ class LoadActor:
         finally:
             self._t_done = time.perf_counter()
             self._done = True
+            self._wake.set()
 
     def poll(self) -> dict[str, Any]:
-        """Requests finished since the last poll, with their chunks; ``done`` once served;
-        the event-loop lag p99 over the lag samples taken since the last poll (s)."""
-        with self._lock:
-            ids, self._finished = self._finished, []
-        done = self._done
-        chunks = self._recorder.chunks_table()
-        new = chunks.slice(self._chunks_sent).to_pydict()
-        self._chunks_sent = chunks.num_rows
-        for rid, t, n, idx in zip(
-            new["request_id"], new["t"], new["n_tokens"], new["index"], strict=True
-        ):
-            self._chunk_rows.setdefault(rid, []).append((t, n, idx))
-        reqs = self._recorder.requests_table().to_pylist()
-        by_id = {r["request_id"]: r for r in reqs}
-        out = []
-        for rid in ids:
-            row = dict(by_id[rid])
-            row["chunks"] = self._chunk_rows.pop(rid, [])
-            out.append(row)
+        """Requests finished since the last poll, with their chunks (none when they are
+        pushed to a sink); ``done`` once served (and pushed); the event-loop lag p99 over
+        the lag samples taken since the last poll (s)."""
+        done = self._done and self._pushed_all
+        out = [] if self._sink is not None else self._finished_rows()
+        ids = out
+        sent: list[int] = []
+        if self._sink is None:
+            with self._lock:
+                sent, self._sent = self._sent, []
         lags = self._lags()
         window, self._lag_pos = lags[self._lag_pos :], len(lags)
         return {
@@ -523,6 +612,7 @@ class LoadActor:
             "serve_s": (self._t_done or time.perf_counter()) - self._t0 if self._t0 else None,
             "lag_p99_s": _ns_to_s(_percentile(window, 0.99)),
             "lag_samples": len(window),
+            "sent": sent,
         }
 
     def lag_summary(self) -> dict[str, Any]:
@@ -539,6 +629,36 @@ class LoadActor:
 
     def close(self) -> None:
         self._engine.close()
+
+
+class RequestSink:
+    """The mailbox on the driver's node that load actors push to (a Ray actor class body).
+
+    It outlives any load actor, so a request an actor finished is kept even when the actor
+    dies a moment later. Calls run one at a time (Ray's default for an actor), so no lock.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[int, list[dict[str, Any]]] = {}
+        self._sent: dict[int, list[int]] = {}
+
+    def put(self, actor: int, rows: list[dict[str, Any]], sent: list[int]) -> None:
+        """Actor ``actor`` finished ``rows`` (request rows with chunks) and sent ``sent``."""
+        self._rows.setdefault(actor, []).extend(rows)
+        self._sent.setdefault(actor, []).extend(sent)
+
+    def pid(self) -> int:
+        """Its process id (perfscope's own, for contention)."""
+        return os.getpid()
+
+    def drain(self) -> dict[int, tuple[list[dict[str, Any]], list[int]]]:
+        """Everything pushed since the last drain, per actor: (finished rows, sent ids)."""
+        out = {
+            a: (self._rows.get(a, []), self._sent.get(a, []))
+            for a in set(self._rows) | set(self._sent)
+        }
+        self._rows, self._sent = {}, {}
+        return out
 
 
 # --- the driver ----------------------------------------------------------------------------
@@ -565,13 +685,102 @@ def _import_ray() -> Any:
     return ray
 
 
+#: Prefix of a private cluster's temp dir (``/tmp/perfscope-ray-<driver pid>-XXXX``): every
+#: Ray process of that cluster names it on its command line or logs into it.
+PRIVATE_DIR_PREFIX = "perfscope-ray-"
+
+#: The private cluster's reaper (see :func:`_start_reaper`), while one runs.
+_reaper: Any = None
+#: The private cluster's temp dir, while one runs.
+_private_dir: str | None = None
+
+
+def private_cluster_pids() -> set[int]:
+    """Processes of this process's private cluster (its Ray daemons and workers: named
+    by its temp dir on their command line, or logging into it); empty without one."""
+    tmp = _private_dir
+    if tmp is None:
+        return set()
+    found: set[int] = set()
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                hit = tmp.encode() in f.read()
+            hit = hit or any(os.readlink(f"/proc/{p}/fd/{fd}").startswith(tmp) for fd in "12")
+        except OSError:
+            continue
+        if hit:
+            found.add(int(p))
+    found.discard(os.getpid())
+    return found
+
+
+_REAPER = r"""
+import os, shutil, signal, sys, time
+tmp = sys.argv[1]
+sys.stdin.buffer.read()  # returns when the driver closes the pipe or dies (even SIGKILL)
+
+def ours(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if tmp.encode() in f.read():
+                return True
+        for fd in ("1", "2"):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(tmp):
+                return True
+    except OSError:
+        pass
+    return False
+
+me, quiet = os.getpid(), 0
+deadline = time.monotonic() + 10
+while quiet < 3 and time.monotonic() < deadline:
+    found = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me and ours(p)]
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    quiet = 0 if found else quiet + 1
+    time.sleep(0.1)
+shutil.rmtree(tmp, ignore_errors=True)
+"""
+
+
+def _start_reaper(tmp: str) -> Any:
+    """A small process that outlives nothing: it waits on a pipe from this process and,
+    once the pipe closes (:func:`disconnect`, or this process dies, SIGKILL included),
+    kills every process of the private cluster in ``tmp`` (found by the directory on
+    their command line or as their log file) and removes ``tmp``."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-c", _REAPER, tmp],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C in the terminal does not reach it
+        close_fds=True,
+    )
+
+
 def connect(target: RayTarget) -> bool:
-    """Connect this process to ``target``'s cluster (or start a local one) unless Ray is
-    already initialised; True when this call did it, so the caller shuts Ray down after.
+    """Connect this process to ``target``'s cluster (or start a private local one) unless
+    Ray is already initialised; True when this call did it, so the caller shuts Ray down
+    after.
+
+    A private cluster (``--ray`` or ``--ray local:N``) is always new, even beside a
+    ``ray start`` cluster on this machine: it listens on loopback only, keeps its files in
+    its own temp dir, and dies with this process (a reaper kills it on every way out).
 
     Raises:
-        UsageError: Ray is not installed, or the cluster cannot be started or reached.
+        UsageError: Ray is not installed, or the cluster cannot be started or reached
+            (with what to set when the cluster wants an auth token).
     """
+    global _reaper, _private_dir
     ray = _import_ray()
     if ray.is_initialized():
         return False
@@ -580,24 +789,78 @@ def connect(target: RayTarget) -> bool:
         "log_to_driver": False,
         "configure_logging": False,
     }
-    if target.address is None:
-        kwargs["num_cpus"] = max(target.actors, os.cpu_count() or 1)
-    else:
-        kwargs["address"] = target.address
+    env_address = os.environ.pop("RAY_ADDRESS", None) if target.address is None else None
     try:
-        ray.init(**kwargs)
-    except Exception as exc:
-        raise UsageError(
-            f"--ray: cannot start or reach a Ray cluster: {_first_line(exc)}"
-        ) from None
+        if target.address is None:
+            import tempfile
+
+            tmp = tempfile.mkdtemp(prefix=f"{PRIVATE_DIR_PREFIX}{os.getpid()}-", dir="/tmp")
+            _reaper = _start_reaper(tmp)
+            _private_dir = tmp
+            kwargs.update(
+                address="local",
+                num_cpus=max(target.actors, os.cpu_count() or 1),
+                _temp_dir=tmp,
+                _node_ip_address="127.0.0.1",
+            )
+        else:
+            kwargs["address"] = target.address
+        # ray.init replaces the SIGTERM handler with sys.exit(): keep the caller's, so a
+        # SIGTERM stops the run as perfscope handles it (Ray section kept, signal named).
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGTERM) if main else None
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:
+            _stop_reaper()
+            raise UsageError(_connect_error(target, exc)) from None
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+    finally:
+        if env_address is not None:
+            os.environ["RAY_ADDRESS"] = env_address
     return True
 
 
+def _connect_error(target: RayTarget, exc: BaseException) -> str:
+    """The one-line reason a cluster could not be started or joined, with what to do."""
+    text = str(exc)
+    where = "start a local Ray cluster" if target.address is None else f"reach {target.address}"
+    if "auth" in text.lower() or "token" in text.lower() or "UNAUTHENTICATED" in text:
+        return (
+            f"--ray: cannot {where}: the cluster requires token authentication; set "
+            "RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, or the token file "
+            "RAY_AUTH_TOKEN_PATH) in this shell, as on the head node (docs/scale.md)"
+        )
+    hint = ""
+    if target.address is not None and os.environ.get("RAY_AUTH_MODE") != "token":
+        # Ray 2.60 heads require a token by default and the failure often does not say so.
+        hint = (
+            " (if the cluster uses token authentication, Ray's default since 2.60, set "
+            "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN in this shell)"
+        )
+    return f"--ray: cannot {where}: {_first_line(exc)}{hint}"
+
+
+def _stop_reaper() -> None:
+    """Close the reaper's pipe (it then kills what is left of the private cluster)."""
+    global _reaper, _private_dir
+    reaper, _reaper, _private_dir = _reaper, None, None
+    if reaper is not None and reaper.stdin is not None:
+        with contextlib.suppress(OSError):
+            reaper.stdin.close()
+        with contextlib.suppress(Exception):
+            reaper.wait(timeout=15)
+
+
 def disconnect() -> None:
-    """Shut this process's Ray connection down (after :func:`connect` returned True)."""
+    """Shut this process's Ray connection down (after :func:`connect` returned True), and a
+    private cluster with it."""
     ray = _import_ray()
     with contextlib.suppress(Exception):  # a cluster that is already gone
         ray.shutdown()
+    _stop_reaper()
 
 
 def run_distributed(
@@ -612,6 +875,8 @@ def run_distributed(
     stop: threading.Event | None = None,
     on_poll: Callable[[], None] | None = None,
     autoscale_max: int | None = None,
+    result_out: list[DistributedResult] | None = None,
+    on_serving: Callable[[set[int]], None] | None = None,
 ) -> DistributedResult:
     """Serve ``plan_offsets_ns`` (spec, send time in ns after the plan starts) from
     ``target.actors`` Ray actors and feed every finished request into ``recorder``.
@@ -625,6 +890,11 @@ def run_distributed(
         on_poll: called after each collection round (progress).
         autoscale_max: add actors, up to this many in all, when one's event-loop lag grows
             past the threshold (:func:`lag_threshold_s`); None: warn only.
+        result_out: the result is appended here as soon as it exists, so a caller
+            interrupted (Ctrl-C, SIGTERM) still has the Ray section and the actors table.
+        on_serving: called once every actor serves, with the ids of perfscope's own
+            processes on this machine (load actors, the mailbox, the private cluster's
+            daemons), so contention can leave them and the start-up out.
     """
     ray = _import_ray()
     result = DistributedResult(
@@ -632,26 +902,46 @@ def run_distributed(
         origin_perf_counter_ns=origin_perf_counter_ns,
         autoscale_max=autoscale_max,
     )
+    if result_out is not None:
+        result_out.append(result)
     started_here = connect(target)
     remote_cls = ray.remote(num_cpus=0, max_concurrency=4)(LoadActor)
     n = target.actors if concurrency is None else max(1, min(target.actors, concurrency))
     actors: list[Any] = []
+    # The push-to-mailbox path (RequestSink) lost a dying actor's pushes in the tests on
+    # this machine, so records are collected by poll (every POLL_INTERVAL_S) until that is
+    # understood; a lost actor then loses at most one poll interval of finished requests.
+    sink = None
 
     def spawn() -> Any:
-        actors.append(remote_cls.remote(engine_uri, options))
+        actors.append(remote_cls.remote(engine_uri, options, sink, len(actors)))
         return actors[-1]
 
     for _ in range(n):
         spawn()
     try:
-        fleet = _Fleet(ray, actors, spawn, recorder, origin_perf_counter_ns, result)
+        fleet = _Fleet(ray, actors, spawn, recorder, origin_perf_counter_ns, result, sink)
+        fleet.on_serving = on_serving
         return fleet.drive(plan_offsets_ns, concurrency, stop, on_poll)
     finally:
-        for a in actors:
+        for a in [*actors, *([sink] if sink is not None else [])]:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(a)
         if started_here:
-            ray.shutdown()
+            disconnect()
+
+
+def _start_sink(ray: Any) -> Any:
+    """A :class:`RequestSink` pinned to the driver's node (it must not share a load
+    actor's fate)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return (
+        ray.remote(num_cpus=0)(RequestSink)
+        .options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False))
+        .remote()
+    )
 
 
 def lag_threshold_s(gap_s: float) -> float:
@@ -674,8 +964,18 @@ class _Fleet:
         recorder: Recorder,
         origin: int,
         result: DistributedResult,
+        sink: Any = None,
     ) -> None:
         self.ray = ray
+        self.sink = sink
+        self.on_serving: Callable[[set[int]], None] | None = None
+        self.sink_lost: str | None = None
+        #: Per actor: ids of the requests it reported sent (in flight until they finish).
+        self.sent: list[set[int]] = []
+        #: Per actor: when it first said it was done while requests were still due (s).
+        self.done_at: list[float | None] = []
+        #: Per actor: the driver's perf_counter_ns when it was found lost.
+        self.lost_at: dict[int, int] = {}
         self.actors = actors
         self.spawn = spawn
         self.recorder = recorder
@@ -711,6 +1011,8 @@ class _Fleet:
         self.streak.append(0)
         self.handled.append(False)
         self.users.append(None)
+        self.sent.append(set())
+        self.done_at.append(None)
         return i
 
     def _drop_last_slot(self) -> None:
@@ -724,6 +1026,8 @@ class _Fleet:
             self.streak,
             self.handled,
             self.users,
+            self.sent,
+            self.done_at,
         ):
             seq.pop()
 
@@ -766,7 +1070,13 @@ class _Fleet:
         )
         for i in range(n):
             self._start(i, shares[i], users[i])
-        interrupted = False
+        if self.on_serving is not None:
+            here = socket.gethostname()
+            own = {r.pid for r in self.reports if r.host == here and r.pid}
+            if self.sink is not None:
+                with contextlib.suppress(Exception):
+                    own.add(int(self.ray.get(self.sink.pid.remote(), timeout=30)))
+            self.on_serving(own | private_cluster_pids())
         try:
             while self.live:
                 if stop is not None and stop.is_set():
@@ -774,20 +1084,54 @@ class _Fleet:
                 time.sleep(POLL_INTERVAL_S)
                 for i in sorted(self.live):
                     self._collect(i)
+                self._drain()
                 if on_poll is not None:
                     on_poll()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             # Keep what the actors finished: one last collection, then record the rest.
-            interrupted = True
+            # The signal is kept as it came (SIGTERM is not Ctrl-C).
             for i in sorted(self.live):
                 self._collect(i)
-        self._finish(interrupted)
-        if interrupted:
-            raise KeyboardInterrupt
+            self._finish(True)
+            raise exc from None
+        self._finish(False)
         return self.result
+
+    def _drain(self) -> None:
+        """Everything the actors pushed to the sink into the run's recorder."""
+        if self.sink is None or self.sink_lost is not None:
+            return
+        try:
+            got = self.ray.get(self.sink.drain.remote(), timeout=30)
+        except Exception as exc:
+            self.sink_lost = f"the driver's request mailbox was lost: {_first_line(exc)}"
+            self.result.errors.append(self.sink_lost)
+            return
+        for i, (rows, sent) in sorted(got.items()):
+            self.sent[i].update(sent)
+            self._take_rows(i, rows)
+
+    def _take_rows(self, i: int, rows: list[dict[str, Any]]) -> None:
+        rep, off = self.reports[i], self.reports[i].offset_start
+        assert off is not None
+        for row in rows:
+            if row["request_id"] not in self.pending[i]:
+                continue  # already recorded (a request can only finish once)
+            _feed(
+                self.recorder,
+                self.pending[i],
+                row,
+                off.offset_ns + self.origin,
+                self.lags[i],
+                self.gaps[i],
+            )
+            self.sent[i].discard(row["request_id"])
+            rep.completed += 1
 
     def _finish(self, interrupted: bool) -> None:
         ray, recorder = self.ray, self.recorder
+        self._drain()  # what the actors pushed last (a lost actor's final requests)
+        loss = self.result.loss
         for i, a in enumerate(self.actors):
             rep = self.reports[i]
             if rep.lost is None:
@@ -811,10 +1155,26 @@ class _Fleet:
                 if interrupted
                 else "stopped before the request finished"
             )
-            for spec in self.pending[i].values():
+            for rid, spec in self.pending[i].items():
+                if rep.lost is None:
+                    loss.unfinished += 1
+                    text = why
+                elif rid in self.sent[i] or (
+                    # Its last "sent" notes may have died with it: an open-loop request
+                    # due before the loss was noticed counts as sent.
+                    self.users[i] is None
+                    and self.t_driver.get(rid, 1 << 62) <= self.lost_at.get(i, 0)
+                ):
+                    loss.in_flight += 1
+                    text = f"{why} (the request was in flight)"
+                else:
+                    loss.never_sent += 1
+                    text = f"{why} (the request was never sent)"
                 h = recorder.add_request(spec)
-                h.finish(error=f"distributed: {why}")
+                h.finish(error=f"distributed: {text}")
             self.pending[i].clear()
+            if rep.lost is not None:
+                loss.lost_actors += 1
             with contextlib.suppress(Exception):  # a lost actor cannot close
                 ray.get(a.close.remote(), timeout=10)
 
@@ -827,27 +1187,23 @@ class _Fleet:
         except Exception as exc:
             why = f"load actor {i} on {rep.host or '?'} lost: {_first_line(exc)}"
             rep.lost = why
+            self.lost_at[i] = time.perf_counter_ns()
             self.result.errors.append(why)
             self.live.discard(i)
             return
-        off = rep.offset_start
-        assert off is not None
-        for row in got["requests"]:
-            _feed(
-                self.recorder,
-                self.pending[i],
-                row,
-                off.offset_ns + self.origin,
-                self.lags[i],
-                self.gaps[i],
-            )
-            rep.completed += 1
+        self.sent[i].update(got.get("sent") or ())
+        self._take_rows(i, got["requests"])
         rep.cpu_s = got["cpu_s"]
         rep.serve_s = got.get("serve_s")
         if got["error"] and f"load actor {i}: {got['error']}" not in self.result.errors:
             self.result.errors.append(f"load actor {i}: {got['error']}")
         if got["done"]:
-            self.live.discard(i)
+            # Its last pushes may still be on their way to the sink: wait for them (a
+            # little) before calling what is missing unfinished.
+            now = time.monotonic()
+            first = self.done_at[i] = self.done_at[i] or now
+            if not self.pending[i] or now - first > DONE_GRACE_S or self.sink_lost:
+                self.live.discard(i)
             return
         self._check_lag(i, got.get("lag_p99_s"))
 

@@ -27,27 +27,24 @@ is read through the one getter.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from perfscope.errors import UsageError
-from perfscope.profiler.store import (
-    manifest_problems,
-    run_state,
-    summary_problem,
-    table_problems,
-)
 
 if TYPE_CHECKING:
     import duckdb
 
 __all__ = [
     "ALL_COLUMN_NAMES",
+    "BOOKKEEPING_DOCS",
     "INDEX_COLUMNS",
     "INDEX_FILE",
     "IndexColumn",
@@ -63,7 +60,7 @@ Lookup = Callable[[Any, str], Any]
 
 INDEX_FILE = ".perfscope-index.duckdb"
 #: Bumped whenever the columns or their meaning change; an older index file is rebuilt.
-INDEX_SCHEMA_VERSION = 6
+INDEX_SCHEMA_VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,11 @@ class IndexColumn:
         path: dotted path inside that file's JSON object.
         doc: what the value means, with its unit.
         reduce: ``"count"`` stores the number of entries of the object or list at ``path``,
-            ``"last"`` the last item of the list there; ``None`` stores the value itself.
+            ``"last"`` the last item of the list there, ``"count_lost"`` the number of
+            items of the list there with a true ``lost`` field, ``"ns_to_s"`` the number
+            there divided by 1e9, ``"per_request"`` / ``"per_completed"`` the number there
+            divided by the run's measured / completed requests; ``None`` stores the value
+            itself.
     """
 
     name: str
@@ -178,7 +179,102 @@ INDEX_COLUMNS: tuple[IndexColumn, ...] = (
         "host.contention.steal_share",
         "share of the machine's CPU the hypervisor stole during the run",
     ),
+    _c("dataset", "VARCHAR", "manifest", "workload.dataset", "workload dataset (synthetic, ...)"),
+    _c(
+        "prompt_len_spec",
+        "VARCHAR",
+        "manifest",
+        "workload.prompt_len",
+        "prompt length asked for, tokens (a number or a distribution, as given)",
+    ),
+    _c(
+        "output_len_spec",
+        "VARCHAR",
+        "manifest",
+        "workload.output_len",
+        "output length asked for, tokens (a number or a distribution, as given)",
+    ),
+    _c(
+        "prompt_tokens_per_request",
+        "DOUBLE",
+        "summary",
+        "counts.prompt_tokens",
+        "mean prompt length of the measured requests, tokens",
+        reduce="per_request",
+    ),
+    _c(
+        "output_tokens_per_request",
+        "DOUBLE",
+        "summary",
+        "counts.output_tokens",
+        "mean output length of the completed requests, tokens",
+        reduce="per_completed",
+    ),
+    _c(
+        "distributed_backend",
+        "VARCHAR",
+        "manifest",
+        "distributed.backend",
+        "'ray' for a --ray run, NULL for a single-process one",
+    ),
+    _c("ray_address", "VARCHAR", "manifest", "distributed.address", "Ray cluster the run used"),
+    _c(
+        "ray_actors",
+        "BIGINT",
+        "manifest",
+        "distributed.actors",
+        "load actors of a --ray run",
+        reduce="count",
+    ),
+    _c(
+        "ray_lost_actors",
+        "BIGINT",
+        "manifest",
+        "distributed.actors",
+        "load actors lost mid-run (the run is partial when > 0)",
+        reduce="count_lost",
+    ),
+    _c(
+        "ray_lost_in_flight",
+        "BIGINT",
+        "manifest",
+        "distributed.loss.in_flight",
+        "requests a lost actor had sent and not finished (recorded as failed)",
+    ),
+    _c(
+        "ray_never_sent",
+        "BIGINT",
+        "manifest",
+        "distributed.loss.never_sent",
+        "requests planned on a lost actor that it never sent (recorded as failed)",
+    ),
+    _c(
+        "ray_clock_uncertainty_s",
+        "DOUBLE",
+        "manifest",
+        "distributed.clock_uncertainty_ns",
+        "largest residual clock-alignment uncertainty over the load actors, s",
+        reduce="ns_to_s",
+    ),
 )
+
+#: What each bookkeeping column means (``perfscope query --columns``).
+BOOKKEEPING_DOCS: dict[str, str] = {
+    "run_id": "run directory name (undecodable bytes shown as \\xNN)",
+    "path": "run directory path",
+    "state": "complete, partial, failed, interrupted, running, crashed or broken: the "
+    "status as perfscope ls reads it (crashed: says running but its process is gone; "
+    "broken: files cannot be read)",
+    "problem": "why the state is not complete (the reason perfscope ls shows), else NULL",
+    "has_summary": "summary.json exists and is perfscope's",
+    "warnings": "number of warnings in summary.json",
+    "manifest_mtime_ns": "manifest.json modification time, ns since the epoch (refresh key)",
+    "manifest_size": "manifest.json size, bytes (refresh key)",
+    "summary_mtime_ns": "summary.json modification time, ns since the epoch (refresh key)",
+    "summary_size": "summary.json size, bytes; -1 when absent (refresh key)",
+    "files_key": "run folder mtime, ns; for a broken run a digest of every file's identity "
+    "(refresh key)",
+}
 
 _BOOKKEEPING = (
     ("run_id", "VARCHAR PRIMARY KEY"),
@@ -191,6 +287,7 @@ _BOOKKEEPING = (
     ("manifest_size", "BIGINT"),
     ("summary_mtime_ns", "BIGINT"),
     ("summary_size", "BIGINT"),
+    ("files_key", "BIGINT"),
 )
 
 #: Every column of ``runs`` in table order.
@@ -243,9 +340,38 @@ def _coerce(value: Any, sql_type: str) -> Any:
     return None
 
 
+def safe_text(value: str) -> str:
+    """``value`` as text any UTF-8 store accepts: undecodable file-name bytes (Python's
+    surrogate escapes) become ``\\xNN``, lone surrogates from JSON ``\\uD800`` escapes
+    become ``\\udNNN``; valid text is returned unchanged."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        pass
+    try:
+        return os.fsencode(value).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+#: Largest manifest.json / summary.json the index reads, bytes (a run's are a few kB).
+MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
+def _ratio(num: Any, den: Any) -> float | None:
+    """``num / den`` for real numbers with ``den > 0``, else None."""
+    ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (num, den))
+    return float(num) / float(den) if ok and float(den) > 0 else None
+
+
 def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            return None, f"{path.name}: larger than {MAX_JSON_BYTES // 2**20} MiB; not read"
+        data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         return None, None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -263,20 +389,45 @@ def _outside(root: Path, path: Path) -> bool:
         return True
 
 
-def _row(
-    run_path: str, stats: tuple[int, int, int, int], lookup: Lookup, root: Path
+def _row(run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path) -> dict[str, Any]:
+    """The ``runs`` row of one run directory (never raises on bad files).
+
+    Every string is passed through :func:`safe_text`, so one run with an undecodable name
+    or a lone surrogate in its manifest cannot fail the insert for every run."""
+    row = _read_row(run_id, run_path, key, lookup, root)
+    for name, value in row.items():
+        if isinstance(value, str):
+            row[name] = safe_text(value)
+    return row
+
+
+def _read_row(
+    run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path
 ) -> dict[str, Any]:
+    from perfscope.profiler.store import (
+        manifest_problems,
+        run_state,
+        summary_problem,
+        table_problems,
+    )
+
     run_dir = Path(run_path)
     row: dict[str, Any] = dict.fromkeys(ALL_COLUMN_NAMES)
     row.update(
-        run_id=run_dir.name,
-        path=str(run_dir),
-        manifest_mtime_ns=stats[0],
-        manifest_size=stats[1],
-        summary_mtime_ns=stats[2],
-        summary_size=stats[3],
+        run_id=run_id,
+        path=run_path,
+        manifest_mtime_ns=key[0],
+        manifest_size=key[1],
+        summary_mtime_ns=key[2],
+        summary_size=key[3],
+        files_key=key[4],
         has_summary=False,
     )
+    if safe_text(run_dir.name) != run_dir.name:
+        # Listed (escaped) so it shows up; not read, since no tool downstream can open it.
+        row["state"] = "broken"
+        row["problem"] = "folder name is not valid UTF-8; rename the folder to read the run"
+        return row
     # A file linked out of the runs folder is never read (the dashboard serves this table).
     away = [n for n in ("manifest.json", "summary.json") if _outside(root, run_dir / n)]
     if away:
@@ -304,6 +455,18 @@ def _row(
             raw = len(raw) if isinstance(raw, dict | list) else None
         elif col.reduce == "last":
             raw = str(raw[-1])[:200] if isinstance(raw, list) and raw else None
+        elif col.reduce == "count_lost":
+            raw = (
+                sum(1 for a in raw if isinstance(a, dict) and a.get("lost"))
+                if isinstance(raw, list)
+                else None
+            )
+        elif col.reduce == "ns_to_s":
+            raw = _ratio(raw, 1e9)
+        elif col.reduce in ("per_request", "per_completed"):
+            counts = sources["summary"].get("counts")
+            per = "requests" if col.reduce == "per_request" else "completed"
+            raw = _ratio(raw, counts.get(per) if isinstance(counts, dict) else None)
         row[col.name] = _coerce(raw, col.sql_type)
     if summary is not None and not row["slo_count"]:
         # Without SLOs every request "meets" them: no attainment, no goodput.
@@ -325,32 +488,72 @@ def _row(
     return row
 
 
-def _scan(root: Path) -> dict[str, tuple[str, tuple[int, int, int, int]]]:
-    """Run directories under ``root`` with the (mtime_ns, size) of manifest and summary.
+#: What a refresh compares to decide whether a run must be re-read: manifest.json's and
+#: summary.json's (mtime_ns, size), then the run directory's own mtime_ns (it changes when a
+#: file in it is created, removed or atomically replaced, which is how the store writes its
+#: tables). A run the index holds as broken gets a stronger last field instead: a 63-bit
+#: digest of the identity (name, inode, mtime_ns, size) of every file at the top of its
+#: folder, so a table rewritten in place (a copy still in progress) re-reads it too.
+FileKey = tuple[int, int, int, int, int]
 
-    Two ``stat`` calls per run and no JSON parsing: this is what makes a refresh of an
-    unchanged folder of 10,000 runs take a fraction of a second.
+
+def _stat_pair(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _files_digest(run_path: str) -> int:
+    """The digest of the identity of every file and folder at the top of ``run_path``."""
+    parts: list[str] = []
+    try:
+        with os.scandir(run_path) as it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                parts.append(
+                    f"{entry.name}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_size}\0{st.st_mode}"
+                )
+    except OSError:
+        return 0
+    parts.sort()
+    digest = hashlib.blake2b("\n".join(parts).encode("utf-8", "surrogateescape"), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") >> 1  # fits a signed BIGINT
+
+
+def _scan(root: Path, strong: set[str] = frozenset()) -> dict[str, tuple[str, FileKey]]:  # type: ignore[assignment]
+    """Run directories under ``root``, keyed by their :func:`safe_text` name, with their path
+    and :data:`FileKey` (the digest form for the runs in ``strong``).
+
+    Three ``stat`` calls per run and no JSON parsing: a refresh of an unchanged folder of
+    10,000 runs takes a fraction of a second on a quiet machine.
     """
-    out: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
+    out: dict[str, tuple[str, FileKey]] = {}
     try:
         entries = list(os.scandir(root))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return out
-    stat = os.stat
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
         base = entry.path + os.sep
+        manifest = _stat_pair(base + "manifest.json")
+        if manifest[1] < 0:
+            continue
+        rid = safe_text(entry.name)
         try:
-            m = stat(base + "manifest.json")
+            last = (
+                _files_digest(entry.path)
+                if rid in strong
+                else entry.stat(follow_symlinks=False).st_mtime_ns
+            )
         except OSError:
             continue
-        try:
-            s = stat(base + "summary.json")
-            s_key = (s.st_mtime_ns, s.st_size)
-        except OSError:
-            s_key = (0, -1)
-        out[entry.name] = (entry.path, (m.st_mtime_ns, m.st_size, *s_key))
+        out[rid] = (entry.path, (*manifest, *_stat_pair(base + "summary.json"), last))
     return out
 
 
@@ -373,6 +576,8 @@ class RunIndex:
         self.note: str | None = None
         #: What the last refresh of this folder did (None before one).
         self.last_stats: RefreshStats | None = None
+        #: Run id -> the directory's real path (as the OS spells it), from the last refresh.
+        self._paths: dict[str, str] = {}
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -394,14 +599,18 @@ class RunIndex:
         con = self._con
         if rebuild:
             con.execute("DELETE FROM runs")
-        known: dict[str, tuple[int, int, int, int]] = {
-            r[0]: (r[1], r[2], r[3], r[4])
+        known: dict[str, FileKey] = {
+            r[0]: (r[1], r[2], r[3], r[4], r[5])
             for r in con.execute(
-                "SELECT run_id, manifest_mtime_ns, manifest_size, summary_mtime_ns, summary_size "
-                "FROM runs"
+                "SELECT run_id, manifest_mtime_ns, manifest_size, summary_mtime_ns, "
+                "summary_size, files_key FROM runs"
             ).fetchall()
         }
-        on_disk = _scan(self.root)
+        broken = {
+            r[0] for r in con.execute("SELECT run_id FROM runs WHERE state = 'broken'").fetchall()
+        }
+        on_disk = _scan(self.root, broken)
+        self._paths = {rid: path for rid, (path, _) in on_disk.items()}
         stale = [rid for rid in known if rid not in on_disk]
         changed = [rid for rid, (_, st) in on_disk.items() if known.get(rid) != st]
         added = sum(1 for rid in changed if rid not in known)
@@ -423,7 +632,11 @@ class RunIndex:
                 import pyarrow as pa
 
                 real_root = self.root.resolve()
-                rows = [_row(*on_disk[rid], self._lookup, real_root) for rid in redo]
+                rows = [_row(rid, *on_disk[rid], self._lookup, real_root) for rid in redo]
+                for row in rows:
+                    # A broken run is keyed on every file's identity from now on.
+                    if row["state"] == "broken" and row["run_id"] not in broken:
+                        row["files_key"] = _files_digest(on_disk[row["run_id"]][0])
                 con.register("incoming_runs", pa.Table.from_pylist(rows))
                 try:
                     con.execute(
@@ -460,6 +673,15 @@ class RunIndex:
         import duckdb
 
         try:
+            statements = self._con.extract_statements(sql)
+        except duckdb.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"query failed: {first}") from None
+        if len(statements) != 1:
+            raise UsageError(
+                f"query failed: give exactly one SQL statement (got {len(statements)})"
+            )
+        try:
             cur = self._con.execute(sql, list(params))
             names = [d[0] for d in (cur.description or [])]
             rows = cur.fetchall() if cur.description else []
@@ -480,6 +702,15 @@ class RunIndex:
             sql += f" LIMIT {int(limit)}"
         return self.query(sql)
 
+    def newest_paths(self, limit: int) -> list[Path]:
+        """The ``limit`` newest run directories, in ``perfscope ls`` order (the run id's
+        timestamp prefix, then the start time), as the last refresh found them."""
+        _, rows = self.query(
+            "SELECT run_id FROM runs ORDER BY left(run_id, 15) DESC, "
+            f"started_at DESC NULLS LAST, run_id DESC LIMIT {int(limit)}"
+        )
+        return [Path(self._paths.get(r[0], self.root / r[0])) for r in rows]
+
     def close(self) -> None:
         self._con.close()
 
@@ -491,6 +722,55 @@ def _cast(name: str) -> str:
     if sql_type == "TIMESTAMPTZ":
         return f'TRY_CAST("{name}" AS TIMESTAMPTZ)'
     return f'CAST("{name}" AS {sql_type})'
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection, *, allow_files: bool) -> None:
+    """Make ``con`` safe for SQL typed by a user or sent by a browser: no extension is
+    installed or loaded behind the query's back, no Python variable is scanned by name, and
+    (unless ``allow_files``) no file or URL outside the index can be read or written
+    (``COPY ... TO``, ``read_csv``, ``ATTACH``). The configuration is then locked, so the
+    query cannot ``SET`` it back."""
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET python_enable_replacements = false")
+    if not allow_files:
+        con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def _memory_copy(db: Any, path: Path) -> duckdb.DuckDBPyConnection | None:
+    """An in-memory database holding a copy of the saved index at ``path`` (opened
+    read-only), or ``None`` when it cannot be read either."""
+    if not path.is_file():
+        return None
+    con = cast("duckdb.DuckDBPyConnection", db.connect(":memory:"))
+    try:
+        con.execute("ATTACH ? AS saved (READ_ONLY)", [str(path)])
+        con.execute("CREATE TABLE meta AS SELECT * FROM saved.meta")
+        con.execute("CREATE TABLE runs AS SELECT * FROM saved.runs")
+        con.execute("DETACH saved")
+    except db.Error:
+        con.close()
+        return None
+    return con
+
+
+def _index_file_problem(path: Path) -> str | None:
+    """Why the index file (or its write-ahead log) must not be opened: a symlink (which
+    could make the index drop the ``runs`` table of a user's own DuckDB file at the link's
+    target) or anything but a regular file. ``None`` when absent or a plain file."""
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{p.name}: {exc.strerror or exc}"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{p.name} is a symbolic link; not followed"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{p.name} is not a regular file"
+    return None
 
 
 def _import_duckdb() -> Any:
@@ -511,8 +791,13 @@ def open_index(
     refresh: bool = True,
     rebuild: bool = False,
     on_refresh: Callable[[RefreshStats], None] | None = None,
+    allow_files: bool = False,
 ) -> Iterator[RunIndex]:
     """Open (and by default refresh) the index of runs folder ``root``.
+
+    The connection handed out is locked down for untrusted SQL (:func:`_lock_down`): no
+    extension auto-loading and, unless ``allow_files``, no access to files outside the
+    index. A symlinked index file is never opened (the index is built in memory instead).
 
     The index file lives at ``root/.perfscope-index.duckdb``. When it cannot be written (a
     read-only folder, a full disk, another process holding DuckDB's lock) the index is built in
@@ -527,14 +812,25 @@ def open_index(
     path = root / INDEX_FILE
     note: str | None = None
     con = None
-    if root.is_dir():
+    con_is_copy = False
+    problem = _index_file_problem(path) if root.is_dir() else None
+    if problem is not None:
+        note = f"index not saved ({problem}); built in memory"
+    elif root.is_dir():
         try:
             con = duckdb.connect(str(path))
         except (duckdb.Error, OSError) as exc:
-            note = f"index not saved ({str(exc).splitlines()[0]}); built in memory"
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            # Another process holds the file (a query, a DuckDB shell): start from a copy
+            # of what it holds, so the refresh below is incremental, not a full rebuild.
+            con = _memory_copy(duckdb, path)
+            note = f"index not saved ({first}); " + (
+                "refreshed in memory from the saved index" if con is not None else "built in memory"
+            )
+            con_is_copy = con is not None
     else:
         note = f"runs folder {str(root)!r} does not exist"
-    persistent = con is not None
+    persistent = con is not None and not con_is_copy
     if con is None:
         con = duckdb.connect(":memory:")
     index = RunIndex(con, root, persistent, lookup)
@@ -558,14 +854,17 @@ def open_index(
             index.close()
             last = index.last_stats
             try:
+                paths = index._paths
                 index = RunIndex(duckdb.connect(str(path), read_only=True), root, True, lookup)
                 index.last_stats = last
+                index._paths = paths
             except duckdb.Error:
                 # Another writer got the lock between close and reopen: answer from memory.
                 mem = RunIndex(duckdb.connect(":memory:"), root, False, lookup)
                 mem.note = "index busy; built in memory"
                 mem.refresh()
                 index = mem
+        _lock_down(index._con, allow_files=allow_files)
         yield index
     finally:
         index.close()

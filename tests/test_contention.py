@@ -45,3 +45,25 @@ def test_warnings_only_when_the_share_is_large() -> None:
     (msg,) = run_warnings({"host": {"contention": busy}})
     assert "other processes used 60%" in msg
     assert run_warnings({}) == []
+
+
+def test_perfscopes_own_helpers_and_start_up_are_not_counted_as_others() -> None:
+    meter = ContentionMeter().start()
+    time.sleep(0.3)  # "start-up": left out by restart()
+    meter.restart()
+    # A stand-in load actor, detached (not our child, so not our own CPU time already).
+    out = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c {shlex.quote(SPIN)} >/dev/null 2>&1 & echo $!"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    pid = int(out.stdout.strip())
+    meter.add_own([pid])
+    time.sleep(1.5)
+    c = meter.stop()
+    assert c["helper_pids"] == [pid]
+    assert c["excluded_s"] == pytest.approx(0.3, abs=0.25)
+    # The helper spun through the whole window; its CPU is counted apart, never as "others".
+    assert c["helper_cpu_s"] is not None and c["helper_cpu_s"] > 0.0
+    assert c["others_cpu_s"] <= max(0.0, c["window_s"] * c["cpu_count"] - c["helper_cpu_s"])

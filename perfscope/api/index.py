@@ -14,6 +14,7 @@ from perfscope.analysis.catalogue import value_at
 from perfscope.profiler import run_index as _core
 from perfscope.profiler.run_index import (
     ALL_COLUMN_NAMES,
+    BOOKKEEPING_DOCS,
     INDEX_COLUMNS,
     INDEX_FILE,
     IndexColumn,
@@ -23,6 +24,7 @@ from perfscope.profiler.run_index import (
 
 __all__ = [
     "ALL_COLUMN_NAMES",
+    "BOOKKEEPING_DOCS",
     "INDEX_COLUMNS",
     "INDEX_FILE",
     "IndexColumn",
@@ -39,9 +41,16 @@ def open_index(
     refresh: bool = True,
     rebuild: bool = False,
     on_refresh: Callable[[RefreshStats], None] | None = None,
+    allow_files: bool = False,
 ) -> Iterator[RunIndex]:
-    """:func:`perfscope.profiler.run_index.open_index` reading fields with ``value_at``."""
+    """:func:`perfscope.profiler.run_index.open_index` reading fields with ``value_at``;
+    ``allow_files`` lets the SQL use DuckDB's file functions (off by default)."""
     with _core.open_index(
-        root, lookup=value_at, refresh=refresh, rebuild=rebuild, on_refresh=on_refresh
+        root,
+        lookup=value_at,
+        refresh=refresh,
+        rebuild=rebuild,
+        on_refresh=on_refresh,
+        allow_files=allow_files,
     ) as index:
         yield index

@@ -125,9 +125,12 @@ class RunOutcome:
     def exit_code(self) -> int:
         """What ``perfscope run`` exits with: 0 complete (some requests may have failed:
         they are reported), 1 interrupted or failed with data kept, 3 no measured request
-        succeeded."""
+        succeeded, 4 partial (a ``--ray`` load actor was lost: its in-flight requests were
+        not measured)."""
         if self.status == "complete":
             return 0
+        if self.status == "partial":
+            return 4
         if self.status != "interrupted" and self.succeeded == 0:
             return 3
         return 1
@@ -296,11 +299,18 @@ def _serve_distributed(
     specs: list[Any],
     recorder: Recorder,
     clock: MonotonicClock,
+    result_out: list[Any],
+    contention: ContentionMeter,
 ) -> Any:
     """The run's requests served from Ray actors (``--ray``) instead of this process."""
     from dataclasses import asdict
 
     from perfscope.profiler.distributed import parse_ray_target, plan_for, run_distributed
+
+    def serving(pids: set[int]) -> None:
+        # Contention from when the actors serve, perfscope's own processes left out.
+        contention.restart()
+        contention.add_own(pids)
 
     load = opts.load
     plan = plan_for(
@@ -315,6 +325,8 @@ def _serve_distributed(
         parse_ray_target(opts.ray),
         concurrency=load.concurrency,
         autoscale_max=opts.ray_autoscale,
+        result_out=result_out,
+        on_serving=serving,
     )
 
 
@@ -483,6 +495,7 @@ def execute_run(
     contention = ContentionMeter(exclude_ports=local_server_ports(opts.engine)).start()
     succeeded = 0
     distributed = None
+    dist_out: list[Any] = []  # the Ray section, even when serving is interrupted
     # Hook: the server's own metrics, start snapshot before the first request.
     scraper, manifest.server_metrics = start_server_metrics(
         opts.server_metrics, opts.engine, clock.now_ns
@@ -494,7 +507,9 @@ def execute_run(
         try:
             with nvtx_ranges.run_range(manifest.run_id):
                 if opts.ray is not None:
-                    distributed = _serve_distributed(opts, eopts, specs, recorder, clock)
+                    distributed = _serve_distributed(
+                        opts, eopts, specs, recorder, clock, dist_out, contention
+                    )
                 else:
                     driver.start()
                     engine.serve(inbox, recorder)
@@ -513,6 +528,14 @@ def execute_run(
         finally:
             driver.stop()
             progress.on_end()
+            distributed = distributed or (dist_out[0] if dist_out else None)
+            if status == "complete" and distributed is not None and distributed.partial:
+                status, loss = "partial", distributed.loss
+                error = (
+                    f"partial: {loss.lost_actors} of {len(distributed.actors)} load actors "
+                    f"lost; {loss.in_flight} request(s) in flight and {loss.never_sent} never "
+                    "sent were recorded as failed"
+                )
             with _sigint_deferred():
                 if flusher.error is not None:
                     status, error = "failed", f"{flusher.error}; capture stopped"

@@ -11,6 +11,7 @@ failed or was interrupted, or a file could not be written (what was captured is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import math
@@ -197,13 +198,13 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     d.add_argument(
         "--ray",
         nargs="?",
-        const="auto",
+        const="local",
         default=None,
         metavar="ADDRESS|local:N",
-        help="generate the load from Ray actors: 'local:N' starts a local cluster with N "
-        "actors, an address (ADDRESS#N for N actors) joins a cluster, bare --ray joins a "
-        "running cluster or starts a local one (openai: and python: engines; "
-        "pip install 'perfscope[ray]')",
+        help="generate the load from Ray actors: bare --ray or 'local:N' starts a private "
+        "local cluster (loopback, N actors, gone when the run ends), an address (ADDRESS#N "
+        "for N actors; 'auto' for this machine's 'ray start' cluster) joins a cluster "
+        "(openai: and python: engines; pip install 'perfscope[ray]')",
     )
     d.add_argument(
         "--ray-autoscale",
@@ -424,7 +425,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def _say_state(run: Any) -> None:
     """One stderr line per thing a reader of this run should know (crashed, notes)."""
-    if run.state.state not in ("complete", "interrupted", "failed"):
+    if run.state.state not in ("complete", "partial", "interrupted", "failed"):
         sys.stderr.write(
             f"note: run {run.path.name} is {run.state.state}"
             + (f" ({run.state.reason})" if run.state.reason else "")
@@ -489,11 +490,10 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
         from perfscope.cli.index import runs_root
 
         return _ls_where(runs_root(args), args, console)
+    from perfscope.cli.index import newest_runs
     from perfscope.cli.render import runs_table
-    from perfscope.profiler.store import default_runs_root, scan_runs
 
-    root = args.runs_dir or default_runs_root()
-    entries = scan_runs(root)[: args.limit]
+    root, entries = newest_runs(args)
     if args.json:
         print(
             json.dumps(
@@ -529,7 +529,7 @@ def _ls_where(root: Path, args: argparse.Namespace, console: Console) -> int:
         "run_id, state, name, engine_kind, requests, failed, ttft_p50_s, tpot_p50_s, "
         "output_tok_s, attainment, problem"
     )
-    with open_index(root) as index:
+    with open_index(root, allow_files=args.allow_files) as index:
         names, rows = index.query(
             f"SELECT {cols} FROM runs WHERE ({args.where}) "
             f"ORDER BY started_at DESC NULLS LAST, run_id DESC LIMIT {int(args.limit)}"
@@ -570,7 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="only runs matching this SQL condition over the index's columns, e.g. "
         "\"ttft_p99_s < 0.2 AND engine_kind = 'openai'\" ('perfscope query --columns' lists them)",
     )
-    p.set_defaults(handler=_cmd_ls)
+    from perfscope.cli.index import add_allow_files
+
+    add_allow_files(p)
+    p.set_defaults(handler=_cmd_ls, reads_only=True)
 
     p = sub.add_parser("analyze", help="recompute a run's summary from its raw records")
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
@@ -632,11 +635,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = SafeConsole()
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = SafeConsole(width=120)  # pipes and CI logs: do not squeeze tables to 80
-    from perfscope.api.runner import stop_signals_as_interrupt
+    if getattr(args, "reads_only", False):  # ls/query/index: no runner import (start-up)
+        stop: Any = contextlib.nullcontext()
+    else:
+        from perfscope.api.runner import stop_signals_as_interrupt
 
+        stop = stop_signals_as_interrupt()
     try:
         # SIGTERM/SIGHUP unwind like Ctrl-C: temp files are removed, captured data kept.
-        with stop_signals_as_interrupt():
+        with stop:
             return int(args.handler(args, console))
     except UsageError as exc:
         sys.stderr.write(f"error: {safe_text(redact_text(str(exc)))}\n")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,14 +24,37 @@ from perfscope.cli.safe import safe_markup
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["print_rows", "register", "runs_root"]
+    from perfscope.profiler.store import RunEntry
+
+__all__ = ["add_allow_files", "newest_runs", "print_rows", "register", "runs_root"]
 
 
 def runs_root(args: argparse.Namespace) -> Path:
-    """``--runs-dir``, else the run store's default root."""
-    from perfscope.profiler.store import default_runs_root
+    """``--runs-dir``, else the run store's default root (``$PERFSCOPE_RUNS_DIR`` or
+    ``./perfscope-runs``, as :func:`perfscope.profiler.store.default_runs_root`, spelled out
+    here so a query does not import the store and pyarrow)."""
+    if args.runs_dir is not None:
+        return Path(args.runs_dir)
+    return Path(os.environ.get("PERFSCOPE_RUNS_DIR") or "perfscope-runs")
 
-    return Path(args.runs_dir) if args.runs_dir is not None else default_runs_root()
+
+def newest_runs(args: argparse.Namespace) -> tuple[Path, list[RunEntry]]:
+    """The runs folder and its ``args.limit`` newest runs for plain ``perfscope ls``.
+
+    When the folder has a run index (and duckdb is installed) the index picks the newest
+    runs and only those are read; otherwise every run folder is scanned.
+    """
+    from perfscope.api.index import INDEX_FILE
+    from perfscope.profiler.store import inspect_run, scan_runs
+
+    root = runs_root(args)
+    if (root / INDEX_FILE).is_file() and importlib.util.find_spec("duckdb") is not None:
+        from perfscope.api.index import open_index
+
+        with open_index(root) as index:
+            paths = index.newest_paths(args.limit)
+        return root, [inspect_run(p) for p in paths]
+    return root, scan_runs(root)[: args.limit]
 
 
 def _jsonable(v: Any) -> Any:
@@ -85,22 +110,35 @@ def _cmd_index(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_query(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.api.index import ALL_COLUMN_NAMES, INDEX_COLUMNS, open_index
+    from perfscope.api.index import ALL_COLUMN_NAMES, BOOKKEEPING_DOCS, INDEX_COLUMNS, open_index
     from perfscope.errors import UsageError
 
     if args.columns:
+        from perfscope.profiler.run_index import _BOOKKEEPING
+
         docs = {c.name: (c.sql_type, c.doc) for c in INDEX_COLUMNS}
-        rows = [(n, *docs.get(n, ("", "bookkeeping"))) for n in ALL_COLUMN_NAMES]
+        docs.update({n: (t.split()[0], BOOKKEEPING_DOCS[n]) for n, t in _BOOKKEEPING})
+        rows = [(n, *docs[n]) for n in ALL_COLUMN_NAMES]
         print_rows(["column", "type", "meaning"], rows, console, as_json=args.json)
         return 0
     if not args.sql:
         raise UsageError('give a query, e.g. perfscope query "SELECT run_id FROM runs"')
-    with open_index(runs_root(args)) as index:
+    with open_index(runs_root(args), allow_files=args.allow_files) as index:
         names, rows = index.query(args.sql)
         if index.note:
             sys.stderr.write(f"note: {index.note}\n")
     print_rows(names, rows, console, as_json=args.json)
     return 0
+
+
+def add_allow_files(p: argparse.ArgumentParser) -> None:
+    """``--allow-files``: let the SQL read and write files (off: one statement over the
+    index only, no file functions, no extension loading)."""
+    p.add_argument(
+        "--allow-files",
+        action="store_true",
+        help="let the SQL use DuckDB's file functions (read_csv, COPY ... TO); off by default",
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,7 +151,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_runs_dir(p)
     p.add_argument("--rebuild", action="store_true", help="re-read every run (default: changed)")
-    p.set_defaults(handler=_cmd_index)
+    p.set_defaults(handler=_cmd_index, reads_only=True)
 
     p = sub.add_parser(
         "query",
@@ -125,5 +163,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("sql", nargs="?", default=None, help="the SQL query")
     p.add_argument("--columns", action="store_true", help="list the columns of 'runs'")
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    add_allow_files(p)
     add_runs_dir(p)
-    p.set_defaults(handler=_cmd_query)
+    p.set_defaults(handler=_cmd_query, reads_only=True)
