@@ -829,6 +829,7 @@ def build_summary(
     prompt_cache: PromptCache | None = None,
     speculative: Speculative | None = None,
     server_metrics: ServerMetrics | None = None,
+    client: Client | None = None,
     per_request_rows: pd.DataFrame | None = None,
 ) -> Summary:
     """The summary of one run: metrics from the tables plus the analysis sections.
@@ -838,7 +839,7 @@ def build_summary(
         requests, chunks, steps: the run's tables.
         slos: per-request limits in seconds (``{"ttft": 0.2}``); default: the manifest's.
         hardware, roofline, energy, advice, projections, prompt_cache, speculative,
-            server_metrics: the sections the analysis computed (records); a section not
+            server_metrics, client: the sections the analysis computed (records); a section not
             given is unavailable with the reason (:data:`_ABSENT`).
         per_request_rows: :func:`~perfscope.analysis.metrics.per_request` of ``requests``
             when the caller already has it.
@@ -879,6 +880,7 @@ def build_summary(
         projections=projections,
         speculative=speculative,
         prompt_cache=prompt_cache,
+        client=client,
         contention=contention_record(manifest),
         run_set=RunSet.from_dict(run_set) if isinstance(run_set, Mapping) else None,
         model_spec=dict(model_spec) if isinstance(model_spec, Mapping) else None,
