@@ -31,9 +31,9 @@ Analysis
 
 Multiplicity
     One metric is primary; it is tested at ``0.8 * alpha``. If it changed, the secondary
-    metrics are tested with Holm's step-down procedure at ``alpha``; otherwise at
-    ``0.2 * alpha`` (Wiens' fallback procedure): the family-wise false-alarm rate over all
-    metrics stays at ``alpha``.
+    metrics are tested with the Benjamini–Hochberg procedure at false discovery rate
+    ``alpha``; otherwise at ``0.2 * alpha`` (a fallback split): when nothing changed (A/A),
+    the chance of any false alarm over all metrics stays at ``alpha``.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ __all__ = [
     "Experiment",
     "PositionEffect",
     "SetChange",
+    "benjamini_hochberg",
     "block_order",
     "blocks_needed",
     "detectable_change",
@@ -365,6 +366,21 @@ def blocks_needed(
     return max_blocks
 
 
+def benjamini_hochberg(p_values: Sequence[float], rate: float) -> list[bool]:
+    """Benjamini–Hochberg step-up rejections at false discovery rate ``rate``, in input
+    order (under the global null this is also family-wise control at ``rate``)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    top = -1
+    for rank, i in enumerate(order):
+        if p_values[i] <= rate * (rank + 1) / m:
+            top = rank
+    out = [False] * m
+    for rank in range(top + 1):
+        out[order[rank]] = True
+    return out
+
+
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
     """Holm's step-down rejections at family-wise level ``alpha``, in input order."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
@@ -407,6 +423,10 @@ class SetChange:
         primary: whether this is the experiment's primary metric.
         metric: the metric's name (``""`` when judged alone).
         alpha: the level the verdict was tested at after correction.
+        before, after: the arms' medians (SI units); ``None`` when missing.
+        tolerance: relative change allowed before a significant change counts (a gate's
+            practical threshold; 0 = any significant change counts).
+        contended: contended runs among those judged.
     """
 
     ratio: float | None
@@ -423,6 +443,20 @@ class SetChange:
     primary: bool = False
     metric: str = ""
     alpha: float | None = None
+    before: float | None = None
+    after: float | None = None
+    tolerance: float = 0.0
+    contended: int = 0
+
+    @property
+    def regressed(self) -> bool:
+        """The metric got worse (beyond the noise and the tolerance)."""
+        return self.verdict == WORSE
+
+    @property
+    def change(self) -> float | None:
+        """Relative change of the estimate, ``ratio - 1`` (0.3 = 30% higher)."""
+        return None if self.ratio is None else self.ratio - 1.0
 
     @property
     def significant(self) -> bool | None:
@@ -581,8 +615,8 @@ def judge_metric(
         if paired
         else (
             detectable_change(spread, det_n, confidence=1 - level)
-            if _lower_tail_index(_mann_whitney_counts(len(a), len(b)), level) >= 1
-            and len(a) * len(b) <= 400
+            if len(la) * len(lb) <= 400
+            and _lower_tail_index(_mann_whitney_counts(len(la), len(lb)), level) >= 1
             else None
         )
     )
@@ -607,6 +641,8 @@ def judge_metric(
         det,
         spread,
         names,
+        before=float(statistics.median(a)),
+        after=float(statistics.median(b)),
         **base,  # type: ignore[arg-type]
     )
 
@@ -736,20 +772,25 @@ def judge_experiment(
         if name != primary
     }
     tested = [k for k, c in raw.items() if c.p is not None]
-    keep = holm([raw[k].p or 1.0 for k in tested], rest_alpha)
+    keep = benjamini_hochberg([raw[k].p or 1.0 for k in tested], rest_alpha)
     out = [lead]
     for name, c in raw.items():
         if c.p is None:
             out.append(c)
             continue
         ok = keep[tested.index(name)]
-        # Changed only when Holm rejects and the interval at that level excludes 1.
+        # Changed only when BH rejects and the interval at that level excludes 1.
         verdict = c.verdict if ok else NO_CHANGE
-        out.append(replace(c, verdict=verdict, alpha=rest_alpha / max(1, len(tested))))
+        out.append(replace(c, verdict=verdict, alpha=rest_alpha))
     correction = (
         f"primary {primary} at α={PRIMARY_SHARE * alpha:.3g}; {len(tested)} secondary metrics "
-        f"Holm-corrected at family-wise α={rest_alpha:.3g}"
-        + (" (primary changed: its α carried over)" if lead.significant else "")
+        f"Benjamini–Hochberg at false discovery rate {rest_alpha:.3g}"
+        + (
+            " (primary changed: its α carried over)"
+            if lead.significant
+            else " (primary unchanged: family-wise false-alarm rate ≤ "
+            f"{alpha:.3g} over all metrics)"
+        )
     )
     position = None
     if paired and candidate_second is not None:

@@ -13,6 +13,7 @@ from perfscope.analysis.experiment import (
     MIN_BLOCKS,
     NO_CHANGE,
     WORSE,
+    benjamini_hochberg,
     block_order,
     blocks_needed,
     detectable_change,
@@ -100,6 +101,12 @@ def test_holm_steps_down_until_the_first_failure() -> None:
     assert holm([0.001, 0.012, 0.02], 0.05) == [True, True, True]
 
 
+def test_benjamini_hochberg_steps_up_to_the_largest_passing_rank() -> None:
+    assert benjamini_hochberg([0.01, 0.04, 0.03, 0.005], 0.05) == [True, True, True, True]
+    assert benjamini_hochberg([0.01, 0.2, 0.03, 0.04], 0.05) == [True, False, False, False]
+    assert benjamini_hochberg([0.031] * 13, 0.05) == [True] * 13
+
+
 def _aa_family(rng: random.Random, blocks: int, k: int) -> dict[str, tuple[list[float], ...]]:
     """``k`` metrics sharing each run's load (correlated), identical arms."""
     out: dict[str, tuple[list[float], ...]] = {}
@@ -134,7 +141,7 @@ def test_a_secondary_is_judged_after_correction_and_the_primary_leads() -> None:
     assert exp.primary == "tpot" and exp.lead.primary and exp.lead.verdict == WORSE
     verdicts = {c.metric: c.verdict for c in exp.changes}
     assert verdicts == {"tpot": WORSE, "ttft": NO_CHANGE, "tput": WORSE}
-    assert "Holm" in exp.correction
+    assert "Benjamini–Hochberg" in exp.correction
     assert exp.headline().startswith("tpot: worse (1.500x [")
 
 

@@ -4,13 +4,13 @@
 per-repeat samples) with the machine (hardware key, CPU/GPU, versions) and the commit in
 ``<storage>/NAME.json``; ``--perfscope-compare NAME`` judges every metric against it:
 lower is better for latency and energy, higher for throughput and utilisation, and a
-metric regresses when it got worse by more than its tolerance (and, with repeats on both
-sides, by more than the run-to-run noise, judged by the same rule as ``perfscope
-compare``: :func:`perfscope.analysis.compare.between_run_change`). Every comparison shows the
-noise band it used (``noise ±x%``, or ``noise unknown`` from single runs, where only the
-tolerance gates). Baselines from other hardware are refused unless forced: timings do not
-carry across machines. :func:`contention_lines` says which runs were measured while other
-processes competed for the CPU.
+metric regresses when it got worse by more than its tolerance and, with enough repeats on
+both sides to detect a change (4+), by more than the run-to-run noise, judged by the rule
+every comparison uses (:mod:`perfscope.analysis.experiment`, ``docs/experiments.md``).
+Every comparison shows the noise band it used (``noise ±x%``, or ``noise unknown`` with
+too few repeats, where only the tolerance gates). Baselines from other hardware are
+refused unless forced: timings do not carry across machines. :func:`contention_lines` says
+which runs were measured while other processes competed for the CPU.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from perfscope.analysis.catalogue import format_change, format_metric, format_ratio
-from perfscope.analysis.compare import between_run_change, contention_of
+from perfscope.analysis.compare import contention_of
+from perfscope.analysis.experiment import BETTER, WORSE
 from perfscope.checks.change import compare_samples
 from perfscope.checks.grammar import parse_limit, parse_tolerance
 from perfscope.errors import SLOError, UsageError
@@ -383,32 +384,44 @@ def compare_metrics(
         better = cur.get("direction")
         b_samples = [float(v) for v in base.get("samples") or [base["value"]]]
         c_samples = [float(v) for v in cur.get("samples") or [value]]
+        base_value = float(base["value"])
         change = compare_samples(
             name,
             b_samples,
             c_samples,
-            tolerance=tol.as_relative(float(base["value"])) if tol else 0.0,
+            tolerance=tol.as_relative(base_value) if tol else 0.0,
             better=better,
         )
-        # The noise band and significance follow perfscope compare's between-run rule.
-        between = between_run_change(b_samples, c_samples, better)
-        noise = between.noise
+        noise = change.noise
+        rel = (float(value) - base_value) / abs(base_value) if base_value else None
         if tol is None or better is None:
             verdict = "info"
+        elif change.verdict == WORSE:
+            verdict = "regressed"
+        elif change.verdict == BETTER:
+            verdict = "improved"
+        elif (
+            change.detectable is None and rel is not None and abs(rel) > tol.as_relative(base_value)
+        ):
+            # Too few repeats to measure the noise (the test cannot detect any change):
+            # only the tolerance gates, as for single runs.
+            noise = None
+            worse = rel > 0 if better == "lower" else rel < 0
+            verdict = "regressed" if worse else "improved"
+        elif rel is not None and abs(rel) > tol.as_relative(base_value):
+            # Beyond the tolerance, but not beyond the run-to-run noise (or too few repeats
+            # to tell): reported, never failed.
+            verdict = "within noise"
         else:
-            verdict = {"unchanged": "ok", "changed": "info"}.get(change.verdict, change.verdict)
-            if verdict in ("regressed", "improved") and between.significant is False:
-                verdict = "within noise"
-            elif verdict == "within noise" and between.significant:
-                verdict = "regressed" if between.verdict == "worse" else "improved"
+            verdict = "ok"
         out.append(
             MetricComparison(
                 key,
                 name,
                 path,
-                change.after,
-                change.before,
-                change.change,
+                float(value),
+                base_value,
+                rel,
                 tol.text if tol else None,
                 verdict,
                 noise,
