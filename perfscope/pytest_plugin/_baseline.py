@@ -22,6 +22,8 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -186,7 +188,66 @@ def load_baseline(path: Path) -> dict[str, Any]:
         raise UsageError(f"cannot read perfscope baseline {path}: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
         raise UsageError(f"{path} is not a perfscope baseline (schema {BASELINE_SCHEMA})")
+    problem = _shape_problem(data)
+    if problem:
+        raise UsageError(
+            f"perfscope baseline {path} is damaged: {problem}; save it again with "
+            f"--perfscope-save {path.stem}"
+        )
     return data
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _shape_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong-typed in a parsed baseline (``None`` when its shape is right)."""
+    for key in ("machine", "commit"):
+        if key in data and data[key] is not None and not isinstance(data[key], dict):
+            return f"'{key}' should be an object, got {type(data[key]).__name__}"
+    tests = data.get("tests", {})
+    if not isinstance(tests, dict):
+        return f"'tests' should be an object, got {type(tests).__name__}"
+    for tkey, test in tests.items():
+        if not isinstance(test, dict):
+            return f"tests[{tkey!r}] should be an object, got {type(test).__name__}"
+        metrics = test.get("metrics", {})
+        if not isinstance(metrics, dict):
+            return f"tests[{tkey!r}].metrics should be an object, got {type(metrics).__name__}"
+        for mname, m in metrics.items():
+            where = f"tests[{tkey!r}].metrics[{mname!r}]"
+            if not isinstance(m, dict):
+                return f"{where} should be an object, got {type(m).__name__}"
+            if m.get("value") is not None and not _is_number(m["value"]):
+                return f"{where}.value should be a number, got {m['value']!r}"
+            samples = m.get("samples")
+            if samples is not None and (
+                not isinstance(samples, list) or not all(_is_number(x) for x in samples)
+            ):
+                return f"{where}.samples should be a list of numbers"
+            for field in ("path", "direction"):
+                if m.get(field) is not None and not isinstance(m[field], str):
+                    return f"{where}.{field} should be text, got {m[field]!r}"
+    return None
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path + '.lock'`` (POSIX ``flock``; no lock elsewhere), so
+    concurrent saves to one baseline read, merge and write one after another."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the atomic write still keeps the file whole
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def save_baseline(
@@ -200,7 +261,20 @@ def save_baseline(
     """Write (or update) the baseline at ``path``; returns it and a one-line note.
 
     Tests already in a baseline from the same hardware and not run now are kept; a
-    baseline from other hardware is replaced."""
+    baseline from other hardware is replaced. The read, merge and write happen under a
+    lock, so pytest processes saving one baseline at once never lose each other's tests."""
+    with _locked(path):
+        return _save_unlocked(path, name=name, machine=machine, commit=commit, tests=tests)
+
+
+def _save_unlocked(
+    path: Path,
+    *,
+    name: str,
+    machine: dict[str, Any],
+    commit: dict[str, Any],
+    tests: dict[str, dict[str, Any]],
+) -> tuple[dict[str, Any], str]:
     note = "created"
     merged: dict[str, dict[str, Any]] = {}
     if path.exists():
