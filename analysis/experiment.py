@@ -315,16 +315,21 @@ def robust_sd(values: Sequence[float]) -> float:
     return mad if mad > 0 else statistics.stdev(values)
 
 
-def outlier_indices(values: Sequence[float]) -> list[int]:
-    """Indices of values more than :data:`OUTLIER_SDS` robust SDs (1.4826 · MAD) from the
-    median; needs 4+ values and a non-zero MAD."""
+def outlier_indices(values: Sequence[float], center: float | None = None) -> list[int]:
+    """Indices of values more than :data:`OUTLIER_SDS` robust SDs from ``center``, the SD
+    being 1.4826 · the median absolute distance from ``center`` (default: the median);
+    needs 4+ values and a non-zero spread.
+
+    The paired analysis passes ``center=0``: the rule then depends on ``|d|`` only, which
+    the signed-rank test conditions on, so leaving outliers out keeps the test exact under
+    no change."""
     if len(values) < 4:
         return []
-    med = statistics.median(values)
-    mad = 1.4826 * statistics.median(abs(v - med) for v in values)
+    c = statistics.median(values) if center is None else center
+    mad = 1.4826 * statistics.median(abs(v - c) for v in values)
     if mad <= 0:
         return []
-    return [i for i, v in enumerate(values) if abs(v - med) > OUTLIER_SDS * mad]
+    return [i for i, v in enumerate(values) if abs(v - c) > OUTLIER_SDS * mad]
 
 
 def detectable_change(
@@ -563,7 +568,7 @@ def judge_metric(
                 "one block: run-to-run noise unknown, ratio only",
                 **base,  # type: ignore[arg-type]
             )
-        bad = outlier_indices(d)
+        bad = outlier_indices(d, center=0.0)
         names = tuple(
             (ids[idx[i]] if ids is not None and idx[i] < len(ids) else f"block {idx[i] + 1}")
             for i in bad
@@ -589,10 +594,11 @@ def judge_metric(
                 "single run: run-to-run noise unknown, ratio only (repeat runs to test it)",
                 **base,  # type: ignore[arg-type]
             )
-        ra = [v - statistics.median(la) for v in la]
-        rb = [v - statistics.median(lb) for v in lb]
+        # Pooled, so the rule does not depend on which set a run is in (keeps the
+        # Mann–Whitney null exact); a real shift widens the pooled spread instead.
+        ra = list(la)
         run_ids = list(ids) if ids is not None else []
-        bad = outlier_indices(ra + rb)
+        bad = outlier_indices(la + lb)
         names = tuple(run_ids[i] if i < len(run_ids) else f"run {i + 1}" for i in bad)
         ka = [v for i, v in enumerate(la) if i not in bad]
         kb = [v for i, v in enumerate(lb) if i + len(ra) not in bad]

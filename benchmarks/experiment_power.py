@@ -114,6 +114,7 @@ class Trial:
     any_alarm: bool
     primary_log_ratio: float
     half_width: float | None
+    flagged: list[str]
 
 
 def trial(work_a: int, work_b: int, *, precision: float, max_blocks: int, seed: int) -> Trial:
@@ -129,8 +130,8 @@ def trial(work_a: int, work_b: int, *, precision: float, max_blocks: int, seed: 
             for m in METRICS:
                 (a if arm == 0 else b)[m].append(vals[m])
         second.append(order[blk][1] == 1)
-        if blk + 1 < MIN_BLOCKS:
-            continue
+        if blk + 1 < MIN_BLOCKS or (blk + 1) % 2:
+            continue  # judge after whole AB/BA pairs only (as run --precision does)
         exp = judge_experiment(
             {m: (a[m], b[m], METRICS[m]) for m in METRICS},
             PRIMARY,
@@ -150,6 +151,7 @@ def trial(work_a: int, work_b: int, *, precision: float, max_blocks: int, seed: 
         any_alarm=any(c.verdict != NO_CHANGE for c in exp.changes),
         primary_log_ratio=math.log(exp.lead.ratio or 1.0),
         half_width=half,
+        flagged=[c.metric for c in exp.changes if c.verdict != NO_CHANGE],
     )
 
 
@@ -203,6 +205,7 @@ def main() -> None:
             "primary_worse": sum(t.primary_verdict == WORSE for t in trials),
             "any_alarm": sum(t.any_alarm for t in trials),
             "mean_primary_log_ratio": statistics.fmean(t.primary_log_ratio for t in trials),
+            "flagged_metrics": sorted({m for t in trials for m in t.flagged}),
             "trials_detail": [asdict(t) for t in trials],
         }
         out[name] = rec
@@ -210,7 +213,8 @@ def main() -> None:
             f"{name}: {n} trials in {wall:.0f}s; blocks median {rec['blocks_median']} "
             f"(max {rec['blocks_max']}, {rec['capped']} hit the cap); primary worse "
             f"{rec['primary_worse']}/{n}; any metric flagged {rec['any_alarm']}/{n}; mean "
-            f"primary log ratio {rec['mean_primary_log_ratio']:+.4f}",
+            f"primary log ratio {rec['mean_primary_log_ratio']:+.4f}; flagged metrics "
+            f"{rec['flagged_metrics']}",
             flush=True,
         )
         return trials

@@ -66,8 +66,8 @@ def _recompare(result: dict[str, Any], root: Path, confidence: str) -> dict[str,
 def test_a_30_percent_slower_python_engine_is_called_worse(
     tmp_path: Path, engines_on_path: Path
 ) -> None:
-    result = _run_pair(tmp_path, "single_tokens", "slower_tokens")
-    assert result["noise_known"] and [len(g) for g in result["runs"]] == [6, 6]
+    result = _run_pair(tmp_path, "single_tokens", "slower_tokens", 8)
+    assert result["noise_known"] and [len(g) for g in result["runs"]] == [8, 8]
     assert result["paired"] == [True] and result["experiment"]["seed"] == 3
     # balanced blocks AB BA AB ...: each block's order is in its runs' manifests
     manifests = sorted(
@@ -75,9 +75,9 @@ def test_a_30_percent_slower_python_engine_is_called_worse(
         key=lambda m: m["started_at"],
     )
     sets = "".join(m["run_set"]["id"][-1] for m in manifests)
-    assert sets in ("ABBA" * 3, "BAAB" * 3)
+    assert sets in ("ABBA" * 4, "BAAB" * 4)
     assert all(m["run_set"]["order"] in ("AB", "BA") for m in manifests)
-    assert [m["run_set"]["position"] for m in manifests] == [0, 1] * 6
+    assert [m["run_set"]["position"] for m in manifests] == [0, 1] * 8
     rows = _rows(result)
     assert result["metrics"][0]["key"] == "latency.tpot.p50"
     for key in KEY_METRICS:

@@ -243,7 +243,9 @@ def run_repeated(
         block += 1
         if adaptive and opts.precision is not None:
             half = _live_interval(opts, summaries, configs, labels, err, compare_run_sets)
-            enough = block >= max(opts.repeat, MIN_BLOCKS)
+            # Stop only after whole AB/BA pairs, so a position effect stays cancelled.
+            enough = block >= max(opts.repeat, MIN_BLOCKS) and block % len(configs) == 0
+            enough = enough or (len(configs) == 1 and block >= max(opts.repeat, MIN_BLOCKS))
             if enough and half is not None and half <= opts.precision:
                 stop_reason = (
                     f"reached ±{100 * half:.1f}% (target ±{100 * opts.precision:g}%) "

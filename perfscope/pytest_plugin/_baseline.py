@@ -191,7 +191,7 @@ def load_baseline(path: Path) -> dict[str, Any]:
     problem = _shape_problem(data)
     if problem:
         raise UsageError(
-            f"perfscope baseline {path} is damaged: {problem}; save it again with "
+            f"baseline {path} is damaged: {problem}; save it again with "
             f"--perfscope-save {path.stem}"
         )
     return data
