@@ -36,7 +36,10 @@ def two_by_two(tmp_path_factory: pytest.TempPathFactory) -> Study:
 
 def test_settings_run_interleaved_and_the_order_is_recorded(two_by_two: Study) -> None:
     s = two_by_two
-    assert s.order == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # balanced rounds: each round runs both settings, in alternating order (AB then BA)
+    assert [r for r, _ in s.order] == [0, 0, 1, 1]
+    firsts = [s.order[0][1], s.order[2][1]]
+    assert sorted(firsts) == [0, 1] and {i for _, i in s.order[:2]} == {0, 1}
     by_order = sorted(
         (r for st in s.settings for r in st.runs),
         key=lambda r: r.order,
