@@ -2,28 +2,21 @@
 
 A comparison is made between *run sets*: the same configuration run one or more times. Each
 metric (a latency percentile, a throughput, MFU...) is one number per run, read from the
-runs' own summaries (never recomputed). Whether two sets differ is decided from those
-per-run numbers only:
+runs' own summaries (never recomputed). Whether two sets differ is decided by
+:mod:`perfscope.analysis.experiment`, the one rule perfscope uses everywhere:
 
-- **Welch's t-test on log per-run values** (default, ``method="t"``): the ratio is the ratio
-  of the sets' geometric means, and its ``confidence`` interval is
-  ``exp(d ± t · se)`` with ``d`` the difference of mean logs, ``se`` from each set's sample
-  variance and Welch's degrees of freedom (rounded down: conservative). Metrics that can be
-  zero (goodput, attainment) use the raw values and the ratio of arithmetic means.
-- **Bootstrap over runs** (``method="bootstrap"``): the runs of each set are resampled with
-  replacement; the interval is read off the resampled ratios of geometric means. With few
-  runs it is too narrow, so it needs :data:`MIN_BOOTSTRAP_RUNS` runs per set and otherwise
-  falls back to the t interval (the result says so).
-
-A change is ``better`` or ``worse`` only when its interval excludes 1; otherwise it is ``no
-significant change``. A set of one run has no measured noise: the comparison shows the
-ratio and says ``noise unknown`` -- never a significance claim. (Resampling the requests
-of a single run measures the spread *within* that run, not the variation between runs
-that decides whether a change is real; :func:`bootstrap_percentile_ratio` is kept for
-that within-run question only.)
+- runs made together in blocks (``perfscope run --repeat N --vs ENGINE``, whose manifests
+  record each run's block) are **paired by block**: the interval is the Wilcoxon
+  signed-rank interval of the within-block log ratios;
+- other run sets are compared **unpaired** (Mann–Whitney interval of the log ratios);
+- one metric is **primary** (``primary=``; default :data:`DEFAULT_PRIMARY`) and leads;
+  the others are Holm-corrected (``docs/experiments.md``);
+- every verdict is ``better``, ``worse`` or ``no detectable change``, with the smallest
+  change the experiment could detect.
 
 Every compared run's CPU contention (other processes' share of the machine while it was
-measured) travels with the result, and a comparison involving a contended run says so.
+measured) travels with the result, and a comparison involving a contended run says so;
+``exclude_contended`` drops contended runs (their blocks, when paired).
 """
 
 from __future__ import annotations
@@ -37,22 +30,27 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfscope.analysis.catalogue import Metric, metric, to_float, value_at
+from perfscope.analysis.catalogue import Metric, find_metric, metric, to_float, value_at
+from perfscope.analysis.experiment import (
+    SetChange,
+    judge_experiment,
+    t_quantile,
+)
 from perfscope.analysis.metrics import itl_gaps, per_request
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_CONFIDENCE",
-    "MIN_BOOTSTRAP_RUNS",
+    "DEFAULT_PRIMARY",
     "MetricDef",
     "SetChange",
-    "between_run_change",
     "bootstrap_percentile_ratio",
     "compare_run_sets",
     "compare_runs",
     "comparison_metrics",
     "contention_of",
     "latency_samples",
+    "primary_metric",
     "t_quantile",
 ]
 
@@ -60,8 +58,9 @@ DEFAULT_BOOTSTRAP = 1000
 DEFAULT_CONFIDENCE = 0.95
 #: Fewer measured requests than this in either run: no within-run interval.
 MIN_SAMPLES = 10
-#: Fewer runs than this in a set: the bootstrap over runs falls back to the t interval.
-MIN_BOOTSTRAP_RUNS = 8
+#: The primary metric of a comparison when none is named (``--primary``), then the
+#: fallbacks for runs that lack it (no decode steps: no TPOT).
+DEFAULT_PRIMARY = ("tpot.p50", "e2e.p50", "output_tok_s")
 #: Other processes' share of the machine's CPU above which a run counts as contended
 #: (the same threshold as the run's own warning).
 CONTENTION_SHARE = 0.15
@@ -204,186 +203,11 @@ def bootstrap_percentile_ratio(
     return float(lo), float(hi)
 
 
-# --------------------------------------------------------------------------- t distribution
-
-
-def _t_cdf_two_sided(t: float, df: int) -> float:
-    """``P(|T| <= t)`` for Student's t with integer ``df`` (closed forms of Abramowitz and
-    Stegun 26.7.3 for odd and 26.7.4 for even ``df``)."""
-    theta = math.atan(t / math.sqrt(df))
-    cos2 = math.cos(theta) ** 2
-    if df == 1:
-        return 2.0 * theta / math.pi
-    if df % 2 == 1:
-        term = math.cos(theta)
-        acc = term
-        for k in range(1, (df - 1) // 2):
-            term *= cos2 * (2 * k) / (2 * k + 1)
-            acc += term
-        return 2.0 / math.pi * (theta + math.sin(theta) * acc)
-    term, acc = 1.0, 1.0
-    for k in range(1, df // 2):
-        term *= cos2 * (2 * k - 1) / (2 * k)
-        acc += term
-    return math.sin(theta) * acc
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile (``0.5 < p < 1``) of Student's t with ``df`` degrees of freedom,
-    ``df`` rounded down to an integer of at least 1 (wider, so conservative, for Welch's
-    fractional degrees of freedom)."""
-    if not 0.5 < p < 1.0:
-        raise ValueError(f"quantile must be between 0.5 and 1, got {p}")
-    k = max(1, math.floor(df))
-    if k > 300:
-        return statistics.NormalDist().inv_cdf(p)
-    target = 2.0 * p - 1.0
-    lo, hi = 0.0, 1.0
-    while _t_cdf_two_sided(hi, k) < target:
-        hi *= 2.0
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if _t_cdf_two_sided(mid, k) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
 # --------------------------------------------------------------------------- between runs
-
-
-@dataclass(frozen=True)
-class SetChange:
-    """How one metric moved from a baseline run set to a candidate run set.
-
-    Attributes:
-        ratio: candidate / baseline (ratio of geometric means; of arithmetic means for
-            metrics that can be zero); ``None`` when not computable.
-        ci: ``(lo, hi)`` interval of ``ratio`` at the confidence used; ``None`` without a
-            noise estimate (a set of one run).
-        noise: half-width of the noise band as a fraction of the baseline (0.05 = ±5%):
-            how big a change must be to count; ``None`` when unknown.
-        verdict: ``better``, ``worse``, ``no significant change``, ``noise unknown`` (single
-            runs: ratio only) or ``n/a`` (a value is missing).
-        n: runs with a value in the baseline and candidate sets.
-        method: how the interval was made, in words.
-    """
-
-    ratio: float | None
-    ci: tuple[float, float] | None
-    noise: float | None
-    verdict: str
-    n: tuple[int, int]
-    method: str
-
-    @property
-    def significant(self) -> bool | None:
-        """True for better/worse, False for no significant change, None when unknown."""
-        if self.verdict in ("better", "worse"):
-            return True
-        if self.verdict == "no significant change":
-            return False
-        return None
 
 
 def _finite(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(float(v))]
-
-
-def _direction(ci: tuple[float, float], better: str | None) -> str:
-    lo, hi = ci
-    if lo <= 1.0 <= hi:
-        return "no significant change"
-    if better not in ("lower", "higher"):
-        return "changed"
-    up = lo > 1.0
-    return "better" if up == (better == "higher") else "worse"
-
-
-def between_run_change(
-    baseline: Sequence[float | None],
-    candidate: Sequence[float | None],
-    better: str | None,
-    *,
-    confidence: float = DEFAULT_CONFIDENCE,
-    method: str = "t",
-    n_boot: int = DEFAULT_BOOTSTRAP,
-    seed: int = 0,
-) -> SetChange:
-    """Judge one metric between two run sets from their per-run values.
-
-    Args:
-        baseline, candidate: one value per run (SI units); ``None`` entries are skipped.
-        better: ``lower`` or ``higher`` (anything else: ``changed`` instead of a direction).
-        confidence: two-sided confidence of the interval (0-1); the false-alarm rate on
-            identical configurations is at most ``1 - confidence``.
-        method: ``t`` (Welch on logs) or ``bootstrap`` (over runs; needs
-            :data:`MIN_BOOTSTRAP_RUNS` per set, else the t interval is used).
-        n_boot, seed: resamples and seed of the bootstrap.
-    """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
-    a, b = _finite(baseline), _finite(candidate)
-    n = (len(a), len(b))
-    if not a or not b:
-        return SetChange(None, None, None, "n/a", n, "a value is missing")
-    logs = all(v > 0 for v in a + b)
-    if logs:
-        la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
-        ratio: float | None = math.exp(statistics.fmean(lb) - statistics.fmean(la))
-    else:
-        la, lb = a, b
-        ma = statistics.fmean(a)
-        ratio = statistics.fmean(b) / ma if ma else None
-    if len(a) < 2 or len(b) < 2:
-        return SetChange(
-            ratio,
-            None,
-            None,
-            "noise unknown",
-            n,
-            "single run: run-to-run noise unknown, ratio only (repeat runs to test it)",
-        )
-    alpha = 1.0 - confidence
-    if method == "bootstrap" and min(n) >= MIN_BOOTSTRAP_RUNS and logs:
-        rng = np.random.default_rng(seed)
-        xa, xb = np.asarray(la), np.asarray(lb)
-        ia = rng.integers(0, xa.size, size=(n_boot, xa.size))
-        ib = rng.integers(0, xb.size, size=(n_boot, xb.size))
-        d = xb[ib].mean(axis=1) - xa[ia].mean(axis=1)
-        qlo, qhi = np.quantile(d, [alpha / 2, 1 - alpha / 2])
-        ci = (math.exp(float(qlo)), math.exp(float(qhi)))
-        noise = math.exp(float(qhi - qlo) / 2) - 1.0
-        how = f"bootstrap over runs ({n_boot} resamples, seed {seed}) of the geometric-mean ratio"
-        return SetChange(ratio, ci, noise, _direction(ci, better), n, how)
-    va = statistics.variance(la) / len(la)
-    vb = statistics.variance(lb) / len(lb)
-    se = math.sqrt(va + vb)
-    how = "Welch t-test on " + ("log per-run values" if logs else "per-run values")
-    if method == "bootstrap":
-        how += f" (bootstrap over runs needs {MIN_BOOTSTRAP_RUNS}+ runs per set)"
-    if se == 0.0:
-        # Every run of both sets gave the same value (e.g. 100% attainment): no noise.
-        same = (ratio == 1.0) if ratio is not None else True
-        ci0 = (ratio, ratio) if ratio is not None else (1.0, 1.0)
-        verdict = "no significant change" if same else _direction(ci0, better)
-        return SetChange(ratio, ci0, 0.0, verdict, n, how)
-    df = (va + vb) ** 2 / (
-        (va**2 / (len(la) - 1) if va else 0.0) + (vb**2 / (len(lb) - 1) if vb else 0.0)
-    )
-    half = t_quantile(1.0 - alpha / 2, df) * se
-    d = statistics.fmean(lb) - statistics.fmean(la)
-    if logs:
-        ci = (math.exp(d - half), math.exp(d + half))
-        noise = math.exp(half) - 1.0
-    else:
-        ma = statistics.fmean(a)
-        if not ma:
-            return SetChange(ratio, None, None, "n/a", n, how + "; baseline mean is zero")
-        ci = (1.0 + (d - half) / ma, 1.0 + (d + half) / ma)
-        noise = half / abs(ma)
-    return SetChange(ratio, ci, noise, _direction(ci, better), n, how)
 
 
 def contention_of(summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -408,12 +232,83 @@ def contention_of(summary: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _center(values: Sequence[float | None]) -> float | None:
+    """A set's value: the median of its runs (robust to one wild run)."""
     xs = _finite(values)
-    if not xs:
+    return float(statistics.median(xs)) if xs else None
+
+
+def primary_metric(
+    name: str | None, sets: Sequence[Sequence[Mapping[str, Any]]]
+) -> tuple[MetricDef, bool]:
+    """The comparison's primary metric and whether it is the default.
+
+    ``name`` is a catalogue name (``tpot.p99``, ``output_tok_s``) or summary path; ``None``
+    picks the first of :data:`DEFAULT_PRIMARY` that every set has.
+
+    Raises:
+        ValueError: ``name`` is not a compared metric (the message lists them).
+    """
+    defs = comparison_metrics()
+    if name is not None:
+        m = find_metric(name)
+        key = m.path if m is not None else name
+        for d in defs:
+            if key in (d.key, d.metric.name if d.metric else None):
+                return d, False
+        raise ValueError(
+            f"--primary {name!r} is not a compared metric; use one of " + ", ".join(COMPARED)
+        )
+    for cand in DEFAULT_PRIMARY:
+        d = next(x for x in defs if x.metric is not None and x.metric.name == cand)
+        if all(any(to_float(value_at(s, d.key)) is not None for s in g) for g in sets):
+            return d, True
+    return next(
+        x for x in defs if x.metric is not None and x.metric.name == DEFAULT_PRIMARY[0]
+    ), True
+
+
+def _block_of(summary: Mapping[str, Any]) -> tuple[str, int, int | None] | None:
+    """``(experiment id, block, position in block)`` of a run made in blocks, else None."""
+    rs = summary.get("run_set")
+    if not isinstance(rs, Mapping) or rs.get("warmup"):
         return None
-    if all(v > 0 for v in xs):
-        return math.exp(statistics.fmean(math.log(v) for v in xs))
-    return statistics.fmean(xs)
+    exp = rs.get("experiment")
+    block = rs.get("block", rs.get("index"))
+    if not isinstance(block, int) or not rs.get("interleaved"):
+        return None
+    if not isinstance(exp, str):
+        sid = str(rs.get("id") or "")
+        exp = sid.rsplit("-", 1)[0] if "-" in sid else sid
+    pos = rs.get("position")
+    return exp, block, pos if isinstance(pos, int) else None
+
+
+def _pairing(
+    base: Sequence[Mapping[str, Any]], cand: Sequence[Mapping[str, Any]]
+) -> list[tuple[int, int, bool | None]] | None:
+    """Blocks shared by two sets as ``(baseline run, candidate run, candidate ran second)``,
+    or None when the sets were not made in the same blocks."""
+    ba = [_block_of(s) for s in base]
+    bb = [_block_of(s) for s in cand]
+    if any(x is None for x in ba + bb):
+        return None
+    if len({x[0] for x in ba + bb if x}) != 1:
+        return None
+    ia = {x[1]: i for i, x in enumerate(ba) if x}
+    ib = {x[1]: i for i, x in enumerate(bb) if x}
+    if len(ia) != len(ba) or len(ib) != len(bb):
+        return None
+    shared = sorted(set(ia) & set(ib))
+    if len(shared) < 2:
+        return None
+    out = []
+    for blk in shared:
+        pa, pb = ba[ia[blk]], bb[ib[blk]]
+        second = (
+            None if pa is None or pb is None or pa[2] is None or pb[2] is None else pb[2] > pa[2]
+        )
+        out.append((ia[blk], ib[blk], second))
+    return out
 
 
 def compare_run_sets(
@@ -422,9 +317,8 @@ def compare_run_sets(
     *,
     run_ids: Sequence[Sequence[str]] | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
-    method: str = "t",
-    n_boot: int = DEFAULT_BOOTSTRAP,
-    seed: int = 0,
+    primary: str | None = None,
+    exclude_contended: bool = False,
 ) -> dict[str, Any]:
     """Compare run sets against the first one (the baseline). JSON-ready.
 
@@ -432,23 +326,27 @@ def compare_run_sets(
         labels: one display name per set.
         sets: per set, the summaries of its runs (one or more).
         run_ids: per set, its runs' ids (default: each summary's ``run_id``).
-        confidence, method, n_boot, seed: see :func:`between_run_change`.
+        confidence: confidence of the intervals (0-1); the family-wise false-alarm rate
+            over all metrics of one comparison is at most ``1 - confidence``.
+        primary: the primary metric (catalogue name); default :data:`DEFAULT_PRIMARY`.
+        exclude_contended: leave out contended runs (with their blocks when paired).
 
     Returns:
-        ``{"baseline", "labels", "runs", "confidence", "method", "n_boot", "seed",
-        "noise_known", "contention", "notes", "metrics": [{"key", "label", "unit",
-        "better", "values", "per_run", "ratios", "ci", "noise", "change", "n"}]}``.
-        ``values`` holds each set's centre (geometric mean of its runs, arithmetic for
-        metrics that can be zero); ``ratios``, ``ci``, ``noise`` and ``change`` hold
-        ``None`` for the baseline; ``n`` the runs per set. ``contention`` lists, per set,
-        the contended runs; ``notes`` says what limits the conclusions.
+        ``{"baseline", "labels", "runs", "confidence", "method", "noise_known", "primary",
+        "headlines", "correction", "paired", "position", "contention", "notes",
+        "metrics": [{"key", "label", "unit", "better", "primary", "values", "per_run",
+        "ratios", "ci", "noise", "detectable", "p", "outliers", "change", "n"}]}``.
+        ``values`` holds each set's median; ``ratios``, ``ci``, ``noise``, ``detectable``
+        and ``change`` hold ``None`` for the baseline; ``change`` is ``better``, ``worse``
+        or ``no detectable change``. The primary metric's row comes first.
+
+    Raises:
+        ValueError: fewer than two sets, an empty set, or an unknown primary metric.
     """
     if len(labels) != len(sets) or len(sets) < 2:
         raise ValueError("compare_run_sets needs two or more run sets with one label each")
     if any(len(s) == 0 for s in sets):
         raise ValueError("every run set needs at least one run")
-    if method not in ("t", "bootstrap"):
-        raise ValueError(f"method must be 't' or 'bootstrap', got {method!r}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
     ids = (
@@ -456,49 +354,100 @@ def compare_run_sets(
         if run_ids is not None
         else [[str(s.get("run_id") or f"run {j}") for j, s in enumerate(g)] for g in sets]
     )
-    rows: list[dict[str, Any]] = []
-    methods: set[str] = set()
+    lead_def, lead_default = primary_metric(primary, sets)
+    contended = [[bool((contention_of(s) or {}).get("contended")) for s in g] for g in sets]
+    shares = [[(contention_of(s) or {}).get("others_share") for s in g] for g in sets]
     # A run without SLOs counts every completed request as good (100% attainment): that
     # is no measurement, so its goodput and attainment are left out rather than compared.
     judged = [[_has_slos(s) for s in g] for g in sets]
     slo_less = sum(not j for g in judged for j in g)
-    for m in comparison_metrics():
-        per_run = [
+    defs = [d for d in comparison_metrics()]
+    defs.sort(key=lambda d: d.key != lead_def.key)
+    per_run_all: dict[str, list[list[float | None]]] = {}
+    for m in defs:
+        per_run_all[m.key] = [
             [
                 to_float(value_at(s, m.key)) if ok or m.key not in _SLO_JUDGED else None
                 for s, ok in zip(g, js, strict=True)
             ]
             for g, js in zip(sets, judged, strict=True)
         ]
-        if all(v is None for g in per_run for v in g):
-            continue
-        changes: list[SetChange | None] = [None]
-        for i in range(1, len(sets)):
-            ch = between_run_change(
-                per_run[0],
-                per_run[i],
-                m.better,
+    present = [m for m in defs if not all(v is None for g in per_run_all[m.key] for v in g)]
+    if lead_def.key not in {m.key for m in present}:
+        raise ValueError(f"no run has the primary metric {lead_def.label} ({lead_def.key})")
+    experiments = []
+    paired_flags: list[bool] = []
+    excluded = 0
+    for i in range(1, len(sets)):
+        pairing = _pairing(sets[0], sets[i])
+        fam: dict[str, tuple[list[float | None], list[float | None], str | None]] = {}
+        k_cont = sum(contended[0]) + sum(contended[i])
+        total = len(sets[0]) + len(sets[i])
+        share_vals = [x for x in shares[0] + shares[i] if isinstance(x, int | float)]
+        top_share = max(share_vals) if share_vals and k_cont else None
+        if pairing is not None:
+            if exclude_contended:
+                kept = [p for p in pairing if not (contended[0][p[0]] or contended[i][p[1]])]
+                excluded += len(pairing) - len(kept)
+                pairing = kept
+            for m in present:
+                pr = per_run_all[m.key]
+                fam[m.key] = (
+                    [pr[0][a] for a, _, _ in pairing],
+                    [pr[i][b] for _, b, _ in pairing],
+                    m.better,
+                )
+            block_ids = [f"{ids[0][a]}/{ids[i][b]}" for a, b, _ in pairing]
+            second = [bool(s) for _, _, s in pairing]
+            has_order = all(s is not None for _, _, s in pairing)
+            exp = judge_experiment(
+                fam,
+                lead_def.key,
+                paired=True,
                 confidence=confidence,
-                method=method,
-                n_boot=n_boot,
-                seed=seed,
+                ids=block_ids,
+                candidate_second=second if has_order else None,
+                contended=(k_cont, total, top_share),
             )
-            changes.append(ch)
-            if ch.ci is not None:
-                methods.add(ch.method)
+        else:
+            keep_a = [j for j in range(len(sets[0])) if not (exclude_contended and contended[0][j])]
+            keep_b = [j for j in range(len(sets[i])) if not (exclude_contended and contended[i][j])]
+            excluded += len(sets[0]) + len(sets[i]) - len(keep_a) - len(keep_b)
+            for m in present:
+                pr = per_run_all[m.key]
+                fam[m.key] = ([pr[0][j] for j in keep_a], [pr[i][j] for j in keep_b], m.better)
+            exp = judge_experiment(
+                fam,
+                lead_def.key,
+                paired=False,
+                confidence=confidence,
+                ids=[ids[0][j] for j in keep_a] + [ids[i][j] for j in keep_b],
+                contended=(k_cont, total, top_share),
+            )
+        experiments.append(exp)
+        paired_flags.append(pairing is not None)
+    by_key = [{c.metric: c for c in e.changes} for e in experiments]
+    rows: list[dict[str, Any]] = []
+    for m in present:
+        changes: list[SetChange | None] = [None] + [b.get(m.key) for b in by_key]
+        rest = changes[1:]
         rows.append(
             {
                 "key": m.key,
                 "label": m.label,
                 "unit": m.unit,
                 "better": m.better,
-                "values": [_center(g) for g in per_run],
-                "per_run": per_run,
-                "ratios": [None] + [c.ratio if c else None for c in changes[1:]],
-                "ci": [None] + [list(c.ci) if c and c.ci else None for c in changes[1:]],
-                "noise": [None] + [c.noise if c else None for c in changes[1:]],
-                "change": [None] + [c.verdict if c else None for c in changes[1:]],
-                "n": [len(_finite(g)) for g in per_run],
+                "primary": m.key == lead_def.key,
+                "values": [_center(g) for g in per_run_all[m.key]],
+                "per_run": per_run_all[m.key],
+                "ratios": [None] + [c.ratio if c else None for c in rest],
+                "ci": [None] + [list(c.ci) if c and c.ci else None for c in rest],
+                "noise": [None] + [c.noise if c else None for c in rest],
+                "detectable": [None] + [c.detectable if c else None for c in rest],
+                "p": [None] + [c.p if c else None for c in rest],
+                "outliers": [[]] + [list(c.outliers) if c else [] for c in rest],
+                "change": [None] + [c.verdict if c else None for c in rest],
+                "n": [len(_finite(g)) for g in per_run_all[m.key]],
             }
         )
     contention: list[list[dict[str, Any]]] = []
@@ -510,7 +459,16 @@ def compare_run_sets(
                 hits.append({"run_id": rid, **c})
         contention.append(hits)
     noise_known = all(len(g) >= 2 for g in sets)
-    notes: list[str] = []
+    lead_name = lead_def.metric.name if lead_def.metric else lead_def.key
+    notes: list[str] = [
+        f"primary metric: {lead_def.label}"
+        + (" (the default; --primary METRIC to choose)" if lead_default else "")
+        + "; its verdict leads, the others are corrected for multiplicity"
+    ]
+    for lab, e in zip(labels[1:], experiments, strict=True):
+        notes.extend(f"{lab}: {n}" if len(labels) > 2 else n for n in e.notes)
+    if excluded:
+        notes.append(f"--exclude-contended left out {excluded} contended runs")
     if slo_less:
         total = sum(len(g) for g in sets)
         notes.append(
@@ -526,9 +484,14 @@ def compare_run_sets(
             "better/worse claims; repeat each configuration (perfscope run --repeat N) and "
             "compare the run sets"
         )
+    elif not all(paired_flags):
+        notes.append(
+            "runs not made in shared blocks are compared unpaired (weaker): "
+            "perfscope run --repeat N --vs ENGINE runs both in balanced blocks"
+        )
     for lab, hits in zip(labels, contention, strict=True):
         if hits:
-            shares = [
+            shown = [
                 f"{h['run_id']} ({h['others_share']:.0%} of the CPU)"
                 if isinstance(h.get("others_share"), float)
                 else str(h["run_id"])
@@ -536,19 +499,41 @@ def compare_run_sets(
             ]
             who = "" if [h["run_id"] for h in hits] == [lab] else f"{lab}: "
             notes.append(
-                f"{who}other processes competed for the CPU during {', '.join(shares)}; "
+                f"{who}other processes competed for the CPU during {', '.join(shown)}; "
                 "its timings are likely inflated and the comparison is unreliable"
             )
+    methods = sorted({e.lead.method.split(" (")[0] for e in experiments if e.lead.ci})
     return {
         "baseline": labels[0],
         "labels": list(labels),
         "runs": ids,
         "confidence": confidence,
-        "method": "; ".join(sorted(methods))
-        or "single runs: ratios only, run-to-run noise unknown",
-        "n_boot": n_boot,
-        "seed": seed,
+        "method": "; ".join(methods)
+        or (
+            "single runs: ratios only, run-to-run noise unknown"
+            if not noise_known
+            else "too few runs for an interval at this confidence"
+        ),
         "noise_known": noise_known,
+        "primary": {
+            "name": lead_name,
+            "key": lead_def.key,
+            "label": lead_def.label,
+            "default": lead_default,
+        },
+        "headlines": [e.headline().replace(lead_def.key, lead_def.label, 1) for e in experiments],
+        "correction": [e.correction for e in experiments],
+        "paired": paired_flags,
+        "position": [
+            None
+            if e.position is None
+            else {
+                "second_slower": e.position.second_slower,
+                "p": e.position.p,
+                "present": e.position.present,
+            }
+            for e in experiments
+        ],
         "contention": contention,
         "notes": notes,
         "metrics": rows,

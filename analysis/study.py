@@ -24,13 +24,13 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from perfscope.analysis.calibration import machine_of_summary
-from perfscope.analysis.compare import SetChange, between_run_change
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
+from perfscope.analysis.experiment import SetChange, judge_experiment, judge_metric
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
@@ -43,7 +43,6 @@ from perfscope.analysis.whatif import (
 __all__ = [
     "METRICS",
     "SCHEMA",
-    "Change",
     "Effect",
     "PhasePoint",
     "RunPoint",
@@ -74,10 +73,9 @@ METRICS: dict[str, tuple[str, str | None]] = {
 # --------------------------------------------------------------------------- between runs
 
 
-#: How one metric moved from the baseline setting's runs to a candidate's: the same record
-#: as ``perfscope compare``'s (ratio of geometric means, its interval, noise band, verdict,
-#: runs per set, method).
-Change = SetChange
+#: The primary metric of a study's effects when none is named: its verdict leads, the
+#: others are corrected for multiplicity (``docs/experiments.md``).
+DEFAULT_PRIMARY = "tpot_p50_s"
 
 
 def between(
@@ -85,15 +83,17 @@ def between(
     candidate: Sequence[float | None],
     better: str | None,
     confidence: float = 0.95,
-) -> Change:
-    """The between-run change of one metric (per-run values, SI units): the same rule as
-    ``perfscope compare`` (:func:`perfscope.analysis.compare.between_run_change`, a Welch
-    t-test on log per-run values)."""
+    *,
+    paired: bool = False,
+) -> SetChange:
+    """The between-run change of one metric (per-run values, SI units), by the rule every
+    comparison uses (:func:`perfscope.analysis.experiment.judge_metric`): paired by round
+    when ``paired``, else unpaired."""
+    if paired:
+        return judge_metric(baseline, candidate, better, paired=True, confidence=confidence)
     a = [float(v) for v in baseline if v is not None and math.isfinite(float(v))]
     b = [float(v) for v in candidate if v is not None and math.isfinite(float(v))]
-    sc = between_run_change(a, b, better, confidence=confidence, method="t")
-    ci = None if sc.ci is None else (float(sc.ci[0]), float(sc.ci[1]))
-    return replace(sc, ci=ci, n=(int(sc.n[0]), int(sc.n[1])))
+    return judge_metric(a, b, better, confidence=confidence)
 
 
 # --------------------------------------------------------------------------- per run
@@ -532,7 +532,7 @@ class Effect:
 
     metric: str
     better: str
-    change: Change
+    change: SetChange
     projected_ratio: float | None
     error: float | None
 
@@ -590,16 +590,14 @@ class Study:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} record (schema {data.get('schema')!r})")
 
-        def change(c: Mapping[str, Any]) -> Change:
+        def change(c: Mapping[str, Any]) -> SetChange:
             ci = c.get("ci")
-            return Change(
-                c.get("ratio"),
-                None if ci is None else (float(ci[0]), float(ci[1])),
-                c.get("noise"),
-                str(c["verdict"]),
-                (int(c["n"][0]), int(c["n"][1])),
-                str(c["method"]),
-            )
+            known = {f.name for f in fields(SetChange)}
+            rest = {k: v for k, v in c.items() if k in known}
+            rest["ci"] = None if ci is None else (float(ci[0]), float(ci[1]))
+            rest["n"] = (int(c["n"][0]), int(c["n"][1]))
+            rest["outliers"] = tuple(str(x) for x in c.get("outliers") or ())
+            return SetChange(**rest)
 
         settings = []
         for s in data["settings"]:
@@ -684,6 +682,7 @@ def build_study(
     created_at: str = "",
     quality: Sequence[dict[str, Any] | None] | None = None,
     confidence: float = 0.95,
+    primary: str = DEFAULT_PRIMARY,
 ) -> Study:
     """Assemble a :class:`Study` from its runs.
 
@@ -694,6 +693,8 @@ def build_study(
         kv_cache: per setting, whether it keeps a KV cache (default: all do).
         output_lens: per setting, output tokens per request when the knob changes them
             (``max-tokens``); default ``output_len`` for every setting.
+        primary: the metric (a :data:`METRICS` key) whose verdict leads; the others are
+            Holm-corrected. Effects are paired by round (each round is a block).
     """
     outs = list(output_lens) if output_lens is not None else [output_len] * len(values)
     kv = list(kv_cache) if kv_cache is not None else [True] * len(values)
@@ -706,7 +707,16 @@ def build_study(
         summaries[idx].append(summary)
     notes: list[str] = []
     if repeat < 2:
-        notes.append("one run per setting: run-to-run noise unknown, ratios only (use --repeat 3)")
+        notes.append("one run per setting: run-to-run noise unknown, ratios only (use --repeat 6)")
+    elif repeat < 6:
+        notes.append(
+            f"{repeat} rounds: too few to detect any change at 95% without assuming normal "
+            "noise (6 rounds are the fewest); effects are ratios only"
+        )
+    notes.append(
+        f"primary metric: {primary}; other metrics are corrected for multiplicity, effects "
+        "are paired by round"
+    )
     settings: list[SettingResult] = []
     for i, value in enumerate(values):
         first = summaries[i][0] if summaries[i] else {}
@@ -755,13 +765,29 @@ def build_study(
                     projection["speculative"]["after_run"] = _after_run_median(
                         summaries[0], summaries[i], batches[i], prompt_len, output_len
                     )
-            for metric, (better, key) in METRICS.items():
-                ch = between(
-                    [p.metrics.get(metric) for p in points[0]],
-                    [p.metrics.get(metric) for p in points[i]],
+            by_round = [{p.round: p for p in points[0]}, {p.round: p for p in points[i]}]
+            rounds = sorted(set(by_round[0]) & set(by_round[1]))
+            fam = {
+                metric: (
+                    [by_round[0][r].metrics.get(metric) for r in rounds],
+                    [by_round[1][r].metrics.get(metric) for r in rounds],
                     better,
-                    confidence,
                 )
+                for metric, (better, _) in METRICS.items()
+            }
+            second = [by_round[1][r].order > by_round[0][r].order for r in rounds]
+            exp = judge_experiment(
+                fam,
+                primary if primary in fam else DEFAULT_PRIMARY,
+                paired=True,
+                confidence=confidence,
+                ids=[f"round {r + 1}" for r in rounds],
+                candidate_second=second,
+            )
+            judged = {c.metric: c for c in exp.changes}
+            notes.extend(f"{knob}={value}: {n}" for n in exp.notes)
+            for metric, (better, key) in METRICS.items():
+                ch = judged[metric]
                 proj = None if projection is None or key is None else projection["ratios"].get(key)
                 err = proj / ch.ratio - 1.0 if proj is not None and ch.ratio else None
                 effects.append(Effect(metric, better, ch, proj, err))

@@ -1,6 +1,6 @@
 """Comparison of run sets: the rich table of ``perfscope compare`` and its HTML page.
 
-The statistics (between-run intervals, the noise band, contention) live in
+The statistics (paired intervals, detectable change, contention) live in
 :mod:`perfscope.analysis.compare`; this module groups the runs into sets, presents the
 result and draws the comparison figures. Runs made together by ``perfscope run --repeat``
 carry their set (``summary["run_set"]``) and are grouped by it.
@@ -19,11 +19,7 @@ from rich.text import Text
 
 from perfscope.analysis import Summary
 from perfscope.analysis.catalogue import find_metric, format_value, value_at
-from perfscope.analysis.compare import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_CONFIDENCE,
-    compare_run_sets,
-)
+from perfscope.analysis.compare import DEFAULT_CONFIDENCE, compare_run_sets
 from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.figures import (
     FigureSpec,
@@ -92,9 +88,8 @@ def compare_sets(
     *,
     run_ids: Sequence[Sequence[str]] | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
-    method: str = "t",
-    n_boot: int = DEFAULT_BOOTSTRAP,
-    seed: int = 0,
+    primary: str | None = None,
+    exclude_contended: bool = False,
 ) -> dict[str, Any]:
     """:func:`perfscope.analysis.compare.compare_run_sets` over stored run sets (first set =
     baseline)."""
@@ -115,9 +110,8 @@ def compare_sets(
         [[_json(r.summary) for r in g] for g in sets],
         run_ids=ids,
         confidence=confidence,
-        method=method,
-        n_boot=n_boot,
-        seed=seed,
+        primary=primary,
+        exclude_contended=exclude_contended,
     )
     return result
 
@@ -127,9 +121,7 @@ def compare_tables(
     labels: Sequence[str] | None = None,
     *,
     confidence: float = DEFAULT_CONFIDENCE,
-    method: str = "t",
-    n_boot: int = DEFAULT_BOOTSTRAP,
-    seed: int = 0,
+    primary: str | None = None,
 ) -> dict[str, Any]:
     """Compare stored runs, grouped into their run sets (:func:`group_by_run_set`; the set
     of the first run is the baseline). Runs from no set each stand alone: ratios only.
@@ -142,9 +134,7 @@ def compare_tables(
         [[runs[i] for i in g] for g in groups],
         run_ids=[[ids[i] for i in g] for g in groups],
         confidence=confidence,
-        method=method,
-        n_boot=n_boot,
-        seed=seed,
+        primary=primary,
     )
 
 
@@ -157,25 +147,25 @@ def format_metric(value: Any, row: Mapping[str, Any]) -> str:
 
 
 def ratio_cells(row: dict[str, Any], i: int) -> tuple[str, str, str, str]:
-    """Display texts of set ``i`` against the baseline: ratio, interval, noise band and
-    change (``noise unknown`` for single runs)."""
-    r, ci, noise = row["ratios"][i], row["ci"][i], (row.get("noise") or [None] * (i + 1))[i]
+    """Display texts of set ``i`` against the baseline: ratio, interval, detectable change
+    and verdict (``better``, ``worse``, ``no detectable change``)."""
+    r, ci = row["ratios"][i], row["ci"][i]
+    det = (row.get("detectable") or [None] * (i + 1))[i]
     ratio = "n/a (a value is missing)" if r is None else f"{r:.3f}x"
     if ci:
         interval = f"[{ci[0]:.3f}, {ci[1]:.3f}]"
     elif r is None:
         interval = "n/a (a value is missing)"
     else:
-        interval = "n/a (1 run per side)"
-    band = "unknown (1 run per side)" if noise is None else f"±{100 * noise:.1f}%"
+        interval = "n/a (too few runs)"
+    band = "none (too few runs)" if det is None else f"±{100 * det:.0f}%"
     return ratio, interval, band, str(row["change"][i] or "n/a (a value is missing)")
 
 
 _CHANGE_STYLE = {
     "better": "green",
     "worse": "red",
-    "no significant change": "dim",
-    "noise unknown": "yellow",
+    "no detectable change": "dim",
 }
 
 
@@ -187,16 +177,19 @@ def comparison_title(result: dict[str, Any]) -> str:
             f"Compared with {result['labels'][0]} (ratios run / baseline; single runs: "
             "run-to-run noise unknown, no significance claimed)"
         )
+    paired = result.get("paired") or []
+    design = "paired by block" if paired and all(paired) else "unpaired"
     return (
-        f"Compared with {result['labels'][0]} (ratios of run-set means; {conf} interval "
-        f"from the run-to-run noise: {result['method']})"
+        f"Compared with {result['labels'][0]} (ratios of run-set centres, {design}; {conf} "
+        f"interval from the run-to-run noise: {result['method']})"
     )
 
 
 def comparison_table(result: dict[str, Any]) -> FitTable:
-    """The comparison as a terminal table: each set's value, then ratio, interval, noise
-    band and verdict of each set against the baseline; notes (noise unknown, contention) in
-    the caption. Too wide for the terminal, it is drawn stacked (one block per metric)."""
+    """The comparison as a terminal table: each set's value, then ratio, interval,
+    detectable change and verdict of each set against the baseline; the primary verdict
+    and notes (noise unknown, contention) in the caption. Too wide for the terminal, it is
+    drawn stacked (one block per metric)."""
     labels = result["labels"]
     conf = f"{100 * result['confidence']:g}%"
     cols = ["metric"]
@@ -204,13 +197,17 @@ def comparison_table(result: dict[str, Any]) -> FitTable:
     right = set(cols[1:])
     for i in range(1, len(labels)):
         suffix = f" {i}" if len(labels) > 2 else ""
-        more = [f"ratio{suffix}", f"{conf} CI{suffix}", f"noise{suffix}"]
+        more = [f"ratio{suffix}", f"{conf} CI{suffix}", f"detectable{suffix}"]
         cols += [*more, f"change{suffix}"]
         right.update(more)
     lines = [
         " · ".join(
             f"{'baseline' if i == 0 else f'run {i}'} = {lab}" for i, lab in enumerate(labels)
         )
+    ]
+    lines += [
+        f"{'→ ' if len(labels) == 2 else f'run {i + 1}: '}{h}"
+        for i, h in enumerate(result.get("headlines") or [])
     ]
     lines += [f"⚠ {n}" for n in result.get("notes") or []]
     table = FitTable(
@@ -221,7 +218,9 @@ def comparison_table(result: dict[str, Any]) -> FitTable:
         hoist_constant=True,  # single runs: the same "no interval" in every row, said once
     )
     for row in result["metrics"]:
-        cells: list[str | Text] = [row["label"]]
+        cells: list[str | Text] = [
+            f"{row['label']} (primary)" if row.get("primary") else row["label"]
+        ]
         cells += [format_metric(v, row) for v in row["values"]]
         for i in range(1, len(labels)):
             ratio, interval, band, change = ratio_cells(row, i)
@@ -258,7 +257,7 @@ def comparison_html(
     for i in range(1, len(labels)):
         sfx = f" {i}" if len(labels) > 2 else ""
         head.append(f"<th class='n'>ratio{sfx}</th><th class='n'>{conf} CI{sfx}</th>")
-        head.append(f"<th class='n'>noise{sfx}</th><th>change{sfx}</th>")
+        head.append(f"<th class='n'>detectable{sfx}</th><th>change{sfx}</th>")
     head.append("</tr>")
     rows = []
     for row in result["metrics"]:
@@ -281,7 +280,8 @@ def comparison_html(
         f"<td>{'contended' if rid in contended else ''}</td></tr>"
         for rid, r in zip(_flat_ids(result, runs), runs, strict=True)
     )
-    notes_html = "".join(f"<p class='warning'>{esc(n)}</p>" for n in result.get("notes") or [])
+    notes_html = "".join(f"<p class='headline'>{esc(h)}</p>" for h in result.get("headlines") or [])
+    notes_html += "".join(f"<p class='warning'>{esc(n)}</p>" for n in result.get("notes") or [])
     labels = _flat_ids(result, runs)
     figures = [
         FigureSpec(
@@ -319,7 +319,9 @@ def comparison_html(
         f'<section id="runs"><h2>Runs</h2><table class="kv">{legend}</table></section>'
         f'<section id="comparison"><h2>Metrics</h2>'
         f"<p class='caption'>{esc(comparison_title(result))}. A change is better or worse "
-        f"only when its {conf} interval excludes 1; single runs get a ratio only.</p>"
+        f"only when its multiplicity-corrected test rejects no change (the {conf} interval "
+        "excludes 1); single runs get a ratio only; 'detectable' is the smallest change this "
+        "experiment detects with 80% probability.</p>"
         f"{notes_html}"
         f"<table id='comparison-table'><thead>{''.join(head)}</thead>"
         f"<tbody>{''.join(rows)}</tbody></table></section>"

@@ -6,17 +6,18 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from perfscope.analysis.compare import (
-    between_run_change,
     bootstrap_percentile_ratio,
     compare_run_sets,
     compare_runs,
     t_quantile,
 )
+from perfscope.analysis.experiment import block_order, judge_metric
 from perfscope.cli import main
 from perfscope.profiler.store import read_run
 from tests.data.runs.builders import synthetic_run
@@ -81,7 +82,7 @@ def test_t_quantiles_match_the_tables() -> None:
     assert t_quantile(0.95, 5) == pytest.approx(2.015, abs=1e-3)
 
 
-def _summary(rng: np.random.Generator, scale: float, noise: float) -> dict[str, object]:
+def _summary(rng: np.random.Generator, scale: float, noise: float) -> dict[str, Any]:
     """A run's summary with TTFT/TPOT percentiles and throughput, each drawn with
     run-to-run noise (lognormal, ``noise`` = sigma of the log)."""
 
@@ -97,50 +98,133 @@ def _summary(rng: np.random.Generator, scale: float, noise: float) -> dict[str, 
     }
 
 
-@pytest.mark.parametrize(("runs", "noise"), [(3, 0.05), (5, 0.2), (2, 0.1)])
-def test_identical_configurations_raise_false_alarms_at_most_at_the_stated_rate(
-    runs: int, noise: float
+def _blocked(summaries: list[dict[str, Any]], arm: str, order: list[list[int]]) -> None:
+    """Mark summaries as made in blocks (what ``run --repeat --vs`` records)."""
+    for i, s in enumerate(summaries):
+        s["run_set"] = {
+            "id": f"20260101-000000-abcd-{arm}",
+            "experiment": "20260101-000000-abcd",
+            "interleaved": True,
+            "block": i,
+            "index": i,
+            "position": order[i].index(0 if arm == "A" else 1),
+        }
+
+
+@pytest.mark.parametrize(
+    ("runs", "noise", "paired"), [(4, 0.05, False), (6, 0.2, True), (8, 0.1, True)]
+)
+def test_identical_configurations_raise_family_wise_false_alarms_at_most_at_the_stated_rate(
+    runs: int, noise: float, paired: bool
 ) -> None:
-    # Synthetic run sets of one configuration: every better/worse is a false alarm.
+    # Synthetic run sets of one configuration: any better/worse on any metric is an alarm.
     rng = np.random.default_rng(runs * 1000 + int(noise * 100))
-    trials, alarms, tests = 400, 0, 0
-    for _ in range(trials):
+    trials, alarms = 300, 0
+    for t in range(trials):
         a = [_summary(rng, 1.0, noise) for _ in range(runs)]
         b = [_summary(rng, 1.0, noise) for _ in range(runs)]
+        if paired:
+            order = block_order(2, runs, t)
+            _blocked(a, "A", order)
+            _blocked(b, "B", order)
         result = compare_run_sets(["a", "b"], [a, b], confidence=0.95)
-        assert result["noise_known"]
-        for row in result["metrics"]:
-            tests += 1
-            alarms += row["change"][1] in ("better", "worse")
-            assert row["change"][1] in ("better", "worse", "no significant change")
-    rate = alarms / tests
-    # stated level 5%; three binomial standard errors of slack over 2800 tests
-    assert rate <= 0.05 + 3 * (0.05 * 0.95 / tests) ** 0.5, rate
+        assert result["noise_known"] and result["paired"] == [paired]
+        changes = [row["change"][1] for row in result["metrics"]]
+        assert set(changes) <= {"better", "worse", "no detectable change"}
+        alarms += any(c != "no detectable change" for c in changes)
+    rate = alarms / trials
+    # stated family-wise level 5%; three binomial standard errors of slack
+    assert rate <= 0.05 + 3 * (0.05 * 0.95 / trials) ** 0.5, rate
 
 
 def test_normal_not_lognormal_noise_still_keeps_the_false_alarm_rate() -> None:
     rng = np.random.default_rng(11)
-    alarms, trials = 0, 3000
+    alarms, trials = 0, 2000
     for _ in range(trials):
-        a = list(100 + rng.normal(0, 5, 3))
-        b = list(100 + rng.normal(0, 5, 3))
-        alarms += between_run_change(a, b, "lower").verdict != "no significant change"
+        a = list(100 + rng.normal(0, 5, 6))
+        b = list(100 + rng.normal(0, 5, 6))
+        alarms += judge_metric(a, b, "lower").verdict != "no detectable change"
     assert alarms / trials <= 0.05 + 3 * (0.05 * 0.95 / trials) ** 0.5
 
 
 def test_a_real_30_percent_slowdown_is_called_worse_with_its_interval() -> None:
     rng = np.random.default_rng(5)
-    a = [_summary(rng, 1.0, 0.03) for _ in range(3)]
-    b = [_summary(rng, 1.3, 0.03) for _ in range(3)]
+    a = [_summary(rng, 1.0, 0.03) for _ in range(6)]
+    b = [_summary(rng, 1.3, 0.03) for _ in range(6)]
     result = compare_run_sets(["a", "b"], [a, b])
     rows = {r["key"]: r for r in result["metrics"]}
+    assert result["primary"]["key"] == "latency.tpot.p50" and result["primary"]["default"]
+    assert result["metrics"][0]["primary"]
     for key in ("latency.ttft.p50", "latency.tpot.p50", "throughput.output_tok_s"):
         assert rows[key]["change"][1] == "worse", key
         lo, hi = rows[key]["ci"][1]
         assert lo <= rows[key]["ratios"][1] <= hi
-        assert rows[key]["noise"][1] is not None and rows[key]["noise"][1] < 0.2
+        assert rows[key]["detectable"][1] is not None and rows[key]["detectable"][1] < 0.3
     ratio = rows["latency.ttft.p50"]["ratios"][1]
     assert ratio == pytest.approx(1.3, rel=0.08)
+    assert result["headlines"][0].startswith("TPOT p50: worse (1.")
+    assert "not detectable at this noise" in result["headlines"][0]
+
+
+def test_three_runs_a_side_say_they_cannot_detect_a_change_instead_of_claiming_one() -> None:
+    # The issue's case: identical configurations, 3 runs a side, one slow run.
+    rng = np.random.default_rng(8)
+    a = [_summary(rng, 1.0, 0.3) for _ in range(3)]
+    b = [_summary(rng, 1.0, 0.3) for _ in range(3)]
+    result = compare_run_sets(["a", "b"], [a, b])
+    assert {r["change"][1] for r in result["metrics"]} == {"no detectable change"}
+    assert "no change is detectable with 3 runs a side" in result["headlines"][0]
+
+
+def test_blocks_are_paired_and_a_wild_block_is_named_not_averaged() -> None:
+    rng = np.random.default_rng(4)
+    order = block_order(2, 8, 1)
+    load = [float(rng.lognormal(0, 0.3)) for _ in range(8)]  # shared by both runs of a block
+    a = [_summary(rng, load[i], 0.02) for i in range(8)]
+    b = [_summary(rng, 1.1 * load[i], 0.02) for i in range(8)]
+    b[5]["latency"]["tpot"]["p50"] *= 50
+    _blocked(a, "A", order)
+    _blocked(b, "B", order)
+    result = compare_run_sets(
+        ["a", "b"], [a, b], run_ids=[[f"a{i}" for i in range(8)], [f"b{i}" for i in range(8)]]
+    )
+    assert result["paired"] == [True]
+    tpot = next(r for r in result["metrics"] if r["key"] == "latency.tpot.p50")
+    # Pairing cancels the 30% load swings; the wild block does not stretch the interval.
+    assert tpot["change"][1] == "worse"
+    lo, hi = tpot["ci"][1]
+    assert lo > 1.0 and hi < 1.25
+    assert tpot["outliers"][1] == ["a5/b5"]
+    assert any("outlier runs" in n and "a5/b5" in n for n in result["notes"])
+    # Unpaired, the same load swings hide the change.
+    for s in a + b:
+        del s["run_set"]
+    loose = compare_run_sets(["a", "b"], [a, b])
+    assert next(r for r in loose["metrics"] if r["key"] == "latency.tpot.p50")["change"][1] == (
+        "no detectable change"
+    )
+
+
+def test_a_named_primary_leads_and_an_unknown_one_is_refused() -> None:
+    rng = np.random.default_rng(2)
+    a = [_summary(rng, 1.0, 0.05) for _ in range(4)]
+    b = [_summary(rng, 1.0, 0.05) for _ in range(4)]
+    result = compare_run_sets(["a", "b"], [a, b], primary="ttft.p99")
+    assert result["metrics"][0]["key"] == "latency.ttft.p99" and not result["primary"]["default"]
+    with pytest.raises(ValueError, match="not a compared metric"):
+        compare_run_sets(["a", "b"], [a, b], primary="banana")
+
+
+def test_contended_runs_are_counted_in_the_verdict_and_can_be_left_out() -> None:
+    rng = np.random.default_rng(6)
+    a = [_summary(rng, 1.0, 0.05) for _ in range(6)]
+    b = [_summary(rng, 1.0, 0.05) for _ in range(6)]
+    b[0]["contention"] = {"others_share": 0.73, "contended": True}
+    result = compare_run_sets(["a", "b"], [a, b])
+    assert "1 of 12 runs contended (others used 73% of the CPU)" in result["headlines"][0]
+    dropped = compare_run_sets(["a", "b"], [a, b], exclude_contended=True)
+    assert next(r for r in dropped["metrics"] if r["primary"])["n"] == [6, 6]
+    assert any("left out 1 contended" in n for n in dropped["notes"])
 
 
 def test_single_runs_never_get_a_significance_claim(three_runs: list[Path]) -> None:
@@ -155,25 +239,14 @@ def test_single_runs_never_get_a_significance_claim(three_runs: list[Path]) -> N
     assert ttft["values"] == [pytest.approx(base), pytest.approx(slow)]
     assert ttft["ratios"][1] == pytest.approx(slow / base)
     for row in result["metrics"]:
-        assert row["change"][1] in ("noise unknown", "n/a"), row["key"]
+        assert row["change"][1] in ("no detectable change", "n/a"), row["key"]
         assert row["ci"][1] is None and row["noise"][1] is None
     # a set of one against a set of many is still a single run: no claim
     one_vs_two = compare_run_sets(
         ["a", "b"],
         [[runs[0].summary], [runs[2].summary, runs[3].summary]],  # type: ignore[list-item]
     )
-    assert {r["change"][1] for r in one_vs_two["metrics"]} <= {"noise unknown", "n/a"}
-
-
-def test_bootstrap_over_runs_needs_enough_runs_and_otherwise_uses_t() -> None:
-    rng = np.random.default_rng(3)
-    few = between_run_change(
-        list(rng.lognormal(0, 0.1, 3)), list(rng.lognormal(0, 0.1, 3)), "lower", method="bootstrap"
-    )
-    assert "Welch" in few.method and "8+" in few.method
-    many_a, many_b = list(rng.lognormal(0, 0.1, 12)), list(rng.lognormal(0.5, 0.1, 12))
-    boot = between_run_change(many_a, many_b, "lower", method="bootstrap", n_boot=500)
-    assert "bootstrap over runs" in boot.method and boot.verdict == "worse"
+    assert {r["change"][1] for r in one_vs_two["metrics"]} <= {"no detectable change", "n/a"}
 
 
 def test_compare_command_takes_run_sets_as_lists_and_globs(

@@ -420,8 +420,8 @@ def test_compare_page_overlays_runs_with_ratios_and_intervals(client: Any, runs:
     assert {"TTFT p50", "TPOT p50", "output tokens/s"} <= set(by_metric)
     ttft = by_metric["TTFT p50"]
     # two single runs: a ratio, but no interval and no better/worse claim
-    assert ttft["r1"].endswith("x") and ttft["ci1"] == "n/a (1 run per side)"
-    assert ttft["c1"] == "noise unknown" and ttft["n1"] == "unknown (1 run per side)"
+    assert ttft["r1"].endswith("x") and ttft["ci1"] == "n/a (too few runs)"
+    assert ttft["c1"] == "no detectable change" and ttft["n1"] == "none (too few runs)"
     assert "noise unknown" in texts(body)
     names = [c["name"] for c in table["columns"]]
     # Headers carry the short run label (no timestamp prefix); a blank CI says why.

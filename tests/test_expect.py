@@ -229,31 +229,48 @@ def test_student_t_quantiles_match_the_tables() -> None:
 
 
 def test_a_change_counts_only_beyond_tolerance_and_noise() -> None:
-    slow = compare_samples("tpot.p50", [0.010, 0.0101, 0.0099], [0.020, 0.0201, 0.0199])
-    assert slow.verdict == "regressed" and slow.change == pytest.approx(1.0)
-    fast = compare_samples("tpot.p50", [0.020, 0.0201, 0.0199], [0.010, 0.0101, 0.0099])
-    assert fast.verdict == "improved"
-    noisy = compare_samples("tpot.p50", [0.010, 0.030, 0.020], [0.025, 0.015, 0.035])
-    assert noisy.verdict == "within noise" and noisy.significant is False
+    slow = compare_samples(
+        "tpot.p50", [0.010, 0.0101, 0.0099, 0.0102], [0.020, 0.0201, 0.0199, 0.0202]
+    )
+    assert slow.verdict == "worse" and slow.change == pytest.approx(1.0, rel=0.02)
+    fast = compare_samples(
+        "tpot.p50", [0.020, 0.0201, 0.0199, 0.0202], [0.010, 0.0101, 0.0099, 0.0102]
+    )
+    assert fast.verdict == "better"
+    noisy = compare_samples("tpot.p50", [0.010, 0.030, 0.020, 0.015], [0.025, 0.015, 0.035, 0.02])
+    assert noisy.verdict == "no detectable change" and noisy.significant is False
     # one stalled repeat among the fast runs does not hide the slowdown
-    stalled = compare_samples("tpot.p50", [0.002, 0.0021, 0.030], [0.008, 0.0081, 0.0082])
-    assert stalled.verdict == "regressed"
-    small = compare_samples("tpot.p50", [0.010] * 3, [0.0104] * 3, tolerance=0.05)
-    assert small.verdict == "unchanged"
-    tput = compare_samples("throughput.output_tok_s", [1000.0, 1010.0], [500.0, 505.0])
-    assert tput.verdict == "regressed"
+    stalled = compare_samples(
+        "tpot.p50",
+        [0.002, 0.0021, 0.0020, 0.0022, 0.0021, 0.0020, 0.0022, 0.030],
+        [0.008, 0.0081, 0.0082, 0.0080, 0.0079, 0.0081, 0.0080, 0.0082],
+    )
+    assert stalled.verdict == "worse"
+    small = compare_samples(
+        "tpot.p50", [0.010, 0.0101, 0.0099, 0.01], [0.0104, 0.0105, 0.0103, 0.0104], tolerance=0.05
+    )
+    assert small.verdict == "no detectable change"
+    tput = compare_samples(
+        "throughput.output_tok_s", [1000.0, 1010.0, 990, 1005], [500.0, 505.0, 498, 502]
+    )
+    assert tput.verdict == "worse"
+    # three repeats a side cannot show any change at 95%: said, never claimed
+    few = compare_samples("tpot.p50", [0.010, 0.0101, 0.0099], [0.020, 0.0201, 0.0199])
+    assert few.verdict == "no detectable change" and few.detectable is None
 
 
 def test_assert_no_regression_needs_repeats_and_fails_beyond_noise() -> None:
     base, same, slower = (
-        _fake_runs([10, 10.2, 9.9]),
-        _fake_runs([10.1, 9.8, 10]),
-        _fake_runs([20, 20.5, 19.8]),
+        _fake_runs([10, 10.2, 9.9, 10.1]),
+        _fake_runs([10.1, 9.8, 10, 10.2]),
+        _fake_runs([20, 20.5, 19.8, 20.1]),
     )
-    assert [c.verdict for c in assert_no_regression(base, same, "tpot.p50")] == ["unchanged"]
-    with pytest.raises(PerfAssertionError, match=r"tpot.p50: 10 ms → 20 ms \(\+100%"):
+    assert [c.verdict for c in assert_no_regression(base, same, "tpot.p50")] == [
+        "no detectable change"
+    ]
+    with pytest.raises(PerfAssertionError, match=r"tpot.p50: 10 ms → 20 ms \(\+"):
         assert_no_regression(base, slower, "tpot.p50")
-    with pytest.raises(UsageError, match="at least 2 repeats on each side"):
+    with pytest.raises(UsageError, match="at least 4 repeats on each side"):
         assert_no_regression(base.runs[0], slower, "tpot.p50")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -284,11 +285,11 @@ def test_repeats_manual_runs_and_the_noise_helper(suite: pytest.Pytester) -> Non
         def test_repeats_and_noise(perfscope, monkeypatch):
             monkeypatch.setenv("FAKE_DELAY_MS", "2")
             fast = perfscope.run(fake_engine.generate, requests=3, output_len=4, warmup=0,
-                                 repeat=3, name="fast")
+                                 repeat=5, name="fast")
             monkeypatch.setenv("FAKE_DELAY_MS", "8")
             slow = perfscope.run(fake_engine.generate, requests=3, output_len=4, warmup=0,
-                                 repeat=3, name="slow")
-            assert len(fast) == 3 and len(set(fast.paths)) == 3
+                                 repeat=5, name="slow")
+            assert len(fast) == 5 and len(set(fast.paths)) == 5
             assert perfscope.expect(fast, stat="bound").tpot.p50 < "50ms"
             perfscope.assert_no_regression(slow, fast, "tpot.p50")
             with pytest.raises(AssertionError, match="regressed beyond the noise"):
@@ -313,8 +314,8 @@ def test_repeats_manual_runs_and_the_noise_helper(suite: pytest.Pytester) -> Non
     result.stdout.fnmatch_lines_random(
         ["*test_repeats_and_noise#slow*", "*test_manual_instrumentation*passed*"]
     )
-    # 3 + 3 + 2 runs of the engine and one by hand, all kept where asked
-    assert len(list((suite.path / "kept").iterdir())) == 9
+    # 5 + 5 + 2 runs of the engine and one by hand, all kept where asked
+    assert len(list((suite.path / "kept").iterdir())) == 13
 
 
 def test_the_plugin_is_silent_and_inert_when_unused(pytester: pytest.Pytester) -> None:
@@ -324,8 +325,11 @@ def test_the_plugin_is_silent_and_inert_when_unused(pytester: pytest.Pytester) -
         "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"
     )
     result.assert_outcomes(passed=1)
+    # pytest's own header names the plugin and the folders (a clone may sit in a folder
+    # named perfscope); nothing else may mention it
+    header = ("plugins:", "rootdir:", "configfile:", "cachedir:", "platform ")
     mentions = [ln for ln in result.outlines if "perfscope" in ln]
-    assert [ln for ln in mentions if not ln.startswith("plugins:")] == []
+    assert [ln for ln in mentions if not ln.startswith(header)] == []
     assert sorted(p.name for p in pytester.path.iterdir()) == [
         "test_the_plugin_is_silent_and_inert_when_unused.py"
     ]
@@ -360,7 +364,7 @@ def test_the_sample_suite_is_green_and_fails_with_a_table_on_a_slowdown(
     storage = pytester.path / "baselines"
     monkeypatch.delenv("PERFSCOPE_SAMPLE_SLOWDOWN_MS", raising=False)
     green = pytester.runpytest(
-        str(SAMPLES), "--perfscope-save", "main", "--perfscope-storage", str(storage)
+        str(SAMPLES), "--perfscope-save", "main", f"--perfscope-storage={storage}"
     )
     outcomes = green.parseoutcomes()
     assert green.ret == 0, green.stdout.str()
@@ -369,7 +373,7 @@ def test_the_sample_suite_is_green_and_fails_with_a_table_on_a_slowdown(
 
     monkeypatch.setenv("PERFSCOPE_SAMPLE_SLOWDOWN_MS", "3")  # +3 ms per forward pass
     slowed = pytester.runpytest(
-        str(SAMPLES), "--perfscope-compare", "main", "--perfscope-storage", str(storage)
+        str(SAMPLES), "--perfscope-compare", "main", f"--perfscope-storage={storage}"
     )
     assert slowed.ret == 1
     slowed.stdout.fnmatch_lines(
@@ -381,3 +385,129 @@ def test_the_sample_suite_is_green_and_fails_with_a_table_on_a_slowdown(
         ]
     )
     assert "Traceback" not in slowed.stdout.str()
+
+
+TWO_TESTS = """
+import fake_engine
+
+
+def test_{a}(perfscope):
+    perfscope.run(fake_engine.generate, requests=2, output_len=3, warmup=0)
+
+
+def test_{b}(perfscope):
+    perfscope.run(fake_engine.generate, requests=2, output_len=3, warmup=0)
+"""
+
+
+def test_under_xdist_slos_still_fail_and_baselines_are_refused_in_one_line(
+    suite: pytest.Pytester,
+) -> None:
+    pytest.importorskip("xdist")
+    suite.makepyfile(
+        test_slo="""
+        import pytest
+        import fake_engine
+
+        @pytest.mark.perfscope(slo={"tpot.p50": "1us"})
+        def test_too_slow(perfscope):
+            perfscope.run(fake_engine.generate, requests=2, output_len=3, warmup=0)
+        """
+    )
+    ran = suite.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    ran.assert_outcomes(failed=1)
+    ran.stdout.fnmatch_lines(["*marker SLOs: 1 of 1 checks failed*", "*FAIL*tpot.p50*"])
+    refused = suite.runpytest_subprocess("-n", "2", "--perfscope-save", "base")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--perfscope-save cannot run under pytest-xdist (-n)*"])
+    assert not (suite.path / ".perfscope").exists()
+
+
+def test_concurrent_saves_to_one_baseline_keep_every_test(suite: pytest.Pytester) -> None:
+    for i in range(4):
+        suite.makepyfile(**{f"test_part{i}": TWO_TESTS.format(a=f"a{i}", b=f"b{i}")})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(suite.path), str(ROOT)]))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"test_part{i}.py",
+                "--perfscope-save",
+                "shared",
+            ],
+            cwd=suite.path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(4)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, (out, err)
+    data = json.loads((suite.path / ".perfscope" / "baselines" / "shared.json").read_text())
+    assert len(data["tests"]) == 8, sorted(data["tests"])
+
+
+def test_a_storage_path_given_as_two_words_is_refused_before_it_moves_rootdir(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(test_one=TWO_TESTS.format(a="a", b="b"))
+    (suite.path / "elsewhere").mkdir()
+    result = suite.runpytest("--perfscope-save", "x", "--perfscope-storage", "elsewhere")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*write --perfscope-storage=PATH (with '=')*"])
+
+
+def test_a_gate_where_no_test_matched_says_so_and_fails_when_strict(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(test_one=TWO_TESTS.format(a="a", b="b"))
+    assert suite.runpytest("--perfscope-save", "base").ret == 0
+    (suite.path / "test_one.py").unlink()
+    suite.makepyfile(test_two=TWO_TESTS.format(a="c", b="d"))
+    loose = suite.runpytest("--perfscope-compare", "base")
+    assert loose.ret == 0
+    loose.stdout.fnmatch_lines(["*no test matched baseline 'base' (2 tests in it*"])
+    strict = suite.runpytest("--perfscope-compare", "base", "--perfscope-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    strict.stdout.fnmatch_lines(["*no test matched baseline*--perfscope-strict: failing*"])
+
+
+def test_a_baseline_with_wrong_typed_fields_is_a_usage_error_not_an_internal_error(
+    suite: pytest.Pytester,
+) -> None:
+    from perfscope.pytest_plugin._baseline import BASELINE_SCHEMA
+
+    storage = suite.path / ".perfscope" / "baselines"
+    storage.mkdir(parents=True)
+    bad = {"schema": BASELINE_SCHEMA, "tests": {"t": {"metrics": {"tpot.p50": {"value": "x"}}}}}
+    (storage / "base.json").write_text(json.dumps(bad))
+    suite.makepyfile(test_one=TWO_TESTS.format(a="a", b="b"))
+    result = suite.runpytest("--perfscope-compare", "base")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*baseline*is damaged*.value should be a number*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_bare_distribution_in_a_marker_slo_names_its_percentiles(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(
+        test_slo="""
+        import pytest
+        import fake_engine
+
+        @pytest.mark.perfscope(slo={"tpot": "20ms"})
+        def test_bare(perfscope):
+            perfscope.run(fake_engine.generate, requests=2, output_len=3, warmup=0)
+        """
+    )
+    result = suite.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*'tpot' is a distribution*tpot.p50 or tpot.p99*"])

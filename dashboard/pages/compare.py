@@ -116,7 +116,7 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
         cols += [
             {"id": f"r{i}", "name": f"ratio run {i}"},
             {"id": f"ci{i}", "name": f"{conf} CI run {i}"},
-            {"id": f"n{i}", "name": f"noise run {i}"},
+            {"id": f"n{i}", "name": f"detectable run {i}"},
             {"id": f"c{i}", "name": f"change run {i}"},
         ]
     rows = []

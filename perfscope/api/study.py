@@ -2,8 +2,9 @@
 
 Each knob is named as its ``perfscope run`` flag (``batch-size``, ``kv-heads``, ``dtype``,
 ...) and maps one value onto the :class:`perfscope.api.run.RunArgs` of a run (a field, a
-model-shape override or a reference-engine option). The settings run interleaved, round
-after round (A B C A B C ...), so slow drifts of a shared machine hit every setting alike;
+model-shape override or a reference-engine option). The settings run in rounds, each
+round a block in balanced order (AB BA AB ... for two, a seeded permutation per round for
+more), so slow drifts and position effects of a shared machine hit every setting alike;
 :func:`perfscope.analysis.study.build_study` turns the runs into the study record, which
 is written to ``<runs dir>/studies/<stamp>-<name>.json`` (schema ``perfscope.study/1``).
 """
@@ -372,9 +373,15 @@ def study_with(
     ]
     for s in settings:  # reference-engine options and shapes are checked here, not mid-study
         _check_engine(s)
+    from perfscope.analysis.experiment import block_order
+
     runs: list[tuple[int, int, str, Mapping[str, Any]]] = []
+    # Balanced order: each round is a block (ABBA for two settings, a seeded random
+    # permutation per round for more), so position effects cancel in the paired effects.
+    order = block_order(len(plans), repeat, sum(map(ord, label)))
     for rnd in range(repeat):
-        for i, p in enumerate(plans):
+        for i in order[rnd]:
+            p = plans[i]
             say(f"study: round {rnd + 1}/{repeat}, {k.name}={parsed[i][0]} ...")
             out = execute(p)
             if out.status != "complete":

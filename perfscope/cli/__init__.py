@@ -329,21 +329,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="NVTX ranges for Nsight Systems (default: on only when a tool is attached)",
     )
-    r = p.add_argument_group("repeats (run-to-run noise)")
-    r.add_argument(
-        "--repeat",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="run N times as one run set, so comparisons can measure run-to-run noise",
-    )
-    r.add_argument(
-        "--vs",
-        default=None,
-        metavar="ENGINE",
-        help="a second engine to compare with: runs alternate A B A B (--repeat each) and "
-        "the comparison is printed at the end",
-    )
+    from perfscope.cli.repeat import add_repeat_arguments
+
+    add_repeat_arguments(p.add_argument_group("repeats and experiments (docs/experiments.md)"))
     add_runs_dir(a)
     a.add_argument(
         "--name", default=None, help="short name in the run id (default: the engine kind)"
@@ -398,11 +386,13 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     given = run_args(args)
     err = SafeConsole(stderr=True)
     hook = progress_hook(err, args.no_progress)
-    if args.repeat > 1 or args.vs:
+    from perfscope.cli.repeat import repeat_options, wants_repeats
+
+    if wants_repeats(args):
         from perfscope.api.repeat import run_repeated
 
         return run_repeated(
-            given, args.repeat, args.vs, hook, console, err, as_json=args.json, report=args.report
+            given, repeat_options(args), hook, console, err, as_json=args.json, report=args.report
         )
     outcome = execute(plan(given), hook)
     if args.json:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,9 +123,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="compare run sets: ratios, and better/worse only beyond run-to-run noise",
         description="Compare run sets with the first (the baseline). Each SET is a run, a "
         "comma-separated list of runs (A1,A2,A3) or a glob of run ids ('*-base-*'), e.g. the "
-        "runs of 'perfscope run --repeat N'. Each metric is one number per run; a change is "
-        "better or worse only when its confidence interval, from the spread between the "
-        "runs of each set, excludes no change. Single runs get ratios only (noise unknown).",
+        "runs of 'perfscope run --repeat N'. Each metric is one number per run; runs made in "
+        "the same blocks (run --repeat N --vs) are paired by block. One metric is primary; "
+        "a change is better or worse only when its corrected test rejects no change; every "
+        "comparison states the smallest change it could detect (docs/experiments.md).",
     )
     p.add_argument(
         "runs",
@@ -133,18 +135,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="two or more run sets (the first is the baseline): RUN, RUN1,RUN2,... or a glob",
     )
     p.add_argument(
-        "--method",
-        choices=("t", "bootstrap"),
-        default="t",
-        help="interval: Welch t-test on log per-run values (default) or a bootstrap over runs "
-        "(needs 8+ runs per set, else t)",
+        "--primary",
+        metavar="METRIC",
+        default=None,
+        help="the metric whose verdict leads (default tpot.p50, else e2e.p50); the others "
+        "are corrected for multiplicity",
     )
     p.add_argument(
-        "--bootstrap",
-        type=positive_int,
-        default=1000,
-        metavar="N",
-        help="resamples of --method bootstrap (default 1000)",
+        "--exclude-contended",
+        action="store_true",
+        help="leave out runs measured while other processes took the CPU (their blocks)",
     )
     p.add_argument(
         "--confidence",
@@ -152,7 +152,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0.95,
         help="confidence of the intervals, 0-1 or a percentage (default 0.95)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the resampling (default 0)")
     p.add_argument("--report", action="store_true", help="also write a comparison HTML page")
     p.add_argument(
         "-o",
@@ -208,14 +207,35 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 def expand_run_set(text: str, runs_dir: Path | None) -> list[Path]:
     """The runs one SET argument names: comma-separated refs, each a run directory, run id,
-    ``latest`` or a glob of run ids under the runs folder (newest first order kept)."""
+    ``latest``, a glob of run ids under the runs folder (newest first order kept), or the
+    id of a run set that ``perfscope run --repeat`` printed (its runs, warm-ups left out)."""
     import fnmatch
+    import re
 
-    from perfscope.profiler.store import default_runs_root, list_runs, resolve_run_path
+    from perfscope.profiler.store import (
+        default_runs_root,
+        list_runs,
+        read_manifest,
+        resolve_run_path,
+    )
 
     out: list[Path] = []
     for ref in (r.strip() for r in text.split(",")):
         if not ref:
+            continue
+        if re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}-[A-Z]", ref):
+            root = runs_dir or default_runs_root()
+            members = []
+            for p in list_runs(root):
+                try:
+                    rs = read_manifest(p).get("run_set") or {}
+                except Exception:  # an unreadable run is not a member
+                    continue
+                if isinstance(rs, dict) and rs.get("id") == ref:
+                    members.append((rs.get("block", rs.get("index", 0)), p))
+            if not members:
+                raise UsageError(f"no runs of run set {ref!r} in {root}; 'perfscope ls' lists runs")
+            out += [p for _, p in sorted(members, key=lambda m: (m[0], str(m[1])))]
             continue
         if any(ch in ref for ch in "*?["):
             root = runs_dir or default_runs_root()
@@ -234,7 +254,12 @@ def expand_run_set(text: str, runs_dir: Path | None) -> list[Path]:
 
 
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.dashboard.compare import compare_sets, comparison_html, comparison_table
+    from perfscope.dashboard.compare import (
+        compare_sets,
+        comparison_html,
+        comparison_table,
+        config_diff,
+    )
 
     if len(args.runs) < 2:
         raise UsageError(
@@ -247,14 +272,20 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         names = ", ".join(p.name for p in flat)
         raise UsageError(f"the same run is given twice ({names}); give different runs")
     sets = [[_load(str(p), args.runs_dir) for p in g] for g in paths]
-    result = compare_sets(
-        [[_tables(r) for r in g] for g in sets],
-        run_ids=[[r.run_id for r in g] for g in sets],
-        confidence=args.confidence,
-        method=args.method,
-        n_boot=args.bootstrap,
-        seed=args.seed,
-    )
+    try:
+        result = compare_sets(
+            [[_tables(r) for r in g] for g in sets],
+            run_ids=[[r.run_id for r in g] for g in sets],
+            confidence=args.confidence,
+            primary=args.primary,
+            exclude_contended=args.exclude_contended,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    result["config_diff"] = [
+        {"group": d.group, "field": d.field, "values": list(d.values)}
+        for d in config_diff([g[0].manifest or {} for g in sets])
+    ]
     runs = [r for g in sets for r in g]
     out_path: Path | None = None
     if args.report:
@@ -271,9 +302,28 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(payload, indent=2))
         return 0
     console.print(comparison_table(result))
+    print_config_diff(result, console)
     if out_path is not None:
         console.print(f"comparison report: {out_path} ({_size(out_path)})")
     return 0
+
+
+def print_config_diff(result: Mapping[str, Any], console: Console) -> None:
+    """Name each side and print what differs between their configurations (first run of
+    each set), or that nothing does."""
+    labels = result["labels"]
+    sides = " vs ".join(
+        f"{'baseline' if i == 0 else f'run {i}'} = {lab}" for i, lab in enumerate(labels)
+    )
+    diff = result.get("config_diff") or []
+    if not diff:
+        console.print(f"{sides}: identical configurations")
+        return
+    console.print(f"{sides}: configurations differ in")
+    for d in diff[:20]:
+        console.print(f"  {d['field']}: " + " | ".join(str(v) for v in d["values"]))
+    if len(diff) > 20:
+        console.print(f"  ... and {len(diff) - 20} more fields (--json lists all)")
 
 
 def _tables(run: StoredRun) -> Any:

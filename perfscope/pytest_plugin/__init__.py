@@ -19,7 +19,8 @@ and writes nothing.
 Options (group "perfscope"): ``--perfscope-save NAME`` stores each perf test's key
 metrics with the machine and commit; ``--perfscope-compare NAME`` fails tests whose
 metrics regressed beyond ``--perfscope-fail METRIC:TOL`` (default: every metric at 10%);
-``--perfscope-force`` compares across hardware; ``--perfscope-json PATH`` writes a report
+``--perfscope-force`` compares across hardware; ``--perfscope-strict`` fails a gate where
+no test matched the baseline; ``--perfscope-json PATH`` writes a report
 for CI; ``--perfscope-runs-dir DIR`` keeps the runs; ``--perfscope-repeat N`` repeats every
 workload that does not say otherwise.
 """
@@ -128,17 +129,59 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="repeat each workload N times unless the test says otherwise",
     )
+    group.addoption(
+        "--perfscope-strict",
+        action="store_true",
+        default=False,
+        help="fail the session when --perfscope-compare gated nothing (no test matched)",
+    )
     parser.addini("perfscope_storage", "folder of saved perfscope baselines", default="")
 
 
 # --------------------------------------------------------------------------- hooks
 
 
+_SESSION_OPTIONS = ("perfscope_save", "perfscope_compare", "perfscope_json")
+
+
+def _xdist_active(config: pytest.Config) -> bool:
+    """Whether this controller will hand tests to pytest-xdist workers."""
+    n = getattr(config.option, "numprocesses", None)
+    dist = getattr(config.option, "dist", "no")
+    return bool(n) or (dist not in (None, "no"))
+
+
+def _refuse_separate_storage(config: pytest.Config) -> None:
+    """``--perfscope-storage PATH`` as two words: pytest reads PATH as a test path before
+    this plugin's options are known, which moves rootdir and so every test id."""
+    args = list(config.invocation_params.args)
+    if "--perfscope-storage" in args:
+        raise pytest.UsageError(
+            "perfscope: write --perfscope-storage=PATH (with '='): as two words pytest "
+            "takes PATH for a test path and moves rootdir, so no test would match its baseline"
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
-    if hasattr(config, "workerinput"):  # pytest-xdist worker: the controller reports
-        return
+    _refuse_separate_storage(config)
+    worker = hasattr(config, "workerinput")
+    if not worker and _xdist_active(config):
+        used = [o for o in _SESSION_OPTIONS if getattr(config.option, o, None)]
+        if used:
+            names = ", ".join("--" + o.replace("_", "-") for o in used)
+            raise pytest.UsageError(
+                f"perfscope: {names} cannot run under pytest-xdist (-n): run the perf tests "
+                "in one process (-n 0 or -p no:xdist)"
+            )
     state = SessionState(config)
+    if worker:
+        # Marker SLOs and checks fail the test in the worker; baselines and the JSON
+        # report are session-wide and refused above.
+        state.save = state.compare = None
+        state.json_path = None
+        config.stash[STATE] = state
+        return
     config.stash[STATE] = state
     state.setup()
 
@@ -187,8 +230,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = state_of(session.config)
     if state is None:
         return
+    if hasattr(session.config, "workerinput"):
+        return
     if state.regressions() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    missing = state.no_match()
+    if missing:
+        state.notes.append(missing + (" (--perfscope-strict: failing)" if state.strict else ""))
+        if state.strict and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if state.save:
         save_baseline(state)
     write_json_report(state, int(session.exitstatus))
@@ -196,6 +246,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state = state_of(config)
-    if state is not None:
+    if state is not None and not hasattr(config, "workerinput"):
         width = config.get_terminal_writer().fullwidth
         write_terminal_summary(terminalreporter, state, width)

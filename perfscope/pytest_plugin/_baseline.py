@@ -4,13 +4,13 @@
 per-repeat samples) with the machine (hardware key, CPU/GPU, versions) and the commit in
 ``<storage>/NAME.json``; ``--perfscope-compare NAME`` judges every metric against it:
 lower is better for latency and energy, higher for throughput and utilisation, and a
-metric regresses when it got worse by more than its tolerance (and, with repeats on both
-sides, by more than the run-to-run noise, judged by the same rule as ``perfscope
-compare``: :func:`perfscope.analysis.compare.between_run_change`). Every comparison shows the
-noise band it used (``noise ±x%``, or ``noise unknown`` from single runs, where only the
-tolerance gates). Baselines from other hardware are refused unless forced: timings do not
-carry across machines. :func:`contention_lines` says which runs were measured while other
-processes competed for the CPU.
+metric regresses when it got worse by more than its tolerance and, with enough repeats on
+both sides to detect a change (4+), by more than the run-to-run noise, judged by the rule
+every comparison uses (:mod:`perfscope.analysis.experiment`, ``docs/experiments.md``).
+Every comparison shows the noise band it used (``noise ±x%``, or ``noise unknown`` with
+too few repeats, where only the tolerance gates). Baselines from other hardware are
+refused unless forced: timings do not carry across machines. :func:`contention_lines` says
+which runs were measured while other processes competed for the CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -29,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from perfscope.analysis.catalogue import format_change, format_metric, format_ratio
-from perfscope.analysis.compare import between_run_change, contention_of
+from perfscope.analysis.compare import contention_of
+from perfscope.analysis.experiment import BETTER, WORSE
 from perfscope.checks.change import compare_samples
 from perfscope.checks.grammar import parse_limit, parse_tolerance
 from perfscope.errors import SLOError, UsageError
@@ -185,7 +188,66 @@ def load_baseline(path: Path) -> dict[str, Any]:
         raise UsageError(f"cannot read perfscope baseline {path}: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
         raise UsageError(f"{path} is not a perfscope baseline (schema {BASELINE_SCHEMA})")
+    problem = _shape_problem(data)
+    if problem:
+        raise UsageError(
+            f"baseline {path} is damaged: {problem}; save it again with "
+            f"--perfscope-save {path.stem}"
+        )
     return data
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _shape_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong-typed in a parsed baseline (``None`` when its shape is right)."""
+    for key in ("machine", "commit"):
+        if key in data and data[key] is not None and not isinstance(data[key], dict):
+            return f"'{key}' should be an object, got {type(data[key]).__name__}"
+    tests = data.get("tests", {})
+    if not isinstance(tests, dict):
+        return f"'tests' should be an object, got {type(tests).__name__}"
+    for tkey, test in tests.items():
+        if not isinstance(test, dict):
+            return f"tests[{tkey!r}] should be an object, got {type(test).__name__}"
+        metrics = test.get("metrics", {})
+        if not isinstance(metrics, dict):
+            return f"tests[{tkey!r}].metrics should be an object, got {type(metrics).__name__}"
+        for mname, m in metrics.items():
+            where = f"tests[{tkey!r}].metrics[{mname!r}]"
+            if not isinstance(m, dict):
+                return f"{where} should be an object, got {type(m).__name__}"
+            if m.get("value") is not None and not _is_number(m["value"]):
+                return f"{where}.value should be a number, got {m['value']!r}"
+            samples = m.get("samples")
+            if samples is not None and (
+                not isinstance(samples, list) or not all(_is_number(x) for x in samples)
+            ):
+                return f"{where}.samples should be a list of numbers"
+            for field in ("path", "direction"):
+                if m.get(field) is not None and not isinstance(m[field], str):
+                    return f"{where}.{field} should be text, got {m[field]!r}"
+    return None
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path + '.lock'`` (POSIX ``flock``; no lock elsewhere), so
+    concurrent saves to one baseline read, merge and write one after another."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the atomic write still keeps the file whole
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def save_baseline(
@@ -199,7 +261,20 @@ def save_baseline(
     """Write (or update) the baseline at ``path``; returns it and a one-line note.
 
     Tests already in a baseline from the same hardware and not run now are kept; a
-    baseline from other hardware is replaced."""
+    baseline from other hardware is replaced. The read, merge and write happen under a
+    lock, so pytest processes saving one baseline at once never lose each other's tests."""
+    with _locked(path):
+        return _save_unlocked(path, name=name, machine=machine, commit=commit, tests=tests)
+
+
+def _save_unlocked(
+    path: Path,
+    *,
+    name: str,
+    machine: dict[str, Any],
+    commit: dict[str, Any],
+    tests: dict[str, dict[str, Any]],
+) -> tuple[dict[str, Any], str]:
     note = "created"
     merged: dict[str, dict[str, Any]] = {}
     if path.exists():
@@ -383,32 +458,44 @@ def compare_metrics(
         better = cur.get("direction")
         b_samples = [float(v) for v in base.get("samples") or [base["value"]]]
         c_samples = [float(v) for v in cur.get("samples") or [value]]
+        base_value = float(base["value"])
         change = compare_samples(
             name,
             b_samples,
             c_samples,
-            tolerance=tol.as_relative(float(base["value"])) if tol else 0.0,
+            tolerance=tol.as_relative(base_value) if tol else 0.0,
             better=better,
         )
-        # The noise band and significance follow perfscope compare's between-run rule.
-        between = between_run_change(b_samples, c_samples, better)
-        noise = between.noise
+        noise = change.noise
+        rel = (float(value) - base_value) / abs(base_value) if base_value else None
         if tol is None or better is None:
             verdict = "info"
+        elif change.verdict == WORSE:
+            verdict = "regressed"
+        elif change.verdict == BETTER:
+            verdict = "improved"
+        elif (
+            change.detectable is None and rel is not None and abs(rel) > tol.as_relative(base_value)
+        ):
+            # Too few repeats to measure the noise (the test cannot detect any change):
+            # only the tolerance gates, as for single runs.
+            noise = None
+            worse = rel > 0 if better == "lower" else rel < 0
+            verdict = "regressed" if worse else "improved"
+        elif rel is not None and abs(rel) > tol.as_relative(base_value):
+            # Beyond the tolerance, but not beyond the run-to-run noise (or too few repeats
+            # to tell): reported, never failed.
+            verdict = "within noise"
         else:
-            verdict = {"unchanged": "ok", "changed": "info"}.get(change.verdict, change.verdict)
-            if verdict in ("regressed", "improved") and between.significant is False:
-                verdict = "within noise"
-            elif verdict == "within noise" and between.significant:
-                verdict = "regressed" if between.verdict == "worse" else "improved"
+            verdict = "ok"
         out.append(
             MetricComparison(
                 key,
                 name,
                 path,
-                change.after,
-                change.before,
-                change.change,
+                float(value),
+                base_value,
+                rel,
                 tol.text if tol else None,
                 verdict,
                 noise,

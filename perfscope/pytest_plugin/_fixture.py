@@ -20,8 +20,8 @@ from perfscope.pytest_plugin._state import (
 )
 
 if TYPE_CHECKING:
+    from perfscope.analysis.experiment import SetChange
     from perfscope.api.manual import Profile
-    from perfscope.checks.change import Change
     from perfscope.checks.expect import Outcome
 
 __all__ = ["PerfscopeFixture", "perfscope"]
@@ -211,7 +211,7 @@ class PerfscopeFixture:
 
     def compare(
         self, before: Any, after: Any, metric: str, *, tolerance: str | float = "0%"
-    ) -> Change:
+    ) -> SetChange:
         """How ``metric`` moved from ``before`` to ``after``, judged against the noise."""
         from perfscope.checks.change import compare_runs
 
@@ -221,9 +221,9 @@ class PerfscopeFixture:
 
     def assert_no_regression(
         self, before: Any, after: Any, *metrics: str, tolerance: str | float = "0%"
-    ) -> list[Change]:
+    ) -> list[SetChange]:
         """Fail only when a metric got worse by more than ``tolerance`` and the measured
-        noise (both sides need ``repeat >= 2``)."""
+        noise (both sides need ``repeat >= 4``)."""
         from perfscope.checks.change import assert_no_regression
 
         __tracebackhide__ = True

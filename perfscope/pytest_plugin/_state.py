@@ -133,6 +133,21 @@ class SessionState:
         self.mismatch: str | None = None
         self._machine: dict[str, Any] | None = None
         self.notes: list[str] = []
+        self.strict: bool = bool(getattr(opt, "perfscope_strict", False))
+        #: Measurements that found their test in the baseline, and the keys that did not.
+        self.matched = 0
+        self.unmatched: list[str] = []
+
+    def no_match(self) -> str | None:
+        """The note for a gate where no measured test matched the baseline, else None."""
+        if self.baseline is None or self.matched or not self.unmatched:
+            return None
+        have = len(self.baseline.get("tests") or {})
+        return (
+            f"no test matched baseline {self.compare!r} ({have} tests in it, "
+            f"{len(self.unmatched)} measured now, e.g. {self.unmatched[0]!r}): nothing was "
+            "gated; was the baseline saved from another folder or with other test names?"
+        )
 
     def machine(self) -> dict[str, Any]:
         if self._machine is None:
@@ -216,6 +231,10 @@ def observer_for(item: pytest.Item) -> Any:
 # --------------------------------------------------------------------------- marker
 
 
+#: Latency distributions: an SLO must name one of their percentiles (``tpot.p99``).
+_DISTRIBUTIONS = ("ttft", "tpot", "itl", "e2e", "ntpot", "latency.ttft", "latency.tpot")
+
+
 def marker_options(item: pytest.Item) -> MarkerOptions:
     """Parse the test's ``@pytest.mark.perfscope``; raises UsageError on bad arguments."""
     from perfscope.checks.grammar import parse_assertions
@@ -240,6 +259,12 @@ def marker_options(item: pytest.Item) -> MarkerOptions:
         tolerances = [parse_fail_option(f"{k}:{v}") for k, v in tolerance.items()]
     except SLOError as exc:
         raise UsageError(f"@pytest.mark.perfscope: {exc}") from None
+    for a in assertions:
+        if a.metric in _DISTRIBUTIONS:
+            raise UsageError(
+                f"@pytest.mark.perfscope: {a.metric!r} is a distribution, not one number: name "
+                f"a percentile, e.g. {a.metric}.p50 or {a.metric}.p99"
+            )
     repeat = kw.get("repeat")
     if repeat is not None and (not isinstance(repeat, int) or repeat < 1):
         raise UsageError(
@@ -322,6 +347,10 @@ def _compare_with_baseline(
     problems = []
     for m in rec.measurements:
         base = (tests.get(m.key) or {}).get("metrics")
+        if base:
+            state.matched += 1
+        elif m.metrics:
+            state.unmatched.append(m.key)
         comps = compare_metrics(m.key, m.metrics, base, tolerances, gate_all=not state.fail)
         rec.comparisons.extend(comps)
         bad = [c for c in comps if c.regressed]
