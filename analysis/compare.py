@@ -429,7 +429,7 @@ def compare_run_sets(
     by_key = [{c.metric: c for c in e.changes} for e in experiments]
     rows: list[dict[str, Any]] = []
     for m in present:
-        changes: list[SetChange | None] = [None] + [b.get(m.key) for b in by_key]
+        changes: list[SetChange | None] = [None, *(b.get(m.key) for b in by_key)]
         rest = changes[1:]
         rows.append(
             {

@@ -716,7 +716,7 @@ def render_report(
         )
     for warning in typed.warnings:
         banner += f'<div class="banner">Warning: {esc(warning)}.</div>'
-    queue_line = queueing_line((summary.get("load") or {}).get("mode"), run.path)
+    queue_line = queueing_line((typed.load or {}).get("mode"), run.path)
     if queue_line is not None:
         banner += f'<div class="banner" id="queueing">{esc(queue_line)}.</div>'
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")

@@ -87,7 +87,7 @@ class _Parser(argparse.ArgumentParser):
                     break
         elif "invalid choice:" in message:
             bad = message.split("invalid choice:", 1)[1].split("(", 1)[0].strip().strip("'")
-            choices = [
+            choices: list[str] = [
                 c
                 for a in self._actions
                 if isinstance(a, argparse._SubParsersAction)
@@ -99,9 +99,9 @@ class _Parser(argparse.ArgumentParser):
                     choices = [str(c) for c in a.choices]
             from perfscope.cli.dialect import SUGGEST_CUTOFF
 
-            close = difflib.get_close_matches(bad, choices, n=1, cutoff=SUGGEST_CUTOFF)
-            if close:
-                hint = f"; did you mean {close[0]!r}?"
+            matches = difflib.get_close_matches(bad, choices, n=1, cutoff=SUGGEST_CUTOFF)
+            if matches:
+                hint = f"; did you mean {matches[0]!r}?"
         sys.stderr.write(f"error: {message}{hint} (see '{target.prog} --help')\n")
         sys.exit(2)
 

@@ -103,7 +103,7 @@ def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) ->
     for warning in view.warnings:
         parts.append(Text(f"warning: {warning}", style="yellow"))
     parts.append(latency_table(summary))
-    queue_line = queueing_line((summary.get("load") or {}).get("mode"), path)
+    queue_line = queueing_line((summary.load or {}).get("mode"), path)
     if queue_line is not None:
         parts.append(Text(queue_line, style="yellow"))
     parts.append(throughput_table(summary))
