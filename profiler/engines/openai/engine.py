@@ -164,6 +164,8 @@ class OpenAIConfig:
         """Whether streams go through the kernel-stamped transport."""
         if self.transport == "aiohttp" or not self.base_url.startswith("http://"):
             return False
+        if self.limits.follow_redirects:  # only the aiohttp client follows redirects
+            return False
         return kernel_stamps_available()
 
     #: SSE line cap, body cap, redirects (``sse_line_cap``, ``body_cap``, ``follow_redirects``).
@@ -795,7 +797,7 @@ class OpenAIEngine:
         try:
             now = recorder.clock.now_ns
             if kernel is not None:
-                res = await kernel[0].stream_request(url, body, headers, timeout)
+                res = await kernel[0].stream_request(url, body, headers, timeout, self.cfg.limits)
             else:
                 res = await stream_request(
                     session, url, body, headers, now, timeout, self.cfg.limits
@@ -805,7 +807,9 @@ class OpenAIEngine:
                 self.stats.retried += 1
                 self.stats.retry_reasons[str(res.error).split(":")[0]] += 1
                 if kernel is not None:
-                    res = await kernel[1].stream_request(url, body, headers, timeout)
+                    res = await kernel[1].stream_request(
+                        url, body, headers, timeout, self.cfg.limits
+                    )
                 else:
                     res = await stream_request(
                         fresh, url, body, headers, now, timeout, self.cfg.limits

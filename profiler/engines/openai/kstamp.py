@@ -49,7 +49,12 @@ from urllib.parse import urlsplit
 
 import h11
 
-from perfscope.profiler.engines.openai.client import StreamResult, _apply_event, error_text
+from perfscope.profiler.engines.openai.client import (
+    ReadLimits,
+    StreamResult,
+    _apply_event,
+    error_text,
+)
 from perfscope.profiler.engines.openai.sse import SSEParser
 
 __all__ = [
@@ -526,12 +531,14 @@ class KernelTransport:
         body: bytes,
         headers: dict[str, str],
         timeout_s: float | None,
+        limits: ReadLimits | None = None,
     ) -> StreamResult:
         """POST ``body`` to ``url`` and read the SSE stream to its end, stamped by the
         kernel; never raises for a failed request (the failure is in ``error``). Same
         contract as :func:`.client.stream_request`."""
         res = StreamResult()
-        parser = SSEParser()
+        lim = limits if limits is not None else ReadLimits()
+        parser = SSEParser(lim.max_line_bytes)
         parts = urlsplit(url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -564,7 +571,7 @@ class KernelTransport:
                 t_sent = self.now_ns()
                 conn.bytes_sent += len(wire)
                 key = conn.bytes_sent - 1
-                await self._read_response(conn, res, parser)
+                await self._read_response(conn, res, parser, lim)
         except _ClosedEarlyError as exc:
             res.error = str(exc) or "connection closed by the server"
             res.retryable = res.t_headers_ns is None and (t_sent is None or res.reused)
@@ -575,8 +582,16 @@ class KernelTransport:
                 # Closed before any response: a pooled connection the server had closed.
                 res.error = "connection closed by the server"
                 res.retryable = t_sent is None or res.reused
+            elif res.t_headers_ns is not None and "chunk" in str(exc).lower():
+                res.error = (f"transport error: the server's chunked encoding is broken ({exc})")[
+                    :200
+                ]
             elif conn is not None and conn.eof:
                 res.error = "connection reset during the stream"
+            elif res.t_headers_ns is not None:
+                res.error = (
+                    f"transport error: the server's chunked encoding or framing is broken ({exc})"
+                )[:200]
             else:
                 res.error = f"malformed HTTP response: {exc}"[:200]
         except h11.LocalProtocolError as exc:
@@ -651,10 +666,17 @@ class KernelTransport:
             conn.inbox.popleft()
         return out
 
-    async def _read_response(self, conn: _Conn, res: StreamResult, parser: SSEParser) -> None:
+    async def _read_response(
+        self, conn: _Conn, res: StreamResult, parser: SSEParser, lim: ReadLimits
+    ) -> None:
+        """Read one response into ``res``. Redirects are refused (the kernel path never
+        follows one: the engine picks the aiohttp client for ``follow_redirects``), and error
+        or non-streamed bodies are read to ``lim.max_body_bytes``; either way the connection
+        is then dropped, not reused."""
         http = conn.http
         st = self.stats
         error_body: list[bytes] | None = None
+        error_len = 0
         reason = ""
         while True:
             for rs in await self._next_reads(conn):
@@ -682,6 +704,15 @@ class KernelTransport:
                         res.status = ev.status_code
                         res.t_headers_ns = stamp
                         reason = ev.reason.decode(errors="replace")
+                        location = dict(ev.headers).get(b"location")
+                        if 300 <= ev.status_code < 400 and location:
+                            where = location.decode(errors="replace")[:200]
+                            res.error = (
+                                f"HTTP {ev.status_code} redirect to {where!r} refused: the "
+                                "timings would be of another server; use that URL, or "
+                                "--engine-opt follow_redirects=1"
+                            )
+                            return
                         if ev.status_code != 200:
                             error_body = []
                         else:
@@ -695,6 +726,15 @@ class KernelTransport:
                     elif isinstance(ev, h11.Data):
                         if error_body is not None:
                             error_body.append(bytes(ev.data))
+                            error_len += len(ev.data)
+                            if error_len > lim.max_body_bytes:
+                                raw = b"".join(error_body)[: lim.max_body_bytes]
+                                if res.error is None:
+                                    text = raw.decode(errors="replace")
+                                    res.error = error_text(res.status, reason, text) + (
+                                        f" (body cut at {lim.max_body_bytes:,} bytes)"
+                                    )
+                                return
                         else:
                             for payload in parser.feed(bytes(ev.data)):
                                 _apply_event(res, payload, stamp)

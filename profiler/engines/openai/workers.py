@@ -131,14 +131,14 @@ async def _worker(conn: Connection, st: WorkerSettings) -> None:
     async def one(job_id: int, body: bytes) -> None:
         lim = st.limits
         if kernel is not None:
-            res = await kernel[0].stream_request(st.url, body, st.headers, st.timeout_s)
+            res = await kernel[0].stream_request(st.url, body, st.headers, st.timeout_s, lim)
         else:
             res = await stream_request(session, st.url, body, st.headers, now_ns, st.timeout_s, lim)
         attempts, first = 1, None
         if res.retryable:
             first = res.error
             if kernel is not None:
-                res = await kernel[1].stream_request(st.url, body, st.headers, st.timeout_s)
+                res = await kernel[1].stream_request(st.url, body, st.headers, st.timeout_s, lim)
             else:
                 res = await stream_request(
                     fresh, st.url, body, st.headers, now_ns, st.timeout_s, lim
