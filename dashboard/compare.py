@@ -401,6 +401,9 @@ _DIFF_SKIP = (
     "engine.model.weight_bytes_per_param",
     "engine.model.kv_bytes_per_element",
     "engine.model.act_bytes_per_element",
+    # how the thread count was chosen quotes the load seen at start: a reading, not a setting
+    # (the count itself, engine.config.torch_threads, is compared)
+    "engine.config.threads_rule",
 )
 
 

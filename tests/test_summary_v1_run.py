@@ -99,7 +99,7 @@ def test_report_of_a_v1_run_holds_its_headline_numbers(v1_run: Path, tmp_path: P
 def test_compare_of_two_v1_runs_gives_ratios_of_one(tmp_path: Path) -> None:
     a = _copy(tmp_path)
     b = _copy(tmp_path, "20261201-095609-v1-fixture-copy")
-    code, out = _main("compare", str(a), str(b), "--json", "--bootstrap", "50")
+    code, out = _main("compare", str(a), str(b), "--json")
     assert code == 0
     result = json.loads(out)
     # compare works on run sets: one single-run set per argument
@@ -107,7 +107,7 @@ def test_compare_of_two_v1_runs_gives_ratios_of_one(tmp_path: Path) -> None:
     assert result["paths"] == [[str(a)], [str(b)]]
     text = json.dumps(result)
     assert "ttft" in text
-    code, out = _main("compare", str(a), str(b), "--bootstrap", "50")
+    code, out = _main("compare", str(a), str(b))
     assert code == 0
     assert "TTFT" in out
 
