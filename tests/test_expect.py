@@ -186,7 +186,7 @@ def test_a_metric_the_run_lacks_fails_with_what_is_there(run: perfscope.Run) -> 
 
 
 def test_a_missing_roofline_says_why(run: perfscope.Run) -> None:
-    summary = {**run.summary, "roofline": {"available": False, "reason": "no device"}}
+    summary = {**run.summary.to_dict(), "roofline": {"available": False, "reason": "no device"}}
     with pytest.raises(PerfAssertionError, match=r"roofline: not available \(no device\)"):
         perfscope.check(summary, "decode.mbu > 0.3")
 

@@ -73,7 +73,8 @@ def test_a_cpu_runs_projections_use_each_gpus_speed_of_light(cpu_run: Path) -> N
         rng = p["range"]
         sol = rng["speed_of_light"]
         # between the compiled and eager ends of the stated range of each GPU's own SOL
-        assert rng["compiled"]["ttft_s"] == pytest.approx(sol["ttft_s"] / 0.7, rel=1e-6)
+        # the compiled end adds the target's kernel launches (hwdb [launch]) to its SOL share
+        assert rng["compiled"]["ttft_s"] >= sol["ttft_s"] / 0.7 * (1 - 1e-9)
         assert rng["eager"]["tpot_s"] == pytest.approx(sol["tpot_s"] / 0.2, rel=1e-6)
         assert p["tpot_s"] <= sol["tpot_s"] / 0.2 * (1 + 1e-9)
         # far from the CPU's own timings, which would be the transplanted host overhead
@@ -104,7 +105,9 @@ def test_overhead_advice_on_a_cpu_run_names_cpu_levers_and_a_range(cpu_run: Path
     assert summary is not None
     cuts = [a for a in summary["advice"] if a["technique"].startswith("cut ")]
     for a in cuts:
-        assert "torch.compile" in a["technique"] and "threads" in a["technique"]
+        # "threads" is dropped where a stored threads study on this machine class measured
+        # more threads slower (analysis/calibration.json), so only the compile lever is fixed
+        assert "torch.compile" in a["technique"]
         g = a["projected_gain"]
         phase = summary["roofline"]["phases"][a["projected_gain"]["metric"].split("_")[0]]
         assert g["bound"] == pytest.approx(1 / phase["efficiency"], rel=1e-2)
