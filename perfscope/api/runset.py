@@ -8,7 +8,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from perfscope.analysis import Summary
 from perfscope.checks.grammar import number_or_none, resolve_metric
 from perfscope.errors import UsageError
 
@@ -19,8 +18,11 @@ def summary_of(target: Any) -> Mapping[str, Any]:
     if isinstance(target, Mapping):
         return target
     summary = getattr(target, "summary", None)
-    if isinstance(summary, Summary):
-        summary = summary.to_dict()  # a Run's typed Summary: its summary.json form
+    to_dict = getattr(summary, "to_dict", None)
+    if callable(to_dict) and not isinstance(summary, Mapping):
+        # a Run's typed Summary: its summary.json form (duck-typed, so that importing the
+        # pytest plugin does not load the analysis stack and pandas)
+        summary = to_dict()
     if not isinstance(summary, Mapping):
         raise TypeError(
             f"expected a perfscope Run, RunSet or summary dict, got {type(target).__name__}"

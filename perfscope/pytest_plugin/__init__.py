@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perfscope.checks.expect import observing
-from perfscope.cli._argtypes import positive_int
 from perfscope.pytest_plugin._fixture import PerfscopeFixture, perfscope
 from perfscope.pytest_plugin._report import save_baseline, write_json_report
 from perfscope.pytest_plugin._state import (
@@ -73,6 +72,21 @@ def _fail_option(text: str) -> Tolerance:
         return parse_fail_option(text)
     except SLOError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    """``--perfscope-*`` counts: a whole number of at least 1. (Kept here rather than taken
+    from ``perfscope.cli``: importing that package loads rich, and the plugin loads in every
+    pytest session.)"""
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -125,7 +139,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--perfscope-repeat",
         metavar="N",
-        type=positive_int,
+        type=_positive_int,
         default=None,
         help="repeat each workload N times unless the test says otherwise",
     )
