@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from perfscope.errors import UsageError
 from perfscope.units import MISSING, UNITS, Kind
@@ -59,24 +59,7 @@ __all__ = [
 #: shown as %); ``percent`` (already 0..100); ``bytes``; ``flop``; ``flop_per_s``;
 #: ``bytes_per_s``; ``intensity`` (FLOP/byte); ``joules``; ``watts``; ``joules_per_token``;
 #: ``tokens_per_joule``; ``count`` (an integer); ``factor`` (a multiplier, 1.8x); ``number``.
-KINDS: tuple[Kind, ...] = (
-    "seconds",
-    "rate",
-    "ratio",
-    "percent",
-    "bytes",
-    "flop",
-    "flop_per_s",
-    "bytes_per_s",
-    "intensity",
-    "joules",
-    "watts",
-    "joules_per_token",
-    "tokens_per_joule",
-    "count",
-    "factor",
-    "number",
-)
+KINDS: tuple[Kind, ...] = get_args(Kind)  # the one list lives in perfscope.units
 #: ``lower`` or ``higher`` is better; ``None``: neither (a count, a configuration value).
 Better = Literal["lower", "higher"] | None
 
