@@ -65,7 +65,7 @@ def test_a_contended_calibration_is_retried_recorded_and_can_be_refused(tmp_path
     cores = os.cpu_count() or 1
     # the strangers spin until the block ends (the bound only guards a leaked one): a
     # calibration slowed past a fixed spin time would see its second attempt uncontended
-    with _strangers(2 * cores, 900):
+    with _strangers(cores, 900):
         result = calibrate("cpu", quick=True, cache_dir=tmp_path, retries=1)
         attempts = result.contention["attempts"]
         assert len(attempts) == 2  # measured again when the first was contended

@@ -231,7 +231,11 @@ def test_pytest_with_the_plugin_active_and_run_and_report_work_from_the_wheel(
             """
         )
     )
-    env = _venv_env(built, PERFSCOPE_RUNS_DIR=str(runs), PERFSCOPE_CACHE_DIR=str(tmp_path))
+    # the session's calibration cache (tests/conftest.py): the wheel's code reads the same
+    # cache format, and a second CPU calibration here would only cost minutes
+    env = _venv_env(
+        built, PERFSCOPE_RUNS_DIR=str(runs), PERFSCOPE_CACHE_DIR=os.environ["PERFSCOPE_CACHE_DIR"]
+    )
     vpy = str(built["venv"] / "bin" / "python")
     out = _run(
         [vpy, "-m", "pytest", "-q", "--strict-markers", "-p", "no:cacheprovider", "test_tiny.py"],
