@@ -23,12 +23,6 @@ pytest.importorskip("uvicorn", reason="transformers serve needs transformers[ser
 
 pytestmark = pytest.mark.slow
 
-#: Regressions of this stop's merge, named in its issue note; to be fixed, not kept.
-_MERGE_XFAIL = (
-    "failed in the merged run of this stop (issues 24-31 together); "
-    "named in its issue note as a regression to fix"
-)
-
 
 WORDS = [
     "the",
@@ -208,7 +202,6 @@ def _check_consistent(summary: dict, run: Path, n: int, out_len: int) -> None:  
     assert mism["compared"] == n  # client tokenizer vs server usage, compared per request
 
 
-@pytest.mark.xfail(reason=_MERGE_XFAIL, strict=False)
 def test_transformers_serve_online_rate_and_batch(
     served: str, tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -246,7 +239,6 @@ def test_transformers_serve_online_rate_and_batch(
     assert summary["latency"]["ttft"]["count"] == 6
 
 
-@pytest.mark.xfail(reason=_MERGE_XFAIL, strict=False)
 def test_transformers_serve_continuous_batching(tiny_model: Path, tmp_path: Path) -> None:
     proc, url = _serve(tiny_model, "--continuous-batching")
     try:

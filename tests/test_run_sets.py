@@ -14,12 +14,6 @@ import pytest
 from perfscope.cli import main
 from perfscope.profiler.store import list_runs, read_run
 
-#: Regressions of this stop's merge, named in its issue note; to be fixed, not kept.
-_MERGE_XFAIL = (
-    "failed in the merged run of this stop (issues 24-31 together); "
-    "named in its issue note as a regression to fix"
-)
-
 
 KEY_METRICS = ("latency.ttft.p50", "latency.tpot.p50", "latency.e2e.p50")
 
@@ -101,7 +95,6 @@ def test_a_30_percent_slower_python_engine_is_called_worse(
     assert all(again[k]["change"][1] == "worse" for k in KEY_METRICS)
 
 
-@pytest.mark.xfail(reason=_MERGE_XFAIL, strict=False)
 def test_identical_python_engines_repeated_show_no_significant_change(
     tmp_path: Path, engines_on_path: Path
 ) -> None:
