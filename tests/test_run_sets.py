@@ -14,7 +14,6 @@ import pytest
 from perfscope.cli import main
 from perfscope.profiler.store import list_runs, read_run
 
-
 KEY_METRICS = ("latency.ttft.p50", "latency.tpot.p50", "latency.e2e.p50")
 
 
