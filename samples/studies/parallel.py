@@ -20,8 +20,11 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
 
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.parallel import ParallelPlan, ParallelPrediction, predict_parallel
@@ -73,7 +76,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 1 repeat")
     ap.add_argument("--calibrate", action="store_true", help="measure the loopback link")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--runs-dir", default=None, help="write the record under DIR/parallel/")
     a = ap.parse_args()
 
     if a.calibrate:
@@ -106,8 +109,13 @@ def main() -> None:
     pp2 = ParallelJob(**{**asdict(job), "cfg": cfg, "microbatches": 2})
     load0 = os.getloadavg()
     singles = [run_single(job) for _ in range(repeat)]
-    plan = [("tp", job), ("pp", job), ("pp", pp2)] * repeat
-    group = run_parallel_many(plan, link_reps=0 if a.smoke else 30)  # type: ignore[arg-type]
+    plan: list[tuple[Literal["tp", "pp"], ParallelJob]] = [
+        ("tp", job),
+        ("pp", job),
+        ("pp", pp2),
+    ] * repeat
+    # fork: the ranks start as copies of this process (this script holds no threads)
+    group = run_parallel_many(plan, link_reps=2 if a.smoke else 30, start_method="fork")
     runs = group.runs
     load1 = os.getloadavg()
     ref = singles[0]
@@ -251,9 +259,22 @@ def main() -> None:
                 f" {fit.bw_bytes_s / 1e9:.3g} GB/s per direction; p10 of the smallest message "
                 f"{fit.p10_times_s[0] * 1e6:.1f} us"
             )
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
+    record = {
+        "schema": "perfscope.parallel-study/1",
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"host": platform.node(), "cores": os.cpu_count(), "load": [load0, load1]},
+        "job": {**asdict(job), "cfg": cfg.to_dict()},
+        "repeat": repeat,
+        "device": DEVICE,
+        "rows": [asdict(r) for r in rows],
+        "link": None if group.link is None else asdict(group.link),
+    }
+    out_dir = Path(a.runs_dir or tempfile.mkdtemp(prefix="perfscope-parallel-")) / "parallel"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    path = out_dir / f"{stamp}-parallel{'-smoke' if a.smoke else ''}.json"
+    path.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    print(f"- record: `{path}`")
 
 
 if __name__ == "__main__":

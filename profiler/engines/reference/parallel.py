@@ -42,7 +42,7 @@ import socket
 import statistics
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -671,7 +671,9 @@ def _spawn(
     import multiprocessing as mp
     import queue as queue_mod
 
-    ctx = mp.get_context(start_method)
+    if start_method not in ("fork", "spawn"):
+        raise ValueError(f"unknown start method {start_method!r}: use spawn or fork")
+    ctx = mp.get_context("fork") if start_method == "fork" else mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
     procs = [
@@ -739,7 +741,7 @@ class ParallelGroup:
 
 
 def run_parallel_many(
-    runs: list[tuple[Mode, ParallelJob]],
+    runs: Sequence[tuple[Mode, ParallelJob]],
     world: int = 2,
     *,
     link_reps: int = 0,
