@@ -52,6 +52,12 @@ def test_tp_and_pp_over_two_gloo_processes_match_the_single_process() -> None:
     )
     assert tp.collectives_per_step == plan.collectives_per_step + 1 == 2 * CFG.n_layers + 2
     assert tp.message_bytes == plan.allreduce_bytes_decode
+    # the in-step communication splits into the link's part and the wait for the other rank
+    link, wait = tp.tp_split_s()
+    assert link > 0 and wait >= 0
+    assert link + wait == pytest.approx(tp.comm_per_step_s(0), rel=0.5)
+    hidden, token = pp.pp_hops_s()
+    assert hidden > 0 and token > 0
     # PP with 2 micro-batches: stage 0 receives a token and sends a hidden state per one
     assert pp.collectives_per_step == 4 and pp.microbatches == 2
     assert group.link is not None

@@ -53,6 +53,9 @@ class Row:
     compute_rank0_s: float
     compute_rank1_s: float
     measured_comm_s: float
+    link_s: float
+    wait_s: float
+    token_hop_s: float
     model_comm_s: float
     model_comm_live_s: float
     collectives: int
@@ -160,6 +163,9 @@ def main() -> None:
             0.0,
             0.0,
             0.0,
+            0.0,
+            0.0,
+            0.0,
             0,
             True,
             0.0,
@@ -187,6 +193,14 @@ def main() -> None:
             measured = _med([r.pp_critical_comm_s for r in rs])
         else:  # overlapped: the sends' own time is not separable; blocked time shown
             measured = float("nan")
+        if name == "TP=2":
+            link = _med([r.tp_split_s()[0] for r in rs])
+            wait = _med([r.tp_split_s()[1] for r in rs])
+            token = float("nan")
+        else:
+            link = _med([r.pp_hops_s()[0] for r in rs])
+            token = _med([r.pp_hops_s()[1] for r in rs])
+            wait = float("nan")
         rows.append(
             Row(
                 name,
@@ -196,6 +210,9 @@ def main() -> None:
                 _med([r.compute_per_step_s(0) for r in rs]),
                 _med([r.compute_per_step_s(1) for r in rs]),
                 measured,
+                link,
+                wait,
+                token,
                 model_comm,
                 live_comm,
                 rs[0].collectives_per_step,
@@ -216,12 +233,15 @@ def main() -> None:
         f"{load1[0]:.1f} on {os.cpu_count()} cores\n"
     )
     print(
-        "| setting | TPOT p50 ms | vs single | comm in step, rank 0 / 1 ms "
-        "| compute in step, rank 0 / 1 ms | measured comm per step ms "
-        "| model comm term ms (hwdb entry) | error | model comm term ms (link measured now) "
-        "| error | collectives per step | greedy tokens equal | max abs / rel logit diff |"
+        "| setting | TPOT p50 ms | vs single | in comm calls per step, rank 0 / 1 ms "
+        "| compute per step, rank 0 / 1 ms | measured comm per step ms "
+        "| of which link (both ranks in) ms | of which waiting for the other rank ms "
+        "| PP token hop back ms | model comm term ms (hwdb entry) "
+        "| model comm term ms (link measured now) | error vs measured comm "
+        "| error vs link part | collectives per step | greedy tokens equal "
+        "| max abs / rel logit diff |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * 16 + "|")
 
     def error(model: float, measured: float) -> str:
         if model == 0 or measured != measured or model != model or measured <= 0:
@@ -229,15 +249,22 @@ def main() -> None:
         return f"{(model - measured) / measured:+.0%}"
 
     for r in rows:
+        now = r.model_comm_live_s if r.model_comm_live_s == r.model_comm_live_s else r.model_comm_s
         print(
             f"| {r.setting} | {ms(r.tpot_s)} | {r.tpot_s / base:.2f}x "
             f"| {ms(r.comm_rank0_s)} / {ms(r.comm_rank1_s)} "
             f"| {ms(r.compute_rank0_s)} / {ms(r.compute_rank1_s)} | {ms(r.measured_comm_s)} "
-            f"| {ms(r.model_comm_s)} | {error(r.model_comm_s, r.measured_comm_s)} "
-            f"| {ms(r.model_comm_live_s)} | {error(r.model_comm_live_s, r.measured_comm_s)} "
+            f"| {ms(r.link_s)} | {ms(r.wait_s)} | {ms(r.token_hop_s)} "
+            f"| {ms(r.model_comm_s)} | {ms(r.model_comm_live_s)} "
+            f"| {error(now, r.measured_comm_s)} | {error(now, r.link_s)} "
             f"| {r.collectives} | {r.tokens_equal} "
             f"| {r.max_abs_logit_diff:.2g} / {r.max_rel_logit_diff:.2g} |"
         )
+    print(
+        "\n(errors: the model with the link measured now, or the hwdb entry's when none was "
+        "measured, against the measurement; the PP link part is one hidden-state hop, what "
+        "the model counts)"
+    )
     lk = tp_model.link
     if lk is not None:
         print(

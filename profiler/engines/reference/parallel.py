@@ -70,6 +70,8 @@ __all__ = [
 ]
 
 Mode = Literal["single", "tp", "pp"]
+#: One timed communication call: (kind, peer rank or -1, enter s, exit s).
+Event = tuple[str, int, float, float]
 
 #: Seconds a spawned group may take before it is stopped.
 DEFAULT_TIMEOUT_S = 300.0
@@ -131,6 +133,7 @@ class ParallelRun:
     compute_s: list[list[float]] = field(default_factory=list)
     collectives_per_step: int = 0
     message_bytes: int = 0
+    events: list[list[Event]] = field(default_factory=list)
 
     @property
     def tpot_s(self) -> float:
@@ -144,6 +147,43 @@ class ParallelRun:
     def compute_per_step_s(self, rank: int = 0) -> float:
         """Median compute time of a decode step on ``rank``."""
         return statistics.median(self.compute_s[rank]) if self.compute_s else 0.0
+
+    def tp_split_s(self) -> tuple[float, float]:
+        """TP, medians per decode step on rank 0: (link time, wait time). A collective's
+        link time is rank 0's exit less the *last* rank's entry (what the wire and gloo
+        take once both are there); its wait is that last entry less rank 0's own (waiting
+        for the other rank to finish its compute or to be scheduled)."""
+        if self.mode != "tp" or not self.events or self.collectives_per_step == 0:
+            return 0.0, 0.0
+        n = min(len(e) for e in self.events)
+        link, wait = [], []
+        for k in range(n):
+            last_in = max(e[k][2] for e in self.events)
+            link.append(self.events[0][k][3] - last_in)
+            wait.append(last_in - self.events[0][k][2])
+        c = self.collectives_per_step
+        steps = n // c
+        per_link = [sum(link[i * c : (i + 1) * c]) for i in range(steps)]
+        per_wait = [sum(wait[i * c : (i + 1) * c]) for i in range(steps)]
+        return _median_or_zero(per_link), _median_or_zero(per_wait)
+
+    def pp_hops_s(self) -> tuple[float, float]:
+        """PP, medians over decode hops of (hidden-state hop stage 0 -> 1, token hop back).
+        A hop is the receive's exit less the later of the send's and the receive's entry;
+        sends and receives are matched first-in first-out per direction, and the prefill's
+        hidden-state hops (larger messages) are left out."""
+        if self.mode != "pp" or len(self.events) < 2:
+            return 0.0, 0.0
+        last = len(self.events) - 1
+
+        def hops(src: int, dst: int) -> list[float]:
+            sends = [e for e in self.events[src] if e[0] == "send" and e[1] == dst]
+            recvs = [e for e in self.events[dst] if e[0] == "recv" and e[1] == src]
+            return [r[3] - max(s[2], r[2]) for s, r in zip(sends, recvs, strict=False)]
+
+        hidden = hops(0, 1)[self.microbatches :]
+        token = hops(last, 0)
+        return _median_or_zero(hidden), _median_or_zero(token)
 
     @property
     def pp_critical_comm_s(self) -> float:
@@ -195,6 +235,10 @@ class LinkCalibration:
     reps: int
 
 
+def _median_or_zero(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
 # --------------------------------------------------------------------------- process group
 
 
@@ -211,35 +255,41 @@ class _Comm:
         self.seconds = 0.0
         self.calls = 0
         self.pending: list[torch.distributed.Work] = []
+        #: every call since the last :meth:`clear_log`: (kind, peer, enter s, exit s) on
+        #: ``time.perf_counter`` (CLOCK_MONOTONIC: one clock for every process here).
+        self.log: list[Event] = []
 
     @contextlib.contextmanager
-    def _timed(self) -> Iterator[None]:
+    def _timed(self, kind: str = "", peer: int = -1) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.seconds += t1 - t0
             self.calls += 1
+            if kind:
+                self.log.append((kind, peer, t0, t1))
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        with self._timed():
+        with self._timed("all_reduce"):
             torch.distributed.all_reduce(t)
         return t
 
     def all_gather_last(self, t: torch.Tensor, world: int) -> torch.Tensor:
         parts = [torch.empty_like(t) for _ in range(world)]
-        with self._timed():
+        with self._timed("all_gather"):
             torch.distributed.all_gather(parts, t.contiguous())
         return torch.cat(parts, dim=-1)
 
     def send(self, t: torch.Tensor, dst: int) -> None:
-        with self._timed():
+        with self._timed("send", dst):
             work = torch.distributed.isend(t.contiguous(), dst)
         if work is not None:
             self.pending.append(work)
 
     def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
-        with self._timed():
+        with self._timed("recv", src):
             torch.distributed.recv(t, src)
         return t
 
@@ -450,6 +500,7 @@ def _run_unsplit(
     calls = 0
     if comm is not None:
         comm.take()
+        comm.log.clear()
     for _ in range(job.output_len - 1):
         t0 = time.perf_counter()
         logits = model.decode(tok, cache, lengths)
@@ -475,6 +526,7 @@ def _run_unsplit(
         compute_s=[compute_s],
         collectives_per_step=calls,
         message_bytes=b * job.cfg.hidden_size * torch_dtype(job.cfg.dtype).itemsize,
+        events=[list(comm.log)] if comm is not None else [],
     )
 
 
@@ -564,6 +616,7 @@ def _run_pipeline(model: ReferenceModel, job: ParallelJob, rank: int, world: int
             len_left[i] = n_out
         logits: list[list[torch.Tensor]] = [[] for _ in range(m)]
         pin = _prefill_inputs(cfg, mb, job.prompt_len)
+        comm.log.clear()
         t0 = time.perf_counter()
         for i in range(m):
             y, _ = one_pass(i, caches[i], pin, job.prompt_len)
@@ -617,6 +670,7 @@ def _run_pipeline(model: ReferenceModel, job: ParallelJob, rank: int, world: int
         compute_s=[compute_steps],
         collectives_per_step=calls * m,
         message_bytes=mb * d * dt_.itemsize,
+        events=[list(comm.log)],
     )
 
 
@@ -785,6 +839,7 @@ def run_parallel_many(
                 step_s=first.step_s,
                 comm_s=[r.comm_s[0] for r in typed],
                 compute_s=[r.compute_s[0] for r in typed],
+                events=[r.events[0] for r in typed],
                 collectives_per_step=first.collectives_per_step,
             )
         )
