@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 1 repeat")
     ap.add_argument("--calibrate", action="store_true", help="measure the loopback link")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape")
     ap.add_argument("--runs-dir", default=None, help="write the record under DIR/parallel/")
     a = ap.parse_args()
 
@@ -102,7 +103,7 @@ def main() -> None:
         )
         return
 
-    cfg = PRESETS["tiny"]
+    cfg = PRESETS[a.preset]
     if a.smoke:
         job = ParallelJob(cfg, batch=2, prompt_len=8, output_len=6, warmup=1)
         repeat = 1
@@ -227,7 +228,7 @@ def main() -> None:
 
     base = rows[0].tpot_s
     print(
-        f"model tiny ({cfg.n_layers} blocks, d {cfg.hidden_size}, vocab {cfg.vocab_size}), "
+        f"model {a.preset} ({cfg.n_layers} blocks, d {cfg.hidden_size}, vocab {cfg.vocab_size}), "
         f"batch {job.batch}, prompt {job.prompt_len}, output {job.output_len}, "
         f"{repeat} repeat(s), 1 thread per process; load average {load0[0]:.1f} -> "
         f"{load1[0]:.1f} on {os.cpu_count()} cores\n"

@@ -1,6 +1,6 @@
 """The reference model split across processes with ``torch.distributed`` (gloo, 127.0.0.1).
 
-Two ways to split, both run as ``world`` spawned processes on this machine:
+Two ways to split, both run as ``world`` processes on this machine:
 
 - **Tensor parallel** (:func:`run_parallel` with ``mode="tp"``), Megatron-style: ``wq``,
   ``wk``, ``wv``, ``w_gate`` and ``w_up`` are column-split (each rank owns
@@ -22,7 +22,10 @@ Every collective and send/receive is timed with ``time.perf_counter`` around the
 (gloo on CPU is synchronous, so the time is the call's own), summed per decode step and per
 rank. For PP the receive time also holds the wait for the other stage's compute; the
 compute time of each stage is timed apart so the communication on the critical path can be
-derived (:attr:`ParallelRun.pp_critical_comm_s`).
+derived (:attr:`ParallelRun.pp_critical_comm_s`). Every call's enter and exit times are kept
+(:attr:`ParallelRun.events`, one monotonic clock for all processes of the machine), which
+splits a TP collective into the link's part and the wait for the other rank
+(:meth:`ParallelRun.tp_split_s`) and times each PP hop (:meth:`ParallelRun.pp_hops_s`).
 
 :func:`calibrate_loopback` measures the link itself: a ping-pong (one-way time of a send)
 and a 2-process all-reduce over a range of message sizes, each fitted to
@@ -120,6 +123,8 @@ class ParallelRun:
         collectives_per_step: TP all-reduces + gathers (PP: sends + receives) per step on
             rank 0.
         message_bytes: bytes of one decode-step hidden-state message.
+        events: per rank, every timed communication call of the decode steps (TP) or of
+            the whole timed generation (PP): ``(kind, peer, enter s, exit s)``.
     """
 
     mode: str
