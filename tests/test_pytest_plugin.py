@@ -26,12 +26,6 @@ for _module in (
 
 pytest_plugins = ["pytester"]
 
-#: Regressions of this stop's merge, named in its issue note; to be fixed, not kept.
-_MERGE_XFAIL = (
-    "failed in the merged run of this stop (issues 24-31 together); "
-    "named in its issue note as a regression to fix"
-)
-
 
 SAMPLES = ROOT / "samples" / "pytest"
 
@@ -365,7 +359,6 @@ def test_importing_the_plugin_loads_neither_torch_nor_pandas() -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.xfail(reason=_MERGE_XFAIL, strict=False)
 def test_the_sample_suite_is_green_and_fails_with_a_table_on_a_slowdown(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
