@@ -376,18 +376,22 @@ def blocks_needed(
         raise ValueError(f"power must be between 0.5 and 1, got {power}")
     goal = math.log1p(precision)
     alpha = 1 - confidence
-    for n in range(MIN_BLOCKS, max_blocks + 1):
+
+    def enough(n: int) -> bool:
         if power is not None:
             det = detectable_change(spread, n, confidence=confidence, power=power)
-            if det is not None and det <= goal:
-                return n
-            continue
-        if (
-            t_quantile(1 - alpha / 2, n - 1) * spread * math.sqrt(math.pi / 3) / math.sqrt(n)
-            <= goal
-        ):
-            return n
-    return max_blocks
+            return det is not None and det <= goal
+        half = t_quantile(1 - alpha / 2, n - 1) * spread * math.sqrt(math.pi / 3) / math.sqrt(n)
+        return half <= goal
+
+    # Both goals shrink monotonically with n: bisect (a few quantiles, not one per n).
+    lo, hi = MIN_BLOCKS, max(MIN_BLOCKS, max_blocks)
+    if not enough(hi):
+        return hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return lo
 
 
 #: Efficiency of the MAD-based SD relative to the sample SD under normal noise (Var of

@@ -286,9 +286,9 @@ def metric_noise(
         primary=True,
     )
     pairs = [
-        (float(x), float(y))
+        (x, y)
         for x, y in zip(arm_a, arm_b, strict=True)
-        if _finite(x) and _finite(y)  # type: ignore[arg-type]
+        if x is not None and y is not None and _finite(x) and _finite(y)
     ]
     values = [v for p in pairs for v in p]
     median = float(statistics.median(values)) if values else None

@@ -103,10 +103,10 @@ def detectable_cell(change: SetChange, repeat: int) -> str:
     one run per setting; ``n/a`` when a value is missing."""
     if change.ratio is None:
         return "n/a"
-    if repeat < 2 or change.spread is None:
+    if repeat < 2:
         return "noise unknown"
     if change.detectable is None:
-        return f"none ({min(change.n)} rounds; {MIN_BLOCKS}+ detect)"
+        return f"none ({min(change.n) or repeat} rounds; {MIN_BLOCKS}+ detect)"
     return f"±{100 * change.detectable:.0f}%"
 
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from perfscope.api.run import RunArgs
     from perfscope.api.runner import ProgressHook
 
-__all__ = ["MIN_NOISE_BLOCKS", "NoiseOptions", "measure_noise"]
+__all__ = ["MIN_NOISE_BLOCKS", "NoiseOptions", "check_options", "measure_noise"]
 
 #: Fewest A/A blocks that give a spread (and its interval); 8 or more are better.
 MIN_NOISE_BLOCKS = 3
@@ -63,7 +63,8 @@ class NoiseOptions:
     confidence: float = 0.95
 
 
-def _check(opts: NoiseOptions) -> None:
+def check_options(opts: NoiseOptions) -> None:
+    """Refuse bad options with a one-line :class:`~perfscope.errors.UsageError`."""
     from perfscope.analysis.catalogue import find_metric
 
     if opts.blocks < MIN_NOISE_BLOCKS:
@@ -104,7 +105,7 @@ def measure_noise(
     from perfscope.api.run import execute, plan
     from perfscope.profiler.store import default_runs_root, write_json_atomic
 
-    _check(opts)
+    check_options(opts)
     say = log or (lambda line: None)
     base = plan(args)  # checked before anything runs
     o = base.options
@@ -194,15 +195,15 @@ def measure_noise(
     rows = []
     for n in names:
         m = metric(n)
-        a = [to_float(value_at(s, m.path)) for s in summaries[0]]
-        b = [to_float(value_at(s, m.path)) for s in summaries[1]]
-        if all(v is None for v in a + b) and n != primary:
+        va = [to_float(value_at(s, m.path)) for s in summaries[0]]
+        vb = [to_float(value_at(s, m.path)) for s in summaries[1]]
+        if all(v is None for v in va + vb) and n != primary:
             continue
         rows.append(
             metric_noise(
                 m,
-                a,
-                b,
+                va,
+                vb,
                 at_blocks=opts.at_blocks,
                 detect=opts.detect,
                 power=opts.power,

@@ -106,16 +106,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _cmd_noise(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.api.noise import NoiseOptions, measure_noise
-    from perfscope.cli import infinite_rate_as_mode
-    from perfscope.cli.progress import progress_hook
-    from perfscope.cli.safe import SafeConsole
-    from perfscope.cli.sweep import run_args
+    from perfscope.api.noise import NoiseOptions, check_options, measure_noise
 
-    err = SafeConsole(stderr=True)
-    note = infinite_rate_as_mode(args)
-    if note is not None:
-        err.print(f"note: {note}", style="dim")
     opts = NoiseOptions(
         blocks=args.blocks,
         budget_s=args.budget,
@@ -126,6 +118,16 @@ def _cmd_noise(args: argparse.Namespace, console: Console) -> int:
         detect=args.detect,
         seed=args.order_seed,
     )
+    check_options(opts)  # one line before anything heavy loads
+    from perfscope.cli import infinite_rate_as_mode
+    from perfscope.cli.progress import progress_hook
+    from perfscope.cli.safe import SafeConsole
+    from perfscope.cli.sweep import run_args
+
+    err = SafeConsole(stderr=True)
+    note = infinite_rate_as_mode(args)
+    if note is not None:
+        err.print(f"note: {note}", style="dim")
     record = measure_noise(
         run_args(args),
         opts,
