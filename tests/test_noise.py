@@ -69,6 +69,9 @@ def test_noise_runs_a_a_blocks_stores_the_record_and_compare_pairs_its_runs(
         "--json",
         "--runs-dir",
         str(tmp_path),
+        # a named device: no CPU calibration on a cold cache (minutes on a busy machine)
+        "--hw",
+        "h100-sxm5-80gb",
     ]
     data = _main_json(argv)
     rec = NoiseRecord.from_dict(data)
