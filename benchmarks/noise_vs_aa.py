@@ -51,11 +51,18 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=6)
     ap.add_argument("--smoke", action="store_true", help="3 noise blocks, 1 trial of 6 blocks")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument(
+        "--hw",
+        default=None,
+        help="analyse against this device (skips the CPU calibration a cold or contended "
+        "cache runs in the first run)",
+    )
     a = ap.parse_args()
     noise_blocks, trials, blocks = (3, 1, 6) if a.smoke else (a.blocks, a.trials, a.blocks)
     sys.path.insert(0, str(ENGINES))
     work = ["--requests", str(a.requests), "--output-len", str(a.output_len)]
     work += ["--concurrency", "1", "--no-progress", "--json"]
+    work += ["--hw", a.hw] if a.hw else []
     engine = "python:timed_engines:single_tokens"
     with tempfile.TemporaryDirectory(prefix="perfscope-noise-") as tmp:
         runs = ["--runs-dir", tmp]
@@ -105,15 +112,16 @@ def main() -> int:
     dets = [x["detectable"] for x in out["aa"] if x["detectable"] is not None]
     n = out["noise"]
     pct = lambda x: "n/a" if x is None else f"±{100 * x:.1f}%"  # noqa: E731
+    rng = lambda c: "[n/a]" if not c else f"[{c[0]:.3f}, {c[1]:.3f}]"  # noqa: E731
     print(
         f"noise: {n['blocks']} A/A blocks in {n['wall_s']} s; TPOT p50 {1e3 * n['median_s']:.2f} "
-        f"ms; within-block spread {pct(n['spread'])} {n['spread_ci']}; stated detectable at "
+        f"ms; within-block spread {pct(n['spread'])} {rng(n['spread_ci'])}; stated detectable at "
         f"{blocks} blocks {pct(n['detectable'])}; blocks for ±10%: {n['blocks_for_10pct']}"
     )
     for i, x in enumerate(out["aa"]):
         print(
             f"A/A {i + 1}: {blocks} blocks in {x['wall_s']} s; ratio {x['ratio']:.3f} "
-            f"{x['ci']}; detectable {pct(x['detectable'])}; flagged: {x['flagged'] or 'none'}"
+            f"{rng(x['ci'])}; detectable {pct(x['detectable'])}; flagged: {x['flagged'] or 'none'}"
         )
     if dets:
         print(
