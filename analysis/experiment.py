@@ -400,11 +400,31 @@ def blocks_needed(
 MAD_EFFICIENCY = 0.37
 
 
+def _chi2_cdf(x: float, k: float) -> float:
+    """P(χ²_k ≤ x): the regularized lower incomplete gamma ``P(k/2, x/2)`` by its series
+    (``k`` may be fractional)."""
+    if x <= 0:
+        return 0.0
+    a, y = k / 2, x / 2
+    term = total = 1.0 / a
+    n = 1
+    while abs(term) > 1e-15 * abs(total) and n < 10_000:
+        term *= y / (a + n)
+        total += term
+        n += 1
+    return min(1.0, math.exp(a * math.log(y) - y - math.lgamma(a)) * total)
+
+
 def _chi2_quantile(p: float, k: float) -> float:
     """The ``p`` quantile of chi-square with ``k`` (possibly fractional) degrees of freedom,
-    by the Wilson–Hilferty cube-root approximation."""
-    z = statistics.NormalDist().inv_cdf(p)
-    return k * max(1e-12, 1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3
+    by bisection on :func:`_chi2_cdf`."""
+    lo, hi = 0.0, k + 10.0 * math.sqrt(2 * k) + 20.0
+    while _chi2_cdf(hi, k) < p:
+        hi *= 2
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _chi2_cdf(mid, k) < p else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def spread_interval(
@@ -414,8 +434,8 @@ def spread_interval(
     within-block log ratios ``d``: the scaled-chi interval ``s · √(k / χ²_{1-α/2,k})`` to
     ``s · √(k / χ²_{α/2,k})`` with ``k = MAD_EFFICIENCY · (n − 1)`` degrees of freedom (the
     MAD's share of them). It assumes roughly normal ``d`` (outlier blocks left out first);
-    simulated coverage at nominal 95% is 99% at 6 blocks, 96% at 16 and 95% at 40. ``None``
-    for fewer than 3 values or no spread."""
+    simulated coverage at nominal 95% is 99% at 4–6 blocks, 98% at 8, 97% at 16 and
+    95% at 40. ``None`` for fewer than 3 values or no spread."""
     if len(d) < 3:
         return None
     s = robust_sd(d)
