@@ -32,6 +32,7 @@ import pandas as pd
 
 from perfscope.analysis.catalogue import Metric, find_metric, metric, to_float, value_at
 from perfscope.analysis.experiment import (
+    NO_CHANGE,
     SetChange,
     judge_experiment,
     t_quantile,
@@ -319,6 +320,7 @@ def compare_run_sets(
     confidence: float = DEFAULT_CONFIDENCE,
     primary: str | None = None,
     exclude_contended: bool = False,
+    detect: float | None = None,
 ) -> dict[str, Any]:
     """Compare run sets against the first one (the baseline). JSON-ready.
 
@@ -330,12 +332,16 @@ def compare_run_sets(
             over all metrics of one comparison is at most ``1 - confidence``.
         primary: the primary metric (catalogue name); default :data:`DEFAULT_PRIMARY`.
         exclude_contended: leave out contended runs (with their blocks when paired).
+        detect: a change of interest (fraction, 0.1 = 10%): where the primary shows no
+            detectable change, the headline says how many blocks (runs a side) would
+            detect it, and each row's ``needs`` holds that count per set.
 
     Returns:
         ``{"baseline", "labels", "runs", "confidence", "method", "noise_known", "primary",
         "headlines", "correction", "paired", "position", "contention", "notes",
         "metrics": [{"key", "label", "unit", "better", "primary", "values", "per_run",
-        "ratios", "ci", "noise", "detectable", "p", "outliers", "change", "n"}]}``.
+        "ratios", "ci", "noise", "detectable", "needs", "p", "outliers", "change",
+        "n"}]}``.
         ``values`` holds each set's median; ``ratios``, ``ci``, ``noise``, ``detectable``
         and ``change`` hold ``None`` for the baseline; ``change`` is ``better``, ``worse``
         or ``no detectable change``. The primary metric's row comes first.
@@ -444,6 +450,11 @@ def compare_run_sets(
                 "ci": [None] + [list(c.ci) if c and c.ci else None for c in rest],
                 "noise": [None] + [c.noise if c else None for c in rest],
                 "detectable": [None] + [c.detectable if c else None for c in rest],
+                "needs": [None]
+                + [
+                    c.needs(detect) if c and detect and c.verdict == NO_CHANGE else None
+                    for c in rest
+                ],
                 "p": [None] + [c.p if c else None for c in rest],
                 "outliers": [[]] + [list(c.outliers) if c else [] for c in rest],
                 "change": [None] + [c.verdict if c else None for c in rest],
@@ -521,7 +532,10 @@ def compare_run_sets(
             "label": lead_def.label,
             "default": lead_default,
         },
-        "headlines": [e.headline().replace(lead_def.key, lead_def.label, 1) for e in experiments],
+        "headlines": [
+            e.headline(detect).replace(lead_def.key, lead_def.label, 1) for e in experiments
+        ],
+        "detect": detect,
         "correction": [e.correction for e in experiments],
         "paired": paired_flags,
         "position": [

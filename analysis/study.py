@@ -30,7 +30,7 @@ from typing import Any
 
 from perfscope.analysis.calibration import machine_of_summary
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
-from perfscope.analysis.experiment import SetChange, judge_experiment, judge_metric
+from perfscope.analysis.experiment import MIN_BLOCKS, SetChange, judge_experiment, judge_metric
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
@@ -50,6 +50,7 @@ __all__ = [
     "Study",
     "between",
     "build_study",
+    "detectable_cell",
     "memory_need",
     "phase_points",
     "project_change",
@@ -94,6 +95,19 @@ def between(
     a = [float(v) for v in baseline if v is not None and math.isfinite(float(v))]
     b = [float(v) for v in candidate if v is not None and math.isfinite(float(v))]
     return judge_metric(a, b, better, confidence=confidence)
+
+
+def detectable_cell(change: SetChange, repeat: int) -> str:
+    """The smallest change an effect's rounds could detect, as a table cell: ``±7%``;
+    ``none (3 rounds; 6+ detect)`` when too few rounds detect any; ``noise unknown`` with
+    one run per setting; ``n/a`` when a value is missing."""
+    if change.ratio is None:
+        return "n/a"
+    if repeat < 2:
+        return "noise unknown"
+    if change.detectable is None:
+        return f"none ({min(change.n) or repeat} rounds; {MIN_BLOCKS}+ detect)"
+    return f"±{100 * change.detectable:.0f}%"
 
 
 # --------------------------------------------------------------------------- per run

@@ -90,9 +90,11 @@ def compare_sets(
     confidence: float = DEFAULT_CONFIDENCE,
     primary: str | None = None,
     exclude_contended: bool = False,
+    detect: float | None = None,
 ) -> dict[str, Any]:
     """:func:`perfscope.analysis.compare.compare_run_sets` over stored run sets (first set =
-    baseline)."""
+    baseline); ``detect`` is the change of interest (fraction) a "no detectable change"
+    says the blocks needed for."""
     ids = (
         [list(g) for g in run_ids]
         if run_ids is not None
@@ -112,6 +114,7 @@ def compare_sets(
         confidence=confidence,
         primary=primary,
         exclude_contended=exclude_contended,
+        detect=detect,
     )
     return result
 

@@ -18,7 +18,13 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from perfscope.analysis.study import METRICS, PhasePoint, SettingResult, Study
+from perfscope.analysis.study import (
+    METRICS,
+    PhasePoint,
+    SettingResult,
+    Study,
+    detectable_cell,
+)
 from perfscope.dashboard._fmt import fmt_bytes, fmt_num, fmt_pct, fmt_time
 from perfscope.dashboard.figures import FIGURE_LAYOUT, FigureSpec, comparison_roofline_figure
 from perfscope.dashboard.report import figures_html, render_page
@@ -208,13 +214,15 @@ def _table(study: Study) -> tuple[str, str]:
             err = "–" if e.error is None else f"{100 * e.error:+.0f}%"
             erows.append(
                 f"<tr><td>{esc(s.value)}</td><td>{esc(METRIC_LABELS[e.metric][0])}</td>"
-                f"<td>{_ratio(c.ratio)}</td><td>{ci}</td><td>{esc(c.verdict)}</td>"
+                f"<td>{_ratio(c.ratio)}</td><td>{ci}</td>"
+                f"<td>{esc(detectable_cell(c, study.repeat))}</td><td>{esc(c.verdict)}</td>"
                 f"<td>{_ratio(e.projected_ratio)}</td><td>{_ratio(sol_ratio(s, e.metric))}</td>"
                 f"<td>{err}</td></tr>"
             )
     effects = (
         f"<table><tr><th>{esc(study.knob)}</th><th>metric</th><th>measured ratio</th>"
-        "<th>interval</th><th>verdict</th><th>projected ratio</th><th>speed of light</th>"
+        "<th>interval</th><th>detectable change</th><th>verdict</th><th>projected ratio</th>"
+        "<th>speed of light</th>"
         f"<th>projection error</th></tr>{''.join(erows)}</table>"
     )
     return settings, effects

@@ -109,7 +109,7 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 #: Folders under the runs root that are not runs (``perfscope sweep`` writes ``sweeps/``,
 #: ``perfscope study --save`` writes ``studies/``).
-RESERVED_DIRS = frozenset({"sweeps", "studies"})
+RESERVED_DIRS = frozenset({"sweeps", "studies", "noise"})
 
 
 class InvalidRunIdError(UsageError):

@@ -21,7 +21,7 @@ from typing import Any
 from dash import Dash, Input, Output, dcc, html
 
 from perfscope.analysis.catalogue import format_number, format_seconds
-from perfscope.analysis.study import METRICS, Study, read_study
+from perfscope.analysis.study import METRICS, Study, detectable_cell, read_study
 from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError, inside_root
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
@@ -208,6 +208,7 @@ def _effects_table(study: Study) -> Any:
                         if c.ci is None
                         else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
                     ),
+                    "detectable": detectable_cell(c, study.repeat),
                     "verdict": c.verdict,
                     "projected": (
                         _ratio(e.projected_ratio)
@@ -227,6 +228,7 @@ def _effects_table(study: Study) -> Any:
         ("metric", "metric"),
         ("measured", f"measured ratio (vs {study.values[0]})"),
         ("interval", "95% interval"),
+        ("detectable", "detectable change"),
         ("verdict", "verdict"),
         ("projected", "projected ratio (what-if)"),
         ("sol", "speed of light (roofline alone)"),

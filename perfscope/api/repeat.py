@@ -54,6 +54,8 @@ class RepeatOptions:
             stopping rule.
         seed: seed of the block order (drawn and recorded when ``None``).
         confidence: confidence of the intervals.
+        detect: a change of interest (fraction): a "no detectable change" says how many
+            blocks would detect it.
     """
 
     repeat: int
@@ -66,6 +68,7 @@ class RepeatOptions:
     exclude_contended: bool = False
     seed: int | None = None
     confidence: float = 0.95
+    detect: float | None = None
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,7 @@ def run_repeated(
             confidence=opts.confidence,
             primary=opts.primary,
             exclude_contended=opts.exclude_contended,
+            detect=opts.detect,
         )
         result["experiment"] = {"id": set_id, "seed": seed, "blocks": block, "stop": stop_reason}
         result["config_diff"] = [

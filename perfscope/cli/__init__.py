@@ -38,7 +38,7 @@ from perfscope.cli.safe import SafeConsole, configure_streams, safe_markup, safe
 from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.profiler.redact import redact_text
 
-__all__ = ["build_parser", "main"]
+__all__ = ["add_run_options", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -126,6 +126,14 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="profile an engine on a workload",
         description="Run a workload on an engine, store the run and print its summary.",
     )
+    add_run_options(p, experiments=True)
+    p.set_defaults(handler=_cmd_run)
+
+
+def add_run_options(p: argparse.ArgumentParser, *, experiments: bool) -> None:
+    """``perfscope run``'s engine, workload, arrival, telemetry and output options (shared
+    with ``perfscope noise``); ``experiments`` adds the repeat/experiment options and
+    ``--report`` (``run`` only)."""
     p.add_argument(
         "engine",
         nargs="?",
@@ -329,9 +337,10 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="NVTX ranges for Nsight Systems (default: on only when a tool is attached)",
     )
-    from perfscope.cli.repeat import add_repeat_arguments
+    if experiments:
+        from perfscope.cli.repeat import add_repeat_arguments
 
-    add_repeat_arguments(p.add_argument_group("repeats and experiments (docs/experiments.md)"))
+        add_repeat_arguments(p.add_argument_group("repeats and experiments (docs/experiments.md)"))
     add_runs_dir(a)
     a.add_argument(
         "--name", default=None, help="short name in the run id (default: the engine kind)"
@@ -342,13 +351,13 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="no live progress view (it is drawn only when stderr is a terminal)",
     )
-    a.add_argument(
-        "--report",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="write report.html next to the run (default: on)",
-    )
-    p.set_defaults(handler=_cmd_run)
+    if experiments:
+        a.add_argument(
+            "--report",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="write report.html next to the run (default: on)",
+        )
 
 
 def infinite_rate_as_mode(args: argparse.Namespace) -> str | None:
@@ -591,9 +600,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command_modules() -> list[Any]:
     """Command groups that live in their own modules (``perfscope/cli/*.py``)."""
-    from perfscope.cli import advisor, dashboard, hw, index, report, roofline, study, sweep
+    from perfscope.cli import (
+        advisor,
+        dashboard,
+        hw,
+        index,
+        noise,
+        report,
+        roofline,
+        study,
+        sweep,
+    )
 
-    return [hw, roofline, report, sweep, dashboard, index, study, advisor]
+    return [hw, roofline, report, sweep, dashboard, index, study, advisor, noise]
 
 
 def _spoken_as_perfscope(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

@@ -95,6 +95,14 @@ def add_repeat_arguments(r: argparse._ArgumentGroup) -> None:
         help="most wall time with --precision, e.g. 10m (no block starts that would overrun)",
     )
     r.add_argument(
+        "--detect",
+        type=precision,
+        default=None,
+        metavar="PCT",
+        help="with --vs: a change of interest, e.g. 10%%; where the primary shows no "
+        "detectable change, say how many blocks would detect one that large",
+    )
+    r.add_argument(
         "--exclude-contended",
         action="store_true",
         help="leave blocks measured while other processes took the CPU out of the comparison",
@@ -127,4 +135,5 @@ def repeat_options(args: argparse.Namespace) -> RepeatOptions:
         budget_s=args.budget,
         exclude_contended=args.exclude_contended,
         seed=args.order_seed,
+        detect=args.detect,
     )

@@ -146,6 +146,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="leave out runs measured while other processes took the CPU (their blocks)",
     )
+    from perfscope.cli.repeat import precision
+
+    p.add_argument(
+        "--detect",
+        type=precision,
+        default=None,
+        metavar="PCT",
+        help="a change of interest, e.g. 10%%: where the primary shows no detectable change, "
+        "say how many blocks (runs a side) would detect one that large",
+    )
     p.add_argument(
         "--confidence",
         type=_confidence,
@@ -279,6 +289,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
             confidence=args.confidence,
             primary=args.primary,
             exclude_contended=args.exclude_contended,
+            detect=args.detect,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

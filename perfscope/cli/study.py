@@ -202,10 +202,20 @@ def effects_table(study: Study) -> FitTable:
     """Measured ratio [interval] against the first setting, the projection, the speed-of-light
     ratio and the projection's error, per effect."""
     t = FitTable(
-        (study.knob, "metric", "measured [95% interval]", "verdict", "projected", "SoL", "error"),
+        (
+            study.knob,
+            "metric",
+            "measured [95% interval]",
+            "detectable",
+            "verdict",
+            "projected",
+            "SoL",
+            "error",
+        ),
         title=f"effect against {study.knob}={study.values[0]}: measured vs projected",
-        right=frozenset(("measured [95% interval]", "projected", "SoL", "error")),
+        right=frozenset(("measured [95% interval]", "detectable", "projected", "SoL", "error")),
     )
+    from perfscope.analysis.study import detectable_cell
     from perfscope.dashboard.study_report import sol_ratio
 
     for s in study.settings[1:]:
@@ -219,6 +229,7 @@ def effects_table(study: Study) -> FitTable:
                 e.metric,
                 f"{c.ratio:.3f}x "
                 + ("[noise unknown]" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"),
+                detectable_cell(c, study.repeat),
                 c.verdict,
                 "–" if e.projected_ratio is None else f"{e.projected_ratio:.3f}x",
                 "–" if sol is None else f"{sol:.3f}x",

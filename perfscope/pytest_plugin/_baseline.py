@@ -16,6 +16,7 @@ which runs were measured while other processes competed for the CPU.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -384,6 +385,12 @@ class MetricComparison:
             gated or no better direction), ``new`` (no baseline value).
         noise: half-width of the 95% run-to-run noise band as a fraction of the baseline
             (``None`` without repeats on both sides: noise unknown).
+        detectable: the smallest change (fraction) the repeats could detect (``None``:
+            too few repeats to detect any, or noise unknown).
+        threshold: the tolerance as a fraction of the baseline (``None``: not gated).
+        needs: repeats a side that would detect a change of ``threshold`` at this noise,
+            where the comparison found none and could not have seen one that large
+            (``None`` otherwise, or with the noise unknown).
     """
 
     key: str
@@ -395,10 +402,40 @@ class MetricComparison:
     tolerance: str | None
     verdict: str
     noise: float | None = None
+    detectable: float | None = None
+    threshold: float | None = None
+    needs: int | None = None
+    repeats: int = 0
 
     @property
     def regressed(self) -> bool:
         return self.verdict == "regressed"
+
+    @property
+    def blind(self) -> bool:
+        """Passed without a detectable change, but the repeats could not have seen a change
+        as large as the tolerance: the pass is no evidence the tolerance holds."""
+        if self.verdict not in ("ok", "within noise") or not self.threshold:
+            return False
+        if self.needs is None:
+            return False
+        return self.detectable is None or self.detectable > math.log1p(self.threshold)
+
+    def blind_text(self) -> str:
+        """``tpot.p50: no detectable change, but changes under ±12% are not detectable with
+        3 repeats a side; seeing the 5% tolerance needs about 14`` (``""`` when not blind)."""
+        if not self.blind:
+            return ""
+        seen = (
+            f"changes under ±{format_ratio(self.detectable)} are not detectable"
+            if self.detectable is not None
+            else "no change is detectable"
+        )
+        return (
+            f"{self.metric}: no detectable change, but {seen} with {self.repeats} repeats a "
+            f"side; seeing the {format_ratio(self.threshold)} tolerance needs about "
+            f"{self.needs} repeats a side at this noise"
+        )
 
     def describe(self) -> str:
         path = self.path or self.metric
@@ -413,9 +450,15 @@ class MetricComparison:
                 else ", noise unknown: single runs"
             )
         )
+        blind = (
+            f"; could not see ±{format_ratio(self.threshold)}: about {self.needs} repeats a "
+            "side needed"
+            if self.blind
+            else ""
+        )
         return (
             f"{self.metric}: {format_metric(self.current, path)} vs baseline "
-            f"{format_metric(self.baseline, path)}{ch}{tol}{band}{')' if ch else ''}"
+            f"{format_metric(self.baseline, path)}{ch}{tol}{band}{blind}{')' if ch else ''}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -428,6 +471,9 @@ class MetricComparison:
             "tolerance": self.tolerance,
             "verdict": self.verdict,
             "noise": self.noise,
+            "detectable": self.detectable,
+            "threshold": self.threshold,
+            "needs": self.needs,
         }
 
 
@@ -468,6 +514,8 @@ def compare_metrics(
         )
         noise = change.noise
         rel = (float(value) - base_value) / abs(base_value) if base_value else None
+        threshold = tol.as_relative(base_value) if tol else None
+        needs = change.needs(threshold) if threshold and change.spread is not None else None
         if tol is None or better is None:
             verdict = "info"
         elif change.verdict == WORSE:
@@ -499,6 +547,10 @@ def compare_metrics(
                 tol.text if tol else None,
                 verdict,
                 noise,
+                change.detectable,
+                threshold,
+                needs,
+                min(len(b_samples), len(c_samples)),
             )
         )
     return out

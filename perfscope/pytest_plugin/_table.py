@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 __all__ = ["table_text", "write_terminal_summary"]
 
 
+#: Most "could not see its tolerance" notices written (the rest are counted).
+_BLIND_LINES = 12
+
+
 def _short(nodeid: str) -> str:
     """``tests/test_x.py::test_y#label`` → ``test_y#label`` (the file is in pytest's output)."""
     return nodeid.split("::", 1)[-1]
@@ -95,6 +99,15 @@ def write_terminal_summary(tr: Any, state: SessionState, width: int) -> None:
         if state.mismatch:
             tr.write_line(f"warning (forced): {state.mismatch}", yellow=True)
         tr.write(table_text(state, width))
+    blind = [c for r in records for c in r.comparisons if c.blind]
+    for c in blind[:_BLIND_LINES]:
+        tr.write_line(f"perfscope: {_short(c.key)}: {c.blind_text()}", yellow=True)
+    if len(blind) > _BLIND_LINES:
+        tr.write_line(
+            f"perfscope: ... and {len(blind) - _BLIND_LINES} more metrics whose repeats could "
+            "not see their tolerance (--perfscope-json lists them: 'needs')",
+            yellow=True,
+        )
     regressions = state.regressions()
     if regressions:
         by_key: dict[str, list[MetricComparison]] = {}
