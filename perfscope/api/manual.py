@@ -153,8 +153,8 @@ class Profile:
             m.workload = {"requests": recorder.n_requests}
 
         captured = self._capture.end(status, error, annotate=annotate)
-        analyze_stored(captured.stored)  # writes summary.json and sets stored.summary
-        self._run = Run(captured.stored)
+        summary = analyze_stored(captured.stored)  # writes summary.json
+        self._run = Run(captured.stored, summary)
 
     def __enter__(self) -> Profile:
         self._start()
