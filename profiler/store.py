@@ -509,6 +509,8 @@ class StoredRun:
             have ``manifest["status"] == "crashed"`` in this copy.
         notes: what a reader should know (tables read from segments, summary ignored).
         from_segments: names of the tables read from segment files (not compacted).
+        server_metrics: ``server_metrics.parquet`` (the server's own Prometheus metrics)
+            when the run has it and it reads; ``None`` otherwise (or ``tables=False``).
     """
 
     path: Path
@@ -521,6 +523,7 @@ class StoredRun:
     state: RunState = field(default_factory=lambda: RunState("complete"))
     notes: list[str] = field(default_factory=list)
     from_segments: list[str] = field(default_factory=list)
+    server_metrics: pd.DataFrame | None = None
 
     @property
     def run_id(self) -> str:
@@ -646,6 +649,7 @@ def read_run(path: Path | str, *, tables: bool = True) -> StoredRun:
         state=state,
         notes=notes,
         from_segments=from_segments,
+        server_metrics=_read_server_metrics(path) if tables else None,
         **frames,
     )
 
@@ -799,6 +803,12 @@ def remove_segments(run_dir: Path) -> None:
 
 
 # --- writing a run ------------------------------------------------------------------------
+
+
+def _read_server_metrics(path: Path) -> pd.DataFrame | None:
+    from perfscope.profiler.server_metrics import read_server_metrics
+
+    return read_server_metrics(path)
 
 
 def _server_metrics_schema() -> pa.Schema:

@@ -360,8 +360,9 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: ``dict[str, Any]`` written in these folders at most this often (a ceiling that only goes
 #: down): typed records cross the stages, not JSON-shaped dicts. 350 before issue 24; 346
 #: after its typed summary, 379 once the experiment, calibration, wire and hardening work
-#: of the same stop landed beside it (docs/architecture.md names the next sections to type).
-DICT_ANY_CEILING = 379
+#: of the same stop landed beside it (docs/architecture.md names the next sections to type);
+#: 375 once capture became its own stage (``profiler/capture.py``).
+DICT_ANY_CEILING = 375
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
@@ -386,6 +387,31 @@ def test_every_parquet_table_is_written_through_the_store() -> None:
     ]
     assert any(f.startswith("profiler/store.py") for f in found)  # the patterns see it
     assert _outside(found, {"profiler/store.py"}) == []
+
+
+#: Capture's moving parts: the front door calls the capture stage (``profiler.capture``:
+#: ``plan_capture``, ``capture``, ``RunCapture``), which wires these; it never wires them itself.
+CAPTURE_INTERNALS = (
+    "perfscope.profiler.store.RunWriter",
+    "perfscope.profiler.segments.SegmentFlusher",
+    "perfscope.profiler.driver.Driver",
+    "perfscope.profiler.telemetry.start_telemetry",
+    "perfscope.profiler.server_metrics.start_server_metrics",
+    "perfscope.profiler.contention",
+    "perfscope.profiler.cluster_telemetry",
+    "perfscope.profiler.distributed",
+    "perfscope.profiler.nvtx_ranges",
+)
+
+
+def test_the_front_door_leaves_the_run_lifecycle_to_the_capture_stage() -> None:
+    seen = set(imports_of("profiler"))
+    assert (
+        "profiler/capture.py",
+        "perfscope.profiler.store.RunWriter",
+    ) in seen  # the reader sees it
+    bad = [(f, m) for f, m in imports_of("perfscope") if _allowed(m, CAPTURE_INTERNALS)]
+    assert bad == []
 
 
 def test_the_store_lists_every_table_a_run_directory_holds() -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from perfscope.analysis import Summary, analyze
 from perfscope.hwdb import HardwareDatabase
-from perfscope.profiler.server_metrics import read_server_metrics
 from perfscope.profiler.store import StoredRun, write_json_atomic
 
 __all__ = ["analyze_stored", "projection_path", "write_analysis"]
@@ -34,7 +33,7 @@ def analyze_stored(
         database: an already loaded hardware database.
     """
     summary = analyze(
-        run, slos=slos, device=hw, database=database, server_metrics=read_server_metrics(run.path)
+        run, slos=slos, device=hw, database=database, server_metrics=run.server_metrics
     )
     data = summary.to_dict()
     if write:

@@ -12,17 +12,19 @@
 Durability is that of ``perfscope run`` (docs/architecture.md): entering the block creates the run
 directory with a ``running`` manifest that carries this process's liveness record, and a
 background flusher copies new records into segment files every
-:data:`~perfscope.api.runner.FLUSH_INTERVAL_S` seconds (refreshing the heartbeat). A process
-killed inside the block leaves a run that reads as ``crashed`` with everything flushed;
-leaving the block compacts the tables and removes the segments.
+:data:`~perfscope.profiler.capture.FLUSH_INTERVAL_S` seconds (refreshing the heartbeat). A
+process killed inside the block leaves a run that reads as ``crashed`` with everything
+flushed; leaving the block compacts the tables and removes the segments. The lifecycle is the
+capture stage's :class:`~perfscope.profiler.capture.RunCapture`, the one ``perfscope run``
+uses.
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,15 +32,13 @@ from typing import Any
 from perfscope import __version__
 from perfscope.api.analyze import analyze_stored
 from perfscope.api.results import Run
-from perfscope.api.runner import FLUSH_INTERVAL_S, host_info
-from perfscope.errors import StorageError
 from perfscope.hwdb import resolve_hardware
+from perfscope.profiler.capture import RunCapture, run_manifest
 from perfscope.profiler.clock import Clock, MonotonicClock
+from perfscope.profiler.engines.base import EngineInfo
 from perfscope.profiler.recorder import Recorder, RequestHandle
 from perfscope.profiler.records import Manifest, RequestSpec, StepKind
-from perfscope.profiler.redact import redact_argv
-from perfscope.profiler.segments import SegmentFlusher
-from perfscope.profiler.store import RunWriter, default_runs_root
+from perfscope.profiler.store import default_runs_root
 
 __all__ = ["Profile", "profile"]
 
@@ -65,8 +65,7 @@ class Profile:
         self._ids = itertools.count()
         self._run: Run | None = None
         self.path: Path | None = None
-        self._writer: RunWriter | None = None
-        self._flusher: SegmentFlusher | None = None
+        self._capture: RunCapture | None = None
 
     def request(
         self,
@@ -130,68 +129,32 @@ class Profile:
     def _start(self) -> None:
         """Create the run directory, write the ``running`` manifest (with this process's
         liveness record) and start flushing segments."""
-        manifest = Manifest(
-            name=self.name,
-            perfscope_version=__version__,
-            command=redact_argv(list(sys.argv)),
-            started_at=self.clock.started_at.isoformat(),
-            clock_origin_perf_counter_ns=getattr(self.clock, "origin_perf_counter_ns", None),
-            engine={
-                "uri": "manual",
-                "kind": "manual",
-                "model": self.model,
-                "device": None,
-                "dtype": None,
-                "config": {},
-            },
+        manifest = replace(
+            run_manifest(self.name, self.clock, perfscope_version=__version__),
+            engine=EngineInfo(uri="manual", kind="manual", model=self.model).to_dict(),
             workload={"requests": 0},
             load={"mode": "manual"},
             slos=self.slos,
             hw=self.hw,
             hardware=resolve_hardware({"kind": "manual"}, self.hw),
-            host=host_info(),
         )
-        writer = RunWriter.create(self.runs_dir, manifest, self.clock.started_at, FLUSH_INTERVAL_S)
-        flusher = SegmentFlusher(
-            writer.path, self.recorder, heartbeat=writer.heartbeat, interval_s=FLUSH_INTERVAL_S
-        )
-        self.path, self._writer, self._flusher = writer.path, writer, flusher.start()
+        self._capture = RunCapture.begin(
+            self.runs_dir, manifest, self.recorder, started_at=self.clock.started_at
+        ).start()
+        self.path = self._capture.path
 
     def _finish(self, status: str, error: str | None) -> None:
-        if self._writer is None:
+        if self._capture is None:
             self._start()  # used without entering the block: write it all now
-        assert self._writer is not None and self._flusher is not None and self.path
-        path, writer = self.path, self._writer
-        if status != "complete":
-            self.recorder.fail_unfinished(status)
-        storage = self._flusher.close()
-        if storage is not None:
-            status, error = "failed", f"{storage}; capture stopped"
-        else:
-            storage = writer.compact(
-                {
-                    "requests": self.recorder.requests_table(),
-                    "chunks": self.recorder.chunks_table(),
-                    "steps": self.recorder.steps_table(),
-                }
-            )
-        # The flusher's thread has stopped: no heartbeat races these updates.
-        m = writer.manifest
-        m.workload = {"requests": self.recorder.n_requests}
-        if error:
-            m.errors.append(error)
-        m.warnings.extend(f"{n} {text}" for text, n in sorted(self.recorder.warnings.items()))
-        written = writer.finish(status)
-        storage = storage or written
-        if storage is not None:
-            raise StorageError(
-                f"{storage}; what was flushed is kept in {path}",
-                path=storage.path,
-                errno=storage.errno,
-            )
-        stored = writer.stored()
-        analyze_stored(stored)  # writes summary.json and sets stored.summary
-        self._run = Run(stored)
+        assert self._capture is not None
+        recorder = self.recorder
+
+        def annotate(m: Manifest) -> None:
+            m.workload = {"requests": recorder.n_requests}
+
+        captured = self._capture.end(status, error, annotate=annotate)
+        summary = analyze_stored(captured.stored)  # writes summary.json
+        self._run = Run(captured.stored, summary)
 
     def __enter__(self) -> Profile:
         self._start()

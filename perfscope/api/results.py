@@ -88,13 +88,16 @@ class Run:
     ``run.energy.j_per_token``, ``run.throughput.output_tok_s``).
     """
 
-    def __init__(self, stored: StoredRun) -> None:
-        if stored.summary is None:
-            from perfscope.api.analyze import analyze_stored
+    def __init__(self, stored: StoredRun, summary: Summary | None = None) -> None:
+        """``summary``: the run's summary as just computed (capture's caller has it typed:
+        it is not read back from ``stored.summary`` again)."""
+        if summary is None:
+            if stored.summary is None:
+                from perfscope.api.analyze import analyze_stored
 
-            summary = analyze_stored(stored, write=False)  # reading never writes
-        else:
-            summary = Summary.from_dict(stored.summary)
+                summary = analyze_stored(stored, write=False)  # reading never writes
+            else:
+                summary = Summary.from_dict(stored.summary)
         self._stored = stored
         self.path: Path = stored.path
         self.manifest: dict[str, Any] = stored.manifest

@@ -666,8 +666,11 @@ def run_with(args: RunArgs, progress: ProgressHook | None = None) -> Run:
             f"the run on {p.options.engine} {outcome.status}: {outcome.error} "
             f"(what was captured is in {outcome.path})"
         )
-    # The run as capture read it once (summary included): no second read of the directory.
-    return Run(outcome.stored) if outcome.stored is not None else load_run(outcome.path)
+    # The run as capture read it once, and its summary as analysed: no second read of the
+    # directory, no second conversion of the summary.
+    if outcome.stored is None:
+        return load_run(outcome.path)
+    return Run(outcome.stored, outcome.summary)
 
 
 # --------------------------------------------------------------------------- sweep
