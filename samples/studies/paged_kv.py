@@ -5,7 +5,8 @@ The reference engine's contiguous cache reserves ``max_seq_len`` (512 here) posi
 sequence, so a budget of ``M`` bytes decodes at most ``M / (512 x 1024 B)`` sequences of the
 tiny model together, however short they are; the paged cache admits a request when the free
 blocks cover its prompt plus its output (``kv_budget_mb``, ``kv_paged=on``). Prompts are
-16-112 tokens (uniform), outputs 16, batch arrivals of 24 requests, ``batch_size`` 32 (the scheduler's cap).
+16-112 tokens (uniform), outputs 16, batch arrivals of 24 requests, ``batch_size`` 32 (the
+scheduler's cap).
 
 Measured per budget: the largest decode batch reached (from the stored steps), TPOT and
 throughput, against the capacity the block arithmetic projects.
