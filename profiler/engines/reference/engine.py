@@ -12,8 +12,12 @@ the engine lives; ``--threads N`` on the command line; default on the CPU: the u
 that are not busy, see :mod:`perfscope.profiler.engines.threads`),
 ``attention=explicit|sdpa``, ``quant=none|int8|int8-wo``,
 ``kv_cache=on|off`` (off: every decode step recomputes the whole sequence, no cache is
-read), ``compile=on|off`` (``torch.compile`` of each block), ``kv_dtype=auto|int8|fp8`` (vLLM's
+read), ``compile=on|off`` (``torch.compile(dynamic=True)`` of each block: kernel fusion;
+``compile_backend=inductor|aot_eager|eager``, default inductor, the others trace without
+generating kernels, for checking the path quickly), ``kv_dtype=auto|int8|fp8`` (vLLM's
 ``kv_cache_dtype`` spelling accepted too: KV-cache storage dtype, upcast before attention),
+``prune_heads=N`` (remove the N least important query heads of every layer, no fine-tuning:
+:mod:`~perfscope.profiler.engines.reference.heads`),
 ``sparsity=none|unstructured:F|2:4`` (magnitude pruning of the block linears, run as sparse
 matmuls; 2:4 needs CUDA) and ``weights=PATH`` (a
 state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewer
@@ -57,9 +61,11 @@ from perfscope.profiler.engines.base import (
     Inbox,
     Submission,
     option_choice,
+    option_float,
     option_int,
     register_engine,
 )
+from perfscope.profiler.engines.reference.heads import HeadPruning, prune_heads
 from perfscope.profiler.engines.reference.model import (
     ATTENTION_IMPLS,
     KV_DTYPES,
@@ -76,6 +82,12 @@ from perfscope.profiler.engines.reference.model import (
     torch_dtype,
 )
 from perfscope.profiler.engines.reference.packed import Chunk, packed_forward
+from perfscope.profiler.engines.reference.paged import (
+    DEFAULT_BLOCK_TOKENS,
+    PagedKVCache,
+    PagedPlan,
+    plan_paged,
+)
 from perfscope.profiler.engines.reference.prefix import DEFAULT_CAPACITY_TOKENS, PrefixCache
 from perfscope.profiler.engines.reference.speculative import (
     Speculator,
@@ -87,6 +99,10 @@ from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import StepKind
 
 __all__ = ["ReferenceEngine"]
+
+#: ``compile_backend`` engine option: torch.compile backends (inductor generates fused
+#: kernels; aot_eager and eager only trace, to check the compiled path in seconds).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 #: Token id that ends a sequence when ``stop_on_eos`` is set.
 EOS_TOKEN_ID = 0
@@ -230,7 +246,13 @@ class ReferenceEngine:
         self.quant = option_choice(extra, "quant", QUANT_MODES, "none")
         self.kv_cache = option_choice(extra, "kv_cache", ("on", "off"), "on") == "on"
         self.compiled = option_choice(extra, "compile", ("off", "on"), "off") == "on"
+        self.compile_backend = option_choice(extra, "compile_backend", COMPILE_BACKENDS, "inductor")
         self.weights = extra.get("weights")
+        self.prune_heads = _prune_heads(extra)
+        self.kv_paged = option_choice(extra, "kv_paged", ("off", "on"), "off") == "on"
+        self.kv_block_tokens = option_int(extra, "kv_block_tokens") or DEFAULT_BLOCK_TOKENS
+        budget_mb = option_float(extra, "kv_budget_mb", 0.0) if "kv_budget_mb" in extra else None
+        self.kv_budget_bytes = None if budget_mb is None else int(budget_mb * 1e6)
         self.prefix_cache = option_choice(extra, "prefix_cache", ("off", "on"), "off") == "on"
         self.prefix_cache_tokens = (
             option_int(extra, "prefix_cache_tokens") or DEFAULT_CAPACITY_TOKENS
@@ -255,6 +277,13 @@ class ReferenceEngine:
             self.weights = str(train(TrainConfig(preset=preset, overrides=overrides)).path)
         if self.weights:
             _load_weights(self.model, self.weights)
+        self.head_pruning: HeadPruning | None = None
+        if self.prune_heads:
+            try:
+                self.head_pruning = prune_heads(self.model, self.prune_heads)
+            except ValueError as exc:
+                raise UsageError(f"--engine-opt {exc}") from None
+            self.config = self.model.cfg
         self.model.set_attention(self.attention)
         self.model.set_kv_dtype(self.kv_dtype)
         if self.sparsity.kind != "none" and self.quant != "none":
@@ -266,10 +295,15 @@ class ReferenceEngine:
             raise UsageError(f"reference engine: {exc}") from exc
         if self.compiled:
             for block in self.model.blocks:
-                block.forward = torch.compile(block.forward, dynamic=True)
+                block.forward = torch.compile(
+                    block.forward, dynamic=True, backend=self.compile_backend
+                )
         self.max_seq_len = options.max_seq_len
         self._spec: Speculator | None = None
         self.draft = parse_draft(extra, target_trained=bool(self.weights))
+        #: Sequences decoded together: ``batch_size``, or fewer when a contiguous cache's
+        #: ``kv_budget_mb`` holds fewer of ``max_seq_len`` (:meth:`_kv_plan`).
+        self.slots = self._kv_plan()
         self.draft_model: ReferenceModel | None = None
         #: Emitted token ids per request id (speculative decoding only; tests compare them).
         self.outputs: dict[int, list[int]] = {}
@@ -328,6 +362,16 @@ class ReferenceEngine:
                 "quant": self.quant,
                 "kv_cache": self.kv_cache,
                 "compile": self.compiled,
+                "compile_backend": self.compile_backend if self.compiled else None,
+                "prune_heads": self.prune_heads,
+                "kv_paged": self.kv_paged,
+                "kv_block_tokens": self.kv_block_tokens if self.kv_paged else None,
+                "kv_budget_bytes": self.kv_budget_bytes,
+                "kv_slots": self.slots,
+                "kv_blocks": self.kv_plan.n_blocks if self.kv_plan and self.kv_paged else None,
+                "pruned_heads": (
+                    [list(r) for r in self.head_pruning.removed] if self.head_pruning else None
+                ),
                 "weights": self.weights,
                 "kv_dtype": self.kv_dtype,
                 "sparsity": self.sparsity.label,
@@ -366,7 +410,7 @@ class ReferenceEngine:
         if self.prefix_cache or self.max_batched_tokens is not None:
             self._serve_packed(inbox, recorder)
             return
-        bs = self.options.batch_size
+        bs = self.slots
         spare = 0
         if self.draft is not None and self.draft_model is not None:
             # A verify pass writes up to K positions past the accepted length.
@@ -374,7 +418,7 @@ class ReferenceEngine:
             self._spec = Speculator(
                 self.draft_model, self.draft.k, bs, self.max_seq_len + spare, self._sync
             )
-        cache = self.model.new_cache(bs, self.max_seq_len + spare)
+        cache = self._new_cache(bs, self.max_seq_len + spare)
         pending: deque[Submission] = deque()
         running: list[_Seq] = []
         static = self.options.scheduler == "static"
@@ -423,6 +467,12 @@ class ReferenceEngine:
                 sub.handle.finish(
                     error=f"prompt + output = {need} tokens exceeds max_seq_len {self.max_seq_len}"
                 )
+            elif isinstance(cache, PagedKVCache):
+                got = self._reserve(cache, sub, len(running) + len(admitted), pending)
+                if got == "wait":
+                    break
+                if got == "ok":
+                    admitted.append(sub)
             else:
                 admitted.append(sub)
         groups: dict[int, list[Submission]] = {}
@@ -552,11 +602,16 @@ class ReferenceEngine:
     def _drop_finished(self, running: list[_Seq], cache: KVCache, static: bool) -> None:
         if static:
             if running and all(s.done for s in running):
+                if isinstance(cache, PagedKVCache):
+                    for slot in range(len(running)):
+                        cache.release(slot)
                 running.clear()
             return
         i = 0
         while i < len(running):
             if running[i].done:
+                if isinstance(cache, PagedKVCache):
+                    cache.release(i)
                 last = running.pop()
                 if i < len(running):
                     cache.move(len(running), i, last.length)
@@ -747,6 +802,75 @@ class ReferenceEngine:
                 cache.move(f.slot, f.slot - 1, f.done)
                 f.slot -= 1
 
+    # --- KV budget and paged cache ---------------------------------------------------------
+
+    def _kv_plan(self) -> int:
+        """Check the paged-cache options; the slots (sequences decoded together)."""
+        bs = self.options.batch_size
+        self.kv_plan: PagedPlan | None = None
+        if not self.kv_paged and self.kv_budget_bytes is None:
+            return bs
+        if self.prefix_cache or self.max_batched_tokens is not None or self.draft is not None:
+            raise UsageError(
+                "--engine-opt kv_paged= / kv_budget_mb= run with the plain scheduler only: "
+                "drop prefix_cache, max_batched_tokens or draft"
+            )
+        if not self.kv_cache or self.kv_dtype != "auto":
+            raise UsageError(
+                "--engine-opt kv_paged= / kv_budget_mb= need kv_cache=on and kv_dtype=auto"
+            )
+        budget = self.kv_budget_bytes
+        if budget is None:  # paged, no budget: as many blocks as the contiguous cache holds
+            plan = plan_paged(self.config, 1, self.max_seq_len, self.kv_block_tokens)
+            budget = bs * self.max_seq_len * plan.bytes_per_token
+        plan = plan_paged(self.config, budget, self.max_seq_len, self.kv_block_tokens)
+        self.kv_plan = plan
+        if self.kv_paged:
+            if plan.n_blocks < 1:
+                raise UsageError(
+                    f"--engine-opt kv_budget_mb={budget / 1e6:g} holds no KV block of "
+                    f"{plan.block_bytes} bytes: raise it"
+                )
+            return bs
+        if plan.contiguous_slots < 1:
+            raise UsageError(
+                f"--engine-opt kv_budget_mb={budget / 1e6:g} holds no contiguous sequence of "
+                f"max_seq_len {self.max_seq_len} ({self.max_seq_len * plan.bytes_per_token} "
+                "bytes): raise it, lower max_seq_len or use kv_paged=on"
+            )
+        return min(bs, plan.contiguous_slots)
+
+    def _new_cache(self, slots: int, max_len: int) -> KVCache:
+        if self.kv_paged and self.kv_plan is not None:
+            return PagedKVCache(
+                self.config,
+                slots,
+                max_len,
+                self.kv_plan.n_blocks,
+                self.kv_block_tokens,
+                self.device,
+            )
+        return self.model.new_cache(slots, max_len)
+
+    def _reserve(
+        self, cache: PagedKVCache, sub: Submission, slot: int, pending: deque[Submission]
+    ) -> str:
+        """Blocks for ``sub``'s prompt and whole output in ``slot``: ``ok``; ``wait`` (``sub``
+        back at the head of ``pending``) when too few are free now; ``skip`` for a request
+        that could never fit (finished with an error)."""
+        need = sub.spec.prompt_tokens + sub.spec.max_output_tokens
+        if math.ceil(need / cache.block_tokens) > cache.n_blocks:
+            sub.handle.finish(
+                error=f"prompt + output = {need} tokens needs more KV blocks than the "
+                f"budget's {cache.n_blocks}"
+            )
+            return "skip"
+        if not cache.can_allocate(need):
+            pending.appendleft(sub)
+            return "wait"
+        cache.allocate(slot, need)
+        return "ok"
+
     # --- helpers ------------------------------------------------------------------------
 
     def _batch_wait_s(self, pending: deque[Submission], inbox: Inbox, recorder: Recorder) -> float:
@@ -803,6 +927,14 @@ def _kv_dtype(extra: dict[str, str]) -> str:
             f"--engine-opt {keys[0]}= must be one of {', '.join(KV_DTYPES)}, got {text!r}"
         )
     return text
+
+
+def _prune_heads(extra: dict[str, str]) -> int:
+    """``prune_heads`` option: query heads removed per layer, a whole number >= 0 (0: none)."""
+    text = extra.get("prune_heads", "0").strip()
+    if not text.isdigit():
+        raise UsageError(f"--engine-opt prune_heads= must be a whole number >= 0, got {text!r}")
+    return int(text)
 
 
 def _load_weights(model: ReferenceModel, path: str) -> None:

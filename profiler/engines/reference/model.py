@@ -85,6 +85,10 @@ class ReferenceConfig:
         tied_embeddings: share the embedding matrix with the lm_head.
         rope_theta: RoPE base.
         norm_eps: RMSNorm epsilon.
+        head_dim_override: width of each attention head when it is not ``hidden_size /
+            n_heads`` (a head-pruned model keeps its heads' width with fewer heads; see
+            :mod:`~perfscope.profiler.engines.reference.heads`); None: ``hidden_size /
+            n_heads``.
     """
 
     n_layers: int = 4
@@ -97,6 +101,7 @@ class ReferenceConfig:
     tied_embeddings: bool = False
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    head_dim_override: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "intermediate_size"):
@@ -104,7 +109,13 @@ class ReferenceConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.vocab_size < 2:
             raise ValueError(f"vocab_size must be at least 2, got {self.vocab_size}")
-        if self.hidden_size % self.n_heads:
+        if self.head_dim_override is not None:
+            if self.head_dim_override <= 0 or self.head_dim_override % 2:
+                raise ValueError(
+                    f"head_dim_override must be a positive even number, got "
+                    f"{self.head_dim_override}"
+                )
+        elif self.hidden_size % self.n_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}"
             )
@@ -112,12 +123,14 @@ class ReferenceConfig:
             raise ValueError(
                 f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}"
             )
-        if (self.hidden_size // self.n_heads) % 2:
+        if self.head_dim % 2:
             raise ValueError("head_dim (hidden_size / n_heads) must be even for RoPE")
         torch_dtype(self.dtype)
 
     @property
     def head_dim(self) -> int:
+        if self.head_dim_override is not None:
+            return self.head_dim_override
         return self.hidden_size // self.n_heads
 
     def with_overrides(self, **overrides: object) -> ReferenceConfig:
