@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
-from perfscope.analysis.study import RunPoint, SettingResult, Study
-from perfscope.api.study import reproject_study
+from perfscope.analysis.study import Study
+from perfscope.api.study import portable_study, reproject_study
 from perfscope.profiler.store import write_json_atomic
 
 #: Metrics a projection is checked on (the study metrics with a projection).
@@ -48,15 +47,6 @@ def _rows(s: Study) -> list[tuple[str, str, float, float | None, bool]]:
                 )
             )
     return out
-
-
-def portable(s: Study, path: Path) -> Study:
-    """``s`` with run ids for run paths and ``path`` (as given) for its own path."""
-
-    def runs(st: SettingResult) -> list[RunPoint]:
-        return [replace(r, run=Path(r.run).name) for r in st.runs]
-
-    return replace(s, settings=[replace(st, runs=runs(st)) for st in s.settings], path=str(path))
 
 
 def main() -> None:
@@ -93,7 +83,7 @@ def main() -> None:
         if a.save is not None:
             target = a.save / Path(path).name
             a.save.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(target, portable(new, target).to_dict())
+            write_json_atomic(target, portable_study(new, target).to_dict())
     print()
     for name in ("before", "after"):
         sig, every = errs[name], errs_all[name]

@@ -33,6 +33,7 @@ __all__ = [
     "engine_family",
     "knobs_for",
     "load_study",
+    "portable_study",
     "reproject_study",
     "study",
     "study_with",
@@ -495,6 +496,18 @@ def _assemble(
         queueing=queueing,
     )
     return replace(result, notes=[*result.notes, fit_note])
+
+
+def portable_study(study: Study, path: str | Path) -> Study:
+    """``study`` as it is stored for others (``perfscope study --save``): each run named by
+    its run id instead of its folder on this machine, and ``path`` (as given, relative to
+    where it is read from) as the study's own path, so the record names no temporary
+    folder. :func:`reproject_study` finds the runs by id in a runs folder."""
+    settings = [
+        replace(st, runs=[replace(r, run=Path(r.run).name) for r in st.runs])
+        for st in study.settings
+    ]
+    return replace(study, settings=settings, path=str(path))
 
 
 def reproject_study(
