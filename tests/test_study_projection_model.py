@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from perfscope.analysis.queueing import Load, simulate
 from perfscope.analysis.study import project_change
 from perfscope.hwdb.spec import DeviceSpec
 
+ROOT = Path(__file__).resolve().parents[1]
 CPU = DeviceSpec(
     key="test-cpu-calibrated",
     name="Test CPU (calibrated)",
@@ -164,3 +166,44 @@ def test_batching_a_burst_projects_the_queueing_it_removes_from_ttft() -> None:
     assert queued["baseline"]["ttft_s"] == pytest.approx(waited)
     assert queued["ratios"]["ttft_s"] == pytest.approx(b.ttft_s / waited)
     assert queued["ratios"]["ttft_s"] < 0.5
+
+
+def test_a_projection_says_how_far_it_was_checked_or_that_it_was_not() -> None:
+    from perfscope.analysis.calibration import MachineClass, load_calibration, projection_check
+
+    entries = load_calibration()
+    here = next(e.machine for e in entries if e.significant and e.error is not None)
+    checked = projection_check(here, entries)
+    sig = sorted(
+        abs(float(e.error))
+        for e in entries
+        if e.machine.matches(here) and e.significant and e.error is not None
+    )
+    assert checked.startswith(f"checked on {here.describe()}: median |error| ")
+    assert f"{100 * statistics.median(sig):.0f}% over {len(sig)} significant" in checked
+    gpu = MachineClass("AMD EPYC", 2, "NVIDIA H100 80GB HBM3", "reference")
+    assert projection_check(gpu, entries).startswith("unchecked: no stored study")
+
+
+def test_a_saved_study_names_its_runs_by_id_and_no_temporary_folder() -> None:
+    from perfscope.api.study import load_study, portable_study
+
+    stored = sorted(
+        p for p in (ROOT / "samples" / "studies" / "results").glob("*.json") if "layers" in p.name
+    )[0]
+    s = load_study(stored)
+    moved = dataclasses.replace(
+        s,
+        settings=[
+            dataclasses.replace(
+                st, runs=[dataclasses.replace(r, run=f"/tmp/x/{r.run}") for r in st.runs]
+            )
+            for st in s.settings
+        ],
+    )
+    out = portable_study(moved, "results/a.json")
+    assert out.path == "results/a.json"
+    assert [r.run for st in out.settings for r in st.runs] == [
+        r.run for st in s.settings for r in st.runs
+    ]
+    assert all("/" not in r.run for st in out.settings for r in st.runs)
