@@ -44,6 +44,7 @@ __all__ = [
     "load_calibration",
     "machine_of_device",
     "machine_of_summary",
+    "projection_check",
     "technique_key",
     "technique_of_change",
     "threads_evidence",
@@ -74,6 +75,7 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "attention": ("the attention kernel", ()),
     "scheduler": ("the scheduler", ()),
     "concurrency": ("more concurrent users", ()),
+    "rate": ("a higher request rate", ()),
     "kv-cache": ("the KV cache", ()),
 }
 
@@ -601,6 +603,33 @@ def calibration_for(
     if e.projection_inside:
         text += "; the projection lies inside the measured interval"
     return Calibration(hw, where, key, True, e.significant, e.error, text, e.to_dict())
+
+
+def projection_check(
+    machine: MachineClass, entries: Sequence[CalibrationEntry] | None = None
+) -> str:
+    """How far projections on ``machine`` were checked, for any projection shown: the median
+    absolute error of the stored studies' significant effects on that machine class (with
+    their count and the share of every effect within 25%), or ``unchecked`` when no stored
+    study ran there (projections onto another device are never checked by this machine's
+    studies)."""
+    table = load_calibration() if entries is None else entries
+    here = [e for e in table if e.machine.matches(machine) and e.error is not None]
+    sig = [abs(float(e.error)) for e in here if e.significant and e.error is not None]
+    where = machine.describe()
+    if not sig:
+        return (
+            f"unchecked: no stored study measured a significant effect on {where} "
+            "(perfscope study ... --save, then perfscope advisor calibrate)"
+        )
+    ordered = sorted(sig)
+    mid = len(ordered) // 2
+    med = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    within = sum(1 for x in sig if x <= 0.25)
+    return (
+        f"checked on {where}: median |error| {100 * med:.0f}% over {len(sig)} significant "
+        f"effects of stored studies ({within} within 25%)"
+    )
 
 
 def contradicting_entry(

@@ -50,13 +50,16 @@ if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
+    "KERNELS_OUTSIDE_LAYERS",
     "KERNELS_PER_LAYER",
     "TERMS",
+    "FittedTimes",
     "OverheadFit",
     "StepSamples",
     "cast_bytes",
     "chunked_prefill_steps",
     "fit_overhead",
+    "fitted_times",
     "launch_time",
     "nnls",
     "quantisation_bytes",
@@ -73,6 +76,13 @@ TERMS = ("roof_scale", "per_layer_s", "per_sequence_s", "per_token_s", "per_step
 #: residual adds (2), MLP (3 GEMMs + activation + multiply = 5): about 18. An assumption for
 #: unfused engines; a compiled engine (CUDA graphs) launches one graph per step instead.
 KERNELS_PER_LAYER = 18
+
+#: Ops a step runs outside the decoder blocks: the embedding lookup, the final norm, the LM
+#: head GEMM and sampling (about 2: the logits' argmax or softmax and the draw): about 5.
+#: With :data:`KERNELS_PER_LAYER` it splits a per-step host term that one model shape cannot
+#: separate from a per-layer one (:meth:`OverheadFit.split_layers`): host time per step is
+#: assumed to follow the ops the step dispatches.
+KERNELS_OUTSIDE_LAYERS = 5
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
@@ -236,6 +246,42 @@ class OverheadFit:
             layers, sequences, tokens
         )
 
+    def split_layers(self, layers: int) -> OverheadFit:
+        """The fit with a folded per-layer term split out of ``per_step_s``, for models of
+        ``layers`` blocks (the shape it was fitted on).
+
+        When the fitted steps all had one model shape, per layer was folded into per step
+        (:func:`fit_overhead`); a projection that changes the layer count would then keep
+        the whole host time fixed. The split assumes host time per step follows the ops the
+        step dispatches: ``KERNELS_PER_LAYER x layers`` of ``KERNELS_PER_LAYER x layers +
+        KERNELS_OUTSIDE_LAYERS`` is per layer, the rest per step. The fit itself is
+        unchanged where per layer was fitted (or ``layers`` < 1); the note says which.
+        """
+        folded = [f for f in self.folded if f.startswith("per layer")]
+        if not folded or layers < 1 or self.per_layer_s > 0:
+            return self
+        in_layers = KERNELS_PER_LAYER * layers
+        share = in_layers / (in_layers + KERNELS_OUTSIDE_LAYERS)
+        return OverheadFit(
+            roof_scale=self.roof_scale,
+            per_layer_s=self.per_step_s * share / layers,
+            per_sequence_s=self.per_sequence_s,
+            per_token_s=self.per_token_s,
+            per_step_s=self.per_step_s * (1.0 - share),
+            folded=tuple(f for f in self.folded if not f.startswith("per layer")),
+            samples=self.samples,
+            residual_rms_s=self.residual_rms_s,
+            residual_rel=self.residual_rel,
+            device=self.device,
+            platform=self.platform,
+            notes=[
+                *self.notes,
+                f"per layer not separable (one model shape): {100 * share:.0f}% of the per-step "
+                f"host term taken as per layer ({KERNELS_PER_LAYER} ops x {layers} layers of "
+                f"{in_layers + KERNELS_OUTSIDE_LAYERS} per step, an assumption)",
+            ],
+        )
+
     def on_device(
         self, target: DeviceSpec, model: ModelSpec, *, launches: bool = True
     ) -> OverheadFit:
@@ -362,6 +408,87 @@ def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
         residual_rel=rms / mean if mean > 0 else 0.0,
         device=s.device,
         platform=s.platform,
+    )
+
+
+@dataclass(frozen=True)
+class FittedTimes:
+    """A static batch timed by a fitted cost model on the fitted device (seconds).
+
+    Attributes:
+        ttft_s: the prefill step of the whole batch (no queueing).
+        tpot_s: the mean decode step.
+        e2e_s: ``ttft_s + (output_len - 1) x tpot_s``.
+        throughput_tok_s: output tokens of the batch over ``e2e_s``, tokens/s.
+        prefill_host_s, decode_host_s: the host/overhead part of the prefill step and of the
+            mean decode step.
+        sol_ttft_s, sol_tpot_s: the roofline time alone of the same steps.
+    """
+
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+    throughput_tok_s: float | None
+    prefill_host_s: float
+    decode_host_s: float
+    sol_ttft_s: float
+    sol_tpot_s: float
+
+
+def fitted_times(
+    fit: OverheadFit,
+    model: ModelSpec,
+    device: DeviceSpec,
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    cached_prefix_len: int = 0,
+    extra_bytes: float = 0.0,
+) -> FittedTimes:
+    """Time a static batch (one prefill of ``batch`` prompts, then ``output_len - 1`` decode
+    steps with a growing cache) by ``fit`` on ``device``: each step is ``roof_scale x``
+    its roofline time (:func:`roof_times`, the roofline the fit was made against) plus the
+    host terms of its shape (:meth:`OverheadFit.host_time`), so a larger batch pays its
+    per-row and per-token host cost and a shallower model its per-layer one.
+
+    ``cached_prefix_len``: prompt tokens per sequence a prefix cache serves (the prefill
+    computes the rest); ``extra_bytes``: bytes per step the roofline does not count
+    (:func:`quantisation_bytes` ...).
+    """
+    b = max(int(batch), 1)
+    p = max(int(prompt_len), 1)
+    out = max(int(output_len), 1)
+    cached = min(max(int(cached_prefix_len), 0), p - 1)
+    layers = float(model.n_layers)
+    new_p = p - cached
+    roof_p = roof_times(
+        model,
+        device,
+        np.array([float(b)]),
+        np.array([float(b * new_p)]),
+        np.array([float(b * cached)]),
+        extra_bytes,
+    )
+    host_p = float(fit.host_time(layers, b, b * new_p))
+    ttft = float(fit.roof_scale * roof_p[0]) + host_p
+    steps = max(out - 1, 1)
+    ctx = p + np.arange(steps, dtype=np.float64)
+    roof_d = roof_times(
+        model, device, np.full(steps, float(b)), np.full(steps, float(b)), b * ctx, extra_bytes
+    )
+    host_d = float(fit.host_time(layers, b, b))
+    tpot = float(fit.roof_scale * np.mean(roof_d)) + host_d
+    e2e = ttft + (out - 1) * tpot
+    return FittedTimes(
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        throughput_tok_s=b * out / e2e if e2e > 0 else None,
+        prefill_host_s=host_p,
+        decode_host_s=host_d,
+        sol_ttft_s=float(roof_p[0]),
+        sol_tpot_s=float(np.mean(roof_d)),
     )
 
 

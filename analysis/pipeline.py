@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 import pandas as pd
 
 from perfscope.analysis.advisor import advise
+from perfscope.analysis.calibration import machine_of_device, projection_check
 from perfscope.analysis.client import client_section
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.metrics import per_request
@@ -171,6 +172,11 @@ def analyze(
         projections = project_run(
             roofline, model, workload, targets, measured_on=measured_on or spec.key
         )
+        # Every projection shown says how far projections were checked on its target's
+        # machine class by stored studies, or that they were not.
+        kind = (stored_run.manifest.get("engine") or {}).get("kind")
+        for p, dev in zip(projections, targets, strict=True):
+            p["checked"] = projection_check(machine_of_device(dev, kind))
     # The sections above are computed as JSON objects by modules other components own
     # (advisor, whatif, speculative, server metrics); each becomes its record here, once.
     roofline_rec = Roofline.from_dict(roofline)

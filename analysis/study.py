@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from perfscope.analysis.calibration import machine_of_summary
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.experiment import MIN_BLOCKS, SetChange, judge_experiment, judge_metric
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.overhead import OverheadFit, fitted_times, roof_times
+from perfscope.analysis.queueing import Load, simulate
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
     expected_tokens_per_step,
@@ -205,9 +208,11 @@ def _recompute_tpot(
     prompt_len: int,
     output_len: int,
     derated: bool = True,
+    fit: OverheadFit | None = None,
 ) -> float | None:
     """Projected time per output token without a KV cache: each decode step is a prefill
-    of the whole sequence so far, timed as the baseline's prefill was derated."""
+    of the whole sequence so far, timed as the baseline's prefill was derated (or by the
+    fitted cost model ``fit``: its roofline scale and the host terms of the step's shape)."""
     import numpy as np
 
     from perfscope.hwdb.spec import DeviceSpec
@@ -216,16 +221,22 @@ def _recompute_tpot(
     if not spec:
         return None
     dev = DeviceSpec.from_dict(spec)
+    steps = max(output_len - 1, 1)
+    if fit is not None and derated:
+        ctx = prompt_len + np.arange(steps, dtype=np.float64) + 1
+        b = np.full(steps, float(batch))
+        roof = roof_times(model, dev, b, b * ctx, np.zeros(steps))
+        host = fit.host_time(float(model.n_layers), b, b * ctx)
+        return float(np.mean(fit.roof_scale * roof + host))
     peak = dev.peak_flops_for(model.act_dtype) or 0.0
     bw = dev.mem_bw_bytes_s
     derate = run_derating(summary.get("roofline") or {}) if derated else {}
     eff = derate.get("prefill_efficiency", 1.0)
     over = derate.get("prefill_overhead_s", 0.0)
-    steps = max(output_len - 1, 1)
     total = 0.0
     for i in range(steps):
-        ctx = prompt_len + i + 1
-        c = step_costs(model, batch, batch * ctx, 0)
+        ctx_i = prompt_len + i + 1
+        c = step_costs(model, batch, batch * ctx_i, 0)
         f = float(np.asarray(c["flops"]))
         nb = float(
             np.asarray(
@@ -239,6 +250,57 @@ def _recompute_tpot(
     return total / steps
 
 
+def _times(
+    model: ModelSpec,
+    dev: Any,
+    derate: Mapping[str, Any],
+    fit: OverheadFit | None,
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    cached: int,
+) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """(projected, speed of light) :func:`predict`-shaped dicts of one setting's batch:
+    projected by the fitted cost model when there is one, else by the baseline's derating."""
+    shape: Mapping[str, Any] = {
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "cached_prefix_len": cached,
+    }
+    sol = predict(model, dev, **shape)
+    if fit is None:
+        pred = predict(
+            model,
+            dev,
+            **shape,
+            prefill_efficiency=derate.get("prefill_efficiency"),
+            decode_efficiency=derate.get("decode_efficiency"),
+            prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
+            decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+        )
+        return pred, sol
+    ft = fitted_times(fit, model, dev, **shape)
+    pred = {
+        "ttft_s": ft.ttft_s,
+        "tpot_s": ft.tpot_s,
+        "e2e_s": ft.e2e_s,
+        "throughput_tok_s": ft.throughput_tok_s,
+        "host_s": {"prefill": ft.prefill_host_s, "decode_per_step": ft.decode_host_s},
+        "prefill": sol["prefill"],
+        "decode": sol["decode"],
+    }
+    return pred, sol
+
+
+def _pick(
+    at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]], j: int, key: str, k: int
+) -> float:
+    """``key`` of the projected (``j`` 0) or speed-of-light (1) times at batch ``k``, s."""
+    return float(at(k)[j][key])
+
+
 def project_change(
     baseline: Mapping[str, Any],
     candidate: Mapping[str, Any],
@@ -249,17 +311,29 @@ def project_change(
     kv_cache: tuple[bool, bool] = (True, True),
     output_lens: tuple[int, int] | None = None,
     cached_prefix_len: tuple[int, int] = (0, 0),
+    fit: OverheadFit | None = None,
+    loads: tuple[Load | None, Load | None] | None = None,
 ) -> dict[str, Any] | None:
     """What the what-if model projects for the change from the baseline run's setting to
     the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
 
-    Both settings are projected on the baseline run's device with the baseline's own
-    derating (so overheads carry over), each with its own model shape and dtypes (from
-    its run's ``model`` section) and batch; ``output_lens`` (baseline, candidate) when the
-    settings generate different numbers of tokens (default ``output_len`` for both);
-    ``cached_prefix_len`` (per setting) is the prompt tokens per request its prefix cache
-    serves, which the prefill does not compute (the prefill's FLOPs and bytes scale with the
-    uncached share). ``None`` without a roofline.
+    Both settings are projected on the baseline run's device, each with its own model shape
+    and dtypes (from its run's ``model`` section) and batch. With ``fit`` (the fitted cost
+    model of the baseline's steps, :func:`perfscope.analysis.overhead.fit_overhead`) each
+    step is ``roof_scale x`` its roofline time plus host terms per layer, per sequence, per
+    token and per step (:func:`perfscope.analysis.overhead.fitted_times`), so a change of
+    batch or layers moves the host time that dominates small models; a per-layer term the
+    fit could not separate is split out of per step (:meth:`OverheadFit.split_layers`).
+    Without a fit, the baseline's own derating (so overheads carry over unchanged).
+
+    ``loads`` (baseline, candidate; :class:`perfscope.analysis.queueing.Load`) adds the
+    wait for a slot to TTFT and times throughput over the run's window
+    (:func:`perfscope.analysis.queueing.under_load`); ``batch`` is then the slots, and an
+    open-loop load decodes the requests Little's law puts in service. ``output_lens``
+    (baseline, candidate) when the settings generate different numbers of tokens (default
+    ``output_len`` for both); ``cached_prefix_len`` (per setting) is the prompt tokens per
+    request its prefix cache serves, which the prefill does not compute. ``None`` without a
+    roofline.
     """
     from perfscope.hwdb.spec import DeviceSpec
 
@@ -269,42 +343,73 @@ def project_change(
         return None
     dev = DeviceSpec.from_dict(spec)
     derate = run_derating(roof)
+    base_model = ModelSpec.from_dict(dict(baseline["model"]))
+    used_fit = fit.split_layers(base_model.n_layers) if fit is not None else None
     preds = []
     sols = []
+    queue: list[Any] = []
     outs = output_lens or (output_len, output_len)
-    for summary, b, kv, output_len, cached in (
-        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0]),
-        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1]),
+    load_pair = loads or (None, None)
+    for summary, slots, kv, output_len, cached, load in (
+        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0], load_pair[0]),
+        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1], load_pair[1]),
     ):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
-        pred = predict(
-            model,
-            dev,
-            batch=b,
-            prompt_len=prompt_len,
-            output_len=output_len,
-            prefill_efficiency=derate.get("prefill_efficiency"),
-            decode_efficiency=derate.get("decode_efficiency"),
-            prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
-            decode_overhead_s=derate.get("decode_overhead_s", 0.0),
-            cached_prefix_len=cached,
-        )
-        sol = predict(
-            model,
-            dev,
-            batch=b,
-            prompt_len=prompt_len,
-            output_len=output_len,
-            cached_prefix_len=cached,
-        )
-        if not kv:
-            for p, derated in ((pred, True), (sol, False)):
-                tpot = _recompute_tpot(model, baseline, b, prompt_len, output_len, derated)
+
+        def both(
+            b: int,
+            model: ModelSpec = model,
+            output_len: int = output_len,
+            cached: int = cached,
+            kv: bool = kv,
+        ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+            pred, sol = _times(
+                model,
+                dev,
+                derate,
+                used_fit,
+                batch=b,
+                prompt_len=prompt_len,
+                output_len=output_len,
+                cached=cached,
+            )
+            if kv:
+                return pred, sol
+            out = []
+            for p, derated in ((dict(pred), True), (dict(sol), False)):
+                tpot = _recompute_tpot(
+                    model, baseline, b, prompt_len, output_len, derated, used_fit
+                )
                 if tpot is not None:
                     p["tpot_s"] = tpot
                     e2e = p["ttft_s"] + (output_len - 1) * tpot
                     p["e2e_s"] = e2e
                     p["throughput_tok_s"] = b * output_len / e2e if e2e > 0 else None
+                out.append(p)
+            return out[0], out[1]
+
+        pred, sol = (dict(x) for x in both(slots))
+        if load is not None:
+            at = cache(both)  # one projection per batch size the simulation meets
+
+            for j, p in enumerate((pred, sol)):
+                lt = simulate(
+                    load,
+                    slots=slots,
+                    prefill_s=partial(_pick, at, j, "ttft_s"),
+                    decode_s=partial(_pick, at, j, "tpot_s"),
+                    output_len=output_len,
+                )
+                p["ttft_s"] = lt.ttft_p50_s
+                p["tpot_s"] = lt.tpot_p50_s
+                p["throughput_tok_s"] = lt.throughput_tok_s
+                p["queue"] = {
+                    "queue_p50_s": lt.queue_p50_s,
+                    "window_s": lt.window_s,
+                    "batch_mean": lt.batch_mean,
+                    "model": lt.model,
+                }
+            queue.append(pred["queue"])
         sols.append(sol)
         preds.append(pred)
     ratios: dict[str, float | None] = {}
@@ -327,17 +432,29 @@ def project_change(
                 value = table.get(metric)
                 if value is not None:
                     table[metric] = value * (float(gain[1]) / float(gain[0])) ** power
+    if used_fit is not None:
+        basis = "the fitted cost model of the baseline's steps: " + used_fit.describe()
+        basis += "".join(f"; {n}" for n in used_fit.notes)
+    else:
+        basis = (
+            "the baseline run's derating ("
+            + ", ".join(f"{k}={v:.3g}" for k, v in derate.items())
+            + ")"
+        )
+    if queue:
+        basis += "; queueing: " + " → ".join(q["model"] for q in queue)
     return {
         "ratios": ratios,
         # The bare roofline (speed of light, no derating) for the same change: what the
-        # roofline alone predicts when the hardware's ceilings are what binds.
+        # roofline alone predicts when the hardware's ceilings are what binds (the load's
+        # queueing included: it holds at any speed).
         "sol_ratios": sol_ratios,
         "baseline": {k: preds[0].get(k) for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
         "candidate": {k: preds[1].get(k) for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
         "bound": {"prefill": preds[1]["prefill"]["bound"], "decode": preds[1]["decode"]["bound"]},
-        "basis": "the baseline run's derating ("
-        + ", ".join(f"{k}={v:.3g}" for k, v in derate.items())
-        + ")",
+        "basis": basis,
+        "overhead_fit": used_fit.to_dict() if used_fit is not None else None,
+        "queue": queue or None,
         "speculative": spec[1],
     }
 
@@ -355,6 +472,8 @@ def _scheduling_projection(
     batch: tuple[int, int],
     prompt_len: int,
     output_len: int,
+    fit: OverheadFit | None = None,
+    loads: tuple[Load | None, Load | None] | None = None,
 ) -> dict[str, Any]:
     """The projection of a scheduling knob, with a ``note`` saying what it rests on.
 
@@ -378,6 +497,8 @@ def _scheduling_projection(
             prompt_len=plen,
             output_len=output_len,
             cached_prefix_len=(int(cached[0]), int(cached[1])),
+            fit=fit,
+            loads=loads,
         )
         if proj is None:
             return {
@@ -697,6 +818,8 @@ def build_study(
     quality: Sequence[dict[str, Any] | None] | None = None,
     confidence: float = 0.95,
     primary: str = DEFAULT_PRIMARY,
+    fit: OverheadFit | None = None,
+    queueing: bool = True,
 ) -> Study:
     """Assemble a :class:`Study` from its runs.
 
@@ -709,6 +832,11 @@ def build_study(
             (``max-tokens``); default ``output_len`` for every setting.
         primary: the metric (a :data:`METRICS` key) whose verdict leads; the others are
             Holm-corrected. Effects are paired by round (each round is a block).
+        fit: the fitted cost model of the baseline setting's steps (its runs only: the
+            projection never learns from the runs it is checked against); None: the
+            baseline's derating. Each setting's load (its run's ``load`` section) adds
+            queueing to the projected TTFT (:func:`project_change`) unless ``queueing`` is
+            false.
     """
     outs = list(output_lens) if output_lens is not None else [output_len] * len(values)
     kv = list(kv_cache) if kv_cache is not None else [True] * len(values)
@@ -732,8 +860,10 @@ def build_study(
         "are paired by round"
     )
     settings: list[SettingResult] = []
+    load0 = Load.from_summary(summaries[0][0]) if queueing and summaries and summaries[0] else None
     for i, value in enumerate(values):
         first = summaries[i][0] if summaries[i] else {}
+        loads = (load0, Load.from_summary(first) if queueing and first else None)
         model = first.get("model")
         memory = (
             memory_need(ModelSpec.from_dict(dict(model)), batches[i], prompt_len + outs[i], kv[i])
@@ -763,6 +893,8 @@ def build_study(
                     batch=(batches[0], batches[i]),
                     prompt_len=prompt_len,
                     output_len=output_len,
+                    fit=fit,
+                    loads=loads,
                 )
                 notes.append(f"{knob}={value}: {projection['note']}")
             else:
@@ -774,6 +906,8 @@ def build_study(
                     output_len=output_len,
                     kv_cache=(kv[0], kv[i]),
                     output_lens=(outs[0], outs[i]),
+                    fit=fit,
+                    loads=loads,
                 )
                 if projection is not None and projection.get("speculative"):
                     projection["speculative"]["after_run"] = _after_run_median(

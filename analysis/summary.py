@@ -569,6 +569,10 @@ class Projection(Record):
     basis: str | None = None
     range: dict[str, Any] | None = None
     assumption: str | None = None
+    #: How far projections like it were checked against measurement (stored studies on the
+    #: target's machine class), or ``unchecked: ...``
+    #: (:func:`perfscope.analysis.calibration.projection_check`).
+    checked: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -555,7 +555,9 @@ def _projections(summary: Summary) -> str:
             f"<td class='n'>{esc(span(p, 'tpot_s', fmt_time))}</td>"
             f"<td class='n'>{esc(span(p, 'throughput_tok_s', rate))}</td>"
             f"<td>{esc(p.prefill.bound)} / {esc(p.decode.bound)}</td>"
-            f"<td class='caption'>{esc(p.basis)}</td></tr>"
+            f"<td class='caption'>{esc(p.basis)}"
+            + (f"<br>{esc(p.checked)}" if p.checked else "")
+            + "</td></tr>"
         )
     out.append("</tbody></table>")
     return "".join(out)

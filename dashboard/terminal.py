@@ -355,6 +355,8 @@ def predictions_table(
             f"decode {fmt_pct(first['efficiency']['decode'])} of speed of light"
         )
     )
+    # How far each projection was checked against measurement (stored studies), said once.
+    checks = list(dict.fromkeys(str(p["checked"]) for p in predictions if p.get("checked")))
     ranged = any(p.get("range") for p in predictions)
     cols = (
         "device",
@@ -378,7 +380,9 @@ def predictions_table(
             f"{first['dtypes']['kv_cache']} KV) — batch {w['batch']}, prompt {w['prompt_len']}, "
             f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
         ),
-        caption=basis + "; tok/s counts output tokens over the whole request (prefill included)",
+        caption=basis
+        + "; tok/s counts output tokens over the whole request (prefill included)"
+        + "".join(f"; {c}" for c in checks),
         right=frozenset(("TTFT", "TPOT", "tok/s", "weights", "KV cache", "fits", "max batch")),
         # Devices of one workload share weights, KV size and often the verdicts: say those
         # once, so the columns that differ fit side by side.

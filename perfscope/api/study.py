@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
+    from perfscope.analysis.overhead import OverheadFit
     from perfscope.analysis.study import Study
     from perfscope.api.run import RunArgs
 
@@ -28,9 +29,12 @@ __all__ = [
     "APPLIES",
     "KNOBS",
     "Knob",
+    "baseline_fit",
     "engine_family",
     "knobs_for",
     "load_study",
+    "portable_study",
+    "reproject_study",
     "study",
     "study_with",
 ]
@@ -373,7 +377,6 @@ def study_with(
     quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
 ) -> Study:
     """:func:`study` from a :class:`RunArgs` record of the fixed options."""
-    from perfscope.analysis.study import build_study
     from perfscope.api.run import _whole, execute, plan
     from perfscope.profiler.store import default_runs_root, write_json_atomic
 
@@ -406,15 +409,92 @@ def study_with(
                     f"(captured data is in {out.path})"
                 )
             runs.append((rnd, i, str(out.path), out.summary.to_dict()))
-    requests = plans[0].options.workload.requests or base.default_requests
+    stamp = datetime.now(UTC)
+    quality_rows = [quality(_args_record(s)) for s in settings] if quality is not None else None
+    result = _assemble(
+        base,
+        k,
+        parsed,
+        repeat,
+        runs,
+        created_at=stamp.isoformat(timespec="seconds"),
+        quality=quality_rows,
+    )
+    root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
+    path = root / "studies" / f"{stamp.strftime('%Y%m%d-%H%M%S')}-{label}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = replace(result, path=str(path))
+    write_json_atomic(path, result.to_dict())
+    return result
+
+
+def baseline_fit(run_paths: Sequence[str | Path]) -> tuple[OverheadFit | None, str]:
+    """The fitted cost model (:func:`perfscope.analysis.overhead.fit_overhead`) of the steps
+    of ``run_paths`` (a study's baseline runs, one device), and a note saying what it rests
+    on; ``(None, why)`` when the runs have no engine steps, model or device to fit."""
+    from perfscope.analysis.modelspec import ModelSpec
+    from perfscope.analysis.overhead import StepSamples, fit_overhead, samples_from_steps
+    from perfscope.errors import PerfscopeError
+    from perfscope.hwdb.spec import DeviceSpec
+    from perfscope.profiler.store import read_run
+
+    parts: list[StepSamples] = []
+    for ref in run_paths:
+        try:
+            run = read_run(ref)
+        except (OSError, PerfscopeError) as exc:
+            return None, f"no fitted cost model: cannot read the baseline run {ref} ({exc})"
+        summary = run.summary or {}
+        spec = (summary.get("hardware") or {}).get("spec")
+        model = summary.get("model")
+        if run.steps.empty or not spec or not model:
+            return None, "no fitted cost model: the baseline runs record no engine steps"
+        parts.append(
+            samples_from_steps(
+                run.steps, ModelSpec.from_dict(dict(model)), DeviceSpec.from_dict(dict(spec))
+            )
+        )
+    try:
+        fit = fit_overhead(parts)
+    except ValueError as exc:
+        return None, f"no fitted cost model: {exc}"
+    return fit, (
+        f"projections from the fitted cost model of the baseline's {len(parts)} runs "
+        f"({fit.samples} steps; residual {100 * fit.residual_rel:.0f}% of the mean step); "
+        "the candidates' runs are not fitted, so the projection is checked on runs it never saw"
+    )
+
+
+def _assemble(
+    base: RunArgs,
+    k: Knob,
+    parsed: Sequence[tuple[str, Any]],
+    repeat: int,
+    runs: Sequence[tuple[int, int, str, Mapping[str, Any]]],
+    *,
+    created_at: str,
+    quality: Sequence[Mapping[str, Any] | None] | None = None,
+    fitted: bool = True,
+    queueing: bool = True,
+) -> Study:
+    """The study record of runs made for ``parsed`` settings of ``k`` over ``base``: the
+    baseline runs' fitted cost model, then :func:`~perfscope.analysis.study.build_study`."""
+    from perfscope.analysis.study import build_study
+    from perfscope.api.run import plan
+
+    settings = [_apply(base, k, v) for _, v in parsed]
+    requests = plan(settings[0]).options.workload.requests or base.default_requests
     prompt_len, output_len = _length(base.prompt_len), _length(base.output_len or 128)
     # max_tokens replaces each request's output length (the openai engine sends it).
     output_lens = [
         int(s.engine_options["max_tokens"]) if s.engine_options.get("max_tokens") else output_len
         for s in settings
     ]
-    stamp = datetime.now(UTC)
-    quality_rows = [quality(_args_record(s)) for s in settings] if quality is not None else None
+    fit, fit_note = (
+        baseline_fit([path for _, i, path, _ in runs if i == 0])
+        if fitted
+        else (None, "projections from the baseline's derating (no fitted cost model)")
+    )
     result = build_study(
         k.name,
         [t for t, _ in parsed],
@@ -426,15 +506,85 @@ def study_with(
         output_lens=output_lens,
         kv_cache=[s.engine_options.get("kv_cache", "on") != "off" for s in settings],
         args=_args_record(base),
-        created_at=stamp.isoformat(timespec="seconds"),
-        quality=quality_rows,
+        created_at=created_at,
+        quality=None if quality is None else [None if q is None else dict(q) for q in quality],
+        fit=fit,
+        queueing=queueing,
     )
-    root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
-    path = root / "studies" / f"{stamp.strftime('%Y%m%d-%H%M%S')}-{label}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    result = replace(result, path=str(path))
-    write_json_atomic(path, result.to_dict())
-    return result
+    return replace(result, notes=[*result.notes, fit_note])
+
+
+def portable_study(study: Study, path: str | Path) -> Study:
+    """``study`` as it is stored for others (``perfscope study --save``): each run named by
+    its run id instead of its folder on this machine, and ``path`` (as given, relative to
+    where it is read from) as the study's own path, so the record names no temporary
+    folder. :func:`reproject_study` finds the runs by id in a runs folder."""
+    settings = [
+        replace(st, runs=[replace(r, run=Path(r.run).name) for r in st.runs])
+        for st in study.settings
+    ]
+    return replace(study, settings=settings, path=str(path))
+
+
+def reproject_study(
+    study: Study | str | Path,
+    runs_dir: str | Path | None = None,
+    *,
+    fitted: bool = True,
+    queueing: bool = True,
+) -> Study:
+    """The study rebuilt from its stored runs with the current projection model: the same
+    measured runs (read back from ``runs_dir``, default the runs root, by run id), the
+    effects judged again and the projections made again (to compare projection models on
+    one set of measurements). ``fitted=False``: the baseline's derating instead of its
+    fitted cost model; ``queueing=False``: no wait for a slot in the projected TTFT (the
+    model before either). The record is returned, not written.
+
+    Raises:
+        perfscope.errors.UsageError: the study cannot be read, or a run of it is missing.
+    """
+    from perfscope.api.run import RunArgs
+    from perfscope.errors import PerfscopeError
+    from perfscope.profiler.store import default_runs_root, read_run, resolve_run_path
+
+    s = study if not isinstance(study, str | Path) else load_study(study)
+    k = _knob(s.knob)
+    fields = {
+        key: v
+        for key, v in s.args.items()
+        if key not in ("engine_options", "model_overrides", "slos") and v is not None
+    }
+    base = RunArgs(
+        **fields,
+        model_overrides=s.args.get("model_overrides") or None,
+        slos=s.args.get("slos") or None,
+        engine_options=dict(s.args.get("engine_options") or {}),
+    )
+    parsed = _values(k, s.values)
+    root = Path(runs_dir) if runs_dir is not None else default_runs_root()
+    order = sorted((p for st in s.settings for p in st.runs), key=lambda p: p.order)
+    runs: list[tuple[int, int, str, Mapping[str, Any]]] = []
+    for p in order:
+        ref = Path(p.run)
+        try:
+            path = resolve_run_path(ref.name, root)
+            summary = read_run(path, tables=False).summary or {}
+        except (OSError, PerfscopeError) as exc:
+            raise UsageError(
+                f"cannot re-project {s.knob}: run {ref.name} is not in {root} ({exc}); "
+                "pass the runs folder the study ran in"
+            ) from None
+        runs.append((p.round, p.setting, str(path), summary))
+    return _assemble(
+        base,
+        k,
+        parsed,
+        s.repeat,
+        runs,
+        created_at=s.created_at,
+        fitted=fitted,
+        queueing=queueing,
+    )
 
 
 def _check_engine(a: RunArgs) -> None:

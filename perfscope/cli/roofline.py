@@ -204,6 +204,10 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
         )
         for dev in devices
     ]
+    from perfscope.analysis.calibration import machine_of_device, projection_check
+
+    for pred, dev in zip(preds, devices, strict=True):
+        pred["checked"] = projection_check(machine_of_device(dev))
     parallel = _parallel(args, spec, devices)
     from perfscope.analysis.costmodel import model_assumptions
 

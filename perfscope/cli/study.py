@@ -148,14 +148,17 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
 
 
 def _save(study: Study, folder: Path) -> Path:
-    """Store a copy of the study record in ``folder`` (the stored studies calibration reads)."""
+    """Store a copy of the study record in ``folder`` (the stored studies calibration reads),
+    its runs named by run id (:func:`perfscope.api.study.portable_study`)."""
+    from perfscope.api.study import portable_study
     from perfscope.profiler.store import write_json_atomic
 
     name = Path(study.path).name if study.path else f"{study.created_at}-{study.knob}.json"
     target = folder / name
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, study.to_dict())
+        # run ids, not this machine's run folders; the copy's own path as given
+        write_json_atomic(target, portable_study(study, target).to_dict())
     except (OSError, StorageError) as exc:
         raise UsageError(
             f"cannot store the study in {folder} ({exc}); it is in {study.path}"

@@ -1,0 +1,209 @@
+"""Study projections from the baseline's fitted cost model, with the load's queueing.
+
+The fitted host terms move with the change (fewer layers pay fewer per-layer host costs, a
+larger batch pays its per-row costs), a per-layer term one model shape cannot separate is
+split out of per step by a stated rule, and a load with more requests than slots waits for
+them (continuous batching simulated with the projected steps). No engine runs here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.overhead import (
+    KERNELS_OUTSIDE_LAYERS,
+    KERNELS_PER_LAYER,
+    OverheadFit,
+    fitted_times,
+)
+from perfscope.analysis.queueing import Load, simulate
+from perfscope.analysis.study import project_change
+from perfscope.hwdb.spec import DeviceSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = DeviceSpec(
+    key="test-cpu-calibrated",
+    name="Test CPU (calibrated)",
+    vendor="amd",
+    kind="cpu",
+    peak_flops={"fp32": 1e11, "bf16": 1e11, "fp16": 1e11},
+    mem_bw_bytes_s=1e12,
+    mem_bytes=64e9,
+    cache_bytes=32e6,
+    source="calibrated",
+)
+TINY = dataclasses.replace(ModelSpec.from_preset("llama-3-8b"), n_layers=4, hidden_size=128)
+#: A host-dominated CPU engine: 1 ms per layer per step, 0.2 ms per row, 0.1 ms per step.
+HOST = OverheadFit(
+    roof_scale=1.0,
+    per_layer_s=1e-3,
+    per_sequence_s=2e-4,
+    per_token_s=0.0,
+    per_step_s=1e-4,
+    device=CPU.key,
+    platform="cpu",
+)
+
+
+def _summary(model: ModelSpec, load: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "hardware": {"spec": CPU.to_dict()},
+        "roofline": {"available": True, "phases": {}},
+        "model": model.to_dict(),
+    }
+    if load is not None:
+        out["load"], out["workload"] = load, {"requests": 8}
+    return out
+
+
+def test_layer_pruning_projects_the_per_layer_host_time_it_saves() -> None:
+    two = dataclasses.replace(TINY, n_layers=2)
+    fitted = project_change(
+        _summary(TINY), _summary(two), batch=(1, 1), prompt_len=16, output_len=8, fit=HOST
+    )
+    derated = project_change(
+        _summary(TINY), _summary(two), batch=(1, 1), prompt_len=16, output_len=8
+    )
+    assert fitted is not None and derated is not None
+    a = fitted_times(HOST, TINY, CPU, batch=1, prompt_len=16, output_len=8)
+    b = fitted_times(HOST, two, CPU, batch=1, prompt_len=16, output_len=8)
+    assert fitted["ratios"]["tpot_s"] == pytest.approx(b.tpot_s / a.tpot_s)
+    # host-bound: half the layers is close to half the time, not the roofline's tiny change
+    assert 0.5 < fitted["ratios"]["tpot_s"] < 0.6
+    assert "fitted cost model" in fitted["basis"]
+    assert fitted["overhead_fit"]["per_layer_s"] == HOST.per_layer_s
+
+
+def test_a_larger_batch_pays_its_fitted_per_row_cost() -> None:
+    p = project_change(
+        _summary(TINY), _summary(TINY), batch=(1, 8), prompt_len=16, output_len=8, fit=HOST
+    )
+    assert p is not None
+    a = fitted_times(HOST, TINY, CPU, batch=1, prompt_len=16, output_len=8)
+    b = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=8)
+    assert b.decode_host_s - a.decode_host_s == pytest.approx(7 * HOST.per_sequence_s)
+    assert p["ratios"]["tpot_s"] == pytest.approx(b.tpot_s / a.tpot_s)
+    assert p["ratios"]["tpot_s"] > 1.2  # seven more rows of 0.2 ms on a ~4 ms step
+
+
+def test_a_per_layer_term_one_shape_cannot_separate_is_split_by_the_ops_rule() -> None:
+    folded = dataclasses.replace(HOST, per_layer_s=0.0, per_step_s=4.1e-3, folded=("per layer",))
+    split = folded.split_layers(4)
+    share = KERNELS_PER_LAYER * 4 / (KERNELS_PER_LAYER * 4 + KERNELS_OUTSIDE_LAYERS)
+    assert split.per_layer_s * 4 == pytest.approx(4.1e-3 * share)
+    assert split.per_layer_s * 4 + split.per_step_s == pytest.approx(4.1e-3)  # same baseline
+    assert "per layer" not in split.folded and "an assumption" in split.notes[-1]
+    assert HOST.split_layers(4) is HOST  # fitted per layer: left alone
+
+
+def test_a_burst_on_one_slot_waits_in_waves_and_eight_slots_do_not() -> None:
+    burst = Load(mode="batch", requests=8)
+    one = simulate(burst, slots=1, prefill_s=lambda k: 0.01, decode_s=lambda b: 0.002, output_len=5)
+    service = 0.01 + 4 * 0.002
+    # request i gets its first token at i x service + prefill; the median of eight
+    assert one.ttft_p50_s == pytest.approx(3.5 * service + 0.01)
+    assert one.throughput_tok_s == pytest.approx(8 * 5 / (8 * service))
+    eight = simulate(
+        burst, slots=8, prefill_s=lambda k: 0.01, decode_s=lambda b: 0.002, output_len=5
+    )
+    assert eight.ttft_p50_s == pytest.approx(0.01) and eight.queue_p50_s == 0.0
+    assert eight.tpot_p50_s == pytest.approx(0.002) and eight.batch_mean == 8
+
+
+def test_open_and_closed_loops_queue_only_beyond_their_slots() -> None:
+    slow = Load(mode="online", requests=6, rate=1.0)  # one request a second, 18 ms each
+    t = simulate(slow, slots=4, prefill_s=lambda k: 0.01, decode_s=lambda b: 0.002, output_len=5)
+    assert t.ttft_p50_s == pytest.approx(0.01) and t.batch_mean == 1
+    assert t.throughput_tok_s == pytest.approx(6 * 5 / (5.0 + 0.018))
+    users = Load(mode="online", requests=8, concurrency=4)
+    two = simulate(users, slots=2, prefill_s=lambda k: 0.01, decode_s=lambda b: 0.002, output_len=5)
+    four = simulate(
+        users, slots=4, prefill_s=lambda k: 0.01, decode_s=lambda b: 0.002, output_len=5
+    )
+    assert four.queue_p50_s == 0.0 and four.ttft_p50_s == pytest.approx(0.01)
+    # four users on two slots: half the requests wait one service for a slot
+    assert two.queue_p50_s > 0.0 and two.ttft_p50_s > four.ttft_p50_s
+
+
+def test_the_load_is_read_from_the_run_summary() -> None:
+    assert Load.from_summary({"load": {"mode": "batch"}, "workload": {"requests": 8}}) == Load(
+        "batch", 8
+    )
+    rate = Load.from_summary(
+        {"load": {"mode": "online", "rate": 5, "arrival": "poisson"}, "workload": {"requests": 4}}
+    )
+    assert rate is not None and rate.rate == 5.0 and rate.describe().startswith("4 requests at 5")
+    assert Load.from_summary({"load": {"mode": "online"}, "workload": {"requests": 4}}) is None
+    assert (
+        Load.from_summary({"load": {"mode": "batch"}, "workload": {"requests": 4, "trace": "t"}})
+        is None
+    )
+
+
+def test_batching_a_burst_projects_the_queueing_it_removes_from_ttft() -> None:
+    burst = {"mode": "batch", "rate": None, "concurrency": None}
+    base, cand = _summary(TINY, burst), _summary(TINY, burst)
+    loads = (Load.from_summary(base), Load.from_summary(cand))
+    queued = project_change(
+        base, cand, batch=(1, 8), prompt_len=16, output_len=8, fit=HOST, loads=loads
+    )
+    alone = project_change(base, cand, batch=(1, 8), prompt_len=16, output_len=8, fit=HOST)
+    assert queued is not None and alone is not None
+    # without queueing batch 8's prefill of eight prompts is slower than one prompt's;
+    # with it, batch 1's median request waits for three and a half others first
+    assert alone["ratios"]["ttft_s"] > 1.0
+    assert [q["queue_p50_s"] > 0 for q in queued["queue"]] == [True, False]
+    assert "continuous batching" in queued["basis"]
+    a = fitted_times(HOST, TINY, CPU, batch=1, prompt_len=16, output_len=8)
+    b = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=8)
+    waited = statistics.median(i * a.e2e_s + a.ttft_s for i in range(8))
+    assert queued["baseline"]["ttft_s"] == pytest.approx(waited)
+    assert queued["ratios"]["ttft_s"] == pytest.approx(b.ttft_s / waited)
+    assert queued["ratios"]["ttft_s"] < 0.5
+
+
+def test_a_projection_says_how_far_it_was_checked_or_that_it_was_not() -> None:
+    from perfscope.analysis.calibration import MachineClass, load_calibration, projection_check
+
+    entries = load_calibration()
+    here = next(e.machine for e in entries if e.significant and e.error is not None)
+    checked = projection_check(here, entries)
+    sig = sorted(
+        abs(float(e.error))
+        for e in entries
+        if e.machine.matches(here) and e.significant and e.error is not None
+    )
+    assert checked.startswith(f"checked on {here.describe()}: median |error| ")
+    assert f"{100 * statistics.median(sig):.0f}% over {len(sig)} significant" in checked
+    gpu = MachineClass("AMD EPYC", 2, "NVIDIA H100 80GB HBM3", "reference")
+    assert projection_check(gpu, entries).startswith("unchecked: no stored study")
+
+
+def test_a_saved_study_names_its_runs_by_id_and_no_temporary_folder() -> None:
+    from perfscope.api.study import load_study, portable_study
+
+    stored = sorted(
+        p for p in (ROOT / "samples" / "studies" / "results").glob("*.json") if "layers" in p.name
+    )[0]
+    s = load_study(stored)
+    moved = dataclasses.replace(
+        s,
+        settings=[
+            dataclasses.replace(
+                st, runs=[dataclasses.replace(r, run=f"/tmp/x/{r.run}") for r in st.runs]
+            )
+            for st in s.settings
+        ],
+    )
+    out = portable_study(moved, "results/a.json")
+    assert out.path == "results/a.json"
+    assert [r.run for st in out.settings for r in st.runs] == [
+        r.run for st in s.settings for r in st.runs
+    ]
+    assert all("/" not in r.run for st in out.settings for r in st.runs)
