@@ -407,6 +407,9 @@ _DIFF_SKIP = (
     # how the thread count was chosen quotes the load seen at start: a reading, not a setting
     # (the count itself, engine.config.torch_threads, is compared)
     "engine.config.threads_rule",
+    # KV slots and blocks follow the batch size and the KV budget (both compared)
+    "engine.config.kv_slots",
+    "engine.config.kv_blocks",
 )
 
 

@@ -401,6 +401,31 @@ def _trial_medians(
     return statistics.median(per_call), reps, spread_of(per_call), len(per_call)
 
 
+#: A dtype whose first timed call runs below this fraction of fp32's measured peak is
+#: taken to have no vector unit on this CPU (see :func:`_without_vector_unit`).
+SLOW_DTYPE_FRACTION = 0.125
+
+
+def _without_vector_unit(
+    matmul: Callable[[Any, Any], object], a: Any, b: Any, fp32_flops: float | None
+) -> str | None:
+    """A note when one ``a @ b`` call (after a warm-up call) runs below
+    :data:`SLOW_DTYPE_FRACTION` of ``fp32_flops`` (FLOP/s), else None."""
+    if not fp32_flops:
+        return None
+    n = int(a.shape[0])
+    matmul(a, b)  # warm-up: kernel selection, page faults
+    t0 = time.perf_counter()
+    matmul(a, b)
+    flops = 2.0 * n**3 / max(time.perf_counter() - t0, 1e-9)
+    if flops >= SLOW_DTYPE_FRACTION * fp32_flops:
+        return None
+    return (
+        f"first {n}^3 call ran at {flops / 1e9:.1f} GFLOP/s, under "
+        f"{SLOW_DTYPE_FRACTION:.0%} of fp32's {fp32_flops / 1e9:.1f}: measured at 512^3"
+    )
+
+
 def _plausible_peak_flops(dtype: str, gpu: bool) -> float | None:
     """An upper bound no CPU with this many cores can beat (5 GHz; 2x AVX-512 FMA for
     fp32; AMX-class 1024 FLOP/cycle/core for 16-bit types), or None on GPUs."""
@@ -497,6 +522,15 @@ def _measure(
             )
             a = torch.randn(n, n, device=dev).to(torch_dtypes[name])
             b = torch.randn(n, n, device=dev).to(torch_dtypes[name])
+            probe = a[:512, :512].contiguous(), b[:512, :512].contiguous()
+            slow = _without_vector_unit(torch.matmul, *probe, peaks.get("fp32"))
+            if slow is not None and n > 512:
+                # A 16-bit type this CPU has no vector unit for (bf16 without AVX512-BF16 or
+                # AMX) runs far below fp32: its rate does not grow with the size, and one
+                # 1024^3 call takes seconds. Measured at 512^3, as fp16/fp64 are.
+                details.setdefault("reduced_size", {})[name] = slow
+                n = 512
+                a, b = probe
 
         def mm(a: Any = a, b: Any = b) -> object:
             return torch.matmul(a, b)
