@@ -44,7 +44,7 @@ def test_phase_columns_summarise_every_run_and_question_a_ceiling_over_100_perce
     st = _batch_study()
     s = st.settings[0]  # type: ignore[attr-defined]
     runs = []
-    for r, mfu in zip(s.runs, (1.96, 0.22, 0.34), strict=True):
+    for r, mfu in zip(s.runs[:3], (1.96, 0.22, 0.34), strict=True):
         ph = dict(r.phases)
         ph["decode"] = dataclasses.replace(ph["decode"], mfu=mfu)
         runs.append(dataclasses.replace(r, phases=ph))
@@ -61,5 +61,9 @@ def test_phase_columns_summarise_every_run_and_question_a_ceiling_over_100_perce
 def test_save_stores_a_copy_that_reads_back(tmp_path: Path) -> None:
     st = _batch_study()
     path = _save(st, tmp_path / "stored")  # type: ignore[arg-type]
-    assert read_study(path).to_dict() == st.to_dict()  # type: ignore[attr-defined]
+    back, orig = read_study(path).to_dict(), st.to_dict()  # type: ignore[attr-defined]
+    # the copy names where it is stored; everything else reads back unchanged
+    assert Path(back.pop("path")).name == path.name
+    orig.pop("path")
+    assert back == orig
     assert isinstance(PhasePoint, type)
