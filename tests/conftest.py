@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same folders for session- and module-scoped fixtures, which are set up before any
+    function fixture: without this, a CLI they start would calibrate into the user's home."""
+    base = tmp_path_factory.getbasetemp()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PERFSCOPE_RUNS_DIR", str(base / "session-runs"))
+        mp.setenv("PERFSCOPE_CACHE_DIR", str(base / "cache"))
+        yield
 
 
 @pytest.fixture(autouse=True)
