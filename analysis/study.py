@@ -39,6 +39,7 @@ from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
     expected_tokens_per_step,
     predict,
+    predict_derated,
     run_derating,
     speculative_speedup,
 )
@@ -271,16 +272,7 @@ def _times(
     }
     sol = predict(model, dev, **shape)
     if fit is None:
-        pred = predict(
-            model,
-            dev,
-            **shape,
-            prefill_efficiency=derate.get("prefill_efficiency"),
-            decode_efficiency=derate.get("decode_efficiency"),
-            prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
-            decode_overhead_s=derate.get("decode_overhead_s", 0.0),
-        )
-        return pred, sol
+        return predict_derated(model, dev, derate, **shape), sol
     ft = fitted_times(fit, model, dev, **shape)
     pred = {
         "ttft_s": ft.ttft_s,

@@ -21,6 +21,7 @@ not modelled, so TP projections are optimistic.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +47,7 @@ __all__ = [
     "alpha_from_accepted",
     "expected_tokens_per_step",
     "predict",
+    "predict_derated",
     "project_run",
     "run_derating",
     "speculative_speedup",
@@ -336,6 +338,23 @@ def run_derating(roofline: dict[str, Any], fit: OverheadFit | None = None) -> di
     return out
 
 
+def predict_derated(
+    model: ModelSpec, device: DeviceSpec, derate: Mapping[str, Any], **shape: Any
+) -> dict[str, Any]:
+    """:func:`predict` at a run's derating (:func:`run_derating`: efficiencies, per-phase
+    overhead in s, and the fitted overhead model when there is one)."""
+    return predict(
+        model,
+        device,
+        **shape,
+        prefill_efficiency=derate.get("prefill_efficiency"),
+        decode_efficiency=derate.get("decode_efficiency"),
+        prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
+        decode_overhead_s=derate.get("decode_overhead_s", 0.0),
+        overhead=derate.get("overhead"),
+    )
+
+
 def _basis(derate: dict[str, Any]) -> str:
     fit = derate.get("overhead")
     if fit is not None:
@@ -405,21 +424,12 @@ def project_run(
     batch = max(round(float(batch)), 1)
     prompt_len = max(round(float(workload.get("prompt_tokens_mean") or 1)), 1)
     output_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)
-    shape: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
+    shape: Mapping[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
     derate = run_derating(roofline, fit)
     out = []
     for dev in devices:
         if _same_class(measured_on, dev):
-            pred = predict(
-                model,
-                dev,
-                **shape,
-                prefill_efficiency=derate.get("prefill_efficiency"),
-                decode_efficiency=derate.get("decode_efficiency"),
-                prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
-                decode_overhead_s=derate.get("decode_overhead_s", 0.0),
-                overhead=derate.get("overhead"),
-            )
+            pred = predict_derated(model, dev, derate, **shape)
             pred["speed_of_light"] = not derate
             pred["assumption"] = "measured"
             pred["basis"] = "same device class as the run: " + _basis(derate)
