@@ -28,10 +28,9 @@ def _session_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def _isolated_dirs(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Calibration results are per machine: the cache stays the session's (_session_dirs),
+    # so the CPU calibration runs once, and never in the user's home.
     monkeypatch.setenv("PERFSCOPE_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
-    # Calibration results are per machine: one cache for the whole test session, so the
-    # CPU calibration runs once, and never in the user's home.
-    monkeypatch.setenv("PERFSCOPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 @pytest.fixture

@@ -7,35 +7,17 @@ import pytest
 import torch
 
 from perfscope.errors import UsageError
-from perfscope.profiler.clock import MonotonicClock
-from perfscope.profiler.driver import Driver, LoadConfig
-from perfscope.profiler.engines.base import EngineOptions, Inbox, create_engine
 from perfscope.profiler.engines.reference.heads import head_importance, prune_heads
 from perfscope.profiler.engines.reference.model import PRESETS, ReferenceModel
 from perfscope.profiler.engines.reference.train import quality
-from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
+from tests.test_reference_scheduling import serve_reference
 
 
 def _serve(
     specs: list[RequestSpec], batch_size: int = 4, **extra: str
 ) -> tuple[dict[int, list[int]], pd.DataFrame, object]:
-    engine = create_engine(
-        "reference",
-        EngineOptions(
-            model_preset="tiny", batch_size=batch_size, max_seq_len=128, device="cpu", extra=extra
-        ),
-    )
-    engine.output_ids = {}  # type: ignore[attr-defined]
-    recorder = Recorder(MonotonicClock())
-    inbox = Inbox()
-    driver = Driver(specs, LoadConfig(mode="batch"), inbox, recorder)
-    driver.start()
-    engine.serve(inbox, recorder)
-    driver.join()
-    outputs: dict[int, list[int]] = engine.output_ids  # type: ignore[attr-defined]
-    info = engine.info()
-    engine.close()
+    outputs, recorder, info = serve_reference(specs, batch_size, **extra)
     return outputs, recorder.steps_table().to_pandas(), info
 
 

@@ -33,9 +33,11 @@ def _shared_prefix_specs(n: int, out: int = 6) -> list[RequestSpec]:
     return specs
 
 
-def _serve(
-    specs: list[RequestSpec], batch_size: int = 1, **extra: str
-) -> tuple[dict[int, list[int]], pd.DataFrame, pd.DataFrame]:
+def serve_reference(
+    specs: list[RequestSpec], batch_size: int, **extra: str
+) -> tuple[dict[int, list[int]], Recorder, object]:
+    """Serve ``specs`` on a tiny reference engine (all at once): the greedy token ids per
+    request, the recorder that saw them, and the engine's info."""
     engine = create_engine(
         "reference",
         EngineOptions(
@@ -54,7 +56,15 @@ def _serve(
     engine.serve(inbox, recorder)
     driver.join()
     outputs: dict[int, list[int]] = engine.output_ids  # type: ignore[attr-defined]
+    info = engine.info()
     engine.close()
+    return outputs, recorder, info
+
+
+def _serve(
+    specs: list[RequestSpec], batch_size: int = 1, **extra: str
+) -> tuple[dict[int, list[int]], pd.DataFrame, pd.DataFrame]:
+    outputs, recorder, _ = serve_reference(specs, batch_size, **extra)
     return (
         outputs,
         recorder.steps_table().to_pandas(),
