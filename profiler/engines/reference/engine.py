@@ -117,6 +117,12 @@ class _Seq:
     done: bool = False
     ids: list[int] | None = None  # every token so far, kept only when the KV cache is off
 
+    @property
+    def over(self) -> bool:
+        """Finished here, or given up on by the run (``--timeout`` expired it): either way
+        its slot is free and decoding it further would only spend compute."""
+        return self.done or self.sub.handle.done
+
 
 @dataclass
 class _Fill:
@@ -461,6 +467,8 @@ class ReferenceEngine:
         while pending and len(running) + len(admitted) < bs:
             sub = pending.popleft()
             need = sub.spec.prompt_tokens + sub.spec.max_output_tokens
+            if sub.handle.done:
+                continue  # --timeout expired it while it queued: never prefill it
             if sub.spec.prompt_tokens < 1:
                 sub.handle.finish(error="empty prompt")
             elif need > self.max_seq_len:
@@ -558,7 +566,7 @@ class ReferenceEngine:
         for seq, tok in zip(running, nxt, strict=True):
             seq.length += 1
             seq.next_token = int(tok)
-            if seq.done:
+            if seq.over:
                 continue  # static batching: a finished row still occupies its slot
             seq.generated += 1
             seq.sub.handle.tokens(1, t1)
@@ -601,7 +609,7 @@ class ReferenceEngine:
 
     def _drop_finished(self, running: list[_Seq], cache: KVCache, static: bool) -> None:
         if static:
-            if running and all(s.done for s in running):
+            if running and all(s.over for s in running):
                 if isinstance(cache, PagedKVCache):
                     for slot in range(len(running)):
                         cache.release(slot)
@@ -609,7 +617,7 @@ class ReferenceEngine:
             return
         i = 0
         while i < len(running):
-            if running[i].done:
+            if running[i].over:
                 if isinstance(cache, PagedKVCache):
                     cache.release(i)
                 last = running.pop()
@@ -688,6 +696,8 @@ class ReferenceEngine:
         while pending and len(running) + len(filling) < bs:
             sub = pending.popleft()
             need = sub.spec.prompt_tokens + sub.spec.max_output_tokens
+            if sub.handle.done:
+                continue  # --timeout expired it while it queued: never prefill it
             if sub.spec.prompt_tokens < 1:
                 sub.handle.finish(error="empty prompt")
                 continue
@@ -791,7 +801,7 @@ class ReferenceEngine:
         being filled right after them."""
         i = 0
         while i < len(running):
-            if not running[i].done:
+            if not running[i].over:
                 i += 1
                 continue
             last = running.pop()

@@ -494,13 +494,48 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
+def _rope_inv_freq(cfg: ReferenceConfig) -> torch.Tensor:
+    """RoPE inverse frequencies, ``[head_dim / 2]`` float32, always on the CPU (also inside
+    ``build``'s meta-device context, where a meta ``arange`` would import ``torch._dynamo``)."""
+    steps = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device="cpu")
+    return 1.0 / (cfg.rope_theta ** (steps / cfg.head_dim))
+
+
+def _materialise_on_cpu(module: nn.Module) -> None:
+    """Replace every meta parameter and buffer of ``module`` by an uninitialised CPU tensor
+    of its shape and dtype (what ``to_empty(device="cpu")`` does, without its
+    ``empty_like`` of a meta tensor: that runs through torch's Python references, whose first
+    use imports sympy and more, seconds of a CLI run's start). Ties are not kept."""
+    for mod in module.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and p.is_meta:
+                empty = torch.empty(p.shape, dtype=p.dtype, device="cpu")
+                mod._parameters[name] = nn.Parameter(empty, requires_grad=p.requires_grad)
+        for name, b in list(mod._buffers.items()):
+            if b is not None and b.is_meta:
+                mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
+
+
+class _Embedding(nn.Embedding):
+    """``nn.Embedding`` that draws no initial weights on the meta device.
+
+    :meth:`ReferenceModel.build` constructs on ``meta`` and draws every weight itself; a
+    ``normal_`` on a meta tensor runs through torch's Python references, whose first use
+    imports ``torch._dynamo`` (3-30 s of a CLI run's start on a 2-core machine, for nothing).
+    """
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 class ReferenceModel(nn.Module):
     """The reference decoder. Build with :meth:`build` to get seeded random weights."""
 
     def __init__(self, cfg: ReferenceConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed = _Embedding(cfg.vocab_size, cfg.hidden_size)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
         self.norm = _RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -508,9 +543,7 @@ class ReferenceModel(nn.Module):
             self.lm_head.weight = self.embed.weight
         #: storage dtype of the caches :meth:`new_cache` makes (:data:`KV_DTYPES`).
         self.kv_dtype = "auto"
-        self._inv_freq = 1.0 / (
-            cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
-        )
+        self._inv_freq = _rope_inv_freq(cfg)
 
     @classmethod
     def build(
@@ -520,7 +553,7 @@ class ReferenceModel(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         with torch.device("meta"):
             model = cls(cfg)
-        model = model.to_empty(device="cpu")
+        _materialise_on_cpu(model)
         if cfg.tied_embeddings:
             model.lm_head.weight = model.embed.weight  # to_empty() does not keep the tie
         for name, p in model.named_parameters():
@@ -529,9 +562,7 @@ class ReferenceModel(nn.Module):
                     p.fill_(1.0)
                 else:
                     p.normal_(0.0, 0.02, generator=gen)
-        model._inv_freq = 1.0 / (
-            cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
-        )
+        model._inv_freq = _rope_inv_freq(cfg)
         model = model.to(device=torch.device(device), dtype=torch_dtype(cfg.dtype))
         model._inv_freq = model._inv_freq.to(torch.device(device))
         model.eval()
