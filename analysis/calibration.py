@@ -144,11 +144,14 @@ class MachineClass:
         return same_hw and engines
 
     def describe(self) -> str:
-        """In words: ``AMD EPYC 7B13, 2 cores, reference engine``."""
-        parts = [self.gpu_model] if self.gpu_model else []
-        parts.append(self.cpu_model or "unknown CPU")
-        if self.cores:
-            parts.append(f"{self.cores} cores")
+        """In words: ``AMD EPYC 7B13, 2 cores, reference engine``; a GPU class names its GPU
+        only (:meth:`matches` does not look at the host CPU of a GPU run)."""
+        if self.gpu_model:
+            parts = [self.gpu_model]
+        else:
+            parts = [self.cpu_model or "unknown CPU"]
+            if self.cores:
+                parts.append(f"{self.cores} cores")
         if self.engine:
             parts.append(f"{self.engine} engine")
         return ", ".join(parts)

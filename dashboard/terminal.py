@@ -336,6 +336,24 @@ def _span(p: dict[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
     return f"{fmt(lo)} – {fmt(hi)}"
 
 
+def _said_once(checks: list[str]) -> list[str]:
+    """Several devices' "unchecked: no stored study ... on DEVICE (how to check)" notes as one
+    line naming every device; other notes as they are."""
+    head, tail = "unchecked: no stored study measured a significant effect on ", " (perfscope"
+    unchecked = [c for c in checks if c.startswith(head) and tail in c]
+    if len(unchecked) < 2:
+        return checks
+    places = [c[len(head) : c.index(tail)] for c in unchecked]
+    engine = places[0].rpartition(", ")[2]
+    common = engine.endswith(" engine") and all(w.endswith(", " + engine) for w in places)
+    if common:
+        places = [w[: -len(", " + engine)] for w in places]
+    where = (", ".join(places) + f"; {engine}") if common else "; ".join(places)
+    how = unchecked[0][unchecked[0].index(tail) + 1 :]
+    merged = f"{head}any device shown ({where}) {how}"
+    return [merged, *(c for c in checks if c not in unchecked)]
+
+
 def predictions_table(
     predictions: list[dict[str, Any]], *, title: str | None = None
 ) -> RenderableType:
@@ -356,7 +374,9 @@ def predictions_table(
         )
     )
     # How far each projection was checked against measurement (stored studies), said once.
-    checks = list(dict.fromkeys(str(p["checked"]) for p in predictions if p.get("checked")))
+    checks = _said_once(
+        list(dict.fromkeys(str(p["checked"]) for p in predictions if p.get("checked")))
+    )
     ranged = any(p.get("range") for p in predictions)
     cols = (
         "device",

@@ -102,6 +102,10 @@ def test_roofline_prints_whole_verdicts_and_device_keys(width: int) -> None:
     assert "prefill included" in text
     # Both devices hold the same weights and KV cache: one line, not a column each.
     assert text.count("16.1 GB") == 1 and "every row:" in text
+    # Neither device is checked by a stored study: said once, naming both, no host CPU.
+    flat = " ".join(text.split())
+    assert flat.count("unchecked:") == 1 and "unknown CPU" not in flat
+    assert "NVIDIA A100" in flat and "NVIDIA H100" in flat
 
 
 @pytest.fixture(scope="module")
