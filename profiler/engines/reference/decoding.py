@@ -6,7 +6,8 @@ given), ``lookahead`` (a guess window from an n-gram pool of the sequence so far
 previous step's Jacobi iterates, :mod:`~perfscope.profiler.engines.reference.lookahead`;
 ``lookahead_window=N`` guesses, default 4, ``lookahead_ngram=G`` the match length, default
 2, 0 = pure Jacobi) or ``medusa`` (``medusa_heads=K`` extra heads on the final hidden state,
-default 4, :mod:`~perfscope.profiler.engines.reference.medusa`). Every method verifies its
+default 4, trained for ``medusa_steps=N`` optimiser steps, default 400,
+:mod:`~perfscope.profiler.engines.reference.medusa`). Every method verifies its
 proposals with one target pass and accepts greedily
 (:func:`~perfscope.profiler.engines.reference.speculative.verify_proposals`), so the tokens
 are exactly plain greedy decoding's.
@@ -42,11 +43,13 @@ class DecodingSpec:
         method: ``lookahead`` or ``medusa``.
         k: tokens proposed per sequence and step (guess window or head count).
         ngram: lookahead's n-gram match length (0: pure Jacobi iteration).
+        train_steps: medusa's head training steps.
     """
 
     method: str
     k: int
     ngram: int = 0
+    train_steps: int = 0
 
 
 class Proposer(Protocol):
@@ -87,7 +90,8 @@ def _whole(extra: dict[str, str], key: str, default: int, least: int) -> int:
 
 def parse_decoding(extra: dict[str, str], has_draft: bool) -> tuple[str, DecodingSpec | None]:
     """The ``decoding`` method and, for lookahead or medusa, its spec; UsageError on bad
-    values (``draft`` without ``draft=``, an option of another method)."""
+    values (``draft`` without ``draft=``). The options of a method not chosen are ignored
+    (a study varies ``decoding`` over one set of options), as ``draft=`` is by ``plain``."""
     text = extra.get("decoding", "draft" if has_draft else "plain").strip().lower()
     if text not in DECODING_METHODS:
         raise UsageError(
@@ -97,17 +101,10 @@ def parse_decoding(extra: dict[str, str], has_draft: bool) -> tuple[str, Decodin
         raise UsageError(
             "--engine-opt decoding=draft needs a draft model: add --engine-opt draft=PRESET"
         )
-    own = {"lookahead": ("lookahead_window", "lookahead_ngram"), "medusa": ("medusa_heads",)}
-    for method, keys in own.items():
-        stray = [k for k in keys if k in extra]
-        if stray and text != method:
-            raise UsageError(
-                f"--engine-opt {stray[0]}= is a decoding={method} option: add "
-                f"--engine-opt decoding={method} or drop it"
-            )
     if text == "lookahead":
         window = _whole(extra, "lookahead_window", DEFAULT_WINDOW, 1)
         return text, DecodingSpec(text, window, _whole(extra, "lookahead_ngram", DEFAULT_NGRAM, 0))
     if text == "medusa":
-        return text, DecodingSpec(text, _whole(extra, "medusa_heads", DEFAULT_WINDOW, 1))
+        heads = _whole(extra, "medusa_heads", DEFAULT_WINDOW, 1)
+        return text, DecodingSpec(text, heads, train_steps=_whole(extra, "medusa_steps", 400, 1))
     return text, None

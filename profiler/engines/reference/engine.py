@@ -26,8 +26,8 @@ state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewe
 ``draft=PRESET_OR_PATH`` with ``num_speculative_tokens=K`` and ``draft_layers=N``:
 speculative decoding with a draft model (see
 :mod:`perfscope.profiler.engines.reference.speculative`);
-``decoding=plain|draft|lookahead|medusa`` with ``lookahead_window=N``, ``lookahead_ngram=G``
-and ``medusa_heads=K``: parallel decoding without a draft model (see
+``decoding=plain|draft|lookahead|medusa`` with ``lookahead_window=N``, ``lookahead_ngram=G``,
+``medusa_heads=K`` and ``medusa_steps=N``: parallel decoding without a draft model (see
 :mod:`perfscope.profiler.engines.reference.decoding`).
 
 Scheduling options (continuous scheduler, KV cache on): ``prefix_cache=on|off`` (default
@@ -336,7 +336,11 @@ class ReferenceEngine:
                     "--engine-opt decoding=medusa trains its heads on the float model: drop "
                     "quant= / sparsity="
                 )
-            heads = train_heads(self.model, self.weights, HeadsConfig(k=self.parallel.k))
+            heads = train_heads(
+                self.model,
+                self.weights,
+                HeadsConfig(k=self.parallel.k, steps=self.parallel.train_steps),
+            )
             self.medusa = Medusa(self.model, heads, self._sync)
         if self.draft is not None:
             self.draft_model = build_draft(

@@ -72,11 +72,11 @@ class HeadsConfig:
     """
 
     k: int = 4
-    steps: int = 300
+    steps: int = 400
     batch: int = 32
     sequences: int = 256
     seq_len: int = 32
-    lr: float = 3e-3
+    lr: float = 1e-2
     alphabet: int = 48
     seed: int = 1
 
