@@ -74,7 +74,7 @@ if __name__ == "__main__":
         prompt_len=16,
         output_len=32,
         batch_size=4,
-        repeat=3,
+        repeat=6,
         weights="trained",
         draft="tiny",
         draft_layers="1",
