@@ -3,23 +3,16 @@
 proposing 4 tokens per step and verified by one target pass (outputs identical to plain).
 
 The prompts are held-out sequences of the training corpus (16 tokens each). Run:
-`python samples/studies/parallel_decoding.py [--save]` (a few minutes; `--save` stores the
-study in samples/studies/results/ for `perfscope advisor calibrate`) or `--smoke` (seconds,
-random weights, untrained heads). The write-up with the measured table is
+`python samples/studies/parallel_decoding.py` (a few minutes) or `--smoke` (seconds, random
+weights, untrained heads). The write-up with the measured table is
 `parallel_decoding.md`.
 """
 
 import sys
-from pathlib import Path
 from typing import Any
 
 from _common import run_study
 from speculative import corpus_prompts
-
-from perfscope.api.study import portable_study
-from perfscope.profiler.store import write_json_atomic
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _f(v: object) -> str:
@@ -60,9 +53,6 @@ def table(s: Any) -> str:
 
 if __name__ == "__main__":
     smoke = "--smoke" in sys.argv
-    save = "--save" in sys.argv
-    if save:
-        sys.argv.remove("--save")
     s = run_study(
         "decoding",
         "plain,lookahead,medusa,draft",
@@ -87,9 +77,3 @@ if __name__ == "__main__":
     )
     print()
     print(table(s))
-    if save and not smoke:
-        target = RESULTS / Path(s.path).name
-        write_json_atomic(
-            target, portable_study(s, target.relative_to(RESULTS.parents[2])).to_dict()
-        )
-        print(f"saved: {target}")
