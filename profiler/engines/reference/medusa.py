@@ -136,7 +136,7 @@ def train_heads(
         ]
         loss = torch.stack(losses).mean()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     path.parent.mkdir(parents=True, exist_ok=True)
     state = heads.state_dict()
