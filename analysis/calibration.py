@@ -64,6 +64,7 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "int8-kv": ("int8 KV cache", ("int8 KV cache",)),
     "prefix-caching": ("prompt caching", ("prompt (prefix) caching",)),
     "speculative": ("speculative decoding", ("speculative decoding",)),
+    "parallel-decoding": ("lookahead / Medusa decoding", ()),
     "chunked-prefill": ("chunked prefill", ("prefill/decode disaggregation",)),
     "tensor-parallel": ("tensor parallelism", ("tensor parallelism",)),
     "compile": ("torch.compile", ("cut decode", "cut prefill")),
@@ -103,8 +104,10 @@ def technique_of_change(knob: str, value: str) -> str:
         return "fp8-kv" if "fp8" in v else "int8-kv"
     if knob == "prefix-cache":
         return "prefix-caching"
-    if knob == "num-speculative-tokens":
+    if knob == "num-speculative-tokens" or (knob == "decoding" and v == "draft"):
         return "speculative"
+    if knob == "decoding":
+        return "parallel-decoding"
     if knob == "max-batched-tokens":
         return "chunked-prefill"
     return knob

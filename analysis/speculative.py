@@ -17,6 +17,11 @@ From the steps (``role == "draft"`` marks the draft's passes; a verify pass carr
   measured ``alpha`` and ``c``: what this run's draft should give over plain decoding of the
   target, to be checked against a run without speculation (``perfscope study
   num-speculative-tokens``).
+
+``method``: ``draft`` (a draft model), or ``lookahead`` / ``medusa``
+(:mod:`perfscope.profiler.engines.reference.decoding`): no draft passes run, the proposals
+cost no pass of their own, so ``c`` is 0 and the projection is the expected tokens per step
+over the verify pass's cost.
 """
 
 from __future__ import annotations
@@ -75,15 +80,19 @@ def speculative_section(
     mean_acc = accepted / row_steps if row_steps else None
     alpha = alpha_from_accepted(mean_acc, k) if mean_acc is not None else None
     t_draft, t_verify = secs(draft_dec), secs(verify)
+    method = str(cfg.get("method") or "draft")
     c = (
         (t_draft / len(draft_dec)) / (t_verify / len(verify))
         if len(draft_dec) and len(verify) and t_verify > 0
-        else None
+        else (0.0 if method != "draft" else None)
     )
     roof = roofline or {}
     sol_d, sol_t = _sol_per_step(roof, "draft_decode"), _sol_per_step(roof, "decode")
     c_sol = sol_d / sol_t if sol_d is not None and sol_t else None
+    if method != "draft":
+        c_sol = 0.0
     return {
+        "method": method,
         "draft": cfg.get("draft"),
         "num_speculative_tokens": k,
         "draft_model": cfg.get("draft_model"),

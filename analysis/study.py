@@ -601,9 +601,12 @@ def speculative_projection(
     sp = summary.get("speculative") or {}
     k = int(sp.get("num_speculative_tokens") or 0)
     draft_dict, model_dict = sp.get("draft_model"), summary.get("model")
-    if k < 1 or not draft_dict or not model_dict:
+    # Lookahead and Medusa propose without a pass of their own: c = 0.
+    drafted = (sp.get("method") or "draft") == "draft"
+    if k < 1 or not model_dict or (drafted and not draft_dict):
         return None
-    draft, target = ModelSpec.from_dict(dict(draft_dict)), ModelSpec.from_dict(dict(model_dict))
+    target = ModelSpec.from_dict(dict(model_dict))
+    draft = ModelSpec.from_dict(dict(draft_dict)) if drafted and draft_dict else None
     kw: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
     derated_kw: dict[str, Any] = {
         "decode_efficiency": derate.get("decode_efficiency"),
@@ -612,20 +615,29 @@ def speculative_projection(
     before: dict[str, Any] = {"alpha": ASSUMED_ACCEPTANCE, "k": k}
     for key, extra in (("derated", derated_kw), ("sol", {})):
         t_target = predict(target, dev, **kw, **extra).get("tpot_s")
-        t_draft = predict(draft, dev, **kw, **extra).get("tpot_s")
+        t_draft = 0.0 if draft is None else predict(draft, dev, **kw, **extra).get("tpot_s")
         c = t_draft / t_target if t_target and t_draft is not None else None
         before[f"cost_ratio_{key}"] = c
         before[key] = None if c is None else speculative_speedup(ASSUMED_ACCEPTANCE, k, c)
     after: dict[str, Any] | None = None
     plain = _mean_step_s(baseline, "decode") if not baseline.get("speculative") else None
     draft_s, verify_s = _mean_step_s(summary, "draft_decode"), _mean_step_s(summary, "decode")
+    if not drafted:
+        draft_s = 0.0
     alpha = sp.get("alpha")
-    if plain and draft_s and verify_s and alpha is not None:
+    if (
+        plain
+        and draft_s is not None
+        and verify_s
+        and alpha is not None
+        and (draft_s or not drafted)
+    ):
         c, v = draft_s / plain, verify_s / plain
         # The same with each pass's host time before it (Python and scheduling between
         # passes, the roofline's gap_s per step): the part the formula does not see.
         g_plain = _gap_per_step(baseline, "decode")
         g_draft, g_verify = _gap_per_step(summary, "draft_decode"), _gap_per_step(summary, "decode")
+        g_draft = 0.0 if not drafted else g_draft
         host = None
         if g_plain is not None and g_draft is not None and g_verify is not None:
             unit = plain + g_plain
@@ -643,7 +655,13 @@ def speculative_projection(
             "speedup_formula": speculative_speedup(float(alpha), k, c),
             "speedup_with_host": host,
         }
-    return {"k": k, "draft": sp.get("draft"), "before_run": before, "after_run": after}
+    return {
+        "k": k,
+        "method": sp.get("method") or "draft",
+        "draft": sp.get("draft"),
+        "before_run": before,
+        "after_run": after,
+    }
 
 
 # --------------------------------------------------------------------------- the record

@@ -584,6 +584,7 @@ class Speculative(Record):
     (measured and at speed of light) and the speedup over plain decoding they project
     (see :mod:`perfscope.analysis.speculative`)."""
 
+    method: str | None = None
     draft: str | None = None
     num_speculative_tokens: int = 0
     draft_model: dict[str, Any] | None = None

@@ -19,6 +19,8 @@ OWN_RECORD = {"parallel": ("| measured comm per step ms |", "parallel")}
 SKIP_SMOKE = {
     "compile": "torch.compile's dynamo trace takes about a minute here even with the eager "
     "backend; test_reference_paged_heads_compile.py checks the compiled path",
+    "parallel_decoding": "three runs take 20-35 s here; test_parallel_decoding.py checks "
+    "lookahead and Medusa decoding and the decoding knob, speculative.py's smoke the study path",
 }
 
 

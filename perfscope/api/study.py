@@ -225,6 +225,13 @@ KNOBS: dict[str, Knob] = {
             _count,
             "draft tokens per speculative step (0 = off; needs --engine-opt draft=...)",
         ),
+        Knob(
+            "decoding",
+            "option",
+            "decoding",
+            _one_of("plain", "draft", "lookahead", "medusa"),
+            "parallel decoding: plain, draft (needs draft=...), lookahead (Jacobi) or medusa",
+        ),
         Knob("max-tokens", "option", "max_tokens", _int, "max_tokens sent with every request"),
         Knob(
             "connection",
@@ -267,6 +274,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "prefix-cache": ("reference",),
     "max-batched-tokens": ("reference",),
     "num-speculative-tokens": ("reference",),
+    "decoding": ("reference",),
     "max-tokens": ("openai",),
     "connection": ("openai",),
 }

@@ -247,8 +247,11 @@ def _speculative_view(summary: Summary) -> RenderableType | None:
     def num(v: float | None, fmt: str = ".3f") -> str:
         return "–" if v is None else format(v, fmt)
 
-    t = FitTable(("quantity", "value"), title=f"Speculative decoding (draft {sp.draft})")
-    t.add_row("draft tokens per step (K)", str(sp.num_speculative_tokens))
+    drafted = (sp.method or "draft") == "draft"
+    title = f"draft {sp.draft}" if drafted else f"{sp.method}, no draft model"
+    t = FitTable(("quantity", "value"), title=f"Speculative decoding ({title})")
+    t.add_row("tokens proposed per step (K)", str(sp.num_speculative_tokens))
+    t.add_row("tokens emitted per sequence and step", num(sp.mean_tokens_per_step))
     t.add_row(
         "accepted / proposed draft tokens",
         f"{sp.accepted_tokens} / {sp.proposed_tokens} = {num(sp.acceptance_rate)}",

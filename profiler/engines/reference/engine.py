@@ -25,7 +25,10 @@ state dict saved by :mod:`perfscope.profiler.engines.reference.train`; with fewe
 ``weights=trained`` (this shape trained on the synthetic corpus, cached);
 ``draft=PRESET_OR_PATH`` with ``num_speculative_tokens=K`` and ``draft_layers=N``:
 speculative decoding with a draft model (see
-:mod:`perfscope.profiler.engines.reference.speculative`).
+:mod:`perfscope.profiler.engines.reference.speculative`);
+``decoding=plain|draft|lookahead|medusa`` with ``lookahead_window=N``, ``lookahead_ngram=G``,
+``medusa_heads=K`` and ``medusa_steps=N``: parallel decoding without a draft model (see
+:mod:`perfscope.profiler.engines.reference.decoding`).
 
 Scheduling options (continuous scheduler, KV cache on): ``prefix_cache=on|off`` (default
 off) reuses the K/V of 16-token prompt blocks an earlier request computed
@@ -65,7 +68,10 @@ from perfscope.profiler.engines.base import (
     option_int,
     register_engine,
 )
+from perfscope.profiler.engines.reference.decoding import DecodingSpec, Proposer, parse_decoding
 from perfscope.profiler.engines.reference.heads import HeadPruning, prune_heads
+from perfscope.profiler.engines.reference.lookahead import Lookahead
+from perfscope.profiler.engines.reference.medusa import HeadsConfig, Medusa, train_heads
 from perfscope.profiler.engines.reference.model import (
     ATTENTION_IMPLS,
     KV_DTYPES,
@@ -305,26 +311,44 @@ class ReferenceEngine:
                     block.forward, dynamic=True, backend=self.compile_backend
                 )
         self.max_seq_len = options.max_seq_len
-        self._spec: Speculator | None = None
+        self._spec: Proposer | None = None
         self.draft = parse_draft(extra, target_trained=bool(self.weights))
+        self.decoding, self.parallel = parse_decoding(extra, has_draft=self.draft is not None)
+        if self.decoding != "draft":
+            self.draft = None  # decoding=plain (or another method) turns a given draft off
+        self.medusa: Medusa | None = None
         #: Sequences decoded together: ``batch_size``, or fewer when a contiguous cache's
         #: ``kv_budget_mb`` holds fewer of ``max_seq_len`` (:meth:`_kv_plan`).
         self.slots = self._kv_plan()
         self.draft_model: ReferenceModel | None = None
         #: Emitted token ids per request id (speculative decoding only; tests compare them).
         self.outputs: dict[int, list[int]] = {}
-        if self.draft is not None:
+        if self.decoding != "plain":
+            what = "draft=" if self.draft is not None else f"decoding={self.decoding}"
             if not self.kv_cache:
                 raise UsageError(
-                    "--engine-opt draft= needs the KV cache: speculative decoding rolls "
+                    f"--engine-opt {what} needs the KV cache: speculative decoding rolls "
                     "caches back; drop kv_cache=off"
                 )
             if self.prefix_cache or self.max_batched_tokens is not None:
                 raise UsageError(
-                    "--engine-opt draft= cannot be combined with prefix_cache=on or "
+                    f"--engine-opt {what} cannot be combined with prefix_cache=on or "
                     "max_batched_tokens= yet (the packed scheduler has no speculative "
                     "step): drop one of them"
                 )
+        if self.parallel is not None and self.parallel.method == "medusa":
+            if self.quant != "none" or self.sparsity.kind != "none":
+                raise UsageError(
+                    "--engine-opt decoding=medusa trains its heads on the float model: drop "
+                    "quant= / sparsity="
+                )
+            heads = train_heads(
+                self.model,
+                self.weights,
+                HeadsConfig(k=self.parallel.k, steps=self.parallel.train_steps),
+            )
+            self.medusa = Medusa(self.model, heads, self._sync)
+        if self.draft is not None:
             self.draft_model = build_draft(
                 self.draft, self.config, seed=options.seed, device=self.device, load=_load_weights
             )
@@ -390,11 +414,15 @@ class ReferenceEngine:
         )
 
     def _speculative_info(self) -> dict[str, object] | None:
-        """The draft and K (None without speculation); ``draft_model`` is its ModelSpec."""
+        """The method, the draft and K (None without speculation); ``draft_model`` is the
+        draft's ModelSpec (absent for lookahead and medusa: no draft passes run)."""
+        if self.parallel is not None:
+            return _parallel_info(self.parallel, self.config.n_params())
         if self.draft is None or self.draft_model is None:
             return None
         cfg = self.draft_model.cfg
         return {
+            "method": "draft",
             "draft": self.draft.source,
             "num_speculative_tokens": self.draft.k,
             "draft_weights": self.draft.weights,
@@ -408,6 +436,9 @@ class ReferenceEngine:
         self.model = None  # type: ignore[assignment]
         self.draft_model = None
         self._spec = None
+        if self.medusa is not None:
+            self.medusa.close()
+            self.medusa = None
         torch.set_num_threads(self._threads_before)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -424,6 +455,9 @@ class ReferenceEngine:
             self._spec = Speculator(
                 self.draft_model, self.draft.k, bs, self.max_seq_len + spare, self._sync
             )
+        elif self.parallel is not None:
+            spare = self.parallel.k + 1
+            self._spec = self._proposer(self.parallel)
         cache = self._new_cache(bs, self.max_seq_len + spare)
         pending: deque[Submission] = deque()
         running: list[_Seq] = []
@@ -575,8 +609,14 @@ class ReferenceEngine:
                 seq.done = True
                 seq.sub.handle.finish()
 
+    def _proposer(self, p: DecodingSpec) -> Proposer:
+        if p.method == "lookahead":
+            return Lookahead(p.k, p.ngram, self._sync)
+        assert self.medusa is not None
+        return self.medusa
+
     def _speculative_decode(
-        self, spec: Speculator, running: list[_Seq], cache: KVCache, recorder: Recorder
+        self, spec: Proposer, running: list[_Seq], cache: KVCache, recorder: Recorder
     ) -> None:
         """One speculative step (draft K tokens, verify, accept); several tokens per row."""
         results, t1 = spec.step(
@@ -820,10 +860,11 @@ class ReferenceEngine:
         self.kv_plan: PagedPlan | None = None
         if not self.kv_paged and self.kv_budget_bytes is None:
             return bs
-        if self.prefix_cache or self.max_batched_tokens is not None or self.draft is not None:
+        spec = self.draft is not None or self.parallel is not None
+        if self.prefix_cache or self.max_batched_tokens is not None or spec:
             raise UsageError(
                 "--engine-opt kv_paged= / kv_budget_mb= run with the plain scheduler only: "
-                "drop prefix_cache, max_batched_tokens or draft"
+                "drop prefix_cache, max_batched_tokens, draft or decoding"
             )
         if not self.kv_cache or self.kv_dtype != "auto":
             raise UsageError(
@@ -967,6 +1008,18 @@ def _load_weights(model: ReferenceModel, path: str) -> None:
         ) from exc
     dt = next(model.parameters()).dtype
     model.to(dtype=dt)
+
+
+def _parallel_info(p: DecodingSpec, target_n_params: int) -> dict[str, object]:
+    """The ``speculative`` config of a lookahead or medusa run (no draft model)."""
+    return {
+        "method": p.method,
+        "draft": p.method,
+        "num_speculative_tokens": p.k,
+        "lookahead_ngram": p.ngram if p.method == "lookahead" else None,
+        "medusa_heads": p.k if p.method == "medusa" else None,
+        "target_n_params": target_n_params,
+    }
 
 
 def _device_name(device: torch.device) -> str:

@@ -63,6 +63,7 @@ __all__ = [
     "build_draft",
     "forward_positions",
     "parse_draft",
+    "verify_proposals",
 ]
 
 #: ``num_speculative_tokens`` when a draft is given without it.
@@ -281,34 +282,67 @@ class Speculator:
             starts = starts + cur.shape[1]
             cur = tok.view(b, 1)
         drafted = torch.stack(proposals, dim=1) if proposals else lens.new_zeros((b, 0))
-        inputs = torch.cat([torch.tensor(list(next_tokens), device=device).view(b, 1), drafted], 1)
-        pushed = nvtx_ranges.push_step("decode", recorder.n_steps)
-        t0 = recorder.clock.now_ns()
-        choice = forward_positions(target, inputs, target_cache, lens).argmax(-1).tolist()
-        self._sync()
-        t1 = recorder.clock.now_ns()
-        if pushed:
-            nvtx_ranges.pop_range()
-        d_rows = drafted.tolist()
-        out: list[Verified] = []
-        for rid, x, d, t, alive in zip(rids, next_tokens, d_rows, choice, live, strict=True):
-            n = accept_greedy(d, t)
-            out.append(Verified(n, [*d[:n], int(t[n])]))
-            if alive:
-                self._prev[rid] = int(d[n - 1]) if n else int(x)
-        n_live = sum(1 for a in live if a)
-        recorder.step(
-            "decode",
-            t0,
-            t1,
-            b,
-            b * (k + 1),
-            int(sum(lengths)),
-            rids,
-            proposed_tokens=n_live * k,
-            accepted_tokens=sum(v.accepted for v, a in zip(out, live, strict=True) if a),
+        out, _, t1 = verify_proposals(
+            target, target_cache, rids, lengths, next_tokens, drafted, live, recorder, self._sync
         )
+        for rid, x, v, alive in zip(rids, next_tokens, out, live, strict=True):
+            if alive:
+                self._prev[rid] = v.tokens[-2] if v.accepted else int(x)
         return out, t1
+
+
+def verify_proposals(
+    target: ReferenceModel,
+    target_cache: KVCache,
+    request_ids: Sequence[int],
+    lengths: Sequence[int],
+    next_tokens: Sequence[int],
+    proposals: torch.Tensor,
+    live: Sequence[bool],
+    recorder: Recorder,
+    sync: Callable[[], None],
+    after: Callable[[list[Verified]], None] | None = None,
+) -> tuple[list[Verified], list[list[int]], int]:
+    """Verify ``proposals`` [B, K] (any proposer's: a draft model, a guess window, Medusa
+    heads) with one target pass over ``x, p1..pK`` per row and accept greedily.
+
+    Returns each row's outcome, the target's greedy choice after each of the ``K + 1``
+    inputs (row by row; a Jacobi proposer reuses the ones past the accepted prefix) and the
+    pass's end time (ns). Records the pass as a ``decode`` step of ``K + 1`` tokens per row
+    with ``proposed_tokens`` (``K`` per live row) and ``accepted_tokens``; a row with
+    ``live[i]`` false (finished, still in a static batch) is not counted. ``after`` runs
+    on the outcomes inside the step's time (Medusa's heads for the next step).
+    """
+    b, k = proposals.shape
+    device = proposals.device
+    lens = torch.tensor(list(lengths), device=device)
+    inputs = torch.cat([torch.tensor(list(next_tokens), device=device).view(b, 1), proposals], 1)
+    pushed = nvtx_ranges.push_step("decode", recorder.n_steps)
+    t0 = recorder.clock.now_ns()
+    choice = forward_positions(target, inputs, target_cache, lens).argmax(-1).tolist()
+    out: list[Verified] = []
+    for d, t in zip(proposals.tolist(), choice, strict=True):
+        n = accept_greedy(d, t)
+        out.append(Verified(n, [*d[:n], int(t[n])]))
+    if after is not None:
+        after(out)
+    sync()
+    t1 = recorder.clock.now_ns()
+    if pushed:
+        nvtx_ranges.pop_range()
+    n_live = sum(1 for a in live if a)
+    recorder.step(
+        "decode",
+        t0,
+        t1,
+        b,
+        b * (k + 1),
+        int(sum(lengths)),
+        list(request_ids),
+        proposed_tokens=n_live * k,
+        accepted_tokens=sum(v.accepted for v, a in zip(out, live, strict=True) if a),
+    )
+    return out, choice, t1
 
 
 def build_draft(

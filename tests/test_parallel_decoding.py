@@ -1,0 +1,112 @@
+"""Lookahead (Jacobi) and Medusa decoding in the reference engine: exactly greedy's tokens,
+consistent acceptance counters, one-line errors for bad options and knob values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfscope.errors import UsageError
+from perfscope.profiler.engines.reference.lookahead import ngram_guess
+from perfscope.profiler.engines.reference.train import TrainConfig, corpus, train
+from perfscope.profiler.records import RequestSpec
+from tests.test_speculative import _expected, _serve, _steps
+
+
+def _trained() -> Path:
+    """The tiny preset trained briefly (the same cached file test_speculative.py trains)."""
+    return train(TrainConfig(overrides=(("n_layers", 2),), steps=200)).path
+
+
+def _corpus_specs(n: int, out: int) -> list[RequestSpec]:
+    data = corpus(n, 16, 48, seed=777)
+    return [RequestSpec(i, 16, out + i, prompt_token_ids=tuple(data[i].tolist())) for i in range(n)]
+
+
+def test_ngram_guess_proposes_what_followed_the_last_match() -> None:
+    assert ngram_guess([1, 2, 3, 4, 1, 2], 2, 3) == [3, 4, 1]
+    assert ngram_guess([1, 2, 3, 1, 2, 9, 1, 2], 2, 2) == [9, 1]  # the most recent match
+    assert ngram_guess([5, 6, 7], 2, 4) == []
+    assert ngram_guess([5, 5, 5], 0, 4) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "scheduler"),
+    [
+        ({"decoding": "lookahead"}, "continuous"),
+        ({"decoding": "lookahead", "lookahead_ngram": "0", "lookahead_window": "3"}, "static"),
+        ({"decoding": "medusa", "medusa_heads": "3", "medusa_steps": "20"}, "continuous"),
+    ],
+    ids=["lookahead", "jacobi-static", "medusa"],
+)
+def test_outputs_on_the_trained_model_are_exactly_greedy_decodings(
+    extra: dict[str, str], scheduler: str
+) -> None:
+    specs = _corpus_specs(5, 14)
+    engine, rec = _serve(
+        specs, {"weights": str(_trained()), **extra}, batch_size=3, scheduler=scheduler
+    )
+    for s in specs:
+        assert engine.outputs[s.request_id] == _expected(engine, s), s
+    reqs = rec.requests_table().to_pandas()
+    assert list(reqs["output_tokens"]) == [s.max_output_tokens for s in specs]
+    steps = _steps(rec)
+    assert (steps["role"] != "draft").all()  # no pass but the target's
+    info = engine.info().config["speculative"]
+    assert isinstance(info, dict) and info["method"] == extra["decoding"]
+
+
+def test_acceptance_counters_are_consistent_and_steps_emit_at_least_one_token() -> None:
+    from perfscope.analysis.speculative import speculative_section
+
+    specs = _corpus_specs(4, 20)
+    engine, rec = _serve(specs, {"weights": str(_trained()), "decoding": "lookahead"})
+    steps = _steps(rec)
+    verify = steps[steps["proposed_tokens"].notna()]
+    assert (verify["accepted_tokens"] <= verify["proposed_tokens"]).all()
+    assert (verify["new_tokens"] == verify["batch_size"] * 5).all()  # x + a window of 4
+    # The corpus repeats motifs: the n-gram pool guesses right far above chance (1/1024).
+    assert verify["accepted_tokens"].sum() > 0.1 * verify["proposed_tokens"].sum()
+    chunks = rec.chunks_table().to_pandas()
+    assert (chunks["n_tokens"] >= 1).all() and (chunks["n_tokens"] <= 5).all()
+    manifest = {"engine": {"config": engine.info().config}}
+    sec = speculative_section(steps, manifest, None)
+    assert sec is not None and sec["method"] == "lookahead"
+    assert 0 <= sec["acceptance_rate"] <= 1 and sec["mean_tokens_per_step"] >= 1
+    assert sec["cost_ratio"] == 0.0 and sec["draft_steps"] == 0
+    assert sec["projected_speedup"] == pytest.approx(sec["expected_tokens_per_step"])
+
+
+def test_bad_decoding_options_are_one_line_usage_errors() -> None:
+    spec = [RequestSpec(0, 4, 2)]
+    for extra, message in (
+        ({"decoding": "jacobi"}, "decoding= must be one of plain, draft, lookahead, medusa"),
+        ({"decoding": "draft"}, "decoding=draft needs a draft model"),
+        ({"decoding": "lookahead", "lookahead_window": "0"}, "lookahead_window= must be"),
+        ({"decoding": "medusa", "medusa_heads": "x"}, "medusa_heads= must be"),
+        ({"decoding": "medusa", "quant": "int8"}, "drop quant= / sparsity="),
+        ({"decoding": "lookahead", "kv_cache": "off"}, "needs the KV cache"),
+    ):
+        with pytest.raises(UsageError, match=message) as err:
+            _serve(spec, extra)
+        assert "\n" not in str(err.value)
+
+
+def test_the_decoding_knob_rejects_an_unknown_method_in_one_line(runs_dir: Path) -> None:
+    import perfscope
+
+    with pytest.raises(UsageError, match="decoding value 'beam' must be one of") as err:
+        perfscope.study("decoding", "plain,beam", model_preset="tiny", runs_dir=runs_dir)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="decoding=draft needs a draft model"):
+        perfscope.study("decoding", "plain,draft", model_preset="tiny", runs_dir=runs_dir)
+
+
+def test_a_decoding_change_is_calibrated_as_its_technique() -> None:
+    from perfscope.analysis.calibration import TECHNIQUES, technique_of_change
+
+    assert technique_of_change("decoding", "lookahead") == "parallel-decoding"
+    assert technique_of_change("decoding", "medusa") == "parallel-decoding"
+    assert technique_of_change("decoding", "draft") == "speculative"
+    assert "parallel-decoding" in TECHNIQUES
