@@ -66,7 +66,13 @@ def complete_run(root: Path, *extra: str) -> Path:
     with contextlib.redirect_stdout(None):  # type: ignore[type-var]
         code = main(argv)
     assert code == 0, code
-    (path,) = set(root.iterdir()) - before
+    return _the_new_run(root, before)
+
+
+def _the_new_run(root: Path, before: set[Path]) -> Path:
+    """The one run folder that appeared in ``root`` since ``before`` (a dashboard polling
+    the same folder may add its own files beside it, such as the run index)."""
+    (path,) = {p for p in set(root.iterdir()) - before if (p / "manifest.json").is_file()}
     return path
 
 
@@ -91,8 +97,7 @@ def run_without_slos(root: Path, *extra: str) -> Path:
     with contextlib.redirect_stdout(None):  # type: ignore[type-var]
         code = main(argv)
     assert code == 0, code
-    (path,) = set(root.iterdir()) - before
-    return path
+    return _the_new_run(root, before)
 
 
 def small_model() -> dict[str, Any]:
