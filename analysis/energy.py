@@ -782,7 +782,7 @@ def energy_section(
     # Power against limits.
     peak, peak_dev = _peak_power(frames, curves, w0, w1)
     limits = manifest.power_limits_w
-    limit_total = sum(float(limits[d]) for d in curves if limits.get(d)) or None
+    limit_total = sum(float(limits.get(d) or 0.0) for d in curves) or None
     n_dev = len(curves)
     section["power"] = {
         "avg_w": section["avg_power_w"],
@@ -804,7 +804,7 @@ def energy_section(
 
     # Idle baseline.
     baseline = manifest.idle_baseline_w
-    base_w = sum(float(baseline[d]) for d in curves if baseline.get(d) is not None)
+    base_w = sum(float(baseline.get(d) or 0.0) for d in curves)
     have_base = all(baseline.get(d) is not None for d in curves)
     section["idle_baseline_w"] = base_w if have_base else None
     section["idle_energy_j"] = base_w * window_s if have_base else None

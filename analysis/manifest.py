@@ -20,6 +20,7 @@ watts, as the manifest records them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import UnionType
@@ -80,12 +81,18 @@ class _View(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig(_View):
-    """``engine.config``: the engine's own settings. The fields the analysis reads are named
-    (``batch_size``, the model ``preset``, the HTTP ``client``'s account of the run, the
-    ``speculative`` decoding setup); the rest stays in ``extra``."""
+    """``engine.config``: the engine's own settings. The fields the analysis and the report
+    read are named (``batch_size`` and ``scheduler``, the model ``preset`` and ``n_params``,
+    the HTTP ``client``'s account of the run, the ``speculative`` decoding setup); the rest
+    stays in ``extra``."""
 
     batch_size: int | None = None
+    scheduler: str | None = None
     preset: str | None = None
+    #: parameter count of the model (a count)
+    n_params: float | None = None
+    #: the torch version the engine ran with
+    torch: str | None = None
     #: ``openai:`` runs: the client's CPU, memory, stamping clock, stalls and warnings.
     client: Mapping[str, Any] | None = None
     #: speculative-decoding runs: ``draft_model`` (ModelSpec JSON), ``k`` and the method.
@@ -111,7 +118,8 @@ class TelemetryManifest(_View):
     """``telemetry``: the telemetry session's account (``TelemetrySession.manifest_info()``).
 
     Attributes:
-        enabled: telemetry was sampled; ``backend``: ``ray`` on a cluster run.
+        enabled: telemetry was sampled; ``status``: how the session ended; ``devices``: the
+            devices sampled; ``backend``: ``ray`` on a cluster run.
         nodes: a cluster run's nodes, each with its telemetry ``agent`` record.
         mem_total_bytes: memory capacity per device key (``gpu0``, ``cpu``, ``node/cpu``).
         driver_node: a cluster run's driver node (whose CPU the ``cpu`` section shows).
@@ -120,6 +128,8 @@ class TelemetryManifest(_View):
     """
 
     enabled: bool = False
+    status: str | None = None
+    devices: Any = None
     backend: str | None = None
     nodes: Mapping[str, Any] = field(default_factory=dict)
     mem_total_bytes: Mapping[str, float | None] = field(default_factory=dict)
@@ -149,9 +159,16 @@ class TelemetryManifest(_View):
 
 @dataclass(frozen=True, kw_only=True)
 class HostManifest(_View):
-    """``host``: the machine's facts (hostname, cores, versions: in ``extra``) and the CPU
+    """``host``: the machine's facts (``hostname``, ``machine``, ``cpu_count``, ``platform``,
+    the ``python`` and ``torch`` versions; any others in ``extra``) and the CPU
     ``contention`` measured over the run (raw shares; ``contention_record`` judges them)."""
 
+    hostname: str | None = None
+    machine: str | None = None
+    cpu_count: int | None = None
+    platform: str | None = None
+    python: str | None = None
+    torch: str | None = None
     contention: Mapping[str, Any] | None = None
 
 
@@ -229,7 +246,7 @@ class RunManifest(_View):
     load: Mapping[str, Any] | None = None
     slos: Mapping[str, float] = field(default_factory=dict)
     hardware: Mapping[str, Any] | None = None
-    telemetry: TelemetryManifest = field(default_factory=TelemetryManifest)
+    telemetry: TelemetryManifest | None = None
     host: HostManifest = field(default_factory=HostManifest)
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
@@ -238,19 +255,27 @@ class RunManifest(_View):
     server_metrics: Mapping[str, Any] | None = None
     distributed: Distributed | None = None
     sweep: Mapping[str, Any] | str | None = None
+    #: The manifest.json object this view was read from, as read: for readers that walk
+    #: it by path (the configuration diff, the JSON export). Not a key of the JSON form.
+    source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def _field_types(cls) -> dict[str, Any]:
+        return {k: v for k, v in super()._field_types().items() if k != "source"}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
         """A manifest.json object (any version) as the view. Values of the wrong JSON type
         read as absent (the store reports such a run as broken before a reader gets here);
         a warning that is not text is no sentence."""
-        data = dict(data or {})
+        source = data or {}
+        data = dict(source)
         if isinstance(data.get("warnings"), list | tuple):
             data["warnings"] = [w for w in data["warnings"] if isinstance(w, str)]
         for key in ("errors", "command"):
             if isinstance(data.get(key), list | tuple):
                 data[key] = [str(v) for v in data[key]]
-        return super().from_dict(data)
+        return dataclasses.replace(super().from_dict(data), source=source)
 
     @property
     def device_key(self) -> str | None:

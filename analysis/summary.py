@@ -990,11 +990,12 @@ def _distributed_warnings(manifest: RunManifest) -> list[str]:
 
 def _telemetry_warnings(manifest: RunManifest) -> list[str]:
     """A ``--ray`` run's telemetry agents that were lost: their nodes' samples stop there."""
-    lost = manifest.telemetry.lost_agents
-    if not lost:
+    tele = manifest.telemetry
+    lost = tele.lost_agents if tele is not None else ()
+    if tele is None or not lost:
         return []
     return [
-        f"{len(lost)} of {len(manifest.telemetry.nodes)} telemetry agents were lost "
+        f"{len(lost)} of {len(tele.nodes)} telemetry agents were lost "
         f"({'; '.join(lost)}): their nodes' power and memory stop at the last samples received"
     ]
 
