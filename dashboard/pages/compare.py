@@ -38,7 +38,7 @@ _RESULT_CACHE_SIZE = 8
 
 
 class ResultCache:
-    """Recent comparison results of one app (the bootstrap takes a moment on big runs)."""
+    """Recent comparison results of one app (comparing big runs takes a moment)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
