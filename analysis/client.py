@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from perfscope.analysis.manifest import RunManifest, manifest_view
+
 __all__ = ["client_section"]
 
 
-def client_section(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+def client_section(manifest: Mapping[str, Any] | RunManifest) -> dict[str, Any] | None:
     """The ``client`` summary section, or None when the engine kept no client record.
 
     Keys: ``cpu_s`` (the client's CPU seconds over the serve loop), ``peak_rss_bytes``
@@ -22,8 +24,8 @@ def client_section(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
     ``stall`` (the stall record: threshold, worst and p99 gap between a chunk's arrival and
     its read in seconds, requests affected) when the client measured one.
     """
-    client = ((manifest.get("engine") or {}).get("config") or {}).get("client")
-    if not isinstance(client, Mapping):
+    client = manifest_view(manifest).engine.config.client
+    if client is None:
         return None
     out: dict[str, Any] = {
         "cpu_s": client.get("cpu_s"),

@@ -40,12 +40,10 @@ from perfscope.analysis.experiment import (
 from perfscope.analysis.metrics import itl_gaps, per_request
 
 __all__ = [
-    "DEFAULT_BOOTSTRAP",
     "DEFAULT_CONFIDENCE",
     "DEFAULT_PRIMARY",
     "MetricDef",
     "SetChange",
-    "bootstrap_percentile_ratio",
     "compare_run_sets",
     "compare_runs",
     "comparison_metrics",
@@ -55,32 +53,24 @@ __all__ = [
     "t_quantile",
 ]
 
-DEFAULT_BOOTSTRAP = 1000
 DEFAULT_CONFIDENCE = 0.95
-#: Fewer measured requests than this in either run: no within-run interval.
-MIN_SAMPLES = 10
 #: The primary metric of a comparison when none is named (``--primary``), then the
 #: fallbacks for runs that lack it (no decode steps: no TPOT).
 DEFAULT_PRIMARY = ("tpot.p50", "e2e.p50", "output_tok_s")
 #: Other processes' share of the machine's CPU above which a run counts as contended
 #: (the same threshold as the run's own warning).
 CONTENTION_SHARE = 0.15
-_BATCH_ELEMENTS = 2_000_000  # resampled values held in memory at once
 
 
 @dataclass(frozen=True)
 class MetricDef:
-    """One compared metric: a catalogue :class:`~perfscope.analysis.catalogue.Metric` and,
-    for latency percentiles, the per-request sample to bootstrap.
+    """One compared metric: a catalogue :class:`~perfscope.analysis.catalogue.Metric`.
 
     Attributes:
         key: dotted path in the summary (``latency.ttft.p99``).
         label: display name (from the catalogue).
         unit: the catalogue unit kind (``seconds``, ``rate``, ``ratio``, ...).
         better: ``lower`` or ``higher``.
-        sample: per-request sample to bootstrap (``ttft``, ``tpot``, ``e2e``, ``ntpot``), or
-            ``None`` for ratio only.
-        percentile: the percentile of ``sample`` the key holds.
         metric: the catalogue entry (name, format).
     """
 
@@ -88,13 +78,11 @@ class MetricDef:
     label: str
     unit: str
     better: str
-    sample: str | None = None
-    percentile: float | None = None
     metric: Metric | None = None
 
 
-#: Compared metrics (catalogue names), in order; latency percentiles of these samples get a
-#: bootstrap interval (ITL pools dependent gaps: ratio only).
+#: Compared metrics (catalogue names), in order; each is one number per run, judged between
+#: the sets by :func:`perfscope.analysis.experiment.judge_metric`.
 COMPARED = (
     *(f"{m}.p{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in (50, 90, 99)),
     "output_tok_s",
@@ -108,7 +96,6 @@ COMPARED = (
     "decode.mbu",
     "j_per_token",
 )
-_BOOTSTRAPPED = ("ttft", "tpot", "e2e")
 #: Metrics that mean something only when the run set SLOs.
 _SLO_JUDGED = ("goodput.goodput_req_s", "goodput.attainment")
 
@@ -123,19 +110,7 @@ def comparison_metrics() -> list[MetricDef]:
     out: list[MetricDef] = []
     for name in COMPARED:
         m = metric(name)
-        head, _, stat = name.partition(".")
-        boot = head in _BOOTSTRAPPED and stat.startswith("p")
-        out.append(
-            MetricDef(
-                m.path,
-                m.label,
-                m.kind,
-                m.better or "higher",
-                head if boot else None,
-                float(stat[1:]) if boot else None,
-                m,
-            )
-        )
+        out.append(MetricDef(m.path, m.label, m.kind, m.better or "higher", m))
     return out
 
 
@@ -159,49 +134,6 @@ def latency_samples(
     gaps, _ = itl_gaps(chunks, ok["request_id"].to_numpy())
     out["itl"] = np.asarray(gaps, dtype=float)
     return {k: v[np.isfinite(v)] for k, v in out.items()}
-
-
-def _boot_percentiles(
-    values: np.ndarray, qs: Sequence[float], n_boot: int, rng: np.random.Generator
-) -> np.ndarray:
-    """``n_boot`` x ``len(qs)`` percentiles of resamples of ``values``."""
-    n = values.size
-    out = np.empty((n_boot, len(qs)))
-    batch = max(1, min(n_boot, _BATCH_ELEMENTS // max(n, 1)))
-    for start in range(0, n_boot, batch):
-        stop = min(n_boot, start + batch)
-        idx = rng.integers(0, n, size=(stop - start, n))
-        out[start:stop] = np.percentile(values[idx], qs, axis=1).T
-    return out
-
-
-def bootstrap_percentile_ratio(
-    baseline: np.ndarray,
-    candidate: np.ndarray,
-    q: float,
-    *,
-    n_boot: int = DEFAULT_BOOTSTRAP,
-    confidence: float = DEFAULT_CONFIDENCE,
-    seed: int = 0,
-) -> tuple[float, float] | None:
-    """Confidence interval of ``percentile(candidate, q) / percentile(baseline, q)``.
-
-    Percentile bootstrap with independent resamples of each run. ``None`` when either
-    sample has fewer than :data:`MIN_SAMPLES` values or a baseline percentile is zero.
-    """
-    a = np.asarray(baseline, dtype=float)
-    b = np.asarray(candidate, dtype=float)
-    if a.size < MIN_SAMPLES or b.size < MIN_SAMPLES:
-        return None
-    rng = np.random.default_rng(seed)
-    pa = _boot_percentiles(a, [q], n_boot, rng)[:, 0]
-    pb = _boot_percentiles(b, [q], n_boot, rng)[:, 0]
-    if np.any(pa <= 0):
-        return None
-    ratio = pb / pa
-    alpha = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(ratio, [alpha, 1.0 - alpha])
-    return float(lo), float(hi)
 
 
 # --------------------------------------------------------------------------- between runs

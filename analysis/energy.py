@@ -24,11 +24,14 @@ request's first token and decode after it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from perfscope.analysis.manifest import TelemetryManifest
 
 __all__ = ["THROTTLE_REASONS", "EnergyCurve", "device_keys", "energy_section"]
 
@@ -440,10 +443,10 @@ def _peak_power(
 def _memory(
     frames: dict[str, pd.DataFrame],
     devices: list[str],
-    manifest: dict[str, Any],
+    manifest: TelemetryManifest,
     capacity: float | None,
 ) -> dict[str, Any]:
-    totals = manifest.get("mem_total_bytes") or {}
+    totals = manifest.mem_total_bytes
     per: dict[str, Any] = {}
     for d in devices:
         df = frames[d]
@@ -486,12 +489,12 @@ def _throttle(
     return {"share": float(np.mean([s["any"] for s in shares.values()])), "per_device": shares}
 
 
-def _cpu_key(frames: dict[str, pd.DataFrame], manifest: dict[str, Any]) -> str | None:
+def _cpu_key(frames: dict[str, pd.DataFrame], manifest: TelemetryManifest) -> str | None:
     """The host whose CPU the top-level ``cpu`` section describes: this host on a single-host
     run, the driver's node on a cluster (every node's is under ``nodes``)."""
     if "cpu" in frames:
         return "cpu"
-    driver = manifest.get("driver_node")
+    driver = manifest.driver_node
     if driver and f"{driver}/cpu" in frames:
         return f"{driver}/cpu"
     return next((d for d in frames if _kind(d) == "cpu"), None)
@@ -499,7 +502,7 @@ def _cpu_key(frames: dict[str, pd.DataFrame], manifest: dict[str, Any]) -> str |
 
 def _cpu_section(
     frames: dict[str, pd.DataFrame],
-    manifest: dict[str, Any],
+    manifest: TelemetryManifest,
     w0: float,
     w1: float,
     key: str | None = "cpu",
@@ -524,7 +527,7 @@ def _cpu_section(
     out["peak_system_mem_used_bytes"] = (
         _f(np.nanmax(mem)) if len(mem) and not np.all(np.isnan(mem)) else None
     )
-    out["system_mem_total_bytes"] = _f((manifest.get("mem_total_bytes") or {}).get("cpu"))
+    out["system_mem_total_bytes"] = _f(manifest.mem_total_bytes.get("cpu"))
     e = _col(df, "energy_j")
     ok = ~np.isnan(e)
     curve = EnergyCurve.from_counter(t[ok], e[ok])
@@ -539,7 +542,7 @@ def _cpu_section(
         out["energy_available"] = True
     else:
         out["energy_available"] = False
-        out["energy_reason"] = manifest.get("cpu_energy_unavailable") or (
+        out["energy_reason"] = manifest.cpu_energy_unavailable or (
             "cpu energy unavailable: no RAPL samples"
         )
     return out
@@ -552,7 +555,7 @@ def _peak(values: np.ndarray) -> float | None:
 def _nodes_section(
     frames: dict[str, pd.DataFrame],
     curves: dict[str, EnergyCurve],
-    manifest: dict[str, Any],
+    manifest: TelemetryManifest,
     w0: float,
     w1: float,
     source: str | None,
@@ -584,13 +587,11 @@ def _nodes_section(
             # Sum of each GPU's own peak: an upper bound of what was in use at one moment.
             "gpu_mem_used_peak_bytes": float(sum(gpu_peaks)) if gpu_peaks else None,
             "gpu_mem_total_bytes": _f(
-                sum(float((manifest.get("mem_total_bytes") or {}).get(d) or 0) for d in gpus)
+                sum(float(manifest.mem_total_bytes.get(d) or 0) for d in gpus)
             )
             or None,
             "system_mem_used_peak_bytes": _peak(_col(cpu, "mem_used_bytes")),
-            "system_mem_total_bytes": _f(
-                (manifest.get("mem_total_bytes") or {}).get(f"{node}/cpu")
-            ),
+            "system_mem_total_bytes": _f(manifest.mem_total_bytes.get(f"{node}/cpu")),
         }
         if mine:
             e = float(_energy_between(mine, wa, wb)[0])
@@ -640,7 +641,7 @@ def energy_section(
     steps: pd.DataFrame,
     requests: pd.DataFrame,
     chunks: pd.DataFrame,
-    manifest_telemetry: dict[str, Any],
+    manifest_telemetry: Mapping[str, Any] | TelemetryManifest | None,
     *,
     tdp_w: float | None = None,
     mem_capacity_bytes: float | None = None,
@@ -652,7 +653,8 @@ def energy_section(
         steps: STEP_SCHEMA rows (may be empty: HTTP engines).
         requests: REQUEST_SCHEMA rows.
         chunks: CHUNK_SCHEMA rows; used for output-token counts when ``requests`` lacks them.
-        manifest_telemetry: ``TelemetrySession.manifest_info()`` as stored in the manifest.
+        manifest_telemetry: the manifest's ``telemetry`` (``TelemetrySession.manifest_info()``
+            as stored), as the record or the JSON object.
         tdp_w: thermal design power of one device (hardware database), W.
         mem_capacity_bytes: memory capacity of one device (hardware database), bytes.
 
@@ -662,7 +664,7 @@ def energy_section(
         average/peak against limit and TDP, ``phases``, ``requests``, idle baseline and dynamic
         energy, ``memory``, ``throttle``, measured hardware counters per phase, ``cpu``, notes.
     """
-    manifest = manifest_telemetry or {}
+    manifest = TelemetryManifest.of(manifest_telemetry)
     frames = _device_frames(telemetry)
     gpus = [d for d in frames if _kind(d).startswith("gpu")]
     cpus = [d for d in frames if _kind(d) == "cpu"]
@@ -704,16 +706,12 @@ def energy_section(
             reasons.append("gpu telemetry has neither an energy counter nor power samples")
         else:
             reasons.append(
-                manifest.get("gpu_unavailable")
-                or "gpu telemetry unavailable: no GPU samples in this run"
+                manifest.gpu_unavailable or "gpu telemetry unavailable: no GPU samples in this run"
             )
-        reasons.append(
-            manifest.get("cpu_energy_unavailable") or "cpu energy unavailable: no RAPL samples"
-        )
+        reasons.append(manifest.cpu_energy_unavailable or "cpu energy unavailable: no RAPL samples")
     elif source == "cpu":
         notes.append(
-            (manifest.get("gpu_unavailable") or "no GPU samples")
-            + "; energy is the CPU packages' (RAPL)"
+            (manifest.gpu_unavailable or "no GPU samples") + "; energy is the CPU packages' (RAPL)"
         )
 
     section: dict[str, Any] = {
@@ -783,8 +781,8 @@ def energy_section(
 
     # Power against limits.
     peak, peak_dev = _peak_power(frames, curves, w0, w1)
-    limits = manifest.get("power_limits_w") or {}
-    limit_total = sum(float(limits[d]) for d in curves if limits.get(d)) or None
+    limits = manifest.power_limits_w
+    limit_total = sum(float(limits.get(d) or 0.0) for d in curves) or None
     n_dev = len(curves)
     section["power"] = {
         "avg_w": section["avg_power_w"],
@@ -805,8 +803,8 @@ def energy_section(
     }
 
     # Idle baseline.
-    baseline = manifest.get("idle_baseline_w") or {}
-    base_w = sum(float(baseline[d]) for d in curves if baseline.get(d) is not None)
+    baseline = manifest.idle_baseline_w
+    base_w = sum(float(baseline.get(d) or 0.0) for d in curves)
     have_base = all(baseline.get(d) is not None for d in curves)
     section["idle_baseline_w"] = base_w if have_base else None
     section["idle_energy_j"] = base_w * window_s if have_base else None

@@ -29,6 +29,7 @@ from perfscope.analysis.advisor import advise
 from perfscope.analysis.calibration import machine_of_device, projection_check
 from perfscope.analysis.client import client_section
 from perfscope.analysis.energy import energy_section
+from perfscope.analysis.manifest import RunManifest
 from perfscope.analysis.metrics import per_request
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.prompt_cache import prompt_cache_section
@@ -66,7 +67,7 @@ class RunRecords(Protocol):
     one): the manifest and the four record tables (empty frames when absent)."""
 
     @property
-    def manifest(self) -> Mapping[str, Any]: ...
+    def manifest(self) -> Mapping[str, Any]: ...  # the JSON object; read via RunManifest
     @property
     def requests(self) -> pd.DataFrame: ...
     @property
@@ -78,27 +79,26 @@ class RunRecords(Protocol):
 
 
 def _hardware(
-    run: RunRecords, device: str | DeviceSpec | None, database: HardwareDatabase | None
+    manifest: RunManifest, device: str | DeviceSpec | None, database: HardwareDatabase | None
 ) -> dict[str, Any]:
-    """``manifest["hardware"]``, or the device asked for (a name or a spec)."""
+    """The manifest's ``hardware``, or the device asked for (a name or a spec)."""
     if isinstance(device, DeviceSpec):
         return {"spec": device.to_dict(), "resolved_from": f"given: {device.key}"}
     if device:
-        return resolve_hardware(run.manifest.get("engine") or {}, device, database=database)
-    recorded = run.manifest.get("hardware")
+        return resolve_hardware(manifest.engine.to_dict(), device, database=database)
+    recorded = manifest.hardware
     return dict(recorded) if recorded else {"spec": None, "reason": "not recorded"}
 
 
-def _workload_stats(run: RunRecords) -> dict[str, Any]:
+def _workload_stats(run: RunRecords, manifest: RunManifest) -> dict[str, Any]:
     """Mean prompt/output tokens of the completed measured requests, the configured batch."""
     r = run.requests
     measured = r[~r["is_warmup"].astype(bool)] if not r.empty else r
     ok = measured[measured["error"].isna()] if not measured.empty else measured
-    cfg = (run.manifest.get("engine") or {}).get("config") or {}
     return {
         "prompt_tokens_mean": float(ok["prompt_tokens"].mean()) if len(ok) else None,
         "output_tokens_mean": float(ok["output_tokens"].mean()) if len(ok) else None,
-        "batch_size": cfg.get("batch_size"),
+        "batch_size": manifest.engine.config.batch_size,
         "requests": len(measured),
     }
 
@@ -126,19 +126,20 @@ def analyze(
     Raises:
         UnknownDeviceError: ``device`` names no known device.
     """
+    manifest = RunManifest.from_dict(stored_run.manifest)
     rows = per_request(stored_run.requests)
-    hardware = _hardware(stored_run, device, database)
+    hardware = _hardware(manifest, device, database)
     if device is not None:
-        recorded = ((stored_run.manifest.get("hardware") or {}).get("spec") or {}).get("key")
+        recorded = manifest.device_key
         if recorded and recorded != (hardware.get("spec") or {}).get("key"):
             # Analysed against a device the run did not run on: a what-if (no measured
             # MFU/MBU against it, no advice).
             hardware["measured_on"] = recorded
     measured_on = hardware.get("measured_on")
     spec = DeviceSpec.from_dict(hardware["spec"]) if hardware.get("spec") else None
-    model_dict = (stored_run.manifest.get("engine") or {}).get("model")
-    model = ModelSpec.from_dict(model_dict) if model_dict else None
-    spec_cfg = speculative_config(stored_run.manifest) or {}
+    model_dict = manifest.engine.model
+    model = ModelSpec.from_dict(dict(model_dict)) if model_dict else None
+    spec_cfg = speculative_config(manifest) or {}
     draft_dict = spec_cfg.get("draft_model")
     draft_model = ModelSpec.from_dict(dict(draft_dict)) if draft_dict else None
 
@@ -147,7 +148,7 @@ def analyze(
         stored_run.steps,
         stored_run.requests,
         stored_run.chunks,
-        stored_run.manifest.get("telemetry") or {},
+        manifest.telemetry,
         tdp_w=spec.tdp_w if spec else None,
         mem_capacity_bytes=spec.mem_bytes if spec else None,
     )
@@ -164,7 +165,7 @@ def analyze(
     advice: list[dict[str, Any]] = []
     projections: list[dict[str, Any]] = []
     if roofline.get("available") and model is not None and spec is not None:
-        workload = _workload_stats(stored_run)
+        workload = _workload_stats(stored_run, manifest)
         if not roofline.get("what_if"):  # advice needs measured efficiencies
             advice = advise(roofline, model, spec, workload)
         db = database if database is not None else load_database()
@@ -174,14 +175,14 @@ def analyze(
         )
         # Every projection shown says how far projections were checked on its target's
         # machine class by stored studies, or that they were not.
-        kind = (stored_run.manifest.get("engine") or {}).get("kind")
+        kind = manifest.engine.kind
         for p, dev in zip(projections, targets, strict=True):
             p["checked"] = projection_check(machine_of_device(dev, kind))
     # The sections above are computed as JSON objects by modules other components own
     # (advisor, whatif, speculative, server metrics); each becomes its record here, once.
     roofline_rec = Roofline.from_dict(roofline)
     summary = build_summary(
-        stored_run.manifest,
+        manifest,
         stored_run.requests,
         stored_run.chunks,
         stored_run.steps,
@@ -193,12 +194,10 @@ def analyze(
         advice=tuple(Advice.from_dict(a) for a in advice),
         projections=tuple(Projection.from_dict(p) for p in projections),
         prompt_cache=_record(PromptCache, prompt_cache_section(stored_run.requests)),
-        client=_record(Client, client_section(stored_run.manifest)),
-        speculative=_record(
-            Speculative, speculative_section(stored_run.steps, stored_run.manifest, roofline)
-        ),
+        client=_record(Client, client_section(manifest)),
+        speculative=_record(Speculative, speculative_section(stored_run.steps, manifest, roofline)),
     )
-    info = stored_run.manifest.get("server_metrics")
+    info = manifest.server_metrics
     if server_metrics is None and not info:
         return summary
     section = server_metrics_section(
@@ -208,7 +207,7 @@ def analyze(
         client_tpot_mean_s=summary.latency.tpot.mean,
         model=model,
         requests=stored_run.requests,
-        client_stall=(client_section(stored_run.manifest) or {}).get("stall"),
+        client_stall=(client_section(manifest) or {}).get("stall"),
     )
     return dataclasses.replace(summary, server_metrics=ServerMetrics.from_dict(section))
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis.manifest import RunManifest, manifest_view
 from perfscope.analysis.whatif import (
     alpha_from_accepted,
     expected_tokens_per_step,
@@ -41,10 +42,10 @@ from perfscope.analysis.whatif import (
 __all__ = ["speculative_config", "speculative_section"]
 
 
-def speculative_config(manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def speculative_config(manifest: Mapping[str, Any] | RunManifest) -> Mapping[str, Any] | None:
     """The engine's ``speculative`` config (draft, K, the draft's model spec) or None."""
-    cfg = ((manifest.get("engine") or {}).get("config") or {}).get("speculative")
-    return cfg if isinstance(cfg, Mapping) and cfg.get("num_speculative_tokens") else None
+    cfg = manifest_view(manifest).engine.config.speculative
+    return cfg if cfg is not None and cfg.get("num_speculative_tokens") else None
 
 
 def _sol_per_step(roofline: Mapping[str, Any], phase: str) -> float | None:
@@ -58,7 +59,9 @@ def _speedup(alpha: float | None, k: int, c: float | None) -> float | None:
 
 
 def speculative_section(
-    steps: pd.DataFrame, manifest: Mapping[str, Any], roofline: Mapping[str, Any] | None
+    steps: pd.DataFrame,
+    manifest: Mapping[str, Any] | RunManifest,
+    roofline: Mapping[str, Any] | None,
 ) -> dict[str, Any] | None:
     """The section (JSON-ready, SI units) or None for a run without speculation."""
     cfg = speculative_config(manifest)

@@ -22,6 +22,7 @@ import pandas as pd
 
 from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import format_seconds
+from perfscope.analysis.manifest import RunManifest, manifest_view
 from perfscope.analysis.metrics import compute_metrics
 from perfscope.hwdb.spec import DeviceSpec
 
@@ -820,7 +821,7 @@ def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
 
 
 def build_summary(
-    manifest: Mapping[str, Any],
+    manifest: Mapping[str, Any] | RunManifest,
     requests: pd.DataFrame,
     chunks: pd.DataFrame,
     steps: pd.DataFrame,
@@ -840,7 +841,8 @@ def build_summary(
     """The summary of one run: metrics from the tables plus the analysis sections.
 
     Args:
-        manifest: the run's manifest (engine, workload, status, ...).
+        manifest: the run's manifest (engine, workload, status, ...): the view, or the
+            manifest.json object.
         requests, chunks, steps: the run's tables.
         slos: per-request limits in seconds (``{"ttft": 0.2}``); default: the manifest's.
         hardware, roofline, energy, advice, projections, prompt_cache, speculative,
@@ -849,25 +851,24 @@ def build_summary(
         per_request_rows: :func:`~perfscope.analysis.metrics.per_request` of ``requests``
             when the caller already has it.
     """
-    slos = dict(manifest.get("slos") or {}) if slos is None else dict(slos)
+    man = manifest_view(manifest)
+    slos = dict(man.slos) if slos is None else dict(slos)
     m = compute_metrics(requests, chunks, steps, slos, per_request_rows=per_request_rows)
-    engine = manifest.get("engine") or {}
-    run_set = manifest.get("run_set")
-    model_spec = manifest.get("model_spec")
+    engine = man.engine
     return Summary(
-        run_id=manifest.get("run_id"),
-        name=manifest.get("name"),
-        status=manifest.get("status"),
-        started_at=manifest.get("started_at"),
-        perfscope_version=manifest.get("perfscope_version"),
+        run_id=man.run_id,
+        name=man.name,
+        status=man.status,
+        started_at=man.started_at,
+        perfscope_version=man.perfscope_version,
         engine=EngineInfo(
-            uri=engine.get("uri"),
-            kind=engine.get("kind"),
-            device=engine.get("device"),
-            dtype=engine.get("dtype"),
+            uri=engine.uri,
+            kind=engine.kind,
+            device=engine.device,
+            dtype=engine.dtype,
         ),
-        workload=manifest.get("workload"),
-        load=manifest.get("load"),
+        workload=dict(man.workload) if man.workload is not None else None,
+        load=dict(man.load) if man.load is not None else None,
         counts=Counts.from_dict(m["counts"]),
         window_s=float(m["window_s"]),
         latency=Latency.from_dict(m["latency"]),
@@ -876,8 +877,8 @@ def build_summary(
         driver_lag=Distribution.from_dict(m["driver_lag"]),
         errors=tuple(ErrorCount.from_dict(e) for e in m["errors"]),
         steps={k: StepStats.from_dict(v) for k, v in step_breakdown(steps).items()},
-        model=engine.get("model"),
-        warnings=tuple(run_warnings(manifest)),
+        model=dict(engine.model) if engine.model is not None else None,
+        warnings=tuple(run_warnings(man)),
         hardware=hardware if hardware is not None else Hardware(reason=_ABSENT),
         roofline=roofline if roofline is not None else Roofline(),
         energy=energy if energy is not None else Energy(),
@@ -886,9 +887,9 @@ def build_summary(
         speculative=speculative,
         prompt_cache=prompt_cache,
         client=client,
-        contention=contention_record(manifest),
-        run_set=RunSet.from_dict(run_set) if isinstance(run_set, Mapping) else None,
-        model_spec=dict(model_spec) if isinstance(model_spec, Mapping) else None,
+        contention=contention_record(man),
+        run_set=RunSet.from_dict(man.run_set) if man.run_set is not None else None,
+        model_spec=dict(man.model_spec) if man.model_spec is not None else None,
         server_metrics=server_metrics,
     )
 
@@ -898,12 +899,12 @@ def build_summary(
 CONTENTION_WARN_SHARE = 0.15
 
 
-def contention_record(manifest: Mapping[str, Any]) -> Contention | None:
+def contention_record(manifest: Mapping[str, Any] | RunManifest) -> Contention | None:
     """The run's CPU contention measurement with ``contended`` (others or steal above
     :data:`CONTENTION_WARN_SHARE`); ``None`` when the run has none. A window too short to
     measure has no shares and is never called contended."""
-    c = (manifest.get("host") or {}).get("contention")
-    if not isinstance(c, dict):
+    c = manifest_view(manifest).host.contention
+    if c is None:
         return None
     others, steal = c.get("others_share"), c.get("steal_share")
     contended = bool(
@@ -913,52 +914,52 @@ def contention_record(manifest: Mapping[str, Any]) -> Contention | None:
     return Contention.from_dict({**c, "contended": contended})
 
 
-def run_warnings(manifest: Mapping[str, Any]) -> list[str]:
+def run_warnings(manifest: Mapping[str, Any] | RunManifest) -> list[str]:
     """Conditions that make this run's numbers less trustworthy, as sentences."""
+    man = manifest_view(manifest)
     # Recorded at capture (counts beyond max_tokens, a crashed run read back, ...).
-    out: list[str] = [w for w in manifest.get("warnings") or [] if isinstance(w, str)]
-    host = manifest.get("host") or {}
-    c = host.get("contention") or {}
-    others, steal = c.get("others_share"), c.get("steal_share")
-    if others is not None and others > CONTENTION_WARN_SHARE:
+    out: list[str] = list(man.warnings)
+    c = contention_record(man) or Contention()
+    if c.others_share is not None and c.others_share > CONTENTION_WARN_SHARE:
         out.append(
-            f"other processes used {others:.0%} of this machine's CPU capacity during the "
-            f"run ({c.get('others_cpu_s', 0):.1f} CPU-s over {c.get('window_s', 0):.1f} s on "
-            f"{c.get('cpu_count')} cores"
+            f"other processes used {c.others_share:.0%} of this machine's CPU capacity during "
+            f"the run ({c.others_cpu_s or 0:.1f} CPU-s over {c.window_s or 0:.1f} s on "
+            f"{c.cpu_count} cores"
             + (
-                f"; the server under test on port {', '.join(map(str, c['server_ports']))} "
-                f"used {c['server_cpu_s']:.1f} CPU-s and is not counted"
-                if c.get("server_cpu_s") is not None and c.get("server_ports")
+                f"; the server under test on port {', '.join(map(str, c.server_ports))} "
+                f"used {c.server_cpu_s:.1f} CPU-s and is not counted"
+                if c.server_cpu_s is not None and c.server_ports
                 else ""
             )
             + "): latencies and throughput are likely inflated; measure on a quiet machine"
         )
-    if steal is not None and steal > CONTENTION_WARN_SHARE:
+    if c.steal_share is not None and c.steal_share > CONTENTION_WARN_SHARE:
         out.append(
-            f"the hypervisor took {steal:.0%} of the CPU capacity (steal time) during the run"
+            f"the hypervisor took {c.steal_share:.0%} of the CPU capacity (steal time) during "
+            "the run"
         )
-    out.extend(_client_warnings(manifest))
-    out.extend(_distributed_warnings(manifest))
-    out.extend(_telemetry_warnings(manifest))
+    out.extend(_client_warnings(man))
+    out.extend(_distributed_warnings(man))
+    out.extend(_telemetry_warnings(man))
     return out
 
 
-def _distributed_warnings(manifest: Mapping[str, Any]) -> list[str]:
+def _distributed_warnings(manifest: RunManifest) -> list[str]:
     """A ``--ray`` run: lost load actors (the run is partial), actors that were saturated, and
     the clock alignment below which no latency difference can be claimed."""
-    dist = manifest.get("distributed")
-    if not isinstance(dist, Mapping):
+    dist = manifest.distributed
+    if dist is None:
         return []
     out: list[str] = []
-    actors = [a for a in dist.get("actors") or [] if isinstance(a, Mapping)]
-    lost = [a for a in actors if a.get("lost")]
+    actors = dist.actors
+    lost = [a for a in actors if a.lost]
     if lost:
         out.append(
             f"partial run: {len(lost)} of {len(actors)} load actors were lost "
-            f"({'; '.join(str(a['lost']) for a in lost)}); their unfinished requests are "
+            f"({'; '.join(str(a.lost) for a in lost)}); their unfinished requests are "
             "recorded as failed"
         )
-    unc = dist.get("clock_uncertainty_ns")
+    unc = dist.clock_uncertainty_ns
     if isinstance(unc, int | float) and unc > 0:
         out.append(
             f"records of {len(actors)} load actors were aligned to the driver's clock within "
@@ -966,43 +967,36 @@ def _distributed_warnings(manifest: Mapping[str, Any]) -> list[str]:
             "resolvable in this run"
         )
     lagging = [
-        a
+        a.send_lag_p99_s
         for a in actors
-        if isinstance(a.get("send_lag_p99_s"), int | float) and a["send_lag_p99_s"] > 0.005
+        if isinstance(a.send_lag_p99_s, int | float) and a.send_lag_p99_s > 0.005
     ]
     if lagging:
-        worst = max(float(a["send_lag_p99_s"]) for a in lagging)
         out.append(
             f"{len(lagging)} load actor(s) sent late (send lag p99 up to "
-            f"{format_seconds(worst)}): they were saturated; use more actors or fewer streams"
+            f"{format_seconds(float(max(lagging)))}): they were saturated; use more actors or "
+            "fewer streams"
         )
-    decisions = (dist.get("autoscale") or {}).get("decisions") or []
-    for d in decisions:
-        if isinstance(d, Mapping) and d.get("action") == "added":
+    for d in dist.autoscale_decisions:
+        if d.action == "added":
             out.append(
-                f"load actor {d.get('actor')}'s event-loop lag p99 reached "
-                f"{format_seconds(d.get('lag_p99_s'))} at {d.get('t_s', 0):.1f} s (threshold "
-                f"{format_seconds(d.get('threshold_s'))}): --ray-autoscale added actor "
-                f"{d.get('new_actor')} and moved {d.get('moved_requests')} of its requests to "
+                f"load actor {d.actor}'s event-loop lag p99 reached "
+                f"{format_seconds(d.lag_p99_s)} at {d.t_s or 0:.1f} s (threshold "
+                f"{format_seconds(d.threshold_s)}): --ray-autoscale added actor "
+                f"{d.new_actor} and moved {d.moved_requests} of its requests to "
                 "it; its stamps before that may be late"
             )
     return out
 
 
-def _telemetry_warnings(manifest: Mapping[str, Any]) -> list[str]:
+def _telemetry_warnings(manifest: RunManifest) -> list[str]:
     """A ``--ray`` run's telemetry agents that were lost: their nodes' samples stop there."""
-    tele = manifest.get("telemetry")
-    if not isinstance(tele, Mapping) or tele.get("backend") != "ray":
-        return []
-    lost = [
-        str((n.get("agent") or {}).get("lost"))
-        for n in (tele.get("nodes") or {}).values()
-        if isinstance(n, Mapping) and (n.get("agent") or {}).get("lost")
-    ]
-    if not lost:
+    tele = manifest.telemetry
+    lost = tele.lost_agents if tele is not None else ()
+    if tele is None or not lost:
         return []
     return [
-        f"{len(lost)} of {len(tele.get('nodes') or {})} telemetry agents were lost "
+        f"{len(lost)} of {len(tele.nodes)} telemetry agents were lost "
         f"({'; '.join(lost)}): their nodes' power and memory stop at the last samples received"
     ]
 
@@ -1014,14 +1008,14 @@ CACHE_WARN_SHARE = 0.1
 CACHING_WORKLOADS = ("shared-prefix", "multi-turn")
 
 
-def _client_warnings(manifest: Mapping[str, Any]) -> list[str]:
+def _client_warnings(manifest: RunManifest) -> list[str]:
     """The HTTP client's own warnings (``engine.config.client``), plus the prompt-cache and
     prompt-length checks that need the workload to judge."""
-    client = ((manifest.get("engine") or {}).get("config") or {}).get("client")
-    if not isinstance(client, dict):
+    client = manifest.engine.config.client
+    if client is None:
         return []
     out = [str(w) for w in client.get("warnings") or ()]
-    workload = manifest.get("workload") or {}
+    workload = manifest.workload or {}
     cache = client.get("prompt_cache") or {}
     share = cache.get("share")
     if share is not None:

@@ -20,6 +20,7 @@ from rich.text import Text
 from perfscope.analysis import Summary
 from perfscope.analysis.catalogue import find_metric, format_value, value_at
 from perfscope.analysis.compare import DEFAULT_CONFIDENCE, compare_run_sets
+from perfscope.analysis.manifest import RunManifest
 from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.figures import (
     FigureSpec,
@@ -438,12 +439,15 @@ def _text(value: Any, path: str = "") -> str:
     return "none" if value is None else str(value)
 
 
-def config_diff(manifests: Sequence[Mapping[str, Any]]) -> list[ConfigDiff]:
+def config_diff(manifests: Sequence[Mapping[str, Any] | RunManifest]) -> list[ConfigDiff]:
     """The configuration fields (engine, model shape, dtype, workload, batch, options,
     device, versions, SLOs) whose value is not the same in every manifest, in group order.
-    An empty list means the configurations are identical."""
+    An empty list means the configurations are identical. The manifests are walked by path
+    as they were read (a :class:`RunManifest`'s ``source``), so a field one run lacks is
+    ``absent``."""
     flat: list[dict[str, Any]] = []
-    for m in manifests:
+    for given in manifests:
+        m = given.source if isinstance(given, RunManifest) else given
         f: dict[str, Any] = {}
         sections = {
             "engine",

@@ -34,6 +34,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 import pandas as pd
 
 from perfscope.analysis.catalogue import value_at
+from perfscope.analysis.manifest import RunManifest, manifest_view
 from perfscope.analysis.summary import Summary
 from perfscope.dashboard._fmt import finite
 from perfscope.errors import PerfscopeError, RunNotFoundError
@@ -182,21 +184,21 @@ def _md_escape(text: str) -> str:
     return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~])", r"\\\1", text)
 
 
-def _model_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
-    model = (summary or {}).get("model") or value_at(manifest, "engine.model") or {}
-    name = model.get("name") if isinstance(model, dict) else None
-    preset = value_at(manifest, "engine.config.preset")
+def _model_name(manifest: RunManifest, summary: dict[str, Any] | None) -> str | None:
+    model = (summary or {}).get("model") or manifest.engine.model or {}
+    name = model.get("name") if isinstance(model, Mapping) else None
+    preset = manifest.engine.config.preset
     if name and preset and str(preset) != str(name):
         return f"{name} ({preset})"
     return str(name) if name else (str(preset) if preset else None)
 
 
-def _hardware_name(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
-    hw = (summary or {}).get("hardware") or manifest.get("hardware") or {}
+def _hardware_name(manifest: RunManifest, summary: dict[str, Any] | None) -> str | None:
+    hw = (summary or {}).get("hardware")
     spec = hw.get("spec") if isinstance(hw, dict) else None
     if isinstance(spec, dict):
         return str(spec.get("name") or spec.get("key") or "") or None
-    return None
+    return None if hw else manifest.device_name
 
 
 def _phase_ratio(summary: dict[str, Any], phase: str, key: str) -> float | None:
@@ -204,21 +206,22 @@ def _phase_ratio(summary: dict[str, Any], phase: str, key: str) -> float | None:
 
 
 def _row_from(
-    run_id: str, manifest: dict[str, Any], summary: dict[str, Any] | None, problem: str | None
+    run_id: str,
+    manifest: Mapping[str, Any] | RunManifest,
+    summary: dict[str, Any] | None,
+    problem: str | None,
 ) -> RunRow:
-    status = str(manifest.get("status") or "unknown")
-    engine = manifest.get("engine") or {}
+    man = manifest_view(manifest)
+    status = man.status or "unknown"
+    engine = man.engine
     s = summary or {}
     lat = s.get("latency") or {}
     roof = s.get("roofline") or {}
     if problem is None and status != "complete":
-        errors = manifest.get("errors") or []
-        problem = str(errors[-1])[:200] if errors else None
+        problem = man.errors[-1][:200] if man.errors else None
     state = "ok" if status == "complete" and summary is not None and problem is None else "partial"
     if summary is None and problem is None:
         problem = "not analysed yet (perfscope analyze)"
-    sweep = manifest.get("sweep")
-    sweep_id = sweep.get("id") if isinstance(sweep, dict) else sweep
     # MFU is telling in the compute-heavy prefill, MBU in the bandwidth-heavy decode.
     mfu = _phase_ratio(s, "prefill", "mfu")
     mbu = _phase_ratio(s, "decode", "mbu")
@@ -230,11 +233,11 @@ def _row_from(
         state=state,
         status=status,
         problem=problem,
-        name=str(manifest.get("name") or "") or None,
-        engine=str(engine.get("uri") or engine.get("kind") or "") or None,
-        model=_model_name(manifest, summary),
-        hardware=_hardware_name(manifest, summary),
-        started_at=str(manifest.get("started_at") or "") or None,
+        name=man.name or None,
+        engine=engine.uri or engine.kind or None,
+        model=_model_name(man, summary),
+        hardware=_hardware_name(man, summary),
+        started_at=man.started_at or None,
         requests=int(c) if (c := finite(value_at(s, "counts.requests"))) is not None else None,
         ttft_p50_s=finite(value_at(lat, "ttft.p50")),
         ttft_p99_s=finite(value_at(lat, "ttft.p99")),
@@ -247,11 +250,11 @@ def _row_from(
         j_per_token=finite(value_at(s, "energy.j_per_output_token"))
         if value_at(s, "energy.available")
         else None,
-        sweep=str(sweep_id) if sweep_id else None,
+        sweep=man.sweep_id,
         has_roofline=bool(roof.get("available")) if isinstance(roof, dict) else False,
-        contention=contention_marker(manifest, summary),
+        contention=contention_marker(man, summary),
         slo_count=slo_count if summary is not None else None,
-        has_model_spec=bool(value_at(manifest, "engine.model.n_layers")),
+        has_model_spec=bool((engine.model or {}).get("n_layers")),
     )
 
 
@@ -331,7 +334,9 @@ _INDEX_SELECT = (
 )
 
 
-def contention_marker(manifest: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
+def contention_marker(
+    manifest: Mapping[str, Any] | RunManifest, summary: dict[str, Any] | None
+) -> str | None:
     """``⚠ others NN%`` (or ``⚠ steal NN%``) when other processes (or the hypervisor) took
     more than the warning share of the CPU during the run; ``None`` otherwise or when not
     measured."""
@@ -383,12 +388,14 @@ class LoadedRun:
     :class:`~perfscope.analysis.Summary` of the stored summary.json or, when there is none
     yet, one computed in memory by the analysis (never written from the dashboard).
     ``cache`` holds per-run derived objects the pages build once (figures, the per-request
-    frame).
+    frame). ``manifest`` is the typed read view of manifest.json
+    (:class:`~perfscope.analysis.manifest.RunManifest`; the JSON object as read is its
+    ``source``).
     """
 
     run_id: str
     path: Path
-    manifest: dict[str, Any]
+    manifest: RunManifest
     summary: Summary
     tables: Any
     summary_computed: bool = False
@@ -575,7 +582,7 @@ class RunRepository:
         loaded = LoadedRun(
             run_id=run_id,
             path=path,
-            manifest=stored.manifest,
+            manifest=RunManifest.from_dict(stored.manifest),
             summary=summary,
             tables=tables,
             summary_computed=computed,
@@ -608,11 +615,11 @@ class RunRepository:
         data, err = _read_json(path / "summary.json", self.runs_dir)
         return data if err is None and isinstance(data, dict) else None
 
-    def manifest(self, run_id: str) -> dict[str, Any] | None:
-        """manifest.json of a run (``None`` when absent or unreadable)."""
+    def manifest(self, run_id: str) -> RunManifest | None:
+        """manifest.json of a run, typed (``None`` when absent or unreadable)."""
         path = validate_run_id(self.runs_dir, run_id)
         data, err = _read_json(path / "manifest.json", self.runs_dir)
-        return data if err is None and isinstance(data, dict) else None
+        return RunManifest.from_dict(data) if err is None and isinstance(data, dict) else None
 
 
 def per_request_frame(loaded: LoadedRun) -> pd.DataFrame:

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from perfscope.analysis.energy import device_keys
+from perfscope.analysis.manifest import manifest_view
 from perfscope.analysis.metrics import per_request
 from perfscope.profiler.output import write_output, write_output_text
 
@@ -389,22 +390,22 @@ def _telemetry_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict
 
 def _trace_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every event of the trace, in order; ``info`` holds the counts once consumed."""
-    manifest = run.manifest
-    info["run_id"] = str(manifest.get("run_id", "run"))
+    manifest = manifest_view(run.manifest)
+    info["run_id"] = manifest.run_id or "run"
     yield _meta(_PID_REQUESTS, f"requests ({info['run_id']})")
     yield from _request_events(run, info)
     if not run.steps.empty:
-        yield _meta(_PID_ENGINE, f"engine {manifest.get('engine', {}).get('uri', '')}")
+        yield _meta(_PID_ENGINE, f"engine {manifest.engine.uri or ''}")
     yield from _step_events(run, info)
     yield from _telemetry_events(run, info)
 
 
 def _other_data(run: ExportableRun, info: dict[str, Any]) -> dict[str, Any]:
-    manifest = run.manifest
+    manifest = manifest_view(run.manifest)
     other: dict[str, Any] = {
         "perfscope_run_id": info["run_id"],
-        "started_at": manifest.get("started_at"),
-        "status": manifest.get("status"),
+        "started_at": manifest.started_at,
+        "status": manifest.status,
         "time_origin": "run start (ts 0); ts and dur in microseconds",
         "request_lanes": info["lanes"],
         "step_lanes": info["step_lanes"],

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -30,6 +30,7 @@ import plotly.io as pio
 
 from perfscope.analysis import Summary
 from perfscope.analysis.catalogue import format_bytes, metric, value_at
+from perfscope.analysis.manifest import EngineConfig, manifest_view
 from perfscope.analysis.summary import Gain, Projection
 from perfscope.dashboard._fmt import (
     esc,
@@ -302,12 +303,12 @@ def _hardware_rows(summary: Summary) -> list[tuple[str, Any]]:
 
 
 def _run_header(run: ReportRun, typed: Summary) -> str:
-    m = run.manifest
-    engine = m.get("engine") or {}
-    model = engine.get("model") or typed.model or {}
-    cfg = engine.get("config") or {}
+    m = manifest_view(run.manifest)
+    engine = m.engine
+    model = engine.model or typed.model or {}
+    cfg = engine.config
     model_rows: list[tuple[str, Any]] = []
-    if isinstance(model, dict) and model:
+    if isinstance(model, Mapping) and model:
         model_rows = [
             ("model", model.get("name")),
             (
@@ -334,27 +335,27 @@ def _run_header(run: ReportRun, typed: Summary) -> str:
                     if model.get(k)
                 ),
             ),
-            ("parameters", fmt_count(cfg.get("n_params")) if cfg.get("n_params") else None),
+            ("parameters", fmt_count(cfg.n_params) if cfg.n_params else None),
         ]
     elif model:
         model_rows = [("model", model)]
-    slos = typed.goodput.slos or m.get("slos") or {}
-    status = str(m.get("status") or typed.status or "unknown")
-    errors = list(m.get("errors") or [])
+    slos = typed.goodput.slos or m.slos
+    status = str(m.status or typed.status or "unknown")
+    errors = list(m.errors)
     err_counts = typed.errors
     parts = [
         '<section id="run"><h2>Run</h2>',
         _kv_table(
             [
-                ("run id", m.get("run_id")),
-                ("name", m.get("name")),
+                ("run id", m.run_id),
+                ("name", m.name),
                 ("status", status),
-                ("started", m.get("started_at")),
-                ("ended", m.get("ended_at")),
-                ("command", " ".join(str(c) for c in (m.get("command") or []))),
-                ("engine", engine.get("uri")),
-                ("engine kind", engine.get("kind")),
-                ("engine device / dtype", f"{engine.get('device')} / {engine.get('dtype')}"),
+                ("started", m.started_at),
+                ("ended", m.ended_at),
+                ("command", " ".join(m.command)),
+                ("engine", engine.uri),
+                ("engine kind", engine.kind),
+                ("engine device / dtype", f"{engine.device} / {engine.dtype}"),
                 ("engine scheduler / batch", _sched(cfg)),
                 *model_rows,
             ]
@@ -364,8 +365,8 @@ def _run_header(run: ReportRun, typed: Summary) -> str:
         "<h3>Workload and load</h3>",
         _kv_table(
             [
-                *[(f"workload {k}", v) for k, v in (m.get("workload") or {}).items()],
-                *[(f"load {k}", v) for k, v in (m.get("load") or {}).items()],
+                *[(f"workload {k}", v) for k, v in (m.workload or {}).items()],
+                *[(f"load {k}", v) for k, v in (m.load or {}).items()],
                 ("SLOs", ", ".join(f"{k} ≤ {fmt_time(v)}" for k, v in slos.items()) or "none"),
             ]
         ),
@@ -384,10 +385,10 @@ def _run_header(run: ReportRun, typed: Summary) -> str:
     return "".join(parts)
 
 
-def _sched(cfg: dict[str, Any]) -> str | None:
-    if not cfg.get("scheduler") and not cfg.get("batch_size"):
+def _sched(cfg: EngineConfig) -> str | None:
+    if not cfg.scheduler and not cfg.batch_size:
         return None
-    return f"{cfg.get('scheduler')} / {cfg.get('batch_size')}"
+    return f"{cfg.scheduler} / {cfg.batch_size}"
 
 
 def _verdicts(summary: Summary) -> str:
@@ -621,35 +622,29 @@ def _request_table(run: ReportRun, max_requests: int, rows: pd.DataFrame) -> str
 
 
 def _environment(run: ReportRun, typed: Summary) -> str:
-    m = run.manifest
-    host = m.get("host") or {}
-    cfg = value_at(m, "engine.config") or {}
+    m = manifest_view(run.manifest)
+    host = m.host
     rows: list[tuple[str, Any]] = [
-        ("perfscope", m.get("perfscope_version") or typed.perfscope_version),
+        ("perfscope", m.perfscope_version or typed.perfscope_version),
         # The schema the stored summary.json was written with (a typed Summary reads as /2).
         ("summary schema", value_at(run.summary, "schema")),
-        ("python", host.get("python")),
-        ("torch", host.get("torch") or cfg.get("torch")),
-        ("platform", host.get("platform")),
-        ("machine / CPUs", f"{host.get('machine')} / {host.get('cpu_count')}"),
-        ("host", host.get("hostname")),
+        ("python", host.python),
+        ("torch", host.torch or m.engine.config.torch),
+        ("platform", host.platform),
+        ("machine / CPUs", f"{host.machine} / {host.cpu_count}"),
+        ("host", host.hostname),
         ("plotly (report)", plotly.__version__),
     ]
-    rows += [
-        (k, v)
-        for k, v in host.items()
-        if k
-        not in {"python", "torch", "platform", "machine", "cpu_count", "hostname", "contention"}
-    ]
-    if isinstance(host.get("contention"), dict):
-        rows.append(("CPU contention", _contention_text(host["contention"])))
-    tele = m.get("telemetry")
-    if isinstance(tele, dict):
-        rows.append(("telemetry", f"{tele.get('status')}; devices {tele.get('devices')}"))
+    rows += list(host.extra.items())
+    if host.contention is not None:
+        rows.append(("CPU contention", _contention_text(host.contention)))
+    tele = m.telemetry
+    if tele is not None:
+        rows.append(("telemetry", f"{tele.status}; devices {tele.devices}"))
     return '<section id="environment"><h2>Environment</h2>' + _kv_table(rows) + "</section>"
 
 
-def _contention_text(c: dict[str, Any]) -> str:
+def _contention_text(c: Mapping[str, Any]) -> str:
     """The capture's CPU contention measurement as one sentence (not its JSON)."""
     window = fmt_time(c.get("window_s"))
     if c.get("too_short"):
@@ -699,12 +694,12 @@ def render_report(
     tables = RunTables(typed, run.requests, run.chunks, run.steps, run.telemetry, rows=rows)
     kw = {} if timeline_max_rows is None else {"timeline_max_rows": timeline_max_rows}
     figures = run_figures(tables, **kw)
-    m = run.manifest
-    status = str(m.get("status") or typed.status or "unknown")
-    title_name = m.get("name") or m.get("run_id") or run.path.name
+    m = manifest_view(run.manifest)
+    status = str(m.status or typed.status or "unknown")
+    title_name = m.name or m.run_id or run.path.name
     banner = ""
     if status != "complete":
-        errs = "; ".join(str(e) for e in (m.get("errors") or [])) or "no error recorded"
+        errs = "; ".join(m.errors) or "no error recorded"
         banner = (
             f'<div class="banner{" bad" if status == "failed" else ""}">'
             f"This run is <b>{esc(status)}</b>: {esc(errs)}. The numbers cover the requests "
@@ -722,15 +717,15 @@ def render_report(
     if queue_line is not None:
         banner += f'<div class="banner" id="queueing">{esc(queue_line)}.</div>'
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")
-    engine = m.get("engine") or {}
-    model_name = value_at(engine, "model.name") or typed.model
+    engine = m.engine
+    model_name = (engine.model or {}).get("name") or typed.model
     header = (
         f"<header><h1>{esc(title_name)} "
         f'<span class="badge {esc(status)}">{esc(status)}</span></h1>'
-        f'<div class="sub">run <span class="mono">{esc(m.get("run_id"))}</span> · '
-        f"engine {esc(engine.get('uri'))} · "
+        f'<div class="sub">run <span class="mono">{esc(m.run_id)}</span> · '
+        f"engine {esc(engine.uri)} · "
         f"model {esc(model_name if isinstance(model_name, str) else '')} · "
-        f"started {esc(m.get('started_at'))}</div></header>"
+        f"started {esc(m.started_at)}</div></header>"
         '<nav class="noprint"><a href="#headline">Headline</a>'
         '<a href="#verdicts">Verdicts</a><a href="#figures">Figures</a>'
         '<a href="#numbers">Numbers</a><a href="#advice">Advice</a>'

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -361,8 +362,9 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: down): typed records cross the stages, not JSON-shaped dicts. 350 before issue 24; 346
 #: after its typed summary, 379 once the experiment, calibration, wire and hardening work
 #: of the same stop landed beside it (docs/architecture.md names the next sections to type);
-#: 375 once capture became its own stage (``profiler/capture.py``).
-DICT_ANY_CEILING = 375
+#: 375 once capture became its own stage (``profiler/capture.py``); 363 once the analysis and
+#: the dashboard read the manifest through its typed view (``analysis/manifest.py``).
+DICT_ANY_CEILING = 363
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
@@ -430,3 +432,88 @@ def test_the_store_lists_every_table_a_run_directory_holds() -> None:
 def test_docstrings_cite_documents_in_the_repository() -> None:
     assert (ROOT / "docs" / "architecture.md").is_file()
     assert _matches((r"DESIGN\.md",)) == []
+
+
+# --------------------------------------------------------------------------- one change rule
+
+
+def _summaries(tpot_s: list[float], name: str) -> list[Any]:
+    """Run summaries (typed records, as analysis returns them) with these TPOT medians."""
+    from perfscope.analysis.summary import Distribution, Latency, Summary, Throughput
+
+    return [
+        Summary(
+            run_id=f"{name}{i}",
+            name=name,
+            latency=Latency(tpot=Distribution(p50=t, p90=t * 1.2), e2e=Distribution(p50=t * 50)),
+            throughput=Throughput(output_tok_s=1 / t),
+        )
+        for i, t in enumerate(tpot_s)
+    ]
+
+
+def test_compare_run_vs_the_pytest_gate_and_study_judge_change_by_judge_metric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One change-detection rule: ``perfscope compare`` and ``run --vs`` (both through
+    ``dashboard.compare.compare_sets``), the pytest baseline gate and a study's effects all
+    reach :func:`perfscope.analysis.experiment.judge_metric`; none judges by its own test."""
+    import pandas as pd
+
+    from perfscope.analysis import experiment
+    from perfscope.analysis.study import build_study
+    from perfscope.dashboard.compare import compare_sets
+    from perfscope.dashboard.figures import RunTables
+    from perfscope.pytest_plugin._baseline import compare_metrics
+
+    # the callers: compare and --vs call compare_sets (read from the code, not a grep)
+    seen = set(imports_of("perfscope"))
+    assert ("perfscope/cli/report.py", "perfscope.dashboard.compare.compare_sets") in seen
+    assert ("perfscope/api/repeat.py", "perfscope.dashboard.compare.compare_sets") in seen
+
+    rule = experiment.judge_metric
+    calls: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> experiment.SetChange:
+        calls.append(str(kwargs.get("metric", "")))
+        return rule(*args, **kwargs)
+
+    bound = [
+        m
+        for name, m in list(sys.modules.items())
+        if _ours(name) and getattr(m, "judge_metric", None) is rule
+    ]
+    assert experiment in bound
+    for m in bound:  # every binding of the rule (modules import it by name)
+        monkeypatch.setattr(m, "judge_metric", counted)
+
+    def judged(what: str) -> None:
+        assert calls, f"{what} judged change without judge_metric"
+        calls.clear()
+
+    base = _summaries([0.010, 0.011, 0.0105, 0.0102, 0.0108], "a")
+    slow = _summaries([0.020, 0.021, 0.0205, 0.0202, 0.0208], "b")
+    empty = pd.DataFrame()
+    tables = [[RunTables(s, empty, empty, empty, empty) for s in g] for g in (base, slow)]
+    result = compare_sets(tables)
+    assert next(r for r in result["metrics"] if r["primary"])["change"][1] == experiment.WORSE
+    judged("compare / run --vs")
+
+    samples = {"path": "latency.tpot.p50", "direction": "lower"}
+    gate = compare_metrics(
+        "test_x",
+        {"tpot": {**samples, "value": 0.02, "samples": [0.02, 0.021, 0.0205, 0.0202]}},
+        {"tpot": {**samples, "value": 0.01, "samples": [0.01, 0.011, 0.0105, 0.0102]}},
+        [],
+        gate_all=True,
+    )
+    assert gate[0].verdict == "regressed"
+    judged("the pytest gate")
+
+    runs = [
+        (r, k, f"run-{r}-{k}", s.to_dict())
+        for r, pair in enumerate(zip(base, slow, strict=True))
+        for k, s in enumerate(pair)
+    ]
+    build_study("batch-size", ["1", "2"], 3, runs, batches=[1, 2], prompt_len=64, output_len=8)
+    judged("a study")

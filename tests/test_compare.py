@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from perfscope.analysis.compare import (
-    bootstrap_percentile_ratio,
     compare_run_sets,
     compare_runs,
     t_quantile,
@@ -42,38 +41,6 @@ def three_runs(tmp_path_factory: pytest.TempPathFactory, cache_env: None) -> lis
         synthetic_run(root, 200, seed=3, name="slower", scale=1.5, telemetry=False),
         synthetic_run(root, 200, seed=4, name="slower", scale=1.5, telemetry=False),
     ]
-
-
-def test_bootstrap_interval_separates_a_real_change_from_noise() -> None:
-    rng = np.random.default_rng(0)
-    a = rng.lognormal(np.log(0.1), 0.4, 500)
-    same = rng.lognormal(np.log(0.1), 0.4, 500)
-    slower = rng.lognormal(np.log(0.13), 0.4, 500)
-    for q in (50.0, 90.0):
-        lo, hi = bootstrap_percentile_ratio(a, same, q, n_boot=500)  # type: ignore[misc]
-        assert lo < 1.0 < hi
-        lo, hi = bootstrap_percentile_ratio(a, slower, q, n_boot=500)  # type: ignore[misc]
-        assert lo > 1.0
-        assert lo < 1.3 < hi  # and it covers the true ratio
-
-
-def test_bootstrap_covers_the_true_ratio_at_about_the_nominal_rate() -> None:
-    rng = np.random.default_rng(7)
-    hits = 0
-    trials = 60
-    for _ in range(trials):
-        a = rng.exponential(1.0, 300)
-        b = rng.exponential(2.0, 300)  # true median ratio 2
-        ci = bootstrap_percentile_ratio(
-            a, b, 50.0, n_boot=300, confidence=0.9, seed=int(rng.integers(1 << 30))
-        )
-        assert ci is not None
-        hits += ci[0] <= 2.0 <= ci[1]
-    assert hits / trials >= 0.75  # nominal 90%; loose bound keeps the test stable
-
-
-def test_too_few_samples_give_no_interval() -> None:
-    assert bootstrap_percentile_ratio(np.ones(3), np.ones(100), 50.0) is None
 
 
 def test_t_quantiles_match_the_tables() -> None:

@@ -35,7 +35,7 @@ class Runs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        # 12 requests: enough for the comparison's bootstrap intervals (10 or more).
+        # 12 requests per run: enough measured requests for every compared metric.
         common = ("--hw", "epyc-9654", "--requests", "12")
         self.alpha = complete_run(root, *common, "--name", "alpha")
         self.beta = complete_run(root, *common, "--name", "beta", "--batch-size", "2")

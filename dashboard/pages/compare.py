@@ -16,6 +16,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
 
+from perfscope.analysis.manifest import RunManifest
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
@@ -37,7 +38,7 @@ _RESULT_CACHE_SIZE = 8
 
 
 class ResultCache:
-    """Recent comparison results of one app (the bootstrap takes a moment on big runs)."""
+    """Recent comparison results of one app (comparing big runs takes a moment)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -60,7 +61,7 @@ def short_label(run_id: str) -> str:
     return short_labels([run_id])[0]
 
 
-def config_block(ids: list[str], manifests: list[dict[str, Any]]) -> Any:
+def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
     """The configuration diff of the compared runs: only the fields that differ (engine,
     model shape, dtype, workload, batch, options, device, versions, SLOs), or a line saying
     the configurations are identical."""

@@ -83,11 +83,11 @@ def resolve_model(dctx: DashboardContext, value: str) -> Any:
 
     if value.startswith(_RUN_PREFIX):
         run_id = value[len(_RUN_PREFIX) :]
-        manifest = dctx.repo.manifest(run_id) or {}
-        model = (manifest.get("engine") or {}).get("model")
-        if not isinstance(model, dict) or not model.get("n_layers"):
+        manifest = dctx.repo.manifest(run_id)
+        model = manifest.engine.model if manifest is not None else None
+        if not model or not model.get("n_layers"):
             raise PerfscopeError(f"run {run_id!r} recorded no model shape")
-        return ModelSpec.from_dict(model)
+        return ModelSpec.from_dict(dict(model))
     return ModelSpec.from_preset(value)
 
 

@@ -108,21 +108,20 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
         return error_box(str(exc), title=f"Run {run_id[:80]!r} cannot be shown")
     m = loaded.manifest
     s = loaded.summary
-    engine = m.get("engine") or {}
     hw = (s.hardware.spec or {}).get("name") or "unknown device"
     header = html.Div(
         [
             html.H2(f"Run {loaded.run_id}", id="detail-title"),
             html.Div(
-                f"status {m.get('status', 'unknown')} · engine {engine.get('uri', '?')} · "
-                f"hardware {hw} · started {str(m.get('started_at', '?'))[:19]}"
+                f"status {m.status or 'unknown'} · engine {m.engine.uri or '?'} · "
+                f"hardware {hw} · started {(m.started_at or '?')[:19]}"
             ),
             *(
                 [note("summary computed in memory: this run has no summary.json yet")]
                 if loaded.summary_computed
                 else []
             ),
-            *[error_box(str(e), title="Run error") for e in (m.get("errors") or [])[:5]],
+            *[error_box(e, title="Run error") for e in m.errors[:5]],
             *[
                 html.Div(
                     error_box(str(w), title="Measurement warning"),

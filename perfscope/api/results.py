@@ -79,7 +79,9 @@ class Run:
 
     Attributes:
         path: the run directory.
-        manifest: manifest.json as a dict.
+        manifest: manifest.json as a dict (as read; kept a dict for compatibility: the stages
+            after capture read it typed, through
+            :class:`~perfscope.analysis.manifest.RunManifest`).
         summary: the typed :class:`~perfscope.analysis.Summary` (its summary.json form is
             ``run.summary.to_dict()``).
 

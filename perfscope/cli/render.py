@@ -293,6 +293,7 @@ def runs_table(
     ``states`` (state, reason) per row adds why a run is not complete (crashed, broken, ...)."""
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
     labels = ("TTFT p50", "TPOT p50", "output tok/s", "SLO met")  # short: fits 120 columns
+    from perfscope.analysis.manifest import manifest_view
     from perfscope.analysis.summary import contention_record
 
     cols: tuple[str, ...] = ("run", "status", "engine", "requests", *labels)
@@ -303,9 +304,10 @@ def runs_table(
         cols = (*cols, "reason")
     t = FitTable(cols, right=frozenset(("requests", *labels)), wrap=frozenset({"reason"}))
     any_contended = False
-    for i, (path, manifest, raw) in enumerate(rows):
+    for i, (path, raw_manifest, raw) in enumerate(rows):
         s = as_summary(raw)
-        status = str(manifest.get("status", "?"))
+        manifest = manifest_view(raw_manifest)
+        status = manifest.status or "?"
         slos = bool(s.goodput.slos) if raw else False
         c = contention_record(manifest)
         contended = c.contended if c is not None else None
@@ -321,7 +323,7 @@ def runs_table(
                 status + (" ⚠" if contended else ""),
                 style="green" if status == "complete" and not contended else "red",
             ),
-            safe_markup((manifest.get("engine") or {}).get("uri", "?")),
+            safe_markup(manifest.engine.uri or "?"),
             format_count(s.counts.completed) if raw else "n/a",
             *(
                 "no SLOs"

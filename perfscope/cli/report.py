@@ -222,6 +222,7 @@ def expand_run_set(text: str, runs_dir: Path | None) -> list[Path]:
     import fnmatch
     import re
 
+    from perfscope.analysis.manifest import manifest_view
     from perfscope.profiler.store import (
         default_runs_root,
         list_runs,
@@ -238,10 +239,10 @@ def expand_run_set(text: str, runs_dir: Path | None) -> list[Path]:
             members = []
             for p in list_runs(root):
                 try:
-                    rs = read_manifest(p).get("run_set") or {}
+                    rs = manifest_view(read_manifest(p)).run_set or {}
                 except Exception:  # an unreadable run is not a member
                     continue
-                if isinstance(rs, dict) and rs.get("id") == ref:
+                if rs.get("id") == ref:
                     members.append((rs.get("block", rs.get("index", 0)), p))
             if not members:
                 raise UsageError(f"no runs of run set {ref!r} in {root}; 'perfscope ls' lists runs")
