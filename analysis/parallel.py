@@ -12,8 +12,12 @@ Each projection states its assumptions in :attr:`ParallelPrediction.assumptions`
   ``2(n−1)/n`` of the message over each device's link, so it takes
   ``latency + 2(n−1)/n · bytes / bw`` with ``bw`` the per-direction bandwidth of the
   device's scale-up link (:meth:`~perfscope.hwdb.spec.DeviceSpec.scale_up_link`) and
-  ``latency`` the link's per-collective latency (device file, else
-  :data:`DEFAULT_COLLECTIVE_LATENCY_S`). Communication does not overlap compute.
+  ``latency`` the link's per-collective latency (device file, else the range
+  :data:`OPTIMISTIC_COLLECTIVE_LATENCY_S` .. :data:`DEFAULT_COLLECTIVE_LATENCY_S`, the
+  typical end used). Each synchronising collective also waits for the slowest rank:
+  ``<link>_wait`` from the device file when measured (calibrated for
+  ``cpu-loopback-gloo`` in ``samples/studies/parallel.md``), else 0 and the projection says
+  "no wait term: a lower bound". Communication does not overlap compute.
 - **Pipeline parallelism** (``pp``): the blocks split into ``pp`` equal stages, the first
   also holding the embedding and the last the lm_head; a stage's step time is the
   single-device time ÷ ``pp``. Prefill runs ``microbatches`` micro-batches through the
@@ -21,7 +25,10 @@ Each projection states its assumptions in :attr:`ParallelPrediction.assumptions`
   Decode keeps ``in_flight`` independent batches in the pipeline (vLLM's virtual engines):
   each batch's step still passes all stages (TPOT ≈ single device), and the pipeline is
   busy ``min(in_flight, pp)/pp`` of the time. Stage-to-stage sends of the hidden states
-  cost ``latency + bytes/bw`` each.
+  cost ``latency + bytes/bw`` each: ``pp − 1`` per pass, and each decode step adds one
+  return hop of the sampled tokens (``batch`` int64 ids) from the last stage to the first,
+  which the next step waits for (with several batches in flight each batch's step has its
+  own ``pp − 1`` forward hops and its own return hop).
 - **Replicas** (data/request parallelism): ``replicas`` independent copies; requests divide
   evenly, latency is unchanged and throughput multiplies (no shared host or network limit).
 """
@@ -49,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_COLLECTIVE_LATENCY_S",
+    "OPTIMISTIC_COLLECTIVE_LATENCY_S",
     "Link",
     "ParallelPlan",
     "ParallelPrediction",
@@ -56,10 +64,14 @@ __all__ = [
     "ring_allreduce_time",
 ]
 
-#: Per-collective latency when the device file gives none: llm-analysis'
-#: ``intra_node_min_message_latency`` (8 µs). Small NVLink all-reduces measured with
-#: nccl-tests on 8 GPUs take 12-17 µs, so this is on the optimistic side.
-DEFAULT_COLLECTIVE_LATENCY_S = 8e-6
+#: Typical per-collective latency when the device file gives none (the end the projection
+#: uses): small all-reduces on 8 NVLink GPUs take 12-17 µs in nccl-tests'
+#: ``all_reduce_perf`` (docs/projections.md, "Collective latency").
+DEFAULT_COLLECTIVE_LATENCY_S = 15e-6
+#: Optimistic end of that range: llm-analysis' ``intra_node_min_message_latency`` (8 µs).
+OPTIMISTIC_COLLECTIVE_LATENCY_S = 8e-6
+#: Bytes of one sampled token id sent back to the first pipeline stage (int64).
+TOKEN_ID_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -69,14 +81,25 @@ class Link:
     Attributes:
         name: ``nvlink``, ``infinity_fabric``, ``ici``, ``pcie``, ... (``none`` if unknown).
         bw_bytes_s: bandwidth per direction per device, bytes/s.
-        latency_s: latency of one small collective, s.
-        source: where the two figures come from.
+        latency_s: latency of one small collective, s (the end used).
+        source: where the figures come from.
+        latency_optimistic_s: the optimistic end of the latency range, s (equal to
+            ``latency_s`` when the device file or the caller gives one figure).
+        wait_s: wait for the slowest rank at each synchronising collective, s (0: not
+            measured for this link, the comm term is a lower bound).
     """
 
     name: str
     bw_bytes_s: float
     latency_s: float
     source: str
+    latency_optimistic_s: float | None = None
+    wait_s: float = 0.0
+
+    @property
+    def latency_low_s(self) -> float:
+        """The optimistic end of the latency range, s."""
+        return self.latency_s if self.latency_optimistic_s is None else self.latency_optimistic_s
 
 
 @dataclass(frozen=True)
@@ -118,11 +141,14 @@ class ParallelPrediction:
         compute_ttft_s: the prefill without communication (per-device roofline).
         compute_tpot_s: one decode step without communication.
         tp_comm_prefill_s: TP all-reduces and logits gather of the prefill.
-        tp_comm_decode_s: the same for one decode step.
+        tp_comm_decode_s: the same for one decode step (typical latency, wait included).
+        tp_comm_decode_optimistic_s: the decode-step TP term at the optimistic latency end.
+        tp_wait_decode_s: the wait-for-the-slowest-rank part of ``tp_comm_decode_s``.
         allreduce_bytes_decode: bytes of one decode-step all-reduce message.
         collectives_per_step: all-reduces per forward pass.
         pp_comm_prefill_s: stage-to-stage sends of the prefill.
-        pp_comm_decode_s: the same per decode step.
+        pp_comm_decode_s: the same per decode step: ``pp − 1`` forward hops plus the return
+            hop of the sampled tokens.
         bubble_prefill: idle share of the pipeline during prefill.
         bubble_decode: idle share of the pipeline during decode.
         stage_memory_bytes: per-device bytes (weights + KV) of each stage.
@@ -143,6 +169,8 @@ class ParallelPrediction:
     compute_tpot_s: float
     tp_comm_prefill_s: float
     tp_comm_decode_s: float
+    tp_comm_decode_optimistic_s: float
+    tp_wait_decode_s: float
     allreduce_bytes_decode: float
     collectives_per_step: int
     pp_comm_prefill_s: float
@@ -174,10 +202,10 @@ def ring_allreduce_time(nbytes: float, n: int, bw_bytes_s: float, latency_s: flo
     return latency_s + 2.0 * (n - 1) / n * nbytes / bw_bytes_s
 
 
-def _gather_time(nbytes: float, n: int, link: Link) -> float:
+def _gather_time(nbytes: float, n: int, bw_bytes_s: float, latency_s: float) -> float:
     if n <= 1:
         return 0.0
-    return link.latency_s + (n - 1) / n * nbytes / link.bw_bytes_s
+    return latency_s + (n - 1) / n * nbytes / bw_bytes_s
 
 
 def _link_for(
@@ -196,15 +224,36 @@ def _link_for(
             )
         link_name, bw = picked
         src = f"{device.key} [interconnect].{link_name} (bidirectional total ÷ 2)"
+    low: float | None = None
     if latency_s is None:
         known = device.collective_latency_s.get(link_name)
         if known is not None:
             latency_s, lat_src = known, f"{device.key} [interconnect].{link_name}_latency"
         else:
-            latency_s, lat_src = DEFAULT_COLLECTIVE_LATENCY_S, "default 8 µs (llm-analysis)"
+            latency_s, low = DEFAULT_COLLECTIVE_LATENCY_S, OPTIMISTIC_COLLECTIVE_LATENCY_S
+            lat_src = (
+                f"default range {format_seconds(low)} (llm-analysis, optimistic) .. "
+                f"{format_seconds(latency_s)} (nccl-tests small all-reduce on NVLink, "
+                "typical); the typical end is used"
+            )
     else:
         lat_src = "given"
-    return Link(link_name, bw, latency_s, f"bandwidth: {src}; latency: {lat_src}")
+    wait = device.collective_wait_s.get(link_name)
+    if wait is not None:
+        wait_src = (
+            f"wait for the slowest rank {format_seconds(wait)} per collective "
+            f"({device.key} [interconnect].{link_name}_wait, measured)"
+        )
+    else:
+        wait, wait_src = 0.0, "no wait term: a lower bound"
+    return Link(
+        link_name,
+        bw,
+        latency_s,
+        f"bandwidth: {src}; latency: {lat_src}; {wait_src}",
+        latency_optimistic_s=low,
+        wait_s=wait,
+    )
 
 
 def _kv_share(model: ModelSpec, tp: int) -> float:
@@ -270,14 +319,19 @@ def predict_parallel(
     collectives = 2 * model.n_layers + 1  # two per block + the vocab-parallel embedding
 
     # Tensor parallel communication.
-    tp_pre = tp_dec = 0.0
+    tp_pre = tp_dec = tp_dec_low = tp_wait = 0.0
     msg_dec = batch * d * act
     if tp > 1 and lk is not None:
         msg_pre = batch * prompt_len * d * act
+        synced = collectives + 1  # the all-reduces and the logits gather
+        tp_wait = synced * lk.wait_s
         tp_pre = collectives * ring_allreduce_time(msg_pre, tp, lk.bw_bytes_s, lk.latency_s)
-        tp_pre += _gather_time(batch * v * act, tp, lk)
+        tp_pre += _gather_time(batch * v * act, tp, lk.bw_bytes_s, lk.latency_s) + tp_wait
         tp_dec = collectives * ring_allreduce_time(msg_dec, tp, lk.bw_bytes_s, lk.latency_s)
-        tp_dec += _gather_time(batch * v * act, tp, lk)
+        tp_dec += _gather_time(batch * v * act, tp, lk.bw_bytes_s, lk.latency_s) + tp_wait
+        low = lk.latency_low_s
+        tp_dec_low = collectives * ring_allreduce_time(msg_dec, tp, lk.bw_bytes_s, low)
+        tp_dec_low += _gather_time(batch * v * act, tp, lk.bw_bytes_s, low) + tp_wait
 
     # Pipeline: stage times from the single-pipeline (TP-split) roofline.
     compute_ttft = float(base["ttft_s"])
@@ -307,7 +361,8 @@ def predict_parallel(
         ttft = (m + pp - 1) * (stage_pre + tp_pre_micro / pp) + pp_pre
         bubble_pre = (pp - 1) / (m + pp - 1)
         hop_dec = lk.latency_s + batch * d * act / lk.bw_bytes_s
-        pp_dec = hops * hop_dec
+        hop_back = lk.latency_s + batch * TOKEN_ID_BYTES / lk.bw_bytes_s
+        pp_dec = hops * hop_dec + hop_back
         # more batches than stages queue at each stage
         tpot = (compute_tpot + tp_dec) * max(in_flight, pp) / pp + pp_dec
         busy = min(in_flight, pp) / pp
@@ -357,7 +412,10 @@ def predict_parallel(
             f"TP {tp}: {collectives} ring all-reduces per forward pass (2 per block + "
             f"embedding) of tokens x d x {act:g} B, plus a logits gather, at "
             f"{format_si(lk.bw_bytes_s, 'B/s', 4)} per direction over {lk.name} and "
-            f"{format_seconds(lk.latency_s)} each; no overlap with compute"
+            f"{format_seconds(lk.latency_s)} each; no overlap with compute; decode TP "
+            f"comm {format_seconds(tp_dec)} (at {format_seconds(lk.latency_low_s)} latency: "
+            f"{format_seconds(tp_dec_low)}), of which waiting for the slowest rank "
+            f"{format_seconds(tp_wait)}"
         )
         if model.is_mla:
             assumptions.append("MLA latent cache replicated on every TP rank")
@@ -368,7 +426,9 @@ def predict_parallel(
             f"PP {pp}: equal stages (embedding on the first, lm_head on the last); prefill "
             f"in {m} micro-batches (GPipe bubble {bubble_pre:.0%}); decode with {in_flight} "
             f"batch(es) in flight (pipeline busy {1 - bubble_dec:.0%}); "
-            f"{pp - 1} stage-to-stage sends per pass"
+            f"{pp - 1} stage-to-stage sends per pass, plus per decode step the return hop "
+            "of the sampled tokens to the first stage"
+            + (" (one per batch in flight)" if in_flight > 1 else "")
         )
     if plan.replicas > 1:
         assumptions.append(
@@ -392,6 +452,8 @@ def predict_parallel(
         compute_tpot_s=compute_tpot,
         tp_comm_prefill_s=tp_pre,
         tp_comm_decode_s=tp_dec,
+        tp_comm_decode_optimistic_s=tp_dec_low,
+        tp_wait_decode_s=tp_wait,
         allreduce_bytes_decode=msg_dec if tp > 1 else 0.0,
         collectives_per_step=collectives if tp > 1 else 0,
         pp_comm_prefill_s=pp_pre,

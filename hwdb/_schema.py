@@ -48,7 +48,8 @@ _SECTIONS = (
 #: fixed quantity fields per section; ``interconnect``, ``dense`` and ``sparse`` take any
 #: key of one dimension (links, dtypes). In ``interconnect`` a link key (``nvlink``,
 #: ``pcie``, ``infinity_fabric``, ``ici``) is its total bidirectional bandwidth per device
-#: and ``<link>_latency`` the latency of one small collective over it (a time).
+#: ``<link>_latency`` the latency of one small collective over it and ``<link>_wait`` the
+#: measured wait for the slowest rank at each synchronising collective (times).
 _FIELDS: dict[str, dict[str, Dimension | None]] = {
     "memory": {"capacity": "bytes", "usable": "bytes", "bandwidth": "bandwidth", "type": None},
     "onchip": {
@@ -393,7 +394,7 @@ def entry_from_document(
                     continue
                 dimension = _FIELDS[section][name]
             elif section == "interconnect":
-                dimension = "time" if name.endswith("_latency") else "bandwidth"
+                dimension = "time" if name.endswith(("_latency", "_wait")) else "bandwidth"
             else:
                 if name not in PEAK_DTYPES:
                     problems.append((path_, f"unknown dtype (allowed: {', '.join(PEAK_DTYPES)})"))
@@ -455,7 +456,7 @@ def entry_to_spec(entry: Entry) -> DeviceSpec:
         "device_names": list(entry.device_names),
         "sparse_peak_flops": group("sparse"),
         "interconnect_bytes_s": {
-            k: v for k, v in group("interconnect").items() if not k.endswith("_latency")
+            k: v for k, v in group("interconnect").items() if not k.endswith(("_latency", "_wait"))
         },
         "sm_count": si("onchip.sm_count"),
         "cores": si("onchip.cores"),
@@ -485,12 +486,17 @@ def entry_to_spec(entry: Entry) -> DeviceSpec:
         mem_usable_bytes=si("memory.usable"),
         kernel_launch_s=si("launch.kernel"),
         interconnect_bytes_s={
-            k: v for k, v in group("interconnect").items() if not k.endswith("_latency")
+            k: v for k, v in group("interconnect").items() if not k.endswith(("_latency", "_wait"))
         },
         collective_latency_s={
             k.removesuffix("_latency"): v
             for k, v in group("interconnect").items()
             if k.endswith("_latency")
+        },
+        collective_wait_s={
+            k.removesuffix("_wait"): v
+            for k, v in group("interconnect").items()
+            if k.endswith("_wait")
         },
         source=_ceiling_source(entry),
         aliases=tuple(dict.fromkeys((*entry.aliases, *entry.device_names))),

@@ -42,6 +42,8 @@ class DeviceSpec:
         interconnect_bytes_s: total bidirectional bandwidth per device of each scale-up or
             host link (``nvlink``, ``infinity_fabric``, ``ici``, ``pcie``), bytes/s.
         collective_latency_s: latency of one small collective (all-reduce) per link, s.
+        collective_wait_s: measured wait for the slowest rank at each synchronising
+            collective per link, s (``<link>_wait`` in the file; absent: not measured).
         kernel_launch_s: host cost of launching one kernel on the device (driver and runtime
             calls, without the kernel's own run time), s; ``None`` when the file gives none.
         source: where the ceilings come from (see :data:`CeilingSource`).
@@ -62,6 +64,7 @@ class DeviceSpec:
     mem_usable_bytes: float | None = None
     interconnect_bytes_s: dict[str, float] = field(default_factory=dict)
     collective_latency_s: dict[str, float] = field(default_factory=dict)
+    collective_wait_s: dict[str, float] = field(default_factory=dict)
     kernel_launch_s: float | None = None
     source: CeilingSource = "datasheet"
     aliases: tuple[str, ...] = ()
@@ -80,7 +83,7 @@ class DeviceSpec:
         kw = {k: v for k, v in data.items() if k in known}
         kw["aliases"] = tuple(kw.get("aliases", ()))
         kw["peak_flops"] = {str(k): float(v) for k, v in (kw.get("peak_flops") or {}).items()}
-        for name in ("interconnect_bytes_s", "collective_latency_s"):
+        for name in ("interconnect_bytes_s", "collective_latency_s", "collective_wait_s"):
             kw[name] = {str(k): float(v) for k, v in (kw.get(name) or {}).items()}
         return cls(**kw)
 

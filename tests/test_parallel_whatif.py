@@ -20,6 +20,7 @@ from perfscope.cli import main
 from perfscope.errors import UsageError
 from perfscope.hwdb import resolve_device
 from perfscope.hwdb._schema import DeviceFileError, entry_from_document, entry_to_spec
+from perfscope.profiler.engines.reference.model import PRESETS
 
 H100 = resolve_device("h100-sxm5-80gb")
 LLAMA70 = ModelSpec.from_preset("llama-2-70b")
@@ -39,9 +40,11 @@ def test_llama2_70b_tp_decode_all_reduce_by_hand(tp: int) -> None:
     assert r.allreduce_bytes_decode == msg
     assert r.collectives_per_step == 2 * 80 + 1
     link = 450e9  # NVLink 4: 900 GB/s bidirectional
-    per = 8e-6 + 2 * (tp - 1) / tp * msg / link
-    gather = 8e-6 + (tp - 1) / tp * 32000 * 2 / link
-    assert r.tp_comm_decode_s == pytest.approx(161 * per + gather)
+    for lat, got in ((15e-6, r.tp_comm_decode_s), (8e-6, r.tp_comm_decode_optimistic_s)):
+        per = lat + 2 * (tp - 1) / tp * msg / link
+        gather = lat + (tp - 1) / tp * 32000 * 2 / link
+        assert got == pytest.approx(161 * per + gather)
+    assert r.tp_wait_decode_s == 0.0
     base = predict(LLAMA70, H100, tp=tp, **KW)
     assert r.compute_tpot_s == pytest.approx(base["tpot_s"])
     assert r.tpot_s == pytest.approx(base["tpot_s"] + r.tp_comm_decode_s)
@@ -62,7 +65,7 @@ def test_nccl_bus_bandwidth_override_and_latency_default() -> None:
         link_bw_bytes_s=370e9,
     )
     # prefill messages are large (64 x 512 x 8192 x 2 B): bandwidth-bound, ratio ~ 450/370
-    lat = 162 * 8e-6
+    lat = 162 * 15e-6
     ratio = (nccl.tp_comm_prefill_s - lat) / (line.tp_comm_prefill_s - lat)
     assert ratio == pytest.approx(450 / 370, rel=1e-3)
     l4 = resolve_device("l4")  # PCIe only, no latency in its file
@@ -133,7 +136,7 @@ def test_device_files_carry_usable_memory_links_and_latency() -> None:
     assert H100.mem_usable_bytes == 81559 * 2**20
     assert H100.scale_up_link() == ("nvlink", 450e9)
     assert H100.scale_up_link("pcie") == ("pcie", 64e9)
-    assert H100.collective_latency_s == {"nvlink": 8e-6}
+    assert H100.collective_latency_s == {}  # the default range applies
     assert H100.extra["interconnect_bytes_s"] == {"nvlink": 900e9, "pcie": 128e9}
     assert resolve_device("mi300x").scale_up_link() == ("infinity_fabric", 448e9)
     assert resolve_device("tpu-v5e").scale_up_link() == ("ici", 200e9)
@@ -198,3 +201,40 @@ def test_roofline_cli_reports_parallel_whatif_with_weight_dtype(
 def test_roofline_cli_rejects_bad_parallel_degrees(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["roofline", "--model", "gpt2", "--hw", "h100-sxm5-80gb", "--pp", "0"]) == 2
     assert "--pp must be at least 1" in capsys.readouterr().err
+
+
+def test_llama2_70b_tp8_h100_decode_comm_at_both_latency_ends() -> None:
+    r = predict_parallel(LLAMA70, H100, ParallelPlan(tp=8), **KW)
+    # 161 all-reduces of 16 KiB + a 64 KB logits gather at 450 GB/s: 161 x 15 us + 15 us
+    # + bytes = 2.44 ms typical; 161 x 8 us + 8 us + bytes = 1.31 ms optimistic
+    assert r.tp_comm_decode_s == pytest.approx(2.44e-3, rel=5e-3)
+    assert r.tp_comm_decode_optimistic_s == pytest.approx(1.31e-3, rel=5e-3)
+    text = " ".join(r.assumptions)
+    assert "typical end is used" in text and "no wait term: a lower bound" in text
+
+
+def test_measured_wait_term_is_added_per_synchronising_collective() -> None:
+    dev = resolve_device("cpu-loopback-gloo")
+    assert dev.collective_wait_s == {"loopback": pytest.approx(1167e-6)}
+    tiny = ModelSpec.from_dict(PRESETS["tiny"].model_spec())  # 2 blocks, d 128, vocab 1024, fp32
+    kw = {"batch": 4, "prompt_len": 32, "output_len": 32}
+    r = predict_parallel(tiny, dev, ParallelPlan(tp=2), **kw)
+    assert r.link is not None and r.link.wait_s == pytest.approx(1167e-6)
+    # 2 blocks: 5 all-reduces + the logits gather, each waiting 1.167 ms for the other rank
+    assert r.tp_wait_decode_s == pytest.approx(6 * 1167e-6)
+    bw, lat = 0.461e9 / 2, 1288e-6
+    per = lat + 2 * (1 / 2) * 4 * 128 * 4 / bw
+    gather = lat + (1 / 2) * 4 * 1024 * 4 / bw
+    assert r.tp_comm_decode_s == pytest.approx(5 * per + gather + 6 * 1167e-6)
+    assert "measured" in r.link.source and "lower bound" not in r.link.source
+
+
+def test_pipeline_decode_counts_the_token_return_hop() -> None:
+    dev = resolve_device("cpu-loopback-gloo")
+    tiny = ModelSpec.from_dict(PRESETS["tiny"].model_spec())  # 2 blocks, d 128, vocab 1024, fp32
+    r = predict_parallel(tiny, dev, ParallelPlan(pp=2), batch=4, prompt_len=32, output_len=32)
+    bw, lat = 0.461e9 / 2, 1288e-6
+    hidden = lat + 4 * 128 * 4 / bw  # activations of 4 rows to stage 1
+    back = lat + 4 * 8 / bw  # 4 int64 token ids back to stage 0
+    assert r.pp_comm_decode_s == pytest.approx(hidden + back)
+    assert "return hop" in " ".join(r.assumptions)
