@@ -355,10 +355,6 @@ def safe_text(value: str) -> str:
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-#: Largest manifest.json / summary.json the index reads, bytes (a run's are a few kB).
-MAX_JSON_BYTES = 16 * 1024 * 1024
-
-
 def _ratio(num: Any, den: Any) -> float | None:
     """``num / den`` for real numbers with ``den > 0``, else None."""
     ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (num, den))
@@ -366,14 +362,16 @@ def _ratio(num: Any, den: Any) -> float | None:
 
 
 def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run's JSON file read to the store's size cap, or ``(None, reason)``."""
+    from perfscope.errors import BrokenRunError
+    from perfscope.profiler.store import read_json_capped
+
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_JSON_BYTES + 1)
-        if len(raw) > MAX_JSON_BYTES:
-            return None, f"{path.name}: larger than {MAX_JSON_BYTES // 2**20} MiB; not read"
-        data = json.loads(raw.decode("utf-8"))
+        data = read_json_capped(path)
     except FileNotFoundError:
         return None, None
+    except BrokenRunError as exc:  # over the cap: the message names file, size and cap
+        return None, str(exc)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, f"{path.name}: {type(exc).__name__}: {exc}"
     if not isinstance(data, dict):

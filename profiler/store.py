@@ -16,8 +16,9 @@ Reading never writes. A run is read in one of these states (:class:`RunState`):
   run; the manifest read back has ``status: crashed``, ``partial: true`` and the reason
   among its ``warnings`` (in memory only);
 - ``broken``: a file is malformed (a wrong-typed manifest field, a table with foreign
-  columns); :func:`read_run` raises :class:`~perfscope.errors.BrokenRunError` naming the
-  file, the field and the problem, and :func:`scan_runs` lists it with that reason.
+  columns) or larger than the cap on run files (:func:`json_cap_bytes`);
+  :func:`read_run` raises :class:`~perfscope.errors.BrokenRunError` naming the file, the
+  field and the problem, and :func:`scan_runs` lists it with that reason.
 """
 
 from __future__ import annotations
@@ -70,10 +71,12 @@ __all__ = [
     "StoredRun",
     "default_runs_root",
     "inspect_run",
+    "json_cap_bytes",
     "list_runs",
     "liveness_record",
     "manifest_problems",
     "new_run_dir",
+    "read_json_capped",
     "read_run",
     "remove_segments",
     "resolve_run_path",
@@ -250,6 +253,60 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return obj
+
+
+# --- bounded reads ----------------------------------------------------------------------
+
+#: Default cap on a run's manifest.json / summary.json, bytes (a real run's are a few kB;
+#: a 1 GB manifest took 11.5 s and 2.2 GB of memory to list before this cap).
+DEFAULT_JSON_CAP_BYTES = 8 * 1024 * 1024
+#: Environment variable that sets the cap (bytes; ``k``/``M``/``G`` suffixes allowed).
+JSON_CAP_ENV = "PERFSCOPE_MAX_JSON_BYTES"
+
+
+def json_cap_bytes() -> int:
+    """The cap on a run's JSON files, bytes: ``$PERFSCOPE_MAX_JSON_BYTES`` or 8 MiB.
+
+    Raises:
+        UsageError: the variable is set to something that is not a positive size.
+    """
+    raw = os.environ.get(JSON_CAP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_JSON_CAP_BYTES
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(raw[-1].lower(), 1)
+    digits = raw[:-1] if scale > 1 else raw
+    if not digits.isdigit() or int(digits) <= 0:
+        raise UsageError(f"{JSON_CAP_ENV}={raw!r} is not a size; give bytes, e.g. 8M or 8388608")
+    return int(digits) * scale
+
+
+def _size_text(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def read_json_capped(path: Path, cap: int | None = None) -> Any:
+    """The JSON value in ``path``, read only when the file is at most ``cap`` bytes
+    (default :func:`json_cap_bytes`): a run file grown huge never costs its size in time
+    or memory.
+
+    Raises:
+        BrokenRunError: the file is over the cap (the message names it, its size and the
+            cap, on one line); the parse errors of :func:`json.loads` and ``OSError`` pass.
+    """
+    limit = json_cap_bytes() if cap is None else cap
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        raw = fh.read(limit + 1) if size <= limit else b""
+    if size > limit or len(raw) > limit:
+        size = max(size, len(raw))
+        raise BrokenRunError(
+            f"{path}: {_size_text(size)} ({size} bytes), over the {_size_text(limit)} cap on "
+            f"run files; not read (set {JSON_CAP_ENV} to raise it)"
+        )
+    return json.loads(raw.decode("utf-8"))
 
 
 # --- liveness ---------------------------------------------------------------------------
@@ -560,7 +617,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
             "give a folder listed by 'perfscope ls'"
         )
     try:
-        data = json.loads(mpath.read_text(encoding="utf-8"))
+        data = read_json_capped(mpath)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BrokenRunError(f"cannot read {mpath}: {exc}") from None
     if not isinstance(data, dict):
@@ -633,7 +690,9 @@ def read_run(path: Path | str, *, tables: bool = True) -> StoredRun:
     spath = path / "summary.json"
     if spath.is_file():
         try:
-            loaded = json.loads(spath.read_text(encoding="utf-8"))
+            loaded = read_json_capped(spath)
+        except BrokenRunError as exc:
+            notes.append(f"summary.json ignored: {exc}")
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             notes.append(f"summary.json ignored: unreadable ({type(exc).__name__})")
         else:
@@ -717,8 +776,10 @@ def inspect_run(path: Path) -> RunEntry:
     spath = path / "summary.json"
     if spath.is_file():
         try:
-            loaded = json.loads(spath.read_text(encoding="utf-8"))
+            loaded = read_json_capped(spath)
             problem = _summary_problem(loaded)
+        except BrokenRunError as exc:  # over the size cap: as the index lists it
+            return RunEntry(path, "broken", str(exc), None, None)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             loaded, problem = None, f"summary.json: unreadable ({type(exc).__name__})"
         if problem:
