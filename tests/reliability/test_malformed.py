@@ -136,7 +136,7 @@ def test_an_oversized_manifest_or_summary_is_listed_broken_with_its_size_and_the
     stem = good.name[:15]
     huge_m = shutil.copytree(good, root / f"{stem}-hugemanifest-0000")
     huge_s = shutil.copytree(good, root / f"{stem}-hugesummary-0000")
-    small = shutil.copytree(good, root / f"{stem}-small-0000")
+    shutil.copytree(good, root / f"{stem}-small-0000")
     for f in (huge_m / "manifest.json", huge_s / "summary.json"):
         with open(f, "r+b") as fh:
             fh.truncate(1 << 30)  # 1 GiB, sparse: costs nothing to write
