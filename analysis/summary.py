@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import format_seconds
-from perfscope.analysis.metrics import compute_metrics
 from perfscope.hwdb.spec import DeviceSpec
+
+if TYPE_CHECKING:  # the typed record loads without pandas (`perfscope ls` reads summaries)
+    import pandas as pd
 
 __all__ = [
     "SUMMARY_SCHEMA",
@@ -849,6 +849,8 @@ def build_summary(
             when the caller already has it.
     """
     slos = dict(manifest.get("slos") or {}) if slos is None else dict(slos)
+    from perfscope.analysis.metrics import compute_metrics
+
     m = compute_metrics(requests, chunks, steps, slos, per_request_rows=per_request_rows)
     engine = manifest.get("engine") or {}
     run_set = manifest.get("run_set")

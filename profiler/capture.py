@@ -63,6 +63,7 @@ __all__ = [
     "capture",
     "host_info",
     "plan_capture",
+    "ray_resources",
     "run_manifest",
 ]
 
@@ -686,6 +687,14 @@ def _serve_distributed(
         on_serving=serving,
         resources=opts.ray_resources,
     )
+
+
+def ray_resources(value: str | Mapping[str, Any], what: str) -> dict[str, float]:
+    """``--ray-resources`` read into what each load actor asks Ray for (see
+    :func:`perfscope.profiler.distributed.parse_ray_resources`; UsageError when malformed)."""
+    from perfscope.profiler.distributed import parse_ray_resources
+
+    return parse_ray_resources(value, what)
 
 
 def _telemetry_source(

@@ -460,9 +460,9 @@ def _ray_resources(a: RunArgs) -> dict[str, float]:
         return {}
     if a.ray is None:
         raise UsageError(f"{a.arg('ray_resources')} needs --ray (it places the load actors)")
-    from perfscope.profiler.distributed import parse_ray_resources
+    from perfscope.profiler.capture import ray_resources
 
-    return parse_ray_resources(a.ray_resources, a.arg("ray_resources"))
+    return ray_resources(a.ray_resources, a.arg("ray_resources"))
 
 
 def _server_metrics(a: RunArgs) -> Any:
