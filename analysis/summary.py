@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import format_seconds
 from perfscope.analysis.manifest import RunManifest, manifest_view
-from perfscope.analysis.metrics import compute_metrics
 from perfscope.hwdb.spec import DeviceSpec
+
+if TYPE_CHECKING:  # the typed record loads without pandas (`perfscope ls` reads summaries)
+    import pandas as pd
 
 __all__ = [
     "SUMMARY_SCHEMA",
@@ -851,6 +851,8 @@ def build_summary(
         per_request_rows: :func:`~perfscope.analysis.metrics.per_request` of ``requests``
             when the caller already has it.
     """
+    from perfscope.analysis.metrics import compute_metrics
+
     man = manifest_view(manifest)
     slos = dict(man.slos) if slos is None else dict(slos)
     m = compute_metrics(requests, chunks, steps, slos, per_request_rows=per_request_rows)

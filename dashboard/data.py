@@ -45,12 +45,13 @@ from perfscope.analysis.catalogue import value_at
 from perfscope.analysis.manifest import RunManifest, manifest_view
 from perfscope.analysis.summary import Summary
 from perfscope.dashboard._fmt import finite
-from perfscope.errors import PerfscopeError, RunNotFoundError
+from perfscope.errors import BrokenRunError, PerfscopeError, RunNotFoundError
 from perfscope.profiler.store import (
     RESERVED_DIRS,
     RUN_ID_PATTERN,
     InvalidRunIdError,
     inspect_run,
+    read_json_capped,
     validate_run_id,
 )
 
@@ -373,9 +374,11 @@ def _read_json(path: Path, root: Path) -> tuple[Any, str | None]:
     if not inside_root(root, path):
         return None, f"{path.name} points outside the runs directory"
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
+        return read_json_capped(path), None
     except FileNotFoundError:
         return None, f"no {path.name}"
+    except BrokenRunError as exc:  # over the store's size cap
+        return None, str(exc)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, f"unreadable {path.name}: {type(exc).__name__}"
 

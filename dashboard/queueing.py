@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 __all__ = ["Queueing", "batch_queueing", "queueing_line"]
 
 
@@ -66,6 +64,8 @@ def batch_queueing(run_dir: Path) -> Queueing | None:
         ttft.append((t_first - t_sched) / 1e9)
     if not queue:
         return None
+    import numpy as np
+
     return Queueing(
         count=len(queue),
         queue_p50_s=float(np.percentile(queue, 50)),

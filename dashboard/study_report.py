@@ -8,7 +8,6 @@ measured effects with their between-run intervals next to the projection and its
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -28,6 +27,8 @@ from perfscope.analysis.study import (
 from perfscope.dashboard._fmt import fmt_bytes, fmt_num, fmt_pct, fmt_time
 from perfscope.dashboard.figures import FIGURE_LAYOUT, FigureSpec, comparison_roofline_figure
 from perfscope.dashboard.report import figures_html, render_page
+from perfscope.errors import BrokenRunError
+from perfscope.profiler.store import read_json_capped
 
 __all__ = [
     "METRIC_LABELS",
@@ -49,9 +50,9 @@ METRIC_LABELS: dict[str, tuple[str, str]] = {
 
 def _summary(run_dir: str) -> dict[str, Any]:
     try:
-        data: dict[str, Any] = json.loads((Path(run_dir) / "summary.json").read_text())
+        data: dict[str, Any] = read_json_capped(Path(run_dir) / "summary.json")
         return data
-    except (OSError, ValueError):
+    except (OSError, ValueError, BrokenRunError):
         return {}
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from perfscope.analysis import Summary
 from perfscope.analysis.catalogue import (
@@ -27,7 +25,9 @@ from perfscope.analysis.catalogue import (
     metric,
     to_float,
 )
-from perfscope.analysis.metrics import per_request
+
+if TYPE_CHECKING:  # pandas and the metrics (numpy) load when a table is drawn, not for `ls`
+    import pandas as pd
 
 __all__ = [
     "TABLE_STATS",
@@ -325,6 +325,10 @@ def request_rows(requests: pd.DataFrame) -> pd.DataFrame:
     """Per-request table of a run: :func:`~perfscope.analysis.metrics.per_request` (times in
     seconds) plus ``error`` text and ``is_warmup``; one derivation shared by the report and
     the dashboard."""
+    import pandas as pd
+
+    from perfscope.analysis.metrics import per_request
+
     if requests.empty:
         return pd.DataFrame(
             columns=[

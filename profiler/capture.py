@@ -63,6 +63,7 @@ __all__ = [
     "capture",
     "host_info",
     "plan_capture",
+    "ray_resources",
     "run_manifest",
 ]
 
@@ -93,6 +94,8 @@ class RunOptions:
             per cluster node (``node`` column), not from this process.
         ray_autoscale: with ``ray``, add load actors (up to this many in all) when one's
             event-loop lag grows past the threshold; ``None`` = warn only.
+        ray_resources: with ``ray``, what each load actor asks Ray for (``{"loadgen": 1}``:
+            only on nodes started with that resource); empty = zero CPUs, any node.
         server_metrics: scraping of the server's Prometheus endpoint (``auto``: an HTTP
             engine's ``/metrics`` when it answers).
         run_set: the run set this run belongs to (``perfscope run --repeat``): ``id``,
@@ -115,6 +118,7 @@ class RunOptions:
     command: list[str] | None = None
     ray: str | None = None
     ray_autoscale: int | None = None
+    ray_resources: dict[str, float] = field(default_factory=dict)
     server_metrics: ServerMetricsConfig = field(default_factory=ServerMetricsConfig)
     run_set: dict[str, Any] | None = None
     model_spec: dict[str, Any] | None = None
@@ -681,7 +685,16 @@ def _serve_distributed(
         autoscale_max=opts.ray_autoscale,
         result_out=result_out,
         on_serving=serving,
+        resources=opts.ray_resources,
     )
+
+
+def ray_resources(value: str | Mapping[str, Any], what: str) -> dict[str, float]:
+    """``--ray-resources`` read into what each load actor asks Ray for (see
+    :func:`perfscope.profiler.distributed.parse_ray_resources`; UsageError when malformed)."""
+    from perfscope.profiler.distributed import parse_ray_resources
+
+    return parse_ray_resources(value, what)
 
 
 def _telemetry_source(

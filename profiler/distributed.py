@@ -33,13 +33,15 @@ Ray is an optional dependency (``pip install 'perfscope[ray]'``).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import signal
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
@@ -62,6 +64,7 @@ __all__ = [
     "connect",
     "disconnect",
     "measure_offset",
+    "parse_ray_resources",
     "parse_ray_target",
     "plan_for",
     "private_cluster_pids",
@@ -130,6 +133,82 @@ def _positive(text: str, whole: str) -> int:
     return n
 
 
+_RESOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
+
+
+def parse_ray_resources(
+    value: str | Mapping[str, Any] | None, what: str = "--ray-resources"
+) -> dict[str, float]:
+    """``--ray-resources NAME=AMOUNT[,NAME=AMOUNT...]``: what every load actor asks Ray
+    for, so Ray places it only on a node that offers that much (a custom resource given
+    to the load nodes with ``ray start --resources``, ``CPU``, or ``node:IP`` to pin the
+    actors to one node). Empty: no requirement (zero CPUs, any node).
+
+    Raises:
+        UsageError: a malformed entry, a repeated name, or an amount that is not
+            positive (or above 1 and not whole, which Ray refuses).
+    """
+    if value is None:
+        return {}
+    items: list[tuple[str, Any]]
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        items = []
+        for part in (p.strip() for p in str(value).split(",")):
+            if not part:
+                continue
+            name, eq, amount = part.partition("=")
+            if not eq:
+                raise UsageError(
+                    f"{what} {part!r}: write NAME=AMOUNT, e.g. {what} loadgen=1 "
+                    "(a resource the load nodes were started with)"
+                )
+            items.append((name.strip(), amount.strip()))
+    out: dict[str, float] = {}
+    for name, raw in items:
+        if not isinstance(name, str) or not _RESOURCE_NAME.fullmatch(name):
+            raise UsageError(f"{what}: {name!r} is not a Ray resource name (e.g. loadgen, CPU)")
+        if name in out:
+            raise UsageError(f"{what}: {name!r} is given twice")
+        try:
+            amount = float(raw) if not isinstance(raw, bool) else math.nan
+        except (TypeError, ValueError):
+            amount = math.nan
+        if not (math.isfinite(amount) and amount > 0) or (amount > 1 and amount != int(amount)):
+            raise UsageError(
+                f"{what}: {name}={raw!r} must be a positive amount, whole above 1 "
+                f"(e.g. {name}=1 or {name}=0.5)"
+            )
+        out[name] = amount
+    return out
+
+
+def _placement_nodes(ray: Any, resources: Mapping[str, float]) -> list[str]:
+    """The addresses of the live nodes that offer ``resources`` to one actor.
+
+    Raises:
+        UsageError: no node does (Ray would leave the actors pending for ever).
+    """
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    fits = [
+        str(n.get("NodeManagerAddress") or n.get("NodeID") or "?")
+        for n in nodes
+        if all(float((n.get("Resources") or {}).get(k, 0.0)) >= v for k, v in resources.items())
+    ]
+    if fits:
+        return fits
+    offered = sorted({k for n in nodes for k in (n.get("Resources") or {})})
+    want = ",".join(f"{k}={v:g}" for k, v in resources.items())
+    first = next(iter(resources))
+    shown = ", ".join(k for k in offered if not k.startswith(("object_store", "memory")))
+    raise UsageError(
+        f"--ray-resources {want}: no live node of the cluster offers that (its nodes offer "
+        f"{shown or 'nothing'}); start the load nodes with ray start "
+        f"--resources='{{\"{first}\": 8}}', or ask for what they offer"
+    )
+
+
 @dataclass(frozen=True)
 class ClockOffset:
     """An actor's clock against the driver's, from NTP-style exchanges.
@@ -187,6 +266,8 @@ class ActorReport:
             thread in the actor.
         added_at_s: run time the autoscaler added it (None: started with the run).
         lost: why the actor was lost, or None.
+        node, resources: the Ray node it ran on (address) and what Ray assigned it
+            (``--ray-resources``; empty when it asked for nothing).
     """
 
     index: int
@@ -207,6 +288,8 @@ class ActorReport:
     loop_lag: dict[str, Any] | None = None
     added_at_s: float | None = None
     lost: str | None = None
+    node: str = ""
+    resources: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -273,6 +356,8 @@ class DistributedResult:
         warnings: conditions that make the numbers less trustworthy (a lagging actor).
         autoscale_max: ``--ray-autoscale MAX`` (None: off, lagging actors only warn).
         decisions: every autoscale decision, in order.
+        resources, eligible_nodes: placement (``--ray-resources``): what each actor asked
+            for and the nodes that could hold it; every actor's own node is its ``host``.
     """
 
     address: str | None
@@ -284,6 +369,10 @@ class DistributedResult:
     autoscale_max: int | None = None
     decisions: list[AutoscaleDecision] = field(default_factory=list)
     loss: LossCount = field(default_factory=lambda: LossCount())
+    #: What each load actor asked Ray for (``--ray-resources``; empty: zero CPUs, any node).
+    resources: dict[str, float] = field(default_factory=dict)
+    #: The live nodes (addresses) that offered those resources when the run started.
+    eligible_nodes: list[str] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:
@@ -321,6 +410,11 @@ class DistributedResult:
             "errors": list(self.errors),
             "partial": self.partial,
             "loss": asdict(self.loss),
+            "placement": {
+                "resources": dict(self.resources),
+                "rule": "resources" if self.resources else "anywhere (zero CPUs)",
+                "eligible_nodes": list(self.eligible_nodes),
+            },
             "autoscale": {
                 "enabled": self.autoscale_max is not None,
                 "max_actors": self.autoscale_max,
@@ -474,6 +568,14 @@ class LoadActor:
     def where(self) -> tuple[str, int, str | None]:
         """Host name, pid and the kernel's boot id (same boot id = same monotonic clock)."""
         return socket.gethostname(), os.getpid(), boot_id()
+
+    def placed(self) -> tuple[str, dict[str, float]]:
+        """The Ray node this actor runs on (its address) and the resources Ray gave it."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        got = {str(k): float(v) for k, v in ctx.get_assigned_resources().items()}
+        return str(ray.util.get_node_ip_address()), got
 
     def _engine_lags(self) -> list[int] | None:
         lags = getattr(getattr(self._engine, "stats", None), "lag_ns", None)
@@ -803,14 +905,17 @@ def connect(target: RayTarget) -> bool:
                 _temp_dir=tmp,
                 _node_ip_address="127.0.0.1",
             )
+            loopback = _loopback_only(ray)
         else:
             kwargs["address"] = target.address
+            loopback = contextlib.nullcontext()
         # ray.init replaces the SIGTERM handler with sys.exit(): keep the caller's, so a
         # SIGTERM stops the run as perfscope handles it (Ray section kept, signal named).
         main = threading.current_thread() is threading.main_thread()
         previous = signal.getsignal(signal.SIGTERM) if main else None
         try:
-            ray.init(**kwargs)
+            with loopback:
+                ray.init(**kwargs)
         except Exception as exc:
             _stop_reaper()
             raise UsageError(_connect_error(target, exc)) from None
@@ -821,6 +926,43 @@ def connect(target: RayTarget) -> bool:
         if env_address is not None:
             os.environ["RAY_ADDRESS"] = env_address
     return True
+
+
+#: Ray's switch that, off, makes it take loopback as this node's address (it is meant for
+#: laptops); read by ``ray._private.services.get_node_ip_address`` at call time.
+_RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_only(ray: Any) -> Iterator[None]:
+    """While a private cluster starts: keep it on loopback.
+
+    Ray 2.60 turns ``_node_ip_address="127.0.0.1"`` into the machine's outside address
+    (``resolve_ip_for_localhost``), and then its GCS, raylet and workers listened on every
+    interface (``::``) and its runtime-env agent on that address. With Ray's own cluster
+    switch off, the node's address stays loopback and every one of them binds
+    127.0.0.1 (the daemons inherit the variable; this process's value is put back after).
+    """
+    import importlib
+
+    try:
+        consts: Any = importlib.import_module("ray._private.ray_constants")
+    except ImportError:  # another Ray layout: nothing to switch
+        yield
+        return
+    old_env = os.environ.get(_RAY_LOOPBACK_ENV)
+    old_flag = getattr(consts, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_RAY_LOOPBACK_ENV] = "0"
+    consts.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if old_env is None:
+            os.environ.pop(_RAY_LOOPBACK_ENV, None)
+        else:
+            os.environ[_RAY_LOOPBACK_ENV] = old_env
+        if old_flag is not None:
+            consts.ENABLE_RAY_CLUSTER = old_flag
 
 
 def _connect_error(target: RayTarget, exc: BaseException) -> str:
@@ -877,6 +1019,7 @@ def run_distributed(
     autoscale_max: int | None = None,
     result_out: list[DistributedResult] | None = None,
     on_serving: Callable[[set[int]], None] | None = None,
+    resources: Mapping[str, float] | None = None,
 ) -> DistributedResult:
     """Serve ``plan_offsets_ns`` (spec, send time in ns after the plan starts) from
     ``target.actors`` Ray actors and feed every finished request into ``recorder``.
@@ -895,17 +1038,37 @@ def run_distributed(
         on_serving: called once every actor serves, with the ids of perfscope's own
             processes on this machine (load actors, the mailbox, the private cluster's
             daemons), so contention can leave them and the start-up out.
+        resources: what each load actor asks Ray for (:func:`parse_ray_resources`);
+            ``CPU`` and ``GPU`` are Ray's ``num_cpus``/``num_gpus``; none: zero CPUs.
+
+    Raises:
+        UsageError: no live node offers ``resources`` (checked before any actor starts).
     """
     ray = _import_ray()
+    want = dict(resources or {})
     result = DistributedResult(
         address=target.address,
         origin_perf_counter_ns=origin_perf_counter_ns,
         autoscale_max=autoscale_max,
+        resources=want,
     )
     if result_out is not None:
         result_out.append(result)
     started_here = connect(target)
-    remote_cls = ray.remote(num_cpus=0, max_concurrency=4)(LoadActor)
+    if want:
+        try:
+            result.eligible_nodes = _placement_nodes(ray, want)
+        except UsageError:
+            if started_here:
+                disconnect()
+            raise
+    custom = {k: v for k, v in want.items() if k not in ("CPU", "GPU")}
+    remote_cls = ray.remote(
+        num_cpus=want.get("CPU", 0),
+        num_gpus=want.get("GPU", 0),
+        resources=custom or None,
+        max_concurrency=4,
+    )(LoadActor)
     n = target.actors if concurrency is None else max(1, min(target.actors, concurrency))
     actors: list[Any] = []
     # The push-to-mailbox path (RequestSink) lost a dying actor's pushes in the tests on
@@ -997,6 +1160,7 @@ class _Fleet:
         a, rep = self.actors[i], self.reports[i]
         try:
             rep.host, rep.pid, theirs = self.ray.get(a.where.remote(), timeout=120)
+            rep.node, rep.resources = self.ray.get(a.placed.remote(), timeout=120)
         except Exception as exc:
             raise UsageError(f"--ray: load actor {i} did not start: {_first_line(exc)}") from None
         rep.same_clock = self.mine is not None and theirs == self.mine

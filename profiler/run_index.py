@@ -355,10 +355,6 @@ def safe_text(value: str) -> str:
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-#: Largest manifest.json / summary.json the index reads, bytes (a run's are a few kB).
-MAX_JSON_BYTES = 16 * 1024 * 1024
-
-
 def _ratio(num: Any, den: Any) -> float | None:
     """``num / den`` for real numbers with ``den > 0``, else None."""
     ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (num, den))
@@ -366,14 +362,16 @@ def _ratio(num: Any, den: Any) -> float | None:
 
 
 def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run's JSON file read to the store's size cap, or ``(None, reason)``."""
+    from perfscope.errors import BrokenRunError
+    from perfscope.profiler.store import read_json_capped
+
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_JSON_BYTES + 1)
-        if len(raw) > MAX_JSON_BYTES:
-            return None, f"{path.name}: larger than {MAX_JSON_BYTES // 2**20} MiB; not read"
-        data = json.loads(raw.decode("utf-8"))
+        data = read_json_capped(path)
     except FileNotFoundError:
         return None, None
+    except BrokenRunError as exc:  # over the cap: the message names file, size and cap
+        return None, str(exc)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, f"{path.name}: {type(exc).__name__}: {exc}"
     if not isinstance(data, dict):
@@ -614,12 +612,9 @@ class RunIndex:
         stale = [rid for rid in known if rid not in on_disk]
         changed = [rid for rid, (_, st) in on_disk.items() if known.get(rid) != st]
         added = sum(1 for rid in changed if rid not in known)
-        # A run that says "running" may have died since: re-read those (few) every time.
-        died = [
-            r[0]
-            for r in con.execute("SELECT run_id FROM runs WHERE state = 'running'").fetchall()
-            if r[0] in on_disk and r[0] not in changed
-        ]
+        # A run that says "running" may have died since: look at its writer every time, and
+        # re-read the run only when it did (its manifest alone says; no table footers).
+        died, reasons = self._recheck_running(on_disk, set(changed))
         redo = changed + died
         con.execute("BEGIN TRANSACTION")
         try:
@@ -628,6 +623,8 @@ class RunIndex:
                 con.execute(
                     "DELETE FROM runs WHERE run_id IN (SELECT unnest(?::VARCHAR[]))", [drop]
                 )
+            for rid, reason in reasons:  # still running, said differently (another host)
+                con.execute("UPDATE runs SET problem = ? WHERE run_id = ?", [reason, rid])
             if redo:
                 import pyarrow as pa
 
@@ -660,6 +657,34 @@ class RunIndex:
             note=self.note,
         )
         return self.last_stats
+
+    def _recheck_running(
+        self, on_disk: dict[str, tuple[str, FileKey]], changed: set[str]
+    ) -> tuple[list[str], list[tuple[str, str | None]]]:
+        """The runs the index holds as ``running`` (files unchanged) whose writer has
+        stopped since (to re-read), and ``(run_id, reason)`` of those still running whose
+        reason now reads differently (to update in place)."""
+        died: list[str] = []
+        reasons: list[tuple[str, str | None]] = []
+        rows = self._con.execute(
+            "SELECT run_id, problem FROM runs WHERE state = 'running'"
+        ).fetchall()
+        if not rows:
+            return died, reasons  # the common case: no store (and pyarrow) import
+        from perfscope.profiler.store import run_state
+
+        for rid, problem in rows:
+            if rid not in on_disk or rid in changed:
+                continue
+            manifest, _ = _read_json(Path(on_disk[rid][0]) / "manifest.json")
+            state = run_state(manifest) if manifest is not None else None
+            if state is None or state.state != "running":
+                died.append(rid)
+            else:
+                reason = safe_text(state.reason) if state.reason else None
+                if reason != problem:
+                    reasons.append((rid, reason))
+        return died, reasons
 
     # -- queries ----------------------------------------------------------------------------
 

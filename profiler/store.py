@@ -10,14 +10,25 @@ Reading never writes. A run is read in one of these states (:class:`RunState`):
 
 - ``complete`` / ``interrupted`` / ``failed``: as the manifest says;
 - ``running``: the manifest says so and the process that writes it is alive (same host:
-  its pid exists and started when recorded; another host: a recent heartbeat);
-- ``crashed``: the manifest says ``running`` but that process is gone (or its heartbeat
-  is stale on another host). Its tables are read from the segment files flushed during the
+  its pid exists and started when recorded; another host: its heartbeat advances, see
+  below);
+- ``crashed``: the manifest says ``running`` but that process is gone (or, on another
+  host, its heartbeat stood still too long). Its tables are read from the segment files
+  flushed during the
   run; the manifest read back has ``status: crashed``, ``partial: true`` and the reason
   among its ``warnings`` (in memory only);
 - ``broken``: a file is malformed (a wrong-typed manifest field, a table with foreign
-  columns); :func:`read_run` raises :class:`~perfscope.errors.BrokenRunError` naming the
-  file, the field and the problem, and :func:`scan_runs` lists it with that reason.
+  columns) or larger than the cap on run files (:func:`json_cap_bytes`);
+  :func:`read_run` raises :class:`~perfscope.errors.BrokenRunError` naming the file, the
+  field and the problem, and :func:`scan_runs` lists it with that reason.
+
+Another host's run is never judged by comparing its wall clock with this one's (skew made a
+dead run read ``running`` for hours). The writer numbers its heartbeats (``heartbeat_seq``,
+one more per flush); a reader remembers when, on this host's monotonic clock, it first saw
+each sequence number (in memory, and in ``$PERFSCOPE_CACHE_DIR/heartbeats.json`` so that
+one-shot commands remember too). A sequence that stood still for :data:`STALE_HEARTBEAT_S`
+reads ``crashed``; one that was seen to advance reads ``running``; a reader with no earlier
+look says ``running`` with the reason "heartbeat not confirmed yet" rather than guess.
 """
 
 from __future__ import annotations
@@ -70,10 +81,12 @@ __all__ = [
     "StoredRun",
     "default_runs_root",
     "inspect_run",
+    "json_cap_bytes",
     "list_runs",
     "liveness_record",
     "manifest_problems",
     "new_run_dir",
+    "read_json_capped",
     "read_run",
     "remove_segments",
     "resolve_run_path",
@@ -252,10 +265,69 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+# --- bounded reads ----------------------------------------------------------------------
+
+#: Default cap on a run's manifest.json / summary.json, bytes (a real run's are a few kB;
+#: a 1 GB manifest took 11.5 s and 2.2 GB of memory to list before this cap).
+DEFAULT_JSON_CAP_BYTES = 8 * 1024 * 1024
+#: Environment variable that sets the cap (bytes; ``k``/``M``/``G`` suffixes allowed).
+JSON_CAP_ENV = "PERFSCOPE_MAX_JSON_BYTES"
+
+
+def json_cap_bytes() -> int:
+    """The cap on a run's JSON files, bytes: ``$PERFSCOPE_MAX_JSON_BYTES`` or 8 MiB.
+
+    Raises:
+        UsageError: the variable is set to something that is not a positive size.
+    """
+    raw = os.environ.get(JSON_CAP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_JSON_CAP_BYTES
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(raw[-1].lower(), 1)
+    digits = raw[:-1] if scale > 1 else raw
+    if not digits.isdigit() or int(digits) <= 0:
+        raise UsageError(f"{JSON_CAP_ENV}={raw!r} is not a size; give bytes, e.g. 8M or 8388608")
+    return int(digits) * scale
+
+
+def _size_text(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def read_json_capped(path: Path, cap: int | None = None) -> Any:
+    """The JSON value in ``path``, read only when the file is at most ``cap`` bytes
+    (default :func:`json_cap_bytes`): a run file grown huge never costs its size in time
+    or memory.
+
+    Raises:
+        BrokenRunError: the file is over the cap (the message names it, its size and the
+            cap, on one line); the parse errors of :func:`json.loads` and ``OSError`` pass.
+    """
+    limit = json_cap_bytes() if cap is None else cap
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        raw = fh.read(limit + 1) if size <= limit else b""
+    if size > limit or len(raw) > limit:
+        size = max(size, len(raw))
+        raise BrokenRunError(
+            f"{path}: {_size_text(size)} ({size} bytes), over the {_size_text(limit)} cap on "
+            f"run files; not read (set {JSON_CAP_ENV} to raise it)"
+        )
+    return json.loads(raw.decode("utf-8"))
+
+
 # --- liveness ---------------------------------------------------------------------------
 
-#: On another host, a run whose heartbeat is older than this (seconds) reads as crashed.
+#: On another host, a run whose heartbeat sequence has not advanced for this long (seconds,
+#: on this host's monotonic clock) reads as crashed.
 STALE_HEARTBEAT_S = 60.0
+#: The heartbeats this host has watched, in the user's cache folder.
+HEARTBEATS_FILE = "heartbeats.json"
+#: Watched heartbeats older than this (seconds) are forgotten.
+_HEARTBEAT_MEMORY_S = 7 * 86400.0
 
 
 def _proc_start_ticks(pid: int) -> int | None:
@@ -280,18 +352,136 @@ def _proc_state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
-def liveness_record(interval_s: float) -> dict[str, Any]:
-    """The manifest's ``process`` entry: who writes the run, and when it last flushed."""
+def liveness_record(interval_s: float, seq: int = 0) -> dict[str, Any]:
+    """The manifest's ``process`` entry: who writes the run, and when it last flushed.
+
+    ``heartbeat_seq`` is ``seq``, one more at every heartbeat: what another host's reader
+    watches (``heartbeat_unix`` is this host's wall clock, for people, never compared)."""
     pid = os.getpid()
     now = time.time()
     return {
         "pid": pid,
         "host": socket.gethostname(),
         "start_ticks": _proc_start_ticks(pid),
+        "heartbeat_seq": seq,
         "heartbeat_unix": now,
         "heartbeat_at": datetime.fromtimestamp(now).astimezone().isoformat(),
         "flush_interval_s": interval_s,
     }
+
+
+@dataclass
+class _Watch:
+    """One heartbeat as this host watched it: ``token`` (sequence and stamp), ``first_s``
+    (this host's ``time.monotonic()`` when that token was first seen) and whether the
+    heartbeat was ever seen to change."""
+
+    token: str
+    first_s: float
+    advanced: bool
+
+
+_WATCHED: dict[str, _Watch] = {}
+_WATCH_LOCK = threading.Lock()
+
+
+def _boot_id() -> str:
+    """This boot's id (monotonic readings of another boot mean nothing), else ''."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _heartbeats_path() -> Path:
+    env = os.environ.get("PERFSCOPE_CACHE_DIR")
+    root = Path(env) if env else Path.home() / ".cache" / "perfscope"
+    return root / HEARTBEATS_FILE
+
+
+def _load_watched() -> dict[str, _Watch]:
+    """The heartbeats other processes on this host watched (empty when none, unreadable,
+    or from another boot)."""
+    try:
+        data = read_json_capped(_heartbeats_path(), 1 << 20)
+    except (OSError, ValueError, BrokenRunError):
+        return {}
+    if not isinstance(data, dict) or data.get("boot_id") != _boot_id():
+        return {}
+    out: dict[str, _Watch] = {}
+    for key, v in (data.get("watched") or {}).items():
+        if isinstance(v, list) and len(v) == 3 and isinstance(v[1], int | float):
+            out[str(key)] = _Watch(str(v[0]), float(v[1]), bool(v[2]))
+    return out
+
+
+def _save_watched(now_s: float) -> None:
+    """Write the watched heartbeats (recent ones) to the cache; best effort: a cache that
+    cannot be written only makes the next one-shot reader start without memory."""
+    merged = {**_load_watched(), **_WATCHED}  # other readers' watches are kept too
+    keep = {
+        k: [w.token, w.first_s, w.advanced]
+        for k, w in merged.items()
+        if now_s - w.first_s < _HEARTBEAT_MEMORY_S
+    }
+    path = _heartbeats_path()
+    with contextlib.suppress(OSError, StorageError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"boot_id": _boot_id(), "watched": keep})
+
+
+def _watch(key: str, token: str, now_s: float) -> _Watch | None:
+    """This host's record of heartbeat ``key`` after seeing ``token`` at ``now_s``
+    (monotonic): None on the first look ever (nothing to compare with)."""
+    with _WATCH_LOCK:
+        seen = _WATCHED.get(key)
+        if seen is None:
+            seen = _load_watched().get(key)
+        if seen is not None and seen.token == token:
+            _WATCHED[key] = seen
+            return seen
+        fresh = _Watch(token, now_s, advanced=seen is not None)
+        _WATCHED[key] = fresh
+        _save_watched(now_s)
+        return fresh if seen is not None else None
+
+
+def _remote_state(
+    run_id: str,
+    proc: dict[str, Any],
+    pid: int,
+    host: str,
+    stale_after_s: float,
+    now_s: float | None,
+) -> RunState:
+    """Another host's run, judged by its heartbeat sequence as this host watched it."""
+    seq = proc.get("heartbeat_seq")
+    seq_txt = f"heartbeat {seq}" if isinstance(seq, int) else "heartbeat"
+    # Older writers record no sequence: their stamp still changes at every beat.
+    token = f"{seq}|{proc.get('heartbeat_unix')}|{proc.get('heartbeat_at')}"
+    key = f"{host}|{pid}|{proc.get('start_ticks')}|{run_id}"
+    now = time.monotonic() if now_s is None else now_s
+    seen = _watch(key, token, now)
+    who = f"process {pid} on {host}"
+    if seen is None:
+        return RunState(
+            "running",
+            f"being written by {who} (heartbeat not confirmed yet: first look from this "
+            f"host; crashed if its {seq_txt} stands still for {stale_after_s:.0f} s)",
+        )
+    still = now - seen.first_s
+    if still > stale_after_s:
+        return RunState(
+            "crashed",
+            f"{seq_txt} of {who} has not advanced for {still:.0f} s (watched from this host)",
+        )
+    if not seen.advanced:
+        return RunState(
+            "running",
+            f"being written by {who} (heartbeat not confirmed yet: {seq_txt} unchanged for "
+            f"{still:.0f} s of {stale_after_s:.0f} s)",
+        )
+    return RunState("running", f"being written by {who} ({seq_txt} advancing)")
 
 
 def _pid_gone(pid: int, start_ticks: Any) -> bool:
@@ -326,8 +516,19 @@ class RunState:
         return self.state != "complete"
 
 
-def run_state(manifest: dict[str, Any], *, now_unix: float | None = None) -> RunState:
-    """The state of a run from its manifest (and a look at its writer's process)."""
+def run_state(
+    manifest: dict[str, Any],
+    *,
+    stale_after_s: float = STALE_HEARTBEAT_S,
+    now_s: float | None = None,
+) -> RunState:
+    """The state of a run from its manifest (and a look at its writer's process).
+
+    Args:
+        stale_after_s: another host's run reads crashed once its heartbeat sequence stood
+            still this long (seconds of this host's monotonic clock).
+        now_s: this host's ``time.monotonic()`` now (default: read it).
+    """
     status = manifest.get("status")
     if not isinstance(status, str):
         return RunState("broken", f"manifest.json: field 'status' is {type(status).__name__}")
@@ -343,19 +544,14 @@ def run_state(manifest: dict[str, Any], *, now_unix: float | None = None) -> Run
             "older perfscope or cut short)",
         )
     pid, host = int(proc["pid"]), str(proc.get("host") or "")
-    beat = proc.get("heartbeat_unix")
     at = str(proc.get("heartbeat_at") or "")
     beat_txt = f" (last heartbeat {at[11:19]})" if len(at) >= 19 else ""
     if host == socket.gethostname():
         if _pid_gone(pid, proc.get("start_ticks")):
             return RunState("crashed", f"process {pid} on {host} is gone{beat_txt}")
         return RunState("running", f"being written by process {pid}")
-    now = time.time() if now_unix is None else now_unix
-    if isinstance(beat, int | float) and now - float(beat) > STALE_HEARTBEAT_S:
-        return RunState(
-            "crashed", f"no heartbeat from process {pid} on {host} for {now - float(beat):.0f} s"
-        )
-    return RunState("running", f"being written by process {pid} on {host}")
+    run_id = str(manifest.get("run_id") or "")
+    return _remote_state(run_id, proc, pid, host, stale_after_s, now_s)
 
 
 # --- validation -------------------------------------------------------------------------
@@ -560,7 +756,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
             "give a folder listed by 'perfscope ls'"
         )
     try:
-        data = json.loads(mpath.read_text(encoding="utf-8"))
+        data = read_json_capped(mpath)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BrokenRunError(f"cannot read {mpath}: {exc}") from None
     if not isinstance(data, dict):
@@ -633,7 +829,9 @@ def read_run(path: Path | str, *, tables: bool = True) -> StoredRun:
     spath = path / "summary.json"
     if spath.is_file():
         try:
-            loaded = json.loads(spath.read_text(encoding="utf-8"))
+            loaded = read_json_capped(spath)
+        except BrokenRunError as exc:
+            notes.append(f"summary.json ignored: {exc}")
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             notes.append(f"summary.json ignored: unreadable ({type(exc).__name__})")
         else:
@@ -717,8 +915,10 @@ def inspect_run(path: Path) -> RunEntry:
     spath = path / "summary.json"
     if spath.is_file():
         try:
-            loaded = json.loads(spath.read_text(encoding="utf-8"))
+            loaded = read_json_capped(spath)
             problem = _summary_problem(loaded)
+        except BrokenRunError as exc:  # over the size cap: as the index lists it
+            return RunEntry(path, "broken", str(exc), None, None)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             loaded, problem = None, f"summary.json: unreadable ({type(exc).__name__})"
         if problem:
@@ -863,6 +1063,7 @@ class RunWriter:
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._compacted = False
+        self._beats = 0
 
     @classmethod
     def create(
@@ -901,7 +1102,8 @@ class RunWriter:
         with self._lock:
             if self.manifest.status != "running":
                 return
-            self.manifest.process = liveness_record(self.interval_s)
+            self._beats += 1
+            self.manifest.process = liveness_record(self.interval_s, self._beats)
             try:
                 clean = redact(self.manifest.to_dict())
             except RuntimeError:

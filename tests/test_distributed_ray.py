@@ -50,6 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     os.environ[FINISH_LOG_ENV] = str(tmp_path_factory.mktemp("finish") / "finished.log")
     ray.init(
         num_cpus=4,
+        resources={"loadgen": 8},  # what a load node offers (--ray-resources loadgen=1)
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
@@ -78,6 +79,7 @@ def _execute(
     ray_target: str | None,
     telemetry: TelemetryConfig | None = None,
     autoscale: int | None = None,
+    ray_resources: dict[str, float] | None = None,
     **work: object,
 ) -> RunOutcome:
     """One run into ``tmp_path`` (an online load unless ``work`` says otherwise)."""
@@ -95,6 +97,7 @@ def _execute(
         runs_dir=tmp_path,
         ray=ray_target,
         ray_autoscale=autoscale,
+        ray_resources=ray_resources or {},
         telemetry=telemetry or TelemetryConfig(enabled=False),
     )
     return execute_run(opts)
@@ -104,7 +107,16 @@ def test_a_ray_run_measures_what_a_single_process_run_measures(
     cluster: None, server: str, tmp_path: Path
 ) -> None:
     single = read_run(_run(tmp_path, f"openai:{server}", ray_target=None, rate=20.0))
-    spread = read_run(_run(tmp_path, f"openai:{server}", ray_target="local:2", rate=20.0))
+    # The actors ask for a resource only load nodes offer (--ray-resources loadgen=1).
+    spread = read_run(
+        _run(
+            tmp_path,
+            f"openai:{server}",
+            ray_target="local:2",
+            rate=20.0,
+            ray_resources={"loadgen": 1},
+        )
+    )
     for run in (single, spread):
         assert run.status == "complete"
         assert run.requests["error"].isna().all()
@@ -136,6 +148,67 @@ def test_a_ray_run_measures_what_a_single_process_run_measures(
     assert set(actors["actor"]) == {0, 1}
     assert all(a["same_clock"] and a["lost"] is None for a in dist["actors"])
     assert dist["clock_uncertainty_ns"] == 0
+    # Placement: what each actor asked for, the nodes that could hold it, and what Ray
+    # itself assigned each actor (read inside the actor).
+    nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
+    assert dist["placement"] == {
+        "resources": {"loadgen": 1.0},
+        "rule": "resources",
+        "eligible_nodes": nodes,
+    }
+    assert [a["resources"].get("loadgen") for a in dist["actors"]] == [1.0, 1.0]
+    assert all(a["node"] in nodes for a in dist["actors"])
+
+
+def test_a_ray_resource_no_node_offers_is_refused_in_one_line_before_any_actor_starts(
+    cluster: None,
+) -> None:
+    import time
+
+    from perfscope.errors import UsageError
+    from perfscope.profiler.clock import MonotonicClock
+    from perfscope.profiler.distributed import DistributedResult, RayTarget, run_distributed
+    from perfscope.profiler.recorder import Recorder
+
+    kept: list[DistributedResult] = []
+    started = time.monotonic()
+    with pytest.raises(UsageError) as err:
+        run_distributed(
+            "python:tests.data.engines.ray_engines:steady",
+            {},
+            [],
+            Recorder(MonotonicClock()),
+            0,
+            RayTarget(None, 1),
+            result_out=kept,
+            resources={"gpufree": 1},
+        )
+    # Ray would leave the actors pending for ever; this says why at once. In a run, the
+    # run fails with this line and the Ray section records the placement asked for.
+    assert time.monotonic() - started < 5
+    msg = str(err.value)
+    assert "no live node of the cluster offers that" in msg and "\n" not in msg, msg
+    assert "gpufree" in msg and "loadgen" in msg and "ray start --resources" in msg
+    assert kept[0].actors == [] and kept[0].to_dict()["placement"]["resources"] == {"gpufree": 1}
+
+
+def test_ray_resources_are_read_as_name_amount_pairs_or_refused_in_one_line() -> None:
+    from perfscope.errors import UsageError
+    from perfscope.profiler.distributed import parse_ray_resources
+
+    assert parse_ray_resources("loadgen=1, CPU=0.5") == {"loadgen": 1.0, "CPU": 0.5}
+    assert parse_ray_resources("node:10.0.0.5=0.01") == {"node:10.0.0.5": 0.01}
+    for bad, says in (
+        ("loadgen", "write NAME=AMOUNT"),
+        ("loadgen=0", "must be a positive amount"),
+        ("loadgen=1.5", "whole above 1"),
+        ("loadgen=x", "must be a positive amount"),
+        ("a=1,a=2", "given twice"),
+        ("9x=1", "not a Ray resource name"),
+    ):
+        with pytest.raises(UsageError, match=says) as err:
+            parse_ray_resources(bad)
+        assert "\n" not in str(err.value)
 
 
 def _per_request(run: object, metric: str) -> np.ndarray:
@@ -493,6 +566,19 @@ def _cluster_procs(tmp: str) -> list[int]:
     return found
 
 
+def _listening_addresses(pids: set[int]) -> set[str]:
+    """The local addresses the TCP sockets of ``pids`` listen on."""
+    import psutil
+
+    out: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            for c in psutil.Process(pid).net_connections("tcp"):
+                if c.status == psutil.CONN_LISTEN:
+                    out.add(c.laddr.ip)
+    return out
+
+
 def _start_cli_run(tmp_path: Path, *extra: str) -> tuple[Any, str]:
     """``perfscope run --ray`` (two actors) in a subprocess, once its load actor serves; returns
     the process and its private cluster's temp dir."""
@@ -582,6 +668,9 @@ def test_a_sigkilled_driver_leaves_no_ray_process_after_5_s(tmp_path: Path) -> N
 
     proc, tmp = _start_cli_run(tmp_path)
     assert _cluster_procs(tmp)
+    # The private cluster listens on loopback only (Ray bound every interface before).
+    listening = _listening_addresses({proc.pid, *_cluster_procs(tmp)})
+    assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     t_killed = time.monotonic()

@@ -129,6 +129,36 @@ def test_a_running_run_whose_process_is_gone_reads_as_crashed(
     ]
 
 
+def test_an_indexed_running_run_reads_crashed_once_its_writer_dies_with_no_file_changed(
+    template: Path, tmp_path: Path
+) -> None:
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _copy(
+            template,
+            tmp_path,
+            "20261201-100000-live-0001",
+            status="running",
+            process={"pid": writer.pid, "host": socket.gethostname()},
+        )
+        _copy(template, tmp_path, "20261201-100001-done-0002")
+        sql = "SELECT run_id, state FROM runs ORDER BY run_id"
+        with open_index(tmp_path) as index:
+            assert index.query(sql)[1][0] == ("20261201-100000-live-0001", "running")
+        with open_index(tmp_path) as index:  # still alive: re-checked, not re-read
+            assert index.last_stats is not None and index.last_stats.updated == 0
+            assert index.query(sql)[1][0][1] == "running"
+    finally:
+        writer.kill()
+        writer.wait()
+    with open_index(tmp_path) as index:
+        _, rows = index.query(sql)
+    assert rows == [
+        ("20261201-100000-live-0001", "crashed"),
+        ("20261201-100001-done-0002", "complete"),
+    ]
+
+
 def test_an_unwritable_index_falls_back_to_memory_with_a_note(
     template: Path, tmp_path: Path
 ) -> None:

@@ -101,6 +101,8 @@ class RunArgs:
     ray: str | None = None
     #: With ``ray``: add load actors, up to this many, when one's event-loop lag grows.
     ray_autoscale: int | None = None
+    #: With ``ray``: what each load actor asks Ray for (``"loadgen=1"`` or a mapping).
+    ray_resources: str | Mapping[str, float] | None = None
     #: The model an engine that reports none (HTTP, python) serves: a preset name, a
     #: ``config.json`` or its folder, a ModelSpec or its dict; gives an estimated roofline.
     model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None
@@ -437,6 +439,7 @@ def plan(a: RunArgs) -> RunPlan:
         command=list(a.command) if a.command is not None else None,
         ray=a.ray,
         ray_autoscale=_autoscale(a),
+        ray_resources=_ray_resources(a),
         model_spec=_model_spec(a),
         server_metrics=_server_metrics(a),
     )
@@ -450,6 +453,16 @@ def _autoscale(a: RunArgs) -> int | None:
         raise UsageError(f"{a.arg('ray_autoscale')} needs --ray (load actors to add to)")
     n = _whole(a.ray_autoscale, a.arg("ray_autoscale"), 1)
     return n
+
+
+def _ray_resources(a: RunArgs) -> dict[str, float]:
+    if a.ray_resources is None:
+        return {}
+    if a.ray is None:
+        raise UsageError(f"{a.arg('ray_resources')} needs --ray (it places the load actors)")
+    from perfscope.profiler.capture import ray_resources
+
+    return ray_resources(a.ray_resources, a.arg("ray_resources"))
 
 
 def _server_metrics(a: RunArgs) -> Any:
@@ -518,6 +531,7 @@ def run(
     command: Sequence[str] | None = None,
     ray: str | None = None,
     ray_autoscale: int | None = None,
+    ray_resources: str | Mapping[str, float] | None = None,
     model_spec: str | Path | Mapping[str, Any] | ModelSpec | None = None,
     server_metrics: str | None = "auto",
     progress: ProgressHook | None = None,
@@ -588,6 +602,9 @@ def run(
             ``"auto"``); per-request engines only (``openai:``, ``python:``).
         ray_autoscale: with ``ray``, add load actors (up to this many in all) when one's
             event-loop lag exceeds a tenth of the inter-token gap; None: only warn.
+        ray_resources: with ``ray``, what each load actor asks Ray for
+            (``"loadgen=1"``, ``{"CPU": 1}``, ``"node:10.0.0.5=0.01"``), so the actors
+            run only where that is offered (not on the model's GPU node); None: anywhere.
         model_spec: the model an engine that reports none (``openai:``, ``python:``)
             serves: a preset (``"llama-3-8b"``), a Hugging Face ``config.json`` or its
             folder, or a :class:`ModelSpec`; the run then gets an estimated roofline (an
@@ -648,6 +665,7 @@ def run(
         command=command,
         ray=ray,
         ray_autoscale=ray_autoscale,
+        ray_resources=ray_resources,
         model_spec=model_spec,
         server_metrics=server_metrics,
         engine_options=engine_options,

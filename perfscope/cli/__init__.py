@@ -223,6 +223,15 @@ def add_run_options(p: argparse.ArgumentParser, *, experiments: bool) -> None:
         "inter-token gap (and 1 ms), add an actor for the requests not yet sent, up to MAX "
         "actors in all; the decisions are recorded in the run (default: only warn)",
     )
+    d.add_argument(
+        "--ray-resources",
+        default=None,
+        metavar="NAME=AMOUNT[,...]",
+        help="with --ray: what each load actor asks Ray for, so it runs only on nodes that "
+        "offer it: a resource the load nodes were started with (ray start "
+        "--resources='{\"loadgen\": 8}'; then loadgen=1), CPU=1, or node:IP=0.01 for one "
+        "node; keeps the actors off the model's GPU node (default: zero CPUs, any node)",
+    )
     e = p.add_argument_group("engine")
     e.add_argument(
         "--batch-size",

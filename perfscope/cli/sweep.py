@@ -246,6 +246,7 @@ def run_args(args: argparse.Namespace) -> RunArgs:
         command=redact_argv(["perfscope", *sys.argv[1:]]),
         ray=getattr(args, "ray", None),
         ray_autoscale=getattr(args, "ray_autoscale", None),
+        ray_resources=getattr(args, "ray_resources", None),
         model_spec=getattr(args, "model_spec", None),
         server_metrics=getattr(args, "server_metrics", "auto"),
         server_metrics_interval=getattr(args, "server_metrics_interval", 1.0),

@@ -36,8 +36,8 @@ from perfscope.analysis.compare import contention_of
 from perfscope.analysis.experiment import BETTER, WORSE
 from perfscope.checks.change import compare_samples
 from perfscope.checks.grammar import parse_limit, parse_tolerance
-from perfscope.errors import SLOError, UsageError
-from perfscope.profiler.store import write_json_atomic
+from perfscope.errors import BrokenRunError, SLOError, UsageError
+from perfscope.profiler.store import read_json_capped, write_json_atomic
 
 __all__ = [
     "BASELINE_SCHEMA",
@@ -562,8 +562,8 @@ def contention_lines(run_dirs: list[str]) -> list[str]:
     out: list[str] = []
     for d in run_dirs:
         try:
-            summary = json.loads((Path(d) / "summary.json").read_text())
-        except (OSError, ValueError):
+            summary = read_json_capped(Path(d) / "summary.json")
+        except (OSError, ValueError, BrokenRunError):
             continue
         c = contention_of(summary) if isinstance(summary, dict) else None
         if c and c.get("contended"):

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from perfscope.api.runner import RunOptions, execute_run
 from perfscope.profiler.driver import LoadConfig
 from perfscope.profiler.engines.base import EngineInfo, EngineOptions, Inbox
@@ -17,7 +19,7 @@ from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.store import liveness_record, resolve_run_path, run_state, scan_runs
 from perfscope.profiler.telemetry import TelemetryConfig
 from perfscope.profiler.workload import LengthDist, WorkloadConfig
-from tests.reliability.helpers import cli
+from tests.reliability.helpers import cli, wait_for
 
 
 def _manifest(process: dict[str, object] | None) -> dict[str, object]:
@@ -42,12 +44,89 @@ def test_a_reused_pid_does_not_pass_for_the_writer() -> None:
     assert run_state(_manifest(rec)).state == "crashed"
 
 
-def test_another_hosts_run_is_crashed_only_once_its_heartbeat_is_stale() -> None:
-    other = {**liveness_record(0.5), "host": "elsewhere-" + socket.gethostname()}
-    assert run_state(_manifest(other)).state == "running"
-    stale = {**other, "heartbeat_unix": time.time() - 3600}
-    s = run_state(_manifest(stale))
-    assert s.state == "crashed" and "no heartbeat" in s.reason
+#: A real run writer (the store's RunWriter, beating every 0.1 s) in a process that says it
+#: is another host and whose wall clock is off by argv[2] seconds.
+_REMOTE_WRITER = """
+import socket, sys, time
+from datetime import UTC, datetime
+from pathlib import Path
+
+skew, real_time = float(sys.argv[2]), time.time
+time.time = lambda: real_time() + skew
+socket.gethostname = lambda: "elsewhere-" + sys.argv[3]
+from perfscope.profiler.records import Manifest
+from perfscope.profiler.store import RunWriter
+
+w = RunWriter.create(Path(sys.argv[1]), Manifest(name="remote"), datetime.now(UTC), 0.1)
+print(w.path, flush=True)
+while True:
+    time.sleep(0.1)
+    w.heartbeat()
+"""
+
+
+def _remote_writer(runs: Path, skew_s: float) -> tuple[subprocess.Popen[str], Path]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _REMOTE_WRITER, str(runs), str(skew_s), socket.gethostname()],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def _read(run: Path) -> dict[str, object]:
+    for _ in range(50):  # the writer replaces the file atomically; a read never sees half
+        m = json.loads((run / "manifest.json").read_text())
+        if isinstance(m, dict):
+            return m
+    raise AssertionError("no manifest")
+
+
+def _seq(run: Path) -> int:
+    proc = _read(run)["process"]
+    assert isinstance(proc, dict)
+    return int(proc["heartbeat_seq"])
+
+
+def test_another_hosts_run_is_judged_by_its_heartbeat_sequence_not_its_skewed_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfscope.profiler import store
+
+    monkeypatch.setenv("PERFSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(store, "_WATCHED", {})
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # Alive with a clock 3 h behind (wall clocks said crashed), dead with one 3 h ahead
+    # (wall clocks said running for 3 h).
+    alive, alive_run = _remote_writer(runs, -3 * 3600)
+    dead, dead_run = _remote_writer(runs, 3 * 3600)
+    try:
+        wait_for(lambda: _seq(dead_run) >= 2 and _seq(alive_run) >= 2, 30, "heartbeats")
+        dead.kill()
+        dead.wait()
+        window = 1.0
+        first = {r: run_state(_read(r), stale_after_s=window) for r in (alive_run, dead_run)}
+        for s in first.values():  # a first look cannot know: it says so
+            assert s.state == "running" and "heartbeat not confirmed yet" in s.reason, s
+        # A one-shot reader in another process remembers this look (the user's cache).
+        monkeypatch.setattr(store, "_WATCHED", {})
+        time.sleep(window + 0.5)
+        alive_now = run_state(_read(alive_run), stale_after_s=window)
+        assert alive_now.state == "running" and "advancing" in alive_now.reason, alive_now
+        dead_now = run_state(_read(dead_run), stale_after_s=window)
+        assert dead_now.state == "crashed", dead_now
+        assert "has not advanced for" in dead_now.reason and "elsewhere-" in dead_now.reason
+        # The listing's window is 60 s: until then it says what it knows, not "crashed".
+        listed = {e.path: e for e in scan_runs(runs)}
+        assert listed[dead_run].state == "running"
+        assert "not confirmed yet" in str(listed[dead_run].reason)
+        assert "unchanged for" in str(listed[dead_run].reason)
+    finally:
+        alive.kill()
+        dead.kill()
+        alive.wait()
 
 
 def test_a_running_manifest_without_liveness_reads_as_crashed() -> None:

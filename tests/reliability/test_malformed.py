@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -125,3 +126,42 @@ def test_the_dashboard_lists_broken_runs_without_failing(runs: Path) -> None:
     assert "requests.parquet" in rows["foreigncols"]["status"]
     page = client.get("/")
     assert page.status_code == 200
+
+
+def test_an_oversized_manifest_or_summary_is_listed_broken_with_its_size_and_the_cap(
+    runs: Path, tmp_path: Path
+) -> None:
+    good = next(p for p in runs.iterdir() if "-python-" in p.name)
+    root = tmp_path / "runs"
+    stem = good.name[:15]
+    huge_m = shutil.copytree(good, root / f"{stem}-hugemanifest-0000")
+    huge_s = shutil.copytree(good, root / f"{stem}-hugesummary-0000")
+    shutil.copytree(good, root / f"{stem}-small-0000")
+    for f in (huge_m / "manifest.json", huge_s / "summary.json"):
+        with open(f, "r+b") as fh:
+            fh.truncate(1 << 30)  # 1 GiB, sparse: costs nothing to write
+    started = time.monotonic()
+    res = cli("ls", "--json", runs=root)
+    took = time.monotonic() - started
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    rows = {e["run_id"].split("-")[2]: e for e in json.loads(res.stdout)}
+    assert rows["small"]["state"] == "complete"
+    for tag, fname in (("hugemanifest", "manifest.json"), ("hugesummary", "summary.json")):
+        reason = rows[tag]["reason"]
+        assert rows[tag]["state"] == "broken", rows[tag]
+        assert fname in reason and "1.0 GiB (1073741824 bytes)" in reason, reason
+        assert "over the 8.0 MiB cap" in reason and "PERFSCOPE_MAX_JSON_BYTES" in reason
+    assert took < 30  # bounded reads: reading 1 GiB of JSON took 11.5 s and 2.2 GB
+    shown = cli("show", str(huge_m), runs=root)
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr
+    line = shown.stderr.strip()
+    assert "\n" not in line and "manifest.json: 1.0 GiB" in line, line
+    # The cap is configurable; the index (ls --where) reads through the same cap.
+    where = cli(
+        "ls", "--where", "state = 'broken'", "--json", runs=root, PERFSCOPE_MAX_JSON_BYTES="1k"
+    )
+    assert where.returncode == 0, where.stderr
+    broken = {e["run_id"].split("-")[2]: e for e in json.loads(where.stdout)}
+    assert set(broken) == {"hugemanifest", "hugesummary", "small"}
+    assert "over the 1.0 KiB cap" in str(broken["small"]), broken["small"]
+    assert (huge_m / "manifest.json").stat().st_size == 1 << 30  # nothing rewritten
