@@ -969,6 +969,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("codegen", ("codegen",), ("CodeGenForCausalLM",), reader="gptj"),
     Family("bloom", ("bloom",), ("BloomForCausalLM",), reader="bloom"),
     Family(
+        "falcon",
+        ("falcon", "refinedweb", "refinedwebmodel"),
+        ("FalconForCausalLM", "RWForCausalLM"),
+        reader="falcon",
+    ),
+    Family("dbrx", ("dbrx",), ("DbrxForCausalLM",), reader="dbrx", moe="mixtral"),
+    Family(
         "phi",
         ("phi",),
         ("PhiForCausalLM",),
@@ -1034,11 +1041,6 @@ REFUSED: dict[str, str] = {
         "layers its own way, so the oracle cannot prove a serving count; not modelled yet"
     ),
     "llama4": "Llama-4 (multimodal wrapper): see llama4_text",
-    "falcon": (
-        "Falcon's three attention layouts (multi-query, new decoder architecture, ALiBi) "
-        "are not modelled yet"
-    ),
-    "dbrx": "DBRX's fused attention and expert layout (attn_config/ffn_config) is not modelled yet",
     "minimax": _HYBRID,
     "qwen3_next": _HYBRID,
     "qwen3_5": _HYBRID,
@@ -1307,6 +1309,10 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return _gptj(cfg, f)
     if fam.reader == "bloom":
         return _bloom(cfg, f)
+    if fam.reader == "falcon":
+        return _falcon(cfg, f)
+    if fam.reader == "dbrx":
+        return _dbrx(cfg, f)
 
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
@@ -1432,6 +1438,81 @@ def _bloom(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         mlp_bias=True,
         norm_bias=True,
         extra_params=2 * d,  # word_embeddings_layernorm
+    )
+    return ModelSpec(**f)
+
+
+def _falcon(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    # Falcon: one fused query_key_value and a dense out projection, a plain MLP
+    # (``ffn_hidden_size``, default 4d), LayerNorms with bias, biases on every linear when
+    # ``bias``; RoPE or ALiBi (neither a matmul nor a parameter). Three attention layouts:
+    # multi-query (7B: one shared K/V head), the new decoder architecture (40B/180B:
+    # ``num_kv_heads`` K/V groups) and the original multi-head one. Parallel attention (MLP
+    # and attention read the same input) does not change the counts; it sets the norms.
+    d = _require(cfg, "hidden_size", "n_embed")
+    h = _require(cfg, "num_attention_heads", "n_head")
+    legacy_new = str(cfg.get("model_type", "")).lower() == "refinedweb"  # Falcon-40B's own code
+    new_arch = bool(_first_of(cfg, "new_decoder_architecture", default=legacy_new))
+    multi_query = bool(_first_of(cfg, "multi_query", default=True))
+    parallel = bool(_first_of(cfg, "parallel_attn", default=True))
+    if new_arch:
+        kv = int(_first_of(cfg, "num_kv_heads", "n_head_kv", default=h) or h)
+    else:
+        kv = 1 if multi_query else h
+    ln = _first_of(cfg, "num_ln_in_parallel_attn", default=None)
+    norms = 2 if not parallel else int(ln if ln is not None else (2 if new_arch else 1))
+    bias = bool(_first_of(cfg, "bias", default=False))
+    notes = list(f.pop("notes", ()))
+    if new_arch and kv != h:
+        notes.append(
+            f"Falcon new decoder architecture: {kv} K/V heads cached, as serving engines do "
+            f"(transformers broadcasts them to all {h} heads before its cache)"
+        )
+    f.update(
+        n_layers=_require(cfg, "num_hidden_layers", "n_layer"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=kv,
+        head_dim=d // h,
+        intermediate_size=int(_first_of(cfg, "ffn_hidden_size", default=4 * d) or 4 * d),
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=False,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=bias,
+        norm_bias=True,
+        norms_per_layer=norms,
+        max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=2048)),
+        notes=tuple(notes),
+    )
+    return ModelSpec(**f)
+
+
+def _dbrx(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+    # DBRX: a fused Wqkv (``d + 2·K·h_d`` outputs, no bias; ``clip_qkv`` is a clamp, no
+    # matmul), an out projection, bias-free LayerNorms, and in every block a MoE of
+    # ``moe_num_experts`` gated experts (w1, v1, w2, ``ffn_hidden_size`` wide) with a
+    # bias-free router; ``attn_config``/``ffn_config`` are nested.
+    attn = cfg.get("attn_config") or {}
+    ffn = cfg.get("ffn_config") or {}
+    if not isinstance(attn, dict) or not isinstance(ffn, dict):
+        raise UsageError("DBRX config: attn_config and ffn_config must be JSON objects")
+    d = _require(cfg, "d_model", "hidden_size")
+    h = _require(cfg, "n_heads", "num_attention_heads")
+    f.update(
+        n_layers=_require(cfg, "n_layers", "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=int(_first_of(attn, "kv_n_heads", default=1)),
+        head_dim=d // h,
+        intermediate_size=int(_first_of(ffn, "ffn_hidden_size", default=3584)),
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=True,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=False)),
+        n_experts=int(_first_of(ffn, "moe_num_experts", default=4)),
+        n_active_experts=int(_first_of(ffn, "moe_top_k", default=1)),
+        max_position_embeddings=int(_first_of(cfg, "max_seq_len", default=2048)),
     )
     return ModelSpec(**f)
 

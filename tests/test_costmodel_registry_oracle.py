@@ -88,6 +88,16 @@ TINY: dict[str, Any] = {
     "pad_token_id": 0,
 }
 
+#: Nested sub-configs some families need for a tiny instance that builds and runs.
+#: DBRX: transformers 5.24's attention reads ``attn_config.rope_theta``, which its config
+#: class does not define, and ``clip_qkv=None`` makes ``clamp`` fail; the release uses 8.
+NESTED: dict[str, dict[str, Any]] = {
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+}
+
 _CORE = {"hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "vocab_size"}
 
 FAMILIES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -126,6 +136,7 @@ def tiny_config(model_type: str) -> Any:
             continue
         if present and not isinstance(current, (dict, list)):
             kw[real] = value
+    kw.update(NESTED.get(model_type, {}))
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:
         kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)  # MLA: one KV per head
     for key in ("layer_types", "mlp_only_layers"):
@@ -174,7 +185,7 @@ def run_truth(conf: Any) -> tuple[Any, Truth]:
             )
         except (TypeError, ValueError):
             model = transformers.AutoModelForCausalLM.from_config(conf, **kwargs)
-    model = model.float().eval()
+    model = model.float().eval().requires_grad_(False)  # DBRX's expert views under no_grad
     vocab = int(model.get_output_embeddings().weight.shape[0])
     ids = torch.randint(3, min(vocab, 200), (B, S))
     nxt = torch.randint(3, min(vocab, 200), (B, 1))

@@ -1,0 +1,121 @@
+"""Falcon (its three attention layouts) and DBRX, read from a ``config.json`` SAVED by the
+installed transformers and checked against the real tiny model the way the registry
+oracle checks every family (tests/test_costmodel_registry_oracle.py): parameters, weight
+bytes, prefill and decode FLOPs under ``FlopCounterMode`` and the cache the prefill left."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfscope.analysis import costmodel as cm
+from perfscope.analysis.modelspec import ModelSpec
+
+transformers = pytest.importorskip("transformers")
+
+from tests.test_costmodel_registry_oracle import B, S, Truth, mismatches, run_truth  # noqa: E402
+
+
+def _saved_spec(tmp_path: Path, conf: Any) -> tuple[Any, ModelSpec]:
+    """Save ``conf``, load it back as a user would, and read the folder with perfscope."""
+    folder = tmp_path / f"{conf.model_type}-saved"
+    conf.save_pretrained(folder)
+    loaded = transformers.AutoConfig.from_pretrained(folder)
+    loaded._attn_implementation = "eager"
+    spec = ModelSpec.from_hf_config(folder)
+    spec = replace(
+        spec,
+        weight_bytes_per_param=4.0,
+        unquantized_bytes_per_param=0.0,
+        act_bytes_per_element=4.0,
+        kv_bytes_per_element=4.0,
+    )
+    return loaded, spec
+
+
+def _falcon(**layout: Any) -> Any:
+    return transformers.FalconConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=211,
+        max_position_embeddings=128,
+        **layout,
+    )
+
+
+FALCON_LAYOUTS = {
+    # Falcon-7B: one shared K/V head, parallel attention and MLP off one LayerNorm, RoPE.
+    "multi_query": {"multi_query": True, "parallel_attn": True},
+    # Falcon-40B/180B: K/V groups, two LayerNorms feeding the parallel branches.
+    "new_decoder_architecture": {
+        "new_decoder_architecture": True,
+        "num_kv_heads": 2,
+        "parallel_attn": True,
+    },
+    # Falcon-RW: ALiBi, multi-head, sequential attention then MLP, biases everywhere.
+    "alibi": {"alibi": True, "multi_query": False, "parallel_attn": False, "bias": True},
+}
+
+
+@pytest.mark.parametrize("layout", sorted(FALCON_LAYOUTS))
+def test_falcon_layouts_saved_by_transformers_are_counted_exactly(
+    tmp_path: Path, layout: str
+) -> None:
+    conf, spec = _saved_spec(tmp_path, _falcon(**FALCON_LAYOUTS[layout]))
+    assert spec.family == "falcon"
+    _, truth = run_truth(conf)
+    if layout == "new_decoder_architecture":
+        # The one named convention: transformers broadcasts the 2 K/V heads to all 4
+        # before caching them; perfscope caches the 2, as serving engines do.
+        assert spec.n_kv_heads == 2
+        assert any("K/V heads cached" in n for n in cm.model_assumptions(spec))
+        truth = replace(truth, kv_bytes=truth.kv_bytes * spec.n_kv_heads // spec.n_heads)
+    assert mismatches(spec, truth) == []
+    assert truth.kv_bytes == cm.kv_cache_bytes(spec, B * S, batch=B)
+
+
+def test_falcon_7b_release_config_counts_7b_parameters() -> None:
+    """falcon-7b's own config.json (legacy RefinedWebModel keys) through the JSON reader."""
+    cfg = {
+        "model_type": "RefinedWebModel",
+        "architectures": ["RWForCausalLM"],
+        "hidden_size": 4544,
+        "n_head": 71,
+        "n_layer": 32,
+        "multi_query": True,
+        "parallel_attn": True,
+        "bias": False,
+        "vocab_size": 65024,
+    }
+    spec = ModelSpec.from_hf_config(cfg, reader="json")
+    assert (spec.n_kv_heads, spec.head_dim, spec.norms_per_layer) == (1, 64, 1)
+    assert (
+        cm.param_count(spec) == 6_921_720_704
+    )  # FalconForCausalLM of that shape on the meta device
+
+
+def test_dbrx_saved_by_transformers_is_counted_exactly(tmp_path: Path) -> None:
+    conf = transformers.DbrxConfig(
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        vocab_size=211,
+        max_seq_len=128,
+        # rope_theta and clip_qkv: what transformers 5.24's DBRX attention needs to build
+        attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+    )
+    conf, spec = _saved_spec(tmp_path, conf)
+    assert (spec.family, spec.n_experts, spec.n_active_experts, spec.n_kv_heads) == (
+        "dbrx",
+        4,
+        2,
+        2,
+    )
+    _, truth = run_truth(conf)
+    assert isinstance(truth, Truth)
+    assert mismatches(spec, truth) == []
