@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -128,6 +128,9 @@ class StepSamples:
         tokens: new tokens in each step.
         device: key of the device the roofline time is against.
         platform: ``cpu`` or ``gpu`` (where the host terms belong).
+        prefill: which steps are prefill steps (``None``: not told apart; one fit for all).
+        base_roof_s: per step, the roofline time of a decode step of its rows (the host
+            work a prefill step shares with a decode step; a decode step's own roof), s.
     """
 
     time_s: np.ndarray
@@ -137,6 +140,8 @@ class StepSamples:
     tokens: np.ndarray
     device: str = ""
     platform: str = "cpu"
+    prefill: np.ndarray | None = None
+    base_roof_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.time_s.shape[0])
@@ -153,6 +158,7 @@ class StepSamples:
         def cat(name: str) -> np.ndarray:
             return np.concatenate([getattr(p, name) for p in parts])
 
+        kinds = all(p.prefill is not None and p.base_roof_s is not None for p in parts)
         return StepSamples(
             time_s=cat("time_s"),
             roof_s=cat("roof_s"),
@@ -161,6 +167,22 @@ class StepSamples:
             tokens=cat("tokens"),
             device=parts[0].device,
             platform=parts[0].platform,
+            prefill=cat("prefill") if kinds else None,
+            base_roof_s=cat("base_roof_s") if kinds else None,
+        )
+
+    def subset(self, keep: np.ndarray) -> StepSamples:
+        """The samples where ``keep`` (a boolean mask) is true."""
+        return StepSamples(
+            time_s=self.time_s[keep],
+            roof_s=self.roof_s[keep],
+            layers=self.layers[keep],
+            sequences=self.sequences[keep],
+            tokens=self.tokens[keep],
+            device=self.device,
+            platform=self.platform,
+            prefill=None if self.prefill is None else self.prefill[keep],
+            base_roof_s=None if self.base_roof_s is None else self.base_roof_s[keep],
         )
 
 
@@ -186,20 +208,29 @@ def samples_from_steps(
     steps: pd.DataFrame, model: ModelSpec, device: DeviceSpec, extra_bytes: float = 0.0
 ) -> StepSamples:
     """The samples of one run's step table (``t_start``, ``t_end`` in ns, ``batch_size``,
-    ``new_tokens``, ``context_tokens``); steps of zero or negative length are dropped."""
+    ``new_tokens``, ``context_tokens``, optional ``kind``); steps of zero or negative length
+    are dropped. With ``kind``, prefill steps are marked and each carries the roofline time
+    of a decode step of its rows at its context (:attr:`StepSamples.base_roof_s`)."""
     dur = (steps["t_end"].to_numpy(np.float64) - steps["t_start"].to_numpy(np.float64)) / 1e9
     keep = dur > 0
     b = steps["batch_size"].to_numpy(np.float64)[keep]
     n = steps["new_tokens"].to_numpy(np.float64)[keep]
     c = steps["context_tokens"].to_numpy(np.float64)[keep]
+    roof = roof_times(model, device, b, n, c, extra_bytes)
+    prefill = base = None
+    if "kind" in steps.columns:
+        prefill = (steps["kind"].to_numpy() == "prefill")[keep]
+        base = np.where(prefill, roof_times(model, device, b, b, c + n, extra_bytes), roof)
     return StepSamples(
         time_s=dur[keep],
-        roof_s=roof_times(model, device, b, n, c, extra_bytes),
+        roof_s=roof,
         layers=np.full(b.shape, float(model.n_layers)),
         sequences=b,
         tokens=n,
         device=device.key,
         platform="cpu" if device.kind in ("cpu", "soc") else "gpu",
+        prefill=prefill,
+        base_roof_s=base,
     )
 
 
@@ -216,6 +247,9 @@ class OverheadFit:
         residual_rel: that over the mean step time (0.1: steps scatter 10% around the fit).
         device: device key the roofline term is against.
         platform: ``cpu`` or ``gpu``.
+        prefill_scale: with separate prefill and decode fits, the multiplier on a prefill
+            step's roofline time beyond the time of a decode step of its rows
+            (:meth:`prefill_step_time`); ``None``: one fit prices both kinds of step.
     """
 
     roof_scale: float
@@ -230,8 +264,9 @@ class OverheadFit:
     device: str = ""
     platform: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    prefill_scale: float | None = None
 
-    def host_time(self, layers: float, sequences: Any, tokens: Any) -> Any:
+    def host_time(self, layers: Any, sequences: Any, tokens: Any) -> Any:
         """The host/overhead term of steps of this shape, s."""
         return (
             self.per_layer_s * layers
@@ -240,11 +275,23 @@ class OverheadFit:
             + self.per_step_s
         )
 
-    def step_time(self, roof_s: Any, layers: float, sequences: Any, tokens: Any) -> Any:
+    def step_time(self, roof_s: Any, layers: Any, sequences: Any, tokens: Any) -> Any:
         """Predicted step time from its roofline time and shape, s."""
         return self.roof_scale * np.asarray(roof_s, dtype=np.float64) + self.host_time(
             layers, sequences, tokens
         )
+
+    def prefill_step_time(
+        self, roof_s: Any, layers: Any, sequences: Any, tokens: Any, base_roof_s: Any
+    ) -> Any:
+        """Predicted prefill step time, s: with separate fits, the time of a decode step of
+        the same rows (``base_roof_s``: its roofline time; the same ops dispatched, so the
+        same host time) plus ``prefill_scale x`` the prefill's roofline time ``roof_s``;
+        otherwise :meth:`step_time` of the step."""
+        if self.prefill_scale is None:
+            return self.step_time(roof_s, layers, sequences, tokens)
+        base = self.step_time(base_roof_s, layers, sequences, sequences)
+        return base + self.prefill_scale * np.asarray(roof_s, dtype=np.float64)
 
     def split_layers(self, layers: int) -> OverheadFit:
         """The fit with a folded per-layer term split out of ``per_step_s``, for models of
@@ -274,6 +321,7 @@ class OverheadFit:
             residual_rel=self.residual_rel,
             device=self.device,
             platform=self.platform,
+            prefill_scale=self.prefill_scale,
             notes=[
                 *self.notes,
                 f"per layer not separable (one model shape): {100 * share:.0f}% of the per-step "
@@ -351,11 +399,25 @@ class OverheadFit:
         )
         if self.folded:
             text += f"; folded into per step: {', '.join(self.folded)}"
+        if self.prefill_scale is not None:
+            text += (
+                f"; prefill steps fitted apart: a decode step of their rows + "
+                f"{self.prefill_scale:.3g} x their roofline"
+            )
         return text
 
 
 def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
     """Fit :class:`OverheadFit` to steps (one run's, or several runs' on one device).
+
+    When the samples tell prefill steps apart (:attr:`StepSamples.prefill`) and hold at
+    least two other steps, the terms are fitted to the decode (non-prefill) steps alone and
+    the prefill steps get their own roofline multiplier (``prefill_scale``, least squares,
+    non-negative): a prefill step is a decode step of its rows (same ops dispatched: the
+    same host time) plus ``prefill_scale x`` its roofline time. One fit of both kinds, by
+    contrast, prices a prompt's tokens at the decode steps' roofline multiplier, which on
+    an overhead-bound engine is host time that varies with the context, not the prefill's
+    work: an 8-prompt prefill was projected at 2-3x its measured time.
 
     Raises:
         ValueError: fewer than two steps, or runs on different devices.
@@ -363,6 +425,10 @@ def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
     s = StepSamples.concat(list(samples)) if not isinstance(samples, StepSamples) else samples
     if len(s) < 2:
         raise ValueError(f"need at least two steps to fit, got {len(s)}")
+    if s.prefill is not None and s.base_roof_s is not None and s.prefill.any():
+        decode = s.subset(~s.prefill)
+        if len(decode) >= 2:
+            return _fit_prefill_apart(s, fit_overhead(replace(decode, prefill=None)))
     cols = {
         "roof_scale": s.roof_s,
         "per_layer_s": s.layers,
@@ -409,6 +475,28 @@ def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
         device=s.device,
         platform=s.platform,
     )
+
+
+def _fit_prefill_apart(s: StepSamples, decode: OverheadFit) -> OverheadFit:
+    """``decode`` (fitted to the decode steps of ``s``) with the prefill steps' roofline
+    multiplier fitted to what they took beyond a decode step of their rows; the residual
+    over all of ``s``."""
+    assert s.prefill is not None and s.base_roof_s is not None
+    p = s.subset(s.prefill)
+    assert p.base_roof_s is not None
+    base = decode.step_time(p.base_roof_s, p.layers, p.sequences, p.sequences)
+    rest = p.time_s - base
+    denom = float(np.sum(p.roof_s**2))
+    scale = max(float(np.sum(p.roof_s * rest)) / denom, 0.0) if denom > 0 else 0.0
+    fit = replace(decode, prefill_scale=scale, samples=len(s))
+    pred = np.where(
+        s.prefill,
+        fit.prefill_step_time(s.roof_s, s.layers, s.sequences, s.tokens, s.base_roof_s),
+        fit.step_time(s.roof_s, s.layers, s.sequences, s.tokens),
+    )
+    rms = float(np.sqrt(np.mean((s.time_s - pred) ** 2)))
+    mean = float(np.mean(s.time_s))
+    return replace(fit, residual_rms_s=rms, residual_rel=rms / mean if mean > 0 else 0.0)
 
 
 @dataclass(frozen=True)
@@ -471,7 +559,19 @@ def fitted_times(
         extra_bytes,
     )
     host_p = float(fit.host_time(layers, b, b * new_p))
-    ttft = float(fit.roof_scale * roof_p[0]) + host_p
+    if fit.prefill_scale is not None:
+        base_p = roof_times(
+            model,
+            device,
+            np.array([float(b)]),
+            np.array([float(b)]),
+            np.array([float(b * p)]),
+            extra_bytes,
+        )
+        ttft = float(fit.prefill_step_time(roof_p[0], layers, b, b * new_p, base_p[0]))
+        host_p = float(fit.host_time(layers, b, b))
+    else:
+        ttft = float(fit.roof_scale * roof_p[0]) + host_p
     steps = max(out - 1, 1)
     ctx = p + np.arange(steps, dtype=np.float64)
     roof_d = roof_times(

@@ -227,8 +227,9 @@ def _recompute_tpot(
         ctx = prompt_len + np.arange(steps, dtype=np.float64) + 1
         b = np.full(steps, float(batch))
         roof = roof_times(model, dev, b, b * ctx, np.zeros(steps))
-        host = fit.host_time(float(model.n_layers), b, b * ctx)
-        return float(np.mean(fit.roof_scale * roof + host))
+        base = roof_times(model, dev, b, b, b * ctx)
+        t = fit.prefill_step_time(roof, float(model.n_layers), b, b * ctx, base)
+        return float(np.mean(t))
     peak = dev.peak_flops_for(model.act_dtype) or 0.0
     bw = dev.mem_bw_bytes_s
     derate = run_derating(summary.get("roofline") or {}) if derated else {}

@@ -12,6 +12,7 @@ is written to ``<runs dir>/studies/<stamp>-<name>.json`` (schema ``perfscope.stu
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -375,8 +376,18 @@ def study_with(
     name: str | None = None,
     log: Callable[[str], None] | None = None,
     quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    precision: float | None = None,
+    max_repeats: int = 20,
+    budget_s: float | None = None,
 ) -> Study:
-    """:func:`study` from a :class:`RunArgs` record of the fixed options."""
+    """:func:`study` from a :class:`RunArgs` record of the fixed options.
+
+    With ``precision`` (0.1: ±10%) the rounds are adaptive, as ``run --repeat --precision``
+    is: at least ``repeat`` (and :data:`~perfscope.analysis.experiment.MIN_BLOCKS`), then
+    one more round until every candidate's primary-metric interval (paired by round) is
+    within ``±precision``, ``max_repeats`` rounds are run, or the next round would end past
+    ``budget_s`` wall seconds (judged from the rounds so far); a note says which.
+    """
     from perfscope.api.run import _whole, execute, plan
     from perfscope.profiler.store import default_runs_root, write_json_atomic
 
@@ -392,16 +403,30 @@ def study_with(
     ]
     for s in settings:  # reference-engine options and shapes are checked here, not mid-study
         _check_engine(s)
-    from perfscope.analysis.experiment import block_order
+    from perfscope.analysis.experiment import MIN_BLOCKS, block_order
 
     runs: list[tuple[int, int, str, Mapping[str, Any]]] = []
+    if precision is not None and not precision > 0:
+        raise UsageError(f"precision must be positive (0.1 = ±10%), got {precision}")
+    if budget_s is not None and not budget_s > 0:
+        raise UsageError(f"budget must be positive seconds, got {budget_s}")
+    most = max(repeat, _whole(max_repeats, "max_repeats", 1)) if precision else repeat
     # Balanced order: each round is a block (ABBA for two settings, a seeded random
     # permutation per round for more), so position effects cancel in the paired effects.
-    order = block_order(len(plans), repeat, sum(map(ord, label)))
-    for rnd in range(repeat):
+    order = block_order(len(plans), most, sum(map(ord, label)))
+    started = time.monotonic()
+    stop = ""
+    rounds = 0
+    for rnd in range(most):
+        if precision is not None and budget_s is not None and rnd:
+            per_round = (time.monotonic() - started) / rnd
+            if time.monotonic() - started + per_round > budget_s:
+                stop = f"stopped by the budget of {budget_s:g} s after {rnd} rounds"
+                break
+        rounds = rnd + 1
         for i in order[rnd]:
             p = plans[i]
-            say(f"study: round {rnd + 1}/{repeat}, {k.name}={parsed[i][0]} ...")
+            say(f"study: round {rnd + 1}/{most}, {k.name}={parsed[i][0]} ...")
             out = execute(p)
             if out.status != "complete":
                 raise UsageError(
@@ -409,23 +434,77 @@ def study_with(
                     f"(captured data is in {out.path})"
                 )
             runs.append((rnd, i, str(out.path), out.summary.to_dict()))
+        if precision is None:
+            continue
+        half = primary_half_width(runs, len(plans))
+        say(
+            f"study: after {rounds} rounds the widest primary interval is "
+            + ("unknown" if half is None else f"±{100 * half:.1f}%")
+            + f" (target ±{100 * precision:g}%)"
+        )
+        # Stop only after whole AB/BA pairs, so a position effect stays cancelled.
+        enough = rounds >= max(repeat, MIN_BLOCKS) and (len(plans) != 2 or rounds % 2 == 0)
+        if enough and half is not None and half <= precision:
+            stop = (
+                f"reached ±{100 * half:.1f}% (target ±{100 * precision:g}%) after {rounds} rounds"
+            )
+            break
+    else:
+        if precision is not None:
+            stop = f"stopped at {most} rounds (max_repeats) before reaching ±{100 * precision:g}%"
+    if precision is not None:
+        half = primary_half_width(runs, len(plans))
+        reached = "unknown" if half is None else f"±{100 * half:.1f}%"
+        stop = (
+            f"adaptive rounds: {stop}; widest primary-metric interval {reached} "
+            f"(target ±{100 * precision:g}%)"
+        )
     stamp = datetime.now(UTC)
     quality_rows = [quality(_args_record(s)) for s in settings] if quality is not None else None
     result = _assemble(
         base,
         k,
         parsed,
-        repeat,
+        rounds,
         runs,
         created_at=stamp.isoformat(timespec="seconds"),
         quality=quality_rows,
     )
+    if stop:
+        result = replace(result, notes=[*result.notes, stop])
     root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
     path = root / "studies" / f"{stamp.strftime('%Y%m%d-%H%M%S')}-{label}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     result = replace(result, path=str(path))
     write_json_atomic(path, result.to_dict())
     return result
+
+
+def primary_half_width(
+    runs: Sequence[tuple[int, int, str, Mapping[str, Any]]], settings: int
+) -> float | None:
+    """The widest half-width (fraction: 0.1 = ±10%) of the primary metric's interval of any
+    candidate against the first setting, paired by round, from ``(round, setting index, run
+    path, summary)`` rows; ``None`` while some candidate has no interval yet."""
+    from perfscope.analysis.experiment import judge_metric
+    from perfscope.analysis.study import DEFAULT_PRIMARY, METRICS, run_metrics
+
+    better = METRICS[DEFAULT_PRIMARY][0]
+    values: list[dict[int, float | None]] = [{} for _ in range(settings)]
+    for rnd, i, _, summary in runs:
+        values[i][rnd] = run_metrics(summary).get(DEFAULT_PRIMARY)
+    widest: float | None = None
+    for i in range(1, settings):
+        common = sorted(set(values[0]) & set(values[i]))
+        if len(common) < 2:
+            return None
+        ch = judge_metric(
+            [values[0][r] for r in common], [values[i][r] for r in common], better, paired=True
+        )
+        if ch.noise is None:
+            return None
+        widest = ch.noise if widest is None else max(widest, ch.noise)
+    return widest
 
 
 def baseline_fit(run_paths: Sequence[str | Path]) -> tuple[OverheadFit | None, str]:
@@ -663,6 +742,9 @@ def study(
     name: str | None = None,
     log: Callable[[str], None] | None = None,
     quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    precision: float | None = None,
+    max_repeats: int = 20,
+    budget_s: float | None = None,
     **options: Any,
 ) -> Study:
     """Vary one knob with everything else fixed; measure each setting next to what the
@@ -692,6 +774,9 @@ def study(
         quality: called once per setting with its options (``model_preset``, ``dtype``,
             ``model_overrides``, ``engine_options`` ...); what it returns (e.g. top-1
             agreement with the baseline model) is stored as the setting's ``quality``.
+        precision: adaptive rounds (0.1: until every primary-metric interval is within
+            ±10%), at least ``repeat``, at most ``max_repeats`` rounds and ``budget_s`` wall
+            seconds (:func:`study_with`).
         **options: any other keyword of :func:`perfscope.run` (held fixed).
 
     Returns:
@@ -716,7 +801,18 @@ def study(
         engine_options=extra,
         **run_fields,
     )
-    return study_with(base, knob, values, repeat=repeat, name=name, log=log, quality=quality)
+    return study_with(
+        base,
+        knob,
+        values,
+        repeat=repeat,
+        name=name,
+        log=log,
+        quality=quality,
+        precision=precision,
+        max_repeats=max_repeats,
+        budget_s=budget_s,
+    )
 
 
 def load_study(path: str | Path) -> Study:
