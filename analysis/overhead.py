@@ -533,6 +533,7 @@ def fitted_times(
     output_len: int,
     cached_prefix_len: int = 0,
     extra_bytes: float = 0.0,
+    extra_bytes_per_token: float = 0.0,
 ) -> FittedTimes:
     """Time a static batch (one prefill of ``batch`` prompts, then ``output_len - 1`` decode
     steps with a growing cache) by ``fit`` on ``device``: each step is ``roof_scale x``
@@ -541,8 +542,9 @@ def fitted_times(
     per-row and per-token host cost and a shallower model its per-layer one.
 
     ``cached_prefix_len``: prompt tokens per sequence a prefix cache serves (the prefill
-    computes the rest); ``extra_bytes``: bytes per step the roofline does not count
-    (:func:`quantisation_bytes` ...).
+    computes the rest); ``extra_bytes``: bytes per step the roofline does not count, and
+    ``extra_bytes_per_token`` per new token of a step (:func:`quantisation_bytes`: int8-wo
+    per step, int8 per token).
     """
     b = max(int(batch), 1)
     p = max(int(prompt_len), 1)
@@ -556,7 +558,7 @@ def fitted_times(
         np.array([float(b)]),
         np.array([float(b * new_p)]),
         np.array([float(b * cached)]),
-        extra_bytes,
+        extra_bytes + extra_bytes_per_token * b * new_p,
     )
     host_p = float(fit.host_time(layers, b, b * new_p))
     if fit.prefill_scale is not None:
@@ -566,7 +568,7 @@ def fitted_times(
             np.array([float(b)]),
             np.array([float(b)]),
             np.array([float(b * p)]),
-            extra_bytes,
+            extra_bytes + extra_bytes_per_token * b,
         )
         ttft = float(fit.prefill_step_time(roof_p[0], layers, b, b * new_p, base_p[0]))
         host_p = float(fit.host_time(layers, b, b))
@@ -575,7 +577,12 @@ def fitted_times(
     steps = max(out - 1, 1)
     ctx = p + np.arange(steps, dtype=np.float64)
     roof_d = roof_times(
-        model, device, np.full(steps, float(b)), np.full(steps, float(b)), b * ctx, extra_bytes
+        model,
+        device,
+        np.full(steps, float(b)),
+        np.full(steps, float(b)),
+        b * ctx,
+        extra_bytes + extra_bytes_per_token * b,
     )
     host_d = float(fit.host_time(layers, b, b))
     tpot = float(fit.roof_scale * np.mean(roof_d)) + host_d

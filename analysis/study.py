@@ -33,7 +33,12 @@ from perfscope.analysis.calibration import machine_of_summary
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.experiment import MIN_BLOCKS, SetChange, judge_experiment, judge_metric
 from perfscope.analysis.modelspec import ModelSpec
-from perfscope.analysis.overhead import OverheadFit, fitted_times, roof_times
+from perfscope.analysis.overhead import (
+    OverheadFit,
+    fitted_times,
+    quantisation_bytes,
+    roof_times,
+)
 from perfscope.analysis.queueing import Load, simulate
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
@@ -262,9 +267,15 @@ def _times(
     prompt_len: int,
     output_len: int,
     cached: int,
+    quant: str = "none",
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(projected, speed of light) :func:`predict`-shaped dicts of one setting's batch:
-    projected by the fitted cost model when there is one, else by the baseline's derating."""
+    projected by the fitted cost model when there is one, else by the baseline's derating.
+
+    ``quant`` (the reference engine's ``quant`` option): the fitted projection prices the
+    bytes its linears move beyond the weights (:func:`~perfscope.analysis.overhead.
+    quantisation_bytes`: int8's dynamic re-quantisation of every input, per token; int8-wo's
+    dequantised copy of every weight, per step)."""
     shape: Mapping[str, Any] = {
         "batch": batch,
         "prompt_len": prompt_len,
@@ -274,7 +285,11 @@ def _times(
     sol = predict(model, dev, **shape)
     if fit is None:
         return predict_derated(model, dev, derate, **shape), sol
-    ft = fitted_times(fit, model, dev, **shape)
+    per_step = quantisation_bytes(model, quant, 0.0) if quant == "int8-wo" else 0.0
+    per_token = quantisation_bytes(model, quant, 1.0) if quant == "int8" else 0.0
+    ft = fitted_times(
+        fit, model, dev, **shape, extra_bytes=per_step, extra_bytes_per_token=per_token
+    )
     pred = {
         "ttft_s": ft.ttft_s,
         "tpot_s": ft.tpot_s,
@@ -306,6 +321,7 @@ def project_change(
     cached_prefix_len: tuple[int, int] = (0, 0),
     fit: OverheadFit | None = None,
     loads: tuple[Load | None, Load | None] | None = None,
+    quant: tuple[str, str] = ("none", "none"),
 ) -> dict[str, Any] | None:
     """What the what-if model projects for the change from the baseline run's setting to
     the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
@@ -325,8 +341,9 @@ def project_change(
     open-loop load decodes the requests Little's law puts in service. ``output_lens``
     (baseline, candidate) when the settings generate different numbers of tokens (default
     ``output_len`` for both); ``cached_prefix_len`` (per setting) is the prompt tokens per
-    request its prefix cache serves, which the prefill does not compute. ``None`` without a
-    roofline.
+    request its prefix cache serves, which the prefill does not compute; ``quant`` (per
+    setting) the reference engine's weight quantisation, whose extra bytes the fitted
+    projection prices (:func:`_times`). ``None`` without a roofline.
     """
     from perfscope.hwdb.spec import DeviceSpec
 
@@ -343,9 +360,9 @@ def project_change(
     queue: list[Any] = []
     outs = output_lens or (output_len, output_len)
     load_pair = loads or (None, None)
-    for summary, slots, kv, output_len, cached, load in (
-        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0], load_pair[0]),
-        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1], load_pair[1]),
+    for summary, slots, kv, output_len, cached, load, mode in (
+        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0], load_pair[0], quant[0]),
+        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1], load_pair[1], quant[1]),
     ):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
 
@@ -355,6 +372,7 @@ def project_change(
             output_len: int = output_len,
             cached: int = cached,
             kv: bool = kv,
+            mode: str = mode,
         ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
             pred, sol = _times(
                 model,
@@ -365,6 +383,7 @@ def project_change(
                 prompt_len=prompt_len,
                 output_len=output_len,
                 cached=cached,
+                quant=mode,
             )
             if kv:
                 return pred, sol
@@ -901,6 +920,7 @@ def build_study(
                     output_lens=(outs[0], outs[i]),
                     fit=fit,
                     loads=loads,
+                    quant=(values[0], value) if knob == "quant" else ("none", "none"),
                 )
                 if projection is not None and projection.get("speculative"):
                     projection["speculative"]["after_run"] = _after_run_median(

@@ -207,3 +207,30 @@ def test_a_saved_study_names_its_runs_by_id_and_no_temporary_folder() -> None:
         r.run for st in s.settings for r in st.runs
     ]
     assert all("/" not in r.run for st in out.settings for r in st.runs)
+
+
+def test_dynamic_int8_prices_the_re_quantised_inputs_of_every_token() -> None:
+    """int8 weights read a quarter of the fp32 bytes, but dynamic quantisation writes an
+    int8 copy of every linear's fp32 input per token (5 bytes an element): the fitted
+    projection adds those bytes to each step's roofline, per token, so a bandwidth-bound
+    step gains less than the weights alone promise."""
+    from perfscope.analysis.overhead import quantisation_bytes
+
+    slow = dataclasses.replace(CPU, mem_bw_bytes_s=1e9)  # bandwidth-bound, host-free steps
+    fit = dataclasses.replace(HOST, per_layer_s=0.0, per_sequence_s=0.0, per_step_s=0.0)
+    fit = dataclasses.replace(fit, device=slow.key)
+    int8 = dataclasses.replace(TINY, weight_dtype="int8", weight_bytes_per_param=1.0)
+
+    def summary(m: ModelSpec) -> dict[str, Any]:
+        return {**_summary(m), "hardware": {"spec": slow.to_dict()}}
+
+    kw: dict[str, Any] = {"batch": (8, 8), "prompt_len": 16, "output_len": 8, "fit": fit}
+    bare = project_change(summary(TINY), summary(int8), **kw)
+    priced = project_change(summary(TINY), summary(int8), quant=("none", "int8"), **kw)
+    assert bare is not None and priced is not None
+    per_token = quantisation_bytes(int8, "int8", 1.0)
+    plain = fitted_times(fit, int8, slow, batch=8, prompt_len=16, output_len=8)
+    extra = 8 * per_token / slow.mem_bw_bytes_s  # eight rows a decode step
+    assert priced["candidate"]["tpot_s"] == pytest.approx(plain.tpot_s + extra, rel=1e-6)
+    assert priced["ratios"]["tpot_s"] > bare["ratios"]["tpot_s"]
+    assert priced["baseline"] == bare["baseline"]  # fp32 weights: nothing re-quantised
