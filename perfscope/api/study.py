@@ -383,10 +383,12 @@ def study_with(
     """:func:`study` from a :class:`RunArgs` record of the fixed options.
 
     With ``precision`` (0.1: ±10%) the rounds are adaptive, as ``run --repeat --precision``
-    is: at least ``repeat`` (and :data:`~perfscope.analysis.experiment.MIN_BLOCKS`), then
-    one more round until every candidate's primary-metric interval (paired by round) is
-    within ``±precision``, ``max_repeats`` rounds are run, or the next round would end past
-    ``budget_s`` wall seconds (judged from the rounds so far); a note says which.
+    is: at least ``repeat`` (and :data:`~perfscope.analysis.experiment.MIN_BLOCKS` before
+    the target can stop them), then one more round until every candidate's primary-metric
+    interval (paired by round) is within ``±precision``, ``max_repeats`` rounds are run, or
+    a round past ``repeat`` would end beyond ``budget_s`` wall seconds after the first
+    round (which trains or compiles what the others reuse; judged from the rounds so far);
+    a note says which.
     """
     from perfscope.api.run import _whole, execute, plan
     from perfscope.profiler.store import default_runs_root, write_json_atomic
@@ -414,13 +416,18 @@ def study_with(
     # Balanced order: each round is a block (ABBA for two settings, a seeded random
     # permutation per round for more), so position effects cancel in the paired effects.
     order = block_order(len(plans), most, sum(map(ord, label)))
-    started = time.monotonic()
+    started = first_done = time.monotonic()
     stop = ""
     rounds = 0
     for rnd in range(most):
-        if precision is not None and budget_s is not None and rnd:
-            per_round = (time.monotonic() - started) / rnd
-            if time.monotonic() - started + per_round > budget_s:
+        if rnd == 1:
+            first_done = time.monotonic()
+        if precision is not None and budget_s is not None and rnd >= repeat:
+            # The first round (training, compiling what later rounds reuse) is not counted.
+            now = time.monotonic()
+            elapsed = now - first_done
+            per_round = elapsed / (rnd - 1) if rnd > 1 else first_done - started
+            if elapsed + per_round > budget_s:
                 stop = f"stopped by the budget of {budget_s:g} s after {rnd} rounds"
                 break
         rounds = rnd + 1

@@ -106,6 +106,9 @@ STUDIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     ),
     "attention": ("attention", "explicit,sdpa", {"prompt_len": 128}),
     "distill": ("layers", "4,2", {"weights": "trained"}),
+    "layers": ("layers", "4,2", {}),
+    "concurrency": ("concurrency", "1,4", {}),
+    "rate": ("rate", "2,50", {}),
 }
 
 
