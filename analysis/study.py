@@ -476,6 +476,41 @@ _NO_RATIOS = {"ttft_s": None, "tpot_s": None, "throughput_tok_s": None}
 _SCHEDULING_KNOBS = ("prefix-cache", "max-batched-tokens")
 
 
+def free_cores(summaries: Sequence[Mapping[str, Any]]) -> float | None:
+    """CPU cores the other processes left free during these runs: the cores less the median
+    of the others' CPU seconds over each run's window (its ``contention`` section); ``None``
+    when no run measured it."""
+    free = []
+    for summary in summaries:
+        c = summary.get("contention") or {}
+        cores, others, window = c.get("cpu_count"), c.get("others_cpu_s"), c.get("window_s")
+        if cores and others is not None and window:
+            free.append(max(float(cores) - float(others) / float(window), 0.0))
+    return statistics.median(free) if free else None
+
+
+def oversubscribed_threads(
+    baseline_threads: str, threads: str, summaries: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Why a ``threads`` change is not projected, or ``None`` when it is: more intra-op
+    threads than the baseline's and than the whole cores the other load left free during the
+    baseline's runs (:func:`free_cores`). Each parallel op then waits for a thread that has
+    no core (a scheduler time slice, not a FLOP), which the cost model does not price; on
+    this 2-core machine under a load near 10 two threads ran 15-34x slower, not 1x."""
+    try:
+        base, cand = int(baseline_threads), int(threads)
+    except ValueError:
+        return None
+    free = free_cores(summaries)
+    if free is None or cand <= max(base, round(free)):
+        return None
+    return (
+        f"no projection: {cand} threads on {free:.2g} free cores (the other load's share "
+        "during the baseline runs) wait for a core at every parallel op, which the cost "
+        "model does not price"
+    )
+
+
 def _scheduling_projection(
     knob: str,
     baseline: Mapping[str, Any],
@@ -922,6 +957,14 @@ def build_study(
                     loads=loads,
                     quant=(values[0], value) if knob == "quant" else ("none", "none"),
                 )
+                why = (
+                    oversubscribed_threads(values[0], value, summaries[0])
+                    if knob == "threads"
+                    else None
+                )
+                if projection is not None and why is not None:
+                    projection = {**projection, "ratios": dict(_NO_RATIOS), "note": why}
+                    notes.append(f"{knob}={value}: {why}")
                 if projection is not None and projection.get("speculative"):
                     projection["speculative"]["after_run"] = _after_run_median(
                         summaries[0], summaries[i], batches[i], prompt_len, output_len

@@ -234,3 +234,21 @@ def test_dynamic_int8_prices_the_re_quantised_inputs_of_every_token() -> None:
     assert priced["candidate"]["tpot_s"] == pytest.approx(plain.tpot_s + extra, rel=1e-6)
     assert priced["ratios"]["tpot_s"] > bare["ratios"]["tpot_s"]
     assert priced["baseline"] == bare["baseline"]  # fp32 weights: nothing re-quantised
+
+
+def test_more_threads_than_the_other_load_leaves_free_cores_is_not_projected() -> None:
+    """Two intra-op threads on a 2-core machine whose other load used 1.7 cores wait for a
+    core at every parallel op: no projection (it would say 1x; 15-34x slower was measured),
+    while the same change on an idle machine keeps its projection."""
+    from perfscope.analysis.study import free_cores, oversubscribed_threads
+
+    def run(others_cpu_s: float) -> dict[str, Any]:
+        return {"contention": {"cpu_count": 2, "others_cpu_s": others_cpu_s, "window_s": 1.0}}
+
+    loaded = [run(1.6), run(1.7), run(1.8)]
+    assert free_cores(loaded) == pytest.approx(0.3)
+    why = oversubscribed_threads("1", "2", loaded)
+    assert why is not None and "2 threads on 0.3 free cores" in why
+    assert oversubscribed_threads("1", "2", [run(0.1)]) is None  # 1.9 free: projected
+    assert oversubscribed_threads("2", "1", loaded) is None  # fewer threads: projected
+    assert oversubscribed_threads("1", "2", [{}]) is None  # not measured: projected as before
