@@ -432,11 +432,12 @@ def project_change(
         a, c = sols[0].get(key), sols[1].get(key)
         sol_ratios[key] = c / a if a and c is not None else None
     spec = [
-        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len)
+        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
         for s, b in ((baseline, batch[0]), (candidate, batch[1]))
     ]
     if spec[0] is not None or spec[1] is not None:
-        for table, key in ((ratios, "derated"), (sol_ratios, "sol")):
+        projected = "fitted" if used_fit is not None else "derated"
+        for table, key in ((ratios, projected), (sol_ratios, "sol")):
             gain = [1.0 if p is None else p["before_run"][key] for p in spec]
             if gain[0] is None or gain[1] is None:
                 continue
@@ -639,9 +640,17 @@ def speculative_projection(
     batch: int,
     prompt_len: int,
     output_len: int,
+    fit: OverheadFit | None = None,
 ) -> dict[str, Any] | None:
     """Speedup over plain decoding of one setting that decodes speculatively (None if it
     does not): :func:`~perfscope.analysis.whatif.speculative_speedup`, cited there.
+
+    ``before_run["fitted"]`` (with ``fit``, the baseline's fitted cost model): the assumed
+    acceptance, and each pass timed by the fit at the mean context: a draft pass is a
+    decode step of the draft model (its layers pay the per-layer host time), the verify
+    pass a step of ``K + 1`` tokens a row (:meth:`~perfscope.analysis.overhead.
+    OverheadFit.prefill_step_time`), each with the baseline's measured host gap per decode
+    step before it (``cost_ratio_fitted``, ``verify_cost_fitted``).
 
     ``before_run``: with the stated :data:`~perfscope.analysis.whatif.ASSUMED_ACCEPTANCE`
     and the draft/target pass cost ratio ``c`` from the what-if model (``derated``: the
@@ -671,6 +680,8 @@ def speculative_projection(
         c = t_draft / t_target if t_target and t_draft is not None else None
         before[f"cost_ratio_{key}"] = c
         before[key] = None if c is None else speculative_speedup(ASSUMED_ACCEPTANCE, k, c)
+    if fit is not None:
+        before.update(_fitted_speculative(fit, target, draft, dev, baseline, k, **kw))
     after: dict[str, Any] | None = None
     plain = _mean_step_s(baseline, "decode") if not baseline.get("speculative") else None
     draft_s, verify_s = _mean_step_s(summary, "draft_decode"), _mean_step_s(summary, "decode")
@@ -699,6 +710,41 @@ def speculative_projection(
             "speedup_with_host": host,
         }
     return {"k": k, "draft": sp.get("draft"), "before_run": before, "after_run": after}
+
+
+def _fitted_speculative(
+    fit: OverheadFit,
+    target: ModelSpec,
+    draft: ModelSpec,
+    dev: Any,
+    baseline: Mapping[str, Any],
+    k: int,
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+) -> dict[str, Any]:
+    """:func:`speculative_projection`'s fitted-model speedup at the assumed acceptance."""
+    import numpy as np
+
+    b = np.array([float(max(batch, 1))])
+    ctx = b * (prompt_len + output_len / 2.0)
+    roof_t = roof_times(target, dev, b, b, ctx)
+    plain = float(fit.step_time(roof_t, float(target.n_layers), b, b)[0])
+    drafted = float(
+        fit.step_time(roof_times(draft, dev, b, b, ctx), float(draft.n_layers), b, b)[0]
+    )
+    wide = b * (k + 1)
+    roof_v = roof_times(target, dev, b, wide, ctx)
+    verify = float(fit.prefill_step_time(roof_v, float(target.n_layers), b, wide, roof_t)[0])
+    gap = _gap_per_step(baseline, "decode") or 0.0
+    unit = plain + gap
+    c, v = (drafted + gap) / unit, (verify + gap) / unit
+    return {
+        "cost_ratio_fitted": c,
+        "verify_cost_fitted": v,
+        "fitted": speculative_speedup(ASSUMED_ACCEPTANCE, k, c, v),
+    }
 
 
 # --------------------------------------------------------------------------- the record

@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from perfscope.analysis.modelspec import ModelSpec
@@ -21,6 +22,7 @@ from perfscope.analysis.overhead import (
     KERNELS_PER_LAYER,
     OverheadFit,
     fitted_times,
+    roof_times,
 )
 from perfscope.analysis.queueing import Load, simulate
 from perfscope.analysis.study import project_change
@@ -252,3 +254,35 @@ def test_more_threads_than_the_other_load_leaves_free_cores_is_not_projected() -
     assert oversubscribed_threads("1", "2", [run(0.1)]) is None  # 1.9 free: projected
     assert oversubscribed_threads("2", "1", loaded) is None  # fewer threads: projected
     assert oversubscribed_threads("1", "2", [{}]) is None  # not measured: projected as before
+
+
+def test_speculative_passes_are_timed_by_the_fitted_model_of_the_baseline() -> None:
+    """A host-bound engine: a 1-layer draft pass costs its one layer's host time, not the
+    derated roofline's near-1 ratio; the verify pass of K + 1 tokens a row is a decode step
+    plus its prefill work; the projection multiplies the speedup at the assumed acceptance
+    into TPOT and throughput."""
+    from perfscope.analysis.whatif import ASSUMED_ACCEPTANCE, speculative_speedup
+
+    draft = dataclasses.replace(TINY, n_layers=1)
+    fit = dataclasses.replace(HOST, prefill_scale=1.0)
+    cand = {
+        **_summary(TINY),
+        "speculative": {"num_speculative_tokens": 2, "draft_model": draft.to_dict()},
+    }
+    p = project_change(_summary(TINY), cand, batch=(1, 1), prompt_len=16, output_len=8, fit=fit)
+    assert p is not None
+    before = p["speculative"]["before_run"]
+    one, ctx = np.array([1.0]), np.array([16 + 8 / 2])  # one row at the mean context
+    step = {
+        m.n_layers: float(fit.step_time(roof_times(m, CPU, one, one, ctx), m.n_layers, 1, 1)[0])
+        for m in (TINY, draft)
+    }
+    assert before["cost_ratio_fitted"] == pytest.approx(step[1] / step[4])
+    assert before["cost_ratio_fitted"] < 0.4  # the derated roofline's ratio is near 1
+    assert 1.0 < before["verify_cost_fitted"] < 1.5  # a decode step + 3 tokens' work
+    gain = speculative_speedup(
+        ASSUMED_ACCEPTANCE, 2, before["cost_ratio_fitted"], before["verify_cost_fitted"]
+    )
+    assert before["fitted"] == pytest.approx(gain)
+    assert p["ratios"]["tpot_s"] == pytest.approx(1.0 / gain, rel=1e-6)
+    assert p["ratios"]["throughput_tok_s"] == pytest.approx(gain, rel=1e-6)
