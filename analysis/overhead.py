@@ -131,6 +131,7 @@ class StepSamples:
         prefill: which steps are prefill steps (``None``: not told apart; one fit for all).
         base_roof_s: per step, the roofline time of a decode step of its rows (the host
             work a prefill step shares with a decode step; a decode step's own roof), s.
+        act_dtype: the compute dtype the roofline times are at (``""`` unknown or mixed).
     """
 
     time_s: np.ndarray
@@ -142,6 +143,7 @@ class StepSamples:
     platform: str = "cpu"
     prefill: np.ndarray | None = None
     base_roof_s: np.ndarray | None = None
+    act_dtype: str = ""
 
     def __len__(self) -> int:
         return int(self.time_s.shape[0])
@@ -169,6 +171,7 @@ class StepSamples:
             platform=parts[0].platform,
             prefill=cat("prefill") if kinds else None,
             base_roof_s=cat("base_roof_s") if kinds else None,
+            act_dtype=parts[0].act_dtype if len({p.act_dtype for p in parts}) == 1 else "",
         )
 
     def subset(self, keep: np.ndarray) -> StepSamples:
@@ -183,6 +186,7 @@ class StepSamples:
             platform=self.platform,
             prefill=None if self.prefill is None else self.prefill[keep],
             base_roof_s=None if self.base_roof_s is None else self.base_roof_s[keep],
+            act_dtype=self.act_dtype,
         )
 
 
@@ -231,6 +235,7 @@ def samples_from_steps(
         platform="cpu" if device.kind in ("cpu", "soc") else "gpu",
         prefill=prefill,
         base_roof_s=base,
+        act_dtype=model.act_dtype,
     )
 
 
@@ -250,6 +255,9 @@ class OverheadFit:
         prefill_scale: with separate prefill and decode fits, the multiplier on a prefill
             step's roofline time beyond the time of a decode step of its rows
             (:meth:`prefill_step_time`); ``None``: one fit prices both kinds of step.
+        act_dtype: the compute dtype of the fitted steps' roofline (``""`` unknown): a
+            projection at another dtype scales the work at this dtype's ceilings and is no
+            faster than its own dtype's roofline (:func:`fitted_times`).
     """
 
     roof_scale: float
@@ -265,6 +273,7 @@ class OverheadFit:
     platform: str = "cpu"
     notes: list[str] = field(default_factory=list)
     prefill_scale: float | None = None
+    act_dtype: str = ""
 
     def host_time(self, layers: Any, sequences: Any, tokens: Any) -> Any:
         """The host/overhead term of steps of this shape, s."""
@@ -322,6 +331,7 @@ class OverheadFit:
             device=self.device,
             platform=self.platform,
             prefill_scale=self.prefill_scale,
+            act_dtype=self.act_dtype,
             notes=[
                 *self.notes,
                 f"per layer not separable (one model shape): {100 * share:.0f}% of the per-step "
@@ -474,6 +484,7 @@ def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
         residual_rel=rms / mean if mean > 0 else 0.0,
         device=s.device,
         platform=s.platform,
+        act_dtype=s.act_dtype,
     )
 
 
@@ -552,40 +563,41 @@ def fitted_times(
     cached = min(max(int(cached_prefix_len), 0), p - 1)
     layers = float(model.n_layers)
     new_p = p - cached
+    # A dtype other than the fitted one: the fitted multiplier applies to the work at the
+    # fitted dtype's ceilings, and the step is no faster than its own dtype's roofline.
+    other = bool(fit.act_dtype) and fit.act_dtype != model.act_dtype
+    at_fit = replace(model, act_dtype=fit.act_dtype) if other else model
+
+    def work(scale: float, rows: Any, tokens: Any, context: Any, extra: float) -> np.ndarray:
+        r = (np.asarray(rows, dtype=np.float64), np.asarray(tokens, dtype=np.float64))
+        ctx_a = np.asarray(context, dtype=np.float64)
+        scaled = scale * roof_times(at_fit, device, r[0], r[1], ctx_a, extra)
+        if not other:
+            return np.asarray(scaled, dtype=np.float64)
+        return np.maximum(scaled, roof_times(model, device, r[0], r[1], ctx_a, extra))
+
+    one = [float(b)]
+    prefill_extra = extra_bytes + extra_bytes_per_token * b * new_p
+    decode_extra = extra_bytes + extra_bytes_per_token * b
     roof_p = roof_times(
-        model,
-        device,
-        np.array([float(b)]),
-        np.array([float(b * new_p)]),
-        np.array([float(b * cached)]),
-        extra_bytes + extra_bytes_per_token * b * new_p,
+        model, device, np.array(one), np.array([b * new_p]), np.array([b * cached]), prefill_extra
     )
-    host_p = float(fit.host_time(layers, b, b * new_p))
     if fit.prefill_scale is not None:
-        base_p = roof_times(
-            model,
-            device,
-            np.array([float(b)]),
-            np.array([float(b)]),
-            np.array([float(b * p)]),
-            extra_bytes + extra_bytes_per_token * b,
-        )
-        ttft = float(fit.prefill_step_time(roof_p[0], layers, b, b * new_p, base_p[0]))
+        # a decode step of the batch's rows (same ops, same host time) + the prompts' work
         host_p = float(fit.host_time(layers, b, b))
+        base = work(fit.roof_scale, one, one, [float(b * p)], decode_extra)
+        prompts = work(fit.prefill_scale, one, [b * new_p], [b * cached], prefill_extra)
+        ttft = host_p + float(base[0]) + float(prompts[0])
     else:
-        ttft = float(fit.roof_scale * roof_p[0]) + host_p
+        host_p = float(fit.host_time(layers, b, b * new_p))
+        ttft = float(work(fit.roof_scale, one, [b * new_p], [b * cached], prefill_extra)[0])
+        ttft += host_p
     steps = max(out - 1, 1)
     ctx = p + np.arange(steps, dtype=np.float64)
-    roof_d = roof_times(
-        model,
-        device,
-        np.full(steps, float(b)),
-        np.full(steps, float(b)),
-        b * ctx,
-        extra_bytes + extra_bytes_per_token * b,
-    )
+    rows = np.full(steps, float(b))
+    roof_d = roof_times(model, device, rows, rows, b * ctx, decode_extra)
     host_d = float(fit.host_time(layers, b, b))
-    tpot = float(fit.roof_scale * np.mean(roof_d)) + host_d
+    tpot = float(np.mean(work(fit.roof_scale, rows, rows, b * ctx, decode_extra))) + host_d
     e2e = ttft + (out - 1) * tpot
     return FittedTimes(
         ttft_s=ttft,

@@ -278,3 +278,25 @@ def test_prefill_steps_fitted_apart_price_an_eight_prompt_prefill_by_its_work() 
     )
     assert fitted_times(apart, TINY, CPU, **shape).ttft_s == pytest.approx(want, rel=1e-6)
     assert abs(fitted_times(one, TINY, CPU, **shape).ttft_s / want - 1) > 0.05
+
+
+def test_a_dtype_the_fit_never_saw_is_no_faster_than_its_own_roofline() -> None:
+    """A fit made on fp32 steps (its multiplier: overhead over the fp32 ceilings) projecting
+    bf16 on a CPU whose bf16 matmuls run at a tenth of fp32: the work is at least bf16's
+    roofline, not the fp32 work scaled (which would make bf16 look as fast as fp32)."""
+    from perfscope.analysis.overhead import fitted_times
+
+    slow16 = dataclasses.replace(CPU, peak_flops={"fp32": 1e11, "bf16": 1e10})
+    fit = dataclasses.replace(
+        OverheadFit(2.0, 0.0, 0.0, 0.0, 1e-3, device=slow16.key), act_dtype="fp32"
+    )
+    bf16 = dataclasses.replace(TINY, act_dtype="bf16")
+    shape = {"batch": 8, "prompt_len": 256, "output_len": 2}
+    ft = fitted_times(fit, bf16, slow16, **shape)
+    rows = np.array([8.0])
+    own = roof_times(bf16, slow16, rows, rows * 256, np.array([0.0]))[0]
+    at_fp32 = roof_times(TINY, slow16, rows, rows * 256, np.array([0.0]))[0]
+    assert own > 2.0 * at_fp32  # compute-bound prefill: bf16's ceiling binds
+    assert ft.ttft_s == pytest.approx(own + 1e-3, rel=1e-6)
+    same = fitted_times(dataclasses.replace(fit, act_dtype="bf16"), bf16, slow16, **shape)
+    assert same.ttft_s == pytest.approx(2.0 * own + 1e-3, rel=1e-6)  # fitted at bf16: scaled
