@@ -286,3 +286,19 @@ def test_speculative_passes_are_timed_by_the_fitted_model_of_the_baseline() -> N
     assert before["fitted"] == pytest.approx(gain)
     assert p["ratios"]["tpot_s"] == pytest.approx(1.0 / gain, rel=1e-6)
     assert p["ratios"]["throughput_tok_s"] == pytest.approx(gain, rel=1e-6)
+
+
+def test_a_kv_budget_caps_the_projected_batch_by_what_it_holds_paged_or_not() -> None:
+    """A 1 MB KV budget for the tiny model at max_seq_len 512 holds one contiguous sequence
+    but 61 blocks of 16 tokens: twelve sequences of 80 tokens paged. The study projects
+    each setting at that many sequences, not at the batch size both ask for."""
+    from perfscope.api.run import RunArgs
+    from perfscope.api.study import _batch, kv_capacity
+
+    opts = {"kv_budget_mb": 1.0, "kv_block_tokens": 16, "max_seq_len": 512}
+    off = RunArgs(model_preset="tiny", batch_size=32, engine_options={**opts, "kv_paged": "off"})
+    on = dataclasses.replace(off, engine_options={**opts, "kv_paged": "on"})
+    assert kv_capacity(off, 80) == 1
+    assert kv_capacity(on, 80) == 61 // 5 == 12
+    assert (_batch(off, 24, 80), _batch(on, 24, 80)) == (1, 12)
+    assert _batch(dataclasses.replace(off, engine_options={}), 24, 80) == 24  # no budget

@@ -359,12 +359,41 @@ def _length(value: int | str) -> int:
         raise UsageError(f"cannot read a token count from {value!r}") from None
 
 
-def _batch(a: RunArgs, requests: int) -> int:
-    """Sequences decoded together as the projection assumes (before the run)."""
+def _batch(a: RunArgs, requests: int, seq_tokens: int | None = None) -> int:
+    """Sequences decoded together as the projection assumes (before the run): the batch,
+    capped by the load's users and by what a reference engine's KV budget holds
+    (:func:`kv_capacity`, for sequences of ``seq_tokens``)."""
     b = min(a.batch_size, requests)
     if a.concurrency is not None:
         b = min(b, a.concurrency)
+    if seq_tokens is not None and (cap := kv_capacity(a, seq_tokens)) is not None:
+        b = min(b, cap)
     return max(b, 1)
+
+
+def kv_capacity(a: RunArgs, seq_tokens: int) -> int | None:
+    """Sequences of ``seq_tokens`` (prompt + output) a reference engine's KV budget
+    (``kv_budget_mb``) holds, by the engine's own plan
+    (:func:`~perfscope.profiler.engines.reference.paged.plan_paged`): contiguous slots of
+    ``max_seq_len`` each, or with ``kv_paged=on`` its blocks over the blocks one sequence
+    fills; ``None`` without a budget (the batch is the cap)."""
+    opts = dict(a.engine_options or {})
+    if a.engine != "reference" or "kv_budget_mb" not in opts:
+        return None
+    from perfscope.profiler.engines.reference.model import PRESETS
+    from perfscope.profiler.engines.reference.paged import DEFAULT_BLOCK_TOKENS, plan_paged
+
+    preset = PRESETS.get(a.model_preset or "small")
+    if preset is None:
+        return None
+    cfg = preset.with_overrides(**dict(a.model_overrides or {}))
+    block = int(opts.get("kv_block_tokens") or DEFAULT_BLOCK_TOKENS)
+    plan = plan_paged(
+        cfg, int(float(opts["kv_budget_mb"]) * 1e6), int(opts.get("max_seq_len") or 2048), block
+    )
+    if str(opts.get("kv_paged", "off")) == "on":
+        return int(plan.n_blocks // max(-(-seq_tokens // block), 1))
+    return int(plan.contiguous_slots)
 
 
 def study_with(
@@ -586,7 +615,7 @@ def _assemble(
         [t for t, _ in parsed],
         repeat,
         runs,
-        batches=[_batch(s, requests) for s in settings],
+        batches=[_batch(s, requests, prompt_len + output_len) for s in settings],
         prompt_len=prompt_len,
         output_len=output_len,
         output_lens=output_lens,
