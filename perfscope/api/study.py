@@ -690,16 +690,20 @@ def reproject_study(
                 "pass the runs folder the study ran in"
             ) from None
         runs.append((p.round, p.setting, str(path), summary))
-    return _assemble(
+    result = _assemble(
         base,
         k,
         parsed,
         s.repeat,
         runs,
         created_at=s.created_at,
+        quality=[st.quality for st in s.settings] if any(st.quality for st in s.settings) else None,
         fitted=fitted,
         queueing=queueing,
     )
+    # what the runs were, not what they project: how the rounds stopped stays
+    kept = [n for n in s.notes if n.startswith("adaptive rounds")]
+    return replace(result, notes=[*result.notes, *kept])
 
 
 def _check_engine(a: RunArgs) -> None:
