@@ -78,6 +78,9 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "concurrency": ("more concurrent users", ()),
     "rate": ("a higher request rate", ()),
     "kv-cache": ("the KV cache", ()),
+    "kv-paged": ("a paged KV cache", ()),
+    "prune-heads": ("attention-head pruning", ()),
+    "distillation": ("a distilled (smaller, trained) model", ()),
 }
 
 #: Advisor gain metric → the study metric that measures it.
@@ -93,9 +96,17 @@ METRIC_FOR_GAIN = {
 _CALIBRATED = {"ttft_p50_s": False, "tpot_p50_s": False, "output_tok_s": True}
 
 
-def technique_of_change(knob: str, value: str) -> str:
-    """The calibration technique a study's change is (``quant`` to ``int8-wo``: int8 weights)."""
+def technique_of_change(
+    knob: str, value: str, engine_options: Mapping[str, Any] | None = None
+) -> str:
+    """The calibration technique a study's change is (``quant`` to ``int8-wo``: int8 weights).
+
+    ``engine_options``: the study's fixed engine options (its ``args``); ``layers`` with
+    ``weights=trained`` trains each depth on the corpus (a distilled student, ``distill.py``)
+    instead of cutting a trained model's layers (pruning)."""
     v = value.lower()
+    if knob == "layers" and str((engine_options or {}).get("weights", "")) == "trained":
+        return "distillation"
     if knob == "batch-size":
         return "batching"
     if knob == "quant":
@@ -110,6 +121,8 @@ def technique_of_change(knob: str, value: str) -> str:
         return "parallel-decoding"
     if knob == "max-batched-tokens":
         return "chunked-prefill"
+    if knob in ("heads", "hidden-size", "intermediate-size"):
+        return "model-preset"  # a smaller model by one of its shape's numbers
     return knob
 
 
@@ -436,7 +449,7 @@ def build_calibration(
                 proj = None if e.projected_ratio is None else _sig(float(e.projected_ratio))
                 measured = _sig(ratio)
                 entry = CalibrationEntry(
-                    technique=technique_of_change(st.knob, s.value),
+                    technique=technique_of_change(st.knob, s.value, st.args.get("engine_options")),
                     machine=machine,
                     metric=e.metric,
                     knob=st.knob,

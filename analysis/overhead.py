@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -128,6 +128,10 @@ class StepSamples:
         tokens: new tokens in each step.
         device: key of the device the roofline time is against.
         platform: ``cpu`` or ``gpu`` (where the host terms belong).
+        prefill: which steps are prefill steps (``None``: not told apart; one fit for all).
+        base_roof_s: per step, the roofline time of a decode step of its rows (the host
+            work a prefill step shares with a decode step; a decode step's own roof), s.
+        act_dtype: the compute dtype the roofline times are at (``""`` unknown or mixed).
     """
 
     time_s: np.ndarray
@@ -137,6 +141,9 @@ class StepSamples:
     tokens: np.ndarray
     device: str = ""
     platform: str = "cpu"
+    prefill: np.ndarray | None = None
+    base_roof_s: np.ndarray | None = None
+    act_dtype: str = ""
 
     def __len__(self) -> int:
         return int(self.time_s.shape[0])
@@ -153,6 +160,7 @@ class StepSamples:
         def cat(name: str) -> np.ndarray:
             return np.concatenate([getattr(p, name) for p in parts])
 
+        kinds = all(p.prefill is not None and p.base_roof_s is not None for p in parts)
         return StepSamples(
             time_s=cat("time_s"),
             roof_s=cat("roof_s"),
@@ -161,6 +169,24 @@ class StepSamples:
             tokens=cat("tokens"),
             device=parts[0].device,
             platform=parts[0].platform,
+            prefill=cat("prefill") if kinds else None,
+            base_roof_s=cat("base_roof_s") if kinds else None,
+            act_dtype=parts[0].act_dtype if len({p.act_dtype for p in parts}) == 1 else "",
+        )
+
+    def subset(self, keep: np.ndarray) -> StepSamples:
+        """The samples where ``keep`` (a boolean mask) is true."""
+        return StepSamples(
+            time_s=self.time_s[keep],
+            roof_s=self.roof_s[keep],
+            layers=self.layers[keep],
+            sequences=self.sequences[keep],
+            tokens=self.tokens[keep],
+            device=self.device,
+            platform=self.platform,
+            prefill=None if self.prefill is None else self.prefill[keep],
+            base_roof_s=None if self.base_roof_s is None else self.base_roof_s[keep],
+            act_dtype=self.act_dtype,
         )
 
 
@@ -186,20 +212,30 @@ def samples_from_steps(
     steps: pd.DataFrame, model: ModelSpec, device: DeviceSpec, extra_bytes: float = 0.0
 ) -> StepSamples:
     """The samples of one run's step table (``t_start``, ``t_end`` in ns, ``batch_size``,
-    ``new_tokens``, ``context_tokens``); steps of zero or negative length are dropped."""
+    ``new_tokens``, ``context_tokens``, optional ``kind``); steps of zero or negative length
+    are dropped. With ``kind``, prefill steps are marked and each carries the roofline time
+    of a decode step of its rows at its context (:attr:`StepSamples.base_roof_s`)."""
     dur = (steps["t_end"].to_numpy(np.float64) - steps["t_start"].to_numpy(np.float64)) / 1e9
     keep = dur > 0
     b = steps["batch_size"].to_numpy(np.float64)[keep]
     n = steps["new_tokens"].to_numpy(np.float64)[keep]
     c = steps["context_tokens"].to_numpy(np.float64)[keep]
+    roof = roof_times(model, device, b, n, c, extra_bytes)
+    prefill = base = None
+    if "kind" in steps.columns:
+        prefill = (steps["kind"].to_numpy() == "prefill")[keep]
+        base = np.where(prefill, roof_times(model, device, b, b, c + n, extra_bytes), roof)
     return StepSamples(
         time_s=dur[keep],
-        roof_s=roof_times(model, device, b, n, c, extra_bytes),
+        roof_s=roof,
         layers=np.full(b.shape, float(model.n_layers)),
         sequences=b,
         tokens=n,
         device=device.key,
         platform="cpu" if device.kind in ("cpu", "soc") else "gpu",
+        prefill=prefill,
+        base_roof_s=base,
+        act_dtype=model.act_dtype,
     )
 
 
@@ -216,6 +252,12 @@ class OverheadFit:
         residual_rel: that over the mean step time (0.1: steps scatter 10% around the fit).
         device: device key the roofline term is against.
         platform: ``cpu`` or ``gpu``.
+        prefill_scale: with separate prefill and decode fits, the multiplier on a prefill
+            step's roofline time beyond the time of a decode step of its rows
+            (:meth:`prefill_step_time`); ``None``: one fit prices both kinds of step.
+        act_dtype: the compute dtype of the fitted steps' roofline (``""`` unknown): a
+            projection at another dtype scales the work at this dtype's ceilings and is no
+            faster than its own dtype's roofline (:func:`fitted_times`).
     """
 
     roof_scale: float
@@ -230,8 +272,10 @@ class OverheadFit:
     device: str = ""
     platform: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    prefill_scale: float | None = None
+    act_dtype: str = ""
 
-    def host_time(self, layers: float, sequences: Any, tokens: Any) -> Any:
+    def host_time(self, layers: Any, sequences: Any, tokens: Any) -> Any:
         """The host/overhead term of steps of this shape, s."""
         return (
             self.per_layer_s * layers
@@ -240,11 +284,23 @@ class OverheadFit:
             + self.per_step_s
         )
 
-    def step_time(self, roof_s: Any, layers: float, sequences: Any, tokens: Any) -> Any:
+    def step_time(self, roof_s: Any, layers: Any, sequences: Any, tokens: Any) -> Any:
         """Predicted step time from its roofline time and shape, s."""
         return self.roof_scale * np.asarray(roof_s, dtype=np.float64) + self.host_time(
             layers, sequences, tokens
         )
+
+    def prefill_step_time(
+        self, roof_s: Any, layers: Any, sequences: Any, tokens: Any, base_roof_s: Any
+    ) -> Any:
+        """Predicted prefill step time, s: with separate fits, the time of a decode step of
+        the same rows (``base_roof_s``: its roofline time; the same ops dispatched, so the
+        same host time) plus ``prefill_scale x`` the prefill's roofline time ``roof_s``;
+        otherwise :meth:`step_time` of the step."""
+        if self.prefill_scale is None:
+            return self.step_time(roof_s, layers, sequences, tokens)
+        base = self.step_time(base_roof_s, layers, sequences, sequences)
+        return base + self.prefill_scale * np.asarray(roof_s, dtype=np.float64)
 
     def split_layers(self, layers: int) -> OverheadFit:
         """The fit with a folded per-layer term split out of ``per_step_s``, for models of
@@ -274,6 +330,8 @@ class OverheadFit:
             residual_rel=self.residual_rel,
             device=self.device,
             platform=self.platform,
+            prefill_scale=self.prefill_scale,
+            act_dtype=self.act_dtype,
             notes=[
                 *self.notes,
                 f"per layer not separable (one model shape): {100 * share:.0f}% of the per-step "
@@ -351,11 +409,25 @@ class OverheadFit:
         )
         if self.folded:
             text += f"; folded into per step: {', '.join(self.folded)}"
+        if self.prefill_scale is not None:
+            text += (
+                f"; prefill steps fitted apart: a decode step of their rows + "
+                f"{self.prefill_scale:.3g} x their roofline"
+            )
         return text
 
 
 def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
     """Fit :class:`OverheadFit` to steps (one run's, or several runs' on one device).
+
+    When the samples tell prefill steps apart (:attr:`StepSamples.prefill`) and hold at
+    least two other steps, the terms are fitted to the decode (non-prefill) steps alone and
+    the prefill steps get their own roofline multiplier (``prefill_scale``, least squares,
+    non-negative): a prefill step is a decode step of its rows (same ops dispatched: the
+    same host time) plus ``prefill_scale x`` its roofline time. One fit of both kinds, by
+    contrast, prices a prompt's tokens at the decode steps' roofline multiplier, which on
+    an overhead-bound engine is host time that varies with the context, not the prefill's
+    work: an 8-prompt prefill was projected at 2-3x its measured time.
 
     Raises:
         ValueError: fewer than two steps, or runs on different devices.
@@ -363,6 +435,10 @@ def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
     s = StepSamples.concat(list(samples)) if not isinstance(samples, StepSamples) else samples
     if len(s) < 2:
         raise ValueError(f"need at least two steps to fit, got {len(s)}")
+    if s.prefill is not None and s.base_roof_s is not None and s.prefill.any():
+        decode = s.subset(~s.prefill)
+        if len(decode) >= 2:
+            return _fit_prefill_apart(s, fit_overhead(replace(decode, prefill=None)))
     cols = {
         "roof_scale": s.roof_s,
         "per_layer_s": s.layers,
@@ -408,7 +484,30 @@ def fit_overhead(samples: StepSamples | Sequence[StepSamples]) -> OverheadFit:
         residual_rel=rms / mean if mean > 0 else 0.0,
         device=s.device,
         platform=s.platform,
+        act_dtype=s.act_dtype,
     )
+
+
+def _fit_prefill_apart(s: StepSamples, decode: OverheadFit) -> OverheadFit:
+    """``decode`` (fitted to the decode steps of ``s``) with the prefill steps' roofline
+    multiplier fitted to what they took beyond a decode step of their rows; the residual
+    over all of ``s``."""
+    assert s.prefill is not None and s.base_roof_s is not None
+    p = s.subset(s.prefill)
+    assert p.base_roof_s is not None
+    base = decode.step_time(p.base_roof_s, p.layers, p.sequences, p.sequences)
+    rest = p.time_s - base
+    denom = float(np.sum(p.roof_s**2))
+    scale = max(float(np.sum(p.roof_s * rest)) / denom, 0.0) if denom > 0 else 0.0
+    fit = replace(decode, prefill_scale=scale, samples=len(s))
+    pred = np.where(
+        s.prefill,
+        fit.prefill_step_time(s.roof_s, s.layers, s.sequences, s.tokens, s.base_roof_s),
+        fit.step_time(s.roof_s, s.layers, s.sequences, s.tokens),
+    )
+    rms = float(np.sqrt(np.mean((s.time_s - pred) ** 2)))
+    mean = float(np.mean(s.time_s))
+    return replace(fit, residual_rms_s=rms, residual_rel=rms / mean if mean > 0 else 0.0)
 
 
 @dataclass(frozen=True)
@@ -445,6 +544,7 @@ def fitted_times(
     output_len: int,
     cached_prefix_len: int = 0,
     extra_bytes: float = 0.0,
+    extra_bytes_per_token: float = 0.0,
 ) -> FittedTimes:
     """Time a static batch (one prefill of ``batch`` prompts, then ``output_len - 1`` decode
     steps with a growing cache) by ``fit`` on ``device``: each step is ``roof_scale x``
@@ -453,8 +553,9 @@ def fitted_times(
     per-row and per-token host cost and a shallower model its per-layer one.
 
     ``cached_prefix_len``: prompt tokens per sequence a prefix cache serves (the prefill
-    computes the rest); ``extra_bytes``: bytes per step the roofline does not count
-    (:func:`quantisation_bytes` ...).
+    computes the rest); ``extra_bytes``: bytes per step the roofline does not count, and
+    ``extra_bytes_per_token`` per new token of a step (:func:`quantisation_bytes`: int8-wo
+    per step, int8 per token).
     """
     b = max(int(batch), 1)
     p = max(int(prompt_len), 1)
@@ -462,23 +563,41 @@ def fitted_times(
     cached = min(max(int(cached_prefix_len), 0), p - 1)
     layers = float(model.n_layers)
     new_p = p - cached
+    # A dtype other than the fitted one: the fitted multiplier applies to the work at the
+    # fitted dtype's ceilings, and the step is no faster than its own dtype's roofline.
+    other = bool(fit.act_dtype) and fit.act_dtype != model.act_dtype
+    at_fit = replace(model, act_dtype=fit.act_dtype) if other else model
+
+    def work(scale: float, rows: Any, tokens: Any, context: Any, extra: float) -> np.ndarray:
+        r = (np.asarray(rows, dtype=np.float64), np.asarray(tokens, dtype=np.float64))
+        ctx_a = np.asarray(context, dtype=np.float64)
+        scaled = scale * roof_times(at_fit, device, r[0], r[1], ctx_a, extra)
+        if not other:
+            return np.asarray(scaled, dtype=np.float64)
+        return np.maximum(scaled, roof_times(model, device, r[0], r[1], ctx_a, extra))
+
+    one = [float(b)]
+    prefill_extra = extra_bytes + extra_bytes_per_token * b * new_p
+    decode_extra = extra_bytes + extra_bytes_per_token * b
     roof_p = roof_times(
-        model,
-        device,
-        np.array([float(b)]),
-        np.array([float(b * new_p)]),
-        np.array([float(b * cached)]),
-        extra_bytes,
+        model, device, np.array(one), np.array([b * new_p]), np.array([b * cached]), prefill_extra
     )
-    host_p = float(fit.host_time(layers, b, b * new_p))
-    ttft = float(fit.roof_scale * roof_p[0]) + host_p
+    if fit.prefill_scale is not None:
+        # a decode step of the batch's rows (same ops, same host time) + the prompts' work
+        host_p = float(fit.host_time(layers, b, b))
+        base = work(fit.roof_scale, one, one, [float(b * p)], decode_extra)
+        prompts = work(fit.prefill_scale, one, [b * new_p], [b * cached], prefill_extra)
+        ttft = host_p + float(base[0]) + float(prompts[0])
+    else:
+        host_p = float(fit.host_time(layers, b, b * new_p))
+        ttft = float(work(fit.roof_scale, one, [b * new_p], [b * cached], prefill_extra)[0])
+        ttft += host_p
     steps = max(out - 1, 1)
     ctx = p + np.arange(steps, dtype=np.float64)
-    roof_d = roof_times(
-        model, device, np.full(steps, float(b)), np.full(steps, float(b)), b * ctx, extra_bytes
-    )
+    rows = np.full(steps, float(b))
+    roof_d = roof_times(model, device, rows, rows, b * ctx, decode_extra)
     host_d = float(fit.host_time(layers, b, b))
-    tpot = float(fit.roof_scale * np.mean(roof_d)) + host_d
+    tpot = float(np.mean(work(fit.roof_scale, rows, rows, b * ctx, decode_extra))) + host_d
     e2e = ttft + (out - 1) * tpot
     return FittedTimes(
         ttft_s=ttft,

@@ -33,7 +33,12 @@ from perfscope.analysis.calibration import machine_of_summary
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
 from perfscope.analysis.experiment import MIN_BLOCKS, SetChange, judge_experiment, judge_metric
 from perfscope.analysis.modelspec import ModelSpec
-from perfscope.analysis.overhead import OverheadFit, fitted_times, roof_times
+from perfscope.analysis.overhead import (
+    OverheadFit,
+    fitted_times,
+    quantisation_bytes,
+    roof_times,
+)
 from perfscope.analysis.queueing import Load, simulate
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
@@ -227,8 +232,9 @@ def _recompute_tpot(
         ctx = prompt_len + np.arange(steps, dtype=np.float64) + 1
         b = np.full(steps, float(batch))
         roof = roof_times(model, dev, b, b * ctx, np.zeros(steps))
-        host = fit.host_time(float(model.n_layers), b, b * ctx)
-        return float(np.mean(fit.roof_scale * roof + host))
+        base = roof_times(model, dev, b, b, b * ctx)
+        t = fit.prefill_step_time(roof, float(model.n_layers), b, b * ctx, base)
+        return float(np.mean(t))
     peak = dev.peak_flops_for(model.act_dtype) or 0.0
     bw = dev.mem_bw_bytes_s
     derate = run_derating(summary.get("roofline") or {}) if derated else {}
@@ -261,9 +267,15 @@ def _times(
     prompt_len: int,
     output_len: int,
     cached: int,
+    quant: str = "none",
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(projected, speed of light) :func:`predict`-shaped dicts of one setting's batch:
-    projected by the fitted cost model when there is one, else by the baseline's derating."""
+    projected by the fitted cost model when there is one, else by the baseline's derating.
+
+    ``quant`` (the reference engine's ``quant`` option): the fitted projection prices the
+    bytes its linears move beyond the weights (:func:`~perfscope.analysis.overhead.
+    quantisation_bytes`: int8's dynamic re-quantisation of every input, per token; int8-wo's
+    dequantised copy of every weight, per step)."""
     shape: Mapping[str, Any] = {
         "batch": batch,
         "prompt_len": prompt_len,
@@ -273,7 +285,11 @@ def _times(
     sol = predict(model, dev, **shape)
     if fit is None:
         return predict_derated(model, dev, derate, **shape), sol
-    ft = fitted_times(fit, model, dev, **shape)
+    per_step = quantisation_bytes(model, quant, 0.0) if quant == "int8-wo" else 0.0
+    per_token = quantisation_bytes(model, quant, 1.0) if quant == "int8" else 0.0
+    ft = fitted_times(
+        fit, model, dev, **shape, extra_bytes=per_step, extra_bytes_per_token=per_token
+    )
     pred = {
         "ttft_s": ft.ttft_s,
         "tpot_s": ft.tpot_s,
@@ -305,6 +321,7 @@ def project_change(
     cached_prefix_len: tuple[int, int] = (0, 0),
     fit: OverheadFit | None = None,
     loads: tuple[Load | None, Load | None] | None = None,
+    quant: tuple[str, str] = ("none", "none"),
 ) -> dict[str, Any] | None:
     """What the what-if model projects for the change from the baseline run's setting to
     the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
@@ -324,8 +341,9 @@ def project_change(
     open-loop load decodes the requests Little's law puts in service. ``output_lens``
     (baseline, candidate) when the settings generate different numbers of tokens (default
     ``output_len`` for both); ``cached_prefix_len`` (per setting) is the prompt tokens per
-    request its prefix cache serves, which the prefill does not compute. ``None`` without a
-    roofline.
+    request its prefix cache serves, which the prefill does not compute; ``quant`` (per
+    setting) the reference engine's weight quantisation, whose extra bytes the fitted
+    projection prices (:func:`_times`). ``None`` without a roofline.
     """
     from perfscope.hwdb.spec import DeviceSpec
 
@@ -342,9 +360,9 @@ def project_change(
     queue: list[Any] = []
     outs = output_lens or (output_len, output_len)
     load_pair = loads or (None, None)
-    for summary, slots, kv, output_len, cached, load in (
-        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0], load_pair[0]),
-        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1], load_pair[1]),
+    for summary, slots, kv, output_len, cached, load, mode in (
+        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0], load_pair[0], quant[0]),
+        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1], load_pair[1], quant[1]),
     ):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
 
@@ -354,6 +372,7 @@ def project_change(
             output_len: int = output_len,
             cached: int = cached,
             kv: bool = kv,
+            mode: str = mode,
         ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
             pred, sol = _times(
                 model,
@@ -364,6 +383,7 @@ def project_change(
                 prompt_len=prompt_len,
                 output_len=output_len,
                 cached=cached,
+                quant=mode,
             )
             if kv:
                 return pred, sol
@@ -412,11 +432,12 @@ def project_change(
         a, c = sols[0].get(key), sols[1].get(key)
         sol_ratios[key] = c / a if a and c is not None else None
     spec = [
-        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len)
+        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
         for s, b in ((baseline, batch[0]), (candidate, batch[1]))
     ]
     if spec[0] is not None or spec[1] is not None:
-        for table, key in ((ratios, "derated"), (sol_ratios, "sol")):
+        projected = "fitted" if used_fit is not None else "derated"
+        for table, key in ((ratios, projected), (sol_ratios, "sol")):
             gain = [1.0 if p is None else p["before_run"][key] for p in spec]
             if gain[0] is None or gain[1] is None:
                 continue
@@ -454,6 +475,41 @@ def project_change(
 _NO_RATIOS = {"ttft_s": None, "tpot_s": None, "throughput_tok_s": None}
 #: Knobs whose projection is not a plain change of model, dtype or batch.
 _SCHEDULING_KNOBS = ("prefix-cache", "max-batched-tokens")
+
+
+def free_cores(summaries: Sequence[Mapping[str, Any]]) -> float | None:
+    """CPU cores the other processes left free during these runs: the cores less the median
+    of the others' CPU seconds over each run's window (its ``contention`` section); ``None``
+    when no run measured it."""
+    free = []
+    for summary in summaries:
+        c = summary.get("contention") or {}
+        cores, others, window = c.get("cpu_count"), c.get("others_cpu_s"), c.get("window_s")
+        if cores and others is not None and window:
+            free.append(max(float(cores) - float(others) / float(window), 0.0))
+    return statistics.median(free) if free else None
+
+
+def oversubscribed_threads(
+    baseline_threads: str, threads: str, summaries: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Why a ``threads`` change is not projected, or ``None`` when it is: more intra-op
+    threads than the baseline's and than the whole cores the other load left free during the
+    baseline's runs (:func:`free_cores`). Each parallel op then waits for a thread that has
+    no core (a scheduler time slice, not a FLOP), which the cost model does not price; on
+    this 2-core machine under a load near 10 two threads ran 15-34x slower, not 1x."""
+    try:
+        base, cand = int(baseline_threads), int(threads)
+    except ValueError:
+        return None
+    free = free_cores(summaries)
+    if free is None or cand <= max(base, round(free)):
+        return None
+    return (
+        f"no projection: {cand} threads on {free:.2g} free cores (the other load's share "
+        "during the baseline runs) wait for a core at every parallel op, which the cost "
+        "model does not price"
+    )
 
 
 def _scheduling_projection(
@@ -584,9 +640,17 @@ def speculative_projection(
     batch: int,
     prompt_len: int,
     output_len: int,
+    fit: OverheadFit | None = None,
 ) -> dict[str, Any] | None:
     """Speedup over plain decoding of one setting that decodes speculatively (None if it
     does not): :func:`~perfscope.analysis.whatif.speculative_speedup`, cited there.
+
+    ``before_run["fitted"]`` (with ``fit``, the baseline's fitted cost model): the assumed
+    acceptance, and each pass timed by the fit at the mean context: a draft pass is a
+    decode step of the draft model (its layers pay the per-layer host time), the verify
+    pass a step of ``K + 1`` tokens a row (:meth:`~perfscope.analysis.overhead.
+    OverheadFit.prefill_step_time`), each with the baseline's measured host gap per decode
+    step before it (``cost_ratio_fitted``, ``verify_cost_fitted``).
 
     ``before_run``: with the stated :data:`~perfscope.analysis.whatif.ASSUMED_ACCEPTANCE`
     and the draft/target pass cost ratio ``c`` from the what-if model (``derated``: the
@@ -619,6 +683,8 @@ def speculative_projection(
         c = t_draft / t_target if t_target and t_draft is not None else None
         before[f"cost_ratio_{key}"] = c
         before[key] = None if c is None else speculative_speedup(ASSUMED_ACCEPTANCE, k, c)
+    if fit is not None:
+        before.update(_fitted_speculative(fit, target, draft, dev, baseline, k, **kw))
     after: dict[str, Any] | None = None
     plain = _mean_step_s(baseline, "decode") if not baseline.get("speculative") else None
     draft_s, verify_s = _mean_step_s(summary, "draft_decode"), _mean_step_s(summary, "decode")
@@ -661,6 +727,41 @@ def speculative_projection(
         "draft": sp.get("draft"),
         "before_run": before,
         "after_run": after,
+    }
+
+
+def _fitted_speculative(
+    fit: OverheadFit,
+    target: ModelSpec,
+    draft: ModelSpec,
+    dev: Any,
+    baseline: Mapping[str, Any],
+    k: int,
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+) -> dict[str, Any]:
+    """:func:`speculative_projection`'s fitted-model speedup at the assumed acceptance."""
+    import numpy as np
+
+    b = np.array([float(max(batch, 1))])
+    ctx = b * (prompt_len + output_len / 2.0)
+    roof_t = roof_times(target, dev, b, b, ctx)
+    plain = float(fit.step_time(roof_t, float(target.n_layers), b, b)[0])
+    drafted = float(
+        fit.step_time(roof_times(draft, dev, b, b, ctx), float(draft.n_layers), b, b)[0]
+    )
+    wide = b * (k + 1)
+    roof_v = roof_times(target, dev, b, wide, ctx)
+    verify = float(fit.prefill_step_time(roof_v, float(target.n_layers), b, wide, roof_t)[0])
+    gap = _gap_per_step(baseline, "decode") or 0.0
+    unit = plain + gap
+    c, v = (drafted + gap) / unit, (verify + gap) / unit
+    return {
+        "cost_ratio_fitted": c,
+        "verify_cost_fitted": v,
+        "fitted": speculative_speedup(ASSUMED_ACCEPTANCE, k, c, v),
     }
 
 
@@ -918,7 +1019,16 @@ def build_study(
                     output_lens=(outs[0], outs[i]),
                     fit=fit,
                     loads=loads,
+                    quant=(values[0], value) if knob == "quant" else ("none", "none"),
                 )
+                why = (
+                    oversubscribed_threads(values[0], value, summaries[0])
+                    if knob == "threads"
+                    else None
+                )
+                if projection is not None and why is not None:
+                    projection = {**projection, "ratios": dict(_NO_RATIOS), "note": why}
+                    notes.append(f"{knob}={value}: {why}")
                 if projection is not None and projection.get("speculative"):
                     projection["speculative"]["after_run"] = _after_run_median(
                         summaries[0], summaries[i], batches[i], prompt_len, output_len

@@ -22,8 +22,10 @@ from perfscope.analysis.calibration import (
     calibration_document,
     calibration_for,
     load_calibration,
+    technique_of_change,
 )
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.api.study import APPLIES
 from perfscope.cli.advisor import load_studies
 from perfscope.hwdb.spec import DeviceSpec
 from tests.conftest import PERFSCOPE, ROOT, subprocess_env
@@ -48,6 +50,18 @@ def test_the_packaged_calibration_is_the_rebuild_of_the_stored_studies() -> None
         if e.error is not None and e.projected_ratio is not None:
             assert e.error == pytest.approx(e.projected_ratio / e.measured_ratio - 1, abs=1e-3)
         assert e.machine.cores and e.machine.engine  # keyed by machine class
+
+
+def test_every_reference_engine_study_knob_is_a_calibration_technique() -> None:
+    """A stored study of any reference knob calibrates a named technique; the distill study
+    (layers with per-depth trained weights) is distillation, cutting a model's layers is not."""
+    knobs = [k for k, engines in APPLIES.items() if "reference" in engines]
+    assert {"compile", "prune-heads", "kv-paged", "kv-cache", "threads"} <= set(knobs)
+    for knob in knobs:
+        assert technique_of_change(knob, "1") in TECHNIQUES, knob
+    assert technique_of_change("layers", "2", {"weights": "trained"}) == "distillation"
+    assert technique_of_change("layers", "2", {"weights": "/models/teacher.pt"}) == "layers"
+    assert technique_of_change("num-speculative-tokens", "4") == "speculative"
 
 
 def test_every_entry_is_the_number_its_study_record_holds() -> None:

@@ -220,3 +220,83 @@ def test_advisor_fit_shows_each_run_and_all_together_with_the_residual(
     assert main(["advisor", "fit", str(one)]) == 0
     assert "residual" in capsys.readouterr().out
     assert main(["advisor", "fit", str(tmp_path / "nope")]) != 0
+
+
+#: The reference engine's tiny model, as its runs record it.
+TINY = ModelSpec.from_dict(
+    {
+        "name": "reference",
+        "n_layers": 2,
+        "hidden_size": 128,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 352,
+        "vocab_size": 1024,
+        "weight_dtype": "fp32",
+        "weight_bytes_per_param": 4.0,
+        "kv_dtype": "fp32",
+        "kv_bytes_per_element": 4.0,
+        "act_dtype": "fp32",
+        "act_bytes_per_element": 4.0,
+    }
+)
+
+
+def test_prefill_steps_fitted_apart_price_an_eight_prompt_prefill_by_its_work() -> None:
+    """Batch-1 steps of an overhead-bound engine: decode steps are host time (10 ms) plus
+    a context-growing term the decode fit reads as 20 x roofline; a prefill is a decode
+    step plus 3 x its roofline. Fitted apart, an 8-prompt prefill is priced at that; one
+    fit of both kinds, from one prompt shape, cannot tell the prompt's work from host time
+    per token and misses it."""
+    from perfscope.analysis.overhead import fitted_times
+
+    rows = []
+    t = 0
+    for _ in range(8):
+        for i in range(16):
+            kind, n, c = ("prefill", 32, 0) if i == 0 else ("decode", 1, 32 + i)
+            rows.append((kind, t, 1, n, c))
+    df = pd.DataFrame(rows, columns=["kind", "t_start", "batch_size", "new_tokens", "ctx"])
+    b, n, c = (df[k].to_numpy(float) for k in ("batch_size", "new_tokens", "ctx"))
+    roof = roof_times(TINY, CPU, b, n, c)
+    prefill = (df["kind"] == "prefill").to_numpy()
+    decode_like = 10e-3 + 20 * np.where(prefill, roof_times(TINY, CPU, b, b, c + n), roof)
+    dur = np.where(prefill, decode_like + 3 * roof, decode_like)
+    steps = df.rename(columns={"ctx": "context_tokens"})
+    steps["t_end"] = steps["t_start"] + (dur * 1e9).astype(np.int64)
+    apart = fit_overhead(samples_from_steps(steps, TINY, CPU))
+    assert apart.prefill_scale == pytest.approx(3.0, rel=1e-6)
+    assert apart.residual_rms_s < 1e-8 and "prefill steps fitted apart" in apart.describe()
+    one = fit_overhead(samples_from_steps(steps.drop(columns="kind"), TINY, CPU))
+    assert one.prefill_scale is None
+    shape = {"batch": 8, "prompt_len": 32, "output_len": 16}
+    want = float(
+        10e-3
+        + 20 * roof_times(TINY, CPU, np.array([8.0]), np.array([8.0]), np.array([256.0]))[0]
+        + 3 * roof_times(TINY, CPU, np.array([8.0]), np.array([256.0]), np.array([0.0]))[0]
+    )
+    assert fitted_times(apart, TINY, CPU, **shape).ttft_s == pytest.approx(want, rel=1e-6)
+    assert abs(fitted_times(one, TINY, CPU, **shape).ttft_s / want - 1) > 0.05
+
+
+def test_a_dtype_the_fit_never_saw_is_no_faster_than_its_own_roofline() -> None:
+    """A fit made on fp32 steps (its multiplier: overhead over the fp32 ceilings) projecting
+    bf16 on a CPU whose bf16 matmuls run at a tenth of fp32: the work is at least bf16's
+    roofline, not the fp32 work scaled (which would make bf16 look as fast as fp32)."""
+    from perfscope.analysis.overhead import fitted_times
+
+    slow16 = dataclasses.replace(CPU, peak_flops={"fp32": 1e11, "bf16": 1e10})
+    fit = dataclasses.replace(
+        OverheadFit(2.0, 0.0, 0.0, 0.0, 1e-3, device=slow16.key), act_dtype="fp32"
+    )
+    bf16 = dataclasses.replace(TINY, act_dtype="bf16")
+    shape = {"batch": 8, "prompt_len": 256, "output_len": 2}
+    ft = fitted_times(fit, bf16, slow16, **shape)
+    rows = np.array([8.0])
+    own = roof_times(bf16, slow16, rows, rows * 256, np.array([0.0]))[0]
+    at_fp32 = roof_times(TINY, slow16, rows, rows * 256, np.array([0.0]))[0]
+    assert own > 2.0 * at_fp32  # compute-bound prefill: bf16's ceiling binds
+    assert ft.ttft_s == pytest.approx(own + 1e-3, rel=1e-6)
+    same = fitted_times(dataclasses.replace(fit, act_dtype="bf16"), bf16, slow16, **shape)
+    assert same.ttft_s == pytest.approx(2.0 * own + 1e-3, rel=1e-6)  # fitted at bf16: scaled

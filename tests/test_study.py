@@ -85,6 +85,24 @@ def test_a_single_repeat_says_noise_unknown_and_memory_follows_the_kv_heads(
     assert s.settings[1].memory["weights_bytes"] < s.settings[0].memory["weights_bytes"]
 
 
+def test_adaptive_rounds_stop_at_the_time_budget_and_say_the_precision_reached(
+    tmp_path: Path,
+) -> None:
+    """With a precision target the rounds go on until it is met or the budget would be
+    overrun; a budget one round overruns stops after that round, and the note says why and
+    what interval was reached."""
+    quick = {**FAST, "requests": 2, "output_len": 2}
+    s = perfscope.study(
+        "batch-size", [1, 2], repeat=1, precision=0.05, budget_s=1e-3, runs_dir=tmp_path, **quick
+    )
+    assert s.repeat == 1 and [r for r, _ in s.order] == [0, 0]
+    (note,) = [n for n in s.notes if n.startswith("adaptive rounds")]
+    assert "budget of 0.001 s after 1 rounds" in note and "(target ±5%)" in note
+    assert "interval unknown" in note  # one round gives no interval yet
+    with pytest.raises(UsageError, match="precision must be positive"):
+        perfscope.study("batch-size", [1, 2], precision=0, runs_dir=tmp_path, **FAST)
+
+
 def test_unknown_knobs_and_values_are_refused_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="unknown knob 'warp'"):
         perfscope.study("warp", "1,2", runs_dir=tmp_path, **FAST)

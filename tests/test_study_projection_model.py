@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from perfscope.analysis.modelspec import ModelSpec
@@ -21,6 +22,7 @@ from perfscope.analysis.overhead import (
     KERNELS_PER_LAYER,
     OverheadFit,
     fitted_times,
+    roof_times,
 )
 from perfscope.analysis.queueing import Load, simulate
 from perfscope.analysis.study import project_change
@@ -207,3 +209,96 @@ def test_a_saved_study_names_its_runs_by_id_and_no_temporary_folder() -> None:
         r.run for st in s.settings for r in st.runs
     ]
     assert all("/" not in r.run for st in out.settings for r in st.runs)
+
+
+def test_dynamic_int8_prices_the_re_quantised_inputs_of_every_token() -> None:
+    """int8 weights read a quarter of the fp32 bytes, but dynamic quantisation writes an
+    int8 copy of every linear's fp32 input per token (5 bytes an element): the fitted
+    projection adds those bytes to each step's roofline, per token, so a bandwidth-bound
+    step gains less than the weights alone promise."""
+    from perfscope.analysis.overhead import quantisation_bytes
+
+    slow = dataclasses.replace(CPU, mem_bw_bytes_s=1e9)  # bandwidth-bound, host-free steps
+    fit = dataclasses.replace(HOST, per_layer_s=0.0, per_sequence_s=0.0, per_step_s=0.0)
+    fit = dataclasses.replace(fit, device=slow.key)
+    int8 = dataclasses.replace(TINY, weight_dtype="int8", weight_bytes_per_param=1.0)
+
+    def summary(m: ModelSpec) -> dict[str, Any]:
+        return {**_summary(m), "hardware": {"spec": slow.to_dict()}}
+
+    kw: dict[str, Any] = {"batch": (8, 8), "prompt_len": 16, "output_len": 8, "fit": fit}
+    bare = project_change(summary(TINY), summary(int8), **kw)
+    priced = project_change(summary(TINY), summary(int8), quant=("none", "int8"), **kw)
+    assert bare is not None and priced is not None
+    per_token = quantisation_bytes(int8, "int8", 1.0)
+    plain = fitted_times(fit, int8, slow, batch=8, prompt_len=16, output_len=8)
+    extra = 8 * per_token / slow.mem_bw_bytes_s  # eight rows a decode step
+    assert priced["candidate"]["tpot_s"] == pytest.approx(plain.tpot_s + extra, rel=1e-6)
+    assert priced["ratios"]["tpot_s"] > bare["ratios"]["tpot_s"]
+    assert priced["baseline"] == bare["baseline"]  # fp32 weights: nothing re-quantised
+
+
+def test_more_threads_than_the_other_load_leaves_free_cores_is_not_projected() -> None:
+    """Two intra-op threads on a 2-core machine whose other load used 1.7 cores wait for a
+    core at every parallel op: no projection (it would say 1x; 15-34x slower was measured),
+    while the same change on an idle machine keeps its projection."""
+    from perfscope.analysis.study import free_cores, oversubscribed_threads
+
+    def run(others_cpu_s: float) -> dict[str, Any]:
+        return {"contention": {"cpu_count": 2, "others_cpu_s": others_cpu_s, "window_s": 1.0}}
+
+    loaded = [run(1.6), run(1.7), run(1.8)]
+    assert free_cores(loaded) == pytest.approx(0.3)
+    why = oversubscribed_threads("1", "2", loaded)
+    assert why is not None and "2 threads on 0.3 free cores" in why
+    assert oversubscribed_threads("1", "2", [run(0.1)]) is None  # 1.9 free: projected
+    assert oversubscribed_threads("2", "1", loaded) is None  # fewer threads: projected
+    assert oversubscribed_threads("1", "2", [{}]) is None  # not measured: projected as before
+
+
+def test_speculative_passes_are_timed_by_the_fitted_model_of_the_baseline() -> None:
+    """A host-bound engine: a 1-layer draft pass costs its one layer's host time, not the
+    derated roofline's near-1 ratio; the verify pass of K + 1 tokens a row is a decode step
+    plus its prefill work; the projection multiplies the speedup at the assumed acceptance
+    into TPOT and throughput."""
+    from perfscope.analysis.whatif import ASSUMED_ACCEPTANCE, speculative_speedup
+
+    draft = dataclasses.replace(TINY, n_layers=1)
+    fit = dataclasses.replace(HOST, prefill_scale=1.0)
+    cand = {
+        **_summary(TINY),
+        "speculative": {"num_speculative_tokens": 2, "draft_model": draft.to_dict()},
+    }
+    p = project_change(_summary(TINY), cand, batch=(1, 1), prompt_len=16, output_len=8, fit=fit)
+    assert p is not None
+    before = p["speculative"]["before_run"]
+    one, ctx = np.array([1.0]), np.array([16 + 8 / 2])  # one row at the mean context
+    step = {
+        m.n_layers: float(fit.step_time(roof_times(m, CPU, one, one, ctx), m.n_layers, 1, 1)[0])
+        for m in (TINY, draft)
+    }
+    assert before["cost_ratio_fitted"] == pytest.approx(step[1] / step[4])
+    assert before["cost_ratio_fitted"] < 0.4  # the derated roofline's ratio is near 1
+    assert 1.0 < before["verify_cost_fitted"] < 1.5  # a decode step + 3 tokens' work
+    gain = speculative_speedup(
+        ASSUMED_ACCEPTANCE, 2, before["cost_ratio_fitted"], before["verify_cost_fitted"]
+    )
+    assert before["fitted"] == pytest.approx(gain)
+    assert p["ratios"]["tpot_s"] == pytest.approx(1.0 / gain, rel=1e-6)
+    assert p["ratios"]["throughput_tok_s"] == pytest.approx(gain, rel=1e-6)
+
+
+def test_a_kv_budget_caps_the_projected_batch_by_what_it_holds_paged_or_not() -> None:
+    """A 1 MB KV budget for the tiny model at max_seq_len 512 holds one contiguous sequence
+    but 61 blocks of 16 tokens: twelve sequences of 80 tokens paged. The study projects
+    each setting at that many sequences, not at the batch size both ask for."""
+    from perfscope.api.run import RunArgs
+    from perfscope.api.study import _batch, kv_capacity
+
+    opts = {"kv_budget_mb": 1.0, "kv_block_tokens": 16, "max_seq_len": 512}
+    off = RunArgs(model_preset="tiny", batch_size=32, engine_options={**opts, "kv_paged": "off"})
+    on = dataclasses.replace(off, engine_options={**opts, "kv_paged": "on"})
+    assert kv_capacity(off, 80) == 1
+    assert kv_capacity(on, 80) == 61 // 5 == 12
+    assert (_batch(off, 24, 80), _batch(on, 24, 80)) == (1, 12)
+    assert _batch(dataclasses.replace(off, engine_options={}), 24, 80) == 24  # no budget

@@ -12,6 +12,7 @@ is written to ``<runs dir>/studies/<stamp>-<name>.json`` (schema ``perfscope.stu
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -366,12 +367,41 @@ def _length(value: int | str) -> int:
         raise UsageError(f"cannot read a token count from {value!r}") from None
 
 
-def _batch(a: RunArgs, requests: int) -> int:
-    """Sequences decoded together as the projection assumes (before the run)."""
+def _batch(a: RunArgs, requests: int, seq_tokens: int | None = None) -> int:
+    """Sequences decoded together as the projection assumes (before the run): the batch,
+    capped by the load's users and by what a reference engine's KV budget holds
+    (:func:`kv_capacity`, for sequences of ``seq_tokens``)."""
     b = min(a.batch_size, requests)
     if a.concurrency is not None:
         b = min(b, a.concurrency)
+    if seq_tokens is not None and (cap := kv_capacity(a, seq_tokens)) is not None:
+        b = min(b, cap)
     return max(b, 1)
+
+
+def kv_capacity(a: RunArgs, seq_tokens: int) -> int | None:
+    """Sequences of ``seq_tokens`` (prompt + output) a reference engine's KV budget
+    (``kv_budget_mb``) holds, by the engine's own plan
+    (:func:`~perfscope.profiler.engines.reference.paged.plan_paged`): contiguous slots of
+    ``max_seq_len`` each, or with ``kv_paged=on`` its blocks over the blocks one sequence
+    fills; ``None`` without a budget (the batch is the cap)."""
+    opts = dict(a.engine_options or {})
+    if a.engine != "reference" or "kv_budget_mb" not in opts:
+        return None
+    from perfscope.profiler.engines.reference.model import PRESETS
+    from perfscope.profiler.engines.reference.paged import DEFAULT_BLOCK_TOKENS, plan_paged
+
+    preset = PRESETS.get(a.model_preset or "small")
+    if preset is None:
+        return None
+    cfg = preset.with_overrides(**dict(a.model_overrides or {}))
+    block = int(opts.get("kv_block_tokens") or DEFAULT_BLOCK_TOKENS)
+    plan = plan_paged(
+        cfg, int(float(opts["kv_budget_mb"]) * 1e6), int(opts.get("max_seq_len") or 2048), block
+    )
+    if str(opts.get("kv_paged", "off")) == "on":
+        return int(plan.n_blocks // max(-(-seq_tokens // block), 1))
+    return int(plan.contiguous_slots)
 
 
 def study_with(
@@ -383,8 +413,20 @@ def study_with(
     name: str | None = None,
     log: Callable[[str], None] | None = None,
     quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    precision: float | None = None,
+    max_repeats: int = 20,
+    budget_s: float | None = None,
 ) -> Study:
-    """:func:`study` from a :class:`RunArgs` record of the fixed options."""
+    """:func:`study` from a :class:`RunArgs` record of the fixed options.
+
+    With ``precision`` (0.1: ±10%) the rounds are adaptive, as ``run --repeat --precision``
+    is: at least ``repeat`` (and :data:`~perfscope.analysis.experiment.MIN_BLOCKS` before
+    the target can stop them), then one more round until every candidate's primary-metric
+    interval (paired by round) is within ``±precision``, ``max_repeats`` rounds are run, or
+    a round past ``repeat`` would end beyond ``budget_s`` wall seconds after the first
+    round (which trains or compiles what the others reuse; judged from the rounds so far);
+    a note says which.
+    """
     from perfscope.api.run import _whole, execute, plan
     from perfscope.profiler.store import default_runs_root, write_json_atomic
 
@@ -400,16 +442,35 @@ def study_with(
     ]
     for s in settings:  # reference-engine options and shapes are checked here, not mid-study
         _check_engine(s)
-    from perfscope.analysis.experiment import block_order
+    from perfscope.analysis.experiment import MIN_BLOCKS, block_order
 
     runs: list[tuple[int, int, str, Mapping[str, Any]]] = []
+    if precision is not None and not precision > 0:
+        raise UsageError(f"precision must be positive (0.1 = ±10%), got {precision}")
+    if budget_s is not None and not budget_s > 0:
+        raise UsageError(f"budget must be positive seconds, got {budget_s}")
+    most = max(repeat, _whole(max_repeats, "max_repeats", 1)) if precision else repeat
     # Balanced order: each round is a block (ABBA for two settings, a seeded random
     # permutation per round for more), so position effects cancel in the paired effects.
-    order = block_order(len(plans), repeat, sum(map(ord, label)))
-    for rnd in range(repeat):
+    order = block_order(len(plans), most, sum(map(ord, label)))
+    started = first_done = time.monotonic()
+    stop = ""
+    rounds = 0
+    for rnd in range(most):
+        if rnd == 1:
+            first_done = time.monotonic()
+        if precision is not None and budget_s is not None and rnd >= repeat:
+            # The first round (training, compiling what later rounds reuse) is not counted.
+            now = time.monotonic()
+            elapsed = now - first_done
+            per_round = elapsed / (rnd - 1) if rnd > 1 else first_done - started
+            if elapsed + per_round > budget_s:
+                stop = f"stopped by the budget of {budget_s:g} s after {rnd} rounds"
+                break
+        rounds = rnd + 1
         for i in order[rnd]:
             p = plans[i]
-            say(f"study: round {rnd + 1}/{repeat}, {k.name}={parsed[i][0]} ...")
+            say(f"study: round {rnd + 1}/{most}, {k.name}={parsed[i][0]} ...")
             out = execute(p)
             if out.status != "complete":
                 raise UsageError(
@@ -417,23 +478,77 @@ def study_with(
                     f"(captured data is in {out.path})"
                 )
             runs.append((rnd, i, str(out.path), out.summary.to_dict()))
+        if precision is None:
+            continue
+        half = primary_half_width(runs, len(plans))
+        say(
+            f"study: after {rounds} rounds the widest primary interval is "
+            + ("unknown" if half is None else f"±{100 * half:.1f}%")
+            + f" (target ±{100 * precision:g}%)"
+        )
+        # Stop only after whole AB/BA pairs, so a position effect stays cancelled.
+        enough = rounds >= max(repeat, MIN_BLOCKS) and (len(plans) != 2 or rounds % 2 == 0)
+        if enough and half is not None and half <= precision:
+            stop = (
+                f"reached ±{100 * half:.1f}% (target ±{100 * precision:g}%) after {rounds} rounds"
+            )
+            break
+    else:
+        if precision is not None:
+            stop = f"stopped at {most} rounds (max_repeats) before reaching ±{100 * precision:g}%"
+    if precision is not None:
+        half = primary_half_width(runs, len(plans))
+        reached = "unknown" if half is None else f"±{100 * half:.1f}%"
+        stop = (
+            f"adaptive rounds: {stop}; widest primary-metric interval {reached} "
+            f"(target ±{100 * precision:g}%)"
+        )
     stamp = datetime.now(UTC)
     quality_rows = [quality(_args_record(s)) for s in settings] if quality is not None else None
     result = _assemble(
         base,
         k,
         parsed,
-        repeat,
+        rounds,
         runs,
         created_at=stamp.isoformat(timespec="seconds"),
         quality=quality_rows,
     )
+    if stop:
+        result = replace(result, notes=[*result.notes, stop])
     root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
     path = root / "studies" / f"{stamp.strftime('%Y%m%d-%H%M%S')}-{label}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     result = replace(result, path=str(path))
     write_json_atomic(path, result.to_dict())
     return result
+
+
+def primary_half_width(
+    runs: Sequence[tuple[int, int, str, Mapping[str, Any]]], settings: int
+) -> float | None:
+    """The widest half-width (fraction: 0.1 = ±10%) of the primary metric's interval of any
+    candidate against the first setting, paired by round, from ``(round, setting index, run
+    path, summary)`` rows; ``None`` while some candidate has no interval yet."""
+    from perfscope.analysis.experiment import judge_metric
+    from perfscope.analysis.study import DEFAULT_PRIMARY, METRICS, run_metrics
+
+    better = METRICS[DEFAULT_PRIMARY][0]
+    values: list[dict[int, float | None]] = [{} for _ in range(settings)]
+    for rnd, i, _, summary in runs:
+        values[i][rnd] = run_metrics(summary).get(DEFAULT_PRIMARY)
+    widest: float | None = None
+    for i in range(1, settings):
+        common = sorted(set(values[0]) & set(values[i]))
+        if len(common) < 2:
+            return None
+        ch = judge_metric(
+            [values[0][r] for r in common], [values[i][r] for r in common], better, paired=True
+        )
+        if ch.noise is None:
+            return None
+        widest = ch.noise if widest is None else max(widest, ch.noise)
+    return widest
 
 
 def baseline_fit(run_paths: Sequence[str | Path]) -> tuple[OverheadFit | None, str]:
@@ -508,7 +623,7 @@ def _assemble(
         [t for t, _ in parsed],
         repeat,
         runs,
-        batches=[_batch(s, requests) for s in settings],
+        batches=[_batch(s, requests, prompt_len + output_len) for s in settings],
         prompt_len=prompt_len,
         output_len=output_len,
         output_lens=output_lens,
@@ -583,16 +698,20 @@ def reproject_study(
                 "pass the runs folder the study ran in"
             ) from None
         runs.append((p.round, p.setting, str(path), summary))
-    return _assemble(
+    result = _assemble(
         base,
         k,
         parsed,
         s.repeat,
         runs,
         created_at=s.created_at,
+        quality=[st.quality for st in s.settings] if any(st.quality for st in s.settings) else None,
         fitted=fitted,
         queueing=queueing,
     )
+    # what the runs were, not what they project: how the rounds stopped stays
+    kept = [n for n in s.notes if n.startswith("adaptive rounds")]
+    return replace(result, notes=[*result.notes, *kept])
 
 
 def _check_engine(a: RunArgs) -> None:
@@ -671,6 +790,9 @@ def study(
     name: str | None = None,
     log: Callable[[str], None] | None = None,
     quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    precision: float | None = None,
+    max_repeats: int = 20,
+    budget_s: float | None = None,
     **options: Any,
 ) -> Study:
     """Vary one knob with everything else fixed; measure each setting next to what the
@@ -700,6 +822,9 @@ def study(
         quality: called once per setting with its options (``model_preset``, ``dtype``,
             ``model_overrides``, ``engine_options`` ...); what it returns (e.g. top-1
             agreement with the baseline model) is stored as the setting's ``quality``.
+        precision: adaptive rounds (0.1: until every primary-metric interval is within
+            ±10%), at least ``repeat``, at most ``max_repeats`` rounds and ``budget_s`` wall
+            seconds (:func:`study_with`).
         **options: any other keyword of :func:`perfscope.run` (held fixed).
 
     Returns:
@@ -724,7 +849,18 @@ def study(
         engine_options=extra,
         **run_fields,
     )
-    return study_with(base, knob, values, repeat=repeat, name=name, log=log, quality=quality)
+    return study_with(
+        base,
+        knob,
+        values,
+        repeat=repeat,
+        name=name,
+        log=log,
+        quality=quality,
+        precision=precision,
+        max_repeats=max_repeats,
+        budget_s=budget_s,
+    )
 
 
 def load_study(path: str | Path) -> Study:

@@ -47,6 +47,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--values", required=True, metavar="V1,V2,...", help="settings; first = baseline"
     )
     p.add_argument("--repeat", type=positive_int, default=3, help="runs per setting (3)")
+    p.add_argument(
+        "--precision",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="adaptive rounds: add rounds until every primary-metric interval is within "
+        "±FRACTION (0.1 = ±10%%), from --repeat up to --max-repeats and --budget",
+    )
+    p.add_argument("--max-repeats", type=positive_int, default=20, help="most rounds (20)")
+    p.add_argument(
+        "--budget", type=float, default=None, metavar="SECONDS", help="most wall seconds"
+    )
     p.add_argument("--engine", default="reference", help="engine URI (default reference)")
     w = p.add_argument_group("workload (fixed)")
     w.add_argument("--requests", type=positive_int, default=16, help="measured requests (16)")
@@ -123,7 +135,16 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
 
         hook = reference_quality()
     result = study_with(
-        base, args.knob, args.values, repeat=args.repeat, name=args.name, log=say, quality=hook
+        base,
+        args.knob,
+        args.values,
+        repeat=args.repeat,
+        name=args.name,
+        log=say,
+        quality=hook,
+        precision=args.precision,
+        max_repeats=args.max_repeats,
+        budget_s=args.budget,
     )
     if args.output is not None:
         from perfscope.dashboard.study_report import write_study_report
