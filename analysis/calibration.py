@@ -77,6 +77,8 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "concurrency": ("more concurrent users", ()),
     "rate": ("a higher request rate", ()),
     "kv-cache": ("the KV cache", ()),
+    "disaggregation": ("prefill/decode disaggregation", ()),
+    "replicas": ("request parallelism (replicas)", ()),
 }
 
 #: Advisor gain metric → the study metric that measures it.
@@ -107,6 +109,8 @@ def technique_of_change(knob: str, value: str) -> str:
         return "speculative"
     if knob == "max-batched-tokens":
         return "chunked-prefill"
+    if knob == "disaggregate":
+        return "disaggregation"
     return knob
 
 

@@ -225,6 +225,20 @@ KNOBS: dict[str, Knob] = {
             _count,
             "draft tokens per speculative step (0 = off; needs --engine-opt draft=...)",
         ),
+        Knob(
+            "disaggregate",
+            "option",
+            "disaggregate",
+            _one_of("off", "on", aliases=_ON_OFF),
+            "prefill and decode in two processes, the KV cache handed over (shared memory)",
+        ),
+        Knob(
+            "replicas",
+            "option",
+            "replicas",
+            _int,
+            "copies of the engine, one process each, requests dispatched least-loaded",
+        ),
         Knob("max-tokens", "option", "max_tokens", _int, "max_tokens sent with every request"),
         Knob(
             "connection",
@@ -267,6 +281,8 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "prefix-cache": ("reference",),
     "max-batched-tokens": ("reference",),
     "num-speculative-tokens": ("reference",),
+    "disaggregate": ("reference",),
+    "replicas": ("reference",),
     "max-tokens": ("openai",),
     "connection": ("openai",),
 }
