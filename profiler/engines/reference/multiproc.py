@@ -2,14 +2,14 @@
 
 ``--engine-opt disaggregate=on``: prefill runs in one process and decode in another, each
 with its own copy of the model (same seed, same weights). The prefill process prefills the
-prompts that arrived (grouped by length, up to ``--batch-size`` at a time), copies each
-request's K and V (every layer, its prompt tokens) into a tensor in shared memory
-(``share_memory_``) and puts it on a torch multiprocessing queue (the storage travels as a
-file descriptor, not as bytes); the decode process copies it into a free slot of its own
-KV cache and decodes with continuous batching. The first token counts as emitted when its
-KV cache is in the decode cache, so TTFT includes the hand-off. Every hand-off is timed
-per request (:class:`Handoff`: copy out, transit, copy in, in seconds, and its bytes) and
-kept in the run's manifest (``engine.config.handoff``).
+prompts that arrived (grouped by length, up to ``--batch-size`` at a time) and copies each
+request's K and V (every layer, its prompt tokens) into a free slot of a ring of tensors in
+shared memory (``share_memory_``, allocated once, two batches deep); a pipe tells the decode
+process which slot holds which request, and the decode process copies it into a free slot
+of its own KV cache and decodes with continuous batching. The first token counts as
+emitted when its KV cache is in the decode cache, so TTFT includes the hand-off. Every
+hand-off is timed per request (:class:`Handoff`: copy out, transit, copy in, in seconds,
+and its bytes) and kept in the run's manifest (``engine.config.handoff``).
 
 ``--engine-opt replicas=N``: N full copies of the reference engine (any other options), one
 per process, behind one inbox; each request goes to one replica, ``dispatch=least-loaded``
@@ -181,6 +181,39 @@ def _check_disaggregable(options: EngineOptions, inner: dict[str, str]) -> None:
 # --------------------------------------------------------------------------- worker side
 
 
+@dataclass
+class _Channel:
+    """The prefill -> decode hand-off: ``ring`` (shared memory, ``[slots, n_layers, 2,
+    n_kv_heads, max_seq_len, head_dim]`` in the model dtype), a pipe (``send`` on the
+    prefill side, ``recv`` on the decode side: which slot holds which request, with its first
+    token and times; a pipe, not a queue, so no feeder thread stands between the two) and
+    ``free_q`` (slots the decode side has copied out). The ring holds two batches: prefill
+    runs at most that far ahead."""
+
+    ring: torch.Tensor
+    recv: Any
+    send: Any
+    free_q: Any
+
+    def get(self, parent: int) -> Any:
+        """The next hand-off message; exits the process once its parent is gone."""
+        while not self.recv.poll(1.0):
+            if os.getppid() != parent:
+                raise SystemExit(0)
+        return self.recv.recv()
+
+    @staticmethod
+    def open(ctx: Any, cfg: ReferenceConfig, batch: int, max_len: int) -> _Channel:
+        slots = 2 * batch
+        shape = (slots, cfg.n_layers, 2, cfg.n_kv_heads, max_len, cfg.head_dim)
+        ring = torch.zeros(shape, dtype=torch_dtype(cfg.dtype)).share_memory_()  # type: ignore[no-untyped-call]
+        free_q = ctx.Queue()
+        for i in range(slots):
+            free_q.put(i)
+        recv, send = ctx.Pipe(duplex=False)
+        return _Channel(ring, recv, send, free_q)
+
+
 def _get(q: Any, parent: int) -> Any:
     """The next message of ``q``; exits the process once its parent ``parent`` is gone."""
     while True:
@@ -227,7 +260,13 @@ class _Link:
 
 
 def _worker(
-    role: str, wid: int, options: EngineOptions, in_q: Any, hand_q: Any, out_q: Any, parent: int
+    role: str,
+    wid: int,
+    options: EngineOptions,
+    in_q: Any,
+    hand: _Channel | None,
+    out_q: Any,
+    parent: int,
 ) -> None:
     engine: ReferenceEngine | None = None
     try:
@@ -241,12 +280,14 @@ def _worker(
         if role == "replica":
             _serve_replica(link, in_q, parent)
         elif role == "prefill":
-            _serve_prefill(link, in_q, hand_q, parent)
+            assert hand is not None
+            _serve_prefill(link, in_q, hand, parent)
         else:
-            _serve_decode(link, hand_q, parent)
+            assert hand is not None
+            _serve_decode(link, hand, parent)
         link.flush([])
         out_q.put(("done", wid, None))
-        while _get(in_q, parent)[0] != "stop":  # a hand-off's storage lives while we do
+        while _get(in_q, parent)[0] != "stop":  # exit when the parent says so
             pass
     except SystemExit:
         pass
@@ -282,12 +323,12 @@ def _request_error(spec: RequestSpec, max_seq_len: int) -> str | None:
     return None
 
 
-def _serve_prefill(link: _Link, in_q: Any, hand_q: Any, parent: int) -> None:
+def _serve_prefill(link: _Link, in_q: Any, hand: _Channel, parent: int) -> None:
     """Prefill what arrived (by length, up to batch size), hand each KV cache over."""
     eng, rec = link.engine, link.rec
     model, bs = eng.model, eng.options.batch_size
     cache = model.new_cache(bs, eng.max_seq_len)
-    cfg, dt = eng.config, torch_dtype(eng.config.dtype)
+    cfg = eng.config
     ended = False
     while not ended:
         msgs = [_get(in_q, parent)]
@@ -311,23 +352,21 @@ def _serve_prefill(link: _Link, in_q: Any, hand_q: Any, parent: int) -> None:
             t0 = rec.clock.now_ns()
             first = model.prefill(tokens, cache.view(0, len(specs))).argmax(-1).tolist()
             t1 = rec.clock.now_ns()
-            rec.step(
-                "prefill", t0, t1, len(specs), n_tok * len(specs), 0, [s.request_id for s in specs]
-            )
+            rids = [s.request_id for s in specs]
+            rec.step("prefill", t0, t1, len(specs), n_tok * len(specs), 0, rids)
             for j, spec in enumerate(specs):
+                slot = int(_get(hand.free_q, parent))  # waits while the decode side is full
                 h0 = time.perf_counter_ns()
-                shape = (cfg.n_layers, 2, cfg.n_kv_heads, n_tok, cfg.head_dim)
-                kv = torch.empty(shape, dtype=dt).share_memory_()  # type: ignore[no-untyped-call]
+                buf = hand.ring[slot]
                 for layer in range(cfg.n_layers):
-                    kv[layer, 0].copy_(cache.k[layer][j, :, :n_tok])
-                    kv[layer, 1].copy_(cache.v[layer][j, :, :n_tok])
-                hand_q.put(("kv", spec, int(first[j]), kv, h0, time.perf_counter_ns()))
-                del kv
+                    buf[layer, 0, :, :n_tok].copy_(cache.k[layer][j, :, :n_tok])
+                    buf[layer, 1, :, :n_tok].copy_(cache.v[layer][j, :, :n_tok])
+                hand.send.send(("kv", spec, int(first[j]), slot, h0, time.perf_counter_ns()))
         link.flush([])
-    hand_q.put(("end",))
+    hand.send.send(("end",))
 
 
-def _serve_decode(link: _Link, hand_q: Any, parent: int) -> None:
+def _serve_decode(link: _Link, hand: _Channel, parent: int) -> None:
     """Take handed-over requests into free slots; continuous-batching decode."""
     eng, rec = link.engine, link.rec
     cache = eng.model.new_cache(eng.options.batch_size, eng.max_seq_len)
@@ -335,7 +374,7 @@ def _serve_decode(link: _Link, hand_q: Any, parent: int) -> None:
 
     def receive() -> None:  # stamps each hand-off as it arrives, decode steps or not
         while True:
-            msg = _get(hand_q, parent)
+            msg = hand.get(parent)
             got.put((*msg, time.perf_counter_ns()))
             if msg[0] != "kv":
                 return
@@ -359,26 +398,28 @@ def _serve_decode(link: _Link, hand_q: Any, parent: int) -> None:
                 return
             continue
         while pending and len(running) < eng.options.batch_size:
-            running.append(_admit(link, cache, len(running), pending.popleft()))
+            running.append(_admit(link, cache, len(running), hand, pending.popleft()))
         eng._drop_finished(running, cache, False)
         if running:
             eng._decode(running, cache, rec)
             eng._drop_finished(running, cache, False)
 
 
-def _admit(link: _Link, cache: Any, slot: int, msg: tuple[Any, ...]) -> _Seq:
-    _, spec, first, kv, h0, h_put, h_got = msg
+def _admit(link: _Link, cache: Any, slot: int, hand: _Channel, msg: tuple[Any, ...]) -> _Seq:
+    _, spec, first, ring_slot, h0, h_put, h_got = msg
     eng = link.engine
     h_in = time.perf_counter_ns()
     n_tok = spec.prompt_tokens
-    for layer in range(kv.shape[0]):
-        cache.k[layer][slot, :, :n_tok].copy_(kv[layer, 0])
-        cache.v[layer][slot, :, :n_tok].copy_(kv[layer, 1])
+    buf = hand.ring[ring_slot]
+    for layer in range(buf.shape[0]):
+        cache.k[layer][slot, :, :n_tok].copy_(buf[layer, 0, :, :n_tok])
+        cache.v[layer][slot, :, :n_tok].copy_(buf[layer, 1, :, :n_tok])
     h_done = time.perf_counter_ns()
+    hand.free_q.put(ring_slot)
     link.handoffs[spec.request_id] = Handoff(
         spec.request_id,
         n_tok,
-        kv.numel() * kv.element_size(),
+        n_tok * buf[:, :, :, :1].numel() * buf.element_size(),
         (h_put - h0) / 1e9,
         (h_got - h_put) / 1e9,
         (h_done - h_in) / 1e9,
@@ -418,7 +459,12 @@ class MultiProcessEngine:
         ctx = mp_context(plan.start_method)
         self._out: Any = ctx.Queue()
         self._in: list[Any] = [ctx.Queue() for _ in range(plan.processes)]
-        hand: Any = ctx.Queue() if plan.mode == "disaggregate" else None
+        hand = (
+            _Channel.open(ctx, self.config, options.batch_size, options.max_seq_len)
+            if plan.mode == "disaggregate"
+            else None
+        )
+        self._hand = hand
         roles = (
             ["prefill", "decode"] if plan.mode == "disaggregate" else ["replica"] * plan.processes
         )
