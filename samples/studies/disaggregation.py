@@ -57,10 +57,10 @@ if __name__ == "__main__":
         model_preset="small",
         batch_size=4,
         concurrency=4,
-        requests=8,
+        requests=12,
         prompt_len="uniform:32:256",
         output_len=16,
-        repeat=2,
+        repeat=4,
         engine_options={"threads": "1"},
     )
     print()

@@ -36,6 +36,11 @@ of one step: the running batch's decode tokens first, then chunks of pending pro
 arrival order (chunked prefill); a step with both is a ``mixed`` step, one forward pass
 (:func:`~perfscope.profiler.engines.reference.packed.packed_forward`).
 
+Process options (:mod:`~perfscope.profiler.engines.reference.multiproc`):
+``disaggregate=on`` (prefill in one process, decode in another, each request's KV cache
+handed over through shared memory and timed) and ``replicas=N`` (N copies of the engine in N
+processes, ``dispatch=least-loaded|round-robin``); ``threads=`` is then per process.
+
 Prefill groups the admitted prompts by length, so no padding is ever computed; each group
 is one forward pass (with either scheduling option set, the prompts of a step are packed into
 one pass instead). A text prompt becomes one token per whitespace-separated word (as
