@@ -81,6 +81,8 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kv-paged": ("a paged KV cache", ()),
     "prune-heads": ("attention-head pruning", ()),
     "distillation": ("a distilled (smaller, trained) model", ()),
+    "disaggregation": ("prefill/decode disaggregation", ()),
+    "replicas": ("request parallelism (replicas)", ()),
 }
 
 #: Advisor gain metric → the study metric that measures it.
@@ -123,6 +125,8 @@ def technique_of_change(
         return "chunked-prefill"
     if knob in ("heads", "hidden-size", "intermediate-size"):
         return "model-preset"  # a smaller model by one of its shape's numbers
+    if knob == "disaggregate":
+        return "disaggregation"
     return knob
 
 

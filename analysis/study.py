@@ -474,7 +474,7 @@ def project_change(
 
 _NO_RATIOS = {"ttft_s": None, "tpot_s": None, "throughput_tok_s": None}
 #: Knobs whose projection is not a plain change of model, dtype or batch.
-_SCHEDULING_KNOBS = ("prefix-cache", "max-batched-tokens")
+_SCHEDULING_KNOBS = ("prefix-cache", "max-batched-tokens", "disaggregate", "replicas")
 
 
 def free_cores(summaries: Sequence[Mapping[str, Any]]) -> float | None:
@@ -522,8 +522,12 @@ def _scheduling_projection(
     output_len: int,
     fit: OverheadFit | None = None,
     loads: tuple[Load | None, Load | None] | None = None,
+    values: tuple[str, str] = ("", ""),
 ) -> dict[str, Any]:
     """The projection of a scheduling knob, with a ``note`` saying what it rests on.
+
+    ``disaggregate``: the disaggregation what-if below as the TPOT projection. ``replicas``
+    (``values``: the two settings): :func:`_replicas_projection`.
 
     ``prefix-cache``: :func:`project_change` with each setting's measured mean cached prompt
     tokens per request (its ``prompt_cache`` section; 0 without one) at the measured mean
@@ -566,6 +570,10 @@ def _scheduling_projection(
             "uncached share, decode unchanged"
         )
         return proj
+    if knob == "replicas":
+        return _replicas_projection(
+            baseline, candidate, batch[0], values, prompt_len, output_len, fit
+        )
     lat = (baseline.get("roofline") or {}).get("latency") or {}
     share = lat.get("decode_stall_share")
     dis: dict[str, Any] | None = None
@@ -581,6 +589,14 @@ def _scheduling_projection(
             f"the disaggregation what-if next to it: TPOT x{1.0 - float(share):.3f} "
             f"({100 * float(share):.0f}% of the baseline's decode time waited for prefills)"
         )
+    if knob == "disaggregate":
+        return {
+            "ratios": dict(dis["ratios"]) if dis else dict(_NO_RATIOS),
+            "sol_ratios": dict(_NO_RATIOS),
+            "disaggregation": dis,
+            "note": "projected by the disaggregation what-if alone (TTFT and throughput not "
+            "projected; the hand-off is measured, not priced): " + dis_txt,
+        }
     return {
         "ratios": dict(_NO_RATIOS),
         "sol_ratios": dict(_NO_RATIOS),
@@ -589,6 +605,44 @@ def _scheduling_projection(
         "apart and has no per-step token budget, so it cannot price chunked (mixed) steps; "
         + dis_txt,
     }
+
+
+def _replicas_projection(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    batch: int,
+    values: tuple[str, str],
+    prompt_len: int,
+    output_len: int,
+    fit: OverheadFit | None,
+) -> dict[str, Any]:
+    """``replicas``: the cost model for one replica decoding ``ceil(batch / N)`` sequences
+    (the load split evenly), throughput times N; each replica on cores of its own (N x
+    the baseline's threads: no contention priced) and no queueing."""
+    try:
+        n = tuple(max(1, int(v or 1)) for v in values)
+    except ValueError:
+        n = (1, 1)
+    per = (max(1, math.ceil(batch / n[0])), max(1, math.ceil(batch / n[1])))
+    proj = project_change(
+        baseline, candidate, batch=per, prompt_len=prompt_len, output_len=output_len, fit=fit
+    )
+    if proj is None:
+        return {
+            "ratios": dict(_NO_RATIOS),
+            "sol_ratios": dict(_NO_RATIOS),
+            "note": "no projection: the baseline run has no roofline",
+        }
+    for key in ("ratios", "sol_ratios"):
+        r = proj.get(key) or {}
+        if r.get("throughput_tok_s") is not None:
+            r["throughput_tok_s"] = float(r["throughput_tok_s"]) * n[1] / n[0]
+    proj["note"] = (
+        f"projected with the cost model per replica: {n[1]} replicas decode {per[1]} of the "
+        f"{batch} sequences each (baseline {n[0]}: {per[0]}), throughput x{n[1] / n[0]:g}; "
+        "assumes each replica has cores of its own (no contention) and an even split"
+    )
+    return proj
 
 
 def _mean_step_s(summary: Mapping[str, Any], kind: str) -> float | None:
@@ -1006,6 +1060,7 @@ def build_study(
                     output_len=output_len,
                     fit=fit,
                     loads=loads,
+                    values=(str(values[0]), str(value)),
                 )
                 notes.append(f"{knob}={value}: {projection['note']}")
             else:

@@ -233,6 +233,20 @@ KNOBS: dict[str, Knob] = {
             _one_of("plain", "draft", "lookahead", "medusa"),
             "parallel decoding: plain, draft (needs draft=...), lookahead (Jacobi) or medusa",
         ),
+        Knob(
+            "disaggregate",
+            "option",
+            "disaggregate",
+            _one_of("off", "on", aliases=_ON_OFF),
+            "prefill and decode in two processes, the KV cache handed over (shared memory)",
+        ),
+        Knob(
+            "replicas",
+            "option",
+            "replicas",
+            _int,
+            "copies of the engine, one process each, requests dispatched least-loaded",
+        ),
         Knob("max-tokens", "option", "max_tokens", _int, "max_tokens sent with every request"),
         Knob(
             "connection",
@@ -276,6 +290,8 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "max-batched-tokens": ("reference",),
     "num-speculative-tokens": ("reference",),
     "decoding": ("reference",),
+    "disaggregate": ("reference",),
+    "replicas": ("reference",),
     "max-tokens": ("openai",),
     "connection": ("openai",),
 }

@@ -126,6 +126,13 @@ def run_study(
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--smoke", action="store_true", help="a few seconds: tiny, 1 run each")
     ap.add_argument("--runs-dir", default=None)
+    ap.add_argument(
+        "--save",
+        nargs="?",
+        const="samples/studies/results",
+        default=None,
+        help="also store the study as `perfscope study --save DIR` does",
+    )
     a = ap.parse_args()
     opts = dict(options)
     if a.smoke:
@@ -139,4 +146,14 @@ def run_study(
         knob, values, runs_dir=runs_dir, telemetry=False, seed=0, quality=hook, **opts
     )
     print(markdown(s))
+    if a.save is not None:
+        from pathlib import Path
+
+        from perfscope.api.study import portable_study
+        from perfscope.profiler.store import write_json_atomic
+
+        target = Path(a.save) / Path(s.path).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(target, portable_study(s, target).to_dict())
+        print(f"- saved: `{target}`")
     return s

@@ -39,6 +39,11 @@ of one step: the running batch's decode tokens first, then chunks of pending pro
 arrival order (chunked prefill); a step with both is a ``mixed`` step, one forward pass
 (:func:`~perfscope.profiler.engines.reference.packed.packed_forward`).
 
+Process options (:mod:`~perfscope.profiler.engines.reference.multiproc`):
+``disaggregate=on`` (prefill in one process, decode in another, each request's KV cache
+handed over through shared memory and timed) and ``replicas=N`` (N copies of the engine in N
+processes, ``dispatch=least-loaded|round-robin``); ``threads=`` is then per process.
+
 Prefill groups the admitted prompts by length, so no padding is ever computed; each group
 is one forward pass (with either scheduling option set, the prompts of a step are packed into
 one pass instead). A text prompt becomes one token per whitespace-separated word (as
@@ -59,6 +64,7 @@ import torch
 from perfscope.errors import UsageError
 from perfscope.profiler import nvtx_ranges
 from perfscope.profiler.engines.base import (
+    Engine,
     EngineInfo,
     EngineOptions,
     Inbox,
@@ -102,7 +108,7 @@ from perfscope.profiler.engines.reference.speculative import (
 )
 from perfscope.profiler.engines.threads import ThreadChoice, choose_threads
 from perfscope.profiler.recorder import Recorder
-from perfscope.profiler.records import StepKind
+from perfscope.profiler.records import RequestSpec, StepKind
 
 __all__ = ["ReferenceEngine"]
 
@@ -940,26 +946,30 @@ class ReferenceEngine:
         return self.options.stop_on_eos and token == EOS_TOKEN_ID
 
     def _prompt_ids(self, sub: Submission) -> torch.Tensor:
-        spec = sub.spec
-        vocab = self.config.vocab_size
-        if spec.prompt_token_ids is not None:
-            ids = torch.tensor(spec.prompt_token_ids[: spec.prompt_tokens], dtype=torch.long)
-            return ids % vocab
-        if spec.prompt is not None:
-            # One token per word, ids from 1 (0 ends a sequence); padded with spaces' id.
-            raw = [
-                1 + zlib.crc32(w.encode("utf-8")) % (vocab - 1)
-                for w in spec.prompt.split()[: spec.prompt_tokens]
-            ]
-            raw += [32 % vocab] * (spec.prompt_tokens - len(raw))
-            return torch.tensor(raw, dtype=torch.long)
-        gen = torch.Generator().manual_seed(self.options.seed * 1_000_003 + spec.request_id)
-        # Ids from 1: 0 is the end-of-sequence token.
-        return torch.randint(1, vocab, (spec.prompt_tokens,), generator=gen)
+        return prompt_ids(sub.spec, self.config.vocab_size, self.options.seed)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def prompt_ids(spec: RequestSpec, vocab: int, seed: int) -> torch.Tensor:
+    """The prompt token ids [prompt_tokens] of ``spec``: its ids (mod ``vocab``), one id per
+    word of its text, or random ids from a generator seeded by ``seed`` and the request id."""
+    if spec.prompt_token_ids is not None:
+        ids = torch.tensor(spec.prompt_token_ids[: spec.prompt_tokens], dtype=torch.long)
+        return ids % vocab
+    if spec.prompt is not None:
+        # One token per word, ids from 1 (0 ends a sequence); padded with spaces' id.
+        raw = [
+            1 + zlib.crc32(w.encode("utf-8")) % (vocab - 1)
+            for w in spec.prompt.split()[: spec.prompt_tokens]
+        ]
+        raw += [32 % vocab] * (spec.prompt_tokens - len(raw))
+        return torch.tensor(raw, dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + spec.request_id)
+    # Ids from 1: 0 is the end-of-sequence token.
+    return torch.randint(1, vocab, (spec.prompt_tokens,), generator=gen)
 
 
 def _kv_dtype(extra: dict[str, str]) -> str:
@@ -1029,9 +1039,14 @@ def _device_name(device: torch.device) -> str:
 
 
 @register_engine("reference")
-def _create(uri: str, options: EngineOptions) -> ReferenceEngine:
+def _create(uri: str, options: EngineOptions) -> Engine:
     if uri.strip().lower() != "reference":
         raise UsageError(
             f"engine {uri!r}: the reference engine takes no arguments; use 'reference'"
         )
+    from perfscope.profiler.engines.reference.multiproc import MultiPlan, MultiProcessEngine
+
+    plan = MultiPlan.parse(options)
+    if plan is not None:
+        return MultiProcessEngine(uri, options, plan)
     return ReferenceEngine(uri, options)

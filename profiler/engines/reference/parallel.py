@@ -47,6 +47,8 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from multiprocessing.context import ForkContext, SpawnContext
+from multiprocessing.process import BaseProcess
 from typing import Literal
 
 import torch
@@ -724,15 +726,40 @@ def _worker(rank: int, world: int, port: int, tasks: object, queue: object) -> N
             torch.distributed.destroy_process_group()
 
 
-def _spawn(
-    world: int, tasks: list[tuple[str, object]], timeout_s: float, start_method: str = "spawn"
-) -> list[list[object]]:
+def mp_context(start_method: str = "spawn") -> ForkContext | SpawnContext:
+    """The multiprocessing context worker processes start from (``spawn``: a fresh
+    interpreter, safe when this process holds threads; ``fork``: a copy, no second import);
+    torch's, so tensors put on its queues travel through shared memory."""
     import multiprocessing as mp
-    import queue as queue_mod
+
+    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
 
     if start_method not in ("fork", "spawn"):
         raise ValueError(f"unknown start method {start_method!r}: use spawn or fork")
-    ctx = mp.get_context("fork") if start_method == "fork" else mp.get_context("spawn")
+    return mp.get_context("fork") if start_method == "fork" else mp.get_context("spawn")
+
+
+def stop_processes(procs: Sequence[BaseProcess], timeout_s: float = 10.0) -> None:
+    """Wait up to ``timeout_s`` seconds for each process to exit, then terminate (and, past
+    another ``timeout_s``, kill) any still alive, so none outlives its caller."""
+    for p in procs:
+        if p.pid is None:  # never started
+            continue
+        p.join(timeout=timeout_s)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=timeout_s)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _spawn(
+    world: int, tasks: list[tuple[str, object]], timeout_s: float, start_method: str = "spawn"
+) -> list[list[object]]:
+    import queue as queue_mod
+
+    ctx = mp_context(start_method)
     q = ctx.Queue()
     port = _free_port()
     procs = [
@@ -763,11 +790,7 @@ def _spawn(
         if errors:
             raise RuntimeError("; ".join(errors))
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+        stop_processes(procs)
     return [results[r] for r in range(world)]
 
 
