@@ -737,7 +737,7 @@ def speculative_projection(
         c = t_draft / t_target if t_target and t_draft is not None else None
         before[f"cost_ratio_{key}"] = c
         before[key] = None if c is None else speculative_speedup(ASSUMED_ACCEPTANCE, k, c)
-    if fit is not None:
+    if fit is not None and draft is not None:
         before.update(_fitted_speculative(fit, target, draft, dev, baseline, k, **kw))
     after: dict[str, Any] | None = None
     plain = _mean_step_s(baseline, "decode") if not baseline.get("speculative") else None

@@ -172,15 +172,15 @@ def parse_ray_resources(
         if name in out:
             raise UsageError(f"{what}: {name!r} is given twice")
         try:
-            amount = float(raw) if not isinstance(raw, bool) else math.nan
+            qty = float(raw) if not isinstance(raw, bool) else math.nan
         except (TypeError, ValueError):
-            amount = math.nan
-        if not (math.isfinite(amount) and amount > 0) or (amount > 1 and amount != int(amount)):
+            qty = math.nan
+        if not (math.isfinite(qty) and qty > 0) or (qty > 1 and qty != int(qty)):
             raise UsageError(
                 f"{what}: {name}={raw!r} must be a positive amount, whole above 1 "
                 f"(e.g. {name}=1 or {name}=0.5)"
             )
-        out[name] = amount
+        out[name] = qty
     return out
 
 
@@ -573,9 +573,10 @@ class LoadActor:
         """The Ray node this actor runs on (its address) and the resources Ray gave it."""
         import ray
 
-        ctx = ray.get_runtime_context()
+        ctx: Any = ray.get_runtime_context()  # Ray's runtime API is untyped
+        util: Any = ray.util
         got = {str(k): float(v) for k, v in ctx.get_assigned_resources().items()}
-        return str(ray.util.get_node_ip_address()), got
+        return str(util.get_node_ip_address()), got
 
     def _engine_lags(self) -> list[int] | None:
         lags = getattr(getattr(self._engine, "stats", None), "lag_ns", None)
@@ -905,7 +906,7 @@ def connect(target: RayTarget) -> bool:
                 _temp_dir=tmp,
                 _node_ip_address="127.0.0.1",
             )
-            loopback = _loopback_only(ray)
+            loopback: contextlib.AbstractContextManager[None] = _loopback_only(ray)
         else:
             kwargs["address"] = target.address
             loopback = contextlib.nullcontext()

@@ -31,13 +31,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-#: Known failures of this stop, named in its issue note (issue 29); to be fixed, not loosened.
-_AUTOSCALE_XFAIL = (
-    "since records come back on a 0.2 s poll and actor start-up is left out of the "
-    "contention window, no lag decision was recorded on the 2-core VM"
-)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """One local Ray cluster for the module (starting one takes 10-30 s here)."""
@@ -486,10 +479,6 @@ def _hog_run(tmp_path: Path, autoscale: int | None) -> Any:
     )
 
 
-@pytest.mark.xfail(
-    reason=_AUTOSCALE_XFAIL,
-    strict=False,
-)
 def test_a_lagging_actor_gets_a_new_actor_for_its_requests_not_yet_sent(
     cluster: None, tmp_path: Path
 ) -> None:
@@ -525,10 +514,6 @@ def test_a_lagging_actor_gets_a_new_actor_for_its_requests_not_yet_sent(
     assert any(f"--ray-autoscale added actor {j}" in w for w in run.summary["warnings"])
 
 
-@pytest.mark.xfail(
-    reason=_AUTOSCALE_XFAIL,
-    strict=False,
-)
 @pytest.mark.parametrize(("autoscale", "action"), [(None, "warned"), (2, "at cap")])
 def test_a_lagging_actor_without_room_to_grow_is_a_warning_and_no_actor_is_added(
     cluster: None, tmp_path: Path, autoscale: int | None, action: str
