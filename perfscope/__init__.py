@@ -38,6 +38,7 @@ __all__ = [
     "load_run",
     "profile",
     "run",
+    "save_study",
     "study",
     "sweep",
 ]
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from perfscope.api.run import Sweep, run, sweep
     from perfscope.api.runner import ProgressHook
     from perfscope.api.runset import RunSet
-    from perfscope.api.study import study
+    from perfscope.api.study import save_study, study
     from perfscope.checks.change import assert_no_regression, compare_runs
     from perfscope.checks.expect import check, expect
     from perfscope.errors import PerfAssertionError
@@ -57,6 +58,7 @@ _LAZY = {
     "run": "perfscope.api.run",
     "sweep": "perfscope.api.run",
     "study": "perfscope.api.study",
+    "save_study": "perfscope.api.study",
     "Sweep": "perfscope.api.run",
     "Profile": "perfscope.api.manual",
     "profile": "perfscope.api.manual",

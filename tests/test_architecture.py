@@ -39,6 +39,7 @@ PUBLIC: dict[str, set[str]] = {
         "load_run",
         "profile",
         "run",
+        "save_study",
         "study",
         "sweep",
     },

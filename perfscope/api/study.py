@@ -36,6 +36,7 @@ __all__ = [
     "load_study",
     "portable_study",
     "reproject_study",
+    "save_study",
     "study",
     "study_with",
 ]
@@ -887,3 +888,27 @@ def load_study(path: str | Path) -> Study:
         return read_study(path)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read study {path}: {exc}") from exc
+
+
+def save_study(study: Study, folder: str | Path) -> Path:
+    """Store a copy of ``study`` in ``folder`` (where ``perfscope advisor calibrate`` reads
+    stored studies), its runs named by run id (:func:`portable_study`); returns its path.
+
+    Raises:
+        UsageError: the folder cannot be written (the study stays in ``study.path``).
+    """
+    from perfscope.errors import StorageError
+    from perfscope.profiler.store import write_json_atomic
+
+    where = Path(folder)
+    name = Path(study.path).name if study.path else f"{study.created_at}-{study.knob}.json"
+    target = where / name
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        # run ids, not this machine's run folders; the copy's own path as given
+        write_json_atomic(target, portable_study(study, target).to_dict())
+    except (OSError, StorageError) as exc:
+        raise UsageError(
+            f"cannot store the study in {where} ({exc}); it is in {study.path}"
+        ) from None
+    return target

@@ -13,7 +13,7 @@ from rich.console import Console
 from perfscope.analysis.catalogue import format_bytes, format_number, format_seconds
 from perfscope.cli._argtypes import add_runs_dir
 from perfscope.dashboard.terminal import FitTable
-from perfscope.errors import StorageError, UsageError
+from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
     from perfscope.analysis.study import Study
@@ -150,7 +150,9 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
         from perfscope.dashboard.study_report import write_study_report
 
         write_study_report(result, args.output)
-    saved = _save(result, args.save) if args.save is not None else None
+    from perfscope.api.study import save_study
+
+    saved = save_study(result, args.save) if args.save is not None else None
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
@@ -166,25 +168,6 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
     if args.output is not None:
         console.print(f"report: {args.output}")
     return 0
-
-
-def _save(study: Study, folder: Path) -> Path:
-    """Store a copy of the study record in ``folder`` (the stored studies calibration reads),
-    its runs named by run id (:func:`perfscope.api.study.portable_study`)."""
-    from perfscope.api.study import portable_study
-    from perfscope.profiler.store import write_json_atomic
-
-    name = Path(study.path).name if study.path else f"{study.created_at}-{study.knob}.json"
-    target = folder / name
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        # run ids, not this machine's run folders; the copy's own path as given
-        write_json_atomic(target, portable_study(study, target).to_dict())
-    except (OSError, StorageError) as exc:
-        raise UsageError(
-            f"cannot store the study in {folder} ({exc}); it is in {study.path}"
-        ) from None
-    return target
 
 
 def _ms(v: Any) -> str:

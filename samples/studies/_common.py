@@ -147,13 +147,6 @@ def run_study(
     )
     print(markdown(s))
     if a.save is not None:
-        from pathlib import Path
-
-        from perfscope.api.study import portable_study
-        from perfscope.profiler.store import write_json_atomic
-
-        target = Path(a.save) / Path(s.path).name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, portable_study(s, target).to_dict())
+        target = perfscope.save_study(s, a.save)
         print(f"- saved: `{target}`")
     return s

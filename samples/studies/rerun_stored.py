@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import perfscope
-from perfscope.api.study import portable_study
-from perfscope.profiler.store import write_json_atomic
 
 #: Fixed options every study shares (the stored 03:xx studies' workload).
 COMMON: dict[str, Any] = {
@@ -153,9 +151,7 @@ def main() -> None:
         print("\n".join(f"note: {n}" for n in s.notes))
         print(f"study: {s.path}")
         if a.save is not None:
-            target = a.save / Path(str(s.path)).name
-            a.save.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(target, portable_study(s, target).to_dict())
+            target = perfscope.save_study(s, a.save)
             print(f"saved: {target}")
 
 
