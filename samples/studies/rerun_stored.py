@@ -20,14 +20,13 @@ The settings are each write-up's, cut to the tiny model where the write-up used 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import perfscope
-from perfscope.api.study import portable_study
-from perfscope.profiler.store import write_json_atomic
 
 #: Fixed options every study shares (the stored 03:xx studies' workload).
 COMMON: dict[str, Any] = {
@@ -155,7 +154,15 @@ def main() -> None:
         if a.save is not None:
             target = a.save / Path(str(s.path)).name
             a.save.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(target, portable_study(s, target).to_dict())
+            # as `perfscope study --save` stores it: runs by id, the copy's own path
+            settings = [
+                dataclasses.replace(
+                    st, runs=[dataclasses.replace(r, run=Path(r.run).name) for r in st.runs]
+                )
+                for st in s.settings
+            ]
+            record = dataclasses.replace(s, settings=settings, path=str(target))
+            target.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
             print(f"saved: {target}")
 
 
