@@ -574,7 +574,8 @@ def fitted_times(
         scaled = scale * roof_times(at_fit, device, r[0], r[1], ctx_a, extra)
         if not other:
             return np.asarray(scaled, dtype=np.float64)
-        return np.maximum(scaled, roof_times(model, device, r[0], r[1], ctx_a, extra))
+        own = roof_times(model, device, r[0], r[1], ctx_a, extra)
+        return np.asarray(np.maximum(scaled, own), dtype=np.float64)
 
     one = [float(b)]
     prefill_extra = extra_bytes + extra_bytes_per_token * b * new_p
