@@ -795,7 +795,7 @@ def _fitted_speculative(
     batch: int,
     prompt_len: int,
     output_len: int,
-) -> dict[str, Any]:
+) -> dict[str, float]:
     """:func:`speculative_projection`'s fitted-model speedup at the assumed acceptance."""
     import numpy as np
 
