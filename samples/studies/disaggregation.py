@@ -60,7 +60,7 @@ if __name__ == "__main__":
         requests=12,
         prompt_len="uniform:32:256",
         output_len=16,
-        repeat=4,
+        repeat=6,
         engine_options={"threads": "1"},
     )
     print()

@@ -24,6 +24,6 @@ if __name__ == "__main__":
         requests=8,
         prompt_len=64,
         output_len=16,
-        repeat=4,
+        repeat=6,
         engine_options={"threads": "1"},
     )
