@@ -286,8 +286,10 @@ def test_study_projects_speculation_from_the_assumed_acceptance_before_the_run(
     assert before["alpha"] == ASSUMED_ACCEPTANCE
     # Same target model and batch: the plain what-if ratio is 1, so the projection is the
     # formula's speedup alone.
-    assert proj["ratios"]["tpot_s"] == pytest.approx(1 / before["derated"])
-    assert proj["ratios"]["throughput_tok_s"] == pytest.approx(before["derated"])
+    # The study projects from the baseline's fitted cost model when it has one, else derated.
+    used = before["fitted"] if "fitted" in before else before["derated"]
+    assert proj["ratios"]["tpot_s"] == pytest.approx(1 / used)
+    assert proj["ratios"]["throughput_tok_s"] == pytest.approx(used)
     after = sp["after_run"]
     assert after is not None and 0 <= after["acceptance_rate"] <= 1
     # The draft's weights and cache are part of the setting's memory.

@@ -17,6 +17,7 @@ SCRIPTS = sorted(p for p in SAMPLES.glob("*.py") if not p.name.startswith("_"))
 OWN_RECORD = {"parallel": ("| measured comm per step ms |", "parallel")}
 #: Smokes too slow for the suite, with the test that covers their path instead.
 SKIP_SMOKE = {
+    "rerun_stored": "a driver of the other samples (it takes study names); their smokes cover it",
     "compile": "torch.compile's dynamo trace takes about a minute here even with the eager "
     "backend; test_reference_paged_heads_compile.py checks the compiled path",
     "parallel_decoding": "three runs take 20-35 s here; test_parallel_decoding.py checks "
