@@ -12,6 +12,7 @@ manifest) and :meth:`ModelSpec.resolve` (whatever a user typed: preset name or p
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -558,7 +559,7 @@ def _config_to_dict(obj: Any, base: type) -> dict[str, Any]:
     return out
 
 
-def _first_of(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+def _first_of(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     """The value of the first of ``keys`` (aliases of one config field) that ``cfg`` sets."""
     for k in keys:
         v = cfg.get(k)
@@ -567,7 +568,7 @@ def _first_of(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _require(cfg: dict[str, Any], *keys: str) -> int:
+def _require(cfg: Mapping[str, Any], *keys: str) -> int:
     v = _first_of(cfg, *keys)
     if v is None:
         raise UsageError(
@@ -1442,7 +1443,7 @@ def _bloom(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _falcon(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _falcon(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
     # Falcon: one fused query_key_value and a dense out projection, a plain MLP
     # (``ffn_hidden_size``, default 4d), LayerNorms with bias, biases on every linear when
     # ``bias``; RoPE or ALiBi (neither a matmul nor a parameter). Three attention layouts:
@@ -1489,7 +1490,7 @@ def _falcon(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _dbrx(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _dbrx(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
     # DBRX: a fused Wqkv (``d + 2·K·h_d`` outputs, no bias; ``clip_qkv`` is a clamp, no
     # matmul), an out projection, bias-free LayerNorms, and in every block a MoE of
     # ``moe_num_experts`` gated experts (w1, v1, w2, ``ffn_hidden_size`` wide) with a
