@@ -364,9 +364,9 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: after its typed summary, 379 once the experiment, calibration, wire and hardening work
 #: of the same stop landed beside it (docs/architecture.md names the next sections to type);
 #: 375 once capture became its own stage (``profiler/capture.py``); 363 once the analysis and
-#: the dashboard read the manifest through its typed view (``analysis/manifest.py``); 368 with
-#: the Falcon and DBRX readers (same signature as the other family readers) merged beside it.
-DICT_ANY_CEILING = 368
+#: the dashboard read the manifest through its typed view (``analysis/manifest.py``); 364 with
+#: the study projection work merged beside it (the Falcon and DBRX readers take a Mapping).
+DICT_ANY_CEILING = 364
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
