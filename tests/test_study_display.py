@@ -9,8 +9,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from perfscope import save_study
 from perfscope.analysis.study import PhasePoint, read_study
-from perfscope.cli.study import _save, effects_table, study_table
+from perfscope.cli.study import effects_table, study_table
 from perfscope.dashboard.study_report import phase_summary, sol_ratio
 from tests.conftest import ROOT
 
@@ -60,7 +61,7 @@ def test_phase_columns_summarise_every_run_and_question_a_ceiling_over_100_perce
 
 def test_save_stores_a_copy_that_reads_back(tmp_path: Path) -> None:
     st = _batch_study()
-    path = _save(st, tmp_path / "stored")  # type: ignore[arg-type]
+    path = save_study(st, tmp_path / "stored")  # type: ignore[arg-type]
     back, orig = read_study(path).to_dict(), st.to_dict()  # type: ignore[attr-defined]
     # the copy names where it is stored; everything else reads back unchanged
     assert Path(back.pop("path")).name == path.name
