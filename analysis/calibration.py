@@ -33,6 +33,8 @@ __all__ = [
     "METRIC_FOR_GAIN",
     "SCHEMA",
     "TECHNIQUES",
+    "UNCHECKED_HOW",
+    "UNCHECKED_PREFIX",
     "Calibration",
     "CalibrationEntry",
     "MachineClass",
@@ -628,6 +630,12 @@ def calibration_for(
     return Calibration(hw, where, key, True, e.significant, e.error, text, e.to_dict())
 
 
+#: How :func:`projection_check` begins and ends a note for a machine class no stored study
+#: checked (presentation merges several devices' notes into one by these).
+UNCHECKED_PREFIX = "unchecked: no stored study measured a significant effect on "
+UNCHECKED_HOW = "(perfscope study ... --save, then perfscope advisor calibrate)"
+
+
 def projection_check(
     machine: MachineClass, entries: Sequence[CalibrationEntry] | None = None
 ) -> str:
@@ -641,10 +649,7 @@ def projection_check(
     sig = [abs(float(e.error)) for e in here if e.significant and e.error is not None]
     where = machine.describe()
     if not sig:
-        return (
-            f"unchecked: no stored study measured a significant effect on {where} "
-            "(perfscope study ... --save, then perfscope advisor calibrate)"
-        )
+        return f"{UNCHECKED_PREFIX}{where} {UNCHECKED_HOW}"
     ordered = sorted(sig)
     mid = len(ordered) // 2
     med = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

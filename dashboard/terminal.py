@@ -337,20 +337,21 @@ def _span(p: dict[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
 
 
 def _said_once(checks: list[str]) -> list[str]:
-    """Several devices' "unchecked: no stored study ... on DEVICE (how to check)" notes as one
-    line naming every device; other notes as they are."""
-    head, tail = "unchecked: no stored study measured a significant effect on ", " (perfscope"
-    unchecked = [c for c in checks if c.startswith(head) and tail in c]
+    """Several devices' "unchecked" notes (:func:`~perfscope.analysis.calibration.
+    projection_check`) as one line naming every device; other notes as they are."""
+    from perfscope.analysis.calibration import UNCHECKED_HOW, UNCHECKED_PREFIX
+
+    tail = " " + UNCHECKED_HOW
+    unchecked = [c for c in checks if c.startswith(UNCHECKED_PREFIX) and c.endswith(tail)]
     if len(unchecked) < 2:
         return checks
-    places = [c[len(head) : c.index(tail)] for c in unchecked]
+    places = [c[len(UNCHECKED_PREFIX) : -len(tail)] for c in unchecked]
     engine = places[0].rpartition(", ")[2]
     common = engine.endswith(" engine") and all(w.endswith(", " + engine) for w in places)
     if common:
         places = [w[: -len(", " + engine)] for w in places]
     where = (", ".join(places) + f"; {engine}") if common else "; ".join(places)
-    how = unchecked[0][unchecked[0].index(tail) + 1 :]
-    merged = f"{head}any device shown ({where}) {how}"
+    merged = f"{UNCHECKED_PREFIX}any device shown ({where}) {UNCHECKED_HOW}"
     return [merged, *(c for c in checks if c not in unchecked)]
 
 
