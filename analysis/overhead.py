@@ -302,6 +302,17 @@ class OverheadFit:
         base = self.step_time(base_roof_s, layers, sequences, sequences)
         return base + self.prefill_scale * np.asarray(roof_s, dtype=np.float64)
 
+    def predict(self, samples: StepSamples) -> np.ndarray:
+        """Predicted time of each of ``samples``' steps, s: :meth:`prefill_step_time` for
+        the steps it marks as prefill (when it tells them apart), :meth:`step_time` for the
+        rest. The residual the fit states is against these."""
+        s = samples
+        plain = np.asarray(self.step_time(s.roof_s, s.layers, s.sequences, s.tokens))
+        if s.prefill is None or s.base_roof_s is None:
+            return plain
+        pre = self.prefill_step_time(s.roof_s, s.layers, s.sequences, s.tokens, s.base_roof_s)
+        return np.where(s.prefill, pre, plain)
+
     def split_layers(self, layers: int) -> OverheadFit:
         """The fit with a folded per-layer term split out of ``per_step_s``, for models of
         ``layers`` blocks (the shape it was fitted on).
@@ -500,11 +511,7 @@ def _fit_prefill_apart(s: StepSamples, decode: OverheadFit) -> OverheadFit:
     denom = float(np.sum(p.roof_s**2))
     scale = max(float(np.sum(p.roof_s * rest)) / denom, 0.0) if denom > 0 else 0.0
     fit = replace(decode, prefill_scale=scale, samples=len(s))
-    pred = np.where(
-        s.prefill,
-        fit.prefill_step_time(s.roof_s, s.layers, s.sequences, s.tokens, s.base_roof_s),
-        fit.step_time(s.roof_s, s.layers, s.sequences, s.tokens),
-    )
+    pred = fit.predict(s)
     rms = float(np.sqrt(np.mean((s.time_s - pred) ** 2)))
     mean = float(np.mean(s.time_s))
     return replace(fit, residual_rms_s=rms, residual_rel=rms / mean if mean > 0 else 0.0)

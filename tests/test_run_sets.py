@@ -103,10 +103,15 @@ def test_identical_python_engines_repeated_show_no_significant_change(
     for row in rows.values():
         assert row["change"][1] in ("no detectable change", "n/a"), row
     for key in KEY_METRICS:
-        assert rows[key]["noise"][1] is not None
+        # at 99% a signed-rank interval needs 8 blocks: a block left out as an outlier (a
+        # burst of load on a shared machine) leaves 7, and then no interval exists; the
+        # row must then name the outlier block rather than state a noise it cannot know
+        row = rows[key]
+        assert row["noise"][1] is not None or row["outliers"][1], row
     # the primary states what it could have detected; secondaries, at the corrected
     # level, need more blocks (said as "none" in the table)
-    assert rows["latency.tpot.p50"]["detectable"][1] is not None
+    primary = rows["latency.tpot.p50"]
+    assert primary["detectable"][1] is not None or primary["outliers"][1], primary
 
 
 def test_precision_adds_blocks_until_the_interval_is_narrow_and_says_why_it_stopped(
