@@ -147,13 +147,18 @@ def run_study(
     )
     print(markdown(s))
     if a.save is not None:
+        from dataclasses import replace
         from pathlib import Path
 
-        from perfscope.api.study import portable_study
         from perfscope.profiler.store import write_json_atomic
 
+        # as `perfscope study --save` stores it: runs by run id, the copy's own path
         target = Path(a.save) / Path(s.path).name
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, portable_study(s, target).to_dict())
+        settings = [
+            replace(st, runs=[replace(r, run=Path(r.run).name) for r in st.runs])
+            for st in s.settings
+        ]
+        write_json_atomic(target, replace(s, settings=settings, path=str(target)).to_dict())
         print(f"- saved: `{target}`")
     return s

@@ -214,7 +214,7 @@ class _Channel:
         return _Channel(ring, recv, send, free_q)
 
 
-def _get(q: Any, parent: int) -> Any:
+def _next_message(q: Any, parent: int) -> Any:
     """The next message of ``q``; exits the process once its parent ``parent`` is gone."""
     while True:
         try:
@@ -273,7 +273,7 @@ def _worker(
         engine = ReferenceEngine("reference", options)
         engine.output_ids = {}
         out_q.put(("ready", wid, None))
-        msg = _get(in_q, parent)
+        msg = _next_message(in_q, parent)
         if msg[0] != "start":
             return
         link = _Link(wid, out_q, int(msg[1]), engine)
@@ -287,7 +287,7 @@ def _worker(
             _serve_decode(link, hand, parent)
         link.flush([])
         out_q.put(("done", wid, None))
-        while _get(in_q, parent)[0] != "stop":  # exit when the parent says so
+        while _next_message(in_q, parent)[0] != "stop":  # exit when the parent says so
             pass
     except SystemExit:
         pass
@@ -304,7 +304,7 @@ def _serve_replica(link: _Link, in_q: Any, parent: int) -> None:
 
     def feed() -> None:
         while True:
-            msg = _get(in_q, parent)
+            msg = _next_message(in_q, parent)
             if msg[0] != "req":
                 inbox.close()
                 return
@@ -331,7 +331,7 @@ def _serve_prefill(link: _Link, in_q: Any, hand: _Channel, parent: int) -> None:
     cfg = eng.config
     ended = False
     while not ended:
-        msgs = [_get(in_q, parent)]
+        msgs = [_next_message(in_q, parent)]
         with contextlib.suppress(queue_mod.Empty):
             while len(msgs) < bs:
                 msgs.append(in_q.get_nowait())
@@ -355,7 +355,9 @@ def _serve_prefill(link: _Link, in_q: Any, hand: _Channel, parent: int) -> None:
             rids = [s.request_id for s in specs]
             rec.step("prefill", t0, t1, len(specs), n_tok * len(specs), 0, rids)
             for j, spec in enumerate(specs):
-                slot = int(_get(hand.free_q, parent))  # waits while the decode side is full
+                slot = int(
+                    _next_message(hand.free_q, parent)
+                )  # waits while the decode side is full
                 h0 = time.perf_counter_ns()
                 buf = hand.ring[slot]
                 for layer in range(cfg.n_layers):
