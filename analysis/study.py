@@ -527,7 +527,9 @@ def _scheduling_projection(
     """The projection of a scheduling knob, with a ``note`` saying what it rests on.
 
     ``disaggregate``: the disaggregation what-if below as the TPOT projection. ``replicas``
-    (``values``: the two settings): :func:`_replicas_projection`.
+    (``values``: the two settings): the cost model for one replica decoding
+    ``ceil(batch / N)`` sequences (the load split evenly), throughput times N; each replica
+    on cores of its own (no contention priced) and no queueing.
 
     ``prefix-cache``: :func:`project_change` with each setting's measured mean cached prompt
     tokens per request (its ``prompt_cache`` section; 0 without one) at the measured mean
@@ -570,10 +572,31 @@ def _scheduling_projection(
             "uncached share, decode unchanged"
         )
         return proj
-    if knob == "replicas":
-        return _replicas_projection(
-            baseline, candidate, batch[0], values, prompt_len, output_len, fit
+    if knob == "replicas":  # one replica decoding ceil(batch / N) sequences, throughput x N
+        try:
+            n = tuple(max(1, int(v or 1)) for v in values)
+        except ValueError:
+            n = (1, 1)
+        per = (max(1, math.ceil(batch[0] / n[0])), max(1, math.ceil(batch[0] / n[1])))
+        proj = project_change(
+            baseline, candidate, batch=per, prompt_len=prompt_len, output_len=output_len, fit=fit
         )
+        if proj is None:
+            return {
+                "ratios": dict(_NO_RATIOS),
+                "sol_ratios": dict(_NO_RATIOS),
+                "note": "no projection: the baseline run has no roofline",
+            }
+        for key in ("ratios", "sol_ratios"):
+            r = proj.get(key) or {}
+            if r.get("throughput_tok_s") is not None:
+                r["throughput_tok_s"] = float(r["throughput_tok_s"]) * n[1] / n[0]
+        proj["note"] = (
+            f"projected with the cost model per replica: {n[1]} replicas decode {per[1]} of the "
+            f"{batch[0]} sequences each (baseline {n[0]}: {per[0]}), throughput x{n[1] / n[0]:g}; "
+            "assumes each replica has cores of its own (no contention) and an even split"
+        )
+        return proj
     lat = (baseline.get("roofline") or {}).get("latency") or {}
     share = lat.get("decode_stall_share")
     dis: dict[str, Any] | None = None
@@ -605,44 +628,6 @@ def _scheduling_projection(
         "apart and has no per-step token budget, so it cannot price chunked (mixed) steps; "
         + dis_txt,
     }
-
-
-def _replicas_projection(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
-    batch: int,
-    values: tuple[str, str],
-    prompt_len: int,
-    output_len: int,
-    fit: OverheadFit | None,
-) -> dict[str, Any]:
-    """``replicas``: the cost model for one replica decoding ``ceil(batch / N)`` sequences
-    (the load split evenly), throughput times N; each replica on cores of its own (N x
-    the baseline's threads: no contention priced) and no queueing."""
-    try:
-        n = tuple(max(1, int(v or 1)) for v in values)
-    except ValueError:
-        n = (1, 1)
-    per = (max(1, math.ceil(batch / n[0])), max(1, math.ceil(batch / n[1])))
-    proj = project_change(
-        baseline, candidate, batch=per, prompt_len=prompt_len, output_len=output_len, fit=fit
-    )
-    if proj is None:
-        return {
-            "ratios": dict(_NO_RATIOS),
-            "sol_ratios": dict(_NO_RATIOS),
-            "note": "no projection: the baseline run has no roofline",
-        }
-    for key in ("ratios", "sol_ratios"):
-        r = proj.get(key) or {}
-        if r.get("throughput_tok_s") is not None:
-            r["throughput_tok_s"] = float(r["throughput_tok_s"]) * n[1] / n[0]
-    proj["note"] = (
-        f"projected with the cost model per replica: {n[1]} replicas decode {per[1]} of the "
-        f"{batch} sequences each (baseline {n[0]}: {per[0]}), throughput x{n[1] / n[0]:g}; "
-        "assumes each replica has cores of its own (no contention) and an even split"
-    )
-    return proj
 
 
 def _mean_step_s(summary: Mapping[str, Any], kind: str) -> float | None:
