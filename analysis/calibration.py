@@ -244,7 +244,8 @@ class CalibrationEntry:
             the projection did not cover it.
         sol_ratio: the bare roofline's (speed of light) ratio, ``None`` when not covered.
         measured_ratio: the measured candidate / baseline ratio.
-        interval: its between-run interval at ``confidence`` (``None``: one run a setting).
+        interval: its between-run interval at ``confidence`` (``None``: one run a setting,
+            or too few runs for an interval at that level).
         confidence: e.g. 0.95.
         significant: the interval excludes 1.
         error: ``projected_ratio / measured_ratio - 1`` (``None`` without a projection).
@@ -298,11 +299,14 @@ class CalibrationEntry:
 
     def measured_text(self) -> str:
         """``1.80x [0.54, 5.99], not significant``."""
-        iv = (
-            "one run a setting"
-            if self.interval is None
-            else f"[{self.interval[0]:.3g}, {self.interval[1]:.3g}]"
-        )
+        if self.interval is not None:
+            iv = f"[{self.interval[0]:.3g}, {self.interval[1]:.3g}]"
+        elif self.runs_per_setting <= 1:
+            iv = "one run a setting"
+        else:
+            # paired rounds too few for an interval at this level (6 for 95%), not one run
+            level = f"{self.confidence:.0%}"
+            iv = f"{self.runs_per_setting} runs a setting: too few for a {level} interval"
         sig = "significant" if self.significant else "not significant"
         return f"{self.measured_ratio:.3g}x {iv}, {sig}"
 

@@ -228,3 +228,10 @@ def test_a_cpu_run_shows_the_calibration_in_the_terminal_and_the_html_report(
     html = report.read_text()
     assert "calibration (measured by our studies)" in html
     assert texts[0].split(" (")[0] in html
+
+
+def test_an_effect_with_too_few_rounds_for_an_interval_says_so_not_one_run() -> None:
+    entry = dataclasses.replace(load_calibration()[0], interval=None, significant=False)
+    four = dataclasses.replace(entry, runs_per_setting=4, confidence=0.95)
+    assert "4 runs a setting: too few for a 95% interval" in four.measured_text()
+    assert "one run a setting" in dataclasses.replace(entry, runs_per_setting=1).measured_text()
