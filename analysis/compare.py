@@ -272,11 +272,14 @@ def compare_run_sets(
         ``{"baseline", "labels", "runs", "confidence", "method", "noise_known", "primary",
         "headlines", "correction", "paired", "position", "contention", "notes",
         "metrics": [{"key", "label", "unit", "better", "primary", "values", "per_run",
-        "ratios", "ci", "noise", "detectable", "needs", "p", "outliers", "change",
-        "n"}]}``.
+        "ratios", "ci", "ci_level", "interval", "noise", "detectable", "needs", "p",
+        "outliers", "change", "n"}]}``.
         ``values`` holds each set's median; ``ratios``, ``ci``, ``noise``, ``detectable``
         and ``change`` hold ``None`` for the baseline; ``change`` is ``better``, ``worse``
-        or ``no detectable change``. The primary metric's row comes first.
+        or ``no detectable change``. ``ci`` is at ``ci_level``, the level that row's verdict
+        is tested at after the multiplicity correction (not ``confidence``, which is the
+        family-wise level over all metrics); ``interval`` is its display text naming that
+        level. The primary metric's row comes first.
 
     Raises:
         ValueError: fewer than two sets, an empty set, or an unknown primary metric.
@@ -380,6 +383,8 @@ def compare_run_sets(
                 "per_run": per_run_all[m.key],
                 "ratios": [None] + [c.ratio if c else None for c in rest],
                 "ci": [None] + [list(c.ci) if c and c.ci else None for c in rest],
+                "ci_level": [None] + [c.ci_level if c else None for c in rest],
+                "interval": [None] + [c.interval_text() if c else None for c in rest],
                 "noise": [None] + [c.noise if c else None for c in rest],
                 "detectable": [None] + [c.detectable if c else None for c in rest],
                 "needs": [None]

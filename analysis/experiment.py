@@ -60,9 +60,11 @@ __all__ = [
     "block_order",
     "blocks_needed",
     "detectable_change",
+    "fewest_for_interval",
     "holm",
     "judge_experiment",
     "judge_metric",
+    "level_text",
     "mann_whitney_interval",
     "outlier_indices",
     "position_effect",
@@ -488,9 +490,12 @@ class SetChange:
         ratio: candidate / baseline (``exp`` of the Hodges–Lehmann log-ratio estimate; for
             metrics that can be zero, ``1 +`` the estimate of the difference relative to
             the baseline median); ``None`` when not computable.
-        ci: ``(lo, hi)`` interval of ``ratio`` at ``confidence``; ``None`` when too few
-            blocks (runs) give one.
-        noise: half-width of the interval as a fraction (0.05 = ±5%); ``None`` without one.
+        ci: ``(lo, hi)`` interval of ``ratio`` at ``ci_level``, the level the verdict is
+            tested at (so the interval excludes 1 exactly when the test can call a change);
+            ``None`` when too few blocks (runs) give one at that level.
+        noise: half-width of the interval at ``confidence`` (uncorrected, 95% by default)
+            as a fraction (0.05 = ±5%): a measure of the run-to-run noise, not of the
+            verdict; ``None`` without one.
         verdict: :data:`BETTER`, :data:`WORSE`, :data:`NO_CHANGE`, or ``n/a`` (a value is
             missing).
         n: values in the baseline and candidate arms (blocks used, for a paired design).
@@ -509,6 +514,10 @@ class SetChange:
         tolerance: relative change allowed before a significant change counts (a gate's
             practical threshold; 0 = any significant change counts).
         contended: contended runs among those judged.
+        ci_level: confidence of ``ci`` (0.96: a 96% interval); ``None`` in records made
+            before 2026-12-02, whose ``ci`` is the uncorrected 95% interval.
+        corrected_out: the interval excludes 1 but the false-discovery correction over the
+            secondary metrics did not reject, so the verdict is no detectable change.
     """
 
     ratio: float | None
@@ -529,6 +538,8 @@ class SetChange:
     after: float | None = None
     tolerance: float = 0.0
     contended: int = 0
+    ci_level: float | None = None
+    corrected_out: bool = False
 
     @property
     def regressed(self) -> bool:
@@ -548,6 +559,46 @@ class SetChange:
         if self.verdict == NO_CHANGE:
             return False
         return None
+
+    @property
+    def verdict_level(self) -> float | None:
+        """The confidence the verdict is tested at (``1 - alpha``); ``None`` when unknown."""
+        return None if self.alpha is None else 1.0 - self.alpha
+
+    def interval_text(self, digits: int = 3) -> str:
+        """The interval as a table cell that names its level: ``[0.912, 0.981] at 96%``;
+        or why there is none (``n/a (too few runs)``, ``none at 99%: 6 blocks are too few,
+        8+ needed``). An older record's uncorrected interval says so."""
+        if self.ratio is None:
+            return "n/a (a value is missing)"
+        level = self.verdict_level
+        unit = "blocks" if self.paired else "runs a side"
+        have = min(self.n) if self.n else 0
+        need = None if level is None else fewest_for_interval(level, paired=self.paired)
+        too_few = level is not None and need is not None and 2 <= have < need
+        short = f"none at {level_text(level or 0.0)}: {have} {unit} are too few, {need}+ needed"
+        if self.ci is None:
+            return short if too_few else "n/a (too few runs)"
+        lo, hi = self.ci
+        cell = f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+        if self.ci_level is not None:
+            cell += f" at {level_text(self.ci_level)}"
+            if self.corrected_out:
+                cell += " (not significant after the false-discovery correction)"
+            return cell
+        # An older record: its interval is the uncorrected 95% one.
+        if level is None or abs(level - DEFAULT_CONFIDENCE) < 1e-9:
+            held = (
+                not self.primary
+                and self.tolerance == 0.0
+                and self.verdict == NO_CHANGE
+                and not lo <= 1.0 <= hi
+            )
+            note = " (not significant after the false-discovery correction)" if held else ""
+            return f"{cell} at {level_text(DEFAULT_CONFIDENCE)}{note}"
+        if too_few:
+            return f"{short}; uncorrected 95%: {cell}"
+        return f"{cell} at 95% uncorrected (older record; verdict at {level_text(level)})"
 
     def detectable_text(self) -> str:
         """``changes under ±7% are not detectable at this noise`` (or why none is)."""
@@ -593,6 +644,28 @@ class SetChange:
             f"{text}; detecting ±{100 * change:g}% needs about {more} {unit} at this noise "
             f"(this experiment: {have}); no claim that it is absent"
         )
+
+
+def level_text(level: float) -> str:
+    """A confidence as a percentage to three figures: ``0.96`` → ``96%``, ``0.992`` →
+    ``99.2%``."""
+    return f"{100 * level:.3g}%"
+
+
+def fewest_for_interval(level: float, *, paired: bool, most: int = 60) -> int | None:
+    """Fewest blocks (paired) or runs a side (unpaired) that give any interval at
+    ``level``: the exact signed-rank or Mann–Whitney null cannot reach a smaller two-sided
+    tail with fewer. ``None`` beyond ``most``."""
+    for n in range(2, most + 1):
+        xs = [float(i) for i in range(1, n + 1)]
+        iv = (
+            signed_rank_interval(xs, level)[1]
+            if paired
+            else mann_whitney_interval(xs, [x + 0.5 for x in xs], level)[1]
+        )
+        if iv is not None:
+            return n
+    return None
 
 
 def _finite(values: Sequence[float | None]) -> list[float]:
@@ -737,7 +810,7 @@ def judge_metric(
             else None
         )
     )
-    ci = (back(ci_r[0]), back(ci_r[1])) if ci_r is not None else None
+    ci = (back(ci_d[0]), back(ci_d[1])) if ci_d is not None else None
     noise = (
         (math.exp((ci_r[1] - ci_r[0]) / 2) - 1.0 if logs else (ci_r[1] - ci_r[0]) / 2)
         if ci_r
@@ -760,6 +833,7 @@ def judge_metric(
         names,
         before=float(statistics.median(a)),
         after=float(statistics.median(b)),
+        ci_level=1 - level,
         **base,  # type: ignore[arg-type]
     )
 
@@ -901,7 +975,8 @@ def judge_experiment(
         ok = keep[tested.index(name)]
         # Changed only when BH rejects and the interval at that level excludes 1.
         verdict = c.verdict if ok else NO_CHANGE
-        out.append(replace(c, verdict=verdict, alpha=rest_alpha))
+        held = not ok and c.significant is True
+        out.append(replace(c, verdict=verdict, alpha=rest_alpha, corrected_out=held))
     correction = (
         f"primary {primary} at α={PRIMARY_SHARE * alpha:.3g}; {len(tested)} secondary metrics "
         f"Benjamini–Hochberg at false discovery rate {rest_alpha:.3g}"

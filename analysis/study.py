@@ -31,7 +31,13 @@ from typing import Any
 
 from perfscope.analysis.calibration import machine_of_summary
 from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
-from perfscope.analysis.experiment import MIN_BLOCKS, SetChange, judge_experiment, judge_metric
+from perfscope.analysis.experiment import (
+    MIN_BLOCKS,
+    SetChange,
+    fewest_for_interval,
+    judge_experiment,
+    judge_metric,
+)
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import (
     OverheadFit,
@@ -115,7 +121,11 @@ def detectable_cell(change: SetChange, repeat: int) -> str:
     if repeat < 2:
         return "noise unknown"
     if change.detectable is None:
-        return f"none ({min(change.n) or repeat} rounds; {MIN_BLOCKS}+ detect)"
+        level = change.verdict_level
+        need = (
+            fewest_for_interval(level, paired=change.paired) if level is not None else None
+        ) or MIN_BLOCKS
+        return f"none ({min(change.n) or repeat} rounds; {need}+ detect)"
     return f"±{100 * change.detectable:.0f}%"
 
 

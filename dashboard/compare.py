@@ -156,7 +156,10 @@ def ratio_cells(row: dict[str, Any], i: int) -> tuple[str, str, str, str]:
     r, ci = row["ratios"][i], row["ci"][i]
     det = (row.get("detectable") or [None] * (i + 1))[i]
     ratio = "n/a (a value is missing)" if r is None else f"{r:.3f}x"
-    if ci:
+    text = (row.get("interval") or [None] * (i + 1))[i]
+    if text:  # names the level the verdict was tested at
+        interval = str(text)
+    elif ci:
         interval = f"[{ci[0]:.3f}, {ci[1]:.3f}]"
     elif r is None:
         interval = "n/a (a value is missing)"
@@ -184,8 +187,9 @@ def comparison_title(result: dict[str, Any]) -> str:
     paired = result.get("paired") or []
     design = "paired by block" if paired and all(paired) else "unpaired"
     return (
-        f"Compared with {result['labels'][0]} (ratios of run-set centres, {design}; {conf} "
-        f"interval from the run-to-run noise: {result['method']})"
+        f"Compared with {result['labels'][0]} (ratios of run-set centres, {design}; each "
+        f"interval at the level its verdict is tested at, {conf} family-wise over all "
+        f"metrics: {result['method']})"
     )
 
 
@@ -195,13 +199,12 @@ def comparison_table(result: dict[str, Any]) -> FitTable:
     and notes (noise unknown, contention) in the caption. Too wide for the terminal, it is
     drawn stacked (one block per metric)."""
     labels = result["labels"]
-    conf = f"{100 * result['confidence']:g}%"
     cols = ["metric"]
     cols += ["baseline" if i == 0 else f"run {i}" for i in range(len(labels))]
     right = set(cols[1:])
     for i in range(1, len(labels)):
         suffix = f" {i}" if len(labels) > 2 else ""
-        more = [f"ratio{suffix}", f"{conf} CI{suffix}", f"detectable{suffix}"]
+        more = [f"ratio{suffix}", f"interval{suffix}", f"detectable{suffix}"]
         cols += [*more, f"change{suffix}"]
         right.update(more)
     lines = [
@@ -253,14 +256,13 @@ def comparison_html(
     """A self-contained comparison page: the table (static HTML) and the comparison
     figures (metrics side by side, overlaid latency CDFs)."""
     labels = result["labels"]
-    conf = f"{100 * result['confidence']:g}%"
     head = ["<tr><th>metric</th>"]
     head += [
         f"<th class='n'>{'baseline' if i == 0 else f'run {i}'}</th>" for i in range(len(labels))
     ]
     for i in range(1, len(labels)):
         sfx = f" {i}" if len(labels) > 2 else ""
-        head.append(f"<th class='n'>ratio{sfx}</th><th class='n'>{conf} CI{sfx}</th>")
+        head.append(f"<th class='n'>ratio{sfx}</th><th class='n'>interval{sfx}</th>")
         head.append(f"<th class='n'>detectable{sfx}</th><th>change{sfx}</th>")
     head.append("</tr>")
     rows = []
@@ -323,9 +325,9 @@ def comparison_html(
         f'<section id="runs"><h2>Runs</h2><table class="kv">{legend}</table></section>'
         f'<section id="comparison"><h2>Metrics</h2>'
         f"<p class='caption'>{esc(comparison_title(result))}. A change is better or worse "
-        f"only when its multiplicity-corrected test rejects no change (the {conf} interval "
-        "excludes 1); single runs get a ratio only; 'detectable' is the smallest change this "
-        "experiment detects with 80% probability.</p>"
+        "only when its multiplicity-corrected test rejects no change (its interval, at the "
+        "level named in the cell, excludes 1); single runs get a ratio only; 'detectable' "
+        "is the smallest change this experiment detects with 80% probability.</p>"
         f"{notes_html}"
         f"<table id='comparison-table'><thead>{''.join(head)}</thead>"
         f"<tbody>{''.join(rows)}</tbody></table></section>"

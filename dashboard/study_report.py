@@ -211,7 +211,7 @@ def _table(study: Study) -> tuple[str, str]:
     for s in study.settings[1:]:
         for e in s.effects:
             c = e.change
-            ci = "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
+            ci = esc(c.interval_text())
             err = "–" if e.error is None else f"{100 * e.error:+.0f}%"
             erows.append(
                 f"<tr><td>{esc(s.value)}</td><td>{esc(METRIC_LABELS[e.metric][0])}</td>"

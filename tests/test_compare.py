@@ -16,7 +16,12 @@ from perfscope.analysis.compare import (
     compare_runs,
     t_quantile,
 )
-from perfscope.analysis.experiment import block_order, judge_metric
+from perfscope.analysis.experiment import (
+    block_order,
+    fewest_for_interval,
+    judge_experiment,
+    judge_metric,
+)
 from perfscope.cli import main
 from perfscope.profiler.store import read_run
 from tests.data.runs.builders import synthetic_run
@@ -131,6 +136,54 @@ def test_a_real_30_percent_slowdown_is_called_worse_with_its_interval() -> None:
     assert ratio == pytest.approx(1.3, rel=0.08)
     assert result["headlines"][0].startswith("TPOT p50: worse (1.")
     assert "not detectable at this noise" in result["headlines"][0]
+
+
+def test_every_shown_interval_is_the_one_its_verdict_was_tested_at() -> None:
+    # A 30% slowdown over 6 paired blocks: the primary is tested at 96% and shows its 96%
+    # interval; a secondary tested at 99% (the primary changed: α carries over at 95%)
+    # shows the interval at that level, so no cell shows a looser interval than its verdict.
+    rng = np.random.default_rng(5)
+    order = block_order(2, 6, 3)
+    a = [_summary(rng, 1.0, 0.03) for _ in range(6)]
+    b = [_summary(rng, 1.3, 0.03) for _ in range(6)]
+    _blocked(a, "A", order)
+    _blocked(b, "B", order)
+    result = compare_run_sets(["a", "b"], [a, b], confidence=0.9)
+    for row in result["metrics"]:
+        level = row["ci_level"][1]
+        if row["ratios"][1] is None:
+            continue
+        expect = 1 - 0.8 * 0.1 if row["primary"] else None
+        if expect is not None:
+            assert level == pytest.approx(expect)
+        text = row["interval"][1]
+        if row["ci"][1] is not None:
+            assert text.endswith(f"at {100 * level:.3g}%") or "correction" in text
+            lo, hi = row["ci"][1]
+            excludes = not lo <= 1.0 <= hi
+            assert (row["change"][1] != "no detectable change") <= excludes, row["key"]
+    lead = result["metrics"][0]
+    assert lead["interval"][1].endswith("at 92%") and lead["change"][1] == "worse"
+
+
+def test_an_experiment_too_small_for_the_corrected_level_says_so_instead_of_a_looser_interval() -> (
+    None
+):
+    # 6 blocks reach 96% (the primary's level) but not 99% (a secondary's when the primary
+    # did not change): the secondary gets no interval and the cell says how many it needs.
+    rng = np.random.default_rng(2)
+    base = [float(rng.lognormal(0, 0.02)) for _ in range(6)]
+    same = [x * float(rng.lognormal(0, 0.02)) for x in base]
+    half = [x * 0.56 for x in base]
+    exp = judge_experiment(
+        {"p": (base, same, "lower"), "s": (base, half, "higher")}, "p", paired=True
+    )
+    sec = next(c for c in exp.changes if c.metric == "s")
+    assert sec.ci is None and sec.verdict == "no detectable change"
+    assert sec.interval_text() == "none at 99%: 6 blocks are too few, 8+ needed"
+    assert fewest_for_interval(0.96, paired=True) == 6
+    assert fewest_for_interval(0.99, paired=True) == 8
+    assert fewest_for_interval(0.95, paired=False) == 4
 
 
 def test_three_runs_a_side_say_they_cannot_detect_a_change_instead_of_claiming_one() -> None:
@@ -251,7 +304,7 @@ def test_compare_command_takes_run_sets_as_lists_and_globs(
     assert "noise" in html
     assert main(["compare", a1, str(three_runs[2]), "--confidence", "90"]) == 0
     text = capsys.readouterr().out
-    assert "TTFT p99" in text and "noise unknown" in text and "90% CI" in text
+    assert "TTFT p99" in text and "noise unknown" in text and "interval" in text
 
 
 def test_compare_needs_two_different_runs(

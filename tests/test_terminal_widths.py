@@ -139,7 +139,7 @@ def test_compare_prints_whole_labels_ratios_and_changes(
     # Single runs: the interval, noise and change are the same in every row: said once.
     assert text.count("every row:") == 1
     prose = " ".join(text.split())  # captions wrap at spaces
-    assert prose.count("95% CI: n/a (too few runs)") == 1
+    assert prose.count("interval: n/a (too few runs)") == 1
 
 
 @pytest.fixture(scope="module")

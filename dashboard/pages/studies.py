@@ -201,13 +201,7 @@ def _effects_table(study: Study) -> Any:
                     "value": s.value,
                     "metric": METRIC_LABELS[e.metric][0] if e.metric in METRIC_LABELS else e.metric,
                     "measured": _ratio(c.ratio) if c.ratio is not None else _missing(e.metric),
-                    "interval": (
-                        "n/a"
-                        if c.ratio is None
-                        else "noise unknown"
-                        if c.ci is None
-                        else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
-                    ),
+                    "interval": "n/a" if c.ratio is None else c.interval_text(),
                     "detectable": detectable_cell(c, study.repeat),
                     "verdict": c.verdict,
                     "projected": (
@@ -227,7 +221,7 @@ def _effects_table(study: Study) -> Any:
         ("value", study.knob),
         ("metric", "metric"),
         ("measured", f"measured ratio (vs {study.values[0]})"),
-        ("interval", "95% interval"),
+        ("interval", "interval (at the verdict level)"),
         ("detectable", "detectable change"),
         ("verdict", "verdict"),
         ("projected", "projected ratio (what-if)"),

@@ -23,6 +23,7 @@ from perfscope.analysis.experiment import (
     WORSE,
     SetChange,
     judge_metric,
+    level_text,
     t_quantile,
 )
 from perfscope.api.runset import samples_of
@@ -62,7 +63,9 @@ def describe(c: SetChange) -> str:
     before = format_metric(c.before, c.metric)
     after = format_metric(c.after, c.metric)
     ch = "n/a" if c.change is None else format_change(c.change)
-    ci = f" [{c.ci[0]:.3g}x, {c.ci[1]:.3g}x]" if c.ci else ""
+    level = c.ci_level if c.ci_level is not None else c.verdict_level
+    at = f" at {level_text(level)}" if level is not None else ""
+    ci = f" [{c.ci[0]:.3g}x, {c.ci[1]:.3g}x]{at}" if c.ci else ""
     det = (
         f"changes under ±{format_ratio(c.detectable)} undetectable"
         if c.detectable is not None

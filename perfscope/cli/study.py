@@ -212,7 +212,7 @@ def effects_table(study: Study) -> FitTable:
         (
             study.knob,
             "metric",
-            "measured [95% interval]",
+            "measured, interval",
             "detectable",
             "verdict",
             "projected",
@@ -220,7 +220,7 @@ def effects_table(study: Study) -> FitTable:
             "error",
         ),
         title=f"effect against {study.knob}={study.values[0]}: measured vs projected",
-        right=frozenset(("measured [95% interval]", "detectable", "projected", "SoL", "error")),
+        right=frozenset(("measured, interval", "detectable", "projected", "SoL", "error")),
     )
     from perfscope.analysis.study import detectable_cell
     from perfscope.dashboard.study_report import sol_ratio
@@ -234,8 +234,7 @@ def effects_table(study: Study) -> FitTable:
             t.add_row(
                 str(s.value),
                 e.metric,
-                f"{c.ratio:.3f}x "
-                + ("[noise unknown]" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"),
+                f"{c.ratio:.3f}x {c.interval_text()}",
                 detectable_cell(c, study.repeat),
                 c.verdict,
                 "–" if e.projected_ratio is None else f"{e.projected_ratio:.3f}x",

@@ -55,7 +55,7 @@ def markdown(s: Any) -> str:
         )
     lines += [
         "",
-        f"| {s.knob} | metric | measured ratio | 95% interval | verdict "
+        f"| {s.knob} | metric | measured ratio | interval (at the verdict's level) | verdict "
         "| projected (derated) | error | roofline alone (SoL) |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -65,7 +65,7 @@ def markdown(s: Any) -> str:
             if e.metric not in keys:
                 continue
             c = e.change
-            ci = "noise unknown" if c.ci is None else f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]"
+            ci = c.interval_text()
             sol = ((st.projection or {}).get("sol_ratios") or {}).get(keys[e.metric])
             err = "–" if e.error is None else f"{100 * e.error:+.0f}%"
             lines.append(
