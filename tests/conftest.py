@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,13 @@ import pytest
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
+
+# A shell that starts pytest in the background (``nohup ... &``) passes SIGINT on ignored,
+# and an ignored signal stays ignored across exec: every CLI a test starts would then shrug
+# off the Ctrl-C the signal tests send it. A handled signal is reset to the default at exec,
+# so handling it here gives each child the default a terminal user's process has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
