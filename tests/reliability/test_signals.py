@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 
 from perfscope.profiler.store import read_run
+from tests.conftest import PERFSCOPE, subprocess_env
 from tests.reliability.helpers import cli, logged_ends, start_run, wait_for
 
 RUN_ARGS = (
@@ -159,3 +161,47 @@ def test_sigkill_keeps_the_telemetry_flushed_during_the_run(tmp_path: Path) -> N
     cpu = run.telemetry[run.telemetry["device"] == "cpu"]
     assert len(cpu) >= 20  # 20 ms sampling for > 1.5 s, flushed every 0.5 s
     assert cpu["t"].is_monotonic_increasing and cpu["t"].is_unique
+
+
+def test_sigint_mid_run_keeps_completed_requests_and_exits_1(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            *PERFSCOPE,
+            "run",
+            "python:timed_engines:slow_stream",
+            "--requests",
+            "200",
+            "--output-len",
+            "10",
+            "--mode",
+            "online",
+            "--concurrency",
+            "2",
+            "--no-progress",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(PERFSCOPE_RUNS_DIR=str(tmp_path)),
+    )
+    deadline = time.monotonic() + 60
+    # Wait for the manifest (the run has started), then for some requests to finish.
+    while not list(tmp_path.glob("*/manifest.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "interrupted" in err
+    (run_dir,) = list(tmp_path.iterdir())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    reqs = pd.read_parquet(run_dir / "requests.parquet")
+    completed = reqs[reqs["error"].isna()]
+    assert len(completed) >= 4
+    assert (completed["output_tokens"] == 10).all()
+    assert set(reqs.loc[reqs["error"].notna(), "error"]) <= {"interrupted"}
+    summary = json.loads(out)
+    assert summary["status"] == "interrupted"
+    assert summary["counts"]["completed"] == len(completed)
