@@ -50,6 +50,15 @@ def _run(url: str, runs: Path, n_requests: int, *extra: str) -> int:
 
 
 @pytest.mark.parametrize("n", ["2", "0", "true"])
+@pytest.mark.fault(
+    fault="`--extra-body` asks for `n` = 2 (or 0, or true)",
+    before=(
+        "every request sent with n=2, each failed at choice index 1; run failed, exit 3 (this "
+        "branch, 2026-12-02)"
+    ),
+    after="one-line usage error naming n, exit 2, no request sent",
+    kept="nothing captured to lose: no request sent, no run folder made",
+)
 def test_a_request_body_asking_for_several_choices_is_refused_before_any_request(
     tmp_path: Path, n: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -64,6 +73,15 @@ def test_a_request_body_asking_for_several_choices_is_refused_before_any_request
     assert not runs.exists() or not any(runs.iterdir()), "no half-made run folder"
 
 
+@pytest.mark.fault(
+    fault="a server streams a second choice (index 1) unasked",
+    before=(
+        "choices merged into one stream without a word (issue 26); fixed to fail the request "
+        "before this branch"
+    ),
+    after="that request fails naming `n > 1`; the run completes; `n: 1` is sent as asked",
+    kept="every request row; the other 3 whole (5 tokens each)",
+)
 def test_a_second_choice_streamed_unasked_fails_its_request_and_keeps_the_others(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -26,6 +26,14 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return manual_run(root, name="tmpl", n_requests=6, fail_every=3)
 
 
+@pytest.mark.fault(
+    fault="the index file is a symlink (to a user's DuckDB file, or dangling)",
+    before=(
+        "`index` and the dashboard wrote through it, replacing the user's `runs` table (issue 26)"
+    ),
+    after="an in-memory index with a note; the link never opened",
+    kept="the user's file unchanged; nothing created at a dangling target",
+)
 def test_a_symlinked_index_file_is_never_opened_and_its_target_is_untouched(
     template: Path, tmp_path: Path
 ) -> None:
@@ -53,6 +61,12 @@ def test_a_symlinked_index_file_is_never_opened_and_its_target_is_untouched(
     assert not (tmp_path / "would-be-created.duckdb").exists()
 
 
+@pytest.mark.fault(
+    fault="a run folder named in non-UTF-8 bytes; a lone surrogate in a manifest name",
+    before="index, query, `ls --where`, dashboard and /api/runs failed for every run (issue 26)",
+    after="names escaped; the folder listed broken naming UTF-8",
+    kept="all 3 runs in query, `ls --where` and the dashboard's JSON",
+)
 def test_a_run_with_an_undecodable_name_is_listed_and_hides_no_other_run(
     template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,6 +101,12 @@ def test_a_run_with_an_undecodable_name_is_listed_and_hides_no_other_run(
     json.dumps(records).encode("utf-8")
 
 
+@pytest.mark.fault(
+    fault="a run seen broken whose table file is then completed in place",
+    before="stayed broken: the refresh key was only manifest/summary mtime and size (issue 26)",
+    after="re-read on the table file's identity: `complete`",
+    kept="the run, complete, one row updated",
+)
 def test_a_run_seen_broken_is_reread_when_only_a_table_file_changes(
     template: Path, tmp_path: Path
 ) -> None:
@@ -104,6 +124,12 @@ def test_a_run_seen_broken_is_reread_when_only_a_table_file_changes(
         assert index.query("SELECT state, problem FROM runs")[1] == [("complete", None)]
 
 
+@pytest.mark.fault(
+    fault="SQL with `COPY ... TO`, `read_csv`, `SET`, `INSTALL`, or several statements",
+    before="external access on: files written and read, several statements run (issue 26)",
+    after="`query failed:` in one line; `--allow-files` opts in to file functions",
+    kept="no file written; the index and its `runs` table intact",
+)
 def test_query_runs_one_statement_without_file_access_unless_allowed(
     template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -38,6 +38,12 @@ def _started(runs: Path, log: Path) -> Path:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.fault(
+    fault="SIGTERM or SIGHUP at a random moment",
+    before="not recorded (guard older than issue 26)",
+    after="stops like Ctrl-C: exit 1, `interrupted by SIG...`",
+    kept="every request that ended before the signal, with 10 tokens",
+)
 def test_sigterm_and_sighup_stop_the_run_like_ctrl_c(tmp_path: Path, sig: signal.Signals) -> None:
     runs, log = tmp_path / "runs", tmp_path / "ends.log"
     proc = start_run(runs, *RUN_ARGS, "--no-report", log=log)
@@ -63,6 +69,12 @@ def test_sigterm_and_sighup_stop_the_run_like_ctrl_c(tmp_path: Path, sig: signal
     assert summary["status"] == "interrupted"
 
 
+@pytest.mark.fault(
+    fault="Ctrl-C twice",
+    before="not recorded (guard older than issue 26)",
+    after="exit 1, `interrupted`, no traceback",
+    kept="requests.parquet written; no temporary files",
+)
 def test_sigint_twice_still_writes_everything(tmp_path: Path) -> None:
     runs, log = tmp_path / "runs", tmp_path / "ends.log"
     proc = start_run(runs, *RUN_ARGS, log=log)
@@ -79,6 +91,12 @@ def test_sigint_twice_still_writes_everything(tmp_path: Path) -> None:
     assert not list(run_dir.glob(".*.tmp"))
 
 
+@pytest.mark.fault(
+    fault="SIGKILL at a random moment",
+    before="not recorded (guard older than issue 26)",
+    after="the run reads `crashed` and partial",
+    kept="every request completed a second before the kill, with 10 tokens",
+)
 def test_sigkill_keeps_every_request_completed_a_second_before(tmp_path: Path) -> None:
     runs, log = tmp_path / "runs", tmp_path / "ends.log"
     proc = start_run(runs, *RUN_ARGS, log=log)
@@ -104,6 +122,12 @@ def test_sigkill_keeps_every_request_completed_a_second_before(tmp_path: Path) -
     assert (per_req.loc[sorted(due)] == 10).all()
 
 
+@pytest.mark.fault(
+    fault="a SIGKILLed run read by ls, show and report",
+    before="not recorded (guard older than issue 26)",
+    after="`crashed` everywhere with a partial warning; nothing writes into it",
+    kept="its completed requests, counted",
+)
 def test_a_killed_run_reads_as_crashed_everywhere_and_nothing_writes_into_it(
     tmp_path: Path,
 ) -> None:
@@ -148,6 +172,12 @@ def test_a_killed_run_reads_as_crashed_everywhere_and_nothing_writes_into_it(
     assert row.status == "crashed" and row.state == "partial" and "gone" in (row.problem or "")
 
 
+@pytest.mark.fault(
+    fault="SIGKILL while telemetry is sampled",
+    before="not recorded (guard older than issue 26)",
+    after="telemetry read back from the segments",
+    kept="20 or more CPU samples, times increasing",
+)
 def test_sigkill_keeps_the_telemetry_flushed_during_the_run(tmp_path: Path) -> None:
     runs, log = tmp_path / "runs", tmp_path / "ends.log"
     args = [a for a in RUN_ARGS if a != "--no-telemetry"]
@@ -163,6 +193,12 @@ def test_sigkill_keeps_the_telemetry_flushed_during_the_run(tmp_path: Path) -> N
     assert cpu["t"].is_monotonic_increasing and cpu["t"].is_unique
 
 
+@pytest.mark.fault(
+    fault="Ctrl-C mid-run",
+    before="not recorded (guard older than issue 26)",
+    after="exit 1, status `interrupted`",
+    kept="4 or more completed requests with all 10 tokens; the rest `interrupted`",
+)
 def test_sigint_mid_run_keeps_completed_requests_and_exits_1(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [
