@@ -175,15 +175,6 @@ def test_bad_input_gives_a_one_line_error_and_exit_code_2(
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
-def test_unreadable_manifest_is_a_clear_error(tmp_path: Path) -> None:
-    bad = tmp_path / "broken-run"
-    bad.mkdir()
-    (bad / "manifest.json").write_text("{not json")
-    res = _cli("show", str(bad), runs=tmp_path)
-    assert res.returncode == 2
-    assert "cannot read" in res.stderr and "Traceback" not in res.stderr
-
-
 def test_run_with_python_engine_records_failures_and_goes_on(tmp_path: Path) -> None:
     res = _cli(
         "run",

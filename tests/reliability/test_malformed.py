@@ -201,3 +201,18 @@ def test_an_oversized_manifest_or_summary_is_listed_broken_with_its_size_and_the
     assert set(broken) == {"hugemanifest", "hugesummary", "small"}
     assert "over the 1.0 KiB cap" in str(broken["small"]), broken["small"]
     assert (huge_m / "manifest.json").stat().st_size == 1 << 30  # nothing rewritten
+
+
+@pytest.mark.fault(
+    fault="a manifest.json that is not JSON",
+    before="not recorded (guard older than issue 26)",
+    after="`show` exits 2 with `cannot read`, no traceback",
+    kept="read-only command: nothing written",
+)
+def test_unreadable_manifest_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "broken-run"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{not json")
+    res = cli("show", str(bad), runs=tmp_path)
+    assert res.returncode == 2
+    assert "cannot read" in res.stderr and "Traceback" not in res.stderr
