@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -175,59 +173,6 @@ def test_bad_input_gives_a_one_line_error_and_exit_code_2(
     assert message in res.stderr
     assert "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-
-
-def test_unreadable_manifest_is_a_clear_error(tmp_path: Path) -> None:
-    bad = tmp_path / "broken-run"
-    bad.mkdir()
-    (bad / "manifest.json").write_text("{not json")
-    res = _cli("show", str(bad), runs=tmp_path)
-    assert res.returncode == 2
-    assert "cannot read" in res.stderr and "Traceback" not in res.stderr
-
-
-def test_sigint_mid_run_keeps_completed_requests_and_exits_1(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            *PERFSCOPE,
-            "run",
-            "python:timed_engines:slow_stream",
-            "--requests",
-            "200",
-            "--output-len",
-            "10",
-            "--mode",
-            "online",
-            "--concurrency",
-            "2",
-            "--no-progress",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(PERFSCOPE_RUNS_DIR=str(tmp_path)),
-    )
-    deadline = time.monotonic() + 60
-    # Wait for the manifest (the run has started), then for some requests to finish.
-    while not list(tmp_path.glob("*/manifest.json")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(2.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1, err
-    assert "interrupted" in err
-    (run_dir,) = list(tmp_path.iterdir())
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "interrupted"
-    reqs = pd.read_parquet(run_dir / "requests.parquet")
-    completed = reqs[reqs["error"].isna()]
-    assert len(completed) >= 4
-    assert (completed["output_tokens"] == 10).all()
-    assert set(reqs.loc[reqs["error"].notna(), "error"]) <= {"interrupted"}
-    summary = json.loads(out)
-    assert summary["status"] == "interrupted"
-    assert summary["counts"]["completed"] == len(completed)
 
 
 def test_run_with_python_engine_records_failures_and_goes_on(tmp_path: Path) -> None:

@@ -484,22 +484,6 @@ def test_a_gate_where_no_test_matched_says_so_and_fails_when_strict(
     strict.stdout.fnmatch_lines(["*no test matched baseline*--perfscope-strict: failing*"])
 
 
-def test_a_baseline_with_wrong_typed_fields_is_a_usage_error_not_an_internal_error(
-    suite: pytest.Pytester,
-) -> None:
-    from perfscope.pytest_plugin._baseline import BASELINE_SCHEMA
-
-    storage = suite.path / ".perfscope" / "baselines"
-    storage.mkdir(parents=True)
-    bad = {"schema": BASELINE_SCHEMA, "tests": {"t": {"metrics": {"tpot.p50": {"value": "x"}}}}}
-    (storage / "base.json").write_text(json.dumps(bad))
-    suite.makepyfile(test_one=TWO_TESTS.format(a="a", b="b"))
-    result = suite.runpytest("--perfscope-compare", "base")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*baseline*is damaged*.value should be a number*"])
-    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
-
-
 def test_a_bare_distribution_in_a_marker_slo_names_its_percentiles(
     suite: pytest.Pytester,
 ) -> None:

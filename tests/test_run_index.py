@@ -17,7 +17,7 @@ pytest.importorskip("duckdb")
 from perfscope.api.index import INDEX_FILE, open_index
 from perfscope.cli import main
 from perfscope.errors import UsageError
-from tests.data.runs.builders import manual_run
+from tests.data.runs.builders import copy_run, manual_run
 
 
 @pytest.fixture(scope="module")
@@ -27,21 +27,11 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return manual_run(root, name="tmpl", n_requests=6, fail_every=3)
 
 
-def _copy(template: Path, root: Path, run_id: str, **manifest_changes: object) -> Path:
-    dest = root / run_id
-    shutil.copytree(template, dest)
-    manifest = json.loads((dest / "manifest.json").read_text())
-    manifest["run_id"] = run_id
-    manifest.update(manifest_changes)
-    (dest / "manifest.json").write_text(json.dumps(manifest))
-    return dest
-
-
 def test_index_holds_one_row_per_run_with_the_summary_metrics(
     template: Path, tmp_path: Path
 ) -> None:
-    _copy(template, tmp_path, "20261201-100000-a-0001")
-    _copy(template, tmp_path, "20261201-100001-b-0002", name="other")
+    copy_run(template, tmp_path, "20261201-100000-a-0001")
+    copy_run(template, tmp_path, "20261201-100001-b-0002", name="other")
     summary = json.loads((template / "summary.json").read_text())
     with open_index(tmp_path) as index:
         _, rows = index.query(
@@ -59,8 +49,8 @@ def test_index_holds_one_row_per_run_with_the_summary_metrics(
 
 
 def test_refresh_rereads_only_runs_whose_files_changed(template: Path, tmp_path: Path) -> None:
-    a = _copy(template, tmp_path, "20261201-100000-a-0001")
-    _copy(template, tmp_path, "20261201-100001-b-0002")
+    a = copy_run(template, tmp_path, "20261201-100000-a-0001")
+    copy_run(template, tmp_path, "20261201-100001-b-0002")
     with open_index(tmp_path) as index:
         assert index.last_stats is not None
         assert (index.last_stats.added, index.last_stats.updated) == (2, 0)
@@ -74,7 +64,7 @@ def test_refresh_rereads_only_runs_whose_files_changed(template: Path, tmp_path:
     summary = json.loads((a / "summary.json").read_text())
     summary["latency"]["ttft"]["p50"] = 12.5
     (a / "summary.json").write_text(json.dumps(summary))
-    _copy(template, tmp_path, "20261201-100002-c-0003")
+    copy_run(template, tmp_path, "20261201-100002-c-0003")
     shutil.rmtree(tmp_path / "20261201-100001-b-0002")
     with open_index(tmp_path) as index:
         stats = index.last_stats
@@ -87,10 +77,10 @@ def test_refresh_rereads_only_runs_whose_files_changed(template: Path, tmp_path:
 def test_a_malformed_run_is_listed_as_broken_and_does_not_hide_the_others(
     template: Path, tmp_path: Path
 ) -> None:
-    _copy(template, tmp_path, "20261201-100000-good-0001")
-    bad = _copy(template, tmp_path, "20261201-100001-bad-0002")
+    copy_run(template, tmp_path, "20261201-100000-good-0001")
+    bad = copy_run(template, tmp_path, "20261201-100001-bad-0002")
     (bad / "manifest.json").write_text('{"status": 7, "run_id": ["x"]}')
-    garbled = _copy(template, tmp_path, "20261201-100002-garbled-0003")
+    garbled = copy_run(template, tmp_path, "20261201-100002-garbled-0003")
     (garbled / "summary.json").write_text("{not json")
     with open_index(tmp_path) as index:
         _, rows = index.query("SELECT run_id, state, problem FROM runs ORDER BY run_id")
@@ -107,14 +97,14 @@ def test_a_running_run_whose_process_is_gone_reads_as_crashed(
 ) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    _copy(
+    copy_run(
         template,
         tmp_path,
         "20261201-100000-dead-0001",
         status="running",
         process={"pid": dead.pid, "host": socket.gethostname()},
     )
-    _copy(
+    copy_run(
         template,
         tmp_path,
         "20261201-100001-alive-0002",
@@ -134,14 +124,14 @@ def test_an_indexed_running_run_reads_crashed_once_its_writer_dies_with_no_file_
 ) -> None:
     writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        _copy(
+        copy_run(
             template,
             tmp_path,
             "20261201-100000-live-0001",
             status="running",
             process={"pid": writer.pid, "host": socket.gethostname()},
         )
-        _copy(template, tmp_path, "20261201-100001-done-0002")
+        copy_run(template, tmp_path, "20261201-100001-done-0002")
         sql = "SELECT run_id, state FROM runs ORDER BY run_id"
         with open_index(tmp_path) as index:
             assert index.query(sql)[1][0] == ("20261201-100000-live-0001", "running")
@@ -162,7 +152,7 @@ def test_an_indexed_running_run_reads_crashed_once_its_writer_dies_with_no_file_
 def test_an_unwritable_index_falls_back_to_memory_with_a_note(
     template: Path, tmp_path: Path
 ) -> None:
-    _copy(template, tmp_path, "20261201-100000-a-0001")
+    copy_run(template, tmp_path, "20261201-100000-a-0001")
     (tmp_path / INDEX_FILE).mkdir()  # cannot be opened as a database file
     with open_index(tmp_path) as index:
         assert not index.persistent
@@ -172,7 +162,7 @@ def test_an_unwritable_index_falls_back_to_memory_with_a_note(
 
 
 def test_bad_sql_and_writes_are_refused_with_one_line(template: Path, tmp_path: Path) -> None:
-    _copy(template, tmp_path, "20261201-100000-a-0001")
+    copy_run(template, tmp_path, "20261201-100000-a-0001")
     with open_index(tmp_path) as index:
         with pytest.raises(UsageError, match=r"^query failed: .*SELEC"):
             index.query("SELEC 1")
@@ -183,8 +173,8 @@ def test_bad_sql_and_writes_are_refused_with_one_line(template: Path, tmp_path: 
 def test_cli_query_and_ls_where_answer_from_the_index(
     template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _copy(template, tmp_path, "20261201-100000-fast-0001")
-    slow = _copy(template, tmp_path, "20261201-100001-slow-0002")
+    copy_run(template, tmp_path, "20261201-100000-fast-0001")
+    slow = copy_run(template, tmp_path, "20261201-100001-slow-0002")
     summary = json.loads((slow / "summary.json").read_text())
     summary["latency"]["ttft"]["p99"] = 3.0
     (slow / "summary.json").write_text(json.dumps(summary))
@@ -206,123 +196,14 @@ def test_cli_query_and_ls_where_answer_from_the_index(
     assert "2 run(s)" in capsys.readouterr().out
 
 
-def test_a_symlinked_index_file_is_never_opened_and_its_target_is_untouched(
-    template: Path, tmp_path: Path
-) -> None:
-    import duckdb
-
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    _copy(template, runs, "20261201-100000-a-0001")
-    users_db = tmp_path / "mine.duckdb"
-    with duckdb.connect(str(users_db)) as con:
-        con.execute("CREATE TABLE runs AS SELECT 42 AS precious")
-    (runs / INDEX_FILE).symlink_to(users_db)
-    dangling = tmp_path / "runs2"
-    dangling.mkdir()
-    _copy(template, dangling, "20261201-100000-b-0001")
-    (dangling / INDEX_FILE).symlink_to(tmp_path / "would-be-created.duckdb")
-
-    for root in (runs, dangling):
-        with open_index(root) as index:
-            assert not index.persistent
-            assert index.note is not None and "symbolic link" in index.note
-            assert index.query("SELECT count(*) FROM runs")[1] == [(1,)]
-    with duckdb.connect(str(users_db), read_only=True) as con:
-        assert con.execute("SELECT * FROM runs").fetchall() == [(42,)]
-    assert not (tmp_path / "would-be-created.duckdb").exists()
-
-
-def test_a_run_with_an_undecodable_name_is_listed_and_hides_no_other_run(
-    template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    good = _copy(template, tmp_path, "20261201-100000-good-0001")
-    bad = os.fsencode(tmp_path) + b"/20261201-100001-caf\xe9-0002"
-    shutil.copytree(good, os.fsdecode(bad))
-    # A lone surrogate in the manifest's name (valid JSON, not valid UTF-8 text).
-    odd = _copy(template, tmp_path, "20261201-100002-odd-0003")
-    m = (odd / "manifest.json").read_text().replace('"name": "tmpl"', '"name": "x\\ud800y"')
-    (odd / "manifest.json").write_text(m)
-
-    with open_index(tmp_path) as index:
-        _, rows = index.query("SELECT run_id, name, state, problem FROM runs ORDER BY run_id")
-    assert rows[1][2] == "broken" and "not valid UTF-8" in rows[1][3]
-    assert [r[0] for r in rows] == [
-        "20261201-100000-good-0001",
-        "20261201-100001-caf\\xe9-0002",
-        "20261201-100002-odd-0003",
-    ]
-    assert rows[2][1] == "x\\ud800y"
-
-    rd = ["--runs-dir", str(tmp_path)]
-    assert main(["query", "SELECT count(*) AS n FROM runs", "--json", *rd]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"n": 3}]
-    assert main(["ls", "--where", "run_id IS NOT NULL", "--json", *rd]) == 0
-    assert len(json.loads(capsys.readouterr().out)) == 3
-    # The dashboard's runs list (and so /api/runs) serves every row as JSON.
-    from perfscope.dashboard.data import RunRepository
-
-    records = [r.to_record() for r in RunRepository(tmp_path).rows()]
-    assert len(records) == 3
-    json.dumps(records).encode("utf-8")
-
-
-def test_a_run_seen_broken_is_reread_when_only_a_table_file_changes(
-    template: Path, tmp_path: Path
-) -> None:
-    run = _copy(template, tmp_path, "20261201-100000-a-0001")
-    requests = run / "requests.parquet"
-    saved = requests.read_bytes()
-    requests.write_bytes(b"not parquet yet (a copy in progress)")
-    with open_index(tmp_path) as index:
-        assert index.query("SELECT state FROM runs")[1] == [("broken",)]
-    with requests.open("r+b") as fh:  # rewritten in place: same inode, other size
-        fh.truncate(0)
-        fh.write(saved)
-    with open_index(tmp_path) as index:
-        assert index.last_stats is not None and index.last_stats.updated == 1
-        assert index.query("SELECT state, problem FROM runs")[1] == [("complete", None)]
-
-
-def test_query_runs_one_statement_without_file_access_unless_allowed(
-    template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _copy(template, tmp_path / "runs", "20261201-100000-a-0001")
-    root = tmp_path / "runs"
-    secret = tmp_path / "secret.csv"
-    secret.write_text("a\n1\n")
-    out = tmp_path / "written.csv"
-    with open_index(root) as index:
-        for sql in (
-            f"COPY (SELECT * FROM runs) TO '{out}'",
-            f"SELECT * FROM read_csv('{secret}')",
-            "SET enable_external_access = true",
-            "INSTALL httpfs",
-        ):
-            with pytest.raises(UsageError, match=r"^query failed: "):
-                index.query(sql)
-        with pytest.raises(UsageError, match="exactly one SQL statement"):
-            index.query("SELECT 1; SELECT 2")
-    assert not out.exists()
-
-    rd = ["--runs-dir", str(root)]
-    assert main(["ls", "--where", "true) LIMIT 1; DROP TABLE runs; SELECT (1", *rd]) == 2
-    assert "exactly one SQL statement" in capsys.readouterr().err
-    assert main(["query", f"SELECT a FROM read_csv('{secret}')", "--json", *rd]) == 2
-    assert capsys.readouterr().err.startswith("error: query failed:")
-    sql = f"SELECT a FROM read_csv('{secret}')"
-    assert main(["query", sql, "--json", "--allow-files", *rd]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"a": 1}]
-
-
 def test_an_index_held_open_elsewhere_is_refreshed_from_its_copy_not_rebuilt(
     template: Path, tmp_path: Path
 ) -> None:
     for i in range(3):
-        _copy(template, tmp_path, f"20261201-10000{i}-a-000{i}")
+        copy_run(template, tmp_path, f"20261201-10000{i}-a-000{i}")
     with open_index(tmp_path):
         pass
-    _copy(template, tmp_path, "20261201-100009-new-0009")
+    copy_run(template, tmp_path, "20261201-100009-new-0009")
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -350,13 +231,13 @@ def test_plain_ls_with_an_index_lists_the_same_newest_runs_as_a_scan(
     template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for i in range(4):
-        _copy(template, tmp_path, f"20261201-10000{i}-r-000{i}", name=f"r{i}")
+        copy_run(template, tmp_path, f"20261201-10000{i}-r-000{i}", name=f"r{i}")
     rd = ["--runs-dir", str(tmp_path), "--limit", "2", "--json"]
     assert main(["ls", *rd]) == 0
     scanned = json.loads(capsys.readouterr().out)
     assert main(["index", "--runs-dir", str(tmp_path)]) == 0
     capsys.readouterr()
-    _copy(template, tmp_path, "20261201-100009-late-0009", name="late")
+    copy_run(template, tmp_path, "20261201-100009-late-0009", name="late")
     assert main(["ls", *rd]) == 0
     indexed = json.loads(capsys.readouterr().out)
     assert [r["run_id"] for r in scanned] == ["20261201-100003-r-0003", "20261201-100002-r-0002"]
@@ -372,7 +253,7 @@ def test_query_columns_documents_every_column_including_state_ray_and_lengths(
 ) -> None:
     assert main(["query", "--columns", "--json", "--runs-dir", str(tmp_path)]) == 0
     documented = {r["column"]: r for r in json.loads(capsys.readouterr().out)}
-    _copy(template, tmp_path, "20261201-100000-a-0001")
+    copy_run(template, tmp_path, "20261201-100000-a-0001")
     with open_index(tmp_path) as index:
         names, rows = index.query("SELECT * FROM runs")
     assert set(documented) == set(names)

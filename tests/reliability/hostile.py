@@ -41,8 +41,9 @@ def _final(usage: dict[str, Any]) -> bytes:
     return _event(finish) + _event({"model": "m", "choices": [], "usage": usage})
 
 
-def stream_body(mode: str) -> bytes:
-    """The SSE body of one behaviour (5 text chunks, then a final usage)."""
+def stream_body(mode: str, n_choices: int = 1) -> bytes:
+    """The SSE body of one behaviour (5 text chunks, then a final usage); ``n_choices`` > 1
+    interleaves the chunks of choices 0, 1, ... as a server honouring ``n`` does."""
     good = {"prompt_tokens": 8, "completion_tokens": 5}
     usage = {
         "ok": good,
@@ -50,7 +51,7 @@ def stream_body(mode: str) -> bytes:
         "u64_prompt": {"prompt_tokens": 2**64, "completion_tokens": 5},
         "negative": {"prompt_tokens": 8, "completion_tokens": -3},
     }.get(mode, good)
-    head = b"".join(_chunk(f" w{i}") for i in range(5))
+    head = b"".join(_chunk(f" w{i}", index=c) for i in range(5) for c in range(n_choices))
     if mode == "two_choices":
         head += _chunk(" other", index=1)
     return head + _final(usage) + b"data: [DONE]\n\n"
@@ -67,12 +68,19 @@ class _Handler(BaseHTTPRequestHandler):
         self._raw(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
 
     def do_POST(self) -> None:
-        n = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(n)
+        size = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(size)
         if not self.path.endswith("completions"):  # /tokenize and other probes
             self._raw(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
             return
         mode = self.server.next_mode()
+        try:
+            request = json.loads(raw)
+        except ValueError:
+            request = {}
+        if not isinstance(request, dict):
+            request = {}
+        self.server.bodies.append(request)
         if mode == "error_text":
             body = json.dumps({"error": {"message": HOSTILE_TEXT}}).encode()
             self._raw(
@@ -113,7 +121,10 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
             self.close_connection = True
             return
-        body = stream_body(mode)
+        n_choices = request.get("n", 1) if mode == "honour_n" else 1
+        if mode == "two_choices_unasked":  # a server that ignores the body and sends two
+            n_choices = 2
+        body = stream_body(mode, n_choices if isinstance(n_choices, int) else 1)
         if mode == "slow":  # one event every 0.2 s: a request stays in flight for ~1.5 s
             self._raw(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
@@ -157,6 +168,8 @@ class _Server(ThreadingHTTPServer):
         self.modes = modes
         self.huge_bytes = huge_bytes
         self.served: list[str] = []
+        #: the JSON body of every completions request, in arrival order
+        self.bodies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
     def next_mode(self) -> str:

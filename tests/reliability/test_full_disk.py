@@ -47,6 +47,12 @@ def _one_error_line(stderr: str, *words: str) -> None:
 
 
 @needs_mount
+@pytest.mark.fault(
+    fault="the disk fills during the run (real tmpfs)",
+    before="not recorded (guard older than issue 26)",
+    after="capture stops, exit 1, run `failed`/`crashed` with a reason",
+    kept="more than 10 flushed requests with all 64 tokens; no `.tmp` files",
+)
 def test_disk_filling_during_the_run_stops_capture_and_keeps_what_was_flushed(
     tmp_path: Path,
 ) -> None:
@@ -69,6 +75,12 @@ def test_disk_filling_during_the_run_stops_capture_and_keeps_what_was_flushed(
 
 
 @needs_mount
+@pytest.mark.fault(
+    fault="the disk is full before the run starts",
+    before="not recorded (guard older than issue 26)",
+    after="one line, exit 1",
+    kept="nothing captured yet; no half-made run folder",
+)
 def test_full_disk_before_the_run_is_one_line_and_leaves_no_run(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "disk", "256k") as disk:
         runs = disk / "runs"
@@ -81,6 +93,12 @@ def test_full_disk_before_the_run_is_one_line_and_leaves_no_run(tmp_path: Path) 
 
 
 @needs_mount
+@pytest.mark.fault(
+    fault="the disk is full when `report`/`export` write",
+    before="not recorded (guard older than issue 26)",
+    after="exit 1 with an `error:` line, no traceback",
+    kept="the run; no temporary file left on the full disk",
+)
 def test_full_disk_at_report_time_leaves_no_temp_file(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     res = cli(
@@ -108,6 +126,12 @@ def test_full_disk_at_report_time_leaves_no_temp_file(tmp_path: Path) -> None:
         assert sorted(p.name for p in disk.iterdir()) == ["filler", "filler2"]
 
 
+@pytest.mark.fault(
+    fault="a segment write hits ENOSPC (patched writer, no root needed)",
+    before="not recorded (guard older than issue 26)",
+    after="the run stops; manifest `failed` naming `disk is full`",
+    kept="the flushed segments (part of the 400 requests); no `.tmp` files",
+)
 def test_a_failing_segment_write_stops_the_run_in_process(
     runs_dir: Path, engines_on_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

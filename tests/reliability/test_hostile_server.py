@@ -53,6 +53,14 @@ def _requests(run_dir: Path) -> pd.DataFrame:
     return run.requests.sort_values("request_id").reset_index(drop=True)
 
 
+@pytest.mark.fault(
+    fault="usage counts of 10^30, 2^64 and -3 from the server",
+    before=(
+        "OverflowError traceback in the flusher, manifest stuck `running`, requests lost (issue 26)"
+    ),
+    after="each such request fails naming the field and value; the run ends",
+    kept="every request row; the good ones with 5 tokens; int64 columns representable",
+)
 def test_impossible_usage_counts_fail_their_request_and_the_run_goes_on(tmp_path: Path) -> None:
     modes = ["ok", "huge_completion", "ok", "u64_prompt", "negative", "ok", "two_choices", "ok"]
     with hostile_server(modes) as srv:
@@ -82,6 +90,12 @@ def test_impossible_usage_counts_fail_their_request_and_the_run_goes_on(tmp_path
     assert int(req["prompt_tokens"].max()) < 2**31
 
 
+@pytest.mark.fault(
+    fault="the manual API records a count beyond int64",
+    before="the whole flush window lost (issue 26)",
+    after="that cell null, its error naming field and value",
+    kept="all 3 rows, in the segments and in the final tables",
+)
 def test_flusher_keeps_a_row_whose_value_does_not_fit_and_names_it(tmp_path: Path) -> None:
     """The manual API can hand the recorder anything; the segment flusher and the final
     tables keep every row (the bad cell null, the error naming field and value)."""
@@ -110,6 +124,12 @@ def test_flusher_keeps_a_row_whose_value_does_not_fit_and_names_it(tmp_path: Pat
     assert len(final) == 3 and pd.isna(final["output_tokens"].iloc[1])
 
 
+@pytest.mark.fault(
+    fault="a segment write fails mid-run",
+    before="the flusher advanced before the write succeeded: rows lost (issue 26)",
+    after="its position stays; the next flush writes the rows",
+    kept="the rows the failed write did not store",
+)
 def test_flusher_does_not_advance_past_rows_a_failed_write_did_not_store(tmp_path: Path) -> None:
     from perfscope.profiler.clock import MonotonicClock
     from perfscope.profiler.recorder import Recorder
@@ -143,6 +163,12 @@ def test_flusher_does_not_advance_past_rows_a_failed_write_did_not_store(tmp_pat
     assert table.num_rows >= 1 and 0 in table.column("request_id").to_pylist()
 
 
+@pytest.mark.fault(
+    fault="a segment file with another table's schema",
+    before="KeyError traceback in show/export/analyze/report; dashboard `page failed` (issue 26)",
+    after="a note naming the file and its schema; exit 0",
+    kept="the run's other tables (that table read as empty)",
+)
 def test_segment_file_with_another_tables_schema_is_reported_not_a_keyerror(
     tmp_path: Path,
 ) -> None:
@@ -168,6 +194,15 @@ def test_segment_file_with_another_tables_schema_is_reported_not_a_keyerror(
         assert "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.fault(
+    fault="a runaway SSE line, a huge error body, a redirect, a bad chunked encoding",
+    before=(
+        "100 MB line: 128 s, 719 MB; bodies read whole; redirect followed silently; bad chunking "
+        "reported as 400 (issue 26)"
+    ),
+    after="each fails only its own request, with a named error (never `HTTP 400`)",
+    kept="every request row; the 3 good ones whole (5 tokens each)",
+)
 def test_runaway_lines_bodies_redirects_and_bad_chunking_fail_only_their_request(
     tmp_path: Path,
 ) -> None:
@@ -192,6 +227,12 @@ def test_runaway_lines_bodies_redirects_and_bad_chunking_fail_only_their_request
     assert not any("HTTP 400" in e for e in errors), errors  # not a byte count
 
 
+@pytest.mark.fault(
+    fault="a 20 MB SSE line split over 4 KiB reads",
+    before="the buffer concatenated on every read (quadratic) (issue 26)",
+    after="parsed in under 30 s (linear, with a 100x margin)",
+    kept="the whole line, its length checked",
+)
 def test_sse_parser_is_linear_in_a_line_split_over_many_reads() -> None:
     """20 MB in 4 KiB reads: re-concatenating the buffer per read copies ~50 GB (minutes);
     the parser joins each line once. The bound is two orders of magnitude above linear."""

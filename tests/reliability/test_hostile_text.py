@@ -56,6 +56,12 @@ def _assert_inert(out: str, where: str) -> None:
     assert "❌" not in out, f"{where}: ':x:' became an emoji"
 
 
+@pytest.mark.fault(
+    fault="server error text with OSC 52, screen clear, OSC 8 and rich markup",
+    before="escapes reached the terminal raw; `[/]` a MarkupError traceback (issue 26)",
+    after="printed escaped (`\\x1b]52;...`), brackets literal",
+    kept="display only: nothing captured changes",
+)
 def test_run_output_shows_server_error_text_escaped(hostile_runs: tuple[Path, str]) -> None:
     _runs, out = hostile_runs
     _assert_inert(out, "run")
@@ -74,6 +80,12 @@ def test_run_output_shows_server_error_text_escaped(hostile_runs: tuple[Path, st
     ],
     ids=lambda a: "-".join(x.strip("-") for x in a[:3]),
 )
+@pytest.mark.fault(
+    fault="hostile run names, model ids and errors through every command",
+    before="raw escapes, markup read as markup, tracebacks in ls/show/query (issue 26)",
+    after="every command prints them inert, exit 0",
+    kept="display only: nothing captured changes",
+)
 def test_every_command_prints_the_hostile_strings_inert(
     hostile_runs: tuple[Path, str], argv: tuple[str, ...]
 ) -> None:
@@ -83,6 +95,12 @@ def test_every_command_prints_the_hostile_strings_inert(
     _assert_inert(res.stdout + res.stderr, " ".join(argv))
 
 
+@pytest.mark.fault(
+    fault="hostile strings in `compare` and `query` output",
+    before="`:x:` became an emoji, `[link=...]` a clickable link (issue 26)",
+    after="printed inert, exit 0",
+    kept="display only: nothing captured changes",
+)
 def test_compare_and_query_print_the_hostile_strings_inert(
     hostile_runs: tuple[Path, str],
 ) -> None:
@@ -100,6 +118,12 @@ def test_compare_and_query_print_the_hostile_strings_inert(
     [{"LC_ALL": "C", "LANG": "C"}, {"PYTHONIOENCODING": "ascii"}],
     ids=["LC_ALL=C", "PYTHONIOENCODING=ascii"],
 )
+@pytest.mark.fault(
+    fault="an ASCII terminal (`LC_ALL=C`, `PYTHONIOENCODING=ascii`)",
+    before="`ls` and `show` died on non-ASCII signs (issue 26)",
+    after="ASCII output, no UnicodeEncodeError",
+    kept="display only: nothing captured changes",
+)
 def test_non_utf8_terminals_get_ascii_not_a_traceback(
     hostile_runs: tuple[Path, str], env: dict[str, str]
 ) -> None:
@@ -112,6 +136,12 @@ def test_non_utf8_terminals_get_ascii_not_a_traceback(
         assert len(res.stdout) > 100
 
 
+@pytest.mark.fault(
+    fault="control characters, a bidi override, long text and markup given to the helpers",
+    before="no rendering helper (issue 26)",
+    after="escaped, capped with `...`, markup escaped",
+    kept="display only: nothing captured changes",
+)
 def test_safe_text_escapes_controls_and_safe_markup_escapes_markup() -> None:
     assert safe_text("a\x1b]52;c;x\x07b\nc") == "a\\x1b]52;c;x\\x07b\\nc"
     assert safe_text("\u202eevil") == "\\u202eevil"
@@ -119,6 +149,12 @@ def test_safe_text_escapes_controls_and_safe_markup_escapes_markup() -> None:
     assert safe_markup("[/] [link=u]t[/link]") == "\\[/] \\[link=u]t\\[/link]"
 
 
+@pytest.mark.fault(
+    fault="links, unbalanced markup, emoji codes and escapes reaching the console",
+    before="links clickable, `[/]` a MarkupError, `:x:` an emoji (issue 26)",
+    after="the console backstop prints them as text, drops links and escapes",
+    kept="display only: nothing captured changes",
+)
 def test_safe_console_backstop_drops_links_and_bad_markup_and_emoji() -> None:
     import io
 

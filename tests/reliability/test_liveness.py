@@ -29,6 +29,12 @@ def _manifest(process: dict[str, object] | None) -> dict[str, object]:
     return m
 
 
+@pytest.mark.fault(
+    fault="the writer process is alive, then dies",
+    before="not recorded (guard older than issue 26)",
+    after="`running` while alive, `crashed` naming the pid after",
+    kept="a judgement only: nothing is written",
+)
 def test_a_live_writer_reads_as_running_and_a_dead_one_as_crashed() -> None:
     assert run_state(_manifest(liveness_record(0.5))).state == "running"
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -38,6 +44,12 @@ def test_a_live_writer_reads_as_running_and_a_dead_one_as_crashed() -> None:
     assert state.state == "crashed" and f"process {child.pid}" in state.reason
 
 
+@pytest.mark.fault(
+    fault="the writer's pid reused by another process",
+    before="not recorded (guard older than issue 26)",
+    after="`crashed` (the process is not the writer)",
+    kept="a judgement only: nothing is written",
+)
 def test_a_reused_pid_does_not_pass_for_the_writer() -> None:
     rec = liveness_record(0.5)
     rec["start_ticks"] = int(rec["start_ticks"] or 0) + 12345  # "started at another time"
@@ -89,6 +101,12 @@ def _seq(run: Path) -> int:
     return int(proc["heartbeat_seq"])
 
 
+@pytest.mark.fault(
+    fault="another host's run, its wall clock skewed",
+    before="a dead run read `running` for hours (issue 26)",
+    after="judged by the heartbeat's sequence and this host's monotonic clock",
+    kept="a judgement only: nothing is written",
+)
 def test_another_hosts_run_is_judged_by_its_heartbeat_sequence_not_its_skewed_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,11 +147,23 @@ def test_another_hosts_run_is_judged_by_its_heartbeat_sequence_not_its_skewed_cl
         alive.wait()
 
 
+@pytest.mark.fault(
+    fault="a `running` manifest with no liveness record",
+    before="not recorded (guard older than issue 26)",
+    after="`crashed`, `no live process`",
+    kept="a judgement only: nothing is written",
+)
 def test_a_running_manifest_without_liveness_reads_as_crashed() -> None:
     s = run_state(_manifest(None))
     assert s.state == "crashed" and "no live process" in s.reason
 
 
+@pytest.mark.fault(
+    fault="`latest` while another run is still being written",
+    before="not recorded (guard older than issue 26)",
+    after="`latest` is the complete run; `ls` shows the live one `running`",
+    kept="both runs listed",
+)
 def test_latest_skips_a_run_still_being_written(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     res = cli(
@@ -183,6 +213,12 @@ class _CloseFails:
         raise RuntimeError("GPU context already gone")
 
 
+@pytest.mark.fault(
+    fault="the engine's close raises",
+    before="not recorded (guard older than issue 26)",
+    after="the error in the manifest; run `complete`, exit 0",
+    kept="the complete run; no segments left",
+)
 def test_an_engine_close_failure_is_written_to_the_manifest(runs_dir: Path) -> None:
     out = execute_run(
         RunOptions(

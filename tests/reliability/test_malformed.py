@@ -55,6 +55,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.fault(
+    fault="a manifest with wrong-typed fields; a parquet with foreign columns",
+    before="not recorded (guard older than issue 26)",
+    after="listed `broken` naming file, field and type",
+    kept="every run listed",
+)
 def test_ls_lists_every_run_and_says_what_is_broken(runs: Path) -> None:
     res = cli("ls", "--json", runs=runs)
     assert res.returncode == 0, res.stderr
@@ -73,6 +79,12 @@ def test_ls_lists_every_run_and_says_what_is_broken(runs: Path) -> None:
 
 
 @pytest.mark.parametrize("cmd", ["show", "analyze", "report", "export"])
+@pytest.mark.fault(
+    fault="show/export/report/analyze on a broken run",
+    before="not recorded (guard older than issue 26)",
+    after="one line naming file and field, exit 2",
+    kept="read-only commands: nothing written",
+)
 def test_commands_on_a_broken_run_give_one_line_naming_file_and_field(
     runs: Path, cmd: str, tmp_path: Path
 ) -> None:
@@ -95,6 +107,12 @@ def test_commands_on_a_broken_run_give_one_line_naming_file_and_field(
             assert w in line, line
 
 
+@pytest.mark.fault(
+    fault="a summary.json of another schema",
+    before="not recorded (guard older than issue 26)",
+    after="ignored with a note; recomputed in memory",
+    kept="the foreign summary.json as it was; the 2 completed requests counted",
+)
 def test_a_foreign_summary_is_ignored_and_recomputed_in_memory(runs: Path) -> None:
     (run,) = [p for p in runs.iterdir() if "-foreignsummary-" in p.name]
     res = cli("show", str(run), "--json", runs=runs)
@@ -104,6 +122,12 @@ def test_a_foreign_summary_is_ignored_and_recomputed_in_memory(runs: Path) -> No
     assert json.loads((run / "summary.json").read_text())["schema"] == "acme/9"  # not written
 
 
+@pytest.mark.fault(
+    fault="`compare` with one broken run",
+    before="not recorded (guard older than issue 26)",
+    after="exit 2 naming `requests.parquet`",
+    kept="the good run still reads",
+)
 def test_compare_names_the_broken_run_and_the_good_run_still_reads(runs: Path) -> None:
     good = next(p for p in runs.iterdir() if "-python-" in p.name)
     bad = next(p for p in runs.iterdir() if "-foreigncols-" in p.name)
@@ -112,6 +136,12 @@ def test_compare_names_the_broken_run_and_the_good_run_still_reads(runs: Path) -
     assert cli("show", str(good), runs=runs).returncode == 0
 
 
+@pytest.mark.fault(
+    fault="the dashboard over broken runs",
+    before="not recorded (guard older than issue 26)",
+    after="HTTP 200; the broken rows say why",
+    kept="every run listed",
+)
 def test_the_dashboard_lists_broken_runs_without_failing(runs: Path) -> None:
     from perfscope.dashboard.app import create_app
 
@@ -128,6 +158,12 @@ def test_the_dashboard_lists_broken_runs_without_failing(runs: Path) -> None:
     assert page.status_code == 200
 
 
+@pytest.mark.fault(
+    fault="a 1 GiB manifest or summary",
+    before="`ls` took 11.5 s and 2.2 GB (issue 26)",
+    after="listed broken with its size and the cap in under 30 s; `show` one line",
+    kept="the other run listed `complete`",
+)
 def test_an_oversized_manifest_or_summary_is_listed_broken_with_its_size_and_the_cap(
     runs: Path, tmp_path: Path
 ) -> None:
@@ -165,3 +201,18 @@ def test_an_oversized_manifest_or_summary_is_listed_broken_with_its_size_and_the
     assert set(broken) == {"hugemanifest", "hugesummary", "small"}
     assert "over the 1.0 KiB cap" in str(broken["small"]), broken["small"]
     assert (huge_m / "manifest.json").stat().st_size == 1 << 30  # nothing rewritten
+
+
+@pytest.mark.fault(
+    fault="a manifest.json that is not JSON",
+    before="not recorded (guard older than issue 26)",
+    after="`show` exits 2 with `cannot read`, no traceback",
+    kept="read-only command: nothing written",
+)
+def test_unreadable_manifest_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "broken-run"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{not json")
+    res = cli("show", str(bad), runs=tmp_path)
+    assert res.returncode == 2
+    assert "cannot read" in res.stderr and "Traceback" not in res.stderr

@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from perfscope.profiler.store import read_run
 from tests.conftest import subprocess_env
 from tests.reliability.helpers import cli, wait_for
@@ -35,6 +37,12 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.fault(
+    fault="a manual-API (`perfscope.profile`) process killed by SIGKILL",
+    before="not recorded (guard older than issue 26)",
+    after="the run reads `crashed` and partial; `show` works",
+    kept="all 6 requests with 5 tokens each, and their chunks",
+)
 def test_a_manual_api_process_killed_by_sigkill_keeps_its_requests(tmp_path: Path) -> None:
     runs, marker = tmp_path / "runs", tmp_path / "done"
     proc = subprocess.Popen(
@@ -72,6 +80,12 @@ def test_a_manual_api_process_killed_by_sigkill_keeps_its_requests(tmp_path: Pat
     assert "crashed" in show.stderr and "partial" in show.stderr
 
 
+@pytest.mark.fault(
+    fault="a manual-API run that ends normally (the control case)",
+    before="not recorded (guard older than issue 26)",
+    after="`complete`, segments removed",
+    kept="the final tables",
+)
 def test_a_manual_run_that_ends_normally_leaves_no_segments(tmp_path: Path) -> None:
     import perfscope
 

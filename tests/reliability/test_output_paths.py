@@ -40,6 +40,12 @@ def _read_fifo(path: Path, into: list[bytes]) -> threading.Thread:
     ],
     ids=["export-json", "export-perfetto", "report"],
 )
+@pytest.mark.fault(
+    fault="`-o` a named pipe",
+    before="replaced by a regular file; the reader got nothing (issue 26)",
+    after="written in place; still a FIFO",
+    kept="the reader gets the whole export and report",
+)
 def test_named_pipe_output_reaches_its_reader_and_stays_a_pipe(
     run_dir: Path, tmp_path: Path, argv: tuple[str, ...]
 ) -> None:
@@ -59,6 +65,12 @@ def test_named_pipe_output_reaches_its_reader_and_stays_a_pipe(
     assert not list(tmp_path.glob(".out.fifo.*")), "a temp file was left beside the pipe"
 
 
+@pytest.mark.fault(
+    fault="`-o /dev/null` as root",
+    before="/dev/null replaced by a regular file, exit 0 (issue 26)",
+    after="written in place",
+    kept="the device itself (same inode and rdev)",
+)
 def test_dev_null_stays_a_character_device(run_dir: Path, tmp_path: Path) -> None:
     before = os.stat("/dev/null")
     for argv in (("export", "--format", "json"), ("report",)):
@@ -69,6 +81,12 @@ def test_dev_null_stays_a_character_device(run_dir: Path, tmp_path: Path) -> Non
         assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
 
 
+@pytest.mark.fault(
+    fault="`-o` a symlink to a named pipe",
+    before="the link replaced by a regular file (issue 26)",
+    after="written through; the link kept",
+    kept="the reader gets the export",
+)
 def test_symlink_to_a_pipe_is_written_through_and_the_link_kept(
     run_dir: Path, tmp_path: Path
 ) -> None:
@@ -85,6 +103,12 @@ def test_symlink_to_a_pipe_is_written_through_and_the_link_kept(
     assert json.loads(got[0])["requests"]
 
 
+@pytest.mark.fault(
+    fault="`-o` a symlink to a regular file",
+    before="not recorded (guard older than issue 26)",
+    after="the target replaced; the link kept",
+    kept="the export in the target",
+)
 def test_symlink_to_a_regular_file_keeps_the_link_and_replaces_the_target(
     run_dir: Path, tmp_path: Path
 ) -> None:
@@ -98,6 +122,12 @@ def test_symlink_to_a_regular_file_keeps_the_link_and_replaces_the_target(
     assert json.loads(target.read_text())["requests"]
 
 
+@pytest.mark.fault(
+    fault="`-o` a Unix socket",
+    before="replaced by a regular file (issue 26)",
+    after="streamed to the listener",
+    kept="the listener gets the export",
+)
 def test_unix_socket_output_is_streamed_to_the_listener(run_dir: Path, tmp_path: Path) -> None:
     sock_path = Path("/tmp") / f"perfscope-out-{os.getpid()}.sock"  # short: AF_UNIX limit
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -126,6 +156,12 @@ def test_unix_socket_output_is_streamed_to_the_listener(run_dir: Path, tmp_path:
         sock_path.unlink(missing_ok=True)
 
 
+@pytest.mark.fault(
+    fault="`-o` a regular file, and `-o -`",
+    before="not recorded (guard older than issue 26)",
+    after="replaced whole (atomic rename); `-` writes stdout",
+    kept="the whole report; no temporary file beside it",
+)
 def test_regular_file_is_replaced_whole_and_dash_is_stdout(run_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     out.write_text("old report")

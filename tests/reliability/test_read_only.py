@@ -51,6 +51,12 @@ def read_only_runs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("root without mount: cannot make a folder read-only")
 
 
+@pytest.mark.fault(
+    fault="a read-only runs folder",
+    before="not recorded (guard older than issue 26)",
+    after="show, analyze (`not saved`, said) and report elsewhere all work",
+    kept="the runs folder unchanged (no summary written into it)",
+)
 def test_read_commands_work_on_a_read_only_runs_folder(tmp_path: Path) -> None:
     with read_only_runs(tmp_path) as runs:
         with pytest.raises(OSError, match=r"Read-only|Permission"):

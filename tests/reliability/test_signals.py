@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 
 from perfscope.profiler.store import read_run
+from tests.conftest import PERFSCOPE, subprocess_env
 from tests.reliability.helpers import cli, logged_ends, start_run, wait_for
 
 RUN_ARGS = (
@@ -36,6 +38,12 @@ def _started(runs: Path, log: Path) -> Path:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.fault(
+    fault="SIGTERM or SIGHUP at a random moment",
+    before="not recorded (guard older than issue 26)",
+    after="stops like Ctrl-C: exit 1, `interrupted by SIG...`",
+    kept="every request that ended before the signal, with 10 tokens",
+)
 def test_sigterm_and_sighup_stop_the_run_like_ctrl_c(tmp_path: Path, sig: signal.Signals) -> None:
     runs, log = tmp_path / "runs", tmp_path / "ends.log"
     proc = start_run(runs, *RUN_ARGS, "--no-report", log=log)
@@ -61,6 +69,12 @@ def test_sigterm_and_sighup_stop_the_run_like_ctrl_c(tmp_path: Path, sig: signal
     assert summary["status"] == "interrupted"
 
 
+@pytest.mark.fault(
+    fault="Ctrl-C twice",
+    before="not recorded (guard older than issue 26)",
+    after="exit 1, `interrupted`, no traceback",
+    kept="requests.parquet written; no temporary files",
+)
 def test_sigint_twice_still_writes_everything(tmp_path: Path) -> None:
     runs, log = tmp_path / "runs", tmp_path / "ends.log"
     proc = start_run(runs, *RUN_ARGS, log=log)
@@ -77,6 +91,12 @@ def test_sigint_twice_still_writes_everything(tmp_path: Path) -> None:
     assert not list(run_dir.glob(".*.tmp"))
 
 
+@pytest.mark.fault(
+    fault="SIGKILL at a random moment",
+    before="not recorded (guard older than issue 26)",
+    after="the run reads `crashed` and partial",
+    kept="every request completed a second before the kill, with 10 tokens",
+)
 def test_sigkill_keeps_every_request_completed_a_second_before(tmp_path: Path) -> None:
     runs, log = tmp_path / "runs", tmp_path / "ends.log"
     proc = start_run(runs, *RUN_ARGS, log=log)
@@ -102,6 +122,12 @@ def test_sigkill_keeps_every_request_completed_a_second_before(tmp_path: Path) -
     assert (per_req.loc[sorted(due)] == 10).all()
 
 
+@pytest.mark.fault(
+    fault="a SIGKILLed run read by ls, show and report",
+    before="not recorded (guard older than issue 26)",
+    after="`crashed` everywhere with a partial warning; nothing writes into it",
+    kept="its completed requests, counted",
+)
 def test_a_killed_run_reads_as_crashed_everywhere_and_nothing_writes_into_it(
     tmp_path: Path,
 ) -> None:
@@ -146,6 +172,12 @@ def test_a_killed_run_reads_as_crashed_everywhere_and_nothing_writes_into_it(
     assert row.status == "crashed" and row.state == "partial" and "gone" in (row.problem or "")
 
 
+@pytest.mark.fault(
+    fault="SIGKILL while telemetry is sampled",
+    before="not recorded (guard older than issue 26)",
+    after="telemetry read back from the segments",
+    kept="20 or more CPU samples, times increasing",
+)
 def test_sigkill_keeps_the_telemetry_flushed_during_the_run(tmp_path: Path) -> None:
     runs, log = tmp_path / "runs", tmp_path / "ends.log"
     args = [a for a in RUN_ARGS if a != "--no-telemetry"]
@@ -159,3 +191,53 @@ def test_sigkill_keeps_the_telemetry_flushed_during_the_run(tmp_path: Path) -> N
     cpu = run.telemetry[run.telemetry["device"] == "cpu"]
     assert len(cpu) >= 20  # 20 ms sampling for > 1.5 s, flushed every 0.5 s
     assert cpu["t"].is_monotonic_increasing and cpu["t"].is_unique
+
+
+@pytest.mark.fault(
+    fault="Ctrl-C mid-run",
+    before="not recorded (guard older than issue 26)",
+    after="exit 1, status `interrupted`",
+    kept="4 or more completed requests with all 10 tokens; the rest `interrupted`",
+)
+def test_sigint_mid_run_keeps_completed_requests_and_exits_1(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            *PERFSCOPE,
+            "run",
+            "python:timed_engines:slow_stream",
+            "--requests",
+            "200",
+            "--output-len",
+            "10",
+            "--mode",
+            "online",
+            "--concurrency",
+            "2",
+            "--no-progress",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(PERFSCOPE_RUNS_DIR=str(tmp_path)),
+    )
+    deadline = time.monotonic() + 60
+    # Wait for the manifest (the run has started), then for some requests to finish.
+    while not list(tmp_path.glob("*/manifest.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "interrupted" in err
+    (run_dir,) = list(tmp_path.iterdir())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    reqs = pd.read_parquet(run_dir / "requests.parquet")
+    completed = reqs[reqs["error"].isna()]
+    assert len(completed) >= 4
+    assert (completed["output_tokens"] == 10).all()
+    assert set(reqs.loc[reqs["error"].notna(), "error"]) <= {"interrupted"}
+    summary = json.loads(out)
+    assert summary["status"] == "interrupted"
+    assert summary["counts"]["completed"] == len(completed)

@@ -30,6 +30,12 @@ def _workers(pid: int) -> list[psutil.Process]:
     return out
 
 
+@pytest.mark.fault(
+    fault="a `workers=2` worker process SIGKILLed mid-run",
+    before="the run ended with an empty `EOFError: ` (issue 26)",
+    after="its requests fail naming the pid and `died (signal 9)`",
+    kept="every request row; the others complete with 5 tokens",
+)
 def test_a_killed_worker_fails_only_its_requests_and_is_named(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     n = 8

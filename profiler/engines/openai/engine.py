@@ -204,6 +204,14 @@ class OpenAIConfig:
                 ) from None
             if not isinstance(extra_body, dict):
                 raise UsageError("--extra-body must be a JSON object, e.g. '{\"top_p\": 0.9}'")
+            n_choices = extra_body.get("n", 1)
+            if n_choices != 1 or isinstance(n_choices, bool):
+                # Each request's token times are one choice's; a server honouring n streams
+                # several, which per-request records cannot hold: refuse before any request.
+                raise UsageError(
+                    f"--extra-body n={json.dumps(n_choices)}: only one choice per request is "
+                    "measured; remove n (or set it to 1) and raise --requests instead"
+                )
         try:
             timeout = float(x["timeout"]) if x.get("timeout") else 600.0
             max_tokens = int(x["max_tokens"]) if x.get("max_tokens") else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +330,14 @@ def synthetic_run(
     write_json_atomic(path / "manifest.json", manifest)
     analyze_stored(read_run(path))
     return path
+
+
+def copy_run(template: Path, root: Path, run_id: str, **manifest_changes: object) -> Path:
+    """Copy the run folder ``template`` to ``root/run_id``, its manifest renamed and changed."""
+    dest = root / run_id
+    shutil.copytree(template, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["run_id"] = run_id
+    manifest.update(manifest_changes)
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest

@@ -13,6 +13,12 @@ from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.telemetry import TelemetryConfig, start_telemetry
 
 
+@pytest.mark.fault(
+    fault="KeyboardInterrupt while telemetry samples",
+    before="not recorded (guard older than issue 26)",
+    after="stop returns the table; a second stop is harmless",
+    kept="every sample taken (5 or more; stop adds the last)",
+)
 def test_keyboard_interrupt_during_a_workload_keeps_the_samples() -> None:
     clock = MonotonicClock()
     session = start_telemetry(clock, TelemetryConfig(interval_s=0.02, baseline_s=0.0))
@@ -43,6 +49,12 @@ def test_keyboard_interrupt_during_a_workload_keeps_the_samples() -> None:
     assert session.manifest_info()["status"] == "stopped"
 
 
+@pytest.mark.fault(
+    fault="KeyboardInterrupt while the idle baseline is taken",
+    before="not recorded (guard older than issue 26)",
+    after="NVML shut down as often as it was initialised",
+    kept="nothing sampled yet to keep",
+)
 def test_interrupt_while_taking_the_baseline_releases_everything(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
