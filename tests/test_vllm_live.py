@@ -302,7 +302,11 @@ def test_an_empty_first_token_is_an_arrival(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every usage increment is a token arrival: the first chunk (text "") is the first token,
-    so each request has 16 one-token chunks and TTFT ends at that chunk."""
+    so each request's chunks carry its 16 tokens and TTFT ends at the first chunk.
+
+    Usually each chunk carries one token; on a loaded machine vLLM's output collector merges
+    the deltas of steps its API server has not yet sent into one chunk (15 chunks, one with
+    2 tokens, was seen in CI), and perfscope must then count both tokens at that arrival."""
     run = _run(
         vllm,
         tmp_path,
@@ -319,7 +323,7 @@ def test_an_empty_first_token_is_an_arrival(
     assert len(ok) >= 1
     for rid, t_first in zip(ok["request_id"], ok["t_first_token"], strict=True):
         c = run.chunks[run.chunks["request_id"] == rid].sort_values("t")
-        assert len(c) == 16 and (c["n_tokens"] == 1).all()
+        assert int(c["n_tokens"].sum()) == 16 and (c["n_tokens"] >= 1).all()
         assert c["t"].iloc[0] == t_first
 
 
