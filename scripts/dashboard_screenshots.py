@@ -70,6 +70,11 @@ def main() -> int:
     ap.add_argument(
         "--report", action="append", default=[], type=Path, help="an HTML report to shoot too"
     )
+    ap.add_argument(
+        "--pages",
+        default=None,
+        help="only these pages, comma-separated keys (runs,compare,...; default every page)",
+    )
     args = ap.parse_args()
 
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -92,6 +97,9 @@ def main() -> int:
     if args.compare:
         targets.append(("compare-runs", f"/compare?runs={args.compare}"))
         targets.append(("roofline-overlay", f"/roofline?runs={args.compare}"))
+    if args.pages:
+        keep = set(args.pages.split(","))
+        targets = [(name, path) for name, path in targets if name in keep]
     pages = [(name, url + path) for name, path in targets]
     pages += [(f"report-{r.parent.name}", r.resolve().as_uri()) for r in args.report]
     widths = [int(w) for w in args.widths.split(",")]

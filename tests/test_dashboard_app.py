@@ -805,3 +805,13 @@ def test_cli_dashboard_rejects_bad_arguments(runs: Runs, tmp_path: Path) -> None
         main(["dashboard", "--runs-dir", str(f)])
     assert exc.value.code == 2
     assert os.environ.get("PERFSCOPE_RUNS_DIR")  # the conftest isolation is in place
+
+
+def test_the_runs_table_opens_with_the_reason_column_only_when_a_run_has_a_reason() -> None:
+    from perfscope.dashboard.pages.runs import COLUMNS, HIDDEN_BY_DEFAULT, hidden_columns
+
+    ok = {"link": "a", "problem": "", "sweep": None}
+    assert hidden_columns([ok]) == ["engine", "name", "sweep", "problem"]
+    broken = {"link": "b", "problem": "manifest.json: not JSON", "sweep": "s1"}
+    assert hidden_columns([ok, broken]) == ["engine", "name"]
+    assert set(HIDDEN_BY_DEFAULT) <= {c for c, _, _ in COLUMNS}

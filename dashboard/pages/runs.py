@@ -20,7 +20,7 @@ from perfscope.dashboard.pages._common import (
     data_table,
 )
 
-__all__ = ["COLUMNS", "PAGE", "table_records"]
+__all__ = ["COLUMNS", "HIDDEN_BY_DEFAULT", "PAGE", "hidden_columns", "table_records"]
 
 #: (column id, header, type) of the runs table: identity and the contention marker (a
 #: contended run's timings are suspect), then the metrics, then the metadata (at 1,440 px
@@ -47,6 +47,38 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("sweep", "sweep", "text"),
     ("problem", "why partial or broken", "text"),
 )
+
+#: Metadata columns hidden until the user shows them (the table's "Toggle Columns"
+#: button): with every column the table needs about 2,200 px and scrolls sideways even at
+#: 1,920 px. ``sweep`` and ``problem`` are hidden only while no listed run has one (the
+#: state cell's tooltip carries the reason of a partial or broken run either way).
+HIDDEN_BY_DEFAULT: tuple[str, ...] = ("engine", "name", "sweep", "problem")
+_SHOWN_WHEN_SET = ("sweep", "problem")
+
+
+def hidden_columns(records: list[dict[str, Any]]) -> list[str]:
+    """The columns hidden when the page opens: :data:`HIDDEN_BY_DEFAULT`, less those of
+    :data:`_SHOWN_WHEN_SET` that some run fills."""
+    return [
+        c
+        for c in HIDDEN_BY_DEFAULT
+        if c not in _SHOWN_WHEN_SET or not any(r.get(c) for r in records)
+    ]
+
+
+#: The columns a user may hide or show (identity and metrics always stay).
+_METADATA = ("model", "hardware", "engine", "name", "date", "sweep", "problem")
+
+#: Widest a text column grows before its text wraps (px); run ids wrap at their hyphens.
+_WRAP_PX: dict[str, int] = {
+    "link": 135,
+    "model": 150,
+    "hardware": 150,
+    "engine": 170,
+    "name": 120,
+    "date": 90,
+    "problem": 200,
+}
 
 #: d3 formats of the numeric columns: SI prefixes with the unit ("820ms", "179s"), numbers
 #: with thousands separators, percentages; the cell keeps its number, so sorting is numeric.
@@ -107,6 +139,8 @@ def _columns() -> list[dict[str, Any]]:
     cols: list[dict[str, Any]] = []
     for cid, name, kind in COLUMNS:
         col: dict[str, Any] = {"id": cid, "name": name, "type": kind}
+        if cid in _METADATA:
+            col["hideable"] = True  # listed by the "Toggle Columns" button
         if cid == "link":
             col["presentation"] = "markdown"
         if cid in _FORMATS:
@@ -167,21 +201,31 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 page_size=50,
                 markdown_options={"link_target": "_self"},
                 css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
+                hidden_columns=hidden_columns(records),
                 style_table={"overflowX": "auto"},
+                # Text wraps instead of being cut or widening the table: headers over two
+                # lines, long names at their word (or hyphen) breaks.
                 style_cell={
                     "fontFamily": "sans-serif",
                     "fontSize": "13px",
                     "padding": "4px 4px",
                     "textAlign": "left",
-                    "maxWidth": "320px",
-                    "overflow": "hidden",
-                    "textOverflow": "ellipsis",
+                    "whiteSpace": "normal",
+                    "height": "auto",
+                    "overflowWrap": "break-word",
                 },
-                style_header={"fontWeight": "bold", "background": "#f3f3f3"},
+                style_header={
+                    "fontWeight": "bold",
+                    "background": "#f3f3f3",
+                    "whiteSpace": "normal",
+                    "height": "auto",
+                },
                 style_cell_conditional=[
-                    # The reason wraps instead of being cut.
-                    {"if": {"column_id": "problem"}, "whiteSpace": "normal", "minWidth": "240px"},
-                ],
+                    {"if": {"column_id": cid}, "maxWidth": f"{px}px", "minWidth": "60px"}
+                    for cid, px in _WRAP_PX.items()
+                    if cid != "link"
+                ]
+                + [{"if": {"column_id": "link"}, "minWidth": "125px", "maxWidth": "135px"}],
                 style_data_conditional=[
                     {
                         "if": {"filter_query": '{state} = "broken"'},
