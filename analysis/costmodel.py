@@ -70,6 +70,7 @@ __all__ = [
     "kv_share_per_device",
     "lm_head_bytes",
     "matmul_params",
+    "medusa_head_cost",
     "mla_mode",
     "mlp_params_per_expert",
     "model_assumptions",
@@ -793,3 +794,24 @@ def operator_class_costs(costs: Mapping[str, float]) -> dict[str, dict[str, floa
         },
         "other": {"flops": 0.0, "bytes": float(costs.get("bytes_activations", 0.0))},
     }
+
+
+def medusa_head_cost(spec: ModelSpec, heads: int, rows: ArrayLike) -> tuple[FloatArray, FloatArray]:
+    """FLOPs and bytes of ``heads`` Medusa-style heads, ``lm_head(h + SiLU(W_k h))`` with
+    a ``d x d`` ``W_k`` each and the base model's lm_head, on the last hidden state of each
+    of ``rows`` sequences (one step): ``rows * heads * (2 d^2 + 2 d V)`` FLOPs (the SiLU
+    and the add are elementwise, not counted), and each head's ``W_k`` and one read of the
+    lm_head per head, as separate matmuls do (the step's own lm_head read is in
+    :func:`step_costs`). The heads' weights are stored at the activation width
+    (:attr:`~perfscope.analysis.modelspec.ModelSpec.embedding_bytes_per_param`, 16-bit or
+    fp32 as the model runs). Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration
+    Framework with Multiple Decoding Heads", section 2.1.1.
+
+    Returns:
+        ``(flops, bytes)`` as float64 arrays shaped like ``rows``.
+    """
+    r = np.asarray(rows, dtype=np.float64)
+    d, v, k = float(spec.hidden_size), float(spec.vocab_size), float(max(heads, 0))
+    flops = r * k * (2.0 * d * d + 2.0 * d * v)
+    weights = k * (d * d * spec.embedding_bytes_per_param + _lm_head_bytes(spec))
+    return flops, np.where(r > 0, weights, 0.0)

@@ -196,14 +196,18 @@ def roof_times(
     batch: np.ndarray,
     new_tokens: np.ndarray,
     context_tokens: np.ndarray,
-    extra_bytes: float = 0.0,
+    extra_bytes: float | np.ndarray = 0.0,
+    extra_flops: float | np.ndarray = 0.0,
 ) -> np.ndarray:
     """The roofline time of each step's work on ``device`` (DRAM bandwidth), s;
-    ``extra_bytes`` per step (passes the roofline's cost model does not count)."""
+    ``extra_bytes`` and ``extra_flops`` per step (work the roofline's cost model does not
+    count: other passes, Medusa's heads)."""
     c = step_costs(model, batch, new_tokens, context_tokens)
     peak = device.peak_flops_for(model.act_dtype) or device.peak_flops_for("fp32") or math.inf
     return np.asarray(
-        np.maximum(c["flops"] / peak, (c["bytes"] + extra_bytes) / device.mem_bw_bytes_s),
+        np.maximum(
+            (c["flops"] + extra_flops) / peak, (c["bytes"] + extra_bytes) / device.mem_bw_bytes_s
+        ),
         dtype=np.float64,
     )
 

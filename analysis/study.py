@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from perfscope.analysis.calibration import machine_of_summary
-from perfscope.analysis.costmodel import kv_bytes_per_token, step_costs, weight_bytes
+from perfscope.analysis.costmodel import (
+    kv_bytes_per_token,
+    medusa_head_cost,
+    step_costs,
+    weight_bytes,
+)
 from perfscope.analysis.experiment import (
     MIN_BLOCKS,
     SetChange,
@@ -703,8 +708,12 @@ def speculative_projection(
 
     ``before_run``: with the stated :data:`~perfscope.analysis.whatif.ASSUMED_ACCEPTANCE`
     and the draft/target pass cost ratio ``c`` from the what-if model (``derated``: the
-    baseline run's derating applied to both models' decode steps; ``sol``: speed of light),
-    verify pass = one target pass, as the formula assumes. ``after_run``: the measured
+    baseline run's derating applied to both models' decode steps; ``sol``: speed of light);
+    the verify pass one target pass, as the formula assumes, after a draft; without one
+    (lookahead, Medusa) the verify pass is the whole step and costs its roofline time over a
+    plain step's (``verify_cost_roofline``: ``K + 1`` positions a row, and for Medusa the
+    heads' FLOPs and weight reads, :func:`~perfscope.analysis.costmodel.medusa_head_cost`).
+    ``after_run``: the measured
     ``alpha`` of this setting's run, ``c`` = its mean draft pass over the baseline's mean
     plain decode step, and ``verify_cost`` = its mean verify pass over that same step
     (``speedup``), and the same with the host time before each pass added to it
@@ -725,15 +734,24 @@ def speculative_projection(
         "decode_efficiency": derate.get("decode_efficiency"),
         "decode_overhead_s": derate.get("decode_overhead_s", 0.0),
     }
+    method = sp.get("method") or "draft"
+    heads = k if method == "medusa" else 0
     before: dict[str, Any] = {"alpha": ASSUMED_ACCEPTANCE, "k": k}
+    # Without a draft pass the verify pass is the whole step: its K + 1 positions a row (and
+    # Medusa's heads) priced by the roofline against a plain step, not the formula's 1.
+    v_roof = None if drafted else _verify_roof_ratio(target, dev, k, heads, **kw)
+    if v_roof is not None:
+        before["verify_cost_roofline"] = v_roof
     for key, extra in (("derated", derated_kw), ("sol", {})):
         t_target = predict(target, dev, **kw, **extra).get("tpot_s")
         t_draft = 0.0 if draft is None else predict(draft, dev, **kw, **extra).get("tpot_s")
         c = t_draft / t_target if t_target and t_draft is not None else None
         before[f"cost_ratio_{key}"] = c
-        before[key] = None if c is None else speculative_speedup(ASSUMED_ACCEPTANCE, k, c)
-    if fit is not None and draft is not None:
-        before.update(_fitted_speculative(fit, target, draft, dev, baseline, k, **kw))
+        before[key] = (
+            None if c is None else speculative_speedup(ASSUMED_ACCEPTANCE, k, c, v_roof or 1.0)
+        )
+    if fit is not None:
+        before.update(_fitted_speculative(fit, target, draft, dev, baseline, k, heads, **kw))
     after: dict[str, Any] | None = None
     plain = _mean_step_s(baseline, "decode") if not baseline.get("speculative") else None
     draft_s, verify_s = _mean_step_s(summary, "draft_decode"), _mean_step_s(summary, "decode")
@@ -779,34 +797,65 @@ def speculative_projection(
     }
 
 
+def _verify_roof_ratio(
+    target: ModelSpec,
+    dev: Any,
+    k: int,
+    heads: int,
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+) -> float | None:
+    """Roofline time of a verify pass (``K + 1`` positions a row, plus ``heads`` Medusa
+    heads on each row) over a plain decode step's, at the mean context."""
+    import numpy as np
+
+    b = np.array([float(max(batch, 1))])
+    ctx = b * (prompt_len + output_len / 2.0)
+    plain = float(roof_times(target, dev, b, b, ctx)[0])
+    h_flops, h_bytes = medusa_head_cost(target, heads, b)
+    wide = roof_times(target, dev, b, b * (k + 1), ctx, h_bytes, h_flops)
+    return float(wide[0]) / plain if plain > 0 else None
+
+
 def _fitted_speculative(
     fit: OverheadFit,
     target: ModelSpec,
-    draft: ModelSpec,
+    draft: ModelSpec | None,
     dev: Any,
     baseline: Mapping[str, Any],
     k: int,
+    heads: int = 0,
     *,
     batch: int,
     prompt_len: int,
     output_len: int,
 ) -> dict[str, float]:
-    """:func:`speculative_projection`'s fitted-model speedup at the assumed acceptance."""
+    """:func:`speculative_projection`'s fitted-model speedup at the assumed acceptance: a
+    draft pass a decode step of the draft (none for lookahead and Medusa), the verify pass
+    a step of ``K + 1`` positions a row with ``heads`` Medusa heads' work on its roofline
+    time (:func:`~perfscope.analysis.costmodel.medusa_head_cost`)."""
     import numpy as np
 
     b = np.array([float(max(batch, 1))])
     ctx = b * (prompt_len + output_len / 2.0)
     roof_t = roof_times(target, dev, b, b, ctx)
     plain = float(fit.step_time(roof_t, float(target.n_layers), b, b)[0])
-    drafted = float(
-        fit.step_time(roof_times(draft, dev, b, b, ctx), float(draft.n_layers), b, b)[0]
+    drafted = (
+        0.0
+        if draft is None
+        else float(fit.step_time(roof_times(draft, dev, b, b, ctx), float(draft.n_layers), b, b)[0])
     )
     wide = b * (k + 1)
-    roof_v = roof_times(target, dev, b, wide, ctx)
+    h_flops, h_bytes = medusa_head_cost(target, heads, b)
+    roof_v = roof_times(target, dev, b, wide, ctx, h_bytes, h_flops)
     verify = float(fit.prefill_step_time(roof_v, float(target.n_layers), b, wide, roof_t)[0])
     gap = _gap_per_step(baseline, "decode") or 0.0
     unit = plain + gap
-    c, v = (drafted + gap) / unit, (verify + gap) / unit
+    # No draft pass: no host gap before one either.
+    c = (drafted + gap) / unit if draft is not None else 0.0
+    v = (verify + gap) / unit
     return {
         "cost_ratio_fitted": c,
         "verify_cost_fitted": v,

@@ -110,3 +110,47 @@ def test_a_decoding_change_is_calibrated_as_its_technique() -> None:
     assert technique_of_change("decoding", "medusa") == "parallel-decoding"
     assert technique_of_change("decoding", "draft") == "speculative"
     assert "parallel-decoding" in TECHNIQUES
+
+
+def test_medusa_head_cost_counts_what_flopcountermode_counts_of_the_real_heads() -> None:
+    import torch
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from perfscope.analysis.costmodel import medusa_head_cost
+    from perfscope.analysis.modelspec import ModelSpec
+    from perfscope.profiler.engines.reference.medusa import MedusaHeads
+
+    d, v, k, rows = 32, 96, 3, 5
+    spec = ModelSpec(
+        name="t",
+        n_layers=1,
+        hidden_size=d,
+        n_heads=4,
+        n_kv_heads=4,
+        head_dim=8,
+        intermediate_size=64,
+        vocab_size=v,
+    )
+    heads, lm_head = MedusaHeads(d, k), nn.Linear(d, v, bias=False)
+    with FlopCounterMode(display=False) as counter:
+        heads(torch.zeros(rows, d), lm_head)
+    flops, weight_bytes = medusa_head_cost(spec, k, rows)
+    assert float(flops) == counter.get_total_flops()
+    assert float(weight_bytes) == k * (d * d + d * v) * spec.embedding_bytes_per_param
+    assert float(medusa_head_cost(spec, k, 0)[1]) == 0.0  # no rows, no step
+
+
+def test_a_verify_pass_without_a_draft_is_priced_wider_than_a_plain_step_and_medusa_more() -> None:
+    from perfscope.analysis.modelspec import ModelSpec
+    from perfscope.analysis.study import _verify_roof_ratio
+    from perfscope.hwdb import resolve_device
+    from perfscope.profiler.engines.reference.model import PRESETS
+
+    spec = ModelSpec.from_dict(PRESETS["tiny"].model_spec())
+    dev = resolve_device("h100-sxm5-80gb")
+    kw = {"batch": 4, "prompt_len": 16, "output_len": 32}
+    lookahead = _verify_roof_ratio(spec, dev, 4, 0, **kw)
+    medusa = _verify_roof_ratio(spec, dev, 4, 4, **kw)
+    assert lookahead is not None and medusa is not None
+    assert 1.0 <= lookahead < medusa
