@@ -27,6 +27,14 @@ Counting conventions (hardware.md §8, §9 lists where other tools differ):
   query and output (``2·r·H·(h_nope + h_v)`` per new token), scores over ``r + h_rope`` and
   values over ``r``. By default decode steps (one new token per row) are absorbed and
   prefill steps expanded, as vLLM and SGLang run them (:func:`mla_mode`).
+- State-space (Mamba) blocks, as transformers' torch path runs them under FlopCounterMode:
+  the matmuls ``2·(d·2I + I·(R + 2N) + R·I + I·d)`` per token (``in_proj``, ``x_proj``,
+  ``dt_proj``, ``out_proj``), the scan's output product ``2·I·N`` per token (the
+  discretisation and state update are elementwise: 0), and the depthwise causal conv
+  ``2·I·K·(max(q, K) + K − 1)`` per row (padded both sides, then cut). These count as
+  ``flops_attention``, the sequence mixing. The recurrent state (:attr:`ModelSpec.
+  state_bytes_per_seq`, constant in context) is read by every step that has one and
+  written by every step: it is the ``bytes_kv_*`` of such a model.
 - MoE: router, shared experts and dense blocks always run; a token runs
   ``n_active_experts`` routed experts.
 - Sparse weights (:attr:`ModelSpec.weight_density` < 1): block-matrix FLOPs and bytes
@@ -76,6 +84,7 @@ __all__ = [
     "operator_class_costs",
     "param_count",
     "prefill_cost",
+    "ssm_params_per_layer",
     "step_cost",
     "step_costs",
     "weight_bytes",
@@ -105,6 +114,33 @@ def attention_params_per_layer(spec: ModelSpec) -> int:
         return q + kv_a + kv_b + h * spec.v_head_dim * d
     hd = spec.head_dim
     return d * h * hd * 2 + 2 * d * spec.n_kv_heads * hd
+
+
+def ssm_params_per_layer(spec: ModelSpec) -> int:
+    """Matmul weights of one Mamba mixer: ``d·2I + I·(R + 2N) + R·I + I·d`` (0 without SSM).
+
+    ``in_proj`` (x and gate), ``x_proj`` (dt, B, C), ``dt_proj`` and ``out_proj``; the conv,
+    ``A_log`` and ``D`` are vectors per channel, counted with the small parameters.
+    """
+    if not spec.is_ssm:
+        return 0
+    d, i = spec.hidden_size, spec.ssm_inner_size
+    r, n = spec.ssm_time_step_rank, spec.ssm_state_size
+    return d * 2 * i + i * (r + 2 * n) + r * i + i * d
+
+
+def _ssm_small_params(spec: ModelSpec) -> int:
+    """One Mamba mixer's non-matmul parameters: ``A_log`` ``I·N``, ``D`` ``I``, the conv
+    ``I·K`` (and bias ``I``), the ``dt_proj`` bias ``I``, the in/out biases ``2I + d``."""
+    if not spec.is_ssm:
+        return 0
+    i = spec.ssm_inner_size
+    n = i * spec.ssm_state_size + i + i * spec.ssm_conv_kernel + i
+    if spec.ssm_conv_bias:
+        n += i
+    if spec.ssm_proj_bias:
+        n += 2 * i + spec.hidden_size
+    return n
 
 
 def _mla_kv_b_params(spec: ModelSpec) -> int:
@@ -179,6 +215,7 @@ def matmul_params(spec: ModelSpec, *, active: bool = False, lm_head: bool = True
     total = float(_proj_params(spec))
     for moe_layer in spec.moe_layer_mask():
         total += attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, experts)
+        total += ssm_params_per_layer(spec)
     if lm_head:
         total += spec.embedding_width * spec.vocab_size
     return int(total)
@@ -211,7 +248,7 @@ def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
     if spec.qk_norm:
         width = (spec.n_heads + spec.n_kv_heads) * hd if spec.qk_norm_full else 2 * hd
         n += width * (2 if spec.norm_bias else 1)
-    return n
+    return n + _ssm_small_params(spec)
 
 
 @functools.lru_cache(maxsize=256)
@@ -241,6 +278,8 @@ def param_count(spec: ModelSpec) -> int:
 def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: Any) -> Any:
     """Sum of the input widths of one block's quantised linears (for GPTQ ``g_idx``)."""
     d = spec.hidden_size
+    if spec.is_ssm:  # in_proj, x_proj, dt_proj, out_proj
+        return d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
     if spec.is_mla:
         attn = (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
         attn += spec.n_heads * spec.v_head_dim
@@ -280,6 +319,7 @@ def weight_bytes(spec: ModelSpec) -> float:
     blocks = 0.0
     for moe_layer in spec.moe_layer_mask():
         params = attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, spec.n_experts)
+        params += ssm_params_per_layer(spec)
         params -= _router_params(spec) if moe_layer else 0
         blocks += _quantised_bytes(spec, params, _linear_inputs(spec, moe_layer, spec.n_experts))
     n_moe = sum(spec.moe_layer_mask())
@@ -319,12 +359,14 @@ def kv_cache_bytes_per_sequence(spec: ModelSpec, context_len: float) -> float:
     """KV-cache bytes of one sequence holding ``context_len`` tokens, per layer type.
 
     Full-attention layers keep every token, sliding-window layers ``min(T, window)``,
-    chunked layers ``min(T, chunk)`` (the current chunk, at most).
+    chunked layers ``min(T, chunk)`` (the current chunk, at most); a state-space model's
+    recurrent state (:attr:`ModelSpec.state_bytes_per_seq`) whatever ``T > 0`` is.
     """
     total = 0.0
     for la in spec.layer_attention():
         total += min(context_len, la.span) if la.kind != "full" else context_len
-    return total * _kv_layer_bytes_per_token(spec)
+    state = spec.state_bytes_per_seq if context_len > 0 else 0.0
+    return total * _kv_layer_bytes_per_token(spec) + state
 
 
 def kv_cache_bytes(spec: ModelSpec, tokens: float, *, batch: int | None = None) -> float:
@@ -342,9 +384,12 @@ def kv_share_per_device(spec: ModelSpec, tp: int) -> float:
     """Fraction of the KV cache one of ``tp`` tensor-parallel devices holds.
 
     Ordinary attention splits the KV heads, ``max(K/tp, 1)/K`` (heads are replicated once
-    ``tp > K``). An MLA latent has no heads to split: every rank keeps all of it (1.0).
+    ``tp > K``). An MLA latent has no heads to split: every rank keeps all of it (1.0). A
+    Mamba state splits over its ``I`` channels: ``1/tp``.
     """
     tp = max(int(tp), 1)
+    if spec.is_ssm:
+        return 1.0 / tp
     if spec.is_mla:
         return 1.0
     return max(spec.n_kv_heads / tp, 1.0) / spec.n_kv_heads
@@ -353,9 +398,20 @@ def kv_share_per_device(spec: ModelSpec, tp: int) -> float:
 def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]:
     """KV-cache bytes of one sequence by layer type, for display.
 
-    Each entry: ``kind`` (``full``/``sliding``/``chunked``), ``span`` (tokens, 0 for full),
+    Each entry: ``kind`` (``full``/``sliding``/``chunked``; ``state`` for a state-space
+    model's recurrent state, one entry), ``span`` (tokens, 0 for full),
     ``layers``, ``bytes_per_token_layer`` and ``bytes`` at ``context_len``.
     """
+    if spec.is_ssm:
+        return [
+            {
+                "kind": "state",
+                "span": 0,
+                "layers": spec.n_layers,
+                "bytes_per_token_layer": 0.0,
+                "bytes": spec.state_bytes_per_seq if context_len > 0 else 0.0,
+            }
+        ]
     groups: dict[tuple[str, int], int] = {}
     for la in spec.layer_attention():
         groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
@@ -379,6 +435,17 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
     """The family and every counting assumption that applies to ``spec``, in words
     (``perfscope roofline`` prints them; a JSON run stores them with the model)."""
     out = [f"family: {spec.family or 'custom (shape given by hand)'}"]
+    if spec.is_ssm:
+        out.append(
+            f"recurrent state, constant in context: {spec.state_bytes_per_seq:,.0f} bytes per "
+            f"sequence ({spec.n_layers} layers × (conv {spec.ssm_inner_size}×"
+            f"{spec.ssm_conv_kernel} + SSM {spec.ssm_inner_size}×{spec.ssm_state_size}) at "
+            f"{spec.kv_dtype}), read and rewritten every step; no KV cache"
+        )
+        out.append(
+            "SSM FLOPs as transformers' torch path counts them: scan output 2·I·N per token, "
+            "causal conv over max(tokens, K) + K − 1 positions per row"
+        )
     if spec.is_mla:
         pre = "absorbed" if spec.mla_prefill_absorbed else "expanded"
         dec = "absorbed" if spec.mla_absorbed else "expanded"
@@ -595,6 +662,9 @@ def step_costs(
     )
     hq = h * float(spec.head_dim)
     h_out = h * float(spec.v_head_dim if spec.is_mla else spec.head_dim)
+    ssm_params = float(ssm_params_per_layer(spec))
+    si, sn = float(spec.ssm_inner_size), float(spec.ssm_state_size)
+    sk, sr = float(spec.ssm_conv_kernel), float(spec.ssm_time_step_rank)
 
     for count, kind, span, moe in _layer_groups(spec):
         lc = float(count)
@@ -622,8 +692,14 @@ def step_costs(
         if materialized_scores:
             scores = scores + lc * 4.0 * h * b * q * kv_exec
 
+        if spec.is_ssm:
+            # Scan output (2·I·N per token) and the causal conv as transformers runs it.
+            conv = 2.0 * si * sk * (np.maximum(q, sk) + sk - 1.0)
+            attn_exec = attn_exec + lc * b * (conv + 2.0 * si * sn * q)
+            attn_useful = attn_useful + lc * b * q * (2.0 * si * sk + 2.0 * si * sn)
+
         mlp_active = _mlp_params(spec, moe, k_act)
-        per_token = attn_params - kv_b * naive + mlp_active
+        per_token = attn_params - kv_b * naive + mlp_active + ssm_params
         # A sparse run multiplies only the stored weights (the router of a MoE too: small).
         per_token = per_token * spec.weight_density
         flops_linear = flops_linear + lc * 2.0 * n * per_token
@@ -641,10 +717,23 @@ def step_costs(
             if fs:
                 mlp_act += d + (2.0 if spec.mlp_gated else 1.0) * fs * 2.0 + 2.0 * fs + d
         else:
-            read_params = attn_params + _dense_mlp_params(spec)
+            read_params = attn_params + _dense_mlp_params(spec) + ssm_params
             f = float(spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size)
             mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
             mlp_act = (d + mlp_out) + (mlp_out + f) + (f + d)
+        if spec.is_ssm:
+            # in_proj, conv, x_proj, dt_proj, scan (x, dt, B, C, gate in; y out), out_proj
+            mlp_act = (
+                (d + 2.0 * si)
+                + 2.0 * si
+                + (si + sr + 2.0 * sn)
+                + (sr + si)
+                + (3.0 * si + 2.0 * sn + si)
+                + (si + d)
+                # the attention terms below count d in and d out, and two norms and
+                # residuals (10·d) where a Mamba block has one of each (5·d)
+                - 7.0 * d
+            )
         w_params = w_params + lc * read_params
         w_inputs = w_inputs + lc * _linear_inputs(spec, moe, touched if moe else 0.0)
         act_elems = act_elems + lc * (
@@ -672,6 +761,11 @@ def step_costs(
     kv_layer = _kv_layer_bytes_per_token(spec)
     bytes_kv_read = b * kv_read_tokens * kv_layer
     bytes_kv_write = n * spec.n_layers * kv_layer
+    if spec.is_ssm:
+        # The recurrent state: read when a cached step has one, rewritten by every step.
+        state = spec.state_bytes_per_seq
+        bytes_kv_read = bytes_kv_read + np.where(c > 0, b * state, 0.0)
+        bytes_kv_write = bytes_kv_write + np.where(n > 0, b * state, 0.0)
     bytes_act = spec.act_bytes_per_element * (n * act_elems + lt * v + lt * e)
     if materialized_scores:
         # scores written, read by softmax, probabilities written, read by P·V

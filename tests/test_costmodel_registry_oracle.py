@@ -12,8 +12,8 @@ match on
 - weight bytes: every parameter tensor's bytes (fp32);
 - FLOPs: prefill (logits for the last position only, ``logits_to_keep=1``) and decode,
   exactly as FlopCounterMode counts them (norms, softmax, activations count 0);
-- KV bytes: the key/value tensors of the cache after the prefill, against the decode
-  step's KV read;
+- KV bytes: the key/value tensors of the cache after the prefill (and the conv and SSM
+  state tensors of state-space layers), against the decode step's KV read;
 
 or raise :class:`UsageError` naming why it cannot count the family. A family whose tiny
 instance cannot be built here (an optional dependency, a config that needs real weights,
@@ -155,14 +155,28 @@ def tiny_config(model_type: str) -> Any:
     raise error
 
 
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of a tensor, or of the tensors in a dict/list/tuple of them (None: 0)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+#: Cache attributes that hold per-layer state: attention keys/values, and the recurrent
+#: state of linear-attention/SSM layers (transformers 5.24 ``LinearAttentionLayer``
+#: ``conv_states``/``recurrent_states``; older ``MambaCache`` ``conv_states``/``ssm_states``).
+_STATE_NAMES = ("keys", "values", "conv_states", "recurrent_states", "ssm_states")
+
+
 def _kv_bytes(cache: Any) -> int:
-    total = 0
-    for layer in getattr(cache, "layers", []) or []:
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
+    """Bytes the cache holds after the prefill: KV tensors plus any recurrent state."""
+    layers = getattr(cache, "layers", None)
+    holders = list(layers) if layers else [cache]
+    return sum(_tensor_bytes(getattr(h, name, None)) for h in holders for name in _STATE_NAMES)
 
 
 def run_truth(conf: Any) -> tuple[Any, Truth]:
