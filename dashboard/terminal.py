@@ -401,7 +401,8 @@ def predictions_table(
         title=title
         or (
             f"{first['model']} ({first['dtypes']['weights']} weights, "
-            f"{first['dtypes']['kv_cache']} {'state' if state else 'KV'}) — batch {w['batch']}, prompt {w['prompt_len']}, "
+            f"{first['dtypes']['kv_cache']} {'state' if state else 'KV'}) — "
+            f"batch {w['batch']}, prompt {w['prompt_len']}, "
             f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
         ),
         caption=basis

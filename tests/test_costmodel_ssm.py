@@ -96,5 +96,5 @@ def test_roofline_names_the_family_and_a_constant_state_instead_of_kv(tmp_path: 
 
 def test_roofline_refuses_attention_widths_for_a_mamba_model(tmp_path: Path) -> None:
     folder = _saved(tmp_path, _mamba_130m_shape())
-    with pytest.raises(UsageError, match="state-space .*--heads"):
+    with pytest.raises(UsageError, match=r"state-space .*--heads"):
         _run(["--model", str(folder), "--heads", "8"])
