@@ -29,9 +29,11 @@ Counting conventions (hardware.md §8, §9 lists where other tools differ):
   prefill steps expanded, as vLLM and SGLang run them (:func:`mla_mode`).
 - State-space (Mamba) blocks, as transformers' torch path runs them under FlopCounterMode:
   the matmuls ``2·(d·2I + I·(R + 2N) + R·I + I·d)`` per token (``in_proj``, ``x_proj``,
-  ``dt_proj``, ``out_proj``), the scan's output product ``2·I·N`` per token (the
-  discretisation and state update are elementwise: 0), and the depthwise causal conv
-  ``2·I·K·(max(q, K) + K − 1)`` per row (padded both sides, then cut). These count as
+  ``dt_proj``, ``out_proj``; Mamba2: ``in_proj``, ``out_proj``), the scan (Mamba: its
+  output product ``2·I·N`` per token, the discretisation and state update being
+  elementwise; Mamba2: the chunked SSD scan, padded to whole chunks, in every step but a
+  cached one-token one) and the depthwise causal conv over the positions transformers
+  pads it to (:func:`_ssm_mixing_flops`). These count as
   ``flops_attention``, the sequence mixing. The recurrent state (:attr:`ModelSpec.
   state_bytes_per_seq`, constant in context) is read by every step that has one and
   written by every step: it is the ``bytes_kv_*`` of such a model.
@@ -126,6 +128,8 @@ def ssm_params_per_layer(spec: ModelSpec) -> int:
         return 0
     d, i = spec.hidden_size, spec.ssm_inner_size
     r, n = spec.ssm_time_step_rank, spec.ssm_state_size
+    if spec.ssm_n_heads:  # Mamba2: in_proj to gate, x, B, C and dt; out_proj
+        return d * (i + spec.ssm_conv_dim + spec.ssm_n_heads) + i * d
     return d * 2 * i + i * (r + 2 * n) + r * i + i * d
 
 
@@ -134,13 +138,51 @@ def _ssm_small_params(spec: ModelSpec) -> int:
     ``I·K`` (and bias ``I``), the ``dt_proj`` bias ``I``, the in/out biases ``2I + d``."""
     if not spec.is_ssm:
         return 0
-    i = spec.ssm_inner_size
-    n = i * spec.ssm_state_size + i + i * spec.ssm_conv_kernel + i
+    i, cd = spec.ssm_inner_size, spec.ssm_conv_dim
+    if spec.ssm_n_heads:  # Mamba2: A_log, D, dt_bias per head; the gated norm; the conv
+        n = 3 * spec.ssm_n_heads + i + cd * spec.ssm_conv_kernel
+    else:
+        n = i * spec.ssm_state_size + i + i * spec.ssm_conv_kernel + i
     if spec.ssm_conv_bias:
-        n += i
+        n += cd
     if spec.ssm_proj_bias:
         n += 2 * i + spec.hidden_size
     return n
+
+
+def _ssm_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
+    """Sequence-mixing FLOPs of one SSM block per row with ``q`` new tokens (``c`` cached
+    tokens summed over rows), as transformers 5.24's torch path runs them under
+    FlopCounterMode, and their useful part (``2·C·K`` conv + ``2·I·N`` scan per token).
+
+    The depthwise conv (``2·C·K`` per output position, ``C`` = :attr:`ModelSpec.
+    ssm_conv_dim`) runs over ``max(q, K) + K − 1`` positions without a state (the input
+    padded to ``K``, then padded ``K − 1`` both sides), over 2 in a cached one-token step
+    (the ``K`` cached inputs and the new one, unpadded) and over ``q + 2K − 1`` in a cached
+    multi-token step (cached inputs prepended, then padded).
+    Mamba: the scan's output product, ``2·I·N`` per token.
+    Mamba2: a cached one-token step updates the state (``2·I·N``); any other step runs the
+    chunked SSD scan padded to ``k = ceil(q/Q)`` chunks: ``2·k·H·Q²·(N + P)`` (intra-chunk
+    scores and values), ``4·k·H·Q·P·N`` (chunk states and their output) and
+    ``2·H·(k+1)²·P·N`` (the inter-chunk recurrence).
+    """
+    i, n, k = float(spec.ssm_inner_size), float(spec.ssm_state_size), float(spec.ssm_conv_kernel)
+    cd = float(spec.ssm_conv_dim)
+    useful = q * (2.0 * cd * k + 2.0 * i * n)
+    step = (q <= 1.0) & (c > 0)
+    conv_len = np.where(c > 0, np.where(step, 2.0, q + 2.0 * k - 1.0), np.maximum(q, k) + k - 1.0)
+    conv = 2.0 * cd * k * conv_len
+    if not spec.ssm_n_heads:
+        return conv + 2.0 * i * n * q, useful
+    h, p = float(spec.ssm_n_heads), float(spec.ssm_head_dim)
+    qc = float(spec.ssm_chunk_size)
+    chunks = np.ceil(q / qc)
+    ssd = (
+        2.0 * chunks * h * qc * qc * (n + p)
+        + 4.0 * chunks * h * qc * p * n
+        + 2.0 * h * (chunks + 1.0) ** 2 * p * n
+    )
+    return conv + np.where(step, 2.0 * i * n, ssd), useful
 
 
 def _mla_kv_b_params(spec: ModelSpec) -> int:
@@ -278,7 +320,9 @@ def param_count(spec: ModelSpec) -> int:
 def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: Any) -> Any:
     """Sum of the input widths of one block's quantised linears (for GPTQ ``g_idx``)."""
     d = spec.hidden_size
-    if spec.is_ssm:  # in_proj, x_proj, dt_proj, out_proj
+    if spec.is_ssm:  # in_proj, x_proj, dt_proj, out_proj (Mamba2: in_proj, out_proj)
+        if spec.ssm_n_heads:
+            return d + spec.ssm_inner_size
         return d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
     if spec.is_mla:
         attn = (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
@@ -443,8 +487,14 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
             f"{spec.kv_dtype}), read and rewritten every step; no KV cache"
         )
         out.append(
-            "SSM FLOPs as transformers' torch path counts them: scan output 2·I·N per token, "
-            "causal conv over max(tokens, K) + K − 1 positions per row"
+            "SSM FLOPs as transformers' torch path counts them: "
+            + (
+                f"chunked SSD scan padded to {spec.ssm_chunk_size}-token chunks in "
+                "multi-token steps, a 2·I·N state update in decode"
+                if spec.ssm_n_heads
+                else "scan output 2·I·N per token"
+            )
+            + "; causal conv over its padded positions"
         )
     if spec.is_mla:
         pre = "absorbed" if spec.mla_prefill_absorbed else "expanded"
@@ -664,7 +714,7 @@ def step_costs(
     h_out = h * float(spec.v_head_dim if spec.is_mla else spec.head_dim)
     ssm_params = float(ssm_params_per_layer(spec))
     si, sn = float(spec.ssm_inner_size), float(spec.ssm_state_size)
-    sk, sr = float(spec.ssm_conv_kernel), float(spec.ssm_time_step_rank)
+    scd, sr = float(spec.ssm_conv_dim), float(spec.ssm_time_step_rank)
 
     for count, kind, span, moe in _layer_groups(spec):
         lc = float(count)
@@ -693,10 +743,9 @@ def step_costs(
             scores = scores + lc * 4.0 * h * b * q * kv_exec
 
         if spec.is_ssm:
-            # Scan output (2·I·N per token) and the causal conv as transformers runs it.
-            conv = 2.0 * si * sk * (np.maximum(q, sk) + sk - 1.0)
-            attn_exec = attn_exec + lc * b * (conv + 2.0 * si * sn * q)
-            attn_useful = attn_useful + lc * b * q * (2.0 * si * sk + 2.0 * si * sn)
+            mix, mix_useful = _ssm_mixing_flops(spec, q, c)
+            attn_exec = attn_exec + lc * b * mix
+            attn_useful = attn_useful + lc * b * mix_useful
 
         mlp_active = _mlp_params(spec, moe, k_act)
         per_token = attn_params - kv_b * naive + mlp_active + ssm_params
@@ -722,12 +771,14 @@ def step_costs(
             mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
             mlp_act = (d + mlp_out) + (mlp_out + f) + (f + d)
         if spec.is_ssm:
-            # in_proj, conv, x_proj, dt_proj, scan (x, dt, B, C, gate in; y out), out_proj
+            # in_proj, conv, x_proj and dt_proj (Mamba only), scan (x, dt, B, C, gate in;
+            # y out), out_proj: an estimate, not checked against a profile
+            v2 = bool(spec.ssm_n_heads)
+            proj_out = si + scd + float(spec.ssm_n_heads) if v2 else 2.0 * si
             mlp_act = (
-                (d + 2.0 * si)
-                + 2.0 * si
-                + (si + sr + 2.0 * sn)
-                + (sr + si)
+                (d + proj_out)
+                + 2.0 * scd
+                + (0.0 if v2 else (si + sr + 2.0 * sn) + (sr + si))
                 + (3.0 * si + 2.0 * sn + si)
                 + (si + d)
                 # the attention terms below count d in and d out, and two norms and

@@ -224,6 +224,11 @@ class ModelSpec:
         ssm_time_step_rank: rank ``R`` of the time-step projection (``time_step_rank``).
         ssm_proj_bias: ``in_proj`` and ``out_proj`` have biases (``use_bias``).
         ssm_conv_bias: the conv has a bias per channel (``use_conv_bias``).
+        ssm_n_heads: Mamba2 (SSD) heads ``H`` (0 = Mamba v1); ``I = H · P``.
+        ssm_head_dim: Mamba2 head width ``P``.
+        ssm_n_groups: Mamba2 B/C groups ``G`` (the conv also runs over ``2·G·N`` channels).
+        ssm_chunk_size: Mamba2 chunk length ``Q`` of the chunked (SSD) scan; the torch path
+            pads every multi-token step up to whole chunks.
         family: the :data:`FAMILIES` row the config was read with (empty: built by hand).
         notes: the conventions and assumptions the spec carries, in words (how the config
             was read, what is left out); ``perfscope roofline`` prints them.
@@ -289,6 +294,10 @@ class ModelSpec:
     ssm_time_step_rank: int = 0
     ssm_proj_bias: bool = False
     ssm_conv_bias: bool = False
+    ssm_n_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_n_groups: int = 0
+    ssm_chunk_size: int = 0
     family: str = ""
     notes: tuple[str, ...] = ()
 
@@ -339,17 +348,25 @@ class ModelSpec:
         return self.ssm_inner_size > 0
 
     @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the causal conv: ``I`` (Mamba), ``I + 2·G·N`` (Mamba2)."""
+        return self.ssm_inner_size + 2 * self.ssm_n_groups * self.ssm_state_size
+
+    @property
     def state_bytes_per_seq(self) -> float:
         """Recurrent-state bytes one sequence holds, constant in context (bytes).
 
-        Per block the conv state ``I·K`` and the SSM state ``I·N`` (transformers keeps
+        Per block the conv state ``C·K`` (:attr:`ssm_conv_dim` channels) and the SSM
+        state ``I·N`` (Mamba2: ``H·P·N``, the same) (transformers keeps
         ``K`` conv inputs, ``conv_states`` ``[B, I, K]`` and ``recurrent_states``
         ``[B, I, N]``), at the cache dtype (:attr:`kv_bytes_per_element`); every decode
         step reads and rewrites all of it. 0 for a model without SSM blocks.
         """
         if not self.is_ssm:
             return 0.0
-        per_layer = self.ssm_inner_size * (self.ssm_conv_kernel + self.ssm_state_size)
+        per_layer = (
+            self.ssm_conv_dim * self.ssm_conv_kernel + self.ssm_inner_size * self.ssm_state_size
+        )
         return float(self.n_layers * per_layer) * self.kv_bytes_per_element
 
     @property
@@ -1058,6 +1075,7 @@ FAMILIES: tuple[Family, ...] = (
         reader="mamba",
         tied_default=True,
     ),
+    Family("mamba2", ("mamba2",), ("Mamba2ForCausalLM",), reader="mamba"),
     Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
     Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
@@ -1106,7 +1124,6 @@ REFUSED: dict[str, str] = {
     "olmo_hybrid": _HYBRID,
     "bailing_hybrid": _HYBRID,
     "recurrent_gemma": _HYBRID,
-    "mamba2": _SSM,
     "rwkv": _SSM,
     "xlstm": _SSM,
     **{
@@ -1440,12 +1457,16 @@ def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
 
 
 def _mamba(cfg: dict[str, Any], fam: Family, f: dict[str, Any]) -> ModelSpec:
-    """Mamba (v1) and Falcon-Mamba: every block a pre-norm selective-SSM mixer, no
-    attention, no MLP. The inner width is ``expand · hidden_size``, as the model code
-    derives it (a saved ``intermediate_size`` is ignored there too); ``time_step_rank``
-    ``auto`` is ``ceil(d / 16)``."""
+    """Mamba (v1), Falcon-Mamba and Mamba2: every block a pre-norm selective-SSM mixer, no
+    attention, no MLP. The inner width is what the model code reads: Mamba and
+    Falcon-Mamba the config's ``intermediate_size`` (their config classes default it to
+    ``expand · hidden_size`` but keep one given), Mamba2 ``expand · hidden_size`` always;
+    ``time_step_rank`` ``auto`` is ``ceil(d / 16)``."""
     d = _require(cfg, "hidden_size", "d_model")
     expand = float(_first_of(cfg, "expand", default=2))
+    inner = int(expand * d)
+    if fam.key != "mamba2":
+        inner = int(_first_of(cfg, "intermediate_size", default=inner) or inner)
     rank = _first_of(cfg, "time_step_rank", "dt_rank", default="auto")
     f.update(
         n_layers=_require(cfg, "num_hidden_layers", "n_layer"),
@@ -1459,13 +1480,28 @@ def _mamba(cfg: dict[str, Any], fam: Family, f: dict[str, Any]) -> ModelSpec:
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=fam.tied_default)),
         norms_per_layer=1,
         max_position_embeddings=0,
-        ssm_inner_size=int(expand * d),
+        ssm_inner_size=inner,
         ssm_state_size=int(_first_of(cfg, "state_size", "d_state", default=16)),
         ssm_conv_kernel=int(_first_of(cfg, "conv_kernel", "d_conv", default=4)),
         ssm_time_step_rank=math.ceil(d / 16) if rank == "auto" else int(rank),
         ssm_proj_bias=bool(_first_of(cfg, "use_bias", default=False)),
         ssm_conv_bias=bool(_first_of(cfg, "use_conv_bias", default=True)),
     )
+    if fam.key == "mamba2":
+        heads = int(_first_of(cfg, "num_heads", default=128))
+        head_dim = int(_first_of(cfg, "head_dim", default=64))
+        if heads * head_dim != f["ssm_inner_size"]:
+            raise UsageError(
+                f"mamba2 config: num_heads · head_dim ({heads} · {head_dim}) must equal "
+                f"expand · hidden_size ({f['ssm_inner_size']})"
+            )
+        f.update(
+            ssm_time_step_rank=0,
+            ssm_n_heads=heads,
+            ssm_head_dim=head_dim,
+            ssm_n_groups=int(_first_of(cfg, "n_groups", default=1)),
+            ssm_chunk_size=int(_first_of(cfg, "chunk_size", default=256)),
+        )
     return ModelSpec(**f)
 
 

@@ -24,6 +24,7 @@ masked square in prefill), the embedding lookup is free, fp32 throughout.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -92,6 +93,8 @@ TINY: dict[str, Any] = {
 #: DBRX: transformers 5.24's attention reads ``attn_config.rope_theta``, which its config
 #: class does not define, and ``clip_qkv=None`` makes ``clamp`` fail; the release uses 8.
 NESTED: dict[str, dict[str, Any]] = {
+    # Mamba2 validates hidden_size · expand == num_heads · head_dim (64 · 2 = 8 · 16).
+    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "state_size": 16},
     "dbrx": {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
         "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
@@ -140,7 +143,8 @@ def tiny_config(model_type: str) -> Any:
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:
         kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)  # MLA: one KV per head
     for key in ("layer_types", "mlp_only_layers"):
-        if hasattr(default, key):
+        # a read-only property (Mamba's layer_types) is derived, not set
+        if hasattr(default, key) and not isinstance(getattr(cls, key, None), property):
             kw[key] = None if key == "layer_types" else []
     error: Exception | None = None
     # the full tiny set, then only the core widths (some classes validate combinations)
@@ -216,7 +220,10 @@ def run_truth(conf: Any) -> tuple[Any, Truth]:
         cache = out.past_key_values
         kv = _kv_bytes(cache)
         with FlopCounterMode(display=False) as fc:
-            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            # Mamba2's forward names it ``cache`` and ignores ``past_key_values`` silently
+            # (a cache-less one-token pass, its chunked scan padded to 256 positions).
+            name = "cache" if "cache" in inspect.signature(model.forward).parameters else None
+            model(input_ids=nxt, use_cache=True, **{name or "past_key_values": cache})
         decode = int(fc.get_total_flops())
     params = sum(p.numel() for p in model.parameters())
     wbytes = sum(p.numel() * p.element_size() for p in model.parameters())
