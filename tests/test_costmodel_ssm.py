@@ -12,11 +12,15 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from rich.console import Console
+from torch.utils.flop_counter import FlopCounterMode
 
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import ModelSpec
@@ -58,6 +62,14 @@ def test_saved_falcon_mamba_config_is_its_own_family(tmp_path: Path) -> None:
     assert spec.family == "falcon_mamba" and spec.ssm_inner_size == 512
 
 
+def test_saved_mamba2_config_reads_heads_groups_and_chunks(tmp_path: Path) -> None:
+    spec = ModelSpec.from_hf_config(_saved(tmp_path, transformers.Mamba2Config()))
+    assert spec.family == "mamba2" and spec.ssm_inner_size == 128 * 64 == 2 * 4096
+    assert (spec.ssm_n_groups, spec.ssm_chunk_size, spec.ssm_state_size) == (8, 256, 128)
+    # conv state over I + 2·G·N channels, SSM state H·P·N, per layer (bf16)
+    assert spec.state_bytes_per_seq == 64 * ((8192 + 2 * 8 * 128) * 4 + 8192 * 128) * 2.0
+
+
 def test_mamba_decode_bytes_do_not_grow_with_context(tmp_path: Path) -> None:
     spec = ModelSpec.from_hf_config(_saved(tmp_path, _mamba_130m_shape()))
     batch = 8
@@ -73,6 +85,40 @@ def test_mamba_decode_bytes_do_not_grow_with_context(tmp_path: Path) -> None:
     # a prefill has no state to read yet, and writes one per sequence
     pre = cm.prefill_cost(spec, batch, 512)
     assert (pre.bytes_kv_read, pre.bytes_kv_write) == (0.0, batch * state)
+
+
+def _tiny(model_type: str) -> Any:
+    """A tiny config of the family (Mamba2: 8 heads of 16 = expand 2 × hidden 64)."""
+    kw: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 211}
+    if model_type == "mamba2":
+        kw.update(num_heads=8, head_dim=16, n_groups=1, state_size=16, chunk_size=8)
+    return transformers.CONFIG_MAPPING[model_type](**kw)
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2"])
+def test_cached_steps_of_every_length_count_as_the_model_runs_them(
+    tmp_path: Path, model_type: str
+) -> None:
+    """Prefill, then steps of 3, 1, 10 and 1 tokens on the state (chunked prefill and
+    decode): perfscope's FLOPs equal FlopCounterMode's for each (the conv pads differently
+    with and without a state; Mamba2's chunk size 8 makes 10 tokens two chunks)."""
+    conf = _tiny(model_type)
+    spec = replace(ModelSpec.from_hf_config(_saved(tmp_path, conf)), kv_bytes_per_element=4.0)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(conf).float().eval()
+    cache, ctx, rows = None, 0, 2
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for q in (9, 3, 1, 10, 1):
+            ids = torch.randint(3, 200, (rows, q))
+            with FlopCounterMode(display=False) as fc:
+                out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            cache = out.cache
+            want = int(fc.get_total_flops())
+            assert cm.step_cost(spec, rows, rows * q, rows * ctx).flops == want, (q, ctx)
+            ctx += q
 
 
 def _run(argv: list[str]) -> str:
