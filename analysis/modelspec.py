@@ -1082,12 +1082,12 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 _SSM = (
-    "a recurrent state replaces the KV cache: the per-step state bytes and the scan's "
-    "FLOPs are not modelled yet"
+    "a recurrent state replaces the KV cache: perfscope counts Mamba-style selective "
+    "scans (mamba, falcon_mamba, mamba2) but not this family's recurrence and state yet"
 )
 _HYBRID = (
-    "hybrid of attention and state-space/linear-attention layers: the recurrent state "
-    "those layers read and write per step is not modelled yet"
+    "hybrid of attention and state-space/linear-attention layers: perfscope counts pure "
+    "Mamba/Mamba2 models, not a per-layer mix of them with attention yet"
 )
 _ENC_DEC = (
     "encoder-decoder: a request pays an encoder pass over the source and cross-attention "
