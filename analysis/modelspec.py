@@ -1456,7 +1456,7 @@ def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
     )
 
 
-def _mamba(cfg: dict[str, Any], fam: Family, f: dict[str, Any]) -> ModelSpec:
+def _mamba(cfg: Mapping[str, Any], fam: Family, f: dict[str, Any]) -> ModelSpec:
     """Mamba (v1), Falcon-Mamba and Mamba2: every block a pre-norm selective-SSM mixer, no
     attention, no MLP. The inner width is what the model code reads: Mamba and
     Falcon-Mamba the config's ``intermediate_size`` (their config classes default it to
