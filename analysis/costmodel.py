@@ -482,7 +482,7 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
     if spec.is_ssm:
         out.append(
             f"recurrent state, constant in context: {spec.state_bytes_per_seq:,.0f} bytes per "
-            f"sequence ({spec.n_layers} layers × (conv {spec.ssm_inner_size}×"
+            f"sequence ({spec.n_layers} layers × (conv {spec.ssm_conv_dim}×"
             f"{spec.ssm_conv_kernel} + SSM {spec.ssm_inner_size}×{spec.ssm_state_size}) at "
             f"{spec.kv_dtype}), read and rewritten every step; no KV cache"
         )
