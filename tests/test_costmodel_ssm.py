@@ -24,8 +24,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.study import memory_need
+from perfscope.analysis.whatif import predict
 from perfscope.cli import roofline as _cli_roofline
 from perfscope.errors import UsageError
+from perfscope.hwdb import resolve_device
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,6 +85,18 @@ def test_mamba_decode_bytes_do_not_grow_with_context(tmp_path: Path) -> None:
     assert cm.kv_bytes_per_token(spec) == 0.0
     held = [cm.kv_cache_bytes_per_sequence(spec, t) for t in (1, 4096, 1_000_000)]
     assert held == [state] * 3
+    for tokens in (128, 32_768):  # what a study's memory check and the what-if hold
+        assert memory_need(spec, batch, tokens)["kv_cache_bytes"] == batch * state
+        assert (
+            predict(
+                spec,
+                resolve_device("h100-sxm5-80gb"),
+                batch=batch,
+                prompt_len=tokens,
+                output_len=16,
+            )["memory"]["kv_cache_bytes"]
+            == batch * state
+        )
     # a prefill has no state to read yet, and writes one per sequence
     pre = cm.prefill_cost(spec, batch, 512)
     assert (pre.bytes_kv_read, pre.bytes_kv_write) == (0.0, batch * state)
