@@ -27,6 +27,16 @@ Counting conventions (hardware.md §8, §9 lists where other tools differ):
   query and output (``2·r·H·(h_nope + h_v)`` per new token), scores over ``r + h_rope`` and
   values over ``r``. By default decode steps (one new token per row) are absorbed and
   prefill steps expanded, as vLLM and SGLang run them (:func:`mla_mode`).
+- State-space (Mamba) blocks, as transformers' torch path runs them under FlopCounterMode:
+  the matmuls ``2·(d·2I + I·(R + 2N) + R·I + I·d)`` per token (``in_proj``, ``x_proj``,
+  ``dt_proj``, ``out_proj``; Mamba2: ``in_proj``, ``out_proj``), the scan (Mamba: its
+  output product ``2·I·N`` per token, the discretisation and state update being
+  elementwise; Mamba2: the chunked SSD scan, padded to whole chunks, in every step but a
+  cached one-token one) and the depthwise causal conv over the positions transformers
+  pads it to (:func:`_ssm_mixing_flops`). These count as
+  ``flops_attention``, the sequence mixing. The recurrent state (:attr:`ModelSpec.
+  state_bytes_per_seq`, constant in context) is read by every step that has one and
+  written by every step: it is the ``bytes_kv_*`` of such a model.
 - MoE: router, shared experts and dense blocks always run; a token runs
   ``n_active_experts`` routed experts.
 - Sparse weights (:attr:`ModelSpec.weight_density` < 1): block-matrix FLOPs and bytes
@@ -77,6 +87,7 @@ __all__ = [
     "operator_class_costs",
     "param_count",
     "prefill_cost",
+    "ssm_params_per_layer",
     "step_cost",
     "step_costs",
     "weight_bytes",
@@ -106,6 +117,73 @@ def attention_params_per_layer(spec: ModelSpec) -> int:
         return q + kv_a + kv_b + h * spec.v_head_dim * d
     hd = spec.head_dim
     return d * h * hd * 2 + 2 * d * spec.n_kv_heads * hd
+
+
+def ssm_params_per_layer(spec: ModelSpec) -> int:
+    """Matmul weights of one Mamba mixer: ``d·2I + I·(R + 2N) + R·I + I·d`` (0 without SSM).
+
+    ``in_proj`` (x and gate), ``x_proj`` (dt, B, C), ``dt_proj`` and ``out_proj``; the conv,
+    ``A_log`` and ``D`` are vectors per channel, counted with the small parameters.
+    """
+    if not spec.is_ssm:
+        return 0
+    d, i = spec.hidden_size, spec.ssm_inner_size
+    r, n = spec.ssm_time_step_rank, spec.ssm_state_size
+    if spec.ssm_n_heads:  # Mamba2: in_proj to gate, x, B, C and dt; out_proj
+        return d * (i + spec.ssm_conv_dim + spec.ssm_n_heads) + i * d
+    return d * 2 * i + i * (r + 2 * n) + r * i + i * d
+
+
+def _ssm_small_params(spec: ModelSpec) -> int:
+    """One Mamba mixer's non-matmul parameters: ``A_log`` ``I·N``, ``D`` ``I``, the conv
+    ``I·K`` (and bias ``I``), the ``dt_proj`` bias ``I``, the in/out biases ``2I + d``."""
+    if not spec.is_ssm:
+        return 0
+    i, cd = spec.ssm_inner_size, spec.ssm_conv_dim
+    if spec.ssm_n_heads:  # Mamba2: A_log, D, dt_bias per head; the gated norm; the conv
+        n = 3 * spec.ssm_n_heads + i + cd * spec.ssm_conv_kernel
+    else:
+        n = i * spec.ssm_state_size + i + i * spec.ssm_conv_kernel + i
+    if spec.ssm_conv_bias:
+        n += cd
+    if spec.ssm_proj_bias:
+        n += 2 * i + spec.hidden_size
+    return n
+
+
+def _ssm_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
+    """Sequence-mixing FLOPs of one SSM block per row with ``q`` new tokens (``c`` cached
+    tokens summed over rows), as transformers 5.24's torch path runs them under
+    FlopCounterMode, and their useful part (``2·C·K`` conv + ``2·I·N`` scan per token).
+
+    The depthwise conv (``2·C·K`` per output position, ``C`` = :attr:`ModelSpec.
+    ssm_conv_dim`) runs over ``max(q, K) + K − 1`` positions without a state (the input
+    padded to ``K``, then padded ``K − 1`` both sides), over 2 in a cached one-token step
+    (the ``K`` cached inputs and the new one, unpadded) and over ``q + 2K − 1`` in a cached
+    multi-token step (cached inputs prepended, then padded).
+    Mamba: the scan's output product, ``2·I·N`` per token.
+    Mamba2: a cached one-token step updates the state (``2·I·N``); any other step runs the
+    chunked SSD scan padded to ``k = ceil(q/Q)`` chunks: ``2·k·H·Q²·(N + P)`` (intra-chunk
+    scores and values), ``4·k·H·Q·P·N`` (chunk states and their output) and
+    ``2·H·(k+1)²·P·N`` (the inter-chunk recurrence).
+    """
+    i, n, k = float(spec.ssm_inner_size), float(spec.ssm_state_size), float(spec.ssm_conv_kernel)
+    cd = float(spec.ssm_conv_dim)
+    useful = q * (2.0 * cd * k + 2.0 * i * n)
+    step = (q <= 1.0) & (c > 0)
+    conv_len = np.where(c > 0, np.where(step, 2.0, q + 2.0 * k - 1.0), np.maximum(q, k) + k - 1.0)
+    conv = 2.0 * cd * k * conv_len
+    if not spec.ssm_n_heads:
+        return conv + 2.0 * i * n * q, useful
+    h, p = float(spec.ssm_n_heads), float(spec.ssm_head_dim)
+    qc = float(spec.ssm_chunk_size)
+    chunks = np.ceil(q / qc)
+    ssd = (
+        2.0 * chunks * h * qc * qc * (n + p)
+        + 4.0 * chunks * h * qc * p * n
+        + 2.0 * h * (chunks + 1.0) ** 2 * p * n
+    )
+    return conv + np.where(step, 2.0 * i * n, ssd), useful
 
 
 def _mla_kv_b_params(spec: ModelSpec) -> int:
@@ -180,6 +258,7 @@ def matmul_params(spec: ModelSpec, *, active: bool = False, lm_head: bool = True
     total = float(_proj_params(spec))
     for moe_layer in spec.moe_layer_mask():
         total += attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, experts)
+        total += ssm_params_per_layer(spec)
     if lm_head:
         total += spec.embedding_width * spec.vocab_size
     return int(total)
@@ -212,7 +291,7 @@ def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
     if spec.qk_norm:
         width = (spec.n_heads + spec.n_kv_heads) * hd if spec.qk_norm_full else 2 * hd
         n += width * (2 if spec.norm_bias else 1)
-    return n
+    return n + _ssm_small_params(spec)
 
 
 @functools.lru_cache(maxsize=256)
@@ -242,6 +321,10 @@ def param_count(spec: ModelSpec) -> int:
 def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: Any) -> Any:
     """Sum of the input widths of one block's quantised linears (for GPTQ ``g_idx``)."""
     d = spec.hidden_size
+    if spec.is_ssm:  # in_proj, x_proj, dt_proj, out_proj (Mamba2: in_proj, out_proj)
+        if spec.ssm_n_heads:
+            return d + spec.ssm_inner_size
+        return d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
     if spec.is_mla:
         attn = (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
         attn += spec.n_heads * spec.v_head_dim
@@ -281,6 +364,7 @@ def weight_bytes(spec: ModelSpec) -> float:
     blocks = 0.0
     for moe_layer in spec.moe_layer_mask():
         params = attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, spec.n_experts)
+        params += ssm_params_per_layer(spec)
         params -= _router_params(spec) if moe_layer else 0
         blocks += _quantised_bytes(spec, params, _linear_inputs(spec, moe_layer, spec.n_experts))
     n_moe = sum(spec.moe_layer_mask())
@@ -320,12 +404,14 @@ def kv_cache_bytes_per_sequence(spec: ModelSpec, context_len: float) -> float:
     """KV-cache bytes of one sequence holding ``context_len`` tokens, per layer type.
 
     Full-attention layers keep every token, sliding-window layers ``min(T, window)``,
-    chunked layers ``min(T, chunk)`` (the current chunk, at most).
+    chunked layers ``min(T, chunk)`` (the current chunk, at most); a state-space model's
+    recurrent state (:attr:`ModelSpec.state_bytes_per_seq`) whatever ``T > 0`` is.
     """
     total = 0.0
     for la in spec.layer_attention():
         total += min(context_len, la.span) if la.kind != "full" else context_len
-    return total * _kv_layer_bytes_per_token(spec)
+    state = spec.state_bytes_per_seq if context_len > 0 else 0.0
+    return total * _kv_layer_bytes_per_token(spec) + state
 
 
 def kv_cache_bytes(spec: ModelSpec, tokens: float, *, batch: int | None = None) -> float:
@@ -343,9 +429,12 @@ def kv_share_per_device(spec: ModelSpec, tp: int) -> float:
     """Fraction of the KV cache one of ``tp`` tensor-parallel devices holds.
 
     Ordinary attention splits the KV heads, ``max(K/tp, 1)/K`` (heads are replicated once
-    ``tp > K``). An MLA latent has no heads to split: every rank keeps all of it (1.0).
+    ``tp > K``). An MLA latent has no heads to split: every rank keeps all of it (1.0). A
+    Mamba state splits over its ``I`` channels: ``1/tp``.
     """
     tp = max(int(tp), 1)
+    if spec.is_ssm:
+        return 1.0 / tp
     if spec.is_mla:
         return 1.0
     return max(spec.n_kv_heads / tp, 1.0) / spec.n_kv_heads
@@ -354,9 +443,20 @@ def kv_share_per_device(spec: ModelSpec, tp: int) -> float:
 def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]:
     """KV-cache bytes of one sequence by layer type, for display.
 
-    Each entry: ``kind`` (``full``/``sliding``/``chunked``), ``span`` (tokens, 0 for full),
+    Each entry: ``kind`` (``full``/``sliding``/``chunked``; ``state`` for a state-space
+    model's recurrent state, one entry), ``span`` (tokens, 0 for full),
     ``layers``, ``bytes_per_token_layer`` and ``bytes`` at ``context_len``.
     """
+    if spec.is_ssm:
+        return [
+            {
+                "kind": "state",
+                "span": 0,
+                "layers": spec.n_layers,
+                "bytes_per_token_layer": 0.0,
+                "bytes": spec.state_bytes_per_seq if context_len > 0 else 0.0,
+            }
+        ]
     groups: dict[tuple[str, int], int] = {}
     for la in spec.layer_attention():
         groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
@@ -380,6 +480,23 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
     """The family and every counting assumption that applies to ``spec``, in words
     (``perfscope roofline`` prints them; a JSON run stores them with the model)."""
     out = [f"family: {spec.family or 'custom (shape given by hand)'}"]
+    if spec.is_ssm:
+        out.append(
+            f"recurrent state, constant in context: {spec.state_bytes_per_seq:,.0f} bytes per "
+            f"sequence ({spec.n_layers} layers × (conv {spec.ssm_conv_dim}×"
+            f"{spec.ssm_conv_kernel} + SSM {spec.ssm_inner_size}×{spec.ssm_state_size}) at "
+            f"{spec.kv_dtype}), read and rewritten every step; no KV cache"
+        )
+        out.append(
+            "SSM FLOPs as transformers' torch path counts them: "
+            + (
+                f"chunked SSD scan padded to {spec.ssm_chunk_size}-token chunks in "
+                "multi-token steps, a 2·I·N state update in decode"
+                if spec.ssm_n_heads
+                else "scan output 2·I·N per token"
+            )
+            + "; causal conv over its padded positions"
+        )
     if spec.is_mla:
         pre = "absorbed" if spec.mla_prefill_absorbed else "expanded"
         dec = "absorbed" if spec.mla_absorbed else "expanded"
@@ -596,6 +713,9 @@ def step_costs(
     )
     hq = h * float(spec.head_dim)
     h_out = h * float(spec.v_head_dim if spec.is_mla else spec.head_dim)
+    ssm_params = float(ssm_params_per_layer(spec))
+    si, sn = float(spec.ssm_inner_size), float(spec.ssm_state_size)
+    scd, sr = float(spec.ssm_conv_dim), float(spec.ssm_time_step_rank)
 
     for count, kind, span, moe in _layer_groups(spec):
         lc = float(count)
@@ -623,8 +743,13 @@ def step_costs(
         if materialized_scores:
             scores = scores + lc * 4.0 * h * b * q * kv_exec
 
+        if spec.is_ssm:
+            mix, mix_useful = _ssm_mixing_flops(spec, q, c)
+            attn_exec = attn_exec + lc * b * mix
+            attn_useful = attn_useful + lc * b * mix_useful
+
         mlp_active = _mlp_params(spec, moe, k_act)
-        per_token = attn_params - kv_b * naive + mlp_active
+        per_token = attn_params - kv_b * naive + mlp_active + ssm_params
         # A sparse run multiplies only the stored weights (the router of a MoE too: small).
         per_token = per_token * spec.weight_density
         flops_linear = flops_linear + lc * 2.0 * n * per_token
@@ -642,10 +767,25 @@ def step_costs(
             if fs:
                 mlp_act += d + (2.0 if spec.mlp_gated else 1.0) * fs * 2.0 + 2.0 * fs + d
         else:
-            read_params = attn_params + _dense_mlp_params(spec)
+            read_params = attn_params + _dense_mlp_params(spec) + ssm_params
             f = float(spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size)
             mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
             mlp_act = (d + mlp_out) + (mlp_out + f) + (f + d)
+        if spec.is_ssm:
+            # in_proj, conv, x_proj and dt_proj (Mamba only), scan (x, dt, B, C, gate in;
+            # y out), out_proj: an estimate, not checked against a profile
+            v2 = bool(spec.ssm_n_heads)
+            proj_out = si + scd + float(spec.ssm_n_heads) if v2 else 2.0 * si
+            mlp_act = (
+                (d + proj_out)
+                + 2.0 * scd
+                + (0.0 if v2 else (si + sr + 2.0 * sn) + (sr + si))
+                + (3.0 * si + 2.0 * sn + si)
+                + (si + d)
+                # the attention terms below count d in and d out, and two norms and
+                # residuals (10·d) where a Mamba block has one of each (5·d)
+                - 7.0 * d
+            )
         w_params = w_params + lc * read_params
         w_inputs = w_inputs + lc * _linear_inputs(spec, moe, touched if moe else 0.0)
         act_elems = act_elems + lc * (
@@ -673,6 +813,11 @@ def step_costs(
     kv_layer = _kv_layer_bytes_per_token(spec)
     bytes_kv_read = b * kv_read_tokens * kv_layer
     bytes_kv_write = n * spec.n_layers * kv_layer
+    if spec.is_ssm:
+        # The recurrent state: read when a cached step has one, rewritten by every step.
+        state = spec.state_bytes_per_seq
+        bytes_kv_read = bytes_kv_read + np.where(c > 0, b * state, 0.0)
+        bytes_kv_write = bytes_kv_write + np.where(n > 0, b * state, 0.0)
     bytes_act = spec.act_bytes_per_element * (n * act_elems + lt * v + lt * e)
     if materialized_scores:
         # scores written, read by softmax, probabilities written, read by P·V

@@ -12,6 +12,7 @@ manifest) and :meth:`ModelSpec.resolve` (whatever a user typed: preset name or p
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -214,6 +215,20 @@ class ModelSpec:
         lm_head_bias: the lm_head has a bias (GPT-J).
         attention_sinks: every attention layer has one learned sink logit per head (gpt-oss):
             a softmax column, no matmul, ``H`` parameters per layer.
+        ssm_inner_size: state-space (Mamba) blocks: the inner width ``I`` (``expand · d``)
+            their ``in_proj`` expands to twice over (x and the gate); 0 = no SSM blocks. A
+            Mamba block has no attention and no MLP: ``n_heads``, ``n_kv_heads``,
+            ``head_dim`` and ``intermediate_size`` are 0.
+        ssm_state_size: SSM state width ``N`` per channel (``state_size``).
+        ssm_conv_kernel: depthwise causal conv width ``K`` (``conv_kernel``).
+        ssm_time_step_rank: rank ``R`` of the time-step projection (``time_step_rank``).
+        ssm_proj_bias: ``in_proj`` and ``out_proj`` have biases (``use_bias``).
+        ssm_conv_bias: the conv has a bias per channel (``use_conv_bias``).
+        ssm_n_heads: Mamba2 (SSD) heads ``H`` (0 = Mamba v1); ``I = H · P``.
+        ssm_head_dim: Mamba2 head width ``P``.
+        ssm_n_groups: Mamba2 B/C groups ``G`` (the conv also runs over ``2·G·N`` channels).
+        ssm_chunk_size: Mamba2 chunk length ``Q`` of the chunked (SSD) scan; the torch path
+            pads every multi-token step up to whole chunks.
         family: the :data:`FAMILIES` row the config was read with (empty: built by hand).
         notes: the conventions and assumptions the spec carries, in words (how the config
             was read, what is left out); ``perfscope roofline`` prints them.
@@ -273,6 +288,16 @@ class ModelSpec:
     qk_norm_full: bool = False
     lm_head_bias: bool = False
     attention_sinks: bool = False
+    ssm_inner_size: int = 0
+    ssm_state_size: int = 0
+    ssm_conv_kernel: int = 0
+    ssm_time_step_rank: int = 0
+    ssm_proj_bias: bool = False
+    ssm_conv_bias: bool = False
+    ssm_n_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_n_groups: int = 0
+    ssm_chunk_size: int = 0
     family: str = ""
     notes: tuple[str, ...] = ()
 
@@ -316,6 +341,33 @@ class ModelSpec:
     def is_mla(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2/V3 style)."""
         return self.kv_lora_rank > 0
+
+    @property
+    def is_ssm(self) -> bool:
+        """State-space (Mamba) blocks: a recurrent state replaces the KV cache."""
+        return self.ssm_inner_size > 0
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the causal conv: ``I`` (Mamba), ``I + 2·G·N`` (Mamba2)."""
+        return self.ssm_inner_size + 2 * self.ssm_n_groups * self.ssm_state_size
+
+    @property
+    def state_bytes_per_seq(self) -> float:
+        """Recurrent-state bytes one sequence holds, constant in context (bytes).
+
+        Per block the conv state ``C·K`` (:attr:`ssm_conv_dim` channels) and the SSM
+        state ``I·N`` (Mamba2: ``H·P·N``, the same) (transformers keeps
+        ``K`` conv inputs, ``conv_states`` ``[B, I, K]`` and ``recurrent_states``
+        ``[B, I, N]``), at the cache dtype (:attr:`kv_bytes_per_element`); every decode
+        step reads and rewrites all of it. 0 for a model without SSM blocks.
+        """
+        if not self.is_ssm:
+            return 0.0
+        per_layer = (
+            self.ssm_conv_dim * self.ssm_conv_kernel + self.ssm_inner_size * self.ssm_state_size
+        )
+        return float(self.n_layers * per_layer) * self.kv_bytes_per_element
 
     @property
     def qk_nope_head_dim(self) -> int:
@@ -1013,18 +1065,29 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm_full=True,
         moe="mixtral",
     ),
+    Family("mamba", ("mamba",), ("MambaForCausalLM",), reader="mamba", tied_default=True),
+    # Falcon-Mamba: Mamba plus weightless RMS norms on B, C and dt (no parameters, no
+    # FLOPs FlopCounterMode counts).
+    Family(
+        "falcon_mamba",
+        ("falcon_mamba",),
+        ("FalconMambaForCausalLM",),
+        reader="mamba",
+        tied_default=True,
+    ),
+    Family("mamba2", ("mamba2",), ("Mamba2ForCausalLM",), reader="mamba"),
     Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
     Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
 )
 
 _SSM = (
-    "a recurrent state replaces the KV cache: the per-step state bytes and the scan's "
-    "FLOPs are not modelled yet"
+    "a recurrent state replaces the KV cache: perfscope counts Mamba-style selective "
+    "scans (mamba, falcon_mamba, mamba2) but not this family's recurrence and state yet"
 )
 _HYBRID = (
-    "hybrid of attention and state-space/linear-attention layers: the recurrent state "
-    "those layers read and write per step is not modelled yet"
+    "hybrid of attention and state-space/linear-attention layers: perfscope counts pure "
+    "Mamba/Mamba2 models, not a per-layer mix of them with attention yet"
 )
 _ENC_DEC = (
     "encoder-decoder: a request pays an encoder pass over the source and cross-attention "
@@ -1061,9 +1124,6 @@ REFUSED: dict[str, str] = {
     "olmo_hybrid": _HYBRID,
     "bailing_hybrid": _HYBRID,
     "recurrent_gemma": _HYBRID,
-    "mamba": _SSM,
-    "mamba2": _SSM,
-    "falcon_mamba": _SSM,
     "rwkv": _SSM,
     "xlstm": _SSM,
     **{
@@ -1314,6 +1374,8 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return _falcon(cfg, f)
     if fam.reader == "dbrx":
         return _dbrx(cfg, f)
+    if fam.reader == "mamba":
+        return _mamba(cfg, fam, f)
 
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
@@ -1392,6 +1454,55 @@ def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
         f"{what}: {extra:,} parameters (vision tower, projector) counted in weights, "
         "not run per decode step"
     )
+
+
+def _mamba(cfg: Mapping[str, Any], fam: Family, f: dict[str, Any]) -> ModelSpec:
+    """Mamba (v1), Falcon-Mamba and Mamba2: every block a pre-norm selective-SSM mixer, no
+    attention, no MLP. The inner width is what the model code reads: Mamba and
+    Falcon-Mamba the config's ``intermediate_size`` (their config classes default it to
+    ``expand · hidden_size`` but keep one given), Mamba2 ``expand · hidden_size`` always;
+    ``time_step_rank`` ``auto`` is ``ceil(d / 16)``."""
+    d = _require(cfg, "hidden_size", "d_model")
+    expand = float(_first_of(cfg, "expand", default=2))
+    inner = int(expand * d)
+    if fam.key != "mamba2":
+        inner = int(_first_of(cfg, "intermediate_size", default=inner) or inner)
+    rank = _first_of(cfg, "time_step_rank", "dt_rank", default="auto")
+    f.update(
+        n_layers=_require(cfg, "num_hidden_layers", "n_layer"),
+        hidden_size=d,
+        n_heads=0,
+        n_kv_heads=0,
+        head_dim=0,
+        intermediate_size=0,
+        vocab_size=int(_first_of(cfg, "vocab_size", default=50280)),
+        mlp_gated=False,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=fam.tied_default)),
+        norms_per_layer=1,
+        max_position_embeddings=0,
+        ssm_inner_size=inner,
+        ssm_state_size=int(_first_of(cfg, "state_size", "d_state", default=16)),
+        ssm_conv_kernel=int(_first_of(cfg, "conv_kernel", "d_conv", default=4)),
+        ssm_time_step_rank=math.ceil(d / 16) if rank == "auto" else int(rank),
+        ssm_proj_bias=bool(_first_of(cfg, "use_bias", default=False)),
+        ssm_conv_bias=bool(_first_of(cfg, "use_conv_bias", default=True)),
+    )
+    if fam.key == "mamba2":
+        heads = int(_first_of(cfg, "num_heads", default=128))
+        head_dim = int(_first_of(cfg, "head_dim", default=64))
+        if heads * head_dim != f["ssm_inner_size"]:
+            raise UsageError(
+                f"mamba2 config: num_heads · head_dim ({heads} · {head_dim}) must equal "
+                f"expand · hidden_size ({f['ssm_inner_size']})"
+            )
+        f.update(
+            ssm_time_step_rank=0,
+            ssm_n_heads=heads,
+            ssm_head_dim=head_dim,
+            ssm_n_groups=int(_first_of(cfg, "n_groups", default=1)),
+            ssm_chunk_size=int(_first_of(cfg, "chunk_size", default=256)),
+        )
+    return ModelSpec(**f)
 
 
 def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:

@@ -316,7 +316,9 @@ def predict_parallel(
     steps = max(output_len - 1, 0)
     act = model.act_bytes_per_element
     d, v = model.hidden_size, model.vocab_size
-    collectives = 2 * model.n_layers + 1  # two per block + the vocab-parallel embedding
+    # two per block (attention, MLP; a Mamba block has one mixer: one) + the embedding
+    per_block = 1 if model.is_ssm else 2
+    collectives = per_block * model.n_layers + 1
 
     # Tensor parallel communication.
     tp_pre = tp_dec = tp_dec_low = tp_wait = 0.0
@@ -409,7 +411,7 @@ def predict_parallel(
     ]
     if tp > 1 and lk is not None:
         assumptions.append(
-            f"TP {tp}: {collectives} ring all-reduces per forward pass (2 per block + "
+            f"TP {tp}: {collectives} ring all-reduces per forward pass ({per_block} per block + "
             f"embedding) of tokens x d x {act:g} B, plus a logits gather, at "
             f"{format_si(lk.bw_bytes_s, 'B/s', 4)} per direction over {lk.name} and "
             f"{format_seconds(lk.latency_s)} each; no overlap with compute; decode TP "
@@ -419,7 +421,7 @@ def predict_parallel(
         )
         if model.is_mla:
             assumptions.append("MLA latent cache replicated on every TP rank")
-        elif tp > model.n_kv_heads:
+        elif tp > model.n_kv_heads and not model.is_ssm:
             assumptions.append(f"KV heads ({model.n_kv_heads}) replicated across TP {tp}")
     if pp > 1:
         assumptions.append(

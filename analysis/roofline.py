@@ -247,9 +247,11 @@ def _evidence(phase: str, r: dict[str, Any], device_name: str, threshold: float)
 
 def _kv_held(model: ModelSpec, tokens: float, rows: float | None) -> float:
     """KV-cache bytes of ``tokens`` cached tokens split evenly over ``rows`` sequences,
-    each capped at the model's context (bytes)."""
+    each capped at the model's context (bytes). A state-space model's recurrent state is
+    per sequence, constant in context; with ``rows`` unknown it counts one sequence."""
     if rows is None:
-        return tokens * kv_bytes_per_token(model)
+        state = model.state_bytes_per_seq if tokens > 0 else 0.0
+        return float(tokens * kv_bytes_per_token(model)) + state
     n = max(round(rows), 1)
     per_seq = tokens / n
     if model.max_position_embeddings:

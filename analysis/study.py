@@ -216,9 +216,12 @@ def memory_need(
     model: ModelSpec, batch: int, seq_tokens: int, kv_cache: bool = True
 ) -> dict[str, float]:
     """Bytes a setting needs by the cost model: weights, and the KV cache of ``batch``
-    sequences of ``seq_tokens`` tokens (0 when the KV cache is off)."""
+    sequences of ``seq_tokens`` tokens (0 when the KV cache is off); a state-space model's
+    recurrent state (constant in context) per sequence instead."""
     w = float(weight_bytes(model))
     kv = float(kv_bytes_per_token(model)) * batch * seq_tokens if kv_cache else 0.0
+    if kv_cache and seq_tokens > 0:
+        kv += batch * model.state_bytes_per_seq
     return {"weights_bytes": w, "kv_cache_bytes": kv, "total_bytes": w + kv}
 
 

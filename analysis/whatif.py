@@ -286,6 +286,9 @@ def predict(
         "memory": {
             "weights_bytes": w_bytes,
             "kv_cache_bytes": kv_total,
+            # a state-space model holds a recurrent state, constant in context, not a KV
+            # cache: kv_cache_bytes is then that state (batch × state per sequence)
+            "cache_kind": "recurrent state" if model.is_ssm else "KV cache",
             "kv_bytes_per_token": kv_tok,
             "kv_tokens_per_sequence": kv_tokens,
             "total_bytes": w_bytes + kv_total,

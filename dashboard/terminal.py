@@ -379,6 +379,9 @@ def predictions_table(
         list(dict.fromkeys(str(p["checked"]) for p in predictions if p.get("checked")))
     )
     ranged = any(p.get("range") for p in predictions)
+    # A state-space model holds a recurrent state, constant in context, instead of a KV cache.
+    state = all(p["memory"].get("cache_kind") == "recurrent state" for p in predictions)
+    cache_col = "state" if state else "KV cache"
     cols = (
         "device",
         "ceilings",
@@ -387,7 +390,7 @@ def predictions_table(
         "TPOT",
         "tok/s",
         "weights",
-        "KV cache",
+        cache_col,
         "fits",
         "max batch",
         "prefill",
@@ -398,13 +401,14 @@ def predictions_table(
         title=title
         or (
             f"{first['model']} ({first['dtypes']['weights']} weights, "
-            f"{first['dtypes']['kv_cache']} KV) — batch {w['batch']}, prompt {w['prompt_len']}, "
+            f"{first['dtypes']['kv_cache']} {'state' if state else 'KV'}) — "
+            f"batch {w['batch']}, prompt {w['prompt_len']}, "
             f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
         ),
         caption=basis
         + "; tok/s counts output tokens over the whole request (prefill included)"
         + "".join(f"; {c}" for c in checks),
-        right=frozenset(("TTFT", "TPOT", "tok/s", "weights", "KV cache", "fits", "max batch")),
+        right=frozenset(("TTFT", "TPOT", "tok/s", "weights", cache_col, "fits", "max batch")),
         # Devices of one workload share weights, KV size and often the verdicts: say those
         # once, so the columns that differ fit side by side.
         hoist_constant=True,

@@ -12,8 +12,8 @@ match on
 - weight bytes: every parameter tensor's bytes (fp32);
 - FLOPs: prefill (logits for the last position only, ``logits_to_keep=1``) and decode,
   exactly as FlopCounterMode counts them (norms, softmax, activations count 0);
-- KV bytes: the key/value tensors of the cache after the prefill, against the decode
-  step's KV read;
+- KV bytes: the key/value tensors of the cache after the prefill (and the conv and SSM
+  state tensors of state-space layers), against the decode step's KV read;
 
 or raise :class:`UsageError` naming why it cannot count the family. A family whose tiny
 instance cannot be built here (an optional dependency, a config that needs real weights,
@@ -24,6 +24,7 @@ masked square in prefill), the embedding lookup is free, fp32 throughout.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -92,6 +93,8 @@ TINY: dict[str, Any] = {
 #: DBRX: transformers 5.24's attention reads ``attn_config.rope_theta``, which its config
 #: class does not define, and ``clip_qkv=None`` makes ``clamp`` fail; the release uses 8.
 NESTED: dict[str, dict[str, Any]] = {
+    # Mamba2 validates hidden_size · expand == num_heads · head_dim (64 · 2 = 8 · 16).
+    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "state_size": 16},
     "dbrx": {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
         "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
@@ -140,7 +143,8 @@ def tiny_config(model_type: str) -> Any:
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:
         kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)  # MLA: one KV per head
     for key in ("layer_types", "mlp_only_layers"):
-        if hasattr(default, key):
+        # a read-only property (Mamba's layer_types) is derived, not set
+        if hasattr(default, key) and not isinstance(getattr(cls, key, None), property):
             kw[key] = None if key == "layer_types" else []
     error: Exception | None = None
     # the full tiny set, then only the core widths (some classes validate combinations)
@@ -155,14 +159,28 @@ def tiny_config(model_type: str) -> Any:
     raise error
 
 
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of a tensor, or of the tensors in a dict/list/tuple of them (None: 0)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+#: Cache attributes that hold per-layer state: attention keys/values, and the recurrent
+#: state of linear-attention/SSM layers (transformers 5.24 ``LinearAttentionLayer``
+#: ``conv_states``/``recurrent_states``; older ``MambaCache`` ``conv_states``/``ssm_states``).
+_STATE_NAMES = ("keys", "values", "conv_states", "recurrent_states", "ssm_states")
+
+
 def _kv_bytes(cache: Any) -> int:
-    total = 0
-    for layer in getattr(cache, "layers", []) or []:
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
+    """Bytes the cache holds after the prefill: KV tensors plus any recurrent state."""
+    layers = getattr(cache, "layers", None)
+    holders = list(layers) if layers else [cache]
+    return sum(_tensor_bytes(getattr(h, name, None)) for h in holders for name in _STATE_NAMES)
 
 
 def run_truth(conf: Any) -> tuple[Any, Truth]:
@@ -202,7 +220,10 @@ def run_truth(conf: Any) -> tuple[Any, Truth]:
         cache = out.past_key_values
         kv = _kv_bytes(cache)
         with FlopCounterMode(display=False) as fc:
-            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            # Mamba2's forward names it ``cache`` and ignores ``past_key_values`` silently
+            # (a cache-less one-token pass, its chunked scan padded to 256 positions).
+            name = "cache" if "cache" in inspect.signature(model.forward).parameters else None
+            model(input_ids=nxt, use_cache=True, **{name or "past_key_values": cache})
         decode = int(fc.get_total_flops())
     params = sum(p.numel() for p in model.parameters())
     wbytes = sum(p.numel() * p.element_size() for p in model.parameters())

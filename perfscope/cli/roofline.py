@@ -126,6 +126,14 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
         overrides["mlp_gated"] = args.mlp == "gated"
     if args.model:
         spec = ModelSpec.resolve(args.model)
+        fixed = sorted(set(overrides) - {"n_layers", "vocab_size"})
+        if spec.is_ssm and fixed:
+            flags = {field: flag for flag, field, _ in _SHAPE_OPTIONS}
+            raise UsageError(
+                f"{spec.name} is a state-space ({spec.family}) model: "
+                f"{', '.join(flags.get(f, '--mlp') for f in fixed)} do not apply (no attention, no "
+                "MLP; its widths come from config.json); only --layers and --vocab-size do"
+            )
         if overrides:
             if "hidden_size" in overrides or "n_heads" in overrides:
                 overrides.setdefault(
@@ -155,10 +163,11 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
         spec = ModelSpec(name="custom", **overrides)
     if spec.n_experts and not spec.n_active_experts:
         spec = replace(spec, n_active_experts=min(2, spec.n_experts))
-    for name in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size"):
+    shape = ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size")
+    for name in shape[:2] + shape[-1:] if spec.is_ssm else shape:
         if getattr(spec, name) <= 0:
             raise UsageError(f"model {name} must be positive, got {getattr(spec, name)}")
-    if spec.n_heads % spec.n_kv_heads:
+    if not spec.is_ssm and spec.n_heads % spec.n_kv_heads:
         raise UsageError(
             f"--heads {spec.n_heads} is not a multiple of --kv-heads {spec.n_kv_heads}"
         )
