@@ -277,8 +277,9 @@ class PhaseRoofline(Record):
     ``time_s``; achieved rates (FLOP/s, bytes/s); ``mfu``/``mbu`` (0..1 of the peaks);
     ``sol_time_s`` (speed-of-light time) and ``efficiency`` (= sol / measured); ``verdict``
     (compute-, memory- or overhead-bound) with its ``evidence`` sentence; ``energy`` the
-    phase's energy join (J, s, W, J per token; the energy section's JSON object) when
-    telemetry had it.
+    phase's energy join when telemetry had it, as the energy section wrote it: ``energy_j``
+    (J), ``time_s`` (s), ``steps``, ``tokens``, ``j_per_token`` (J/token) and
+    ``avg_power_w`` (W).
 
     ``classes``: the phase split by operator class, with ``class_verdict`` their common roof
     (``mixed`` when they disagree); ``gap_s``: time between consecutive steps of this phase
@@ -318,7 +319,7 @@ class PhaseRoofline(Record):
     memory_level: str | None = None
     estimated: bool = False
     ceilings: RooflineCeilings = field(default_factory=RooflineCeilings)
-    energy: dict[str, Any] | None = None
+    energy: dict[str, float | int | None] | None = None
     roof: str | None = None
     verdict: str = ""
     evidence: str = ""
