@@ -38,7 +38,6 @@ from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.speculative import speculative_config, speculative_section
 from perfscope.analysis.summary import (
     Advice,
-    Client,
     Energy,
     Hardware,
     Projection,
@@ -177,7 +176,8 @@ def analyze(
         for p, dev in zip(projections, targets, strict=True):
             p["checked"] = projection_check(machine_of_device(dev, kind))
     # The sections above are computed as JSON objects by modules other components own
-    # (advisor, whatif, speculative, server metrics); each becomes its record here, once.
+    # (energy, advisor, whatif, server metrics); each becomes its record here, once.
+    client = client_section(manifest)
     summary = build_summary(
         manifest,
         stored_run.requests,
@@ -191,7 +191,7 @@ def analyze(
         advice=tuple(Advice.from_dict(a) for a in advice),
         projections=tuple(Projection.from_dict(p) for p in projections),
         prompt_cache=_record(PromptCache, prompt_cache_section(stored_run.requests)),
-        client=_record(Client, client_section(manifest)),
+        client=client,
         speculative=speculative_section(stored_run.steps, manifest, roofline),
     )
     info = manifest.server_metrics
@@ -204,7 +204,7 @@ def analyze(
         client_tpot_mean_s=summary.latency.tpot.mean,
         model=model,
         requests=stored_run.requests,
-        client_stall=(client_section(manifest) or {}).get("stall"),
+        client_stall=client.stall if client is not None else None,
     )
     return dataclasses.replace(summary, server_metrics=ServerMetrics.from_dict(section))
 

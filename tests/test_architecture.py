@@ -368,8 +368,8 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: the study projection work merged beside it (the Falcon and DBRX readers take a Mapping);
 #: 335 once the roofline section, the advisor's and the what-if's reading of it and the
 #: speculative section became records (``PhaseRoofline`` and its parts); 334 with a
-#: phase's energy join typed by its values.
-DICT_ANY_CEILING = 334
+#: phase's energy join typed by its values; 332 once the client section is its record.
+DICT_ANY_CEILING = 332
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
