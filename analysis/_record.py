@@ -73,6 +73,10 @@ class Record:
 
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
+    #: Fields left out of the JSON when ``None`` (sections a run never had: the stored
+    #: format has never carried a null there).
+    _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ()
+
     #: Per class: field name → resolved type hint (filled on first use).
     _hints: ClassVar[dict[type, dict[str, Any]]] = {}
 
@@ -94,9 +98,17 @@ class Record:
         extra = {k: v for k, v in data.items() if k not in hints}
         return cls(**kwargs, extra=extra)
 
+    def _omitted(self) -> frozenset[str]:
+        """Fields :meth:`to_dict` leaves out: by default those of :attr:`_OMIT_WHEN_NONE`
+        that are ``None``."""
+        return frozenset(k for k in self._OMIT_WHEN_NONE if getattr(self, k) is None)
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (SI units), ``extra`` keys included."""
-        out = {name: _to_json(getattr(self, name)) for name in self._field_types()}
+        skip = self._omitted()
+        out = {
+            name: _to_json(getattr(self, name)) for name in self._field_types() if name not in skip
+        }
         for k, v in self.extra.items():
             out.setdefault(k, _to_json(v))
         return out

@@ -38,6 +38,7 @@ from perfscope.analysis.catalogue import format_bytes, format_number, format_sec
 from perfscope.analysis.costmodel import step_cost, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
 from perfscope.analysis.roofline import fmt_pct
+from perfscope.analysis.summary import PhaseRoofline, Roofline
 from perfscope.analysis.whatif import DEFAULT_MEM_FRACTION, predict, run_derating
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def batch_target(knee: int, current: int, memory_limit: int | None) -> tuple[int
 
 
 def advise(
-    roofline: dict[str, Any],
+    roofline: Roofline,
     model: ModelSpec,
     device: DeviceSpec,
     workload: dict[str, Any],
@@ -125,7 +126,7 @@ def advise(
     """Suggestions for this run, best first.
 
     Args:
-        roofline: the run's :func:`~perfscope.analysis.roofline.roofline_section`.
+        roofline: the run's :func:`~perfscope.analysis.roofline.roofline_section` record.
         model: the engine's model.
         device: the device the run used.
         workload: ``prompt_tokens_mean``, ``output_tokens_mean``, ``batch_size``
@@ -147,13 +148,15 @@ def advise(
     """
     machine = machine_of_device(device, engine)
     table = load_calibration() if calibration is None else tuple(calibration)
-    phases = roofline.get("phases") or {}
-    dec = phases.get("decode") or {}
-    pre = phases.get("prefill") or {}
-    lat = roofline.get("latency") or {}
+    phases = roofline.phases
+    has_dec, has_pre = "decode" in phases, "prefill" in phases
+    # A phase the run lacks reads as an empty record (no numbers, no verdict).
+    dec = phases.get("decode") or PhaseRoofline()
+    pre = phases.get("prefill") or PhaseRoofline()
+    lat = roofline.latency
     s_len = max(round(float(workload.get("prompt_tokens_mean") or 1)), 1)
     t_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)
-    b_cur = max(round(float(dec.get("batch_size_mean") or workload.get("batch_size") or 1)), 1)
+    b_cur = max(round(float(dec.batch_size_mean or workload.get("batch_size") or 1)), 1)
     b_cfg = int(workload.get("batch_size") or b_cur)
     derate = run_derating(roofline)
     eff_d = derate.get("decode_efficiency", 1.0)
@@ -177,7 +180,8 @@ def advise(
         """The run's fraction of speed of light carried over (time scales with work)."""
         args: dict[str, Any] = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len}
         for name in ("prefill", "decode"):
-            eff = (phases.get(name) or {}).get("efficiency")
+            ph = phases.get(name)
+            eff = ph.efficiency if ph is not None else None
             if eff:
                 args[f"{name}_efficiency"] = min(float(eff), 1.0)
         args.update(kw)
@@ -187,9 +191,9 @@ def advise(
     base = run()
     base_scaled = scaled()
     out: list[dict[str, Any]] = []
-    dec_verdict = dec.get("verdict")
+    dec_verdict = dec.verdict
     dec_memory = dec_verdict == "memory-bound" or (
-        dec_verdict == "overhead-bound" and dec.get("roof") == "memory"
+        dec_verdict == "overhead-bound" and dec.roof == "memory"
     )
     ridge = base["ceilings"]["ridge_point"]
     tpot0 = base["tpot_s"]
@@ -217,14 +221,14 @@ def advise(
         )
 
     # Larger batches / continuous batching.
-    if dec and dec_verdict in ("memory-bound", "overhead-bound") and ridge:
+    if has_dec and dec_verdict in ("memory-bound", "overhead-bound") and ridge:
         knee = max(int(ridge * model.weight_bytes_per_param / 2), 2)
         target, rule = batch_target(knee, b_cur, base["max_batch"])
         if target >= 2 * b_cur or (target > b_cur and b_cfg > 1.3 * b_cur):
             p = run(batch=target)
             gain = p["decode_tok_s"] / base["decode_tok_s"]
             why = f"decode is {dec_verdict} at a mean batch of " + format_number(
-                dec.get("batch_size_mean", 0)
+                dec.batch_size_mean or 0
             )
             why += ": " + _intensity_reason(dec, ridge, base["memory"]["weights_bytes"], b_cur)
             why += (
@@ -253,8 +257,8 @@ def advise(
             )
 
     # Weight quantisation.
-    if dec and dec_memory:
-        share = dec["bytes_weights"] / dec["bytes"] if dec.get("bytes") else 0.0
+    if has_dec and dec_memory:
+        share = (dec.bytes_weights or 0.0) / dec.bytes if dec.bytes else 0.0
         best = 1.0
         for wd, label in (
             ("int8", "int8 weights (W8A16)"),
@@ -294,8 +298,8 @@ def advise(
             )
 
     # KV-dominated decode: fp8 KV cache, GQA/MQA.
-    if dec and dec_memory and dec.get("bytes"):
-        kv_share = (dec["bytes_kv_read"] + dec["bytes_kv_write"]) / dec["bytes"]
+    if has_dec and dec_memory and dec.bytes:
+        kv_share = ((dec.bytes_kv_read or 0.0) + (dec.bytes_kv_write or 0.0)) / dec.bytes
         if kv_share >= 0.2:
             if model.kv_bytes_per_element > 1.0:
                 q = model.with_dtypes(kv_dtype="fp8")
@@ -342,7 +346,7 @@ def advise(
                 )
 
     # Prompt caching: TTFT-heavy requests.
-    if pre and s_len >= 64:
+    if has_pre and s_len >= 64:
         prefill_share = base["ttft_s"] / base["e2e_s"] if base["e2e_s"] else 0.0
         if prefill_share >= 0.2:
             cached = int(s_len * PROMPT_CACHE_SHARE)
@@ -370,7 +374,8 @@ def advise(
                 )
 
     # Speculative decoding: memory-bound decode with spare compute.
-    if dec and dec_memory and ridge and dec.get("intensity", math.inf) < ridge / 4:
+    dec_intensity = dec.intensity if dec.intensity is not None else math.inf
+    if has_dec and dec_memory and ridge and dec_intensity < ridge / 4:
         k, a = SPEC_DRAFT_TOKENS, SPEC_ACCEPTANCE
         tokens_per_step = (1 - a ** (k + 1)) / (1 - a)
         ctx = s_len + t_len // 2
@@ -383,7 +388,7 @@ def advise(
         t_step = t_verify + k * SPEC_DRAFT_COST * tpot0
         gain = tokens_per_step * tpot0 / t_step
         t_verify_sol = max(verify.flops / peak, verify.bytes / bw)
-        measured_step = dec.get("time_per_step_s") or tpot0
+        measured_step = dec.time_per_step_s or tpot0
         spec_bound = tokens_per_step * measured_step / max(t_verify_sol, 1e-12)
         if gain >= 1.1:
             out.append(
@@ -391,8 +396,8 @@ def advise(
                     "technique": "speculative decoding",
                     "why": (
                         "decode is memory-bound with spare compute "
-                        f"(MFU {fmt_pct(dec.get('mfu'))}, "
-                        f"intensity {format_number(dec.get('intensity', 0))} ≪ ridge "
+                        f"(MFU {fmt_pct(dec.mfu)}, "
+                        f"intensity {format_number(dec_intensity)} ≪ ridge "
                         f"{format_number(ridge)}); verifying "
                         f"{k + 1} tokens per step costs {format_seconds(t_verify)} vs "
                         f"{format_seconds(tpot0)} for one and yields "
@@ -410,17 +415,18 @@ def advise(
             )
 
     # Prefill/decode disaggregation: prefill passes stall requests that are decoding.
-    share = lat.get("decode_stall_share")
-    stall = lat.get("prefill_stall_max_s")
-    if share and share >= 0.1 and dec and pre and not roofline.get("estimated"):
-        gain = 1.0 / max(1.0 - share, 1e-3)
+    stall_share = lat.decode_stall_share
+    stall = lat.prefill_stall_max_s
+    if stall_share and stall_share >= 0.1 and has_dec and has_pre and not roofline.estimated:
+        gain = 1.0 / max(1.0 - stall_share, 1e-3)
         out.append(
             {
                 "technique": "prefill/decode disaggregation (or chunked prefill)",
                 "why": (
-                    f"prefill passes stall requests that are decoding: {fmt_pct(share)} of all "
-                    f"decode time is spent waiting for other requests' prefills (up to "
-                    f"{format_seconds(stall or 0)} at a time, an inter-token spike); prefill on "
+                    "prefill passes stall requests that are decoding: "
+                    f"{fmt_pct(stall_share)} of all decode time is spent waiting for other "
+                    f"requests' prefills (up to {format_seconds(stall or 0)} at a time, an "
+                    "inter-token spike); prefill on "
                     "its own instance (or split into chunks mixed with decode) removes the stall"
                 ),
                 "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
@@ -435,7 +441,7 @@ def advise(
 
     # Tensor parallelism for bandwidth-bound decode of a model that fits.
     if (
-        dec
+        has_dec
         and dec_memory
         and mem["capacity_bytes"] is not None
         and weight_bytes(model) <= mem["capacity_bytes"]
@@ -463,16 +469,16 @@ def advise(
     # Overhead-bound: cut per-step overhead (levers depend on the platform).
     tuned = TUNED_EFFICIENCY["cpu" if platform == "cpu" else "gpu"]
     for name, ph in (("decode", dec), ("prefill", pre)):
-        if ph.get("verdict") != "overhead-bound":
+        if ph.verdict != "overhead-bound":
             continue
-        eff = ph.get("efficiency")
+        eff = ph.efficiency
         lo_eff, hi_eff = tuned[name]
         if not eff or eff >= hi_eff:
             continue
         bound = 1.0 / eff  # the phase at speed of light
         high = min(hi_eff / eff, bound)
         low = min(max(lo_eff / eff, 1.0), high)
-        per_step = ph.get("time_per_step_s") or 0.0
+        per_step = ph.time_per_step_s or 0.0
         threads_bad = threads_evidence(machine, table) if platform == "cpu" else None
         levers = _overhead_levers(platform, threads_bad is not None)
         out.append(
@@ -480,8 +486,8 @@ def advise(
                 "technique": f"cut {name} per-step overhead ({levers})",
                 "why": (
                     f"{name} is overhead-bound: {format_seconds(per_step)} per step reaches only "
-                    f"{fmt_pct(eff)} of speed of light (MFU {fmt_pct(ph.get('mfu'))}, MBU "
-                    f"{fmt_pct(ph.get('mbu'))}); the time is "
+                    f"{fmt_pct(eff)} of speed of light (MFU {fmt_pct(ph.mfu)}, MBU "
+                    f"{fmt_pct(ph.mbu)}); the time is "
                     + (
                         "launches and host work"
                         if platform != "cpu"
@@ -535,11 +541,11 @@ def _evidence(e: CalibrationEntry) -> str:
     )
 
 
-def _intensity_reason(dec: dict[str, Any], ridge: float, weights_bytes: float, batch: int) -> str:
+def _intensity_reason(dec: PhaseRoofline, ridge: float, weights_bytes: float, batch: int) -> str:
     """Why batching helps, from decode's measured intensity against the ridge: below it,
     weights are read for few tokens; at or above it, the roofline gains nothing and the
     gain is the per-step overhead shared by more sequences."""
-    intensity = float(dec.get("intensity") or 0.0)
+    intensity = float(dec.intensity or 0.0)
     times = intensity / ridge if ridge else 0.0
     if intensity < ridge:
         return (
@@ -556,8 +562,8 @@ def _intensity_reason(dec: dict[str, Any], ridge: float, weights_bytes: float, b
 
 def _bound_gains(
     out: list[dict[str, Any]],
-    dec: dict[str, Any],
-    pre: dict[str, Any],
+    dec: PhaseRoofline,
+    pre: PhaseRoofline,
     b_cur: int,
     scaled: Any,
     sol: Any,
@@ -571,8 +577,8 @@ def _bound_gains(
     speed-of-light time with the technique applied. ``value`` (the headline) is ``high``
     capped at ``bound``.
     """
-    dec_step = dec.get("time_per_step_s")
-    pre_step = pre.get("time_per_step_s")
+    dec_step = dec.time_per_step_s
+    pre_step = pre.time_per_step_s
     for s in out:
         g = s["projected_gain"]
         rng = s.pop("_range", None)

@@ -11,28 +11,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from perfscope.analysis.manifest import RunManifest, manifest_view
+from perfscope.analysis.summary import Client
 
 __all__ = ["client_section"]
 
 
-def client_section(manifest: Mapping[str, Any] | RunManifest) -> dict[str, Any] | None:
-    """The ``client`` summary section, or None when the engine kept no client record.
-
-    Keys: ``cpu_s`` (the client's CPU seconds over the serve loop), ``peak_rss_bytes``
-    (its peak resident set, bytes), ``stamp_clock`` (``kernel`` when chunks carry the
-    kernel's receive time, ``user`` when they were stamped in user space, ``mixed``),
-    ``stall`` (the stall record: threshold, worst and p99 gap between a chunk's arrival and
-    its read in seconds, requests affected) when the client measured one.
-    """
+def client_section(manifest: Mapping[str, Any] | RunManifest) -> Client | None:
+    """The ``client`` summary section (:class:`~perfscope.analysis.summary.Client`: CPU
+    seconds over the serve loop, peak RSS in bytes, the clock that stamped the chunks, the
+    stall record), or None when the engine kept no client record."""
     client = manifest_view(manifest).engine.config.client
     if client is None:
         return None
-    out: dict[str, Any] = {
-        "cpu_s": client.get("cpu_s"),
-        "peak_rss_bytes": client.get("peak_rss_bytes"),
-        "stamp_clock": client.get("stamp_clock"),
-    }
     stall = client.get("stall")
-    if isinstance(stall, Mapping):
-        out["stall"] = dict(stall)
-    return out
+    return Client(
+        cpu_s=client.get("cpu_s"),
+        peak_rss_bytes=client.get("peak_rss_bytes"),
+        stamp_clock=client.get("stamp_clock"),
+        stall=dict(stall) if isinstance(stall, Mapping) else None,
+    )

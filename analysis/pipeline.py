@@ -38,15 +38,12 @@ from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.speculative import speculative_config, speculative_section
 from perfscope.analysis.summary import (
     Advice,
-    Client,
     Energy,
     Hardware,
     Projection,
     PromptCache,
     Record,
-    Roofline,
     ServerMetrics,
-    Speculative,
     Summary,
     build_summary,
 )
@@ -164,9 +161,9 @@ def analyze(
     )
     advice: list[dict[str, Any]] = []
     projections: list[dict[str, Any]] = []
-    if roofline.get("available") and model is not None and spec is not None:
+    if roofline.available and model is not None and spec is not None:
         workload = _workload_stats(stored_run, manifest)
-        if not roofline.get("what_if"):  # advice needs measured efficiencies
+        if roofline.what_if is None:  # advice needs measured efficiencies
             advice = advise(roofline, model, spec, workload)
         db = database if database is not None else load_database()
         targets = [db.devices[k] for k in PROJECTION_DEVICES if k in db.devices and k != spec.key]
@@ -179,8 +176,8 @@ def analyze(
         for p, dev in zip(projections, targets, strict=True):
             p["checked"] = projection_check(machine_of_device(dev, kind))
     # The sections above are computed as JSON objects by modules other components own
-    # (advisor, whatif, speculative, server metrics); each becomes its record here, once.
-    roofline_rec = Roofline.from_dict(roofline)
+    # (energy, advisor, whatif, server metrics); each becomes its record here, once.
+    client = client_section(manifest)
     summary = build_summary(
         manifest,
         stored_run.requests,
@@ -189,13 +186,13 @@ def analyze(
         slos=slos,
         per_request_rows=rows,
         hardware=Hardware.from_dict(hardware),
-        roofline=roofline_rec,
+        roofline=roofline,
         energy=Energy.from_dict(energy),
         advice=tuple(Advice.from_dict(a) for a in advice),
         projections=tuple(Projection.from_dict(p) for p in projections),
         prompt_cache=_record(PromptCache, prompt_cache_section(stored_run.requests)),
-        client=_record(Client, client_section(manifest)),
-        speculative=_record(Speculative, speculative_section(stored_run.steps, manifest, roofline)),
+        client=client,
+        speculative=speculative_section(stored_run.steps, manifest, roofline),
     )
     info = manifest.server_metrics
     if server_metrics is None and not info:
@@ -207,7 +204,7 @@ def analyze(
         client_tpot_mean_s=summary.latency.tpot.mean,
         model=model,
         requests=stored_run.requests,
-        client_stall=(client_section(manifest) or {}).get("stall"),
+        client_stall=client.stall if client is not None else None,
     )
     return dataclasses.replace(summary, server_metrics=ServerMetrics.from_dict(section))
 

@@ -42,7 +42,9 @@ forward pass (which a kernel trace would tell apart).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,6 +59,15 @@ from perfscope.analysis.costmodel import (
     weight_bytes,
 )
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.summary import (
+    OperatorClassRoofline,
+    PhaseRoofline,
+    Roofline,
+    RooflineCeilings,
+    RooflineDevice,
+    RooflineLatency,
+    RooflineWhatIf,
+)
 from perfscope.hwdb.calibrate import provisional_note
 
 if TYPE_CHECKING:
@@ -123,19 +134,24 @@ def calibration_spread(device: DeviceSpec, dtype: str) -> dict[str, float] | Non
     return out or None
 
 
-def _ceilings(device: DeviceSpec, dtype: str) -> dict[str, Any]:
-    return {
-        "dtype": dtype,
-        "peak_flops": device.peak_flops_for(dtype),
-        "mem_bw_bytes_s": device.mem_bw_bytes_s,
-        "cache_bytes": device.cache_bytes,
-        "cache_bw_bytes_s": device.cache_bw_bytes_s,
-        "ridge_point": device.ridge_point(dtype),
-        "source": device.source,
-        "spread": calibration_spread(device, dtype),
+#: A phase's energy join: the energy section's per-phase object (J, s, W, J per token, steps,
+#: tokens), passed through as the energy stage wrote it.
+PhaseEnergy = Mapping[str, float | int | None]
+
+
+def _ceilings(device: DeviceSpec, dtype: str) -> RooflineCeilings:
+    return RooflineCeilings(
+        dtype=dtype,
+        peak_flops=device.peak_flops_for(dtype),
+        mem_bw_bytes_s=device.mem_bw_bytes_s,
+        cache_bytes=device.cache_bytes,
+        cache_bw_bytes_s=device.cache_bw_bytes_s,
+        ridge_point=device.ridge_point(dtype),
+        source=device.source,
+        spread=calibration_spread(device, dtype),
         # ceilings calibrated under contention say so wherever they are used
-        "provisional": provisional_note(device.extra) if device.source == "calibrated" else None,
-    }
+        provisional=provisional_note(device.extra) if device.source == "calibrated" else None,
+    )
 
 
 # ---------------------------------------------------------------------- formatting
@@ -175,28 +191,28 @@ def verdict_for(
     return "memory-bound" if mbu is not None else "compute-bound"
 
 
-def _evidence(phase: str, r: dict[str, Any], device_name: str, threshold: float) -> str:
-    mfu, mbu = r["mfu"], r["mbu"]
-    ridge = r["ridge_point"]
-    level = "L2/LLC cache" if r["memory_level"] == "cache" else "DRAM"
-    per_step = r["time_per_step_s"]
-    sol_step = r["sol_time_s"] / r["steps"] if r["steps"] else r["sol_time_s"]
-    rel = ">" if ridge is not None and r["intensity"] > ridge else "<"
+def _evidence(phase: str, r: PhaseRoofline, device_name: str, threshold: float) -> str:
+    mfu, mbu = r.mfu, r.mbu
+    ridge = r.ridge_point
+    c = r.ceilings
+    intensity = r.intensity if r.intensity is not None else math.inf
+    sol = r.sol_time_s or 0.0
+    level = "L2/LLC cache" if r.memory_level == "cache" else "DRAM"
+    per_step = r.time_per_step_s
+    sol_step = sol / r.steps if r.steps else sol
+    rel = ">" if ridge is not None and intensity > ridge else "<"
     ridge_txt = (
-        f"{format_number(r['intensity'])} FLOP/B {rel} ridge {format_number(ridge)} FLOP/B "
-        f"({r['ceilings']['dtype']}, {level} of {device_name})"
+        f"{format_number(intensity)} FLOP/B {rel} ridge {format_number(ridge)} FLOP/B "
+        f"({c.dtype}, {level} of {device_name})"
         if ridge is not None
-        else (
-            f"{format_number(r['intensity'])} FLOP/B (no {r['ceilings']['dtype']} peak for "
-            f"{device_name})"
-        )
+        else (f"{format_number(intensity)} FLOP/B (no {c.dtype} peak for {device_name})")
     )
     util = f"MFU {fmt_pct(mfu)}, MBU {fmt_pct(mbu)}"
     timing = (
         f"{_fmt_time(per_step)} per step vs {format_seconds(sol_step)} at speed of light "
-        f"(efficiency {fmt_pct(r['efficiency'])})"
+        f"(efficiency {fmt_pct(r.efficiency)})"
     )
-    verdict = r["verdict"]
+    verdict = r.verdict
     if verdict == "overhead-bound":
         head = (
             f"{phase} is overhead-bound: MFU {fmt_pct(mfu)} and MBU {fmt_pct(mbu)} are both "
@@ -210,33 +226,33 @@ def _evidence(phase: str, r: dict[str, Any], device_name: str, threshold: float)
     else:
         head = f"{phase}: no ceilings for this device; {ridge_txt}"
     notes = []
-    if r["fits_in_cache"]:
+    if r.fits_in_cache:
         notes.append(
-            f"the working set ({_fmt_si(r['working_set_bytes'], 'B')}) fits in the "
-            f"{_fmt_si(r['ceilings']['cache_bytes'], 'B')} last-level cache"
+            f"the working set ({_fmt_si(r.working_set_bytes, 'B')}) fits in the "
+            f"{_fmt_si(c.cache_bytes, 'B')} last-level cache"
             + (
                 ", so MBU is against the cache ceiling "
-                f"({_fmt_si(r['ceilings']['cache_bw_bytes_s'], 'B/s')}; "
-                f"DRAM MBU would be {fmt_pct(r['mbu_dram'])})"
-                if r["memory_level"] == "cache"
-                else f", whose bandwidth is unknown: DRAM MBU {fmt_pct(r['mbu_dram'])} "
+                f"({_fmt_si(c.cache_bw_bytes_s, 'B/s')}; "
+                f"DRAM MBU would be {fmt_pct(r.mbu_dram)})"
+                if r.memory_level == "cache"
+                else f", whose bandwidth is unknown: DRAM MBU {fmt_pct(r.mbu_dram)} "
                 "overstates DRAM traffic"
             )
         )
-    elif r["mbu_dram"] is not None and r["mbu_dram"] > 1.0:
+    elif r.mbu_dram is not None and r.mbu_dram > 1.0:
         notes.append(
-            f"DRAM MBU above 100% ({fmt_pct(r['mbu_dram'])}) means part of the traffic is "
+            f"DRAM MBU above 100% ({fmt_pct(r.mbu_dram)}) means part of the traffic is "
             "served from caches"
         )
-    if r["ceilings"].get("provisional"):
-        notes.append(str(r["ceilings"]["provisional"]))
+    if c.provisional:
+        notes.append(str(c.provisional))
     if mfu is not None and mfu > 1.0:
         notes.append(
-            f"MFU above 100% means the {r['ceilings']['dtype']} compute ceiling "
-            f"({_fmt_si(r['ceilings']['peak_flops'], 'FLOP/s')}, {r['ceilings']['source']}) "
+            f"MFU above 100% means the {c.dtype} compute ceiling "
+            f"({_fmt_si(c.peak_flops, 'FLOP/s')}, {c.source}) "
             "is below what ran: check the device's peak"
         )
-    if r["estimated"]:
+    if r.estimated:
         notes.append("estimated from the request timeline (no engine steps recorded)")
     tail = "; ".join(notes)
     return f"{head}; {timing}" + (f"; {tail}." if tail else ".")
@@ -274,8 +290,8 @@ def phase_roofline(
     max_context_rows: float | None = None,
     overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
     estimated: bool = False,
-    energy: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    energy: PhaseEnergy | None = None,
+) -> PhaseRoofline:
     """Roofline numbers and the verdict of one phase from its summed costs and time.
 
     Args:
@@ -309,92 +325,101 @@ def phase_roofline(
     mbu_dram = nbytes / (t * device.mem_bw_bytes_s) if ok and device.mem_bw_bytes_s > 0 else None
     sol = max(flops / peak if peak else 0.0, nbytes / bw if bw > 0 else 0.0)
     efficiency = sol / t if ok and sol > 0 else None
-    ceilings = _ceilings(device, dtype)
-    ceilings["memory_level"] = level
-    ceilings["memory_bw_used_bytes_s"] = bw
-    ceilings["ridge_point_used"] = ridge
-    r: dict[str, Any] = {
-        "phase": phase,
-        "steps": int(steps),
-        "tokens": float(tokens),
-        "batch_size_mean": float(batch_size_mean),
-        "context_tokens_mean": float(context_tokens_mean),
-        "time_s": t,
-        "time_per_step_s": t / steps if steps else None,
-        "flops": flops,
-        "flops_useful": float(costs["flops_useful"]),
-        "flops_attention": float(costs["flops_attention"]),
-        "bytes": nbytes,
-        "bytes_weights": float(costs["bytes_weights"]),
-        "bytes_kv_read": float(costs["bytes_kv_read"]),
-        "bytes_kv_write": float(costs["bytes_kv_write"]),
-        "bytes_activations": float(costs["bytes_activations"]),
-        "intensity": intensity,
-        "ridge_point": ridge,
-        "ridge_point_dram": device.ridge_point(dtype),
-        "achieved_flops_s": achieved_f,
-        "achieved_bytes_s": achieved_b,
-        "mfu": mfu,
-        "mfu_useful": mfu_useful,
-        "mbu": mbu,
-        "mbu_dram": mbu_dram,
-        "sol_time_s": sol,
-        "efficiency": efficiency,
-        "working_set_bytes": working_set,
-        "fits_in_cache": fits,
-        "memory_level": level,
-        "estimated": bool(estimated),
-        "ceilings": ceilings,
-        "energy": energy,
-    }
-    # The roof the phase sits under, whatever the verdict (overhead-bound phases too).
-    r["roof"] = "compute" if ridge is not None and intensity > ridge else "memory"
-    r["verdict"] = verdict_for(
-        mfu=mfu, mbu=mbu, intensity=intensity, ridge=ridge, overhead_threshold=overhead_threshold
+    ceilings = dataclasses.replace(
+        _ceilings(device, dtype),
+        memory_level=level,
+        memory_bw_used_bytes_s=bw,
+        ridge_point_used=ridge,
     )
-    r["classes"], r["class_verdict"] = _class_split(costs, peak, bw)
-    r["evidence"] = _evidence(phase, r, device.name, overhead_threshold)
-    r["evidence"] += " " + _class_evidence(r)
-    return r
+    classes, class_verdict = _class_split(costs, peak, bw)
+    r = PhaseRoofline(
+        phase=phase,
+        steps=int(steps),
+        tokens=float(tokens),
+        batch_size_mean=float(batch_size_mean),
+        context_tokens_mean=float(context_tokens_mean),
+        time_s=t,
+        time_per_step_s=t / steps if steps else None,
+        flops=flops,
+        flops_useful=float(costs["flops_useful"]),
+        flops_attention=float(costs["flops_attention"]),
+        bytes=nbytes,
+        bytes_weights=float(costs["bytes_weights"]),
+        bytes_kv_read=float(costs["bytes_kv_read"]),
+        bytes_kv_write=float(costs["bytes_kv_write"]),
+        bytes_activations=float(costs["bytes_activations"]),
+        intensity=intensity,
+        ridge_point=ridge,
+        ridge_point_dram=device.ridge_point(dtype),
+        achieved_flops_s=achieved_f,
+        achieved_bytes_s=achieved_b,
+        mfu=mfu,
+        mfu_useful=mfu_useful,
+        mbu=mbu,
+        mbu_dram=mbu_dram,
+        sol_time_s=sol,
+        efficiency=efficiency,
+        working_set_bytes=working_set,
+        fits_in_cache=fits,
+        memory_level=level,
+        estimated=bool(estimated),
+        ceilings=ceilings,
+        energy=dict(energy) if energy is not None else None,
+        # The roof the phase sits under, whatever the verdict (overhead-bound phases too).
+        roof="compute" if ridge is not None and intensity > ridge else "memory",
+        verdict=verdict_for(
+            mfu=mfu,
+            mbu=mbu,
+            intensity=intensity,
+            ridge=ridge,
+            overhead_threshold=overhead_threshold,
+        ),
+        classes=classes,
+        class_verdict=class_verdict,
+    )
+    evidence = _evidence(phase, r, device.name, overhead_threshold)
+    return dataclasses.replace(r, evidence=evidence + " " + _class_evidence(r))
 
 
 def _class_split(
     costs: dict[str, float], peak: float | None, bw: float
-) -> tuple[dict[str, dict[str, Any]], str | None]:
+) -> tuple[dict[str, OperatorClassRoofline], str | None]:
     """Per operator class: FLOPs, bytes, intensity, speed-of-light time, its share of the
     classes' total and its roof; and the verdict over the classes that matter."""
     split = operator_class_costs(costs)
-    out: dict[str, dict[str, Any]] = {}
+    sol: dict[str, tuple[float, float]] = {}
     for name, c in split.items():
         t_c = c["flops"] / peak if peak else 0.0
         t_m = c["bytes"] / bw if bw > 0 else 0.0
-        out[name] = {
-            "flops": c["flops"],
-            "bytes": c["bytes"],
-            "intensity": c["flops"] / c["bytes"] if c["bytes"] > 0 else None,
-            "sol_time_s": max(t_c, t_m),
-            "roof": "compute" if t_c > t_m else "memory",
-        }
-    total = sum(v["sol_time_s"] for v in out.values())
-    for v in out.values():
-        v["sol_share"] = v["sol_time_s"] / total if total > 0 else None
+        sol[name] = (t_c, t_m)
+    total = sum(max(t) for t in sol.values())
+    out = {
+        name: OperatorClassRoofline(
+            flops=c["flops"],
+            bytes=c["bytes"],
+            intensity=c["flops"] / c["bytes"] if c["bytes"] > 0 else None,
+            sol_time_s=max(sol[name]),
+            roof="compute" if sol[name][0] > sol[name][1] else "memory",
+            sol_share=max(sol[name]) / total if total > 0 else None,
+        )
+        for name, c in split.items()
+    }
     roofs = {
-        v["roof"]
-        for v in out.values()
-        if v["sol_share"] is not None and v["sol_share"] >= CLASS_SHARE_MIN
+        v.roof for v in out.values() if v.sol_share is not None and v.sol_share >= CLASS_SHARE_MIN
     }
     verdict = None if not roofs else ("mixed" if len(roofs) > 1 else f"{roofs.pop()}-bound")
     return out, verdict
 
 
-def _class_evidence(r: dict[str, Any]) -> str:
+def _class_evidence(r: PhaseRoofline) -> str:
+    classes = r.classes or {}
     parts = [
-        f"{_CLASS_LABELS[k]} {v['roof']}-bound ({fmt_pct(v['sol_share'])} of speed-of-light time)"
-        for k, v in r["classes"].items()
-        if v["sol_share"]
+        f"{_CLASS_LABELS[k]} {v.roof}-bound ({fmt_pct(v.sol_share)} of speed-of-light time)"
+        for k, v in classes.items()
+        if v.sol_share
     ]
     text = "By operator class: " + ", ".join(parts)
-    if r["class_verdict"] == "mixed":
+    if r.class_verdict == "mixed":
         text += "; the classes disagree, so the phase is mixed: each class has its own lever"
     return text + "."
 
@@ -419,9 +444,9 @@ def _phases_from_steps(
     model: ModelSpec,
     device: DeviceSpec,
     threshold: float,
-    energy: dict[str, Any] | None,
+    energy: Mapping[str, PhaseEnergy] | None,
     draft_model: ModelSpec | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, PhaseRoofline]:
     warm = _warmup_ids(requests)
     df = steps
     if warm and "request_ids" in df:
@@ -439,7 +464,7 @@ def _phases_from_steps(
     # draft's spec: "draft_prefill", "draft_decode".
     is_draft = (df["role"] == "draft").to_numpy() if "role" in df else np.zeros(len(df), bool)
     key = df["kind"].astype(str).where(~is_draft, "draft_" + df["kind"].astype(str))
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, PhaseRoofline] = {}
     ordered = df.sort_values("t_start", kind="stable")
     starts = ordered["t_start"].to_numpy(dtype=np.float64)
     ends = ordered["t_end"].to_numpy(dtype=np.float64)
@@ -464,7 +489,7 @@ def _phases_from_steps(
             verify = sub["proposed_tokens"].notna().to_numpy()
             logits = np.where(verify, n, np.minimum(np.maximum(b, 1.0), n))
         arrays = step_costs(phase_model, b, n, c, logits_tokens=logits)
-        out[phase] = phase_roofline(
+        r = phase_roofline(
             phase,
             model=phase_model,
             device=device,
@@ -479,18 +504,17 @@ def _phases_from_steps(
             overhead_threshold=threshold,
             energy=None if phase.startswith("draft_") else (energy or {}).get(phase),
         )
-        _add_gap_evidence(out[phase], float(gap_by_kind.get(phase, 0.0)))
+        out[phase] = _add_gap_evidence(r, float(gap_by_kind.get(phase, 0.0)))
     return out
 
 
-def _add_gap_evidence(r: dict[str, Any], gap_s: float) -> None:
+def _add_gap_evidence(r: PhaseRoofline, gap_s: float) -> PhaseRoofline:
     """Time between steps (host scheduling, Python, or idle) next to time inside steps."""
-    inside = r["time_s"]
+    inside = r.time_s or 0.0
     share = gap_s / (gap_s + inside) if gap_s + inside > 0 else None
-    r["gap_s"] = gap_s
-    r["gap_share"] = share
-    if r["verdict"] != "overhead-bound" or share is None:
-        return
+    r = dataclasses.replace(r, gap_s=gap_s, gap_share=share)
+    if r.verdict != "overhead-bound" or share is None:
+        return r
     if share >= 0.3:
         where = (
             f"{fmt_pct(share)} of its wall time is spent between steps (host scheduling and "
@@ -499,10 +523,10 @@ def _add_gap_evidence(r: dict[str, Any], gap_s: float) -> None:
     else:
         where = (
             f"only {fmt_pct(share)} of its wall time is between steps; the rest is inside the "
-            f"forward passes, at {fmt_pct(r['efficiency'])} of speed of light: slow kernels or "
+            f"forward passes, at {fmt_pct(r.efficiency)} of speed of light: slow kernels or "
             "launch overhead inside the forward (a kernel trace would tell them apart)"
         )
-    r["evidence"] += f" Host overhead vs slow kernels: {where}."
+    return dataclasses.replace(r, evidence=f"{r.evidence} Host overhead vs slow kernels: {where}.")
 
 
 # ---------------------------------------------------------------------- timeline estimate
@@ -534,10 +558,10 @@ def _phases_from_timeline(
     model: ModelSpec,
     device: DeviceSpec,
     threshold: float,
-    energy: dict[str, Any] | None,
-) -> dict[str, dict[str, Any]]:
+    energy: Mapping[str, PhaseEnergy] | None,
+) -> dict[str, PhaseRoofline]:
     df = _completed(requests)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, PhaseRoofline] = {}
     if df.empty:
         return out
     prompt = df["prompt_tokens"].to_numpy(dtype=np.float64)
@@ -672,23 +696,34 @@ def _interference(steps: pd.DataFrame, requests: pd.DataFrame | None) -> dict[st
 
 
 def _latency(
-    requests: pd.DataFrame | None, phases: dict[str, dict[str, Any]]
-) -> dict[str, float | None]:
-    lat: dict[str, float | None] = {"ttft_mean_s": None, "tpot_mean_s": None}
+    requests: pd.DataFrame | None,
+    phases: Mapping[str, PhaseRoofline],
+    interference: Mapping[str, float | None] | None = None,
+) -> RooflineLatency:
+    """Mean TTFT and TPOT of the completed requests, mean step time of prefill and decode
+    (s), and the prefill stalls of :func:`_interference` when given."""
+    ttft_mean: float | None = None
+    tpot_mean: float | None = None
     if requests is not None and not requests.empty and "t_first_token" in requests:
         df = _completed(requests)
         if not df.empty:
             ttft = (df["t_first_token"] - df["t_sent"]).to_numpy(dtype=np.float64) * 1e-9
-            lat["ttft_mean_s"] = float(ttft.mean())
+            ttft_mean = float(ttft.mean())
             d = df.dropna(subset=["t_last_token"])
             d = d[d["output_tokens"] > 1]
             if not d.empty:
                 tp = (d["t_last_token"] - d["t_first_token"]).to_numpy(dtype=np.float64) * 1e-9
-                lat["tpot_mean_s"] = float(np.mean(tp / (d["output_tokens"].to_numpy() - 1)))
-    for phase in ("prefill", "decode"):
-        r = phases.get(phase)
-        lat[f"{phase}_step_mean_s"] = r["time_per_step_s"] if r else None
-    return lat
+                tpot_mean = float(np.mean(tp / (d["output_tokens"].to_numpy() - 1)))
+    pre, dec = phases.get("prefill"), phases.get("decode")
+    stalls = interference or {}
+    return RooflineLatency(
+        ttft_mean_s=ttft_mean,
+        tpot_mean_s=tpot_mean,
+        prefill_step_mean_s=pre.time_per_step_s if pre else None,
+        decode_step_mean_s=dec.time_per_step_s if dec else None,
+        decode_stall_share=stalls.get("decode_stall_share"),
+        prefill_stall_max_s=stalls.get("prefill_stall_max_s"),
+    )
 
 
 # ---------------------------------------------------------------------- section
@@ -702,11 +737,11 @@ def roofline_section(
     device: DeviceSpec | None,
     *,
     overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
-    energy: dict[str, Any] | None = None,
+    energy: Mapping[str, PhaseEnergy] | None = None,
     measured_on: str | None = None,
     draft_model: ModelSpec | None = None,
-) -> dict[str, Any]:
-    """The ``roofline`` block of summary.json (JSON-ready).
+) -> Roofline:
+    """The ``roofline`` section of the summary.
 
     Args:
         steps: STEP_SCHEMA rows (may be empty or ``None`` for HTTP engines).
@@ -728,92 +763,87 @@ def roofline_section(
             costed with this spec (without it they are left out of every phase).
 
     Returns:
-        ``{"available", "reason", "source" ("steps" | "timeline"), "estimated",
-        "flops_convention", "model", "device", "ceilings", "overhead_threshold",
-        "phases": {phase: {...}}, "latency": {...}}``; each phase has ``flops``, ``bytes``,
-        ``intensity``, ``time_s``, ``mfu``, ``mbu``, ``achieved_flops_s``,
-        ``achieved_bytes_s``, ``sol_time_s``, ``efficiency``, ``ridge_point``,
-        ``verdict``, ``evidence``, ``estimated``, ``ceilings``, ``energy`` and more.
+        The :class:`~perfscope.analysis.summary.Roofline` record: ``available`` false with
+        the ``reason``, or the phases (:class:`~perfscope.analysis.summary.PhaseRoofline`)
+        with their work, utilisations, verdicts and evidence, the ceilings and the latency.
     """
-    base: dict[str, Any] = {
-        "available": False,
-        "reason": None,
-        "source": None,
-        "estimated": False,
-        "flops_convention": "as-executed (attention over the full masked square / cache span)",
-        "model": model.name if model else None,
-        "device": None,
-        "ceilings": None,
-        "overhead_threshold": overhead_threshold,
-        "phases": {},
-        "latency": {},
-    }
+    base = Roofline(
+        available=False,
+        reason=None,
+        flops_convention="as-executed (attention over the full masked square / cache span)",
+        model=model.name if model else None,
+        overhead_threshold=overhead_threshold,
+    )
     if model is None:
-        base["reason"] = (
-            "no model spec: pass --model-spec PRESET|config.json|FOLDER to perfscope run or "
-            "sweep to get an estimated roofline"
+        return dataclasses.replace(
+            base,
+            reason=(
+                "no model spec: pass --model-spec PRESET|config.json|FOLDER to perfscope run or "
+                "sweep to get an estimated roofline"
+            ),
         )
-        return base
     if device is None:
-        base["reason"] = "no device: pass --hw KEY to get a roofline"
-        return base
-    base["device"] = {"key": device.key, "name": device.name, "kind": device.kind}
-    base["ceilings"] = _ceilings(device, model.act_dtype)
+        return dataclasses.replace(base, reason="no device: pass --hw KEY to get a roofline")
+    base = dataclasses.replace(
+        base,
+        device=RooflineDevice(key=device.key, name=device.name, kind=device.kind),
+        ceilings=_ceilings(device, model.act_dtype),
+    )
     has_steps = steps is not None and not steps.empty
+    phases: dict[str, PhaseRoofline] = {}
     if has_steps:
         assert steps is not None
         phases = _phases_from_steps(
             steps, requests, model, device, overhead_threshold, energy, draft_model
         )
-        base["source"] = "steps"
+        base = dataclasses.replace(base, source="steps")
     elif requests is not None and not requests.empty:
         phases = _phases_from_timeline(requests, model, device, overhead_threshold, energy)
-        base["source"] = "timeline"
-        base["estimated"] = True
-    else:
-        phases = {}
+        base = dataclasses.replace(base, source="timeline", estimated=True)
     if not phases:
-        base["reason"] = "no completed requests or steps to analyse"
-        return base
-    base["available"] = True
-    base["phases"] = phases
-    base["what_if"] = None
+        return dataclasses.replace(base, reason="no completed requests or steps to analyse")
+    what_if = None
     if measured_on is not None and measured_on != device.key:
-        base["what_if"] = {"measured_on": measured_on, "target": device.key}
-        for ph in phases.values():
-            _withhold_measured(ph, device.name, measured_on)
-    base["latency"] = _latency(requests, phases)
+        what_if = RooflineWhatIf(measured_on=measured_on, target=device.key)
+        phases = {k: _withhold_measured(ph, device.name, measured_on) for k, ph in phases.items()}
+    interference = None
     if has_steps:
         assert steps is not None
-        base["latency"].update(_interference(steps, requests))
-    return base
+        interference = _interference(steps, requests)
+    return dataclasses.replace(
+        base,
+        available=True,
+        phases=phases,
+        latency=_latency(requests, phases, interference),
+        what_if=what_if,
+    )
 
 
-_MEASURED_KEYS = (
-    "mfu",
-    "mfu_useful",
-    "mbu",
-    "mbu_dram",
-    "achieved_flops_s",
-    "achieved_bytes_s",
-    "efficiency",
-)
-
-
-def _withhold_measured(r: dict[str, Any], device_name: str, measured_on: str) -> None:
+def _withhold_measured(r: PhaseRoofline, device_name: str, measured_on: str) -> PhaseRoofline:
     """Turn a phase analysed against a device it did not run on into a what-if: measured
     ratios removed, the verdict is the roof the work would sit under at speed of light."""
-    for k in _MEASURED_KEYS:
-        r[k] = None
-    r["what_if"] = True
-    r["verdict"] = f"{r['roof']}-bound"
-    sol_step = r["sol_time_s"] / r["steps"] if r["steps"] else r["sol_time_s"]
-    ridge = r["ridge_point"]
-    rel = "" if ridge is None else (" > " if r["intensity"] > ridge else " < ")
-    r["evidence"] = (
+    sol = r.sol_time_s or 0.0
+    sol_step = sol / r.steps if r.steps else sol
+    ridge = r.ridge_point
+    intensity = r.intensity if r.intensity is not None else math.inf
+    rel = "" if ridge is None else (" > " if intensity > ridge else " < ")
+    evidence = (
         f"what-if on {device_name}: the run was measured on {measured_on}, so no measured "
-        f"MFU/MBU against {device_name} is given; at speed of light this {r['phase']} would "
-        f"be {r['roof']}-bound (intensity {format_number(r['intensity'])} FLOP/B"
+        f"MFU/MBU against {device_name} is given; at speed of light this {r.phase} would "
+        f"be {r.roof}-bound (intensity {format_number(intensity)} FLOP/B"
         + (f"{rel}ridge {format_number(ridge)} FLOP/B" if ridge is not None else "")
         + f"), {format_seconds(sol_step)} per step."
+    )
+    return dataclasses.replace(
+        r,
+        mfu=None,
+        mfu_useful=None,
+        mbu=None,
+        mbu_dram=None,
+        achieved_flops_s=None,
+        achieved_bytes_s=None,
+        efficiency=None,
+        what_if=True,
+        verdict=f"{r.roof}-bound",
+        evidence=evidence,
     )

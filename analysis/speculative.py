@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from perfscope.analysis.manifest import RunManifest, manifest_view
+from perfscope.analysis.summary import Roofline, Speculative
 from perfscope.analysis.whatif import (
     alpha_from_accepted,
     expected_tokens_per_step,
@@ -48,10 +49,12 @@ def speculative_config(manifest: Mapping[str, Any] | RunManifest) -> Mapping[str
     return cfg if cfg is not None and cfg.get("num_speculative_tokens") else None
 
 
-def _sol_per_step(roofline: Mapping[str, Any], phase: str) -> float | None:
-    ph = (roofline.get("phases") or {}).get(phase) or {}
-    sol, steps = ph.get("sol_time_s"), ph.get("steps")
-    return float(sol) / float(steps) if sol is not None and steps else None
+def _sol_per_step(roofline: Roofline | None, phase: str) -> float | None:
+    """Speed-of-light time per pass of ``phase`` (s), ``None`` when the roofline has none."""
+    ph = roofline.phases.get(phase) if roofline is not None else None
+    if ph is None or ph.sol_time_s is None or not ph.steps:
+        return None
+    return float(ph.sol_time_s) / float(ph.steps)
 
 
 def _speedup(alpha: float | None, k: int, c: float | None) -> float | None:
@@ -61,9 +64,9 @@ def _speedup(alpha: float | None, k: int, c: float | None) -> float | None:
 def speculative_section(
     steps: pd.DataFrame,
     manifest: Mapping[str, Any] | RunManifest,
-    roofline: Mapping[str, Any] | None,
-) -> dict[str, Any] | None:
-    """The section (JSON-ready, SI units) or None for a run without speculation."""
+    roofline: Roofline | None,
+) -> Speculative | None:
+    """The section (SI units) or None for a run without speculation."""
     cfg = speculative_config(manifest)
     if cfg is None or steps.empty or "proposed_tokens" not in steps:
         return None
@@ -89,38 +92,38 @@ def speculative_section(
         if len(draft_dec) and len(verify) and t_verify > 0
         else (0.0 if method != "draft" else None)
     )
-    roof = roofline or {}
-    sol_d, sol_t = _sol_per_step(roof, "draft_decode"), _sol_per_step(roof, "decode")
+    sol_d, sol_t = _sol_per_step(roofline, "draft_decode"), _sol_per_step(roofline, "decode")
     c_sol = sol_d / sol_t if sol_d is not None and sol_t else None
     if method != "draft":
         c_sol = 0.0
-    return {
-        "method": method,
-        "draft": cfg.get("draft"),
-        "num_speculative_tokens": k,
-        "draft_model": cfg.get("draft_model"),
-        "draft_n_params": cfg.get("draft_n_params"),
-        "target_n_params": cfg.get("target_n_params"),
-        "verify_steps": len(verify),
-        "draft_steps": len(draft_dec),
-        "proposed_tokens": proposed,
-        "accepted_tokens": accepted,
-        "acceptance_rate": accepted / proposed if proposed else None,
-        "mean_accepted_per_step": mean_acc,
-        "mean_tokens_per_step": None if mean_acc is None else mean_acc + 1.0,
-        "alpha": alpha,
-        "expected_tokens_per_step": None if alpha is None else expected_tokens_per_step(alpha, k),
-        "draft_time_s": t_draft,
-        "draft_prefill_time_s": secs(draft_pre),
-        "verify_time_s": t_verify,
-        "draft_time_share": t_draft / (t_draft + t_verify) if t_draft + t_verify > 0 else None,
-        "cost_ratio": c,
-        "cost_ratio_sol": c_sol,
-        "projected_speedup": _speedup(alpha, k, c),
-        "projected_speedup_sol": _speedup(alpha, k, c_sol),
-        "basis": (
+    draft_model = cfg.get("draft_model")
+    return Speculative(
+        method=method,
+        draft=cfg.get("draft"),
+        num_speculative_tokens=k,
+        draft_model=dict(draft_model) if draft_model is not None else None,
+        draft_n_params=cfg.get("draft_n_params"),
+        target_n_params=cfg.get("target_n_params"),
+        verify_steps=len(verify),
+        draft_steps=len(draft_dec),
+        proposed_tokens=proposed,
+        accepted_tokens=accepted,
+        acceptance_rate=accepted / proposed if proposed else None,
+        mean_accepted_per_step=mean_acc,
+        mean_tokens_per_step=None if mean_acc is None else mean_acc + 1.0,
+        alpha=alpha,
+        expected_tokens_per_step=None if alpha is None else expected_tokens_per_step(alpha, k),
+        draft_time_s=t_draft,
+        draft_prefill_time_s=secs(draft_pre),
+        verify_time_s=t_verify,
+        draft_time_share=t_draft / (t_draft + t_verify) if t_draft + t_verify > 0 else None,
+        cost_ratio=c,
+        cost_ratio_sol=c_sol,
+        projected_speedup=_speedup(alpha, k, c),
+        projected_speedup_sol=_speedup(alpha, k, c_sol),
+        basis=(
             "Leviathan et al. 2023 (1 - a^(K+1)) / ((1 - a)(cK + 1)) with the measured a "
             "(from accepted tokens per step) and c (mean draft pass / mean verify pass time; "
             "_sol: at the roofline's speed of light); assumes a verify pass costs one target pass"
         ),
-    }
+    )

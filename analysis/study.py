@@ -51,6 +51,7 @@ from perfscope.analysis.overhead import (
     roof_times,
 )
 from perfscope.analysis.queueing import Load, simulate
+from perfscope.analysis.summary import Roofline
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
     expected_tokens_per_step,
@@ -255,7 +256,7 @@ def _recompute_tpot(
         return float(np.mean(t))
     peak = dev.peak_flops_for(model.act_dtype) or 0.0
     bw = dev.mem_bw_bytes_s
-    derate = run_derating(summary.get("roofline") or {}) if derated else {}
+    derate = run_derating(Roofline.from_dict(summary.get("roofline"))) if derated else {}
     eff = derate.get("prefill_efficiency", 1.0)
     over = derate.get("prefill_overhead_s", 0.0)
     total = 0.0
@@ -370,7 +371,7 @@ def project_change(
     if not spec or not roof.get("available") or not baseline.get("model"):
         return None
     dev = DeviceSpec.from_dict(spec)
-    derate = run_derating(roof)
+    derate = run_derating(Roofline.from_dict(roof))
     base_model = ModelSpec.from_dict(dict(baseline["model"]))
     used_fit = fit.split_layers(base_model.n_layers) if fit is not None else None
     preds = []
@@ -672,7 +673,7 @@ def _after_run_median(
         if not spec:
             continue
         dev = DeviceSpec.from_dict(spec)
-        derate = run_derating(base.get("roofline") or {})
+        derate = run_derating(Roofline.from_dict(base.get("roofline")))
         p = speculative_projection(cand, base, dev, derate, batch, prompt_len, output_len)
         if p is not None and p["after_run"] is not None:
             rows.append(p["after_run"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import format_seconds
@@ -46,13 +46,16 @@ __all__ = [
     "Latency",
     "MemoryUse",
     "NodeEnergy",
+    "OperatorClassRoofline",
     "PhaseRoofline",
     "Projection",
     "PromptCache",
     "Record",
     "Roofline",
     "RooflineCeilings",
+    "RooflineDevice",
     "RooflineLatency",
+    "RooflineWhatIf",
     "RunSet",
     "ServerMetrics",
     "Speculative",
@@ -219,7 +222,14 @@ class Hardware(Record):
 @dataclass(frozen=True, kw_only=True)
 class RooflineCeilings(Record):
     """Ceilings a roofline used: dtype, peak FLOP/s, DRAM and cache bandwidth (bytes/s),
-    cache size (bytes), ridge point (FLOP/byte) and where they came from."""
+    cache size (bytes), ridge point (FLOP/byte) and where they came from.
+
+    A phase's ceilings also say which memory level bounded it (``memory_level``, ``dram`` or
+    ``cache``), that level's bandwidth (bytes/s) and the ridge point against it (FLOP/byte);
+    the section's own ceilings leave those ``None``. ``spread``: a calibrated device's
+    measured spread (interquartile range / median, 0..) of its ``compute``, ``memory`` and
+    ``cache`` ceilings; ``provisional``: the note that it was calibrated under contention.
+    """
 
     dtype: str | None = None
     peak_flops: float | None = None
@@ -231,6 +241,32 @@ class RooflineCeilings(Record):
     memory_level: str | None = None
     memory_bw_used_bytes_s: float | None = None
     ridge_point_used: float | None = None
+    spread: dict[str, float] | None = None
+    provisional: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorClassRoofline(Record):
+    """One operator class of a phase (weight GEMMs, attention/KV, the rest) on the roofline:
+    its ``flops`` (FLOP) and ``bytes``, ``intensity`` (FLOP/byte, ``None`` without bytes),
+    ``sol_time_s`` (speed-of-light time, s), ``roof`` (``compute`` or ``memory``) and
+    ``sol_share`` (its share of the classes' speed-of-light time, 0..1)."""
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    intensity: float | None = None
+    sol_time_s: float = 0.0
+    roof: str = ""
+    sol_share: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RooflineWhatIf(Record):
+    """A roofline against a device the run did not run on: the device it was
+    ``measured_on`` and the ``target`` (hardware database keys)."""
+
+    measured_on: str = ""
+    target: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,7 +277,15 @@ class PhaseRoofline(Record):
     ``time_s``; achieved rates (FLOP/s, bytes/s); ``mfu``/``mbu`` (0..1 of the peaks);
     ``sol_time_s`` (speed-of-light time) and ``efficiency`` (= sol / measured); ``verdict``
     (compute-, memory- or overhead-bound) with its ``evidence`` sentence; ``energy`` the
-    phase's energy join (JSON object) when telemetry had it.
+    phase's energy join when telemetry had it, as the energy section wrote it: ``energy_j``
+    (J), ``time_s`` (s), ``steps``, ``tokens``, ``j_per_token`` (J/token) and
+    ``avg_power_w`` (W).
+
+    ``classes``: the phase split by operator class, with ``class_verdict`` their common roof
+    (``mixed`` when they disagree); ``gap_s``: time between consecutive steps of this phase
+    (s, runs with engine steps) and ``gap_share`` its share of the phase's wall time (0..1);
+    ``what_if`` true when the device is not the one the run was measured on (measured ratios
+    then ``None``). Those are left out of the JSON when the phase has none.
     """
 
     phase: str = ""
@@ -275,10 +319,27 @@ class PhaseRoofline(Record):
     memory_level: str | None = None
     estimated: bool = False
     ceilings: RooflineCeilings = field(default_factory=RooflineCeilings)
-    energy: dict[str, Any] | None = None
+    energy: dict[str, float | int | None] | None = None
     roof: str | None = None
     verdict: str = ""
     evidence: str = ""
+    classes: dict[str, OperatorClassRoofline] | None = None
+    class_verdict: str | None = None
+    gap_s: float | None = None
+    gap_share: float | None = None
+    what_if: bool | None = None
+
+    def _omitted(self) -> frozenset[str]:
+        """``class_verdict`` goes with ``classes``, ``gap_share`` with ``gap_s`` (each may be
+        null when its partner is there); ``what_if`` only when true."""
+        out = set()
+        if self.classes is None:
+            out |= {"classes", "class_verdict"}
+        if self.gap_s is None:
+            out |= {"gap_s", "gap_share"}
+        if self.what_if is None:
+            out.add("what_if")
+        return frozenset(out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,7 +366,13 @@ class RooflineLatency(Record):
 @dataclass(frozen=True, kw_only=True)
 class Roofline(Record):
     """Roofline per phase against the device's ceilings, or ``available`` false with the
-    ``reason`` (no model spec, no device, no data)."""
+    ``reason`` (no model spec, no device, no data).
+
+    ``source``: ``steps`` (engine steps) or ``timeline`` (estimated from the requests);
+    ``overhead_threshold``: both MFU and MBU below it (0..1) make a phase overhead-bound;
+    ``what_if``: set when the device is not the one the run was measured on (an available
+    section writes it as null otherwise; an unavailable one leaves it out).
+    """
 
     available: bool = False
     reason: str | None = _ABSENT
@@ -318,6 +385,10 @@ class Roofline(Record):
     overhead_threshold: float | None = None
     phases: dict[str, PhaseRoofline] = field(default_factory=dict)
     latency: RooflineLatency = field(default_factory=RooflineLatency)
+    what_if: RooflineWhatIf | None = None
+
+    def _omitted(self) -> frozenset[str]:
+        return frozenset() if self.available else frozenset({"what_if"})
 
     @property
     def prefill(self) -> PhaseRoofline:
@@ -769,6 +840,10 @@ class Summary(Record):
     #: ``openai:`` runs only: the client's CPU, memory, stamping clock and stalls.
     client: Client | None = None
 
+    #: Sections written only when the run has them (summary.json has never carried a null
+    #: there).
+    _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ("model_spec", "server_metrics", "client")
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Summary:
         """Read a summary.json object of schema ``/1`` or ``/2`` (unknown keys are kept).
@@ -779,18 +854,6 @@ class Summary(Record):
         data = dict(data or {})
         data["schema"] = SUMMARY_SCHEMA
         return super().from_dict(data)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The summary.json object (schema ``/2``); sections a run never had are left out."""
-        out = super().to_dict()
-        for key in _OMIT_WHEN_NONE:
-            if out.get(key) is None:
-                out.pop(key, None)
-        return out
-
-
-#: Sections written only when the run has them (summary.json has never carried a null there).
-_OMIT_WHEN_NONE = ("model_spec", "server_metrics", "client")
 
 
 def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:

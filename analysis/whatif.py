@@ -36,6 +36,7 @@ from perfscope.analysis.costmodel import (
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import KERNELS_PER_LAYER, OverheadFit, launch_time
 from perfscope.analysis.roofline import fmt_pct, memory_ceiling
+from perfscope.analysis.summary import Roofline
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -303,7 +304,7 @@ def predict(
     }
 
 
-def run_derating(roofline: dict[str, Any], fit: OverheadFit | None = None) -> dict[str, Any]:
+def run_derating(roofline: Roofline, fit: OverheadFit | None = None) -> dict[str, Any]:
     """How a measured run falls short of speed of light, as :func:`predict` keyword args.
 
     With ``fit`` (:func:`perfscope.analysis.overhead.fit_overhead` of the run's steps) the
@@ -326,14 +327,13 @@ def run_derating(roofline: dict[str, Any], fit: OverheadFit | None = None) -> di
             "overhead": fit,
         }
     out: dict[str, Any] = {}
-    phases = roofline.get("phases") or {}
     for name in ("prefill", "decode"):
-        ph = phases.get(name) or {}
-        eff = ph.get("efficiency")
-        if eff is None:
+        ph = roofline.phases.get(name)
+        eff = ph.efficiency if ph is not None else None
+        if ph is None or eff is None:
             continue
-        if ph.get("verdict") == "overhead-bound" and ph.get("steps"):
-            excess = (ph["time_s"] - ph["sol_time_s"]) / ph["steps"]
+        if ph.verdict == "overhead-bound" and ph.steps:
+            excess = ((ph.time_s or 0.0) - (ph.sol_time_s or 0.0)) / ph.steps
             out[f"{name}_efficiency"] = 1.0
             out[f"{name}_overhead_s"] = max(float(excess), 0.0)
         else:
@@ -392,7 +392,7 @@ def _headline(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def project_run(
-    roofline: dict[str, Any],
+    roofline: Roofline,
     model: ModelSpec,
     workload: dict[str, Any],
     devices: list[DeviceSpec],
@@ -421,9 +421,8 @@ def project_run(
     Each entry is a :func:`predict` dict with ``basis`` (the assumption in words) and
     ``assumption`` (``measured`` or ``engine range``).
     """
-    phases = roofline.get("phases") or {}
-    dec = phases.get("decode") or {}
-    batch = dec.get("batch_size_mean") or workload.get("batch_size") or 1
+    dec = roofline.phases.get("decode")
+    batch = (dec.batch_size_mean if dec is not None else None) or workload.get("batch_size") or 1
     batch = max(round(float(batch)), 1)
     prompt_len = max(round(float(workload.get("prompt_tokens_mean") or 1)), 1)
     output_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)

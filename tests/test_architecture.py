@@ -365,8 +365,11 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: of the same stop landed beside it (docs/architecture.md names the next sections to type);
 #: 375 once capture became its own stage (``profiler/capture.py``); 363 once the analysis and
 #: the dashboard read the manifest through its typed view (``analysis/manifest.py``); 364 with
-#: the study projection work merged beside it (the Falcon and DBRX readers take a Mapping).
-DICT_ANY_CEILING = 364
+#: the study projection work merged beside it (the Falcon and DBRX readers take a Mapping);
+#: 335 once the roofline section, the advisor's and the what-if's reading of it and the
+#: speculative section became records (``PhaseRoofline`` and its parts); 334 with a
+#: phase's energy join typed by its values; 332 once the client section is its record.
+DICT_ANY_CEILING = 332
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import time
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,6 +15,7 @@ from rich.console import Console
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import roofline_section
+from perfscope.analysis.summary import Roofline
 from perfscope.dashboard.terminal import roofline_table
 from perfscope.hwdb.spec import DeviceSpec
 
@@ -66,7 +66,7 @@ def test_decode_at_half_speed_of_light_is_memory_bound_with_numbers() -> None:
         for i in range(64)
     ]
     r = roofline_section(_steps(rows), None, None, SPEC, A100)
-    json.dumps(r)  # JSON-ready
+    json.dumps(r.to_dict(), allow_nan=False)  # its JSON form is JSON
     assert r["available"]
     assert r["source"] == "steps"
     assert not r["estimated"]
@@ -224,9 +224,9 @@ def test_real_reference_engine_steps_give_consistent_roofline() -> None:
     assert r["phases"]["prefill"]["intensity"] > r["phases"]["decode"]["intensity"]
 
 
-def _render(r: dict[str, Any]) -> str:
+def _render(r: Roofline) -> str:
     buf = io.StringIO()
-    Console(file=buf, width=200).print(roofline_table(r))
+    Console(file=buf, width=200).print(roofline_table(r.to_dict()))
     return buf.getvalue()
 
 

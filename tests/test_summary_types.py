@@ -189,3 +189,18 @@ def test_any_summary_path_gets_a_kind_and_a_direction() -> None:
     assert better_of("counts.requests") is None
     with pytest.raises(UsageError, match="this metric is in tok/s"):
         parse_quantity("5 req/s", kind="rate", unit="tok/s")
+
+
+def test_the_client_section_is_a_record_whose_json_keeps_its_keys() -> None:
+    from perfscope.analysis.client import client_section
+    from perfscope.analysis.summary import Client
+
+    stall = {"threshold_s": 0.01, "worst_s": 0.03, "requests": 2}
+    manifest = {"engine": {"config": {"client": {"cpu_s": 1.5, "stamp_clock": "kernel"}}}}
+    plain = client_section(manifest)
+    assert isinstance(plain, Client) and plain.stall is None and plain.cpu_s == 1.5
+    assert list(plain.to_dict()) == ["cpu_s", "peak_rss_bytes", "stamp_clock", "stall"]
+    manifest["engine"]["config"]["client"]["stall"] = stall
+    measured = client_section(manifest)
+    assert measured is not None and measured.stall == stall
+    assert client_section({"engine": {"config": {}}}) is None

@@ -1,0 +1,41 @@
+"""A summary.json written before the roofline became typed records loads and is written back
+byte for byte (the stored format does not move when the records gain fields).
+
+``tests/data/summaries`` holds summaries of ``tests/data/runs/v1`` written by perfscope at
+commit a18d637 (before the typed roofline): against its own device (``v2-steps``), as a
+what-if on an H100 (``v2-what-if``) and without its steps (``v2-timeline``, the estimate
+from the request timeline). They are never modified.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfscope.analysis.summary import OperatorClassRoofline, RooflineWhatIf, Summary
+from perfscope.profiler.store import write_json_atomic
+from tests.conftest import DATA
+
+STORED = sorted((DATA / "summaries").glob("v2-*.json"))
+
+
+@pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)
+def test_a_stored_summary_is_written_back_byte_for_byte(path: Path, tmp_path: Path) -> None:
+    summary = Summary.from_dict(json.loads(path.read_text()))
+    out = tmp_path / "summary.json"
+    write_json_atomic(out, summary.to_dict())
+    assert out.read_bytes() == path.read_bytes()
+
+
+def test_the_stored_roofline_reads_into_records_not_extra_keys() -> None:
+    steps = Summary.from_dict(json.loads((DATA / "summaries" / "v2-steps.json").read_text()))
+    decode = steps.roofline.decode
+    assert not decode.extra and not decode.ceilings.extra and not steps.roofline.extra
+    assert decode.classes is not None
+    assert isinstance(decode.classes["weight_gemms"], OperatorClassRoofline)
+    assert decode.gap_s is not None and decode.what_if is None
+    what_if = Summary.from_dict(json.loads((DATA / "summaries" / "v2-what-if.json").read_text()))
+    assert what_if.roofline.what_if == RooflineWhatIf(measured_on="l4", target="h100-sxm5-80gb")
+    assert what_if.roofline.decode.what_if is True and what_if.roofline.decode.mfu is None
