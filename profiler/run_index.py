@@ -42,6 +42,8 @@ from perfscope.errors import UsageError
 if TYPE_CHECKING:
     import duckdb
 
+    from perfscope.profiler.store import TableCheck
+
 __all__ = [
     "ALL_COLUMN_NAMES",
     "BOOKKEEPING_DOCS",
@@ -380,19 +382,32 @@ def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _outside(root: Path, path: Path) -> bool:
-    """Whether ``path`` (links resolved) lies outside ``root`` (already resolved)."""
+    """Whether ``path`` (links resolved) lies outside ``root`` (already resolved).
+
+    ``path`` is a file in a run folder the scan found as a real folder (not a link) in the
+    runs folder, so only a link can lead out: a plain file is inside without resolving."""
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return False
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
     try:
         return not path.resolve().is_relative_to(root)
     except (OSError, RuntimeError):  # unreadable, or a symlink loop
         return True
 
 
-def _row(run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path) -> dict[str, Any]:
+def _row(
+    run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path, tables: TableCheck
+) -> dict[str, Any]:
     """The ``runs`` row of one run directory (never raises on bad files).
 
     Every string is passed through :func:`safe_text`, so one run with an undecodable name
-    or a lone surrogate in its manifest cannot fail the insert for every run."""
-    row = _read_row(run_id, run_path, key, lookup, root)
+    or a lone surrogate in its manifest cannot fail the insert for every run. ``tables``
+    checks the Parquet footers, remembering verdicts per schema across runs."""
+    row = _read_row(run_id, run_path, key, lookup, root, tables)
     for name, value in row.items():
         if isinstance(value, str):
             row[name] = safe_text(value)
@@ -400,14 +415,9 @@ def _row(run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path) -
 
 
 def _read_row(
-    run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path
+    run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path, tables: TableCheck
 ) -> dict[str, Any]:
-    from perfscope.profiler.store import (
-        manifest_problems,
-        run_state,
-        summary_problem,
-        table_problems,
-    )
+    from perfscope.profiler.store import manifest_problems, run_state, summary_problem
 
     run_dir = Path(run_path)
     row: dict[str, Any] = dict.fromkeys(ALL_COLUMN_NAMES)
@@ -479,7 +489,7 @@ def _read_row(
     if foreign is not None:
         row["problem"] = f"{row['problem']}; {foreign}" if row["problem"] else foreign
     # Tables whose columns are not the store's make the run unreadable (footers only).
-    problems.extend(manifest_problems(manifest) + table_problems(run_dir))
+    problems.extend(manifest_problems(manifest) + tables.problems(run_dir))
     if problems:
         row["state"] = "broken"
         row["problem"] = "; ".join(problems)
@@ -628,8 +638,11 @@ class RunIndex:
             if redo:
                 import pyarrow as pa
 
+                from perfscope.profiler.store import TableCheck
+
                 real_root = self.root.resolve()
-                rows = [_row(rid, *on_disk[rid], self._lookup, real_root) for rid in redo]
+                tables = TableCheck()
+                rows = [_row(rid, *on_disk[rid], self._lookup, real_root, tables) for rid in redo]
                 for row in rows:
                     # A broken run is keyed on every file's identity from now on.
                     if row["state"] == "broken" and row["run_id"] not in broken:
