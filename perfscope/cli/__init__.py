@@ -670,13 +670,11 @@ def _spoken_as_perfscope(parser: argparse.ArgumentParser, argv: list[str]) -> li
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``perfscope`` script; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _reads_only_parser(argv)
-    if parser is None:
-        from perfscope.profiler.engines.threads import prefer_passive_wait
+    from perfscope.profiler.engines.threads import prefer_passive_wait
 
-        prefer_passive_wait()  # before anything loads torch: waiting threads sleep, not spin
-        parser = build_parser()
+    prefer_passive_wait()  # before anything loads torch: waiting threads sleep, not spin
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _reads_only_parser(argv) or build_parser()
     argv = _spoken_as_perfscope(parser, argv)
     _Parser.argv = argv
     args = parser.parse_args(argv)
