@@ -20,6 +20,7 @@ __all__ = [
     "JSON_CAP_ENV",
     "RUN_ID_PATTERN",
     "json_cap_bytes",
+    "mark_crashed",
     "read_json_capped",
 ]
 
@@ -80,3 +81,19 @@ def read_json_capped(path: Path, cap: int | None = None) -> Any:
             f"run files; not read (set {JSON_CAP_ENV} to raise it)"
         )
     return json.loads(raw.decode("utf-8"))
+
+
+def mark_crashed(manifest: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    """A copy of a crashed run's manifest that says so: status ``crashed``, why, partial,
+    and a warning that its numbers cover only what was flushed (the store's reading)."""
+    out = dict(manifest)
+    out["status"] = "crashed"
+    out["status_reason"] = reason
+    out["partial"] = True
+    warnings = [w for w in (out.get("warnings") or []) if isinstance(w, str)]
+    warnings.append(
+        f"this run crashed ({reason}): the numbers cover only the records flushed "
+        "before that (partial)"
+    )
+    out["warnings"] = warnings
+    return out

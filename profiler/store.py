@@ -70,6 +70,7 @@ from perfscope.profiler.records import (
 from perfscope.profiler.run_files import (
     RUN_ID_PATTERN,
     json_cap_bytes,
+    mark_crashed,
     read_json_capped,
 )
 from perfscope.profiler.segments import SEGMENTS_DIR, SegmentRead, read_segments, storage_error
@@ -723,19 +724,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def _mark_state(manifest: dict[str, Any], state: RunState) -> dict[str, Any]:
     """The manifest as read: a crashed run says so (in this copy only)."""
-    if state.state != "crashed":
-        return manifest
-    out = dict(manifest)
-    out["status"] = "crashed"
-    out["status_reason"] = state.reason
-    out["partial"] = True
-    warnings = [w for w in (out.get("warnings") or []) if isinstance(w, str)]
-    warnings.append(
-        f"this run crashed ({state.reason}): the numbers cover only the records flushed "
-        "before that (partial)"
-    )
-    out["warnings"] = warnings
-    return out
+    return mark_crashed(manifest, state.reason) if state.state == "crashed" else manifest
 
 
 def read_run(path: Path | str, *, tables: bool = True) -> StoredRun:

@@ -93,11 +93,11 @@ def _entry(e: RunEntry) -> ListedRun:
 
 def _listed(row: NewestRun) -> ListedRun:
     """The listing row of a run the index holds: its state and reason from the index, its
-    manifest and summary read now; the store's own reading when the index says broken or
-    crashed (the store marks a crashed manifest), or a file no longer reads."""
-    from perfscope.profiler.run_files import RUN_ID_PATTERN, read_json_capped
+    manifest and summary read now (a crashed run's manifest marked as the store marks it);
+    the store's own reading when the index says broken or a file no longer reads."""
+    from perfscope.profiler.run_files import RUN_ID_PATTERN, mark_crashed, read_json_capped
 
-    if RUN_ID_PATTERN.fullmatch(row.path.name) and row.state not in ("broken", "crashed"):
+    if RUN_ID_PATTERN.fullmatch(row.path.name) and row.state != "broken":
         summary: Any = None
         try:
             manifest = read_json_capped(row.path / "manifest.json")
@@ -105,6 +105,8 @@ def _listed(row: NewestRun) -> ListedRun:
         except (OSError, ValueError, PerfscopeError):  # changed since the refresh
             manifest = None
         if isinstance(manifest, dict) and (summary is None or isinstance(summary, dict)):
+            if row.state == "crashed":
+                manifest = mark_crashed(manifest, row.problem)
             return ListedRun(row.path, row.state, row.problem, manifest, summary)
     from perfscope.profiler.store import inspect_run
 
