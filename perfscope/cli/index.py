@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,8 +57,8 @@ class ListedRun:
     path: Path
     state: str
     reason: str | None
-    manifest: dict[str, Any] | None
-    summary: dict[str, Any] | None
+    manifest: Mapping[str, Any] | None
+    summary: Mapping[str, Any] | None
 
     @property
     def run_id(self) -> str:

@@ -3,6 +3,7 @@ what the table needs (no dashboard views, no hwdb resolution beyond the summary 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ __all__ = ["runs_table"]
 
 
 def runs_table(
-    rows: list[tuple[Path, dict[str, Any], dict[str, Any] | None]],
+    rows: list[tuple[Path, Mapping[str, Any], Mapping[str, Any] | None]],
     states: list[tuple[str, str | None]] | None = None,
 ) -> FitTable:
     """``perfscope ls``: one row per run, newest first (stacked per run when narrow);
