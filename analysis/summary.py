@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import format_seconds
 from perfscope.analysis.manifest import RunManifest, manifest_view
-from perfscope.hwdb.spec import DeviceSpec
 
-if TYPE_CHECKING:  # the typed record loads without pandas (`perfscope ls` reads summaries)
+if TYPE_CHECKING:  # the typed record loads without pandas or hwdb (`perfscope ls` reads it)
     import pandas as pd
+
+    from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = [
     "SUMMARY_SCHEMA",
@@ -213,6 +214,8 @@ class Hardware(Record):
     @property
     def device(self) -> DeviceSpec | None:
         """The spec as a :class:`DeviceSpec`, or ``None`` when unknown."""
+        from perfscope.hwdb.spec import DeviceSpec  # hwdb loads only when asked for
+
         return DeviceSpec.from_dict(self.spec) if self.spec else None
 
 

@@ -42,6 +42,8 @@ from perfscope.errors import UsageError
 if TYPE_CHECKING:
     import duckdb
 
+    from perfscope.profiler.store import TableCheck
+
 __all__ = [
     "ALL_COLUMN_NAMES",
     "BOOKKEEPING_DOCS",
@@ -49,6 +51,7 @@ __all__ = [
     "INDEX_FILE",
     "IndexColumn",
     "Lookup",
+    "NewestRun",
     "RefreshStats",
     "RunIndex",
     "open_index",
@@ -297,6 +300,23 @@ ALL_COLUMN_NAMES: tuple[str, ...] = tuple(n for n, _ in _BOOKKEEPING) + tuple(
 
 
 @dataclass(frozen=True)
+class NewestRun:
+    """One of the newest runs as the index holds it (:meth:`RunIndex.newest`).
+
+    Attributes:
+        path: the run directory (as the OS spells it).
+        state: the ``state`` column (complete, partial, ..., crashed, broken).
+        problem: the ``problem`` column: why the state is not complete, else None.
+        has_summary: summary.json exists and is perfscope's.
+    """
+
+    path: Path
+    state: str
+    problem: str | None
+    has_summary: bool
+
+
+@dataclass(frozen=True)
 class RefreshStats:
     """What one refresh did.
 
@@ -380,19 +400,32 @@ def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _outside(root: Path, path: Path) -> bool:
-    """Whether ``path`` (links resolved) lies outside ``root`` (already resolved)."""
+    """Whether ``path`` (links resolved) lies outside ``root`` (already resolved).
+
+    ``path`` is a file in a run folder the scan found as a real folder (not a link) in the
+    runs folder, so only a link can lead out: a plain file is inside without resolving."""
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return False
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
     try:
         return not path.resolve().is_relative_to(root)
     except (OSError, RuntimeError):  # unreadable, or a symlink loop
         return True
 
 
-def _row(run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path) -> dict[str, Any]:
+def _row(
+    run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path, tables: TableCheck
+) -> dict[str, Any]:
     """The ``runs`` row of one run directory (never raises on bad files).
 
     Every string is passed through :func:`safe_text`, so one run with an undecodable name
-    or a lone surrogate in its manifest cannot fail the insert for every run."""
-    row = _read_row(run_id, run_path, key, lookup, root)
+    or a lone surrogate in its manifest cannot fail the insert for every run. ``tables``
+    checks the Parquet footers, remembering verdicts per schema across runs."""
+    row = _read_row(run_id, run_path, key, lookup, root, tables)
     for name, value in row.items():
         if isinstance(value, str):
             row[name] = safe_text(value)
@@ -400,14 +433,9 @@ def _row(run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path) -
 
 
 def _read_row(
-    run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path
+    run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path, tables: TableCheck
 ) -> dict[str, Any]:
-    from perfscope.profiler.store import (
-        manifest_problems,
-        run_state,
-        summary_problem,
-        table_problems,
-    )
+    from perfscope.profiler.store import manifest_problems, run_state, summary_problem
 
     run_dir = Path(run_path)
     row: dict[str, Any] = dict.fromkeys(ALL_COLUMN_NAMES)
@@ -479,7 +507,7 @@ def _read_row(
     if foreign is not None:
         row["problem"] = f"{row['problem']}; {foreign}" if row["problem"] else foreign
     # Tables whose columns are not the store's make the run unreadable (footers only).
-    problems.extend(manifest_problems(manifest) + table_problems(run_dir))
+    problems.extend(manifest_problems(manifest) + tables.problems(run_dir))
     if problems:
         row["state"] = "broken"
         row["problem"] = "; ".join(problems)
@@ -591,12 +619,21 @@ class RunIndex:
             "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(INDEX_SCHEMA_VERSION)]
         )
 
-    def refresh(self, *, rebuild: bool = False) -> RefreshStats:
-        """Bring the table up to date with the folder; ``rebuild`` re-reads every run."""
-        self._ensure_schema()
+    def _schema_current(self) -> bool:
+        """Whether the file holds a ``runs`` table of this schema version (read only)."""
+        import duckdb
+
+        try:
+            got = self._con.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'"
+            ).fetchone()
+        except duckdb.Error:  # no meta table yet
+            return False
+        return got is not None and got[0] == str(INDEX_SCHEMA_VERSION)
+
+    def _known(self) -> tuple[dict[str, FileKey], set[str]]:
+        """Each indexed run's :data:`FileKey`, and the runs held as broken."""
         con = self._con
-        if rebuild:
-            con.execute("DELETE FROM runs")
         known: dict[str, FileKey] = {
             r[0]: (r[1], r[2], r[3], r[4], r[5])
             for r in con.execute(
@@ -607,6 +644,37 @@ class RunIndex:
         broken = {
             r[0] for r in con.execute("SELECT run_id FROM runs WHERE state = 'broken'").fetchall()
         }
+        return known, broken
+
+    def up_to_date(self) -> bool:
+        """Whether a refresh would change nothing (read only: the schema is current, no run
+        was added, changed or removed, no run held as running has stopped or reads
+        differently). When it is, :attr:`last_stats` and the run paths are set as a
+        refresh would set them, so a read-only connection can answer without one."""
+        if not self._schema_current():
+            return False
+        known, broken = self._known()
+        on_disk = _scan(self.root, broken)
+        if known.keys() != on_disk.keys() or any(
+            known[rid] != st for rid, (_, st) in on_disk.items()
+        ):
+            return False
+        died, reasons = self._recheck_running(on_disk, set())
+        if died or reasons:
+            return False
+        self._paths = {rid: path for rid, (path, _) in on_disk.items()}
+        self.last_stats = RefreshStats(
+            runs=len(known), added=0, updated=0, removed=0, persistent=self.persistent
+        )
+        return True
+
+    def refresh(self, *, rebuild: bool = False) -> RefreshStats:
+        """Bring the table up to date with the folder; ``rebuild`` re-reads every run."""
+        self._ensure_schema()
+        con = self._con
+        if rebuild:
+            con.execute("DELETE FROM runs")
+        known, broken = self._known()
         on_disk = _scan(self.root, broken)
         self._paths = {rid: path for rid, (path, _) in on_disk.items()}
         stale = [rid for rid in known if rid not in on_disk]
@@ -628,8 +696,11 @@ class RunIndex:
             if redo:
                 import pyarrow as pa
 
+                from perfscope.profiler.store import TableCheck
+
                 real_root = self.root.resolve()
-                rows = [_row(rid, *on_disk[rid], self._lookup, real_root) for rid in redo]
+                tables = TableCheck()
+                rows = [_row(rid, *on_disk[rid], self._lookup, real_root, tables) for rid in redo]
                 for row in rows:
                     # A broken run is keyed on every file's identity from now on.
                     if row["state"] == "broken" and row["run_id"] not in broken:
@@ -727,6 +798,18 @@ class RunIndex:
             sql += f" LIMIT {int(limit)}"
         return self.query(sql)
 
+    def newest(self, limit: int) -> list[NewestRun]:
+        """The ``limit`` newest runs with their state, in ``perfscope ls`` order (the run
+        id's timestamp prefix, then the start time), as the last refresh found them."""
+        _, rows = self.query(
+            "SELECT run_id, state, problem, has_summary FROM runs ORDER BY left(run_id, 15) "
+            f"DESC, started_at DESC NULLS LAST, run_id DESC LIMIT {int(limit)}"
+        )
+        return [
+            NewestRun(Path(self._paths.get(r[0], self.root / r[0])), r[1], r[2], bool(r[3]))
+            for r in rows
+        ]
+
     def newest_paths(self, limit: int) -> list[Path]:
         """The ``limit`` newest run directories, in ``perfscope ls`` order (the run id's
         timestamp prefix, then the start time), as the last refresh found them."""
@@ -808,6 +891,23 @@ def _import_duckdb() -> Any:
     return duckdb
 
 
+def _read_only_index(db: Any, path: Path, root: Path, lookup: Lookup) -> RunIndex | None:
+    """The index at ``path`` opened read-only when it is up to date with ``root``
+    (:meth:`RunIndex.up_to_date`), else ``None`` (also when it cannot be opened so)."""
+    try:
+        con = db.connect(str(path), read_only=True)
+    except (db.Error, OSError):
+        return None
+    index = RunIndex(con, root, True, lookup)
+    try:
+        if index.up_to_date():
+            return index
+    except (db.Error, OSError):
+        pass
+    index.close()
+    return None
+
+
 @contextmanager
 def open_index(
     root: Path,
@@ -839,6 +939,20 @@ def open_index(
     con = None
     con_is_copy = False
     problem = _index_file_problem(path) if root.is_dir() else None
+    if problem is None and refresh and not rebuild and path.is_file():
+        # The common case (nothing changed since the last refresh): answer from a read-only
+        # connection, without opening the file for writing and reopening it (each open of
+        # the file costs tens of milliseconds).
+        ro = _read_only_index(duckdb, path, root, lookup)
+        if ro is not None:
+            try:
+                if on_refresh is not None and ro.last_stats is not None:
+                    on_refresh(ro.last_stats)
+                _lock_down(ro._con, allow_files=allow_files)
+                yield ro
+            finally:
+                ro.close()
+            return
     if problem is not None:
         note = f"index not saved ({problem}); built in memory"
     elif root.is_dir():

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from perfscope.errors import BrokenRunError, RunNotFoundError, StorageError, UsageError
+from perfscope.profiler.parquet_footer import SchemaKeys
 from perfscope.profiler.records import (
     ACTORS_SCHEMA,
     CHUNK_SCHEMA,
@@ -65,6 +66,12 @@ from perfscope.profiler.records import (
     STEP_TABLE_SCHEMA,
     TELEMETRY_SCHEMA,
     Manifest,
+)
+from perfscope.profiler.run_files import (
+    RUN_ID_PATTERN,
+    json_cap_bytes,
+    mark_crashed,
+    read_json_capped,
 )
 from perfscope.profiler.segments import SEGMENTS_DIR, SegmentRead, read_segments, storage_error
 
@@ -79,6 +86,7 @@ __all__ = [
     "RunState",
     "RunWriter",
     "StoredRun",
+    "TableCheck",
     "default_runs_root",
     "inspect_run",
     "json_cap_bytes",
@@ -118,7 +126,6 @@ def _slug(text: str) -> str:
 #: A run id is one directory name: starts with a letter or digit, then letters, digits,
 #: ``.``, ``_`` or ``-`` (what :func:`new_run_dir` creates, and nothing that could climb out
 #: of the runs directory).
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 #: Folders under the runs root that are not runs (``perfscope sweep`` writes ``sweeps/``,
 #: ``perfscope study --save`` writes ``studies/``).
@@ -267,57 +274,8 @@ def _clean(obj: Any) -> Any:
 
 # --- bounded reads ----------------------------------------------------------------------
 
-#: Default cap on a run's manifest.json / summary.json, bytes (a real run's are a few kB;
-#: a 1 GB manifest took 11.5 s and 2.2 GB of memory to list before this cap).
-DEFAULT_JSON_CAP_BYTES = 8 * 1024 * 1024
-#: Environment variable that sets the cap (bytes; ``k``/``M``/``G`` suffixes allowed).
-JSON_CAP_ENV = "PERFSCOPE_MAX_JSON_BYTES"
-
-
-def json_cap_bytes() -> int:
-    """The cap on a run's JSON files, bytes: ``$PERFSCOPE_MAX_JSON_BYTES`` or 8 MiB.
-
-    Raises:
-        UsageError: the variable is set to something that is not a positive size.
-    """
-    raw = os.environ.get(JSON_CAP_ENV, "").strip()
-    if not raw:
-        return DEFAULT_JSON_CAP_BYTES
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(raw[-1].lower(), 1)
-    digits = raw[:-1] if scale > 1 else raw
-    if not digits.isdigit() or int(digits) <= 0:
-        raise UsageError(f"{JSON_CAP_ENV}={raw!r} is not a size; give bytes, e.g. 8M or 8388608")
-    return int(digits) * scale
-
-
-def _size_text(n: int) -> str:
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n} B"
-
-
-def read_json_capped(path: Path, cap: int | None = None) -> Any:
-    """The JSON value in ``path``, read only when the file is at most ``cap`` bytes
-    (default :func:`json_cap_bytes`): a run file grown huge never costs its size in time
-    or memory.
-
-    Raises:
-        BrokenRunError: the file is over the cap (the message names it, its size and the
-            cap, on one line); the parse errors of :func:`json.loads` and ``OSError`` pass.
-    """
-    limit = json_cap_bytes() if cap is None else cap
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        raw = fh.read(limit + 1) if size <= limit else b""
-    if size > limit or len(raw) > limit:
-        size = max(size, len(raw))
-        raise BrokenRunError(
-            f"{path}: {_size_text(size)} ({size} bytes), over the {_size_text(limit)} cap on "
-            f"run files; not read (set {JSON_CAP_ENV} to raise it)"
-        )
-    return json.loads(raw.decode("utf-8"))
-
+# The cap and the capped reader live in :mod:`perfscope.profiler.run_files` (no pyarrow),
+# so the run index's listing path reads run files without importing the store.
 
 # --- liveness ---------------------------------------------------------------------------
 
@@ -766,19 +724,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def _mark_state(manifest: dict[str, Any], state: RunState) -> dict[str, Any]:
     """The manifest as read: a crashed run says so (in this copy only)."""
-    if state.state != "crashed":
-        return manifest
-    out = dict(manifest)
-    out["status"] = "crashed"
-    out["status_reason"] = state.reason
-    out["partial"] = True
-    warnings = [w for w in (out.get("warnings") or []) if isinstance(w, str)]
-    warnings.append(
-        f"this run crashed ({state.reason}): the numbers cover only the records flushed "
-        "before that (partial)"
-    )
-    out["warnings"] = warnings
-    return out
+    return mark_crashed(manifest, state.reason) if state.state == "crashed" else manifest
 
 
 def read_run(path: Path | str, *, tables: bool = True) -> StoredRun:
@@ -874,20 +820,46 @@ class RunEntry:
         return self.path.name
 
 
-def table_problems(path: Path) -> list[str]:
-    """Why the run's Parquet tables do not match the run store's schemas (footers only);
-    empty when every table present is readable and has the columns the store writes."""
-    problems: list[str] = []
-    for name, schema in TABLES.items():
-        ppath = path / f"{name}.parquet"
-        if ppath.is_file():
+class TableCheck:
+    """:func:`table_problems` over many runs: the verdict on a table's schema is kept per
+    schema key (:class:`~perfscope.profiler.parquet_footer.SchemaKeys`: the footer's schema
+    elements and key/value metadata, read in Python in tens of microseconds), so pyarrow
+    opens one footer per distinct schema instead of every file (about 0.2-0.3 ms each).
+    A file whose footer the key reader does not follow is opened with pyarrow as before."""
+
+    def __init__(self) -> None:
+        self._keys = SchemaKeys()
+        self._verdicts: dict[tuple[str, bytes], list[str]] = {}
+
+    def problems(self, path: Path) -> list[str]:
+        """Why the run's tables at ``path`` do not match the store's schemas (as
+        :func:`table_problems`)."""
+        problems: list[str] = []
+        for name, schema in TABLES.items():
+            ppath = path / f"{name}.parquet"
+            if not ppath.is_file():
+                continue
+            key = self._keys.key(ppath)
+            if key is not None and (name, key) in self._verdicts:
+                problems.extend(self._verdicts[(name, key)])
+                continue
             try:
                 actual = pq.read_schema(ppath)
             except (OSError, pa.ArrowInvalid) as exc:
                 problems.append(f"{ppath.name}: cannot be read as Parquet ({exc})")
                 continue
-            problems.extend(_schema_problems(ppath.name, actual, schema, name))
-    return problems
+            verdict = _schema_problems(ppath.name, actual, schema, name)
+            if key is not None:
+                self._verdicts[(name, key)] = verdict
+            problems.extend(verdict)
+        return problems
+
+
+def table_problems(path: Path, check: TableCheck | None = None) -> list[str]:
+    """Why the run's Parquet tables do not match the run store's schemas (footers only);
+    empty when every table present is readable and has the columns the store writes.
+    ``check`` carries verdicts over from earlier runs (a listing of many runs)."""
+    return (check or TableCheck()).problems(path)
 
 
 def summary_problem(summary: Any) -> str | None:

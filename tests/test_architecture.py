@@ -365,10 +365,10 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: of the same stop landed beside it (docs/architecture.md names the next sections to type);
 #: 375 once capture became its own stage (``profiler/capture.py``); 363 once the analysis and
 #: the dashboard read the manifest through its typed view (``analysis/manifest.py``); 364 with
-#: the study projection work merged beside it (the Falcon and DBRX readers take a Mapping);
-#: 335 once the roofline section, the advisor's and the what-if's reading of it and the
-#: speculative section became records (``PhaseRoofline`` and its parts); 334 with a
-#: phase's energy join typed by its values; 332 once the client section is its record.
+#: the study projection work merged beside it; 332 once the roofline section, the advisor's
+#: and the what-if's reading of it, the speculative and client sections became records
+#: (``PhaseRoofline`` and its parts) and the index's CLI paths lost their dicts, with the
+#: state-space families' reader beside them.
 DICT_ANY_CEILING = 332
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 

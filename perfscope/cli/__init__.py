@@ -499,7 +499,7 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
 
         return _ls_where(runs_root(args), args, console)
     from perfscope.cli.index import newest_runs
-    from perfscope.cli.render import runs_table
+    from perfscope.cli.runs_list import runs_table
 
     root, entries = newest_runs(args)
     if args.json:
@@ -567,21 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print summary.json instead of tables")
     p.set_defaults(handler=_cmd_show)
 
-    p = sub.add_parser("ls", help="list stored runs, newest first")
-    add_runs_dir(p)
-    p.add_argument("--limit", type=positive_int, default=50, help="newest N runs (default 50)")
-    p.add_argument("--json", action="store_true", help="print JSON to stdout instead of a table")
-    p.add_argument(
-        "--where",
-        default=None,
-        metavar="SQL",
-        help="only runs matching this SQL condition over the index's columns, e.g. "
-        "\"ttft_p99_s < 0.2 AND engine_kind = 'openai'\" ('perfscope query --columns' lists them)",
-    )
-    from perfscope.cli.index import add_allow_files
-
-    add_allow_files(p)
-    p.set_defaults(handler=_cmd_ls, reads_only=True)
+    _add_ls_parser(sub)
 
     p = sub.add_parser("analyze", help="recompute a run's summary from its raw records")
     p.add_argument("run", nargs="?", default="latest", help="run directory, run id or 'latest'")
@@ -604,6 +590,51 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in _command_modules():
         module.register(sub)
+    return parser
+
+
+def _add_ls_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from perfscope.cli.index import add_allow_files
+
+    p = sub.add_parser("ls", help="list stored runs, newest first")
+    add_runs_dir(p)
+    p.add_argument("--limit", type=positive_int, default=50, help="newest N runs (default 50)")
+    p.add_argument("--json", action="store_true", help="print JSON to stdout instead of a table")
+    p.add_argument(
+        "--where",
+        default=None,
+        metavar="SQL",
+        help="only runs matching this SQL condition over the index's columns, e.g. "
+        "\"ttft_p99_s < 0.2 AND engine_kind = 'openai'\" ('perfscope query --columns' lists them)",
+    )
+    add_allow_files(p)
+    p.set_defaults(handler=_cmd_ls, reads_only=True)
+
+
+#: Subcommands that only read the runs folder's index: answered by a parser that knows just
+#: them (:func:`_reads_only_parser`), so their start-up imports none of the other commands'
+#: modules (hwdb, dashboard, studies, ...). ``perfscope ls --limit 5`` over 10,000 runs is
+#: timed in benchmarks/index_scale.py.
+READS_ONLY_COMMANDS = ("ls", "query", "index")
+
+
+def _reads_only_parser(argv: list[str]) -> argparse.ArgumentParser | None:
+    """The parser of ``ls``, ``query`` and ``index`` when ``argv`` names one of them first
+    (else ``None``: the full parser). Their options, help and errors are the full parser's,
+    built by the same functions."""
+    if not argv or argv[0] not in READS_ONLY_COMMANDS:
+        return None
+    from perfscope.cli import index
+
+    parser = _Parser(
+        prog="perfscope", description="Inference performance profiler and roofline analyzer."
+    )
+    parser.add_argument("--version", action="version", version=f"perfscope {__version__}")
+    sub: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser
+    )
+    _add_ls_parser(sub)
+    index.register(sub)
     return parser
 
 
@@ -642,8 +673,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from perfscope.profiler.engines.threads import prefer_passive_wait
 
     prefer_passive_wait()  # before anything loads torch: waiting threads sleep, not spin
-    parser = build_parser()
-    argv = _spoken_as_perfscope(parser, list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _reads_only_parser(argv) or build_parser()
+    argv = _spoken_as_perfscope(parser, argv)
     _Parser.argv = argv
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:

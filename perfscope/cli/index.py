@@ -15,18 +15,22 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfscope.cli._argtypes import add_runs_dir
 from perfscope.cli.safe import safe_markup
+from perfscope.errors import PerfscopeError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from perfscope.profiler.run_index import NewestRun
     from perfscope.profiler.store import RunEntry
 
-__all__ = ["add_allow_files", "newest_runs", "print_rows", "register", "runs_root"]
+__all__ = ["ListedRun", "add_allow_files", "newest_runs", "print_rows", "register", "runs_root"]
 
 
 def runs_root(args: argparse.Namespace) -> Path:
@@ -38,23 +42,76 @@ def runs_root(args: argparse.Namespace) -> Path:
     return Path(os.environ.get("PERFSCOPE_RUNS_DIR") or "perfscope-runs")
 
 
-def newest_runs(args: argparse.Namespace) -> tuple[Path, list[RunEntry]]:
+@dataclass(frozen=True)
+class ListedRun:
+    """One row of plain ``perfscope ls`` (the fields of the store's ``RunEntry`` it shows).
+
+    Attributes:
+        path: the run directory.
+        state: complete, partial, failed, interrupted, running, crashed or broken.
+        reason: why the run is not complete (or what is broken), else None.
+        manifest: manifest.json as read (None when broken).
+        summary: summary.json when present and perfscope's, else None.
+    """
+
+    path: Path
+    state: str
+    reason: str | None
+    manifest: Mapping[str, Any] | None
+    summary: Mapping[str, Any] | None
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+
+def newest_runs(args: argparse.Namespace) -> tuple[Path, list[ListedRun]]:
     """The runs folder and its ``args.limit`` newest runs for plain ``perfscope ls``.
 
     When the folder has a run index (and duckdb is installed) the index picks the newest
-    runs and only those are read; otherwise every run folder is scanned.
+    runs and says their state; only those runs' JSON files are read, and the run store
+    (pyarrow, pandas) is not imported unless a run needs its full reading (broken or
+    crashed by the index, or changed since the refresh). Otherwise every run folder is
+    scanned by the store.
     """
-    from perfscope.api.index import INDEX_FILE
-    from perfscope.profiler.store import inspect_run, scan_runs
+    from perfscope.profiler.run_index import INDEX_FILE
 
     root = runs_root(args)
     if (root / INDEX_FILE).is_file() and importlib.util.find_spec("duckdb") is not None:
         from perfscope.api.index import open_index
 
         with open_index(root) as index:
-            paths = index.newest_paths(args.limit)
-        return root, [inspect_run(p) for p in paths]
-    return root, scan_runs(root)[: args.limit]
+            rows = index.newest(args.limit)
+        return root, [_listed(row) for row in rows]
+    from perfscope.profiler.store import scan_runs
+
+    return root, [_entry(e) for e in scan_runs(root)[: args.limit]]
+
+
+def _entry(e: RunEntry) -> ListedRun:
+    return ListedRun(e.path, e.state, e.reason, e.manifest, e.summary)
+
+
+def _listed(row: NewestRun) -> ListedRun:
+    """The listing row of a run the index holds: its state and reason from the index, its
+    manifest and summary read now (a crashed run's manifest marked as the store marks it);
+    the store's own reading when the index says broken or a file no longer reads."""
+    from perfscope.profiler.run_files import RUN_ID_PATTERN, mark_crashed, read_json_capped
+
+    if RUN_ID_PATTERN.fullmatch(row.path.name) and row.state != "broken":
+        summary: Any = None
+        try:
+            manifest = read_json_capped(row.path / "manifest.json")
+            summary = read_json_capped(row.path / "summary.json") if row.has_summary else None
+        except (OSError, ValueError, PerfscopeError):  # changed since the refresh
+            manifest = None
+        if isinstance(manifest, dict) and (summary is None or isinstance(summary, dict)):
+            if row.state == "crashed":
+                manifest = mark_crashed(manifest, row.problem)
+            return ListedRun(row.path, row.state, row.problem, manifest, summary)
+    from perfscope.profiler.store import inspect_run
+
+    return _entry(inspect_run(row.path))
 
 
 def _jsonable(v: Any) -> Any:

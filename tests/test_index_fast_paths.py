@@ -1,0 +1,125 @@
+"""The run index's fast paths: table schemas judged once per distinct footer schema, an
+up-to-date index answered read-only, and ``ls``/``query`` that import only what they need."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("duckdb")
+
+from perfscope.api.index import open_index
+from perfscope.profiler.parquet_footer import SchemaKeys, schema_key
+from perfscope.profiler.store import TableCheck, table_problems
+from tests.data.runs.builders import manual_run
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real run (manual API) to copy."""
+    return manual_run(tmp_path_factory.mktemp("template"), name="tmpl", n_requests=4)
+
+
+def _copy(template: Path, root: Path, run_id: str) -> Path:
+    dest = root / run_id
+    shutil.copytree(template, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["run_id"] = run_id
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest
+
+
+def test_footer_schema_key_tells_schemas_apart_and_ignores_row_counts(tmp_path: Path) -> None:
+    def write(name: str, table: pa.Table) -> Path:
+        pq.write_table(table, tmp_path / name)
+        return tmp_path / name
+
+    a = write("a.parquet", pa.table({"x": [1, 2], "s": ["p", "q"]}))
+    more_rows = write("b.parquet", pa.table({"x": [1, 2, 3], "s": ["p", "q", "r"]}))
+    floats = write("c.parquet", pa.table({"x": [1.0, 2.0], "s": ["p", "q"]}))
+    dictionary = write(
+        "d.parquet", pa.table({"x": [1, 2], "s": pa.array(["p", "q"]).dictionary_encode()})
+    )
+    keys = [schema_key(p) for p in (a, more_rows, floats, dictionary)]
+    assert None not in keys
+    assert keys[0] == keys[1]  # rows and statistics differ, the schema does not
+    assert len({keys[0], keys[2], keys[3]}) == 3  # a type, or only the Arrow type, differs
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 not a footer PAR1")
+    (tmp_path / "cut.parquet").write_bytes(a.read_bytes()[:-20])
+    cache = SchemaKeys()
+    assert cache.key(tmp_path / "junk.parquet") is None  # the caller asks pyarrow
+    assert cache.key(tmp_path / "cut.parquet") is None
+    assert cache.key(more_rows) == cache.key(a) == keys[0]  # remembered ranges read alike
+
+
+def test_a_shared_table_check_gives_each_run_the_verdict_pyarrow_gives(
+    template: Path, tmp_path: Path
+) -> None:
+    good = _copy(template, tmp_path, "20261201-100000-good-0001")
+    bad_type = _copy(template, tmp_path, "20261201-100001-type-0002")
+    req = pq.read_table(bad_type / "requests.parquet")
+    i = req.schema.get_field_index("request_id")
+    pq.write_table(
+        req.set_column(i, "request_id", req["request_id"].cast(pa.string())),
+        bad_type / "requests.parquet",
+    )
+    torn = _copy(template, tmp_path, "20261201-100002-torn-0003")
+    (torn / "steps.parquet").write_bytes((torn / "steps.parquet").read_bytes()[:-30])
+    check = TableCheck()
+    for run in (good, bad_type, torn, good, bad_type):  # verdicts reused across runs
+        assert check.problems(run) == table_problems(run)
+    assert check.problems(good) == []
+    assert any("request_id" in p for p in check.problems(bad_type))
+    assert any("cannot be read as Parquet" in p for p in check.problems(torn))
+
+
+def test_an_unchanged_index_answers_and_an_edit_in_place_is_still_seen(
+    template: Path, tmp_path: Path
+) -> None:
+    runs = [_copy(template, tmp_path, f"20261201-10000{i}-r-000{i}") for i in range(3)]
+    with open_index(tmp_path) as index:
+        assert index.last_stats is not None and index.last_stats.added == 3
+    with open_index(tmp_path) as index:  # nothing changed: the read-only path
+        assert index.last_stats is not None
+        assert (index.last_stats.added, index.last_stats.updated) == (0, 0)
+        assert index.persistent and index.note is None
+    summary = runs[1] / "summary.json"
+    data = json.loads(summary.read_text())
+    data["throughput"]["output_tok_s"] = 12345.0
+    st = os.stat(summary)
+    summary.write_text(json.dumps(data))  # in place: the folder's mtime does not move
+    os.utime(summary, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with open_index(tmp_path) as index:
+        assert index.last_stats is not None and index.last_stats.updated == 1
+        _, rows = index.query(f"SELECT output_tok_s FROM runs WHERE run_id = '{runs[1].name}'")
+    assert rows == [(12345.0,)]
+
+
+def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_or_hwdb(
+    template: Path, tmp_path: Path
+) -> None:
+    for i in range(3):
+        _copy(template, tmp_path, f"20261201-10000{i}-r-000{i}")
+    with open_index(tmp_path):
+        pass
+    code = (
+        "import sys; from perfscope.cli import main; "
+        f"root = {str(tmp_path)!r}; "
+        "assert main(['ls', '--limit', '2', '--runs-dir', root]) == 0; "
+        "assert main(['query', 'SELECT count(*) FROM runs', '--runs-dir', root]) == 0; "
+        "print(sorted(m for m in ('pyarrow', 'pandas', 'perfscope.hwdb', 'torch') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "20261201-100002-r-0002" in out and "20261201-100000-r-0000" not in out
+    assert out.strip().splitlines()[-1] == "[]", out
