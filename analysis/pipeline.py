@@ -158,6 +158,11 @@ def analyze(
         energy=energy.get("phases"),
         measured_on=measured_on,
         draft_model=draft_model,
+        medusa_heads=(
+            int(spec_cfg.get("num_speculative_tokens") or 0)
+            if spec_cfg.get("method") == "medusa"
+            else 0
+        ),
     )
     advice: list[dict[str, Any]] = []
     projections: list[dict[str, Any]] = []

@@ -54,6 +54,7 @@ from perfscope.analysis.catalogue import format_number, format_ratio, format_sec
 from perfscope.analysis.costmodel import (
     kv_bytes_per_token,
     kv_cache_bytes_per_sequence,
+    medusa_head_cost,
     operator_class_costs,
     step_costs,
     weight_bytes,
@@ -446,6 +447,7 @@ def _phases_from_steps(
     threshold: float,
     energy: Mapping[str, PhaseEnergy] | None,
     draft_model: ModelSpec | None = None,
+    medusa_heads: int = 0,
 ) -> dict[str, PhaseRoofline]:
     warm = _warmup_ids(requests)
     df = steps
@@ -489,6 +491,8 @@ def _phases_from_steps(
             verify = sub["proposed_tokens"].notna().to_numpy()
             logits = np.where(verify, n, np.minimum(np.maximum(b, 1.0), n))
         arrays = step_costs(phase_model, b, n, c, logits_tokens=logits)
+        if medusa_heads and "proposed_tokens" in sub and not phase.startswith("draft_"):
+            _add_medusa_heads(arrays, phase_model, medusa_heads, b, sub)
         r = phase_roofline(
             phase,
             model=phase_model,
@@ -506,6 +510,34 @@ def _phases_from_steps(
         )
         out[phase] = _add_gap_evidence(r, float(gap_by_kind.get(phase, 0.0)))
     return out
+
+
+def _add_medusa_heads(
+    arrays: dict[str, np.ndarray[Any, Any]],
+    model: ModelSpec,
+    heads: int,
+    rows: np.ndarray[Any, Any],
+    sub: pd.DataFrame,
+) -> None:
+    """Add Medusa's heads to each verify step's work, in place: on every row of a step
+    that carries ``proposed_tokens``, ``heads`` ``d x d`` matmuls (linear) and as many
+    lm_head projections (lm_head), and their weight reads
+    (:func:`~perfscope.analysis.costmodel.medusa_head_cost`)."""
+    verify = sub["proposed_tokens"].notna().to_numpy()
+    r = np.where(verify, rows, 0.0)
+    flops, weight_bytes = medusa_head_cost(model, heads, r)
+    d, v = float(model.hidden_size), float(model.vocab_size)
+    linear = flops * d / (d + v)
+    for key, extra in (
+        ("flops", flops),
+        ("flops_useful", flops),
+        ("flops_linear", linear),
+        ("flops_lm_head", flops - linear),
+        ("bytes_weights", weight_bytes),
+        ("bytes", weight_bytes),
+    ):
+        if key in arrays:
+            arrays[key] = arrays[key] + extra
 
 
 def _add_gap_evidence(r: PhaseRoofline, gap_s: float) -> PhaseRoofline:
@@ -740,6 +772,7 @@ def roofline_section(
     energy: Mapping[str, PhaseEnergy] | None = None,
     measured_on: str | None = None,
     draft_model: ModelSpec | None = None,
+    medusa_heads: int = 0,
 ) -> Roofline:
     """The ``roofline`` section of the summary.
 
@@ -761,6 +794,9 @@ def roofline_section(
         draft_model: the draft model of a speculative-decoding run: its passes (steps with
             ``role == "draft"``) become the phases ``draft_prefill`` and ``draft_decode``,
             costed with this spec (without it they are left out of every phase).
+        medusa_heads: a Medusa run's heads (``num_speculative_tokens``): each verify step
+            (a step with ``proposed_tokens``) also pays their FLOPs and weight reads on
+            every row; 0 for any other run.
 
     Returns:
         The :class:`~perfscope.analysis.summary.Roofline` record: ``available`` false with
@@ -794,7 +830,7 @@ def roofline_section(
     if has_steps:
         assert steps is not None
         phases = _phases_from_steps(
-            steps, requests, model, device, overhead_threshold, energy, draft_model
+            steps, requests, model, device, overhead_threshold, energy, draft_model, medusa_heads
         )
         base = dataclasses.replace(base, source="steps")
     elif requests is not None and not requests.empty:

@@ -154,3 +154,35 @@ def test_a_verify_pass_without_a_draft_is_priced_wider_than_a_plain_step_and_med
     medusa = _verify_roof_ratio(spec, dev, 4, 4, **kw)
     assert lookahead is not None and medusa is not None
     assert 1.0 <= lookahead < medusa
+
+
+def test_a_medusa_runs_roofline_counts_its_heads_on_every_verify_row() -> None:
+    import pandas as pd
+
+    from perfscope.analysis.costmodel import medusa_head_cost
+    from perfscope.analysis.modelspec import ModelSpec
+    from perfscope.analysis.roofline import roofline_section
+    from perfscope.hwdb import resolve_device
+    from perfscope.profiler.engines.reference.model import PRESETS
+
+    spec = ModelSpec.from_dict(PRESETS["tiny"].model_spec())
+    dev = resolve_device("h100-sxm5-80gb")
+    # A prefill of 2 rows, then 3 verify steps of 2 rows x 5 positions (K = 4).
+    steps = pd.DataFrame(
+        {
+            "kind": ["prefill", "decode", "decode", "decode"],
+            "batch_size": [2, 2, 2, 1],
+            "new_tokens": [32, 10, 10, 5],
+            "context_tokens": [0, 32, 40, 24],
+            "t_start": [0, 1_000_000, 2_000_000, 3_000_000],
+            "t_end": [900_000, 1_900_000, 2_900_000, 3_900_000],
+            "proposed_tokens": [None, 8.0, 8.0, 4.0],
+        }
+    )
+    plain = roofline_section(steps, None, None, spec, dev)
+    medusa = roofline_section(steps, None, None, spec, dev, medusa_heads=4)
+    flops, weight_bytes = medusa_head_cost(spec, 4, [2.0, 2.0, 1.0])
+    dp, dm = plain.phases["decode"], medusa.phases["decode"]
+    assert dm.flops == pytest.approx(dp.flops + float(flops.sum()))
+    assert dm.bytes_weights == pytest.approx(dp.bytes_weights + float(weight_bytes.sum()))
+    assert medusa.phases["prefill"].flops == plain.phases["prefill"].flops  # no heads there
