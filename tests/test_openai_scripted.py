@@ -119,7 +119,17 @@ def test_ttft_and_itl_are_within_2ms_of_the_servers_write_times(server: str, str
     # Mean gap per request: the server's schedule is absolute, so a late chunk followed by a
     # caught-up one leaves the mean at the script (a median of raw gaps does not, under load).
     span = chunks.groupby("request_id")["t"].agg(lambda t: (t.max() - t.min()) / (len(t) - 1))
-    assert 9.5 < np.median(span) / 1e6 < 12
+    if streams < 128:
+        assert 9.5 < np.median(span) / 1e6 < 12
+    # At 128 streams the accept queue makes first chunks late and the absolute schedule then
+    # writes the rest early to catch up (CI: a mean gap of 8.7 ms, truthfully): there the
+    # client's mean gap is held to the server's own, which is the claim that matters.
+    written = {
+        spec.request_id: np.diff(np.asarray(log[f"s{streams}r{spec.request_id}"]["writes"])).mean()
+        for spec in specs
+    }
+    gap_err_ms = np.abs(span - pd.Series(written)).to_numpy() / 1e6
+    assert np.median(gap_err_ms) < 1.0, np.percentile(gap_err_ms, [50, 90, 100])
 
 
 def _jsonl(tmp_path: Path, prompts: list[str]) -> Path:
