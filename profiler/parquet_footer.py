@@ -70,22 +70,30 @@ def _list_header(buf: bytes, pos: int) -> tuple[int, int, int]:
     return n, head & 0x0F, pos
 
 
+def _field(buf: bytes, pos: int, last: int) -> tuple[int, int, int]:
+    """The next field header of a struct: ``(type, field id, position after it)``; type 0
+    is the struct's end. ``last`` is the previous field's id (ids are delta-encoded)."""
+    if pos >= len(buf):
+        raise _MalformedError
+    head = buf[pos]
+    pos += 1
+    if head == 0:
+        return 0, last, pos
+    delta, ft = head >> 4, head & 0x0F
+    if delta:
+        return ft, last + delta, pos
+    z, pos = _varint(buf, pos)
+    return ft, (z >> 1) ^ -(z & 1), pos
+
+
 def _walk_struct(buf: bytes, pos: int, depth: int = 0) -> int:
-    """The position after the struct starting at ``pos`` (its fields skipped)."""
+    """The position after the struct (or the rest of one) starting at ``pos``, its fields
+    skipped."""
     last = 0
     while True:
-        if pos >= len(buf):
-            raise _MalformedError
-        head = buf[pos]
-        pos += 1
-        if head == 0:
+        ft, last, pos = _field(buf, pos, last)
+        if ft == 0:
             return pos
-        delta, ft = head >> 4, head & 0x0F
-        if delta:
-            last += delta
-        else:
-            z, pos = _varint(buf, pos)
-            last = (z >> 1) ^ -(z & 1)
         pos = _skip_value(buf, pos, ft, depth + 1)
 
 
@@ -124,18 +132,9 @@ def _key_values(buf: bytes, pos: int) -> tuple[list[tuple[bytes, bytes]], int]:
         key = value = b""
         last = 0
         while True:
-            if pos >= len(buf):
-                raise _MalformedError
-            head = buf[pos]
-            pos += 1
-            if head == 0:
+            ft, last, pos = _field(buf, pos, last)
+            if ft == 0:
                 break
-            delta, ft = head >> 4, head & 0x0F
-            if delta:
-                last += delta
-            else:
-                z, pos = _varint(buf, pos)
-                last = (z >> 1) ^ -(z & 1)
             if ft == 8 and last in (1, 2):
                 size, pos = _varint(buf, pos)
                 if pos + size > len(buf):
@@ -149,21 +148,6 @@ def _key_values(buf: bytes, pos: int) -> tuple[list[tuple[bytes, bytes]], int]:
                 pos = _skip_value(buf, pos, ft, 1)
         out.append((key, value))
     return out, pos
-
-
-def _struct_end(buf: bytes, pos: int, last: int) -> int:
-    """The position after the rest of a struct whose last field read had id ``last``."""
-    while True:
-        if pos >= len(buf):
-            raise _MalformedError
-        head = buf[pos]
-        pos += 1
-        if head == 0:
-            return pos
-        delta, ft = head >> 4, head & 0x0F
-        if not delta:
-            _z, pos = _varint(buf, pos)
-        pos = _skip_value(buf, pos, ft, 1)
 
 
 def _schema_elements(footer: bytes) -> bytes | None:
@@ -190,7 +174,7 @@ def _key_value_tail(footer: bytes, after: int) -> tuple[list[tuple[bytes, bytes]
             continue
         try:
             kv, pos = _key_values(footer, p + 1)
-            if _struct_end(footer, pos, 5) != len(footer):
+            if _walk_struct(footer, pos) != len(footer):
                 continue
         except _MalformedError:
             continue
