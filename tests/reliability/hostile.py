@@ -184,6 +184,23 @@ class _Server(ThreadingHTTPServer):
         super().server_bind()
 
 
+#: Options of a short, bounded ``perfscope run`` against a hostile server: one stream,
+#: 5 tokens a request, a 30 s request timeout, no warm-up, preflight, progress or report.
+BOUNDED_RUN = (
+    "--no-preflight",
+    "--warmup",
+    "0",
+    "--concurrency",
+    "1",
+    "--output-len",
+    "5",
+    "--timeout",
+    "30",
+    "--no-progress",
+    "--no-report",
+)
+
+
 @contextmanager
 def hostile_server(modes: list[str], huge_bytes: int = 64 << 20) -> Iterator[_Server]:
     """Serve ``modes`` (one per POST, in order) on 127.0.0.1; ``server.url`` is the base."""

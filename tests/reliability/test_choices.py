@@ -14,23 +14,9 @@ import pytest
 
 from perfscope.cli import main
 from perfscope.profiler.store import read_run
-from tests.reliability.hostile import base_url, hostile_server
+from tests.reliability.hostile import BOUNDED_RUN, base_url, hostile_server
 
-RUN = (
-    "--model",
-    "m",
-    "--no-preflight",
-    "--warmup",
-    "0",
-    "--concurrency",
-    "1",
-    "--output-len",
-    "5",
-    "--timeout",
-    "30",
-    "--no-progress",
-    "--no-report",
-)
+RUN = ("--model", "m", *BOUNDED_RUN)
 
 
 def _run(url: str, runs: Path, n_requests: int, *extra: str) -> int:

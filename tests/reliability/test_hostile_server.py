@@ -17,7 +17,7 @@ import pytest
 
 from perfscope.profiler.store import read_run
 from tests.reliability.helpers import cli
-from tests.reliability.hostile import base_url, hostile_server
+from tests.reliability.hostile import BOUNDED_RUN, base_url, hostile_server
 
 
 def _run(url: str, runs: Path, n: int, *extra: str) -> tuple[int, str, Path]:
@@ -26,19 +26,9 @@ def _run(url: str, runs: Path, n: int, *extra: str) -> tuple[int, str, Path]:
         f"openai:{url}",
         "--model",
         "m",
-        "--no-preflight",
-        "--warmup",
-        "0",
         "--requests",
         str(n),
-        "--concurrency",
-        "1",
-        "--output-len",
-        "5",
-        "--timeout",
-        "30",
-        "--no-progress",
-        "--no-report",
+        *BOUNDED_RUN,
         *extra,
         runs=runs,
         timeout=240,

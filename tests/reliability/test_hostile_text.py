@@ -10,7 +10,7 @@ import pytest
 
 from perfscope.cli.safe import SafeConsole, safe_markup, safe_text
 from tests.reliability.helpers import cli
-from tests.reliability.hostile import HOSTILE_TEXT, base_url, hostile_server
+from tests.reliability.hostile import BOUNDED_RUN, HOSTILE_TEXT, base_url, hostile_server
 
 pytestmark = pytest.mark.slow
 
@@ -30,19 +30,9 @@ def hostile_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
                 f"openai:{base_url(srv)}",
                 "--model",
                 "m\x1b]0;title\x07[/]:x:",
-                "--no-preflight",
-                "--warmup",
-                "0",
                 "--requests",
                 "4",
-                "--concurrency",
-                "1",
-                "--output-len",
-                "5",
-                "--timeout",
-                "30",
-                "--no-progress",
-                "--no-report",
+                *BOUNDED_RUN,
                 runs=runs,
             )
         outs.append(res.stdout + res.stderr)
