@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,22 +18,13 @@ pytest.importorskip("duckdb")
 from perfscope.api.index import open_index
 from perfscope.profiler.parquet_footer import SchemaKeys, schema_key
 from perfscope.profiler.store import TableCheck, table_problems
-from tests.data.runs.builders import manual_run
+from tests.data.runs.builders import copy_run, manual_run
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real run (manual API) to copy."""
     return manual_run(tmp_path_factory.mktemp("template"), name="tmpl", n_requests=4)
-
-
-def _copy(template: Path, root: Path, run_id: str) -> Path:
-    dest = root / run_id
-    shutil.copytree(template, dest)
-    manifest = json.loads((dest / "manifest.json").read_text())
-    manifest["run_id"] = run_id
-    (dest / "manifest.json").write_text(json.dumps(manifest))
-    return dest
 
 
 def test_footer_schema_key_tells_schemas_apart_and_ignores_row_counts(tmp_path: Path) -> None:
@@ -63,15 +53,15 @@ def test_footer_schema_key_tells_schemas_apart_and_ignores_row_counts(tmp_path: 
 def test_a_shared_table_check_gives_each_run_the_verdict_pyarrow_gives(
     template: Path, tmp_path: Path
 ) -> None:
-    good = _copy(template, tmp_path, "20261201-100000-good-0001")
-    bad_type = _copy(template, tmp_path, "20261201-100001-type-0002")
+    good = copy_run(template, tmp_path, "20261201-100000-good-0001")
+    bad_type = copy_run(template, tmp_path, "20261201-100001-type-0002")
     req = pq.read_table(bad_type / "requests.parquet")
     i = req.schema.get_field_index("request_id")
     pq.write_table(
         req.set_column(i, "request_id", req["request_id"].cast(pa.string())),
         bad_type / "requests.parquet",
     )
-    torn = _copy(template, tmp_path, "20261201-100002-torn-0003")
+    torn = copy_run(template, tmp_path, "20261201-100002-torn-0003")
     (torn / "steps.parquet").write_bytes((torn / "steps.parquet").read_bytes()[:-30])
     check = TableCheck()
     for run in (good, bad_type, torn, good, bad_type):  # verdicts reused across runs
@@ -84,7 +74,7 @@ def test_a_shared_table_check_gives_each_run_the_verdict_pyarrow_gives(
 def test_an_unchanged_index_answers_and_an_edit_in_place_is_still_seen(
     template: Path, tmp_path: Path
 ) -> None:
-    runs = [_copy(template, tmp_path, f"20261201-10000{i}-r-000{i}") for i in range(3)]
+    runs = [copy_run(template, tmp_path, f"20261201-10000{i}-r-000{i}") for i in range(3)]
     with open_index(tmp_path) as index:
         assert index.last_stats is not None and index.last_stats.added == 3
     with open_index(tmp_path) as index:  # nothing changed: the read-only path
@@ -107,7 +97,7 @@ def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_or_hwdb(
     template: Path, tmp_path: Path
 ) -> None:
     for i in range(3):
-        _copy(template, tmp_path, f"20261201-10000{i}-r-000{i}")
+        copy_run(template, tmp_path, f"20261201-10000{i}-r-000{i}")
     with open_index(tmp_path):
         pass
     code = (
