@@ -572,13 +572,8 @@ class SetChange:
         if self.ratio is None:
             return "n/a (a value is missing)"
         level = self.verdict_level
-        unit = "blocks" if self.paired else "runs a side"
-        have = min(self.n) if self.n else 0
-        need = None if level is None else fewest_for_interval(level, paired=self.paired)
-        too_few = level is not None and need is not None and 2 <= have < need
-        short = f"none at {level_text(level or 0.0)}: {have} {unit} are too few, {need}+ needed"
         if self.ci is None:
-            return short if too_few else "n/a (too few runs)"
+            return self._too_few_text() or "n/a (too few runs)"
         lo, hi = self.ci
         cell = f"[{lo:.{digits}f}, {hi:.{digits}f}]"
         if self.ci_level is not None:
@@ -596,9 +591,22 @@ class SetChange:
             )
             note = " (not significant after the false-discovery correction)" if held else ""
             return f"{cell} at {level_text(DEFAULT_CONFIDENCE)}{note}"
-        if too_few:
+        short = self._too_few_text()
+        if short:
             return f"{short}; uncorrected 95%: {cell}"
         return f"{cell} at 95% uncorrected (older record; verdict at {level_text(level)})"
+
+    def _too_few_text(self) -> str:
+        """``none at 99%: 6 blocks are too few, 8+ needed`` when the experiment has fewer
+        blocks (runs a side) than any interval at the verdict's level needs; ``""`` when it
+        has enough, or has fewer than 2."""
+        level = self.verdict_level
+        have = min(self.n) if self.n else 0
+        need = None if level is None else fewest_for_interval(level, paired=self.paired)
+        if level is None or need is None or not 2 <= have < need:
+            return ""
+        unit = "blocks" if self.paired else "runs a side"
+        return f"none at {level_text(level)}: {have} {unit} are too few, {need}+ needed"
 
     def detectable_text(self) -> str:
         """``changes under ±7% are not detectable at this noise`` (or why none is)."""
@@ -652,6 +660,7 @@ def level_text(level: float) -> str:
     return f"{100 * level:.3g}%"
 
 
+@cache
 def fewest_for_interval(level: float, *, paired: bool, most: int = 60) -> int | None:
     """Fewest blocks (paired) or runs a side (unpaired) that give any interval at
     ``level``: the exact signed-rank or Mann–Whitney null cannot reach a smaller two-sided

@@ -34,7 +34,8 @@ def _effects_block(md: str) -> list[str]:
 
 def rerender(text: str) -> str:
     """``text`` with every effects table re-rendered from its record."""
-    sys.path.insert(0, str(STUDIES))
+    if str(STUDIES) not in sys.path:
+        sys.path.insert(0, str(STUDIES))
     from _common import markdown  # type: ignore[import-not-found]
 
     from perfscope.analysis.study import read_study

@@ -71,7 +71,6 @@ _METADATA = ("model", "hardware", "engine", "name", "date", "sweep", "problem")
 
 #: Widest a text column grows before its text wraps (px); run ids wrap at their hyphens.
 _WRAP_PX: dict[str, int] = {
-    "link": 135,
     "model": 150,
     "hardware": 150,
     "engine": 170,
@@ -223,7 +222,6 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 style_cell_conditional=[
                     {"if": {"column_id": cid}, "maxWidth": f"{px}px", "minWidth": "60px"}
                     for cid, px in _WRAP_PX.items()
-                    if cid != "link"
                 ]
                 + [{"if": {"column_id": "link"}, "minWidth": "125px", "maxWidth": "135px"}],
                 style_data_conditional=[
