@@ -85,6 +85,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("calibrate device tpu", ["hw", "calibrate", "--device", "tpu"], "unknown device"),
     ("ray-autoscale without ray", [*RUN, "--ray-autoscale", "4"], "--ray-autoscale needs --ray"),
     ("ray with a batching engine", [*RUN, "--ray", "local:2"], "batches in one process"),
+    ("engine-opt that is a flag", [*RUN, "--engine-opt", "preset=tiny"], "--model-preset flag"),
+    ("engine-opt misspelt", [*RUN, "--engine-opt", "thread=2"], "thread -> threads?"),
 ]
 
 

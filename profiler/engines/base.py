@@ -14,10 +14,11 @@ Two shapes of engine exist:
 
 from __future__ import annotations
 
+import difflib
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload, runtime_checkable
@@ -265,6 +266,39 @@ class PerRequestEngine(ABC):
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
+
+
+#: Keys the capture stage itself sets for every engine (the workload's prompt salt).
+CAPTURE_OPTIONS = ("prompt_salt",)
+
+
+def check_options(
+    extra: Mapping[str, str],
+    known: Iterable[str],
+    engine: str,
+    flags: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse ``--engine-opt`` keys the engine does not read, in one line that names them,
+    the closest known key (difflib, ratio >= 0.6) and every key it accepts: an option
+    silently ignored makes a run that measured something else than the user asked.
+    ``flags`` maps keys that are command-line flags instead (``preset`` -> ``--model-preset``)
+    to that flag, which the error then names."""
+    names = sorted(set(known))
+    unknown = sorted(k for k in extra if k not in names and k not in CAPTURE_OPTIONS)
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+        if flags and key in flags:
+            hints.append(f"{key} -> the {flags[key]} flag")
+        elif close:
+            hints.append(f"{key} -> {close[0]}?")
+    hint = f" (did you mean {', '.join(hints)})" if hints else ""
+    raise UsageError(
+        f"--engine-opt {', '.join(unknown)}: not an option of the {engine} engine{hint}; "
+        f"it reads {', '.join(names)}"
+    )
 
 
 def option_int(extra: dict[str, str], key: str) -> int | None:

@@ -69,6 +69,7 @@ from perfscope.profiler.engines.base import (
     EngineOptions,
     Inbox,
     Submission,
+    check_options,
     option_choice,
     option_float,
     option_int,
@@ -251,6 +252,7 @@ class ReferenceEngine:
             raise UsageError(f"reference model: {exc}") from exc
         self.preset = preset
         extra = dict(options.extra)
+        check_options(extra, REFERENCE_OPTIONS, "reference", flags=_FLAG_OPTIONS)
         self.kv_dtype = _kv_dtype(extra)
         try:
             self.sparsity = parse_sparsity(extra.get("sparsity", "none"))
@@ -1036,6 +1038,27 @@ def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device))
     return "cpu"
+
+
+#: Every ``--engine-opt`` key the reference engine reads (its own, the draft's, parallel
+#: decoding's and the multi-process wrapper's); any other key is refused with a hint.
+REFERENCE_OPTIONS = (
+    "threads", "attention", "quant", "kv_cache", "compile", "compile_backend", "kv_dtype",
+    "kv_cache_dtype", "prune_heads", "sparsity", "weights", "draft", "num_speculative_tokens",
+    "draft_layers", "decoding", "lookahead_window", "lookahead_ngram", "medusa_heads",
+    "medusa_steps", "prefix_cache", "prefix_cache_tokens", "max_batched_tokens", "kv_paged",
+    "kv_block_tokens", "kv_budget_mb", "disaggregate", "replicas", "dispatch", "start_method",
+)  # fmt: skip
+#: ``--engine-opt`` keys users reach for that are flags of ``perfscope run`` instead.
+_FLAG_OPTIONS = {
+    "preset": "--model-preset",
+    "model_preset": "--model-preset",
+    "batch_size": "--batch-size",
+    "dtype": "--dtype",
+    "device": "--device",
+    "scheduler": "--scheduler",
+    "seed": "--seed",
+}
 
 
 @register_engine("reference")
