@@ -40,10 +40,16 @@ CUT_JS = """
       + e.scrollWidth + '>' + e.clientWidth + ']'))
 """
 
-#: JavaScript: true once no Dash component is loading and the page shows real content.
+#: JavaScript: true once no Dash component is loading and the page's own content is drawn
+#: (an empty page's "pick two or more runs" counts: it is what that page shows); the
+#: report, which is not a Dash page, once its text is there.
 READY_JS = """
-() => !document.querySelector('[data-dash-is-loading="true"]')
-  && document.body.innerText.replace(/\\s+/g, ' ').length > 200
+() => {
+  if (document.querySelector('[data-dash-is-loading="true"], ._dash-loading')) return false;
+  const main = document.querySelector('#page-content');  // a Dash page; else the report
+  const text = (main || document.body).innerText.replace(/\\s+/g, ' ').trim();
+  return text.length > (main ? 40 : 200);
+}
 """
 
 #: JavaScript: how many px the page is wider than the window (0: no sideways scrolling).

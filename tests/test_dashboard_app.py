@@ -810,8 +810,22 @@ def test_cli_dashboard_rejects_bad_arguments(runs: Runs, tmp_path: Path) -> None
 def test_the_runs_table_opens_with_the_reason_column_only_when_a_run_has_a_reason() -> None:
     from perfscope.dashboard.pages.runs import COLUMNS, HIDDEN_BY_DEFAULT, hidden_columns
 
-    ok = {"link": "a", "problem": "", "sweep": None}
+    ok = {"link": "a", "problem": "", "sweep": None, "j_per_token": 0.25}
     assert hidden_columns([ok]) == ["engine", "name", "sweep", "problem"]
-    broken = {"link": "b", "problem": "manifest.json: not JSON", "sweep": "s1"}
+    broken = {
+        "link": "b",
+        "problem": "manifest.json: not JSON",
+        "sweep": "s1",
+        "j_per_token": "n/a",
+    }
     assert hidden_columns([ok, broken]) == ["engine", "name"]
     assert set(HIDDEN_BY_DEFAULT) <= {c for c, _, _ in COLUMNS}
+
+
+def test_the_energy_column_opens_hidden_when_no_listed_run_has_a_reading() -> None:
+    from perfscope.dashboard.pages.runs import hidden_columns
+
+    # A broken run's "n/a" is not a reading; neither is a run without a meter (None).
+    unmetered = [{"link": "a", "j_per_token": None}, {"link": "b", "j_per_token": "n/a"}]
+    assert "j_per_token" in hidden_columns(unmetered)
+    assert "j_per_token" not in hidden_columns([*unmetered, {"link": "c", "j_per_token": 0.1}])

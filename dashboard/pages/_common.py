@@ -34,13 +34,21 @@ __all__ = [
 
 GRAPH_CONFIG: Any = {"displaylogo": False, "responsive": True}
 
+#: Cells and headers wrap their text (a cell never cuts it off or widens the page).
 TABLE_CELL: dict[str, Any] = {
     "fontFamily": "sans-serif",
     "fontSize": "13px",
     "padding": "3px 8px",
     "textAlign": "left",
+    "whiteSpace": "normal",
+    "height": "auto",
 }
-TABLE_HEADER: dict[str, Any] = {"fontWeight": "bold", "background": "#f3f3f3"}
+TABLE_HEADER: dict[str, Any] = {
+    "fontWeight": "bold",
+    "background": "#f3f3f3",
+    "whiteSpace": "normal",
+    "height": "auto",
+}
 
 CARD_STYLE: dict[str, Any] = {
     "border": "1px solid #ddd",
@@ -124,7 +132,9 @@ class Page:
 
 def data_table(**props: Any) -> DataTable:
     """A ``DataTable``; rows and columns are plain JSON (``None`` cells included), which
-    dash's generated type hints do not admit."""
+    dash's generated type hints do not admit. A table wider than its box scrolls inside it
+    (``style_table`` overflow) rather than making the page scroll sideways."""
+    props.setdefault("style_table", {"overflowX": "auto"})
     return DataTable(**props)
 
 

@@ -52,18 +52,24 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 #: button): with every column the table needs about 2,200 px and scrolls sideways even at
 #: 1,920 px. ``sweep`` and ``problem`` are hidden only while no listed run has one (the
 #: state cell's tooltip carries the reason of a partial or broken run either way).
-HIDDEN_BY_DEFAULT: tuple[str, ...] = ("engine", "name", "sweep", "problem")
-_SHOWN_WHEN_SET = ("sweep", "problem")
+#: ``j_per_token`` likewise while no listed run has an energy reading (every cell would say
+#: "no meter"; the page's line above the table says why the column is away).
+HIDDEN_BY_DEFAULT: tuple[str, ...] = ("engine", "name", "sweep", "problem", "j_per_token")
+_SHOWN_WHEN_SET = ("sweep", "problem", "j_per_token")
 
 
 def hidden_columns(records: list[dict[str, Any]]) -> list[str]:
     """The columns hidden when the page opens: :data:`HIDDEN_BY_DEFAULT`, less those of
     :data:`_SHOWN_WHEN_SET` that some run fills."""
-    return [
-        c
-        for c in HIDDEN_BY_DEFAULT
-        if c not in _SHOWN_WHEN_SET or not any(r.get(c) for r in records)
-    ]
+    return [c for c in HIDDEN_BY_DEFAULT if c not in _SHOWN_WHEN_SET or not _filled(records, c)]
+
+
+def _filled(records: list[dict[str, Any]], column: str) -> bool:
+    """Whether some listed run has a value in ``column`` (a number, for a metric column:
+    a broken run's "n/a" is not a reading)."""
+    if column == "j_per_token":
+        return any(isinstance(r.get(column), int | float) for r in records)
+    return any(r.get(column) for r in records)
 
 
 #: The columns a user may hide or show (identity and metrics always stay).
@@ -71,12 +77,12 @@ _METADATA = ("model", "hardware", "engine", "name", "date", "sweep", "problem")
 
 #: Widest a text column grows before its text wraps (px); run ids wrap at their hyphens.
 _WRAP_PX: dict[str, int] = {
-    "model": 150,
-    "hardware": 150,
+    "model": 115,
+    "hardware": 110,
     "engine": 170,
     "name": 120,
     "date": 90,
-    "problem": 200,
+    "problem": 120,
 }
 
 #: d3 formats of the numeric columns: SI prefixes with the unit ("820ms", "179s"), numbers
@@ -151,14 +157,17 @@ def _columns() -> list[dict[str, Any]]:
     return cols
 
 
-def _source_text(ctx: DashboardContext, n: int) -> str:
-    """How many runs and where the list was read from (the index, or a scan and why)."""
+def _source_text(ctx: DashboardContext, records: list[dict[str, Any]]) -> str:
+    """How many runs and where the list was read from (the index, or a scan and why), and
+    that J/token is hidden when no listed run has an energy reading."""
     repo = ctx.repo
-    text = f"{n} run directories in {ctx.runs_dir}"
+    text = f"{len(records)} run directories in {ctx.runs_dir}"
     if repo.listing_source == "index":
         text += " · from the run index"
     if repo.listing_note:
         text += f" · {repo.listing_note}"
+    if records and "j_per_token" in hidden_columns(records):
+        text += " · J/token hidden: no listed run has an energy reading (no power meter)"
     return text
 
 
@@ -169,7 +178,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
             html.H2("Runs"),
             html.Div(
                 [
-                    html.Span(_source_text(ctx, len(records)), id="runs-count"),
+                    html.Span(_source_text(ctx, records), id="runs-count"),
                     html.Span(" · refreshed every "),
                     html.Span(f"{ctx.poll_interval_s:g} s"),
                 ],
@@ -207,7 +216,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 style_cell={
                     "fontFamily": "sans-serif",
                     "fontSize": "13px",
-                    "padding": "4px 4px",
+                    "padding": "4px 3px",
                     "textAlign": "left",
                     "whiteSpace": "normal",
                     "height": "auto",
@@ -223,7 +232,11 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                     {"if": {"column_id": cid}, "maxWidth": f"{px}px", "minWidth": "60px"}
                     for cid, px in _WRAP_PX.items()
                 ]
-                + [{"if": {"column_id": "link"}, "minWidth": "125px", "maxWidth": "135px"}],
+                + [{"if": {"column_id": "link"}, "minWidth": "105px", "maxWidth": "115px"}]
+                # An error text's long words (exception names, paths) break anywhere.
+                + [
+                    {"if": {"column_id": "problem"}, "wordBreak": "break-word", "minWidth": "100px"}
+                ],
                 style_data_conditional=[
                     {
                         "if": {"filter_query": '{state} = "broken"'},
@@ -264,7 +277,7 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         # runs shift the rows.
         wanted = set(selected_ids or [])
         selected = [i for i, r in enumerate(records) if r["id"] in wanted]
-        return records, _tooltips(records), selected, _source_text(ctx, len(records))
+        return records, _tooltips(records), selected, _source_text(ctx, records)
 
     @app.callback(
         Output("runs-compare-link", "href"),

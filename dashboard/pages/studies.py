@@ -186,7 +186,7 @@ def _settings_table(dctx: DashboardContext, study: Study) -> Any:
         data=rows,
         markdown_options={"link_target": "_self"},
         css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
-        style_cell={**TABLE_CELL, "whiteSpace": "normal", "height": "auto"},
+        style_cell=TABLE_CELL,
         style_header=TABLE_HEADER,
     )
 
