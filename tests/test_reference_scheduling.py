@@ -34,15 +34,17 @@ def _shared_prefix_specs(n: int, out: int = 6) -> list[RequestSpec]:
 
 
 def serve_reference(
-    specs: list[RequestSpec], batch_size: int, **extra: str
+    specs: list[RequestSpec], batch_size: int, scheduler: str = "continuous", **extra: str
 ) -> tuple[dict[int, list[int]], Recorder, object]:
-    """Serve ``specs`` on a tiny reference engine (all at once): the greedy token ids per
+    """Serve ``specs`` on a tiny reference engine (all at once) with ``scheduler``
+    (``continuous`` or ``static``, the ``--scheduler`` flag): the greedy token ids per
     request, the recorder that saw them, and the engine's info."""
     engine = create_engine(
         "reference",
         EngineOptions(
             model_preset="tiny",
             batch_size=batch_size,
+            scheduler=scheduler,
             max_seq_len=128,
             device="cpu",
             extra=extra,

@@ -7,6 +7,7 @@ like the others, marked by their ``state`` and the reason in ``status``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -58,13 +59,13 @@ HIDDEN_BY_DEFAULT: tuple[str, ...] = ("engine", "name", "sweep", "problem", "j_p
 _SHOWN_WHEN_SET = ("sweep", "problem", "j_per_token")
 
 
-def hidden_columns(records: list[dict[str, Any]]) -> list[str]:
+def hidden_columns(records: Sequence[Mapping[str, object]]) -> list[str]:
     """The columns hidden when the page opens: :data:`HIDDEN_BY_DEFAULT`, less those of
     :data:`_SHOWN_WHEN_SET` that some run fills."""
     return [c for c in HIDDEN_BY_DEFAULT if c not in _SHOWN_WHEN_SET or not _filled(records, c)]
 
 
-def _filled(records: list[dict[str, Any]], column: str) -> bool:
+def _filled(records: Sequence[Mapping[str, object]], column: str) -> bool:
     """Whether some listed run has a value in ``column`` (a number, for a metric column:
     a broken run's "n/a" is not a reading)."""
     if column == "j_per_token":
@@ -157,7 +158,7 @@ def _columns() -> list[dict[str, Any]]:
     return cols
 
 
-def _source_text(ctx: DashboardContext, records: list[dict[str, Any]]) -> str:
+def _source_text(ctx: DashboardContext, records: Sequence[Mapping[str, object]]) -> str:
     """How many runs and where the list was read from (the index, or a scan and why), and
     that J/token is hidden when no listed run has an energy reading."""
     repo = ctx.repo

@@ -61,7 +61,7 @@ if __name__ == "__main__":
         prompt_len="uniform:32:256",
         output_len=16,
         repeat=6,
-        engine_options={"threads": "1"},
+        threads=1,
     )
     print()
     print(handoff_table(study))

@@ -25,5 +25,5 @@ if __name__ == "__main__":
         prompt_len=64,
         output_len=16,
         repeat=6,
-        engine_options={"threads": "1"},
+        threads=1,
     )
