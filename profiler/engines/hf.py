@@ -38,6 +38,7 @@ from perfscope.profiler.engines.base import (
     EngineOptions,
     Inbox,
     Submission,
+    check_options,
     option_int,
     register_engine,
 )
@@ -68,10 +69,18 @@ def _attention(value: str | None) -> str | None:
     return _ATTENTION[key]
 
 
+#: The ``--engine-opt`` keys the hf engine reads; any other is refused (see
+#: :func:`~perfscope.profiler.engines.base.check_options`).
+HF_OPTIONS = ("threads", "attention", "assistant", "num_assistant_tokens")
+#: Keys that are command-line flags of their own for this engine.
+_HF_FLAGS = {"dtype": "--dtype", "device": "--device", "batch_size": "--batch-size"}
+
+
 class HFEngine:
     """Serves requests on a local ``AutoModelForCausalLM``."""
 
     def __init__(self, uri: str, options: EngineOptions) -> None:
+        check_options(options.extra, HF_OPTIONS, "hf", flags=_HF_FLAGS)
         try:
             import torch
             from transformers import AutoModelForCausalLM

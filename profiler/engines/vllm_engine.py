@@ -58,6 +58,7 @@ from perfscope.profiler.engines.base import (
     EngineOptions,
     Inbox,
     Submission,
+    check_options,
     option_choice,
     option_float,
     option_int,
@@ -98,10 +99,29 @@ def _last_line(lines: collections.deque[str]) -> str:
     return "(nothing on stderr)"
 
 
+#: The ``--engine-opt`` keys the vllm engine reads; any other is refused (see
+#: :func:`~perfscope.profiler.engines.base.check_options`).
+VLLM_OPTIONS = (
+    "max_model_len",
+    "kv_cache_gib",
+    "start_timeout",
+    "threads",
+    "inprocess",
+    "prefix_caching",
+    "enforce_eager",
+    "max_num_batched_tokens",
+    "python",
+    "log",
+)
+#: Keys that are command-line flags of their own for this engine.
+_VLLM_FLAGS = {"dtype": "--dtype", "batch_size": "--batch-size", "seed": "--seed"}
+
+
 class VllmEngine:
     """Serves requests on vLLM's ``LLMEngine``, one step at a time (see the module doc)."""
 
     def __init__(self, uri: str, options: EngineOptions) -> None:
+        check_options(options.extra, VLLM_OPTIONS, "vllm", flags=_VLLM_FLAGS)
         path = Path(uri.split(":", 1)[1]).expanduser() if ":" in uri else Path()
         if not str(uri.split(":", 1)[-1]).strip() or not (path / "config.json").is_file():
             raise EngineNotFoundError(
