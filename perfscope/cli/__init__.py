@@ -727,6 +727,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "transformers": "hf",
     "tokenizers": "hf",
     "aiohttp": "openai",
+    "h11": "openai",
 }
 
 
