@@ -278,6 +278,19 @@ def test_run_detail_shows_every_report_figure(client: Any, runs: Runs) -> None:
     assert runs.alpha.name in texts(page)
 
 
+def test_run_detail_words_the_advice_as_the_report_does(client: Any, runs: Runs) -> None:
+    page = route(client, f"/run/{runs.alpha.name}")
+    summary = read_run(runs.alpha, tables=False).summary
+    advice = summary["advice"]
+    assert advice, "the tiny reference run gets advice"
+    found = find(page, "detail-advice")
+    assert found is not None
+    block = texts(found["children"])
+    for a in advice:  # every suggestion's technique and the reason it applies, in words
+        assert a["technique"] in block and a["why"] in block
+    assert "calibration: " in block or "assumes: " in block
+
+
 def test_broken_and_partial_runs_render_as_pages_not_crashes(client: Any, runs: Runs) -> None:
     broken = route(client, f"/run/{runs.broken.name}")
     assert "cannot be shown" in texts(broken)
