@@ -197,7 +197,7 @@ def comparison_title(result: dict[str, Any]) -> str:
     conf = f"{100 * result['confidence']:g}%"
     if not result.get("noise_known"):
         return (
-            f"Compared with {result['labels'][0]} (ratios other / baseline; single runs: "
+            f"Compared with {result['labels'][0]} (ratios to the baseline; single runs: "
             "run-to-run noise unknown, no significance claimed)"
         )
     paired = result.get("paired") or []
