@@ -131,7 +131,7 @@ def advice_block(summary: Summary) -> html.Div:
             parts.append(html.Div(f"assumes: {a.assumptions}", style={"color": "#555"}))
         if a.calibration is not None and a.calibration.text:
             parts.append(html.Div(f"calibration: {a.calibration.text}", style={"color": "#555"}))
-        items.append(html.Li(parts, value=a.rank or i, style={"marginBottom": "8px"}))
+        items.append(html.Li(parts, value=str(a.rank or i), style={"marginBottom": "8px"}))
     return html.Div(
         [html.H3("Advice"), html.Ol(items)],
         id="detail-advice",
