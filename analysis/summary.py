@@ -1124,8 +1124,8 @@ def _client_warnings(manifest: RunManifest) -> list[str]:
             )
             out.append(
                 f"the server served {share:.0%} of prompt tokens from its prefix cache "
-                f"({hits} of {n} requests){repeat}: TTFT and prefill are lower than for new "
-                "prompts"
+                f"({hits} of {n} requests){repeat}: TTFT and prefill can be lower than for "
+                "new prompts (not measured by this run: compare it with a run of new prompts)"
             )
     lens = client.get("prompt_lengths") or {}
     targeted = workload.get("dataset") in ("synthetic", "shared-prefix", "multi-turn", "trace")
