@@ -37,6 +37,7 @@ from perfscope.dashboard.pages._common import (
     figure_block,
     note,
 )
+from perfscope.dashboard.queueing import queueing_line
 from perfscope.dashboard.view import as_summary, headline_cards, latency_rows, throughput_rows
 from perfscope.errors import PerfscopeError
 
@@ -169,6 +170,11 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
                 )
                 for i, w in enumerate(s.warnings)
             ],
+            *(
+                [html.Div(note(queue + "."), id="detail-queueing")]
+                if (queue := queueing_line((s.load or {}).get("mode"), loaded.path))
+                else []
+            ),
             html.A(
                 "summary.json",
                 href=f"/api/runs/{loaded.run_id}/summary.json",
