@@ -75,3 +75,13 @@ def test_save_stores_a_copy_that_reads_back(tmp_path: Path) -> None:
     orig.pop("path")
     assert back == orig
     assert isinstance(PhasePoint, type)
+
+
+def test_study_tables_name_metrics_and_units_as_the_catalogue_does() -> None:
+    st = _batch_study()
+    per_setting = _text(study_table(st))  # type: ignore[arg-type]
+    assert "output tokens/s" in per_setting and " tok/s" in per_setting
+    assert "TTFT p50" in per_setting and " ms" in per_setting
+    effects = _text(effects_table(st))  # type: ignore[arg-type]
+    assert "ttft_p50_s" not in effects and "output_tok_s" not in effects  # labels, not keys
+    assert "TTFT p50" in effects and "output tokens/s" in effects
