@@ -13,12 +13,12 @@ from rich.console import Console
 from perfscope.analysis.catalogue import find_metric, format_bytes, format_number
 from perfscope.cli._argtypes import add_runs_dir
 from perfscope.dashboard.terminal import FitTable
-from perfscope.errors import UsageError
+from perfscope.errors import PerfscopeError, UsageError
 
 if TYPE_CHECKING:
     from perfscope.analysis.study import Study
 
-__all__ = ["effects_table", "register", "study_table"]
+__all__ = ["effects_table", "provisional_ceilings", "register", "study_table"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -162,12 +162,34 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
         console.print(quality_table(result))
     for note in result.notes:
         console.print(f"note: {note}")
+    provisional = provisional_ceilings(result)
+    if provisional is not None:
+        console.print(f"⚠ {provisional}", style="bold yellow", markup=False, highlight=False)
     console.print(f"study: {result.path}")
     if saved is not None:
         console.print(f"saved: {saved} (rebuild the calibration: perfscope advisor calibrate)")
     if args.output is not None:
         console.print(f"report: {args.output}")
     return 0
+
+
+def provisional_ceilings(study: Study) -> str | None:
+    """The provisional-ceilings note of the study's runs (their CPU calibrated under
+    contention), read from the first run's summary that has one: the phase verdicts and MFU
+    above rest on those ceilings. ``None`` when no run's ceilings are provisional."""
+    from perfscope.profiler.run_files import read_json_capped
+
+    for setting in study.settings:
+        for point in setting.runs:
+            try:
+                summary = read_json_capped(Path(point.run) / "summary.json")
+            except (OSError, ValueError, PerfscopeError):  # moved or unreadable: says nothing
+                continue
+            roofline = summary.get("roofline") if isinstance(summary, dict) else None
+            ceilings = (roofline or {}).get("ceilings") or {}
+            if ceilings.get("provisional"):
+                return str(ceilings["provisional"])
+    return None
 
 
 def _num(v: Any) -> str:
