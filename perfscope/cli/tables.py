@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,14 +63,28 @@ def short_run_ids(ids: Sequence[str], universe: Iterable[str]) -> list[str]:
     least :data:`MIN_SHORT` characters long and names that id alone among ``ids`` and
     ``universe``: no other id starts or ends with it (the rule by which run ids are
     resolved, so the short id can be given back to ``show``, ``compare``, ``report``)."""
-    others = set(universe) | set(ids)
+    tails = {
+        rid: [rid[i + 1 :] for i, ch in enumerate(rid) if ch == "-" and len(rid) - i > MIN_SHORT]
+        for rid in ids
+    }
+    # How many ids start and end with each candidate: a few slices per id instead of a scan
+    # of every id per candidate (10,000 listed against 10,000 would be 10^8 comparisons).
+    candidates = {t for ts in tails.values() for t in ts}
+    lengths = {len(t) for t in candidates}
+    starts: Counter[str] = Counter()
+    ends: Counter[str] = Counter()
+    for o in set(universe) | set(ids):
+        for n in lengths:
+            if (head := o[:n]) in candidates:
+                starts[head] += 1
+            if (end := o[-n:]) in candidates:
+                ends[end] += 1
     out = []
     for rid in ids:
-        cuts = [i + 1 for i, ch in enumerate(rid) if ch == "-" and len(rid) - i - 1 >= MIN_SHORT]
         short = rid
-        for cut in reversed(cuts):  # shortest end first
-            tail = rid[cut:]
-            if not any(o != rid and (o.endswith(tail) or o.startswith(tail)) for o in others):
+        for tail in reversed(tails[rid]):  # shortest end first
+            # rid itself ends with tail (and may start with it): no other id may do either
+            if ends[tail] == 1 and starts[tail] == int(rid.startswith(tail)):
                 short = tail
                 break
         out.append(short)
