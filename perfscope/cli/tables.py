@@ -27,6 +27,7 @@ from typing import Any
 from perfscope.analysis.catalogue import format_number, format_value, kind_of, unit_of
 from perfscope.cli.safe import safe_markup
 from perfscope.dashboard.terminal import FitTable
+from perfscope.units import Kind
 
 __all__ = ["column_format", "folder_run_ids", "index_rows_table", "rows_table", "short_run_ids"]
 
@@ -91,7 +92,7 @@ def short_run_ids(ids: Sequence[str], universe: Iterable[str]) -> list[str]:
     return out
 
 
-def column_format(name: str, kinds: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+def column_format(name: str, kinds: Mapping[str, str] | None = None) -> tuple[Kind | None, str]:
     """The unit kind and rate noun of a result column: from ``kinds`` (the index column's
     summary path, when the caller knows it), else read from the name by the catalogue."""
     path = (kinds or {}).get(name, "")
@@ -100,7 +101,7 @@ def column_format(name: str, kinds: Mapping[str, str] | None = None) -> tuple[st
     return kind, unit
 
 
-def _cell(value: Any, kind: str | None, unit: str) -> str:
+def _cell(value: Any, kind: Kind | None, unit: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -108,7 +109,7 @@ def _cell(value: Any, kind: str | None, unit: str) -> str:
     if isinstance(value, _dt.datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(value, int | float) and kind is not None:
-        return format_value(value, kind, unit=unit)  # type: ignore[arg-type]
+        return format_value(value, kind, unit=unit)
     if isinstance(value, float):
         return format_number(value)
     if isinstance(value, int):
@@ -151,7 +152,11 @@ def rows_table(
     numeric = {
         n
         for i, n in enumerate(names)
-        if rows and all(isinstance(r[i], int | float) or r[i] is None for r in rows)
+        if rows
+        and all(
+            (isinstance(r[i], int | float) and not isinstance(r[i], bool)) or r[i] is None
+            for r in rows
+        )
     }
     wrap = {n for n in names if n in ("problem", "last_error", "meaning", "reason")}
     shown = {n: (headers or {}).get(n, n) for n in names}
