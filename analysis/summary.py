@@ -66,6 +66,7 @@ __all__ = [
     "build_summary",
     "contention_record",
     "run_warnings",
+    "server_share",
     "step_breakdown",
 ]
 
@@ -968,18 +969,31 @@ CONTENTION_WARN_SHARE = 0.15
 
 
 def contention_record(manifest: Mapping[str, Any] | RunManifest) -> Contention | None:
-    """The run's CPU contention measurement with ``contended`` (others or steal above
-    :data:`CONTENTION_WARN_SHARE`); ``None`` when the run has none. A window too short to
-    measure has no shares and is never called contended."""
+    """The run's CPU contention measurement with ``contended`` (others, steal, or others and
+    the server under test on this machine together above :data:`CONTENTION_WARN_SHARE`: a
+    server that takes the cores the client needs delays the client's stamps as any other
+    process would); ``None`` when the run has none. A window too short to measure has no
+    shares and is never called contended."""
     c = manifest_view(manifest).host.contention
     if c is None:
         return None
     others, steal = c.get("others_share"), c.get("steal_share")
+    server = server_share(c)
     contended = bool(
         (others is not None and others > CONTENTION_WARN_SHARE)
         or (steal is not None and steal > CONTENTION_WARN_SHARE)
+        or (others is not None and server is not None and others + server > CONTENTION_WARN_SHARE)
     )
     return Contention.from_dict({**c, "contended": contended})
+
+
+def server_share(c: Mapping[str, Any]) -> float | None:
+    """Share of the machine's CPU capacity (0..1) the server under test on this machine
+    used during the run (``None``: no local server, or a window too short to measure)."""
+    cpu, window, cores = c.get("server_cpu_s"), c.get("window_s"), c.get("cpu_count")
+    if cpu is None or not window or not cores or c.get("too_short"):
+        return None
+    return min(float(cpu) / (float(window) * int(cores)), 1.0)
 
 
 def run_warnings(manifest: Mapping[str, Any] | RunManifest) -> list[str]:
@@ -995,11 +1009,20 @@ def run_warnings(manifest: Mapping[str, Any] | RunManifest) -> list[str]:
             f"{c.cpu_count} cores"
             + (
                 f"; the server under test on port {', '.join(map(str, c.server_ports))} "
-                f"used {c.server_cpu_s:.1f} CPU-s and is not counted"
+                f"used {c.server_cpu_s:.1f} CPU-s, counted apart"
                 if c.server_cpu_s is not None and c.server_ports
                 else ""
             )
             + "): latencies and throughput are likely inflated; measure on a quiet machine"
+        )
+    shared = server_share(manifest_view(manifest).host.contention or {})
+    if shared is not None and shared > CONTENTION_WARN_SHARE:
+        out.append(
+            f"the server under test shares this machine: on port "
+            f"{', '.join(map(str, c.server_ports))} it used {shared:.0%} of the CPU capacity "
+            f"({c.server_cpu_s or 0:.1f} CPU-s over {c.window_s or 0:.1f} s), competing with "
+            "the client for the cores; the run counts as contended (a client on another "
+            "machine, or kernel receive stamps, keep the stamps exact)"
         )
     if c.steal_share is not None and c.steal_share > CONTENTION_WARN_SHARE:
         out.append(
@@ -1101,8 +1124,8 @@ def _client_warnings(manifest: RunManifest) -> list[str]:
             )
             out.append(
                 f"the server served {share:.0%} of prompt tokens from its prefix cache "
-                f"({hits} of {n} requests){repeat}: TTFT and prefill are lower than for new "
-                "prompts"
+                f"({hits} of {n} requests){repeat}: TTFT and prefill can be lower than for "
+                "new prompts (not measured by this run: compare it with a run of new prompts)"
             )
     lens = client.get("prompt_lengths") or {}
     targeted = workload.get("dataset") in ("synthetic", "shared-prefix", "multi-turn", "trace")

@@ -10,9 +10,12 @@ and CPU seconds of each, and the busy/quiet slowdown:
     slowdown = tok/s quiet / tok/s under the hogs
 
 The target is a slowdown within 3× for ``auto`` (a fair share of two CPUs against two hogs
-alone explains 2×).
+alone explains 2×). ``--preset tiny --cold-cache --report`` times the README's first command
+as a new user meets it (a fresh calibration cache, the HTML report written): the README's
+figures come from this script.
 
     .venv/bin/python benchmarks/reference_contention.py [--requests 48] [--hogs 2] [--json]
+        [--preset tiny] [--cold-cache] [--report]
 """
 
 from __future__ import annotations
@@ -52,9 +55,25 @@ def _hog(stop: Event) -> None:
         x += 1
 
 
-def one_run(setting: str, hogs: int, requests: int, runs_dir: Path) -> Measurement:
-    """Run ``perfscope run`` once with ``hogs`` busy loops alongside; its tok/s and timings."""
+def one_run(
+    setting: str,
+    hogs: int,
+    requests: int,
+    runs_dir: Path,
+    *,
+    preset: str | None = None,
+    cold_cache: bool = False,
+    report: bool = False,
+) -> Measurement:
+    """Run ``perfscope run`` once with ``hogs`` busy loops alongside; its tok/s and timings.
+
+    ``preset``: ``--model-preset`` (default: the CLI's own); ``cold_cache``: a fresh, empty
+    calibration cache, so the run calibrates the CPU as a first run does; ``report``: write
+    the HTML report as a plain ``perfscope run`` does.
+    """
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if cold_cache:
+        env["PERFSCOPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cache-", dir=runs_dir)
     cmd = [
         sys.executable,
         "-m",
@@ -65,9 +84,12 @@ def one_run(setting: str, hogs: int, requests: int, runs_dir: Path) -> Measureme
         "--runs-dir",
         str(runs_dir),
         "--no-progress",
-        "--no-report",
         "--json",
     ]
+    if not report:
+        cmd.append("--no-report")
+    if preset is not None:
+        cmd += ["--model-preset", preset]
     if setting == "spin":
         env["OMP_WAIT_POLICY"] = "ACTIVE"
         cmd += ["--threads", str(len(os.sched_getaffinity(0)))]
@@ -104,13 +126,26 @@ def main() -> int:
     ap.add_argument(
         "--settings", default="auto,spin", help="comma-separated: auto, spin (default both)"
     )
+    ap.add_argument("--preset", default=None, help="--model-preset of the runs (default small)")
+    ap.add_argument(
+        "--cold-cache", action="store_true", help="each run calibrates in an empty cache"
+    )
+    ap.add_argument("--report", action="store_true", help="write each run's HTML report")
     ap.add_argument("--json", action="store_true", help="print JSON lines")
     args = ap.parse_args()
     results: list[Measurement] = []
     with tempfile.TemporaryDirectory() as tmp:
         for setting in args.settings.split(","):
             for hogs in (0, args.hogs):
-                m = one_run(setting, hogs, args.requests, Path(tmp))
+                m = one_run(
+                    setting,
+                    hogs,
+                    args.requests,
+                    Path(tmp),
+                    preset=args.preset,
+                    cold_cache=args.cold_cache,
+                    report=args.report,
+                )
                 results.append(m)
                 if args.json:
                     print(json.dumps(asdict(m)))

@@ -47,6 +47,7 @@ __all__ = [
     "run_label",
     "set_label",
     "short_labels",
+    "side_name",
 ]
 
 
@@ -74,13 +75,28 @@ def group_by_run_set(summaries: Sequence[dict[str, Any]]) -> list[list[int]]:
 
 
 def set_label(summaries: Sequence[dict[str, Any]], ids: Sequence[str]) -> str:
-    """How a run set is named: its run's id for one run; else its set label or first id
-    with the run count."""
+    """How a run set is named: its run's id for one run; else its set label with the run
+    count and the set's id (the id ``perfscope compare`` accepts, so two sets of the same
+    engine are told apart), or its first id with the run count."""
     if len(ids) == 1:
         return str(ids[0])
     rs = summaries[0].get("run_set") if isinstance(summaries[0].get("run_set"), dict) else None
-    name = (rs or {}).get("label") or (rs or {}).get("id") or f"{ids[0]}…"
+    set_id, label = (rs or {}).get("id"), (rs or {}).get("label")
+    if set_id and label and label != set_id:
+        return f"{label} ({len(ids)} runs, set {set_id})"
+    name = set_id or label or f"{ids[0]}…"
     return f"{name} ({len(ids)} runs)"
+
+
+def side_name(i: int | None, sides: int) -> str:
+    """What a compared side is called in headers and captions: ``baseline`` for the first,
+    ``other`` for the second of two, ``other 1``, ``other 2``, ... beside three or more
+    (``?`` for a run in no side). Each side's label says what it is."""
+    if i is None:
+        return "?"
+    if i == 0:
+        return "baseline"
+    return "other" if sides == 2 else f"other {i}"
 
 
 def compare_sets(
@@ -181,7 +197,7 @@ def comparison_title(result: dict[str, Any]) -> str:
     conf = f"{100 * result['confidence']:g}%"
     if not result.get("noise_known"):
         return (
-            f"Compared with {result['labels'][0]} (ratios run / baseline; single runs: "
+            f"Compared with {result['labels'][0]} (ratios to the baseline; single runs: "
             "run-to-run noise unknown, no significance claimed)"
         )
     paired = result.get("paired") or []
@@ -199,21 +215,18 @@ def comparison_table(result: dict[str, Any]) -> FitTable:
     and notes (noise unknown, contention) in the caption. Too wide for the terminal, it is
     drawn stacked (one block per metric)."""
     labels = result["labels"]
+    n = len(labels)
     cols = ["metric"]
-    cols += ["baseline" if i == 0 else f"run {i}" for i in range(len(labels))]
+    cols += [side_name(i, n) for i in range(n)]
     right = set(cols[1:])
     for i in range(1, len(labels)):
         suffix = f" {i}" if len(labels) > 2 else ""
         more = [f"ratio{suffix}", f"interval{suffix}", f"detectable{suffix}"]
         cols += [*more, f"change{suffix}"]
         right.update(more)
-    lines = [
-        " · ".join(
-            f"{'baseline' if i == 0 else f'run {i}'} = {lab}" for i, lab in enumerate(labels)
-        )
-    ]
+    lines = [" · ".join(f"{side_name(i, n)} = {lab}" for i, lab in enumerate(labels))]
     lines += [
-        f"{'→ ' if len(labels) == 2 else f'run {i + 1}: '}{h}"
+        f"{'→ ' if n == 2 else f'{side_name(i + 1, n)}: '}{h}"
         for i, h in enumerate(result.get("headlines") or [])
     ]
     lines += [f"⚠ {n}" for n in result.get("notes") or []]
@@ -236,10 +249,6 @@ def comparison_table(result: dict[str, Any]) -> FitTable:
     return table
 
 
-def _set_name(i: int | None) -> str:
-    return "?" if i is None else ("baseline" if i == 0 else f"run {i}")
-
-
 def _flat_ids(result: dict[str, Any], runs: Sequence[RunTables]) -> list[str]:
     ids = [rid for g in result.get("runs") or [] for rid in g]
     if len(ids) != len(runs):
@@ -257,9 +266,7 @@ def comparison_html(
     figures (metrics side by side, overlaid latency CDFs)."""
     labels = result["labels"]
     head = ["<tr><th>metric</th>"]
-    head += [
-        f"<th class='n'>{'baseline' if i == 0 else f'run {i}'}</th>" for i in range(len(labels))
-    ]
+    head += [f"<th class='n'>{side_name(i, len(labels))}</th>" for i in range(len(labels))]
     for i in range(1, len(labels)):
         sfx = f" {i}" if len(labels) > 2 else ""
         head.append(f"<th class='n'>ratio{sfx}</th><th class='n'>interval{sfx}</th>")
@@ -280,7 +287,8 @@ def comparison_html(
     set_of = {rid: i for i, g in enumerate(result.get("runs") or []) for rid in g}
     contended = {h["run_id"] for hits in result.get("contention") or [] for h in hits}
     legend = "".join(
-        f"<tr><th>{esc(_set_name(set_of.get(rid)))}</th><td class='mono'>{esc(rid)}</td>"
+        f"<tr><th>{esc(side_name(set_of.get(rid), len(labels)))}</th>"
+        f"<td class='mono'>{esc(rid)}</td>"
         f"<td>{esc(value_at(r.summary, 'status'))}</td>"
         f"<td>{esc(value_at(r.summary, 'engine.uri'))}</td>"
         f"<td>{'contended' if rid in contended else ''}</td></tr>"

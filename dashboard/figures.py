@@ -462,7 +462,7 @@ def latency_cdf_figure(
             )
     fig.update_yaxes(range=[0, 1.1], title_text="share of requests", col=1)
     fig.update_yaxes(range=[0, 1.1])
-    fig.update_xaxes(ticksuffix="s", exponentformat="SI")
+    fig.update_xaxes(ticksuffix="s", exponentformat="SI", minexponent=0)
     fig.update_layout(**FIGURE_LAYOUT, height=560, title={"text": "Latency distributions"})
     return fig
 
@@ -838,7 +838,9 @@ def latency_over_time_figure(requests: pd.DataFrame) -> go.Figure:
             )
         )
     fig.update_xaxes(title_text="finished at (s since run start)")
-    fig.update_yaxes(title_text="latency", ticksuffix="s", rangemode="tozero")
+    fig.update_yaxes(
+        title_text="latency", ticksuffix="s", exponentformat="SI", minexponent=0, rangemode="tozero"
+    )
     fig.update_layout(**FIGURE_LAYOUT, height=340, title={"text": "Latency over time"})
     return fig
 
@@ -927,7 +929,7 @@ def phase_breakdown_figure(summary: Summary | Mapping[str, Any]) -> go.Figure | 
             row=1,
             col=i,
         )
-        fig.update_yaxes(exponentformat="SI", ticksuffix=unit, row=1, col=i)
+        fig.update_yaxes(exponentformat="SI", minexponent=0, ticksuffix=unit, row=1, col=i)
     fig.update_layout(**FIGURE_LAYOUT, height=340, title={"text": "Per-phase breakdown"})
     return fig
 

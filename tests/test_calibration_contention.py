@@ -104,3 +104,17 @@ def test_provisional_ceilings_are_said_in_the_roofline_and_over_100_percent_is_s
     assert fmt_utilisation(0.34) == "34%"
     clean = {"calibration": {"contention": {"others_share": 0.01, "cached": True}}}
     assert provisional_note(clean) is None
+
+
+def test_perfscope_roofline_says_when_its_device_ceilings_are_provisional() -> None:
+    from perfscope.cli.roofline import provisional_lines
+    from perfscope.hwdb import lookup
+    from tests.test_advisor_consistency import CPU
+
+    contended = {"others_share": 0.65, "resolution": 0.01, "cached": False, "attempts": [{}]}
+    busy = CPU.__class__(
+        **{**CPU.__dict__, "extra": {"calibration": {"fingerprint": {}, "contention": contended}}}
+    )
+    (line,) = provisional_lines([busy, CPU, lookup("h100-sxm5-80gb")])
+    assert line.startswith("test-cpu-calibrated: provisional ceilings: calibrated while")
+    assert "65%" in line

@@ -45,9 +45,14 @@ def test_each_command_names_the_extra_it_needs_in_one_line(tmp_path: Path) -> No
     (tmp_path / "runs").mkdir()
     cases = {
         "dashboard": (["dashboard", "--runs-dir", runs], "dashboard"),
+        "index": (["index", "--runs-dir", runs], "index"),
         "query": (["query", "SELECT 1", "--runs-dir", runs], "index"),
         "ls --where": (["ls", "--where", "true", "--runs-dir", runs], "index"),
         "hf run": (["run", f"hf:{model}", "--runs-dir", runs, "--no-progress"], "hf"),
+        "ray run": (
+            ["run", "python:json:dumps", "--ray", "local:2", "--runs-dir", runs, "--no-progress"],
+            "ray",
+        ),
         "openai run": (
             ["run", "openai:http://127.0.0.1:9", "--runs-dir", runs, "--no-progress"],
             "openai",

@@ -278,6 +278,25 @@ def test_run_detail_shows_every_report_figure(client: Any, runs: Runs) -> None:
     assert runs.alpha.name in texts(page)
 
 
+def test_run_detail_words_the_advice_and_the_batch_queueing_as_the_report_does(
+    client: Any, runs: Runs
+) -> None:
+    page = route(client, f"/run/{runs.alpha.name}")
+    summary = read_run(runs.alpha, tables=False).summary
+    advice = summary["advice"]
+    assert advice, "the tiny reference run gets advice"
+    found = find(page, "detail-advice")
+    assert found is not None
+    block = texts(found["children"])
+    for a in advice:  # every suggestion's technique and the reason it applies, in words
+        assert a["technique"] in block and a["why"] in block
+    assert "calibration: " in block or "assumes: " in block
+    # a batch-mode run: its TTFT is mostly the wait for a slot, said beside the numbers
+    queue = find(page, "detail-queueing")
+    assert queue is not None and "TTFT includes queueing" in texts(queue["children"])
+    assert "queue p50" in texts(queue["children"])
+
+
 def test_broken_and_partial_runs_render_as_pages_not_crashes(client: Any, runs: Runs) -> None:
     broken = route(client, f"/run/{runs.broken.name}")
     assert "cannot be shown" in texts(broken)

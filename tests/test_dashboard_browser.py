@@ -24,7 +24,7 @@ import pytest
 
 from tests.data.runs.builders import EVIL, complete_run, run_without_slos, synthetic_run
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # Chromium: 62 s for 10 tests at load 3
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [

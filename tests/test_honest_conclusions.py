@@ -19,6 +19,12 @@ import pytest
 from perfscope.analysis.costmodel import step_costs
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import phase_roofline
+from perfscope.analysis.summary import (
+    CONTENTION_WARN_SHARE,
+    contention_record,
+    run_warnings,
+    server_share,
+)
 from perfscope.cli import main
 from perfscope.hwdb import lookup
 from perfscope.profiler.contention import ContentionMeter, local_server_ports
@@ -235,6 +241,29 @@ def test_the_local_server_under_test_is_not_counted_as_another_process() -> None
     assert a["server_cpu_s"] > 0.2  # the spinning server, set apart (a busy machine gives less)
     # what the plain meter calls "others" includes the server; the other one leaves it out
     assert a["others_cpu_s"] <= b["others_cpu_s"] - 0.8 * a["server_cpu_s"]
+    # ... and the run still counts it: a server taking the cores delays the client's stamps
+    shared = server_share(a)
+    assert shared is not None and shared == pytest.approx(
+        a["server_cpu_s"] / (a["window_s"] * a["cpu_count"])
+    )
+    record = contention_record({"host": {"contention": a}})
+    assert record is not None
+    assert record.contended == (a["others_share"] + shared > CONTENTION_WARN_SHARE)
+    named = [w for w in run_warnings({"host": {"contention": a}}) if "shares this machine" in w]
+    assert bool(named) == (shared > CONTENTION_WARN_SHARE)
+
+
+def test_a_server_that_takes_the_cpu_makes_the_run_contended_and_is_named() -> None:
+    c = {"window_s": 2.0, "cpu_count": 2, "others_share": 0.02, "server_cpu_s": 3.2}
+    c |= {"server_ports": [8000], "too_short": False}
+    record = contention_record({"host": {"contention": c}})
+    assert record is not None and record.contended  # 80% of the machine was the server's
+    (named,) = [w for w in run_warnings({"host": {"contention": c}}) if "server" in w]
+    assert "shares this machine: on port 8000 it used 80% of the CPU capacity" in named
+    quiet = c | {"server_cpu_s": 0.1}  # 2.5%: not contended, nothing said
+    record = contention_record({"host": {"contention": quiet}})
+    assert record is not None and not record.contended
+    assert run_warnings({"host": {"contention": quiet}}) == []
 
 
 def test_contended_runs_are_marked_in_listings_and_grouped_sets_compare_as_sets(

@@ -21,7 +21,7 @@ from perfscope.dashboard.report import write_report
 from perfscope.profiler.store import read_run
 from tests.data.runs.builders import EVIL, manual_run, small_model
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # Chromium, as the dashboard browser tests
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [

@@ -155,3 +155,23 @@ def test_a_lone_run_set_ends_with_its_median_and_spread_and_an_id_compare_takes(
     manifests = [read_run(p, tables=False).manifest for p in list_runs(tmp_path)]
     assert sum(bool(m["run_set"].get("warmup")) for m in manifests) == 1
     assert main(["compare", set_id, set_id.replace("-A", "-A"), "--runs-dir", str(tmp_path)]) == 2
+
+
+def test_compare_names_two_run_sets_of_one_engine_and_what_differs(
+    tmp_path: Path, engines_on_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    set_ids = []
+    for output_len in ("4", "6"):
+        argv = ["run", "python:timed_engines:single_tokens", "--repeat", "2", "--requests", "3"]
+        argv += ["--output-len", output_len, "--no-progress", "--no-report"]
+        assert main([*argv, "--runs-dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        set_ids.append(out.split("run set ", 1)[1].split(":", 1)[0])
+    assert main(["compare", *set_ids, "--runs-dir", str(tmp_path)]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # captions wrap at spaces
+    # Both sides named by what they are: the same engine, told apart by their set ids.
+    label = "python:timed_engines:single_tokens"
+    assert f"baseline = {label} (2 runs, set {set_ids[0]})" in text, text
+    assert f"other = {label} (2 runs, set {set_ids[1]})" in text, text
+    assert "run 1" not in text
+    assert "configurations differ in workload.output_len: 4 | 6" in text

@@ -75,3 +75,32 @@ def test_save_stores_a_copy_that_reads_back(tmp_path: Path) -> None:
     orig.pop("path")
     assert back == orig
     assert isinstance(PhasePoint, type)
+
+
+def test_study_tables_name_metrics_and_units_as_the_catalogue_does() -> None:
+    st = _batch_study()
+    per_setting = _text(study_table(st))  # type: ignore[arg-type]
+    assert "output tokens/s" in per_setting and " tok/s" in per_setting
+    assert "TTFT p50" in per_setting and " ms" in per_setting
+    effects = _text(effects_table(st))  # type: ignore[arg-type]
+    assert "ttft_p50_s" not in effects and "output_tok_s" not in effects  # labels, not keys
+    assert "TTFT p50" in effects and "output tokens/s" in effects
+
+
+def test_a_study_on_provisional_ceilings_says_so(tmp_path: Path) -> None:
+    import json
+
+    from perfscope.cli.study import provisional_ceilings
+    from tests.data.runs.builders import complete_run
+
+    st = _batch_study()
+    assert provisional_ceilings(st) is None  # type: ignore[arg-type]
+    run = complete_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    note = "provisional ceilings: calibrated while other processes used 65% of the CPU"
+    summary["roofline"]["ceilings"]["provisional"] = note  # as a contended calibration writes
+    (run / "summary.json").write_text(json.dumps(summary))
+    s0 = st.settings[0]  # type: ignore[attr-defined]
+    point = dataclasses.replace(s0.runs[0], run=str(run))
+    busy = dataclasses.replace(st, settings=[dataclasses.replace(s0, runs=[point])])  # type: ignore[arg-type]
+    assert provisional_ceilings(busy) == note

@@ -31,6 +31,7 @@ def test_every_sample_has_a_write_up() -> None:
     assert missing == []
 
 
+@pytest.mark.slow  # 4-7 s a sample at load 3.5-5 (batch_size 7.2 s, quant 4.1 s), 22 samples
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_sample_smoke_run_prints_its_measured_table(script: Path, tmp_path: Path) -> None:
     if script.stem in SKIP_SMOKE:

@@ -115,3 +115,15 @@ def test_sweep_rejects_bad_lists() -> None:
     register(parser.add_subparsers())
     with pytest.raises(SystemExit):
         parser.parse_args(["sweep", "openai:x", "--rates", "1,-2"])
+
+
+def test_a_reference_sweep_takes_the_model_preset_and_batch_size(tmp_path: Path) -> None:
+    from perfscope.cli import main
+    from perfscope.profiler.store import list_runs, read_run
+
+    argv = ["sweep", "reference", "--model-preset", "tiny", "--batch-size", "2", "--rates", "50"]
+    argv += ["--requests", "2", "--output-len", "2", "--runs-dir", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    (point,) = list_runs(tmp_path)
+    config = read_run(point, tables=False).manifest["engine"]["config"]
+    assert config["preset"] == "tiny" and config["batch_size"] == 2

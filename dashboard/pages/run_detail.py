@@ -37,10 +37,18 @@ from perfscope.dashboard.pages._common import (
     figure_block,
     note,
 )
+from perfscope.dashboard.queueing import queueing_line
 from perfscope.dashboard.view import as_summary, headline_cards, latency_rows, throughput_rows
 from perfscope.errors import PerfscopeError
 
-__all__ = ["PAGE", "axis_patch", "linked_range", "request_figure", "requests_page"]
+__all__ = [
+    "PAGE",
+    "advice_block",
+    "axis_patch",
+    "linked_range",
+    "request_figure",
+    "requests_page",
+]
 
 #: Figures whose x axis is time since run start and which follow each other's range.
 LINKED = ("timeline", "throughput")
@@ -99,6 +107,39 @@ def _metrics_table(summary: Summary | dict[str, Any]) -> html.Table:
     return html.Table(html.Tbody(rows), id="detail-metrics", style={"fontSize": "14px"})
 
 
+def advice_block(summary: Summary) -> html.Div:
+    """The advisor's suggestions as text, as the report words them: rank, technique and
+    projected gain, why it applies, what the number assumes and how far the studies found
+    that kind of projection off (the bar chart above shows only the gains)."""
+    from perfscope.dashboard.report import _gain_text
+
+    s = as_summary(summary)
+    if not s.advice:
+        why = "" if s.roofline.available else f" (no roofline: {s.roofline.reason})"
+        return html.Div(
+            [html.H3("Advice"), note(f"No suggestions for this run{why}.")],
+            id="detail-advice",
+            style=CARD_STYLE,
+        )
+    items = []
+    for i, a in enumerate(s.advice, start=1):
+        g = a.projected_gain
+        parts: list[Any] = [
+            html.B(f"{a.technique or '?'}: {_gain_text(g)} {g.unit}".rstrip()),
+            html.Div(a.why),
+        ]
+        if a.assumptions:
+            parts.append(html.Div(f"assumes: {a.assumptions}", style={"color": "#555"}))
+        if a.calibration is not None and a.calibration.text:
+            parts.append(html.Div(f"calibration: {a.calibration.text}", style={"color": "#555"}))
+        items.append(html.Li(parts, value=str(a.rank or i), style={"marginBottom": "8px"}))
+    return html.Div(
+        [html.H3("Advice"), html.Ol(items)],
+        id="detail-advice",
+        style={**CARD_STYLE, "overflowWrap": "anywhere"},
+    )
+
+
 def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
     run_id = req.rest.strip("/")
     try:
@@ -129,6 +170,11 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
                 )
                 for i, w in enumerate(s.warnings)
             ],
+            *(
+                [html.Div(note(queue + "."), id="detail-queueing")]
+                if (queue := queueing_line((s.load or {}).get("mode"), loaded.path))
+                else []
+            ),
             html.A(
                 "summary.json",
                 href=f"/api/runs/{loaded.run_id}/summary.json",
@@ -197,6 +243,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
             html.Div(_metrics_table(s), style=CARD_STYLE),
             html.Div(id="detail-range-text", style={"color": "#555"}),
             *blocks,
+            advice_block(s),
             table,
         ]
     )

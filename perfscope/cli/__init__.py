@@ -547,7 +547,7 @@ def _ls_where(root: Path, args: argparse.Namespace, console: Console) -> int:
     elif not rows:
         console.print(f"no runs in {root} match {args.where!r}")
     else:
-        print_rows(names, rows, console, as_json=False)
+        print_rows(names, rows, console, as_json=False, root=root, listing=True)
     return 0
 
 
@@ -727,6 +727,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "transformers": "hf",
     "tokenizers": "hf",
     "aiohttp": "openai",
+    "h11": "openai",
 }
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfscope.cli._argtypes import add_runs_dir
-from perfscope.cli.safe import safe_markup
 from perfscope.errors import PerfscopeError
 
 if TYPE_CHECKING:
@@ -120,32 +119,25 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    if isinstance(v, _dt.datetime):
-        return v.strftime("%Y-%m-%d %H:%M:%S")
-    return safe_markup(v)  # run names, errors, model ids: inert text (perfscope/cli/safe.py)
-
-
 def print_rows(
-    names: list[str], rows: list[tuple[Any, ...]], console: Console, *, as_json: bool
+    names: list[str],
+    rows: list[tuple[Any, ...]],
+    console: Console,
+    *,
+    as_json: bool,
+    root: Path | None = None,
+    listing: bool = False,
 ) -> None:
-    """Query results as a table (raw SI values, no unit conversion) or JSON records."""
+    """Query results as JSON records (raw SI values, whole ids) or as the shared table
+    (:func:`perfscope.cli.tables.index_rows_table`: catalogue units, run ids shortened
+    against the runs folder ``root``, fitted to the terminal; ``listing``: ``ls --where``'s
+    headers, columns without a value left out)."""
     if as_json:
         print(json.dumps([{n: _jsonable(v) for n, v in zip(names, r, strict=True)} for r in rows]))
         return
-    from rich import box
-    from rich.table import Table
+    from perfscope.cli.tables import index_rows_table
 
-    table = Table(box=box.SIMPLE_HEAD)
-    for n in names:
-        table.add_column(n, overflow="fold")
-    for r in rows:
-        table.add_row(*(_cell(v) for v in r))
-    console.print(table)
+    console.print(index_rows_table(names, rows, root, listing=listing))
     console.print(f"{len(rows)} row(s)")
 
 
@@ -184,7 +176,7 @@ def _cmd_query(args: argparse.Namespace, console: Console) -> int:
         names, rows = index.query(args.sql)
         if index.note:
             sys.stderr.write(f"note: {index.note}\n")
-    print_rows(names, rows, console, as_json=args.json)
+    print_rows(names, rows, console, as_json=args.json, root=runs_root(args))
     return 0
 
 

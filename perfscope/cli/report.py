@@ -323,10 +323,10 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
 def print_config_diff(result: Mapping[str, Any], console: Console) -> None:
     """Name each side and print what differs between their configurations (first run of
     each set), or that nothing does."""
+    from perfscope.dashboard.compare import side_name
+
     labels = result["labels"]
-    sides = " vs ".join(
-        f"{'baseline' if i == 0 else f'run {i}'} = {lab}" for i, lab in enumerate(labels)
-    )
+    sides = " vs ".join(f"{side_name(i, len(labels))} = {lab}" for i, lab in enumerate(labels))
     diff = result.get("config_diff") or []
     if not diff:
         console.print(f"{sides}: identical configurations")

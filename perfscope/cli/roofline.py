@@ -235,9 +235,24 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
     for line in assumptions:
         console.print(f"  - {line}", markup=False, highlight=False)
     console.print(predictions_table(preds))
+    for line in provisional_lines(devices):
+        console.print(f"⚠ {line}", style="bold yellow", markup=False, highlight=False)
     if parallel:
         console.print(_parallel_table(parallel))
     return 0
+
+
+def provisional_lines(devices: list[DeviceSpec]) -> list[str]:
+    """One line per device whose ceilings were calibrated under contention (this machine's
+    CPU on a busy host): the predictions above rest on them, so the terminal says so."""
+    from perfscope.hwdb.calibrate import provisional_note
+
+    out = []
+    for dev in devices:
+        note = provisional_note(dev.extra) if dev.source == "calibrated" else None
+        if note is not None:
+            out.append(f"{dev.key}: {note}")
+    return out
 
 
 def _parallel(args: argparse.Namespace, spec: ModelSpec, devices: list[DeviceSpec]) -> list[Any]:

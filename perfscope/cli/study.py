@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from perfscope.analysis.catalogue import format_bytes, format_number, format_seconds
+from perfscope.analysis.catalogue import find_metric, format_bytes, format_number
 from perfscope.cli._argtypes import add_runs_dir
 from perfscope.dashboard.terminal import FitTable
-from perfscope.errors import UsageError
+from perfscope.errors import PerfscopeError, UsageError
 
 if TYPE_CHECKING:
     from perfscope.analysis.study import Study
 
-__all__ = ["effects_table", "register", "study_table"]
+__all__ = ["effects_table", "provisional_ceilings", "register", "study_table"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -162,6 +162,9 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
         console.print(quality_table(result))
     for note in result.notes:
         console.print(f"note: {note}")
+    provisional = provisional_ceilings(result)
+    if provisional is not None:
+        console.print(f"⚠ {provisional}", style="bold yellow", markup=False, highlight=False)
     console.print(f"study: {result.path}")
     if saved is not None:
         console.print(f"saved: {saved} (rebuild the calibration: perfscope advisor calibrate)")
@@ -170,22 +173,64 @@ def _cmd_study(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _ms(v: Any) -> str:
-    return "–" if v is None else format_seconds(v)
+def provisional_ceilings(study: Study) -> str | None:
+    """The provisional-ceilings note of the study's runs (their CPU calibrated under
+    contention), read from the first run's summary that has one: the phase verdicts and MFU
+    above rest on those ceilings. ``None`` when no run's ceilings are provisional."""
+    from perfscope.profiler.run_files import read_json_capped
+
+    for setting in study.settings:
+        for point in setting.runs:
+            try:
+                summary = read_json_capped(Path(point.run) / "summary.json")
+            except (OSError, ValueError, PerfscopeError):  # moved or unreadable: says nothing
+                continue
+            roofline = summary.get("roofline") if isinstance(summary, dict) else None
+            ceilings = (roofline or {}).get("ceilings") or {}
+            if ceilings.get("provisional"):
+                return str(ceilings["provisional"])
+    return None
 
 
 def _num(v: Any) -> str:
     return "–" if v is None else format_number(v, 4)
 
 
+#: A study's metric names (:data:`perfscope.analysis.study.METRICS`) → the metric
+#: catalogue's, whose label and display unit the tables use.
+CATALOGUE_NAME = {
+    "ttft_p50_s": "ttft.p50",
+    "tpot_p50_s": "tpot.p50",
+    "output_tok_s": "output_tok_s",
+    "goodput_req_s": "goodput_req_s",
+    "j_per_output_token": "j_per_token",
+}
+
+
+def _label(name: str) -> str:
+    """The catalogue's label of a study metric (its own name when the catalogue has none)."""
+    m = find_metric(CATALOGUE_NAME.get(name, name))
+    return m.label if m is not None else name
+
+
+def _value(name: str, v: Any) -> str:
+    """A study metric's value in its catalogue unit (``1,108 tok/s``, ``99.6 ms``)."""
+    m = find_metric(CATALOGUE_NAME.get(name, name))
+    if v is None:
+        return "–"
+    return m.format(v) if m is not None else format_number(v, 4)
+
+
 def study_table(study: Study) -> FitTable:
     """Per setting: latency, throughput, goodput, roofline verdicts, memory (stacked, one
-    block per setting, when the terminal is too narrow)."""
-    cols = (study.knob, "TTFT p50", "TPOT p50", "tok/s", "goodput req/s", "phases", "memory")
+    block per setting, when the terminal is too narrow); values in their catalogue units."""
+    shown = ("ttft_p50_s", "tpot_p50_s", "output_tok_s", "goodput_req_s")
+    labels = tuple(_label(n) for n in shown)
+    cols = (study.knob, *labels, "phases", "memory")
     t = FitTable(
         cols,
         title=f"study: {study.knob} ({study.repeat} run(s) per setting, medians)",
-        right=frozenset(("TTFT p50", "TPOT p50", "tok/s", "goodput req/s", "memory")),
+        right=frozenset((*labels, "memory")),
         wrap=frozenset(("phases",)),
     )
     from perfscope.dashboard.study_report import phase_summary
@@ -195,10 +240,7 @@ def study_table(study: Study) -> FitTable:
         mem = s.memory.get("total_bytes")
         t.add_row(
             str(s.value),
-            _ms(s.median.get("ttft_p50_s")),
-            _ms(s.median.get("tpot_p50_s")),
-            _num(s.median.get("output_tok_s")),
-            _num(s.median.get("goodput_req_s")),
+            *(_value(n, s.median.get(n)) for n in shown),
             ph,
             "–" if mem is None else format_bytes(mem),
         )
@@ -221,6 +263,7 @@ def effects_table(study: Study) -> FitTable:
         ),
         title=f"effect against {study.knob}={study.values[0]}: measured vs projected",
         right=frozenset(("measured, interval", "detectable", "projected", "SoL", "error")),
+        hoist_constant=True,  # one run a setting: the same "noise unknown" in every row
     )
     from perfscope.analysis.study import detectable_cell
     from perfscope.dashboard.study_report import sol_ratio
@@ -233,7 +276,7 @@ def effects_table(study: Study) -> FitTable:
             sol = sol_ratio(s, e.metric)
             t.add_row(
                 str(s.value),
-                e.metric,
+                _label(e.metric),
                 f"{c.ratio:.3f}x {c.interval_text()}",
                 detectable_cell(c, study.repeat),
                 c.verdict,

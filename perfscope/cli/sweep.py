@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfscope.cli._argtypes import add_runs_dir, nonneg_int, request_count
+from perfscope.cli._argtypes import add_runs_dir, nonneg_int, positive_int, request_count
 from perfscope.cli.safe import SafeConsole as Console
 from perfscope.errors import UsageError
 
@@ -376,6 +376,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="KEY=VALUE",
         help="engine-specific option (repeatable; default: none)",
+    )
+    r = p.add_argument_group("reference engine (as perfscope run)")
+    r.add_argument(
+        "--model-preset",
+        default=None,
+        help="reference model shape: tiny, small (default), medium, 1b, 7b",
+    )
+    r.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=8,
+        help="most sequences decoded together (default 8)",
     )
     a = p.add_argument_group("analysis and output")
     a.add_argument(

@@ -64,6 +64,7 @@ from perfscope.profiler.engines.base import (
     option_int,
     register_engine,
 )
+from perfscope.profiler.engines.threads import usable_cpus
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import StepKind
 
@@ -163,11 +164,13 @@ class VllmEngine:
         # scheduler process), bound. In one process nothing sets that up, and OpenMP's
         # default of a thread per core made decode steps 36x slower on a loaded 2-core
         # machine (249 ms vs 6.9 ms): each parallel region waits for its slowest thread.
+        # "Core" is one this process may really use (affinity mask, cgroup quota), not one
+        # the host has.
         env_threads = os.environ.get("OMP_NUM_THREADS")
         self.threads = option_int(extra, "threads") or (
             int(env_threads)
             if env_threads and env_threads.isdigit() and int(env_threads) > 0
-            else max(1, (os.cpu_count() or 2) - 1)
+            else max(1, usable_cpus() - 1)
         )
         mode = option_choice(extra, "inprocess", ("auto", "on", "off")) or "auto"
         prefix = option_choice(extra, "prefix_caching", ("on", "off"))
