@@ -24,7 +24,12 @@ Priced beside the fit (bytes the roofline does not see, and per-device costs):
 - :func:`launch_time`: kernels launched per layer on a GPU (``kernel_launch_s`` of the
   device file) times layers;
 - :func:`chunked_prefill_steps`: a per-step token budget splits a prompt into chunks, each
-  paying the per-step terms and re-reading the weights.
+  paying the per-step terms and re-reading the weights;
+- :class:`PassCosts`: the *measured* extra time of the passes a technique adds inside its
+  kernel calls (int8 re-quantisation, weight-only dequantisation, CSR kernels, 16-bit CPU
+  matmuls, a quantised KV cache's casts), timed on the machine against the baseline's
+  calls (``perfscope.profiler.engines.reference.passes``) and added to each step
+  (:func:`fitted_times`).
 
 :meth:`OverheadFit.on_device` is the projection onto another device: only the parts that
 move with the device move (the roofline term at the target's ceilings, the target's kernel
@@ -55,6 +60,7 @@ __all__ = [
     "TERMS",
     "FittedTimes",
     "OverheadFit",
+    "PassCosts",
     "StepSamples",
     "cast_bytes",
     "chunked_prefill_steps",
@@ -521,6 +527,104 @@ def _fit_prefill_apart(s: StepSamples, decode: OverheadFit) -> OverheadFit:
     return replace(fit, residual_rms_s=rms, residual_rel=rms / mean if mean > 0 else 0.0)
 
 
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """``(intercept, slope)`` of the least-squares line through the points (a constant
+    through one point, or through points at one x)."""
+    x = np.asarray(xs, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    if y.size == 0:
+        return 0.0, 0.0
+    if y.size == 1 or float(np.ptp(x)) == 0.0:
+        return float(np.mean(y)), 0.0
+    slope, icpt = np.polyfit(x, y, 1)
+    return float(icpt), float(slope)
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """The measured extra time of a setting's passes over the baseline's (candidate minus
+    baseline, seconds; negative where the candidate's call is faster), as lines through the
+    sizes timed on the machine (``perfscope.profiler.engines.reference.passes``).
+
+    A technique that changes what happens *inside* a kernel call (int8 re-quantisation of
+    every linear input, a weight-only int8 weight dequantised per call, torch's CSR matmul,
+    a 16-bit CPU matmul, a quantised KV cache written and cast back) is invisible to the
+    roofline of an overhead-bound engine and to a fit of the baseline's steps; these are
+    its calls timed against the baseline's, interleaved, at the study's load and threads.
+
+    Attributes:
+        linears_s, linears_per_row_s: one block's seven linear layers, fixed and per row.
+        head_s, head_per_row_s: the LM head, fixed and per row.
+        kv_read_s, kv_read_per_element_s: one layer's K and V read (cast), fixed and per
+            element of K (or V) read.
+        kv_write_s, kv_write_per_row_s: one layer's K and V write, fixed and per token.
+        source: how they were measured (points, rounds, load, threads).
+    """
+
+    linears_s: float = 0.0
+    linears_per_row_s: float = 0.0
+    head_s: float = 0.0
+    head_per_row_s: float = 0.0
+    kv_read_s: float = 0.0
+    kv_read_per_element_s: float = 0.0
+    kv_write_s: float = 0.0
+    kv_write_per_row_s: float = 0.0
+    source: str = ""
+
+    @classmethod
+    def from_points(
+        cls,
+        *,
+        rows: Sequence[float],
+        linears_s: Sequence[float],
+        head_s: Sequence[float],
+        kv_elements: Sequence[float],
+        kv_read_s: Sequence[float],
+        write_rows: Sequence[float],
+        kv_write_s: Sequence[float],
+        source: str = "",
+    ) -> PassCosts:
+        """Lines through timed points (each a candidate-minus-baseline difference)."""
+        lin = _line(rows, linears_s)
+        head = _line(rows, head_s)
+        read = _line(kv_elements, kv_read_s)
+        write = _line(write_rows, kv_write_s)
+        return cls(*lin, *head, *read, *write, source=source)
+
+    def step_s(
+        self, model: ModelSpec, rows: Any, span: Any, written: Any, head_rows: Any
+    ) -> np.ndarray:
+        """Extra seconds of steps: per layer the linears over ``rows`` rows, the K and V
+        read of ``rows``-independent ``span`` positions per batch row (``head_rows`` batch
+        rows) and the write of ``written`` tokens; once the LM head over ``head_rows``."""
+        r = np.asarray(rows, dtype=np.float64)
+        b = np.asarray(head_rows, dtype=np.float64)
+        elements = b * np.asarray(span, dtype=np.float64) * model.n_kv_heads * model.head_dim
+        per_layer = (
+            self.linears_s
+            + self.linears_per_row_s * r
+            + self.kv_read_s
+            + self.kv_read_per_element_s * elements
+            + self.kv_write_s
+            + self.kv_write_per_row_s * np.asarray(written, dtype=np.float64)
+        )
+        return np.asarray(
+            model.n_layers * per_layer + self.head_s + self.head_per_row_s * b, dtype=np.float64
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PassCosts:
+        """Inverse of :meth:`to_dict`."""
+        names = {f for f in cls.__dataclass_fields__ if f != "source"}
+        return cls(
+            **{k: float(data.get(k) or 0.0) for k in names}, source=str(data.get("source", ""))
+        )
+
+
 @dataclass(frozen=True)
 class FittedTimes:
     """A static batch timed by a fitted cost model on the fitted device (seconds).
@@ -556,6 +660,7 @@ def fitted_times(
     cached_prefix_len: int = 0,
     extra_bytes: float = 0.0,
     extra_bytes_per_token: float = 0.0,
+    passes: PassCosts | None = None,
 ) -> FittedTimes:
     """Time a static batch (one prefill of ``batch`` prompts, then ``output_len - 1`` decode
     steps with a growing cache) by ``fit`` on ``device``: each step is ``roof_scale x``
@@ -566,7 +671,10 @@ def fitted_times(
     ``cached_prefix_len``: prompt tokens per sequence a prefix cache serves (the prefill
     computes the rest); ``extra_bytes``: bytes per step the roofline does not count, and
     ``extra_bytes_per_token`` per new token of a step (:func:`quantisation_bytes`: int8-wo
-    per step, int8 per token).
+    per step, int8 per token). ``passes``: the measured extra time of the setting's kernel
+    calls over the fitted baseline's (:class:`PassCosts`), added to every step; a dtype
+    other than the fitted one is then priced by those measured calls, not by its own
+    dtype's roofline ceiling.
     """
     b = max(int(batch), 1)
     p = max(int(prompt_len), 1)
@@ -578,12 +686,13 @@ def fitted_times(
     # fitted dtype's ceilings, and the step is no faster than its own dtype's roofline.
     other = bool(fit.act_dtype) and fit.act_dtype != model.act_dtype
     at_fit = replace(model, act_dtype=fit.act_dtype) if other else model
+    use_floor = other and passes is None  # measured calls price a dtype the fit never saw
 
     def work(scale: float, rows: Any, tokens: Any, context: Any, extra: float) -> np.ndarray:
         r = (np.asarray(rows, dtype=np.float64), np.asarray(tokens, dtype=np.float64))
         ctx_a = np.asarray(context, dtype=np.float64)
         scaled = scale * roof_times(at_fit, device, r[0], r[1], ctx_a, extra)
-        if not other:
+        if not use_floor:
             return np.asarray(scaled, dtype=np.float64)
         floor = roof_times(model, device, r[0], r[1], ctx_a, extra)
         return np.asarray(np.maximum(scaled, floor), dtype=np.float64)
@@ -610,6 +719,9 @@ def fitted_times(
     roof_d = roof_times(model, device, rows, rows, b * ctx, decode_extra)
     host_d = float(fit.host_time(layers, b, b))
     tpot = float(np.mean(work(fit.roof_scale, rows, rows, b * ctx, decode_extra))) + host_d
+    if passes is not None:
+        ttft += float(passes.step_s(model, b * new_p, p, b * new_p, b))
+        tpot += float(np.mean(passes.step_s(model, rows, ctx + 1, rows, rows)))
     e2e = ttft + (out - 1) * tpot
     return FittedTimes(
         ttft_s=ttft,

@@ -46,6 +46,7 @@ from perfscope.analysis.experiment import (
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import (
     OverheadFit,
+    PassCosts,
     fitted_times,
     quantisation_bytes,
     roof_times,
@@ -287,6 +288,8 @@ def _times(
     output_len: int,
     cached: int,
     quant: str = "none",
+    passes: PassCosts | None = None,
+    baseline_model: ModelSpec | None = None,
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(projected, speed of light) :func:`predict`-shaped dicts of one setting's batch:
     projected by the fitted cost model when there is one, else by the baseline's derating.
@@ -294,7 +297,13 @@ def _times(
     ``quant`` (the reference engine's ``quant`` option): the fitted projection prices the
     bytes its linears move beyond the weights (:func:`~perfscope.analysis.overhead.
     quantisation_bytes`: int8's dynamic re-quantisation of every input, per token; int8-wo's
-    dequantised copy of every weight, per step)."""
+    dequantised copy of every weight, per step). ``passes``: the setting's kernel calls as
+    measured against the baseline's (:class:`~perfscope.analysis.overhead.PassCosts`); they
+    replace the priced bytes of ``quant``, which they include, and the fitted steps are then
+    the baseline's work (``baseline_model``) plus those calls' difference: the candidate's
+    narrower weights, sparse non-zeros or smaller cache are what the measured calls ran, so
+    pricing them again by the roofline would count them twice. The speed of light stays the
+    candidate's own roofline."""
     shape: Mapping[str, Any] = {
         "batch": batch,
         "prompt_len": prompt_len,
@@ -304,10 +313,17 @@ def _times(
     sol = predict(model, dev, **shape)
     if fit is None:
         return predict_derated(model, dev, derate, **shape), sol
-    per_step = quantisation_bytes(model, quant, 0.0) if quant == "int8-wo" else 0.0
-    per_token = quantisation_bytes(model, quant, 1.0) if quant == "int8" else 0.0
+    priced = passes is None
+    per_step = quantisation_bytes(model, quant, 0.0) if priced and quant == "int8-wo" else 0.0
+    per_token = quantisation_bytes(model, quant, 1.0) if priced and quant == "int8" else 0.0
     ft = fitted_times(
-        fit, model, dev, **shape, extra_bytes=per_step, extra_bytes_per_token=per_token
+        fit,
+        baseline_model if passes is not None and baseline_model is not None else model,
+        dev,
+        **shape,
+        extra_bytes=per_step,
+        extra_bytes_per_token=per_token,
+        passes=passes,
     )
     pred = {
         "ttft_s": ft.ttft_s,
@@ -341,6 +357,7 @@ def project_change(
     fit: OverheadFit | None = None,
     loads: tuple[Load | None, Load | None] | None = None,
     quant: tuple[str, str] = ("none", "none"),
+    passes: PassCosts | None = None,
 ) -> dict[str, Any] | None:
     """What the what-if model projects for the change from the baseline run's setting to
     the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
@@ -362,7 +379,9 @@ def project_change(
     ``output_len`` for both); ``cached_prefix_len`` (per setting) is the prompt tokens per
     request its prefix cache serves, which the prefill does not compute; ``quant`` (per
     setting) the reference engine's weight quantisation, whose extra bytes the fitted
-    projection prices (:func:`_times`). ``None`` without a roofline.
+    projection prices (:func:`_times`); ``passes`` the candidate's kernel calls measured
+    against the baseline's (:class:`~perfscope.analysis.overhead.PassCosts`), added to each
+    of its steps by the fitted model. ``None`` without a roofline.
     """
     from perfscope.hwdb.spec import DeviceSpec
 
@@ -379,9 +398,27 @@ def project_change(
     queue: list[Any] = []
     outs = output_lens or (output_len, output_len)
     load_pair = loads or (None, None)
-    for summary, slots, kv, output_len, cached, load, mode in (
-        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0], load_pair[0], quant[0]),
-        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1], load_pair[1], quant[1]),
+    for summary, slots, kv, output_len, cached, load, mode, extra in (
+        (
+            baseline,
+            batch[0],
+            kv_cache[0],
+            outs[0],
+            cached_prefix_len[0],
+            load_pair[0],
+            quant[0],
+            None,
+        ),
+        (
+            candidate,
+            batch[1],
+            kv_cache[1],
+            outs[1],
+            cached_prefix_len[1],
+            load_pair[1],
+            quant[1],
+            passes,
+        ),
     ):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
 
@@ -392,6 +429,7 @@ def project_change(
             cached: int = cached,
             kv: bool = kv,
             mode: str = mode,
+            extra: PassCosts | None = extra,
         ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
             pred, sol = _times(
                 model,
@@ -403,6 +441,8 @@ def project_change(
                 output_len=output_len,
                 cached=cached,
                 quant=mode,
+                passes=extra,
+                baseline_model=base_model,
             )
             if kv:
                 return pred, sol
@@ -473,6 +513,8 @@ def project_change(
             + ", ".join(f"{k}={v:.3g}" for k, v in derate.items())
             + ")"
         )
+    if passes is not None and used_fit is not None:
+        basis += "; the candidate's kernel calls measured against the baseline's: " + passes.source
     if queue:
         basis += "; queueing: " + " → ".join(q["model"] for q in queue)
     return {
@@ -488,6 +530,7 @@ def project_change(
         "overhead_fit": used_fit.to_dict() if used_fit is not None else None,
         "queue": queue or None,
         "speculative": spec[1],
+        "passes": passes.to_dict() if passes is not None else None,
     }
 
 
@@ -1033,6 +1076,7 @@ def build_study(
     primary: str = DEFAULT_PRIMARY,
     fit: OverheadFit | None = None,
     queueing: bool = True,
+    passes: Sequence[PassCosts | None] | None = None,
 ) -> Study:
     """Assemble a :class:`Study` from its runs.
 
@@ -1050,6 +1094,9 @@ def build_study(
             baseline's derating. Each setting's load (its run's ``load`` section) adds
             queueing to the projected TTFT (:func:`project_change`) unless ``queueing`` is
             false.
+        passes: per setting, its kernel calls measured against the baseline's
+            (:class:`~perfscope.analysis.overhead.PassCosts`; ``None``: nothing measured),
+            added to its projected steps.
     """
     outs = list(output_lens) if output_lens is not None else [output_len] * len(values)
     kv = list(kv_cache) if kv_cache is not None else [True] * len(values)
@@ -1123,6 +1170,7 @@ def build_study(
                     fit=fit,
                     loads=loads,
                     quant=(values[0], value) if knob == "quant" else ("none", "none"),
+                    passes=passes[i] if passes is not None else None,
                 )
                 why = (
                     oversubscribed_threads(values[0], value, summaries[0])

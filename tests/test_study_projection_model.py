@@ -302,3 +302,59 @@ def test_a_kv_budget_caps_the_projected_batch_by_what_it_holds_paged_or_not() ->
     assert kv_capacity(on, 80) == 61 // 5 == 12
     assert (_batch(off, 24, 80), _batch(on, 24, 80)) == (1, 12)
     assert _batch(dataclasses.replace(off, engine_options={}), 24, 80) == 24  # no budget
+
+
+def test_measured_kernel_calls_add_their_difference_to_every_projected_step() -> None:
+    """A candidate whose linears were timed 50 us slower per layer plus 2 us per row, and
+    whose cache read 1 ns slower per element: each projected step is the baseline's work
+    plus exactly that difference. Its narrower weights are not priced again by the
+    roofline (the timed calls ran them); its speed of light stays its own roofline."""
+    from perfscope.analysis.overhead import PassCosts
+
+    passes = PassCosts(linears_s=50e-6, linears_per_row_s=2e-6, kv_read_per_element_s=1e-9)
+    int8 = dataclasses.replace(TINY, weight_dtype="int8", weight_bytes_per_param=1.0)
+    kw: dict[str, Any] = {"batch": (8, 8), "prompt_len": 16, "output_len": 8, "fit": HOST}
+    p = project_change(_summary(TINY), _summary(int8), passes=passes, **kw)
+    bare = project_change(_summary(TINY), _summary(int8), **kw)
+    assert p is not None and bare is not None
+    base = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=8)
+    spans = 16 + np.arange(7) + 1  # each decode step reads the cache up to its position
+    read = 8 * spans * TINY.n_kv_heads * TINY.head_dim * 1e-9
+    decode = TINY.n_layers * (50e-6 + 2e-6 * 8 + read)
+    assert p["candidate"]["tpot_s"] == pytest.approx(base.tpot_s + float(np.mean(decode)))
+    prefill = TINY.n_layers * (
+        50e-6 + 2e-6 * 8 * 16 + 8 * 16 * TINY.n_kv_heads * TINY.head_dim * 1e-9
+    )
+    assert p["candidate"]["ttft_s"] == pytest.approx(base.ttft_s + prefill)
+    assert p["ratios"]["tpot_s"] > 1.0 >= bare["ratios"]["tpot_s"]
+    assert p["sol_ratios"] == bare["sol_ratios"]
+    assert p["passes"]["linears_s"] == 50e-6 and "measured against the baseline" in p["basis"]
+
+
+def test_the_engines_own_quantised_cache_read_is_timed_slower_than_a_view() -> None:
+    """Real calls of the reference model, as the engine builds them: an fp8 cache is cast
+    back (a table lookup) on every read, which a float cache's view is not; the linears,
+    the same in both settings, are not timed at all."""
+    import torch
+
+    from perfscope.profiler.engines.reference.model import PRESETS
+    from perfscope.profiler.engines.reference.passes import PassSetting, measure_passes
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t = measure_passes(
+            PRESETS["tiny"],
+            PassSetting(),
+            PassSetting(kv_dtype="fp8"),
+            rows=[1, 8],
+            spans=[(8, 64), (8, 256)],
+            rounds=3,
+            budget_s=0.005,
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert t.linears_s == (0.0, 0.0) and t.head_s == (0.0, 0.0)
+    assert all(r > 0 for r in t.kv_read_s)
+    assert t.kv_elements == (8 * 2 * 64 * 32, 8 * 2 * 256 * 32)
+    assert t.threads == 1 and t.rounds == 3

@@ -1,0 +1,245 @@
+"""The measured cost of the passes a technique adds to the reference model, on this machine.
+
+A projection prices work by the roofline and host time by a fit of the baseline's steps
+(``perfscope.analysis.overhead``); neither sees what a technique changes *inside* a kernel
+call: int8 dynamic quantisation re-quantises every linear input, weight-only int8
+dequantises a full copy of every weight per call, CSR weights run torch's sparse kernel,
+a 16-bit dtype runs CPU matmuls without a vector unit, and an int8 or fp8 KV cache is
+quantised on every write and cast back on every read. :func:`measure_passes` times those
+calls, built by the engine's own functions (:func:`~.model.quantize_weights`,
+:func:`~.model.sparsify_weights`, :class:`~.model.KVCache`), for a baseline and a candidate
+setting of the same model, interleaved so that the machine's load hits both alike, and
+returns the candidate minus the baseline at each size it timed.
+
+Only the calls that differ are timed: one block's seven linear layers (every block has the
+same shapes), the LM head, and one layer's K and V cache write and read. The caller fits a
+line through the points (:class:`perfscope.analysis.overhead.PassCosts`) and adds the
+difference to each projected step; nothing here is a guess.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from perfscope.profiler.engines.reference.model import (
+    KVCache,
+    ReferenceConfig,
+    ReferenceModel,
+    parse_sparsity,
+    quantize_weights,
+    sparsify_weights,
+)
+
+__all__ = ["PassSetting", "PassTimes", "measure_passes"]
+
+
+@dataclass(frozen=True)
+class PassSetting:
+    """The options of one setting that change a timed pass.
+
+    Attributes:
+        dtype: the model dtype (``float32``, ``bfloat16``, ``float16``).
+        quant: ``none``, ``int8`` or ``int8-wo``.
+        sparsity: ``none`` or ``unstructured:F``.
+        kv_dtype: ``auto``, ``int8`` or ``fp8``.
+    """
+
+    dtype: str = "float32"
+    quant: str = "none"
+    sparsity: str = "none"
+    kv_dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Candidate minus baseline time of each timed pass, at each size timed (seconds).
+
+    Attributes:
+        rows: rows (tokens) fed to the linear layers at each point.
+        linears_s: one block's seven linear layers at each of ``rows``.
+        head_s: the LM head at each of ``rows``.
+        kv_elements: K (or V) elements of one layer read at each point (rows x KV heads x
+            span x head dim).
+        kv_read_s: reading one layer's K and V (a view, or a cast copy) at each of
+            ``kv_elements``.
+        write_rows: rows written to the cache at each point (tokens x batch rows).
+        kv_write_s: writing one layer's K and V of ``write_rows`` tokens.
+        rounds: interleaved rounds each difference is the median of.
+        load: the 1-minute load average when the timing started.
+        threads: torch's intra-op threads during the timing.
+    """
+
+    rows: tuple[int, ...]
+    linears_s: tuple[float, ...]
+    head_s: tuple[float, ...]
+    kv_elements: tuple[int, ...]
+    kv_read_s: tuple[float, ...]
+    write_rows: tuple[int, ...]
+    kv_write_s: tuple[float, ...]
+    rounds: int
+    load: float
+    threads: int
+
+
+def _model(cfg: ReferenceConfig, s: PassSetting) -> ReferenceModel:
+    """The model as the engine builds it for ``s`` (random weights: timing only)."""
+    from dataclasses import replace
+
+    m = ReferenceModel.build(replace(cfg, dtype=s.dtype), seed=0)
+    m.set_kv_dtype(s.kv_dtype)
+    m = quantize_weights(m, s.quant)
+    sparsify_weights(m, parse_sparsity(s.sparsity))
+    return m
+
+
+def _linears(block: nn.Module) -> list[tuple[nn.Module, int]]:
+    """A block's linear layers (any of the engine's kinds) with their input widths."""
+    names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    out = []
+    for n in names:
+        mod = getattr(block, n)
+        width = int(getattr(mod, "in_features", 0) or 0)
+        if not width:
+            w = getattr(mod, "qweight", None)
+            w = w if w is not None else mod.weight
+            width = int(w.shape[1])
+        out.append((mod, width))
+    return out
+
+
+def _clock(fn: Callable[[], object], budget_s: float) -> float:
+    """Mean seconds of one call of ``fn`` over five batches that each last about
+    ``budget_s`` / 5 (so a microsecond call is not timed by the clock's resolution). The
+    mean, not the median: on a shared machine the other processes' share of the CPU
+    stretches the engine's steps too, and the mean keeps it."""
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    calls = max(1, min(1000, int(budget_s / 5 / one)))
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.fmean(times)
+
+
+@torch.no_grad()
+def measure_passes(
+    cfg: ReferenceConfig,
+    baseline: PassSetting,
+    candidate: PassSetting,
+    *,
+    rows: Sequence[int],
+    spans: Sequence[tuple[int, int]],
+    rounds: int = 5,
+    budget_s: float = 0.01,
+) -> PassTimes:
+    """Time the passes that differ between ``baseline`` and ``candidate`` on this machine.
+
+    Args:
+        cfg: the model shape (the candidate's; only the dtype and options differ).
+        rows: linear-layer row counts to time (a decode step's batch, a prefill's tokens).
+        spans: ``(batch rows, cache span)`` points of a KV read; the write at each point
+            is of ``batch rows`` tokens (a decode step's).
+        rounds: interleaved baseline/candidate rounds; each difference is of their means.
+            Passes the two settings share (the linears when only the KV dtype differs, the
+            cache when only the weights do) are not timed: their difference is 0.
+        budget_s: about how long each timing of one setting at one point lasts.
+    """
+    import os
+
+    load = os.getloadavg()[0]
+    models = (_model(cfg, baseline), _model(cfg, candidate))
+    dts = [m.embed.weight.dtype if hasattr(m, "embed") else torch.float32 for m in models]
+    blocks = [m.blocks[0] for m in models]
+    heads = [m.lm_head for m in models]
+    d = cfg.hidden_size
+
+    def diff(make: Callable[[int], Callable[[], object]]) -> float:
+        calls = (make(0), make(1))
+        per = [[], []]  # type: list[list[float]]
+        for _ in range(rounds):
+            for j in (0, 1):
+                per[j].append(_clock(calls[j], budget_s))
+        return statistics.fmean(per[1]) - statistics.fmean(per[0])
+
+    same_weights = (baseline.dtype, baseline.quant, baseline.sparsity) == (
+        candidate.dtype,
+        candidate.quant,
+        candidate.sparsity,
+    )
+    same_cache = (baseline.dtype, baseline.kv_dtype) == (candidate.dtype, candidate.kv_dtype)
+    lin: list[float] = []
+    head: list[float] = []
+    for r in rows:
+        if same_weights:
+            lin.append(0.0)
+            head.append(0.0)
+            continue
+
+        def linears(j: int, r: int = r) -> Callable[[], object]:
+            xs = [(mod, torch.randn(r, w, dtype=dts[j])) for mod, w in _linears(blocks[j])]
+            return lambda: [mod(x) for mod, x in xs]
+
+        def lm_head(j: int, r: int = r) -> Callable[[], object]:
+            x = torch.randn(r, d, dtype=dts[j])
+            return lambda: heads[j](x)
+
+        lin.append(diff(linears))
+        head.append(diff(lm_head))
+    elements: list[int] = []
+    reads: list[float] = []
+    writes_rows: list[int] = []
+    writes: list[float] = []
+    kvh, hd = cfg.n_kv_heads, cfg.head_dim
+    for b, span in spans:
+        elements.append(b * kvh * span * hd)
+        writes_rows.append(b)
+        if same_cache:
+            reads.append(0.0)
+            writes.append(0.0)
+            continue
+        caches = [KVCache(m.cfg, b, span + 1, torch.device("cpu"), m.kv_dtype) for m in models]
+
+        def read(
+            j: int, b: int = b, span: int = span, caches: list[KVCache] = caches
+        ) -> Callable[[], object]:
+            c = caches[j]
+            return lambda: (c.k[0][:b, :, :span], c.v[0][:b, :, :span])
+
+        def write(
+            j: int, b: int = b, span: int = span, caches: list[KVCache] = caches
+        ) -> Callable[[], object]:
+            c = caches[j]
+            x = torch.randn(b, 1, kvh, hd, dtype=dts[j])
+            rws = torch.arange(b).unsqueeze(1)
+            pos = torch.full((b, 1), span - 1)
+
+            def go() -> None:
+                c.k[0][rws, :, pos] = x
+                c.v[0][rws, :, pos] = x
+
+            return go
+
+        reads.append(diff(read))
+        writes.append(diff(write))
+    return PassTimes(
+        rows=tuple(int(r) for r in rows),
+        linears_s=tuple(lin),
+        head_s=tuple(head),
+        kv_elements=tuple(elements),
+        kv_read_s=tuple(reads),
+        write_rows=tuple(writes_rows),
+        kv_write_s=tuple(writes),
+        rounds=rounds,
+        load=load,
+        threads=torch.get_num_threads(),
+    )
