@@ -69,6 +69,7 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "parallel-decoding": ("lookahead / Medusa decoding", ()),
     "chunked-prefill": ("chunked prefill", ("prefill/decode disaggregation",)),
     "tensor-parallel": ("tensor parallelism", ("tensor parallelism",)),
+    "pipeline-parallel": ("pipeline parallelism", ("pipeline parallelism",)),
     "compile": ("torch.compile", ("cut decode", "cut prefill")),
     "threads": ("more threads", ()),
     "dtype": ("a narrower dtype", ()),
@@ -129,6 +130,8 @@ def technique_of_change(
         return "model-preset"  # a smaller model by one of its shape's numbers
     if knob == "disaggregate":
         return "disaggregation"
+    if knob == "parallel":  # samples/studies/parallel.py: single, tp=2, pp=2
+        return "pipeline-parallel" if v.startswith("pp") else "tensor-parallel"
     return knob
 
 

@@ -49,3 +49,34 @@ def test_sample_smoke_run_prints_its_measured_table(script: Path, tmp_path: Path
     header, folder = OWN_RECORD.get(script.stem, ("| measured ratio |", "studies"))
     assert header in out.stdout
     assert list((tmp_path / folder).glob("*.json"))
+
+
+def test_the_parallel_study_is_stored_as_a_study_the_calibration_reads(tmp_path: Path) -> None:
+    """``parallel.py --save`` stores a ``perfscope.study/1`` record (single, tp=2, pp=2,
+    paired by round) whose effects carry the parallel what-if's projection, and the
+    calibration turns it into tensor- and pipeline-parallel entries of this machine."""
+    from perfscope.analysis.calibration import build_calibration
+    from perfscope.analysis.study import read_study
+
+    saved = tmp_path / "saved"
+    script = SAMPLES / "parallel.py"
+    args = ["--smoke", "--runs-dir", str(tmp_path), "--save", str(saved)]
+    out = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=SAMPLES,
+        env=subprocess_env(),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    (path,) = saved.glob("*.json")
+    st = read_study(path)
+    assert st.knob == "parallel" and st.values == ["single", "tp=2", "pp=2"]
+    assert all(len(s.runs) == 1 for s in st.settings)
+    entries = build_calibration([(path, st)])
+    assert {e.technique for e in entries} == {"tensor-parallel", "pipeline-parallel"}
+    tpot = [e for e in entries if e.metric == "tpot_p50_s"]
+    assert len(tpot) == 2 and all(e.projected_ratio and e.sol_ratio for e in tpot)
+    assert all(e.machine.cores and e.machine.engine == "reference" for e in entries)
+    assert "efficiency" in st.settings[1].projection["basis"]
