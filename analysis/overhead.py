@@ -558,7 +558,16 @@ class PassCosts:
         kv_read_s, kv_read_per_element_s: one layer's K and V read (cast), fixed and per
             element of K (or V) read.
         kv_write_s, kv_write_per_row_s: one layer's K and V write, fixed and per token.
+        decode_rows, decode_span, isolated_decode_s: the baseline model's whole decode
+            step at that batch and cache span, timed alone (0: not timed), s.
+        prefill_rows, prefill_tokens, isolated_prefill_s: the same for its prefill.
         source: how they were measured (points, rounds, load, threads).
+
+    The timed calls ran outside the engine, briefly; the engine's steps ran under the
+    study's load and scheduling. :func:`fitted_times` stretches the differences by how much
+    longer the fitted baseline step is than the same step timed alone (:meth:`stretch`):
+    the assumption is that whatever lengthens the engine's steps (other processes' share of
+    the CPU, above all) lengthens the candidate's extra calls alike.
     """
 
     linears_s: float = 0.0
@@ -569,6 +578,12 @@ class PassCosts:
     kv_read_per_element_s: float = 0.0
     kv_write_s: float = 0.0
     kv_write_per_row_s: float = 0.0
+    decode_rows: float = 0.0
+    decode_span: float = 0.0
+    isolated_decode_s: float = 0.0
+    prefill_rows: float = 0.0
+    prefill_tokens: float = 0.0
+    isolated_prefill_s: float = 0.0
     source: str = ""
 
     @classmethod
@@ -582,14 +597,58 @@ class PassCosts:
         kv_read_s: Sequence[float],
         write_rows: Sequence[float],
         kv_write_s: Sequence[float],
+        decode: tuple[float, float] = (0.0, 0.0),
+        isolated_decode_s: float = 0.0,
+        prefill: tuple[float, float] = (0.0, 0.0),
+        isolated_prefill_s: float = 0.0,
         source: str = "",
     ) -> PassCosts:
-        """Lines through timed points (each a candidate-minus-baseline difference)."""
+        """Lines through timed points (each a candidate-minus-baseline difference), with
+        the baseline's whole decode step (``decode``: rows, span) and prefill (``prefill``:
+        rows, tokens) as timed alone."""
         lin = _line(rows, linears_s)
         head = _line(rows, head_s)
         read = _line(kv_elements, kv_read_s)
         write = _line(write_rows, kv_write_s)
-        return cls(*lin, *head, *read, *write, source=source)
+        return cls(
+            *lin,
+            *head,
+            *read,
+            *write,
+            *decode,
+            isolated_decode_s,
+            *prefill,
+            isolated_prefill_s,
+            source=source,
+        )
+
+    def stretch(
+        self, fit: OverheadFit, model: ModelSpec, device: DeviceSpec
+    ) -> tuple[float, float]:
+        """(decode, prefill): the fitted baseline step over the same step timed alone, at
+        the shapes timed (1 where nothing was timed). ``model``: the baseline's."""
+        k_d = k_p = 1.0
+        if self.isolated_decode_s > 0 and self.decode_rows >= 1 and self.decode_span >= 2:
+            at = fitted_times(
+                fit,
+                model,
+                device,
+                batch=int(self.decode_rows),
+                prompt_len=int(self.decode_span) - 1,
+                output_len=2,
+            )
+            k_d = at.tpot_s / self.isolated_decode_s
+        if self.isolated_prefill_s > 0 and self.prefill_rows >= 1 and self.prefill_tokens >= 1:
+            at = fitted_times(
+                fit,
+                model,
+                device,
+                batch=int(self.prefill_rows),
+                prompt_len=int(self.prefill_tokens),
+                output_len=2,
+            )
+            k_p = at.ttft_s / self.isolated_prefill_s
+        return k_d, k_p
 
     def step_s(
         self, model: ModelSpec, rows: Any, span: Any, written: Any, head_rows: Any
@@ -672,9 +731,10 @@ def fitted_times(
     computes the rest); ``extra_bytes``: bytes per step the roofline does not count, and
     ``extra_bytes_per_token`` per new token of a step (:func:`quantisation_bytes`: int8-wo
     per step, int8 per token). ``passes``: the measured extra time of the setting's kernel
-    calls over the fitted baseline's (:class:`PassCosts`), added to every step; a dtype
-    other than the fitted one is then priced by those measured calls, not by its own
-    dtype's roofline ceiling.
+    calls over the fitted baseline's (:class:`PassCosts`), stretched as the fitted steps
+    are over the same steps timed alone (:meth:`PassCosts.stretch`) and added to every
+    step; a dtype other than the fitted one is then priced by those measured calls, not by
+    its own dtype's roofline ceiling.
     """
     b = max(int(batch), 1)
     p = max(int(prompt_len), 1)
@@ -720,8 +780,9 @@ def fitted_times(
     host_d = float(fit.host_time(layers, b, b))
     tpot = float(np.mean(work(fit.roof_scale, rows, rows, b * ctx, decode_extra))) + host_d
     if passes is not None:
-        ttft += float(passes.step_s(model, b * new_p, p, b * new_p, b))
-        tpot += float(np.mean(passes.step_s(model, rows, ctx + 1, rows, rows)))
+        k_d, k_p = passes.stretch(fit, model, device)
+        ttft += k_p * float(passes.step_s(model, b * new_p, p, b * new_p, b))
+        tpot += k_d * float(np.mean(passes.step_s(model, rows, ctx + 1, rows, rows)))
     e2e = ttft + (out - 1) * tpot
     return FittedTimes(
         ttft_s=ttft,

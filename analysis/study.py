@@ -514,7 +514,13 @@ def project_change(
             + ")"
         )
     if passes is not None and used_fit is not None:
-        basis += "; the candidate's kernel calls measured against the baseline's: " + passes.source
+        k_d, k_p = passes.stretch(used_fit, base_model, dev)
+        basis += (
+            "; the candidate's kernel calls measured against the baseline's ("
+            + passes.source
+            + f"), stretched x{k_d:.3g} per decode step and x{k_p:.3g} per prefill as the "
+            "fitted steps are over the same steps timed alone"
+        )
     if queue:
         basis += "; queueing: " + " → ".join(q["model"] for q in queue)
     return {

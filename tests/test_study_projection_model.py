@@ -358,3 +358,30 @@ def test_the_engines_own_quantised_cache_read_is_timed_slower_than_a_view() -> N
     assert all(r > 0 for r in t.kv_read_s)
     assert t.kv_elements == (8 * 2 * 64 * 32, 8 * 2 * 256 * 32)
     assert t.threads == 1 and t.rounds == 3
+    assert t.decode_s > 0 and t.prefill_s > 0  # the baseline's own steps, timed alone
+
+
+def test_timed_calls_are_stretched_as_the_fitted_steps_are_over_the_same_steps_alone() -> None:
+    """The baseline's decode step took 3x in the engine (its fit) what the same step took
+    timed alone, its prefill 2x: the candidate's extra calls, timed alone, are stretched
+    alike (the load's share of the CPU lengthens them too)."""
+    from perfscope.analysis.overhead import PassCosts
+
+    at_d = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=19, output_len=2)
+    at_p = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=2)
+    passes = PassCosts(
+        linears_s=50e-6,
+        decode_rows=8,
+        decode_span=20,
+        isolated_decode_s=at_d.tpot_s / 3,
+        prefill_rows=8,
+        prefill_tokens=16,
+        isolated_prefill_s=at_p.ttft_s / 2,
+    )
+    assert passes.stretch(HOST, TINY, CPU) == pytest.approx((3.0, 2.0))
+    base = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=8)
+    cand = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=8, passes=passes)
+    assert cand.tpot_s - base.tpot_s == pytest.approx(3 * TINY.n_layers * 50e-6)
+    assert cand.ttft_s - base.ttft_s == pytest.approx(2 * TINY.n_layers * 50e-6)
+    untimed = PassCosts(linears_s=50e-6)  # nothing timed alone: no stretch
+    assert untimed.stretch(HOST, TINY, CPU) == (1.0, 1.0)

@@ -475,8 +475,19 @@ def measure_setting_passes(
             cfg = preset.with_overrides(**dict(s.model_overrides or {}))
             b = _batch(s, requests, prompt_len + output_len)
             rows = sorted({1, b, b * prompt_len})
-            spans = [(b, prompt_len + 1), (b, prompt_len + output_len)]
-            t = measure_passes(cfg, ref, cand, rows=rows, spans=spans)
+            spans = sorted({(b, max(prompt_len // 4, 1)), (b, prompt_len + output_len)})
+            writes = sorted({(b, 1), (b, prompt_len)})
+            decode = (b, prompt_len + max(output_len // 2, 1))
+            t = measure_passes(
+                cfg,
+                ref,
+                cand,
+                rows=rows,
+                spans=spans,
+                writes=writes,
+                decode=decode,
+                prefill=(b, prompt_len),
+            )
             out[i] = PassCosts.from_points(
                 rows=t.rows,
                 linears_s=t.linears_s,
@@ -485,10 +496,16 @@ def measure_setting_passes(
                 kv_read_s=t.kv_read_s,
                 write_rows=t.write_rows,
                 kv_write_s=t.kv_write_s,
+                decode=(float(t.decode[0]), float(t.decode[1])),
+                isolated_decode_s=t.decode_s,
+                prefill=(float(t.prefill[0]), float(t.prefill[1])),
+                isolated_prefill_s=t.prefill_s,
                 source=(
-                    f"{t.rounds} interleaved rounds at {', '.join(map(str, t.rows))} rows and "
-                    f"cache spans {', '.join(str(sp) for _, sp in spans)}, load {t.load:.1f}, "
-                    f"{t.threads} thread(s)"
+                    f"{t.rounds} interleaved rounds at {', '.join(map(str, t.rows))} rows, "
+                    f"cache spans {', '.join(str(sp) for _, sp in spans)} and writes of "
+                    f"{', '.join(map(str, t.write_rows))} tokens, load {t.load:.1f}, "
+                    f"{t.threads} thread(s); the baseline's decode step alone "
+                    f"{t.decode_s * 1e3:.3g} ms, its prefill {t.prefill_s * 1e3:.3g} ms"
                 ),
             )
     finally:

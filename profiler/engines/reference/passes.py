@@ -19,7 +19,6 @@ difference to each projected step; nothing here is a guess.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,9 +67,13 @@ class PassTimes:
             span x head dim).
         kv_read_s: reading one layer's K and V (a view, or a cast copy) at each of
             ``kv_elements``.
-        write_rows: rows written to the cache at each point (tokens x batch rows).
+        write_rows: tokens written to the cache at each point (batch rows x tokens a row).
         kv_write_s: writing one layer's K and V of ``write_rows`` tokens.
-        rounds: interleaved rounds each difference is the median of.
+        decode: ``(batch rows, cache span)`` of the baseline's whole decode step timed.
+        decode_s: that step of the baseline model alone (no engine), s.
+        prefill: ``(batch rows, prompt tokens)`` of the baseline's whole prefill timed.
+        prefill_s: that prefill of the baseline model alone, s.
+        rounds: interleaved rounds each timing is the fastest of.
         load: the 1-minute load average when the timing started.
         threads: torch's intra-op threads during the timing.
     """
@@ -82,6 +85,10 @@ class PassTimes:
     kv_read_s: tuple[float, ...]
     write_rows: tuple[int, ...]
     kv_write_s: tuple[float, ...]
+    decode: tuple[int, int]
+    decode_s: float
+    prefill: tuple[int, int]
+    prefill_s: float
     rounds: int
     load: float
     threads: int
@@ -114,10 +121,11 @@ def _linears(block: nn.Module) -> list[tuple[nn.Module, int]]:
 
 
 def _clock(fn: Callable[[], object], budget_s: float) -> float:
-    """Mean seconds of one call of ``fn`` over five batches that each last about
+    """Seconds of one call of ``fn``: the fastest of five batches that each last about
     ``budget_s`` / 5 (so a microsecond call is not timed by the clock's resolution). The
-    mean, not the median: on a shared machine the other processes' share of the CPU
-    stretches the engine's steps too, and the mean keeps it."""
+    fastest batch is the call's own cost, the least disturbed by other processes on a
+    shared machine; what the load adds to the engine's steps is the caller's stretch
+    (:meth:`perfscope.analysis.overhead.PassCosts.stretch`)."""
     t0 = time.perf_counter()
     fn()
     one = max(time.perf_counter() - t0, 1e-7)
@@ -128,7 +136,7 @@ def _clock(fn: Callable[[], object], budget_s: float) -> float:
         for _ in range(calls):
             fn()
         times.append((time.perf_counter() - t0) / calls)
-    return statistics.fmean(times)
+    return min(times)
 
 
 @torch.no_grad()
@@ -139,6 +147,9 @@ def measure_passes(
     *,
     rows: Sequence[int],
     spans: Sequence[tuple[int, int]],
+    writes: Sequence[tuple[int, int]] = (),
+    decode: tuple[int, int] = (1, 16),
+    prefill: tuple[int, int] = (1, 16),
     rounds: int = 5,
     budget_s: float = 0.01,
 ) -> PassTimes:
@@ -147,9 +158,16 @@ def measure_passes(
     Args:
         cfg: the model shape (the candidate's; only the dtype and options differ).
         rows: linear-layer row counts to time (a decode step's batch, a prefill's tokens).
-        spans: ``(batch rows, cache span)`` points of a KV read; the write at each point
-            is of ``batch rows`` tokens (a decode step's).
-        rounds: interleaved baseline/candidate rounds; each difference is of their means.
+        spans: ``(batch rows, cache span)`` points of a KV read.
+        writes: ``(batch rows, tokens per row)`` points of a KV write (a decode step's
+            ``(b, 1)``, a prefill's ``(b, prompt)``); default one token per row of each
+            of ``spans``.
+        decode, prefill: the shapes at which the baseline model's whole decode step and
+            prefill are timed alone: how long the same work takes outside the engine and
+            its load, which the caller compares with the engine's steps
+            (:class:`perfscope.analysis.overhead.PassCosts`).
+        rounds: interleaved baseline/candidate rounds; each difference is of the fastest
+            timing of each setting over the rounds.
             Passes the two settings share (the linears when only the KV dtype differs, the
             cache when only the weights do) are not timed: their difference is 0.
         budget_s: about how long each timing of one setting at one point lasts.
@@ -169,7 +187,7 @@ def measure_passes(
         for _ in range(rounds):
             for j in (0, 1):
                 per[j].append(_clock(calls[j], budget_s))
-        return statistics.fmean(per[1]) - statistics.fmean(per[0])
+        return min(per[1]) - min(per[0])
 
     same_weights = (baseline.dtype, baseline.quant, baseline.sparsity) == (
         candidate.dtype,
@@ -197,15 +215,11 @@ def measure_passes(
         head.append(diff(lm_head))
     elements: list[int] = []
     reads: list[float] = []
-    writes_rows: list[int] = []
-    writes: list[float] = []
     kvh, hd = cfg.n_kv_heads, cfg.head_dim
     for b, span in spans:
         elements.append(b * kvh * span * hd)
-        writes_rows.append(b)
         if same_cache:
             reads.append(0.0)
-            writes.append(0.0)
             continue
         caches = [KVCache(m.cfg, b, span + 1, torch.device("cpu"), m.kv_dtype) for m in models]
 
@@ -215,13 +229,24 @@ def measure_passes(
             c = caches[j]
             return lambda: (c.k[0][:b, :, :span], c.v[0][:b, :, :span])
 
+        reads.append(diff(read))
+    write_rows: list[int] = []
+    wrote: list[float] = []
+    for b, t in writes or [(b, 1) for b, _ in spans]:
+        write_rows.append(b * t)
+        if same_cache:
+            wrote.append(0.0)
+            continue
+        caches = [KVCache(m.cfg, b, t + 1, torch.device("cpu"), m.kv_dtype) for m in models]
+
         def write(
-            j: int, b: int = b, span: int = span, caches: list[KVCache] = caches
+            j: int, b: int = b, t: int = t, caches: list[KVCache] = caches
         ) -> Callable[[], object]:
+            # as the engine's block writes: rows x positions, every KV head at once
             c = caches[j]
-            x = torch.randn(b, 1, kvh, hd, dtype=dts[j])
-            rws = torch.arange(b).unsqueeze(1)
-            pos = torch.full((b, 1), span - 1)
+            x = torch.randn(b, t, kvh, hd, dtype=dts[j])
+            rws = torch.arange(b).unsqueeze(1).expand(b, t)
+            pos = torch.arange(t).unsqueeze(0).expand(b, t)
 
             def go() -> None:
                 c.k[0][rws, :, pos] = x
@@ -229,16 +254,31 @@ def measure_passes(
 
             return go
 
-        reads.append(diff(read))
-        writes.append(diff(write))
+        wrote.append(diff(write))
+    base = models[0]
+    db, span = decode
+    dcache = base.new_cache(db, span + 1)
+    dtok = torch.zeros(db, dtype=torch.long)
+    lengths = torch.full((db,), span - 1)
+    pb, pt = prefill
+    pcache = base.new_cache(pb, pt + 1)
+    ptok = torch.zeros(pb, pt, dtype=torch.long)
+    decode_s = min(
+        _clock(lambda: base.decode(dtok, dcache, lengths), budget_s) for _ in range(rounds)
+    )
+    prefill_s = min(_clock(lambda: base.prefill(ptok, pcache), budget_s) for _ in range(rounds))
     return PassTimes(
         rows=tuple(int(r) for r in rows),
         linears_s=tuple(lin),
         head_s=tuple(head),
         kv_elements=tuple(elements),
         kv_read_s=tuple(reads),
-        write_rows=tuple(writes_rows),
-        kv_write_s=tuple(writes),
+        write_rows=tuple(write_rows),
+        kv_write_s=tuple(wrote),
+        decode=(int(db), int(span)),
+        decode_s=decode_s,
+        prefill=(int(pb), int(pt)),
+        prefill_s=prefill_s,
         rounds=rounds,
         load=load,
         threads=torch.get_num_threads(),
