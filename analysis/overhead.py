@@ -361,6 +361,26 @@ class OverheadFit:
             ],
         )
 
+    def with_rows(self, per_row_s: float, rows: int, how: str) -> OverheadFit:
+        """The fit with a per-sequence cost it could not separate (every fitted step had one
+        batch, so per sequence was folded into per step) set to ``per_row_s``, measured
+        elsewhere (``how``), and taken out of per step at the fitted steps' ``rows``, so a
+        step of the fitted batch is predicted as before. Unchanged when per sequence was
+        fitted."""
+        if not any(f.startswith("per sequence") for f in self.folded) or per_row_s <= 0:
+            return self
+        return replace(
+            self,
+            per_sequence_s=per_row_s,
+            per_step_s=max(self.per_step_s - per_row_s * rows, 0.0),
+            folded=tuple(f for f in self.folded if not f.startswith("per sequence")),
+            notes=[
+                *self.notes,
+                f"per sequence not separable (one batch of {rows}): "
+                f"{per_row_s * 1e6:.3g} us a row, {how}",
+            ],
+        )
+
     def on_device(
         self, target: DeviceSpec, model: ModelSpec, *, launches: bool = True
     ) -> OverheadFit:
@@ -561,6 +581,9 @@ class PassCosts:
         decode_rows, decode_span, isolated_decode_s: the baseline model's whole decode
             step at that batch and cache span, timed alone (0: not timed), s.
         prefill_rows, prefill_tokens, isolated_prefill_s: the same for its prefill.
+        more_rows, isolated_more_rows_s: the baseline's decode step alone at another batch
+            (the candidate's; 0: not timed): with ``isolated_decode_s`` the cost of a row,
+            which a fit of steps at one batch cannot separate (:meth:`OverheadFit.with_rows`).
         source: how they were measured (points, rounds, load, threads).
 
     The timed calls ran outside the engine, briefly; the engine's steps ran under the
@@ -584,6 +607,8 @@ class PassCosts:
     prefill_rows: float = 0.0
     prefill_tokens: float = 0.0
     isolated_prefill_s: float = 0.0
+    more_rows: float = 0.0
+    isolated_more_rows_s: float = 0.0
     source: str = ""
 
     @classmethod
@@ -601,11 +626,13 @@ class PassCosts:
         isolated_decode_s: float = 0.0,
         prefill: tuple[float, float] = (0.0, 0.0),
         isolated_prefill_s: float = 0.0,
+        more_rows: tuple[float, float] = (0.0, 0.0),
         source: str = "",
     ) -> PassCosts:
         """Lines through timed points (each a candidate-minus-baseline difference), with
         the baseline's whole decode step (``decode``: rows, span) and prefill (``prefill``:
-        rows, tokens) as timed alone."""
+        rows, tokens) as timed alone, and ``more_rows`` (rows, seconds) the decode step at
+        another batch."""
         lin = _line(rows, linears_s)
         head = _line(rows, head_s)
         read = _line(kv_elements, kv_read_s)
@@ -619,8 +646,35 @@ class PassCosts:
             isolated_decode_s,
             *prefill,
             isolated_prefill_s,
+            *more_rows,
             source=source,
         )
+
+    @property
+    def times_calls(self) -> bool:
+        """Whether any kernel call of the candidate was timed against the baseline's (not
+        only the baseline's own steps)."""
+        return any(
+            getattr(self, f)
+            for f in (
+                "linears_s",
+                "linears_per_row_s",
+                "head_s",
+                "head_per_row_s",
+                "kv_read_s",
+                "kv_read_per_element_s",
+                "kv_write_s",
+                "kv_write_per_row_s",
+            )
+        )
+
+    @property
+    def isolated_per_row_s(self) -> float | None:
+        """The baseline's decode step alone, per row more (``None``: one batch timed)."""
+        rows = self.more_rows - self.decode_rows
+        if self.isolated_more_rows_s <= 0 or self.isolated_decode_s <= 0 or rows == 0:
+            return None
+        return max((self.isolated_more_rows_s - self.isolated_decode_s) / rows, 0.0)
 
     def stretch(
         self, fit: OverheadFit, model: ModelSpec, device: DeviceSpec

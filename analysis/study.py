@@ -316,9 +316,10 @@ def _times(
     priced = passes is None
     per_step = quantisation_bytes(model, quant, 0.0) if priced and quant == "int8-wo" else 0.0
     per_token = quantisation_bytes(model, quant, 1.0) if priced and quant == "int8" else 0.0
+    timed = passes is not None and passes.times_calls and baseline_model is not None
     ft = fitted_times(
         fit,
-        baseline_model if passes is not None and baseline_model is not None else model,
+        baseline_model if timed and baseline_model is not None else model,
         dev,
         **shape,
         extra_bytes=per_step,
@@ -393,6 +394,15 @@ def project_change(
     derate = run_derating(Roofline.from_dict(roof))
     base_model = ModelSpec.from_dict(dict(baseline["model"]))
     used_fit = fit.split_layers(base_model.n_layers) if fit is not None else None
+    per_row = passes.isolated_per_row_s if passes is not None else None
+    if used_fit is not None and passes is not None and per_row is not None:
+        k_d = passes.stretch(used_fit, base_model, dev)[0]
+        used_fit = used_fit.with_rows(
+            k_d * per_row,
+            batch[0],
+            f"the baseline model's decode step timed alone at {passes.decode_rows:.0f} and "
+            f"{passes.more_rows:.0f} rows, stretched x{k_d:.3g}",
+        )
     preds = []
     sols = []
     queue: list[Any] = []

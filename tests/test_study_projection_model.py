@@ -385,3 +385,33 @@ def test_timed_calls_are_stretched_as_the_fitted_steps_are_over_the_same_steps_a
     assert cand.ttft_s - base.ttft_s == pytest.approx(2 * TINY.n_layers * 50e-6)
     untimed = PassCosts(linears_s=50e-6)  # nothing timed alone: no stretch
     assert untimed.stretch(HOST, TINY, CPU) == (1.0, 1.0)
+
+
+def test_a_row_cost_one_batch_cannot_show_is_taken_from_the_model_timed_at_both_batches() -> None:
+    """Every baseline step had one row, so the fit folded per sequence into per step and a
+    larger batch would project no per-row cost. The baseline model's decode step timed
+    alone at 1 and 12 rows gives the cost of a row, stretched as the engine's steps are;
+    the baseline's own steps are predicted as before."""
+    from perfscope.analysis.overhead import PassCosts
+
+    one_batch = dataclasses.replace(
+        HOST, per_sequence_s=0.0, per_step_s=3e-4, folded=("per sequence", "per token")
+    )
+    at1 = fitted_times(one_batch, TINY, CPU, batch=1, prompt_len=19, output_len=2)
+    passes = PassCosts(
+        decode_rows=1,
+        decode_span=20,
+        isolated_decode_s=at1.tpot_s / 2,  # the engine's step is 2x the model's alone
+        more_rows=12,
+        isolated_more_rows_s=at1.tpot_s / 2 + 11 * 1e-4,  # 0.1 ms a row alone
+    )
+    assert not passes.times_calls and passes.isolated_per_row_s == pytest.approx(1e-4)
+    kw: dict[str, Any] = {"batch": (1, 12), "prompt_len": 16, "output_len": 8, "fit": one_batch}
+    flat = project_change(_summary(TINY), _summary(TINY), **kw)
+    priced = project_change(_summary(TINY), _summary(TINY), passes=passes, **kw)
+    assert flat is not None and priced is not None
+    assert priced["baseline"]["tpot_s"] == pytest.approx(flat["baseline"]["tpot_s"])
+    grown = priced["candidate"]["tpot_s"] - flat["candidate"]["tpot_s"]
+    assert grown == pytest.approx(11 * 2 * 1e-4)  # 11 more rows at 0.1 ms, stretched 2x
+    fit = priced["overhead_fit"]
+    assert fit["per_sequence_s"] == pytest.approx(2e-4) and "a row" in fit["notes"][-1]

@@ -445,9 +445,10 @@ def measure_setting_passes(
     (:func:`perfscope.profiler.engines.reference.passes.measure_passes`) as
     :class:`~perfscope.analysis.overhead.PassCosts`: only for reference-engine settings on
     the CPU whose dtype, weight quantisation, sparsity or KV dtype differs from the
-    baseline's (``None`` otherwise). Timed at the study's threads, at the rows of one
-    decode step and of one prefill, and at the cache spans of the first and last decode
-    step."""
+    baseline's, or whose batch does (the baseline model's decode step is then timed alone
+    at both batches: the cost of a row); ``None`` otherwise. Timed at the study's threads,
+    at the rows of one decode step and of one prefill, and at a short and the longest
+    cache span of a decode step."""
     from perfscope.analysis.overhead import PassCosts
 
     out: list[PassCosts | None] = [None] * len(settings)
@@ -468,16 +469,17 @@ def measure_setting_passes(
         threads = base.engine_options.get("threads")
         if threads is not None and str(threads).isdigit():
             torch.set_num_threads(int(threads))
+        b0 = _batch(base, requests, prompt_len + output_len)
         for i, s in enumerate(settings[1:], start=1):
             cand = _pass_setting(s)
-            if cand == ref:
+            b = _batch(s, requests, prompt_len + output_len)
+            if cand == ref and b == b0:
                 continue
             cfg = preset.with_overrides(**dict(s.model_overrides or {}))
-            b = _batch(s, requests, prompt_len + output_len)
             rows = sorted({1, b, b * prompt_len})
             spans = sorted({(b, max(prompt_len // 4, 1)), (b, prompt_len + output_len)})
             writes = sorted({(b, 1), (b, prompt_len)})
-            decode = (b, prompt_len + max(output_len // 2, 1))
+            span = prompt_len + max(output_len // 2, 1)
             t = measure_passes(
                 cfg,
                 ref,
@@ -485,8 +487,9 @@ def measure_setting_passes(
                 rows=rows,
                 spans=spans,
                 writes=writes,
-                decode=decode,
-                prefill=(b, prompt_len),
+                decode=(b0, span),
+                prefill=(b0, prompt_len),
+                more_rows=b if b != b0 else 0,
             )
             out[i] = PassCosts.from_points(
                 rows=t.rows,
@@ -500,12 +503,15 @@ def measure_setting_passes(
                 isolated_decode_s=t.decode_s,
                 prefill=(float(t.prefill[0]), float(t.prefill[1])),
                 isolated_prefill_s=t.prefill_s,
+                more_rows=(float(t.more_rows), t.more_rows_s),
                 source=(
                     f"{t.rounds} interleaved rounds at {', '.join(map(str, t.rows))} rows, "
                     f"cache spans {', '.join(str(sp) for _, sp in spans)} and writes of "
                     f"{', '.join(map(str, t.write_rows))} tokens, load {t.load:.1f}, "
                     f"{t.threads} thread(s); the baseline's decode step alone "
-                    f"{t.decode_s * 1e3:.3g} ms, its prefill {t.prefill_s * 1e3:.3g} ms"
+                    f"{t.decode_s * 1e3:.3g} ms at {b0} rows"
+                    + (f", {t.more_rows_s * 1e3:.3g} ms at {t.more_rows}" if t.more_rows else "")
+                    + f", its prefill {t.prefill_s * 1e3:.3g} ms"
                 ),
             )
     finally:

@@ -71,6 +71,9 @@ class PassTimes:
         kv_write_s: writing one layer's K and V of ``write_rows`` tokens.
         decode: ``(batch rows, cache span)`` of the baseline's whole decode step timed.
         decode_s: that step of the baseline model alone (no engine), s.
+        more_rows: the batch rows of a second timing of the baseline's decode step (the
+            candidate's batch), at the same span; 0: not timed.
+        more_rows_s: that step, s.
         prefill: ``(batch rows, prompt tokens)`` of the baseline's whole prefill timed.
         prefill_s: that prefill of the baseline model alone, s.
         rounds: interleaved rounds each timing is the fastest of.
@@ -87,6 +90,8 @@ class PassTimes:
     kv_write_s: tuple[float, ...]
     decode: tuple[int, int]
     decode_s: float
+    more_rows: int
+    more_rows_s: float
     prefill: tuple[int, int]
     prefill_s: float
     rounds: int
@@ -150,6 +155,7 @@ def measure_passes(
     writes: Sequence[tuple[int, int]] = (),
     decode: tuple[int, int] = (1, 16),
     prefill: tuple[int, int] = (1, 16),
+    more_rows: int = 0,
     rounds: int = 5,
     budget_s: float = 0.01,
 ) -> PassTimes:
@@ -166,6 +172,8 @@ def measure_passes(
             prefill are timed alone: how long the same work takes outside the engine and
             its load, which the caller compares with the engine's steps
             (:class:`perfscope.analysis.overhead.PassCosts`).
+        more_rows: also time the baseline's decode step at this many rows (the
+            candidate's batch; 0: not), for the cost of a row.
         rounds: interleaved baseline/candidate rounds; each difference is of the fastest
             timing of each setting over the rounds.
             Passes the two settings share (the linears when only the KV dtype differs, the
@@ -267,6 +275,14 @@ def measure_passes(
         _clock(lambda: base.decode(dtok, dcache, lengths), budget_s) for _ in range(rounds)
     )
     prefill_s = min(_clock(lambda: base.prefill(ptok, pcache), budget_s) for _ in range(rounds))
+    more_s = 0.0
+    if more_rows > 0 and more_rows != db:
+        mcache = base.new_cache(more_rows, span + 1)
+        mtok = torch.zeros(more_rows, dtype=torch.long)
+        mlen = torch.full((more_rows,), span - 1)
+        more_s = min(
+            _clock(lambda: base.decode(mtok, mcache, mlen), budget_s) for _ in range(rounds)
+        )
     return PassTimes(
         rows=tuple(int(r) for r in rows),
         linears_s=tuple(lin),
@@ -277,6 +293,8 @@ def measure_passes(
         kv_write_s=tuple(wrote),
         decode=(int(db), int(span)),
         decode_s=decode_s,
+        more_rows=int(more_rows) if more_s > 0 else 0,
+        more_rows_s=more_s,
         prefill=(int(pb), int(pt)),
         prefill_s=prefill_s,
         rounds=rounds,
