@@ -345,6 +345,38 @@ def _pick(
     return float(at(k)[j][key])
 
 
+def _token_gains(spec: Sequence[Mapping[str, Any] | None], key: str) -> list[tuple[float, float]]:
+    """Per setting, (projected, speed of light) tokens-per-time gain of its speculative
+    decoding (``before_run``; 1 for plain decoding); a table where either setting's gain
+    is unknown gets 1 for both."""
+    raw = [
+        (None, None) if p is None else (p["before_run"].get(key), p["before_run"].get("sol"))
+        for p in spec
+    ]
+    out = [[1.0 if p is None else raw[i][j] for j in (0, 1)] for i, p in enumerate(spec)]
+    for j in (0, 1):
+        if any(v is None for v in (out[0][j], out[1][j])):
+            out[0][j] = out[1][j] = 1.0
+    return [(float(a or 1.0), float(b or 1.0)) for a, b in out]
+
+
+def _per_token(p: dict[str, Any], gain: float) -> None:
+    """Projected times of a static batch at ``gain`` tokens per step a row (in place)."""
+    if gain == 1.0:
+        return
+    if p.get("tpot_s") is not None:
+        p["tpot_s"] = p["tpot_s"] / gain
+    if p.get("throughput_tok_s") is not None:
+        p["throughput_tok_s"] = p["throughput_tok_s"] * gain
+
+
+def _pick_per_token(
+    at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]], j: int, gain: float, k: int
+) -> float:
+    """A decode step's time per token at batch ``k`` (``gain`` tokens a row a step), s."""
+    return _pick(at, j, "tpot_s", k) / gain
+
+
 def project_change(
     baseline: Mapping[str, Any],
     candidate: Mapping[str, Any],
@@ -406,29 +438,36 @@ def project_change(
     preds = []
     sols = []
     queue: list[Any] = []
+    spec = [
+        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
+        for s, b in ((baseline, batch[0]), (candidate, batch[1]))
+    ]
+    gains = _token_gains(spec, "fitted" if used_fit is not None else "derated")
     outs = output_lens or (output_len, output_len)
     load_pair = loads or (None, None)
-    for summary, slots, kv, output_len, cached, load, mode, extra in (
+    for side, (summary, slots, kv, output_len, cached, load, mode, extra) in enumerate(
         (
-            baseline,
-            batch[0],
-            kv_cache[0],
-            outs[0],
-            cached_prefix_len[0],
-            load_pair[0],
-            quant[0],
-            None,
-        ),
-        (
-            candidate,
-            batch[1],
-            kv_cache[1],
-            outs[1],
-            cached_prefix_len[1],
-            load_pair[1],
-            quant[1],
-            passes,
-        ),
+            (
+                baseline,
+                batch[0],
+                kv_cache[0],
+                outs[0],
+                cached_prefix_len[0],
+                load_pair[0],
+                quant[0],
+                None,
+            ),
+            (
+                candidate,
+                batch[1],
+                kv_cache[1],
+                outs[1],
+                cached_prefix_len[1],
+                load_pair[1],
+                quant[1],
+                passes,
+            ),
+        )
     ):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
 
@@ -470,7 +509,10 @@ def project_change(
             return out[0], out[1]
 
         pred, sol = (dict(x) for x in both(slots))
-        if load is not None:
+        if load is None:
+            for p, gain in zip((pred, sol), gains[side], strict=True):
+                _per_token(p, gain)
+        else:
             at = cache(both)  # one projection per batch size the simulation meets
 
             for j, p in enumerate((pred, sol)):
@@ -478,7 +520,9 @@ def project_change(
                     load,
                     slots=slots,
                     prefill_s=partial(_pick, at, j, "ttft_s"),
-                    decode_s=partial(_pick, at, j, "tpot_s"),
+                    # a speculative step yields its expected tokens a row: the queue moves
+                    # at the time per token, so a slower token delays the next admission
+                    decode_s=partial(_pick_per_token, at, j, gains[side][j]),
                     output_len=output_len,
                 )
                 p["ttft_s"] = lt.ttft_p50_s
@@ -500,20 +544,6 @@ def project_change(
         ratios[key] = c / a if a and c is not None else None
         a, c = sols[0].get(key), sols[1].get(key)
         sol_ratios[key] = c / a if a and c is not None else None
-    spec = [
-        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
-        for s, b in ((baseline, batch[0]), (candidate, batch[1]))
-    ]
-    if spec[0] is not None or spec[1] is not None:
-        projected = "fitted" if used_fit is not None else "derated"
-        for table, key in ((ratios, projected), (sol_ratios, "sol")):
-            gain = [1.0 if p is None else p["before_run"][key] for p in spec]
-            if gain[0] is None or gain[1] is None:
-                continue
-            for metric, power in (("tpot_s", -1), ("throughput_tok_s", 1)):
-                value = table.get(metric)
-                if value is not None:
-                    table[metric] = value * (float(gain[1]) / float(gain[0])) ** power
     if used_fit is not None:
         basis = "the fitted cost model of the baseline's steps: " + used_fit.describe()
         basis += "".join(f"; {n}" for n in used_fit.notes)
