@@ -415,3 +415,33 @@ def test_a_row_cost_one_batch_cannot_show_is_taken_from_the_model_timed_at_both_
     assert grown == pytest.approx(11 * 2 * 1e-4)  # 11 more rows at 0.1 ms, stretched 2x
     fit = priced["overhead_fit"]
     assert fit["per_sequence_s"] == pytest.approx(2e-4) and "a row" in fit["notes"][-1]
+
+
+def test_a_dtype_change_times_the_whole_step_at_both_dtypes() -> None:
+    """Every op of a step changes with the dtype (norms, attention, the cache), so the
+    whole decode step and prefill are timed at both, per layer, on the line through the
+    decode's and the prefill's rows; nothing is left to the cache's own terms."""
+    import torch
+
+    from perfscope.profiler.engines.reference.model import PRESETS
+    from perfscope.profiler.engines.reference.passes import PassSetting, measure_passes
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t = measure_passes(
+            PRESETS["tiny"],
+            PassSetting(),
+            PassSetting(dtype="bfloat16"),
+            rows=[1, 2],
+            spans=[(2, 8)],
+            decode=(2, 12),
+            prefill=(2, 8),
+            rounds=2,
+            budget_s=0.005,
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert t.rows == (2, 16) and len(t.linears_s) == 2
+    assert t.kv_read_s == () and t.kv_write_s == () and t.head_s == (0.0, 0.0)
+    assert t.decode == (2, 12) and t.decode_s > 0 and t.prefill_s > 0

@@ -144,6 +144,21 @@ def _clock(fn: Callable[[], object], budget_s: float) -> float:
     return min(times)
 
 
+def _steps(
+    model: ReferenceModel, decode: tuple[int, int], prefill: tuple[int, int]
+) -> tuple[Callable[[], object], Callable[[], object]]:
+    """``model``'s whole decode step of ``decode`` (rows, cache span) and prefill of
+    ``prefill`` (rows, prompt tokens), as calls to time."""
+    db, span = decode
+    dcache = model.new_cache(db, span + 1)
+    dtok = torch.zeros(db, dtype=torch.long)
+    lengths = torch.full((db,), span - 1)
+    pb, pt = prefill
+    pcache = model.new_cache(pb, pt + 1)
+    ptok = torch.zeros(pb, pt, dtype=torch.long)
+    return (lambda: model.decode(dtok, dcache, lengths), lambda: model.prefill(ptok, pcache))
+
+
 @torch.no_grad()
 def measure_passes(
     cfg: ReferenceConfig,
@@ -203,6 +218,44 @@ def measure_passes(
         candidate.sparsity,
     )
     same_cache = (baseline.dtype, baseline.kv_dtype) == (candidate.dtype, candidate.kv_dtype)
+    base = models[0]
+    db, span = decode
+    pb, pt = prefill
+    steps = [_steps(m, decode, prefill) for m in models]
+    decode_s = min(_clock(steps[0][0], budget_s) for _ in range(rounds))
+    prefill_s = min(_clock(steps[0][1], budget_s) for _ in range(rounds))
+    more_s = 0.0
+    if more_rows > 0 and more_rows != db:
+        more_step = _steps(base, (more_rows, span), prefill)[0]
+        more_s = min(_clock(more_step, budget_s) for _ in range(rounds))
+    common = {
+        "decode": (int(db), int(span)),
+        "decode_s": decode_s,
+        "more_rows": int(more_rows) if more_s > 0 else 0,
+        "more_rows_s": more_s,
+        "prefill": (int(pb), int(pt)),
+        "prefill_s": prefill_s,
+        "rounds": rounds,
+        "load": load,
+        "threads": torch.get_num_threads(),
+    }
+    if baseline.dtype != candidate.dtype:
+        # Every op of a step runs at the other dtype (norms, attention, the cache too), not
+        # only the linears: the whole decode step and prefill are timed at both dtypes, and
+        # their difference per layer is the line through the two row counts.
+        layers = max(cfg.n_layers, 1)
+        d_dec = diff(lambda j: steps[j][0]) / layers
+        d_pre = diff(lambda j: steps[j][1]) / layers
+        return PassTimes(
+            rows=(int(db), int(pb * pt)),
+            linears_s=(d_dec, d_pre),
+            head_s=(0.0, 0.0),
+            kv_elements=(),
+            kv_read_s=(),
+            write_rows=(),
+            kv_write_s=(),
+            **common,  # type: ignore[arg-type]
+        )
     lin: list[float] = []
     head: list[float] = []
     for r in rows:
@@ -263,26 +316,6 @@ def measure_passes(
             return go
 
         wrote.append(diff(write))
-    base = models[0]
-    db, span = decode
-    dcache = base.new_cache(db, span + 1)
-    dtok = torch.zeros(db, dtype=torch.long)
-    lengths = torch.full((db,), span - 1)
-    pb, pt = prefill
-    pcache = base.new_cache(pb, pt + 1)
-    ptok = torch.zeros(pb, pt, dtype=torch.long)
-    decode_s = min(
-        _clock(lambda: base.decode(dtok, dcache, lengths), budget_s) for _ in range(rounds)
-    )
-    prefill_s = min(_clock(lambda: base.prefill(ptok, pcache), budget_s) for _ in range(rounds))
-    more_s = 0.0
-    if more_rows > 0 and more_rows != db:
-        mcache = base.new_cache(more_rows, span + 1)
-        mtok = torch.zeros(more_rows, dtype=torch.long)
-        mlen = torch.full((more_rows,), span - 1)
-        more_s = min(
-            _clock(lambda: base.decode(mtok, mcache, mlen), budget_s) for _ in range(rounds)
-        )
     return PassTimes(
         rows=tuple(int(r) for r in rows),
         linears_s=tuple(lin),
@@ -291,13 +324,5 @@ def measure_passes(
         kv_read_s=tuple(reads),
         write_rows=tuple(write_rows),
         kv_write_s=tuple(wrote),
-        decode=(int(db), int(span)),
-        decode_s=decode_s,
-        more_rows=int(more_rows) if more_s > 0 else 0,
-        more_rows_s=more_s,
-        prefill=(int(pb), int(pt)),
-        prefill_s=prefill_s,
-        rounds=rounds,
-        load=load,
-        threads=torch.get_num_threads(),
+        **common,  # type: ignore[arg-type]
     )
