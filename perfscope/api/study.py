@@ -430,11 +430,14 @@ def _pass_setting(a: RunArgs) -> Any:
     opts = {k: str(v) for k, v in (a.engine_options or {}).items()}
     kv = opts.get("kv_dtype") or opts.get("kv_cache_dtype") or "auto"
     kv = _KV_DTYPE_ALIASES.get(kv.strip().lower(), kv.strip().lower())
+    block = opts.get("kv_block_tokens", "16").strip()
     return PassSetting(
         dtype=_DTYPE_ALIASES.get(a.dtype or "float32", a.dtype or "float32"),
         quant=opts.get("quant", "none").strip().lower(),
         sparsity=parse_sparsity(opts.get("sparsity", "none")).label,
         kv_dtype=kv,
+        kv_paged=opts.get("kv_paged", "off").strip().lower() == "on",
+        kv_block_tokens=int(block) if block.isdigit() and int(block) > 0 else 16,
     )
 
 
@@ -444,7 +447,7 @@ def measure_setting_passes(
     """Per setting, its kernel calls timed against the first setting's on this machine
     (:func:`perfscope.profiler.engines.reference.passes.measure_passes`) as
     :class:`~perfscope.analysis.overhead.PassCosts`: only for reference-engine settings on
-    the CPU whose dtype, weight quantisation, sparsity or KV dtype differs from the
+    the CPU whose dtype, weight quantisation, sparsity, KV dtype or KV layout differs from the
     baseline's, or whose batch does (the baseline model's decode step is then timed alone
     at both batches: the cost of a row); ``None`` otherwise. Timed at the study's threads,
     at the rows of one decode step and of one prefill, and at a short and the longest

@@ -47,12 +47,17 @@ class PassSetting:
         quant: ``none``, ``int8`` or ``int8-wo``.
         sparsity: ``none`` or ``unstructured:F``.
         kv_dtype: ``auto``, ``int8`` or ``fp8``.
+        kv_paged: a paged cache (block pools read through a block table) instead of one
+            contiguous slot a sequence.
+        kv_block_tokens: positions a block holds (paged only).
     """
 
     dtype: str = "float32"
     quant: str = "none"
     sparsity: str = "none"
     kv_dtype: str = "auto"
+    kv_paged: bool = False
+    kv_block_tokens: int = 16
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,22 @@ def _model(cfg: ReferenceConfig, s: PassSetting) -> ReferenceModel:
     m = quantize_weights(m, s.quant)
     sparsify_weights(m, parse_sparsity(s.sparsity))
     return m
+
+
+def _cache(model: ReferenceModel, s: PassSetting, rows: int, length: int) -> KVCache:
+    """A cache of ``rows`` sequences of ``length`` positions as the engine builds it for
+    ``s``: contiguous, or paged with every row's blocks allocated."""
+    if not s.kv_paged:
+        return KVCache(model.cfg, rows, length, torch.device("cpu"), model.kv_dtype)
+    from perfscope.profiler.engines.reference.paged import PagedKVCache
+
+    per_row = -(-length // s.kv_block_tokens)
+    c = PagedKVCache(
+        model.cfg, rows, length, rows * per_row, s.kv_block_tokens, torch.device("cpu")
+    )
+    for slot in range(rows):
+        c.allocate(slot, length)
+    return c
 
 
 def _linears(block: nn.Module) -> list[tuple[nn.Module, int]]:
@@ -217,7 +238,12 @@ def measure_passes(
         candidate.quant,
         candidate.sparsity,
     )
-    same_cache = (baseline.dtype, baseline.kv_dtype) == (candidate.dtype, candidate.kv_dtype)
+    same_cache = (baseline.dtype, baseline.kv_dtype, baseline.kv_paged) == (
+        candidate.dtype,
+        candidate.kv_dtype,
+        candidate.kv_paged,
+    )
+    settings = (baseline, candidate)
     base = models[0]
     db, span = decode
     pb, pt = prefill
@@ -282,7 +308,7 @@ def measure_passes(
         if same_cache:
             reads.append(0.0)
             continue
-        caches = [KVCache(m.cfg, b, span + 1, torch.device("cpu"), m.kv_dtype) for m in models]
+        caches = [_cache(m, st, b, span + 1) for m, st in zip(models, settings, strict=True)]
 
         def read(
             j: int, b: int = b, span: int = span, caches: list[KVCache] = caches
@@ -298,7 +324,7 @@ def measure_passes(
         if same_cache:
             wrote.append(0.0)
             continue
-        caches = [KVCache(m.cfg, b, t + 1, torch.device("cpu"), m.kv_dtype) for m in models]
+        caches = [_cache(m, st, b, t + 1) for m, st in zip(models, settings, strict=True)]
 
         def write(
             j: int, b: int = b, t: int = t, caches: list[KVCache] = caches
