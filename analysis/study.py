@@ -51,7 +51,7 @@ from perfscope.analysis.overhead import (
     quantisation_bytes,
     roof_times,
 )
-from perfscope.analysis.queueing import Load, simulate
+from perfscope.analysis.queueing import Load, LoadTimes, simulate
 from perfscope.analysis.summary import Roofline
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
@@ -631,6 +631,7 @@ def _scheduling_projection(
     fit: OverheadFit | None = None,
     loads: tuple[Load | None, Load | None] | None = None,
     values: tuple[str, str] = ("", ""),
+    prompt_spec: str = "",
 ) -> dict[str, Any]:
     """The projection of a scheduling knob, with a ``note`` saying what it rests on.
 
@@ -728,14 +729,287 @@ def _scheduling_projection(
             "note": "projected by the disaggregation what-if alone (TTFT and throughput not "
             "projected; the hand-off is measured, not priced): " + dis_txt,
         }
+    budgets = tuple(_budget_of(v) for v in values)
+    load0, load1 = loads or (None, None)
+    chunked = None
+    if fit is not None and load0 is not None and load1 is not None:
+        lengths = _prompt_lengths(prompt_spec, load0.requests, prompt_len)
+        chunked = _chunked_projection(
+            baseline, budgets, fit, (load0, load1), batch, lengths, output_len
+        )
+    if chunked is not None:
+        chunked["disaggregation"] = dis
+        chunked["note"] = (
+            "projected by the baseline's fitted cost model stepping the load through the "
+            "engine's scheduler: without a budget one prefill pass of the admitted prompts "
+            "then one decode step; with one, each step the decode rows first and the next "
+            "prompt chunks up to the budget (a prompt's first token when its last chunk "
+            "ends), each step paying the fitted per-step, per-row and per-layer host time; "
+            f"prompts of {min(lengths)}-{max(lengths)} tokens spread over the workload's "
+            "distribution; " + dis_txt
+        )
+        return chunked
     return {
         "ratios": dict(_NO_RATIOS),
         "sol_ratios": dict(_NO_RATIOS),
         "disaggregation": dis,
-        "note": "no projection: the what-if prices one static batch with prefill and decode "
-        "apart and has no per-step token budget, so it cannot price chunked (mixed) steps; "
+        "note": "no projection: a per-step token budget is projected from the baseline's "
+        "fitted cost model and its load, and this study has "
+        + ("no load" if fit is not None else "no fitted cost model")
+        + "; "
         + dis_txt,
     }
+
+
+def _prompt_lengths(spec: str, n: int, mean: int) -> list[int]:
+    """``n`` prompt lengths spread over a ``uniform:A:B`` workload (quantiles in a
+    golden-ratio order, so neighbours differ as random draws would), else ``mean`` each."""
+    parts = str(spec).split(":")
+    if len(parts) == 3 and parts[0] == "uniform":
+        try:
+            lo, hi = float(parts[1]), float(parts[2])
+        except ValueError:
+            return [mean] * n
+        frac = [((i + 1) * 0.6180339887498949) % 1.0 for i in range(n)]
+        return [max(1, round(lo + (hi - lo) * f)) for f in frac]
+    return [mean] * n
+
+
+def _budget_of(value: str) -> int | None:
+    """A ``max-batched-tokens`` setting as a token budget (``None``: unlimited)."""
+    try:
+        v = int(str(value).strip())
+    except ValueError:
+        return None
+    return v if v > 0 else None
+
+
+def _chunked_projection(
+    baseline: Mapping[str, Any],
+    budgets: tuple[int | None, int | None],
+    fit: OverheadFit,
+    loads: tuple[Load, Load],
+    batch: tuple[int, int],
+    prompt_lens: Sequence[int],
+    output_len: int,
+) -> dict[str, Any] | None:
+    """TTFT, TPOT and throughput of each budget by :func:`simulate_budget` with step times
+    from ``fit`` (its per-layer term split out as for any projection), and the same at the
+    speed of light (the roofline alone, no host time); ``None`` without a roofline."""
+    import numpy as np
+
+    from perfscope.hwdb.spec import DeviceSpec
+
+    spec = (baseline.get("hardware") or {}).get("spec")
+    if not spec or not baseline.get("model"):
+        return None
+    dev = DeviceSpec.from_dict(spec)
+    model = ModelSpec.from_dict(dict(baseline["model"]))
+    used = fit.split_layers(model.n_layers)
+    ctx = statistics.fmean(prompt_lens) + output_len / 2.0
+
+    def step(f: OverheadFit | None, rows: int, chunk: int, chunks: int) -> float:
+        decode = (
+            float(
+                roof_times(model, dev, np.array([rows]), np.array([rows]), np.array([rows * ctx]))[
+                    0
+                ]
+            )
+            if rows
+            else 0.0
+        )
+        prompt = (
+            float(
+                roof_times(model, dev, np.array([1.0]), np.array([chunk]), np.array([chunk / 2.0]))[
+                    0
+                ]
+            )
+            if chunk
+            else 0.0
+        )
+        if f is None:  # speed of light
+            return decode + prompt
+        seqs = max(rows + chunks, 1)
+        pre = f.prefill_scale if f.prefill_scale is not None else f.roof_scale
+        host = float(f.host_time(float(model.n_layers), seqs, seqs))
+        return host + f.roof_scale * decode + pre * prompt
+
+    out: list[tuple[LoadTimes, LoadTimes]] = []
+    for budget, load, slots in zip(budgets, loads, batch, strict=True):
+        pair = tuple(
+            simulate_budget(
+                load,
+                slots=slots,
+                budget=budget,
+                step_s=partial(step, f),
+                prompt_len=prompt_lens,
+                output_len=output_len,
+            )
+            for f in (used, None)
+        )
+        out.append((pair[0], pair[1]))
+    keys = {"ttft_s": "ttft_p50_s", "tpot_s": "tpot_p50_s", "throughput_tok_s": "throughput_tok_s"}
+
+    def ratio(j: int, key: str) -> float | None:
+        a, c = getattr(out[0][j], keys[key]), getattr(out[1][j], keys[key])
+        return c / a if a and c is not None else None
+
+    return {
+        "ratios": {k: ratio(0, k) for k in keys},
+        "sol_ratios": {k: ratio(1, k) for k in keys},
+        "baseline": {k: getattr(out[0][0], v) for k, v in keys.items()},
+        "candidate": {k: getattr(out[1][0], v) for k, v in keys.items()},
+        "basis": "the fitted cost model of the baseline's steps: "
+        + used.describe()
+        + "".join(f"; {n}" for n in used.notes)
+        + "; queueing: "
+        + " → ".join(x[0].model for x in out),
+        "overhead_fit": used.to_dict(),
+        "queue": [
+            {
+                "queue_p50_s": x[0].queue_p50_s,
+                "window_s": x[0].window_s,
+                "batch_mean": x[0].batch_mean,
+                "model": x[0].model,
+            }
+            for x in out
+        ],
+    }
+
+
+def simulate_budget(
+    load: Load,
+    *,
+    slots: int,
+    budget: int | None,
+    step_s: Callable[[int, int, int], float],
+    prompt_len: int | Sequence[int],
+    output_len: int,
+) -> LoadTimes:
+    """The run of ``load`` on the reference engine's continuous scheduler with a per-step
+    token ``budget`` (``None``: unlimited), request ``i``'s prompt ``prompt_len[i]`` tokens
+    (or every prompt ``prompt_len``).
+
+    Unlimited: each iteration one prefill pass per distinct length of the admitted prompts
+    (``step_s(0, tokens, prompts)``; each prompt's first token when its pass ends), then
+    one decode step of the running rows (``step_s(rows, 0, 0)``).
+    With a budget: each iteration one step of the decode rows first and then the next
+    prompt chunks, in admission order, up to ``budget`` tokens (``step_s(rows, chunk
+    tokens, chunks)``); a prompt whose last chunk ends in a step has its first token then
+    and decodes from the next step. Requests arrive as :func:`~perfscope.analysis.queueing.
+    simulate` has them (a burst, an open loop at the rate, or closed-loop users)."""
+    n = max(int(load.requests), 1)
+    c = max(int(slots), 1)
+    out = max(int(output_len), 1)
+    plen = (
+        [max(int(prompt_len), 1)] * n
+        if isinstance(prompt_len, int)
+        else [max(int(x), 1) for x in list(prompt_len)[:n]]
+    )
+    plen += [plen[-1]] * (n - len(plen))
+    users = max(int(load.concurrency or 1), 1) if load.mode == "online" and not load.rate else 0
+    arrival: list[float] = [0.0] * n
+    if load.mode == "online" and load.rate:
+        arrival = [i / float(load.rate) for i in range(n)]
+    elif users:
+        arrival = [0.0 if i < users else math.inf for i in range(n)]
+    start, first, done = [0.0] * n, [0.0] * n, [0.0] * n
+    left = [0] * n
+    filling: list[list[int]] = []  # [request, prompt tokens still to compute]
+    running: list[int] = []
+    nxt, t, rows_sum, steps = 0, 0.0, 0, 0
+
+    def finish(i: int) -> None:
+        done[i] = t
+        if users:  # closed loop: this user sends the next request now
+            later = next((j for j in range(nxt, n) if arrival[j] == math.inf), None)
+            if later is not None:
+                arrival[later] = t
+
+    def started(i: int, at: float | None = None) -> None:
+        first[i] = t if at is None else at
+        left[i] = out - 1
+        if left[i] == 0:
+            finish(i)
+        else:
+            running.append(i)
+
+    while nxt < n or running or filling:
+        while len(running) + len(filling) < c and nxt < n and arrival[nxt] <= t:
+            start[nxt] = t
+            filling.append([nxt, plen[nxt]])
+            nxt += 1
+        if not running and not filling:
+            if nxt >= n or arrival[nxt] == math.inf:
+                break
+            t = max(t, arrival[nxt])
+            continue
+        if budget is None:
+            # one prefill pass per distinct prompt length (the engine pads nothing), each
+            # pass's prompts starting to decode together after the last pass
+            by_len: dict[int, list[int]] = {}
+            for i, tokens in filling:
+                by_len.setdefault(tokens, []).append(i)
+            passed = []
+            for tokens, group in by_len.items():
+                t += step_s(0, tokens * len(group), len(group))
+                for i in group:
+                    first[i] = t
+                passed.extend(group)
+            for i in passed:
+                started(i, first[i])
+            filling = []
+            if not running:
+                continue
+            rows = len(running)
+            t += step_s(rows, 0, 0)
+            dec, completed = list(running), []
+        else:
+            dec = list(running)
+            room = budget - len(dec)
+            completed = []
+            chunk = chunks = 0
+            for f in filling:
+                if room <= 0:
+                    break
+                q = min(f[1], room)
+                f[1] -= q
+                room -= q
+                chunk += q
+                chunks += 1
+                if f[1] == 0:
+                    completed.append(f[0])
+            t += step_s(len(dec), chunk, chunks)
+            filling = [f for f in filling if f[1] > 0]
+        rows_sum += len(dec)
+        steps += 1 if dec else 0
+        for i in dec:
+            left[i] -= 1
+            if left[i] == 0:
+                finish(i)
+        running = [i for i in running if left[i] > 0]
+        for i in completed:
+            started(i)
+    ttft = [first[i] - arrival[i] for i in range(n)]
+    tpot = [(done[i] - first[i]) / (out - 1) for i in range(n)] if out > 1 else [0.0] * n
+    window = max(done) - min(arrival)
+    how = (
+        f"all {n} requests at t = 0"
+        if load.mode == "batch"
+        else f"{n} requests at rate {float(load.rate):g}/s"
+        if load.rate
+        else f"{n} requests from {users} closed-loop users"
+    )
+    rule = "no token budget" if budget is None else f"a {budget}-token budget a step"
+    return LoadTimes(
+        ttft_p50_s=float(statistics.median(ttft)),
+        tpot_p50_s=float(statistics.median(tpot)),
+        queue_p50_s=float(statistics.median(start[i] - arrival[i] for i in range(n))),
+        window_s=window,
+        throughput_tok_s=n * out / window if window > 0 else None,
+        batch_mean=rows_sum / steps if steps else 0.0,
+        model=f"the engine's scheduler with {rule}, {c} slots, stepped with projected steps, {how}",
+    )
 
 
 def _mean_step_s(summary: Mapping[str, Any], kind: str) -> float | None:
@@ -1202,6 +1476,7 @@ def build_study(
                     fit=fit,
                     loads=loads,
                     values=(str(values[0]), str(value)),
+                    prompt_spec=str((args or {}).get("prompt_len") or ""),
                 )
                 notes.append(f"{knob}={value}: {projection['note']}")
             else:

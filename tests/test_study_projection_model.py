@@ -445,3 +445,28 @@ def test_a_dtype_change_times_the_whole_step_at_both_dtypes() -> None:
     assert t.rows == (2, 16) and len(t.linears_s) == 2
     assert t.kv_read_s == () and t.kv_write_s == () and t.head_s == (0.0, 0.0)
     assert t.decode == (2, 12) and t.decode_s > 0 and t.prefill_s > 0
+
+
+def test_a_token_budget_splits_each_prompt_into_chunks_that_each_pay_a_step() -> None:
+    """One request of a 100-token prompt and 3 output tokens, steps of 1 ms plus 10 us a
+    token: without a budget one prefill pass (2 ms) then two decode steps; with a 32-token
+    budget four chunk steps (32 + 32 + 32 + 4 tokens) before the first token, so TTFT pays
+    the per-step cost four times while the prompt's work is the same."""
+    from perfscope.analysis.study import simulate_budget
+
+    def step(rows: int, chunk: int, chunks: int) -> float:
+        return 1e-3 + 1e-5 * (rows + chunk)
+
+    one = Load(mode="batch", requests=1)
+    kw: dict[str, Any] = {"slots": 4, "step_s": step, "prompt_len": 100, "output_len": 3}
+    whole = simulate_budget(one, budget=None, **kw)
+    chunked = simulate_budget(one, budget=32, **kw)
+    assert whole.ttft_p50_s == pytest.approx(1e-3 + 100e-5)
+    assert chunked.ttft_p50_s == pytest.approx(4e-3 + 100e-5)
+    assert whole.tpot_p50_s == pytest.approx(chunked.tpot_p50_s) == pytest.approx(1e-3 + 1e-5)
+    # four closed-loop users: decode rows take their budget first, so prompts fill slower
+    users = Load(mode="online", requests=8, concurrency=4)
+    assert (
+        simulate_budget(users, budget=8, **kw).ttft_p50_s
+        > simulate_budget(users, budget=None, **kw).ttft_p50_s
+    )
