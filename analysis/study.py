@@ -370,6 +370,17 @@ def _per_token(p: dict[str, Any], gain: float) -> None:
         p["throughput_tok_s"] = p["throughput_tok_s"] * gain
 
 
+def _pick_scaled(
+    at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]],
+    j: int,
+    key: str,
+    scale: float,
+    k: int,
+) -> float:
+    """``key`` of :func:`_pick` times ``scale`` (a draft's prefill beside the target's)."""
+    return _pick(at, j, key, k) * scale
+
+
 def _pick_per_token(
     at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]], j: int, gain: float, k: int
 ) -> float:
@@ -442,7 +453,18 @@ def project_change(
         speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
         for s, b in ((baseline, batch[0]), (candidate, batch[1]))
     ]
-    gains = _token_gains(spec, "fitted" if used_fit is not None else "derated")
+    key = "fitted" if used_fit is not None else "derated"
+    gains = _token_gains(spec, key)
+    # the draft prefills every prompt group too, at its cost per pass relative to the target
+    drafts = [
+        (0.0, 0.0)
+        if p is None
+        else (
+            float(p["before_run"].get(f"cost_ratio_{key}") or 0.0),
+            float(p["before_run"].get("cost_ratio_sol") or 0.0),
+        )
+        for p in spec
+    ]
     outs = output_lens or (output_len, output_len)
     load_pair = loads or (None, None)
     for side, (summary, slots, kv, output_len, cached, load, mode, extra) in enumerate(
@@ -510,8 +532,10 @@ def project_change(
 
         pred, sol = (dict(x) for x in both(slots))
         if load is None:
-            for p, gain in zip((pred, sol), gains[side], strict=True):
+            for p, gain, draft in zip((pred, sol), gains[side], drafts[side], strict=True):
                 _per_token(p, gain)
+                if draft and p.get("ttft_s") is not None:
+                    p["ttft_s"] = p["ttft_s"] * (1.0 + draft)
         else:
             at = cache(both)  # one projection per batch size the simulation meets
 
@@ -519,7 +543,7 @@ def project_change(
                 lt = simulate(
                     load,
                     slots=slots,
-                    prefill_s=partial(_pick, at, j, "ttft_s"),
+                    prefill_s=partial(_pick_scaled, at, j, "ttft_s", 1.0 + drafts[side][j]),
                     # a speculative step yields its expected tokens a row: the queue moves
                     # at the time per token, so a slower token delays the next admission
                     decode_s=partial(_pick_per_token, at, j, gains[side][j]),
