@@ -26,7 +26,7 @@ from perfscope.analysis.calibration import (
 )
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.api.study import APPLIES
-from perfscope.cli.advisor import load_studies
+from perfscope.cli.advisor import load_studies, table_text, with_table
 from perfscope.hwdb.spec import DeviceSpec
 from tests.conftest import PERFSCOPE, ROOT, subprocess_env
 from tests.test_advisor_suggestions import A100, _run
@@ -50,6 +50,44 @@ def test_the_packaged_calibration_is_the_rebuild_of_the_stored_studies() -> None
         if e.error is not None and e.projected_ratio is not None:
             assert e.error == pytest.approx(e.projected_ratio / e.measured_ratio - 1, abs=1e-3)
         assert e.machine.cores and e.machine.engine  # keyed by machine class
+
+
+#: Where the docs show the technique table (``perfscope advisor table --write`` keeps them).
+TABLE_DOCS = (ROOT / "samples" / "studies" / "README.md", ROOT / "docs" / "projections.md")
+
+
+def test_the_technique_tables_in_the_docs_are_what_the_stored_studies_give() -> None:
+    """No hand-copied figure: each document's table (between the markers) is the one the
+    stored studies give, median error line included."""
+    text = table_text(build_calibration(load_studies([STUDIES]), root=ROOT))
+    for doc in TABLE_DOCS:
+        md = doc.read_text(encoding="utf-8")
+        assert with_table(md, text, doc) == md, f"{doc.name}: perfscope advisor table --write"
+    assert "median absolute projection error over significant effects" in text
+
+
+def test_advisor_table_write_and_check_keep_a_document_in_step(tmp_path: Path) -> None:
+    from perfscope.cli.advisor import TABLE_END, TABLE_START
+
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# Studies\n\n{TABLE_START}\n| typed | by hand |\n{TABLE_END}\n\nafter\n")
+    one = min(STUDIES.glob("*.json"))  # any stored study: the table's rows are not the point
+    run = [*PERFSCOPE, "advisor", "table", str(one), "--write", str(doc)]
+    check = subprocess.run([*run, "--check"], capture_output=True, text=True, env=subprocess_env())
+    assert check.returncode == 1 and "differs" in check.stdout
+    wrote = subprocess.run(run, capture_output=True, text=True, env=subprocess_env())
+    assert wrote.returncode == 0, wrote.stderr
+    md = doc.read_text()
+    assert "| typed | by hand |" not in md and md.endswith("after\n")
+    assert "| technique | change | metric |" in md
+    again = subprocess.run([*run, "--check"], capture_output=True, text=True, env=subprocess_env())
+    assert again.returncode == 0, again.stdout
+    (tmp_path / "bare.md").write_text("no markers\n")
+    bare = subprocess.run(
+        [*run[:-1], str(tmp_path / "bare.md")], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert bare.returncode == 2 and "no table markers" in bare.stderr
+    assert "Traceback" not in bare.stderr
 
 
 def test_every_reference_engine_study_knob_is_a_calibration_technique() -> None:
