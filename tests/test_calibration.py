@@ -211,6 +211,40 @@ def test_advice_quotes_the_entry_of_its_machine_class_beside_an_unchanged_projec
     assert all(a["calibration"]["text"].startswith("uncalibrated here") for a in other)
 
 
+def test_an_error_whose_projection_lies_inside_the_measured_interval_says_so() -> None:
+    """The issue's case: "off by +82%" for a significant batching entry whose projection
+    (7.94x) lay inside its measured interval [1.92, 9.87]: the note says the projection is
+    inside, next to the error; one outside the interval does not."""
+    machine = MachineClass("AMD EPYC", 2, None, "reference")
+
+    def entry(projected: float) -> CalibrationEntry:
+        return CalibrationEntry(
+            technique="batching",
+            machine=machine,
+            metric="output_tok_s",
+            knob="batch-size",
+            baseline="1",
+            value="8",
+            projected_ratio=projected,
+            sol_ratio=3.69,
+            measured_ratio=4.35,
+            interval=(1.92, 9.87),
+            confidence=0.95,
+            significant=True,
+            error=projected / 4.35 - 1,
+            runs_per_setting=3,
+            method="paired",
+            study_file="samples/studies/results/x.json",
+            created_at="2026-12-01T23:17:22+00:00",
+        )
+
+    inside = calibration_for("larger batches", machine, "decode_tok_s", [entry(7.94)])
+    assert "off by +83%" in inside.text
+    assert "the projection lies inside the measured interval" in inside.text
+    outside = calibration_for("larger batches", machine, "decode_tok_s", [entry(12.0)])
+    assert "inside" not in outside.text and outside.significant
+
+
 def test_calibration_for_an_unknown_technique_says_it_is_uncalibrated_here() -> None:
     c = calibration_for("something new", MachineClass("X", 2, None, "reference"), "tpot_s")
     assert c.technique is None and not c.calibrated and c.error is None
