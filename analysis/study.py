@@ -753,7 +753,7 @@ def _scheduling_projection(
             "note": "projected by the disaggregation what-if alone (TTFT and throughput not "
             "projected; the hand-off is measured, not priced): " + dis_txt,
         }
-    budgets = tuple(_budget_of(v) for v in values)
+    budgets = (_budget_of(values[0]), _budget_of(values[1]))
     load0, load1 = loads or (None, None)
     chunked = None
     if fit is not None and load0 is not None and load1 is not None:
@@ -987,11 +987,12 @@ def simulate_budget(
                 continue
             rows = len(running)
             t += step_s(rows, 0, 0)
-            dec, completed = list(running), []
+            dec = list(running)
+            completed: list[int] = []
         else:
             dec = list(running)
             room = budget - len(dec)
-            completed = []
+            completed = []  # prompts whose last chunk ends in this step
             chunk = chunks = 0
             for f in filling:
                 if room <= 0:

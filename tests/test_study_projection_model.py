@@ -331,10 +331,9 @@ def test_measured_kernel_calls_add_their_difference_to_every_projected_step() ->
     assert p["passes"]["linears_s"] == 50e-6 and "measured against the baseline" in p["basis"]
 
 
-def test_the_engines_own_quantised_cache_read_is_timed_slower_than_a_view() -> None:
-    """Real calls of the reference model, as the engine builds them: an fp8 cache is cast
-    back (a table lookup) on every read, which a float cache's view is not; the linears,
-    the same in both settings, are not timed at all."""
+def _timed_on_one_thread(candidate: Any, **kw: Any) -> Any:
+    """:func:`measure_passes` of the tiny preset, fp32 baseline against ``candidate``, on
+    one intra-op thread (as the studies run), in short timings."""
     import torch
 
     from perfscope.profiler.engines.reference.model import PRESETS
@@ -343,17 +342,20 @@ def test_the_engines_own_quantised_cache_read_is_timed_slower_than_a_view() -> N
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        t = measure_passes(
-            PRESETS["tiny"],
-            PassSetting(),
-            PassSetting(kv_dtype="fp8"),
-            rows=[1, 8],
-            spans=[(8, 64), (8, 256)],
-            rounds=3,
-            budget_s=0.005,
-        )
+        return measure_passes(PRESETS["tiny"], PassSetting(), candidate, budget_s=0.005, **kw)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_engines_own_quantised_cache_read_is_timed_slower_than_a_view() -> None:
+    """Real calls of the reference model, as the engine builds them: an fp8 cache is cast
+    back (a table lookup) on every read, which a float cache's view is not; the linears,
+    the same in both settings, are not timed at all."""
+    from perfscope.profiler.engines.reference.passes import PassSetting
+
+    t = _timed_on_one_thread(
+        PassSetting(kv_dtype="fp8"), rows=[1, 8], spans=[(8, 64), (8, 256)], rounds=3
+    )
     assert t.linears_s == (0.0, 0.0) and t.head_s == (0.0, 0.0)
     assert all(r > 0 for r in t.kv_read_s)
     assert t.kv_elements == (8 * 2 * 64 * 32, 8 * 2 * 256 * 32)
@@ -421,27 +423,16 @@ def test_a_dtype_change_times_the_whole_step_at_both_dtypes() -> None:
     """Every op of a step changes with the dtype (norms, attention, the cache), so the
     whole decode step and prefill are timed at both, per layer, on the line through the
     decode's and the prefill's rows; nothing is left to the cache's own terms."""
-    import torch
+    from perfscope.profiler.engines.reference.passes import PassSetting
 
-    from perfscope.profiler.engines.reference.model import PRESETS
-    from perfscope.profiler.engines.reference.passes import PassSetting, measure_passes
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        t = measure_passes(
-            PRESETS["tiny"],
-            PassSetting(),
-            PassSetting(dtype="bfloat16"),
-            rows=[1, 2],
-            spans=[(2, 8)],
-            decode=(2, 12),
-            prefill=(2, 8),
-            rounds=2,
-            budget_s=0.005,
-        )
-    finally:
-        torch.set_num_threads(before)
+    t = _timed_on_one_thread(
+        PassSetting(dtype="bfloat16"),
+        rows=[1, 2],
+        spans=[(2, 8)],
+        decode=(2, 12),
+        prefill=(2, 8),
+        rounds=2,
+    )
     assert t.rows == (2, 16) and len(t.linears_s) == 2
     assert t.kv_read_s == () and t.kv_write_s == () and t.head_s == (0.0, 0.0)
     assert t.decode == (2, 12) and t.decode_s > 0 and t.prefill_s > 0

@@ -25,6 +25,22 @@ SKIP_SMOKE = {
 }
 
 
+def _smoke(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script --smoke ARGS`` run from the samples folder; it must succeed."""
+    out = subprocess.run(
+        [sys.executable, str(script), "--smoke", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=SAMPLES,
+        # the session's cache (tests/conftest.py): one CPU calibration and one trained tiny
+        # model for every smoke, as a user's cache would hold
+        env=subprocess_env(),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 def test_every_sample_has_a_write_up() -> None:
     assert len(SCRIPTS) >= 10
     missing = [p.name for p in SCRIPTS if not p.with_suffix(".md").exists()]
@@ -35,17 +51,7 @@ def test_every_sample_has_a_write_up() -> None:
 def test_sample_smoke_run_prints_its_measured_table(script: Path, tmp_path: Path) -> None:
     if script.stem in SKIP_SMOKE:
         pytest.skip(SKIP_SMOKE[script.stem])
-    out = subprocess.run(
-        [sys.executable, str(script), "--smoke", "--runs-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=SAMPLES,
-        # the session's cache (tests/conftest.py): one CPU calibration and one trained tiny
-        # model for every smoke, as a user's cache would hold
-        env=subprocess_env(),
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _smoke(script, "--runs-dir", str(tmp_path))
     header, folder = OWN_RECORD.get(script.stem, ("| measured ratio |", "studies"))
     assert header in out.stdout
     assert list((tmp_path / folder).glob("*.json"))
@@ -59,17 +65,7 @@ def test_the_parallel_study_is_stored_as_a_study_the_calibration_reads(tmp_path:
     from perfscope.analysis.study import read_study
 
     saved = tmp_path / "saved"
-    script = SAMPLES / "parallel.py"
-    args = ["--smoke", "--runs-dir", str(tmp_path), "--save", str(saved)]
-    out = subprocess.run(
-        [sys.executable, str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=SAMPLES,
-        env=subprocess_env(),
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    _smoke(SAMPLES / "parallel.py", "--runs-dir", str(tmp_path), "--save", str(saved))
     (path,) = saved.glob("*.json")
     st = read_study(path)
     assert st.knob == "parallel" and st.values == ["single", "tp=2", "pp=2"]
