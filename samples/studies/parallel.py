@@ -99,11 +99,23 @@ def _run_summary(run: ParallelRun, job: ParallelJob) -> dict[str, object]:
 
 
 def _ratios(
-    spec: ModelSpec, dev: object, job: ParallelJob, plan: ParallelPlan, eff: tuple[float, float]
+    spec: ModelSpec,
+    dev: object,
+    job: ParallelJob,
+    plan: ParallelPlan,
+    eff: tuple[float, float],
+    link: tuple[float, float] | None = None,
 ) -> dict[str, float]:
     """TTFT, TPOT and throughput of ``plan`` by the parallel what-if, the prefill at
-    ``eff[0]`` and the decode at ``eff[1]`` of speed of light."""
-    kw = {"batch": job.batch, "prompt_len": job.prompt_len, "output_len": job.output_len}
+    ``eff[0]`` and the decode at ``eff[1]`` of speed of light; ``link`` (bandwidth B/s,
+    latency s): the link as measured beside the runs instead of the hwdb entry's."""
+    kw: dict[str, object] = {
+        "batch": job.batch,
+        "prompt_len": job.prompt_len,
+        "output_len": job.output_len,
+    }
+    if link is not None:
+        kw.update(link_bw_bytes_s=link[0], collective_latency_s=link[1])
     pre = predict_parallel(spec, dev, plan, efficiency=eff[0], link=LINK, **kw)  # type: ignore[arg-type]
     dec = predict_parallel(spec, dev, plan, efficiency=eff[1], link=LINK, **kw)  # type: ignore[arg-type]
     e2e = pre.ttft_s + (job.output_len - 1) * dec.tpot_s
@@ -121,12 +133,16 @@ def study_record(
     *,
     created_at: str,
     load: tuple[float, float],
+    link: tuple[float, float] | None = None,
 ) -> Study:
     """The measurement as a ``perfscope.study/1`` record: per round one run of each of
     :data:`STUDY_SETTINGS`, effects paired by round (the experiment module's rule, TPOT
     primary), each setting next to the parallel what-if on ``cpu-loopback-gloo`` derated to
     the single process's measured efficiency (prefill and decode apart, from the single
-    runs only: the projection never sees a TP or PP run), and its speed of light."""
+    runs only: the projection never sees a TP or PP run), and its speed of light. ``link``
+    (bandwidth B/s, latency s): the loopback link as calibrated in the last round's process
+    group, under the runs' load (a measurement of the link, not of a TP or PP run); the
+    hwdb entry's otherwise."""
     names = list(STUDY_SETTINGS)
     runs = [
         (r, i, f"round-{r + 1}-{STUDY_SETTINGS[n]}", _run_summary(rounds[r][n], job))
@@ -167,8 +183,8 @@ def study_record(
     keys = {"ttft_p50_s": "ttft_s", "tpot_p50_s": "tpot_s", "output_tok_s": "throughput_tok_s"}
     settings = [st.settings[0]]
     for s in st.settings[1:]:
-        cand = _ratios(spec, dev, job, plans[s.value], eff)
-        sol = _ratios(spec, dev, job, plans[s.value], (1.0, 1.0))
+        cand = _ratios(spec, dev, job, plans[s.value], eff, link)
+        sol = _ratios(spec, dev, job, plans[s.value], (1.0, 1.0), link)
         ratios = {k: cand[k] / base[k] for k in cand}
         projection = {
             "ratios": ratios,
@@ -176,9 +192,15 @@ def study_record(
             "baseline": base,
             "candidate": cand,
             "basis": (
-                f"the parallel what-if (analysis/parallel.py) on {DEVICE}, its link and wait "
-                f"from the hwdb entry, compute derated to the single process's measured "
-                f"efficiency: prefill {eff[0]:.3g}, decode {eff[1]:.3g} of speed of light"
+                f"the parallel what-if (analysis/parallel.py) on {DEVICE}, "
+                + (
+                    f"the link calibrated beside the runs ({link[0] / 1e9:.3g} GB/s, "
+                    f"{link[1] * 1e6:.3g} us a collective) and the entry's wait"
+                    if link is not None
+                    else "its link and wait from the hwdb entry"
+                )
+                + f", compute derated to the single process's measured efficiency: prefill "
+                f"{eff[0]:.3g}, decode {eff[1]:.3g} of speed of light"
             ),
         }
         effects = []
@@ -472,7 +494,12 @@ def main() -> None:
     print(f"- record: `{path}`")
     if a.save is not None:
         st = study_record(
-            by_round, order, job, created_at=record["created_at"], load=(load0[0], load1[0])
+            by_round,
+            order,
+            job,
+            created_at=record["created_at"],
+            load=(load0[0], load1[0]),
+            link=None if bw is None or lat is None else (bw, lat),
         )
         target = Path(a.save) / f"{stamp}-study-parallel{'-smoke' if a.smoke else ''}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
