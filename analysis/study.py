@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import cache, partial
 from pathlib import Path
@@ -360,7 +360,7 @@ def _token_gains(spec: Sequence[Mapping[str, Any] | None], key: str) -> list[tup
     return [(float(a or 1.0), float(b or 1.0)) for a, b in out]
 
 
-def _per_token(p: dict[str, Any], gain: float) -> None:
+def _per_token(p: MutableMapping[str, Any], gain: float) -> None:
     """Projected times of a static batch at ``gain`` tokens per step a row (in place)."""
     if gain == 1.0:
         return
@@ -816,7 +816,7 @@ def _chunked_projection(
     batch: tuple[int, int],
     prompt_lens: Sequence[int],
     output_len: int,
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     """TTFT, TPOT and throughput of each budget by :func:`simulate_budget` with step times
     from ``fit`` (its per-layer term split out as for any projection), and the same at the
     speed of light (the roofline alone, no host time); ``None`` without a roofline."""
