@@ -434,6 +434,27 @@ class OverheadFit:
         d["folded"] = list(self.folded)
         return d
 
+    @classmethod
+    def from_dict(cls, data: Any) -> OverheadFit:
+        """Inverse of :meth:`to_dict`."""
+        scale = data.get("prefill_scale")
+        return cls(
+            roof_scale=float(data["roof_scale"]),
+            per_layer_s=float(data["per_layer_s"]),
+            per_sequence_s=float(data["per_sequence_s"]),
+            per_token_s=float(data["per_token_s"]),
+            per_step_s=float(data["per_step_s"]),
+            folded=tuple(str(f) for f in data.get("folded") or ()),
+            samples=int(data.get("samples") or 0),
+            residual_rms_s=float(data.get("residual_rms_s") or 0.0),
+            residual_rel=float(data.get("residual_rel") or 0.0),
+            device=str(data.get("device") or ""),
+            platform=str(data.get("platform") or "cpu"),
+            notes=[str(n) for n in data.get("notes") or []],
+            prefill_scale=None if scale is None else float(scale),
+            act_dtype=str(data.get("act_dtype") or ""),
+        )
+
     def describe(self) -> str:
         """One line: the terms and the residual."""
         us = 1e6

@@ -24,7 +24,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,9 @@ __all__ = [
     "memory_need",
     "phase_points",
     "project_change",
+    "projection_inputs",
     "read_study",
+    "rederive_study",
     "run_metrics",
     "speculative_projection",
 ]
@@ -1285,6 +1287,9 @@ class SettingResult:
     effects: list[Effect]
     projection: dict[str, Any] | None
     quality: dict[str, Any] | None = None
+    #: What its projection was made from (:func:`projection_inputs`), so that it can be
+    #: made again from the record alone (:func:`rederive_study`); ``None`` in older records.
+    inputs: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -1363,6 +1368,7 @@ class Study:
                     effects=effects,
                     projection=s.get("projection"),
                     quality=s.get("quality"),
+                    inputs=s.get("inputs"),
                 )
             )
         return cls(
@@ -1401,6 +1407,144 @@ def read_study(path: str | Path) -> Study:
 def _median(values: Sequence[float | None]) -> float | None:
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     return statistics.median(xs) if xs else None
+
+
+#: The sections of a setting's first run summary a projection reads.
+_INPUT_SECTIONS = (
+    "model",
+    "hardware",
+    "roofline",
+    "load",
+    "workload",
+    "speculative",
+    "prompt_cache",
+    "steps",
+)
+
+
+def projection_inputs(
+    summary: Mapping[str, Any],
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    kv_cache: bool,
+    queueing: bool,
+    fit: OverheadFit | None = None,
+) -> dict[str, object]:
+    """What a setting's projection is made from, as stored with it: the sections of its
+    first run's summary a projection reads, its batch and token counts, and (the
+    baseline's) the fitted cost model. :func:`rederive_study` makes the projection again
+    from these alone."""
+    out: dict[str, object] = {k: summary[k] for k in _INPUT_SECTIONS if summary.get(k) is not None}
+    out["setting"] = {
+        "batch": int(batch),
+        "prompt_len": int(prompt_len),
+        "output_len": int(output_len),
+        "kv_cache": bool(kv_cache),
+        "queueing": bool(queueing),
+    }
+    if fit is not None:
+        out["fit"] = fit.to_dict()
+    return out
+
+
+def _project_setting(
+    knob: str,
+    values: tuple[str, str],
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    batch: tuple[int, int],
+    prompt_len: int,
+    output_lens: tuple[int, int],
+    kv_cache: tuple[bool, bool],
+    fit: OverheadFit | None,
+    loads: tuple[Load | None, Load | None] | None,
+    passes: PassCosts | None,
+    prompt_spec: str,
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """A candidate setting's projection from the baseline's and its own first run
+    summaries (or their stored :func:`projection_inputs`), and the notes it adds."""
+    if knob in _SCHEDULING_KNOBS:
+        projection = _scheduling_projection(
+            knob,
+            baseline,
+            candidate,
+            batch=batch,
+            prompt_len=prompt_len,
+            output_len=output_lens[0],
+            fit=fit,
+            loads=loads,
+            values=values,
+            prompt_spec=prompt_spec,
+        )
+        return projection, [f"{knob}={values[1]}: {projection['note']}"]
+    projection = project_change(
+        baseline,
+        candidate,
+        batch=batch,
+        prompt_len=prompt_len,
+        output_len=output_lens[0],
+        kv_cache=kv_cache,
+        output_lens=output_lens,
+        fit=fit,
+        loads=loads,
+        quant=values if knob == "quant" else ("none", "none"),
+        passes=passes,
+    )
+    return projection, []
+
+
+def rederive_study(study: Study) -> Study:
+    """``study`` with every projection made again by the current projection model from
+    what the record stores (:attr:`SettingResult.inputs`, the measured kernel calls in
+    ``projection.passes``), and each effect's projected ratio and error with it; the
+    measurements are unchanged. Records without inputs (older ones) and a ``threads``
+    study (its no-projection rule reads every baseline run's contention) are returned as
+    they are."""
+    base = study.settings[0].inputs if study.settings else None
+    if not base or study.knob == "threads":
+        return study
+    raw_fit = base.get("fit")
+    fit = OverheadFit.from_dict(raw_fit) if isinstance(raw_fit, Mapping) else None
+    b_set = base.get("setting")
+    if not isinstance(b_set, Mapping):
+        return study
+    out = [study.settings[0]]
+    for s in study.settings[1:]:
+        c_set = s.inputs.get("setting") if s.inputs else None
+        if not s.inputs or not isinstance(c_set, Mapping):
+            out.append(s)
+            continue
+        queued = bool(b_set.get("queueing"))
+        loads = (Load.from_summary(base), Load.from_summary(s.inputs)) if queued else (None, None)
+        raw_passes = (s.projection or {}).get("passes")
+        projection, _ = _project_setting(
+            study.knob,
+            (study.values[0], s.value),
+            base,
+            s.inputs,
+            batch=(int(b_set["batch"]), int(c_set["batch"])),
+            prompt_len=int(b_set["prompt_len"]),
+            output_lens=(int(b_set["output_len"]), int(c_set["output_len"])),
+            kv_cache=(bool(b_set["kv_cache"]), bool(c_set["kv_cache"])),
+            fit=fit,
+            loads=loads,
+            passes=PassCosts.from_dict(raw_passes) if isinstance(raw_passes, Mapping) else None,
+            prompt_spec=str(study.args.get("prompt_len") or ""),
+        )
+        old = (s.projection or {}).get("speculative")
+        if projection is not None and projection.get("speculative") and old:
+            projection["speculative"]["after_run"] = old.get("after_run")
+        effects = []
+        for e in s.effects:
+            key = METRICS.get(e.metric, (None, None))[1]
+            proj = None if projection is None or key is None else projection["ratios"].get(key)
+            err = proj / e.change.ratio - 1.0 if proj is not None and e.change.ratio else None
+            effects.append(replace(e, projected_ratio=proj, error=err))
+        out.append(replace(s, projection=projection, effects=effects))
+    return replace(study, settings=out)
 
 
 def build_study(
@@ -1490,46 +1634,33 @@ def build_study(
         effects: list[Effect] = []
         projection = None
         if i > 0 and summaries[0] and summaries[i]:
-            if knob in _SCHEDULING_KNOBS:
-                projection = _scheduling_projection(
-                    knob,
-                    summaries[0][0],
-                    first,
-                    batch=(batches[0], batches[i]),
-                    prompt_len=prompt_len,
-                    output_len=output_len,
-                    fit=fit,
-                    loads=loads,
-                    values=(str(values[0]), str(value)),
-                    prompt_spec=str((args or {}).get("prompt_len") or ""),
+            projection, said = _project_setting(
+                knob,
+                (str(values[0]), str(value)),
+                summaries[0][0],
+                first,
+                batch=(batches[0], batches[i]),
+                prompt_len=prompt_len,
+                output_lens=(outs[0], outs[i]),
+                kv_cache=(kv[0], kv[i]),
+                fit=fit,
+                loads=loads,
+                passes=passes[i] if passes is not None else None,
+                prompt_spec=str((args or {}).get("prompt_len") or ""),
+            )
+            notes.extend(said)
+            why = (
+                oversubscribed_threads(values[0], value, summaries[0])
+                if knob == "threads"
+                else None
+            )
+            if projection is not None and why is not None:
+                projection = {**projection, "ratios": dict(_NO_RATIOS), "note": why}
+                notes.append(f"{knob}={value}: {why}")
+            if projection is not None and projection.get("speculative"):
+                projection["speculative"]["after_run"] = _after_run_median(
+                    summaries[0], summaries[i], batches[i], prompt_len, output_len
                 )
-                notes.append(f"{knob}={value}: {projection['note']}")
-            else:
-                projection = project_change(
-                    summaries[0][0],
-                    first,
-                    batch=(batches[0], batches[i]),
-                    prompt_len=prompt_len,
-                    output_len=output_len,
-                    kv_cache=(kv[0], kv[i]),
-                    output_lens=(outs[0], outs[i]),
-                    fit=fit,
-                    loads=loads,
-                    quant=(values[0], value) if knob == "quant" else ("none", "none"),
-                    passes=passes[i] if passes is not None else None,
-                )
-                why = (
-                    oversubscribed_threads(values[0], value, summaries[0])
-                    if knob == "threads"
-                    else None
-                )
-                if projection is not None and why is not None:
-                    projection = {**projection, "ratios": dict(_NO_RATIOS), "note": why}
-                    notes.append(f"{knob}={value}: {why}")
-                if projection is not None and projection.get("speculative"):
-                    projection["speculative"]["after_run"] = _after_run_median(
-                        summaries[0], summaries[i], batches[i], prompt_len, output_len
-                    )
             by_round = [{p.round: p for p in points[0]}, {p.round: p for p in points[i]}]
             rounds = sorted(set(by_round[0]) & set(by_round[1]))
             fam = {
@@ -1565,6 +1696,17 @@ def build_study(
                 effects=effects,
                 projection=projection,
                 quality=None if quality is None else quality[i],
+                inputs=projection_inputs(
+                    first,
+                    batch=batches[i],
+                    prompt_len=prompt_len,
+                    output_len=outs[i],
+                    kv_cache=kv[i],
+                    queueing=queueing,
+                    fit=fit if i == 0 else None,
+                )
+                if first
+                else None,
             )
         )
     return Study(

@@ -90,6 +90,35 @@ def test_advisor_table_write_and_check_keep_a_document_in_step(tmp_path: Path) -
     assert "Traceback" not in bare.stderr
 
 
+def test_a_stored_study_s_projections_are_re_derived_from_the_record_alone() -> None:
+    """The records keep what a projection is made from (each setting's ``inputs``: its
+    first run's model, device, roofline, load and shape, the baseline's fitted cost model,
+    the measured kernel calls), so the calibration re-makes every projection with the
+    current model from the record alone, and gets the stored numbers back while the model
+    is unchanged; a record without inputs keeps its projection."""
+    from perfscope.analysis.study import rederive_study
+
+    studies = load_studies([STUDIES])
+    with_inputs = [(p, st) for p, st in studies if st.settings[0].inputs]
+    assert len(with_inputs) >= 15
+    for _, st in with_inputs:
+        again = rederive_study(st)
+        for old, new in zip(st.settings, again.settings, strict=True):
+            assert [e.projected_ratio for e in new.effects] == pytest.approx(
+                [e.projected_ratio for e in old.effects]
+            ), f"{st.knob} {old.value}"
+    older = next(st for _, st in studies if not st.settings[0].inputs)
+    assert rederive_study(older) is older
+    # a changed model changes what the calibration says: the fit is read from the record
+    _, quant = next((p, st) for p, st in with_inputs if st.knob == "quant")
+    base = dict(quant.settings[0].inputs or {})
+    slower = dict(base["fit"])  # type: ignore[call-overload]
+    slower["per_sequence_s"] = float(slower["per_sequence_s"]) + 1.0
+    first = dataclasses.replace(quant.settings[0], inputs={**base, "fit": slower})
+    moved = dataclasses.replace(quant, settings=[first, *quant.settings[1:]])
+    assert rederive_study(moved).settings[1].projection != quant.settings[1].projection
+
+
 def test_every_reference_engine_study_knob_is_a_calibration_technique() -> None:
     """A stored study of any reference knob calibrates a named technique; the distill study
     (layers with per-depth trained weights) is distillation, cutting a model's layers is not."""
