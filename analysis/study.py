@@ -1463,9 +1463,10 @@ def _project_setting(
     loads: tuple[Load | None, Load | None] | None,
     passes: PassCosts | None,
     prompt_spec: str,
-) -> tuple[dict[str, Any] | None, list[str]]:
+) -> tuple[Mapping[str, Any] | None, list[str]]:
     """A candidate setting's projection from the baseline's and its own first run
-    summaries (or their stored :func:`projection_inputs`), and the notes it adds."""
+    summaries (or their stored :func:`projection_inputs`), and the notes it adds (the
+    caller keeps a copy of its own)."""
     if knob in _SCHEDULING_KNOBS:
         projection = _scheduling_projection(
             knob,
@@ -1480,7 +1481,7 @@ def _project_setting(
             prompt_spec=prompt_spec,
         )
         return projection, [f"{knob}={values[1]}: {projection['note']}"]
-    projection = project_change(
+    changed = project_change(
         baseline,
         candidate,
         batch=batch,
@@ -1493,7 +1494,7 @@ def _project_setting(
         quant=values if knob == "quant" else ("none", "none"),
         passes=passes,
     )
-    return projection, []
+    return changed, []
 
 
 def rederive_study(study: Study) -> Study:
@@ -1520,7 +1521,7 @@ def rederive_study(study: Study) -> Study:
         queued = bool(b_set.get("queueing"))
         loads = (Load.from_summary(base), Load.from_summary(s.inputs)) if queued else (None, None)
         raw_passes = (s.projection or {}).get("passes")
-        projection, _ = _project_setting(
+        made, _ = _project_setting(
             study.knob,
             (study.values[0], s.value),
             base,
@@ -1534,6 +1535,7 @@ def rederive_study(study: Study) -> Study:
             passes=PassCosts.from_dict(raw_passes) if isinstance(raw_passes, Mapping) else None,
             prompt_spec=str(study.args.get("prompt_len") or ""),
         )
+        projection = None if made is None else dict(made)
         old = (s.projection or {}).get("speculative")
         if projection is not None and projection.get("speculative") and old:
             projection["speculative"]["after_run"] = old.get("after_run")
@@ -1634,7 +1636,7 @@ def build_study(
         effects: list[Effect] = []
         projection = None
         if i > 0 and summaries[0] and summaries[i]:
-            projection, said = _project_setting(
+            made, said = _project_setting(
                 knob,
                 (str(values[0]), str(value)),
                 summaries[0][0],
@@ -1649,6 +1651,7 @@ def build_study(
                 prompt_spec=str((args or {}).get("prompt_len") or ""),
             )
             notes.extend(said)
+            projection = None if made is None else dict(made)
             why = (
                 oversubscribed_threads(values[0], value, summaries[0])
                 if knob == "threads"
