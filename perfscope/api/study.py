@@ -12,6 +12,7 @@ is written to ``<runs dir>/studies/<stamp>-<name>.json`` (schema ``perfscope.stu
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -580,6 +581,7 @@ def study_with(
     # permutation per round for more), so position effects cancel in the paired effects.
     order = block_order(len(plans), most, sum(map(ord, label)))
     started = first_done = time.monotonic()
+    load_before = _load_average()
     stop = ""
     rounds = 0
     for rnd in range(most):
@@ -643,12 +645,30 @@ def study_with(
     )
     if stop:
         result = replace(result, notes=[*result.notes, stop])
+    load_after = _load_average()
+    if load_before is not None and load_after is not None:
+        result = replace(
+            result,
+            notes=[
+                *result.notes,
+                f"1-minute load average {load_before:.1f} at the first round, "
+                f"{load_after:.1f} after the last ({os.cpu_count()} CPUs)",
+            ],
+        )
     root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
     path = root / "studies" / f"{stamp.strftime('%Y%m%d-%H%M%S')}-{label}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     result = replace(result, path=str(path))
     write_json_atomic(path, result.to_dict())
     return result
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average (``None`` where the system has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def primary_half_width(
@@ -842,7 +862,7 @@ def reproject_study(
         passes=[_stored_passes(st.projection) for st in s.settings],
     )
     # what the runs were, not what they project: how the rounds stopped stays
-    kept = [n for n in s.notes if n.startswith("adaptive rounds")]
+    kept = [n for n in s.notes if n.startswith(("adaptive rounds", "1-minute load average"))]
     return replace(result, notes=[*result.notes, *kept])
 
 
