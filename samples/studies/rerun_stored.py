@@ -52,7 +52,7 @@ def _spec_prompts(n: int, length: int) -> str:
 #: name → (knob, values, options over :data:`COMMON`).
 STUDIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "batch-size": ("batch-size", "1,8", {}),
-    "quant": ("quant", "none,int8", {}),
+    "quant": ("quant", "none,int8,int8-wo", {}),
     "threads": ("threads", "1,2", {"threads": None}),
     "speculative": (
         "num-speculative-tokens",
