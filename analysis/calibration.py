@@ -69,6 +69,7 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "parallel-decoding": ("lookahead / Medusa decoding", ()),
     "chunked-prefill": ("chunked prefill", ("prefill/decode disaggregation",)),
     "tensor-parallel": ("tensor parallelism", ("tensor parallelism",)),
+    "pipeline-parallel": ("pipeline parallelism", ("pipeline parallelism",)),
     "compile": ("torch.compile", ("cut decode", "cut prefill")),
     "threads": ("more threads", ()),
     "dtype": ("a narrower dtype", ()),
@@ -129,6 +130,8 @@ def technique_of_change(
         return "model-preset"  # a smaller model by one of its shape's numbers
     if knob == "disaggregate":
         return "disaggregation"
+    if knob == "parallel":  # samples/studies/parallel.py: single, tp=2, pp=2
+        return "pipeline-parallel" if v.startswith("pp") else "tensor-parallel"
     return knob
 
 
@@ -433,7 +436,10 @@ def _rel(path: str | Path, root: Path | None) -> str:
 
 
 def build_calibration(
-    studies: Iterable[tuple[str | Path, Study]], *, root: Path | None = None
+    studies: Iterable[tuple[str | Path, Study]],
+    *,
+    root: Path | None = None,
+    rederive: bool = True,
 ) -> list[CalibrationEntry]:
     """The calibration entries of stored studies, one per technique, machine class, metric
     and change; a change measured by several studies on one machine class keeps the newest.
@@ -442,9 +448,15 @@ def build_calibration(
         studies: ``(path, study)`` pairs (:func:`perfscope.analysis.study.read_study`).
         root: paths under it are stored relative to it (the repository root), others by
             file name.
+        rederive: make each projection again with the current projection model from what
+            the record stores (:func:`perfscope.analysis.study.rederive_study`; records
+            without stored inputs keep their projection); false: the stored projections.
     """
+    from perfscope.analysis.study import rederive_study
+
     best: dict[tuple[str, str, str, str, str], CalibrationEntry] = {}
-    for path, st in studies:
+    for path, stored in studies:
+        st = rederive_study(stored) if rederive else stored
         machine = MachineClass.from_dict(getattr(st, "machine", None) or {})
         for s in st.settings[1:]:
             for e in s.effects:

@@ -24,7 +24,12 @@ Priced beside the fit (bytes the roofline does not see, and per-device costs):
 - :func:`launch_time`: kernels launched per layer on a GPU (``kernel_launch_s`` of the
   device file) times layers;
 - :func:`chunked_prefill_steps`: a per-step token budget splits a prompt into chunks, each
-  paying the per-step terms and re-reading the weights.
+  paying the per-step terms and re-reading the weights;
+- :class:`PassCosts`: the *measured* extra time of the passes a technique adds inside its
+  kernel calls (int8 re-quantisation, weight-only dequantisation, CSR kernels, 16-bit CPU
+  matmuls, a quantised KV cache's casts), timed on the machine against the baseline's
+  calls (``perfscope.profiler.engines.reference.passes``) and added to each step
+  (:func:`fitted_times`).
 
 :meth:`OverheadFit.on_device` is the projection onto another device: only the parts that
 move with the device move (the roofline term at the target's ceilings, the target's kernel
@@ -55,6 +60,7 @@ __all__ = [
     "TERMS",
     "FittedTimes",
     "OverheadFit",
+    "PassCosts",
     "StepSamples",
     "cast_bytes",
     "chunked_prefill_steps",
@@ -355,6 +361,26 @@ class OverheadFit:
             ],
         )
 
+    def with_rows(self, per_row_s: float, rows: int, how: str) -> OverheadFit:
+        """The fit with a per-sequence cost it could not separate (every fitted step had one
+        batch, so per sequence was folded into per step) set to ``per_row_s``, measured
+        elsewhere (``how``), and taken out of per step at the fitted steps' ``rows``, so a
+        step of the fitted batch is predicted as before. Unchanged when per sequence was
+        fitted."""
+        if not any(f.startswith("per sequence") for f in self.folded) or per_row_s <= 0:
+            return self
+        return replace(
+            self,
+            per_sequence_s=per_row_s,
+            per_step_s=max(self.per_step_s - per_row_s * rows, 0.0),
+            folded=tuple(f for f in self.folded if not f.startswith("per sequence")),
+            notes=[
+                *self.notes,
+                f"per sequence not separable (one batch of {rows}): "
+                f"{per_row_s * 1e6:.3g} us a row, {how}",
+            ],
+        )
+
     def on_device(
         self, target: DeviceSpec, model: ModelSpec, *, launches: bool = True
     ) -> OverheadFit:
@@ -407,6 +433,27 @@ class OverheadFit:
         d = asdict(self)
         d["folded"] = list(self.folded)
         return d
+
+    @classmethod
+    def from_dict(cls, data: Any) -> OverheadFit:
+        """Inverse of :meth:`to_dict`."""
+        scale = data.get("prefill_scale")
+        return cls(
+            roof_scale=float(data["roof_scale"]),
+            per_layer_s=float(data["per_layer_s"]),
+            per_sequence_s=float(data["per_sequence_s"]),
+            per_token_s=float(data["per_token_s"]),
+            per_step_s=float(data["per_step_s"]),
+            folded=tuple(str(f) for f in data.get("folded") or ()),
+            samples=int(data.get("samples") or 0),
+            residual_rms_s=float(data.get("residual_rms_s") or 0.0),
+            residual_rel=float(data.get("residual_rel") or 0.0),
+            device=str(data.get("device") or ""),
+            platform=str(data.get("platform") or "cpu"),
+            notes=[str(n) for n in data.get("notes") or []],
+            prefill_scale=None if scale is None else float(scale),
+            act_dtype=str(data.get("act_dtype") or ""),
+        )
 
     def describe(self) -> str:
         """One line: the terms and the residual."""
@@ -521,6 +568,197 @@ def _fit_prefill_apart(s: StepSamples, decode: OverheadFit) -> OverheadFit:
     return replace(fit, residual_rms_s=rms, residual_rel=rms / mean if mean > 0 else 0.0)
 
 
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """``(intercept, slope)`` of the least-squares line through the points (a constant
+    through one point, or through points at one x)."""
+    x = np.asarray(xs, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    if y.size == 0:
+        return 0.0, 0.0
+    if y.size == 1 or float(np.ptp(x)) == 0.0:
+        return float(np.mean(y)), 0.0
+    slope, icpt = np.polyfit(x, y, 1)
+    return float(icpt), float(slope)
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """The measured extra time of a setting's passes over the baseline's (candidate minus
+    baseline, seconds; negative where the candidate's call is faster), as lines through the
+    sizes timed on the machine (``perfscope.profiler.engines.reference.passes``).
+
+    A technique that changes what happens *inside* a kernel call (int8 re-quantisation of
+    every linear input, a weight-only int8 weight dequantised per call, torch's CSR matmul,
+    a 16-bit CPU matmul, a quantised KV cache written and cast back) is invisible to the
+    roofline of an overhead-bound engine and to a fit of the baseline's steps; these are
+    its calls timed against the baseline's, interleaved, at the study's load and threads.
+
+    Attributes:
+        linears_s, linears_per_row_s: one block's seven linear layers, fixed and per row.
+        head_s, head_per_row_s: the LM head, fixed and per row.
+        kv_read_s, kv_read_per_element_s: one layer's K and V read (cast), fixed and per
+            element of K (or V) read.
+        kv_write_s, kv_write_per_row_s: one layer's K and V write, fixed and per token.
+        decode_rows, decode_span, isolated_decode_s: the baseline model's whole decode
+            step at that batch and cache span, timed alone (0: not timed), s.
+        prefill_rows, prefill_tokens, isolated_prefill_s: the same for its prefill.
+        more_rows, isolated_more_rows_s: the baseline's decode step alone at another batch
+            (the candidate's; 0: not timed): with ``isolated_decode_s`` the cost of a row,
+            which a fit of steps at one batch cannot separate (:meth:`OverheadFit.with_rows`).
+        source: how they were measured (points, rounds, load, threads).
+
+    The timed calls ran outside the engine, briefly; the engine's steps ran under the
+    study's load and scheduling. :func:`fitted_times` stretches the differences by how much
+    longer the fitted baseline step is than the same step timed alone (:meth:`stretch`):
+    the assumption is that whatever lengthens the engine's steps (other processes' share of
+    the CPU, above all) lengthens the candidate's extra calls alike.
+    """
+
+    linears_s: float = 0.0
+    linears_per_row_s: float = 0.0
+    head_s: float = 0.0
+    head_per_row_s: float = 0.0
+    kv_read_s: float = 0.0
+    kv_read_per_element_s: float = 0.0
+    kv_write_s: float = 0.0
+    kv_write_per_row_s: float = 0.0
+    decode_rows: float = 0.0
+    decode_span: float = 0.0
+    isolated_decode_s: float = 0.0
+    prefill_rows: float = 0.0
+    prefill_tokens: float = 0.0
+    isolated_prefill_s: float = 0.0
+    more_rows: float = 0.0
+    isolated_more_rows_s: float = 0.0
+    source: str = ""
+
+    @classmethod
+    def from_points(
+        cls,
+        *,
+        rows: Sequence[float],
+        linears_s: Sequence[float],
+        head_s: Sequence[float],
+        kv_elements: Sequence[float],
+        kv_read_s: Sequence[float],
+        write_rows: Sequence[float],
+        kv_write_s: Sequence[float],
+        decode: tuple[float, float] = (0.0, 0.0),
+        isolated_decode_s: float = 0.0,
+        prefill: tuple[float, float] = (0.0, 0.0),
+        isolated_prefill_s: float = 0.0,
+        more_rows: tuple[float, float] = (0.0, 0.0),
+        source: str = "",
+    ) -> PassCosts:
+        """Lines through timed points (each a candidate-minus-baseline difference), with
+        the baseline's whole decode step (``decode``: rows, span) and prefill (``prefill``:
+        rows, tokens) as timed alone, and ``more_rows`` (rows, seconds) the decode step at
+        another batch."""
+        lin = _line(rows, linears_s)
+        head = _line(rows, head_s)
+        read = _line(kv_elements, kv_read_s)
+        write = _line(write_rows, kv_write_s)
+        return cls(
+            *lin,
+            *head,
+            *read,
+            *write,
+            *decode,
+            isolated_decode_s,
+            *prefill,
+            isolated_prefill_s,
+            *more_rows,
+            source=source,
+        )
+
+    @property
+    def times_calls(self) -> bool:
+        """Whether any kernel call of the candidate was timed against the baseline's (not
+        only the baseline's own steps)."""
+        return any(
+            getattr(self, f)
+            for f in (
+                "linears_s",
+                "linears_per_row_s",
+                "head_s",
+                "head_per_row_s",
+                "kv_read_s",
+                "kv_read_per_element_s",
+                "kv_write_s",
+                "kv_write_per_row_s",
+            )
+        )
+
+    @property
+    def isolated_per_row_s(self) -> float | None:
+        """The baseline's decode step alone, per row more (``None``: one batch timed)."""
+        rows = self.more_rows - self.decode_rows
+        if self.isolated_more_rows_s <= 0 or self.isolated_decode_s <= 0 or rows == 0:
+            return None
+        return max((self.isolated_more_rows_s - self.isolated_decode_s) / rows, 0.0)
+
+    def stretch(
+        self, fit: OverheadFit, model: ModelSpec, device: DeviceSpec
+    ) -> tuple[float, float]:
+        """(decode, prefill): the fitted baseline step over the same step timed alone, at
+        the shapes timed (1 where nothing was timed). ``model``: the baseline's."""
+        k_d = k_p = 1.0
+        if self.isolated_decode_s > 0 and self.decode_rows >= 1 and self.decode_span >= 2:
+            at = fitted_times(
+                fit,
+                model,
+                device,
+                batch=int(self.decode_rows),
+                prompt_len=int(self.decode_span) - 1,
+                output_len=2,
+            )
+            k_d = at.tpot_s / self.isolated_decode_s
+        if self.isolated_prefill_s > 0 and self.prefill_rows >= 1 and self.prefill_tokens >= 1:
+            at = fitted_times(
+                fit,
+                model,
+                device,
+                batch=int(self.prefill_rows),
+                prompt_len=int(self.prefill_tokens),
+                output_len=2,
+            )
+            k_p = at.ttft_s / self.isolated_prefill_s
+        return k_d, k_p
+
+    def step_s(
+        self, model: ModelSpec, rows: Any, span: Any, written: Any, head_rows: Any
+    ) -> np.ndarray:
+        """Extra seconds of steps: per layer the linears over ``rows`` rows, the K and V
+        read of ``rows``-independent ``span`` positions per batch row (``head_rows`` batch
+        rows) and the write of ``written`` tokens; once the LM head over ``head_rows``."""
+        r = np.asarray(rows, dtype=np.float64)
+        b = np.asarray(head_rows, dtype=np.float64)
+        elements = b * np.asarray(span, dtype=np.float64) * model.n_kv_heads * model.head_dim
+        per_layer = (
+            self.linears_s
+            + self.linears_per_row_s * r
+            + self.kv_read_s
+            + self.kv_read_per_element_s * elements
+            + self.kv_write_s
+            + self.kv_write_per_row_s * np.asarray(written, dtype=np.float64)
+        )
+        return np.asarray(
+            model.n_layers * per_layer + self.head_s + self.head_per_row_s * b, dtype=np.float64
+        )
+
+    def to_dict(self) -> dict[str, float | str]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PassCosts:
+        """Inverse of :meth:`to_dict`."""
+        names = {f for f in cls.__dataclass_fields__ if f != "source"}
+        return cls(
+            **{k: float(data.get(k) or 0.0) for k in names}, source=str(data.get("source", ""))
+        )
+
+
 @dataclass(frozen=True)
 class FittedTimes:
     """A static batch timed by a fitted cost model on the fitted device (seconds).
@@ -556,6 +794,7 @@ def fitted_times(
     cached_prefix_len: int = 0,
     extra_bytes: float = 0.0,
     extra_bytes_per_token: float = 0.0,
+    passes: PassCosts | None = None,
 ) -> FittedTimes:
     """Time a static batch (one prefill of ``batch`` prompts, then ``output_len - 1`` decode
     steps with a growing cache) by ``fit`` on ``device``: each step is ``roof_scale x``
@@ -566,7 +805,11 @@ def fitted_times(
     ``cached_prefix_len``: prompt tokens per sequence a prefix cache serves (the prefill
     computes the rest); ``extra_bytes``: bytes per step the roofline does not count, and
     ``extra_bytes_per_token`` per new token of a step (:func:`quantisation_bytes`: int8-wo
-    per step, int8 per token).
+    per step, int8 per token). ``passes``: the measured extra time of the setting's kernel
+    calls over the fitted baseline's (:class:`PassCosts`), stretched as the fitted steps
+    are over the same steps timed alone (:meth:`PassCosts.stretch`) and added to every
+    step; a dtype other than the fitted one is then priced by those measured calls, not by
+    its own dtype's roofline ceiling.
     """
     b = max(int(batch), 1)
     p = max(int(prompt_len), 1)
@@ -578,12 +821,13 @@ def fitted_times(
     # fitted dtype's ceilings, and the step is no faster than its own dtype's roofline.
     other = bool(fit.act_dtype) and fit.act_dtype != model.act_dtype
     at_fit = replace(model, act_dtype=fit.act_dtype) if other else model
+    use_floor = other and passes is None  # measured calls price a dtype the fit never saw
 
     def work(scale: float, rows: Any, tokens: Any, context: Any, extra: float) -> np.ndarray:
         r = (np.asarray(rows, dtype=np.float64), np.asarray(tokens, dtype=np.float64))
         ctx_a = np.asarray(context, dtype=np.float64)
         scaled = scale * roof_times(at_fit, device, r[0], r[1], ctx_a, extra)
-        if not other:
+        if not use_floor:
             return np.asarray(scaled, dtype=np.float64)
         floor = roof_times(model, device, r[0], r[1], ctx_a, extra)
         return np.asarray(np.maximum(scaled, floor), dtype=np.float64)
@@ -610,6 +854,10 @@ def fitted_times(
     roof_d = roof_times(model, device, rows, rows, b * ctx, decode_extra)
     host_d = float(fit.host_time(layers, b, b))
     tpot = float(np.mean(work(fit.roof_scale, rows, rows, b * ctx, decode_extra))) + host_d
+    if passes is not None:
+        k_d, k_p = passes.stretch(fit, model, device)
+        ttft += k_p * float(passes.step_s(model, b * new_p, p, b * new_p, b))
+        tpot += k_d * float(np.mean(passes.step_s(model, rows, ctx + 1, rows, rows)))
     e2e = ttft + (out - 1) * tpot
     return FittedTimes(
         ttft_s=ttft,

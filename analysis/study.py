@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -46,11 +46,12 @@ from perfscope.analysis.experiment import (
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import (
     OverheadFit,
+    PassCosts,
     fitted_times,
     quantisation_bytes,
     roof_times,
 )
-from perfscope.analysis.queueing import Load, simulate
+from perfscope.analysis.queueing import Load, LoadTimes, simulate
 from perfscope.analysis.summary import Roofline
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
@@ -75,7 +76,9 @@ __all__ = [
     "memory_need",
     "phase_points",
     "project_change",
+    "projection_inputs",
     "read_study",
+    "rederive_study",
     "run_metrics",
     "speculative_projection",
 ]
@@ -287,6 +290,8 @@ def _times(
     output_len: int,
     cached: int,
     quant: str = "none",
+    passes: PassCosts | None = None,
+    baseline_model: ModelSpec | None = None,
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(projected, speed of light) :func:`predict`-shaped dicts of one setting's batch:
     projected by the fitted cost model when there is one, else by the baseline's derating.
@@ -294,7 +299,13 @@ def _times(
     ``quant`` (the reference engine's ``quant`` option): the fitted projection prices the
     bytes its linears move beyond the weights (:func:`~perfscope.analysis.overhead.
     quantisation_bytes`: int8's dynamic re-quantisation of every input, per token; int8-wo's
-    dequantised copy of every weight, per step)."""
+    dequantised copy of every weight, per step). ``passes``: the setting's kernel calls as
+    measured against the baseline's (:class:`~perfscope.analysis.overhead.PassCosts`); they
+    replace the priced bytes of ``quant``, which they include, and the fitted steps are then
+    the baseline's work (``baseline_model``) plus those calls' difference: the candidate's
+    narrower weights, sparse non-zeros or smaller cache are what the measured calls ran, so
+    pricing them again by the roofline would count them twice. The speed of light stays the
+    candidate's own roofline."""
     shape: Mapping[str, Any] = {
         "batch": batch,
         "prompt_len": prompt_len,
@@ -304,10 +315,18 @@ def _times(
     sol = predict(model, dev, **shape)
     if fit is None:
         return predict_derated(model, dev, derate, **shape), sol
-    per_step = quantisation_bytes(model, quant, 0.0) if quant == "int8-wo" else 0.0
-    per_token = quantisation_bytes(model, quant, 1.0) if quant == "int8" else 0.0
+    priced = passes is None
+    per_step = quantisation_bytes(model, quant, 0.0) if priced and quant == "int8-wo" else 0.0
+    per_token = quantisation_bytes(model, quant, 1.0) if priced and quant == "int8" else 0.0
+    timed = passes is not None and passes.times_calls and baseline_model is not None
     ft = fitted_times(
-        fit, model, dev, **shape, extra_bytes=per_step, extra_bytes_per_token=per_token
+        fit,
+        baseline_model if timed and baseline_model is not None else model,
+        dev,
+        **shape,
+        extra_bytes=per_step,
+        extra_bytes_per_token=per_token,
+        passes=passes,
     )
     pred = {
         "ttft_s": ft.ttft_s,
@@ -328,6 +347,49 @@ def _pick(
     return float(at(k)[j][key])
 
 
+def _token_gains(spec: Sequence[Mapping[str, Any] | None], key: str) -> list[tuple[float, float]]:
+    """Per setting, (projected, speed of light) tokens-per-time gain of its speculative
+    decoding (``before_run``; 1 for plain decoding); a table where either setting's gain
+    is unknown gets 1 for both."""
+    raw = [
+        (None, None) if p is None else (p["before_run"].get(key), p["before_run"].get("sol"))
+        for p in spec
+    ]
+    out = [[1.0 if p is None else raw[i][j] for j in (0, 1)] for i, p in enumerate(spec)]
+    for j in (0, 1):
+        if any(v is None for v in (out[0][j], out[1][j])):
+            out[0][j] = out[1][j] = 1.0
+    return [(float(a or 1.0), float(b or 1.0)) for a, b in out]
+
+
+def _per_token(p: MutableMapping[str, Any], gain: float) -> None:
+    """Projected times of a static batch at ``gain`` tokens per step a row (in place)."""
+    if gain == 1.0:
+        return
+    if p.get("tpot_s") is not None:
+        p["tpot_s"] = p["tpot_s"] / gain
+    if p.get("throughput_tok_s") is not None:
+        p["throughput_tok_s"] = p["throughput_tok_s"] * gain
+
+
+def _pick_scaled(
+    at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]],
+    j: int,
+    key: str,
+    scale: float,
+    k: int,
+) -> float:
+    """``key`` of :func:`_pick` times ``scale`` (a draft's prefill beside the target's)."""
+    return _pick(at, j, key, k) * scale
+
+
+def _pick_per_token(
+    at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]], j: int, gain: float, k: int
+) -> float:
+    """A decode step's time per token at batch ``k`` (``gain`` tokens a row a step), s."""
+    return _pick(at, j, "tpot_s", k) / gain
+
+
 def project_change(
     baseline: Mapping[str, Any],
     candidate: Mapping[str, Any],
@@ -341,6 +403,7 @@ def project_change(
     fit: OverheadFit | None = None,
     loads: tuple[Load | None, Load | None] | None = None,
     quant: tuple[str, str] = ("none", "none"),
+    passes: PassCosts | None = None,
 ) -> dict[str, Any] | None:
     """What the what-if model projects for the change from the baseline run's setting to
     the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
@@ -362,7 +425,9 @@ def project_change(
     ``output_len`` for both); ``cached_prefix_len`` (per setting) is the prompt tokens per
     request its prefix cache serves, which the prefill does not compute; ``quant`` (per
     setting) the reference engine's weight quantisation, whose extra bytes the fitted
-    projection prices (:func:`_times`). ``None`` without a roofline.
+    projection prices (:func:`_times`); ``passes`` the candidate's kernel calls measured
+    against the baseline's (:class:`~perfscope.analysis.overhead.PassCosts`), added to each
+    of its steps by the fitted model. ``None`` without a roofline.
     """
     from perfscope.hwdb.spec import DeviceSpec
 
@@ -374,14 +439,59 @@ def project_change(
     derate = run_derating(Roofline.from_dict(roof))
     base_model = ModelSpec.from_dict(dict(baseline["model"]))
     used_fit = fit.split_layers(base_model.n_layers) if fit is not None else None
+    per_row = passes.isolated_per_row_s if passes is not None else None
+    if used_fit is not None and passes is not None and per_row is not None:
+        k_d = passes.stretch(used_fit, base_model, dev)[0]
+        used_fit = used_fit.with_rows(
+            k_d * per_row,
+            batch[0],
+            f"the baseline model's decode step timed alone at {passes.decode_rows:.0f} and "
+            f"{passes.more_rows:.0f} rows, stretched x{k_d:.3g}",
+        )
     preds = []
     sols = []
     queue: list[Any] = []
+    spec = [
+        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
+        for s, b in ((baseline, batch[0]), (candidate, batch[1]))
+    ]
+    key = "fitted" if used_fit is not None else "derated"
+    gains = _token_gains(spec, key)
+    # the draft prefills every prompt group too, at its cost per pass relative to the target
+    drafts = [
+        (0.0, 0.0)
+        if p is None
+        else (
+            float(p["before_run"].get(f"cost_ratio_{key}") or 0.0),
+            float(p["before_run"].get("cost_ratio_sol") or 0.0),
+        )
+        for p in spec
+    ]
     outs = output_lens or (output_len, output_len)
     load_pair = loads or (None, None)
-    for summary, slots, kv, output_len, cached, load, mode in (
-        (baseline, batch[0], kv_cache[0], outs[0], cached_prefix_len[0], load_pair[0], quant[0]),
-        (candidate, batch[1], kv_cache[1], outs[1], cached_prefix_len[1], load_pair[1], quant[1]),
+    for side, (summary, slots, kv, output_len, cached, load, mode, extra) in enumerate(
+        (
+            (
+                baseline,
+                batch[0],
+                kv_cache[0],
+                outs[0],
+                cached_prefix_len[0],
+                load_pair[0],
+                quant[0],
+                None,
+            ),
+            (
+                candidate,
+                batch[1],
+                kv_cache[1],
+                outs[1],
+                cached_prefix_len[1],
+                load_pair[1],
+                quant[1],
+                passes,
+            ),
+        )
     ):
         model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
 
@@ -392,6 +502,7 @@ def project_change(
             cached: int = cached,
             kv: bool = kv,
             mode: str = mode,
+            extra: PassCosts | None = extra,
         ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
             pred, sol = _times(
                 model,
@@ -403,6 +514,8 @@ def project_change(
                 output_len=output_len,
                 cached=cached,
                 quant=mode,
+                passes=extra,
+                baseline_model=base_model,
             )
             if kv:
                 return pred, sol
@@ -420,15 +533,22 @@ def project_change(
             return out[0], out[1]
 
         pred, sol = (dict(x) for x in both(slots))
-        if load is not None:
+        if load is None:
+            for p, gain, draft in zip((pred, sol), gains[side], drafts[side], strict=True):
+                _per_token(p, gain)
+                if draft and p.get("ttft_s") is not None:
+                    p["ttft_s"] = p["ttft_s"] * (1.0 + draft)
+        else:
             at = cache(both)  # one projection per batch size the simulation meets
 
             for j, p in enumerate((pred, sol)):
                 lt = simulate(
                     load,
                     slots=slots,
-                    prefill_s=partial(_pick, at, j, "ttft_s"),
-                    decode_s=partial(_pick, at, j, "tpot_s"),
+                    prefill_s=partial(_pick_scaled, at, j, "ttft_s", 1.0 + drafts[side][j]),
+                    # a speculative step yields its expected tokens a row: the queue moves
+                    # at the time per token, so a slower token delays the next admission
+                    decode_s=partial(_pick_per_token, at, j, gains[side][j]),
                     output_len=output_len,
                 )
                 p["ttft_s"] = lt.ttft_p50_s
@@ -450,20 +570,6 @@ def project_change(
         ratios[key] = c / a if a and c is not None else None
         a, c = sols[0].get(key), sols[1].get(key)
         sol_ratios[key] = c / a if a and c is not None else None
-    spec = [
-        speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
-        for s, b in ((baseline, batch[0]), (candidate, batch[1]))
-    ]
-    if spec[0] is not None or spec[1] is not None:
-        projected = "fitted" if used_fit is not None else "derated"
-        for table, key in ((ratios, projected), (sol_ratios, "sol")):
-            gain = [1.0 if p is None else p["before_run"][key] for p in spec]
-            if gain[0] is None or gain[1] is None:
-                continue
-            for metric, power in (("tpot_s", -1), ("throughput_tok_s", 1)):
-                value = table.get(metric)
-                if value is not None:
-                    table[metric] = value * (float(gain[1]) / float(gain[0])) ** power
     if used_fit is not None:
         basis = "the fitted cost model of the baseline's steps: " + used_fit.describe()
         basis += "".join(f"; {n}" for n in used_fit.notes)
@@ -472,6 +578,14 @@ def project_change(
             "the baseline run's derating ("
             + ", ".join(f"{k}={v:.3g}" for k, v in derate.items())
             + ")"
+        )
+    if passes is not None and used_fit is not None:
+        k_d, k_p = passes.stretch(used_fit, base_model, dev)
+        basis += (
+            "; the candidate's kernel calls measured against the baseline's ("
+            + passes.source
+            + f"), stretched x{k_d:.3g} per decode step and x{k_p:.3g} per prefill as the "
+            "fitted steps are over the same steps timed alone"
         )
     if queue:
         basis += "; queueing: " + " → ".join(q["model"] for q in queue)
@@ -488,6 +602,7 @@ def project_change(
         "overhead_fit": used_fit.to_dict() if used_fit is not None else None,
         "queue": queue or None,
         "speculative": spec[1],
+        "passes": passes.to_dict() if passes is not None else None,
     }
 
 
@@ -542,6 +657,7 @@ def _scheduling_projection(
     fit: OverheadFit | None = None,
     loads: tuple[Load | None, Load | None] | None = None,
     values: tuple[str, str] = ("", ""),
+    prompt_spec: str = "",
 ) -> dict[str, Any]:
     """The projection of a scheduling knob, with a ``note`` saying what it rests on.
 
@@ -639,14 +755,288 @@ def _scheduling_projection(
             "note": "projected by the disaggregation what-if alone (TTFT and throughput not "
             "projected; the hand-off is measured, not priced): " + dis_txt,
         }
+    budgets = (_budget_of(values[0]), _budget_of(values[1]))
+    load0, load1 = loads or (None, None)
+    chunked = None
+    if fit is not None and load0 is not None and load1 is not None:
+        lengths = _prompt_lengths(prompt_spec, load0.requests, prompt_len)
+        chunked = _chunked_projection(
+            baseline, budgets, fit, (load0, load1), batch, lengths, output_len
+        )
+    if chunked is not None:
+        chunked["disaggregation"] = dis
+        chunked["note"] = (
+            "projected by the baseline's fitted cost model stepping the load through the "
+            "engine's scheduler: without a budget one prefill pass of the admitted prompts "
+            "then one decode step; with one, each step the decode rows first and the next "
+            "prompt chunks up to the budget (a prompt's first token when its last chunk "
+            "ends), each step paying the fitted per-step, per-row and per-layer host time; "
+            f"prompts of {min(lengths)}-{max(lengths)} tokens spread over the workload's "
+            "distribution; " + dis_txt
+        )
+        return chunked
     return {
         "ratios": dict(_NO_RATIOS),
         "sol_ratios": dict(_NO_RATIOS),
         "disaggregation": dis,
-        "note": "no projection: the what-if prices one static batch with prefill and decode "
-        "apart and has no per-step token budget, so it cannot price chunked (mixed) steps; "
+        "note": "no projection: a per-step token budget is projected from the baseline's "
+        "fitted cost model and its load, and this study has "
+        + ("no load" if fit is not None else "no fitted cost model")
+        + "; "
         + dis_txt,
     }
+
+
+def _prompt_lengths(spec: str, n: int, mean: int) -> list[int]:
+    """``n`` prompt lengths spread over a ``uniform:A:B`` workload (quantiles in a
+    golden-ratio order, so neighbours differ as random draws would), else ``mean`` each."""
+    parts = str(spec).split(":")
+    if len(parts) == 3 and parts[0] == "uniform":
+        try:
+            lo, hi = float(parts[1]), float(parts[2])
+        except ValueError:
+            return [mean] * n
+        frac = [((i + 1) * 0.6180339887498949) % 1.0 for i in range(n)]
+        return [max(1, round(lo + (hi - lo) * f)) for f in frac]
+    return [mean] * n
+
+
+def _budget_of(value: str) -> int | None:
+    """A ``max-batched-tokens`` setting as a token budget (``None``: unlimited)."""
+    try:
+        v = int(str(value).strip())
+    except ValueError:
+        return None
+    return v if v > 0 else None
+
+
+def _chunked_projection(
+    baseline: Mapping[str, Any],
+    budgets: tuple[int | None, int | None],
+    fit: OverheadFit,
+    loads: tuple[Load, Load],
+    batch: tuple[int, int],
+    prompt_lens: Sequence[int],
+    output_len: int,
+) -> dict[str, object] | None:
+    """TTFT, TPOT and throughput of each budget by :func:`simulate_budget` with step times
+    from ``fit`` (its per-layer term split out as for any projection), and the same at the
+    speed of light (the roofline alone, no host time); ``None`` without a roofline."""
+    import numpy as np
+
+    from perfscope.hwdb.spec import DeviceSpec
+
+    spec = (baseline.get("hardware") or {}).get("spec")
+    if not spec or not baseline.get("model"):
+        return None
+    dev = DeviceSpec.from_dict(spec)
+    model = ModelSpec.from_dict(dict(baseline["model"]))
+    used = fit.split_layers(model.n_layers)
+    ctx = statistics.fmean(prompt_lens) + output_len / 2.0
+
+    def step(f: OverheadFit | None, rows: int, chunk: int, chunks: int) -> float:
+        decode = (
+            float(
+                roof_times(model, dev, np.array([rows]), np.array([rows]), np.array([rows * ctx]))[
+                    0
+                ]
+            )
+            if rows
+            else 0.0
+        )
+        prompt = (
+            float(
+                roof_times(model, dev, np.array([1.0]), np.array([chunk]), np.array([chunk / 2.0]))[
+                    0
+                ]
+            )
+            if chunk
+            else 0.0
+        )
+        if f is None:  # speed of light
+            return decode + prompt
+        seqs = max(rows + chunks, 1)
+        pre = f.prefill_scale if f.prefill_scale is not None else f.roof_scale
+        host = float(f.host_time(float(model.n_layers), seqs, seqs))
+        return host + f.roof_scale * decode + pre * prompt
+
+    out: list[tuple[LoadTimes, LoadTimes]] = []
+    for budget, load, slots in zip(budgets, loads, batch, strict=True):
+        pair = tuple(
+            simulate_budget(
+                load,
+                slots=slots,
+                budget=budget,
+                step_s=partial(step, f),
+                prompt_len=prompt_lens,
+                output_len=output_len,
+            )
+            for f in (used, None)
+        )
+        out.append((pair[0], pair[1]))
+    keys = {"ttft_s": "ttft_p50_s", "tpot_s": "tpot_p50_s", "throughput_tok_s": "throughput_tok_s"}
+
+    def ratio(j: int, key: str) -> float | None:
+        a, c = getattr(out[0][j], keys[key]), getattr(out[1][j], keys[key])
+        return c / a if a and c is not None else None
+
+    return {
+        "ratios": {k: ratio(0, k) for k in keys},
+        "sol_ratios": {k: ratio(1, k) for k in keys},
+        "baseline": {k: getattr(out[0][0], v) for k, v in keys.items()},
+        "candidate": {k: getattr(out[1][0], v) for k, v in keys.items()},
+        "basis": "the fitted cost model of the baseline's steps: "
+        + used.describe()
+        + "".join(f"; {n}" for n in used.notes)
+        + "; queueing: "
+        + " → ".join(x[0].model for x in out),
+        "overhead_fit": used.to_dict(),
+        "queue": [
+            {
+                "queue_p50_s": x[0].queue_p50_s,
+                "window_s": x[0].window_s,
+                "batch_mean": x[0].batch_mean,
+                "model": x[0].model,
+            }
+            for x in out
+        ],
+    }
+
+
+def simulate_budget(
+    load: Load,
+    *,
+    slots: int,
+    budget: int | None,
+    step_s: Callable[[int, int, int], float],
+    prompt_len: int | Sequence[int],
+    output_len: int,
+) -> LoadTimes:
+    """The run of ``load`` on the reference engine's continuous scheduler with a per-step
+    token ``budget`` (``None``: unlimited), request ``i``'s prompt ``prompt_len[i]`` tokens
+    (or every prompt ``prompt_len``).
+
+    Unlimited: each iteration one prefill pass per distinct length of the admitted prompts
+    (``step_s(0, tokens, prompts)``; each prompt's first token when its pass ends), then
+    one decode step of the running rows (``step_s(rows, 0, 0)``).
+    With a budget: each iteration one step of the decode rows first and then the next
+    prompt chunks, in admission order, up to ``budget`` tokens (``step_s(rows, chunk
+    tokens, chunks)``); a prompt whose last chunk ends in a step has its first token then
+    and decodes from the next step. Requests arrive as :func:`~perfscope.analysis.queueing.
+    simulate` has them (a burst, an open loop at the rate, or closed-loop users)."""
+    n = max(int(load.requests), 1)
+    c = max(int(slots), 1)
+    out = max(int(output_len), 1)
+    plen = (
+        [max(int(prompt_len), 1)] * n
+        if isinstance(prompt_len, int)
+        else [max(int(x), 1) for x in list(prompt_len)[:n]]
+    )
+    plen += [plen[-1]] * (n - len(plen))
+    users = max(int(load.concurrency or 1), 1) if load.mode == "online" and not load.rate else 0
+    arrival: list[float] = [0.0] * n
+    if load.mode == "online" and load.rate:
+        arrival = [i / float(load.rate) for i in range(n)]
+    elif users:
+        arrival = [0.0 if i < users else math.inf for i in range(n)]
+    start, first, done = [0.0] * n, [0.0] * n, [0.0] * n
+    left = [0] * n
+    filling: list[list[int]] = []  # [request, prompt tokens still to compute]
+    running: list[int] = []
+    nxt, t, rows_sum, steps = 0, 0.0, 0, 0
+
+    def finish(i: int) -> None:
+        done[i] = t
+        if users:  # closed loop: this user sends the next request now
+            later = next((j for j in range(nxt, n) if arrival[j] == math.inf), None)
+            if later is not None:
+                arrival[later] = t
+
+    def started(i: int, at: float | None = None) -> None:
+        first[i] = t if at is None else at
+        left[i] = out - 1
+        if left[i] == 0:
+            finish(i)
+        else:
+            running.append(i)
+
+    while nxt < n or running or filling:
+        while len(running) + len(filling) < c and nxt < n and arrival[nxt] <= t:
+            start[nxt] = t
+            filling.append([nxt, plen[nxt]])
+            nxt += 1
+        if not running and not filling:
+            if nxt >= n or arrival[nxt] == math.inf:
+                break
+            t = max(t, arrival[nxt])
+            continue
+        if budget is None:
+            # one prefill pass per distinct prompt length (the engine pads nothing), each
+            # pass's prompts starting to decode together after the last pass
+            by_len: dict[int, list[int]] = {}
+            for i, tokens in filling:
+                by_len.setdefault(tokens, []).append(i)
+            passed = []
+            for tokens, group in by_len.items():
+                t += step_s(0, tokens * len(group), len(group))
+                for i in group:
+                    first[i] = t
+                passed.extend(group)
+            for i in passed:
+                started(i, first[i])
+            filling = []
+            if not running:
+                continue
+            rows = len(running)
+            t += step_s(rows, 0, 0)
+            dec = list(running)
+            completed: list[int] = []
+        else:
+            dec = list(running)
+            room = budget - len(dec)
+            completed = []  # prompts whose last chunk ends in this step
+            chunk = chunks = 0
+            for f in filling:
+                if room <= 0:
+                    break
+                q = min(f[1], room)
+                f[1] -= q
+                room -= q
+                chunk += q
+                chunks += 1
+                if f[1] == 0:
+                    completed.append(f[0])
+            t += step_s(len(dec), chunk, chunks)
+            filling = [f for f in filling if f[1] > 0]
+        rows_sum += len(dec)
+        steps += 1 if dec else 0
+        for i in dec:
+            left[i] -= 1
+            if left[i] == 0:
+                finish(i)
+        running = [i for i in running if left[i] > 0]
+        for i in completed:
+            started(i)
+    ttft = [first[i] - arrival[i] for i in range(n)]
+    tpot = [(done[i] - first[i]) / (out - 1) for i in range(n)] if out > 1 else [0.0] * n
+    window = max(done) - min(arrival)
+    how = (
+        f"all {n} requests at t = 0"
+        if load.mode == "batch"
+        else f"{n} requests at rate {float(load.rate):g}/s"
+        if load.rate
+        else f"{n} requests from {users} closed-loop users"
+    )
+    rule = "no token budget" if budget is None else f"a {budget}-token budget a step"
+    return LoadTimes(
+        ttft_p50_s=float(statistics.median(ttft)),
+        tpot_p50_s=float(statistics.median(tpot)),
+        queue_p50_s=float(statistics.median(start[i] - arrival[i] for i in range(n))),
+        window_s=window,
+        throughput_tok_s=n * out / window if window > 0 else None,
+        batch_mean=rows_sum / steps if steps else 0.0,
+        model=f"the engine's scheduler with {rule}, {c} slots, stepped with projected steps, {how}",
+    )
 
 
 def _mean_step_s(summary: Mapping[str, Any], kind: str) -> float | None:
@@ -897,6 +1287,9 @@ class SettingResult:
     effects: list[Effect]
     projection: dict[str, Any] | None
     quality: dict[str, Any] | None = None
+    #: What its projection was made from (:func:`projection_inputs`), so that it can be
+    #: made again from the record alone (:func:`rederive_study`); ``None`` in older records.
+    inputs: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -975,6 +1368,7 @@ class Study:
                     effects=effects,
                     projection=s.get("projection"),
                     quality=s.get("quality"),
+                    inputs=s.get("inputs"),
                 )
             )
         return cls(
@@ -1015,6 +1409,146 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+#: The sections of a setting's first run summary a projection reads.
+_INPUT_SECTIONS = (
+    "model",
+    "hardware",
+    "roofline",
+    "load",
+    "workload",
+    "speculative",
+    "prompt_cache",
+    "steps",
+)
+
+
+def projection_inputs(
+    summary: Mapping[str, Any],
+    *,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    kv_cache: bool,
+    queueing: bool,
+    fit: OverheadFit | None = None,
+) -> dict[str, object]:
+    """What a setting's projection is made from, as stored with it: the sections of its
+    first run's summary a projection reads, its batch and token counts, and (the
+    baseline's) the fitted cost model. :func:`rederive_study` makes the projection again
+    from these alone."""
+    out: dict[str, object] = {k: summary[k] for k in _INPUT_SECTIONS if summary.get(k) is not None}
+    out["setting"] = {
+        "batch": int(batch),
+        "prompt_len": int(prompt_len),
+        "output_len": int(output_len),
+        "kv_cache": bool(kv_cache),
+        "queueing": bool(queueing),
+    }
+    if fit is not None:
+        out["fit"] = fit.to_dict()
+    return out
+
+
+def _project_setting(
+    knob: str,
+    values: tuple[str, str],
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    batch: tuple[int, int],
+    prompt_len: int,
+    output_lens: tuple[int, int],
+    kv_cache: tuple[bool, bool],
+    fit: OverheadFit | None,
+    loads: tuple[Load | None, Load | None] | None,
+    passes: PassCosts | None,
+    prompt_spec: str,
+) -> tuple[Mapping[str, Any] | None, list[str]]:
+    """A candidate setting's projection from the baseline's and its own first run
+    summaries (or their stored :func:`projection_inputs`), and the notes it adds (the
+    caller keeps a copy of its own)."""
+    if knob in _SCHEDULING_KNOBS:
+        projection = _scheduling_projection(
+            knob,
+            baseline,
+            candidate,
+            batch=batch,
+            prompt_len=prompt_len,
+            output_len=output_lens[0],
+            fit=fit,
+            loads=loads,
+            values=values,
+            prompt_spec=prompt_spec,
+        )
+        return projection, [f"{knob}={values[1]}: {projection['note']}"]
+    changed = project_change(
+        baseline,
+        candidate,
+        batch=batch,
+        prompt_len=prompt_len,
+        output_len=output_lens[0],
+        kv_cache=kv_cache,
+        output_lens=output_lens,
+        fit=fit,
+        loads=loads,
+        quant=values if knob == "quant" else ("none", "none"),
+        passes=passes,
+    )
+    return changed, []
+
+
+def rederive_study(study: Study) -> Study:
+    """``study`` with every projection made again by the current projection model from
+    what the record stores (:attr:`SettingResult.inputs`, the measured kernel calls in
+    ``projection.passes``), and each effect's projected ratio and error with it; the
+    measurements are unchanged. Records without inputs (older ones) and a ``threads``
+    study (its no-projection rule reads every baseline run's contention) are returned as
+    they are."""
+    base = study.settings[0].inputs if study.settings else None
+    if not base or study.knob == "threads":
+        return study
+    raw_fit = base.get("fit")
+    fit = OverheadFit.from_dict(raw_fit) if isinstance(raw_fit, Mapping) else None
+    b_set = base.get("setting")
+    if not isinstance(b_set, Mapping):
+        return study
+    out = [study.settings[0]]
+    for s in study.settings[1:]:
+        c_set = s.inputs.get("setting") if s.inputs else None
+        if not s.inputs or not isinstance(c_set, Mapping):
+            out.append(s)
+            continue
+        queued = bool(b_set.get("queueing"))
+        loads = (Load.from_summary(base), Load.from_summary(s.inputs)) if queued else (None, None)
+        raw_passes = (s.projection or {}).get("passes")
+        made, _ = _project_setting(
+            study.knob,
+            (study.values[0], s.value),
+            base,
+            s.inputs,
+            batch=(int(b_set["batch"]), int(c_set["batch"])),
+            prompt_len=int(b_set["prompt_len"]),
+            output_lens=(int(b_set["output_len"]), int(c_set["output_len"])),
+            kv_cache=(bool(b_set["kv_cache"]), bool(c_set["kv_cache"])),
+            fit=fit,
+            loads=loads,
+            passes=PassCosts.from_dict(raw_passes) if isinstance(raw_passes, Mapping) else None,
+            prompt_spec=str(study.args.get("prompt_len") or ""),
+        )
+        projection = None if made is None else dict(made)
+        old = (s.projection or {}).get("speculative")
+        if projection is not None and projection.get("speculative") and old:
+            projection["speculative"]["after_run"] = old.get("after_run")
+        effects = []
+        for e in s.effects:
+            key = METRICS.get(e.metric, (None, None))[1]
+            proj = None if projection is None or key is None else projection["ratios"].get(key)
+            err = proj / e.change.ratio - 1.0 if proj is not None and e.change.ratio else None
+            effects.append(replace(e, projected_ratio=proj, error=err))
+        out.append(replace(s, projection=projection, effects=effects))
+    return replace(study, settings=out)
+
+
 def build_study(
     knob: str,
     values: Sequence[str],
@@ -1033,6 +1567,7 @@ def build_study(
     primary: str = DEFAULT_PRIMARY,
     fit: OverheadFit | None = None,
     queueing: bool = True,
+    passes: Sequence[PassCosts | None] | None = None,
 ) -> Study:
     """Assemble a :class:`Study` from its runs.
 
@@ -1050,6 +1585,9 @@ def build_study(
             baseline's derating. Each setting's load (its run's ``load`` section) adds
             queueing to the projected TTFT (:func:`project_change`) unless ``queueing`` is
             false.
+        passes: per setting, its kernel calls measured against the baseline's
+            (:class:`~perfscope.analysis.overhead.PassCosts`; ``None``: nothing measured),
+            added to its projected steps.
     """
     outs = list(output_lens) if output_lens is not None else [output_len] * len(values)
     kv = list(kv_cache) if kv_cache is not None else [True] * len(values)
@@ -1098,44 +1636,34 @@ def build_study(
         effects: list[Effect] = []
         projection = None
         if i > 0 and summaries[0] and summaries[i]:
-            if knob in _SCHEDULING_KNOBS:
-                projection = _scheduling_projection(
-                    knob,
-                    summaries[0][0],
-                    first,
-                    batch=(batches[0], batches[i]),
-                    prompt_len=prompt_len,
-                    output_len=output_len,
-                    fit=fit,
-                    loads=loads,
-                    values=(str(values[0]), str(value)),
+            made, said = _project_setting(
+                knob,
+                (str(values[0]), str(value)),
+                summaries[0][0],
+                first,
+                batch=(batches[0], batches[i]),
+                prompt_len=prompt_len,
+                output_lens=(outs[0], outs[i]),
+                kv_cache=(kv[0], kv[i]),
+                fit=fit,
+                loads=loads,
+                passes=passes[i] if passes is not None else None,
+                prompt_spec=str((args or {}).get("prompt_len") or ""),
+            )
+            notes.extend(said)
+            projection = None if made is None else dict(made)
+            why = (
+                oversubscribed_threads(values[0], value, summaries[0])
+                if knob == "threads"
+                else None
+            )
+            if projection is not None and why is not None:
+                projection = {**projection, "ratios": dict(_NO_RATIOS), "note": why}
+                notes.append(f"{knob}={value}: {why}")
+            if projection is not None and projection.get("speculative"):
+                projection["speculative"]["after_run"] = _after_run_median(
+                    summaries[0], summaries[i], batches[i], prompt_len, output_len
                 )
-                notes.append(f"{knob}={value}: {projection['note']}")
-            else:
-                projection = project_change(
-                    summaries[0][0],
-                    first,
-                    batch=(batches[0], batches[i]),
-                    prompt_len=prompt_len,
-                    output_len=output_len,
-                    kv_cache=(kv[0], kv[i]),
-                    output_lens=(outs[0], outs[i]),
-                    fit=fit,
-                    loads=loads,
-                    quant=(values[0], value) if knob == "quant" else ("none", "none"),
-                )
-                why = (
-                    oversubscribed_threads(values[0], value, summaries[0])
-                    if knob == "threads"
-                    else None
-                )
-                if projection is not None and why is not None:
-                    projection = {**projection, "ratios": dict(_NO_RATIOS), "note": why}
-                    notes.append(f"{knob}={value}: {why}")
-                if projection is not None and projection.get("speculative"):
-                    projection["speculative"]["after_run"] = _after_run_median(
-                        summaries[0], summaries[i], batches[i], prompt_len, output_len
-                    )
             by_round = [{p.round: p for p in points[0]}, {p.round: p for p in points[i]}]
             rounds = sorted(set(by_round[0]) & set(by_round[1]))
             fam = {
@@ -1171,6 +1699,17 @@ def build_study(
                 effects=effects,
                 projection=projection,
                 quality=None if quality is None else quality[i],
+                inputs=projection_inputs(
+                    first,
+                    batch=batches[i],
+                    prompt_len=prompt_len,
+                    output_len=outs[i],
+                    kv_cache=kv[i],
+                    queueing=queueing,
+                    fit=fit if i == 0 else None,
+                )
+                if first
+                else None,
             )
         )
     return Study(

@@ -26,7 +26,7 @@ from perfscope.analysis.calibration import (
 )
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.api.study import APPLIES
-from perfscope.cli.advisor import load_studies
+from perfscope.cli.advisor import load_studies, table_text, with_table
 from perfscope.hwdb.spec import DeviceSpec
 from tests.conftest import PERFSCOPE, ROOT, subprocess_env
 from tests.test_advisor_suggestions import A100, _run
@@ -50,6 +50,73 @@ def test_the_packaged_calibration_is_the_rebuild_of_the_stored_studies() -> None
         if e.error is not None and e.projected_ratio is not None:
             assert e.error == pytest.approx(e.projected_ratio / e.measured_ratio - 1, abs=1e-3)
         assert e.machine.cores and e.machine.engine  # keyed by machine class
+
+
+#: Where the docs show the technique table (``perfscope advisor table --write`` keeps them).
+TABLE_DOCS = (ROOT / "samples" / "studies" / "README.md", ROOT / "docs" / "projections.md")
+
+
+def test_the_technique_tables_in_the_docs_are_what_the_stored_studies_give() -> None:
+    """No hand-copied figure: each document's table (between the markers) is the one the
+    stored studies give, median error line included."""
+    text = table_text(build_calibration(load_studies([STUDIES]), root=ROOT))
+    for doc in TABLE_DOCS:
+        md = doc.read_text(encoding="utf-8")
+        assert with_table(md, text, doc) == md, f"{doc.name}: perfscope advisor table --write"
+    assert "median absolute projection error over significant effects" in text
+
+
+def test_advisor_table_write_and_check_keep_a_document_in_step(tmp_path: Path) -> None:
+    from perfscope.cli.advisor import TABLE_END, TABLE_START
+
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# Studies\n\n{TABLE_START}\n| typed | by hand |\n{TABLE_END}\n\nafter\n")
+    one = min(STUDIES.glob("*.json"))  # any stored study: the table's rows are not the point
+    run = [*PERFSCOPE, "advisor", "table", str(one), "--write", str(doc)]
+    check = subprocess.run([*run, "--check"], capture_output=True, text=True, env=subprocess_env())
+    assert check.returncode == 1 and "differs" in check.stdout
+    wrote = subprocess.run(run, capture_output=True, text=True, env=subprocess_env())
+    assert wrote.returncode == 0, wrote.stderr
+    md = doc.read_text()
+    assert "| typed | by hand |" not in md and md.endswith("after\n")
+    assert "| technique | change | metric |" in md
+    again = subprocess.run([*run, "--check"], capture_output=True, text=True, env=subprocess_env())
+    assert again.returncode == 0, again.stdout
+    (tmp_path / "bare.md").write_text("no markers\n")
+    bare = subprocess.run(
+        [*run[:-1], str(tmp_path / "bare.md")], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert bare.returncode == 2 and "no table markers" in bare.stderr
+    assert "Traceback" not in bare.stderr
+
+
+def test_a_stored_study_s_projections_are_re_derived_from_the_record_alone() -> None:
+    """The records keep what a projection is made from (each setting's ``inputs``: its
+    first run's model, device, roofline, load and shape, the baseline's fitted cost model,
+    the measured kernel calls), so the calibration re-makes every projection with the
+    current model from the record alone, and gets the stored numbers back while the model
+    is unchanged; a record without inputs keeps its projection."""
+    from perfscope.analysis.study import rederive_study
+
+    studies = load_studies([STUDIES])
+    with_inputs = [(p, st) for p, st in studies if st.settings[0].inputs]
+    assert len(with_inputs) >= 15
+    for _, st in with_inputs:
+        again = rederive_study(st)
+        for old, new in zip(st.settings, again.settings, strict=True):
+            assert [e.projected_ratio for e in new.effects] == pytest.approx(
+                [e.projected_ratio for e in old.effects]
+            ), f"{st.knob} {old.value}"
+    older = next(st for _, st in studies if not st.settings[0].inputs)
+    assert rederive_study(older) is older
+    # a changed model changes what the calibration says: the fit is read from the record
+    _, quant = next((p, st) for p, st in with_inputs if st.knob == "quant")
+    base = dict(quant.settings[0].inputs or {})
+    slower = dict(base["fit"])  # type: ignore[call-overload]
+    slower["per_sequence_s"] = float(slower["per_sequence_s"]) + 1.0
+    first = dataclasses.replace(quant.settings[0], inputs={**base, "fit": slower})
+    moved = dataclasses.replace(quant, settings=[first, *quant.settings[1:]])
+    assert rederive_study(moved).settings[1].projection != quant.settings[1].projection
 
 
 def test_every_reference_engine_study_knob_is_a_calibration_technique() -> None:
@@ -171,6 +238,40 @@ def test_advice_quotes_the_entry_of_its_machine_class_beside_an_unchanged_projec
     # another engine on the same CPU is another machine class
     other = advise(roof, spec, cpu, wl, engine="hf")
     assert all(a["calibration"]["text"].startswith("uncalibrated here") for a in other)
+
+
+def test_an_error_whose_projection_lies_inside_the_measured_interval_says_so() -> None:
+    """The issue's case: "off by +82%" for a significant batching entry whose projection
+    (7.94x) lay inside its measured interval [1.92, 9.87]: the note says the projection is
+    inside, next to the error; one outside the interval does not."""
+    machine = MachineClass("AMD EPYC", 2, None, "reference")
+
+    def entry(projected: float) -> CalibrationEntry:
+        return CalibrationEntry(
+            technique="batching",
+            machine=machine,
+            metric="output_tok_s",
+            knob="batch-size",
+            baseline="1",
+            value="8",
+            projected_ratio=projected,
+            sol_ratio=3.69,
+            measured_ratio=4.35,
+            interval=(1.92, 9.87),
+            confidence=0.95,
+            significant=True,
+            error=projected / 4.35 - 1,
+            runs_per_setting=3,
+            method="paired",
+            study_file="samples/studies/results/x.json",
+            created_at="2026-12-01T23:17:22+00:00",
+        )
+
+    inside = calibration_for("larger batches", machine, "decode_tok_s", [entry(7.94)])
+    assert "off by +83%" in inside.text
+    assert "the projection lies inside the measured interval" in inside.text
+    outside = calibration_for("larger batches", machine, "decode_tok_s", [entry(12.0)])
+    assert "inside" not in outside.text and outside.significant
 
 
 def test_calibration_for_an_unknown_technique_says_it_is_uncalibrated_here() -> None:

@@ -282,17 +282,19 @@ def test_prefix_cache_study_projects_from_the_measured_cached_share(runs_dir: An
     assert line is not None and "% of prompt tokens served from it" in line
 
 
-def test_chunked_prefill_study_has_no_projection_and_shows_the_disaggregation_what_if(
-    runs_dir: Any,
-) -> None:
+def test_chunked_prefill_study_steps_the_scheduler_with_its_token_budget(runs_dir: Any) -> None:
     s = _tiny_study("max-batched-tokens", "unlimited,4", runs_dir, prompt_len=24, concurrency=2)
     chunked = s.settings[1]
-    assert all(e.projected_ratio is None for e in chunked.effects)
+    proj = {e.metric: e.projected_ratio for e in chunked.effects}
+    assert all(proj[m] is not None for m in ("ttft_p50_s", "tpot_p50_s", "output_tok_s"))
+    # 24-token prompts in steps of 4 tokens (fewer beside decode rows): six or more steps,
+    # each paying the fitted per-step host time, before a prompt's first token
+    assert proj["ttft_p50_s"] > 1.0
     assert any(e.change.ratio is not None for e in chunked.effects)
-    assert "no projection" in chunked.projection["note"]
+    assert "a 4-token budget a step" in chunked.projection["basis"]
     assert "disaggregation" in chunked.projection
     assert any("mixed" in r.phases for r in chunked.runs)
-    assert any(n.startswith("max-batched-tokens=4: no projection") for n in s.notes)
+    assert any(n.startswith("max-batched-tokens=4: projected by") for n in s.notes)
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])

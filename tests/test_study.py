@@ -45,6 +45,8 @@ def test_settings_run_interleaved_and_the_order_is_recorded(two_by_two: Study) -
         key=lambda r: r.order,
     )
     assert [(r.round, r.setting) for r in by_order] == s.order
+    # the machine's load over the study is in its notes (a claim carries its conditions)
+    assert any(n.startswith("1-minute load average ") for n in s.notes)
     for st, want in zip(s.settings, (1, 2), strict=True):
         for r in st.runs:
             manifest = json.loads((Path(r.run) / "manifest.json").read_text())

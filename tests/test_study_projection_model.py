@@ -302,3 +302,162 @@ def test_a_kv_budget_caps_the_projected_batch_by_what_it_holds_paged_or_not() ->
     assert kv_capacity(on, 80) == 61 // 5 == 12
     assert (_batch(off, 24, 80), _batch(on, 24, 80)) == (1, 12)
     assert _batch(dataclasses.replace(off, engine_options={}), 24, 80) == 24  # no budget
+
+
+def test_measured_kernel_calls_add_their_difference_to_every_projected_step() -> None:
+    """A candidate whose linears were timed 50 us slower per layer plus 2 us per row, and
+    whose cache read 1 ns slower per element: each projected step is the baseline's work
+    plus exactly that difference. Its narrower weights are not priced again by the
+    roofline (the timed calls ran them); its speed of light stays its own roofline."""
+    from perfscope.analysis.overhead import PassCosts
+
+    passes = PassCosts(linears_s=50e-6, linears_per_row_s=2e-6, kv_read_per_element_s=1e-9)
+    int8 = dataclasses.replace(TINY, weight_dtype="int8", weight_bytes_per_param=1.0)
+    kw: dict[str, Any] = {"batch": (8, 8), "prompt_len": 16, "output_len": 8, "fit": HOST}
+    p = project_change(_summary(TINY), _summary(int8), passes=passes, **kw)
+    bare = project_change(_summary(TINY), _summary(int8), **kw)
+    assert p is not None and bare is not None
+    base = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=8)
+    spans = 16 + np.arange(7) + 1  # each decode step reads the cache up to its position
+    read = 8 * spans * TINY.n_kv_heads * TINY.head_dim * 1e-9
+    decode = TINY.n_layers * (50e-6 + 2e-6 * 8 + read)
+    assert p["candidate"]["tpot_s"] == pytest.approx(base.tpot_s + float(np.mean(decode)))
+    prefill = TINY.n_layers * (
+        50e-6 + 2e-6 * 8 * 16 + 8 * 16 * TINY.n_kv_heads * TINY.head_dim * 1e-9
+    )
+    assert p["candidate"]["ttft_s"] == pytest.approx(base.ttft_s + prefill)
+    assert p["ratios"]["tpot_s"] > 1.0 >= bare["ratios"]["tpot_s"]
+    assert p["sol_ratios"] == bare["sol_ratios"]
+    assert p["passes"]["linears_s"] == 50e-6 and "measured against the baseline" in p["basis"]
+
+
+def _timed_on_one_thread(candidate: Any, **kw: Any) -> Any:
+    """:func:`measure_passes` of the tiny preset, fp32 baseline against ``candidate``, on
+    one intra-op thread (as the studies run), in short timings."""
+    import torch
+
+    from perfscope.profiler.engines.reference.model import PRESETS
+    from perfscope.profiler.engines.reference.passes import PassSetting, measure_passes
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure_passes(PRESETS["tiny"], PassSetting(), candidate, budget_s=0.005, **kw)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_engines_own_quantised_cache_read_is_timed_slower_than_a_view() -> None:
+    """Real calls of the reference model, as the engine builds them: an fp8 cache is cast
+    back (a table lookup) on every read, which a float cache's view is not; the linears,
+    the same in both settings, are not timed at all."""
+    from perfscope.profiler.engines.reference.passes import PassSetting
+
+    t = _timed_on_one_thread(
+        PassSetting(kv_dtype="fp8"), rows=[1, 8], spans=[(8, 64), (8, 256)], rounds=3
+    )
+    assert t.linears_s == (0.0, 0.0) and t.head_s == (0.0, 0.0)
+    assert all(r > 0 for r in t.kv_read_s)
+    assert t.kv_elements == (8 * 2 * 64 * 32, 8 * 2 * 256 * 32)
+    assert t.threads == 1 and t.rounds == 3
+    assert t.decode_s > 0 and t.prefill_s > 0  # the baseline's own steps, timed alone
+
+
+def test_timed_calls_are_stretched_as_the_fitted_steps_are_over_the_same_steps_alone() -> None:
+    """The baseline's decode step took 3x in the engine (its fit) what the same step took
+    timed alone, its prefill 2x: the candidate's extra calls, timed alone, are stretched
+    alike (the load's share of the CPU lengthens them too)."""
+    from perfscope.analysis.overhead import PassCosts
+
+    at_d = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=19, output_len=2)
+    at_p = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=2)
+    passes = PassCosts(
+        linears_s=50e-6,
+        decode_rows=8,
+        decode_span=20,
+        isolated_decode_s=at_d.tpot_s / 3,
+        prefill_rows=8,
+        prefill_tokens=16,
+        isolated_prefill_s=at_p.ttft_s / 2,
+    )
+    assert passes.stretch(HOST, TINY, CPU) == pytest.approx((3.0, 2.0))
+    base = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=8)
+    cand = fitted_times(HOST, TINY, CPU, batch=8, prompt_len=16, output_len=8, passes=passes)
+    assert cand.tpot_s - base.tpot_s == pytest.approx(3 * TINY.n_layers * 50e-6)
+    assert cand.ttft_s - base.ttft_s == pytest.approx(2 * TINY.n_layers * 50e-6)
+    untimed = PassCosts(linears_s=50e-6)  # nothing timed alone: no stretch
+    assert untimed.stretch(HOST, TINY, CPU) == (1.0, 1.0)
+
+
+def test_a_row_cost_one_batch_cannot_show_is_taken_from_the_model_timed_at_both_batches() -> None:
+    """Every baseline step had one row, so the fit folded per sequence into per step and a
+    larger batch would project no per-row cost. The baseline model's decode step timed
+    alone at 1 and 12 rows gives the cost of a row, stretched as the engine's steps are;
+    the baseline's own steps are predicted as before."""
+    from perfscope.analysis.overhead import PassCosts
+
+    one_batch = dataclasses.replace(
+        HOST, per_sequence_s=0.0, per_step_s=3e-4, folded=("per sequence", "per token")
+    )
+    at1 = fitted_times(one_batch, TINY, CPU, batch=1, prompt_len=19, output_len=2)
+    passes = PassCosts(
+        decode_rows=1,
+        decode_span=20,
+        isolated_decode_s=at1.tpot_s / 2,  # the engine's step is 2x the model's alone
+        more_rows=12,
+        isolated_more_rows_s=at1.tpot_s / 2 + 11 * 1e-4,  # 0.1 ms a row alone
+    )
+    assert not passes.times_calls and passes.isolated_per_row_s == pytest.approx(1e-4)
+    kw: dict[str, Any] = {"batch": (1, 12), "prompt_len": 16, "output_len": 8, "fit": one_batch}
+    flat = project_change(_summary(TINY), _summary(TINY), **kw)
+    priced = project_change(_summary(TINY), _summary(TINY), passes=passes, **kw)
+    assert flat is not None and priced is not None
+    assert priced["baseline"]["tpot_s"] == pytest.approx(flat["baseline"]["tpot_s"])
+    grown = priced["candidate"]["tpot_s"] - flat["candidate"]["tpot_s"]
+    assert grown == pytest.approx(11 * 2 * 1e-4)  # 11 more rows at 0.1 ms, stretched 2x
+    fit = priced["overhead_fit"]
+    assert fit["per_sequence_s"] == pytest.approx(2e-4) and "a row" in fit["notes"][-1]
+
+
+def test_a_dtype_change_times_the_whole_step_at_both_dtypes() -> None:
+    """Every op of a step changes with the dtype (norms, attention, the cache), so the
+    whole decode step and prefill are timed at both, per layer, on the line through the
+    decode's and the prefill's rows; nothing is left to the cache's own terms."""
+    from perfscope.profiler.engines.reference.passes import PassSetting
+
+    t = _timed_on_one_thread(
+        PassSetting(dtype="bfloat16"),
+        rows=[1, 2],
+        spans=[(2, 8)],
+        decode=(2, 12),
+        prefill=(2, 8),
+        rounds=2,
+    )
+    assert t.rows == (2, 16) and len(t.linears_s) == 2
+    assert t.kv_read_s == () and t.kv_write_s == () and t.head_s == (0.0, 0.0)
+    assert t.decode == (2, 12) and t.decode_s > 0 and t.prefill_s > 0
+
+
+def test_a_token_budget_splits_each_prompt_into_chunks_that_each_pay_a_step() -> None:
+    """One request of a 100-token prompt and 3 output tokens, steps of 1 ms plus 10 us a
+    token: without a budget one prefill pass (2 ms) then two decode steps; with a 32-token
+    budget four chunk steps (32 + 32 + 32 + 4 tokens) before the first token, so TTFT pays
+    the per-step cost four times while the prompt's work is the same."""
+    from perfscope.analysis.study import simulate_budget
+
+    def step(rows: int, chunk: int, chunks: int) -> float:
+        return 1e-3 + 1e-5 * (rows + chunk)
+
+    one = Load(mode="batch", requests=1)
+    kw: dict[str, Any] = {"slots": 4, "step_s": step, "prompt_len": 100, "output_len": 3}
+    whole = simulate_budget(one, budget=None, **kw)
+    chunked = simulate_budget(one, budget=32, **kw)
+    assert whole.ttft_p50_s == pytest.approx(1e-3 + 100e-5)
+    assert chunked.ttft_p50_s == pytest.approx(4e-3 + 100e-5)
+    assert whole.tpot_p50_s == pytest.approx(chunked.tpot_p50_s) == pytest.approx(1e-3 + 1e-5)
+    # four closed-loop users: decode rows take their budget first, so prompts fill slower
+    users = Load(mode="online", requests=8, concurrency=4)
+    assert (
+        simulate_budget(users, budget=8, **kw).ttft_p50_s
+        > simulate_budget(users, budget=None, **kw).ttft_p50_s
+    )

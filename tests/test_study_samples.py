@@ -25,6 +25,22 @@ SKIP_SMOKE = {
 }
 
 
+def _smoke(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script --smoke ARGS`` run from the samples folder; it must succeed."""
+    out = subprocess.run(
+        [sys.executable, str(script), "--smoke", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=SAMPLES,
+        # the session's cache (tests/conftest.py): one CPU calibration and one trained tiny
+        # model for every smoke, as a user's cache would hold
+        env=subprocess_env(),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 def test_every_sample_has_a_write_up() -> None:
     assert len(SCRIPTS) >= 10
     missing = [p.name for p in SCRIPTS if not p.with_suffix(".md").exists()]
@@ -36,17 +52,28 @@ def test_every_sample_has_a_write_up() -> None:
 def test_sample_smoke_run_prints_its_measured_table(script: Path, tmp_path: Path) -> None:
     if script.stem in SKIP_SMOKE:
         pytest.skip(SKIP_SMOKE[script.stem])
-    out = subprocess.run(
-        [sys.executable, str(script), "--smoke", "--runs-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=SAMPLES,
-        # the session's cache (tests/conftest.py): one CPU calibration and one trained tiny
-        # model for every smoke, as a user's cache would hold
-        env=subprocess_env(),
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _smoke(script, "--runs-dir", str(tmp_path))
     header, folder = OWN_RECORD.get(script.stem, ("| measured ratio |", "studies"))
     assert header in out.stdout
     assert list((tmp_path / folder).glob("*.json"))
+
+
+def test_the_parallel_study_is_stored_as_a_study_the_calibration_reads(tmp_path: Path) -> None:
+    """``parallel.py --save`` stores a ``perfscope.study/1`` record (single, tp=2, pp=2,
+    paired by round) whose effects carry the parallel what-if's projection, and the
+    calibration turns it into tensor- and pipeline-parallel entries of this machine."""
+    from perfscope.analysis.calibration import build_calibration
+    from perfscope.analysis.study import read_study
+
+    saved = tmp_path / "saved"
+    _smoke(SAMPLES / "parallel.py", "--runs-dir", str(tmp_path), "--save", str(saved))
+    (path,) = saved.glob("*.json")
+    st = read_study(path)
+    assert st.knob == "parallel" and st.values == ["single", "tp=2", "pp=2"]
+    assert all(len(s.runs) == 1 for s in st.settings)
+    entries = build_calibration([(path, st)])
+    assert {e.technique for e in entries} == {"tensor-parallel", "pipeline-parallel"}
+    tpot = [e for e in entries if e.metric == "tpot_p50_s"]
+    assert len(tpot) == 2 and all(e.projected_ratio and e.sol_ratio for e in tpot)
+    assert all(e.machine.cores and e.machine.engine == "reference" for e in entries)
+    assert "efficiency" in st.settings[1].projection["basis"]

@@ -12,6 +12,7 @@ is written to ``<runs dir>/studies/<stamp>-<name>.json`` (schema ``perfscope.stu
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from perfscope.analysis.overhead import OverheadFit
+    from perfscope.analysis.overhead import OverheadFit, PassCosts
     from perfscope.analysis.study import Study
     from perfscope.api.run import RunArgs
 
@@ -34,6 +35,7 @@ __all__ = [
     "engine_family",
     "knobs_for",
     "load_study",
+    "measure_setting_passes",
     "portable_study",
     "reproject_study",
     "save_study",
@@ -421,6 +423,106 @@ def kv_capacity(a: RunArgs, seq_tokens: int) -> int | None:
     return int(plan.contiguous_slots)
 
 
+def _pass_setting(a: RunArgs) -> Any:
+    """The options of a reference-engine setting that change a timed kernel pass."""
+    from perfscope.profiler.engines.reference.model import parse_sparsity
+    from perfscope.profiler.engines.reference.passes import PassSetting
+
+    opts = {k: str(v) for k, v in (a.engine_options or {}).items()}
+    kv = opts.get("kv_dtype") or opts.get("kv_cache_dtype") or "auto"
+    kv = _KV_DTYPE_ALIASES.get(kv.strip().lower(), kv.strip().lower())
+    block = opts.get("kv_block_tokens", "16").strip()
+    return PassSetting(
+        dtype=_DTYPE_ALIASES.get(a.dtype or "float32", a.dtype or "float32"),
+        quant=opts.get("quant", "none").strip().lower(),
+        sparsity=parse_sparsity(opts.get("sparsity", "none")).label,
+        kv_dtype=kv,
+        kv_paged=opts.get("kv_paged", "off").strip().lower() == "on",
+        kv_block_tokens=int(block) if block.isdigit() and int(block) > 0 else 16,
+    )
+
+
+def measure_setting_passes(
+    settings: Sequence[RunArgs], requests: int, prompt_len: int, output_len: int
+) -> list[PassCosts | None]:
+    """Per setting, its kernel calls timed against the first setting's on this machine
+    (:func:`perfscope.profiler.engines.reference.passes.measure_passes`) as
+    :class:`~perfscope.analysis.overhead.PassCosts`: only for reference-engine settings on
+    the CPU whose dtype, weight quantisation, sparsity, KV dtype or KV layout differs from the
+    baseline's, or whose batch does (the baseline model's decode step is then timed alone
+    at both batches: the cost of a row); ``None`` otherwise. Timed at the study's threads,
+    at the rows of one decode step and of one prefill, and at a short and the longest
+    cache span of a decode step."""
+    from perfscope.analysis.overhead import PassCosts
+
+    out: list[PassCosts | None] = [None] * len(settings)
+    base = settings[0]
+    if base.engine != "reference" or (base.device or "cpu") != "cpu":
+        return out
+    import torch
+
+    from perfscope.profiler.engines.reference.model import PRESETS
+    from perfscope.profiler.engines.reference.passes import measure_passes
+
+    preset = PRESETS.get(base.model_preset or "small")
+    if preset is None:
+        return out
+    ref = _pass_setting(base)
+    before = torch.get_num_threads()
+    try:
+        threads = base.engine_options.get("threads")
+        if threads is not None and str(threads).isdigit():
+            torch.set_num_threads(int(threads))
+        b0 = _batch(base, requests, prompt_len + output_len)
+        for i, s in enumerate(settings[1:], start=1):
+            cand = _pass_setting(s)
+            b = _batch(s, requests, prompt_len + output_len)
+            if cand == ref and b == b0:
+                continue
+            cfg = preset.with_overrides(**dict(s.model_overrides or {}))
+            rows = sorted({1, b, b * prompt_len})
+            spans = sorted({(b, max(prompt_len // 4, 1)), (b, prompt_len + output_len)})
+            writes = sorted({(b, 1), (b, prompt_len)})
+            span = prompt_len + max(output_len // 2, 1)
+            t = measure_passes(
+                cfg,
+                ref,
+                cand,
+                rows=rows,
+                spans=spans,
+                writes=writes,
+                decode=(b0, span),
+                prefill=(b0, prompt_len),
+                more_rows=b if b != b0 else 0,
+            )
+            out[i] = PassCosts.from_points(
+                rows=t.rows,
+                linears_s=t.linears_s,
+                head_s=t.head_s,
+                kv_elements=t.kv_elements,
+                kv_read_s=t.kv_read_s,
+                write_rows=t.write_rows,
+                kv_write_s=t.kv_write_s,
+                decode=(float(t.decode[0]), float(t.decode[1])),
+                isolated_decode_s=t.decode_s,
+                prefill=(float(t.prefill[0]), float(t.prefill[1])),
+                isolated_prefill_s=t.prefill_s,
+                more_rows=(float(t.more_rows), t.more_rows_s),
+                source=(
+                    f"{t.rounds} interleaved rounds at {', '.join(map(str, t.rows))} rows, "
+                    f"cache spans {', '.join(str(sp) for _, sp in spans)} and writes of "
+                    f"{', '.join(map(str, t.write_rows))} tokens, load {t.load:.1f}, "
+                    f"{t.threads} thread(s); the baseline's decode step alone "
+                    f"{t.decode_s * 1e3:.3g} ms at {b0} rows"
+                    + (f", {t.more_rows_s * 1e3:.3g} ms at {t.more_rows}" if t.more_rows else "")
+                    + f", its prefill {t.prefill_s * 1e3:.3g} ms"
+                ),
+            )
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
 def study_with(
     base: RunArgs,
     knob: str,
@@ -459,6 +561,14 @@ def study_with(
     ]
     for s in settings:  # reference-engine options and shapes are checked here, not mid-study
         _check_engine(s)
+    # The candidates' kernel calls are timed before any run: the projection's inputs
+    # precede the measurement it is checked against.
+    passes = measure_setting_passes(
+        settings,
+        plan(settings[0]).options.workload.requests or base.default_requests,
+        _length(base.prompt_len),
+        _length(base.output_len or 128),
+    )
     from perfscope.analysis.experiment import MIN_BLOCKS, block_order
 
     runs: list[tuple[int, int, str, Mapping[str, Any]]] = []
@@ -471,6 +581,7 @@ def study_with(
     # permutation per round for more), so position effects cancel in the paired effects.
     order = block_order(len(plans), most, sum(map(ord, label)))
     started = first_done = time.monotonic()
+    load_before = _load_average()
     stop = ""
     rounds = 0
     for rnd in range(most):
@@ -530,15 +641,34 @@ def study_with(
         runs,
         created_at=stamp.isoformat(timespec="seconds"),
         quality=quality_rows,
+        passes=passes,
     )
     if stop:
         result = replace(result, notes=[*result.notes, stop])
+    load_after = _load_average()
+    if load_before is not None and load_after is not None:
+        result = replace(
+            result,
+            notes=[
+                *result.notes,
+                f"1-minute load average {load_before:.1f} at the first round, "
+                f"{load_after:.1f} after the last ({os.cpu_count()} CPUs)",
+            ],
+        )
     root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
     path = root / "studies" / f"{stamp.strftime('%Y%m%d-%H%M%S')}-{label}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     result = replace(result, path=str(path))
     write_json_atomic(path, result.to_dict())
     return result
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average (``None`` where the system has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def primary_half_width(
@@ -616,9 +746,11 @@ def _assemble(
     quality: Sequence[Mapping[str, Any] | None] | None = None,
     fitted: bool = True,
     queueing: bool = True,
+    passes: Sequence[PassCosts | None] | None = None,
 ) -> Study:
     """The study record of runs made for ``parsed`` settings of ``k`` over ``base``: the
-    baseline runs' fitted cost model, then :func:`~perfscope.analysis.study.build_study`."""
+    baseline runs' fitted cost model, then :func:`~perfscope.analysis.study.build_study`
+    (``passes``: per setting, its kernel calls measured against the baseline's)."""
     from perfscope.analysis.study import build_study
     from perfscope.api.run import plan
 
@@ -650,6 +782,7 @@ def _assemble(
         quality=None if quality is None else [None if q is None else dict(q) for q in quality],
         fit=fit,
         queueing=queueing,
+        passes=passes,
     )
     return replace(result, notes=[*result.notes, fit_note])
 
@@ -678,7 +811,8 @@ def reproject_study(
     effects judged again and the projections made again (to compare projection models on
     one set of measurements). ``fitted=False``: the baseline's derating instead of its
     fitted cost model; ``queueing=False``: no wait for a slot in the projected TTFT (the
-    model before either). The record is returned, not written.
+    model before either). Kernel calls the study measured (its settings' ``passes``) are
+    used as stored. The record is returned, not written.
 
     Raises:
         perfscope.errors.UsageError: the study cannot be read, or a run of it is missing.
@@ -725,10 +859,19 @@ def reproject_study(
         quality=[st.quality for st in s.settings] if any(st.quality for st in s.settings) else None,
         fitted=fitted,
         queueing=queueing,
+        passes=[_stored_passes(st.projection) for st in s.settings],
     )
     # what the runs were, not what they project: how the rounds stopped stays
-    kept = [n for n in s.notes if n.startswith("adaptive rounds")]
+    kept = [n for n in s.notes if n.startswith(("adaptive rounds", "1-minute load average"))]
     return replace(result, notes=[*result.notes, *kept])
+
+
+def _stored_passes(projection: Mapping[str, Any] | None) -> PassCosts | None:
+    """The measured kernel calls a stored setting's projection used, if any."""
+    from perfscope.analysis.overhead import PassCosts
+
+    raw = (projection or {}).get("passes")
+    return PassCosts.from_dict(raw) if isinstance(raw, Mapping) else None
 
 
 def _check_engine(a: RunArgs) -> None:

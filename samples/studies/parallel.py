@@ -9,8 +9,15 @@ and all-reduce over gloo) and prints the lines for the hwdb entry. The write-up 
 measured tables is `parallel.md`.
 
 Every setting runs one process per rank with 1 torch thread (the single process too), so
-TP/PP use twice the cores of the baseline. Repeats are interleaved (single, TP, PP, ...) and
-each figure is the median over repeats of the per-run median decode step.
+TP/PP use twice the cores of the baseline. Each round runs every setting once: the single
+process and one process group (TP, PP, PP with 2 micro-batches, rotated), the single first
+in even rounds and last in odd ones; each figure is the median over rounds of the per-run
+median decode step.
+
+`--save [DIR]` also stores the measurement as a `perfscope.study/1` record (knob
+`parallel`, settings single / tp=2 / pp=2; default DIR `samples/studies/results`), the
+effects paired by round and judged by the experiment module, each next to the parallel
+what-if's projection (:func:`study_record`), so `perfscope advisor calibrate` reads it.
 """
 
 from __future__ import annotations
@@ -21,14 +28,16 @@ import os
 import platform
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.parallel import ParallelPlan, ParallelPrediction, predict_parallel
+from perfscope.analysis.study import Study, build_study
 from perfscope.hwdb import resolve_device
+from perfscope.hwdb.calibrate import machine_fingerprint
 from perfscope.profiler.engines.reference.model import PRESETS
 from perfscope.profiler.engines.reference.parallel import (
     ParallelJob,
@@ -37,6 +46,7 @@ from perfscope.profiler.engines.reference.parallel import (
     run_parallel_many,
     run_single,
 )
+from perfscope.profiler.store import write_json_atomic
 
 DEVICE = "cpu-loopback-gloo"
 LINK = "loopback"
@@ -74,6 +84,152 @@ def _compare(run: ParallelRun, ref: ParallelRun) -> tuple[bool, float, float]:
     return run.tokens == ref.tokens, max(diffs), max(diffs) / scale
 
 
+#: The settings the stored study holds, by the name the Markdown table uses.
+STUDY_SETTINGS = {"single (1 process)": "single", "TP=2": "tp=2", "PP=2, 1 micro-batch": "pp=2"}
+
+
+def _run_summary(run: ParallelRun, job: ParallelJob) -> dict[str, object]:
+    """The metrics of one run as a study reads them: TTFT = the prefill, TPOT = the median
+    decode step, output tokens/s over the prefill and every decode step."""
+    e2e = run.prefill_s + sum(run.step_s)
+    return {
+        "latency": {"ttft": {"p50": run.prefill_s}, "tpot": {"p50": run.tpot_s}},
+        "throughput": {"output_tok_s": job.batch * job.output_len / e2e if e2e > 0 else None},
+    }
+
+
+def _ratios(
+    spec: ModelSpec,
+    dev: object,
+    job: ParallelJob,
+    plan: ParallelPlan,
+    eff: tuple[float, float],
+    link: tuple[float, float] | None = None,
+) -> dict[str, float]:
+    """TTFT, TPOT and throughput of ``plan`` by the parallel what-if, the prefill at
+    ``eff[0]`` and the decode at ``eff[1]`` of speed of light; ``link`` (bandwidth B/s,
+    latency s): the link as measured beside the runs instead of the hwdb entry's."""
+    kw: dict[str, object] = {
+        "batch": job.batch,
+        "prompt_len": job.prompt_len,
+        "output_len": job.output_len,
+    }
+    if link is not None:
+        kw.update(link_bw_bytes_s=link[0], collective_latency_s=link[1])
+    pre = predict_parallel(spec, dev, plan, efficiency=eff[0], link=LINK, **kw)  # type: ignore[arg-type]
+    dec = predict_parallel(spec, dev, plan, efficiency=eff[1], link=LINK, **kw)  # type: ignore[arg-type]
+    e2e = pre.ttft_s + (job.output_len - 1) * dec.tpot_s
+    return {
+        "ttft_s": pre.ttft_s,
+        "tpot_s": dec.tpot_s,
+        "throughput_tok_s": job.batch * job.output_len / e2e,
+    }
+
+
+def study_record(
+    rounds: list[dict[str, ParallelRun]],
+    order: list[tuple[int, int]],
+    job: ParallelJob,
+    *,
+    created_at: str,
+    load: tuple[float, float],
+    link: tuple[float, float] | None = None,
+) -> Study:
+    """The measurement as a ``perfscope.study/1`` record: per round one run of each of
+    :data:`STUDY_SETTINGS`, effects paired by round (the experiment module's rule, TPOT
+    primary), each setting next to the parallel what-if on ``cpu-loopback-gloo`` derated to
+    the single process's measured efficiency (prefill and decode apart, from the single
+    runs only: the projection never sees a TP or PP run), and its speed of light. ``link``
+    (bandwidth B/s, latency s): the loopback link as calibrated in the last round's process
+    group, under the runs' load (a measurement of the link, not of a TP or PP run); the
+    hwdb entry's otherwise."""
+    names = list(STUDY_SETTINGS)
+    runs = [
+        (r, i, f"round-{r + 1}-{STUDY_SETTINGS[n]}", _run_summary(rounds[r][n], job))
+        for r, i in order
+        for n in [names[i]]
+    ]
+    st = build_study(
+        "parallel",
+        list(STUDY_SETTINGS.values()),
+        len(rounds),
+        runs,
+        batches=[job.batch] * len(names),
+        prompt_len=job.prompt_len,
+        output_len=job.output_len,
+        args={
+            "engine": "reference",
+            "model_preset": None,
+            "model_overrides": job.cfg.to_dict(),
+            "batch_size": job.batch,
+            "prompt_len": job.prompt_len,
+            "output_len": job.output_len,
+            "warmup": job.warmup,
+            "engine_options": {"threads": str(job.threads), "device": DEVICE},
+        },
+        created_at=created_at,
+        queueing=False,
+    )
+    dev = resolve_device(DEVICE)
+    spec = ModelSpec.from_dict(job.cfg.model_spec())
+    single = [rounds[r]["single (1 process)"] for r in range(len(rounds))]
+    sol1 = _ratios(spec, dev, job, ParallelPlan(), (1.0, 1.0))
+    eff = (
+        sol1["ttft_s"] / statistics.median(x.prefill_s for x in single),
+        sol1["tpot_s"] / statistics.median(x.tpot_s for x in single),
+    )
+    plans = {"tp=2": ParallelPlan(tp=2), "pp=2": ParallelPlan(pp=2, microbatches=1, in_flight=1)}
+    base, base_sol = _ratios(spec, dev, job, ParallelPlan(), eff), sol1
+    keys = {"ttft_p50_s": "ttft_s", "tpot_p50_s": "tpot_s", "output_tok_s": "throughput_tok_s"}
+    settings = [st.settings[0]]
+    for s in st.settings[1:]:
+        cand = _ratios(spec, dev, job, plans[s.value], eff, link)
+        sol = _ratios(spec, dev, job, plans[s.value], (1.0, 1.0), link)
+        ratios = {k: cand[k] / base[k] for k in cand}
+        projection = {
+            "ratios": ratios,
+            "sol_ratios": {k: sol[k] / base_sol[k] for k in sol},
+            "baseline": base,
+            "candidate": cand,
+            "basis": (
+                f"the parallel what-if (analysis/parallel.py) on {DEVICE}, "
+                + (
+                    f"the link calibrated beside the runs ({link[0] / 1e9:.3g} GB/s, "
+                    f"{link[1] * 1e6:.3g} us a collective) and the entry's wait"
+                    if link is not None
+                    else "its link and wait from the hwdb entry"
+                )
+                + f", compute derated to the single process's measured efficiency: prefill "
+                f"{eff[0]:.3g}, decode {eff[1]:.3g} of speed of light"
+            ),
+        }
+        effects = []
+        for e in s.effects:
+            key = keys.get(e.metric)
+            proj = ratios[key] if key else None
+            err = proj / e.change.ratio - 1.0 if proj is not None and e.change.ratio else None
+            effects.append(replace(e, projected_ratio=proj, error=err))
+        settings.append(replace(s, projection=projection, effects=effects))
+    fp = machine_fingerprint("cpu")
+    return replace(
+        st,
+        settings=settings,
+        machine={
+            "cpu_model": fp.get("cpu_model") or "",
+            "cores": fp.get("cores"),
+            "gpu_model": None,
+            "engine": "reference",
+        },
+        notes=[
+            *st.notes,
+            f"load average {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} cores; 1 torch "
+            "thread per process, so TP and PP use twice the single process's cores",
+            "rounds: the single process and one process group (TP, PP, PP with 2 "
+            "micro-batches) per round, the single first in even rounds, last in odd ones",
+        ],
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 1 repeat")
@@ -81,6 +237,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape")
     ap.add_argument("--runs-dir", default=None, help="write the record under DIR/parallel/")
+    ap.add_argument(
+        "--save",
+        nargs="?",
+        const="samples/studies/results",
+        default=None,
+        help="also store a perfscope.study/1 record in DIR (samples/studies/results)",
+    )
     a = ap.parse_args()
 
     if a.calibrate:
@@ -112,23 +275,49 @@ def main() -> None:
         repeat = a.repeat
     pp2 = ParallelJob(**{**asdict(job), "cfg": cfg, "microbatches": 2})
     load0 = os.getloadavg()
-    singles = [run_single(job) for _ in range(repeat)]
-    plan: list[tuple[Literal["tp", "pp"], ParallelJob]] = [
-        ("tp", job),
-        ("pp", job),
-        ("pp", pp2),
-    ] * repeat
-    # fork: the ranks start as copies of this process (this script holds no threads)
-    group = run_parallel_many(plan, link_reps=2 if a.smoke else 30, start_method="fork")
-    runs = group.runs
+    kinds: list[tuple[str, Literal["tp", "pp"], ParallelJob]] = [
+        ("TP=2", "tp", job),
+        ("PP=2, 1 micro-batch", "pp", job),
+        ("PP=2, 2 micro-batches", "pp", pp2),
+    ]
+    singles: list[ParallelRun] = []
+    runs: list[ParallelRun] = []
+    by_round: list[dict[str, ParallelRun]] = []
+    order: list[tuple[int, int]] = []
+    link_cal = None
+    for rnd in range(repeat):
+        turn = kinds[rnd % 3 :] + kinds[: rnd % 3]
+        last = rnd == repeat - 1
+        got: dict[str, ParallelRun] = {}
+        if rnd % 2 == 0:
+            got["single (1 process)"] = run_single(job)
+        # fork: the ranks start as copies of this process (this script holds no threads);
+        # the link is calibrated in the last round's group, under the runs' load
+        group = run_parallel_many(
+            [(m, j) for _, m, j in turn],
+            link_reps=(2 if a.smoke else 30) if last else 0,
+            start_method="fork",
+        )
+        got.update({name: r for (name, _, _), r in zip(turn, group.runs, strict=True)})
+        if rnd % 2 == 1:
+            got["single (1 process)"] = run_single(job)
+        link_cal = group.link or link_cal
+        singles.append(got["single (1 process)"])
+        runs.extend(group.runs)
+        by_round.append(got)
+        names = list(STUDY_SETTINGS)
+        seq = ["single (1 process)"] + [n for n, _, _ in turn]
+        if rnd % 2 == 1:
+            seq = seq[1:] + seq[:1]
+        order.extend((rnd, names.index(n)) for n in seq if n in STUDY_SETTINGS)
     load1 = os.getloadavg()
     ref = singles[0]
 
     dev = resolve_device(DEVICE)
     spec = ModelSpec.from_dict(cfg.model_spec())
     bw = lat = None
-    if group.link is not None:  # the link as measured in this group, under this load
-        bw, lat = group.link.allreduce.bw_bytes_s, group.link.allreduce.latency_s
+    if link_cal is not None:  # the link as measured in the last group, under this load
+        bw, lat = link_cal.allreduce.bw_bytes_s, link_cal.allreduce.latency_s
 
     def one(plan: ParallelPlan, batch: int, live: bool) -> ParallelPrediction:
         return predict_parallel(
@@ -280,8 +469,8 @@ def main() -> None:
         groups["TP=2"][0][0].collectives_per_step, 1
     )
     print(f"- TP measured: {per_coll * 1e6:.1f} us per collective inside a decode step")
-    if group.link is not None:
-        for what, fit in (("send", group.link.send), ("2-rank all-reduce", group.link.allreduce)):
+    if link_cal is not None:
+        for what, fit in (("send", link_cal.send), ("2-rank all-reduce", link_cal.allreduce)):
             print(
                 f"- link measured in the same group, {what}: latency {fit.latency_s * 1e6:.1f} us,"
                 f" {fit.bw_bytes_s / 1e9:.3g} GB/s per direction; p10 of the smallest message "
@@ -295,7 +484,7 @@ def main() -> None:
         "repeat": repeat,
         "device": DEVICE,
         "rows": [asdict(r) for r in rows],
-        "link": None if group.link is None else asdict(group.link),
+        "link": None if link_cal is None else asdict(link_cal),
     }
     out_dir = Path(a.runs_dir or tempfile.mkdtemp(prefix="perfscope-parallel-")) / "parallel"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -303,6 +492,26 @@ def main() -> None:
     path = out_dir / f"{stamp}-parallel{'-smoke' if a.smoke else ''}.json"
     path.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
     print(f"- record: `{path}`")
+    if a.save is not None:
+        st = study_record(
+            by_round,
+            order,
+            job,
+            created_at=record["created_at"],
+            load=(load0[0], load1[0]),
+            link=None if bw is None or lat is None else (bw, lat),
+        )
+        target = Path(a.save) / f"{stamp}-study-parallel{'-smoke' if a.smoke else ''}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(target, replace(st, path=str(target)).to_dict())
+        print(f"- study record: `{target}`")
+        for s in st.settings[1:]:
+            for e in s.effects:
+                if e.metric in ("ttft_p50_s", "tpot_p50_s", "output_tok_s"):
+                    print(
+                        f"  - {s.value} {e.metric}: measured {e.change.ratio:.3g}x "
+                        f"{e.change.interval_text()}, projected {e.projected_ratio:.3g}x"
+                    )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def _spec_prompts(n: int, length: int) -> str:
 #: name → (knob, values, options over :data:`COMMON`).
 STUDIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "batch-size": ("batch-size", "1,8", {}),
-    "quant": ("quant", "none,int8", {}),
+    "quant": ("quant", "none,int8,int8-wo", {}),
     "threads": ("threads", "1,2", {"threads": None}),
     "speculative": (
         "num-speculative-tokens",
@@ -97,6 +97,20 @@ STUDIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
     "kv-cache": ("kv-cache", "on,off", {"prompt_len": 64}),
+    "kv-heads": ("kv-heads", "4,1", {}),
+    # prefix_caching.py's shared-prefix workload on the tiny model
+    "prefix-cache": (
+        "prefix-cache",
+        "off,on",
+        {
+            "dataset": "shared-prefix",
+            "prefix_len": 256,
+            "prompt_len": 32,
+            "requests": 16,
+            "batch_size": 4,
+            "concurrency": 4,
+        },
+    ),
     "scheduler": (
         "scheduler",
         "continuous,static",
