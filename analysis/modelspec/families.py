@@ -1,0 +1,560 @@
+"""Family rules: which config keys give each decoder family's biases, norms, windows and
+MoE layout, and the families perfscope refuses with the reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perfscope.analysis.modelspec.hf_config import _first_of, _require
+from perfscope.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one HF decoder family's ``config.json`` maps onto :class:`ModelSpec` fields.
+
+    Attributes:
+        key: family name.
+        model_types: ``model_type`` values of the family.
+        architectures: HF class names that identify it when ``model_type`` is unknown.
+        reader: ``llama`` (the shared HF key set) or ``gpt2``/``gpt_neox``/``opt`` (own keys).
+        qkv_bias: Q/K/V biases: ``True``/``False``, or the config key that says so.
+        o_bias: output-projection bias: ``True``/``False``, or the config key.
+        mlp_bias: MLP biases: ``True``/``False``, or the config key.
+        mlp_gated: three-matrix gated MLP.
+        norm_bias: LayerNorm with bias.
+        norms_per_layer: norm modules per block.
+        qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
+        qk_norm_full: those norms span every head (:attr:`ModelSpec.qk_norm_full`).
+        lm_head_bias: the lm_head has a bias: ``True``/``False`` or the config key.
+        attention_sinks: learned per-head sink logits (gpt-oss).
+        router_bias: the MoE router has a bias.
+        tied_default: ``tie_word_embeddings`` when the config omits it.
+        kv_default: ``num_key_value_heads`` when omitted (``None``: ``n_heads``).
+        windows: which layers slide when the config lists no ``layer_types``: ``none``,
+            ``all`` (every layer, Mistral), ``from_max`` (layers ``i >= max_window_layers``,
+            Qwen2/3), ``alternate_below_max`` (odd-numbered ``i < max_window_layers``,
+            Qwen2-MoE), ``pattern`` (all but every ``sliding_window_pattern``-th, Gemma-2/3).
+        window_pattern: default ``sliding_window_pattern``.
+        window_default: default ``sliding_window`` for ``pattern`` families.
+        window_flag: config key that must be true for the window to apply (Qwen).
+        moe: ``none``, ``mixtral`` (``num_local_experts``, ``intermediate_size`` per expert),
+            ``llama4`` (``moe_layers``/``interleave_moe_layer_step``, a shared expert as wide
+            as a routed one, dense blocks ``intermediate_size_mlp`` wide),
+            ``qwen`` (``num_experts``, ``moe_intermediate_size``, optional shared expert,
+            ``mlp_only_layers``/``decoder_sparse_step``) or ``deepseek`` (``n_routed_experts``,
+            ``n_shared_experts``, ``first_k_dense_replace``).
+        mla: multi-head latent attention keys (``kv_lora_rank``, ...).
+    """
+
+    key: str
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...] = ()
+    reader: str = "llama"
+    qkv_bias: bool | str = "attention_bias"
+    o_bias: bool | str = "attention_bias"
+    mlp_bias: bool | str = "mlp_bias"
+    mlp_gated: bool = True
+    norm_bias: bool = False
+    norms_per_layer: int = 2
+    qk_norm: bool | str = False
+    qk_norm_full: bool = False
+    lm_head_bias: bool | str = False
+    attention_sinks: bool = False
+    router_bias: bool = False
+    tied_default: bool = False
+    kv_default: int | None = None
+    windows: str = "none"
+    window_pattern: int = 0
+    window_default: int = 0
+    window_flag: str = ""
+    moe: str = "none"
+    mla: bool = False
+
+
+#: Every family perfscope counts. A config whose ``model_type`` is none of these is read
+#: only when its ``architectures`` name a family's class; otherwise it is refused.
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", ("llama",), ("LlamaForCausalLM",)),
+    Family("granite", ("granite",), ("GraniteForCausalLM",)),
+    Family("mistral", ("mistral",), ("MistralForCausalLM",), kv_default=8, windows="all"),
+    Family(
+        "mixtral",
+        ("mixtral",),
+        ("MixtralForCausalLM",),
+        kv_default=8,
+        windows="all",
+        moe="mixtral",
+    ),
+    Family(
+        "qwen2",
+        ("qwen2",),
+        ("Qwen2ForCausalLM",),
+        qkv_bias=True,
+        o_bias=False,
+        windows="from_max",
+        window_flag="use_sliding_window",
+    ),
+    Family(
+        "qwen2_moe",
+        ("qwen2_moe",),
+        ("Qwen2MoeForCausalLM",),
+        qkv_bias="qkv_bias",
+        o_bias=False,
+        windows="alternate_below_max",
+        window_flag="use_sliding_window",
+        moe="qwen",
+    ),
+    Family(
+        "qwen3",
+        ("qwen3",),
+        ("Qwen3ForCausalLM",),
+        qk_norm=True,
+        windows="from_max",
+        window_flag="use_sliding_window",
+    ),
+    Family(
+        "qwen3_moe",
+        ("qwen3_moe",),
+        ("Qwen3MoeForCausalLM",),
+        qk_norm=True,
+        windows="from_max",
+        window_flag="use_sliding_window",
+        moe="qwen",
+    ),
+    Family("gemma", ("gemma",), ("GemmaForCausalLM",), tied_default=True),
+    Family(
+        "gemma2",
+        ("gemma2",),
+        ("Gemma2ForCausalLM",),
+        tied_default=True,
+        norms_per_layer=4,
+        windows="pattern",
+        window_pattern=2,
+        window_default=4096,
+    ),
+    Family(
+        "gemma3",
+        ("gemma3_text",),
+        ("Gemma3ForCausalLM",),
+        tied_default=True,
+        norms_per_layer=4,
+        qk_norm=True,
+        windows="pattern",
+        window_pattern=6,
+        window_default=4096,
+    ),
+    Family("phi3", ("phi3",), ("Phi3ForCausalLM",), windows="all"),
+    Family(
+        "starcoder2",
+        ("starcoder2",),
+        ("Starcoder2ForCausalLM",),
+        qkv_bias="use_bias",
+        o_bias="use_bias",
+        mlp_bias="use_bias",
+        mlp_gated=False,
+        norm_bias=True,
+        tied_default=True,
+        windows="all",
+    ),
+    Family(
+        "deepseek",
+        ("deepseek_v2", "deepseek_v3", "kimi_k2"),
+        ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
+        moe="deepseek",
+        mla=True,
+    ),
+    # Decoders the registry oracle proves Llama-shaped as far as FLOPs, bytes and
+    # parameters go (their differences are RoPE variants, activations or scalings).
+    Family("smollm3", ("smollm3",), ("SmolLM3ForCausalLM",)),
+    Family("ministral", ("ministral",), ("MinistralForCausalLM",)),
+    Family("helium", ("helium",), ("HeliumForCausalLM",)),
+    Family(
+        "seed_oss",
+        ("seed_oss",),
+        ("SeedOssForCausalLM",),
+        o_bias="attention_out_bias",
+    ),
+    Family(
+        "internlm3", ("internlm3",), ("InternLM3ForCausalLM",), qkv_bias="qkv_bias", o_bias="bias"
+    ),
+    Family(
+        "ernie4_5",
+        ("ernie4_5",),
+        ("Ernie4_5ForCausalLM",),
+        qkv_bias="use_bias",
+        o_bias="use_bias",
+        mlp_bias="use_bias",
+    ),
+    Family("glm", ("glm",), ("GlmForCausalLM",), o_bias=False),
+    Family("glm4", ("glm4",), ("Glm4ForCausalLM",), o_bias=False, norms_per_layer=4),
+    Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), ("HunYuanDenseV1ForCausalLM",), qk_norm=True),
+    Family("arcee", ("arcee",), ("ArceeForCausalLM",), mlp_gated=False),
+    Family("exaone4", ("exaone4",), ("Exaone4ForCausalLM",), qk_norm=True),
+    Family("olmo2", ("olmo2",), ("Olmo2ForCausalLM",), qk_norm=True, qk_norm_full=True),
+    Family("olmo3", ("olmo3",), ("Olmo3ForCausalLM",), qk_norm=True, qk_norm_full=True),
+    Family(
+        "olmoe",
+        ("olmoe",),
+        ("OlmoeForCausalLM",),
+        qk_norm=True,
+        qk_norm_full=True,
+        moe="mixtral",
+    ),
+    Family("granitemoe", ("granitemoe",), ("GraniteMoeForCausalLM",), moe="mixtral"),
+    Family(
+        "cohere",
+        ("cohere",),
+        ("CohereForCausalLM",),
+        norms_per_layer=1,
+        qk_norm="use_qk_norm",
+        qk_norm_full=True,
+        tied_default=True,
+    ),
+    Family(
+        "cohere2",
+        ("cohere2",),
+        ("Cohere2ForCausalLM",),
+        norms_per_layer=1,
+        tied_default=True,
+    ),
+    Family(
+        "stablelm",
+        ("stablelm",),
+        ("StableLmForCausalLM",),
+        qkv_bias="use_qkv_bias",
+        o_bias=False,
+        mlp_bias=False,
+        norm_bias=True,
+        qk_norm="qk_layernorm",
+        qk_norm_full=True,
+    ),
+    Family("iquestcoder", ("iquestcoder",), ()),
+    Family("cwm", ("cwm",), ()),
+    Family(
+        "gpt_oss",
+        ("gpt_oss",),
+        ("GptOssForCausalLM",),
+        mlp_bias=True,
+        attention_sinks=True,
+        router_bias=True,
+        moe="mixtral",
+    ),
+    Family("gptj", ("gptj",), ("GPTJForCausalLM",), reader="gptj"),
+    Family("codegen", ("codegen",), ("CodeGenForCausalLM",), reader="gptj"),
+    Family("bloom", ("bloom",), ("BloomForCausalLM",), reader="bloom"),
+    Family(
+        "falcon",
+        ("falcon", "refinedweb", "refinedwebmodel"),
+        ("FalconForCausalLM", "RWForCausalLM"),
+        reader="falcon",
+    ),
+    Family("dbrx", ("dbrx",), ("DbrxForCausalLM",), reader="dbrx", moe="mixtral"),
+    Family(
+        "phi",
+        ("phi",),
+        ("PhiForCausalLM",),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        mlp_gated=False,
+        norm_bias=True,
+        norms_per_layer=1,
+        qk_norm="qk_layernorm",
+        lm_head_bias=True,
+    ),
+    Family(
+        "phimoe",
+        ("phimoe",),
+        ("PhimoeForCausalLM",),
+        norm_bias=True,
+        lm_head_bias="lm_head_bias",
+        windows="all",
+        moe="mixtral",
+    ),
+    Family(
+        "granitemoeshared",
+        ("granitemoeshared",),
+        ("GraniteMoeSharedForCausalLM",),
+        moe="mixtral",
+    ),
+    Family("nemotron", ("nemotron",), ("NemotronForCausalLM",), mlp_gated=False, norm_bias=True),
+    Family(
+        "flex_olmo",
+        ("flex_olmo",),
+        ("FlexOlmoForCausalLM",),
+        qk_norm=True,
+        qk_norm_full=True,
+        moe="mixtral",
+    ),
+    Family("mamba", ("mamba",), ("MambaForCausalLM",), reader="mamba", tied_default=True),
+    # Falcon-Mamba: Mamba plus weightless RMS norms on B, C and dt (no parameters, no
+    # FLOPs FlopCounterMode counts).
+    Family(
+        "falcon_mamba",
+        ("falcon_mamba",),
+        ("FalconMambaForCausalLM",),
+        reader="mamba",
+        tied_default=True,
+    ),
+    Family("mamba2", ("mamba2",), ("Mamba2ForCausalLM",), reader="mamba"),
+    Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
+    Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
+    Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
+)
+
+_SSM = (
+    "a recurrent state replaces the KV cache: perfscope counts Mamba-style selective "
+    "scans (mamba, falcon_mamba, mamba2) but not this family's recurrence and state yet"
+)
+_HYBRID = (
+    "hybrid of attention and state-space/linear-attention layers: perfscope counts pure "
+    "Mamba/Mamba2 models, not a per-layer mix of them with attention yet"
+)
+_ENC_DEC = (
+    "encoder-decoder: a request pays an encoder pass over the source and cross-attention "
+    "over it in every decoder step; perfscope models decoder-only serving"
+)
+_ENCODER = (
+    "an encoder (bidirectional) model with an LM head, not a decoder a serving engine "
+    "generates with"
+)
+
+#: Families perfscope knows about and deliberately does not count, with the reason.
+REFUSED: dict[str, str] = {
+    "llama4_text": (
+        "Llama-4: transformers runs every routed expert on every token and caches chunked "
+        "layers its own way, so the oracle cannot prove a serving count; not modelled yet"
+    ),
+    "llama4": "Llama-4 (multimodal wrapper): see llama4_text",
+    "minimax": _HYBRID,
+    "qwen3_next": _HYBRID,
+    "qwen3_5": _HYBRID,
+    "qwen3_5_text": _HYBRID,
+    "qwen3_5_moe": _HYBRID,
+    "qwen3_5_moe_text": _HYBRID,
+    "kimi_linear": _HYBRID,
+    "jamba": _HYBRID,
+    "zamba": _HYBRID,
+    "zamba2": _HYBRID,
+    "bamba": _HYBRID,
+    "falcon_h1": _HYBRID,
+    "granitemoehybrid": _HYBRID,
+    "nemotron_h": _HYBRID,
+    "lfm2": _HYBRID,
+    "lfm2_moe": _HYBRID,
+    "olmo_hybrid": _HYBRID,
+    "bailing_hybrid": _HYBRID,
+    "recurrent_gemma": _HYBRID,
+    "rwkv": _SSM,
+    "xlstm": _SSM,
+    **{
+        mt: _ENC_DEC
+        for mt in (
+            "t5",
+            "mt5",
+            "umt5",
+            "bart",
+            "mbart",
+            "marian",
+            "pegasus",
+            "blenderbot",
+            "blenderbot-small",
+            "plbart",
+            "mvp",
+            "bigbird_pegasus",
+            "prophetnet",
+            "whisper",
+            "trocr",
+        )
+    },
+    **{
+        mt: _ENCODER
+        for mt in (
+            "bert",
+            "bert-generation",
+            "big_bird",
+            "camembert",
+            "data2vec-text",
+            "electra",
+            "ernie",
+            "megatron-bert",
+            "rembert",
+            "roberta",
+            "roberta-prelayernorm",
+            "roc_bert",
+            "roformer",
+            "xlm",
+            "xlm-roberta",
+            "xlm-roberta-xl",
+            "xmod",
+            "xlnet",
+            "reformer",
+        )
+    },
+}
+
+_BY_TYPE = {mt: f for f in FAMILIES for mt in f.model_types}
+_BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
+_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def family_for(cfg: dict[str, Any]) -> Family:
+    """The :class:`Family` row of a config: by ``model_type``, else by ``architectures``.
+
+    Raises:
+        UsageError: neither names a known family; the message says what is missing.
+    """
+    mt = str(cfg.get("model_type", "")).lower()
+    fam = _BY_TYPE.get(mt)
+    if fam is not None:
+        return fam
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    for a in archs:
+        if a in _BY_ARCH:
+            return _BY_ARCH[a]
+    if mt in REFUSED:
+        raise UsageError(
+            f"model_type {mt!r} is not counted: {REFUSED[mt]}. Describe a decoder of the "
+            "same shape with --layers/--hidden-size/--heads/--intermediate-size/--vocab-size"
+        )
+    missing = [k for k in _SHAPE_KEYS if k not in cfg]
+    known = ", ".join(sorted(_BY_TYPE))
+    why = f"model_type {mt!r}" if mt else "a config without model_type"
+    arch_text = (
+        f"its architectures {archs} name none either" if archs else "it lists no architectures"
+    )
+    more = f"; the config also lacks {', '.join(missing)}" if missing else ""
+    raise UsageError(
+        f"{why} is not a decoder family perfscope can count (known: {known}) and {arch_text}"
+        f'{more}. If it is a Llama-shaped decoder, set "model_type": "llama" in a copy '
+        "of config.json, or describe it with --layers/--hidden-size/--heads/"
+        "--intermediate-size/--vocab-size"
+    )
+
+
+def _flag(cfg: dict[str, Any], rule: bool | str, default: bool = False) -> bool:
+    if isinstance(rule, bool):
+        return rule
+    return bool(_first_of(cfg, rule, default=default))
+
+
+_LAYER_TYPE_KINDS = {
+    "full_attention": "full",
+    "sliding_attention": "sliding",
+    "chunked_attention": "chunked",
+}
+
+
+def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int, ...]:
+    """Per-layer span (0 full, w sliding, -c chunked) or ``()`` when every layer is full."""
+    window = int(_first_of(cfg, "sliding_window", default=fam.window_default) or 0)
+    if fam.window_flag and not cfg.get(fam.window_flag):
+        window = 0
+    chunk = int(_first_of(cfg, "attention_chunk_size", default=0) or 0)
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        if len(types) != n_layers:
+            raise UsageError(f"config layer_types has {len(types)} entries for {n_layers} layers")
+        out = []
+        for t in types:
+            kind = _LAYER_TYPE_KINDS.get(str(t))
+            if kind is None:
+                raise UsageError(
+                    f"config layer_types has {t!r}: perfscope counts only "
+                    f"{', '.join(_LAYER_TYPE_KINDS)}"
+                )
+            if kind == "sliding" and window <= 0:
+                window = int(_first_of(cfg, "sliding_window", default=fam.window_default) or 0)
+                if window <= 0:
+                    raise UsageError(
+                        "config layer_types lists sliding_attention but no sliding_window"
+                    )
+            if kind == "chunked" and chunk <= 0:
+                raise UsageError(
+                    "config layer_types lists chunked_attention but no attention_chunk_size"
+                )
+            out.append(window if kind == "sliding" else (-chunk if kind == "chunked" else 0))
+        return tuple(out) if any(out) else ()
+    if window <= 0 or fam.windows == "none":
+        return ()
+    max_w = int(_first_of(cfg, "max_window_layers", default=28))
+    if fam.windows == "all":
+        slides = [True] * n_layers
+    elif fam.windows == "from_max":
+        slides = [i >= max_w for i in range(n_layers)]
+    elif fam.windows == "alternate_below_max":
+        slides = [bool((i + 1) % 2) and i < max_w for i in range(n_layers)]
+    else:  # pattern
+        pattern = int(
+            _first_of(
+                cfg, "sliding_window_pattern", "_sliding_window_pattern", default=fam.window_pattern
+            )
+        )
+        slides = [bool((i + 1) % pattern) for i in range(n_layers)]
+    spans = tuple(window if s else 0 for s in slides)
+    return spans if any(spans) else ()
+
+
+def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, Any]:
+    if fam.moe == "none":
+        return {}
+    if fam.moe == "mixtral":
+        e = int(_first_of(cfg, "num_local_experts", "num_experts", default=8))
+        return {
+            "n_experts": e,
+            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            # GraniteMoeShared: an ungated shared MLP beside the experts
+            "shared_expert_intermediate_size": int(
+                _first_of(cfg, "shared_intermediate_size", default=0) or 0
+            ),
+        }
+    if fam.moe == "llama4":
+        e = int(_first_of(cfg, "num_local_experts", default=16))
+        step = int(_first_of(cfg, "interleave_moe_layer_step", default=1))
+        moe_layers = cfg.get("moe_layers")
+        if moe_layers is None:
+            moe_layers = list(range(step - 1, n_layers, step))
+        moe_set = {int(i) for i in moe_layers}
+        f = _require(cfg, "intermediate_size")
+        return {
+            "n_experts": e,
+            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=1)),
+            "intermediate_size": f,
+            "shared_expert_intermediate_size": f,
+            "dense_layers": tuple(i for i in range(n_layers) if i not in moe_set),
+            "dense_intermediate_size": int(_first_of(cfg, "intermediate_size_mlp", default=0)),
+        }
+    if fam.moe == "qwen":
+        # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
+        e = int(_first_of(cfg, "num_experts", "num_local_experts", default=0))
+        if not e:
+            return {}
+        step = int(_first_of(cfg, "decoder_sparse_step", default=1))
+        only = {int(i) for i in cfg.get("mlp_only_layers") or []}
+        dense = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
+        shared = int(_first_of(cfg, "shared_expert_intermediate_size", default=0))
+        return {
+            "n_experts": e,
+            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            "intermediate_size": _require(cfg, "moe_intermediate_size"),
+            "shared_expert_intermediate_size": shared,
+            "shared_expert_gate": shared > 0,
+            "dense_layers": dense,
+            "dense_intermediate_size": int(_first_of(cfg, "intermediate_size", default=0)),
+        }
+    e = int(_first_of(cfg, "n_routed_experts", default=0))
+    if not e:
+        return {}
+    moe_f = _require(cfg, "moe_intermediate_size")
+    first = int(_first_of(cfg, "first_k_dense_replace", default=0))
+    return {
+        "n_experts": e,
+        "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
+        "intermediate_size": moe_f,
+        "shared_expert_intermediate_size": moe_f
+        * int(_first_of(cfg, "n_shared_experts", default=0)),
+        "dense_layers": tuple(range(min(first, n_layers))),
+        "dense_intermediate_size": _require(cfg, "intermediate_size"),
+    }
