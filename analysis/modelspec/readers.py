@@ -261,8 +261,8 @@ def _falcon(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
     notes = list(f.pop("notes", ()))
     if new_arch and kv != h:
         notes.append(
-            f"Falcon new decoder architecture: {kv} K/V heads cached, as serving engines do "
-            f"(transformers broadcasts them to all {h} heads before its cache)"
+            f"Falcon new decoder architecture: {kv} K/V heads cached, as serving engines and "
+            f"transformers 5.25 do (5.24 broadcast them to all {h} heads before its cache)"
         )
     f.update(
         n_layers=_require(cfg, "num_hidden_layers", "n_layer"),
