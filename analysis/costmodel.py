@@ -141,14 +141,64 @@ def _ssm_small_params(spec: ModelSpec) -> int:
         return 0
     i, cd = spec.ssm_inner_size, spec.ssm_conv_dim
     if spec.ssm_n_heads:  # Mamba2: A_log, D, dt_bias per head; the gated norm; the conv
-        n = 3 * spec.ssm_n_heads + i + cd * spec.ssm_conv_kernel
+        n = 3 * spec.ssm_n_heads + (i if spec.ssm_gated_norm else 0) + cd * spec.ssm_conv_kernel
     else:
         n = i * spec.ssm_state_size + i + i * spec.ssm_conv_kernel + i
+        if spec.ssm_bcdt_norms:  # Jamba: weighted RMS norms on dt, B and C
+            n += spec.ssm_time_step_rank + 2 * spec.ssm_state_size
     if spec.ssm_conv_bias:
         n += cd
     if spec.ssm_proj_bias:
         n += 2 * i + spec.hidden_size
     return n
+
+
+def conv_params_per_layer(spec: ModelSpec) -> int:
+    """Matmul weights of one LFM2 short-conv mixer: ``in_proj`` ``d → 3d`` and ``out_proj``
+    ``d → d`` (0 without such blocks); the depthwise conv is a vector per channel."""
+    return 4 * spec.hidden_size * spec.hidden_size if spec.short_conv_kernel else 0
+
+
+def _conv_small_params(spec: ModelSpec) -> int:
+    """One short-conv mixer's conv weights ``d·L`` and, with ``conv_bias``, the biases of
+    ``in_proj`` (3d), the conv (d) and ``out_proj`` (d)."""
+    d = spec.hidden_size
+    return d * spec.short_conv_kernel + (5 * d if spec.short_conv_bias else 0)
+
+
+def _mixer_params(spec: ModelSpec, mixer: str) -> int:
+    """Matmul weights of one block's sequence mixer (:meth:`ModelSpec.mixers`)."""
+    n = 0
+    parts = mixer.split("+")
+    if "attention" in parts:
+        n += attention_params_per_layer(spec)
+    if "ssm" in parts:
+        n += ssm_params_per_layer(spec)
+    if mixer == "conv":
+        n += conv_params_per_layer(spec)
+    return n
+
+
+def _layer_kinds(spec: ModelSpec) -> tuple[tuple[str, bool, bool], ...]:
+    """``(mixer, moe, has_mlp)`` of every block, in order."""
+    return tuple(zip(spec.mixers(), spec.moe_layer_mask(), spec.mlp_layer_mask(), strict=True))
+
+
+def _causal_conv_flops(channels: float, k: float, q: FloatArray, c: FloatArray) -> Any:
+    """FLOPs of transformers' depthwise causal conv of width ``k`` over ``channels`` per row
+    with ``q`` new tokens (``c`` cached tokens summed over rows): ``2·channels·k`` per
+    output position, over ``max(q, k) + k − 1`` positions without a state, 2 in a cached
+    one-token step and ``q + 2k − 1`` in a cached multi-token step."""
+    step = (q <= 1.0) & (c > 0)
+    conv_len = np.where(c > 0, np.where(step, 2.0, q + 2.0 * k - 1.0), np.maximum(q, k) + k - 1.0)
+    return 2.0 * channels * k * conv_len
+
+
+def _conv_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
+    """Sequence-mixing FLOPs of one LFM2 short-conv block per row (the conv over ``d``
+    channels, :func:`_causal_conv_flops`) and their useful part, ``2·d·L`` per token."""
+    d, k = float(spec.hidden_size), float(spec.short_conv_kernel)
+    return _causal_conv_flops(d, k, q, c), q * 2.0 * d * k
 
 
 def _ssm_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
@@ -171,8 +221,7 @@ def _ssm_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[An
     cd = float(spec.ssm_conv_dim)
     useful = q * (2.0 * cd * k + 2.0 * i * n)
     step = (q <= 1.0) & (c > 0)
-    conv_len = np.where(c > 0, np.where(step, 2.0, q + 2.0 * k - 1.0), np.maximum(q, k) + k - 1.0)
-    conv = 2.0 * cd * k * conv_len
+    conv = _causal_conv_flops(cd, k, q, c)
     if not spec.ssm_n_heads:
         return conv + 2.0 * i * n * q, useful
     h, p = float(spec.ssm_n_heads), float(spec.ssm_head_dim)
@@ -256,18 +305,33 @@ def matmul_params(spec: ModelSpec, *, active: bool = False, lm_head: bool = True
     """
     experts = spec.n_active_experts if active else spec.n_experts
     total = float(_proj_params(spec))
-    for moe_layer in spec.moe_layer_mask():
-        total += attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, experts)
-        total += ssm_params_per_layer(spec)
+    for mixer, moe_layer, has_mlp in _layer_kinds(spec):
+        total += _mixer_params(spec, mixer)
+        total += _mlp_params(spec, moe_layer, experts) if has_mlp else 0.0
     if lm_head:
         total += spec.embedding_width * spec.vocab_size
     return int(total)
 
 
-def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
-    d, hd = spec.hidden_size, spec.head_dim
-    norm = d * (2 if spec.norm_bias else 1)
+def _layer_small_params(spec: ModelSpec, mixer: str, moe_layer: bool, has_mlp: bool) -> int:
+    norm = spec.hidden_size * (2 if spec.norm_bias else 1)
     n = spec.norms_per_layer * norm
+    parts = mixer.split("+")
+    if "ssm" in parts:
+        n += _ssm_small_params(spec)
+    if mixer == "conv":
+        n += _conv_small_params(spec)
+    if "attention" in parts:
+        n += _attention_small_params(spec)
+    if has_mlp:
+        n += _mlp_small_params(spec, moe_layer)
+    return n
+
+
+def _attention_small_params(spec: ModelSpec) -> int:
+    """One attention's biases, q/k norms, MLA norms and sink logits."""
+    d, hd = spec.hidden_size, spec.head_dim
+    n = 0
     if spec.is_mla:
         qr, r = spec.q_lora_rank, spec.kv_lora_rank
         n += qr + r  # q_a_layernorm, kv_a_layernorm
@@ -277,6 +341,18 @@ def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
         n += (spec.n_heads + 2 * spec.n_kv_heads) * hd
     if spec.o_bias:
         n += d
+    if spec.attention_sinks:
+        n += spec.n_heads
+    if spec.qk_norm:
+        width = (spec.n_heads + spec.n_kv_heads) * hd if spec.qk_norm_full else 2 * hd
+        n += width * (2 if spec.norm_bias else 1)
+    return n
+
+
+def _mlp_small_params(spec: ModelSpec, moe_layer: bool) -> int:
+    """One MLP's (every expert's) biases and the router's bias."""
+    d = spec.hidden_size
+    n = 0
     if spec.mlp_bias:
         if moe_layer:
             f = spec.intermediate_size
@@ -286,19 +362,14 @@ def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
             n += (2 * f if spec.mlp_gated else f) + d
     if moe_layer and spec.router_bias:
         n += spec.n_experts
-    if spec.attention_sinks:
-        n += spec.n_heads
-    if spec.qk_norm:
-        width = (spec.n_heads + spec.n_kv_heads) * hd if spec.qk_norm_full else 2 * hd
-        n += width * (2 if spec.norm_bias else 1)
-    return n + _ssm_small_params(spec)
+    return n
 
 
 @functools.lru_cache(maxsize=256)
 def _small_params(spec: ModelSpec) -> int:
     """Norm weights/biases and linear biases: vectors, not matrices."""
     norm = spec.hidden_size * (2 if spec.norm_bias else 1)
-    total = sum(_layer_small_params(spec, m) for m in spec.moe_layer_mask())
+    total = sum(_layer_small_params(spec, *kind) for kind in _layer_kinds(spec))
     head_bias = spec.vocab_size if spec.lm_head_bias else 0
     return total + (norm if spec.final_norm else 0) + head_bias
 
@@ -318,18 +389,28 @@ def param_count(spec: ModelSpec) -> int:
     return total + spec.extra_params
 
 
-def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: Any) -> Any:
+def _linear_inputs(
+    spec: ModelSpec, moe_layer: bool, experts: Any, mixer: str = "attention", has_mlp: bool = True
+) -> Any:
     """Sum of the input widths of one block's quantised linears (for GPTQ ``g_idx``)."""
     d = spec.hidden_size
-    if spec.is_ssm:  # in_proj, x_proj, dt_proj, out_proj (Mamba2: in_proj, out_proj)
+    parts = mixer.split("+")
+    attn: Any = 0
+    if "ssm" in parts:  # in_proj, x_proj, dt_proj, out_proj (Mamba2: in_proj, out_proj)
         if spec.ssm_n_heads:
-            return d + spec.ssm_inner_size
-        return d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
-    if spec.is_mla:
-        attn = (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
-        attn += spec.n_heads * spec.v_head_dim
-    else:
-        attn = 3 * d + spec.n_heads * spec.head_dim
+            attn += d + spec.ssm_inner_size
+        else:
+            attn += d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
+    if mixer == "conv":  # in_proj, out_proj
+        attn += 2 * d
+    if "attention" in parts:
+        if spec.is_mla:
+            attn += (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
+            attn += spec.n_heads * spec.v_head_dim
+        else:
+            attn += 3 * d + spec.n_heads * spec.head_dim
+    if not has_mlp:
+        return attn
     per_mlp = 2 * d if spec.mlp_gated else d
     if not moe_layer:
         f = spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size
@@ -362,11 +443,12 @@ def weight_bytes(spec: ModelSpec) -> float:
     """
     d, v, e = spec.hidden_size, spec.vocab_size, spec.embedding_width
     blocks = 0.0
-    for moe_layer in spec.moe_layer_mask():
-        params = attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, spec.n_experts)
-        params += ssm_params_per_layer(spec)
+    for mixer, moe_layer, has_mlp in _layer_kinds(spec):
+        params = _mixer_params(spec, mixer)
+        params += _mlp_params(spec, moe_layer, spec.n_experts) if has_mlp else 0.0
         params -= _router_params(spec) if moe_layer else 0
-        blocks += _quantised_bytes(spec, params, _linear_inputs(spec, moe_layer, spec.n_experts))
+        inputs = _linear_inputs(spec, moe_layer, spec.n_experts, mixer, has_mlp)
+        blocks += _quantised_bytes(spec, params, inputs)
     n_moe = sum(spec.moe_layer_mask())
     tables = v * e + spec.pos_embeddings * d + _proj_params(spec)
     tables += n_moe * _router_params(spec) + spec.extra_params
@@ -396,7 +478,7 @@ def kv_bytes_per_token(spec: ModelSpec, context_len: float | None = None) -> flo
     (:func:`kv_cache_bytes_per_sequence` ÷ ``context_len``).
     """
     if context_len is None or context_len <= 0:
-        return spec.n_layers * _kv_layer_bytes_per_token(spec)
+        return spec.n_attention_layers * _kv_layer_bytes_per_token(spec)
     return kv_cache_bytes_per_sequence(spec, context_len) / context_len
 
 
@@ -408,8 +490,9 @@ def kv_cache_bytes_per_sequence(spec: ModelSpec, context_len: float) -> float:
     recurrent state (:attr:`ModelSpec.state_bytes_per_seq`) whatever ``T > 0`` is.
     """
     total = 0.0
-    for la in spec.layer_attention():
-        total += min(context_len, la.span) if la.kind != "full" else context_len
+    for la, attends in zip(spec.layer_attention(), spec.attention_layer_mask(), strict=True):
+        if attends:
+            total += min(context_len, la.span) if la.kind != "full" else context_len
     state = spec.state_bytes_per_seq if context_len > 0 else 0.0
     return total * _kv_layer_bytes_per_token(spec) + state
 
@@ -425,19 +508,25 @@ def kv_cache_bytes(spec: ModelSpec, tokens: float, *, batch: int | None = None) 
     return tokens * kv_bytes_per_token(spec)
 
 
-def kv_share_per_device(spec: ModelSpec, tp: int) -> float:
+def kv_share_per_device(spec: ModelSpec, tp: int, context_len: float | None = None) -> float:
     """Fraction of the KV cache one of ``tp`` tensor-parallel devices holds.
 
     Ordinary attention splits the KV heads, ``max(K/tp, 1)/K`` (heads are replicated once
     ``tp > K``). An MLA latent has no heads to split: every rank keeps all of it (1.0). A
-    Mamba state splits over its ``I`` channels: ``1/tp``.
+    Mamba state (and a short-conv state) splits over its channels: ``1/tp``. A hybrid holds
+    both; where the two shares differ (``tp > K``) the fraction is the byte-weighted mean
+    of a sequence of ``context_len`` tokens, and without ``context_len`` the attention
+    share (the larger, so memory is never understated).
     """
     tp = max(int(tp), 1)
-    if spec.is_ssm:
+    if spec.n_attention_layers == 0:
         return 1.0 / tp
-    if spec.is_mla:
-        return 1.0
-    return max(spec.n_kv_heads / tp, 1.0) / spec.n_kv_heads
+    attn = 1.0 if spec.is_mla else max(spec.n_kv_heads / tp, 1.0) / spec.n_kv_heads
+    state = spec.state_bytes_per_seq
+    if state == 0.0 or attn == 1.0 / tp or context_len is None or context_len <= 0:
+        return attn
+    kv = kv_cache_bytes_per_sequence(spec, context_len) - state
+    return (kv * attn + state / tp) / (kv + state)
 
 
 def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]:
@@ -447,21 +536,22 @@ def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]
     model's recurrent state, one entry), ``span`` (tokens, 0 for full),
     ``layers``, ``bytes_per_token_layer`` and ``bytes`` at ``context_len``.
     """
-    if spec.is_ssm:
-        return [
+    groups: dict[tuple[str, int], int] = {}
+    for la, attends in zip(spec.layer_attention(), spec.attention_layer_mask(), strict=True):
+        if attends:
+            groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
+    per = _kv_layer_bytes_per_token(spec)
+    out = []
+    if spec.state_bytes_per_seq:
+        out.append(
             {
                 "kind": "state",
                 "span": 0,
-                "layers": spec.n_layers,
+                "layers": sum(m in ("ssm", "conv", "attention+ssm") for m in spec.mixers()),
                 "bytes_per_token_layer": 0.0,
                 "bytes": spec.state_bytes_per_seq if context_len > 0 else 0.0,
             }
-        ]
-    groups: dict[tuple[str, int], int] = {}
-    for la in spec.layer_attention():
-        groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
-    per = _kv_layer_bytes_per_token(spec)
-    out = []
+        )
     for (kind, span), n in groups.items():
         held = context_len if kind == "full" else min(context_len, span)
         out.append(
@@ -634,12 +724,13 @@ def mla_mode(spec: ModelSpec, new_tokens_per_row: float) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _layer_groups(spec: ModelSpec) -> tuple[tuple[int, str, int, bool], ...]:
-    """``(count, kind, span, moe)`` for each distinct kind of block."""
-    groups: dict[tuple[str, int, bool], int] = {}
-    for la, moe in zip(spec.layer_attention(), spec.moe_layer_mask(), strict=True):
-        groups[(la.kind, la.span, moe)] = groups.get((la.kind, la.span, moe), 0) + 1
-    return tuple((n, kind, span, moe) for (kind, span, moe), n in groups.items())
+def _layer_groups(spec: ModelSpec) -> tuple[tuple[int, str, str, int, bool, bool], ...]:
+    """``(count, mixer, kind, span, moe, has_mlp)`` for each distinct kind of block."""
+    groups: dict[tuple[str, str, int, bool, bool], int] = {}
+    for la, (mixer, moe, mlp) in zip(spec.layer_attention(), _layer_kinds(spec), strict=True):
+        key = (mixer, la.kind, la.span, moe, mlp)
+        groups[key] = groups.get(key, 0) + 1
+    return tuple((n, *key) for key, n in groups.items())
 
 
 def expected_active_experts(spec: ModelSpec, tokens: ArrayLike) -> FloatArray:
@@ -717,84 +808,100 @@ def step_costs(
     si, sn = float(spec.ssm_inner_size), float(spec.ssm_state_size)
     scd, sr = float(spec.ssm_conv_dim), float(spec.ssm_time_step_rank)
 
-    for count, kind, span, moe in _layer_groups(spec):
+    conv_params = float(conv_params_per_layer(spec))
+
+    for count, mixer, kind, span, moe, has_mlp in _layer_groups(spec):
         lc = float(count)
         w = float(span)
-        # Attention span as executed and causal-useful, per row.
-        if kind == "full":
-            kv_exec = p + q
-            useful = q * p + q * (q + 1.0) / 2.0
-            read = p
-        elif kind == "sliding":
-            # A sliding-window cache keeps w - 1 past entries; the first pass (no cache)
-            # still computes the full masked square.
-            kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
-            m = np.clip(w - p, 0.0, q)  # new tokens whose window still reaches position 0
-            useful = m * p + m * (m + 1.0) / 2.0 + (q - m) * w
-            read = np.minimum(p, w - 1.0)
-        else:  # chunked: a token sees its own chunk only
-            kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
-            useful = _chunk_prefix(p + q, w) - _chunk_prefix(p, w)
-            read = p - np.floor(p / w) * w
-        attn_exec = attn_exec + lc * 2.0 * h * (w_qk + w_pv) * b * q * kv_exec
-        attn_useful = attn_useful + lc * 2.0 * h * (w_qk + w_pv) * b * useful
-        kv_read_tokens = kv_read_tokens + lc * read
-        kv_exec_total = kv_exec_total + lc * b * kv_exec
-        if materialized_scores:
-            scores = scores + lc * 4.0 * h * b * q * kv_exec
-
-        if spec.is_ssm:
+        parts = mixer.split("+")
+        attends, scans = "attention" in parts, "ssm" in parts
+        mixer_params = 0.0
+        act = 5.0 * d if mixer != "none" else 0.0  # the mixer's norm and residual add
+        if attends:
+            # Attention span as executed and causal-useful, per row.
+            if kind == "full":
+                kv_exec = p + q
+                useful = q * p + q * (q + 1.0) / 2.0
+                read = p
+            elif kind == "sliding":
+                # A sliding-window cache keeps w - 1 past entries; the first pass (no cache)
+                # still computes the full masked square.
+                kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
+                m = np.clip(w - p, 0.0, q)  # new tokens whose window still reaches position 0
+                useful = m * p + m * (m + 1.0) / 2.0 + (q - m) * w
+                read = np.minimum(p, w - 1.0)
+            else:  # chunked: a token sees its own chunk only
+                kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
+                useful = _chunk_prefix(p + q, w) - _chunk_prefix(p, w)
+                read = p - np.floor(p / w) * w
+            attn_exec = attn_exec + lc * 2.0 * h * (w_qk + w_pv) * b * q * kv_exec
+            attn_useful = attn_useful + lc * 2.0 * h * (w_qk + w_pv) * b * useful
+            kv_read_tokens = kv_read_tokens + lc * read
+            kv_exec_total = kv_exec_total + lc * b * kv_exec
+            if materialized_scores:
+                scores = scores + lc * 4.0 * h * b * q * kv_exec
+            # Expanded MLA (prefill; HF decode) expands the latent of every attended key.
+            flops_linear = flops_linear + naive * lc * 2.0 * kv_b * b * kv_exec
+            mixer_params = mixer_params + attn_params - kv_b * naive
+            act = act + (
+                (d + hq + 2.0 * kvh)  # qkv projection in/out
+                + (hq + h_out)  # attention reads q, writes its output
+                + (h_out + d)  # output projection in/out
+            )
+        if scans:
             mix, mix_useful = _ssm_mixing_flops(spec, q, c)
             attn_exec = attn_exec + lc * b * mix
             attn_useful = attn_useful + lc * b * mix_useful
-
-        mlp_active = _mlp_params(spec, moe, k_act)
-        per_token = attn_params - kv_b * naive + mlp_active + ssm_params
-        # A sparse run multiplies only the stored weights (the router of a MoE too: small).
-        per_token = per_token * spec.weight_density
-        flops_linear = flops_linear + lc * 2.0 * n * per_token
-        # Expanded MLA (prefill; HF decode) expands the latent of every attended key.
-        flops_linear = flops_linear + naive * lc * 2.0 * kv_b * b * kv_exec
-
-        read_params: Any
-        if moe:
-            read_params = attn_params + _shared_params(spec) + touched * mlp_params_per_expert(spec)
-            w_tables = w_tables + lc * _router_params(spec)
-            mlp_out = (2.0 if spec.mlp_gated else 1.0) * spec.intermediate_size
-            f = float(spec.intermediate_size)
-            fs = float(spec.shared_expert_intermediate_size)
-            mlp_act = k_act * (d + mlp_out + mlp_out + f + f + d)
-            if fs:
-                mlp_act += d + (2.0 if spec.mlp_gated else 1.0) * fs * 2.0 + 2.0 * fs + d
-        else:
-            read_params = attn_params + _dense_mlp_params(spec) + ssm_params
-            f = float(spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size)
-            mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
-            mlp_act = (d + mlp_out) + (mlp_out + f) + (f + d)
-        if spec.is_ssm:
+            mixer_params = mixer_params + ssm_params
             # in_proj, conv, x_proj and dt_proj (Mamba only), scan (x, dt, B, C, gate in;
             # y out), out_proj: an estimate, not checked against a profile
             v2 = bool(spec.ssm_n_heads)
             proj_out = si + scd + float(spec.ssm_n_heads) if v2 else 2.0 * si
-            mlp_act = (
+            act = act + (
                 (d + proj_out)
                 + 2.0 * scd
                 + (0.0 if v2 else (si + sr + 2.0 * sn) + (sr + si))
                 + (3.0 * si + 2.0 * sn + si)
                 + (si + d)
-                # the attention terms below count d in and d out, and two norms and
-                # residuals (10·d) where a Mamba block has one of each (5·d)
-                - 7.0 * d
             )
+        if mixer == "conv":
+            mix, mix_useful = _conv_mixing_flops(spec, q, c)
+            attn_exec = attn_exec + lc * b * mix
+            attn_useful = attn_useful + lc * b * mix_useful
+            mixer_params = mixer_params + conv_params
+            # in_proj in/out, B·x, the conv, C·h, out_proj in/out: an estimate
+            act = act + (d + 3.0 * d) + 3.0 * d + 2.0 * d + 3.0 * d + (d + d)
+
+        read_params: Any = mixer_params + kv_b * naive  # every weight is read, used or not
+        mlp_active = 0.0
+        if has_mlp:
+            mlp_active = _mlp_params(spec, moe, k_act)
+            act = act + 5.0 * d  # the MLP's norm and residual add
+        if has_mlp and moe:
+            read_params = read_params + _shared_params(spec) + touched * mlp_params_per_expert(spec)
+            w_tables = w_tables + lc * _router_params(spec)
+            mlp_out = (2.0 if spec.mlp_gated else 1.0) * spec.intermediate_size
+            f = float(spec.intermediate_size)
+            fs = float(spec.shared_expert_intermediate_size)
+            act = act + k_act * (d + mlp_out + mlp_out + f + f + d)
+            if fs:
+                act = act + d + (2.0 if spec.mlp_gated else 1.0) * fs * 2.0 + 2.0 * fs + d
+        elif has_mlp:
+            read_params = read_params + _dense_mlp_params(spec)
+            f = float(spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size)
+            mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
+            act = act + (d + mlp_out) + (mlp_out + f) + (f + d)
+
+        per_token = mixer_params + mlp_active
+        # A sparse run multiplies only the stored weights (the router of a MoE too: small).
+        per_token = per_token * spec.weight_density
+        flops_linear = flops_linear + lc * 2.0 * n * per_token
+
         w_params = w_params + lc * read_params
-        w_inputs = w_inputs + lc * _linear_inputs(spec, moe, touched if moe else 0.0)
-        act_elems = act_elems + lc * (
-            (d + hq + 2.0 * kvh)  # qkv projection in/out
-            + (hq + h_out)  # attention reads q, writes its output
-            + (h_out + d)  # output projection in/out
-            + mlp_act
-            + 10.0 * d  # two norms and two residual adds, read and write
+        w_inputs = w_inputs + lc * _linear_inputs(
+            spec, moe, touched if moe else 0.0, mixer, has_mlp
         )
+        act_elems = act_elems + lc * act
 
     # Bytes.
     eb = spec.embedding_bytes_per_param
@@ -812,10 +919,10 @@ def step_costs(
     )
     kv_layer = _kv_layer_bytes_per_token(spec)
     bytes_kv_read = b * kv_read_tokens * kv_layer
-    bytes_kv_write = n * spec.n_layers * kv_layer
-    if spec.is_ssm:
+    bytes_kv_write = n * spec.n_attention_layers * kv_layer
+    state = spec.state_bytes_per_seq
+    if state:
         # The recurrent state: read when a cached step has one, rewritten by every step.
-        state = spec.state_bytes_per_seq
         bytes_kv_read = bytes_kv_read + np.where(c > 0, b * state, 0.0)
         bytes_kv_write = bytes_kv_write + np.where(n > 0, b * state, 0.0)
     bytes_act = spec.act_bytes_per_element * (n * act_elems + lt * v + lt * e)

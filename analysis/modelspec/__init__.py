@@ -33,6 +33,7 @@ from perfscope.analysis.modelspec.presets import PRESETS, preset_names
 from perfscope.analysis.modelspec.quant import QuantLayout, quant_layout
 from perfscope.analysis.modelspec.spec import (
     ATTENTION_KINDS,
+    MIXERS,
     LayerAttention,
     ModelSpec,
     apply_dtype_overrides,
@@ -43,6 +44,7 @@ __all__ = [
     "ATTENTION_KINDS",
     "DTYPE_BYTES",
     "FAMILIES",
+    "MIXERS",
     "PRESETS",
     "REFUSED",
     "Family",

@@ -17,6 +17,9 @@ from perfscope.hwdb.spec import normalize_dtype
 #: Attention kinds a layer can have (see :meth:`ModelSpec.layer_attention`).
 ATTENTION_KINDS = ("full", "sliding", "chunked")
 
+#: Sequence mixers a block can have (see :meth:`ModelSpec.mixers`).
+MIXERS = ("attention", "ssm", "conv", "attention+ssm", "none")
+
 
 @dataclass(frozen=True)
 class LayerAttention:
@@ -141,6 +144,21 @@ class ModelSpec:
         ssm_n_groups: Mamba2 B/C groups ``G`` (the conv also runs over ``2·G·N`` channels).
         ssm_chunk_size: Mamba2 chunk length ``Q`` of the chunked (SSD) scan; the torch path
             pads every multi-token step up to whole chunks.
+        ssm_bcdt_norms: the Mamba (v1) mixer normalises dt, B and C with weighted RMS norms
+            (Jamba: ``R + 2·N`` weights per mixer, no FLOPs counted).
+        ssm_gated_norm: a Mamba2 mixer ends in a gated RMS norm of ``I`` weights (True for
+            every Mamba2 in transformers; a spec written before this field reads it as set).
+        short_conv_kernel: LFM2 short-convolution blocks (``conv`` mixers): the depthwise
+            conv width ``L`` (``conv_L_cache``); their ``in_proj`` is ``d → 3d`` (B, C, x),
+            ``out_proj`` ``d → d``, and they cache ``d·L`` inputs per sequence.
+        short_conv_bias: those projections and the conv have biases (``conv_bias``).
+        layer_mixers: the sequence mixer of every block (:data:`MIXERS`): ``attention``,
+            ``ssm`` (a Mamba/Mamba2 mixer from the ``ssm_*`` fields), ``conv`` (LFM2 short
+            conv), ``attention+ssm`` (both side by side on the same input, Falcon-H1) or
+            ``none`` (an MLP-only block). Empty: every block attends (every block is an SSM
+            mixer for a pure state-space model) — a hybrid lists its mix here.
+        mlp_free_layers: indices of blocks that have no MLP (NemotronH's mixer-only blocks);
+            a pure state-space model has none in any block.
         family: the :data:`FAMILIES` row the config was read with (empty: built by hand).
         notes: the conventions and assumptions the spec carries, in words (how the config
             was read, what is left out); ``perfscope roofline`` prints them.
@@ -210,6 +228,12 @@ class ModelSpec:
     ssm_head_dim: int = 0
     ssm_n_groups: int = 0
     ssm_chunk_size: int = 0
+    ssm_bcdt_norms: bool = False
+    ssm_gated_norm: bool = True
+    short_conv_kernel: int = 0
+    short_conv_bias: bool = False
+    layer_mixers: tuple[str, ...] = ()
+    mlp_free_layers: tuple[int, ...] = ()
     family: str = ""
     notes: tuple[str, ...] = ()
 
@@ -217,12 +241,21 @@ class ModelSpec:
         if not 0.0 < self.weight_density <= 1.0:
             raise UsageError(f"weight_density must be in (0, 1], got {self.weight_density}")
         # JSON round trips turn tuples into lists; keep the record hashable and comparable.
-        for name in ("layer_windows", "dense_layers"):
+        for name in ("layer_windows", "dense_layers", "mlp_free_layers"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(int(v) for v in value))
         if not isinstance(self.notes, tuple):
             object.__setattr__(self, "notes", tuple(str(v) for v in self.notes))
+        if not isinstance(self.layer_mixers, tuple):
+            object.__setattr__(self, "layer_mixers", tuple(str(v) for v in self.layer_mixers))
+        if self.layer_mixers and len(self.layer_mixers) != self.n_layers:
+            raise UsageError(
+                f"layer_mixers has {len(self.layer_mixers)} entries for {self.n_layers} layers"
+            )
+        unknown = sorted(set(self.layer_mixers) - set(MIXERS))
+        if unknown:
+            raise UsageError(f"layer_mixers has {', '.join(unknown)}: use {', '.join(MIXERS)}")
         if self.layer_windows and len(self.layer_windows) != self.n_layers:
             raise UsageError(
                 f"layer_windows has {len(self.layer_windows)} entries for {self.n_layers} layers"
@@ -233,6 +266,8 @@ class ModelSpec:
         d = asdict(self)
         d["layer_windows"] = list(self.layer_windows)
         d["dense_layers"] = list(self.dense_layers)
+        d["layer_mixers"] = list(self.layer_mixers)
+        d["mlp_free_layers"] = list(self.mlp_free_layers)
         d["notes"] = list(self.notes)
         return d
 
@@ -272,14 +307,17 @@ class ModelSpec:
         state ``I·N`` (Mamba2: ``H·P·N``, the same) (transformers keeps
         ``K`` conv inputs, ``conv_states`` ``[B, I, K]`` and ``recurrent_states``
         ``[B, I, N]``), at the cache dtype (:attr:`kv_bytes_per_element`); every decode
-        step reads and rewrites all of it. 0 for a model without SSM blocks.
+        step reads and rewrites all of it. A hybrid counts its SSM blocks only, and each
+        LFM2 short-conv block its ``d·L`` cached conv inputs. 0 for a model without
+        recurrent blocks.
         """
-        if not self.is_ssm:
-            return 0.0
+        ssm_layers = sum(self.ssm_layer_mask()) if self.is_ssm else 0
         per_layer = (
             self.ssm_conv_dim * self.ssm_conv_kernel + self.ssm_inner_size * self.ssm_state_size
         )
-        return float(self.n_layers * per_layer) * self.kv_bytes_per_element
+        conv_layers = sum(m == "conv" for m in self.mixers())
+        conv = self.hidden_size * self.short_conv_kernel
+        return float(ssm_layers * per_layer + conv_layers * conv) * self.kv_bytes_per_element
 
     @property
     def qk_nope_head_dim(self) -> int:
@@ -312,7 +350,41 @@ class ModelSpec:
     def moe_layer_mask(self) -> tuple[bool, ...]:
         """For every block, whether its MLP is a MoE layer."""
         dense = set(self.dense_layers)
-        return tuple(self.is_moe and i not in dense for i in range(self.n_layers))
+        mlp = self.mlp_layer_mask()
+        return tuple(self.is_moe and i not in dense and mlp[i] for i in range(self.n_layers))
+
+    def mixers(self) -> tuple[str, ...]:
+        """The sequence mixer of every block, in order (:attr:`layer_mixers`, or the
+        model's one kind: ``ssm`` for a pure state-space model, else ``attention``)."""
+        if self.layer_mixers:
+            return self.layer_mixers
+        return ("ssm" if self.is_ssm else "attention",) * self.n_layers
+
+    def attention_layer_mask(self) -> tuple[bool, ...]:
+        """For every block, whether it attends (and so holds a KV cache)."""
+        return tuple("attention" in m.split("+") for m in self.mixers())
+
+    def ssm_layer_mask(self) -> tuple[bool, ...]:
+        """For every block, whether it has a Mamba/Mamba2 mixer (and so a recurrent state)."""
+        return tuple("ssm" in m.split("+") for m in self.mixers())
+
+    def mlp_layer_mask(self) -> tuple[bool, ...]:
+        """For every block, whether it has an MLP (dense or MoE). A pure state-space model
+        has none; a hybrid's MLP-free blocks are :attr:`mlp_free_layers`."""
+        if not self.layer_mixers and self.is_ssm:
+            return (False,) * self.n_layers
+        free = set(self.mlp_free_layers)
+        return tuple(i not in free for i in range(self.n_layers))
+
+    @property
+    def n_attention_layers(self) -> int:
+        """Blocks that attend (all of them but a hybrid's other mixers)."""
+        return sum(self.attention_layer_mask())
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Blocks mix sequences in more than one way (attention beside Mamba or conv)."""
+        return len(set(self.mixers())) > 1
 
     def with_dtypes(
         self,
