@@ -570,13 +570,34 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
     """The family and every counting assumption that applies to ``spec``, in words
     (``perfscope roofline`` prints them; a JSON run stores them with the model)."""
     out = [f"family: {spec.family or 'custom (shape given by hand)'}"]
-    if spec.is_ssm:
+    mixers = spec.mixers()
+    if spec.is_hybrid or spec.mlp_free_layers:
+        names = {"ssm": "Mamba2" if spec.ssm_n_heads else "Mamba", "conv": "short-conv"}
+        mix = ", ".join(f"{mixers.count(m)} {names.get(m, m)}" for m in dict.fromkeys(mixers))
+        mlp = len(spec.mlp_free_layers)
+        out.append(
+            f"layer mix: {mix} of {spec.n_layers} blocks"
+            + (f" ({mlp} without an MLP)" if mlp else "")
+            + f"; KV cache in the {spec.n_attention_layers} attention block(s) only"
+        )
+    if spec.state_bytes_per_seq:
+        parts = []
+        n_ssm = sum(spec.ssm_layer_mask()) if spec.is_ssm else 0
+        if n_ssm:
+            parts.append(
+                f"{n_ssm} layers × (conv {spec.ssm_conv_dim}×{spec.ssm_conv_kernel} + SSM "
+                f"{spec.ssm_inner_size}×{spec.ssm_state_size})"
+            )
+        n_conv = mixers.count("conv")
+        if n_conv:
+            parts.append(f"{n_conv} layers × conv {spec.hidden_size}×{spec.short_conv_kernel}")
+        tail = "; no KV cache" if not spec.n_attention_layers else ""
         out.append(
             f"recurrent state, constant in context: {spec.state_bytes_per_seq:,.0f} bytes per "
-            f"sequence ({spec.n_layers} layers × (conv {spec.ssm_conv_dim}×"
-            f"{spec.ssm_conv_kernel} + SSM {spec.ssm_inner_size}×{spec.ssm_state_size}) at "
-            f"{spec.kv_dtype}), read and rewritten every step; no KV cache"
+            f"sequence ({' + '.join(parts)} at {spec.kv_dtype}), read and rewritten every "
+            f"step{tail}"
         )
+    if spec.is_ssm:
         out.append(
             "SSM FLOPs as transformers' torch path counts them: "
             + (
@@ -607,8 +628,9 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
             "weights read per step assume uniform, independent routing"
         )
     groups: dict[tuple[str, int], int] = {}
-    for la in spec.layer_attention():
-        groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
+    for la, attends in zip(spec.layer_attention(), spec.attention_layer_mask(), strict=True):
+        if attends:
+            groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
     if any(kind != "full" for kind, _ in groups):
         parts = [
             f"{n} {kind}" + (f" ({span} tokens)" if span else "")

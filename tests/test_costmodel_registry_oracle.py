@@ -95,6 +95,44 @@ TINY: dict[str, Any] = {
 NESTED: dict[str, dict[str, Any]] = {
     # Mamba2 validates hidden_size · expand == num_heads · head_dim (64 · 2 = 8 · 16).
     "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "state_size": 16},
+    # Hybrids: enough layers for every kind of block, and a mix the defaults would not give
+    # at two layers (attention every 8th block, or no attention at all).
+    "jamba": {
+        "num_hidden_layers": 4,
+        "attn_layer_period": 4,
+        "attn_layer_offset": 1,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 0,
+        "mamba_d_state": 8,
+    },
+    "bamba": {
+        "num_hidden_layers": 3,
+        "attn_layer_indices": [1],
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 8,
+    },
+    "granitemoehybrid": {
+        "num_hidden_layers": 3,
+        "layer_types": ["mamba", "attention", "mamba"],
+        "shared_intermediate_size": 48,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 8,
+    },
+    "nemotron_h": {
+        "num_hidden_layers": 4,
+        "layer_types": ["mamba", "attention", "mlp", "moe"],
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 16,
+        "chunk_size": 8,
+        "n_routed_experts": 4,
+        "moe_shared_expert_intermediate_size": 48,
+    },
+    "lfm2": {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
     "dbrx": {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
         "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
@@ -139,13 +177,15 @@ def tiny_config(model_type: str) -> Any:
             continue
         if present and not isinstance(current, (dict, list)):
             kw[real] = value
-    kw.update(NESTED.get(model_type, {}))
     if "kv_lora_rank" in kw and "num_key_value_heads" in kw:
         kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)  # MLA: one KV per head
     for key in ("layer_types", "mlp_only_layers"):
-        # a read-only property (Mamba's layer_types) is derived, not set
-        if hasattr(default, key) and not isinstance(getattr(cls, key, None), property):
+        # a read-only property (Mamba's layer_types, Bamba's layers_block_type behind its
+        # layer_types alias) is derived, not set
+        real = amap.get(key, key)
+        if hasattr(default, key) and not isinstance(getattr(cls, real, None), property):
             kw[key] = None if key == "layer_types" else []
+    kw.update(NESTED.get(model_type, {}))
     error: Exception | None = None
     # the full tiny set, then only the core widths (some classes validate combinations)
     for attempt in (kw, {k: v for k, v in kw.items() if k in _CORE}):

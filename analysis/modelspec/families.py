@@ -18,7 +18,8 @@ class Family:
         key: family name.
         model_types: ``model_type`` values of the family.
         architectures: HF class names that identify it when ``model_type`` is unknown.
-        reader: ``llama`` (the shared HF key set) or ``gpt2``/``gpt_neox``/``opt`` (own keys).
+        reader: ``llama`` (the shared HF key set), ``hybrid`` (a per-block mix of mixers,
+            :mod:`.hybrid`) or ``gpt2``/``gpt_neox``/``opt``/... (keys of their own).
         qkv_bias: Q/K/V biases: ``True``/``False``, or the config key that says so.
         o_bias: output-projection bias: ``True``/``False``, or the config key.
         mlp_bias: MLP biases: ``True``/``False``, or the config key.
@@ -299,6 +300,27 @@ FAMILIES: tuple[Family, ...] = (
         tied_default=True,
     ),
     Family("mamba2", ("mamba2",), ("Mamba2ForCausalLM",), reader="mamba"),
+    # Hybrids: a per-block mix of attention, Mamba/Mamba2 and short-conv mixers
+    # (analysis/modelspec/hybrid.py).
+    Family("jamba", ("jamba",), ("JambaForCausalLM",), reader="hybrid"),
+    Family("bamba", ("bamba",), ("BambaForCausalLM",), reader="hybrid"),
+    Family(
+        "granitemoehybrid",
+        ("granitemoehybrid",),
+        ("GraniteMoeHybridForCausalLM",),
+        reader="hybrid",
+    ),
+    Family(
+        "nemotron_h",
+        ("nemotron_h",),
+        ("NemotronHForCausalLM",),
+        reader="hybrid",
+        mlp_gated=False,
+        norms_per_layer=1,
+    ),
+    Family(
+        "lfm2", ("lfm2",), ("Lfm2ForCausalLM",), reader="hybrid", qk_norm=True, tied_default=True
+    ),
     Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
     Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
@@ -335,14 +357,9 @@ REFUSED: dict[str, str] = {
     "qwen3_5_moe": _HYBRID,
     "qwen3_5_moe_text": _HYBRID,
     "kimi_linear": _HYBRID,
-    "jamba": _HYBRID,
     "zamba": _HYBRID,
     "zamba2": _HYBRID,
-    "bamba": _HYBRID,
     "falcon_h1": _HYBRID,
-    "granitemoehybrid": _HYBRID,
-    "nemotron_h": _HYBRID,
-    "lfm2": _HYBRID,
     "lfm2_moe": _HYBRID,
     "olmo_hybrid": _HYBRID,
     "bailing_hybrid": _HYBRID,

@@ -16,6 +16,7 @@ from perfscope.analysis.modelspec.families import (
     family_for,
 )
 from perfscope.analysis.modelspec.hf_config import _first_of, _require
+from perfscope.analysis.modelspec.hybrid import _hybrid
 from perfscope.analysis.modelspec.quant import _dtypes_from_config
 from perfscope.analysis.modelspec.spec import ModelSpec
 from perfscope.errors import UsageError
@@ -60,6 +61,8 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return _dbrx(cfg, f)
     if fam.reader == "mamba":
         return _mamba(cfg, fam, f)
+    if fam.reader == "hybrid":
+        return _hybrid(cfg, fam, f)
 
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")

@@ -1,0 +1,257 @@
+"""Hybrid decoders: a per-block mix of attention, Mamba/Mamba2 and short-conv mixers, each
+block with a dense MLP, a MoE, or none (:attr:`ModelSpec.layer_mixers`).
+
+Each family names its mix its own way; the reader turns it into one mixer and one MLP kind
+per block:
+
+- Jamba: attention where ``i % attn_layer_period == attn_layer_offset``, else a Mamba (v1)
+  mixer with RMS norms on dt, B and C; a MoE where ``i % expert_layer_period ==
+  expert_layer_offset``, else a dense gated MLP.
+- Bamba: attention at ``attn_layer_indices``, Mamba2 elsewhere; a dense gated MLP in every
+  block.
+- GraniteMoeHybrid: ``layer_types`` (``mamba``/``attention``, or ``linear_attention``/
+  ``full_attention``); every block a MoE plus a gated shared MLP (a dense MLP without
+  experts).
+- NemotronH: ``layers_block_type`` (or the ``hybrid_override_pattern`` ``M*-E``): each block
+  is one of a Mamba2 mixer, an attention, a plain MLP or a MoE of plain experts with a
+  shared expert, each behind one norm.
+- LFM2: ``layer_types`` ``conv``/``full_attention``: short-conv or attention blocks, every
+  one with a gated MLP whose width LFM2 derives from ``intermediate_size``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from perfscope.analysis.modelspec.families import Family
+from perfscope.analysis.modelspec.hf_config import _first_of, _require
+from perfscope.analysis.modelspec.spec import ModelSpec
+from perfscope.errors import UsageError
+
+#: Block names of ``layer_types``/``layers_block_type`` (every spelling transformers has
+#: written) and of NemotronH's pattern, as ``(mixer, mlp)``; ``mlp`` is ``family``
+#: (the family's usual MLP), ``dense``, ``moe`` or ``none``.
+_BLOCKS: dict[str, tuple[str, str]] = {
+    "mamba": ("ssm", "family"),
+    "linear_attention": ("ssm", "family"),
+    "attention": ("attention", "family"),
+    "full_attention": ("attention", "family"),
+    "conv": ("conv", "family"),
+    "mlp": ("none", "dense"),
+    "moe": ("none", "moe"),
+    "M": ("ssm", "family"),
+    "*": ("attention", "family"),
+    "-": ("none", "dense"),
+    "E": ("none", "moe"),
+}
+
+
+def _listed_blocks(cfg: Mapping[str, Any], n_layers: int, *keys: str) -> list[str] | None:
+    """The per-block names under the first of ``keys`` the config sets (a list, or a
+    pattern string such as NemotronH's ``M*M-E``), or ``None``."""
+    value = _first_of(cfg, *keys)
+    if value is None:
+        return None
+    names = list(value) if isinstance(value, (str, list, tuple)) else None
+    if names is None or len(names) != n_layers:
+        raise UsageError(
+            f"config {' / '.join(keys)} must list one block type for each of the "
+            f"{n_layers} layers, got {value!r}"
+        )
+    unknown = sorted({str(n) for n in names} - set(_BLOCKS))
+    if unknown:
+        raise UsageError(
+            f"config {' / '.join(keys)} has {', '.join(unknown)}: perfscope counts "
+            f"{', '.join(sorted(_BLOCKS))}"
+        )
+    return [str(n) for n in names]
+
+
+def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[str, str]]:
+    """``(mixer, mlp)`` of every block."""
+    if fam.key == "jamba":
+        period = int(_first_of(cfg, "attn_layer_period", default=8))
+        offset = int(_first_of(cfg, "attn_layer_offset", default=4))
+        experts = int(_first_of(cfg, "num_experts", default=16))
+        e_period = int(_first_of(cfg, "expert_layer_period", default=2))
+        e_offset = int(_first_of(cfg, "expert_layer_offset", default=1))
+        return [
+            (
+                "attention" if i % period == offset else "ssm",
+                "moe" if experts > 1 and i % e_period == e_offset else "dense",
+            )
+            for i in range(n_layers)
+        ]
+    if fam.key == "bamba":
+        attn = {int(i) for i in cfg.get("attn_layer_indices") or []}
+        return [("attention" if i in attn else "ssm", "dense") for i in range(n_layers)]
+    if fam.key == "nemotron_h":
+        names = _listed_blocks(
+            cfg, n_layers, "layers_block_type", "layer_types", "hybrid_override_pattern"
+        )
+        if names is None:
+            raise UsageError("NemotronH config lists no layers_block_type or pattern")
+        return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", "none")) for n in names]
+    names = _listed_blocks(cfg, n_layers, "layer_types", "layers_block_type")
+    if fam.key == "lfm2" and names is None:
+        full = cfg.get("full_attn_idxs")
+        attn = set(range(n_layers)) if full is None else {int(i) for i in full}
+        names = ["full_attention" if i in attn else "conv" for i in range(n_layers)]
+    if names is None:  # GraniteMoeHybrid's default: every block a Mamba2 mixer
+        names = ["mamba"] * n_layers
+    experts = int(_first_of(cfg, "num_local_experts", "num_experts", default=0) or 0)
+    usual = "moe" if fam.key == "granitemoehybrid" and experts > 0 else "dense"
+    return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", usual)) for n in names]
+
+
+def _mamba2_fields(cfg: Mapping[str, Any], d: int, nemotron: bool) -> Mapping[str, Any]:
+    """The ``ssm_*`` fields of a hybrid's Mamba2 mixer (NemotronH spells them its own way
+    and sizes the inner width from heads × head width)."""
+    if nemotron:
+        heads = int(_first_of(cfg, "mamba_num_heads", default=128))
+        head_dim = int(_first_of(cfg, "mamba_head_dim", default=64))
+        inner = heads * head_dim
+        keys = {
+            "groups": ("n_groups", "mamba_n_groups"),
+            "state": ("ssm_state_size", "mamba_d_state"),
+            "conv": ("conv_kernel", "mamba_d_conv"),
+            "chunk": ("chunk_size", "mamba_chunk_size"),
+            "conv_bias": ("use_conv_bias", "mamba_conv_bias"),
+            "proj_bias": ("use_bias",),
+        }
+    else:
+        inner = int(float(_first_of(cfg, "mamba_expand", default=2)) * d)
+        heads = int(_first_of(cfg, "mamba_n_heads", default=128))
+        raw = _first_of(cfg, "mamba_d_head", default="auto")
+        head_dim = inner // heads if raw == "auto" else int(raw)
+        keys = {
+            "groups": ("mamba_n_groups",),
+            "state": ("mamba_d_state",),
+            "conv": ("mamba_d_conv",),
+            "chunk": ("mamba_chunk_size",),
+            "conv_bias": ("mamba_conv_bias",),
+            "proj_bias": ("mamba_proj_bias",),
+        }
+    if heads * head_dim != inner:
+        raise UsageError(
+            f"Mamba2 mixer: heads · head width ({heads} · {head_dim}) must equal its inner "
+            f"width ({inner})"
+        )
+    return {
+        "ssm_inner_size": inner,
+        "ssm_n_heads": heads,
+        "ssm_head_dim": head_dim,
+        "ssm_n_groups": int(_first_of(cfg, *keys["groups"], default=8 if nemotron else 1)),
+        "ssm_state_size": int(_first_of(cfg, *keys["state"], default=128 if nemotron else 256)),
+        "ssm_conv_kernel": int(_first_of(cfg, *keys["conv"], default=4)),
+        "ssm_chunk_size": int(_first_of(cfg, *keys["chunk"], default=128 if nemotron else 256)),
+        "ssm_conv_bias": bool(_first_of(cfg, *keys["conv_bias"], default=True)),
+        "ssm_proj_bias": bool(_first_of(cfg, *keys["proj_bias"], default=False)),
+    }
+
+
+def _lfm2_mlp_width(cfg: Mapping[str, Any]) -> int:
+    """LFM2's MLP width as ``Lfm2MLP`` derives it: ``2/3`` of ``intermediate_size``, times
+    ``block_ffn_dim_multiplier``, rounded up to ``block_multiple_of``."""
+    f = _require(cfg, "intermediate_size")
+    if not _first_of(cfg, "block_auto_adjust_ff_dim", default=True):
+        return f
+    f = int(2 * f / 3)
+    mult = _first_of(cfg, "block_ffn_dim_multiplier", default=1.0)
+    if mult is not None:
+        f = int(float(mult) * f)
+        step = int(_first_of(cfg, "block_multiple_of", default=256))
+        f = step * ((f + step - 1) // step)
+    return f
+
+
+def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) -> ModelSpec:
+    """A hybrid decoder (the module docstring lists the families and their layouts)."""
+    d = _require(cfg, "hidden_size")
+    h = _require(cfg, "num_attention_heads")
+    listed = _first_of(cfg, "layers_block_type", "hybrid_override_pattern")
+    if fam.key == "nemotron_h" and isinstance(listed, (list, str)):
+        n_layers = len(listed)  # NemotronH derives num_hidden_layers from its block list
+    else:
+        n_layers = _require(cfg, "num_hidden_layers")
+    kv = int(_first_of(cfg, "num_key_value_heads", default=h) or h)
+    blocks = _blocks(cfg, fam, n_layers)
+    mixers = tuple(m for m, _ in blocks)
+    nemotron = fam.key == "nemotron_h"
+    bias = bool(_first_of(cfg, "attention_bias", default=False)) and not nemotron
+    f.update(
+        n_layers=n_layers,
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=kv,
+        head_dim=int(_first_of(cfg, "head_dim", "attention_head_dim", default=d // h) or d // h),
+        intermediate_size=_require(cfg, "intermediate_size"),
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=not nemotron,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=fam.tied_default)),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=bool(_first_of(cfg, "mlp_bias", default=False)),
+        norms_per_layer=fam.norms_per_layer,
+        qk_norm=fam.qk_norm is True,
+        max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0) or 0),
+        layer_mixers=mixers,
+        mlp_free_layers=tuple(i for i, (_, mlp) in enumerate(blocks) if mlp == "none"),
+    )
+    if "ssm" in mixers:
+        if fam.key == "jamba":
+            rank = _first_of(cfg, "mamba_dt_rank", default="auto")
+            f.update(
+                ssm_inner_size=int(_first_of(cfg, "mamba_expand", default=2)) * d,
+                ssm_state_size=int(_first_of(cfg, "mamba_d_state", default=16)),
+                ssm_conv_kernel=int(_first_of(cfg, "mamba_d_conv", default=4)),
+                ssm_time_step_rank=math.ceil(d / 16) if rank == "auto" else int(rank),
+                ssm_proj_bias=bool(_first_of(cfg, "mamba_proj_bias", default=False)),
+                ssm_conv_bias=bool(_first_of(cfg, "mamba_conv_bias", default=True)),
+                ssm_bcdt_norms=True,
+            )
+        else:
+            f.update(_mamba2_fields(cfg, d, nemotron))
+    if "conv" in mixers:
+        f.update(
+            short_conv_kernel=int(_first_of(cfg, "conv_L_cache", default=3)),
+            short_conv_bias=bool(_first_of(cfg, "conv_bias", default=False)),
+        )
+    if fam.key == "lfm2":
+        f.update(intermediate_size=_lfm2_mlp_width(cfg))
+    moe = [i for i, (_, mlp) in enumerate(blocks) if mlp == "moe"]
+    dense = tuple(i for i, (_, mlp) in enumerate(blocks) if mlp == "dense")
+    if moe and fam.key == "jamba":
+        f.update(
+            n_experts=int(_first_of(cfg, "num_experts", default=16)),
+            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            dense_layers=dense,
+            dense_intermediate_size=f["intermediate_size"],
+        )
+    elif moe and fam.key == "granitemoehybrid":
+        f.update(
+            n_experts=int(_first_of(cfg, "num_local_experts", "num_experts", default=0)),
+            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            shared_expert_intermediate_size=_require(cfg, "shared_intermediate_size"),
+        )
+    elif fam.key == "granitemoehybrid":  # no experts: the shared MLP is the block's MLP
+        f.update(intermediate_size=_require(cfg, "shared_intermediate_size"))
+    elif moe:  # NemotronH
+        if _first_of(cfg, "moe_latent_size") is not None:
+            raise UsageError(
+                "NemotronH with moe_latent_size: its experts run in a projected latent "
+                "space perfscope does not count yet"
+            )
+        f.update(
+            n_experts=_require(cfg, "n_routed_experts", "num_local_experts"),
+            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            intermediate_size=_require(cfg, "moe_intermediate_size"),
+            shared_expert_intermediate_size=int(
+                _first_of(cfg, "moe_shared_expert_intermediate_size", default=0) or 0
+            ),
+            dense_layers=dense,
+            dense_intermediate_size=f["intermediate_size"],
+        )
+    return ModelSpec(**f)
