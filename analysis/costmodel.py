@@ -68,6 +68,7 @@ from perfscope.analysis.modelspec import ModelSpec
 
 __all__ = [
     "StepCost",
+    "allreduces_per_pass",
     "attention_params_per_layer",
     "decode_cost",
     "embedding_table_bytes",
@@ -564,6 +565,13 @@ def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]
             }
         )
     return out
+
+
+def allreduces_per_pass(spec: ModelSpec) -> int:
+    """Tensor-parallel all-reduces of one forward pass: one after each block's sequence mixer
+    (attention, Mamba or conv; Falcon-H1's side-by-side pair sums into one) and one after its
+    MLP, plus the embedding's (``2L + 1`` for a plain decoder, ``L + 1`` for Mamba)."""
+    return 1 + sum((mixer != "none") + has_mlp for mixer, _, has_mlp in _layer_kinds(spec))
 
 
 def model_assumptions(spec: ModelSpec) -> list[str]:

@@ -49,7 +49,12 @@ def normalised_config(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         mapping = transformers.CONFIG_MAPPING
         if mt not in mapping:
             return None, f"transformers {transformers.__version__} does not know {mt!r}"
-        obj = mapping[mt](**{k: v for k, v in cfg.items() if k != "model_type"})
+        cls = mapping[mt]
+        # save_pretrained writes inf/nan as {"__float__": "Infinity"} (Mamba2 hybrids'
+        # time_step_limit); from_pretrained decodes them before the class sees them.
+        decode = getattr(cls, "_decode_special_floats", None)
+        raw = decode(cfg) if callable(decode) else cfg
+        obj = cls(**{k: v for k, v in raw.items() if k != "model_type"})
     except Exception as exc:  # a config class rejecting its input: fall back to raw JSON
         return None, f"{type(exc).__name__} from the config class: {str(exc)[:120]}"
     out = _config_to_dict(obj, transformers.PretrainedConfig)
