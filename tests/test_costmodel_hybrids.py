@@ -31,7 +31,7 @@ transformers = pytest.importorskip("transformers")
 
 from tests.test_costmodel_registry_oracle import _kv_bytes, tiny_config  # noqa: E402
 
-HYBRIDS = ["bamba", "granitemoehybrid", "jamba", "lfm2", "nemotron_h"]
+HYBRIDS = ["bamba", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe", "nemotron_h"]
 
 
 def _saved(tmp_path: Path, conf: Any) -> Path:

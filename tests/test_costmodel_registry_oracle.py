@@ -133,6 +133,11 @@ NESTED: dict[str, dict[str, Any]] = {
         "moe_shared_expert_intermediate_size": 48,
     },
     "lfm2": {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
+    "lfm2_moe": {
+        "num_hidden_layers": 4,
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+        "num_dense_layers": 1,
+    },
     "dbrx": {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
         "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},

@@ -321,6 +321,14 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "lfm2", ("lfm2",), ("Lfm2ForCausalLM",), reader="hybrid", qk_norm=True, tied_default=True
     ),
+    Family(
+        "lfm2_moe",
+        ("lfm2_moe",),
+        ("Lfm2MoeForCausalLM",),
+        reader="hybrid",
+        qk_norm=True,
+        tied_default=True,
+    ),
     Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
     Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
@@ -360,7 +368,6 @@ REFUSED: dict[str, str] = {
     "zamba": _HYBRID,
     "zamba2": _HYBRID,
     "falcon_h1": _HYBRID,
-    "lfm2_moe": _HYBRID,
     "olmo_hybrid": _HYBRID,
     "bailing_hybrid": _HYBRID,
     "recurrent_gemma": _HYBRID,

@@ -16,7 +16,9 @@ per block:
   is one of a Mamba2 mixer, an attention, a plain MLP or a MoE of plain experts with a
   shared expert, each behind one norm.
 - LFM2: ``layer_types`` ``conv``/``full_attention``: short-conv or attention blocks, every
-  one with a gated MLP whose width LFM2 derives from ``intermediate_size``.
+  one with a gated MLP whose width LFM2 derives from ``intermediate_size``; LFM2-MoE: the
+  first ``num_dense_layers`` blocks a dense MLP ``intermediate_size`` wide (not derived),
+  the rest a MoE (its router's ``expert_bias`` is a buffer, not a parameter).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             raise UsageError("NemotronH config lists no layers_block_type or pattern")
         return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", "none")) for n in names]
     names = _listed_blocks(cfg, n_layers, "layer_types", "layers_block_type")
-    if fam.key == "lfm2" and names is None:
+    if fam.key in ("lfm2", "lfm2_moe") and names is None:
         full = cfg.get("full_attn_idxs")
         attn = set(range(n_layers)) if full is None else {int(i) for i in full}
         names = ["full_attention" if i in attn else "conv" for i in range(n_layers)]
@@ -103,6 +105,9 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
         names = ["mamba"] * n_layers
     experts = int(_first_of(cfg, "num_local_experts", "num_experts", default=0) or 0)
     usual = "moe" if fam.key == "granitemoehybrid" and experts > 0 else "dense"
+    if fam.key == "lfm2_moe":  # the first num_dense_layers blocks dense, then MoE
+        first = int(_first_of(cfg, "num_dense_layers", default=2))
+        return [(_BLOCKS[n][0], "dense" if i < first else "moe") for i, n in enumerate(names)]
     return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", usual)) for n in names]
 
 
@@ -227,6 +232,14 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         f.update(
             n_experts=int(_first_of(cfg, "num_experts", default=16)),
             n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            dense_layers=dense,
+            dense_intermediate_size=f["intermediate_size"],
+        )
+    elif moe and fam.key == "lfm2_moe":
+        f.update(
+            n_experts=_require(cfg, "num_experts"),
+            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=4)),
+            intermediate_size=_require(cfg, "moe_intermediate_size"),
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
         )
