@@ -70,6 +70,7 @@ __all__ = [
     "StepCost",
     "allreduces_per_pass",
     "attention_params_per_layer",
+    "conv_params_per_layer",
     "decode_cost",
     "embedding_table_bytes",
     "expected_active_experts",
@@ -79,6 +80,7 @@ __all__ = [
     "kv_cache_bytes_per_sequence",
     "kv_cache_layout",
     "kv_share_per_device",
+    "linear_params_per_layer",
     "lm_head_bytes",
     "matmul_params",
     "medusa_head_cost",
@@ -117,7 +119,8 @@ def attention_params_per_layer(spec: ModelSpec) -> int:
         kv_b = r * h * (spec.qk_nope_head_dim + spec.v_head_dim)
         return q + kv_a + kv_b + h * spec.v_head_dim * d
     hd = spec.head_dim
-    return d * h * hd * 2 + 2 * d * spec.n_kv_heads * hd
+    gate = d * h * hd if spec.attn_output_gate else 0
+    return d * h * hd * 2 + 2 * d * spec.n_kv_heads * hd + gate
 
 
 def ssm_params_per_layer(spec: ModelSpec) -> int:
@@ -167,6 +170,52 @@ def _conv_small_params(spec: ModelSpec) -> int:
     return d * spec.short_conv_kernel + (5 * d if spec.short_conv_bias else 0)
 
 
+def linear_params_per_layer(spec: ModelSpec) -> int:
+    """Matmul weights of one gated DeltaNet mixer: ``in_proj_qkvz`` ``d → 2·h_k·d_k +
+    2·h_v·d_v`` (q, k, v and the output gate z), ``in_proj_ba`` ``d → 2·h_v`` (β and the
+    decay) and ``out_proj`` ``h_v·d_v → d`` (0 without such blocks)."""
+    if not spec.linear_key_heads:
+        return 0
+    d, kd = spec.hidden_size, spec.linear_key_heads * spec.linear_key_head_dim
+    vd = spec.linear_value_heads * spec.linear_value_head_dim
+    return d * (2 * kd + 2 * vd) + d * 2 * spec.linear_value_heads + vd * d
+
+
+def _linear_small_params(spec: ModelSpec) -> int:
+    """One gated DeltaNet mixer's conv weights (no bias), ``dt_bias`` and ``A_log`` per value
+    head, and its gated norm over ``d_v``."""
+    return (
+        spec.linear_conv_dim * spec.linear_conv_kernel
+        + 2 * spec.linear_value_heads
+        + spec.linear_value_head_dim
+    )
+
+
+def _linear_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
+    """Sequence-mixing FLOPs of one gated DeltaNet block per row with ``q`` new tokens, as
+    transformers' torch path runs them under FlopCounterMode, and the useful part.
+
+    The conv over :attr:`ModelSpec.linear_conv_dim` channels (:func:`_causal_conv_flops`).
+    A cached one-token step runs the recurrent rule, all elementwise: 0 more. Any other step
+    runs the chunked rule padded to ``k = ceil(q/C)`` chunks of ``C`` tokens, per value
+    head: ``4·C²·d_k`` (the UT system and the intra-chunk scores), ``2·C²·d_v`` (the
+    intra-chunk values) and ``6·C·d_k·d_v`` (reading the state twice, writing it once) per
+    chunk; the two triangular solves of the UT transform count 0, as FlopCounterMode
+    counts them. Useful: ``2·C_conv·K`` conv and ``4·h_v·d_k·d_v`` (read and update the
+    state) per token.
+    """
+    cd, k = float(spec.linear_conv_dim), float(spec.linear_conv_kernel)
+    hv = float(spec.linear_value_heads)
+    dk, dv = float(spec.linear_key_head_dim), float(spec.linear_value_head_dim)
+    cs = float(spec.linear_chunk_size)
+    conv = _causal_conv_flops(cd, k, q, c)
+    step = (q <= 1.0) & (c > 0)
+    chunks = np.ceil(q / cs)
+    chunked = chunks * hv * (4.0 * cs * cs * dk + 2.0 * cs * cs * dv + 6.0 * cs * dk * dv)
+    useful = q * (2.0 * cd * k + 4.0 * hv * dk * dv)
+    return conv + np.where(step, 0.0, chunked), useful
+
+
 def _mixer_params(spec: ModelSpec, mixer: str) -> int:
     """Matmul weights of one block's sequence mixer (:meth:`ModelSpec.mixers`)."""
     n = 0
@@ -177,6 +226,8 @@ def _mixer_params(spec: ModelSpec, mixer: str) -> int:
         n += ssm_params_per_layer(spec)
     if mixer == "conv":
         n += conv_params_per_layer(spec)
+    if mixer == "linear":
+        n += linear_params_per_layer(spec)
     return n
 
 
@@ -322,6 +373,8 @@ def _layer_small_params(spec: ModelSpec, mixer: str, moe_layer: bool, has_mlp: b
         n += _ssm_small_params(spec)
     if mixer == "conv":
         n += _conv_small_params(spec)
+    if mixer == "linear":
+        n += _linear_small_params(spec)
     if "attention" in parts:
         n += _attention_small_params(spec)
     if has_mlp:
@@ -404,6 +457,8 @@ def _linear_inputs(
             attn += d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
     if mixer == "conv":  # in_proj, out_proj
         attn += 2 * d
+    if mixer == "linear":  # in_proj_qkvz, in_proj_ba, out_proj
+        attn += 2 * d + spec.linear_value_heads * spec.linear_value_head_dim
     if "attention" in parts:
         if spec.is_mla:
             attn += (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
@@ -580,7 +635,11 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
     out = [f"family: {spec.family or 'custom (shape given by hand)'}"]
     mixers = spec.mixers()
     if spec.is_hybrid or spec.mlp_free_layers:
-        names = {"ssm": "Mamba2" if spec.ssm_n_heads else "Mamba", "conv": "short-conv"}
+        names = {
+            "ssm": "Mamba2" if spec.ssm_n_heads else "Mamba",
+            "conv": "short-conv",
+            "linear": "gated-DeltaNet",
+        }
         mix = ", ".join(f"{mixers.count(m)} {names.get(m, m)}" for m in dict.fromkeys(mixers))
         mlp = len(spec.mlp_free_layers)
         out.append(
@@ -599,6 +658,13 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
         n_conv = mixers.count("conv")
         if n_conv:
             parts.append(f"{n_conv} layers × conv {spec.hidden_size}×{spec.short_conv_kernel}")
+        n_lin = mixers.count("linear")
+        if n_lin:
+            parts.append(
+                f"{n_lin} layers × (conv {spec.linear_conv_dim}×{spec.linear_conv_kernel} + "
+                f"state {spec.linear_value_heads}×{spec.linear_key_head_dim}×"
+                f"{spec.linear_value_head_dim})"
+            )
         tail = "; no KV cache" if not spec.n_attention_layers else ""
         out.append(
             f"recurrent state, constant in context: {spec.state_bytes_per_seq:,.0f} bytes per "
@@ -616,6 +682,14 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
             )
             + "; causal conv over its padded positions"
         )
+    if "linear" in mixers:
+        out.append(
+            "gated-DeltaNet FLOPs as transformers' torch path counts them: the chunked rule "
+            f"padded to {spec.linear_chunk_size}-token chunks in multi-token steps (its "
+            "triangular solves count 0), the one-token recurrence elementwise (0)"
+        )
+    if spec.attn_output_gate:
+        out.append("attention output gated per head (q_proj twice as wide)")
     if spec.is_mla:
         pre = "absorbed" if spec.mla_prefill_absorbed else "expanded"
         dec = "absorbed" if spec.mla_absorbed else "expanded"
@@ -839,6 +913,7 @@ def step_costs(
     scd, sr = float(spec.ssm_conv_dim), float(spec.ssm_time_step_rank)
 
     conv_params = float(conv_params_per_layer(spec))
+    lin_params = float(linear_params_per_layer(spec))
 
     for count, mixer, kind, span, moe, has_mlp in _layer_groups(spec):
         lc = float(count)
@@ -901,6 +976,16 @@ def step_costs(
             mixer_params = mixer_params + conv_params
             # in_proj in/out, B·x, the conv, C·h, out_proj in/out: an estimate
             act = act + (d + 3.0 * d) + 3.0 * d + 2.0 * d + 3.0 * d + (d + d)
+        if mixer == "linear":
+            mix, mix_useful = _linear_mixing_flops(spec, q, c)
+            attn_exec = attn_exec + lc * b * mix
+            attn_useful = attn_useful + lc * b * mix_useful
+            mixer_params = mixer_params + lin_params
+            # projections in/out, the conv in/out, the rule (q, k, v in; out), the gated
+            # norm (out, z in; out), out_proj in/out: an estimate
+            lcd = float(spec.linear_conv_dim)
+            lvd = float(spec.linear_value_heads * spec.linear_value_head_dim)
+            act = act + (d + lcd + lvd) + 2.0 * lcd + (lcd + lvd) + 3.0 * lvd + (lvd + d)
 
         read_params: Any = mixer_params + kv_b * naive  # every weight is read, used or not
         mlp_active = 0.0

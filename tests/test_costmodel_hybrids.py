@@ -31,7 +31,7 @@ transformers = pytest.importorskip("transformers")
 
 from tests.test_costmodel_registry_oracle import _kv_bytes, tiny_config  # noqa: E402
 
-HYBRIDS = ["bamba", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe", "nemotron_h"]
+HYBRIDS = ["bamba", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe", "nemotron_h", "qwen3_next"]
 
 
 def _saved(tmp_path: Path, conf: Any) -> Path:
@@ -68,12 +68,13 @@ def test_saved_hybrid_configs_read_the_same_through_both_readers(
     assert 0 < via_class.n_attention_layers < via_class.n_layers
 
 
-@pytest.mark.parametrize("model_type", ["bamba", "jamba", "lfm2", "nemotron_h"])
+@pytest.mark.parametrize("model_type", ["bamba", "jamba", "lfm2", "nemotron_h", "qwen3_next"])
 def test_cached_steps_count_as_the_hybrid_runs_them_and_only_attention_grows(
     tmp_path: Path, model_type: str
 ) -> None:
-    """Prefill 9 tokens, then steps of 3, 1, 10 and 1 on the cache (chunked prefill and
-    decode): each step's FLOPs equal FlopCounterMode's, and after each the cache tensors
+    """Prefill 9 tokens, then steps of 3, 1, 70 and 1 on the cache (chunked prefill and
+    decode; 70 tokens are 9 Mamba2 chunks of 8 and 2 gated-DeltaNet chunks of 64): each
+    step's FLOPs equal FlopCounterMode's, and after each the cache tensors
     hold the attention blocks' K/V of every token so far plus a recurrent state of the same
     size every time."""
     conf = tiny_config(model_type)
@@ -89,7 +90,7 @@ def test_cached_steps_count_as_the_hybrid_runs_them_and_only_attention_grows(
     kv_token = 2 * spec.n_kv_heads * spec.head_dim * 4.0 * spec.n_attention_layers
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for q in (9, 3, 1, 10, 1):
+        for q in (9, 3, 1, 70, 1):
             ids = torch.randint(3, 200, (rows, q))
             with FlopCounterMode(display=False) as fc:
                 out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -146,3 +147,20 @@ def test_roofline_refuses_widths_for_a_hybrid_but_keeps_its_pattern_over_layers(
         _run(["--model", str(folder), "--hw", "h100-sxm5-80gb", "--hidden-size", "2048"])
     out = _run(["--model", str(folder), "--hw", "h100-sxm5-80gb", "--layers", "16"])
     assert "layer mix: 14 Mamba, 2 attention of 16 blocks" in out
+
+
+def test_full_size_qwen3_next_parameters_match_the_model_and_name_the_deltanet_state() -> None:
+    """transformers' Qwen3NextConfig defaults are Qwen3-Next-80B-A3B's shape: 48 blocks,
+    a full attention every 4th, 512 experts (top 10) with a gated shared expert."""
+    conf = transformers.Qwen3NextConfig()
+    spec = ModelSpec.from_hf_config(conf.to_dict())
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(conf)
+    assert cm.param_count(spec) == sum(p.numel() for p in model.parameters())
+    assert spec.mixers().count("linear") == 36 and spec.n_attention_layers == 12
+    # 36 DeltaNet blocks × (conv 8192×4 + state 32 heads × 128 × 128) at bf16
+    assert spec.state_bytes_per_seq == 36 * (8192 * 4 + 32 * 128 * 128) * 2.0
+    said = "\n".join(cm.model_assumptions(spec))
+    assert "36 gated-DeltaNet, 12 attention of 48 blocks" in said
+    assert "triangular solves count 0" in said

@@ -132,6 +132,15 @@ NESTED: dict[str, dict[str, Any]] = {
         "n_routed_experts": 4,
         "moe_shared_expert_intermediate_size": 48,
     },
+    "qwen3_next": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "mlp_only_layers": [2],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 16,
+    },
     "lfm2": {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
     "lfm2_moe": {
         "num_hidden_layers": 4,

@@ -322,6 +322,14 @@ FAMILIES: tuple[Family, ...] = (
         "lfm2", ("lfm2",), ("Lfm2ForCausalLM",), reader="hybrid", qk_norm=True, tied_default=True
     ),
     Family(
+        "qwen3_next",
+        ("qwen3_next",),
+        ("Qwen3NextForCausalLM",),
+        reader="hybrid",
+        qk_norm=True,
+        moe="qwen",
+    ),
+    Family(
         "lfm2_moe",
         ("lfm2_moe",),
         ("Lfm2MoeForCausalLM",),
@@ -359,7 +367,6 @@ REFUSED: dict[str, str] = {
     ),
     "llama4": "Llama-4 (multimodal wrapper): see llama4_text",
     "minimax": _HYBRID,
-    "qwen3_next": _HYBRID,
     "qwen3_5": _HYBRID,
     "qwen3_5_text": _HYBRID,
     "qwen3_5_moe": _HYBRID,

@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from perfscope.analysis.modelspec.families import Family
+from perfscope.analysis.modelspec.families import Family, _moe_fields
 from perfscope.analysis.modelspec.hf_config import _first_of, _require
 from perfscope.analysis.modelspec.spec import ModelSpec
 from perfscope.errors import UsageError
@@ -97,6 +97,12 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             raise UsageError("NemotronH config lists no layers_block_type or pattern")
         return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", "none")) for n in names]
     names = _listed_blocks(cfg, n_layers, "layer_types", "layers_block_type")
+    if fam.key == "qwen3_next":  # linear_attention is a gated DeltaNet here, not Mamba
+        interval = int(_first_of(cfg, "full_attention_interval", default=4))
+        names = names or [
+            "linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)
+        ]
+        return [("linear" if n == "linear_attention" else _BLOCKS[n][0], "dense") for n in names]
     if fam.key in ("lfm2", "lfm2_moe") and names is None:
         full = cfg.get("full_attn_idxs")
         attn = set(range(n_layers)) if full is None else {int(i) for i in full}
@@ -226,6 +232,18 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         )
     if fam.key == "lfm2":
         f.update(intermediate_size=_lfm2_mlp_width(cfg))
+    if "linear" in mixers:
+        f.update(
+            linear_key_heads=int(_first_of(cfg, "linear_num_key_heads", default=16)),
+            linear_value_heads=int(_first_of(cfg, "linear_num_value_heads", default=32)),
+            linear_key_head_dim=int(_first_of(cfg, "linear_key_head_dim", default=128)),
+            linear_value_head_dim=int(_first_of(cfg, "linear_value_head_dim", default=128)),
+            linear_conv_kernel=int(_first_of(cfg, "linear_conv_kernel_dim", default=4)),
+        )
+    if fam.key == "qwen3_next":
+        # gated attention, and Qwen's MoE layout (experts, a gated shared expert, dense
+        # blocks at mlp_only_layers / off decoder_sparse_step)
+        f.update(attn_output_gate=True, **_moe_fields(dict(cfg), fam, n_layers))
     moe = [i for i, (_, mlp) in enumerate(blocks) if mlp == "moe"]
     dense = tuple(i for i, (_, mlp) in enumerate(blocks) if mlp == "dense")
     if moe and fam.key == "jamba":
@@ -251,7 +269,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         )
     elif fam.key == "granitemoehybrid":  # no experts: the shared MLP is the block's MLP
         f.update(intermediate_size=_require(cfg, "shared_intermediate_size"))
-    elif moe:  # NemotronH
+    elif moe and nemotron:
         if _first_of(cfg, "moe_latent_size") is not None:
             raise UsageError(
                 "NemotronH with moe_latent_size: its experts run in a projected latent "

@@ -18,7 +18,7 @@ from perfscope.hwdb.spec import normalize_dtype
 ATTENTION_KINDS = ("full", "sliding", "chunked")
 
 #: Sequence mixers a block can have (see :meth:`ModelSpec.mixers`).
-MIXERS = ("attention", "ssm", "conv", "attention+ssm", "none")
+MIXERS = ("attention", "ssm", "conv", "linear", "attention+ssm", "none")
 
 
 @dataclass(frozen=True)
@@ -152,10 +152,21 @@ class ModelSpec:
             conv width ``L`` (``conv_L_cache``); their ``in_proj`` is ``d → 3d`` (B, C, x),
             ``out_proj`` ``d → d``, and they cache ``d·L`` inputs per sequence.
         short_conv_bias: those projections and the conv have biases (``conv_bias``).
+        attn_output_gate: the attention's query projection also produces a per-head output
+            gate (Qwen3-Next: ``q_proj`` is ``d → 2·H·h_d``; the gate is elementwise).
+        linear_key_heads: gated DeltaNet blocks (``linear`` mixers, Qwen3-Next): key/query
+            heads ``h_k`` (``linear_num_key_heads``); 0 = none.
+        linear_value_heads: their value heads ``h_v`` (each key head serves ``h_v/h_k``).
+        linear_key_head_dim: key/query head width ``d_k``.
+        linear_value_head_dim: value head width ``d_v``.
+        linear_conv_kernel: the depthwise conv width over q, k and v (``linear_conv_kernel_dim``).
+        linear_chunk_size: chunk length of the chunked delta rule transformers' torch path
+            runs multi-token steps in (64), padding each step to whole chunks.
         layer_mixers: the sequence mixer of every block (:data:`MIXERS`): ``attention``,
             ``ssm`` (a Mamba/Mamba2 mixer from the ``ssm_*`` fields), ``conv`` (LFM2 short
-            conv), ``attention+ssm`` (both side by side on the same input, Falcon-H1) or
-            ``none`` (an MLP-only block). Empty: every block attends (every block is an SSM
+            conv), ``linear`` (gated DeltaNet from the ``linear_*`` fields),
+            ``attention+ssm`` (both side by side on the same input, Falcon-H1) or ``none``
+            (an MLP-only block). Empty: every block attends (every block is an SSM
             mixer for a pure state-space model) — a hybrid lists its mix here.
         mlp_free_layers: indices of blocks that have no MLP (NemotronH's mixer-only blocks);
             a pure state-space model has none in any block.
@@ -232,6 +243,13 @@ class ModelSpec:
     ssm_gated_norm: bool = True
     short_conv_kernel: int = 0
     short_conv_bias: bool = False
+    attn_output_gate: bool = False
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_chunk_size: int = 64
     layer_mixers: tuple[str, ...] = ()
     mlp_free_layers: tuple[int, ...] = ()
     family: str = ""
@@ -307,17 +325,30 @@ class ModelSpec:
         state ``I·N`` (Mamba2: ``H·P·N``, the same) (transformers keeps
         ``K`` conv inputs, ``conv_states`` ``[B, I, K]`` and ``recurrent_states``
         ``[B, I, N]``), at the cache dtype (:attr:`kv_bytes_per_element`); every decode
-        step reads and rewrites all of it. A hybrid counts its SSM blocks only, and each
-        LFM2 short-conv block its ``d·L`` cached conv inputs. 0 for a model without
-        recurrent blocks.
+        step reads and rewrites all of it. A hybrid counts its SSM blocks only, each
+        LFM2 short-conv block its ``d·L`` cached conv inputs, and each gated DeltaNet block
+        its conv state (:attr:`linear_conv_dim` × ``K``) and its ``h_v·d_k·d_v`` state. 0
+        for a model without recurrent blocks.
         """
         ssm_layers = sum(self.ssm_layer_mask()) if self.is_ssm else 0
         per_layer = (
             self.ssm_conv_dim * self.ssm_conv_kernel + self.ssm_inner_size * self.ssm_state_size
         )
-        conv_layers = sum(m == "conv" for m in self.mixers())
-        conv = self.hidden_size * self.short_conv_kernel
-        return float(ssm_layers * per_layer + conv_layers * conv) * self.kv_bytes_per_element
+        mixers = self.mixers()
+        conv = mixers.count("conv") * self.hidden_size * self.short_conv_kernel
+        linear = mixers.count("linear") * (
+            self.linear_conv_dim * self.linear_conv_kernel
+            + self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        )
+        return float(ssm_layers * per_layer + conv + linear) * self.kv_bytes_per_element
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a gated DeltaNet block's conv: q, k and v, ``2·h_k·d_k + h_v·d_v``."""
+        return (
+            2 * self.linear_key_heads * self.linear_key_head_dim
+            + self.linear_value_heads * self.linear_value_head_dim
+        )
 
     @property
     def qk_nope_head_dim(self) -> int:
