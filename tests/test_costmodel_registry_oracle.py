@@ -141,6 +141,22 @@ NESTED: dict[str, dict[str, Any]] = {
         "linear_key_head_dim": 8,
         "linear_value_head_dim": 16,
     },
+    "qwen3_5_moe_text": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 16,
+    },
+    "qwen3_5_text": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 16,
+    },
     "lfm2": {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
     "lfm2_moe": {
         "num_hidden_layers": 4,

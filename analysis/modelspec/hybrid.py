@@ -15,6 +15,9 @@ per block:
 - NemotronH: ``layers_block_type`` (or the ``hybrid_override_pattern`` ``M*-E``): each block
   is one of a Mamba2 mixer, an attention, a plain MLP or a MoE of plain experts with a
   shared expert, each behind one norm.
+- Qwen3-Next and Qwen3.5: ``layer_types`` ``linear_attention`` (a gated DeltaNet) or
+  ``full_attention`` (gated attention); Qwen's MLP layout (dense, or MoE with a gated shared
+  expert and ``mlp_only_layers``).
 - LFM2: ``layer_types`` ``conv``/``full_attention``: short-conv or attention blocks, every
   one with a gated MLP whose width LFM2 derives from ``intermediate_size``; LFM2-MoE: the
   first ``num_dense_layers`` blocks a dense MLP ``intermediate_size`` wide (not derived),
@@ -48,6 +51,10 @@ _BLOCKS: dict[str, tuple[str, str]] = {
     "-": ("none", "dense"),
     "E": ("none", "moe"),
 }
+
+
+#: Families whose ``linear_attention`` blocks are gated DeltaNets (Qwen3-Next, Qwen3.5).
+_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
 def _listed_blocks(cfg: Mapping[str, Any], n_layers: int, *keys: str) -> list[str] | None:
@@ -97,7 +104,7 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             raise UsageError("NemotronH config lists no layers_block_type or pattern")
         return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", "none")) for n in names]
     names = _listed_blocks(cfg, n_layers, "layer_types", "layers_block_type")
-    if fam.key == "qwen3_next":  # linear_attention is a gated DeltaNet here, not Mamba
+    if fam.key in _DELTANET:  # linear_attention is a gated DeltaNet here, not Mamba
         interval = int(_first_of(cfg, "full_attention_interval", default=4))
         names = names or [
             "linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)
@@ -198,7 +205,8 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         n_heads=h,
         n_kv_heads=kv,
         head_dim=int(_first_of(cfg, "head_dim", "attention_head_dim", default=d // h) or d // h),
-        intermediate_size=_require(cfg, "intermediate_size"),
+        # Qwen3.5-MoE has no dense MLP width: its experts' is the one there is
+        intermediate_size=_require(cfg, "intermediate_size", "moe_intermediate_size"),
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=not nemotron,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=fam.tied_default)),
@@ -240,7 +248,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             linear_value_head_dim=int(_first_of(cfg, "linear_value_head_dim", default=128)),
             linear_conv_kernel=int(_first_of(cfg, "linear_conv_kernel_dim", default=4)),
         )
-    if fam.key == "qwen3_next":
+    if fam.key in _DELTANET:
         # gated attention, and Qwen's MoE layout (experts, a gated shared expert, dense
         # blocks at mlp_only_layers / off decoder_sparse_step)
         f.update(attn_output_gate=True, **_moe_fields(dict(cfg), fam, n_layers))
