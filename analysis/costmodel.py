@@ -152,8 +152,8 @@ def _ssm_small_params(spec: ModelSpec) -> int:
             n += spec.ssm_time_step_rank + 2 * spec.ssm_state_size
     if spec.ssm_conv_bias:
         n += cd
-    if spec.ssm_proj_bias:
-        n += 2 * i + spec.hidden_size
+    if spec.ssm_proj_bias:  # in_proj's outputs (Mamba2: gate, conv channels, dt) and d
+        n += (i + cd + spec.ssm_n_heads if spec.ssm_n_heads else 2 * i) + spec.hidden_size
     return n
 
 
@@ -409,8 +409,11 @@ def _mlp_small_params(spec: ModelSpec, moe_layer: bool) -> int:
     n = 0
     if spec.mlp_bias:
         if moe_layer:
-            f = spec.intermediate_size
-            n += spec.n_experts * ((2 * f if spec.mlp_gated else f) + d)
+            f, fs = spec.intermediate_size, spec.shared_expert_intermediate_size
+            if spec.expert_bias:
+                n += spec.n_experts * ((2 * f if spec.mlp_gated else f) + d)
+            if fs:  # the shared expert is an MLP built with the same biases
+                n += (2 * fs if spec.mlp_gated else fs) + d
         else:
             f = spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size
             n += (2 * f if spec.mlp_gated else f) + d

@@ -29,7 +29,14 @@ from perfscope.errors import UsageError
 
 transformers = pytest.importorskip("transformers")
 
-from tests.test_costmodel_registry_oracle import _kv_bytes, tiny_config  # noqa: E402
+from tests.test_costmodel_registry_oracle import (  # noqa: E402
+    NESTED,
+    _kv_bytes,
+    mismatches,
+    perfscope_spec,
+    run_truth,
+    tiny_config,
+)
 
 HYBRIDS = ["bamba", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe", "nemotron_h", "qwen3_next"]
 
@@ -38,6 +45,32 @@ def _saved(tmp_path: Path, conf: Any) -> Path:
     folder = tmp_path / conf.model_type
     conf.save_pretrained(folder)
     return folder
+
+
+#: Options the oracle's one tiny instance per family leaves at their defaults.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Mamba2's in_proj bias covers gate, conv channels and dt (perfscope once counted 2·I)
+    "mamba2-bias": ("mamba2", {"use_bias": True}),
+    "bamba-proj-bias": ("bamba", {"mamba_proj_bias": True, "attention_bias": True}),
+    "jamba-proj-bias-no-conv-bias": ("jamba", {"mamba_proj_bias": True, "mamba_conv_bias": False}),
+    "nemotron_h-bias": ("nemotron_h", {"use_bias": True, "mlp_bias": True}),
+    "lfm2-conv-bias": ("lfm2", {"conv_bias": True}),
+    "granitemoehybrid-dense": ("granitemoehybrid", {"num_local_experts": 0}),
+    "qwen3_next-sparse-step": ("qwen3_next", {"decoder_sparse_step": 2, "mlp_only_layers": []}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_hybrid_layout_variants_are_counted_exactly(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_type, options = VARIANTS[variant]
+    monkeypatch.setitem(NESTED, model_type, {**NESTED.get(model_type, {}), **options})
+    conf = tiny_config(model_type)
+    for key, value in options.items():
+        assert getattr(conf, key) == value, key
+    _, truth = run_truth(conf)
+    assert mismatches(perfscope_spec(conf), truth) == []
 
 
 def _jamba_v01() -> Any:

@@ -292,5 +292,6 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             ),
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
+            expert_bias=False,  # NemotronHExperts: bare weight tensors
         )
     return ModelSpec(**f)

@@ -67,7 +67,10 @@ class ModelSpec:
             prefill (HF ``forward``) rather than only the last one.
         qkv_bias: the Q, K and V projections have biases (GPT-2, Qwen2, OPT, GPT-NeoX).
         o_bias: the attention output projection has a bias.
-        mlp_bias: the MLP matrices (every expert's too) have biases.
+        mlp_bias: the MLP matrices (every expert's too, and the shared expert's) have
+            biases.
+        expert_bias: with :attr:`mlp_bias`, the routed experts have biases too (False:
+            NemotronH, whose experts are bias-free beside a biased shared expert).
         norm_bias: the norms are LayerNorms with a bias (RMSNorm has a weight only).
         norms_per_layer: norm modules per block (2 for most, 4 for Gemma-2).
         final_norm: a norm after the last block.
@@ -197,6 +200,7 @@ class ModelSpec:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    expert_bias: bool = True
     norm_bias: bool = False
     norms_per_layer: int = 2
     final_norm: bool = True
