@@ -169,6 +169,9 @@ FAMILIES: tuple[Family, ...] = (
     # Decoders the registry oracle proves Llama-shaped as far as FLOPs, bytes and
     # parameters go (their differences are RoPE variants, activations or scalings).
     Family("smollm3", ("smollm3",), ("SmolLM3ForCausalLM",)),
+    # EXAONE 3: transformers 5.25 runs it as LlamaForCausalLM with its own config class.
+    Family("exaone", ("exaone",), ("ExaoneForCausalLM",)),
+    Family("vaultgemma", ("vaultgemma",), ("VaultGemmaForCausalLM",), tied_default=True),
     Family("ministral", ("ministral",), ("MinistralForCausalLM",)),
     Family("helium", ("helium",), ("HeliumForCausalLM",)),
     Family(
