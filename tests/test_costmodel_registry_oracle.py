@@ -113,6 +113,14 @@ NESTED: dict[str, dict[str, Any]] = {
         "mamba_d_state": 16,
         "mamba_chunk_size": 8,
     },
+    "falcon_h1": {
+        "num_hidden_layers": 2,
+        "mamba_d_ssm": 128,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 8,
+    },
     "granitemoehybrid": {
         "num_hidden_layers": 3,
         "layer_types": ["mamba", "attention", "mamba"],

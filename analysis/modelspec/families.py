@@ -307,6 +307,7 @@ FAMILIES: tuple[Family, ...] = (
     # (analysis/modelspec/hybrid.py).
     Family("jamba", ("jamba",), ("JambaForCausalLM",), reader="hybrid"),
     Family("bamba", ("bamba",), ("BambaForCausalLM",), reader="hybrid"),
+    Family("falcon_h1", ("falcon_h1",), ("FalconH1ForCausalLM",), reader="hybrid"),
     Family(
         "granitemoehybrid",
         ("granitemoehybrid",),
@@ -382,7 +383,6 @@ REFUSED: dict[str, str] = {
     "kimi_linear": _HYBRID,
     "zamba": _HYBRID,
     "zamba2": _HYBRID,
-    "falcon_h1": _HYBRID,
     "olmo_hybrid": _HYBRID,
     "bailing_hybrid": _HYBRID,
     "recurrent_gemma": _HYBRID,

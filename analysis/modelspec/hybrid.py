@@ -18,6 +18,8 @@ per block:
 - Qwen3-Next and Qwen3.5: ``layer_types`` ``linear_attention`` (a gated DeltaNet) or
   ``full_attention`` (gated attention); Qwen's MLP layout (dense, or MoE with a gated shared
   expert and ``mlp_only_layers``).
+- Falcon-H1: attention and a Mamba2 mixer side by side on the same input in every block
+  (``attention+ssm``), then a gated MLP; its µP multipliers are elementwise.
 - LFM2: ``layer_types`` ``conv``/``full_attention``: short-conv or attention blocks, every
   one with a gated MLP whose width LFM2 derives from ``intermediate_size``; LFM2-MoE: the
   first ``num_dense_layers`` blocks a dense MLP ``intermediate_size`` wide (not derived),
@@ -93,6 +95,8 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             )
             for i in range(n_layers)
         ]
+    if fam.key == "falcon_h1":  # attention and Mamba2 side by side in every block
+        return [("attention+ssm", "dense")] * n_layers
     if fam.key == "bamba":
         attn = {int(i) for i in cfg.get("attn_layer_indices") or []}
         return [("attention" if i in attn else "ssm", "dense") for i in range(n_layers)]
@@ -141,6 +145,7 @@ def _mamba2_fields(cfg: Mapping[str, Any], d: int, nemotron: bool) -> Mapping[st
         }
     else:
         inner = int(float(_first_of(cfg, "mamba_expand", default=2)) * d)
+        inner = int(_first_of(cfg, "mamba_d_ssm", default=inner) or inner)  # Falcon-H1
         heads = int(_first_of(cfg, "mamba_n_heads", default=128))
         raw = _first_of(cfg, "mamba_d_head", default="auto")
         head_dim = inner // heads if raw == "auto" else int(raw)
@@ -219,7 +224,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         layer_mixers=mixers,
         mlp_free_layers=tuple(i for i, (_, mlp) in enumerate(blocks) if mlp == "none"),
     )
-    if "ssm" in mixers:
+    if any("ssm" in m for m in mixers):
         if fam.key == "jamba":
             rank = _first_of(cfg, "mamba_dt_rank", default="auto")
             f.update(
@@ -240,6 +245,15 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         )
     if fam.key == "lfm2":
         f.update(intermediate_size=_lfm2_mlp_width(cfg))
+    if fam.key == "falcon_h1":
+        in_bias = bool(_first_of(cfg, "mamba_proj_bias", default=False))
+        if in_bias != bool(_first_of(cfg, "projectors_bias", default=False)):
+            raise UsageError(
+                "Falcon-H1 config: mamba_proj_bias (in_proj) and projectors_bias (out_proj) "
+                "differ; perfscope counts the two Mamba projections' biases together"
+            )
+        # the µP multipliers scale activations (elementwise, no parameters, no FLOPs)
+        f.update(ssm_gated_norm=bool(_first_of(cfg, "mamba_rms_norm", default=False)))
     if "linear" in mixers:
         f.update(
             linear_key_heads=int(_first_of(cfg, "linear_num_key_heads", default=16)),
