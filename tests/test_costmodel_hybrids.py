@@ -74,8 +74,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_hybrid_layout_variants_are_counted_exactly(
-    variant: str, monkeypatch: pytest.MonkeyPatch
+def test_hybrid_layout_variants_saved_by_transformers_are_counted_exactly(
+    variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model_type, options = VARIANTS[variant]
     monkeypatch.setitem(NESTED, model_type, {**NESTED.get(model_type, {}), **options})
@@ -83,7 +83,16 @@ def test_hybrid_layout_variants_are_counted_exactly(
     for key, value in options.items():
         assert getattr(conf, key) == value, key
     _, truth = run_truth(conf)
-    assert mismatches(perfscope_spec(conf), truth) == []
+    saved = ModelSpec.from_hf_config(_saved(tmp_path, conf))
+    as_oracle = perfscope_spec(conf)  # the oracle's fp32 view of the same config
+    spec = replace(
+        saved,
+        **{k: getattr(as_oracle, k) for k in ("weight_bytes_per_param", "act_bytes_per_element")},
+        kv_bytes_per_element=4.0,
+        unquantized_bytes_per_param=0.0,
+    )
+    assert replace(spec, notes=()) == replace(as_oracle, notes=())
+    assert mismatches(spec, truth) == []
 
 
 def _jamba_v01() -> Any:
