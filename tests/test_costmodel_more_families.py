@@ -1,7 +1,9 @@
-"""Falcon (its three attention layouts) and DBRX, read from a ``config.json`` SAVED by the
-installed transformers and checked against the real tiny model the way the registry
-oracle checks every family (tests/test_costmodel_registry_oracle.py): parameters, weight
-bytes, prefill and decode FLOPs under ``FlopCounterMode`` and the cache the prefill left."""
+"""Falcon (its three attention layouts), DBRX and the options the registry oracle's one tiny
+instance per family leaves at their defaults (biases, q/k norms, gated norms, dense
+variants of MoE hybrids), read from a ``config.json`` SAVED by the installed transformers
+and checked against the real tiny model the way the registry oracle checks every family
+(tests/test_costmodel_registry_oracle.py): parameters, weight bytes, prefill and decode
+FLOPs under ``FlopCounterMode`` and the cache the prefill left."""
 
 from __future__ import annotations
 
@@ -16,7 +18,16 @@ from perfscope.analysis.modelspec import ModelSpec
 
 transformers = pytest.importorskip("transformers")
 
-from tests.test_costmodel_registry_oracle import B, S, Truth, mismatches, run_truth  # noqa: E402
+from tests.test_costmodel_registry_oracle import (  # noqa: E402
+    NESTED,
+    B,
+    S,
+    Truth,
+    mismatches,
+    perfscope_spec,
+    run_truth,
+    tiny_config,
+)
 
 
 def _saved_spec(tmp_path: Path, conf: Any) -> tuple[Any, ModelSpec]:
@@ -120,4 +131,50 @@ def test_dbrx_saved_by_transformers_is_counted_exactly(tmp_path: Path) -> None:
     )
     _, truth = run_truth(conf)
     assert isinstance(truth, Truth)
+    assert mismatches(spec, truth) == []
+
+
+#: Options the oracle's one tiny instance per family leaves at their defaults.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),
+    "minicpm3-bias-untied": ("minicpm3", {"attention_bias": True, "tie_word_embeddings": False}),
+    # Mamba2's in_proj bias covers gate, conv channels and dt (perfscope once counted 2·I)
+    "mamba2-bias": ("mamba2", {"use_bias": True}),
+    "bamba-proj-bias": ("bamba", {"mamba_proj_bias": True, "attention_bias": True}),
+    "jamba-proj-bias-no-conv-bias": ("jamba", {"mamba_proj_bias": True, "mamba_conv_bias": False}),
+    "nemotron_h-bias": ("nemotron_h", {"use_bias": True, "mlp_bias": True}),
+    "lfm2-conv-bias": ("lfm2", {"conv_bias": True}),
+    "granitemoehybrid-dense": ("granitemoehybrid", {"num_local_experts": 0}),
+    "falcon_h1-gated-norm-biases": (
+        "falcon_h1",
+        {"mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True},
+    ),
+    "qwen3_next-sparse-step": ("qwen3_next", {"decoder_sparse_step": 2, "mlp_only_layers": []}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_layout_variants_saved_by_transformers_are_counted_exactly(
+    variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_type, options = VARIANTS[variant]
+    monkeypatch.setitem(NESTED, model_type, {**NESTED.get(model_type, {}), **options})
+    conf = tiny_config(model_type)
+    for key, value in options.items():
+        assert getattr(conf, key) == value, key
+    _, truth = run_truth(conf)
+    folder = tmp_path / model_type
+    conf.save_pretrained(folder)
+    saved = ModelSpec.from_hf_config(folder)
+    as_oracle = perfscope_spec(conf)  # the oracle's fp32 view of the same config
+    spec = replace(
+        saved,
+        **{
+            k: getattr(as_oracle, k)
+            for k in ("weight_bytes_per_param", "act_bytes_per_element", "mla_absorbed")
+        },
+        kv_bytes_per_element=4.0,
+        unquantized_bytes_per_param=0.0,
+    )
+    assert replace(spec, notes=()) == replace(as_oracle, notes=())
     assert mismatches(spec, truth) == []

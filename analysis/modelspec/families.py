@@ -166,6 +166,19 @@ FAMILIES: tuple[Family, ...] = (
         moe="deepseek",
         mla=True,
     ),
+    # GLM-4.5/4.6 MoE: DeepSeek's expert layout (shared experts, first_k_dense_replace),
+    # biased q/k/v only, optional per-head q/k norms.
+    Family(
+        "glm4_moe",
+        ("glm4_moe",),
+        ("Glm4MoeForCausalLM",),
+        o_bias=False,
+        qk_norm="use_qk_norm",
+        moe="deepseek",
+    ),
+    # MiniCPM3: DeepSeek-V2's latent attention in a dense decoder (its scalings are
+    # elementwise).
+    Family("minicpm3", ("minicpm3",), ("MiniCPM3ForCausalLM",), tied_default=True, mla=True),
     # Decoders the registry oracle proves Llama-shaped as far as FLOPs, bytes and
     # parameters go (their differences are RoPE variants, activations or scalings).
     Family("smollm3", ("smollm3",), ("SmolLM3ForCausalLM",)),
