@@ -1,0 +1,135 @@
+"""Regenerate the family table and counts of ``docs/architectures.md`` from the registry
+oracle (``tests/test_costmodel_registry_oracle.py``): every causal-LM family the installed
+transformers lists, built tiny and measured, with perfscope's verdict on it.
+
+The table's "before" column is the "now" column of the table already in the file, so one
+run records what changed; the counts line under "## Verdicts" is rewritten the same way.
+Usage (a minute or two on two busy cores)::
+
+    python scripts/oracle_table.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "architectures.md"
+HEADER = "| model_type | before | now | detail |"
+
+#: The named convention an exact family is exact under, beyond those every family shares
+#: (FLOPs as executed, as FlopCounterMode counts them; the embedding lookup free; fp32).
+CONVENTIONS = {
+    "deepseek_v2": "MLA expanded in decode, as transformers runs it",
+    "deepseek_v3": "MLA expanded in decode, as transformers runs it",
+    "kimi_k2": "MLA expanded in decode, as transformers runs it",
+    "minicpm3": "MLA expanded in decode, as transformers runs it",
+    "qwen3_next": "the delta rule's triangular solves and one-token recurrence count 0",
+    "qwen3_5_text": "the delta rule's triangular solves and one-token recurrence count 0",
+    "qwen3_5_moe_text": "the delta rule's triangular solves and one-token recurrence count 0",
+}
+
+
+#: What the family's layout exercises, where the row should say so.
+NOTES = {
+    "dbrx": "fused Wqkv, nested attn/ffn configs",
+    "falcon": "multi-query, new decoder architecture with K/V groups, ALiBi; parallel attention",
+    "falcon_h1": "attention and Mamba2 side by side in every block",
+    "granitemoehybrid": "Mamba2 and attention blocks, MoE with a shared MLP",
+    "jamba": "Mamba and attention blocks, MoE every other block",
+    "bamba": "Mamba2 and attention blocks",
+    "nemotron_h": "Mamba2, attention, MLP-only and MoE blocks",
+    "lfm2": "short-conv and attention blocks",
+    "lfm2_moe": "short-conv and attention blocks, dense then MoE",
+    "qwen3_next": "gated-DeltaNet and gated-attention blocks, MoE with a gated shared expert",
+    "qwen3_5_text": "gated-DeltaNet and gated-attention blocks",
+    "qwen3_5_moe_text": "gated-DeltaNet and gated-attention blocks, MoE",
+    "mamba2": "chunked SSD scan",
+    "glm4_moe": "DeepSeek's expert layout",
+    "minicpm3": "DeepSeek-V2 latent attention, dense",
+}
+
+
+def _previous(text: str) -> dict[str, str]:
+    """``model_type → verdict`` of the "now" column of the table in ``text``."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^\| `([^`]+)` \| [^|]+ \| ([^|]+?) \|", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def _detail(kind: str, detail: str, model_type: str) -> str:
+    if kind == "exact":
+        what = "exact: FLOPs, weight bytes, KV/state bytes, parameters"
+        extra = [x for x in (NOTES.get(model_type), CONVENTIONS.get(model_type)) if x]
+        if model_type in CONVENTIONS:
+            extra[-1] = f"convention: {extra[-1]}"
+        return f"{what} ({'; '.join(extra)})" if extra else what
+    if kind == "refused":
+        detail = detail.split(". Describe a decoder")[0].split(". If it is a Llama")[0]
+        if "is not a decoder family perfscope can count" in detail:
+            return "no reader for this family (generic refusal)"
+        return detail.removeprefix(f"model_type {model_type!r} is not counted: ")
+    return detail.replace("|", "/").replace("\n", " ")
+
+
+def rows() -> list[tuple[str, str, str]]:
+    """``(model_type, verdict, detail)`` for every family, from the oracle."""
+    sys.path.insert(0, str(ROOT))
+    warnings.simplefilter("ignore")
+    from tests.test_costmodel_registry_oracle import FAMILIES, verdict
+
+    out = []
+    for mt in FAMILIES:
+        kind, detail = verdict(mt)
+        label = "exact (convention)" if kind == "exact" and mt in CONVENTIONS else kind
+        out.append((mt, label, _detail(kind, detail, mt)))
+    return out
+
+
+def render(text: str, table: list[tuple[str, str, str]]) -> str:
+    """``text`` with its family table and counts line replaced."""
+    before = _previous(text)
+    lines = [HEADER, "|---|---|---|---|"]
+    lines += [f"| `{mt}` | {before.get(mt, 'absent')} | {kind} | {d} |" for mt, kind, d in table]
+    src = text.splitlines()
+    start = src.index(HEADER)
+    end = start + 1
+    while end < len(src) and src[end].startswith("|"):
+        end += 1
+    src[start:end] = lines
+    counts = collections.Counter(kind.split(" ")[0] for _, kind, _ in table)
+    old = collections.Counter(v.split(" ")[0] for v in before.values())
+    summary = (
+        f"Counts of {len(table)} families: {counts['exact']} exact "
+        f"(of which {sum(k == 'exact (convention)' for _, k, _ in table)} under a named "
+        f"convention), {counts['refused']} refused, {counts['skipped']} skipped, "
+        f"{counts['WRONG']} silently wrong; before: {old['exact']} exact, "
+        f"{old['refused']} refused, {old['skipped']} skipped, {old['WRONG']} wrong."
+    )
+    marker = next((i for i, ln in enumerate(src) if ln.startswith("Counts of ")), None)
+    if marker is None:
+        src.insert(start - 1, summary)
+        src.insert(start - 1, "")
+    else:
+        src[marker] = summary
+    return "\n".join(src) + "\n"
+
+
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    new = render(DOC.read_text(encoding="utf-8"), rows())
+    DOC.write_text(new, encoding="utf-8")
+    print(next(ln for ln in new.splitlines() if ln.startswith("Counts of ")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
