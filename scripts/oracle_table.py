@@ -50,6 +50,7 @@ NOTES = {
     "qwen3_5_text": "gated-DeltaNet and gated-attention blocks",
     "qwen3_5_moe_text": "gated-DeltaNet and gated-attention blocks, MoE",
     "mamba2": "chunked SSD scan",
+    "llama4_text": "chunked and full attention layers, interleaved MoE with a shared expert",
     "glm4_moe": "DeepSeek's expert layout",
     "minicpm3": "DeepSeek-V2 latent attention, dense",
 }
@@ -68,9 +69,9 @@ def _previous(text: str) -> dict[str, str]:
 def _detail(kind: str, detail: str, model_type: str) -> str:
     if kind == "exact":
         what = "exact: FLOPs, weight bytes, KV/state bytes, parameters"
-        extra = [x for x in (NOTES.get(model_type), CONVENTIONS.get(model_type)) if x]
-        if model_type in CONVENTIONS:
-            extra[-1] = f"convention: {extra[-1]}"
+        # the oracle names the convention it had to apply after "; convention: "
+        conv = detail.partition("; convention: ")[2] or CONVENTIONS.get(model_type)
+        extra = [x for x in (NOTES.get(model_type), conv and f"convention: {conv}") if x]
         return f"{what} ({'; '.join(extra)})" if extra else what
     if kind == "refused":
         detail = detail.split(". Describe a decoder")[0].split(". If it is a Llama")[0]
@@ -89,7 +90,8 @@ def rows() -> list[tuple[str, str, str]]:
     out = []
     for mt in FAMILIES:
         kind, detail = verdict(mt)
-        label = "exact (convention)" if kind == "exact" and mt in CONVENTIONS else kind
+        named = mt in CONVENTIONS or "; convention: " in detail
+        label = "exact (convention)" if kind == "exact" and named else kind
         out.append((mt, label, _detail(kind, detail, mt)))
     return out
 

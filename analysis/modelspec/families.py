@@ -79,6 +79,10 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("llama",), ("LlamaForCausalLM",)),
     Family("granite", ("granite",), ("GraniteForCausalLM",)),
+    # Llama-4: chunked-attention layers (attention_chunk_size, layer_types), MoE blocks at
+    # moe_layers / every interleave_moe_layer_step-th with a shared expert as wide as a
+    # routed one, dense blocks intermediate_size_mlp wide; its q/k L2 norms have no weights.
+    Family("llama4", ("llama4_text",), ("Llama4ForCausalLM",), moe="llama4"),
     Family("mistral", ("mistral",), ("MistralForCausalLM",), kv_default=8, windows="all"),
     Family(
         "mixtral",
@@ -387,11 +391,6 @@ _ENCODER = (
 
 #: Families perfscope knows about and deliberately does not count, with the reason.
 REFUSED: dict[str, str] = {
-    "llama4_text": (
-        "Llama-4: transformers runs every routed expert on every token and caches chunked "
-        "layers its own way, so the oracle cannot prove a serving count; not modelled yet"
-    ),
-    "llama4": "Llama-4 (multimodal wrapper): see llama4_text",
     "minimax": _HYBRID,
     "kimi_linear": _HYBRID,
     "zamba": _HYBRID,
