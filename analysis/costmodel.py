@@ -216,6 +216,26 @@ def _linear_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple
     return conv + np.where(step, 0.0, chunked), useful
 
 
+def _lightning_params(spec: ModelSpec) -> int:
+    """Matmul weights of one MiniMax lightning-attention mixer: ``qkv_proj`` ``d → 3·H·h_d``,
+    ``output_gate`` ``d → H·h_d`` and ``out_proj`` ``H·h_d → d``."""
+    return 5 * spec.hidden_size * spec.n_heads * spec.head_dim
+
+
+def _lightning_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
+    """Sequence-mixing FLOPs of one lightning-attention block per row with ``q`` new tokens,
+    as transformers runs them. Without a state: blocks of ``b`` tokens (the last one
+    shorter, not padded), each head ``4·n²·h_d`` within a block of ``n`` (scores and values)
+    and ``4·n·h_d²`` across blocks (reading and updating the ``h_d × h_d`` state). With a
+    state, token by token: ``4·h_d²`` per token and head. Useful: ``4·H·h_d²`` per token."""
+    h, hd, bs = float(spec.n_heads), float(spec.head_dim), float(spec.lightning_block_size)
+    full = np.floor(q / bs)
+    rest = q - full * bs
+    blocks = 4.0 * hd * (full * bs * bs + rest * rest)
+    recurrent = 4.0 * q * hd * hd
+    return h * (np.where(c > 0, 0.0, blocks) + recurrent), h * recurrent
+
+
 def _mixer_params(spec: ModelSpec, mixer: str) -> int:
     """Matmul weights of one block's sequence mixer (:meth:`ModelSpec.mixers`)."""
     n = 0
@@ -228,6 +248,8 @@ def _mixer_params(spec: ModelSpec, mixer: str) -> int:
         n += conv_params_per_layer(spec)
     if mixer == "linear":
         n += linear_params_per_layer(spec)
+    if mixer == "lightning":
+        n += _lightning_params(spec)
     return n
 
 
@@ -375,6 +397,8 @@ def _layer_small_params(spec: ModelSpec, mixer: str, moe_layer: bool, has_mlp: b
         n += _conv_small_params(spec)
     if mixer == "linear":
         n += _linear_small_params(spec)
+    if mixer == "lightning":  # the norm over H·h_d
+        n += spec.n_heads * spec.head_dim
     if "attention" in parts:
         n += _attention_small_params(spec)
     if has_mlp:
@@ -462,6 +486,8 @@ def _linear_inputs(
         attn += 2 * d
     if mixer == "linear":  # in_proj_qkvz, in_proj_ba, out_proj
         attn += 2 * d + spec.linear_value_heads * spec.linear_value_head_dim
+    if mixer == "lightning":  # qkv_proj, output_gate, out_proj
+        attn += 2 * d + spec.n_heads * spec.head_dim
     if "attention" in parts:
         if spec.is_mla:
             attn += (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
@@ -642,6 +668,7 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
             "ssm": "Mamba2" if spec.ssm_n_heads else "Mamba",
             "conv": "short-conv",
             "linear": "gated-DeltaNet",
+            "lightning": "lightning-attention",
         }
         mix = ", ".join(f"{mixers.count(m)} {names.get(m, m)}" for m in dict.fromkeys(mixers))
         mlp = len(spec.mlp_free_layers)
@@ -661,6 +688,9 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
         n_conv = mixers.count("conv")
         if n_conv:
             parts.append(f"{n_conv} layers × conv {spec.hidden_size}×{spec.short_conv_kernel}")
+        n_light = mixers.count("lightning")
+        if n_light:
+            parts.append(f"{n_light} layers × state {spec.n_heads}×{spec.head_dim}×{spec.head_dim}")
         n_lin = mixers.count("linear")
         if n_lin:
             parts.append(
@@ -690,6 +720,12 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
             "gated-DeltaNet FLOPs as transformers' torch path counts them: the chunked rule "
             f"padded to {spec.linear_chunk_size}-token chunks in multi-token steps (its "
             "triangular solves count 0), the one-token recurrence elementwise (0)"
+        )
+    if "lightning" in mixers:
+        out.append(
+            "lightning-attention FLOPs as transformers runs them: "
+            f"{spec.lightning_block_size}-token blocks in a step without a state, token by "
+            "token (4·H·h_d² each) with one"
         )
     if spec.attn_output_gate:
         out.append("attention output gated per head (q_proj twice as wide)")
@@ -979,6 +1015,14 @@ def step_costs(
             mixer_params = mixer_params + conv_params
             # in_proj in/out, B·x, the conv, C·h, out_proj in/out: an estimate
             act = act + (d + 3.0 * d) + 3.0 * d + 2.0 * d + 3.0 * d + (d + d)
+        if mixer == "lightning":
+            mix, mix_useful = _lightning_mixing_flops(spec, q, c)
+            attn_exec = attn_exec + lc * b * mix
+            attn_useful = attn_useful + lc * b * mix_useful
+            mixer_params = mixer_params + float(_lightning_params(spec))
+            # qkv, gate and out projections in/out, the rule (q, k, v in; out), the norm and
+            # the gate: an estimate
+            act = act + (d + 3.0 * hq) + (d + hq) + 4.0 * hq + 3.0 * hq + (hq + d)
         if mixer == "linear":
             mix, mix_useful = _linear_mixing_flops(spec, q, c)
             attn_exec = attn_exec + lc * b * mix

@@ -38,6 +38,7 @@ HYBRIDS = [
     "jamba",
     "lfm2",
     "lfm2_moe",
+    "minimax",
     "nemotron_h",
     "qwen3_next",
 ]
@@ -78,7 +79,7 @@ def test_saved_hybrid_configs_read_the_same_through_both_readers(
 
 
 @pytest.mark.parametrize(
-    "model_type", ["bamba", "falcon_h1", "jamba", "lfm2", "nemotron_h", "qwen3_next"]
+    "model_type", ["bamba", "falcon_h1", "jamba", "lfm2", "minimax", "nemotron_h", "qwen3_next"]
 )
 def test_cached_steps_count_as_the_hybrid_runs_them_and_only_attention_grows(
     tmp_path: Path, model_type: str

@@ -179,6 +179,7 @@ NESTED: dict[str, dict[str, Any]] = {
         "linear_key_head_dim": 8,
         "linear_value_head_dim": 16,
     },
+    "minimax": {"num_hidden_layers": 3, "block_size": 4},
     "lfm2": {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
     "lfm2_moe": {
         "num_hidden_layers": 4,
@@ -283,10 +284,12 @@ _STATE_NAMES = ("keys", "values", "conv_states", "recurrent_states", "ssm_states
 
 
 def _kv_bytes(cache: Any) -> int:
-    """Bytes the cache holds after the prefill: KV tensors plus any recurrent state."""
+    """Bytes the cache holds after the prefill: KV tensors plus any recurrent state (MiniMax
+    keeps its lightning-attention states beside the layers, in ``linear_cache``)."""
     layers = getattr(cache, "layers", None)
     holders = list(layers) if layers else [cache]
-    return sum(_tensor_bytes(getattr(h, name, None)) for h in holders for name in _STATE_NAMES)
+    held = sum(_tensor_bytes(getattr(h, name, None)) for h in holders for name in _STATE_NAMES)
+    return held + _tensor_bytes(getattr(cache, "linear_cache", None))
 
 
 def run_truth(conf: Any) -> tuple[Any, Truth]:

@@ -325,6 +325,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("jamba", ("jamba",), ("JambaForCausalLM",), reader="hybrid"),
     Family("bamba", ("bamba",), ("BambaForCausalLM",), reader="hybrid"),
     Family("falcon_h1", ("falcon_h1",), ("FalconH1ForCausalLM",), reader="hybrid"),
+    Family("minimax", ("minimax",), ("MiniMaxForCausalLM",), reader="hybrid", moe="mixtral"),
     Family(
         "granitemoehybrid",
         ("granitemoehybrid",),
@@ -391,7 +392,6 @@ _ENCODER = (
 
 #: Families perfscope knows about and deliberately does not count, with the reason.
 REFUSED: dict[str, str] = {
-    "minimax": _HYBRID,
     "kimi_linear": _HYBRID,
     "zamba": _HYBRID,
     "zamba2": _HYBRID,

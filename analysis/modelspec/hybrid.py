@@ -20,6 +20,9 @@ per block:
   expert and ``mlp_only_layers``).
 - Falcon-H1: attention and a Mamba2 mixer side by side on the same input in every block
   (``attention+ssm``), then a gated MLP; its µP multipliers are elementwise.
+- MiniMax: ``layer_types`` ``linear_attention`` (lightning attention: a per-head
+  ``h_d × h_d`` state, blocks of ``block_size`` in prefill) or ``full_attention``; a MoE in
+  every block; its residual α/β factors are elementwise.
 - LFM2: ``layer_types`` ``conv``/``full_attention``: short-conv or attention blocks, every
   one with a gated MLP whose width LFM2 derives from ``intermediate_size``; LFM2-MoE: the
   first ``num_dense_layers`` blocks a dense MLP ``intermediate_size`` wide (not derived),
@@ -108,6 +111,11 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             raise UsageError("NemotronH config lists no layers_block_type or pattern")
         return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", "none")) for n in names]
     names = _listed_blocks(cfg, n_layers, "layer_types", "layers_block_type")
+    if fam.key == "minimax":  # linear_attention is lightning attention; MoE everywhere
+        names = names or [
+            "full_attention" if (i + 1) % 2 else "linear_attention" for i in range(n_layers)
+        ]
+        return [("lightning" if n == "linear_attention" else _BLOCKS[n][0], "moe") for n in names]
     if fam.key in _DELTANET:  # linear_attention is a gated DeltaNet here, not Mamba
         interval = int(_first_of(cfg, "full_attention_interval", default=4))
         names = names or [
@@ -266,6 +274,8 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         # gated attention, and Qwen's MoE layout (experts, a gated shared expert, dense
         # blocks at mlp_only_layers / off decoder_sparse_step)
         f.update(attn_output_gate=True, **_moe_fields(dict(cfg), fam, n_layers))
+    if "lightning" in mixers:
+        f.update(lightning_block_size=int(_first_of(cfg, "block_size", default=256)))
     moe = [i for i, (_, mlp) in enumerate(blocks) if mlp == "moe"]
     dense = tuple(i for i, (_, mlp) in enumerate(blocks) if mlp == "dense")
     if moe and fam.key == "jamba":
@@ -274,6 +284,11 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
+        )
+    elif moe and fam.key == "minimax":
+        f.update(
+            n_experts=_require(cfg, "num_local_experts"),
+            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
         )
     elif moe and fam.key == "lfm2_moe":
         f.update(

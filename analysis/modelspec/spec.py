@@ -18,7 +18,7 @@ from perfscope.hwdb.spec import normalize_dtype
 ATTENTION_KINDS = ("full", "sliding", "chunked")
 
 #: Sequence mixers a block can have (see :meth:`ModelSpec.mixers`).
-MIXERS = ("attention", "ssm", "conv", "linear", "attention+ssm", "none")
+MIXERS = ("attention", "ssm", "conv", "linear", "lightning", "attention+ssm", "none")
 
 
 @dataclass(frozen=True)
@@ -165,9 +165,13 @@ class ModelSpec:
         linear_conv_kernel: the depthwise conv width over q, k and v (``linear_conv_kernel_dim``).
         linear_chunk_size: chunk length of the chunked delta rule transformers' torch path
             runs multi-token steps in (64), padding each step to whole chunks.
+        lightning_block_size: MiniMax lightning-attention blocks (``lightning`` mixers): the
+            block length of their prefill (``block_size``); their ``H`` heads of width
+            ``h_d`` (the attention's) keep an ``h_d × h_d`` state each; 0 = none.
         layer_mixers: the sequence mixer of every block (:data:`MIXERS`): ``attention``,
             ``ssm`` (a Mamba/Mamba2 mixer from the ``ssm_*`` fields), ``conv`` (LFM2 short
-            conv), ``linear`` (gated DeltaNet from the ``linear_*`` fields),
+            conv), ``linear`` (gated DeltaNet from the ``linear_*`` fields), ``lightning``
+            (MiniMax's linear attention),
             ``attention+ssm`` (both side by side on the same input, Falcon-H1) or ``none``
             (an MLP-only block). Empty: every block attends (every block is an SSM
             mixer for a pure state-space model) — a hybrid lists its mix here.
@@ -254,6 +258,7 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
     linear_chunk_size: int = 64
+    lightning_block_size: int = 0
     layer_mixers: tuple[str, ...] = ()
     mlp_free_layers: tuple[int, ...] = ()
     family: str = ""
@@ -344,7 +349,10 @@ class ModelSpec:
             self.linear_conv_dim * self.linear_conv_kernel
             + self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
         )
-        return float(ssm_layers * per_layer + conv + linear) * self.kv_bytes_per_element
+        lightning = mixers.count("lightning") * self.n_heads * self.head_dim * self.head_dim
+        return float(ssm_layers * per_layer + conv + linear + lightning) * (
+            self.kv_bytes_per_element
+        )
 
     @property
     def linear_conv_dim(self) -> int:
