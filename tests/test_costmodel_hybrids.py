@@ -40,6 +40,7 @@ HYBRIDS = [
     "lfm2_moe",
     "minimax",
     "nemotron_h",
+    "olmo_hybrid",
     "qwen3_next",
 ]
 

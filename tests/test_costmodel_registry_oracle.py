@@ -171,6 +171,14 @@ NESTED: dict[str, dict[str, Any]] = {
         "linear_key_head_dim": 8,
         "linear_value_head_dim": 16,
     },
+    "olmo_hybrid": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 16,
+    },
     "qwen3_5_text": {
         "num_hidden_layers": 3,
         "layer_types": ["linear_attention", "full_attention", "linear_attention"],

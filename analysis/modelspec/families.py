@@ -351,6 +351,9 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=True,
         moe="qwen",
     ),
+    Family(
+        "olmo_hybrid", ("olmo_hybrid",), ("OlmoHybridForCausalLM",), reader="hybrid", qk_norm=True
+    ),
     Family("qwen3_5", ("qwen3_5_text",), ("Qwen3_5ForCausalLM",), reader="hybrid", qk_norm=True),
     Family(
         "qwen3_5_moe",
@@ -395,7 +398,6 @@ REFUSED: dict[str, str] = {
     "kimi_linear": _HYBRID,
     "zamba": _HYBRID,
     "zamba2": _HYBRID,
-    "olmo_hybrid": _HYBRID,
     "bailing_hybrid": _HYBRID,
     "recurrent_gemma": _HYBRID,
     "rwkv": _SSM,

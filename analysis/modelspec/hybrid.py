@@ -15,6 +15,8 @@ per block:
 - NemotronH: ``layers_block_type`` (or the ``hybrid_override_pattern`` ``M*-E``): each block
   is one of a Mamba2 mixer, an attention, a plain MLP or a MoE of plain experts with a
   shared expert, each behind one norm.
+- OLMo-Hybrid: the same gated DeltaNet (its q, k, v, a, b and gate as separate projections)
+  beside OLMo-2 attention (q/k norms over all heads), a dense MLP everywhere.
 - Qwen3-Next and Qwen3.5: ``layer_types`` ``linear_attention`` (a gated DeltaNet) or
   ``full_attention`` (gated attention); Qwen's MLP layout (dense, or MoE with a gated shared
   expert and ``mlp_only_layers``).
@@ -59,7 +61,7 @@ _BLOCKS: dict[str, tuple[str, str]] = {
 
 
 #: Families whose ``linear_attention`` blocks are gated DeltaNets (Qwen3-Next, Qwen3.5).
-_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid")
 
 
 def _listed_blocks(cfg: Mapping[str, Any], n_layers: int, *keys: str) -> list[str] | None:
@@ -270,10 +272,12 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             linear_value_head_dim=int(_first_of(cfg, "linear_value_head_dim", default=128)),
             linear_conv_kernel=int(_first_of(cfg, "linear_conv_kernel_dim", default=4)),
         )
-    if fam.key in _DELTANET:
+    if fam.key in _DELTANET and fam.key != "olmo_hybrid":
         # gated attention, and Qwen's MoE layout (experts, a gated shared expert, dense
         # blocks at mlp_only_layers / off decoder_sparse_step)
         f.update(attn_output_gate=True, **_moe_fields(dict(cfg), fam, n_layers))
+    if fam.key == "olmo_hybrid":  # OLMo-2's q/k norms over all heads
+        f.update(qk_norm_full=True)
     if "lightning" in mixers:
         f.update(lightning_block_size=int(_first_of(cfg, "block_size", default=256)))
     moe = [i for i, (_, mlp) in enumerate(blocks) if mlp == "moe"]
