@@ -106,7 +106,9 @@ ArrayLike = float | int | npt.ArrayLike
 def attention_params_per_layer(spec: ModelSpec) -> int:
     """Matmul weights of the attention in one block.
 
-    Ordinary attention: Q, K, V and O, ``d·H·h_d + 2·d·K·h_d + H·h_d·d``. MLA: the query
+    Ordinary attention: Q, K, V and O, ``d·H·h_d + 2·d·K·h_d + H·h_d·d`` (Q, K and V from
+    :attr:`~ModelSpec.attention_input_width` when set; a Qwen3-Next output gate adds
+    ``d·H·h_d``; :attr:`~ModelSpec.attention_extra_params` are added). MLA: the query
     path (``d·q_r + q_r·H·h_qk`` with query compression, else ``d·H·h_qk``), the KV
     down-projection ``d·(r + h_rope)``, the KV up-projection ``r·H·(h_nope + h_v)`` and the
     output ``H·h_v·d``.
@@ -119,8 +121,10 @@ def attention_params_per_layer(spec: ModelSpec) -> int:
         kv_b = r * h * (spec.qk_nope_head_dim + spec.v_head_dim)
         return q + kv_a + kv_b + h * spec.v_head_dim * d
     hd = spec.head_dim
-    gate = d * h * hd if spec.attn_output_gate else 0
-    return d * h * hd * 2 + 2 * d * spec.n_kv_heads * hd + gate
+    din = spec.attention_input_width or d
+    gate = din * h * hd if spec.attn_output_gate else 0
+    qkv = din * (h + 2 * spec.n_kv_heads) * hd
+    return qkv + h * hd * d + gate + spec.attention_extra_params
 
 
 def ssm_params_per_layer(spec: ModelSpec) -> int:

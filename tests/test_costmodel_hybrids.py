@@ -42,6 +42,7 @@ HYBRIDS = [
     "nemotron_h",
     "olmo_hybrid",
     "qwen3_next",
+    "zamba2",
 ]
 
 
@@ -80,7 +81,8 @@ def test_saved_hybrid_configs_read_the_same_through_both_readers(
 
 
 @pytest.mark.parametrize(
-    "model_type", ["bamba", "falcon_h1", "jamba", "lfm2", "minimax", "nemotron_h", "qwen3_next"]
+    "model_type",
+    ["bamba", "falcon_h1", "jamba", "lfm2", "minimax", "nemotron_h", "qwen3_next", "zamba2"],
 )
 def test_cached_steps_count_as_the_hybrid_runs_them_and_only_attention_grows(
     tmp_path: Path, model_type: str

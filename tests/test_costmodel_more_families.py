@@ -149,6 +149,19 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "falcon_h1",
         {"mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True},
     ),
+    "zamba2-two-blocks-three-uses": (
+        "zamba2",
+        {
+            "num_hidden_layers": 6,
+            "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]
+            + ["hybrid", "linear_attention"],
+            "num_mem_blocks": 2,
+        },
+    ),
+    "zamba2-biases-no-attention-adapters": (
+        "zamba2",
+        {"add_bias_linear": True, "use_shared_attention_adapter": False},
+    ),
     "qwen3_next-sparse-step": ("qwen3_next", {"decoder_sparse_step": 2, "mlp_only_layers": []}),
 }
 

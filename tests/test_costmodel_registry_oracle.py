@@ -127,6 +127,18 @@ NESTED: dict[str, dict[str, Any]] = {
         "mamba_d_state": 16,
         "mamba_chunk_size": 8,
     },
+    # Zamba2: two hybrid layers sharing one block (two uses of its weights), Mamba2 between.
+    "zamba2": {
+        "num_hidden_layers": 4,
+        "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"],
+        "head_dim": 32,  # its q/k/v are 2d wide: H · h_d = 2 · 64, and so are the adapters
+        "num_key_value_heads": 4,
+        "n_mamba_heads": 8,
+        "mamba_d_state": 16,
+        "chunk_size": 8,
+        "use_shared_attention_adapter": True,
+        "adapter_rank": 8,
+    },
     "falcon_h1": {
         "num_hidden_layers": 2,
         "mamba_d_ssm": 128,
@@ -260,7 +272,11 @@ def tiny_config(model_type: str) -> Any:
         real = amap.get(key, key)
         if hasattr(default, key) and not isinstance(getattr(cls, real, None), property):
             kw[key] = None if key == "layer_types" else []
-    kw.update(NESTED.get(model_type, {}))
+    nested = NESTED.get(model_type, {})
+    kw.update(nested)
+    for alias, real in amap.items():  # a nested real name wins over the alias set above
+        if real in nested and alias in kw and alias not in nested:
+            del kw[alias]
     error: Exception | None = None
     # the full tiny set, then only the core widths (some classes validate combinations)
     for attempt in (kw, {k: v for k, v in kw.items() if k in _CORE}):

@@ -325,6 +325,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("jamba", ("jamba",), ("JambaForCausalLM",), reader="hybrid"),
     Family("bamba", ("bamba",), ("BambaForCausalLM",), reader="hybrid"),
     Family("falcon_h1", ("falcon_h1",), ("FalconH1ForCausalLM",), reader="hybrid"),
+    Family(
+        "zamba2",
+        ("zamba2",),
+        ("Zamba2ForCausalLM",),
+        reader="hybrid",
+        norms_per_layer=1,
+        tied_default=True,
+    ),
     Family("minimax", ("minimax",), ("MiniMaxForCausalLM",), reader="hybrid", moe="mixtral"),
     Family(
         "granitemoehybrid",
@@ -397,7 +405,6 @@ _ENCODER = (
 REFUSED: dict[str, str] = {
     "kimi_linear": _HYBRID,
     "zamba": _HYBRID,
-    "zamba2": _HYBRID,
     "bailing_hybrid": _HYBRID,
     "recurrent_gemma": _HYBRID,
     "rwkv": _SSM,

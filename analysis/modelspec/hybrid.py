@@ -20,6 +20,9 @@ per block:
 - Qwen3-Next and Qwen3.5: ``layer_types`` ``linear_attention`` (a gated DeltaNet) or
   ``full_attention`` (gated attention); Qwen's MLP layout (dense, or MoE with a gated shared
   expert and ``mlp_only_layers``).
+- Zamba2: ``layers_block_type`` ``mamba``/``hybrid``; a hybrid layer runs one of
+  ``num_mem_blocks`` shared attention+MLP blocks (counted per use in FLOPs and weight
+  reads, once per block in parameters) with per-use adapters and a linear, then Mamba2.
 - Falcon-H1: attention and a Mamba2 mixer side by side on the same input in every block
   (``attention+ssm``), then a gated MLP; its µP multipliers are elementwise.
 - MiniMax: ``layer_types`` ``linear_attention`` (lightning attention: a per-head
@@ -57,6 +60,7 @@ _BLOCKS: dict[str, tuple[str, str]] = {
     "*": ("attention", "family"),
     "-": ("none", "dense"),
     "E": ("none", "moe"),
+    "hybrid": ("attention+ssm", "family"),
 }
 
 
@@ -100,6 +104,11 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             )
             for i in range(n_layers)
         ]
+    if fam.key == "zamba2":  # a hybrid layer: a shared attention block, then Mamba2
+        names = _listed_blocks(cfg, n_layers, "layers_block_type", "layer_types")
+        if names is None:
+            raise UsageError("Zamba2 config lists no layers_block_type")
+        return [("attention+ssm", "dense") if n == "hybrid" else ("ssm", "none") for n in names]
     if fam.key == "falcon_h1":  # attention and Mamba2 side by side in every block
         return [("attention+ssm", "dense")] * n_layers
     if fam.key == "bamba":
@@ -156,16 +165,16 @@ def _mamba2_fields(cfg: Mapping[str, Any], d: int, nemotron: bool) -> Mapping[st
     else:
         inner = int(float(_first_of(cfg, "mamba_expand", default=2)) * d)
         inner = int(_first_of(cfg, "mamba_d_ssm", default=inner) or inner)  # Falcon-H1
-        heads = int(_first_of(cfg, "mamba_n_heads", default=128))
-        raw = _first_of(cfg, "mamba_d_head", default="auto")
+        heads = int(_first_of(cfg, "mamba_n_heads", "n_mamba_heads", default=128))
+        raw = _first_of(cfg, "mamba_d_head", "mamba_headdim", default="auto")
         head_dim = inner // heads if raw == "auto" else int(raw)
-        keys = {
-            "groups": ("mamba_n_groups",),
+        keys = {  # Zamba2's spellings second
+            "groups": ("mamba_n_groups", "mamba_ngroups"),
             "state": ("mamba_d_state",),
             "conv": ("mamba_d_conv",),
-            "chunk": ("mamba_chunk_size",),
-            "conv_bias": ("mamba_conv_bias",),
-            "proj_bias": ("mamba_proj_bias",),
+            "chunk": ("mamba_chunk_size", "chunk_size"),
+            "conv_bias": ("mamba_conv_bias", "use_conv_bias"),
+            "proj_bias": ("mamba_proj_bias", "add_bias_linear"),
         }
     if heads * head_dim != inner:
         raise UsageError(
@@ -182,6 +191,41 @@ def _mamba2_fields(cfg: Mapping[str, Any], d: int, nemotron: bool) -> Mapping[st
         "ssm_chunk_size": int(_first_of(cfg, *keys["chunk"], default=128 if nemotron else 256)),
         "ssm_conv_bias": bool(_first_of(cfg, *keys["conv_bias"], default=True)),
         "ssm_proj_bias": bool(_first_of(cfg, *keys["proj_bias"], default=False)),
+    }
+
+
+def _zamba2_sharing(
+    cfg: Mapping[str, Any], d: int, h: int, kv: int, blocks: list[tuple[str, str]]
+) -> Mapping[str, Any]:
+    """Zamba2's shared transformer blocks as per-layer fields.
+
+    Every hybrid layer runs one of ``num_mem_blocks`` shared blocks (attention over the
+    ``2d``-wide concatenation of its input and the embeddings, ``h_d = 2d/H``, then a gated
+    MLP), that use's LoRA adapters (rank ``r``: on q, k and v when
+    ``use_shared_attention_adapter``, on the MLP's gate_up always) and its own ``d × d``
+    linear. Per use the FLOPs and weight reads are all of it; stored, a block's attention,
+    MLP, MLP biases and two norms (``2d + d``) exist once per block: ``extra_params``
+    takes the repeats back out of the parameter count.
+    """
+    uses = sum(m == "attention+ssm" for m, _ in blocks)
+    shared = min(uses, int(_first_of(cfg, "num_mem_blocks", default=1)))
+    f_mlp = int(_first_of(cfg, "intermediate_size", default=0) or 4 * d)
+    hd = int(_first_of(cfg, "attention_head_dim", "head_dim", default=2 * d // h) or 2 * d // h)
+    r = int(_first_of(cfg, "adapter_rank", default=128))
+    adapters = d * r + r * 2 * f_mlp
+    if _first_of(cfg, "use_shared_attention_adapter", default=False):
+        adapters += 3 * (2 * d * r + r * 2 * d)
+    bias = bool(_first_of(cfg, "add_bias_linear", default=False))
+    attn = 2 * d * (h + 2 * kv) * hd + h * hd * d
+    per_block = attn + 3 * d * f_mlp + (2 * f_mlp + d if bias else 0)
+    return {
+        "head_dim": hd,
+        "intermediate_size": f_mlp,
+        "mlp_bias": bias,
+        "attention_input_width": 2 * d,
+        "attention_extra_params": adapters + d * d,
+        "extra_params": shared * 3 * d - (uses - shared) * per_block,
+        "ssm_conv_bias": True,  # Zamba2's conv always has one
     }
 
 
@@ -255,6 +299,8 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         )
     if fam.key == "lfm2":
         f.update(intermediate_size=_lfm2_mlp_width(cfg))
+    if fam.key == "zamba2":
+        f.update(_zamba2_sharing(cfg, d, h, kv, blocks))
     if fam.key == "falcon_h1":
         in_bias = bool(_first_of(cfg, "mamba_proj_bias", default=False))
         if in_bias != bool(_first_of(cfg, "projectors_bias", default=False)):

@@ -165,6 +165,12 @@ class ModelSpec:
         linear_conv_kernel: the depthwise conv width over q, k and v (``linear_conv_kernel_dim``).
         linear_chunk_size: chunk length of the chunked delta rule transformers' torch path
             runs multi-token steps in (64), padding each step to whole chunks.
+        attention_input_width: width of the attention's input when it is not ``d`` (Zamba2's
+            shared blocks attend over the block input concatenated with the embeddings,
+            ``2d``); 0 = :attr:`hidden_size`.
+        attention_extra_params: matmul weights each attention block adds beyond q, k, v, o
+            and its MLP, run per token (Zamba2: that use's LoRA adapters on q, k, v and the
+            MLP's gate_up, and the hybrid layer's ``d × d`` linear); stored per block.
         lightning_block_size: MiniMax lightning-attention blocks (``lightning`` mixers): the
             block length of their prefill (``block_size``); their ``H`` heads of width
             ``h_d`` (the attention's) keep an ``h_d × h_d`` state each; 0 = none.
@@ -259,6 +265,8 @@ class ModelSpec:
     linear_conv_kernel: int = 0
     linear_chunk_size: int = 64
     lightning_block_size: int = 0
+    attention_input_width: int = 0
+    attention_extra_params: int = 0
     layer_mixers: tuple[str, ...] = ()
     mlp_free_layers: tuple[int, ...] = ()
     family: str = ""
