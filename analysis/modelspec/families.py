@@ -384,13 +384,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
 )
 
-_SSM = (
-    "a recurrent state replaces the KV cache: perfscope counts Mamba-style selective "
-    "scans (mamba, falcon_mamba, mamba2) but not this family's recurrence and state yet"
-)
-_HYBRID = (
-    "hybrid of attention and state-space/linear-attention layers: perfscope counts pure "
-    "Mamba/Mamba2 models, not a per-layer mix of them with attention yet"
+_KDA = (
+    "Kimi Delta Attention blocks (a delta rule with a decay per channel, chunked its own way) "
+    "beside MLA attention: perfscope counts Mamba, Mamba2, gated-DeltaNet, short-conv and "
+    "lightning-attention mixers, not this one's chunked rule yet"
 )
 _ENC_DEC = (
     "encoder-decoder: a request pays an encoder pass over the source and cross-attention "
@@ -403,12 +400,25 @@ _ENCODER = (
 
 #: Families perfscope knows about and deliberately does not count, with the reason.
 REFUSED: dict[str, str] = {
-    "kimi_linear": _HYBRID,
-    "zamba": _HYBRID,
-    "bailing_hybrid": _HYBRID,
-    "recurrent_gemma": _HYBRID,
-    "rwkv": _SSM,
-    "xlstm": _SSM,
+    "kimi_linear": _KDA,
+    "bailing_hybrid": _KDA,
+    "zamba": (
+        "Zamba (v1): its Mamba mixers split in_proj into n_mamba_heads heads, each with its "
+        "own x_proj and dt_proj, a layout perfscope's Mamba count does not describe yet "
+        "(Zamba2 is counted)"
+    ),
+    "recurrent_gemma": (
+        "RecurrentGemma (Griffin): RG-LRU recurrent blocks with block-diagonal gates beside "
+        "local attention; perfscope does not count the RG-LRU yet"
+    ),
+    "rwkv": (
+        "RWKV: its WKV time-mixing recurrence and token-shift state replace the KV cache; "
+        "perfscope does not count that recurrence yet"
+    ),
+    "xlstm": (
+        "xLSTM: mLSTM/sLSTM cells with matrix memories replace the KV cache; perfscope does "
+        "not count those cells yet"
+    ),
     **{
         mt: _ENC_DEC
         for mt in (
