@@ -182,17 +182,21 @@ def linear_params_per_layer(spec: ModelSpec) -> int:
         return 0
     d, kd = spec.hidden_size, spec.linear_key_heads * spec.linear_key_head_dim
     vd = spec.linear_value_heads * spec.linear_value_head_dim
+    if spec.linear_kda:  # q, k, v, o; low-rank forget and output gates; beta
+        hd = spec.linear_key_head_dim
+        return d * (2 * kd + vd) + vd * d + 2 * (d * hd + hd * vd) + d * spec.linear_value_heads
     return d * (2 * kd + 2 * vd) + d * 2 * spec.linear_value_heads + vd * d
 
 
 def _linear_small_params(spec: ModelSpec) -> int:
     """One gated DeltaNet mixer's conv weights (no bias), ``dt_bias`` and ``A_log`` per value
     head, and its gated norm over ``d_v``."""
-    return (
-        spec.linear_conv_dim * spec.linear_conv_kernel
-        + 2 * spec.linear_value_heads
-        + spec.linear_value_head_dim
-    )
+    if spec.linear_kda:  # dt_bias per channel, A_log per head
+        vd = spec.linear_value_heads * spec.linear_value_head_dim
+        heads = vd + spec.linear_value_heads
+    else:  # dt_bias and A_log per value head
+        heads = 2 * spec.linear_value_heads
+    return spec.linear_conv_dim * spec.linear_conv_kernel + heads + spec.linear_value_head_dim
 
 
 def _linear_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
@@ -215,7 +219,9 @@ def _linear_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple
     conv = _causal_conv_flops(cd, k, q, c)
     step = (q <= 1.0) & (c > 0)
     chunks = np.ceil(q / cs)
-    chunked = chunks * hv * (4.0 * cs * cs * dk + 2.0 * cs * cs * dv + 6.0 * cs * dk * dv)
+    # Kimi Delta Attention's torch rule swaps the roles: 2·C²·d_k + 4·C²·d_v
+    wide, narrow = (dv, dk) if spec.linear_kda else (dk, dv)
+    chunked = chunks * hv * (4.0 * cs * cs * wide + 2.0 * cs * cs * narrow + 6.0 * cs * dk * dv)
     useful = q * (2.0 * cd * k + 4.0 * hv * dk * dv)
     return conv + np.where(step, 0.0, chunked), useful
 
@@ -488,8 +494,9 @@ def _linear_inputs(
             attn += d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
     if mixer == "conv":  # in_proj, out_proj
         attn += 2 * d
-    if mixer == "linear":  # in_proj_qkvz, in_proj_ba, out_proj
-        attn += 2 * d + spec.linear_value_heads * spec.linear_value_head_dim
+    if mixer == "linear":  # in_proj_qkvz, in_proj_ba, out_proj (KDA: q,k,v,f,b,g, o)
+        vd = spec.linear_value_heads * spec.linear_value_head_dim
+        attn += (6 * d + 2 * spec.linear_key_head_dim + vd) if spec.linear_kda else 2 * d + vd
     if mixer == "lightning":  # qkv_proj, output_gate, out_proj
         attn += 2 * d + spec.n_heads * spec.head_dim
     if "attention" in parts:
@@ -963,7 +970,7 @@ def step_costs(
         w = float(span)
         parts = mixer.split("+")
         attends, scans = "attention" in parts, "ssm" in parts
-        mixer_params = 0.0
+        mixer_params: Any = 0.0
         act = 5.0 * d if mixer != "none" else 0.0  # the mixer's norm and residual add
         if attends:
             # Attention span as executed and causal-useful, per row.

@@ -36,6 +36,7 @@ HYBRIDS = [
     "falcon_h1",
     "granitemoehybrid",
     "jamba",
+    "kimi_linear",
     "lfm2",
     "lfm2_moe",
     "minimax",
@@ -82,7 +83,17 @@ def test_saved_hybrid_configs_read_the_same_through_both_readers(
 
 @pytest.mark.parametrize(
     "model_type",
-    ["bamba", "falcon_h1", "jamba", "lfm2", "minimax", "nemotron_h", "qwen3_next", "zamba2"],
+    [
+        "bamba",
+        "falcon_h1",
+        "jamba",
+        "kimi_linear",
+        "lfm2",
+        "minimax",
+        "nemotron_h",
+        "qwen3_next",
+        "zamba2",
+    ],
 )
 def test_cached_steps_count_as_the_hybrid_runs_them_and_only_attention_grows(
     tmp_path: Path, model_type: str
@@ -93,7 +104,9 @@ def test_cached_steps_count_as_the_hybrid_runs_them_and_only_attention_grows(
     hold the attention blocks' K/V of every token so far plus a recurrent state of the same
     size every time."""
     conf = tiny_config(model_type)
-    spec = replace(ModelSpec.from_hf_config(_saved(tmp_path, conf)), kv_bytes_per_element=4.0)
+    saved = ModelSpec.from_hf_config(_saved(tmp_path, conf))
+    # transformers expands an MLA latent in decode too (the oracle's convention)
+    spec = replace(saved, kv_bytes_per_element=4.0, mla_absorbed=False)
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -102,7 +115,7 @@ def test_cached_steps_count_as_the_hybrid_runs_them_and_only_attention_grows(
         )
     model = model.float().eval().requires_grad_(False)
     cache, ctx, rows = None, 0, 2
-    kv_token = 2 * spec.n_kv_heads * spec.head_dim * 4.0 * spec.n_attention_layers
+    kv_token = cm.kv_bytes_per_token(spec)  # the attention blocks' (MLA: the latent's)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for q in (9, 3, 1, 70, 1):

@@ -153,8 +153,14 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "zamba2",
         {
             "num_hidden_layers": 6,
-            "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]
-            + ["hybrid", "linear_attention"],
+            "layers_block_type": [
+                "linear_attention",
+                "hybrid",
+                "linear_attention",
+                "hybrid",
+                "hybrid",
+                "linear_attention",
+            ],
             "num_mem_blocks": 2,
         },
     ),

@@ -3,6 +3,7 @@ MoE layout, and the families perfscope refuses with the reason."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,6 +335,7 @@ FAMILIES: tuple[Family, ...] = (
         tied_default=True,
     ),
     Family("minimax", ("minimax",), ("MiniMaxForCausalLM",), reader="hybrid", moe="mixtral"),
+    Family("kimi_linear", ("kimi_linear",), ("KimiLinearForCausalLM",), reader="hybrid", mla=True),
     Family(
         "granitemoehybrid",
         ("granitemoehybrid",),
@@ -400,7 +402,6 @@ _ENCODER = (
 
 #: Families perfscope knows about and deliberately does not count, with the reason.
 REFUSED: dict[str, str] = {
-    "kimi_linear": _KDA,
     "bailing_hybrid": _KDA,
     "zamba": (
         "Zamba (v1): its Mamba mixers split in_proj into n_mamba_heads heads, each with its "
@@ -565,6 +566,21 @@ def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int
         slides = [bool((i + 1) % pattern) for i in range(n_layers)]
     spans = tuple(window if s else 0 for s in slides)
     return spans if any(spans) else ()
+
+
+def _mla_fields(cfg: Mapping[str, Any], n_heads: int) -> Mapping[str, Any]:
+    """Multi-head latent attention's fields (DeepSeek-V2/V3, MiniCPM3, Kimi-Linear): one
+    K/V head per query head, ``h_qk = h_nope + h_rope``, the latent ranks."""
+    rope = _require(cfg, "qk_rope_head_dim")
+    nope = _require(cfg, "qk_nope_head_dim")
+    return {
+        "n_kv_heads": n_heads,
+        "head_dim": rope + nope,
+        "kv_lora_rank": _require(cfg, "kv_lora_rank"),
+        "q_lora_rank": int(_first_of(cfg, "q_lora_rank", default=0) or 0),
+        "qk_rope_head_dim": rope,
+        "v_head_dim": _require(cfg, "v_head_dim"),
+    }
 
 
 def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, Any]:

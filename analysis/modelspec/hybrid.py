@@ -40,7 +40,7 @@ import math
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from perfscope.analysis.modelspec.families import Family, _moe_fields
+from perfscope.analysis.modelspec.families import Family, _mla_fields, _moe_fields
 from perfscope.analysis.modelspec.hf_config import _first_of, _require
 from perfscope.analysis.modelspec.spec import ModelSpec
 from perfscope.errors import UsageError
@@ -65,7 +65,7 @@ _BLOCKS: dict[str, tuple[str, str]] = {
 
 
 #: Families whose ``linear_attention`` blocks are gated DeltaNets (Qwen3-Next, Qwen3.5).
-_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid")
+_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "kimi_linear")
 
 
 def _listed_blocks(cfg: Mapping[str, Any], n_layers: int, *keys: str) -> list[str] | None:
@@ -127,6 +127,19 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             "full_attention" if (i + 1) % 2 else "linear_attention" for i in range(n_layers)
         ]
         return [("lightning" if n == "linear_attention" else _BLOCKS[n][0], "moe") for n in names]
+    if fam.key == "kimi_linear":
+        names = names or _kimi_layer_types(cfg, n_layers)
+        kinds = cfg.get("mlp_layer_types")
+        if not isinstance(kinds, list):
+            first = int(_first_of(cfg, "first_k_dense_replace", default=1))
+            kinds = ["dense" if i < first else "sparse" for i in range(n_layers)]
+        return [
+            (
+                "linear" if n == "linear_attention" else _BLOCKS[n][0],
+                "moe" if k == "sparse" else "dense",
+            )
+            for n, k in zip(names, kinds, strict=True)
+        ]
     if fam.key in _DELTANET:  # linear_attention is a gated DeltaNet here, not Mamba
         interval = int(_first_of(cfg, "full_attention_interval", default=4))
         names = names or [
@@ -145,6 +158,16 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
         first = int(_first_of(cfg, "num_dense_layers", default=2))
         return [(_BLOCKS[n][0], "dense" if i < first else "moe") for i, n in enumerate(names)]
     return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", usual)) for n in names]
+
+
+def _kimi_layer_types(cfg: Mapping[str, Any], n_layers: int) -> list[str]:
+    """Kimi-Linear's blocks from a checkpoint's ``linear_attn_config`` (1-indexed
+    ``full_attn_layers`` / ``kda_layers``), else the config class's default."""
+    lin = cfg.get("linear_attn_config") or {}
+    if isinstance(lin, dict) and "full_attn_layers" in lin:
+        full = {int(i) - 1 for i in lin["full_attn_layers"]}
+        return ["full_attention" if i in full else "linear_attention" for i in range(n_layers)]
+    return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n_layers)]
 
 
 def _mamba2_fields(cfg: Mapping[str, Any], d: int, nemotron: bool) -> Mapping[str, Any]:
@@ -274,7 +297,9 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         mlp_bias=bool(_first_of(cfg, "mlp_bias", default=False)),
         norms_per_layer=fam.norms_per_layer,
         qk_norm=fam.qk_norm is True,
-        max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0) or 0),
+        max_position_embeddings=int(
+            _first_of(cfg, "max_position_embeddings", "model_max_length", default=0) or 0
+        ),
         layer_mixers=mixers,
         mlp_free_layers=tuple(i for i, (_, mlp) in enumerate(blocks) if mlp == "none"),
     )
@@ -310,7 +335,21 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             )
         # the µP multipliers scale activations (elementwise, no parameters, no FLOPs)
         f.update(ssm_gated_norm=bool(_first_of(cfg, "mamba_rms_norm", default=False)))
-    if "linear" in mixers:
+    if "linear" in mixers and fam.key == "kimi_linear":
+        lin = cfg.get("linear_attn_config") or {}
+        lin = lin if isinstance(lin, dict) else {}
+        heads = int(_first_of(cfg, "linear_num_heads", default=lin.get("num_heads", 32)))
+        width = int(_first_of(cfg, "linear_head_dim", default=lin.get("head_dim", 128)))
+        kernel = lin.get("short_conv_kernel_size", 4)
+        f.update(
+            linear_key_heads=heads,
+            linear_value_heads=heads,
+            linear_key_head_dim=width,
+            linear_value_head_dim=width,
+            linear_conv_kernel=int(_first_of(cfg, "linear_conv_kernel_dim", default=kernel)),
+            linear_kda=True,
+        )
+    elif "linear" in mixers:
         f.update(
             linear_key_heads=int(_first_of(cfg, "linear_num_key_heads", default=16)),
             linear_value_heads=int(_first_of(cfg, "linear_num_value_heads", default=32)),
@@ -318,7 +357,9 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             linear_value_head_dim=int(_first_of(cfg, "linear_value_head_dim", default=128)),
             linear_conv_kernel=int(_first_of(cfg, "linear_conv_kernel_dim", default=4)),
         )
-    if fam.key in _DELTANET and fam.key != "olmo_hybrid":
+    if fam.mla:
+        f.update(_mla_fields(cfg, h))
+    if fam.key in _DELTANET and fam.key not in ("olmo_hybrid", "kimi_linear"):
         # gated attention, and Qwen's MoE layout (experts, a gated shared expert, dense
         # blocks at mlp_only_layers / off decoder_sparse_step)
         f.update(attn_output_gate=True, **_moe_fields(dict(cfg), fam, n_layers))
@@ -332,6 +373,20 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         f.update(
             n_experts=int(_first_of(cfg, "num_experts", default=16)),
             n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            dense_layers=dense,
+            dense_intermediate_size=f["intermediate_size"],
+        )
+    elif moe and fam.key == "kimi_linear":  # DeepSeek's layout, spelled its own way
+        moe_f = _require(cfg, "moe_intermediate_size")
+        f.update(
+            # the saved config.json spells them num_experts, num_experts_per_token, ...
+            n_experts=_require(cfg, "num_local_experts", "n_routed_experts", "num_experts"),
+            n_active_experts=int(
+                _first_of(cfg, "num_experts_per_tok", "num_experts_per_token", default=8)
+            ),
+            intermediate_size=moe_f,
+            shared_expert_intermediate_size=moe_f
+            * int(_first_of(cfg, "n_shared_experts", "num_shared_experts", default=1)),
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
         )

@@ -12,6 +12,7 @@ from perfscope.analysis.modelspec.families import (
     Family,
     _flag,
     _layer_windows,
+    _mla_fields,
     _moe_fields,
     family_for,
 )
@@ -94,16 +95,7 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     )
     f.update(_moe_fields(cfg, fam, n_layers))
     if fam.mla:
-        rope = _require(cfg, "qk_rope_head_dim")
-        nope = _require(cfg, "qk_nope_head_dim")
-        f.update(
-            n_kv_heads=h,
-            head_dim=rope + nope,
-            kv_lora_rank=_require(cfg, "kv_lora_rank"),
-            q_lora_rank=int(_first_of(cfg, "q_lora_rank", default=0) or 0),
-            qk_rope_head_dim=rope,
-            v_head_dim=_require(cfg, "v_head_dim"),
-        )
+        f.update(_mla_fields(cfg, h))
     # A uniform window is stored the old way, so older readers see it too.
     windows = f["layer_windows"]
     if windows and len(set(windows)) == 1 and windows[0] > 0:

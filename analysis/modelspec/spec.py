@@ -163,6 +163,9 @@ class ModelSpec:
         linear_key_head_dim: key/query head width ``d_k``.
         linear_value_head_dim: value head width ``d_v``.
         linear_conv_kernel: the depthwise conv width over q, k and v (``linear_conv_kernel_dim``).
+        linear_kda: those blocks are Kimi Delta Attention (Kimi-Linear): a decay per channel
+            from a low-rank forget gate (``d → d_k → h·d_k``), a low-rank output gate, q, k,
+            v and o projections and no fused z; ``h_k = h_v``, ``d_k = d_v``.
         linear_chunk_size: chunk length of the chunked delta rule transformers' torch path
             runs multi-token steps in (64), padding each step to whole chunks.
         attention_input_width: width of the attention's input when it is not ``d`` (Zamba2's
@@ -264,6 +267,7 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
     linear_chunk_size: int = 64
+    linear_kda: bool = False
     lightning_block_size: int = 0
     attention_input_width: int = 0
     attention_extra_params: int = 0
