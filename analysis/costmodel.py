@@ -119,7 +119,7 @@ def attention_params_per_layer(spec: ModelSpec) -> int:
         q = d * qr + qr * h * spec.head_dim if qr else d * h * spec.head_dim
         kv_a = d * (r + spec.qk_rope_head_dim)
         kv_b = r * h * (spec.qk_nope_head_dim + spec.v_head_dim)
-        return q + kv_a + kv_b + h * spec.v_head_dim * d
+        return q + kv_a + kv_b + h * spec.v_head_dim * d + spec.attention_extra_params
     hd = spec.head_dim
     din = spec.attention_input_width or d
     gate = din * h * hd if spec.attn_output_gate else 0
@@ -182,9 +182,10 @@ def linear_params_per_layer(spec: ModelSpec) -> int:
         return 0
     d, kd = spec.hidden_size, spec.linear_key_heads * spec.linear_key_head_dim
     vd = spec.linear_value_heads * spec.linear_value_head_dim
-    if spec.linear_kda:  # q, k, v, o; low-rank forget and output gates; beta
-        hd = spec.linear_key_head_dim
-        return d * (2 * kd + vd) + vd * d + 2 * (d * hd + hd * vd) + d * spec.linear_value_heads
+    if spec.linear_kda:  # q, k, v, o; forget and output gates (low-rank or full); beta
+        r = spec.linear_gate_rank
+        gates = 2 * (d * r + r * vd) if r else 2 * d * vd
+        return d * (2 * kd + vd) + vd * d + gates + d * spec.linear_value_heads
     return d * (2 * kd + 2 * vd) + d * 2 * spec.linear_value_heads + vd * d
 
 
@@ -496,7 +497,7 @@ def _linear_inputs(
         attn += 2 * d
     if mixer == "linear":  # in_proj_qkvz, in_proj_ba, out_proj (KDA: q,k,v,f,b,g, o)
         vd = spec.linear_value_heads * spec.linear_value_head_dim
-        attn += (6 * d + 2 * spec.linear_key_head_dim + vd) if spec.linear_kda else 2 * d + vd
+        attn += (6 * d + 2 * spec.linear_gate_rank + vd) if spec.linear_kda else 2 * d + vd
     if mixer == "lightning":  # qkv_proj, output_gate, out_proj
         attn += 2 * d + spec.n_heads * spec.head_dim
     if "attention" in parts:

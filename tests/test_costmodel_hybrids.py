@@ -32,6 +32,7 @@ transformers = pytest.importorskip("transformers")
 from tests.test_costmodel_registry_oracle import _kv_bytes, tiny_config  # noqa: E402
 
 HYBRIDS = [
+    "bailing_hybrid",
     "bamba",
     "falcon_h1",
     "granitemoehybrid",
@@ -84,6 +85,7 @@ def test_saved_hybrid_configs_read_the_same_through_both_readers(
 @pytest.mark.parametrize(
     "model_type",
     [
+        "bailing_hybrid",
         "bamba",
         "falcon_h1",
         "jamba",

@@ -200,6 +200,13 @@ NESTED: dict[str, dict[str, Any]] = {
         "linear_value_head_dim": 16,
     },
     "minimax": {"num_hidden_layers": 3, "block_size": 4},
+    "bailing_hybrid": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "mlp_layer_types": ["dense", "sparse", "sparse"],
+        "linear_num_heads": 4,
+        "linear_head_dim": 16,
+    },
     "kimi_linear": {
         "num_hidden_layers": 3,
         "layer_types": ["linear_attention", "full_attention", "linear_attention"],

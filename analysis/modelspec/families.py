@@ -337,6 +337,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("minimax", ("minimax",), ("MiniMaxForCausalLM",), reader="hybrid", moe="mixtral"),
     Family("kimi_linear", ("kimi_linear",), ("KimiLinearForCausalLM",), reader="hybrid", mla=True),
     Family(
+        "bailing_hybrid",
+        ("bailing_hybrid",),
+        ("BailingHybridForCausalLM",),
+        reader="hybrid",
+        mla=True,
+    ),
+    Family(
         "granitemoehybrid",
         ("granitemoehybrid",),
         ("GraniteMoeHybridForCausalLM",),
@@ -386,11 +393,6 @@ FAMILIES: tuple[Family, ...] = (
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
 )
 
-_KDA = (
-    "Kimi Delta Attention blocks (a delta rule with a decay per channel, chunked its own way) "
-    "beside MLA attention: perfscope counts Mamba, Mamba2, gated-DeltaNet, short-conv and "
-    "lightning-attention mixers, not this one's chunked rule yet"
-)
 _ENC_DEC = (
     "encoder-decoder: a request pays an encoder pass over the source and cross-attention "
     "over it in every decoder step; perfscope models decoder-only serving"
@@ -402,7 +404,6 @@ _ENCODER = (
 
 #: Families perfscope knows about and deliberately does not count, with the reason.
 REFUSED: dict[str, str] = {
-    "bailing_hybrid": _KDA,
     "zamba": (
         "Zamba (v1): its Mamba mixers split in_proj into n_mamba_heads heads, each with its "
         "own x_proj and dt_proj, a layout perfscope's Mamba count does not describe yet "

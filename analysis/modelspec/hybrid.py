@@ -15,6 +15,9 @@ per block:
 - NemotronH: ``layers_block_type`` (or the ``hybrid_override_pattern`` ``M*-E``): each block
   is one of a Mamba2 mixer, an attention, a plain MLP or a MoE of plain experts with a
   shared expert, each behind one norm.
+- Kimi-Linear and Bailing-hybrid: Kimi Delta Attention blocks (a decay per channel; Kimi's
+  forget and output gates low-rank, Bailing's full rank) beside MLA attention (Bailing's
+  with a ``d → H`` gate per head), DeepSeek's MoE layout by ``mlp_layer_types``.
 - OLMo-Hybrid: the same gated DeltaNet (its q, k, v, a, b and gate as separate projections)
   beside OLMo-2 attention (q/k norms over all heads), a dense MLP everywhere.
 - Qwen3-Next and Qwen3.5: ``layer_types`` ``linear_attention`` (a gated DeltaNet) or
@@ -65,7 +68,9 @@ _BLOCKS: dict[str, tuple[str, str]] = {
 
 
 #: Families whose ``linear_attention`` blocks are gated DeltaNets (Qwen3-Next, Qwen3.5).
-_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "kimi_linear")
+_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "kimi_linear", "bailing_hybrid")
+#: Families whose linear blocks are Kimi Delta Attention.
+_KDA = ("kimi_linear", "bailing_hybrid")
 
 
 def _listed_blocks(cfg: Mapping[str, Any], n_layers: int, *keys: str) -> list[str] | None:
@@ -127,7 +132,7 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             "full_attention" if (i + 1) % 2 else "linear_attention" for i in range(n_layers)
         ]
         return [("lightning" if n == "linear_attention" else _BLOCKS[n][0], "moe") for n in names]
-    if fam.key == "kimi_linear":
+    if fam.key in _KDA:
         names = names or _kimi_layer_types(cfg, n_layers)
         kinds = cfg.get("mlp_layer_types")
         if not isinstance(kinds, list):
@@ -335,7 +340,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             )
         # the µP multipliers scale activations (elementwise, no parameters, no FLOPs)
         f.update(ssm_gated_norm=bool(_first_of(cfg, "mamba_rms_norm", default=False)))
-    if "linear" in mixers and fam.key == "kimi_linear":
+    if "linear" in mixers and fam.key in _KDA:
         lin = cfg.get("linear_attn_config") or {}
         lin = lin if isinstance(lin, dict) else {}
         heads = int(_first_of(cfg, "linear_num_heads", default=lin.get("num_heads", 32)))
@@ -348,6 +353,8 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             linear_value_head_dim=width,
             linear_conv_kernel=int(_first_of(cfg, "linear_conv_kernel_dim", default=kernel)),
             linear_kda=True,
+            # Kimi's gates are low-rank through d_k, Bailing's full rank
+            linear_gate_rank=width if fam.key == "kimi_linear" else 0,
         )
     elif "linear" in mixers:
         f.update(
@@ -359,7 +366,9 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         )
     if fam.mla:
         f.update(_mla_fields(cfg, h))
-    if fam.key in _DELTANET and fam.key not in ("olmo_hybrid", "kimi_linear"):
+    if fam.key == "bailing_hybrid":  # a d → H gate on each attention head's output
+        f.update(attention_extra_params=d * h)
+    if fam.key in _DELTANET and fam.key not in ("olmo_hybrid", *_KDA):
         # gated attention, and Qwen's MoE layout (experts, a gated shared expert, dense
         # blocks at mlp_only_layers / off decoder_sparse_step)
         f.update(attn_output_gate=True, **_moe_fields(dict(cfg), fam, n_layers))
@@ -376,7 +385,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
         )
-    elif moe and fam.key == "kimi_linear":  # DeepSeek's layout, spelled its own way
+    elif moe and fam.key in _KDA:  # DeepSeek's layout, spelled its own way
         moe_f = _require(cfg, "moe_intermediate_size")
         f.update(
             # the saved config.json spells them num_experts, num_experts_per_token, ...

@@ -166,6 +166,8 @@ class ModelSpec:
         linear_kda: those blocks are Kimi Delta Attention (Kimi-Linear): a decay per channel
             from a low-rank forget gate (``d → d_k → h·d_k``), a low-rank output gate, q, k,
             v and o projections and no fused z; ``h_k = h_v``, ``d_k = d_v``.
+        linear_gate_rank: the rank of a KDA block's forget and output gates (Kimi-Linear:
+            ``d_k``, ``d → r → h·d_k``); 0 = full rank ``d → h·d_k`` (Bailing-hybrid).
         linear_chunk_size: chunk length of the chunked delta rule transformers' torch path
             runs multi-token steps in (64), padding each step to whole chunks.
         attention_input_width: width of the attention's input when it is not ``d`` (Zamba2's
@@ -268,6 +270,7 @@ class ModelSpec:
     linear_conv_kernel: int = 0
     linear_chunk_size: int = 64
     linear_kda: bool = False
+    linear_gate_rank: int = 0
     lightning_block_size: int = 0
     attention_input_width: int = 0
     attention_extra_params: int = 0
