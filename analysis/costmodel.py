@@ -541,7 +541,7 @@ def weight_bytes(spec: ModelSpec) -> float:
     d, v, e = spec.hidden_size, spec.vocab_size, spec.embedding_width
     blocks = 0.0
     for mixer, moe_layer, has_mlp in _layer_kinds(spec):
-        params = _mixer_params(spec, mixer)
+        params = float(_mixer_params(spec, mixer))
         params += _mlp_params(spec, moe_layer, spec.n_experts) if has_mlp else 0.0
         params -= _router_params(spec) if moe_layer else 0
         inputs = _linear_inputs(spec, moe_layer, spec.n_experts, mixer, has_mlp)

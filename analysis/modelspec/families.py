@@ -389,6 +389,7 @@ FAMILIES: tuple[Family, ...] = (
         tied_default=True,
     ),
     Family("gpt2", ("gpt2",), ("GPT2LMHeadModel",), reader="gpt2"),
+    Family("gpt_bigcode", ("gpt_bigcode",), ("GPTBigCodeForCausalLM",), reader="gpt2"),
     Family("gpt_neox", ("gpt_neox",), ("GPTNeoXForCausalLM",), reader="gpt_neox"),
     Family("opt", ("opt",), ("OPTForCausalLM",), reader="opt"),
 )

@@ -192,9 +192,10 @@ def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
         n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
         hidden_size=d,
         n_heads=h,
-        n_kv_heads=h,
+        # GPTBigCode (StarCoder, SantaCoder): multi-query, one K/V head
+        n_kv_heads=1 if _first_of(cfg, "multi_query", default=False) else h,
         head_dim=d // h,
-        intermediate_size=int(_first_of(cfg, "n_inner", default=4 * d)),
+        intermediate_size=int(_first_of(cfg, "n_inner", default=4 * d) or 4 * d),
         vocab_size=int(_first_of(cfg, "vocab_size", default=50257)),
         mlp_gated=False,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
