@@ -136,6 +136,7 @@ def test_dbrx_saved_by_transformers_is_counted_exactly(tmp_path: Path) -> None:
 
 #: Options the oracle's one tiny instance per family leaves at their defaults.
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),
     "minicpm3-bias-untied": ("minicpm3", {"attention_bias": True, "tie_word_embeddings": False}),

@@ -26,7 +26,8 @@ class Family:
         mlp_bias: MLP biases: ``True``/``False``, or the config key.
         mlp_gated: three-matrix gated MLP.
         norm_bias: LayerNorm with bias.
-        norms_per_layer: norm modules per block.
+        norms_per_layer: norm modules per block (with weights; OLMo-1's have none: 0).
+        final_norm: the final norm has weights (OLMo-1's has none).
         qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
         qk_norm_full: those norms span every head (:attr:`ModelSpec.qk_norm_full`).
         lm_head_bias: the lm_head has a bias: ``True``/``False`` or the config key.
@@ -60,6 +61,7 @@ class Family:
     mlp_gated: bool = True
     norm_bias: bool = False
     norms_per_layer: int = 2
+    final_norm: bool = True
     qk_norm: bool | str = False
     qk_norm_full: bool = False
     lm_head_bias: bool | str = False
@@ -214,6 +216,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), ("HunYuanDenseV1ForCausalLM",), qk_norm=True),
     Family("arcee", ("arcee",), ("ArceeForCausalLM",), mlp_gated=False),
     Family("exaone4", ("exaone4",), ("Exaone4ForCausalLM",), qk_norm=True),
+    # OLMo (1): LayerNorms without weight or bias (no parameters); clip_qkv is a clamp.
+    Family("olmo", ("olmo",), ("OlmoForCausalLM",), norms_per_layer=0, final_norm=False),
     Family("olmo2", ("olmo2",), ("Olmo2ForCausalLM",), qk_norm=True, qk_norm_full=True),
     Family("olmo3", ("olmo3",), ("Olmo3ForCausalLM",), qk_norm=True, qk_norm_full=True),
     Family(

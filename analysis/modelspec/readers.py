@@ -85,6 +85,7 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         mlp_bias=_flag(cfg, fam.mlp_bias),
         norm_bias=fam.norm_bias,
         norms_per_layer=fam.norms_per_layer,
+        final_norm=fam.final_norm,
         qk_norm=_flag(cfg, fam.qk_norm),
         qk_norm_full=fam.qk_norm_full,
         lm_head_bias=_flag(cfg, fam.lm_head_bias),
