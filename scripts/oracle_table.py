@@ -2,11 +2,11 @@
 oracle (``tests/test_costmodel_registry_oracle.py``): every causal-LM family the installed
 transformers lists, built tiny and measured, with perfscope's verdict on it.
 
-The table's "before" column is the "now" column of the table already in the file, so one
-run records what changed; the counts line under "## Verdicts" is rewritten the same way.
-Usage (a minute or two on two busy cores)::
+The table's "before" column is the "now" column of the file's table at git revision
+``--before`` (default ``HEAD``), so a run records what changed since then; the counts line
+is rewritten the same way. Usage (two minutes or so on two busy cores)::
 
-    python scripts/oracle_table.py
+    python scripts/oracle_table.py [--before REV]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -32,6 +33,11 @@ CONVENTIONS = {
     "qwen3_next": "the delta rule's triangular solves and one-token recurrence count 0",
     "qwen3_5_text": "the delta rule's triangular solves and one-token recurrence count 0",
     "qwen3_5_moe_text": "the delta rule's triangular solves and one-token recurrence count 0",
+    "olmo_hybrid": "the delta rule's triangular solves and one-token recurrence count 0",
+    "kimi_linear": "MLA expanded in decode; the KDA rule's forward substitution and one-token "
+    "recurrence (elementwise) count 0",
+    "bailing_hybrid": "MLA expanded in decode; the KDA rule's forward substitution and "
+    "one-token recurrence (elementwise) count 0",
 }
 
 
@@ -52,6 +58,13 @@ NOTES = {
     "mamba2": "chunked SSD scan",
     "llama4_text": "chunked and full attention layers, interleaved MoE with a shared expert",
     "glm4_moe": "DeepSeek's expert layout",
+    "minimax": "lightning-attention and softmax-attention blocks, MoE",
+    "zamba2": "shared attention+MLP blocks with per-use adapters, Mamba2 blocks",
+    "olmo_hybrid": "gated-DeltaNet and attention blocks",
+    "kimi_linear": "Kimi Delta Attention and MLA blocks, MoE",
+    "bailing_hybrid": "Kimi Delta Attention and gated MLA blocks, MoE",
+    "gpt_bigcode": "multi-query or multi-head by multi_query",
+    "olmo": "weightless LayerNorms",
     "minicpm3": "DeepSeek-V2 latent attention, dense",
 }
 
@@ -96,9 +109,9 @@ def rows() -> list[tuple[str, str, str]]:
     return out
 
 
-def render(text: str, table: list[tuple[str, str, str]]) -> str:
-    """``text`` with its family table and counts line replaced."""
-    before = _previous(text)
+def render(text: str, table: list[tuple[str, str, str]], old_text: str) -> str:
+    """``text`` with its family table and counts line replaced; "before" from ``old_text``."""
+    before = _previous(old_text)
     lines = [HEADER, "|---|---|---|---|"]
     lines += [f"| `{mt}` | {before.get(mt, 'absent')} | {kind} | {d} |" for mt, kind, d in table]
     src = text.splitlines()
@@ -126,8 +139,17 @@ def render(text: str, table: list[tuple[str, str, str]]) -> str:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
-    new = render(DOC.read_text(encoding="utf-8"), rows())
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", default="HEAD", help="git revision of the 'before' column")
+    args = ap.parse_args()
+    rel = DOC.relative_to(ROOT).as_posix()
+    old = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{args.before}:{rel}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    new = render(DOC.read_text(encoding="utf-8"), rows(), old)
     DOC.write_text(new, encoding="utf-8")
     print(next(ln for ln in new.splitlines() if ln.startswith("Counts of ")))
     return 0
