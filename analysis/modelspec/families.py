@@ -305,6 +305,23 @@ FAMILIES: tuple[Family, ...] = (
         ("GraniteMoeSharedForCausalLM",),
         moe="mixtral",
     ),
+    # Granite with sliding-window layers and a learned sink logit per head (gpt-oss style).
+    Family("granite_swa", ("granite_swa",), ("GraniteSwaForCausalLM",), attention_sinks=True),
+    Family(
+        "granitemoe_swa",
+        ("granitemoe_swa",),
+        ("GraniteMoeSwaForCausalLM",),
+        attention_sinks=True,
+        moe="mixtral",
+    ),
+    Family(
+        "cohere2_moe",
+        ("cohere2_moe",),
+        ("Cohere2MoeForCausalLM",),
+        norms_per_layer=1,
+        tied_default=True,
+        moe="mixtral",
+    ),
     Family("nemotron", ("nemotron",), ("NemotronForCausalLM",), mlp_gated=False, norm_bias=True),
     Family(
         "flex_olmo",
@@ -594,13 +611,15 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
         return {}
     if fam.moe == "mixtral":
         e = int(_first_of(cfg, "num_local_experts", "num_experts", default=8))
+        shared = int(_first_of(cfg, "shared_intermediate_size", default=0) or 0)
+        if fam.key == "cohere2_moe":  # num_shared_experts gated MLPs as wide as an expert
+            per = _require(cfg, "intermediate_size")
+            shared = per * int(_first_of(cfg, "num_shared_experts", default=0) or 0)
         return {
             "n_experts": e,
             "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
-            # GraniteMoeShared: an ungated shared MLP beside the experts
-            "shared_expert_intermediate_size": int(
-                _first_of(cfg, "shared_intermediate_size", default=0) or 0
-            ),
+            # GraniteMoeShared: a shared MLP beside the experts
+            "shared_expert_intermediate_size": shared,
         }
     if fam.moe == "llama4":
         e = int(_first_of(cfg, "num_local_experts", default=16))
