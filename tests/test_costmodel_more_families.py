@@ -138,6 +138,14 @@ def test_dbrx_saved_by_transformers_is_counted_exactly(tmp_path: Path) -> None:
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "cohere2_moe-shared-experts": ("cohere2_moe", {"num_shared_experts": 2}),
     "granitemoe_swa-shared-mlp": ("granitemoe_swa", {"shared_intermediate_size": 48}),
+    "exaone_moe-no-shared-all-sparse": (
+        "exaone_moe",
+        {"num_shared_experts": 0, "mlp_layer_types": ["sparse", "sparse"]},
+    ),
+    "glm4_moe_lite-all-sparse-two-shared": (
+        "glm4_moe_lite",
+        {"mlp_layer_types": ["sparse", "sparse"], "n_shared_experts": 2},
+    ),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

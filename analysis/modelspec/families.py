@@ -183,6 +183,20 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm="use_qk_norm",
         moe="deepseek",
     ),
+    Family(
+        "glm4_moe_lite",
+        ("glm4_moe_lite",),
+        ("Glm4MoeLiteForCausalLM",),
+        moe="deepseek",
+        mla=True,
+    ),
+    Family(
+        "exaone_moe",
+        ("exaone_moe",),
+        ("ExaoneMoeForCausalLM",),
+        qk_norm=True,
+        moe="deepseek",
+    ),
     # MiniCPM3: DeepSeek-V2's latent attention in a dense decoder (its scalings are
     # elementwise).
     Family("minicpm3", ("minicpm3",), ("MiniCPM3ForCausalLM",), tied_default=True, mla=True),
@@ -655,17 +669,24 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
             "dense_layers": dense,
             "dense_intermediate_size": int(_first_of(cfg, "intermediate_size", default=0)),
         }
-    e = int(_first_of(cfg, "n_routed_experts", default=0))
+    # DeepSeek's layout; EXAONE-MoE and GLM-4.7-Lite spell the counts num_experts /
+    # num_shared_experts and list the dense blocks in mlp_layer_types.
+    e = int(_first_of(cfg, "n_routed_experts", "num_experts", default=0) or 0)
     if not e:
         return {}
     moe_f = _require(cfg, "moe_intermediate_size")
-    first = int(_first_of(cfg, "first_k_dense_replace", default=0))
+    kinds = cfg.get("mlp_layer_types")
+    if isinstance(kinds, list) and len(kinds) == n_layers:
+        dense = tuple(i for i, k in enumerate(kinds) if k != "sparse")
+    else:
+        first = int(_first_of(cfg, "first_k_dense_replace", default=0))
+        dense = tuple(range(min(first, n_layers)))
     return {
         "n_experts": e,
         "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
         "intermediate_size": moe_f,
         "shared_expert_intermediate_size": moe_f
-        * int(_first_of(cfg, "n_shared_experts", default=0)),
-        "dense_layers": tuple(range(min(first, n_layers))),
+        * int(_first_of(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0),
+        "dense_layers": dense,
         "dense_intermediate_size": _require(cfg, "intermediate_size"),
     }
