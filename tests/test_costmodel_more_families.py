@@ -146,6 +146,16 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "glm4_moe_lite",
         {"mlp_layer_types": ["sparse", "sparse"], "n_shared_experts": 2},
     ),
+    "ernie4_5_moe-biases": ("ernie4_5_moe", {"use_bias": True}),
+    "ernie4_5_moe-moe-range": (
+        "ernie4_5_moe",
+        {
+            "num_hidden_layers": 4,
+            "moe_layer_start_index": 1,
+            "moe_layer_end_index": 2,
+            "moe_num_shared_experts": 0,
+        },
+    ),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

@@ -225,6 +225,17 @@ FAMILIES: tuple[Family, ...] = (
         o_bias="use_bias",
         mlp_bias="use_bias",
     ),
+    Family(
+        "ernie4_5_moe",
+        ("ernie4_5_moe",),
+        ("Ernie4_5_MoeForCausalLM",),
+        qkv_bias="use_bias",
+        o_bias="use_bias",
+        mlp_bias="use_bias",
+        lm_head_bias="use_bias",
+        router_bias=True,  # e_score_correction_bias is a parameter here
+        moe="ernie",
+    ),
     Family("glm", ("glm",), ("GlmForCausalLM",), o_bias=False),
     Family("glm4", ("glm4",), ("Glm4ForCausalLM",), o_bias=False, norms_per_layer=4),
     Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), ("HunYuanDenseV1ForCausalLM",), qk_norm=True),
@@ -650,6 +661,28 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
             "shared_expert_intermediate_size": f,
             "dense_layers": tuple(i for i in range(n_layers) if i not in moe_set),
             "dense_intermediate_size": int(_first_of(cfg, "intermediate_size_mlp", default=0)),
+        }
+    if fam.moe == "ernie":
+        # ERNIE-4.5-MoE: MoE blocks every moe_layer_interval-th from moe_layer_start_index to
+        # moe_layer_end_index, bias-free experts beside use_bias shared and dense MLPs.
+        e = int(_first_of(cfg, "moe_num_experts", default=0) or 0)
+        if not e:
+            return {}
+        start = int(_first_of(cfg, "moe_layer_start_index", default=1))
+        end = int(_first_of(cfg, "moe_layer_end_index", default=n_layers - 1))
+        step = int(_first_of(cfg, "moe_layer_interval", default=1))
+        moe_f = _require(cfg, "moe_intermediate_size")
+        return {
+            "n_experts": e,
+            "n_active_experts": int(_first_of(cfg, "moe_k", default=2)),
+            "intermediate_size": moe_f,
+            "shared_expert_intermediate_size": moe_f
+            * int(_first_of(cfg, "moe_num_shared_experts", default=0) or 0),
+            "dense_layers": tuple(
+                i for i in range(n_layers) if (i + 1) % step or not start <= i <= end
+            ),
+            "dense_intermediate_size": _require(cfg, "intermediate_size"),
+            "expert_bias": False,
         }
     if fam.moe == "qwen":
         # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
