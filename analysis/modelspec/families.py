@@ -236,6 +236,13 @@ FAMILIES: tuple[Family, ...] = (
         router_bias=True,  # e_score_correction_bias is a parameter here
         moe="ernie",
     ),
+    Family(
+        "hunyuan_v1_moe",
+        ("hunyuan_v1_moe",),
+        ("HunYuanMoEV1ForCausalLM",),
+        qk_norm=True,
+        moe="mixtral",
+    ),
     Family("glm", ("glm",), ("GlmForCausalLM",), o_bias=False),
     Family("glm4", ("glm4",), ("Glm4ForCausalLM",), o_bias=False, norms_per_layer=4),
     Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), ("HunYuanDenseV1ForCausalLM",), qk_norm=True),
@@ -640,9 +647,17 @@ def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, An
         if fam.key == "cohere2_moe":  # num_shared_experts gated MLPs as wide as an expert
             per = _require(cfg, "intermediate_size")
             shared = per * int(_first_of(cfg, "num_shared_experts", default=0) or 0)
+        top_k: Any = _first_of(cfg, "num_experts_per_tok", "moe_topk", default=2)
+        if fam.key == "hunyuan_v1_moe":  # a shared MLP as wide as an expert, always
+            shared = _require(cfg, "intermediate_size")
+            if isinstance(top_k, list) or isinstance(_first_of(cfg, "num_experts"), list):
+                raise UsageError(
+                    "HunYuan-MoE config lists num_experts or moe_topk per layer: perfscope "
+                    "counts one expert layout for every MoE block"
+                )
         return {
             "n_experts": e,
-            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            "n_active_experts": int(top_k),
             # GraniteMoeShared: a shared MLP beside the experts
             "shared_expert_intermediate_size": shared,
         }
