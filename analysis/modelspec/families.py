@@ -322,6 +322,18 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm="qk_layernorm",
         lm_head_bias=True,
     ),
+    # Persimmon: fused biased QKV, per-head q/k LayerNorms with bias, a plain squared-ReLU MLP.
+    Family(
+        "persimmon",
+        ("persimmon",),
+        ("PersimmonForCausalLM",),
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        mlp_gated=False,
+        norm_bias=True,
+        qk_norm="qk_layernorm",
+    ),
     Family(
         "phimoe",
         ("phimoe",),
