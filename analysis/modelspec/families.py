@@ -309,6 +309,7 @@ FAMILIES: tuple[Family, ...] = (
         reader="falcon",
     ),
     Family("dbrx", ("dbrx",), ("DbrxForCausalLM",), reader="dbrx", moe="mixtral"),
+    Family("mpt", ("mpt",), ("MptForCausalLM",), reader="mpt"),
     Family(
         "phi",
         ("phi",),

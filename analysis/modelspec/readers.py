@@ -60,6 +60,8 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return _falcon(cfg, f)
     if fam.reader == "dbrx":
         return _dbrx(cfg, f)
+    if fam.reader == "mpt":
+        return _mpt(cfg, f)
     if fam.reader == "mamba":
         return _mamba(cfg, fam, f)
     if fam.reader == "hybrid":
@@ -307,6 +309,33 @@ def _dbrx(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
         n_active_experts=int(_first_of(ffn, "moe_top_k", default=1)),
         max_position_embeddings=int(_first_of(cfg, "max_seq_len", default=2048)),
     )
+    return ModelSpec(**f)
+
+
+def _mpt(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
+    # MPT as transformers builds it: a fused bias-free Wqkv and out_proj, ALiBi (no matmul,
+    # no parameters, no position table), a bias-free 4d GELU MLP (transformers' MptMLP is
+    # 4·d wide whatever expansion_ratio says), LayerNorms with a weight only, tied lm_head.
+    d = _require(cfg, "d_model", "hidden_size")
+    h = _require(cfg, "n_heads", "num_attention_heads")
+    f.update(
+        n_layers=_require(cfg, "n_layers", "num_hidden_layers"),
+        hidden_size=d,
+        n_heads=h,
+        n_kv_heads=h,
+        head_dim=d // h,
+        intermediate_size=4 * d,
+        vocab_size=_require(cfg, "vocab_size"),
+        mlp_gated=False,
+        tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
+        max_position_embeddings=int(_first_of(cfg, "max_seq_len", default=2048)),
+    )
+    ratio = _first_of(cfg, "expansion_ratio", default=4)
+    if ratio != 4:
+        f["notes"] = (
+            *f.get("notes", ()),
+            f"MPT expansion_ratio {ratio} ignored: transformers builds a 4·d MLP, as counted",
+        )
     return ModelSpec(**f)
 
 
