@@ -159,6 +159,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "hunyuan_v1_moe-bias-top2": ("hunyuan_v1_moe", {"attention_bias": True, "moe_topk": 2}),
     "persimmon-no-qk-norm": ("persimmon", {"qk_layernorm": False}),
     "mpt-untied": ("mpt", {"tie_word_embeddings": False}),
+    "nanochat-attention-bias": ("nanochat", {"attention_bias": True}),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

@@ -251,6 +251,15 @@ FAMILIES: tuple[Family, ...] = (
     # OLMo (1): LayerNorms without weight or bias (no parameters); clip_qkv is a clamp.
     Family("olmo", ("olmo",), ("OlmoForCausalLM",), norms_per_layer=0, final_norm=False),
     Family("olmo2", ("olmo2",), ("Olmo2ForCausalLM",), qk_norm=True, qk_norm_full=True),
+    # nanochat: weightless RMS norms everywhere (q/k too), a plain squared-ReLU MLP.
+    Family(
+        "nanochat",
+        ("nanochat",),
+        ("NanoChatForCausalLM",),
+        mlp_gated=False,
+        norms_per_layer=0,
+        final_norm=False,
+    ),
     Family("olmo3", ("olmo3",), ("Olmo3ForCausalLM",), qk_norm=True, qk_norm_full=True),
     Family(
         "olmoe",
