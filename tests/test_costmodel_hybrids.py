@@ -10,8 +10,6 @@ parameters, and what ``perfscope roofline`` says about the mix.
 
 from __future__ import annotations
 
-import argparse
-import io
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -19,17 +17,16 @@ from typing import Any
 
 import pytest
 import torch
-from rich.console import Console
 from torch.utils.flop_counter import FlopCounterMode
 
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import ModelSpec
-from perfscope.cli import roofline as _cli_roofline
 from perfscope.errors import UsageError
 
 transformers = pytest.importorskip("transformers")
 
 from tests.test_costmodel_registry_oracle import _kv_bytes, tiny_config  # noqa: E402
+from tests.test_costmodel_ssm import _run  # noqa: E402  (perfscope roofline, captured)
 
 HYBRIDS = [
     "bailing_hybrid",
@@ -147,15 +144,6 @@ def test_full_size_jamba_parameters_match_the_model_and_its_state_does_not_grow(
     assert long.bytes_kv_write == short.bytes_kv_write == 8 * (kv_token + spec.state_bytes_per_seq)
     # 28 Mamba blocks × (conv 8192×4 + SSM 8192×16) at bf16, per sequence
     assert spec.state_bytes_per_seq == 28 * (8192 * 4 + 8192 * 16) * 2.0
-
-
-def _run(argv: list[str]) -> str:
-    parser = argparse.ArgumentParser(prog="perfscope")
-    _cli_roofline.register(parser.add_subparsers())
-    args = parser.parse_args(["roofline", *argv])
-    buf = io.StringIO()
-    assert args.handler(args, Console(file=buf, width=200)) == 0
-    return buf.getvalue()
 
 
 def test_roofline_names_the_layer_mix_and_the_state(tmp_path: Path) -> None:

@@ -90,6 +90,17 @@ TINY: dict[str, Any] = {
     "pad_token_id": 0,
 }
 
+#: A gated-DeltaNet hybrid's tiny mix: DeltaNet, attention, DeltaNet (two key heads, each
+#: serving two value heads).
+_DELTANET: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 16,
+}
+
 #: Nested sub-configs some families need for a tiny instance that builds and runs.
 #: DBRX: transformers 5.24's attention reads ``attn_config.rope_theta``, which its config
 #: class does not define, and ``clip_qkv=None`` makes ``clamp`` fail; the release uses 8.
@@ -167,37 +178,17 @@ NESTED: dict[str, dict[str, Any]] = {
         "moe_shared_expert_intermediate_size": 48,
     },
     "qwen3_next": {
-        "num_hidden_layers": 3,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        **_DELTANET,
         "mlp_only_layers": [2],
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 8,
-        "linear_value_head_dim": 16,
     },
     "qwen3_5_moe_text": {
-        "num_hidden_layers": 3,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 8,
-        "linear_value_head_dim": 16,
+        **_DELTANET,
     },
     "olmo_hybrid": {
-        "num_hidden_layers": 3,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 8,
-        "linear_value_head_dim": 16,
+        **_DELTANET,
     },
     "qwen3_5_text": {
-        "num_hidden_layers": 3,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 8,
-        "linear_value_head_dim": 16,
+        **_DELTANET,
     },
     "minimax": {"num_hidden_layers": 3, "block_size": 4},
     "bailing_hybrid": {
