@@ -31,6 +31,7 @@ CONVENTIONS = {
     "kimi_k2": "MLA expanded in decode, as transformers runs it",
     "minicpm3": "MLA expanded in decode, as transformers runs it",
     "glm4_moe_lite": "MLA expanded in decode, as transformers runs it",
+    "youtu": "MLA expanded in decode, as transformers runs it",
     "qwen3_next": "the delta rule's triangular solves and one-token recurrence count 0",
     "qwen3_5_text": "the delta rule's triangular solves and one-token recurrence count 0",
     "qwen3_5_moe_text": "the delta rule's triangular solves and one-token recurrence count 0",

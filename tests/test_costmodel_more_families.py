@@ -160,6 +160,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "persimmon-no-qk-norm": ("persimmon", {"qk_layernorm": False}),
     "mpt-untied": ("mpt", {"tie_word_embeddings": False}),
     "nanochat-attention-bias": ("nanochat", {"attention_bias": True}),
+    "minimax_m2-attention-bias-ignored": ("minimax_m2", {"attention_bias": True}),
+    "youtu-bias": ("youtu", {"attention_bias": True}),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

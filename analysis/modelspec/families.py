@@ -197,6 +197,20 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=True,
         moe="deepseek",
     ),
+    # MiniMax-M2: attention only, q/k norms over all heads, a MoE in every block (its router's
+    # correction bias is a buffer).
+    Family(
+        "minimax_m2",
+        ("minimax_m2",),
+        ("MiniMaxM2ForCausalLM",),
+        qkv_bias=False,  # bias-free whatever attention_bias says
+        o_bias=False,
+        qk_norm=True,
+        qk_norm_full=True,
+        moe="mixtral",
+    ),
+    # Youtu-LLM: DeepSeek-V2's latent attention in a dense, tied decoder.
+    Family("youtu", ("youtu",), ("YoutuForCausalLM",), tied_default=True, mla=True),
     # MiniCPM3: DeepSeek-V2's latent attention in a dense decoder (its scalings are
     # elementwise).
     Family("minicpm3", ("minicpm3",), ("MiniCPM3ForCausalLM",), tied_default=True, mla=True),
