@@ -562,7 +562,7 @@ _BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
 _SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
-def family_for(cfg: dict[str, Any]) -> Family:
+def family_for(cfg: Mapping[str, Any]) -> Family:
     """The :class:`Family` row of a config: by ``model_type``, else by ``architectures``.
 
     Raises:
@@ -596,7 +596,7 @@ def family_for(cfg: dict[str, Any]) -> Family:
     )
 
 
-def _flag(cfg: dict[str, Any], rule: bool | str, default: bool = False) -> bool:
+def _flag(cfg: Mapping[str, Any], rule: bool | str, default: bool = False) -> bool:
     if isinstance(rule, bool):
         return rule
     return bool(_first_of(cfg, rule, default=default))
@@ -609,7 +609,7 @@ _LAYER_TYPE_KINDS = {
 }
 
 
-def _layer_windows(cfg: dict[str, Any], fam: Family, n_layers: int) -> tuple[int, ...]:
+def _layer_windows(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> tuple[int, ...]:
     """Per-layer span (0 full, w sliding, -c chunked) or ``()`` when every layer is full."""
     window = int(_first_of(cfg, "sliding_window", default=fam.window_default) or 0)
     if fam.window_flag and not cfg.get(fam.window_flag):
@@ -674,7 +674,7 @@ def _mla_fields(cfg: Mapping[str, Any], n_heads: int) -> Mapping[str, Any]:
     }
 
 
-def _moe_fields(cfg: dict[str, Any], fam: Family, n_layers: int) -> dict[str, Any]:
+def _moe_fields(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> Mapping[str, Any]:
     if fam.moe == "none":
         return {}
     if fam.moe == "mixtral":

@@ -371,7 +371,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
     if fam.key in _DELTANET and fam.key not in ("olmo_hybrid", *_KDA):
         # gated attention, and Qwen's MoE layout (experts, a gated shared expert, dense
         # blocks at mlp_only_layers / off decoder_sparse_step)
-        f.update(attn_output_gate=True, **_moe_fields(dict(cfg), fam, n_layers))
+        f.update(attn_output_gate=True, **_moe_fields(cfg, fam, n_layers))
     if fam.key == "olmo_hybrid":  # OLMo-2's q/k norms over all heads
         f.update(qk_norm_full=True)
     if "lightning" in mixers:

@@ -4,7 +4,7 @@ layout (the shared Llama key set, and the families with keys of their own)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import replace
 from typing import Any
 
@@ -138,7 +138,7 @@ def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
     )
 
 
-def _mamba(cfg: Mapping[str, Any], fam: Family, f: dict[str, Any]) -> ModelSpec:
+def _mamba(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) -> ModelSpec:
     """Mamba (v1), Falcon-Mamba and Mamba2: every block a pre-norm selective-SSM mixer, no
     attention, no MLP. The inner width is what the model code reads: Mamba and
     Falcon-Mamba the config's ``intermediate_size`` (their config classes default it to
@@ -187,7 +187,7 @@ def _mamba(cfg: Mapping[str, Any], fam: Family, f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _gpt2(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     d = _require(cfg, "n_embd", "hidden_size")
     h = _require(cfg, "n_head", "num_attention_heads")
     n_pos = int(_first_of(cfg, "n_positions", "max_position_embeddings", default=1024))
@@ -212,7 +212,7 @@ def _gpt2(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _bloom(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _bloom(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     # BLOOM: ALiBi (a bias added to the scores: no matmul, no parameters), fused biased
     # QKV, a plain 4d MLP with biases, LayerNorms with bias and one more LayerNorm on the
     # embeddings, tied lm_head.
@@ -237,7 +237,7 @@ def _bloom(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _falcon(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _falcon(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     # Falcon: one fused query_key_value and a dense out projection, a plain MLP
     # (``ffn_hidden_size``, default 4d), LayerNorms with bias, biases on every linear when
     # ``bias``; RoPE or ALiBi (neither a matmul nor a parameter). Three attention layouts:
@@ -284,7 +284,7 @@ def _falcon(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _dbrx(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _dbrx(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     # DBRX: a fused Wqkv (``d + 2·K·h_d`` outputs, no bias; ``clip_qkv`` is a clamp, no
     # matmul), an out projection, bias-free LayerNorms, and in every block a MoE of
     # ``moe_num_experts`` gated experts (w1, v1, w2, ``ffn_hidden_size`` wide) with a
@@ -312,7 +312,7 @@ def _dbrx(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _mpt(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _mpt(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     # MPT as transformers builds it: a fused bias-free Wqkv and out_proj, ALiBi (no matmul,
     # no parameters, no position table), a bias-free 4d GELU MLP (transformers' MptMLP is
     # 4·d wide whatever expansion_ratio says), LayerNorms with a weight only, tied lm_head.
@@ -339,7 +339,7 @@ def _mpt(cfg: Mapping[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _gptj(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _gptj(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     # GPT-J: one LayerNorm feeding attention and MLP in parallel, unbiased q/k/v/out,
     # biased plain MLP, partial rotary (not counted: no matmul), a biased lm_head.
     d = _require(cfg, "n_embd", "hidden_size")
@@ -363,7 +363,7 @@ def _gptj(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _gpt_neox(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _gpt_neox(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
     bias = bool(_first_of(cfg, "attention_bias", default=True))
@@ -386,7 +386,7 @@ def _gpt_neox(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**f)
 
 
-def _opt(cfg: dict[str, Any], f: dict[str, Any]) -> ModelSpec:
+def _opt(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
     bias = bool(_first_of(cfg, "enable_bias", default=True))
