@@ -221,6 +221,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("exaone", ("exaone",), ("ExaoneForCausalLM",)),
     Family("vaultgemma", ("vaultgemma",), ("VaultGemmaForCausalLM",), tied_default=True),
     Family("ministral", ("ministral",), ("MinistralForCausalLM",)),
+    Family("ministral3", ("ministral3",), ("Ministral3ForCausalLM",), windows="all"),
     Family("helium", ("helium",), ("HeliumForCausalLM",)),
     Family(
         "seed_oss",
