@@ -182,3 +182,21 @@ def test_full_size_qwen3_next_parameters_match_the_model_and_name_the_deltanet_s
     said = "\n".join(cm.model_assumptions(spec))
     assert "36 gated-DeltaNet, 12 attention of 48 blocks" in said
     assert "triangular solves count 0" in said
+
+
+def test_a_runs_model_spec_names_the_family_and_its_assumptions(tmp_path: Path) -> None:
+    """``--model-spec PATH`` (an HTTP or python engine's model) stores the family and every
+    assumption with the shape, as ``perfscope roofline --model`` prints them."""
+    from perfscope.api.run import RunArgs, _model_spec
+
+    folder = _saved(tmp_path, _jamba_v01())
+    stored = _model_spec(RunArgs(model_spec=str(folder), cli=True))
+    assert stored is not None and stored["source"] == f"--model-spec {folder}"
+    said = stored["assumptions"]
+    assert said[0] == "family: jamba"
+    assert any(s.startswith("layer mix: 28 Mamba, 4 attention of 32 blocks") for s in said)
+    assert any("recurrent state, constant in context" in s for s in said)
+    assert (
+        ModelSpec.from_dict(dict(stored)).layer_mixers
+        == ModelSpec.from_hf_config(folder).layer_mixers
+    )
