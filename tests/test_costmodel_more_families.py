@@ -163,6 +163,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "minimax_m2-attention-bias-ignored": ("minimax_m2", {"attention_bias": True}),
     "youtu-bias": ("youtu", {"attention_bias": True}),
     "ministral3-no-window": ("ministral3", {"sliding_window": None}),
+    "hyperclovax-no-post-norm-bias": (
+        "hyperclovax",
+        {"use_post_norm": False, "attention_bias": True},
+    ),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

@@ -28,6 +28,8 @@ class Family:
         norm_bias: LayerNorm with bias.
         norms_per_layer: norm modules per block (with weights; OLMo-1's have none: 0).
         final_norm: the final norm has weights (OLMo-1's has none).
+        post_norm_flag: config key that, when true, adds a norm after each sublayer (two
+            more per block: HyperCLOVA X ``use_post_norm``).
         qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
         qk_norm_full: those norms span every head (:attr:`ModelSpec.qk_norm_full`).
         lm_head_bias: the lm_head has a bias: ``True``/``False`` or the config key.
@@ -62,6 +64,7 @@ class Family:
     norm_bias: bool = False
     norms_per_layer: int = 2
     final_norm: bool = True
+    post_norm_flag: str = ""
     qk_norm: bool | str = False
     qk_norm_full: bool = False
     lm_head_bias: bool | str = False
@@ -221,6 +224,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("exaone", ("exaone",), ("ExaoneForCausalLM",)),
     Family("vaultgemma", ("vaultgemma",), ("VaultGemmaForCausalLM",), tied_default=True),
     Family("ministral", ("ministral",), ("MinistralForCausalLM",)),
+    # HyperCLOVA X: Granite-style multipliers (elementwise), optional Peri-LN post-norms.
+    Family(
+        "hyperclovax",
+        ("hyperclovax",),
+        ("HyperCLOVAXForCausalLM",),
+        post_norm_flag="use_post_norm",
+    ),
     Family("ministral3", ("ministral3",), ("Ministral3ForCausalLM",), windows="all"),
     Family("helium", ("helium",), ("HeliumForCausalLM",)),
     Family(

@@ -86,7 +86,7 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         o_bias=_flag(cfg, fam.o_bias),
         mlp_bias=_flag(cfg, fam.mlp_bias),
         norm_bias=fam.norm_bias,
-        norms_per_layer=fam.norms_per_layer,
+        norms_per_layer=fam.norms_per_layer + (2 if _flag(cfg, fam.post_norm_flag or False) else 0),
         final_norm=fam.final_norm,
         qk_norm=_flag(cfg, fam.qk_norm),
         qk_norm_full=fam.qk_norm_full,
