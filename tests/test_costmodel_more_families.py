@@ -167,6 +167,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "hyperclovax",
         {"use_post_norm": False, "attention_bias": True},
     ),
+    "apertus-biases-relu2": (
+        "apertus",
+        {"attention_bias": True, "mlp_bias": True, "hidden_act": "relu2"},
+    ),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

@@ -30,6 +30,8 @@ class Family:
         final_norm: the final norm has weights (OLMo-1's has none).
         post_norm_flag: config key that, when true, adds a norm after each sublayer (two
             more per block: HyperCLOVA X ``use_post_norm``).
+        act_params: ``(hidden_act, n)``: an MLP with that activation holds ``n`` learned
+            scalars (Apertus' xIELU: ``alpha_p``, ``alpha_n``).
         qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
         qk_norm_full: those norms span every head (:attr:`ModelSpec.qk_norm_full`).
         lm_head_bias: the lm_head has a bias: ``True``/``False`` or the config key.
@@ -65,6 +67,7 @@ class Family:
     norms_per_layer: int = 2
     final_norm: bool = True
     post_norm_flag: str = ""
+    act_params: tuple[str, int] = ("", 0)
     qk_norm: bool | str = False
     qk_norm_full: bool = False
     lm_head_bias: bool | str = False
@@ -230,6 +233,17 @@ FAMILIES: tuple[Family, ...] = (
         ("hyperclovax",),
         ("HyperCLOVAXForCausalLM",),
         post_norm_flag="use_post_norm",
+    ),
+    # Apertus: a plain (up, down) MLP with the xIELU activation and its two learned scalars,
+    # per-head q/k norms.
+    Family(
+        "apertus",
+        ("apertus",),
+        ("ApertusForCausalLM",),
+        mlp_bias=False,  # bias-free whatever mlp_bias says
+        mlp_gated=False,
+        qk_norm=True,
+        act_params=("xielu", 2),
     ),
     Family("ministral3", ("ministral3",), ("Ministral3ForCausalLM",), windows="all"),
     Family("helium", ("helium",), ("HeliumForCausalLM",)),

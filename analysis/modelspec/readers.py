@@ -96,6 +96,9 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0)),
         layer_windows=_layer_windows(cfg, fam, n_layers),
     )
+    act, per_mlp = fam.act_params
+    if per_mlp and str(_first_of(cfg, "hidden_act", default="")) == act:
+        f.update(extra_params=per_mlp * n_layers)
     f.update(_moe_fields(cfg, fam, n_layers))
     if fam.mla:
         f.update(_mla_fields(cfg, h))
