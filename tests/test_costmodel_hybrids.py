@@ -37,6 +37,7 @@ HYBRIDS = [
     "kimi_linear",
     "lfm2",
     "lfm2_moe",
+    "lfm3",
     "minimax",
     "nemotron_h",
     "olmo_hybrid",
@@ -88,6 +89,7 @@ def test_saved_hybrid_configs_read_the_same_through_both_readers(
         "jamba",
         "kimi_linear",
         "lfm2",
+        "lfm3",
         "minimax",
         "nemotron_h",
         "qwen3_next",
@@ -125,8 +127,10 @@ def test_cached_steps_count_as_the_hybrid_runs_them_and_only_attention_grows(
             assert cm.step_cost(spec, rows, rows * q, rows * ctx).flops == fc.get_total_flops()
             ctx += q
             held = _kv_bytes(cache)
-            assert held == rows * cm.kv_cache_bytes_per_sequence(spec, ctx), (q, ctx)
-            assert held - rows * ctx * kv_token == rows * spec.state_bytes_per_seq
+            # what the next decode step reads: all of it (a sliding layer keeps window - 1)
+            assert held == cm.decode_cost(spec, rows, ctx).bytes_kv_read, (q, ctx)
+            if not spec.layer_windows:  # every attention block keeps every token
+                assert held - rows * ctx * kv_token == rows * spec.state_bytes_per_seq
 
 
 def test_full_size_jamba_parameters_match_the_model_and_its_state_does_not_grow() -> None:

@@ -171,6 +171,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "apertus",
         {"attention_bias": True, "mlp_bias": True, "hidden_act": "relu2"},
     ),
+    "lfm3-plain": (
+        "lfm3",
+        {"use_sandwich_norm": False, "use_attention_gate": False, "conv_bias": True},
+    ),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

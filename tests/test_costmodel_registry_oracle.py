@@ -205,6 +205,10 @@ NESTED: dict[str, dict[str, Any]] = {
         "linear_num_heads": 4,
         "linear_head_dim": 16,
     },
+    "lfm3": {
+        "num_hidden_layers": 3,
+        "layer_types": ["conv", "sliding_attention", "full_attention"],
+    },
     "lfm2": {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
     "lfm2_moe": {
         "num_hidden_layers": 4,

@@ -495,6 +495,15 @@ FAMILIES: tuple[Family, ...] = (
         moe="qwen",
     ),
     Family(
+        "lfm3",
+        ("lfm3",),
+        ("Lfm3ForCausalLM",),
+        reader="hybrid",
+        qk_norm=True,
+        tied_default=True,
+        post_norm_flag="use_sandwich_norm",
+    ),
+    Family(
         "lfm2_moe",
         ("lfm2_moe",),
         ("Lfm2MoeForCausalLM",),

@@ -31,6 +31,9 @@ per block:
 - MiniMax: ``layer_types`` ``linear_attention`` (lightning attention: a per-head
   ``h_d × h_d`` state, blocks of ``block_size`` in prefill) or ``full_attention``; a MoE in
   every block; its residual α/β factors are elementwise.
+- LFM3: LFM2's blocks with full or sliding attention by ``layer_types``, a gate per
+  attention head (``use_attention_gate``), sandwich norms (``use_sandwich_norm``) and an
+  MLP ``intermediate_size`` wide.
 - LFM2: ``layer_types`` ``conv``/``full_attention``: short-conv or attention blocks, every
   one with a gated MLP whose width LFM2 derives from ``intermediate_size``; LFM2-MoE: the
   first ``num_dense_layers`` blocks a dense MLP ``intermediate_size`` wide (not derived),
@@ -43,7 +46,7 @@ import math
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from perfscope.analysis.modelspec.families import Family, _mla_fields, _moe_fields
+from perfscope.analysis.modelspec.families import Family, _flag, _mla_fields, _moe_fields
 from perfscope.analysis.modelspec.hf_config import _first_of, _require
 from perfscope.analysis.modelspec.spec import ModelSpec
 from perfscope.errors import UsageError
@@ -56,6 +59,7 @@ _BLOCKS: dict[str, tuple[str, str]] = {
     "linear_attention": ("ssm", "family"),
     "attention": ("attention", "family"),
     "full_attention": ("attention", "family"),
+    "sliding_attention": ("attention", "family"),
     "conv": ("conv", "family"),
     "mlp": ("none", "dense"),
     "moe": ("none", "moe"),
@@ -151,7 +155,7 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             "linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)
         ]
         return [("linear" if n == "linear_attention" else _BLOCKS[n][0], "dense") for n in names]
-    if fam.key in ("lfm2", "lfm2_moe") and names is None:
+    if fam.key in ("lfm2", "lfm2_moe", "lfm3") and names is None:
         full = cfg.get("full_attn_idxs")
         attn = set(range(n_layers)) if full is None else {int(i) for i in full}
         names = ["full_attention" if i in attn else "conv" for i in range(n_layers)]
@@ -300,7 +304,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         qkv_bias=bias,
         o_bias=bias,
         mlp_bias=bool(_first_of(cfg, "mlp_bias", default=False)),
-        norms_per_layer=fam.norms_per_layer,
+        norms_per_layer=fam.norms_per_layer + (2 if _flag(cfg, fam.post_norm_flag or False) else 0),
         qk_norm=fam.qk_norm is True,
         max_position_embeddings=int(
             _first_of(cfg, "max_position_embeddings", "model_max_length", default=0) or 0
@@ -329,6 +333,14 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         )
     if fam.key == "lfm2":
         f.update(intermediate_size=_lfm2_mlp_width(cfg))
+    if fam.key == "lfm3":  # sliding layers by layer_types; a d → H gate per attention head
+        listed = _listed_blocks(cfg, n_layers, "layer_types") or []
+        window = int(_first_of(cfg, "sliding_window", default=0) or 0)
+        spans = tuple(window if n == "sliding_attention" else 0 for n in listed)
+        if any(spans):
+            f.update(layer_windows=spans)
+        if _first_of(cfg, "use_attention_gate", default=False):
+            f.update(attention_extra_params=d * h)
     if fam.key == "zamba2":
         f.update(_zamba2_sharing(cfg, d, h, kv, blocks))
     if fam.key == "falcon_h1":
