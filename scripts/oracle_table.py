@@ -67,6 +67,9 @@ NOTES = {
     "bailing_hybrid": "Kimi Delta Attention and gated MLA blocks, MoE",
     "gpt_bigcode": "multi-query or multi-head by multi_query",
     "olmo": "weightless LayerNorms",
+    "lfm3": "short-conv, sliding and full attention blocks, gated heads, sandwich norms",
+    "apertus": "xIELU's learned scalars",
+    "hyperclovax": "optional post-norms",
     "minicpm3": "DeepSeek-V2 latent attention, dense",
 }
 
