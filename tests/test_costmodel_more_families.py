@@ -175,6 +175,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "lfm3",
         {"use_sandwich_norm": False, "use_attention_gate": False, "conv_bias": True},
     ),
+    "jais2-bias-free": ("jais2", {"attention_bias": False, "mlp_bias": False}),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

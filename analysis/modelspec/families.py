@@ -245,6 +245,9 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=True,
         act_params=("xielu", 2),
     ),
+    # Jais 2: biased attention and plain squared-ReLU MLP by attention_bias / mlp_bias,
+    # LayerNorms with bias.
+    Family("jais2", ("jais2",), ("Jais2ForCausalLM",), mlp_gated=False, norm_bias=True),
     Family("ministral3", ("ministral3",), ("Ministral3ForCausalLM",), windows="all"),
     Family("helium", ("helium",), ("HeliumForCausalLM",)),
     Family(
