@@ -427,7 +427,8 @@ def _attention_small_params(spec: ModelSpec) -> int:
         if spec.qkv_bias:
             n += qr + r + spec.qk_rope_head_dim
     elif spec.qkv_bias:
-        n += (spec.n_heads + 2 * spec.n_kv_heads) * hd
+        gate = spec.n_heads if spec.attn_output_gate else 0  # the fused gate's bias too
+        n += (spec.n_heads + 2 * spec.n_kv_heads + gate) * hd
     if spec.o_bias:
         n += d
     if spec.attention_sinks:

@@ -32,6 +32,7 @@ CONVENTIONS = {
     "minicpm3": "MLA expanded in decode, as transformers runs it",
     "glm4_moe_lite": "MLA expanded in decode, as transformers runs it",
     "youtu": "MLA expanded in decode, as transformers runs it",
+    "sarvam_mla": "MLA expanded in decode, as transformers runs it",
     "qwen3_next": "the delta rule's triangular solves and one-token recurrence count 0",
     "qwen3_5_text": "the delta rule's triangular solves and one-token recurrence count 0",
     "qwen3_5_moe_text": "the delta rule's triangular solves and one-token recurrence count 0",

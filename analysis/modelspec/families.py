@@ -30,6 +30,8 @@ class Family:
         final_norm: the final norm has weights (OLMo-1's has none).
         post_norm_flag: config key that, when true, adds a norm after each sublayer (two
             more per block: HyperCLOVA X ``use_post_norm``).
+        attn_output_gate: the query projection also yields an output gate per channel
+            (:attr:`ModelSpec.attn_output_gate`).
         act_params: ``(hidden_act, n)``: an MLP with that activation holds ``n`` learned
             scalars (Apertus' xIELU: ``alpha_p``, ``alpha_n``).
         qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
@@ -68,6 +70,7 @@ class Family:
     final_norm: bool = True
     post_norm_flag: str = ""
     act_params: tuple[str, int] = ("", 0)
+    attn_output_gate: bool = False
     qk_norm: bool | str = False
     qk_norm_full: bool = False
     lm_head_bias: bool | str = False
@@ -217,6 +220,17 @@ FAMILIES: tuple[Family, ...] = (
     ),
     # Youtu-LLM: DeepSeek-V2's latent attention in a dense, tied decoder.
     Family("youtu", ("youtu",), ("YoutuForCausalLM",), tied_default=True, mla=True),
+    Family("hy_v3", ("hy_v3",), ("HYV3ForCausalLM",), qk_norm=True, moe="deepseek"),
+    Family("sarvam_mla", ("sarvam_mla",), ("SarvamMLAForCausalLM",), moe="deepseek", mla=True),
+    # MiniCPM5-MoE: a fused q_gate_proj (queries and a gate per channel, as Qwen3-Next's),
+    # DeepSeek's expert layout.
+    Family(
+        "minicpm5_moe",
+        ("minicpm5_moe",),
+        ("MiniCPM5MoeForCausalLM",),
+        attn_output_gate=True,
+        moe="deepseek",
+    ),
     # MiniCPM3: DeepSeek-V2's latent attention in a dense decoder (its scalings are
     # elementwise).
     Family("minicpm3", ("minicpm3",), ("MiniCPM3ForCausalLM",), tied_default=True, mla=True),
