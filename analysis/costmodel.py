@@ -427,7 +427,7 @@ def _attention_small_params(spec: ModelSpec) -> int:
         if spec.qkv_bias:
             n += qr + r + spec.qk_rope_head_dim
     elif spec.qkv_bias:
-        gate = spec.n_heads if spec.attn_output_gate else 0  # the fused gate's bias too
+        gate = spec.n_heads if spec.attn_output_gate and spec.attn_gate_bias else 0
         n += (spec.n_heads + 2 * spec.n_kv_heads + gate) * hd
     if spec.o_bias:
         n += d

@@ -180,6 +180,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_next-attention-bias": ("qwen3_next", {"attention_bias": True}),
     "hy_v3-bias": ("hy_v3", {"attention_bias": True}),
     "sarvam_mla-bias": ("sarvam_mla", {"attention_bias": True}),
+    "afmoe-bias": ("afmoe", {"attention_bias": True}),
+    "afmoe-all-moe-no-shared": ("afmoe", {"num_dense_layers": 0, "num_shared_experts": 0}),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

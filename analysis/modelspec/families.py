@@ -32,6 +32,7 @@ class Family:
             more per block: HyperCLOVA X ``use_post_norm``).
         attn_output_gate: the query projection also yields an output gate per channel
             (:attr:`ModelSpec.attn_output_gate`).
+        attn_gate_bias: that gate has the query projection's bias (fused), or none.
         act_params: ``(hidden_act, n)``: an MLP with that activation holds ``n`` learned
             scalars (Apertus' xIELU: ``alpha_p``, ``alpha_n``).
         qk_norm: q/k norms: ``True``/``False``, or the config key that says so.
@@ -71,6 +72,7 @@ class Family:
     post_norm_flag: str = ""
     act_params: tuple[str, int] = ("", 0)
     attn_output_gate: bool = False
+    attn_gate_bias: bool = True
     qk_norm: bool | str = False
     qk_norm_full: bool = False
     lm_head_bias: bool | str = False
@@ -220,6 +222,20 @@ FAMILIES: tuple[Family, ...] = (
     ),
     # Youtu-LLM: DeepSeek-V2's latent attention in a dense, tied decoder.
     Family("youtu", ("youtu",), ("YoutuForCausalLM",), tied_default=True, mla=True),
+    # AFMoE: gated attention (a separate d → H·h_d gate), per-head q/k norms, four norms per
+    # block, sliding layers by layer_types, DeepSeek's expert layout after num_dense_layers
+    # dense blocks with a learned expert bias.
+    Family(
+        "afmoe",
+        ("afmoe",),
+        ("AfmoeForCausalLM",),
+        norms_per_layer=4,
+        qk_norm=True,
+        attn_output_gate=True,
+        attn_gate_bias=False,
+        router_bias=True,
+        moe="deepseek",
+    ),
     Family("hy_v3", ("hy_v3",), ("HYV3ForCausalLM",), qk_norm=True, moe="deepseek"),
     Family("sarvam_mla", ("sarvam_mla",), ("SarvamMLAForCausalLM",), moe="deepseek", mla=True),
     # MiniCPM5-MoE: a fused q_gate_proj (queries and a gate per channel, as Qwen3-Next's),
@@ -814,7 +830,7 @@ def _moe_fields(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> Mapping[s
     if isinstance(kinds, list) and len(kinds) == n_layers:
         dense = tuple(i for i, k in enumerate(kinds) if k != "sparse")
     else:
-        first = int(_first_of(cfg, "first_k_dense_replace", default=0))
+        first = int(_first_of(cfg, "first_k_dense_replace", "num_dense_layers", default=0))
         dense = tuple(range(min(first, n_layers)))
     return {
         "n_experts": e,

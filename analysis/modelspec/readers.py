@@ -93,6 +93,7 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         lm_head_bias=_flag(cfg, fam.lm_head_bias),
         attention_sinks=fam.attention_sinks,
         attn_output_gate=fam.attn_output_gate,
+        attn_gate_bias=fam.attn_gate_bias,
         router_bias=fam.router_bias,
         max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0)),
         layer_windows=_layer_windows(cfg, fam, n_layers),

@@ -157,6 +157,8 @@ class ModelSpec:
         short_conv_bias: those projections and the conv have biases (``conv_bias``).
         attn_output_gate: the attention's query projection also produces a per-head output
             gate (Qwen3-Next: ``q_proj`` is ``d → 2·H·h_d``; the gate is elementwise).
+        attn_gate_bias: with :attr:`qkv_bias`, that gate has a bias too (a fused q/gate
+            projection; AFMoE's separate ``gate_proj`` has none).
         linear_key_heads: gated DeltaNet blocks (``linear`` mixers, Qwen3-Next): key/query
             heads ``h_k`` (``linear_num_key_heads``); 0 = none.
         linear_value_heads: their value heads ``h_v`` (each key head serves ``h_v/h_k``).
@@ -263,6 +265,7 @@ class ModelSpec:
     short_conv_kernel: int = 0
     short_conv_bias: bool = False
     attn_output_gate: bool = False
+    attn_gate_bias: bool = True
     linear_key_heads: int = 0
     linear_value_heads: int = 0
     linear_key_head_dim: int = 0
