@@ -182,6 +182,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "sarvam_mla-bias": ("sarvam_mla", {"attention_bias": True}),
     "afmoe-bias": ("afmoe", {"attention_bias": True}),
     "afmoe-all-moe-no-shared": ("afmoe", {"num_dense_layers": 0, "num_shared_experts": 0}),
+    "solar_open-bias-two-shared": ("solar_open", {"attention_bias": True, "n_shared_experts": 2}),
     "olmo-bias-clip": ("olmo", {"attention_bias": True, "clip_qkv": 8.0}),
     "gpt_bigcode-multi-head": ("gpt_bigcode", {"multi_query": False}),
     "glm4_moe-qk-norm-bias": ("glm4_moe", {"use_qk_norm": True, "attention_bias": True}),

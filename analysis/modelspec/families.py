@@ -236,6 +236,7 @@ FAMILIES: tuple[Family, ...] = (
         router_bias=True,
         moe="deepseek",
     ),
+    Family("solar_open", ("solar_open",), ("SolarOpenForCausalLM",), o_bias=False, moe="deepseek"),
     Family("hy_v3", ("hy_v3",), ("HYV3ForCausalLM",), qk_norm=True, moe="deepseek"),
     Family("sarvam_mla", ("sarvam_mla",), ("SarvamMLAForCausalLM",), moe="deepseek", mla=True),
     # MiniCPM5-MoE: a fused q_gate_proj (queries and a gate per channel, as Qwen3-Next's),
@@ -839,5 +840,5 @@ def _moe_fields(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> Mapping[s
         "shared_expert_intermediate_size": moe_f
         * int(_first_of(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0),
         "dense_layers": dense,
-        "dense_intermediate_size": _require(cfg, "intermediate_size"),
+        "dense_intermediate_size": _require(cfg, "intermediate_size") if dense else 0,
     }

@@ -78,7 +78,8 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         n_heads=h,
         n_kv_heads=kv,
         head_dim=head_dim,
-        intermediate_size=_require(cfg, "intermediate_size"),
+        # an all-MoE model (Solar-Open) may give only its experts' width
+        intermediate_size=_require(cfg, "intermediate_size", "moe_intermediate_size"),
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=fam.mlp_gated,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=fam.tied_default)),
