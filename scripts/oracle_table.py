@@ -71,6 +71,9 @@ NOTES = {
     "lfm3": "short-conv, sliding and full attention blocks, gated heads, sandwich norms",
     "apertus": "xIELU's learned scalars",
     "hyperclovax": "optional post-norms",
+    "afmoe": "gated attention, four norms per block, sliding layers, DeepSeek's expert layout",
+    "minicpm5_moe": "a fused query-and-gate projection, DeepSeek's expert layout",
+    "jais2": "biases by attention_bias / mlp_bias",
     "minicpm3": "DeepSeek-V2 latent attention, dense",
 }
 
