@@ -68,7 +68,9 @@ from perfscope.analysis.modelspec import ModelSpec
 
 __all__ = [
     "StepCost",
+    "allreduces_per_pass",
     "attention_params_per_layer",
+    "conv_params_per_layer",
     "decode_cost",
     "embedding_table_bytes",
     "expected_active_experts",
@@ -78,6 +80,7 @@ __all__ = [
     "kv_cache_bytes_per_sequence",
     "kv_cache_layout",
     "kv_share_per_device",
+    "linear_params_per_layer",
     "lm_head_bytes",
     "matmul_params",
     "medusa_head_cost",
@@ -103,7 +106,9 @@ ArrayLike = float | int | npt.ArrayLike
 def attention_params_per_layer(spec: ModelSpec) -> int:
     """Matmul weights of the attention in one block.
 
-    Ordinary attention: Q, K, V and O, ``d·H·h_d + 2·d·K·h_d + H·h_d·d``. MLA: the query
+    Ordinary attention: Q, K, V and O, ``d·H·h_d + 2·d·K·h_d + H·h_d·d`` (Q, K and V from
+    :attr:`~ModelSpec.attention_input_width` when set; a Qwen3-Next output gate adds
+    ``d·H·h_d``; :attr:`~ModelSpec.attention_extra_params` are added). MLA: the query
     path (``d·q_r + q_r·H·h_qk`` with query compression, else ``d·H·h_qk``), the KV
     down-projection ``d·(r + h_rope)``, the KV up-projection ``r·H·(h_nope + h_v)`` and the
     output ``H·h_v·d``.
@@ -114,9 +119,12 @@ def attention_params_per_layer(spec: ModelSpec) -> int:
         q = d * qr + qr * h * spec.head_dim if qr else d * h * spec.head_dim
         kv_a = d * (r + spec.qk_rope_head_dim)
         kv_b = r * h * (spec.qk_nope_head_dim + spec.v_head_dim)
-        return q + kv_a + kv_b + h * spec.v_head_dim * d
+        return q + kv_a + kv_b + h * spec.v_head_dim * d + spec.attention_extra_params
     hd = spec.head_dim
-    return d * h * hd * 2 + 2 * d * spec.n_kv_heads * hd
+    din = spec.attention_input_width or d
+    gate = din * h * hd if spec.attn_output_gate else 0
+    qkv = din * (h + 2 * spec.n_kv_heads) * hd
+    return qkv + h * hd * d + gate + spec.attention_extra_params
 
 
 def ssm_params_per_layer(spec: ModelSpec) -> int:
@@ -141,14 +149,141 @@ def _ssm_small_params(spec: ModelSpec) -> int:
         return 0
     i, cd = spec.ssm_inner_size, spec.ssm_conv_dim
     if spec.ssm_n_heads:  # Mamba2: A_log, D, dt_bias per head; the gated norm; the conv
-        n = 3 * spec.ssm_n_heads + i + cd * spec.ssm_conv_kernel
+        n = 3 * spec.ssm_n_heads + (i if spec.ssm_gated_norm else 0) + cd * spec.ssm_conv_kernel
     else:
         n = i * spec.ssm_state_size + i + i * spec.ssm_conv_kernel + i
+        if spec.ssm_bcdt_norms:  # Jamba: weighted RMS norms on dt, B and C
+            n += spec.ssm_time_step_rank + 2 * spec.ssm_state_size
     if spec.ssm_conv_bias:
         n += cd
-    if spec.ssm_proj_bias:
-        n += 2 * i + spec.hidden_size
+    if spec.ssm_proj_bias:  # in_proj's outputs (Mamba2: gate, conv channels, dt) and d
+        n += (i + cd + spec.ssm_n_heads if spec.ssm_n_heads else 2 * i) + spec.hidden_size
     return n
+
+
+def conv_params_per_layer(spec: ModelSpec) -> int:
+    """Matmul weights of one LFM2 short-conv mixer: ``in_proj`` ``d → 3d`` and ``out_proj``
+    ``d → d`` (0 without such blocks); the depthwise conv is a vector per channel."""
+    return 4 * spec.hidden_size * spec.hidden_size if spec.short_conv_kernel else 0
+
+
+def _conv_small_params(spec: ModelSpec) -> int:
+    """One short-conv mixer's conv weights ``d·L`` and, with ``conv_bias``, the biases of
+    ``in_proj`` (3d), the conv (d) and ``out_proj`` (d)."""
+    d = spec.hidden_size
+    return d * spec.short_conv_kernel + (5 * d if spec.short_conv_bias else 0)
+
+
+def linear_params_per_layer(spec: ModelSpec) -> int:
+    """Matmul weights of one gated DeltaNet mixer: ``in_proj_qkvz`` ``d → 2·h_k·d_k +
+    2·h_v·d_v`` (q, k, v and the output gate z), ``in_proj_ba`` ``d → 2·h_v`` (β and the
+    decay) and ``out_proj`` ``h_v·d_v → d`` (0 without such blocks)."""
+    if not spec.linear_key_heads:
+        return 0
+    d, kd = spec.hidden_size, spec.linear_key_heads * spec.linear_key_head_dim
+    vd = spec.linear_value_heads * spec.linear_value_head_dim
+    if spec.linear_kda:  # q, k, v, o; forget and output gates (low-rank or full); beta
+        r = spec.linear_gate_rank
+        gates = 2 * (d * r + r * vd) if r else 2 * d * vd
+        return d * (2 * kd + vd) + vd * d + gates + d * spec.linear_value_heads
+    return d * (2 * kd + 2 * vd) + d * 2 * spec.linear_value_heads + vd * d
+
+
+def _linear_small_params(spec: ModelSpec) -> int:
+    """One gated DeltaNet mixer's conv weights (no bias), ``dt_bias`` and ``A_log`` per value
+    head, and its gated norm over ``d_v``."""
+    if spec.linear_kda:  # dt_bias per channel, A_log per head
+        vd = spec.linear_value_heads * spec.linear_value_head_dim
+        heads = vd + spec.linear_value_heads
+    else:  # dt_bias and A_log per value head
+        heads = 2 * spec.linear_value_heads
+    return spec.linear_conv_dim * spec.linear_conv_kernel + heads + spec.linear_value_head_dim
+
+
+def _linear_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
+    """Sequence-mixing FLOPs of one gated DeltaNet block per row with ``q`` new tokens, as
+    transformers' torch path runs them under FlopCounterMode, and the useful part.
+
+    The conv over :attr:`ModelSpec.linear_conv_dim` channels (:func:`_causal_conv_flops`).
+    A cached one-token step runs the recurrent rule, all elementwise: 0 more. Any other step
+    runs the chunked rule padded to ``k = ceil(q/C)`` chunks of ``C`` tokens, per value
+    head: ``4·C²·d_k`` (the UT system and the intra-chunk scores), ``2·C²·d_v`` (the
+    intra-chunk values) and ``6·C·d_k·d_v`` (reading the state twice, writing it once) per
+    chunk; the two triangular solves of the UT transform count 0, as FlopCounterMode
+    counts them. Useful: ``2·C_conv·K`` conv and ``4·h_v·d_k·d_v`` (read and update the
+    state) per token.
+    """
+    cd, k = float(spec.linear_conv_dim), float(spec.linear_conv_kernel)
+    hv = float(spec.linear_value_heads)
+    dk, dv = float(spec.linear_key_head_dim), float(spec.linear_value_head_dim)
+    cs = float(spec.linear_chunk_size)
+    conv = _causal_conv_flops(cd, k, q, c)
+    step = (q <= 1.0) & (c > 0)
+    chunks = np.ceil(q / cs)
+    # Kimi Delta Attention's torch rule swaps the roles: 2·C²·d_k + 4·C²·d_v
+    wide, narrow = (dv, dk) if spec.linear_kda else (dk, dv)
+    chunked = chunks * hv * (4.0 * cs * cs * wide + 2.0 * cs * cs * narrow + 6.0 * cs * dk * dv)
+    useful = q * (2.0 * cd * k + 4.0 * hv * dk * dv)
+    return conv + np.where(step, 0.0, chunked), useful
+
+
+def _lightning_params(spec: ModelSpec) -> int:
+    """Matmul weights of one MiniMax lightning-attention mixer: ``qkv_proj`` ``d → 3·H·h_d``,
+    ``output_gate`` ``d → H·h_d`` and ``out_proj`` ``H·h_d → d``."""
+    return 5 * spec.hidden_size * spec.n_heads * spec.head_dim
+
+
+def _lightning_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
+    """Sequence-mixing FLOPs of one lightning-attention block per row with ``q`` new tokens,
+    as transformers runs them. Without a state: blocks of ``b`` tokens (the last one
+    shorter, not padded), each head ``4·n²·h_d`` within a block of ``n`` (scores and values)
+    and ``4·n·h_d²`` across blocks (reading and updating the ``h_d × h_d`` state). With a
+    state, token by token: ``4·h_d²`` per token and head. Useful: ``4·H·h_d²`` per token."""
+    h, hd, bs = float(spec.n_heads), float(spec.head_dim), float(spec.lightning_block_size)
+    full = np.floor(q / bs)
+    rest = q - full * bs
+    blocks = 4.0 * hd * (full * bs * bs + rest * rest)
+    recurrent = 4.0 * q * hd * hd
+    return h * (np.where(c > 0, 0.0, blocks) + recurrent), h * recurrent
+
+
+def _mixer_params(spec: ModelSpec, mixer: str) -> int:
+    """Matmul weights of one block's sequence mixer (:meth:`ModelSpec.mixers`)."""
+    n = 0
+    parts = mixer.split("+")
+    if "attention" in parts:
+        n += attention_params_per_layer(spec)
+    if "ssm" in parts:
+        n += ssm_params_per_layer(spec)
+    if mixer == "conv":
+        n += conv_params_per_layer(spec)
+    if mixer == "linear":
+        n += linear_params_per_layer(spec)
+    if mixer == "lightning":
+        n += _lightning_params(spec)
+    return n
+
+
+def _layer_kinds(spec: ModelSpec) -> tuple[tuple[str, bool, bool], ...]:
+    """``(mixer, moe, has_mlp)`` of every block, in order."""
+    return tuple(zip(spec.mixers(), spec.moe_layer_mask(), spec.mlp_layer_mask(), strict=True))
+
+
+def _causal_conv_flops(channels: float, k: float, q: FloatArray, c: FloatArray) -> Any:
+    """FLOPs of transformers' depthwise causal conv of width ``k`` over ``channels`` per row
+    with ``q`` new tokens (``c`` cached tokens summed over rows): ``2·channels·k`` per
+    output position, over ``max(q, k) + k − 1`` positions without a state, 2 in a cached
+    one-token step and ``q + 2k − 1`` in a cached multi-token step."""
+    step = (q <= 1.0) & (c > 0)
+    conv_len = np.where(c > 0, np.where(step, 2.0, q + 2.0 * k - 1.0), np.maximum(q, k) + k - 1.0)
+    return 2.0 * channels * k * conv_len
+
+
+def _conv_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
+    """Sequence-mixing FLOPs of one LFM2 short-conv block per row (the conv over ``d``
+    channels, :func:`_causal_conv_flops`) and their useful part, ``2·d·L`` per token."""
+    d, k = float(spec.hidden_size), float(spec.short_conv_kernel)
+    return _causal_conv_flops(d, k, q, c), q * 2.0 * d * k
 
 
 def _ssm_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[Any, Any]:
@@ -171,8 +306,7 @@ def _ssm_mixing_flops(spec: ModelSpec, q: FloatArray, c: FloatArray) -> tuple[An
     cd = float(spec.ssm_conv_dim)
     useful = q * (2.0 * cd * k + 2.0 * i * n)
     step = (q <= 1.0) & (c > 0)
-    conv_len = np.where(c > 0, np.where(step, 2.0, q + 2.0 * k - 1.0), np.maximum(q, k) + k - 1.0)
-    conv = 2.0 * cd * k * conv_len
+    conv = _causal_conv_flops(cd, k, q, c)
     if not spec.ssm_n_heads:
         return conv + 2.0 * i * n * q, useful
     h, p = float(spec.ssm_n_heads), float(spec.ssm_head_dim)
@@ -256,49 +390,79 @@ def matmul_params(spec: ModelSpec, *, active: bool = False, lm_head: bool = True
     """
     experts = spec.n_active_experts if active else spec.n_experts
     total = float(_proj_params(spec))
-    for moe_layer in spec.moe_layer_mask():
-        total += attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, experts)
-        total += ssm_params_per_layer(spec)
+    for mixer, moe_layer, has_mlp in _layer_kinds(spec):
+        total += _mixer_params(spec, mixer)
+        total += _mlp_params(spec, moe_layer, experts) if has_mlp else 0.0
     if lm_head:
         total += spec.embedding_width * spec.vocab_size
     return int(total)
 
 
-def _layer_small_params(spec: ModelSpec, moe_layer: bool) -> int:
-    d, hd = spec.hidden_size, spec.head_dim
-    norm = d * (2 if spec.norm_bias else 1)
+def _layer_small_params(spec: ModelSpec, mixer: str, moe_layer: bool, has_mlp: bool) -> int:
+    norm = spec.hidden_size * (2 if spec.norm_bias else 1)
     n = spec.norms_per_layer * norm
+    parts = mixer.split("+")
+    if "ssm" in parts:
+        n += _ssm_small_params(spec)
+    if mixer == "conv":
+        n += _conv_small_params(spec)
+    if mixer == "linear":
+        n += _linear_small_params(spec)
+    if mixer == "lightning":  # the norm over H·h_d
+        n += spec.n_heads * spec.head_dim
+    if "attention" in parts:
+        n += _attention_small_params(spec)
+    if has_mlp:
+        n += _mlp_small_params(spec, moe_layer)
+    return n
+
+
+def _attention_small_params(spec: ModelSpec) -> int:
+    """One attention's biases, q/k norms, MLA norms and sink logits."""
+    d, hd = spec.hidden_size, spec.head_dim
+    n = 0
     if spec.is_mla:
         qr, r = spec.q_lora_rank, spec.kv_lora_rank
         n += qr + r  # q_a_layernorm, kv_a_layernorm
         if spec.qkv_bias:
             n += qr + r + spec.qk_rope_head_dim
     elif spec.qkv_bias:
-        n += (spec.n_heads + 2 * spec.n_kv_heads) * hd
+        gate = spec.n_heads if spec.attn_output_gate and spec.attn_gate_bias else 0
+        n += (spec.n_heads + 2 * spec.n_kv_heads + gate) * hd
     if spec.o_bias:
         n += d
-    if spec.mlp_bias:
-        if moe_layer:
-            f = spec.intermediate_size
-            n += spec.n_experts * ((2 * f if spec.mlp_gated else f) + d)
-        else:
-            f = spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size
-            n += (2 * f if spec.mlp_gated else f) + d
-    if moe_layer and spec.router_bias:
-        n += spec.n_experts
     if spec.attention_sinks:
         n += spec.n_heads
     if spec.qk_norm:
         width = (spec.n_heads + spec.n_kv_heads) * hd if spec.qk_norm_full else 2 * hd
         n += width * (2 if spec.norm_bias else 1)
-    return n + _ssm_small_params(spec)
+    return n
+
+
+def _mlp_small_params(spec: ModelSpec, moe_layer: bool) -> int:
+    """One MLP's (every expert's) biases and the router's bias."""
+    d = spec.hidden_size
+    n = 0
+    if spec.mlp_bias:
+        if moe_layer:
+            f, fs = spec.intermediate_size, spec.shared_expert_intermediate_size
+            if spec.expert_bias:
+                n += spec.n_experts * ((2 * f if spec.mlp_gated else f) + d)
+            if fs:  # the shared expert is an MLP built with the same biases
+                n += (2 * fs if spec.mlp_gated else fs) + d
+        else:
+            f = spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size
+            n += (2 * f if spec.mlp_gated else f) + d
+    if moe_layer and spec.router_bias:
+        n += spec.n_experts
+    return n
 
 
 @functools.lru_cache(maxsize=256)
 def _small_params(spec: ModelSpec) -> int:
     """Norm weights/biases and linear biases: vectors, not matrices."""
     norm = spec.hidden_size * (2 if spec.norm_bias else 1)
-    total = sum(_layer_small_params(spec, m) for m in spec.moe_layer_mask())
+    total = sum(_layer_small_params(spec, *kind) for kind in _layer_kinds(spec))
     head_bias = spec.vocab_size if spec.lm_head_bias else 0
     return total + (norm if spec.final_norm else 0) + head_bias
 
@@ -318,18 +482,33 @@ def param_count(spec: ModelSpec) -> int:
     return total + spec.extra_params
 
 
-def _linear_inputs(spec: ModelSpec, moe_layer: bool, experts: Any) -> Any:
+def _linear_inputs(
+    spec: ModelSpec, moe_layer: bool, experts: Any, mixer: str = "attention", has_mlp: bool = True
+) -> Any:
     """Sum of the input widths of one block's quantised linears (for GPTQ ``g_idx``)."""
     d = spec.hidden_size
-    if spec.is_ssm:  # in_proj, x_proj, dt_proj, out_proj (Mamba2: in_proj, out_proj)
+    parts = mixer.split("+")
+    attn: Any = 0
+    if "ssm" in parts:  # in_proj, x_proj, dt_proj, out_proj (Mamba2: in_proj, out_proj)
         if spec.ssm_n_heads:
-            return d + spec.ssm_inner_size
-        return d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
-    if spec.is_mla:
-        attn = (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
-        attn += spec.n_heads * spec.v_head_dim
-    else:
-        attn = 3 * d + spec.n_heads * spec.head_dim
+            attn += d + spec.ssm_inner_size
+        else:
+            attn += d + 2 * spec.ssm_inner_size + spec.ssm_time_step_rank
+    if mixer == "conv":  # in_proj, out_proj
+        attn += 2 * d
+    if mixer == "linear":  # in_proj_qkvz, in_proj_ba, out_proj (KDA: q,k,v,f,b,g, o)
+        vd = spec.linear_value_heads * spec.linear_value_head_dim
+        attn += (6 * d + 2 * spec.linear_gate_rank + vd) if spec.linear_kda else 2 * d + vd
+    if mixer == "lightning":  # qkv_proj, output_gate, out_proj
+        attn += 2 * d + spec.n_heads * spec.head_dim
+    if "attention" in parts:
+        if spec.is_mla:
+            attn += (2 * d + spec.q_lora_rank if spec.q_lora_rank else 2 * d) + spec.kv_lora_rank
+            attn += spec.n_heads * spec.v_head_dim
+        else:
+            attn += 3 * d + spec.n_heads * spec.head_dim
+    if not has_mlp:
+        return attn
     per_mlp = 2 * d if spec.mlp_gated else d
     if not moe_layer:
         f = spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size
@@ -362,11 +541,12 @@ def weight_bytes(spec: ModelSpec) -> float:
     """
     d, v, e = spec.hidden_size, spec.vocab_size, spec.embedding_width
     blocks = 0.0
-    for moe_layer in spec.moe_layer_mask():
-        params = attention_params_per_layer(spec) + _mlp_params(spec, moe_layer, spec.n_experts)
-        params += ssm_params_per_layer(spec)
+    for mixer, moe_layer, has_mlp in _layer_kinds(spec):
+        params = float(_mixer_params(spec, mixer))
+        params += _mlp_params(spec, moe_layer, spec.n_experts) if has_mlp else 0.0
         params -= _router_params(spec) if moe_layer else 0
-        blocks += _quantised_bytes(spec, params, _linear_inputs(spec, moe_layer, spec.n_experts))
+        inputs = _linear_inputs(spec, moe_layer, spec.n_experts, mixer, has_mlp)
+        blocks += _quantised_bytes(spec, params, inputs)
     n_moe = sum(spec.moe_layer_mask())
     tables = v * e + spec.pos_embeddings * d + _proj_params(spec)
     tables += n_moe * _router_params(spec) + spec.extra_params
@@ -396,7 +576,7 @@ def kv_bytes_per_token(spec: ModelSpec, context_len: float | None = None) -> flo
     (:func:`kv_cache_bytes_per_sequence` ÷ ``context_len``).
     """
     if context_len is None or context_len <= 0:
-        return spec.n_layers * _kv_layer_bytes_per_token(spec)
+        return spec.n_attention_layers * _kv_layer_bytes_per_token(spec)
     return kv_cache_bytes_per_sequence(spec, context_len) / context_len
 
 
@@ -408,8 +588,9 @@ def kv_cache_bytes_per_sequence(spec: ModelSpec, context_len: float) -> float:
     recurrent state (:attr:`ModelSpec.state_bytes_per_seq`) whatever ``T > 0`` is.
     """
     total = 0.0
-    for la in spec.layer_attention():
-        total += min(context_len, la.span) if la.kind != "full" else context_len
+    for la, attends in zip(spec.layer_attention(), spec.attention_layer_mask(), strict=True):
+        if attends:
+            total += min(context_len, la.span) if la.kind != "full" else context_len
     state = spec.state_bytes_per_seq if context_len > 0 else 0.0
     return total * _kv_layer_bytes_per_token(spec) + state
 
@@ -425,19 +606,25 @@ def kv_cache_bytes(spec: ModelSpec, tokens: float, *, batch: int | None = None) 
     return tokens * kv_bytes_per_token(spec)
 
 
-def kv_share_per_device(spec: ModelSpec, tp: int) -> float:
+def kv_share_per_device(spec: ModelSpec, tp: int, context_len: float | None = None) -> float:
     """Fraction of the KV cache one of ``tp`` tensor-parallel devices holds.
 
     Ordinary attention splits the KV heads, ``max(K/tp, 1)/K`` (heads are replicated once
     ``tp > K``). An MLA latent has no heads to split: every rank keeps all of it (1.0). A
-    Mamba state splits over its ``I`` channels: ``1/tp``.
+    Mamba state (and a short-conv state) splits over its channels: ``1/tp``. A hybrid holds
+    both; where the two shares differ (``tp > K``) the fraction is the byte-weighted mean
+    of a sequence of ``context_len`` tokens, and without ``context_len`` the attention
+    share (the larger, so memory is never understated).
     """
     tp = max(int(tp), 1)
-    if spec.is_ssm:
+    if spec.n_attention_layers == 0:
         return 1.0 / tp
-    if spec.is_mla:
-        return 1.0
-    return max(spec.n_kv_heads / tp, 1.0) / spec.n_kv_heads
+    attn = 1.0 if spec.is_mla else max(spec.n_kv_heads / tp, 1.0) / spec.n_kv_heads
+    state = spec.state_bytes_per_seq
+    if state == 0.0 or attn == 1.0 / tp or context_len is None or context_len <= 0:
+        return attn
+    kv = kv_cache_bytes_per_sequence(spec, context_len) - state
+    return (kv * attn + state / tp) / (kv + state)
 
 
 def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]:
@@ -447,21 +634,22 @@ def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]
     model's recurrent state, one entry), ``span`` (tokens, 0 for full),
     ``layers``, ``bytes_per_token_layer`` and ``bytes`` at ``context_len``.
     """
-    if spec.is_ssm:
-        return [
+    groups: dict[tuple[str, int], int] = {}
+    for la, attends in zip(spec.layer_attention(), spec.attention_layer_mask(), strict=True):
+        if attends:
+            groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
+    per = _kv_layer_bytes_per_token(spec)
+    out = []
+    if spec.state_bytes_per_seq:
+        out.append(
             {
                 "kind": "state",
                 "span": 0,
-                "layers": spec.n_layers,
+                "layers": sum(m in ("ssm", "conv", "attention+ssm") for m in spec.mixers()),
                 "bytes_per_token_layer": 0.0,
                 "bytes": spec.state_bytes_per_seq if context_len > 0 else 0.0,
             }
-        ]
-    groups: dict[tuple[str, int], int] = {}
-    for la in spec.layer_attention():
-        groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
-    per = _kv_layer_bytes_per_token(spec)
-    out = []
+        )
     for (kind, span), n in groups.items():
         held = context_len if kind == "full" else min(context_len, span)
         out.append(
@@ -476,17 +664,60 @@ def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]
     return out
 
 
+def allreduces_per_pass(spec: ModelSpec) -> int:
+    """Tensor-parallel all-reduces of one forward pass: one after each block's sequence mixer
+    (attention, Mamba or conv; Falcon-H1's side-by-side pair sums into one) and one after its
+    MLP, plus the embedding's (``2L + 1`` for a plain decoder, ``L + 1`` for Mamba)."""
+    return 1 + sum((mixer != "none") + has_mlp for mixer, _, has_mlp in _layer_kinds(spec))
+
+
 def model_assumptions(spec: ModelSpec) -> list[str]:
     """The family and every counting assumption that applies to ``spec``, in words
     (``perfscope roofline`` prints them; a JSON run stores them with the model)."""
     out = [f"family: {spec.family or 'custom (shape given by hand)'}"]
-    if spec.is_ssm:
+    mixers = spec.mixers()
+    if spec.is_hybrid or spec.mlp_free_layers:
+        names = {
+            "ssm": "Mamba2" if spec.ssm_n_heads else "Mamba",
+            "conv": "short-conv",
+            "linear": "gated-DeltaNet",
+            "lightning": "lightning-attention",
+        }
+        mix = ", ".join(f"{mixers.count(m)} {names.get(m, m)}" for m in dict.fromkeys(mixers))
+        mlp = len(spec.mlp_free_layers)
+        out.append(
+            f"layer mix: {mix} of {spec.n_layers} blocks"
+            + (f" ({mlp} without an MLP)" if mlp else "")
+            + f"; KV cache in the {spec.n_attention_layers} attention block(s) only"
+        )
+    if spec.state_bytes_per_seq:
+        parts = []
+        n_ssm = sum(spec.ssm_layer_mask()) if spec.is_ssm else 0
+        if n_ssm:
+            parts.append(
+                f"{n_ssm} layers × (conv {spec.ssm_conv_dim}×{spec.ssm_conv_kernel} + SSM "
+                f"{spec.ssm_inner_size}×{spec.ssm_state_size})"
+            )
+        n_conv = mixers.count("conv")
+        if n_conv:
+            parts.append(f"{n_conv} layers × conv {spec.hidden_size}×{spec.short_conv_kernel}")
+        n_light = mixers.count("lightning")
+        if n_light:
+            parts.append(f"{n_light} layers × state {spec.n_heads}×{spec.head_dim}×{spec.head_dim}")
+        n_lin = mixers.count("linear")
+        if n_lin:
+            parts.append(
+                f"{n_lin} layers × (conv {spec.linear_conv_dim}×{spec.linear_conv_kernel} + "
+                f"state {spec.linear_value_heads}×{spec.linear_key_head_dim}×"
+                f"{spec.linear_value_head_dim})"
+            )
+        tail = "; no KV cache" if not spec.n_attention_layers else ""
         out.append(
             f"recurrent state, constant in context: {spec.state_bytes_per_seq:,.0f} bytes per "
-            f"sequence ({spec.n_layers} layers × (conv {spec.ssm_conv_dim}×"
-            f"{spec.ssm_conv_kernel} + SSM {spec.ssm_inner_size}×{spec.ssm_state_size}) at "
-            f"{spec.kv_dtype}), read and rewritten every step; no KV cache"
+            f"sequence ({' + '.join(parts)} at {spec.kv_dtype}), read and rewritten every "
+            f"step{tail}"
         )
+    if spec.is_ssm:
         out.append(
             "SSM FLOPs as transformers' torch path counts them: "
             + (
@@ -497,6 +728,20 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
             )
             + "; causal conv over its padded positions"
         )
+    if "linear" in mixers:
+        out.append(
+            "gated-DeltaNet FLOPs as transformers' torch path counts them: the chunked rule "
+            f"padded to {spec.linear_chunk_size}-token chunks in multi-token steps (its "
+            "triangular solves count 0), the one-token recurrence elementwise (0)"
+        )
+    if "lightning" in mixers:
+        out.append(
+            "lightning-attention FLOPs as transformers runs them: "
+            f"{spec.lightning_block_size}-token blocks in a step without a state, token by "
+            "token (4·H·h_d² each) with one"
+        )
+    if spec.attn_output_gate:
+        out.append("attention output gated per head (q_proj twice as wide)")
     if spec.is_mla:
         pre = "absorbed" if spec.mla_prefill_absorbed else "expanded"
         dec = "absorbed" if spec.mla_absorbed else "expanded"
@@ -517,8 +762,9 @@ def model_assumptions(spec: ModelSpec) -> list[str]:
             "weights read per step assume uniform, independent routing"
         )
     groups: dict[tuple[str, int], int] = {}
-    for la in spec.layer_attention():
-        groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
+    for la, attends in zip(spec.layer_attention(), spec.attention_layer_mask(), strict=True):
+        if attends:
+            groups[(la.kind, la.span)] = groups.get((la.kind, la.span), 0) + 1
     if any(kind != "full" for kind, _ in groups):
         parts = [
             f"{n} {kind}" + (f" ({span} tokens)" if span else "")
@@ -634,12 +880,13 @@ def mla_mode(spec: ModelSpec, new_tokens_per_row: float) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _layer_groups(spec: ModelSpec) -> tuple[tuple[int, str, int, bool], ...]:
-    """``(count, kind, span, moe)`` for each distinct kind of block."""
-    groups: dict[tuple[str, int, bool], int] = {}
-    for la, moe in zip(spec.layer_attention(), spec.moe_layer_mask(), strict=True):
-        groups[(la.kind, la.span, moe)] = groups.get((la.kind, la.span, moe), 0) + 1
-    return tuple((n, kind, span, moe) for (kind, span, moe), n in groups.items())
+def _layer_groups(spec: ModelSpec) -> tuple[tuple[int, str, str, int, bool, bool], ...]:
+    """``(count, mixer, kind, span, moe, has_mlp)`` for each distinct kind of block."""
+    groups: dict[tuple[str, str, int, bool, bool], int] = {}
+    for la, (mixer, moe, mlp) in zip(spec.layer_attention(), _layer_kinds(spec), strict=True):
+        key = (mixer, la.kind, la.span, moe, mlp)
+        groups[key] = groups.get(key, 0) + 1
+    return tuple((n, *key) for key, n in groups.items())
 
 
 def expected_active_experts(spec: ModelSpec, tokens: ArrayLike) -> FloatArray:
@@ -717,84 +964,119 @@ def step_costs(
     si, sn = float(spec.ssm_inner_size), float(spec.ssm_state_size)
     scd, sr = float(spec.ssm_conv_dim), float(spec.ssm_time_step_rank)
 
-    for count, kind, span, moe in _layer_groups(spec):
+    conv_params = float(conv_params_per_layer(spec))
+    lin_params = float(linear_params_per_layer(spec))
+
+    for count, mixer, kind, span, moe, has_mlp in _layer_groups(spec):
         lc = float(count)
         w = float(span)
-        # Attention span as executed and causal-useful, per row.
-        if kind == "full":
-            kv_exec = p + q
-            useful = q * p + q * (q + 1.0) / 2.0
-            read = p
-        elif kind == "sliding":
-            # A sliding-window cache keeps w - 1 past entries; the first pass (no cache)
-            # still computes the full masked square.
-            kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
-            m = np.clip(w - p, 0.0, q)  # new tokens whose window still reaches position 0
-            useful = m * p + m * (m + 1.0) / 2.0 + (q - m) * w
-            read = np.minimum(p, w - 1.0)
-        else:  # chunked: a token sees its own chunk only
-            kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
-            useful = _chunk_prefix(p + q, w) - _chunk_prefix(p, w)
-            read = p - np.floor(p / w) * w
-        attn_exec = attn_exec + lc * 2.0 * h * (w_qk + w_pv) * b * q * kv_exec
-        attn_useful = attn_useful + lc * 2.0 * h * (w_qk + w_pv) * b * useful
-        kv_read_tokens = kv_read_tokens + lc * read
-        kv_exec_total = kv_exec_total + lc * b * kv_exec
-        if materialized_scores:
-            scores = scores + lc * 4.0 * h * b * q * kv_exec
-
-        if spec.is_ssm:
+        parts = mixer.split("+")
+        attends, scans = "attention" in parts, "ssm" in parts
+        mixer_params: Any = 0.0
+        act = 5.0 * d if mixer != "none" else 0.0  # the mixer's norm and residual add
+        if attends:
+            # Attention span as executed and causal-useful, per row.
+            if kind == "full":
+                kv_exec = p + q
+                useful = q * p + q * (q + 1.0) / 2.0
+                read = p
+            elif kind == "sliding":
+                # A sliding-window cache keeps w - 1 past entries; the first pass (no cache)
+                # still computes the full masked square.
+                kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
+                m = np.clip(w - p, 0.0, q)  # new tokens whose window still reaches position 0
+                useful = m * p + m * (m + 1.0) / 2.0 + (q - m) * w
+                read = np.minimum(p, w - 1.0)
+            else:  # chunked: a token sees its own chunk only
+                kv_exec = np.where(c > 0, np.minimum(p, w - 1.0), p) + q
+                useful = _chunk_prefix(p + q, w) - _chunk_prefix(p, w)
+                read = p - np.floor(p / w) * w
+            attn_exec = attn_exec + lc * 2.0 * h * (w_qk + w_pv) * b * q * kv_exec
+            attn_useful = attn_useful + lc * 2.0 * h * (w_qk + w_pv) * b * useful
+            kv_read_tokens = kv_read_tokens + lc * read
+            kv_exec_total = kv_exec_total + lc * b * kv_exec
+            if materialized_scores:
+                scores = scores + lc * 4.0 * h * b * q * kv_exec
+            # Expanded MLA (prefill; HF decode) expands the latent of every attended key.
+            flops_linear = flops_linear + naive * lc * 2.0 * kv_b * b * kv_exec
+            mixer_params = mixer_params + attn_params - kv_b * naive
+            act = act + (
+                (d + hq + 2.0 * kvh)  # qkv projection in/out
+                + (hq + h_out)  # attention reads q, writes its output
+                + (h_out + d)  # output projection in/out
+            )
+        if scans:
             mix, mix_useful = _ssm_mixing_flops(spec, q, c)
             attn_exec = attn_exec + lc * b * mix
             attn_useful = attn_useful + lc * b * mix_useful
-
-        mlp_active = _mlp_params(spec, moe, k_act)
-        per_token = attn_params - kv_b * naive + mlp_active + ssm_params
-        # A sparse run multiplies only the stored weights (the router of a MoE too: small).
-        per_token = per_token * spec.weight_density
-        flops_linear = flops_linear + lc * 2.0 * n * per_token
-        # Expanded MLA (prefill; HF decode) expands the latent of every attended key.
-        flops_linear = flops_linear + naive * lc * 2.0 * kv_b * b * kv_exec
-
-        read_params: Any
-        if moe:
-            read_params = attn_params + _shared_params(spec) + touched * mlp_params_per_expert(spec)
-            w_tables = w_tables + lc * _router_params(spec)
-            mlp_out = (2.0 if spec.mlp_gated else 1.0) * spec.intermediate_size
-            f = float(spec.intermediate_size)
-            fs = float(spec.shared_expert_intermediate_size)
-            mlp_act = k_act * (d + mlp_out + mlp_out + f + f + d)
-            if fs:
-                mlp_act += d + (2.0 if spec.mlp_gated else 1.0) * fs * 2.0 + 2.0 * fs + d
-        else:
-            read_params = attn_params + _dense_mlp_params(spec) + ssm_params
-            f = float(spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size)
-            mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
-            mlp_act = (d + mlp_out) + (mlp_out + f) + (f + d)
-        if spec.is_ssm:
+            mixer_params = mixer_params + ssm_params
             # in_proj, conv, x_proj and dt_proj (Mamba only), scan (x, dt, B, C, gate in;
             # y out), out_proj: an estimate, not checked against a profile
             v2 = bool(spec.ssm_n_heads)
             proj_out = si + scd + float(spec.ssm_n_heads) if v2 else 2.0 * si
-            mlp_act = (
+            act = act + (
                 (d + proj_out)
                 + 2.0 * scd
                 + (0.0 if v2 else (si + sr + 2.0 * sn) + (sr + si))
                 + (3.0 * si + 2.0 * sn + si)
                 + (si + d)
-                # the attention terms below count d in and d out, and two norms and
-                # residuals (10·d) where a Mamba block has one of each (5·d)
-                - 7.0 * d
             )
+        if mixer == "conv":
+            mix, mix_useful = _conv_mixing_flops(spec, q, c)
+            attn_exec = attn_exec + lc * b * mix
+            attn_useful = attn_useful + lc * b * mix_useful
+            mixer_params = mixer_params + conv_params
+            # in_proj in/out, B·x, the conv, C·h, out_proj in/out: an estimate
+            act = act + (d + 3.0 * d) + 3.0 * d + 2.0 * d + 3.0 * d + (d + d)
+        if mixer == "lightning":
+            mix, mix_useful = _lightning_mixing_flops(spec, q, c)
+            attn_exec = attn_exec + lc * b * mix
+            attn_useful = attn_useful + lc * b * mix_useful
+            mixer_params = mixer_params + float(_lightning_params(spec))
+            # qkv, gate and out projections in/out, the rule (q, k, v in; out), the norm and
+            # the gate: an estimate
+            act = act + (d + 3.0 * hq) + (d + hq) + 4.0 * hq + 3.0 * hq + (hq + d)
+        if mixer == "linear":
+            mix, mix_useful = _linear_mixing_flops(spec, q, c)
+            attn_exec = attn_exec + lc * b * mix
+            attn_useful = attn_useful + lc * b * mix_useful
+            mixer_params = mixer_params + lin_params
+            # projections in/out, the conv in/out, the rule (q, k, v in; out), the gated
+            # norm (out, z in; out), out_proj in/out: an estimate
+            lcd = float(spec.linear_conv_dim)
+            lvd = float(spec.linear_value_heads * spec.linear_value_head_dim)
+            act = act + (d + lcd + lvd) + 2.0 * lcd + (lcd + lvd) + 3.0 * lvd + (lvd + d)
+
+        read_params: Any = mixer_params + kv_b * naive  # every weight is read, used or not
+        mlp_active = 0.0
+        if has_mlp:
+            mlp_active = _mlp_params(spec, moe, k_act)
+            act = act + 5.0 * d  # the MLP's norm and residual add
+        if has_mlp and moe:
+            read_params = read_params + _shared_params(spec) + touched * mlp_params_per_expert(spec)
+            w_tables = w_tables + lc * _router_params(spec)
+            mlp_out = (2.0 if spec.mlp_gated else 1.0) * spec.intermediate_size
+            f = float(spec.intermediate_size)
+            fs = float(spec.shared_expert_intermediate_size)
+            act = act + k_act * (d + mlp_out + mlp_out + f + f + d)
+            if fs:
+                act = act + d + (2.0 if spec.mlp_gated else 1.0) * fs * 2.0 + 2.0 * fs + d
+        elif has_mlp:
+            read_params = read_params + _dense_mlp_params(spec)
+            f = float(spec.dense_intermediate_size if spec.is_moe else spec.intermediate_size)
+            mlp_out = (2.0 if spec.mlp_gated else 1.0) * f
+            act = act + (d + mlp_out) + (mlp_out + f) + (f + d)
+
+        per_token = mixer_params + mlp_active
+        # A sparse run multiplies only the stored weights (the router of a MoE too: small).
+        per_token = per_token * spec.weight_density
+        flops_linear = flops_linear + lc * 2.0 * n * per_token
+
         w_params = w_params + lc * read_params
-        w_inputs = w_inputs + lc * _linear_inputs(spec, moe, touched if moe else 0.0)
-        act_elems = act_elems + lc * (
-            (d + hq + 2.0 * kvh)  # qkv projection in/out
-            + (hq + h_out)  # attention reads q, writes its output
-            + (h_out + d)  # output projection in/out
-            + mlp_act
-            + 10.0 * d  # two norms and two residual adds, read and write
+        w_inputs = w_inputs + lc * _linear_inputs(
+            spec, moe, touched if moe else 0.0, mixer, has_mlp
         )
+        act_elems = act_elems + lc * act
 
     # Bytes.
     eb = spec.embedding_bytes_per_param
@@ -812,10 +1094,10 @@ def step_costs(
     )
     kv_layer = _kv_layer_bytes_per_token(spec)
     bytes_kv_read = b * kv_read_tokens * kv_layer
-    bytes_kv_write = n * spec.n_layers * kv_layer
-    if spec.is_ssm:
+    bytes_kv_write = n * spec.n_attention_layers * kv_layer
+    state = spec.state_bytes_per_seq
+    if state:
         # The recurrent state: read when a cached step has one, rewritten by every step.
-        state = spec.state_bytes_per_seq
         bytes_kv_read = bytes_kv_read + np.where(c > 0, b * state, 0.0)
         bytes_kv_write = bytes_kv_write + np.where(n > 0, b * state, 0.0)
     bytes_act = spec.act_bytes_per_element * (n * act_elems + lt * v + lt * e)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfscope.analysis.catalogue import format_seconds, format_si
 from perfscope.analysis.costmodel import (
+    allreduces_per_pass,
     embedding_table_bytes,
     kv_cache_bytes_per_sequence,
     kv_share_per_device,
@@ -256,8 +257,8 @@ def _link_for(
     )
 
 
-def _kv_share(model: ModelSpec, tp: int) -> float:
-    return kv_share_per_device(model, tp)
+def _kv_share(model: ModelSpec, tp: int, context_len: float) -> float:
+    return kv_share_per_device(model, tp, context_len)
 
 
 def predict_parallel(
@@ -316,9 +317,10 @@ def predict_parallel(
     steps = max(output_len - 1, 0)
     act = model.act_bytes_per_element
     d, v = model.hidden_size, model.vocab_size
-    # two per block (attention, MLP; a Mamba block has one mixer: one) + the embedding
-    per_block = 1 if model.is_ssm else 2
-    collectives = per_block * model.n_layers + 1
+    # one per mixer and one per MLP (a Mamba block: one) + the embedding
+    collectives = allreduces_per_pass(model)
+    per_layer = (collectives - 1) / model.n_layers
+    per_block = f"{per_layer:g} per block" if per_layer.is_integer() else "1 per mixer and MLP"
 
     # Tensor parallel communication.
     tp_pre = tp_dec = tp_dec_low = tp_wait = 0.0
@@ -382,7 +384,7 @@ def predict_parallel(
     throughput = per_replica * plan.replicas
 
     # Memory per device of each stage.
-    share = _kv_share(model, tp)
+    share = _kv_share(model, tp, prompt_len + output_len)
     emb = embedding_table_bytes(model)
     head = lm_head_bytes(model)
     blocks = weight_bytes(model) - emb - head
@@ -411,7 +413,7 @@ def predict_parallel(
     ]
     if tp > 1 and lk is not None:
         assumptions.append(
-            f"TP {tp}: {collectives} ring all-reduces per forward pass ({per_block} per block + "
+            f"TP {tp}: {collectives} ring all-reduces per forward pass ({per_block} + "
             f"embedding) of tokens x d x {act:g} B, plus a logits gather, at "
             f"{format_si(lk.bw_bytes_s, 'B/s', 4)} per direction over {lk.name} and "
             f"{format_seconds(lk.latency_s)} each; no overlap with compute; decode TP "
@@ -421,7 +423,7 @@ def predict_parallel(
         )
         if model.is_mla:
             assumptions.append("MLA latent cache replicated on every TP rank")
-        elif tp > model.n_kv_heads and not model.is_ssm:
+        elif model.n_attention_layers and tp > model.n_kv_heads:
             assumptions.append(f"KV heads ({model.n_kv_heads}) replicated across TP {tp}")
     if pp > 1:
         assumptions.append(

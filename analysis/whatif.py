@@ -84,9 +84,10 @@ def _peak(device: DeviceSpec, dtype: str) -> tuple[float | None, str]:
     return None, dtype
 
 
-def _kv_share(model: ModelSpec, tp: int) -> float:
-    """Fraction of the KV cache each of ``tp`` devices holds (an MLA latent: all of it)."""
-    return kv_share_per_device(model, tp)
+def _kv_share(model: ModelSpec, tp: int, context_len: float) -> float:
+    """Fraction of the KV cache each of ``tp`` devices holds (an MLA latent: all of it; a
+    hybrid's KV and state weighed at ``context_len`` tokens)."""
+    return kv_share_per_device(model, tp, context_len)
 
 
 def predict(
@@ -150,13 +151,13 @@ def predict(
     eff_d = min(max(eff_d if eff_d is not None else 1.0, 1e-6), 1.0)
 
     peak, compute_dtype = _peak(device, model.act_dtype)
-    kv_share = _kv_share(model, tp)
     w_bytes = weight_bytes(model) / tp
     seq_tokens = prompt_len + output_len
     # A sequence never holds more than the model's context, and sliding-window/chunked
     # layers hold at most their span: the per-sequence KV cache, not tokens × per-token.
     max_pos = model.max_position_embeddings
     kv_tokens = min(seq_tokens, max_pos) if max_pos else seq_tokens
+    kv_share = _kv_share(model, tp, kv_tokens)
     per_seq_kv = kv_cache_bytes_per_sequence(model, kv_tokens) * kv_share
     kv_tok = per_seq_kv / kv_tokens
     kv_total = batch * per_seq_kv
@@ -289,7 +290,9 @@ def predict(
             "kv_cache_bytes": kv_total,
             # a state-space model holds a recurrent state, constant in context, not a KV
             # cache: kv_cache_bytes is then that state (batch × state per sequence)
-            "cache_kind": "recurrent state" if model.is_ssm else "KV cache",
+            "cache_kind": "recurrent state"
+            if not model.n_attention_layers
+            else ("KV cache and recurrent state" if model.state_bytes_per_seq else "KV cache"),
             "kv_bytes_per_token": kv_tok,
             "kv_tokens_per_sequence": kv_tokens,
             "total_bytes": w_bytes + kv_total,

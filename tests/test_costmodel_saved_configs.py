@@ -132,6 +132,22 @@ def test_mla_kv_cache_is_not_split_by_tensor_parallelism() -> None:
     assert cm.kv_share_per_device(llama, 16) == 1 / 8
 
 
+def test_saved_deepseek_v3_holds_its_whole_latent_cache_on_every_tp_rank(tmp_path: Path) -> None:
+    """The issue's case from a config.json saved by transformers (DeepseekV3Config's defaults
+    are DeepSeek-V3's shape): batch 64 at 4,096 tokens holds 61 layers × (512 + 64) × 2 B
+    per token, 18,421,383,168 bytes, on each of 8 ranks (the old split showed 1/8 of it)."""
+    conf = transformers.DeepseekV3Config(max_position_embeddings=163840)
+    spec = ModelSpec.from_hf_config(_save(tmp_path, conf))
+    assert spec.is_mla and cm.kv_bytes_per_token(spec) == 61 * (512 + 64) * 2.0
+    h100 = resolve_device("h100-sxm5-80gb")
+    kw: dict[str, Any] = {"batch": 64, "prompt_len": 4000, "output_len": 96}
+    one = predict(spec, h100, tp=1, **kw)["memory"]["kv_cache_bytes"]
+    eight = predict(spec, h100, tp=8, **kw)["memory"]["kv_cache_bytes"]
+    assert eight == one == 64 * 4096 * 61 * (512 + 64) * 2.0 == 18_421_383_168
+    table = predict_parallel(spec, h100, ParallelPlan(tp=8), **kw)
+    assert table.stage_memory_bytes[0] == pytest.approx(cm.weight_bytes(spec) / 8 + eight)
+
+
 def _deepseek_tiny() -> Any:
     return transformers.DeepseekV3Config(
         **{**_TINY, "num_key_value_heads": 4},
@@ -244,6 +260,29 @@ def test_mistral_7b_v01_keeps_its_4096_token_window() -> None:
     per_token = cm.kv_bytes_per_token(v03)
     assert cm.kv_cache_bytes_per_sequence(v01, 16384) == 4096 * per_token
     assert cm.kv_cache_bytes_per_sequence(v03, 16384) == 16384 * per_token
+
+
+def test_the_mistral_7b_v01_alias_reads_as_v01s_saved_config(tmp_path: Path) -> None:
+    """mistral-7b-v0.1 (and its alias spelling) is the config transformers saves for v0.1's
+    shape with its 4096-token window, field for field; v0.3's has no window."""
+    shape: dict[str, Any] = {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "dtype": "bfloat16",
+    }
+    v01 = transformers.MistralConfig(**shape, sliding_window=4096)
+    v03 = transformers.MistralConfig(**shape, sliding_window=None)
+    saved01 = ModelSpec.from_hf_config(_save(tmp_path / "v01", v01))
+    saved03 = ModelSpec.from_hf_config(_save(tmp_path / "v03", v03))
+    for alias, saved in (("Mistral-7B-v0.1", saved01), ("mistral-7b-v0.3", saved03)):
+        preset = ModelSpec.from_preset(alias)
+        assert replace(preset, name="", notes=()) == replace(saved, name="", notes=()), alias
+    assert (saved01.sliding_window, saved03.sliding_window) == (4096, 0)
 
 
 def test_mistral_saved_without_a_window_reads_the_class_default(tmp_path: Path) -> None:

@@ -122,7 +122,9 @@ def test_cached_steps_of_every_length_count_as_the_model_runs_them(
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(conf).float().eval()
+        model = (
+            transformers.AutoModelForCausalLM.from_config(conf).float().eval().requires_grad_(False)
+        )
     cache, ctx, rows = None, 0, 2
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")

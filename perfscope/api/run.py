@@ -344,9 +344,13 @@ def _model_spec(a: RunArgs) -> dict[str, Any] | None:
             f"{a.arg('model_spec')} must be a preset name, a config.json path or a ModelSpec, "
             f"got {type(given).__name__}"
         )
+    from perfscope.analysis.costmodel import model_assumptions
+
     out: dict[str, Any] = dict(spec.to_dict())
     out["source"] = source
     out["estimated"] = True
+    # the family and every counting assumption, as perfscope roofline --model prints them
+    out["assumptions"] = model_assumptions(spec)
     out["method"] = (
         f"model shape from {a.arg('model_spec')}; FLOPs and bytes from perfscope's analytic "
         "cost model; for engines without steps, phase times estimated from the request "

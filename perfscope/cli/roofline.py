@@ -127,12 +127,17 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
     if args.model:
         spec = ModelSpec.resolve(args.model)
         fixed = sorted(set(overrides) - {"n_layers", "vocab_size"})
-        if spec.is_ssm and fixed:
+        if (spec.is_ssm or spec.layer_mixers) and fixed:
             flags = {field: flag for flag, field, _ in _SHAPE_OPTIONS}
+            what, why = (
+                ("hybrid", "its blocks mix attention with other mixers")
+                if spec.n_attention_layers
+                else ("state-space", "no attention, no MLP")
+            )
             raise UsageError(
-                f"{spec.name} is a state-space ({spec.family}) model: "
-                f"{', '.join(flags.get(f, '--mlp') for f in fixed)} do not apply (no attention, no "
-                "MLP; its widths come from config.json); only --layers and --vocab-size do"
+                f"{spec.name} is a {what} ({spec.family}) model: "
+                f"{', '.join(flags.get(f, '--mlp') for f in fixed)} do not apply ({why}; its "
+                "widths come from config.json); only --layers and --vocab-size do"
             )
         if overrides:
             if "hidden_size" in overrides or "n_heads" in overrides:
@@ -148,6 +153,14 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
                 overrides["layer_windows"] = tuple(w[i % len(w)] for i in range(n))
             if n is not None and spec.dense_layers:
                 overrides["dense_layers"] = tuple(i for i in spec.dense_layers if i < n)
+            if n is not None and n > 0 and spec.layer_mixers:
+                # a hybrid keeps its block pattern over the new depth
+                period = spec.n_layers
+                mixers, free = spec.layer_mixers, set(spec.mlp_free_layers)
+                dense = set(spec.dense_layers)
+                overrides["layer_mixers"] = tuple(mixers[i % period] for i in range(n))
+                overrides["mlp_free_layers"] = tuple(i for i in range(n) if i % period in free)
+                overrides["dense_layers"] = tuple(i for i in range(n) if i % period in dense)
             spec = replace(spec, **overrides)
     else:
         needed = ("n_layers", "hidden_size", "n_heads", "intermediate_size", "vocab_size")
