@@ -16,9 +16,8 @@ measures:
 Run: ``python benchmarks/index_scale.py [--runs 10000] [--repeat 5]``. Prints medians.
 
 Before/after numbers at 2,000 and 10,000 runs, taken interleaved with the load beside them,
-are in docs/scale.md ("The run index"). Tables are hard-linked copies of one run's (a first
-build still opens and reads each; the footer schema check reads each footer's bytes and asks
-pyarrow once per distinct schema, so linked copies are not cheaper than real ones for it).
+are in docs/scale.md ("The run index"). Every run's tables are files of their own (copies of
+one real run's), so a first build opens and reads every footer as it would on real runs.
 """
 
 from __future__ import annotations
@@ -42,11 +41,9 @@ def make_runs(root: Path, n: int, seed: int = 0) -> None:
     """``n`` real run folders: each a copy of one real run (manifest.json, summary.json and
     its Parquet tables, which the index reads footers of), with varied metrics and states.
 
-    Files are hard-linked where the filesystem allows (the index reads each as a file of its
-    own: a refresh stats it, the first build reads its footer); the JSON files are written
-    per run.
+    Every file is a copy of its own (its own inode and pages, as real runs have; hard links
+    would let one footer read serve every run from the page cache).
     """
-    import os
     import shutil
 
     from tests.data.runs.builders import manual_run
@@ -63,10 +60,7 @@ def make_runs(root: Path, n: int, seed: int = 0) -> None:
         d = root / run_id
         d.mkdir()
         for t in tables:
-            try:
-                os.link(t, d / t.name)
-            except OSError:
-                shutil.copyfile(t, d / t.name)
+            shutil.copyfile(t, d / t.name)
         manifest["run_id"] = run_id
         manifest["status"] = rng.choice(states)
         manifest["engine"]["kind"] = rng.choice(kinds)

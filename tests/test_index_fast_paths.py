@@ -113,3 +113,50 @@ def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_or_hwdb(
     ).stdout
     assert "20261201-100002-r-0002" in out and "20261201-100000-r-0000" not in out
     assert out.strip().splitlines()[-1] == "[]", out
+
+
+def _ls_ids(root: Path, limit: int) -> list[str]:
+    with open_index(root, newest=limit) as index:
+        return [r.path.name for r in index.newest(limit)]
+
+
+def test_plain_ls_checks_only_the_newest_runs_and_still_sees_every_change_among_them(
+    template: Path, tmp_path: Path
+) -> None:
+    ids = [f"20261201-10000{i}-r-000{i}" for i in range(6)]
+    runs = [copy_run(template, tmp_path, rid, name=rid[-4:]) for rid in ids]
+    # Two runs started in the same second: the start time, then the id, orders them.
+    twin = copy_run(template, tmp_path, "20261201-100005-q-0009", name="twin")
+    with open_index(tmp_path):
+        pass
+    newest = ["20261201-100005-r-0005", "20261201-100005-q-0009", "20261201-100004-r-0004"]
+    assert _ls_ids(tmp_path, 3) == newest
+    # An old run changed (or removed): the newest are still held as they are, read only.
+    old = runs[0] / "summary.json"
+    old.write_text(old.read_text().replace('"output_tok_s"', '"output_tok_s" '))
+    os.utime(old, ns=(0, 1))
+    with open_index(tmp_path, newest=3) as index:
+        assert index.newest_up_to_date(3) and index.persistent
+    # A change among the newest is seen: a new run, one removed, an edit in place.
+    copy_run(template, tmp_path, "20261201-100009-late-0010", name="late")
+    assert _ls_ids(tmp_path, 3)[0] == "20261201-100009-late-0010"
+    import shutil
+
+    shutil.rmtree(twin)
+    assert _ls_ids(tmp_path, 3) == [
+        "20261201-100009-late-0010",
+        "20261201-100005-r-0005",
+        "20261201-100004-r-0004",
+    ]
+    manifest = runs[4] / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["status"] = "failed"
+    st = os.stat(manifest)
+    manifest.write_text(json.dumps(data))  # in place
+    os.utime(manifest, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with open_index(tmp_path, newest=3) as index:
+        rows = index.newest(3)
+    assert [(r.path.name, r.state) for r in rows][2] == ("20261201-100004-r-0004", "failed")
+    # A folder that is not a run (no manifest) takes no place among the newest.
+    (tmp_path / "20261201-100010-notarun").mkdir()
+    assert _ls_ids(tmp_path, 1) == ["20261201-100009-late-0010"]

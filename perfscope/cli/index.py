@@ -80,7 +80,7 @@ def newest_runs(args: argparse.Namespace) -> tuple[Path, list[ListedRun]]:
     if (root / INDEX_FILE).is_file() and importlib.util.find_spec("duckdb") is not None:
         from perfscope.api.index import open_index
 
-        with open_index(root) as index:
+        with open_index(root, newest=args.limit) as index:
             rows = index.newest(args.limit)
         return root, [_listed(row) for row in rows]
     from perfscope.profiler.store import scan_runs
