@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALL_COLUMN_NAMES",
     "BOOKKEEPING_DOCS",
+    "COLUMN_UNITS",
     "INDEX_COLUMNS",
     "INDEX_FILE",
     "IndexColumn",
@@ -300,10 +301,44 @@ _BOOKKEEPING = (
     ("files_key", "BIGINT"),
 )
 
+#: The unit of every column of ``runs`` (``perfscope query --columns``): SI units for
+#: measurements, ``count`` for whole numbers of things, ``fraction`` for shares 0-1,
+#: ``text``/``true/false``/``timestamp`` for the rest.
+_TIME_S = (
+    "window_s ttft_p50_s ttft_p90_s ttft_p99_s tpot_p50_s tpot_p99_s itl_p50_s itl_p99_s "
+    "e2e_p50_s e2e_p99_s ray_clock_uncertainty_s"
+)
+_COUNTS = (
+    "warnings requests completed failed concurrency slo_count model_layers ray_actors "
+    "ray_lost_actors ray_lost_in_flight ray_never_sent"
+)
+_FRACTIONS = (
+    "others_cpu_share steal_cpu_share attainment prefill_mfu prefill_mbu decode_mfu decode_mbu"
+)
+COLUMN_UNITS: dict[str, str] = {
+    **dict.fromkeys(_TIME_S.split(), "s"),
+    **dict.fromkeys(_COUNTS.split(), "count"),
+    **dict.fromkeys(_FRACTIONS.split(), "fraction (0-1)"),
+    **dict.fromkeys(("manifest_mtime_ns", "summary_mtime_ns"), "ns since the epoch"),
+    **dict.fromkeys(("manifest_size", "summary_size"), "bytes"),
+    **dict.fromkeys(("started_at", "ended_at"), "timestamp (UTC)"),
+    **dict.fromkeys(("output_tokens", "prompt_tokens"), "tokens"),
+    **dict.fromkeys(("prompt_tokens_per_request", "output_tokens_per_request"), "tokens"),
+    **dict.fromkeys(("prompt_len_spec", "output_len_spec"), "tokens (as given)"),
+    **dict.fromkeys(("output_tok_s", "total_tok_s"), "tokens/s"),
+    **dict.fromkeys(("rate_req_s", "req_s", "goodput_req_s"), "requests/s"),
+    "j_per_output_token": "J/token",
+    "files_key": "ns, or a digest",
+    "pid": "process id",
+}
+
 #: Every column of ``runs`` in table order.
 ALL_COLUMN_NAMES: tuple[str, ...] = tuple(n for n, _ in _BOOKKEEPING) + tuple(
     c.name for c in INDEX_COLUMNS
 )
+_TYPES = {n: t.split()[0] for n, t in _BOOKKEEPING} | {c.name: c.sql_type for c in INDEX_COLUMNS}
+for _name in ALL_COLUMN_NAMES:  # the rest by type: text, true/false
+    COLUMN_UNITS.setdefault(_name, {"BOOLEAN": "true/false"}.get(_TYPES[_name], "text"))
 
 
 @dataclass(frozen=True)

@@ -171,12 +171,12 @@ def _cmd_query(args: argparse.Namespace, console: Console) -> int:
     from perfscope.errors import UsageError
 
     if args.columns:
-        from perfscope.profiler.run_index import _BOOKKEEPING
+        from perfscope.profiler.run_index import _BOOKKEEPING, COLUMN_UNITS
 
         docs = {c.name: (c.sql_type, c.doc) for c in INDEX_COLUMNS}
         docs.update({n: (t.split()[0], BOOKKEEPING_DOCS[n]) for n, t in _BOOKKEEPING})
-        rows = [(n, *docs[n]) for n in ALL_COLUMN_NAMES]
-        print_rows(["column", "type", "meaning"], rows, console, as_json=args.json)
+        rows = [(n, docs[n][0], COLUMN_UNITS[n], docs[n][1]) for n in ALL_COLUMN_NAMES]
+        print_rows(["column", "type", "unit", "meaning"], rows, console, as_json=args.json)
         return 0
     if not args.sql:
         raise UsageError('give a query, e.g. perfscope query "SELECT run_id FROM runs"')
