@@ -15,17 +15,17 @@ process identical to a single host's and every stamp honest:
    and the drift between the two measurements. Records are shifted onto the driver's run
    clock; the residual uncertainty (half the smallest round trip plus the drift) is reported
    and the summary must not draw conclusions finer than it.
-3. **Records come back by poll.** Each actor keeps its own recorder; the driver polls every
-   actor five times a second and receives every request finished (and the id of every
-   request sent) since the last poll, with all its chunks, and feeds them into the run's
-   recorder through the ordinary handle API, so the stored run reads like any other. (A
-   push path to a mailbox actor on the driver's node, :class:`RequestSink`, exists but is
-   off: a SIGKILLed actor's pushes did not arrive in the tests.)
-4. **Faults.** An actor (or its node) lost mid-run is reported with its host; what the
-   driver had collected is kept, so only the requests it had sent and not finished (and
-   those finished in its last poll interval) are lost (``in_flight``), apart from those
-   it never sent (``never_sent``); both are recorded as failed with the reason, counted
-   under ``loss`` in the manifest, and the run's status is ``partial``.
+3. **Records are pushed as they finish.** Each actor keeps its own recorder and pushes
+   every request it finishes (with all its chunks, and the id of every request it sends)
+   to a mailbox actor on the driver's node (:class:`RequestSink`), waiting for each push
+   to be acknowledged; the driver drains the mailbox five times a second and feeds the
+   requests into the run's recorder through the ordinary handle API, so the stored run
+   reads like any other. It also polls every actor for its lag, CPU and state.
+4. **Faults.** An actor (or its node) lost mid-run is reported with its host; what it had
+   pushed is kept, so only the requests it had sent and not finished (and one that finished
+   while its push was under way) are lost (``in_flight``), apart from those it never sent
+   (``never_sent``); both are recorded as failed with the reason, counted under ``loss`` in
+   the manifest, and the run's status is ``partial``.
 
 Ray is an optional dependency (``pip install 'perfscope[ray]'``).
 

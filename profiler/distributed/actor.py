@@ -13,7 +13,12 @@ from typing import Any
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.distributed.clock import boot_id
 from perfscope.profiler.recorder import Recorder
-from perfscope.profiler.records import RequestSpec
+from perfscope.profiler.records import REQUEST_TABLE_SCHEMA, RequestSpec
+
+#: Columns of a request row, in the order the recorder's rows hold them.
+_REQUEST_FIELDS: tuple[str, ...] = tuple(REQUEST_TABLE_SCHEMA.names)
+#: How long an actor waits for the sink to acknowledge one push (s).
+PUSH_TIMEOUT_S = 30.0
 
 
 class LoadActor:
@@ -41,9 +46,13 @@ class LoadActor:
         # Raw perf_counter_ns readings (origin 0): the driver shifts them onto its run clock.
         self._recorder = Recorder(MonotonicClock(origin_ns=0))
         self._lock = threading.Lock()
-        self._finished: list[int] = []
         self._recorder.add_finish_listener(self._on_finish)
+        # What was handed on already (positions in the recorder's append-only lists) and
+        # the chunks of requests not finished yet; one caller at a time.
+        self._rows_lock = threading.Lock()
         self._chunks_sent = 0
+        self._registered_pos = 0
+        self._finished_pos = 0
         self._chunk_rows: dict[int, list[tuple[int, int, int]]] = {}
         self._thread: threading.Thread | None = None
         self._error: str | None = None
@@ -62,8 +71,6 @@ class LoadActor:
         self._lag_pos = 0
 
     def _on_finish(self, request_id: int) -> None:
-        with self._lock:
-            self._finished.append(request_id)
         self._wake.set()
 
     def _on_sent(self, request_id: int) -> None:
@@ -73,40 +80,55 @@ class LoadActor:
 
     def _push(self) -> None:
         """Push finished requests and sent ids to the sink as they happen (woken by each
-        finish and send; batched when several arrive together) until the plan is served."""
+        finish and send; batched when several arrive together) until the plan is served.
+
+        Each push waits for the sink's acknowledgement, so a request is either in the
+        sink (it outlives this actor) or still here: a SIGKILL loses only the requests that
+        finished in the last moment before it (the push under way), never a poll interval
+        of them. A push that fails is sent again with the next batch."""
+        import ray
+
         sink = self._sink
+        rows: list[dict[str, Any]] = []
+        sent: list[int] = []
+        failures = 0
         while True:
             self._wake.wait(0.2)
             self._wake.clear()
             done = self._done
-            rows = self._finished_rows()
+            rows += self._finished_rows()
             with self._lock:
-                sent, self._sent = self._sent, []
+                sent, self._sent = sent + self._sent, []
             if rows or sent:
-                sink.put.remote(self._index, rows, sent)
-            if done:
+                try:
+                    ray.get(sink.put.remote(self._index, rows, sent), timeout=PUSH_TIMEOUT_S)
+                    rows, sent, failures = [], [], 0
+                except Exception:  # the sink busy or gone: retried with the next batch
+                    failures += 1
+            if done and ((not rows and not sent) or failures >= 3):
                 self._pushed_all = True
                 return
 
     def _finished_rows(self) -> list[dict[str, Any]]:
-        """Requests finished since the last call, each with its chunks (actor clock)."""
-        with self._lock:
-            ids, self._finished = self._finished, []
-        chunks = self._recorder.chunks_table()
-        new = chunks.slice(self._chunks_sent).to_pydict()
-        self._chunks_sent = chunks.num_rows
-        for rid, t, n, idx in zip(
-            new["request_id"], new["t"], new["n_tokens"], new["index"], strict=True
-        ):
-            self._chunk_rows.setdefault(rid, []).append((t, n, idx))
-        if not ids:
-            return []
-        by_id = {r["request_id"]: r for r in self._recorder.requests_table().to_pylist()}
-        out = []
-        for rid in ids:
-            row = dict(by_id[rid])
-            row["chunks"] = self._chunk_rows.pop(rid, [])
-            out.append(row)
+        """Requests finished since the last call, each with its chunks (actor clock).
+
+        Reads only what the recorder appended since the last call (a run of 10,000
+        requests costs the same per call at its end as at its start)."""
+        rec = self._recorder
+        with self._rows_lock:
+            # Finished first, chunks after: every chunk of a finished request is in.
+            _, finished, self._registered_pos, self._finished_pos = rec.request_rows(
+                self._registered_pos, self._finished_pos
+            )
+            chunks = rec.chunk_rows(self._chunks_sent)
+            self._chunks_sent += len(chunks)
+            for rid, t, n, idx in chunks:
+                self._chunk_rows.setdefault(rid, []).append((t, n, idx))
+            out = []
+            for values in finished:
+                row = dict(zip(_REQUEST_FIELDS, values, strict=True))
+                row["chunks"] = self._chunk_rows.pop(row["request_id"], [])
+                out.append(row)
         return out
 
     def now_ns(self) -> int:

@@ -140,10 +140,10 @@ def run_distributed(
     )(LoadActor)
     n = target.actors if concurrency is None else max(1, min(target.actors, concurrency))
     actors: list[Any] = []
-    # The push-to-mailbox path (RequestSink) lost a dying actor's pushes in the tests on
-    # this machine, so records are collected by poll (every POLL_INTERVAL_S) until that is
-    # understood; a lost actor then loses at most one poll interval of finished requests.
-    sink = None
+    # Actors push every finished request to a mailbox on this node as it finishes, and wait
+    # for its acknowledgement (LoadActor._push): a lost actor loses only what it had in
+    # flight. (Pushed without waiting, a SIGKILLed actor's last pushes never left it.)
+    sink = _start_sink(ray)
 
     def spawn() -> Any:
         actors.append(remote_cls.remote(engine_uri, options, sink, len(actors)))
