@@ -29,6 +29,7 @@ from typing import Any, Self, Union, get_args, get_origin
 from perfscope.analysis._record import Record
 
 __all__ = [
+    "CONTENTION_WARN_SHARE",
     "AutoscaleDecision",
     "Distributed",
     "EngineConfig",
@@ -37,6 +38,7 @@ __all__ = [
     "LoadActor",
     "RunManifest",
     "TelemetryManifest",
+    "is_contended",
     "manifest_view",
 ]
 
@@ -302,3 +304,21 @@ class RunManifest(_View):
 def manifest_view(manifest: Mapping[str, Any] | RunManifest | None) -> RunManifest:
     """``manifest`` as a :class:`RunManifest` (a manifest.json object, or the view already)."""
     return manifest if isinstance(manifest, RunManifest) else RunManifest.from_dict(manifest)
+
+
+#: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
+#: before the run's timings are flagged as inflated.
+CONTENTION_WARN_SHARE = 0.15
+
+
+def is_contended(contention: Mapping[str, Any] | None) -> bool | None:
+    """Whether a run's CPU contention measurement (the manifest's ``host.contention``: raw
+    shares of the machine's CPU) flags its timings: other processes or the hypervisor above
+    :data:`CONTENTION_WARN_SHARE`. ``None`` when the run has no measurement."""
+    if contention is None:
+        return None
+    others, steal = contention.get("others_share"), contention.get("steal_share")
+    return bool(
+        (others is not None and others > CONTENTION_WARN_SHARE)
+        or (steal is not None and steal > CONTENTION_WARN_SHARE)
+    )

@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import format_seconds
-from perfscope.analysis.manifest import RunManifest, manifest_view
+from perfscope.analysis.manifest import (
+    CONTENTION_WARN_SHARE,
+    RunManifest,
+    is_contended,
+    manifest_view,
+)
 
 if TYPE_CHECKING:  # the typed record loads without pandas or hwdb (`perfscope ls` reads it)
     import pandas as pd
@@ -962,11 +967,6 @@ def build_summary(
     )
 
 
-#: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
-#: before the run's timings are flagged as inflated.
-CONTENTION_WARN_SHARE = 0.15
-
-
 def contention_record(manifest: Mapping[str, Any] | RunManifest) -> Contention | None:
     """The run's CPU contention measurement with ``contended`` (others or steal above
     :data:`CONTENTION_WARN_SHARE`); ``None`` when the run has none. A window too short to
@@ -974,12 +974,7 @@ def contention_record(manifest: Mapping[str, Any] | RunManifest) -> Contention |
     c = manifest_view(manifest).host.contention
     if c is None:
         return None
-    others, steal = c.get("others_share"), c.get("steal_share")
-    contended = bool(
-        (others is not None and others > CONTENTION_WARN_SHARE)
-        or (steal is not None and steal > CONTENTION_WARN_SHARE)
-    )
-    return Contention.from_dict({**c, "contended": contended})
+    return Contention.from_dict({**c, "contended": is_contended(c)})
 
 
 def run_warnings(manifest: Mapping[str, Any] | RunManifest) -> list[str]:

@@ -93,7 +93,7 @@ def test_an_unchanged_index_answers_and_an_edit_in_place_is_still_seen(
     assert rows == [(12345.0,)]
 
 
-def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_or_hwdb(
+def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_hwdb_or_summary_records(
     template: Path, tmp_path: Path
 ) -> None:
     for i in range(3):
@@ -105,8 +105,8 @@ def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_or_hwdb(
         f"root = {str(tmp_path)!r}; "
         "assert main(['ls', '--limit', '2', '--runs-dir', root]) == 0; "
         "assert main(['query', 'SELECT count(*) FROM runs', '--runs-dir', root]) == 0; "
-        "print(sorted(m for m in ('pyarrow', 'pandas', 'perfscope.hwdb', 'torch') "
-        "if m in sys.modules))"
+        "print(sorted(m for m in ('pyarrow', 'pandas', 'perfscope.hwdb', 'torch', "
+        "'perfscope.analysis.summary') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
