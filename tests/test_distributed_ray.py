@@ -704,7 +704,9 @@ def test_a_sigkilled_driver_leaves_no_ray_process_after_5_s(tmp_path: Path) -> N
     assert not os.path.exists(tmp)  # the reaper removed the cluster's temp dir too
 
 
-def test_bare_ray_starts_a_private_cluster_beside_a_ray_start_cluster(tmp_path: Path) -> None:
+def test_bare_ray_starts_a_private_cluster_beside_a_ray_start_cluster_and_joins_it_by_address(
+    tmp_path: Path,
+) -> None:
     import shutil
     import signal
     import socket
@@ -762,6 +764,36 @@ def test_bare_ray_starts_a_private_cluster_beside_a_ray_start_cluster(tmp_path: 
         assert dist["address"] is None and len(dist["actors"]) == 2
         assert run.requests["error"].isna().all() and len(run.requests) == 4
         assert _cluster_procs(theirs), "the ray start cluster must still run"
+        # Joining that cluster works too, with the token its head made (Ray 2.60 heads
+        # require one; RAY_AUTH_MODE=token reads ~/.ray/auth_token, as docs/scale.md says).
+        joined = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "perfscope",
+                "run",
+                "python:tests.data.engines.ray_engines:steady",
+                "--requests",
+                "4",
+                "--rate",
+                "4",
+                "--ray",
+                f"127.0.0.1:{port}#1",
+                "--runs-dir",
+                str(tmp_path / "joined"),
+                "--no-progress",
+                "--no-telemetry",
+            ],
+            env={**env, "RAY_AUTH_MODE": "token"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert joined.returncode == 0, joined.stderr[-2000:]
+        run = read_run(next((tmp_path / "joined").iterdir()))
+        dist = run.manifest["distributed"]
+        assert dist["address"] == f"127.0.0.1:{port}" and len(dist["actors"]) == 1
+        assert run.requests["error"].isna().all() and len(run.requests) == 4
     finally:
         for pid in _cluster_procs(theirs):
             with contextlib.suppress(OSError):

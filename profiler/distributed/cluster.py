@@ -209,15 +209,17 @@ def _connect_error(target: RayTarget, exc: BaseException) -> str:
     if "auth" in text.lower() or "token" in text.lower() or "UNAUTHENTICATED" in text:
         return (
             f"--ray: cannot {where}: the cluster requires token authentication; set "
-            "RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, or the token file "
-            "RAY_AUTH_TOKEN_PATH) in this shell, as on the head node (docs/scale.md)"
+            "RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, the token file "
+            "RAY_AUTH_TOKEN_PATH, or the head's ~/.ray/auth_token copied here) in this shell "
+            "(docs/scale.md)"
         )
     hint = ""
     if target.address is not None and os.environ.get("RAY_AUTH_MODE") != "token":
         # Ray 2.60 heads require a token by default and the failure often does not say so.
         hint = (
             " (if the cluster uses token authentication, Ray's default since 2.60, set "
-            "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN in this shell)"
+            "RAY_AUTH_MODE=token in this shell; Ray then reads the head's token from "
+            "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
         )
     return f"--ray: cannot {where}: {_first_line(exc)}{hint}"
 
