@@ -733,6 +733,19 @@ class RunIndex:
         }
         return known, broken
 
+    def _answer_as_is(self, runs: int, on_disk: dict[str, tuple[str, FileKey]]) -> bool:
+        """Whether the runs of ``on_disk`` (held unchanged) can be answered as the index
+        holds them: none held as running has stopped or reads differently. When they can,
+        :attr:`last_stats` and the run paths are set as a refresh would set them."""
+        died, reasons = self._recheck_running(on_disk, set())
+        if died or reasons:
+            return False
+        self._paths = {rid: path for rid, (path, _) in on_disk.items()}
+        self.last_stats = RefreshStats(
+            runs=runs, added=0, updated=0, removed=0, persistent=self.persistent
+        )
+        return True
+
     def up_to_date(self) -> bool:
         """Whether a refresh would change nothing (read only: the schema is current, no run
         was added, changed or removed, no run held as running has stopped or reads
@@ -746,14 +759,7 @@ class RunIndex:
             known[rid] != st for rid, (_, st) in on_disk.items()
         ):
             return False
-        died, reasons = self._recheck_running(on_disk, set())
-        if died or reasons:
-            return False
-        self._paths = {rid: path for rid, (path, _) in on_disk.items()}
-        self.last_stats = RefreshStats(
-            runs=len(known), added=0, updated=0, removed=0, persistent=self.persistent
-        )
-        return True
+        return self._answer_as_is(len(known), on_disk)
 
     def newest_up_to_date(self, limit: int) -> bool:
         """Whether the index holds the ``limit`` newest runs (``perfscope ls`` order) as they
@@ -776,14 +782,7 @@ class RunIndex:
         gone = [r for r in known if r[:15] >= floor and r not in on_disk]
         if gone:
             return False
-        died, reasons = self._recheck_running(on_disk, set())
-        if died or reasons:
-            return False
-        self._paths = {rid: path for rid, (path, _) in on_disk.items()}
-        self.last_stats = RefreshStats(
-            runs=len(known), added=0, updated=0, removed=0, persistent=self.persistent
-        )
-        return True
+        return self._answer_as_is(len(known), on_disk)
 
     def refresh(self, *, rebuild: bool = False) -> RefreshStats:
         """Bring the table up to date with the folder; ``rebuild`` re-reads every run."""

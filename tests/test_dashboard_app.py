@@ -129,6 +129,17 @@ def dash_call(
     return data or None  # every output was no_update
 
 
+#: The outputs of the runs table's callback (its poll, page, sort and filter).
+RUNS_TABLE_OUTPUTS = [
+    "runs-table.data",
+    "runs-table.tooltip_data",
+    "runs-table.selected_rows",
+    "runs-count.children",
+    "runs-table.page_count",
+    "runs-table.page_current",
+]
+
+
 def route(client: Any, pathname: str, search: str = "") -> Any:
     """The page the router builds for a URL (the layout tree as JSON)."""
     out = dash_call(
@@ -225,14 +236,7 @@ def test_runs_poll_shows_new_runs_and_keeps_the_selection(
 ) -> None:
     page = route(client, "/")
     data = find(page, "runs-table")["data"]  # type: ignore[index]
-    outputs = [
-        "runs-table.data",
-        "runs-table.tooltip_data",
-        "runs-table.selected_rows",
-        "runs-count.children",
-        "runs-table.page_count",
-        "runs-table.page_current",
-    ]
+    outputs = RUNS_TABLE_OUTPUTS
     state = {"runs-table.data": data, "runs-selection.data": [runs.beta.name]}
     first = {"runs-table.page_current": 0, "runs-table.page_size": 50}
     poll = {**first, "runs-poll.n_intervals": 1}

@@ -312,7 +312,7 @@ def test_the_runs_table_pages_sorts_and_filters_on_the_server_and_keeps_picks_ac
     from perfscope.dashboard.app import create_app
     from perfscope.dashboard.pages.runs import PAGE_SIZE
     from tests.data.runs.builders import copy_run
-    from tests.test_dashboard_app import dash_call, find, route
+    from tests.test_dashboard_app import RUNS_TABLE_OUTPUTS, dash_call, find, route
 
     template = manual_run(tmp_path / "t", name="tmpl", n_requests=3)
     root = tmp_path / "runs"
@@ -330,14 +330,7 @@ def test_the_runs_table_pages_sorts_and_filters_on_the_server_and_keeps_picks_ac
     assert len(table["data"]) == PAGE_SIZE and table["page_count"] == 3
     assert table["data"][0]["run_id"].endswith(f"-{n - 1:04d}")
     assert table["page_action"] == table["sort_action"] == table["filter_action"] == "custom"
-    outputs = [
-        "runs-table.data",
-        "runs-table.tooltip_data",
-        "runs-table.selected_rows",
-        "runs-count.children",
-        "runs-table.page_count",
-        "runs-table.page_current",
-    ]
+    outputs = RUNS_TABLE_OUTPUTS
 
     def ask(**inputs: Any) -> dict[str, Any]:
         values = {"runs-table.page_current": 0, "runs-table.page_size": PAGE_SIZE}

@@ -704,6 +704,29 @@ def test_a_sigkilled_driver_leaves_no_ray_process_after_5_s(tmp_path: Path) -> N
     assert not os.path.exists(tmp)  # the reaper removed the cluster's temp dir too
 
 
+def _steady_run(runs: Path, ray: str, env: dict[str, str], **more_env: str) -> Any:
+    """``perfscope run`` of four steady requests with ``--ray RAY`` (bare when empty), to
+    its end."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perfscope",
+            "run",
+            "python:tests.data.engines.ray_engines:steady",
+            *("--requests", "4", "--rate", "4", "--ray", *([ray] if ray else [])),
+            *("--runs-dir", str(runs), "--no-progress", "--no-telemetry"),
+        ],
+        env={**env, **more_env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_bare_ray_starts_a_private_cluster_beside_a_ray_start_cluster_and_joins_it_by_address(
     tmp_path: Path,
 ) -> None:
@@ -736,28 +759,7 @@ def test_bare_ray_starts_a_private_cluster_beside_a_ray_start_cluster_and_joins_
         subprocess.run(head, env=env, check=True, capture_output=True, timeout=240)
         # The worst case: this shell points Ray at the other cluster.
         env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "perfscope",
-                "run",
-                "python:tests.data.engines.ray_engines:steady",
-                "--requests",
-                "4",
-                "--rate",
-                "4",
-                "--ray",
-                "--runs-dir",
-                str(tmp_path),
-                "--no-progress",
-                "--no-telemetry",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        done = _steady_run(tmp_path, "", env)
         assert done.returncode == 0, done.stderr
         run = read_run(next(p for p in tmp_path.iterdir() if p.is_dir()))
         dist = run.manifest["distributed"]
@@ -766,29 +768,7 @@ def test_bare_ray_starts_a_private_cluster_beside_a_ray_start_cluster_and_joins_
         assert _cluster_procs(theirs), "the ray start cluster must still run"
         # Joining that cluster works too, with the token its head made (Ray 2.60 heads
         # require one; RAY_AUTH_MODE=token reads ~/.ray/auth_token, as docs/scale.md says).
-        joined = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "perfscope",
-                "run",
-                "python:tests.data.engines.ray_engines:steady",
-                "--requests",
-                "4",
-                "--rate",
-                "4",
-                "--ray",
-                f"127.0.0.1:{port}#1",
-                "--runs-dir",
-                str(tmp_path / "joined"),
-                "--no-progress",
-                "--no-telemetry",
-            ],
-            env={**env, "RAY_AUTH_MODE": "token"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        joined = _steady_run(tmp_path / "joined", f"127.0.0.1:{port}#1", env, RAY_AUTH_MODE="token")
         assert joined.returncode == 0, joined.stderr[-2000:]
         run = read_run(next((tmp_path / "joined").iterdir()))
         dist = run.manifest["distributed"]
