@@ -670,6 +670,118 @@ def _newest_candidates(
     return len(entries), out
 
 
+#: A refresh that reads at least this many runs (a first build) reads them in worker
+#: processes, one per core up to :data:`_MAX_WORKERS`: parsing each run's two JSON files
+#: is most of a first build's time, one process uses one core, and a worker's start
+#: (a Python interpreter and pyarrow, about 0.3 s here) is paid back from about a thousand.
+PARALLEL_MIN_RUNS = 1000
+_MAX_WORKERS = 8
+
+#: The Arrow type of each column as a worker hands its rows over (timestamps stay text
+#: until the INSERT casts them, as before).
+_ARROW_TYPES = {
+    "VARCHAR": "string",
+    "TIMESTAMPTZ": "string",
+    "BIGINT": "int64",
+    "DOUBLE": "float64",
+    "BOOLEAN": "bool_",
+}
+
+#: One run to read: its id, its folder and its file key.
+RunItem = tuple[str, str, FileKey]
+
+
+def _read_table(items: Sequence[RunItem], lookup: Lookup, root: Path, broken: set[str]) -> Any:
+    """The rows of the runs ``items`` (id, folder, file key) as one Arrow table."""
+    import pyarrow as pa
+
+    from perfscope.profiler.store import TableCheck
+
+    tables = TableCheck()
+    rows = []
+    for rid, path, key in items:
+        row = _row(rid, path, key, lookup, root, tables)
+        if row["state"] == "broken" and rid not in broken:
+            # A broken run is keyed on every file's identity from now on.
+            row["files_key"] = _files_digest(path)
+        rows.append(row)
+    schema = pa.schema([(n, getattr(pa, _ARROW_TYPES[_TYPES[n]])()) for n in ALL_COLUMN_NAMES])
+    return pa.table({n: [r[n] for r in rows] for n in ALL_COLUMN_NAMES}, schema=schema)
+
+
+def _read_runs(items: Sequence[RunItem], lookup: Lookup, root: Path, broken: set[str]) -> Any:
+    """The rows of ``items`` as one Arrow table: read here, or split over worker processes
+    when there are at least :data:`PARALLEL_MIN_RUNS` and more than one core.
+
+    A worker is ``python -m perfscope.profiler.run_index`` (a fresh interpreter: never a
+    fork of this process, which may hold DuckDB's threads, and never a re-run of the
+    caller's main module): it reads its share, pickled on its stdin, and writes the rows
+    to its stdout as an Arrow stream. Whatever a worker could not deliver (it could not
+    start, failed, or ``lookup`` cannot be pickled) is read here instead."""
+    cores = os.cpu_count() or 1
+    if len(items) < PARALLEL_MIN_RUNS or cores < 2:
+        return _read_table(items, lookup, root, broken)
+    import pickle
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    n = min(cores, _MAX_WORKERS)
+    shares = [items[k::n] for k in range(n)]
+    try:
+        payloads = [pickle.dumps((share, lookup, root, broken)) for share in shares]
+    except Exception:  # a lookup that is not a module-level function
+        return _read_table(items, lookup, root, broken)
+    procs: list[subprocess.Popen[bytes]] = []
+    parts: list[Any] = []
+    try:
+        for _ in shares:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", __name__],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C is this process's to handle
+                )
+            )
+        for proc, payload in zip(procs, payloads, strict=True):
+            assert proc.stdin is not None
+            with proc.stdin:
+                proc.stdin.write(payload)
+        for proc, share in zip(procs, shares, strict=True):
+            assert proc.stdout is not None
+            try:
+                with pa.ipc.open_stream(proc.stdout) as reader:
+                    part = reader.read_all()
+                ok = proc.wait() == 0 and part.num_rows == len(share)
+            except (OSError, pa.ArrowInvalid):
+                ok = False
+            parts.append(part if ok else _read_table(share, lookup, root, broken))
+    except OSError:  # no worker could start (no process left, no executable)
+        return _read_table(items, lookup, root, broken)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return pa.concat_tables(parts)
+
+
+def _worker_main() -> None:
+    """A reading worker (:func:`_read_runs`): its share from stdin, its rows to stdout."""
+    import pickle
+    import sys
+
+    import pyarrow as pa
+
+    items, lookup, root, broken = pickle.loads(sys.stdin.buffer.read())
+    table = _read_table(items, lookup, root, broken)
+    with pa.ipc.new_stream(sys.stdout.buffer, table.schema) as writer:
+        writer.write_table(table)
+
+
 def _create_sql() -> str:
     cols = [f'"{n}" {t}' for n, t in _BOOKKEEPING]
     cols += [f'"{c.name}" {c.sql_type}' for c in INDEX_COLUMNS]
@@ -810,18 +922,9 @@ class RunIndex:
             for rid, reason in reasons:  # still running, said differently (another host)
                 con.execute("UPDATE runs SET problem = ? WHERE run_id = ?", [reason, rid])
             if redo:
-                import pyarrow as pa
-
-                from perfscope.profiler.store import TableCheck
-
-                real_root = self.root.resolve()
-                tables = TableCheck()
-                rows = [_row(rid, *on_disk[rid], self._lookup, real_root, tables) for rid in redo]
-                for row in rows:
-                    # A broken run is keyed on every file's identity from now on.
-                    if row["state"] == "broken" and row["run_id"] not in broken:
-                        row["files_key"] = _files_digest(on_disk[row["run_id"]][0])
-                con.register("incoming_runs", pa.Table.from_pylist(rows))
+                items = [(rid, *on_disk[rid]) for rid in redo]
+                incoming = _read_runs(items, self._lookup, self.root.resolve(), broken)
+                con.register("incoming_runs", incoming)
                 try:
                     con.execute(
                         "INSERT INTO runs SELECT "
@@ -1131,3 +1234,7 @@ def open_index(
         yield index
     finally:
         index.close()
+
+
+if __name__ == "__main__":
+    _worker_main()

@@ -160,3 +160,40 @@ def test_plain_ls_checks_only_the_newest_runs_and_still_sees_every_change_among_
     # A folder that is not a run (no manifest) takes no place among the newest.
     (tmp_path / "20261201-100010-notarun").mkdir()
     assert _ls_ids(tmp_path, 1) == ["20261201-100009-late-0010"]
+
+
+def test_a_large_refresh_read_in_worker_processes_holds_what_one_process_reads(
+    template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfscope.analysis.catalogue import value_at
+    from perfscope.profiler import run_index
+
+    for i in range(5):
+        copy_run(template, tmp_path, f"20261201-10000{i}-r-000{i}", name=f"r{i}")
+    broken = copy_run(template, tmp_path, "20261201-100009-bad-0009")
+    (broken / "requests.parquet").write_bytes(b"not parquet")
+    root = tmp_path.resolve()
+    items = [(rid, path, key) for rid, (path, key) in sorted(run_index._scan(root).items())]
+
+    def rows(table: object) -> list[dict[str, object]]:
+        return sorted(table.to_pylist(), key=lambda r: str(r["run_id"]))  # type: ignore[attr-defined]
+
+    alone = rows(run_index._read_table(items, value_at, root, set()))
+    monkeypatch.setattr(run_index, "PARALLEL_MIN_RUNS", 2)
+    here: list[int] = []  # runs read in this process (workers are processes of their own)
+    read_here = run_index._read_table
+    monkeypatch.setattr(
+        run_index, "_read_table", lambda it, *a: here.append(len(it)) or read_here(it, *a)
+    )
+    spread = rows(run_index._read_runs(items, value_at, root, set()))
+    assert spread == alone and len(alone) == 6
+    assert here == []  # every run was read by a worker
+    assert [r["state"] for r in alone if r["run_id"] == broken.name] == ["broken"]
+    # A lookup that cannot be sent to a worker is read here, to the same rows.
+    local = rows(run_index._read_runs(items, lambda tree, path: value_at(tree, path), root, set()))
+    assert local == alone and here == [6]
+    monkeypatch.setattr(run_index, "_read_table", read_here)
+    # Through the index: a first build read by workers answers like any other.
+    with open_index(tmp_path) as index:
+        _, got = index.query("SELECT run_id, state FROM runs ORDER BY run_id")
+    assert [s for _, s in got] == ["complete"] * 5 + ["broken"]
