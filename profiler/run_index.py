@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -1100,6 +1101,16 @@ def _index_file_problem(path: Path) -> str | None:
     return None
 
 
+def _open_problem(exc: BaseException) -> str:
+    """Why the index file could not be opened for writing, short: DuckDB's lock conflict
+    is a paragraph (with a link) that the dashboard's status line would carry whole."""
+    text = str(exc)
+    held = re.search(r"Conflicting lock is held in .*?\(PID (\d+)\)", text)
+    if held:
+        return f"another process, PID {held[1]}, holds the index file"
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
 def _import_duckdb() -> Any:
     try:
         import duckdb
@@ -1186,7 +1197,7 @@ def open_index(
         try:
             con = duckdb.connect(str(path))
         except (duckdb.Error, OSError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            first = _open_problem(exc)
             # Another process holds the file (a query, a DuckDB shell): start from a copy
             # of what it holds, so the refresh below is incremental, not a full rebuild.
             con = _memory_copy(duckdb, path)

@@ -222,6 +222,9 @@ def test_an_index_held_open_elsewhere_is_refreshed_from_its_copy_not_rebuilt(
             assert stats is not None and not index.persistent
             assert (stats.added, stats.runs) == (1, 4)  # only the new run was read
             assert index.note is not None and "from the saved index" in index.note
+            # Short enough for the dashboard's status line: who holds it, not DuckDB's page.
+            assert f"PID {holder.pid}, holds the index file" in index.note, index.note
+            assert len(index.note) < 120
     finally:
         holder.kill()
         holder.wait()
