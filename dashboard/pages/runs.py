@@ -49,6 +49,9 @@ __all__ = [
     "table_records",
 ]
 
+#: One row of the runs table as the DataTable receives it (column id -> cell).
+Row = Mapping[str, Any]
+
 #: Rows of the runs table sent to the browser at a time.
 PAGE_SIZE = 50
 #: How long one listing of the runs folder serves every client, in seconds, while no run
@@ -165,7 +168,7 @@ def table_records(ctx: DashboardContext) -> list[dict[str, Any]]:
     return out
 
 
-def _tooltips(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tooltips(records: Sequence[Row]) -> list[dict[str, Any]]:
     """The reason of a partial or broken run on its state cell."""
     return [
         {"outcome": {"value": str(r["problem"]), "type": "text"}} if r.get("problem") else {}
@@ -220,7 +223,7 @@ class Listing:
             changes it).
     """
 
-    records: list[dict[str, Any]]
+    records: Sequence[Row]
     hidden: list[str]
     source: str
     made_at: float
@@ -328,7 +331,7 @@ def _matches(cell: Any, op: str, value: str, insensitive: bool) -> bool:
     return {"=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
 
 
-def filter_records(records: Sequence[dict[str, Any]], query: str | None) -> list[dict[str, Any]]:
+def filter_records(records: Sequence[Row], query: str | None) -> list[Row]:
     """The records matching a DataTable ``filter_query`` (parts joined by ``&&``, each
     ``{column} operator value`` as the table's filter row writes them); a part this reader
     does not follow is ignored, as the table itself ignores an invalid filter."""
@@ -344,16 +347,14 @@ def filter_records(records: Sequence[dict[str, Any]], query: str | None) -> list
     return [r for r in records if all(_matches(r.get(c), op, v, i) for c, op, v, i in parts)]
 
 
-def sort_records(
-    records: Sequence[dict[str, Any]], sort_by: Sequence[Mapping[str, Any]] | None
-) -> list[dict[str, Any]]:
+def sort_records(records: Sequence[Row], sort_by: Sequence[Mapping[str, Any]] | None) -> list[Row]:
     """``records`` in the DataTable's ``sort_by`` order (first key first); numbers sort as
     numbers, text as text, and blank cells last either way."""
     out = list(records)
     for key in reversed(list(sort_by or [])):
         col, desc = str(key.get("column_id")), key.get("direction") == "desc"
 
-        def rank(r: dict[str, Any], col: str = col) -> tuple[int, float, str]:
+        def rank(r: Row, col: str = col) -> tuple[int, float, str]:
             v = r.get(col)
             if v is None or v == "":
                 return (2, 0.0, "")
@@ -372,8 +373,8 @@ _NUMERIC = frozenset(cid for cid, _, kind in COLUMNS if kind == "numeric")
 
 
 def page_of(
-    records: Sequence[dict[str, Any]], page: int | None, size: int | None
-) -> tuple[list[dict[str, Any]], int, int]:
+    records: Sequence[Row], page: int | None, size: int | None
+) -> tuple[list[Row], int, int]:
     """One page of ``records``: (its rows, the page number shown, the number of pages);
     a page past the end shows the last one."""
     size = max(1, int(size or PAGE_SIZE))
@@ -500,9 +501,9 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         _n: int,
         page: int | None,
         size: int | None,
-        sort_by: list[dict[str, Any]] | None,
+        sort_by: list[Mapping[str, Any]] | None,
         query: str | None,
-        current: list[dict[str, Any]] | None,
+        current: list[Row] | None,
         selected_ids: list[str] | None,
     ) -> tuple[Any, ...]:
         shown = listing(ctx)
@@ -530,7 +531,7 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         prevent_initial_call=True,
     )
     def remember_selection(
-        picked: list[str] | None, page: list[dict[str, Any]] | None, kept: list[str] | None
+        picked: list[str] | None, page: list[Row] | None, kept: list[str] | None
     ) -> list[str]:
         """The runs picked on every page: this page's picks replace this page's part."""
         here = {str(r["id"]) for r in page or []}
