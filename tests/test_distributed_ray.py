@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,8 @@ def test_ray_resources_are_read_as_name_amount_pairs_or_refused_in_one_line() ->
 
     assert parse_ray_resources("loadgen=1, CPU=0.5") == {"loadgen": 1.0, "CPU": 0.5}
     assert parse_ray_resources("node:10.0.0.5=0.01") == {"node:10.0.0.5": 0.01}
+    # The placement rule rides along as an entry of its own.
+    assert parse_ray_resources("loadgen=1,not-server") == {"loadgen": 1.0, "not-server": 1.0}
     for bad, says in (
         ("loadgen", "write NAME=AMOUNT"),
         ("loadgen=0", "must be a positive amount"),
@@ -202,6 +205,51 @@ def test_ray_resources_are_read_as_name_amount_pairs_or_refused_in_one_line() ->
         with pytest.raises(UsageError, match=says) as err:
             parse_ray_resources(bad)
         assert "\n" not in str(err.value)
+
+
+def test_not_server_keeps_actors_off_the_servers_machine_or_refuses_in_one_line(
+    cluster: None, server: str
+) -> None:
+    """The one local node is the server's machine (the server is on loopback): the rule
+    refuses at once, naming it; a server elsewhere leaves that node eligible; an engine
+    without a server has nothing to keep off."""
+    import time
+
+    from perfscope.errors import UsageError
+    from perfscope.profiler.clock import MonotonicClock
+    from perfscope.profiler.distributed import (
+        DistributedResult,
+        RayTarget,
+        off_server_nodes,
+        run_distributed,
+    )
+    from perfscope.profiler.distributed.target import _local_addresses
+    from perfscope.profiler.recorder import Recorder
+
+    nodes = ray.nodes()
+    here = _local_addresses()
+    (node,) = [n for n in nodes if n["Alive"]]
+    assert off_server_nodes(nodes, {"127.0.0.1"}, here) == ([], [node])
+    assert off_server_nodes(nodes, {"203.0.113.7"}, here) == ([node], [])  # TEST-NET-3
+    for engine, says in (
+        (f"openai:{server}", "no live node off the server's machine (127.0.0.1)"),
+        ("python:tests.data.engines.ray_engines:steady", "names no server"),
+    ):
+        kept: list[DistributedResult] = []
+        started = time.monotonic()
+        with pytest.raises(UsageError, match=re.escape(says)) as err:
+            run_distributed(
+                engine,
+                {},
+                [],
+                Recorder(MonotonicClock()),
+                0,
+                RayTarget(None, 1),
+                result_out=kept,
+                resources={"not-server": 1.0},
+            )
+        assert time.monotonic() - started < 5 and "\n" not in str(err.value)
+        assert kept[0].actors == [] and kept[0].resources == {}
 
 
 def _per_request(run: object, metric: str) -> np.ndarray:

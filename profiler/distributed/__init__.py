@@ -70,12 +70,19 @@ from perfscope.profiler.distributed.result import (
     DistributedResult,
     LossCount,
 )
-from perfscope.profiler.distributed.target import RayTarget, parse_ray_resources, parse_ray_target
+from perfscope.profiler.distributed.target import (
+    NOT_SERVER,
+    RayTarget,
+    off_server_nodes,
+    parse_ray_resources,
+    parse_ray_target,
+)
 
 __all__ = [
     "AUTOSCALE_STREAK",
     "DONE_GRACE_S",
     "GAP_WINDOW",
+    "NOT_SERVER",
     "OFFSET_SAMPLES",
     "PLAN_LEAD_S",
     "POLL_INTERVAL_S",
@@ -94,6 +101,7 @@ __all__ = [
     "disconnect",
     "lag_threshold_s",
     "measure_offset",
+    "off_server_nodes",
     "parse_ray_resources",
     "parse_ray_target",
     "plan_for",

@@ -23,7 +23,12 @@ from perfscope.profiler.distributed.cluster import (
     private_cluster_pids,
 )
 from perfscope.profiler.distributed.result import ActorReport, AutoscaleDecision, DistributedResult
-from perfscope.profiler.distributed.target import RayTarget, _placement_nodes
+from perfscope.profiler.distributed.target import (
+    NOT_SERVER,
+    RayTarget,
+    _placement_nodes,
+    off_server_placement,
+)
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import RequestSpec
 
@@ -109,12 +114,15 @@ def run_distributed(
             daemons), so contention can leave them and the start-up out.
         resources: what each load actor asks Ray for (:func:`parse_ray_resources`);
             ``CPU`` and ``GPU`` are Ray's ``num_cpus``/``num_gpus``; none: zero CPUs.
+            ``not-server`` pins the actors in turn to nodes off the model server's machine.
 
     Raises:
-        UsageError: no live node offers ``resources`` (checked before any actor starts).
+        UsageError: no live node offers ``resources``, or none is off the server's machine
+            with ``not-server`` (checked before any actor starts).
     """
     ray = _import_ray()
     want = dict(resources or {})
+    off_server = want.pop(NOT_SERVER, None) is not None
     result = DistributedResult(
         address=target.address,
         origin_perf_counter_ns=origin_perf_counter_ns,
@@ -124,13 +132,17 @@ def run_distributed(
     if result_out is not None:
         result_out.append(result)
     started_here = connect(target)
-    if want:
-        try:
+    pinned: list[tuple[str, str]] = []
+    try:
+        if want:
             result.eligible_nodes = _placement_nodes(ray, want)
-        except UsageError:
-            if started_here:
-                disconnect()
-            raise
+        if off_server:
+            result.avoided_server, pinned = off_server_placement(ray, engine_uri, want)
+            result.eligible_nodes = [address for _, address in pinned]
+    except UsageError:
+        if started_here:
+            disconnect()
+        raise
     custom = {k: v for k, v in want.items() if k not in ("CPU", "GPU")}
     remote_cls = ray.remote(
         num_cpus=want.get("CPU", 0),
@@ -146,7 +158,15 @@ def run_distributed(
     sink = _start_sink(ray)
 
     def spawn() -> Any:
-        actors.append(remote_cls.remote(engine_uri, options, sink, len(actors)))
+        cls = remote_cls
+        if pinned:  # not-server: each actor pinned in turn to a node off the server's machine
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            node_id = pinned[len(actors) % len(pinned)][0]
+            cls = remote_cls.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+            )
+        actors.append(cls.remote(engine_uri, options, sink, len(actors)))
         return actors[-1]
 
     for _ in range(n):

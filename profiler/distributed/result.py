@@ -127,6 +127,9 @@ class DistributedResult:
         decisions: every autoscale decision, in order.
         resources, eligible_nodes: placement (``--ray-resources``): what each actor asked
             for and the nodes that could hold it; every actor's own node is its ``host``.
+        avoided_server: with ``--ray-resources not-server``, the model server's host whose
+            machine no actor was placed on (the actors are pinned in turn to the nodes in
+            ``eligible_nodes``).
     """
 
     address: str | None
@@ -142,11 +145,20 @@ class DistributedResult:
     resources: dict[str, float] = field(default_factory=dict)
     #: The live nodes (addresses) that offered those resources when the run started.
     eligible_nodes: list[str] = field(default_factory=list)
+    avoided_server: str | None = None
 
     @property
     def partial(self) -> bool:
         """Whether a load actor was lost mid-run (the run's status is then ``partial``)."""
         return any(a.lost for a in self.actors)
+
+    @property
+    def placement_rule(self) -> str:
+        """How the actors were placed, in words."""
+        parts = ["resources"] if self.resources else []
+        if self.avoided_server is not None:
+            parts.append(f"not on the server's machine ({self.avoided_server})")
+        return " and ".join(parts) or "anywhere (zero CPUs)"
 
     @property
     def uncertainty_ns(self) -> int | None:
@@ -181,7 +193,8 @@ class DistributedResult:
             "loss": asdict(self.loss),
             "placement": {
                 "resources": dict(self.resources),
-                "rule": "resources" if self.resources else "anywhere (zero CPUs)",
+                "rule": self.placement_rule,
+                "avoided_server": self.avoided_server,
                 "eligible_nodes": list(self.eligible_nodes),
             },
             "autoscale": {

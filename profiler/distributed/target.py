@@ -3,9 +3,10 @@ that can hold an actor."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,10 @@ def _positive(text: str, whole: str) -> int:
 
 _RESOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
 
+#: The ``--ray-resources`` entry that keeps every load actor off the machine serving the
+#: model (the ``openai:`` URL's host): a placement rule, not a Ray resource.
+NOT_SERVER = "not-server"
+
 
 def parse_ray_resources(
     value: str | Mapping[str, Any] | None, what: str = "--ray-resources"
@@ -66,7 +71,9 @@ def parse_ray_resources(
     """``--ray-resources NAME=AMOUNT[,NAME=AMOUNT...]``: what every load actor asks Ray
     for, so Ray places it only on a node that offers that much (a custom resource given
     to the load nodes with ``ray start --resources``, ``CPU``, or ``node:IP`` to pin the
-    actors to one node). Empty: no requirement (zero CPUs, any node).
+    actors to one node). Empty: no requirement (zero CPUs, any node). The entry
+    ``not-server`` (no amount) is a rule: no actor on the machine of the model's server
+    (:func:`off_server_nodes`); it is kept in the result as ``{"not-server": 1.0}``.
 
     Raises:
         UsageError: a malformed entry, a repeated name, or an amount that is not
@@ -81,6 +88,9 @@ def parse_ray_resources(
         items = []
         for part in (p.strip() for p in str(value).split(",")):
             if not part:
+                continue
+            if part == NOT_SERVER:
+                items.append((NOT_SERVER, 1))
                 continue
             name, eq, amount = part.partition("=")
             if not eq:
@@ -131,3 +141,82 @@ def _placement_nodes(ray: Any, resources: Mapping[str, float]) -> list[str]:
         f"{shown or 'nothing'}); start the load nodes with ray start "
         f"--resources='{{\"{first}\": 8}}', or ask for what they offer"
     )
+
+
+def server_host(engine_uri: str) -> str:
+    """The host of an ``openai:URL`` engine's server.
+
+    Raises:
+        UsageError: the engine has no server (``python:``) or its URL no host.
+    """
+    from urllib.parse import urlsplit
+
+    kind, _, rest = engine_uri.partition(":")
+    host = urlsplit(rest).hostname if kind == "openai" else None
+    if not host:
+        raise UsageError(
+            f"--ray-resources {NOT_SERVER} keeps the load actors off the model server's "
+            f"machine, and {engine_uri!r} names no server: drop {NOT_SERVER} for it"
+        )
+    return host
+
+
+def off_server_nodes(
+    nodes: Sequence[Mapping[str, Any]], server_ips: set[str], local_ips: set[str]
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """Ray's live nodes (``ray.nodes()`` entries) split into (off the server's machine, on
+    it). A node is on it when its address is one of the server's addresses, or when the
+    server is on loopback and the node's address is one of this machine's (``local_ips``:
+    a loopback server is on the machine the driver runs on)."""
+    loopback = any(ipaddress.ip_address(ip).is_loopback for ip in server_ips)
+    on = server_ips | (local_ips if loopback else set())
+    alive = [n for n in nodes if n.get("Alive")]
+    away = [n for n in alive if str(n.get("NodeManagerAddress")) not in on]
+    return away, [n for n in alive if str(n.get("NodeManagerAddress")) in on]
+
+
+def _addresses(host: str) -> set[str]:
+    """Every address ``host`` resolves to (UsageError when it does not)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError as exc:
+        raise UsageError(
+            f"--ray-resources {NOT_SERVER}: the server's host {host!r} does not resolve ({exc})"
+        ) from None
+    return {str(info[4][0]) for info in infos}
+
+
+def _local_addresses() -> set[str]:
+    """This machine's own addresses (every interface, loopback included)."""
+    import psutil
+
+    return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+
+
+def off_server_placement(
+    ray: Any, engine_uri: str, resources: Mapping[str, float]
+) -> tuple[str, list[tuple[str, str]]]:
+    """``not-server``: the server's host and the (node id, address) of every live node off
+    its machine that offers ``resources``, for the actors to be pinned to in turn.
+
+    Raises:
+        UsageError: no server to keep off, or every node that could hold an actor is on the
+            server's machine (one line, with what the nodes are).
+    """
+    host = server_host(engine_uri)
+    away, on = off_server_nodes(ray.nodes(), _addresses(host), _local_addresses())
+    fits = [
+        n
+        for n in away
+        if all(float((n.get("Resources") or {}).get(k, 0.0)) >= v for k, v in resources.items())
+    ]
+    if not fits:
+        where = ", ".join(sorted({str(n.get("NodeManagerAddress")) for n in on})) or "none"
+        raise UsageError(
+            f"--ray-resources {NOT_SERVER}: no live node off the server's machine ({host}) "
+            f"can hold a load actor (nodes on it: {where}; off it: {len(away)}); add a node "
+            f"that does not serve the model, or drop {NOT_SERVER}"
+        )
+    return host, [(str(n["NodeID"]), str(n.get("NodeManagerAddress"))) for n in fits]
