@@ -148,6 +148,7 @@ def test_a_ray_run_measures_what_a_single_process_run_measures(
     assert dist["placement"] == {
         "resources": {"loadgen": 1.0},
         "rule": "resources",
+        "avoided_server": None,
         "eligible_nodes": nodes,
     }
     assert [a["resources"].get("loadgen") for a in dist["actors"]] == [1.0, 1.0]
