@@ -8,9 +8,9 @@ Paging, sorting and filtering happen on the server: the browser receives one pag
 :data:`PAGE_SIZE` rows, not every run (10,000 runs were megabytes of JSON per poll and per
 client). One listing is shared by every client (:class:`_Listings`): it is made again
 only when the runs folder gains or loses a run, or when it is older than
-:data:`LISTING_MAX_AGE_S`, and clients that ask while it is being made wait for it instead
-of making their own. The selection lives in ``runs-selection``, so runs picked on one page
-stay picked on the others.
+:data:`LISTING_MAX_AGE_S` (or three times what making it took), and clients that ask
+while it is being made wait for it instead of making their own. The selection lives in
+``runs-selection``, so runs picked on one page stay picked on the others.
 """
 
 from __future__ import annotations
@@ -221,6 +221,7 @@ class Listing:
         made_at: ``time.monotonic()`` when it was made.
         root_mtime_ns: the runs folder's modification time then (a run added or removed
             changes it).
+        took_s: how long making it took, in seconds.
     """
 
     records: Sequence[Row]
@@ -228,6 +229,7 @@ class Listing:
     source: str
     made_at: float
     root_mtime_ns: int
+    took_s: float = 0.0
 
 
 def _root_mtime_ns(root: Any) -> int:
@@ -250,12 +252,16 @@ class _Listings:
         with self._lock:
             last = self._last
             mtime = _root_mtime_ns(ctx.runs_dir)
+            # A listing that took long to make (10,000 runs on a busy machine: about a
+            # second) is kept for three times as long, so polls never keep the server
+            # making listings more than a quarter of the time.
             if (
                 last is not None
-                and time.monotonic() - last.made_at < max_age_s
+                and time.monotonic() - last.made_at < max(max_age_s, 3 * last.took_s)
                 and last.root_mtime_ns == mtime
             ):
                 return last
+            t0 = time.monotonic()
             records = table_records(ctx)
             self._last = Listing(
                 records=records,
@@ -263,6 +269,7 @@ class _Listings:
                 source=_source_text(ctx, records),
                 made_at=time.monotonic(),
                 root_mtime_ns=mtime,
+                took_s=time.monotonic() - t0,
             )
             return self._last
 
