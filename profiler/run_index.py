@@ -688,6 +688,10 @@ _ARROW_TYPES = {
     "BOOLEAN": "bool_",
 }
 
+#: The run folders as one look found them (:func:`_scan`), with the broken runs it was
+#: made against (they are keyed on a digest instead).
+Scanned = tuple[frozenset[str], dict[str, tuple[str, FileKey]]]
+
 #: One run to read: its id, its folder and its file key.
 RunItem = tuple[str, str, FileKey]
 
@@ -804,6 +808,8 @@ class RunIndex:
         self.last_stats: RefreshStats | None = None
         #: Run id -> the directory's real path (as the OS spells it), from the last refresh.
         self._paths: dict[str, str] = {}
+        #: What the last :meth:`up_to_date` found on disk (for a refresh that follows it).
+        self.scanned: Scanned | None = None
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -868,6 +874,7 @@ class RunIndex:
             return False
         known, broken = self._known()
         on_disk = _scan(self.root, broken)
+        self.scanned = (frozenset(broken), on_disk)
         if known.keys() != on_disk.keys() or any(
             known[rid] != st for rid, (_, st) in on_disk.items()
         ):
@@ -897,14 +904,21 @@ class RunIndex:
             return False
         return self._answer_as_is(len(known), on_disk)
 
-    def refresh(self, *, rebuild: bool = False) -> RefreshStats:
-        """Bring the table up to date with the folder; ``rebuild`` re-reads every run."""
+    def refresh(self, *, rebuild: bool = False, scanned: Scanned | None = None) -> RefreshStats:
+        """Bring the table up to date with the folder; ``rebuild`` re-reads every run.
+
+        ``scanned``: the folder as :meth:`up_to_date` just found it (on another connection
+        to the same file), used instead of looking at every run folder again when it was
+        made against the same broken runs."""
         self._ensure_schema()
         con = self._con
         if rebuild:
             con.execute("DELETE FROM runs")
         known, broken = self._known()
-        on_disk = _scan(self.root, broken)
+        if scanned is not None and not rebuild and scanned[0] == broken:
+            on_disk = scanned[1]
+        else:
+            on_disk = _scan(self.root, broken)
         self._paths = {rid: path for rid, (path, _) in on_disk.items()}
         stale = [rid for rid in known if rid not in on_disk]
         changed = [rid for rid, (_, st) in on_disk.items() if known.get(rid) != st]
@@ -1123,22 +1137,23 @@ def _import_duckdb() -> Any:
 
 def _read_only_index(
     db: Any, path: Path, root: Path, lookup: Lookup, newest: int | None = None
-) -> RunIndex | None:
+) -> tuple[RunIndex | None, Scanned | None]:
     """The index at ``path`` opened read-only when it is up to date with ``root``
     (:meth:`RunIndex.up_to_date`; with ``newest``, for the ``newest`` newest runs only:
-    :meth:`RunIndex.newest_up_to_date`), else ``None`` (also when it cannot be opened so)."""
+    :meth:`RunIndex.newest_up_to_date`), else ``None`` (also when it cannot be opened so),
+    with what the check found on disk (for the refresh that follows a failed check)."""
     try:
         con = db.connect(str(path), read_only=True)
     except (db.Error, OSError):
-        return None
+        return None, None
     index = RunIndex(con, root, True, lookup)
     try:
         if index.newest_up_to_date(newest) if newest is not None else index.up_to_date():
-            return index
+            return index, None
     except (db.Error, OSError):
         pass
     index.close()
-    return None
+    return None, index.scanned
 
 
 @contextmanager
@@ -1176,12 +1191,13 @@ def open_index(
     note: str | None = None
     con = None
     con_is_copy = False
+    scanned: Scanned | None = None
     problem = _index_file_problem(path) if root.is_dir() else None
     if problem is None and refresh and not rebuild and path.is_file():
         # The common case (nothing changed since the last refresh): answer from a read-only
         # connection, without opening the file for writing and reopening it (each open of
         # the file costs tens of milliseconds).
-        ro = _read_only_index(duckdb, path, root, lookup, newest)
+        ro, scanned = _read_only_index(duckdb, path, root, lookup, newest)
         if ro is not None:
             try:
                 if on_refresh is not None and ro.last_stats is not None:
@@ -1215,7 +1231,7 @@ def open_index(
     try:
         if refresh:
             try:
-                stats = index.refresh(rebuild=rebuild)
+                stats = index.refresh(rebuild=rebuild, scanned=scanned)
             except (duckdb.IOException, OSError) as exc:
                 if not persistent:
                     raise
