@@ -29,6 +29,7 @@ from typing import Any, Self, Union, get_args, get_origin
 from perfscope.analysis._record import Record
 
 __all__ = [
+    "CONTENTION_WARN_SHARE",
     "AutoscaleDecision",
     "Distributed",
     "EngineConfig",
@@ -37,7 +38,9 @@ __all__ = [
     "LoadActor",
     "RunManifest",
     "TelemetryManifest",
+    "is_contended",
     "manifest_view",
+    "server_share",
 ]
 
 
@@ -302,3 +305,35 @@ class RunManifest(_View):
 def manifest_view(manifest: Mapping[str, Any] | RunManifest | None) -> RunManifest:
     """``manifest`` as a :class:`RunManifest` (a manifest.json object, or the view already)."""
     return manifest if isinstance(manifest, RunManifest) else RunManifest.from_dict(manifest)
+
+
+#: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
+#: before the run's timings are flagged as inflated.
+CONTENTION_WARN_SHARE = 0.15
+
+
+def is_contended(contention: Mapping[str, Any] | None) -> bool | None:
+    """Whether a run's CPU contention measurement (the manifest's ``host.contention``: raw
+    shares of the machine's CPU) flags its timings: other processes or the hypervisor above
+    :data:`CONTENTION_WARN_SHARE`, or other processes and the server under test on this
+    machine together above it (a server that takes the cores the client needs delays the
+    client's stamps as any other process would). ``None`` when the run has no measurement."""
+    if contention is None:
+        return None
+    others, steal = contention.get("others_share"), contention.get("steal_share")
+    server = server_share(contention)
+    return bool(
+        (others is not None and others > CONTENTION_WARN_SHARE)
+        or (steal is not None and steal > CONTENTION_WARN_SHARE)
+        or (others is not None and server is not None and others + server > CONTENTION_WARN_SHARE)
+    )
+
+
+def server_share(contention: Mapping[str, Any]) -> float | None:
+    """Share of the machine's CPU capacity (0..1) the server under test on this machine
+    used during the run (``None``: no local server, or a window too short to measure)."""
+    cpu, window = contention.get("server_cpu_s"), contention.get("window_s")
+    cores = contention.get("cpu_count")
+    if cpu is None or not window or not cores or contention.get("too_short"):
+        return None
+    return min(float(cpu) / (float(window) * int(cores)), 1.0)

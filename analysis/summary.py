@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import format_seconds
-from perfscope.analysis.manifest import RunManifest, manifest_view
+from perfscope.analysis.manifest import (
+    CONTENTION_WARN_SHARE,
+    RunManifest,
+    is_contended,
+    manifest_view,
+    server_share,
+)
 
 if TYPE_CHECKING:  # the typed record loads without pandas or hwdb (`perfscope ls` reads it)
     import pandas as pd
@@ -963,11 +969,6 @@ def build_summary(
     )
 
 
-#: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
-#: before the run's timings are flagged as inflated.
-CONTENTION_WARN_SHARE = 0.15
-
-
 def contention_record(manifest: Mapping[str, Any] | RunManifest) -> Contention | None:
     """The run's CPU contention measurement with ``contended`` (others, steal, or others and
     the server under test on this machine together above :data:`CONTENTION_WARN_SHARE`: a
@@ -977,23 +978,8 @@ def contention_record(manifest: Mapping[str, Any] | RunManifest) -> Contention |
     c = manifest_view(manifest).host.contention
     if c is None:
         return None
-    others, steal = c.get("others_share"), c.get("steal_share")
-    server = server_share(c)
-    contended = bool(
-        (others is not None and others > CONTENTION_WARN_SHARE)
-        or (steal is not None and steal > CONTENTION_WARN_SHARE)
-        or (others is not None and server is not None and others + server > CONTENTION_WARN_SHARE)
-    )
-    return Contention.from_dict({**c, "contended": contended})
+    return Contention.from_dict({**c, "contended": is_contended(c)})
 
-
-def server_share(c: Mapping[str, Any]) -> float | None:
-    """Share of the machine's CPU capacity (0..1) the server under test on this machine
-    used during the run (``None``: no local server, or a window too short to measure)."""
-    cpu, window, cores = c.get("server_cpu_s"), c.get("window_s"), c.get("cpu_count")
-    if cpu is None or not window or not cores or c.get("too_short"):
-        return None
-    return min(float(cpu) / (float(window) * int(cores)), 1.0)
 
 
 def run_warnings(manifest: Mapping[str, Any] | RunManifest) -> list[str]:

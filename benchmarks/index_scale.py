@@ -13,12 +13,17 @@ measures:
   from the index against the fallback scan (duckdb hidden), on a fresh repository (the first
   page load after the dashboard starts) and on a warm one (every later load or poll).
 
+- the dashboard's runs page under ``--clients`` concurrent clients (a real server on
+  127.0.0.1 in its own process; each client opens the runs page, then polls it and turns
+  to another page, ``--client-rounds`` times): the latency of every request, p50 and p95.
+
 Run: ``python benchmarks/index_scale.py [--runs 10000] [--repeat 5]``. Prints medians.
+``--only dashboard --code /path/to/other/checkout`` serves the dashboard from another
+checkout (for before/after timings taken side by side).
 
 Before/after numbers at 2,000 and 10,000 runs, taken interleaved with the load beside them,
-are in docs/scale.md ("The run index"). Tables are hard-linked copies of one run's (a first
-build still opens and reads each; the footer schema check reads each footer's bytes and asks
-pyarrow once per distinct schema, so linked copies are not cheaper than real ones for it).
+are in docs/scale.md ("The run index"). Every run's tables are files of their own (copies of
+one real run's), so a first build opens and reads every footer as it would on real runs.
 """
 
 from __future__ import annotations
@@ -42,11 +47,9 @@ def make_runs(root: Path, n: int, seed: int = 0) -> None:
     """``n`` real run folders: each a copy of one real run (manifest.json, summary.json and
     its Parquet tables, which the index reads footers of), with varied metrics and states.
 
-    Files are hard-linked where the filesystem allows (the index reads each as a file of its
-    own: a refresh stats it, the first build reads its footer); the JSON files are written
-    per run.
+    Every file is a copy of its own (its own inode and pages, as real runs have; hard links
+    would let one footer read serve every run from the page cache).
     """
-    import os
     import shutil
 
     from tests.data.runs.builders import manual_run
@@ -63,10 +66,7 @@ def make_runs(root: Path, n: int, seed: int = 0) -> None:
         d = root / run_id
         d.mkdir()
         for t in tables:
-            try:
-                os.link(t, d / t.name)
-            except OSError:
-                shutil.copyfile(t, d / t.name)
+            shutil.copyfile(t, d / t.name)
         manifest["run_id"] = run_id
         manifest["status"] = rng.choice(states)
         manifest["engine"]["kind"] = rng.choice(kinds)
@@ -92,7 +92,21 @@ def main() -> None:
         "--root", type=Path, default=None, help="keep the runs here (made once, reused)"
     )
     ap.add_argument("--skip-scan", action="store_true", help="skip the dashboard scan timing")
+    ap.add_argument("--clients", type=int, default=20, help="concurrent dashboard clients")
+    ap.add_argument("--client-rounds", type=int, default=3, help="page opens per client")
+    ap.add_argument(
+        "--client-gap", type=float, default=2.0, help="s between a client's rounds (its poll)"
+    )
+    ap.add_argument("--only", choices=("all", "dashboard"), default="all", help="run only one part")
+    ap.add_argument(
+        "--code", type=Path, default=None, help="serve the dashboard from this checkout"
+    )
     args = ap.parse_args()
+    if args.only == "dashboard":
+        if args.root is None:
+            ap.error("--only dashboard needs --root (a folder of runs)")
+        dashboard_clients(args.root, args.clients, args.client_rounds, args.code, args.client_gap)
+        return
 
     from perfscope.api.index import open_index
 
@@ -151,6 +165,7 @@ def main() -> None:
             print(f"{label + ':':38s}median {statistics.median(times):.3f} s")
 
         dashboard_list(root, args.repeat, ("index",) if args.skip_scan else ("index", "scan"))
+        dashboard_clients(root, args.clients, args.client_rounds, args.code, args.client_gap)
 
 
 def _list_once(repo: object) -> int:
@@ -192,6 +207,159 @@ def dashboard_list(root: Path, repeat: int, sources: tuple[str, ...]) -> None:
     for kind in ("cold", "warm") if "scan" in sources else ():
         ratio = results[f"scan {kind}"] / results[f"index {kind}"]
         print(f"scan / index, {kind}:".ljust(38) + f"{ratio:.1f}x")
+
+
+#: The dashboard server's process: the app over ``argv[1]`` on 127.0.0.1:``argv[2]``,
+#: imported from the checkout ``argv[3]`` when given (folders mapped as setup.py maps them).
+_SERVER = r"""
+import importlib.abc, importlib.util, sys
+root, port, code = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if code:
+    dirs = {"perfscope": "perfscope", "perfscope.profiler": "profiler", "perfscope.hwdb": "hwdb",
+            "perfscope.analysis": "analysis", "perfscope.dashboard": "dashboard"}
+
+    class Checkout(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name in dirs:
+                init = f"{code}/{dirs[name]}/__init__.py"
+                return importlib.util.spec_from_file_location(
+                    name, init, submodule_search_locations=[f"{code}/{dirs[name]}"])
+            return None
+
+    sys.meta_path.insert(0, Checkout())
+from perfscope.dashboard.app import create_app, serve
+print(__import__("perfscope.dashboard.app").__file__, flush=True)
+serve(create_app(root), "127.0.0.1", port)
+"""
+
+
+def _post_json(conn: object, path: str, body: dict[str, object]) -> tuple[int, bytes]:
+    data = json.dumps(body).encode()
+    conn.request(  # type: ignore[attr-defined]
+        "POST", path, body=data, headers={"Content-Type": "application/json"}
+    )
+    resp = conn.getresponse()  # type: ignore[attr-defined]
+    return int(resp.status), bytes(resp.read())
+
+
+def _callback_body(deps: list[dict[str, object]], output: str, values: dict[str, object]) -> dict:
+    """The request the browser sends for the callback whose outputs include ``output``,
+    with ``values`` ("id.prop" -> value; the rest None)."""
+    dep = next(d for d in deps if output in str(d["output"]))
+    key = str(dep["output"])
+    parts = key.strip(".").split("...") if key.startswith("..") else [key]
+    outs = [{"id": o.split(".")[0], "property": o.split(".", 1)[1]} for o in parts]
+
+    def spec(items: object) -> list[dict[str, object]]:
+        return [
+            {
+                "id": i["id"],
+                "property": i["property"],
+                "value": values.get(f"{i['id']}.{i['property']}"),
+            }
+            for i in items  # type: ignore[attr-defined]
+        ]
+
+    inputs = spec(dep["inputs"])
+    return {
+        "output": key,
+        "outputs": outs if len(outs) > 1 else outs[0],
+        "inputs": inputs,
+        "state": spec(dep["state"]),
+        "changedPropIds": [f"{i['id']}.{i['property']}" for i in inputs[:1]],
+    }
+
+
+def dashboard_clients(
+    root: Path, clients: int, rounds: int, code: Path | None, gap_s: float = 2.0
+) -> None:
+    """``clients`` concurrent clients of a real dashboard server over ``root``: each opens
+    the runs page (the router's callback, which sends the table) and then asks for the
+    table again as its poll does, on a page of its own, ``rounds`` times, ``gap_s`` apart
+    (the clients start spread over one gap). Prints p50/p95 of every request's latency and
+    the bytes a page open sends."""
+    import http.client
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, str(root), str(port), str(code or "")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        print(f"dashboard served from {server.stdout.readline().strip()}")
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+                conn.request("GET", "/_dash-dependencies")
+                deps = json.loads(conn.getresponse().read())
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        # One page open first: the index refreshed once, as a dashboard that has run a while.
+        warm = _callback_body(deps, "page-content.children", {"url.pathname": "/"})
+        status, first = _post_json(conn, "/_dash-update-component", warm)
+        assert status == 200, status
+        conn.close()
+        times: list[float] = []
+        sizes: list[int] = []
+        lock = threading.Lock()
+
+        def client(k: int) -> None:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            time.sleep(gap_s * k / clients)
+            try:
+                for r in range(rounds):
+                    if r:
+                        time.sleep(gap_s)
+                    page = (k + r) % 3
+                    for body in (
+                        _callback_body(deps, "page-content.children", {"url.pathname": "/"}),
+                        _callback_body(
+                            deps,
+                            "runs-table.data",
+                            {
+                                "runs-poll.n_intervals": r + 1,
+                                "runs-table.page_current": page,
+                                "runs-table.page_size": 50,
+                            },
+                        ),
+                    ):
+                        t0 = time.perf_counter()
+                        status, raw = _post_json(c, "/_dash-update-component", body)
+                        dt = time.perf_counter() - t0
+                        with lock:
+                            times.append(dt)
+                            sizes.append(len(raw))
+                        assert status in (200, 204), status
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        wall = time.perf_counter() - t0
+        q = statistics.quantiles(times, n=20)
+        print(
+            f"dashboard, {clients} clients x {rounds} rounds ({len(times)} requests, "
+            f"{wall:.1f} s): p50 {statistics.median(times):.3f} s, p95 {q[18]:.3f} s, "
+            f"page open {len(first) / 1e6:.2f} MB"
+        )
+    finally:
+        server.kill()
+        server.wait()
 
 
 if __name__ == "__main__":

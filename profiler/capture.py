@@ -619,8 +619,15 @@ def _start_telemetry(
 ) -> tuple[TelemetrySession | ClusterTelemetry | None, bool]:
     """Hardware sampling for the run, started before the first request (it samples the idle
     baseline first): this process's session, or with ``--ray`` one agent per cluster node.
-    Returns the session (``None`` when off) and whether this call started Ray."""
+    Returns the session (``None`` when off) and whether this call started Ray.
+
+    With ``--ray`` the cluster is joined (or started) here either way, before the run folder
+    exists: a cluster that cannot be reached is a one-line error, not a failed run."""
     if not opts.telemetry.enabled:
+        if opts.ray is not None:
+            from perfscope.profiler.distributed import connect, parse_ray_target
+
+            return None, connect(parse_ray_target(opts.ray))
         return None, False
     tcfg = opts.telemetry
     if str(info.device or "").startswith("cuda") and not tcfg.cuda_memory:

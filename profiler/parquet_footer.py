@@ -236,23 +236,39 @@ def schema_key(path: str | os.PathLike[str]) -> bytes | None:
     return SchemaKeys().key(path)
 
 
+#: Bytes read from a file's end in one call: the footer of a run's table (a few KiB) and its
+#: length come back together, with no second read.
+_TAIL_BYTES = 16 * 1024
+
+
 def _read_footer(path: str | os.PathLike[str]) -> bytes | None:
-    """The footer bytes of the Parquet file at ``path``, or ``None`` when it has none."""
+    """The footer bytes of the Parquet file at ``path``, or ``None`` when it has none.
+
+    One ``pread`` of the file's last :data:`_TAIL_BYTES` usually holds the footer, its
+    length and the closing magic; a longer footer costs one more read."""
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size < 12:
-                return None
-            fh.seek(0)
-            if fh.read(4) != _MAGIC:
-                return None
-            fh.seek(size - 8)
-            tail = fh.read(8)
-            n = int.from_bytes(tail[:4], "little")
-            if tail[4:] != _MAGIC or n <= 0 or n > MAX_FOOTER_BYTES or n + 12 > size:
-                return None
-            fh.seek(size - 8 - n)
-            footer = fh.read(n)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 12:
+            return None
+        want = min(size, _TAIL_BYTES)
+        tail = os.pread(fd, want, size - want)
+        if len(tail) != want or tail[-4:] != _MAGIC:
+            return None
+        n = int.from_bytes(tail[-8:-4], "little")
+        if n <= 0 or n > MAX_FOOTER_BYTES or n + 12 > size:
+            return None
+        head = tail[:4] if want == size else os.pread(fd, 4, 0)
+        if head != _MAGIC:
+            return None
+        if n + 8 <= want:
+            return tail[want - 8 - n : want - 8]
+        footer = os.pread(fd, n, size - 8 - n)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return footer if len(footer) == n else None

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALL_COLUMN_NAMES",
     "BOOKKEEPING_DOCS",
+    "COLUMN_UNITS",
     "INDEX_COLUMNS",
     "INDEX_FILE",
     "IndexColumn",
@@ -57,9 +59,9 @@ __all__ = [
     "open_index",
 ]
 
-#: Reads the value at a dotted path of a JSON object (``None`` when absent): the metric
-#: catalogue's ``value_at``, passed in by the caller.
-Lookup = Callable[[Any, str], Any]
+#: Reads the value at a dotted path (or its keys, split) of a JSON object (``None`` when
+#: absent): the metric catalogue's ``value_at``, passed in by the caller.
+Lookup = Callable[[Any, str | tuple[str, ...]], Any]
 
 INDEX_FILE = ".perfscope-index.duckdb"
 #: Bumped whenever the columns or their meaning change; an older index file is rebuilt.
@@ -261,6 +263,13 @@ INDEX_COLUMNS: tuple[IndexColumn, ...] = (
     ),
 )
 
+#: Each data column as the reader walks it: (name, SQL type, source file, path split into
+#: keys once, reduce), so a first build over thousands of runs does not split every path
+#: of every run again.
+_COLUMN_PLAN: tuple[tuple[str, str, str, tuple[str, ...], str | None], ...] = tuple(
+    (c.name, c.sql_type, c.source, tuple(c.path.split(".")), c.reduce) for c in INDEX_COLUMNS
+)
+
 #: What each bookkeeping column means (``perfscope query --columns``).
 BOOKKEEPING_DOCS: dict[str, str] = {
     "run_id": "run directory name (undecodable bytes shown as \\xNN)",
@@ -293,10 +302,44 @@ _BOOKKEEPING = (
     ("files_key", "BIGINT"),
 )
 
+#: The unit of every column of ``runs`` (``perfscope query --columns``): SI units for
+#: measurements, ``count`` for whole numbers of things, ``fraction`` for shares 0-1,
+#: ``text``/``true/false``/``timestamp`` for the rest.
+_TIME_S = (
+    "window_s ttft_p50_s ttft_p90_s ttft_p99_s tpot_p50_s tpot_p99_s itl_p50_s itl_p99_s "
+    "e2e_p50_s e2e_p99_s ray_clock_uncertainty_s"
+)
+_COUNTS = (
+    "warnings requests completed failed concurrency slo_count model_layers ray_actors "
+    "ray_lost_actors ray_lost_in_flight ray_never_sent"
+)
+_FRACTIONS = (
+    "others_cpu_share steal_cpu_share attainment prefill_mfu prefill_mbu decode_mfu decode_mbu"
+)
+COLUMN_UNITS: dict[str, str] = {
+    **dict.fromkeys(_TIME_S.split(), "s"),
+    **dict.fromkeys(_COUNTS.split(), "count"),
+    **dict.fromkeys(_FRACTIONS.split(), "fraction (0-1)"),
+    **dict.fromkeys(("manifest_mtime_ns", "summary_mtime_ns"), "ns since the epoch"),
+    **dict.fromkeys(("manifest_size", "summary_size"), "bytes"),
+    **dict.fromkeys(("started_at", "ended_at"), "timestamp (UTC)"),
+    **dict.fromkeys(("output_tokens", "prompt_tokens"), "tokens"),
+    **dict.fromkeys(("prompt_tokens_per_request", "output_tokens_per_request"), "tokens"),
+    **dict.fromkeys(("prompt_len_spec", "output_len_spec"), "tokens (as given)"),
+    **dict.fromkeys(("output_tok_s", "total_tok_s"), "tokens/s"),
+    **dict.fromkeys(("rate_req_s", "req_s", "goodput_req_s"), "requests/s"),
+    "j_per_output_token": "J/token",
+    "files_key": "ns, or a digest",
+    "pid": "process id",
+}
+
 #: Every column of ``runs`` in table order.
 ALL_COLUMN_NAMES: tuple[str, ...] = tuple(n for n, _ in _BOOKKEEPING) + tuple(
     c.name for c in INDEX_COLUMNS
 )
+_TYPES = {n: t.split()[0] for n, t in _BOOKKEEPING} | {c.name: c.sql_type for c in INDEX_COLUMNS}
+for _name in ALL_COLUMN_NAMES:  # the rest by type: text, true/false
+    COLUMN_UNITS.setdefault(_name, {"BOOLEAN": "true/false"}.get(_TYPES[_name], "text"))
 
 
 @dataclass(frozen=True)
@@ -475,25 +518,27 @@ def _read_row(
         summary = None
         row["has_summary"] = False
     sources = {"manifest": manifest, "summary": summary or {}}
-    for col in INDEX_COLUMNS:
-        raw = lookup(sources[col.source], col.path)
-        if col.reduce == "count":
+    for name, sql_type, source, parts, reduce in _COLUMN_PLAN:
+        raw = lookup(sources[source], parts)
+        if reduce is None:
+            pass
+        elif reduce == "count":
             raw = len(raw) if isinstance(raw, dict | list) else None
-        elif col.reduce == "last":
+        elif reduce == "last":
             raw = str(raw[-1])[:200] if isinstance(raw, list) and raw else None
-        elif col.reduce == "count_lost":
+        elif reduce == "count_lost":
             raw = (
                 sum(1 for a in raw if isinstance(a, dict) and a.get("lost"))
                 if isinstance(raw, list)
                 else None
             )
-        elif col.reduce == "ns_to_s":
+        elif reduce == "ns_to_s":
             raw = _ratio(raw, 1e9)
-        elif col.reduce in ("per_request", "per_completed"):
+        elif reduce in ("per_request", "per_completed"):
             counts = sources["summary"].get("counts")
-            per = "requests" if col.reduce == "per_request" else "completed"
+            per = "requests" if reduce == "per_request" else "completed"
             raw = _ratio(raw, counts.get(per) if isinstance(counts, dict) else None)
-        row[col.name] = _coerce(raw, col.sql_type)
+        row[name] = None if raw is None else _coerce(raw, sql_type)
     if summary is not None and not row["slo_count"]:
         # Without SLOs every request "meets" them: no attainment, no goodput.
         row["attainment"] = row["goodput_req_s"] = None
@@ -566,21 +611,180 @@ def _scan(root: Path, strong: set[str] = frozenset()) -> dict[str, tuple[str, Fi
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
-        base = entry.path + os.sep
-        manifest = _stat_pair(base + "manifest.json")
-        if manifest[1] < 0:
-            continue
         rid = safe_text(entry.name)
-        try:
-            last = (
-                _files_digest(entry.path)
-                if rid in strong
-                else entry.stat(follow_symlinks=False).st_mtime_ns
-            )
-        except OSError:
-            continue
-        out[rid] = (entry.path, (*manifest, *_stat_pair(base + "summary.json"), last))
+        key = _entry_key(entry, rid in strong)
+        if key is not None:
+            out[rid] = (entry.path, key)
     return out
+
+
+def _entry_key(entry: os.DirEntry[str], strong: bool) -> FileKey | None:
+    """The :data:`FileKey` of the run folder ``entry`` (the digest form when ``strong``), or
+    ``None`` when it has no manifest.json (not a run) or cannot be read."""
+    base = entry.path + os.sep
+    manifest = _stat_pair(base + "manifest.json")
+    if manifest[1] < 0:
+        return None
+    try:
+        last = (
+            _files_digest(entry.path) if strong else entry.stat(follow_symlinks=False).st_mtime_ns
+        )
+    except OSError:
+        return None
+    return (*manifest, *_stat_pair(base + "summary.json"), last)
+
+
+def _newest_candidates(
+    root: Path, limit: int, strong: set[str]
+) -> tuple[int, dict[str, tuple[str, FileKey]]] | None:
+    """The run folders that can be among the ``limit`` newest in ``perfscope ls`` order,
+    with their :data:`FileKey`, read without looking at any other run; and how many
+    folders the root holds. ``None`` when the root cannot be listed.
+
+    The order is the run id's first 15 characters (its start stamp), then the start time,
+    then the id: every folder whose first 15 characters are among the first ``limit``
+    distinct prefixes of the runs (newest first) is a candidate, ties included."""
+    try:
+        entries = [
+            e
+            for e in os.scandir(root)
+            if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+        ]
+    except OSError:
+        return None
+    entries.sort(key=lambda e: safe_text(e.name)[:15], reverse=True)
+    out: dict[str, tuple[str, FileKey]] = {}
+    prefixes = 0
+    last: str | None = None
+    for entry in entries:
+        rid = safe_text(entry.name)
+        if rid[:15] != last:
+            if prefixes >= limit:
+                break
+            last = rid[:15]
+        key = _entry_key(entry, rid in strong)
+        if key is None:
+            continue  # not a run: it takes no place in the listing
+        if len(out) == 0 or rid[:15] != next(reversed(out))[:15]:
+            prefixes += 1
+        out[rid] = (entry.path, key)
+    return len(entries), out
+
+
+#: A refresh that reads at least this many runs (a first build) reads them in worker
+#: processes, one per core up to :data:`_MAX_WORKERS`: parsing each run's two JSON files
+#: is most of a first build's time, one process uses one core, and a worker's start
+#: (a Python interpreter and pyarrow, about 0.3 s here) is paid back from about a thousand.
+PARALLEL_MIN_RUNS = 1000
+_MAX_WORKERS = 8
+
+#: The Arrow type of each column as a worker hands its rows over (timestamps stay text
+#: until the INSERT casts them, as before).
+_ARROW_TYPES = {
+    "VARCHAR": "string",
+    "TIMESTAMPTZ": "string",
+    "BIGINT": "int64",
+    "DOUBLE": "float64",
+    "BOOLEAN": "bool_",
+}
+
+#: The run folders as one look found them (:func:`_scan`), with the broken runs it was
+#: made against (they are keyed on a digest instead).
+Scanned = tuple[frozenset[str], dict[str, tuple[str, FileKey]]]
+
+#: One run to read: its id, its folder and its file key.
+RunItem = tuple[str, str, FileKey]
+
+
+def _read_table(items: Sequence[RunItem], lookup: Lookup, root: Path, broken: set[str]) -> Any:
+    """The rows of the runs ``items`` (id, folder, file key) as one Arrow table."""
+    import pyarrow as pa
+
+    from perfscope.profiler.store import TableCheck
+
+    tables = TableCheck()
+    rows = []
+    for rid, path, key in items:
+        row = _row(rid, path, key, lookup, root, tables)
+        if row["state"] == "broken" and rid not in broken:
+            # A broken run is keyed on every file's identity from now on.
+            row["files_key"] = _files_digest(path)
+        rows.append(row)
+    schema = pa.schema([(n, getattr(pa, _ARROW_TYPES[_TYPES[n]])()) for n in ALL_COLUMN_NAMES])
+    return pa.table({n: [r[n] for r in rows] for n in ALL_COLUMN_NAMES}, schema=schema)
+
+
+def _read_runs(items: Sequence[RunItem], lookup: Lookup, root: Path, broken: set[str]) -> Any:
+    """The rows of ``items`` as one Arrow table: read here, or split over worker processes
+    when there are at least :data:`PARALLEL_MIN_RUNS` and more than one core.
+
+    A worker is ``python -m perfscope.profiler.run_index`` (a fresh interpreter: never a
+    fork of this process, which may hold DuckDB's threads, and never a re-run of the
+    caller's main module): it reads its share, pickled on its stdin, and writes the rows
+    to its stdout as an Arrow stream. Whatever a worker could not deliver (it could not
+    start, failed, or ``lookup`` cannot be pickled) is read here instead."""
+    cores = os.cpu_count() or 1
+    if len(items) < PARALLEL_MIN_RUNS or cores < 2:
+        return _read_table(items, lookup, root, broken)
+    import pickle
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    n = min(cores, _MAX_WORKERS)
+    shares = [items[k::n] for k in range(n)]
+    try:
+        payloads = [pickle.dumps((share, lookup, root, broken)) for share in shares]
+    except Exception:  # a lookup that is not a module-level function
+        return _read_table(items, lookup, root, broken)
+    procs: list[subprocess.Popen[bytes]] = []
+    parts: list[Any] = []
+    try:
+        for _ in shares:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", __name__],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C is this process's to handle
+                )
+            )
+        for proc, payload in zip(procs, payloads, strict=True):
+            assert proc.stdin is not None
+            with proc.stdin:
+                proc.stdin.write(payload)
+        for proc, share in zip(procs, shares, strict=True):
+            assert proc.stdout is not None
+            try:
+                with pa.ipc.open_stream(proc.stdout) as reader:
+                    part = reader.read_all()
+                ok = proc.wait() == 0 and part.num_rows == len(share)
+            except (OSError, pa.ArrowInvalid):
+                ok = False
+            parts.append(part if ok else _read_table(share, lookup, root, broken))
+    except OSError:  # no worker could start (no process left, no executable)
+        return _read_table(items, lookup, root, broken)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return pa.concat_tables(parts)
+
+
+def _worker_main() -> None:
+    """A reading worker (:func:`_read_runs`): its share from stdin, its rows to stdout."""
+    import pickle
+    import sys
+
+    import pyarrow as pa
+
+    items, lookup, root, broken = pickle.loads(sys.stdin.buffer.read())
+    table = _read_table(items, lookup, root, broken)
+    with pa.ipc.new_stream(sys.stdout.buffer, table.schema) as writer:
+        writer.write_table(table)
 
 
 def _create_sql() -> str:
@@ -604,6 +808,8 @@ class RunIndex:
         self.last_stats: RefreshStats | None = None
         #: Run id -> the directory's real path (as the OS spells it), from the last refresh.
         self._paths: dict[str, str] = {}
+        #: What the last :meth:`up_to_date` found on disk (for a refresh that follows it).
+        self.scanned: Scanned | None = None
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -646,6 +852,19 @@ class RunIndex:
         }
         return known, broken
 
+    def _answer_as_is(self, runs: int, on_disk: dict[str, tuple[str, FileKey]]) -> bool:
+        """Whether the runs of ``on_disk`` (held unchanged) can be answered as the index
+        holds them: none held as running has stopped or reads differently. When they can,
+        :attr:`last_stats` and the run paths are set as a refresh would set them."""
+        died, reasons = self._recheck_running(on_disk, set())
+        if died or reasons:
+            return False
+        self._paths = {rid: path for rid, (path, _) in on_disk.items()}
+        self.last_stats = RefreshStats(
+            runs=runs, added=0, updated=0, removed=0, persistent=self.persistent
+        )
+        return True
+
     def up_to_date(self) -> bool:
         """Whether a refresh would change nothing (read only: the schema is current, no run
         was added, changed or removed, no run held as running has stopped or reads
@@ -655,27 +874,51 @@ class RunIndex:
             return False
         known, broken = self._known()
         on_disk = _scan(self.root, broken)
+        self.scanned = (frozenset(broken), on_disk)
         if known.keys() != on_disk.keys() or any(
             known[rid] != st for rid, (_, st) in on_disk.items()
         ):
             return False
-        died, reasons = self._recheck_running(on_disk, set())
-        if died or reasons:
-            return False
-        self._paths = {rid: path for rid, (path, _) in on_disk.items()}
-        self.last_stats = RefreshStats(
-            runs=len(known), added=0, updated=0, removed=0, persistent=self.persistent
-        )
-        return True
+        return self._answer_as_is(len(known), on_disk)
 
-    def refresh(self, *, rebuild: bool = False) -> RefreshStats:
-        """Bring the table up to date with the folder; ``rebuild`` re-reads every run."""
+    def newest_up_to_date(self, limit: int) -> bool:
+        """Whether the index holds the ``limit`` newest runs (``perfscope ls`` order) as they
+        are now (read only): every folder that can be among them is indexed with its files
+        unchanged, no indexed run among them is gone, and none of them held as running has
+        stopped. Only those folders are looked at, not the whole runs folder, so plain
+        ``perfscope ls`` answers in the same time at 100 runs and at 10,000. When it holds,
+        :meth:`newest` answers for them (other rows may be stale until the next refresh)."""
+        if not self._schema_current():
+            return False
+        known, broken = self._known()
+        found = _newest_candidates(self.root, limit, broken)
+        if found is None:
+            return False
+        _, on_disk = found
+        if any(known.get(rid) != st for rid, (_, st) in on_disk.items()):
+            return False
+        # An indexed run that sorts among them but whose folder is gone or no longer a run.
+        floor = min((rid[:15] for rid in on_disk), default="")
+        gone = [r for r in known if r[:15] >= floor and r not in on_disk]
+        if gone:
+            return False
+        return self._answer_as_is(len(known), on_disk)
+
+    def refresh(self, *, rebuild: bool = False, scanned: Scanned | None = None) -> RefreshStats:
+        """Bring the table up to date with the folder; ``rebuild`` re-reads every run.
+
+        ``scanned``: the folder as :meth:`up_to_date` just found it (on another connection
+        to the same file), used instead of looking at every run folder again when it was
+        made against the same broken runs."""
         self._ensure_schema()
         con = self._con
         if rebuild:
             con.execute("DELETE FROM runs")
         known, broken = self._known()
-        on_disk = _scan(self.root, broken)
+        if scanned is not None and not rebuild and scanned[0] == broken:
+            on_disk = scanned[1]
+        else:
+            on_disk = _scan(self.root, broken)
         self._paths = {rid: path for rid, (path, _) in on_disk.items()}
         stale = [rid for rid in known if rid not in on_disk]
         changed = [rid for rid, (_, st) in on_disk.items() if known.get(rid) != st]
@@ -694,18 +937,9 @@ class RunIndex:
             for rid, reason in reasons:  # still running, said differently (another host)
                 con.execute("UPDATE runs SET problem = ? WHERE run_id = ?", [reason, rid])
             if redo:
-                import pyarrow as pa
-
-                from perfscope.profiler.store import TableCheck
-
-                real_root = self.root.resolve()
-                tables = TableCheck()
-                rows = [_row(rid, *on_disk[rid], self._lookup, real_root, tables) for rid in redo]
-                for row in rows:
-                    # A broken run is keyed on every file's identity from now on.
-                    if row["state"] == "broken" and row["run_id"] not in broken:
-                        row["files_key"] = _files_digest(on_disk[row["run_id"]][0])
-                con.register("incoming_runs", pa.Table.from_pylist(rows))
+                items = [(rid, *on_disk[rid]) for rid in redo]
+                incoming = _read_runs(items, self._lookup, self.root.resolve(), broken)
+                con.register("incoming_runs", incoming)
                 try:
                     con.execute(
                         "INSERT INTO runs SELECT "
@@ -881,6 +1115,16 @@ def _index_file_problem(path: Path) -> str | None:
     return None
 
 
+def _open_problem(exc: BaseException) -> str:
+    """Why the index file could not be opened for writing, short: DuckDB's lock conflict
+    is a paragraph (with a link) that the dashboard's status line would carry whole."""
+    text = str(exc)
+    held = re.search(r"Conflicting lock is held in .*?\(PID (\d+)\)", text)
+    if held:
+        return f"another process, PID {held[1]}, holds the index file"
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
 def _import_duckdb() -> Any:
     try:
         import duckdb
@@ -891,21 +1135,25 @@ def _import_duckdb() -> Any:
     return duckdb
 
 
-def _read_only_index(db: Any, path: Path, root: Path, lookup: Lookup) -> RunIndex | None:
+def _read_only_index(
+    db: Any, path: Path, root: Path, lookup: Lookup, newest: int | None = None
+) -> tuple[RunIndex | None, Scanned | None]:
     """The index at ``path`` opened read-only when it is up to date with ``root``
-    (:meth:`RunIndex.up_to_date`), else ``None`` (also when it cannot be opened so)."""
+    (:meth:`RunIndex.up_to_date`; with ``newest``, for the ``newest`` newest runs only:
+    :meth:`RunIndex.newest_up_to_date`), else ``None`` (also when it cannot be opened so),
+    with what the check found on disk (for the refresh that follows a failed check)."""
     try:
         con = db.connect(str(path), read_only=True)
     except (db.Error, OSError):
-        return None
+        return None, None
     index = RunIndex(con, root, True, lookup)
     try:
-        if index.up_to_date():
-            return index
+        if index.newest_up_to_date(newest) if newest is not None else index.up_to_date():
+            return index, None
     except (db.Error, OSError):
         pass
     index.close()
-    return None
+    return None, index.scanned
 
 
 @contextmanager
@@ -917,8 +1165,13 @@ def open_index(
     rebuild: bool = False,
     on_refresh: Callable[[RefreshStats], None] | None = None,
     allow_files: bool = False,
+    newest: int | None = None,
 ) -> Iterator[RunIndex]:
     """Open (and by default refresh) the index of runs folder ``root``.
+
+    ``newest``: the caller reads only the ``newest`` newest runs (:meth:`RunIndex.newest`,
+    plain ``perfscope ls``), so an index that holds those as they are is used as it is,
+    without looking at the other runs' files; otherwise it is refreshed as usual.
 
     The connection handed out is locked down for untrusted SQL (:func:`_lock_down`): no
     extension auto-loading and, unless ``allow_files``, no access to files outside the
@@ -938,12 +1191,13 @@ def open_index(
     note: str | None = None
     con = None
     con_is_copy = False
+    scanned: Scanned | None = None
     problem = _index_file_problem(path) if root.is_dir() else None
     if problem is None and refresh and not rebuild and path.is_file():
         # The common case (nothing changed since the last refresh): answer from a read-only
         # connection, without opening the file for writing and reopening it (each open of
         # the file costs tens of milliseconds).
-        ro = _read_only_index(duckdb, path, root, lookup)
+        ro, scanned = _read_only_index(duckdb, path, root, lookup, newest)
         if ro is not None:
             try:
                 if on_refresh is not None and ro.last_stats is not None:
@@ -959,7 +1213,7 @@ def open_index(
         try:
             con = duckdb.connect(str(path))
         except (duckdb.Error, OSError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            first = _open_problem(exc)
             # Another process holds the file (a query, a DuckDB shell): start from a copy
             # of what it holds, so the refresh below is incremental, not a full rebuild.
             con = _memory_copy(duckdb, path)
@@ -977,7 +1231,7 @@ def open_index(
     try:
         if refresh:
             try:
-                stats = index.refresh(rebuild=rebuild)
+                stats = index.refresh(rebuild=rebuild, scanned=scanned)
             except (duckdb.IOException, OSError) as exc:
                 if not persistent:
                     raise
@@ -1007,3 +1261,7 @@ def open_index(
         yield index
     finally:
         index.close()
+
+
+if __name__ == "__main__":
+    _worker_main()

@@ -129,6 +129,17 @@ def dash_call(
     return data or None  # every output was no_update
 
 
+#: The outputs of the runs table's callback (its poll, page, sort and filter).
+RUNS_TABLE_OUTPUTS = [
+    "runs-table.data",
+    "runs-table.tooltip_data",
+    "runs-table.selected_rows",
+    "runs-count.children",
+    "runs-table.page_count",
+    "runs-table.page_current",
+]
+
+
 def route(client: Any, pathname: str, search: str = "") -> Any:
     """The page the router builds for a URL (the layout tree as JSON)."""
     out = dash_call(
@@ -225,17 +236,15 @@ def test_runs_poll_shows_new_runs_and_keeps_the_selection(
 ) -> None:
     page = route(client, "/")
     data = find(page, "runs-table")["data"]  # type: ignore[index]
-    outputs = [
-        "runs-table.data",
-        "runs-table.tooltip_data",
-        "runs-table.selected_rows",
-        "runs-count.children",
-    ]
-    state = {"runs-table.data": data, "runs-table.selected_row_ids": [runs.beta.name]}
-    assert dash_call(client, outputs, {"runs-poll.n_intervals": 1}, state) is None  # unchanged
+    outputs = RUNS_TABLE_OUTPUTS
+    state = {"runs-table.data": data, "runs-selection.data": [runs.beta.name]}
+    first = {"runs-table.page_current": 0, "runs-table.page_size": 50}
+    poll = {**first, "runs-poll.n_intervals": 1}
+    assert dash_call(client, outputs, poll, state, changed=["runs-poll.n_intervals"]) is None
     new = manual_run(runs.root, name="late", n_requests=3, model=small_model())
     try:
-        out = dash_call(client, outputs, {"runs-poll.n_intervals": 2}, state)
+        poll = {**first, "runs-poll.n_intervals": 2}
+        out = dash_call(client, outputs, poll, state, changed=["runs-poll.n_intervals"])
         assert out is not None
         rows = out["runs-table"]["data"]
         assert new.name in [r["run_id"] for r in rows]
@@ -250,13 +259,12 @@ def test_runs_poll_shows_new_runs_and_keeps_the_selection(
 
 def test_selecting_runs_builds_the_compare_link(client: Any, runs: Runs) -> None:
     outputs = ["runs-compare-link.href", "runs-compare-link.children", "runs-compare-link.style"]
-    out = dash_call(
-        client, outputs, {"runs-table.selected_row_ids": [runs.alpha.name, runs.beta.name]}
-    )
+    picked = [runs.alpha.name, runs.beta.name]
+    out = dash_call(client, outputs, {"runs-selection.data": picked})
     assert out is not None
     assert out["runs-compare-link"]["href"] == f"/compare?runs={runs.alpha.name},{runs.beta.name}"
     assert out["runs-compare-link"]["children"] == "Compare 2 selected runs"
-    one = dash_call(client, outputs, {"runs-table.selected_row_ids": [runs.alpha.name]})
+    one = dash_call(client, outputs, {"runs-selection.data": [runs.alpha.name]})
     assert one is not None and one["runs-compare-link"]["href"] == f"/run/{runs.alpha.name}"
 
 

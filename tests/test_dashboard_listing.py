@@ -301,3 +301,68 @@ def test_study_and_sweep_folders_are_never_listed_as_runs(tmp_path: Path) -> Non
     (tmp_path / "sweeps" / "sweep.json").write_text("{}")
     assert list_runs(tmp_path) == [] and scan_runs(tmp_path) == []
     assert RunRepository(tmp_path).run_ids() == []
+
+
+# ---------------------------------------------------------------------- server-side paging
+
+
+def test_the_runs_table_pages_sorts_and_filters_on_the_server_and_keeps_picks_across_pages(
+    tmp_path: Path,
+) -> None:
+    from perfscope.dashboard.app import create_app
+    from perfscope.dashboard.pages.runs import PAGE_SIZE
+    from tests.data.runs.builders import copy_run
+    from tests.test_dashboard_app import RUNS_TABLE_OUTPUTS, dash_call, find, route
+
+    template = manual_run(tmp_path / "t", name="tmpl", n_requests=3)
+    root = tmp_path / "runs"
+    root.mkdir()
+    n = 2 * PAGE_SIZE + 7
+    for i in range(n):
+        run = copy_run(template, root, f"20261201-10{i // 60:02d}{i % 60:02d}-r-{i:04d}")
+        summary = json.loads((run / "summary.json").read_text())
+        summary["throughput"]["output_tok_s"] = float(1000 + (i * 37) % n)
+        (run / "summary.json").write_text(json.dumps(summary))
+    client = create_app(root).server.test_client()
+    table = find(route(client, "/"), "runs-table")
+    assert table is not None
+    # The browser gets one page, newest first, and knows how many there are.
+    assert len(table["data"]) == PAGE_SIZE and table["page_count"] == 3
+    assert table["data"][0]["run_id"].endswith(f"-{n - 1:04d}")
+    assert table["page_action"] == table["sort_action"] == table["filter_action"] == "custom"
+    outputs = RUNS_TABLE_OUTPUTS
+
+    def ask(**inputs: Any) -> dict[str, Any]:
+        values = {"runs-table.page_current": 0, "runs-table.page_size": PAGE_SIZE}
+        values.update({f"runs-table.{k}": v for k, v in inputs.items()})
+        picked = {"runs-selection.data": ["20261201-100001-r-0001"]}
+        out = dash_call(client, outputs, values, picked, changed=["runs-table.page_current"])
+        assert out is not None
+        return out
+
+    last = ask(page_current=2)
+    assert len(last["runs-table"]["data"]) == n - 2 * PAGE_SIZE
+    assert last["runs-table"]["data"][-1]["run_id"] == "20261201-100000-r-0000"
+    # The run picked on another page is marked where it shows.
+    (sel,) = last["runs-table"]["selected_rows"]
+    assert last["runs-table"]["data"][sel]["run_id"] == "20261201-100001-r-0001"
+    ranked = ask(sort_by=[{"column_id": "output_tok_s", "direction": "asc"}])["runs-table"]
+    tok = [r["output_tok_s"] for r in ranked["data"]]
+    assert tok == sorted(tok) and tok[0] == 1000.0  # the smallest of all pages comes first
+    filtered = ask(filter_query="{output_tok_s} >= 1100 && {link} contains r-00")
+    rows = filtered["runs-table"]["data"]
+    assert rows and all(r["output_tok_s"] >= 1100 for r in rows)
+    assert filtered["runs-table"]["page_count"] == 1
+    assert filtered["runs-count"]["children"].endswith(f"{len(rows)} match the filter")
+    # Picks on one page stay when another page's picks change.
+    keep = dash_call(
+        client,
+        ["runs-selection.data"],
+        {"runs-table.selected_row_ids": ["20261201-100105-r-0065"]},
+        {
+            "runs-table.data": [*ranked["data"][:3], {"id": "20261201-100105-r-0065"}],
+            "runs-selection.data": ["20261201-100001-r-0001"],
+        },
+    )
+    assert keep is not None
+    assert keep["runs-selection"]["data"] == ["20261201-100001-r-0001", "20261201-100105-r-0065"]

@@ -93,7 +93,7 @@ def test_an_unchanged_index_answers_and_an_edit_in_place_is_still_seen(
     assert rows == [(12345.0,)]
 
 
-def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_or_hwdb(
+def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_hwdb_or_summary_records(
     template: Path, tmp_path: Path
 ) -> None:
     for i in range(3):
@@ -105,11 +105,95 @@ def test_ls_and_query_from_the_index_import_no_pyarrow_pandas_or_hwdb(
         f"root = {str(tmp_path)!r}; "
         "assert main(['ls', '--limit', '2', '--runs-dir', root]) == 0; "
         "assert main(['query', 'SELECT count(*) FROM runs', '--runs-dir', root]) == 0; "
-        "print(sorted(m for m in ('pyarrow', 'pandas', 'perfscope.hwdb', 'torch') "
-        "if m in sys.modules))"
+        "print(sorted(m for m in ('pyarrow', 'pandas', 'perfscope.hwdb', 'torch', "
+        "'perfscope.analysis.summary') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert "20261201-100002-r-0002" in out and "20261201-100000-r-0000" not in out
     assert out.strip().splitlines()[-1] == "[]", out
+
+
+def _ls_ids(root: Path, limit: int) -> list[str]:
+    with open_index(root, newest=limit) as index:
+        return [r.path.name for r in index.newest(limit)]
+
+
+def test_plain_ls_checks_only_the_newest_runs_and_still_sees_every_change_among_them(
+    template: Path, tmp_path: Path
+) -> None:
+    ids = [f"20261201-10000{i}-r-000{i}" for i in range(6)]
+    runs = [copy_run(template, tmp_path, rid, name=rid[-4:]) for rid in ids]
+    # Two runs started in the same second: the start time, then the id, orders them.
+    twin = copy_run(template, tmp_path, "20261201-100005-q-0009", name="twin")
+    with open_index(tmp_path):
+        pass
+    newest = ["20261201-100005-r-0005", "20261201-100005-q-0009", "20261201-100004-r-0004"]
+    assert _ls_ids(tmp_path, 3) == newest
+    # An old run changed (or removed): the newest are still held as they are, read only.
+    old = runs[0] / "summary.json"
+    old.write_text(old.read_text().replace('"output_tok_s"', '"output_tok_s" '))
+    os.utime(old, ns=(0, 1))
+    with open_index(tmp_path, newest=3) as index:
+        assert index.newest_up_to_date(3) and index.persistent
+    # A change among the newest is seen: a new run, one removed, an edit in place.
+    copy_run(template, tmp_path, "20261201-100009-late-0010", name="late")
+    assert _ls_ids(tmp_path, 3)[0] == "20261201-100009-late-0010"
+    import shutil
+
+    shutil.rmtree(twin)
+    assert _ls_ids(tmp_path, 3) == [
+        "20261201-100009-late-0010",
+        "20261201-100005-r-0005",
+        "20261201-100004-r-0004",
+    ]
+    manifest = runs[4] / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["status"] = "failed"
+    st = os.stat(manifest)
+    manifest.write_text(json.dumps(data))  # in place
+    os.utime(manifest, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with open_index(tmp_path, newest=3) as index:
+        rows = index.newest(3)
+    assert [(r.path.name, r.state) for r in rows][2] == ("20261201-100004-r-0004", "failed")
+    # A folder that is not a run (no manifest) takes no place among the newest.
+    (tmp_path / "20261201-100010-notarun").mkdir()
+    assert _ls_ids(tmp_path, 1) == ["20261201-100009-late-0010"]
+
+
+def test_a_large_refresh_read_in_worker_processes_holds_what_one_process_reads(
+    template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfscope.analysis.catalogue import value_at
+    from perfscope.profiler import run_index
+
+    for i in range(5):
+        copy_run(template, tmp_path, f"20261201-10000{i}-r-000{i}", name=f"r{i}")
+    broken = copy_run(template, tmp_path, "20261201-100009-bad-0009")
+    (broken / "requests.parquet").write_bytes(b"not parquet")
+    root = tmp_path.resolve()
+    items = [(rid, path, key) for rid, (path, key) in sorted(run_index._scan(root).items())]
+
+    def rows(table: object) -> list[dict[str, object]]:
+        return sorted(table.to_pylist(), key=lambda r: str(r["run_id"]))  # type: ignore[attr-defined]
+
+    alone = rows(run_index._read_table(items, value_at, root, set()))
+    monkeypatch.setattr(run_index, "PARALLEL_MIN_RUNS", 2)
+    here: list[int] = []  # runs read in this process (workers are processes of their own)
+    read_here = run_index._read_table
+    monkeypatch.setattr(
+        run_index, "_read_table", lambda it, *a: here.append(len(it)) or read_here(it, *a)
+    )
+    spread = rows(run_index._read_runs(items, value_at, root, set()))
+    assert spread == alone and len(alone) == 6
+    assert here == []  # every run was read by a worker
+    assert [r["state"] for r in alone if r["run_id"] == broken.name] == ["broken"]
+    # A lookup that cannot be sent to a worker is read here, to the same rows.
+    local = rows(run_index._read_runs(items, lambda tree, path: value_at(tree, path), root, set()))
+    assert local == alone and here == [6]
+    monkeypatch.setattr(run_index, "_read_table", read_here)
+    # Through the index: a first build read by workers answers like any other.
+    with open_index(tmp_path) as index:
+        _, got = index.query("SELECT run_id, state FROM runs ORDER BY run_id")
+    assert [s for _, s in got] == ["complete"] * 5 + ["broken"]

@@ -222,6 +222,9 @@ def test_an_index_held_open_elsewhere_is_refreshed_from_its_copy_not_rebuilt(
             assert stats is not None and not index.persistent
             assert (stats.added, stats.runs) == (1, 4)  # only the new run was read
             assert index.note is not None and "from the saved index" in index.note
+            # Short enough for the dashboard's status line: who holds it, not DuckDB's page.
+            assert f"PID {holder.pid}, holds the index file" in index.note, index.note
+            assert len(index.note) < 120
     finally:
         holder.kill()
         holder.wait()
@@ -257,7 +260,11 @@ def test_query_columns_documents_every_column_including_state_ray_and_lengths(
     with open_index(tmp_path) as index:
         names, rows = index.query("SELECT * FROM runs")
     assert set(documented) == set(names)
-    assert all(r["type"] and len(r["meaning"]) >= 5 for r in documented.values())
+    assert all(r["type"] and r["unit"] and len(r["meaning"]) >= 5 for r in documented.values())
+    units = {c: documented[c]["unit"] for c in ("ttft_p99_s", "output_tok_s", "ray_never_sent")}
+    assert units == {"ttft_p99_s": "s", "output_tok_s": "tokens/s", "ray_never_sent": "count"}
+    # Every measured number says its unit: no DOUBLE column is "text".
+    assert all(r["unit"] != "text" for r in documented.values() if r["type"] == "DOUBLE")
     for col in ("state", "problem", "ray_lost_actors", "ray_never_sent", "prompt_len_spec"):
         assert col in documented
     row = dict(zip(names, rows[0], strict=True))

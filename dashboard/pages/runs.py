@@ -3,11 +3,26 @@
 The table is rebuilt from :meth:`RunRepository.rows` on a timer, so runs written while
 the dashboard is open appear without a restart. Broken and partial directories are rows
 like the others, marked by their ``state`` and the reason in ``status``.
+
+Paging, sorting and filtering happen on the server: the browser receives one page of
+:data:`PAGE_SIZE` rows, not every run (10,000 runs were megabytes of JSON per poll and per
+client). One listing is shared by every client (:class:`_Listings`): it is made again
+only when the runs folder gains or loses a run, or when it is older than
+:data:`LISTING_MAX_AGE_S` (or three times what making it took), and clients that ask
+while it is being made wait for it instead of making their own. The selection lives in
+``runs-selection``, so runs picked on one page stay picked on the others.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import re
+import threading
+import time
+import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -21,7 +36,27 @@ from perfscope.dashboard.pages._common import (
     data_table,
 )
 
-__all__ = ["COLUMNS", "HIDDEN_BY_DEFAULT", "PAGE", "hidden_columns", "table_records"]
+__all__ = [
+    "COLUMNS",
+    "HIDDEN_BY_DEFAULT",
+    "LISTING_MAX_AGE_S",
+    "PAGE",
+    "PAGE_SIZE",
+    "filter_records",
+    "hidden_columns",
+    "page_of",
+    "sort_records",
+    "table_records",
+]
+
+#: One row of the runs table as the DataTable receives it (column id -> cell).
+Row = Mapping[str, Any]
+
+#: Rows of the runs table sent to the browser at a time.
+PAGE_SIZE = 50
+#: How long one listing of the runs folder serves every client, in seconds, while no run
+#: folder is added or removed (a run changing in place shows after at most this long).
+LISTING_MAX_AGE_S = 1.0
 
 #: (column id, header, type) of the runs table: identity and the contention marker (a
 #: contended run's timings are suspect), then the metrics, then the metadata (at 1,440 px
@@ -133,7 +168,7 @@ def table_records(ctx: DashboardContext) -> list[dict[str, Any]]:
     return out
 
 
-def _tooltips(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tooltips(records: Sequence[Row]) -> list[dict[str, Any]]:
     """The reason of a partial or broken run on its state cell."""
     return [
         {"outcome": {"value": str(r["problem"]), "type": "text"}} if r.get("problem") else {}
@@ -172,14 +207,203 @@ def _source_text(ctx: DashboardContext, records: Sequence[Mapping[str, object]])
     return text
 
 
+# --- server-side paging -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One listing of the runs folder, shared by every client until it is made again.
+
+    Attributes:
+        records: every run's table record, newest first.
+        hidden: the columns hidden when the page opens (:func:`hidden_columns`).
+        source: where the list was read from, as the page says it (:func:`_source_text`).
+        made_at: ``time.monotonic()`` when it was made.
+        root_mtime_ns: the runs folder's modification time then (a run added or removed
+            changes it).
+        took_s: how long making it took, in seconds.
+    """
+
+    records: Sequence[Row]
+    hidden: list[str]
+    source: str
+    made_at: float
+    root_mtime_ns: int
+    took_s: float = 0.0
+
+
+def _root_mtime_ns(root: Any) -> int:
+    try:
+        return os.stat(root).st_mtime_ns
+    except OSError:
+        return -1
+
+
+class _Listings:
+    """The newest :class:`Listing` of one repository, made by one caller at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: Listing | None = None
+
+    def get(self, ctx: DashboardContext, max_age_s: float) -> Listing:
+        # Callers that arrive while a listing is being made wait on the lock, then find it
+        # fresh: 20 clients polling at once cost one listing, not twenty.
+        with self._lock:
+            last = self._last
+            mtime = _root_mtime_ns(ctx.runs_dir)
+            # A listing that took long to make (10,000 runs on a busy machine: about a
+            # second) is kept for three times as long, so polls never keep the server
+            # making listings more than a quarter of the time.
+            if (
+                last is not None
+                and time.monotonic() - last.made_at < max(max_age_s, 3 * last.took_s)
+                and last.root_mtime_ns == mtime
+            ):
+                return last
+            t0 = time.monotonic()
+            records = table_records(ctx)
+            self._last = Listing(
+                records=records,
+                hidden=hidden_columns(records),
+                source=_source_text(ctx, records),
+                made_at=time.monotonic(),
+                root_mtime_ns=mtime,
+                took_s=time.monotonic() - t0,
+            )
+            return self._last
+
+
+_LISTINGS: weakref.WeakKeyDictionary[Any, _Listings] = weakref.WeakKeyDictionary()
+_LISTINGS_LOCK = threading.Lock()
+
+
+def listing(ctx: DashboardContext, max_age_s: float = LISTING_MAX_AGE_S) -> Listing:
+    """The runs list shared by every client of ``ctx``'s app (see the module docstring)."""
+    with _LISTINGS_LOCK:
+        cache = _LISTINGS.get(ctx.repo)
+        if cache is None:
+            cache = _LISTINGS[ctx.repo] = _Listings()
+    return cache.get(ctx, max_age_s)
+
+
+#: One part of a DataTable filter query: ``{column} operator value``; operators may carry
+#: the table's ``s`` (case-sensitive) or ``i`` (case-insensitive) prefix.
+_FILTER_PART = re.compile(
+    r"^\s*\{(?P<col>[^}]+)\}\s+(?P<case>[si]?)"
+    r"(?P<op>contains|datestartswith|eq|ne|lt|le|gt|ge|>=|<=|!=|=|<|>)\s*(?P<value>.*?)\s*$"
+)
+_OPS = {"eq": "=", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    try:
+        f = float(str(value))
+    except ValueError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _unquote(text: str) -> str:
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"`":
+        return text[1:-1].replace("\\" + text[0], text[0])
+    return text
+
+
+def _matches(cell: Any, op: str, value: str, insensitive: bool) -> bool:
+    if op in ("contains", "datestartswith"):
+        have, want = ("" if cell is None else str(cell)), value
+        if insensitive:
+            have, want = have.lower(), want.lower()
+        return want in have if op == "contains" else have.startswith(want)
+    a, b = _number(cell), _number(value)
+    if a is None or b is None:  # text: compared as text; a blank cell matches nothing
+        if cell is None or cell == "":
+            return False
+        a_t, b_t = str(cell), value
+        if insensitive:
+            a_t, b_t = a_t.lower(), b_t.lower()
+        return {
+            "=": a_t == b_t,
+            "!=": a_t != b_t,
+            "<": a_t < b_t,
+            "<=": a_t <= b_t,
+            ">": a_t > b_t,
+            ">=": a_t >= b_t,
+        }[op]
+    return {"=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+
+
+def filter_records(records: Sequence[Row], query: str | None) -> list[Row]:
+    """The records matching a DataTable ``filter_query`` (parts joined by ``&&``, each
+    ``{column} operator value`` as the table's filter row writes them); a part this reader
+    does not follow is ignored, as the table itself ignores an invalid filter."""
+    parts: list[tuple[str, str, str, bool]] = []
+    for text in (query or "").split("&&"):
+        m = _FILTER_PART.match(text)
+        if m is None:
+            continue
+        op = _OPS.get(m["op"], m["op"])
+        parts.append((m["col"], op, _unquote(m["value"]), m["case"] == "i"))
+    if not parts:
+        return list(records)
+    return [r for r in records if all(_matches(r.get(c), op, v, i) for c, op, v, i in parts)]
+
+
+def sort_records(records: Sequence[Row], sort_by: Sequence[Mapping[str, Any]] | None) -> list[Row]:
+    """``records`` in the DataTable's ``sort_by`` order (first key first); numbers sort as
+    numbers, text as text, and blank cells last either way."""
+    out = list(records)
+    for key in reversed(list(sort_by or [])):
+        col, desc = str(key.get("column_id")), key.get("direction") == "desc"
+
+        def rank(r: Row, col: str = col) -> tuple[int, float, str]:
+            v = r.get(col)
+            if v is None or v == "":
+                return (2, 0.0, "")
+            n = _number(v) if col in _NUMERIC and not isinstance(v, str) else None
+            return (0, n, "") if n is not None else (1, 0.0, str(v))
+
+        present = [r for r in out if rank(r)[0] < 2]
+        blank = [r for r in out if rank(r)[0] == 2]
+        present.sort(key=rank, reverse=desc)
+        out = present + blank
+    return out
+
+
+#: Columns that hold numbers (sorted numerically; a text cell such as "no SLOs" after them).
+_NUMERIC = frozenset(cid for cid, _, kind in COLUMNS if kind == "numeric")
+
+
+def page_of(
+    records: Sequence[Row], page: int | None, size: int | None
+) -> tuple[list[Row], int, int]:
+    """One page of ``records``: (its rows, the page number shown, the number of pages);
+    a page past the end shows the last one."""
+    size = max(1, int(size or PAGE_SIZE))
+    pages = max(1, math.ceil(len(records) / size))
+    current = min(max(0, int(page or 0)), pages - 1)
+    return list(records[current * size : (current + 1) * size]), current, pages
+
+
+def _count_text(shown: Listing, matched: int) -> str:
+    total = len(shown.records)
+    return shown.source + (f" · {matched} match the filter" if matched != total else "")
+
+
 def layout(ctx: DashboardContext, req: PageRequest) -> Any:
-    records = table_records(ctx)
+    shown = listing(ctx)
+    records, _, pages = page_of(shown.records, 0, PAGE_SIZE)
     return html.Div(
         [
             html.H2("Runs"),
             html.Div(
                 [
-                    html.Span(_source_text(ctx, records), id="runs-count"),
+                    html.Span(_count_text(shown, len(shown.records)), id="runs-count"),
                     html.Span(" · refreshed every "),
                     html.Span(f"{ctx.poll_interval_s:g} s"),
                 ],
@@ -203,14 +427,19 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 row_selectable="multi",
                 selected_rows=[],
                 selected_row_ids=[],
-                sort_action="native",
+                # Sorted, filtered and paged on the server (see the module docstring).
+                sort_action="custom",
                 sort_mode="multi",
-                filter_action="native",
-                page_action="native",
-                page_size=50,
+                sort_by=[],
+                filter_action="custom",
+                filter_query="",
+                page_action="custom",
+                page_current=0,
+                page_size=PAGE_SIZE,
+                page_count=pages,
                 markdown_options={"link_target": "_self"},
                 css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
-                hidden_columns=hidden_columns(records),
+                hidden_columns=shown.hidden,
                 style_table={"overflowX": "auto"},
                 # Text wraps instead of being cut or widening the table: headers over two
                 # lines, long names at their word (or hyphen) breaks.
@@ -253,6 +482,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                 tooltip_duration=None,
             ),
             dcc.Interval(id="runs-poll", interval=int(ctx.poll_interval_s * 1000), n_intervals=0),
+            dcc.Store(id="runs-selection", data=[]),
         ]
     )
 
@@ -263,28 +493,64 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         Output("runs-table", "tooltip_data"),
         Output("runs-table", "selected_rows"),
         Output("runs-count", "children"),
+        Output("runs-table", "page_count"),
+        Output("runs-table", "page_current"),
         Input("runs-poll", "n_intervals"),
+        Input("runs-table", "page_current"),
+        Input("runs-table", "page_size"),
+        Input("runs-table", "sort_by"),
+        Input("runs-table", "filter_query"),
         State("runs-table", "data"),
-        State("runs-table", "selected_row_ids"),
+        State("runs-selection", "data"),
         prevent_initial_call=True,
     )
     def refresh_runs(
-        _n: int, current: list[dict[str, Any]] | None, selected_ids: list[str] | None
-    ) -> tuple[Any, Any, Any, Any]:
-        records = table_records(ctx)
-        if current == records:
-            return no_update, no_update, no_update, no_update
-        # Selection is by row index in the DataTable; keep it on the same runs when new
-        # runs shift the rows.
+        _n: int,
+        page: int | None,
+        size: int | None,
+        sort_by: list[Mapping[str, Any]] | None,
+        query: str | None,
+        current: list[Row] | None,
+        selected_ids: list[str] | None,
+    ) -> tuple[Any, ...]:
+        shown = listing(ctx)
+        matched = filter_records(shown.records, query)
+        records, at, pages = page_of(sort_records(matched, sort_by), page, size)
+        if current == records and at == (page or 0):
+            return (no_update,) * 6
+        # Selection is by row index in the DataTable: mark the picked runs on this page.
         wanted = set(selected_ids or [])
         selected = [i for i, r in enumerate(records) if r["id"] in wanted]
-        return records, _tooltips(records), selected, _source_text(ctx, records)
+        return (
+            records,
+            _tooltips(records),
+            selected,
+            _count_text(shown, len(matched)),
+            pages,
+            at,
+        )
+
+    @app.callback(
+        Output("runs-selection", "data"),
+        Input("runs-table", "selected_row_ids"),
+        State("runs-table", "data"),
+        State("runs-selection", "data"),
+        prevent_initial_call=True,
+    )
+    def remember_selection(
+        picked: list[str] | None, page: list[Row] | None, kept: list[str] | None
+    ) -> list[str]:
+        """The runs picked on every page: this page's picks replace this page's part."""
+        here = {str(r["id"]) for r in page or []}
+        now = [str(i) for i in picked or []]
+        out = [i for i in kept or [] if i not in here or i in now]
+        return out + [i for i in now if i not in out]
 
     @app.callback(
         Output("runs-compare-link", "href"),
         Output("runs-compare-link", "children"),
         Output("runs-compare-link", "style"),
-        Input("runs-table", "selected_row_ids"),
+        Input("runs-selection", "data"),
     )
     def compare_link(selected_ids: list[str] | None) -> tuple[str, str, dict[str, Any]]:
         ids = [str(i) for i in (selected_ids or [])]

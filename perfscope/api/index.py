@@ -42,9 +42,11 @@ def open_index(
     rebuild: bool = False,
     on_refresh: Callable[[RefreshStats], None] | None = None,
     allow_files: bool = False,
+    newest: int | None = None,
 ) -> Iterator[RunIndex]:
     """:func:`perfscope.profiler.run_index.open_index` reading fields with ``value_at``;
-    ``allow_files`` lets the SQL use DuckDB's file functions (off by default)."""
+    ``allow_files`` lets the SQL use DuckDB's file functions (off by default); ``newest``:
+    only the N newest runs are read (plain ``perfscope ls``)."""
     with _core.open_index(
         root,
         lookup=value_at,
@@ -52,5 +54,6 @@ def open_index(
         rebuild=rebuild,
         on_refresh=on_refresh,
         allow_files=allow_files,
+        newest=newest,
     ) as index:
         yield index

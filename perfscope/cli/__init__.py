@@ -230,7 +230,8 @@ def add_run_options(p: argparse.ArgumentParser, *, experiments: bool) -> None:
         help="with --ray: what each load actor asks Ray for, so it runs only on nodes that "
         "offer it: a resource the load nodes were started with (ray start "
         "--resources='{\"loadgen\": 8}'; then loadgen=1), CPU=1, or node:IP=0.01 for one "
-        "node; keeps the actors off the model's GPU node (default: zero CPUs, any node)",
+        "node; keeps the actors off the model's GPU node; the entry not-server places no "
+        "actor on the openai: server's machine (default: zero CPUs, any node)",
     )
     e = p.add_argument_group("engine")
     e.add_argument(

@@ -79,7 +79,7 @@ def newest_runs(args: argparse.Namespace) -> tuple[Path, list[ListedRun]]:
     if (root / INDEX_FILE).is_file() and importlib.util.find_spec("duckdb") is not None:
         from perfscope.api.index import open_index
 
-        with open_index(root) as index:
+        with open_index(root, newest=args.limit) as index:
             rows = index.newest(args.limit)
         return root, [_listed(row) for row in rows]
     from perfscope.profiler.store import scan_runs
@@ -163,12 +163,12 @@ def _cmd_query(args: argparse.Namespace, console: Console) -> int:
     from perfscope.errors import UsageError
 
     if args.columns:
-        from perfscope.profiler.run_index import _BOOKKEEPING
+        from perfscope.profiler.run_index import _BOOKKEEPING, COLUMN_UNITS
 
         docs = {c.name: (c.sql_type, c.doc) for c in INDEX_COLUMNS}
         docs.update({n: (t.split()[0], BOOKKEEPING_DOCS[n]) for n, t in _BOOKKEEPING})
-        rows = [(n, *docs[n]) for n in ALL_COLUMN_NAMES]
-        print_rows(["column", "type", "meaning"], rows, console, as_json=args.json)
+        rows = [(n, docs[n][0], COLUMN_UNITS[n], docs[n][1]) for n in ALL_COLUMN_NAMES]
+        print_rows(["column", "type", "unit", "meaning"], rows, console, as_json=args.json)
         return 0
     if not args.sql:
         raise UsageError('give a query, e.g. perfscope query "SELECT run_id FROM runs"')

@@ -9,8 +9,7 @@ from typing import Any
 
 from rich.text import Text
 
-from perfscope.analysis.catalogue import format_count, metric
-from perfscope.analysis.summary import Summary
+from perfscope.analysis.catalogue import format_count, metric, value_at
 from perfscope.cli.safe import safe_markup
 from perfscope.dashboard.terminal import FitTable
 
@@ -25,8 +24,9 @@ def runs_table(
     ``states`` (state, reason) per row adds why a run is not complete (crashed, broken, ...)."""
     names = ("ttft.p50", "tpot.p50", "output_tok_s", "attainment")
     labels = ("TTFT p50", "TPOT p50", "output tok/s", "SLO met")  # short: fits 120 columns
-    from perfscope.analysis.manifest import manifest_view
-    from perfscope.analysis.summary import contention_record
+    # summary.json is read as stored (same layout as the typed Summary): listing imports no
+    # analysis record types, which cost a tenth of a second of start-up.
+    from perfscope.analysis.manifest import is_contended, manifest_view
 
     cols: tuple[str, ...] = ("run", "status", "engine", "requests", *labels)
     # A reason column only when some run has one (an empty column costs the width of its
@@ -37,12 +37,11 @@ def runs_table(
     t = FitTable(cols, right=frozenset(("requests", *labels)), wrap=frozenset({"reason"}))
     any_contended = False
     for i, (path, raw_manifest, raw) in enumerate(rows):
-        s = Summary.from_dict(raw or {})
+        s = raw or {}
         manifest = manifest_view(raw_manifest)
         status = manifest.status or "?"
-        slos = bool(s.goodput.slos) if raw else False
-        c = contention_record(manifest)
-        contended = c.contended if c is not None else None
+        slos = bool(value_at(s, "goodput.slos")) if raw else False
+        contended = is_contended(manifest.host.contention)
         reason: list[Any] = []
         if states is not None:
             status = states[i][0]
@@ -56,7 +55,7 @@ def runs_table(
                 style="green" if status == "complete" and not contended else "red",
             ),
             safe_markup(manifest.engine.uri or "?"),
-            format_count(s.counts.completed) if raw else "n/a",
+            format_count(value_at(s, "counts.completed")) if raw else "n/a",
             *(
                 "no SLOs"
                 if n == "attainment" and raw and not slos

@@ -22,20 +22,26 @@ def steady(request_id: int, max_tokens: int) -> Iterator[int]:
         yield 1
 
 
-#: Where :func:`dies_at` notes each request it finished (one id a line), when set: the truth
-#: of what a killed actor had finished.
+#: Where :func:`dies_at` notes each request it finished and its kill, when set (lines
+#: ``ID T`` and ``kill T``, ``T`` the machine's monotonic clock in s): the truth of what a
+#: killed actor had finished, and when.
 FINISH_LOG_ENV = "PERFSCOPE_TEST_FINISH_LOG"
+
+
+def _note(text: str) -> None:
+    log = os.environ.get(FINISH_LOG_ENV)
+    if log:
+        with open(log, "a", encoding="ascii") as f:
+            f.write(f"{text} {time.monotonic()}\n")
 
 
 def dies_at(request_id: int, max_tokens: int) -> Iterator[int]:
     """Like :func:`steady`, but the process serving request ``KILL_AT`` dies (SIGKILL) at it."""
     if request_id == KILL_AT:
+        _note("kill")
         os.kill(os.getpid(), signal.SIGKILL)
     yield from steady(request_id, max_tokens)
-    log = os.environ.get(FINISH_LOG_ENV)
-    if log:
-        with open(log, "a", encoding="ascii") as f:
-            f.write(f"{request_id}\n")
+    _note(str(request_id))
 
 
 def _gil_holding_sleep() -> Callable[[int], object]:
