@@ -189,6 +189,50 @@ def test_each_run_sends_new_prompts_and_a_cached_repeat_is_reported(runs_dir: Pa
     assert "100% of prompt tokens" in warn and "--seed" in warn
 
 
+def _files(run: Path) -> dict[str, tuple[int, int]]:
+    return {str(f): (f.stat().st_mtime_ns, f.stat().st_size) for f in run.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    ("cache_ttft", "claim"),
+    [("0.004", "lower beyond both"), ("0.15", "higher beyond both")],
+    ids=["cache-lowers-ttft", "cache-raises-ttft"],
+)
+def test_a_seeded_rerun_words_its_cache_warning_from_the_previous_runs_ttft(
+    runs_dir: Path, cache_ttft: str, claim: str
+) -> None:
+    """The same-seed warning compares TTFT with the previous run that sent the same prompts
+    (read, never written) and words its claim from that: "lower" only when it was. The
+    scripted server's cache answers a cached prompt after ``--cache-ttft`` instead of 60 ms."""
+    wl = WorkloadConfig(
+        requests=12,
+        dataset="synthetic",
+        prompt_len=LengthDist("constant", 24),
+        output_len=LengthDist("constant", 3),
+        fresh_prompts=False,
+        seed=7,
+    )
+    flags = ("--ttft", "0.06", "--itl", "0.004", "--cache", "--cache-ttft", cache_ttft)
+    with scripted_server(*flags) as url:
+        first = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
+        before = _files(first.path)
+        second = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
+    assert _files(first.path) == before, "the previous run was written to"
+    assert not any("prefix cache" in w for w in first.summary["warnings"])
+    (warn,) = [w for w in second.summary["warnings"] if "prefix cache" in w]
+    p50 = [1e3 * o.summary["latency"]["ttft"]["p50"] for o in (second, first)]
+    assert f"TTFT p50 {p50[0]:.1f} ms against {p50[1]:.1f} ms in {first.path.name}" in warn
+    assert claim in warn, warn
+    if float(cache_ttft) < 0.06:
+        assert "the cache likely lowered it" in warn, warn
+    else:
+        assert "the cache did not lower TTFT" in warn, warn
+    prev = json.loads((second.path / "manifest.json").read_text())["engine"]["config"]["client"][
+        "prompt_cache"
+    ]["previous_run"]
+    assert prev["run_id"] == first.path.name and prev["requests"] == 12
+
+
 def test_a_shared_prefix_workload_reports_its_hit_rate(runs_dir: Path) -> None:
     wl = WorkloadConfig(
         requests=4,

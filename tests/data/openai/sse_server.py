@@ -31,6 +31,9 @@ Server behaviours of real engines, by flag:
     pooled connection in the meantime is reset, never read.
 ``--cache``  a prompt cache: ``cached_tokens`` (``usage.prompt_tokens_details`` and
     llama.cpp's ``timings.cache_n``) = the words shared with the longest earlier prompt.
+``--cache-ttft S``  with ``--cache``: the TTFT of a fully cached prompt; a partly cached one
+    waits ``S + (ttft - S) * (uncached share of its words)`` (prefill skipped for what the
+    cache holds).
 ``--served-model NAME``  the one model listed by ``/v1/models``; with ``--unknown-model``
     ``404`` another name gets vLLM's 404 body, ``echo`` answers as NAME anyway (llama.cpp),
     ``accept`` (default) answers as the name requested.
@@ -211,7 +214,12 @@ class Server:
         req["_model"] = asked if a.unknown_model == "accept" else a.served_model
         n_prompt = self.prompt_tokens(prompt)
         req["_prompt_tokens"] = n_prompt
-        req["_cached"] = self.cached(prompt.split()) if a.cache else None
+        words = prompt.split()
+        req["_cached"] = self.cached(words) if a.cache else None
+        req["_ttft"] = a.ttft
+        if req["_cached"] is not None and a.cache_ttft is not None and words:
+            share = req["_cached"] / len(words)
+            req["_ttft"] = a.cache_ttft + (a.ttft - a.cache_ttft) * (1 - share)
         if a.max_model_len and n_prompt + int(req.get("max_tokens") or 16) > a.max_model_len:
             await self.simple(
                 writer,
@@ -285,7 +293,7 @@ class Server:
         n_chunks = (n + k - 1) // k
         sent = 0
         for i in range(n_chunks):
-            await _sleep_until(start + int((a.ttft + i * a.itl) * 1e9))
+            await _sleep_until(start + int((req["_ttft"] + i * a.itl) * 1e9))
             m = min(k, n - sent)
             sent += m
             text = "".join(f" t{sent - m + j}" for j in range(m))
@@ -380,6 +388,7 @@ async def main(argv: list[str] | None = None) -> None:
     p.add_argument("--empty-first", action="store_true")
     p.add_argument("--close-after-stream", type=float, default=None, metavar="S")
     p.add_argument("--cache", action="store_true")
+    p.add_argument("--cache-ttft", type=float, default=None, metavar="S")
     p.add_argument("--served-model", default="scripted")
     p.add_argument("--unknown-model", choices=("accept", "404", "echo"), default="accept")
     p.add_argument("--max-model-len", type=int, default=0)
