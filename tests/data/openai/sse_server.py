@@ -3,9 +3,10 @@
 Run: ``python sse_server.py [--port 0] [--ttft 0.05] [--itl 0.01] [--tokens-per-chunk 1]
 [--usage final|per_chunk|none] [--no-stream]``; it prints ``PORT <n>`` on stdout when ready.
 
-Every request streams ``max_tokens`` tokens: the first chunk ``ttft`` seconds after the
-request was read, then one chunk every ``itl`` seconds (an absolute schedule, so delays do
-not accumulate). A prompt containing ``fault=NAME`` selects a fault:
+Every request streams ``max_tokens`` (or ``max_completion_tokens``) tokens, in chunks named
+as vLLM names them (``chat.completion.chunk``, ``text_completion``): the first chunk ``ttft``
+seconds after the request was read, then one chunk every ``itl`` seconds (an absolute
+schedule, so delays do not accumulate). A prompt containing ``fault=NAME`` selects a fault:
 
 ``http500``  HTTP 500 with a JSON error body
 ``reset``    the connection is reset (RST) after half the chunks
@@ -244,7 +245,7 @@ class Server:
         if fault == "http500":
             await self.simple(writer, "500 Internal Server Error", {"error": "scripted failure"})
             return True
-        n = int(req.get("max_tokens") or 16)
+        n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         if self.a.no_stream:
             await asyncio.sleep(self.a.ttft)
             await self.simple(
@@ -283,6 +284,7 @@ class Server:
         if a.slot_len:
             n = max(1, min(n, a.slot_len - req["_prompt_tokens"]))
         model = req["_model"]
+        kind = "chat.completion.chunk" if chat else "text_completion"
         start = t_recv
         if fault == "slow_first_byte":
             await _sleep_until(start + int(a.ttft * 1e9))
@@ -304,7 +306,7 @@ class Server:
             piece: dict[str, Any] = (
                 {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
             )
-            obj: dict[str, Any] = {"object": "chunk", "model": model, "choices": [piece]}
+            obj: dict[str, Any] = {"object": kind, "model": model, "choices": [piece]}
             if usage_mode == "per_chunk" or (a.empty_first and usage_mode != "none"):
                 obj["usage"] = {"prompt_tokens": req["_prompt_tokens"], "completion_tokens": sent}
             data = _sse(obj)
@@ -337,7 +339,7 @@ class Server:
                 if fault == "error_event":
                     writer.write(_chunk(_sse({"error": {"message": "scripted engine error"}})))
         final: dict[str, Any] = {
-            "object": "chunk",
+            "object": kind,
             "model": model,
             "choices": [
                 {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
