@@ -635,12 +635,19 @@ def _children_cpu_s() -> float:
     return float(ru.ru_utime + ru.ru_stime)
 
 
-def _peer_env() -> dict[str, str]:
+def _run_peer(cmd: list[str], folder: Path, timeout_s: float) -> float:
+    """Run a peer's command (its output to ``folder/stdout.log``), bounded by ``timeout_s``;
+    the CPU seconds it and its children took."""
     env = dict(os.environ)
     # AIPerf caches the tokenizer through the hub API even for a local folder.
     env.pop("HF_HUB_OFFLINE", None)
     env.pop("PYTHONPATH", None)
-    return env
+    cpu0 = _children_cpu_s()
+    with (folder / "stdout.log").open("wb") as log:
+        subprocess.run(
+            cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s
+        )
+    return _children_cpu_s() - cpu0
 
 
 def run_aiperf(
@@ -659,17 +666,7 @@ def run_aiperf(
         *("--use-server-token-count", "--artifact-dir", str(art), "--ui", "none"),
         *("--no-server-metrics", "--no-gpu-telemetry"),
     ]
-    cpu0 = _children_cpu_s()
-    with (art / "stdout.log").open("wb") as log:
-        subprocess.run(
-            cmd,
-            check=True,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_peer_env(),
-            timeout=timeout_s,
-        )
-    cpu = _children_cpu_s() - cpu0
+    cpu = _run_peer(cmd, art, timeout_s)
     inputs = json.loads((art / "inputs.json").read_text())["data"]
     prompts = {d["session_id"]: prompt_text(d["payloads"][0]) for d in inputs}
     reqs = []
@@ -709,17 +706,7 @@ def run_guidellm(
         *("--output", f"kind=json,path={res / 'benchmarks.json'}"),
         "--disable-console-interactive",
     ]
-    cpu0 = _children_cpu_s()
-    with (res / "stdout.log").open("wb") as log:
-        subprocess.run(
-            cmd,
-            check=True,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_peer_env(),
-            timeout=timeout_s,
-        )
-    cpu = _children_cpu_s() - cpu0
+    cpu = _run_peer(cmd, res, timeout_s)
     bench = json.loads((res / "benchmarks.json").read_text())["benchmarks"][0]["requests"]
     reqs = []
     for kind in ("successful", "errored", "incomplete"):

@@ -117,9 +117,10 @@ def ttft_seconds(requests: pa.Table) -> np.ndarray:
         ),
     )
     kept = requests.filter(ok)
-    first = kept["t_first_token"].to_numpy(zero_copy_only=False).astype(float)
-    sent = kept["t_sent"].to_numpy(zero_copy_only=False).astype(float)
-    return (first - sent) * 1e-9
+    first = np.asarray(kept["t_first_token"].to_numpy(zero_copy_only=False), dtype=float)
+    sent = np.asarray(kept["t_sent"].to_numpy(zero_copy_only=False), dtype=float)
+    out: np.ndarray = (first - sent) * 1e-9
+    return out
 
 
 def _same_prompts(this: Manifest, other: dict[str, Any]) -> bool:
