@@ -1001,6 +1001,19 @@ def run_warnings(manifest: Mapping[str, Any] | RunManifest) -> list[str]:
             )
             + "): latencies and throughput are likely inflated; measure on a quiet machine"
         )
+    server_share = (
+        c.server_cpu_s / (c.window_s * c.cpu_count)
+        if c.server_cpu_s is not None and c.window_s and c.cpu_count and not c.too_short
+        else None
+    )
+    if server_share is not None and server_share > CONTENTION_WARN_SHARE:
+        # Not "others": a local server is what is measured; but the client competed with it.
+        out.append(
+            f"the server under test on port {', '.join(map(str, c.server_ports))} shares this "
+            f"machine and used {server_share:.0%} of its CPU capacity ({c.server_cpu_s:.1f} "
+            f"CPU-s over {c.window_s:.1f} s on {c.cpu_count} cores): the client competed "
+            "with it for the CPU; the client's stall line says whether its stamps were late"
+        )
     if c.steal_share is not None and c.steal_share > CONTENTION_WARN_SHARE:
         out.append(
             f"the hypervisor took {c.steal_share:.0%} of the CPU capacity (steal time) during "

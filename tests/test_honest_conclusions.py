@@ -213,11 +213,14 @@ def test_the_local_server_under_test_is_not_counted_as_another_process() -> None
     assert local_server_ports("openai:http://localhost/v1") == (80,)
     assert local_server_ports("openai:https://api.example.com/v1") == ()
     assert local_server_ports("reference") == ()
-    server = (
-        "import socket, time\n"
+    server = (  # a server and a worker it forked (before listening), both spinning
+        "import os, socket, time\n"
+        "end = time.time() + 3.0\n"
+        "if os.fork() == 0:\n"
+        "    while time.time() < end: pass\n"
+        "    os._exit(0)\n"
         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
         "print(s.getsockname()[1], flush=True)\n"
-        "end = time.time() + 3.0\n"
         "while time.time() < end: pass\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
@@ -235,6 +238,14 @@ def test_the_local_server_under_test_is_not_counted_as_another_process() -> None
     assert a["server_cpu_s"] > 0.2  # the spinning server, set apart (a busy machine gives less)
     # what the plain meter calls "others" includes the server; the other one leaves it out
     assert a["others_cpu_s"] <= b["others_cpu_s"] - 0.8 * a["server_cpu_s"]
+    # ... but a server that takes the CPU is named as the client's contention (issue 31)
+    from perfscope.analysis.summary import CONTENTION_WARN_SHARE, run_warnings
+
+    share = a["server_cpu_s"] / (a["window_s"] * a["cpu_count"])
+    named = [w for w in run_warnings({"host": {"contention": a}}) if "shares this machine" in w]
+    assert len(named) == int(share > CONTENTION_WARN_SHARE), (share, named)
+    if named:
+        assert f"port {port} shares this machine and used {share:.0%}" in named[0]
 
 
 def test_contended_runs_are_marked_in_listings_and_grouped_sets_compare_as_sets(
