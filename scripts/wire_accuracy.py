@@ -1074,7 +1074,12 @@ def main() -> int:
         help="concurrencies to run, comma-separated (scripted: 16,256; vLLM: 16,48)",
     )
     ap.add_argument("--out", type=Path, default=None, help="folder for captures and results")
-    ap.add_argument("--runs", type=int, default=3, help="llama.cpp: runs per load (3)")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="runs of every client per load, interleaved (llama.cpp 3, scripted and vLLM 1)",
+    )
     ap.add_argument("--requests", type=int, default=24, help="llama.cpp: requests per run (24)")
     ap.add_argument("--no-bench", action="store_true", help="skip vllm bench serve")
     ap.add_argument("--aiperf", default=None, metavar="EXE", help="AIPerf's executable (PATH)")
@@ -1121,7 +1126,7 @@ def main() -> int:
             base = f"http://127.0.0.1:{port}/v1"
             for c in [int(x) for x in (args.loads or "16,256").split(",")]:
                 n = max(64, c)
-                for _ in range(args.runs):
+                for _ in range(args.runs or 1):
                     for transport in transports:  # interleaved: the same load on both
                         row = measure(
                             f"{c} streams",
@@ -1159,7 +1164,7 @@ def main() -> int:
         try:
             base = f"http://127.0.0.1:{port}/v1"
             for c in (1, 4):
-                for _ in range(args.runs):
+                for _ in range(args.runs or 3):
                     row = measure(
                         f"concurrency {c}",
                         port,
@@ -1192,37 +1197,38 @@ def main() -> int:
                     bench = None if args.no_bench else (vllm, model, bench_load)
                 if args.loads and label.split()[0] not in args.loads.split(","):
                     continue
-                for k, transport in enumerate(transports):
-                    row = measure(
-                        label,
-                        port,
-                        base,
-                        model,
-                        load,
-                        n,
-                        out,
-                        bench if k == 0 else None,
-                        transport,
-                    )
-                    rows.append({"server": "vLLM CPU", **row})
-                    (out / "results.json").write_text(json.dumps(rows, indent=2))
-                if load[0] != "--concurrency":
-                    continue  # the peers run closed-loop streams only
-                for peer, exe in peers.items():
-                    row = measure_peer(
-                        peer,
-                        exe,
-                        label,
-                        port,
-                        f"http://127.0.0.1:{port}",
-                        "tiny-llama",
-                        model,
-                        int(load[1]),
-                        n,
-                        out,
-                    )
-                    rows.append({"server": "vLLM CPU", **row})
-                    (out / "results.json").write_text(json.dumps(rows, indent=2))
+                for run in range(args.runs or 1):  # interleaved: every client, then again
+                    for k, transport in enumerate(transports):
+                        row = measure(
+                            label,
+                            port,
+                            base,
+                            model,
+                            load,
+                            n,
+                            out,
+                            bench if k == 0 and run == 0 else None,
+                            transport,
+                        )
+                        rows.append({"server": "vLLM CPU", **row})
+                        (out / "results.json").write_text(json.dumps(rows, indent=2))
+                    if load[0] != "--concurrency":
+                        continue  # the peers run closed-loop streams only
+                    for peer, exe in peers.items():
+                        row = measure_peer(
+                            peer,
+                            exe,
+                            label,
+                            port,
+                            f"http://127.0.0.1:{port}",
+                            "tiny-llama",
+                            model,
+                            int(load[1]),
+                            n,
+                            out,
+                        )
+                        rows.append({"server": "vLLM CPU", **row})
+                        (out / "results.json").write_text(json.dumps(rows, indent=2))
         finally:
             _stop(proc)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
