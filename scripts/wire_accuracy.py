@@ -373,6 +373,7 @@ class Capture:
                 "-B",
                 "65536",
                 "--time-stamp-precision=nano",
+                "-U",  # each packet written as it is taken: stop() can see the file settle
                 "-w",
                 str(path),
                 "tcp",
@@ -387,8 +388,18 @@ class Capture:
             err = self.proc.stderr.read().decode() if self.proc.stderr else ""
             raise RuntimeError(f"tcpdump failed: {err.strip()}")
 
-    def stop(self) -> Path:
-        time.sleep(0.3)
+    def stop(self, settle_s: float = 1.0, most_s: float = 15.0) -> Path:
+        """Stop once the capture file has not grown for ``settle_s`` (at most ``most_s``): on a
+        busy machine tcpdump reads its buffer late, and packets it has not read when it is
+        interrupted are lost (the tails of the last streams)."""
+        deadline, last, since = time.monotonic() + most_s, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            size = self.path.stat().st_size if self.path.exists() else 0
+            if size != last:
+                last, since = size, time.monotonic()
+            elif time.monotonic() - since >= settle_s:
+                break
+            time.sleep(0.1)
         self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=10)
         #: tcpdump's own count of packets the kernel dropped (its exit report).
