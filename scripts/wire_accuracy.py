@@ -532,7 +532,14 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
         if r.output_tokens > 1 and w.tpot is not None:
             tpot = (r.t_last_token - r.t_first_token) * 1e-9 / (r.output_tokens - 1)
             errs["tpot"].append(tpot - w.tpot)
+    cont = (manifest.get("host") or {}).get("contention") or {}
+    capacity = (cont.get("window_s") or 0.0) * (cont.get("cpu_count") or 0)
     return {
+        # Shares of the machine's CPU capacity during the run (perfscope's contention meter).
+        "server_cpu_share": cont["server_cpu_s"] / capacity
+        if capacity and cont.get("server_cpu_s") is not None
+        else None,
+        "others_cpu_share": cont.get("others_share"),
         "stamp_clock": client.get("stamp_clock"),
         "stall_worst_s": stall.get("worst_s"),
         "stall_affected": stall.get("affected"),
@@ -1036,6 +1043,13 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def _shares(res: dict[str, Any]) -> str:
+    srv, oth = res.get("server_cpu_share"), res.get("others_cpu_share")
+    if srv is None and oth is None:
+        return "— |"
+    return " / ".join("—" if v is None else f"{v:.0%}" for v in (srv, oth)) + " |"
+
+
 def print_compact(rows: list[dict[str, Any]]) -> None:
     """One row per run, perfscope in both stamping modes and the peers alike (milliseconds;
     positive = the client reports more than the wire, or stamped its start before the wire
@@ -1043,9 +1057,9 @@ def print_compact(rows: list[dict[str, Any]]) -> None:
     print(
         "| server | load | client | requests matched of sent (failed) | client stall max | "
         "TTFT − wire p50 | TTFT − wire p99 | E2E − wire p99 | wire send − start stamp p50 | "
-        "process CPU |"
+        "process CPU | server / others' CPU share |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "peer" in r:
             res, client, stall = r["peer"], r["tool"], "—"
@@ -1059,13 +1073,14 @@ def print_compact(rows: list[dict[str, Any]]) -> None:
             f"| {r['server']} | {r['load']} | {client} | {res['matched']} of {r['requests']} "
             f"({res.get('failed', '?')}) | {stall} | {_fmt(e['ttft']['p50'])} | "
             f"{_fmt(e['ttft']['p99'])} | {_fmt(e['e2e']['p99'])} | {_fmt(e['send']['p50'])} | "
-            + (f"{cpu:.1f} s |" if cpu is not None else "— |")
+            + (f"{cpu:.1f} s | " if cpu is not None else "— | ")
+            + _shares(res)
         )
         if "vllm_bench" in r:
             b = r["vllm_bench"]
             print(
                 f"| {r['server']} | {r['load']} | vllm bench serve (run means only) | — | — | "
-                f"mean {_fmt(b['ttft'])} | — | mean {_fmt(b['e2e'])} | — | — |"
+                f"mean {_fmt(b['ttft'])} | — | mean {_fmt(b['e2e'])} | — | — | — |"
             )
     print("(milliseconds; positive = the client reports more than the wire)")
 
