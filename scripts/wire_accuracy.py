@@ -1043,46 +1043,67 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def _shares(res: dict[str, Any]) -> str:
-    srv, oth = res.get("server_cpu_share"), res.get("others_cpu_share")
-    if srv is None and oth is None:
-        return "— |"
-    return " / ".join("—" if v is None else f"{v:.0%}" for v in (srv, oth)) + " |"
-
-
 def print_compact(rows: list[dict[str, Any]]) -> None:
-    """One row per run, perfscope in both stamping modes and the peers alike (milliseconds;
-    positive = the client reports more than the wire, or stamped its start before the wire
-    send)."""
+    """The table of docs/wire.md: one row per server, load and client (perfscope in each
+    stamping mode, the peers), each cell the runs in order, ``run 1 / run 2 / ...``
+    (milliseconds; positive = the client reports more than the wire, or its start stamp was
+    taken before the wire send)."""
+    groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for r in rows:
+        if "peer" in r:
+            name, res = r["tool"], r["peer"]
+        else:
+            res = r["perfscope"]
+            clock = res.get("stamp_clock") or r.get("transport")
+            name = f"perfscope, {'kernel' if clock == 'kernel' else 'user-space'} stamps"
+        groups.setdefault((r["server"], r["load"], name), []).append((r, res))
+        if "vllm_bench" in r:
+            groups.setdefault((r["server"], r["load"], "vllm bench serve (means)"), []).append(
+                (r, {"bench": r["vllm_bench"]})
+            )
     print(
         "| server | load | client | requests matched of sent (failed) | client stall max | "
         "TTFT − wire p50 | TTFT − wire p99 | E2E − wire p99 | wire send − start stamp p50 | "
-        "process CPU | server / others' CPU share |"
+        "process CPU | server's CPU share |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "peer" in r:
-            res, client, stall = r["peer"], r["tool"], "—"
-        else:
-            res = r["perfscope"]
-            client = f"perfscope ({res.get('stamp_clock') or r.get('transport')})"
-            stall = _fmt(res.get("stall_worst_s"))
-        e = res["errors"]
-        cpu = r.get("process_cpu_s")
-        print(
-            f"| {r['server']} | {r['load']} | {client} | {res['matched']} of {r['requests']} "
-            f"({res.get('failed', '?')}) | {stall} | {_fmt(e['ttft']['p50'])} | "
-            f"{_fmt(e['ttft']['p99'])} | {_fmt(e['e2e']['p99'])} | {_fmt(e['send']['p50'])} | "
-            + (f"{cpu:.1f} s | " if cpu is not None else "— | ")
-            + _shares(res)
-        )
-        if "vllm_bench" in r:
-            b = r["vllm_bench"]
+
+    def runs(fmt: Any, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+        return " / ".join(fmt(r, res) for r, res in items)
+
+    for (server, load, name), items in groups.items():
+        if "bench" in items[0][1]:
+            b = items[0][1]["bench"]
             print(
-                f"| {r['server']} | {r['load']} | vllm bench serve (run means only) | — | — | "
-                f"mean {_fmt(b['ttft'])} | — | mean {_fmt(b['e2e'])} | — | — | — |"
+                f"| {server} | {load} | {name} | — | — | mean {_fmt(b['ttft'])} | — | "
+                f"mean {_fmt(b['e2e'])} | — | — | — |"
             )
-    print("(milliseconds; positive = the client reports more than the wire)")
+            continue
+        matched = sum(int(res["matched"]) for _, res in items)
+        sent = sum(int(r["requests"]) for r, _ in items)
+        failed = sum(int(res.get("failed") or 0) for _, res in items)
+        stall = (
+            runs(lambda r, res: _fmt(res.get("stall_worst_s")), items)
+            if "stall_worst_s" in items[0][1]
+            else "—"
+        )
+        cells = [
+            runs(lambda r, res, k=k, st=st: _fmt(res["errors"][k][st]), items)
+            for k, st in (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p99"), ("send", "p50"))
+        ]
+        cpu = runs(lambda r, res: f"{r.get('process_cpu_s', float('nan')):.1f}", items)
+        share = runs(
+            lambda r, res: (
+                "—" if res.get("server_cpu_share") is None else f"{res['server_cpu_share']:.0%}"
+            ),
+            items,
+        )
+        print(
+            f"| {server} | {load} | {name} | {matched} of {sent} ({failed}) | {stall} | "
+            + " | ".join(cells)
+            + f" | {cpu} s | {share} |"
+        )
+    print("(milliseconds; runs in order, separated by /; positive = the client reports more)")
 
 
 def main() -> int:
