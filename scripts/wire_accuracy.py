@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """How far are a load generator's TTFT/TPOT/E2E from the wire?
 
-Starts a real server on loopback (llama.cpp's ``llama-server`` or vLLM CPU, the builds that
-``.ci/run`` caches), captures the loopback traffic with ``tcpdump -i lo`` (nanosecond stamps),
-runs perfscope (and ``vllm bench serve`` when vLLM is there) against it, and compares each
-request's client-side numbers with the same request's on the wire:
+Starts a real server on loopback (the scripted SSE server, llama.cpp's ``llama-server`` or vLLM
+CPU, the builds that ``.ci/run`` caches), captures the loopback traffic with ``tcpdump -i lo``
+(nanosecond stamps), runs perfscope (in each stamping mode, ``--transports``), the peers
+AIPerf and guidellm (``--aiperf EXE``, ``--guidellm EXE``; each skipped with a note when not
+found) and ``vllm bench serve`` (when vLLM is there) against it, each on its own capture, and
+compares each request's client-side numbers with the same request's on the wire:
 
 - wire send: the packet that carried the request's last byte;
 - wire first token: the packet that completed the first SSE event carrying a token (text, or a
@@ -13,14 +15,19 @@ request's client-side numbers with the same request's on the wire:
 
 perfscope's requests are matched to wire requests by their send, first-token and last-token
 times (one offset between the run clock and the capture clock, from the manifest's start
-time). Peers (``vllm bench serve``) store no per-request start times: their run means are
-compared with the wire means of their own capture.
+time). AIPerf's and guidellm's records carry each request's prompt, start stamp (realtime, the
+capture's clock), TTFT and latency: each is matched to the wire request that carried its prompt
+text. ``vllm bench serve`` stores no per-request start times: its run means are compared with
+the wire means of its own capture.
 
-One-command rerun (needs root for tcpdump, about 6 minutes)::
+Reruns (need root for tcpdump; every run bounded in requests and time)::
 
-    python scripts/wire_accuracy.py all --out /tmp/wire
+    python scripts/wire_accuracy.py scripted --loads 16,256 --runs 2 \
+        --aiperf /tmp/peer-aiperf/bin/aiperf --guidellm /tmp/peer-guidellm/bin/guidellm
+    python scripts/wire_accuracy.py vllm --loads 16,48 --runs 2 --aiperf ... --guidellm ...
+    python scripts/wire_accuracy.py all --out /tmp/wire   # llama.cpp (perfscope only), vLLM
 
-Prints the tables of docs/performance.md and writes ``results.json`` under ``--out``.
+Prints the tables of docs/wire.md and writes ``results.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -1165,7 +1172,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    peers = {} if args.no_peers or args.which in ("llama", "all") else find_peers(args)
+    peers = {} if args.no_peers or args.which == "llama" else find_peers(args)
     if args.which == "scripted":
         proc, port = start_scripted()
         tok = peer_tokenizer(out) if peers else None
