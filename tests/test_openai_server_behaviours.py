@@ -187,6 +187,8 @@ def test_each_run_sends_new_prompts_and_a_cached_repeat_is_reported(runs_dir: Pa
     assert not any("prefix cache" in w for w in outs[1].summary["warnings"])
     (warn,) = [w for w in outs[3].summary["warnings"] if "prefix cache" in w]
     assert "100% of prompt tokens" in warn and "--seed" in warn
+    # Compared with run 3 (the same prompts), but 4 requests a run give no 95% interval.
+    assert f"in {outs[2].path.name}" in warn and "too few for a 95% interval" in warn, warn
 
 
 def _files(run: Path) -> dict[str, tuple[int, int]]:
@@ -231,6 +233,28 @@ def test_a_seeded_rerun_words_its_cache_warning_from_the_previous_runs_ttft(
         "prompt_cache"
     ]["previous_run"]
     assert prev["run_id"] == first.path.name and prev["requests"] == 12
+
+
+def test_a_seeded_rerun_with_no_earlier_run_in_its_folder_claims_nothing_about_ttft(
+    tmp_path: Path,
+) -> None:
+    """The same prompts sent before from another runs folder: nothing to compare with, so
+    the warning says TTFT *may* be lower, and names where it looked."""
+    wl = WorkloadConfig(
+        requests=4,
+        dataset="synthetic",
+        prompt_len=LengthDist("constant", 24),
+        output_len=LengthDist("constant", 3),
+        fresh_prompts=False,
+    )
+    with scripted_server(*FAST, "--cache") as url:
+        for name in ("a", "b"):
+            out = execute_run(
+                RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=tmp_path / name)
+            )
+    (warn,) = [w for w in out.summary["warnings"] if "prefix cache" in w]
+    assert "no earlier run with the same engine, model, workload and load" in warn, warn
+    assert "TTFT and prefill may be lower" in warn and "TTFT p50" not in warn, warn
 
 
 def test_a_shared_prefix_workload_reports_its_hit_rate(runs_dir: Path) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -90,17 +89,16 @@ def median_interval(
     alpha = 1.0 - confidence
     if n == 0 or 2.0 * 0.5**n > alpha:
         return None
-    if n <= 1000:
-        # P(B <= k - 1) for B ~ Binomial(n, 1/2), exact; k is 1-based.
-        tail, k = 0.0, 0
-        while True:
-            nxt = tail + math.comb(n, k) * 0.5**n
-            if 2.0 * nxt > alpha:
-                break
-            tail, k = nxt, k + 1
-    else:
-        z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
-        k = math.floor(n / 2.0 - z * math.sqrt(n) / 2.0)
+    # Largest k with P(B <= k - 1) <= alpha / 2, B ~ Binomial(n, 1/2); pmf in log space.
+    log_half_n = n * math.log(0.5)
+    tail, k = 0.0, 0
+    while True:
+        pmf = math.exp(
+            math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + log_half_n
+        )
+        if 2.0 * (tail + pmf) > alpha:
+            break
+        tail, k = tail + pmf, k + 1
     k = max(k, 1)
     return float(x[k - 1]), float(x[n - k])
 
