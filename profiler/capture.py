@@ -564,7 +564,10 @@ def capture(
                         # compared with that run's (read-only) before the summary words it.
                         from perfscope.profiler.engines.openai.repeat import note_previous_run
 
-                        note_previous_run(run.path, m, recorder.requests_table())
+                        try:
+                            note_previous_run(run.path, m, recorder.requests_table())
+                        except Exception as exc:  # a failed comparison must not lose the run
+                            m.errors.append(redact_text(f"same-prompts TTFT comparison: {exc}"))
 
                 try:
                     captured = run.end(

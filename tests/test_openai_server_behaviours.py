@@ -239,7 +239,12 @@ def test_a_seeded_rerun_with_no_earlier_run_in_its_folder_claims_nothing_about_t
     tmp_path: Path,
 ) -> None:
     """The same prompts sent before from another runs folder: nothing to compare with, so
-    the warning says TTFT *may* be lower, and names where it looked."""
+    the warning says TTFT *may* be lower, and names where it looked. Folders there that are
+    not runs, or broken ones, are passed over."""
+    broken = '{"status": "complete", "started_at": "2000-01-01T00:00:00", "engine": 5}'
+    for junk, text in (("notes", "not json"), ("20000101-000000-x-0000", broken)):
+        (tmp_path / "b" / junk).mkdir(parents=True)
+        (tmp_path / "b" / junk / "manifest.json").write_text(text)
     wl = WorkloadConfig(
         requests=4,
         dataset="synthetic",
@@ -253,7 +258,7 @@ def test_a_seeded_rerun_with_no_earlier_run_in_its_folder_claims_nothing_about_t
                 RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=tmp_path / name)
             )
     (warn,) = [w for w in out.summary["warnings"] if "prefix cache" in w]
-    assert "no earlier run with the same engine, model, workload and load" in warn, warn
+    assert "no earlier run with the same engine, model, workload and load is in the 2 " in warn
     assert "TTFT and prefill may be lower" in warn and "TTFT p50" not in warn, warn
 
 

@@ -18,7 +18,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from perfscope.errors import PerfscopeError
 from perfscope.profiler.records import Manifest
 from perfscope.profiler.run_files import read_json_capped
 
@@ -125,21 +126,24 @@ def _same_prompts(this: Manifest, other: dict[str, Any]) -> bool:
     """Whether ``other`` (a manifest's JSON) sent this run's prompts to the same server at the
     same load: same engine URI and server model, same workload (seed included, no salt), same
     load."""
-    mine, theirs = this.engine, other.get("engine") or {}
+    mine, theirs = this.engine, other.get("engine")
+    if not isinstance(theirs, dict) or not isinstance(theirs.get("config"), dict):
+        return False
     return bool(
         theirs.get("uri") == mine.get("uri")
-        and (theirs.get("config") or {}).get("server_model")
-        == (mine.get("config") or {}).get("server_model")
+        and theirs["config"].get("server_model") == (mine.get("config") or {}).get("server_model")
         and other.get("workload") == this.workload
         and other.get("load") == this.load
     )
 
 
 def _started(text: Any) -> datetime | None:
+    """A manifest's ``started_at`` (ISO 8601, UTC when it names no zone); None if unreadable."""
     try:
-        return datetime.fromisoformat(str(text))
+        when = datetime.fromisoformat(str(text))
     except ValueError:
         return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def find_previous_run(
@@ -161,7 +165,7 @@ def find_previous_run(
         path = root / name
         try:
             other = read_json_capped(path / "manifest.json")
-        except (OSError, ValueError):
+        except (OSError, ValueError, PerfscopeError):  # not a run, or a broken one
             continue
         if not isinstance(other, dict) or other.get("status") != "complete":
             continue
