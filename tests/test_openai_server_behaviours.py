@@ -191,6 +191,18 @@ def test_each_run_sends_new_prompts_and_a_cached_repeat_is_reported(runs_dir: Pa
     assert f"in {outs[2].path.name}" in warn and "too few for a 95% interval" in warn, warn
 
 
+def _seeded(requests: int, seed: int = 0) -> WorkloadConfig:
+    """24-token generated prompts that repeat exactly from run to run (no prompt salt)."""
+    return WorkloadConfig(
+        requests=requests,
+        dataset="synthetic",
+        prompt_len=LengthDist("constant", 24),
+        output_len=LengthDist("constant", 3),
+        fresh_prompts=False,
+        seed=seed,
+    )
+
+
 def _files(run: Path) -> dict[str, tuple[int, int]]:
     return {str(f): (f.stat().st_mtime_ns, f.stat().st_size) for f in run.rglob("*")}
 
@@ -206,14 +218,7 @@ def test_a_seeded_rerun_words_its_cache_warning_from_the_previous_runs_ttft(
     """The same-seed warning compares TTFT with the previous run that sent the same prompts
     (read, never written) and words its claim from that: "lower" only when it was. The
     scripted server's cache answers a cached prompt after ``--cache-ttft`` instead of 60 ms."""
-    wl = WorkloadConfig(
-        requests=12,
-        dataset="synthetic",
-        prompt_len=LengthDist("constant", 24),
-        output_len=LengthDist("constant", 3),
-        fresh_prompts=False,
-        seed=7,
-    )
+    wl = _seeded(12, seed=7)
     flags = ("--ttft", "0.06", "--itl", "0.004", "--cache", "--cache-ttft", cache_ttft)
     with scripted_server(*flags) as url:
         first = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
@@ -245,13 +250,7 @@ def test_a_seeded_rerun_with_no_earlier_run_in_its_folder_claims_nothing_about_t
     for junk, text in (("notes", "not json"), ("20000101-000000-x-0000", broken)):
         (tmp_path / "b" / junk).mkdir(parents=True)
         (tmp_path / "b" / junk / "manifest.json").write_text(text)
-    wl = WorkloadConfig(
-        requests=4,
-        dataset="synthetic",
-        prompt_len=LengthDist("constant", 24),
-        output_len=LengthDist("constant", 3),
-        fresh_prompts=False,
-    )
+    wl = _seeded(4)
     with scripted_server(*FAST, "--cache") as url:
         for name in ("a", "b"):
             out = execute_run(
