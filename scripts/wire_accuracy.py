@@ -625,7 +625,9 @@ def run_vllm_bench(
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    subprocess.run(
+        cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=600
+    )
     data = json.loads((res / name).read_text())
     return {
         "ttft": data["mean_ttft_ms"] * 1e-3,
