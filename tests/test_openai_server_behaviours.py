@@ -209,7 +209,7 @@ def _files(run: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize(
     ("cache_ttft", "claim"),
-    [("0.004", "lower beyond both"), ("0.15", "higher beyond both")],
+    [("0.004", "lower beyond both"), ("0.25", "higher beyond both")],
     ids=["cache-lowers-ttft", "cache-raises-ttft"],
 )
 def test_a_seeded_rerun_words_its_cache_warning_from_the_previous_runs_ttft(
@@ -217,9 +217,9 @@ def test_a_seeded_rerun_words_its_cache_warning_from_the_previous_runs_ttft(
 ) -> None:
     """The same-seed warning compares TTFT with the previous run that sent the same prompts
     (read, never written) and words its claim from that: "lower" only when it was. The
-    scripted server's cache answers a cached prompt after ``--cache-ttft`` instead of 60 ms."""
+    scripted server's cache answers a cached prompt after ``--cache-ttft`` instead of 100 ms."""
     wl = _seeded(12, seed=7)
-    flags = ("--ttft", "0.06", "--itl", "0.004", "--cache", "--cache-ttft", cache_ttft)
+    flags = ("--ttft", "0.1", "--itl", "0.004", "--cache", "--cache-ttft", cache_ttft)
     with scripted_server(*flags) as url:
         first = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
         before = _files(first.path)
@@ -230,7 +230,7 @@ def test_a_seeded_rerun_words_its_cache_warning_from_the_previous_runs_ttft(
     p50 = [1e3 * o.summary["latency"]["ttft"]["p50"] for o in (second, first)]
     assert f"TTFT p50 {p50[0]:.1f} ms against {p50[1]:.1f} ms in {first.path.name}" in warn
     assert claim in warn, warn
-    if float(cache_ttft) < 0.06:
+    if float(cache_ttft) < 0.1:
         assert "the cache likely lowered it" in warn, warn
     else:
         assert "the cache did not lower TTFT" in warn, warn
