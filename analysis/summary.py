@@ -1085,6 +1085,51 @@ CACHE_WARN_SHARE = 0.1
 CACHING_WORKLOADS = ("shared-prefix", "multi-turn")
 
 
+def _ms_interval(ci: Any) -> str:
+    return f"[{1e3 * ci[0]:.1f}, {1e3 * ci[1]:.1f}] ms" if ci else "none"
+
+
+def _repeat_text(cache: Mapping[str, Any]) -> str:
+    """The rest of the prefix-cache warning of a run whose prompts repeat an earlier run's,
+    worded from the TTFT comparison capture recorded (``prompt_cache.previous_run``)."""
+    prev = cache.get("previous_run")
+    if not prev:
+        searched = cache.get("runs_searched")
+        where = f"the {searched} newest runs of this folder" if searched else "this runs folder"
+        return (
+            " (the prompts repeat an earlier run: --seed asks for the same prompts; no earlier "
+            f"run with the same engine, model, workload and load is in {where} to compare "
+            "TTFT with): TTFT and prefill may be lower than for new prompts"
+        )
+    this_p50, prev_p50 = 1e3 * prev["this_ttft_p50_s"], 1e3 * prev["ttft_p50_s"]
+    both = (
+        f"TTFT p50 {this_p50:.1f} ms against {prev_p50:.1f} ms in {prev['run_id']}, whose "
+        "prompts this run repeats (--seed asks for the same prompts)"
+    )
+    intervals = (
+        f"95% intervals of the medians {_ms_interval(prev.get('this_ttft_p50_interval_s'))} "
+        f"and {_ms_interval(prev.get('ttft_p50_interval_s'))}"
+    )
+    verdict = prev.get("verdict")
+    if verdict == "lower":
+        return (
+            f": {both}: lower beyond both {intervals} (within-run noise, one run each), so "
+            "the cache likely lowered it: these are not new prompts' TTFTs"
+        )
+    if verdict == "higher":
+        return f": {both}: higher beyond both {intervals}: the cache did not lower TTFT"
+    if verdict == "no_change":
+        return (
+            f": {both}: no difference beyond their {intervals}: the cache did not measurably "
+            "lower TTFT"
+        )
+    return (
+        f": {both}; {prev.get('this_requests')} and {prev.get('requests')} requests are too "
+        "few for a 95% interval of each median (6+ needed), so whether the cache lowered "
+        "TTFT is not known"
+    )
+
+
 def _client_warnings(manifest: RunManifest) -> list[str]:
     """The HTTP client's own warnings (``engine.config.client``), plus the prompt-cache and
     prompt-length checks that need the workload to judge."""
@@ -1103,16 +1148,14 @@ def _client_warnings(manifest: RunManifest) -> list[str]:
                 "hit the cache)"
             )
         elif share > CACHE_WARN_SHARE:
-            repeat = (
-                " (the prompts repeat an earlier run: --seed asks for the same prompts)"
-                if workload.get("prompt_salt") is None
-                else ""
-            )
-            out.append(
+            served = (
                 f"the server served {share:.0%} of prompt tokens from its prefix cache "
-                f"({hits} of {n} requests){repeat}: TTFT and prefill can be lower than for "
-                "new prompts (not measured by this run: compare it with a run of new prompts)"
+                f"({hits} of {n} requests)"
             )
+            if workload.get("prompt_salt") is None:
+                out.append(served + _repeat_text(cache))
+            else:
+                out.append(served + ": TTFT and prefill may be lower than for new prompts")
     lens = client.get("prompt_lengths") or {}
     targeted = workload.get("dataset") in ("synthetic", "shared-prefix", "multi-turn", "trace")
     if targeted and not workload.get("tokenizer") and lens.get("inexact"):

@@ -559,6 +559,15 @@ def capture(
                         m.errors.extend(telemetry.errors)
                     if telemetry is not None:
                         m.telemetry = telemetry.manifest_info()
+                    if isinstance(m.engine.get("config", {}).get("client"), dict):
+                        # An openai: run's prompts may repeat an earlier run's: its TTFT is
+                        # compared with that run's (read-only) before the summary words it.
+                        from perfscope.profiler.engines.openai.repeat import note_previous_run
+
+                        try:
+                            note_previous_run(run.path, m, recorder.requests_table())
+                        except Exception as exc:  # a failed comparison must not lose the run
+                            m.errors.append(redact_text(f"same-prompts TTFT comparison: {exc}"))
 
                 try:
                     captured = run.end(

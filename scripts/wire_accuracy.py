@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """How far are a load generator's TTFT/TPOT/E2E from the wire?
 
-Starts a real server on loopback (llama.cpp's ``llama-server`` or vLLM CPU, the builds that
-``.ci/run`` caches), captures the loopback traffic with ``tcpdump -i lo`` (nanosecond stamps),
-runs perfscope (and ``vllm bench serve`` when vLLM is there) against it, and compares each
-request's client-side numbers with the same request's on the wire:
+Starts a real server on loopback (the scripted SSE server, llama.cpp's ``llama-server`` or vLLM
+CPU, the builds that ``.ci/run`` caches), captures the loopback traffic with ``tcpdump -i lo``
+(nanosecond stamps), runs perfscope (in each stamping mode, ``--transports``), the peers
+AIPerf and guidellm (``--aiperf EXE``, ``--guidellm EXE``; each skipped with a note when not
+found) and ``vllm bench serve`` (when vLLM is there) against it, each on its own capture, and
+compares each request's client-side numbers with the same request's on the wire:
 
 - wire send: the packet that carried the request's last byte;
 - wire first token: the packet that completed the first SSE event carrying a token (text, or a
@@ -13,14 +15,19 @@ request's client-side numbers with the same request's on the wire:
 
 perfscope's requests are matched to wire requests by their send, first-token and last-token
 times (one offset between the run clock and the capture clock, from the manifest's start
-time). Peers (``vllm bench serve``) store no per-request start times: their run means are
-compared with the wire means of their own capture.
+time). AIPerf's and guidellm's records carry each request's prompt, start stamp (realtime, the
+capture's clock), TTFT and latency: each is matched to the wire request that carried its prompt
+text. ``vllm bench serve`` stores no per-request start times: its run means are compared with
+the wire means of its own capture.
 
-One-command rerun (needs root for tcpdump, about 6 minutes)::
+Reruns (need root for tcpdump; every run bounded in requests and time)::
 
-    python scripts/wire_accuracy.py all --out /tmp/wire
+    python scripts/wire_accuracy.py scripted --loads 16,256 --runs 2 \
+        --aiperf /tmp/peer-aiperf/bin/aiperf --guidellm /tmp/peer-guidellm/bin/guidellm
+    python scripts/wire_accuracy.py vllm --loads 16,48 --runs 2 --aiperf ... --guidellm ...
+    python scripts/wire_accuracy.py all --out /tmp/wire   # llama.cpp (perfscope only), vLLM
 
-Prints the tables of docs/performance.md and writes ``results.json`` under ``--out``.
+Prints the tables of docs/wire.md and writes ``results.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -144,6 +151,9 @@ class WireRequest:
     tokens: int
     status: int
     first_empty: bool = False
+    #: The request's prompt text (``prompt``, or the last message's text): peers are matched
+    #: to wire requests by it.
+    prompt: str | None = None
     #: The capture holds the whole stream (it ends with ``data: [DONE]`` and the token events
     #: found match the server's final count). A capture that dropped packets loses events:
     #: its last-token time is early, so E2E and TPOT are compared only on complete streams.
@@ -164,8 +174,8 @@ class WireRequest:
         return (self.t_last - self.t_first) * 1e-9 / (self.tokens - 1)
 
 
-def _requests(c2s: _Dir) -> list[tuple[str, int]]:
-    """(method + path, time of the last byte) of each HTTP request on a connection."""
+def _requests(c2s: _Dir) -> list[tuple[str, int, bytes]]:
+    """(method + path, time of the last byte, body) of each HTTP request on a connection."""
     out, pos, data = [], 0, c2s.data
     while pos < len(data):
         end = data.find(b"\r\n\r\n", pos)
@@ -178,9 +188,31 @@ def _requests(c2s: _Dir) -> list[tuple[str, int]]:
             if k.strip().lower() == "content-length":
                 length = int(v.strip())
         last = end + 4 + length - 1
-        out.append((" ".join(head.split(" ", 2)[:2]), c2s.time_of(last)))
+        body = data[end + 4 : last + 1]
+        out.append((" ".join(head.split(" ", 2)[:2]), c2s.time_of(last), body))
         pos = last + 1
     return out
+
+
+def prompt_text(body: Any) -> str | None:
+    """The prompt of a completions request body (JSON text or object): ``prompt``, or the
+    text of the last chat message (a string or a list of text parts)."""
+    if isinstance(body, bytes | str):
+        try:
+            body = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+    if not isinstance(body, dict):
+        return None
+    if isinstance(body.get("prompt"), str):
+        return str(body["prompt"])
+    messages = body.get("messages") or []
+    if not messages:
+        return None
+    content = messages[-1].get("content")
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content) if content is not None else None
 
 
 def _responses(s2c: _Dir) -> list[tuple[int, list[tuple[bytes, int]], bool]]:
@@ -309,7 +341,7 @@ def wire_requests(pcap: Path, port: int) -> list[WireRequest]:
     out = []
     for cport, (c2s, s2c) in read_pcap(pcap, port).items():
         reqs, resps = _requests(c2s), _responses(s2c)
-        for (what, t_sent), (status, events, whole) in zip(reqs, resps, strict=False):
+        for (what, t_sent, body), (status, events, whole) in zip(reqs, resps, strict=False):
             if not what.startswith("POST") or "completions" not in what:
                 continue
             times, n, first_empty = _token_events(events)
@@ -323,7 +355,8 @@ def wire_requests(pcap: Path, port: int) -> list[WireRequest]:
                     n,
                     status,
                     first_empty,
-                    complete,
+                    prompt=prompt_text(body),
+                    complete=complete,
                 )
             )
     return sorted(out, key=lambda w: w.t_sent)
@@ -347,6 +380,7 @@ class Capture:
                 "-B",
                 "65536",
                 "--time-stamp-precision=nano",
+                "-U",  # each packet written as it is taken: stop() can see the file settle
                 "-w",
                 str(path),
                 "tcp",
@@ -361,8 +395,18 @@ class Capture:
             err = self.proc.stderr.read().decode() if self.proc.stderr else ""
             raise RuntimeError(f"tcpdump failed: {err.strip()}")
 
-    def stop(self) -> Path:
-        time.sleep(0.3)
+    def stop(self, settle_s: float = 1.0, most_s: float = 15.0) -> Path:
+        """Stop once the capture file has not grown for ``settle_s`` (at most ``most_s``): on a
+        busy machine tcpdump reads its buffer late, and packets it has not read when it is
+        interrupted are lost (the tails of the last streams)."""
+        deadline, last, since = time.monotonic() + most_s, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            size = self.path.stat().st_size if self.path.exists() else 0
+            if size != last:
+                last, since = size, time.monotonic()
+            elif time.monotonic() - since >= settle_s:
+                break
+            time.sleep(0.1)
         self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=10)
         #: tcpdump's own count of packets the kernel dropped (its exit report).
@@ -495,7 +539,14 @@ def compare_perfscope(run_dir: Path, wire: list[WireRequest]) -> dict[str, Any]:
         if r.output_tokens > 1 and w.tpot is not None:
             tpot = (r.t_last_token - r.t_first_token) * 1e-9 / (r.output_tokens - 1)
             errs["tpot"].append(tpot - w.tpot)
+    cont = (manifest.get("host") or {}).get("contention") or {}
+    capacity = (cont.get("window_s") or 0.0) * (cont.get("cpu_count") or 0)
     return {
+        # Shares of the machine's CPU capacity during the run (perfscope's contention meter).
+        "server_cpu_share": cont["server_cpu_s"] / capacity
+        if capacity and cont.get("server_cpu_s") is not None
+        else None,
+        "others_cpu_share": cont.get("others_share"),
         "stamp_clock": client.get("stamp_clock"),
         "stall_worst_s": stall.get("worst_s"),
         "stall_affected": stall.get("affected"),
@@ -574,13 +625,229 @@ def run_vllm_bench(
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    subprocess.run(
+        cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=600
+    )
     data = json.loads((res / name).read_text())
     return {
         "ttft": data["mean_ttft_ms"] * 1e-3,
         "tpot": data["mean_tpot_ms"] * 1e-3,
         "e2e": data["mean_e2el_ms"] * 1e-3 if "mean_e2el_ms" in data else float("nan"),
     }
+
+
+# --------------------------------------------------------------------------- peers
+
+
+@dataclass
+class PeerRequest:
+    """One request as a peer load generator recorded it.
+
+    ``t_start``: its own start stamp, CLOCK_REALTIME ns (the capture's clock); ``ttft`` and
+    ``e2e``: its own first-token and request latencies, seconds; ``prompt``: the prompt text it
+    sent (matched to the wire request carrying the same text)."""
+
+    prompt: str | None
+    t_start: int
+    ttft: float | None
+    e2e: float | None
+    ok: bool
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's finished, waited-for children."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return float(ru.ru_utime + ru.ru_stime)
+
+
+def _run_peer(cmd: list[str], folder: Path, timeout_s: float) -> float:
+    """Run a peer's command (its output to ``folder/stdout.log``), bounded by ``timeout_s``;
+    the CPU seconds it and its children took."""
+    env = dict(os.environ)
+    # AIPerf caches the tokenizer through the hub API even for a local folder.
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("PYTHONPATH", None)
+    cpu0 = _children_cpu_s()
+    with (folder / "stdout.log").open("wb") as log:
+        subprocess.run(
+            cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s
+        )
+    return _children_cpu_s() - cpu0
+
+
+def run_aiperf(
+    exe: str, url: str, model: str, tokenizer: Path, c: int, n: int, out: Path, timeout_s: float
+) -> tuple[list[PeerRequest], float]:
+    """One bounded ``aiperf profile`` run (chat, streaming, ``c`` streams, ``n`` requests,
+    64 prompt / 32 output tokens); its requests and the CPU seconds it took."""
+    art = out / f"aiperf-{time.time_ns()}"
+    art.mkdir(parents=True)
+    cmd = [
+        *(exe, "profile", "--model", model, "--url", url, "--endpoint-type", "chat"),
+        *("--streaming", "--concurrency", str(c), "--request-count", str(n)),
+        *("--synthetic-input-tokens-mean", "64", "--synthetic-input-tokens-stddev", "0"),
+        *("--output-tokens-mean", "32", "--output-tokens-stddev", "0"),
+        *("--extra-inputs", "ignore_eos:true", "--tokenizer", str(tokenizer)),
+        *("--use-server-token-count", "--artifact-dir", str(art), "--ui", "none"),
+        *("--no-server-metrics", "--no-gpu-telemetry"),
+    ]
+    cpu = _run_peer(cmd, art, timeout_s)
+    inputs = json.loads((art / "inputs.json").read_text())["data"]
+    prompts = {d["session_id"]: prompt_text(d["payloads"][0]) for d in inputs}
+    reqs = []
+    for line in (art / "profile_export.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        meta, metrics = rec["metadata"], rec.get("metrics") or {}
+        ttft = (metrics.get("time_to_first_token") or {}).get("value")
+        lat = (metrics.get("request_latency") or {}).get("value")
+        reqs.append(
+            PeerRequest(
+                prompts.get(meta.get("conversation_id")),
+                int(meta["request_start_ns"]),
+                ttft * 1e-3 if ttft is not None else None,
+                lat * 1e-3 if lat is not None else None,
+                rec.get("error") is None and ttft is not None,
+            )
+        )
+    return reqs, cpu
+
+
+def run_guidellm(
+    exe: str, url: str, model: str, tokenizer: Path, c: int, n: int, out: Path, timeout_s: float
+) -> tuple[list[PeerRequest], float]:
+    """One bounded ``guidellm run`` (chat, streaming, ``c`` concurrent streams, ``n``
+    requests, 64 prompt / 32 output tokens); its requests and the CPU seconds it took."""
+    res = out / f"guidellm-{time.time_ns()}"
+    res.mkdir(parents=True)
+    backend = (
+        f"kind=openai_http,target={url},model={model},"
+        "request_format=/v1/chat/completions,validate_backend=false"
+    )
+    cmd = [
+        *(exe, "run", "--backend", backend, "--profile", f"kind=concurrent,streams={c}"),
+        *("--constraint", f"kind=max_requests,count={n}"),
+        *("--tokenizer", f"kind=huggingface_auto,model={tokenizer}"),
+        *("--data", "kind=synthetic_text,prompt_tokens=64,output_tokens=32"),
+        *("--output", f"kind=json,path={res / 'benchmarks.json'}"),
+        "--disable-console-interactive",
+    ]
+    cpu = _run_peer(cmd, res, timeout_s)
+    bench = json.loads((res / "benchmarks.json").read_text())["benchmarks"][0]["requests"]
+    reqs = []
+    for kind in ("successful", "errored", "incomplete"):
+        for r in bench.get(kind) or ():
+            body = (json.loads(r["request_args"]) if r.get("request_args") else {}).get("body")
+            ttft = r.get("time_to_first_token_ms")
+            reqs.append(
+                PeerRequest(
+                    prompt_text(body) if body is not None else None,
+                    int(r["request_start_time"] * 1e9),
+                    ttft * 1e-3 if ttft is not None else None,
+                    r.get("request_latency"),
+                    kind == "successful" and ttft is not None,
+                )
+            )
+    return reqs, cpu
+
+
+PEERS = {"aiperf": run_aiperf, "guidellm": run_guidellm}
+
+
+def compare_peer(reqs: list[PeerRequest], wire: list[WireRequest]) -> dict[str, Any]:
+    """Per-request peer − wire errors (seconds): each request is matched to the wire request
+    that carried its prompt text (the nearest send among equal prompts)."""
+    by_prompt: dict[str, list[WireRequest]] = {}
+    for w in wire:
+        if w.t_first is not None and w.status == 200 and w.prompt is not None:
+            by_prompt.setdefault(w.prompt, []).append(w)
+    n_wire = sum(len(v) for v in by_prompt.values())
+    errs: dict[str, list[float]] = {"ttft": [], "e2e": [], "send": []}
+    matched = failed = 0
+    for r in reqs:
+        if not r.ok or r.ttft is None:
+            failed += 1
+            continue
+        cands = by_prompt.get(r.prompt or "")
+        if not cands:
+            continue
+        w = min(cands, key=lambda x: abs(x.t_sent - r.t_start))
+        cands.remove(w)
+        matched += 1
+        errs["ttft"].append(r.ttft - (w.ttft or 0.0))
+        errs["send"].append((w.t_sent - r.t_start) * 1e-9)
+        if w.complete and r.e2e is not None and w.e2e is not None:
+            errs["e2e"].append(r.e2e - w.e2e)
+    return {
+        "matched": matched,
+        "client_requests": len(reqs),
+        "wire_requests": n_wire,
+        "failed": failed,
+        "errors": {k: _stats(v) for k, v in errs.items()},
+    }
+
+
+def measure_peer(
+    peer: str,
+    exe: str,
+    label: str,
+    port: int,
+    url: str,
+    model: str,
+    tokenizer: Path,
+    c: int,
+    n: int,
+    out: Path,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """One peer run on its own loopback capture, compared per request with the wire."""
+    slug = "".join(ch if ch.isalnum() else "_" for ch in label)
+    cap = Capture(port, out / f"{peer}-{slug}-{time.time_ns()}.pcap")
+    try:
+        reqs, cpu = PEERS[peer](exe, url, model, tokenizer, c, n, out, timeout_s)
+    finally:
+        pcap = cap.stop()
+    row: dict[str, Any] = {"load": label, "requests": n, "tool": peer, "pcap": str(pcap)}
+    row["peer"] = compare_peer(reqs, wire_requests(pcap, port))
+    row["process_cpu_s"] = cpu
+    row["capture_dropped_packets"] = cap.dropped
+    return row
+
+
+def peer_tokenizer(out: Path) -> Path:
+    """A Hugging Face tokenizer folder (the tests' trained tokenizer, a chat template) for the
+    peers' ``--tokenizer`` on the scripted server."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.live_models import train_tokenizer
+
+    path = out / "peer-tokenizer"
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(), bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    hf.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    )
+    hf.save_pretrained(path)
+    return path
+
+
+def find_peers(args: argparse.Namespace) -> dict[str, str]:
+    """Peer name → executable, from ``--aiperf`` / ``--guidellm`` or PATH; a note for each
+    one not found (it is skipped)."""
+    import shutil
+
+    found = {}
+    for name in PEERS:
+        given = getattr(args, name)
+        exe = given or shutil.which(name)
+        if exe and Path(exe).is_file() and os.access(exe, os.X_OK):
+            found[name] = str(exe)
+        else:
+            where = f"{given} is not an executable" if given else f"no {name} on PATH"
+            print(f"note: {name} skipped ({where}; give --{name} PATH)", file=sys.stderr)
+    return found
 
 
 # --------------------------------------------------------------------------- servers
@@ -692,10 +959,12 @@ def measure(
     row: dict[str, Any] = {"load": label, "requests": n, "transport": transport}
     slug = "".join(ch if ch.isalnum() else "_" for ch in label)
     cap = Capture(port, out / f"{slug}-{transport}-{time.time_ns()}.pcap")
+    cpu0 = _children_cpu_s()
     try:
         run_dir = run_perfscope(base, tokenizer, load, n, out, transport)
     finally:
         pcap = cap.stop()
+    row["process_cpu_s"] = _children_cpu_s() - cpu0
     wire = wire_requests(pcap, port)
     row["pcap"], row["run_dir"] = str(pcap), str(run_dir)
     row["perfscope"] = compare_perfscope(run_dir, wire)
@@ -733,6 +1002,8 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
+        if "perfscope" not in r:
+            continue
         clock = r["perfscope"].get("stamp_clock") or r.get("transport") or "?"
         groups.setdefault((r["server"], r["load"], clock), []).append(r)
     for (server, load, clock), rs in groups.items():
@@ -771,12 +1042,77 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
             f"{_fmt(pooled('send', 'mean'))} | {bench or '—'} |"
         )
     print("(milliseconds; positive = the client reports more than the wire)")
-    incomplete = sum(int(r["perfscope"].get("incomplete_captures", 0)) for r in rows)
+    incomplete = sum(
+        int(r["perfscope"].get("incomplete_captures", 0)) for r in rows if "perfscope" in r
+    )
     if incomplete:
         print(
             f"({incomplete} matched requests whose capture lost packets are left out of the "
             "E2E and TPOT columns: their wire last-token time is early)"
         )
+
+
+def print_compact(rows: list[dict[str, Any]]) -> None:
+    """The table of docs/wire.md: one row per server, load and client (perfscope in each
+    stamping mode, the peers), each cell the runs in order, ``run 1 / run 2 / ...``
+    (milliseconds; positive = the client reports more than the wire, or its start stamp was
+    taken before the wire send)."""
+    groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for r in rows:
+        if "peer" in r:
+            name, res = r["tool"], r["peer"]
+        else:
+            res = r["perfscope"]
+            clock = res.get("stamp_clock") or r.get("transport")
+            name = f"perfscope, {'kernel' if clock == 'kernel' else 'user-space'} stamps"
+        groups.setdefault((r["server"], r["load"], name), []).append((r, res))
+        if "vllm_bench" in r:
+            groups.setdefault((r["server"], r["load"], "vllm bench serve (means)"), []).append(
+                (r, {"bench": r["vllm_bench"]})
+            )
+    print(
+        "| server | load | client | requests matched of sent (failed) | client stall max | "
+        "TTFT − wire p50 | TTFT − wire p99 | E2E − wire p99 | wire send − start stamp p50 | "
+        "process CPU | server's CPU share |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def runs(fmt: Any, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+        return " / ".join(fmt(r, res) for r, res in items)
+
+    for (server, load, name), items in groups.items():
+        if "bench" in items[0][1]:
+            b = items[0][1]["bench"]
+            print(
+                f"| {server} | {load} | {name} | — | — | mean {_fmt(b['ttft'])} | — | "
+                f"mean {_fmt(b['e2e'])} | — | — | — |"
+            )
+            continue
+        matched = sum(int(res["matched"]) for _, res in items)
+        sent = sum(int(r["requests"]) for r, _ in items)
+        failed = sum(int(res.get("failed") or 0) for _, res in items)
+        stall = (
+            runs(lambda r, res: _fmt(res.get("stall_worst_s")), items)
+            if "stall_worst_s" in items[0][1]
+            else "—"
+        )
+        cells = [
+            runs(lambda r, res, k=k, st=st: _fmt(res["errors"][k][st]), items)
+            for k, st in (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p99"), ("send", "p50"))
+        ]
+        cpu = runs(lambda r, res: f"{r.get('process_cpu_s', float('nan')):.1f}", items)
+        share = runs(
+            lambda r, res: (
+                "—" if res.get("server_cpu_share") is None else f"{res['server_cpu_share']:.0%}"
+            ),
+            items,
+        )
+        print(
+            f"| {server} | {load} | {name} | {matched} of {sent} ({failed}) | {stall} | "
+            + " | ".join(cells)
+            + f" | {cpu} s | {share} |"
+        )
+    print("(milliseconds; runs in order, separated by /; positive = the client reports more)")
 
 
 def main() -> int:
@@ -794,9 +1130,17 @@ def main() -> int:
         help="concurrencies to run, comma-separated (scripted: 16,256; vLLM: 16,48)",
     )
     ap.add_argument("--out", type=Path, default=None, help="folder for captures and results")
-    ap.add_argument("--runs", type=int, default=3, help="llama.cpp: runs per load (3)")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="runs of every client per load, interleaved (llama.cpp 3, scripted and vLLM 1)",
+    )
     ap.add_argument("--requests", type=int, default=24, help="llama.cpp: requests per run (24)")
     ap.add_argument("--no-bench", action="store_true", help="skip vllm bench serve")
+    ap.add_argument("--aiperf", default=None, metavar="EXE", help="AIPerf's executable (PATH)")
+    ap.add_argument("--guidellm", default=None, metavar="EXE", help="guidellm's executable (PATH)")
+    ap.add_argument("--no-peers", action="store_true", help="skip AIPerf and guidellm")
     ap.add_argument(
         "--reanalyze",
         type=Path,
@@ -808,6 +1152,8 @@ def main() -> int:
     if args.reanalyze is not None:
         rows = json.loads(args.reanalyze.read_text())
         for row in rows:
+            if "peer" in row:
+                continue  # kept as measured: the peer's own records are not re-read
             port = _pcap_server_port(Path(row["pcap"]))
             wire = wire_requests(Path(row["pcap"]), port)
             failed = row["perfscope"].get("failed")
@@ -821,18 +1167,22 @@ def main() -> int:
                 }
         args.reanalyze.write_text(json.dumps(rows, indent=2))
         print_tables(rows)
+        print()
+        print_compact(rows)
         return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="wire-"))
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    peers = {} if args.no_peers or args.which == "llama" else find_peers(args)
     if args.which == "scripted":
         proc, port = start_scripted()
+        tok = peer_tokenizer(out) if peers else None
         try:
             base = f"http://127.0.0.1:{port}/v1"
             for c in [int(x) for x in (args.loads or "16,256").split(",")]:
                 n = max(64, c)
-                for _ in range(args.runs):
+                for _ in range(args.runs or 1):
                     for transport in transports:  # interleaved: the same load on both
                         row = measure(
                             f"{c} streams",
@@ -847,6 +1197,22 @@ def main() -> int:
                         )
                         rows.append({"server": "scripted", **row})
                         (out / "results.json").write_text(json.dumps(rows, indent=2))
+                    for peer, exe in peers.items():
+                        assert tok is not None
+                        row = measure_peer(
+                            peer,
+                            exe,
+                            f"{c} streams",
+                            port,
+                            f"http://127.0.0.1:{port}",
+                            "scripted",
+                            tok,
+                            c,
+                            n,
+                            out,
+                        )
+                        rows.append({"server": "scripted", **row})
+                        (out / "results.json").write_text(json.dumps(rows, indent=2))
         finally:
             _stop(proc)
     if args.which in ("llama", "all"):
@@ -854,7 +1220,7 @@ def main() -> int:
         try:
             base = f"http://127.0.0.1:{port}/v1"
             for c in (1, 4):
-                for _ in range(args.runs):
+                for _ in range(args.runs or 3):
                     row = measure(
                         f"concurrency {c}",
                         port,
@@ -887,24 +1253,44 @@ def main() -> int:
                     bench = None if args.no_bench else (vllm, model, bench_load)
                 if args.loads and label.split()[0] not in args.loads.split(","):
                     continue
-                for k, transport in enumerate(transports):
-                    row = measure(
-                        label,
-                        port,
-                        base,
-                        model,
-                        load,
-                        n,
-                        out,
-                        bench if k == 0 else None,
-                        transport,
-                    )
-                    rows.append({"server": "vLLM CPU", **row})
-                    (out / "results.json").write_text(json.dumps(rows, indent=2))
+                for run in range(args.runs or 1):  # interleaved: every client, then again
+                    for k, transport in enumerate(transports):
+                        row = measure(
+                            label,
+                            port,
+                            base,
+                            model,
+                            load,
+                            n,
+                            out,
+                            bench if k == 0 and run == 0 else None,
+                            transport,
+                        )
+                        rows.append({"server": "vLLM CPU", **row})
+                        (out / "results.json").write_text(json.dumps(rows, indent=2))
+                    if load[0] != "--concurrency":
+                        continue  # the peers run closed-loop streams only
+                    for peer, exe in peers.items():
+                        row = measure_peer(
+                            peer,
+                            exe,
+                            label,
+                            port,
+                            f"http://127.0.0.1:{port}",
+                            "tiny-llama",
+                            model,
+                            int(load[1]),
+                            n,
+                            out,
+                        )
+                        rows.append({"server": "vLLM CPU", **row})
+                        (out / "results.json").write_text(json.dumps(rows, indent=2))
         finally:
             _stop(proc)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     print_tables(rows)
+    print()
+    print_compact(rows)
     print(f"results: {out / 'results.json'}")
     return 0
 

@@ -219,11 +219,14 @@ def test_the_local_server_under_test_is_not_counted_as_another_process() -> None
     assert local_server_ports("openai:http://localhost/v1") == (80,)
     assert local_server_ports("openai:https://api.example.com/v1") == ()
     assert local_server_ports("reference") == ()
-    server = (
-        "import socket, time\n"
+    server = (  # a server and a worker it forked (before listening), both spinning
+        "import os, socket, time\n"
+        "end = time.time() + 3.0\n"
+        "if os.fork() == 0:\n"
+        "    while time.time() < end: pass\n"
+        "    os._exit(0)\n"
         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
         "print(s.getsockname()[1], flush=True)\n"
-        "end = time.time() + 3.0\n"
         "while time.time() < end: pass\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)

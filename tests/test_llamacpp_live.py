@@ -6,6 +6,7 @@ truncation, dropped arrivals)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -195,6 +196,29 @@ def test_rerunning_a_command_does_not_silently_measure_the_prompt_cache(
     cached = second.summary["server_metrics"]["tokens"]["prompt_cached"]
     warned = "cache" in " ".join(str(w) for w in second.summary.get("warnings", [])).lower()
     assert cached < 6 * 8 or warned, f"{cached} prompt tokens served from cache, no warning"
+
+
+def test_a_seeded_rerun_states_both_runs_ttft_before_crediting_llamacpps_cache(
+    llama: LlamaServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--seed repeats the prompts and llama.cpp serves them from its cache; the warning gives
+    both runs' TTFT medians and claims "lowered" only when the comparison shows it."""
+    args = (*WORKLOAD, "--requests", "8", "--concurrency", "1", "--seed", "11")
+    first = _run(llama, tmp_path, capsys, *args)
+    second = _run(llama, tmp_path, capsys, *args)
+    (warn,) = [w for w in second.summary["warnings"] if "prefix cache" in w]
+    manifest = json.loads((second.path / "manifest.json").read_text())
+    prev = manifest["engine"]["config"]["client"]["prompt_cache"]["previous_run"]
+    assert prev["run_id"] == first.path.name
+    p50 = [1e3 * r.summary["latency"]["ttft"]["p50"] for r in (second, first)]
+    assert f"TTFT p50 {p50[0]:.1f} ms against {p50[1]:.1f} ms in {first.path.name}" in warn
+    claims = {
+        "lower": "the cache likely lowered it",
+        "higher": "the cache did not lower TTFT",
+        "no_change": "the cache did not measurably lower TTFT",
+    }
+    assert claims[prev["verdict"]] in warn, warn
+    print(f"llama.cpp seeded rerun: {warn}")
 
 
 def test_an_unknown_model_name_is_one_clear_line(

@@ -187,6 +187,78 @@ def test_each_run_sends_new_prompts_and_a_cached_repeat_is_reported(runs_dir: Pa
     assert not any("prefix cache" in w for w in outs[1].summary["warnings"])
     (warn,) = [w for w in outs[3].summary["warnings"] if "prefix cache" in w]
     assert "100% of prompt tokens" in warn and "--seed" in warn
+    # Compared with run 3 (the same prompts), but 4 requests a run give no 95% interval.
+    assert f"in {outs[2].path.name}" in warn and "too few for a 95% interval" in warn, warn
+
+
+def _seeded(requests: int, seed: int = 0) -> WorkloadConfig:
+    """24-token generated prompts that repeat exactly from run to run (no prompt salt)."""
+    return WorkloadConfig(
+        requests=requests,
+        dataset="synthetic",
+        prompt_len=LengthDist("constant", 24),
+        output_len=LengthDist("constant", 3),
+        fresh_prompts=False,
+        seed=seed,
+    )
+
+
+def _files(run: Path) -> dict[str, tuple[int, int]]:
+    return {str(f): (f.stat().st_mtime_ns, f.stat().st_size) for f in run.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    ("cache_ttft", "claim"),
+    [("0.004", "lower beyond both"), ("0.25", "higher beyond both")],
+    ids=["cache-lowers-ttft", "cache-raises-ttft"],
+)
+def test_a_seeded_rerun_words_its_cache_warning_from_the_previous_runs_ttft(
+    runs_dir: Path, cache_ttft: str, claim: str
+) -> None:
+    """The same-seed warning compares TTFT with the previous run that sent the same prompts
+    (read, never written) and words its claim from that: "lower" only when it was. The
+    scripted server's cache answers a cached prompt after ``--cache-ttft`` instead of 100 ms."""
+    wl = _seeded(12, seed=7)
+    flags = ("--ttft", "0.1", "--itl", "0.004", "--cache", "--cache-ttft", cache_ttft)
+    with scripted_server(*flags) as url:
+        first = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
+        before = _files(first.path)
+        second = execute_run(RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=runs_dir))
+    assert _files(first.path) == before, "the previous run was written to"
+    assert not any("prefix cache" in w for w in first.summary["warnings"])
+    (warn,) = [w for w in second.summary["warnings"] if "prefix cache" in w]
+    p50 = [1e3 * o.summary["latency"]["ttft"]["p50"] for o in (second, first)]
+    assert f"TTFT p50 {p50[0]:.1f} ms against {p50[1]:.1f} ms in {first.path.name}" in warn
+    assert claim in warn, warn
+    if float(cache_ttft) < 0.1:
+        assert "the cache likely lowered it" in warn, warn
+    else:
+        assert "the cache did not lower TTFT" in warn, warn
+    prev = json.loads((second.path / "manifest.json").read_text())["engine"]["config"]["client"][
+        "prompt_cache"
+    ]["previous_run"]
+    assert prev["run_id"] == first.path.name and prev["requests"] == 12
+
+
+def test_a_seeded_rerun_with_no_earlier_run_in_its_folder_claims_nothing_about_ttft(
+    tmp_path: Path,
+) -> None:
+    """The same prompts sent before from another runs folder: nothing to compare with, so
+    the warning says TTFT *may* be lower, and names where it looked. Folders there that are
+    not runs, or broken ones, are passed over."""
+    broken = '{"status": "complete", "started_at": "2000-01-01T00:00:00", "engine": 5}'
+    for junk, text in (("notes", "not json"), ("20000101-000000-x-0000", broken)):
+        (tmp_path / "b" / junk).mkdir(parents=True)
+        (tmp_path / "b" / junk / "manifest.json").write_text(text)
+    wl = _seeded(4)
+    with scripted_server(*FAST, "--cache") as url:
+        for name in ("a", "b"):
+            out = execute_run(
+                RunOptions(engine=f"openai:{url}", workload=wl, runs_dir=tmp_path / name)
+            )
+    (warn,) = [w for w in out.summary["warnings"] if "prefix cache" in w]
+    assert "no earlier run with the same engine, model, workload and load is in the 2 " in warn
+    assert "TTFT and prefill may be lower" in warn and "TTFT p50" not in warn, warn
 
 
 def test_a_shared_prefix_workload_reports_its_hit_rate(runs_dir: Path) -> None:

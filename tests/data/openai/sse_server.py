@@ -3,9 +3,10 @@
 Run: ``python sse_server.py [--port 0] [--ttft 0.05] [--itl 0.01] [--tokens-per-chunk 1]
 [--usage final|per_chunk|none] [--no-stream]``; it prints ``PORT <n>`` on stdout when ready.
 
-Every request streams ``max_tokens`` tokens: the first chunk ``ttft`` seconds after the
-request was read, then one chunk every ``itl`` seconds (an absolute schedule, so delays do
-not accumulate). A prompt containing ``fault=NAME`` selects a fault:
+Every request streams ``max_tokens`` (or ``max_completion_tokens``) tokens, in chunks named
+as vLLM names them (``chat.completion.chunk``, ``text_completion``): the first chunk ``ttft``
+seconds after the request was read, then one chunk every ``itl`` seconds (an absolute
+schedule, so delays do not accumulate). A prompt containing ``fault=NAME`` selects a fault:
 
 ``http500``  HTTP 500 with a JSON error body
 ``reset``    the connection is reset (RST) after half the chunks
@@ -31,6 +32,9 @@ Server behaviours of real engines, by flag:
     pooled connection in the meantime is reset, never read.
 ``--cache``  a prompt cache: ``cached_tokens`` (``usage.prompt_tokens_details`` and
     llama.cpp's ``timings.cache_n``) = the words shared with the longest earlier prompt.
+``--cache-ttft S``  with ``--cache``: the TTFT of a fully cached prompt; a partly cached one
+    waits ``S + (ttft - S) * (uncached share of its words)`` (prefill skipped for what the
+    cache holds).
 ``--served-model NAME``  the one model listed by ``/v1/models``; with ``--unknown-model``
     ``404`` another name gets vLLM's 404 body, ``echo`` answers as NAME anyway (llama.cpp),
     ``accept`` (default) answers as the name requested.
@@ -211,7 +215,12 @@ class Server:
         req["_model"] = asked if a.unknown_model == "accept" else a.served_model
         n_prompt = self.prompt_tokens(prompt)
         req["_prompt_tokens"] = n_prompt
-        req["_cached"] = self.cached(prompt.split()) if a.cache else None
+        words = prompt.split()
+        req["_cached"] = self.cached(words) if a.cache else None
+        req["_ttft"] = a.ttft
+        if req["_cached"] is not None and a.cache_ttft is not None and words:
+            share = req["_cached"] / len(words)
+            req["_ttft"] = a.cache_ttft + (a.ttft - a.cache_ttft) * (1 - share)
         if a.max_model_len and n_prompt + int(req.get("max_tokens") or 16) > a.max_model_len:
             await self.simple(
                 writer,
@@ -236,7 +245,7 @@ class Server:
         if fault == "http500":
             await self.simple(writer, "500 Internal Server Error", {"error": "scripted failure"})
             return True
-        n = int(req.get("max_tokens") or 16)
+        n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         if self.a.no_stream:
             await asyncio.sleep(self.a.ttft)
             await self.simple(
@@ -275,6 +284,7 @@ class Server:
         if a.slot_len:
             n = max(1, min(n, a.slot_len - req["_prompt_tokens"]))
         model = req["_model"]
+        kind = "chat.completion.chunk" if chat else "text_completion"
         start = t_recv
         if fault == "slow_first_byte":
             await _sleep_until(start + int(a.ttft * 1e9))
@@ -285,7 +295,7 @@ class Server:
         n_chunks = (n + k - 1) // k
         sent = 0
         for i in range(n_chunks):
-            await _sleep_until(start + int((a.ttft + i * a.itl) * 1e9))
+            await _sleep_until(start + int((req["_ttft"] + i * a.itl) * 1e9))
             m = min(k, n - sent)
             sent += m
             text = "".join(f" t{sent - m + j}" for j in range(m))
@@ -296,7 +306,7 @@ class Server:
             piece: dict[str, Any] = (
                 {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
             )
-            obj: dict[str, Any] = {"object": "chunk", "model": model, "choices": [piece]}
+            obj: dict[str, Any] = {"object": kind, "model": model, "choices": [piece]}
             if usage_mode == "per_chunk" or (a.empty_first and usage_mode != "none"):
                 obj["usage"] = {"prompt_tokens": req["_prompt_tokens"], "completion_tokens": sent}
             data = _sse(obj)
@@ -329,7 +339,7 @@ class Server:
                 if fault == "error_event":
                     writer.write(_chunk(_sse({"error": {"message": "scripted engine error"}})))
         final: dict[str, Any] = {
-            "object": "chunk",
+            "object": kind,
             "model": model,
             "choices": [
                 {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
@@ -380,6 +390,7 @@ async def main(argv: list[str] | None = None) -> None:
     p.add_argument("--empty-first", action="store_true")
     p.add_argument("--close-after-stream", type=float, default=None, metavar="S")
     p.add_argument("--cache", action="store_true")
+    p.add_argument("--cache-ttft", type=float, default=None, metavar="S")
     p.add_argument("--served-model", default="scripted")
     p.add_argument("--unknown-model", choices=("accept", "404", "echo"), default="accept")
     p.add_argument("--max-model-len", type=int, default=0)
