@@ -1321,6 +1321,24 @@ class Study:
                 return next((e for e in s.effects if e.metric == metric), None)
         raise KeyError(f"{self.knob} has no setting {value!r}: {', '.join(self.values)}")
 
+    def estimate(self, setting: SettingResult, metric: str) -> float | None:
+        """``metric`` of ``setting`` by the one statistic the effects use (SI units).
+
+        The baseline's value is the median of its runs; every other setting's is that
+        median times the setting's effect ratio (the paired Hodges–Lehmann estimate of
+        :func:`perfscope.analysis.experiment.judge_metric`), so a settings table built from
+        these values moves from the baseline in the direction, and by the ratio, its
+        effects table says. A setting with no ratio for ``metric`` falls back to the
+        median of its own runs."""
+        base = self.baseline.median.get(metric)
+        if setting is self.baseline or setting.value == self.baseline.value:
+            return base
+        e = next((e for e in setting.effects if e.metric == metric), None)
+        if e is None or e.change.ratio is None or not base:
+            # A zero baseline's ratio is relative to another scale: the setting's own median.
+            return setting.median.get(metric)
+        return float(base) * e.change.ratio
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
