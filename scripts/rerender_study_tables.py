@@ -8,9 +8,9 @@ A write-up names its record in a generated block::
     <!-- /study-tables -->
 
 and the block is re-rendered from that record: a line naming the record, the machine
-class and the workload it ran, then the settings, effects, extra and
-quality tables and the record's notes :func:`samples.studies._common.markdown` renders. Write-ups without a block
-(older ones) keep the earlier rule: each effects table (its header names
+class and the workload it ran, then the settings, effects, extra and quality tables and the
+record's notes that :func:`samples.studies._common.markdown` renders. Write-ups without a
+block (older ones) keep the earlier rule: each effects table (its header names
 ``| measured ratio |``) is replaced by the one rendered for the record named on the next
 ``- study file: `...` `` line below it. Prose outside the blocks is left alone. Usage::
 
