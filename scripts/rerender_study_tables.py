@@ -74,9 +74,17 @@ def generated_block(name: str) -> list[str]:
     st = read_study(RESULTS / name)
     args = st.args
     work = [f"{words} {args[k]}" for k, words in _WORKLOAD if args.get(k) not in (None, "")]
-    threads = (args.get("engine_options") or {}).get("threads")
+    opts = dict(args.get("engine_options") or {})
+    threads = opts.pop("threads", None)
     if threads:
         work.append(f"{threads} intra-op thread(s)")
+    if opts:
+        work.append("engine options " + ", ".join(f"{k}={v}" for k, v in sorted(opts.items())))
+    # The dataset is in the runs' workload section (the study's args do not keep it).
+    load = ((st.baseline.inputs or {}).get("workload") or {}) if st.settings else {}
+    if isinstance(load, dict) and load.get("dataset"):
+        shape = [f"{k} {load[k]}" for k in ("prefix_len", "turns") if load.get(k)]
+        work.append(f"dataset {load['dataset']}" + (f" ({', '.join(shape)})" if shape else ""))
     extra = {
         k: v
         for k, v in args.items()
