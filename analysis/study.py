@@ -1519,11 +1519,12 @@ def rederive_study(study: Study) -> Study:
     """``study`` with every projection made again by the current projection model from
     what the record stores (:attr:`SettingResult.inputs`, the measured kernel calls in
     ``projection.passes``), and each effect's projected ratio and error with it; the
-    measurements are unchanged. Records without inputs (older ones) and a ``threads``
-    study (its no-projection rule reads every baseline run's contention) are returned as
-    they are."""
+    measurements are unchanged. Records without inputs (older ones), records whose inputs
+    hold no model to project (a study whose projection another model made, such as
+    ``parallel.py``'s, which keeps only each setting's shape) and a ``threads`` study (its
+    no-projection rule reads every baseline run's contention) are returned as they are."""
     base = study.settings[0].inputs if study.settings else None
-    if not base or study.knob == "threads":
+    if not base or not base.get("model") or study.knob == "threads":
         return study
     raw_fit = base.get("fit")
     fit = OverheadFit.from_dict(raw_fit) if isinstance(raw_fit, Mapping) else None
@@ -1533,7 +1534,7 @@ def rederive_study(study: Study) -> Study:
     out = [study.settings[0]]
     for s in study.settings[1:]:
         c_set = s.inputs.get("setting") if s.inputs else None
-        if not s.inputs or not isinstance(c_set, Mapping):
+        if not s.inputs or not s.inputs.get("model") or not isinstance(c_set, Mapping):
             out.append(s)
             continue
         queued = bool(b_set.get("queueing"))
