@@ -154,3 +154,25 @@ def test_study_charts_give_each_quantity_one_unit_on_its_ticks() -> None:
         assert y.ticksuffix == suffix and y.exponentformat == "SI" and y.minexponent == 0
         assert "(" not in y.title.text
         assert list(fig.data[0].y) == [st.estimate(s, metric) for s in st.settings]
+
+
+def test_write_up_markdown_uses_the_effects_statistic_and_every_run_of_a_phase() -> None:
+    """The write-ups' Markdown (``samples/studies/_common.markdown``) shows the same values
+    as the terminal: the settings row of a candidate is the baseline times its effect
+    ratio, and its phase cells summarise all of its runs, not the first."""
+    import sys
+
+    from perfscope.dashboard.study_report import phase_cell
+
+    sys.path.insert(0, str(ROOT / "samples" / "studies"))
+    try:
+        from _common import markdown  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(ROOT / "samples" / "studies"))
+    st = read_study(STUDIES / "20261202-065255-study-kv-dtype.json")
+    int8 = next(s for s in st.settings if s.value == "int8")
+    row = next(ln for ln in markdown(st).splitlines() if ln.startswith("| int8 |"))
+    tok_s = st.estimate(int8, "output_tok_s")
+    assert tok_s is not None and f"| {tok_s:.3f} |" in row
+    decode = phase_cell(int8, "decode")
+    assert decode is not None and f"({len(int8.runs)} runs)" in decode and decode in row
