@@ -28,7 +28,12 @@ Each projection states its assumptions in :attr:`ParallelPrediction.assumptions`
   cost ``latency + bytes/bw`` each: ``pp − 1`` per pass, and each decode step adds one
   return hop of the sampled tokens (``batch`` int64 ids) from the last stage to the first,
   which the next step waits for (with several batches in flight each batch's step has its
-  own ``pp − 1`` forward hops and its own return hop).
+  own ``pp − 1`` forward hops and its own return hop). Each hop is a blocking receive, a
+  synchronisation like a collective, so it also adds the link's measured ``<link>_wait``
+  (the same per-synchronisation wait as TP's; 0 when the device file has none). That wait
+  was measured at one load (``cpu-loopback-gloo``: load 12.7-14.7 on 2 cores) and is not
+  scaled by the load of the run projected: the stored runs give no second load level to
+  fit a load-dependent term from.
 - **Replicas** (data/request parallelism): ``replicas`` independent copies; requests divide
   evenly, latency is unchanged and throughput multiplies (no shared host or network limit).
 """
@@ -150,6 +155,11 @@ class ParallelPrediction:
         pp_comm_prefill_s: stage-to-stage sends of the prefill.
         pp_comm_decode_s: the same per decode step: ``pp − 1`` forward hops plus the return
             hop of the sampled tokens.
+        pp_wait_prefill_s: waiting at the prefill's stage-to-stage hops on its critical path
+            (``pp − 1`` of them, the link's measured per-synchronisation wait each; 0 when
+            the device file has none); in ``ttft_s``, not in ``pp_comm_prefill_s``.
+        pp_wait_decode_s: the same per decode step (``pp − 1`` forward hops and the return
+            hop); in ``tpot_s``, not in ``pp_comm_decode_s``.
         bubble_prefill: idle share of the pipeline during prefill.
         bubble_decode: idle share of the pipeline during decode.
         stage_memory_bytes: per-device bytes (weights + KV) of each stage.
@@ -182,6 +192,8 @@ class ParallelPrediction:
     device_memory_bytes: float | None
     fits: bool | None
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    pp_wait_prefill_s: float = 0.0
+    pp_wait_decode_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (SI units)."""
@@ -340,7 +352,7 @@ def predict_parallel(
     # Pipeline: stage times from the single-pipeline (TP-split) roofline.
     compute_ttft = float(base["ttft_s"])
     compute_tpot = float(base["tpot_s"])
-    pp_pre = pp_dec = 0.0
+    pp_pre = pp_dec = pp_wait_pre = pp_wait_dec = 0.0
     bubble_pre = bubble_dec = 0.0
     ttft = compute_ttft + tp_pre
     tpot = compute_tpot + tp_dec
@@ -361,14 +373,18 @@ def predict_parallel(
         hop_pre = lk.latency_s + micro * prompt_len * d * act / lk.bw_bytes_s
         hops = pp - 1
         pp_pre = hops * hop_pre  # sends on the critical path
+        # A blocking receive is a synchronisation like a collective: on a loaded host the
+        # receiving stage waits to be scheduled, the link's measured per-collective wait.
+        pp_wait_pre = hops * lk.wait_s
         tp_pre_micro = tp_pre * micro / batch if tp > 1 else 0.0
-        ttft = (m + pp - 1) * (stage_pre + tp_pre_micro / pp) + pp_pre
+        ttft = (m + pp - 1) * (stage_pre + tp_pre_micro / pp) + pp_pre + pp_wait_pre
         bubble_pre = (pp - 1) / (m + pp - 1)
         hop_dec = lk.latency_s + batch * d * act / lk.bw_bytes_s
         hop_back = lk.latency_s + batch * TOKEN_ID_BYTES / lk.bw_bytes_s
         pp_dec = hops * hop_dec + hop_back
+        pp_wait_dec = (hops + 1) * lk.wait_s
         # more batches than stages queue at each stage
-        tpot = (compute_tpot + tp_dec) * max(in_flight, pp) / pp + pp_dec
+        tpot = (compute_tpot + tp_dec) * max(in_flight, pp) / pp + pp_dec + pp_wait_dec
         busy = min(in_flight, pp) / pp
         bubble_dec = 1.0 - busy
         throughput_factor = min(in_flight, pp)
@@ -379,7 +395,8 @@ def predict_parallel(
     cycle = e2e
     if pp > 1:
         k = throughput_factor
-        cycle = (k * m + pp - 1) * (ttft - pp_pre) / (m + pp - 1) + pp_pre + steps * tpot
+        sends = pp_pre + pp_wait_pre
+        cycle = (k * m + pp - 1) * (ttft - sends) / (m + pp - 1) + sends + steps * tpot
     per_replica = throughput_factor * batch * output_len / cycle if cycle > 0 else 0.0
     throughput = per_replica * plan.replicas
 
@@ -433,6 +450,13 @@ def predict_parallel(
             f"{pp - 1} stage-to-stage sends per pass, plus per decode step the return hop "
             "of the sampled tokens to the first stage"
             + (" (one per batch in flight)" if in_flight > 1 else "")
+            + (
+                f"; each hop waits {format_seconds(lk.wait_s)} for the receiving stage (the "
+                f"link's measured per-collective wait): {format_seconds(pp_wait_dec)} a "
+                "decode step"
+                if lk is not None and lk.wait_s > 0
+                else ""
+            )
         )
     if plan.replicas > 1:
         assumptions.append(
@@ -462,6 +486,8 @@ def predict_parallel(
         collectives_per_step=collectives if tp > 1 else 0,
         pp_comm_prefill_s=pp_pre,
         pp_comm_decode_s=pp_dec,
+        pp_wait_prefill_s=pp_wait_pre,
+        pp_wait_decode_s=pp_wait_dec,
         bubble_prefill=bubble_pre,
         bubble_decode=bubble_dec,
         stage_memory_bytes=tuple(stages),

@@ -1321,6 +1321,24 @@ class Study:
                 return next((e for e in s.effects if e.metric == metric), None)
         raise KeyError(f"{self.knob} has no setting {value!r}: {', '.join(self.values)}")
 
+    def estimate(self, setting: SettingResult, metric: str) -> float | None:
+        """``metric`` of ``setting`` by the one statistic the effects use (SI units).
+
+        The baseline's value is the median of its runs; every other setting's is that
+        median times the setting's effect ratio (the paired Hodges–Lehmann estimate of
+        :func:`perfscope.analysis.experiment.judge_metric`), so a settings table built from
+        these values moves from the baseline in the direction, and by the ratio, its
+        effects table says. A setting with no ratio for ``metric`` falls back to the
+        median of its own runs."""
+        base = self.baseline.median.get(metric)
+        if setting is self.baseline or setting.value == self.baseline.value:
+            return base
+        e = next((e for e in setting.effects if e.metric == metric), None)
+        if e is None or e.change.ratio is None or not base:
+            # A zero baseline's ratio is relative to another scale: the setting's own median.
+            return setting.median.get(metric)
+        return float(base) * e.change.ratio
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
@@ -1501,11 +1519,12 @@ def rederive_study(study: Study) -> Study:
     """``study`` with every projection made again by the current projection model from
     what the record stores (:attr:`SettingResult.inputs`, the measured kernel calls in
     ``projection.passes``), and each effect's projected ratio and error with it; the
-    measurements are unchanged. Records without inputs (older ones) and a ``threads``
-    study (its no-projection rule reads every baseline run's contention) are returned as
-    they are."""
+    measurements are unchanged. Records without inputs (older ones), records whose inputs
+    hold no model to project (a study whose projection another model made, such as
+    ``parallel.py``'s, which keeps only each setting's shape) and a ``threads`` study (its
+    no-projection rule reads every baseline run's contention) are returned as they are."""
     base = study.settings[0].inputs if study.settings else None
-    if not base or study.knob == "threads":
+    if not base or not base.get("model") or study.knob == "threads":
         return study
     raw_fit = base.get("fit")
     fit = OverheadFit.from_dict(raw_fit) if isinstance(raw_fit, Mapping) else None
@@ -1515,7 +1534,7 @@ def rederive_study(study: Study) -> Study:
     out = [study.settings[0]]
     for s in study.settings[1:]:
         c_set = s.inputs.get("setting") if s.inputs else None
-        if not s.inputs or not isinstance(c_set, Mapping):
+        if not s.inputs or not s.inputs.get("model") or not isinstance(c_set, Mapping):
             out.append(s)
             continue
         queued = bool(b_set.get("queueing"))

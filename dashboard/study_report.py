@@ -1,9 +1,10 @@
 """The study report: one offline HTML page for a ``perfscope.study/1`` record.
 
 Every setting's phases on one roofline chart (the comparison roofline builder), the metric
-curves against the knob (median over repeats, the range of the repeats as error bars, and
-the what-if projection as a dashed line from the baseline's median), and the table of
-measured effects with their between-run intervals next to the projection and its error.
+curves against the knob (by the tables' one statistic, :meth:`Study.estimate`, with the
+effect's interval as error bars, and the what-if projection as a dashed line from the
+baseline's median), and the table of measured effects with their between-run intervals next
+to the projection and its error.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from perfscope.profiler.store import read_json_capped
 __all__ = [
     "METRIC_LABELS",
     "metric_curve_figure",
+    "phase_cell",
+    "phase_summary",
     "render_study_report",
     "study_figures",
     "write_study_report",
@@ -48,6 +51,11 @@ METRIC_LABELS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The tick suffix of each unit of :data:`METRIC_LABELS` (a space before word units, so
+#: SI prefixes read ``1.2k tok/s``, and none before symbols: ``900µs``).
+TICK_UNIT: dict[str, str] = {"s": "s", "J": "J", "tokens/s": " tok/s", "requests/s": " req/s"}
+
+
 def _summary(run_dir: str) -> dict[str, Any]:
     try:
         data: dict[str, Any] = read_json_capped(Path(run_dir) / "summary.json")
@@ -57,30 +65,40 @@ def _summary(run_dir: str) -> dict[str, Any]:
 
 
 def metric_curve_figure(study: Study, metric: str) -> go.Figure | None:
-    """One metric against the knob: the median over the repeats with the range of the
-    repeats as error bars, and the what-if projection (the baseline median times each
-    setting's projected ratio) dashed; ``None`` when no setting measured the metric."""
+    """One metric against the knob, by the statistic the tables use
+    (:meth:`~perfscope.analysis.study.Study.estimate`): the baseline's median with the range
+    of its runs as error bars, every other setting at the baseline median times its paired
+    effect ratio with the effect's interval as error bars; and the what-if projection (the
+    baseline median times each setting's projected ratio) dashed. The y axis carries the
+    metric's unit on its ticks (SI prefixes: ``900µs``, ``1.2s``), so each quantity has one
+    unit. ``None`` when no setting measured the metric."""
     xs = [s.value for s in study.settings]
-    med = [s.median.get(metric) for s in study.settings]
-    if all(v is None for v in med):
+    est = [study.estimate(s, metric) for s in study.settings]
+    if all(v is None for v in est):
         return None
+    base = est[0]
     lo, hi = [], []
-    for s, m in zip(study.settings, med, strict=True):
-        vals = [float(v) for r in s.runs if (v := r.metrics.get(metric)) is not None]
-        lo.append((m - min(vals)) if vals and m is not None else 0.0)
-        hi.append((max(vals) - m) if vals and m is not None else 0.0)
+    for i, (s, m) in enumerate(zip(study.settings, est, strict=True)):
+        e = next((e for e in s.effects if e.metric == metric), None) if i else None
+        if e is not None and e.change.ci is not None and m is not None and base:
+            band = (base * e.change.ci[0], base * e.change.ci[1])
+        else:
+            vals = [float(v) for r in s.runs if (v := r.metrics.get(metric)) is not None]
+            band = (min(vals), max(vals)) if vals and m is not None else (m or 0.0, m or 0.0)
+        lo.append(max(0.0, (m or 0.0) - band[0]))
+        hi.append(max(0.0, band[1] - (m or 0.0)))
     name, unit = METRIC_LABELS[metric]
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
             x=xs,
-            y=med,
+            y=est,
             mode="lines+markers",
-            name="measured (median; bars: range of repeats)",
+            name="measured (baseline: median, bars its runs' range; others: baseline x "
+            "paired ratio, bars its interval)",
             error_y={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
         )
     )
-    base = med[0]
     proj = [base]
     for s in study.settings[1:]:
         e = next((e for e in s.effects if e.metric == metric), None)
@@ -93,7 +111,9 @@ def metric_curve_figure(study: Study, metric: str) -> go.Figure | None:
             )
         )
     fig.update_xaxes(title_text=study.knob, type="category")
-    fig.update_yaxes(title_text=f"{name} ({unit})")
+    fig.update_yaxes(
+        title_text=name, ticksuffix=TICK_UNIT.get(unit, unit), exponentformat="SI", minexponent=0
+    )
     fig.update_layout(**FIGURE_LAYOUT, height=360)
     return fig
 
@@ -127,8 +147,9 @@ def study_figures(
             FigureSpec(
                 f"study-{metric}",
                 f"{name} against {study.knob}",
-                "Median over the repeats; dashed: the baseline median times the what-if's "
-                "projected ratio.",
+                "Baseline: the median of its runs; other settings: the baseline median times "
+                "the effect's paired ratio (the tables' statistic), bars its interval; "
+                "dashed: the baseline median times the what-if's projected ratio.",
                 metric_curve_figure(study, metric),
                 f"{name} was not measured",
             )
@@ -148,27 +169,28 @@ def _ratio(r: float | None) -> str:
     return "–" if r is None else f"{r:.3f}x"
 
 
+def phase_cell(s: SettingResult, phase: str) -> str | None:
+    """One phase over *all* runs of a setting: the verdicts seen (with counts when they
+    differ) and the median MFU and MBU with their range over the runs; an MFU or MBU above
+    100% is shown as a ceiling to check, not as a fact. ``None`` when no run has the phase."""
+    pts = [p for r in s.runs if (p := r.phases.get(phase)) is not None]
+    if not pts:
+        return None
+    verdicts = Counter(v.verdict or "?" for v in pts)
+    verdict = (
+        next(iter(verdicts))
+        if len(verdicts) == 1
+        else ", ".join(f"{k} {n}/{len(pts)}" for k, n in verdicts.most_common())
+    )
+    return f"{verdict} MFU {_util(pts, 'mfu')} MBU {_util(pts, 'mbu')}" + (
+        f" ({len(pts)} runs)" if len(pts) > 1 else ""
+    )
+
+
 def phase_summary(s: SettingResult) -> str:
-    """Per phase over *all* runs of a setting: the verdicts seen (with counts when they
-    differ) and the median MFU and MBU with their range; an MFU or MBU above 100% is shown
-    as a ceiling to check, not as a fact."""
-    by: dict[str, list[PhasePoint]] = {}
-    for r in s.runs:
-        for name, v in r.phases.items():
-            by.setdefault(name, []).append(v)
-    parts = []
-    for name, pts in by.items():
-        verdicts = Counter(v.verdict or "?" for v in pts)
-        verdict = (
-            next(iter(verdicts))
-            if len(verdicts) == 1
-            else ", ".join(f"{k} {n}/{len(pts)}" for k, n in verdicts.most_common())
-        )
-        parts.append(
-            f"{name} {verdict} MFU {_util(pts, 'mfu')} MBU {_util(pts, 'mbu')}"
-            + (f" ({len(pts)} runs)" if len(pts) > 1 else "")
-        )
-    return "; ".join(parts)
+    """Every phase of a setting over all its runs (:func:`phase_cell`), ``; ``-joined."""
+    names = list(dict.fromkeys(name for r in s.runs for name in r.phases))
+    return "; ".join(f"{name} {phase_cell(s, name)}" for name in names)
 
 
 def _util(points: Sequence[PhasePoint], attr: str) -> str:
@@ -200,7 +222,7 @@ def _table(study: Study) -> tuple[str, str]:
     for s in study.settings:
         mem = s.memory.get("total_bytes")
         verdicts = esc(phase_summary(s))
-        cells = "".join(f"<td>{_fmt(s.median.get(m), m)}</td>" for m in METRICS)
+        cells = "".join(f"<td>{_fmt(study.estimate(s, m), m)}</td>" for m in METRICS)
         mem_txt = "–" if mem is None else fmt_bytes(mem)
         rows.append(f"<tr><td>{esc(s.value)}</td>{cells}<td>{mem_txt}</td><td>{verdicts}</td></tr>")
     settings = (
@@ -240,6 +262,9 @@ def render_study_report(study: Study) -> str:
         f"Created {esc(study.created_at)}.</p>"
         + (f"<ul>{notes}</ul>" if notes else "")
         + "<h2>Settings</h2>"
+        + "<p>One statistic throughout: the baseline's values are the medians of its runs, "
+        "every other setting's the baseline's times its paired effect ratio (the effects "
+        "table's); the phase column summarises all runs of a setting.</p>"
         + settings
         + f"<h2>Effect against {base}: measured vs projected</h2>"
         + effects

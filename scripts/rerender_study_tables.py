@@ -1,14 +1,23 @@
-"""Re-render the effects tables of the study write-ups (``samples/studies/*.md``) from their
-stored records (``samples/studies/results/``), so each table shows what perfscope shows
-today: the interval its verdict was tested at, with its level named.
+"""Re-render the tables of the study write-ups (``samples/studies/*.md``) from their stored
+records (``samples/studies/results/``), so no figure in a write-up is copied by hand.
 
-Each effects table (its header names ``| measured ratio |``) is replaced by the table
-:func:`samples.studies._common.markdown` renders for the record named on the next
-``- study file: `...` `` line below it. Prose is left alone. Usage::
+A write-up names its record in a generated block::
+
+    <!-- study-tables: 20261205-234456-study-batch-size.json -->
+    ... (everything here is generated: the record, its workload, its notes, its tables)
+    <!-- /study-tables -->
+
+and the block is re-rendered from that record: a line naming the record, the machine
+class and the workload it ran, then the settings, effects, extra and quality tables and the
+record's notes that :func:`samples.studies._common.markdown` renders. Write-ups without a
+block (older ones) keep the earlier rule: each effects table (its header names
+``| measured ratio |``) is replaced by the one rendered for the record named on the next
+``- study file: `...` `` line below it. Prose outside the blocks is left alone. Usage::
 
     python scripts/rerender_study_tables.py [--check]
 
-``--check`` rewrites nothing and exits 1 if a table differs.
+``--check`` rewrites nothing and exits 1 if a table differs, or a block names a record that
+is not in ``results/``.
 """
 
 from __future__ import annotations
@@ -17,10 +26,35 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "samples" / "studies"
+RESULTS = STUDIES / "results"
 FILE = re.compile(r"^- study file: `([^`]+)`")
+OPEN = re.compile(r"^<!-- study-tables: (\S+) -->$")
+CLOSE = "<!-- /study-tables -->"
+
+#: Workload options a block names when the record has them: record key → words.
+_WORKLOAD = (
+    ("model_preset", "model"),
+    ("requests", "requests"),
+    ("prompt_len", "prompt tokens"),
+    ("output_len", "output tokens"),
+    ("batch_size", "batch"),
+    ("scheduler", "scheduler"),
+    ("rate", "rate req/s"),
+    ("concurrency", "concurrency"),
+    ("warmup", "warmup requests"),
+)
+
+
+def _markdown() -> Any:
+    if str(STUDIES) not in sys.path:
+        sys.path.insert(0, str(STUDIES))
+    from _common import markdown  # type: ignore[import-not-found]
+
+    return markdown
 
 
 def _effects_block(md: str) -> list[str]:
@@ -32,12 +66,47 @@ def _effects_block(md: str) -> list[str]:
     return lines[start:end]
 
 
-def rerender(text: str) -> str:
-    """``text`` with every effects table re-rendered from its record."""
-    if str(STUDIES) not in sys.path:
-        sys.path.insert(0, str(STUDIES))
-    from _common import markdown  # type: ignore[import-not-found]
+def generated_block(name: str) -> list[str]:
+    """The lines between a block's markers for the record ``results/<name>``."""
+    from perfscope.analysis.calibration import MachineClass
+    from perfscope.analysis.study import read_study
 
+    st = read_study(RESULTS / name)
+    args = st.args
+    work = [f"{words} {args[k]}" for k, words in _WORKLOAD if args.get(k) not in (None, "")]
+    opts = dict(args.get("engine_options") or {})
+    threads = opts.pop("threads", None)
+    if threads:
+        work.append(f"{threads} intra-op thread(s)")
+    if opts:
+        work.append("engine options " + ", ".join(f"{k}={v}" for k, v in sorted(opts.items())))
+    # The dataset is in the runs' workload section (the study's args do not keep it).
+    load = ((st.baseline.inputs or {}).get("workload") or {}) if st.settings else {}
+    if isinstance(load, dict) and load.get("dataset"):
+        shape = [f"{k} {load[k]}" for k in ("prefix_len", "turns") if load.get(k)]
+        work.append(f"dataset {load['dataset']}" + (f" ({', '.join(shape)})" if shape else ""))
+    extra = {
+        k: v
+        for k, v in args.items()
+        if v not in (None, "", {}, [])
+        and k not in {k for k, _ in _WORKLOAD}
+        and k not in ("engine", "seed", "engine_options", "mode")
+    }
+    if extra:
+        work.append(", ".join(f"{k} {v}" for k, v in sorted(extra.items())))
+    machine = MachineClass.from_dict(st.machine).describe() if st.machine else "not recorded"
+    out = [
+        f"Record `samples/studies/results/{name}` (created {st.created_at or 'unknown'}; "
+        f"machine class: {machine}): {st.knob} = {', '.join(st.values)}, {st.repeat} "
+        f"interleaved rounds, effects paired by round; workload: {'; '.join(work)}.",
+        "",
+        *_markdown()(st).splitlines(),
+    ]
+    return out
+
+
+def rerender(text: str) -> str:
+    """``text`` with every generated block and every older effects table re-rendered."""
     from perfscope.analysis.study import read_study
 
     lines = text.splitlines()
@@ -45,16 +114,27 @@ def rerender(text: str) -> str:
     i = 0
     while i < len(lines):
         ln = lines[i]
+        opened = OPEN.match(ln)
+        if opened is not None:
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] == CLOSE), None)
+            if end is None:
+                raise SystemExit(f"a study-tables block opened at line {i + 1} is never closed")
+            name = Path(opened.group(1)).name
+            if not (RESULTS / name).exists():
+                raise SystemExit(f"{name}: no such record in {RESULTS}; name a stored one")
+            out += [ln, *generated_block(name), CLOSE]
+            i = end + 1
+            continue
         if "| measured ratio |" in ln and ln.startswith("|"):
             end = i
             while end < len(lines) and lines[end].startswith("|"):
                 end += 1
             record = next((m.group(1) for m in map(FILE.match, lines[end:]) if m is not None), None)
-            path = None if record is None else STUDIES / "results" / Path(record).name
+            path = None if record is None else RESULTS / Path(record).name
             if path is None or not path.exists():
                 out.extend(lines[i:end])
             else:
-                out.extend(_effects_block(markdown(read_study(path))))
+                out.extend(_effects_block(_markdown()(read_study(path))))
             i = end
             continue
         out.append(ln)

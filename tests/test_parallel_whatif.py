@@ -238,3 +238,20 @@ def test_pipeline_decode_counts_the_token_return_hop() -> None:
     back = lat + 4 * 8 / bw  # 4 int64 token ids back to stage 0
     assert r.pp_comm_decode_s == pytest.approx(hidden + back)
     assert "return hop" in " ".join(r.assumptions)
+
+
+def test_pipeline_hops_wait_like_collectives_where_the_link_measured_a_wait() -> None:
+    """Each PP hop is a blocking receive: on the loopback link (measured wait 1.167 ms per
+    synchronisation) a decode step of 2 stages waits at its forward hop and its return hop,
+    the prefill at its one forward hop; a link with no measured wait adds none."""
+    dev = resolve_device("cpu-loopback-gloo")
+    tiny = ModelSpec.from_dict(PRESETS["tiny"].model_spec())
+    kw = {"batch": 4, "prompt_len": 32, "output_len": 32}
+    r = predict_parallel(tiny, dev, ParallelPlan(pp=2), **kw)
+    assert r.pp_wait_decode_s == pytest.approx(2 * 1167e-6)
+    assert r.pp_wait_prefill_s == pytest.approx(1167e-6)
+    assert r.tpot_s == pytest.approx(r.compute_tpot_s + r.pp_comm_decode_s + 2 * 1167e-6)
+    assert "waits 1.17 ms for the receiving stage" in " ".join(r.assumptions)
+    spec = ModelSpec.from_dict(PRESETS["small"].model_spec())
+    h = predict_parallel(spec, H100, ParallelPlan(pp=2), **kw)
+    assert h.pp_wait_decode_s == 0.0 and h.pp_wait_prefill_s == 0.0

@@ -104,3 +104,75 @@ def test_a_study_on_provisional_ceilings_says_so(tmp_path: Path) -> None:
     point = dataclasses.replace(s0.runs[0], run=str(run))
     busy = dataclasses.replace(st, settings=[dataclasses.replace(s0, runs=[point])])  # type: ignore[arg-type]
     assert provisional_ceilings(busy) == note
+
+
+def test_settings_and_effects_tables_cannot_point_opposite_ways() -> None:
+    """The settings table's values come from the effects' statistic: for every stored study,
+    setting and metric, the value moves from the baseline's by exactly the effect's ratio.
+    Medians did not: in the stored kv-dtype study int8's output throughput median is 1.001x
+    the baseline's while the paired effect is 0.764x, judged worse."""
+    from perfscope.cli.study import _value
+
+    checked = 0
+    for path in sorted(STUDIES.glob("*.json")):
+        st = read_study(path)
+        base = st.baseline
+        for s in st.settings[1:]:
+            for e in s.effects:
+                b, r = base.median.get(e.metric), e.change.ratio
+                if not b or r is None:
+                    continue
+                got = st.estimate(s, e.metric)
+                assert got is not None and abs(got / b - r) < 1e-9 * r, (path.name, s.value)
+                checked += 1
+    assert checked > 100
+    st = read_study(STUDIES / "20261202-065255-study-kv-dtype.json")
+    int8 = next(s for s in st.settings if s.value == "int8")
+    e = next(x for x in int8.effects if x.metric == "output_tok_s")
+    b = st.baseline.median["output_tok_s"]
+    assert b is not None and int8.median["output_tok_s"] is not None
+    assert int8.median["output_tok_s"] > b and e.change.ratio is not None and e.change.ratio < 1
+    shown = _value("output_tok_s", st.estimate(int8, "output_tok_s"))
+    assert shown == _value("output_tok_s", b * e.change.ratio)
+    row = next(
+        ln for ln in _text(study_table(st)).splitlines() if ln.lstrip("│ ").startswith("int8")
+    )
+    assert shown in row
+
+
+def test_study_charts_give_each_quantity_one_unit_on_its_ticks() -> None:
+    """The Studies page's curves carry the unit on the ticks with SI prefixes (``900µs``,
+    ``1.2k tok/s``), as the other dashboard figures, not ``TTFT p50 (s)`` beside ``900µ``;
+    their points are the tables' values (:meth:`Study.estimate`)."""
+    from perfscope.dashboard.study_report import metric_curve_figure
+
+    st = read_study(STUDIES / "20261202-065255-study-kv-dtype.json")
+    for metric, suffix in (("ttft_p50_s", "s"), ("output_tok_s", " tok/s")):
+        fig = metric_curve_figure(st, metric)
+        assert fig is not None
+        y = fig.layout.yaxis
+        assert y.ticksuffix == suffix and y.exponentformat == "SI" and y.minexponent == 0
+        assert "(" not in y.title.text
+        assert list(fig.data[0].y) == [st.estimate(s, metric) for s in st.settings]
+
+
+def test_write_up_markdown_uses_the_effects_statistic_and_every_run_of_a_phase() -> None:
+    """The write-ups' Markdown (``samples/studies/_common.markdown``) shows the same values
+    as the terminal: the settings row of a candidate is the baseline times its effect
+    ratio, and its phase cells summarise all of its runs, not the first."""
+    import sys
+
+    from perfscope.dashboard.study_report import phase_cell
+
+    sys.path.insert(0, str(ROOT / "samples" / "studies"))
+    try:
+        from _common import markdown  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(ROOT / "samples" / "studies"))
+    st = read_study(STUDIES / "20261202-065255-study-kv-dtype.json")
+    int8 = next(s for s in st.settings if s.value == "int8")
+    row = next(ln for ln in markdown(st).splitlines() if ln.startswith("| int8 |"))
+    tok_s = st.estimate(int8, "output_tok_s")
+    assert tok_s is not None and f"| {tok_s:.3f} |" in row
+    decode = phase_cell(int8, "decode")
+    assert decode is not None and f"({len(int8.runs)} runs)" in decode and decode in row

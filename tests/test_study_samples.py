@@ -77,3 +77,27 @@ def test_the_parallel_study_is_stored_as_a_study_the_calibration_reads(tmp_path:
     assert len(tpot) == 2 and all(e.projected_ratio and e.sol_ratio for e in tpot)
     assert all(e.machine.cores and e.machine.engine == "reference" for e in entries)
     assert "efficiency" in st.settings[1].projection["basis"]
+
+
+def test_write_up_tables_are_generated_from_their_stored_records() -> None:
+    """No hand-copied figure: every write-up with a ``study-tables`` block names a record in
+    ``results/`` and its tables are what that record renders today (the script's --check);
+    a block naming a missing record is refused in one line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "rerender_study_tables", SAMPLES.parents[1] / "scripts" / "rerender_study_tables.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    blocks = 0
+    for md in sorted(SAMPLES.glob("*.md")):
+        text = md.read_text(encoding="utf-8")
+        assert mod.rerender(text) == text, f"{md.name}: stale tables (run the script)"
+        blocks += text.count("<!-- study-tables: ")
+    assert blocks >= 16
+    with pytest.raises(SystemExit, match="no such record"):
+        mod.rerender(
+            "<!-- study-tables: 19990101-000000-study-none.json -->\n<!-- /study-tables -->\n"
+        )

@@ -229,7 +229,10 @@ def study_table(study: Study) -> FitTable:
     cols = (study.knob, *labels, "phases", "memory")
     t = FitTable(
         cols,
-        title=f"study: {study.knob} ({study.repeat} run(s) per setting, medians)",
+        title=(
+            f"study: {study.knob} ({study.repeat} run(s) per setting; baseline: median, "
+            "others: baseline x the effect's paired ratio; phases: all runs)"
+        ),
         right=frozenset((*labels, "memory")),
         wrap=frozenset(("phases",)),
     )
@@ -240,7 +243,7 @@ def study_table(study: Study) -> FitTable:
         mem = s.memory.get("total_bytes")
         t.add_row(
             str(s.value),
-            *(_value(n, s.median.get(n)) for n in shown),
+            *(_value(n, study.estimate(s, n)) for n in shown),
             ph,
             "–" if mem is None else format_bytes(mem),
         )

@@ -31,26 +31,31 @@ def _r(v: Any) -> str:
 
 def markdown(s: Any) -> str:
     """The study's settings table and its effects table, as Markdown."""
+    from perfscope.dashboard.study_report import phase_cell
+
     # Chunked prefill runs have a third phase: steps with decode rows and prompt chunks.
-    mixed = any("mixed" in st.runs[0].phases for st in s.settings if st.runs)
+    mixed = any("mixed" in r.phases for st in s.settings for r in st.runs)
     lines = [
+        f"Settings: the baseline's values are the medians of its {s.repeat} run(s), every "
+        "other setting's the baseline's times its paired effect ratio (the effects table's "
+        "statistic); phase columns summarise all runs of a setting (median MFU/MBU "
+        "[range]).",
+        "",
         f"| {s.knob} | TTFT p50 ms | TPOT p50 ms | output tok/s | memory MB | prefill | decode |"
         + (" mixed |" if mixed else ""),
         "|---|---|---|---|---|---|---|" + ("---|" if mixed else ""),
     ]
     for st in s.settings:
-        ph = st.runs[0].phases
 
-        def v(p: str, ph: Any = ph) -> str:
-            x = ph.get(p)
-            if x is None:
-                return "–"
-            return f"{x.verdict}, MFU {100 * (x.mfu or 0):.2g}%, MBU {100 * (x.mbu or 0):.2g}%"
+        def v(p: str, st: Any = st) -> str:
+            return phase_cell(st, p) or "–"
 
         mem = st.memory.get("total_bytes")
+        mb = "–" if mem is None else f"{mem / 1e6:.3g}"
         lines.append(
-            f"| {st.value} | {_ms(st.median['ttft_p50_s'])} | {_ms(st.median['tpot_p50_s'])} "
-            f"| {_r(st.median['output_tok_s'])} | {'–' if mem is None else f'{mem / 1e6:.3g}'} "
+            f"| {st.value} | {_ms(s.estimate(st, 'ttft_p50_s'))} "
+            f"| {_ms(s.estimate(st, 'tpot_p50_s'))} "
+            f"| {_r(s.estimate(st, 'output_tok_s'))} | {mb} "
             f"| {v('prefill')} | {v('decode')} |" + (f" {v('mixed')} |" if mixed else "")
         )
     lines += [
