@@ -58,6 +58,7 @@ class Row:
     token_hop_s: float
     model_comm_s: float
     model_comm_live_s: float
+    model_wait_s: float
     collectives: int
     tokens_equal: bool
     max_abs_logit_diff: float
@@ -151,6 +152,8 @@ def main() -> None:
 
     tp_c, pp_c, pp2_c, tp_model = models(False)
     live_c = models(True)[:3] if bw is not None else (float("nan"),) * 3
+    # the TP term's wait for the slowest rank (from the device file, not the live link)
+    tp_wait = tp_model.tp_wait_decode_s
 
     rows: list[Row] = []
     rows.append(
@@ -160,6 +163,7 @@ def main() -> None:
             0.0,
             0.0,
             _med([r.tpot_s for r in singles]),
+            0.0,
             0.0,
             0.0,
             0.0,
@@ -216,6 +220,7 @@ def main() -> None:
                 token,
                 model_comm,
                 live_comm,
+                tp_wait if name == "TP=2" else 0.0,
                 rs[0].collectives_per_step,
                 all(e[0] for e in eq),
                 max(e[1] for e in eq),
@@ -238,11 +243,11 @@ def main() -> None:
         "| compute per step, rank 0 / 1 ms | measured comm per step ms "
         "| of which link (both ranks in) ms | of which waiting for the other rank ms "
         "| PP token hop back ms | model comm term ms (hwdb entry) "
-        "| model comm term ms (link measured now) | error vs measured comm "
-        "| error vs link part | collectives per step | greedy tokens equal "
-        "| max abs / rel logit diff |"
+        "| model comm term ms (link measured now) | of which the model's wait ms "
+        "| error vs measured comm | error vs link part | error of the wait "
+        "| collectives per step | greedy tokens equal | max abs / rel logit diff |"
     )
-    print("|---" * 16 + "|")
+    print("|---" * 18 + "|")
 
     def error(model: float, measured: float) -> str:
         if model == 0 or measured != measured or model != model or measured <= 0:
@@ -251,20 +256,28 @@ def main() -> None:
 
     for r in rows:
         now = r.model_comm_live_s if r.model_comm_live_s == r.model_comm_live_s else r.model_comm_s
+        # like for like: TP, the model less its wait against the link part; PP, both hops
+        # the model counts (hidden state out, token back) against both measured hops
+        tp = r.setting.startswith("TP")
+        link_model = now - r.model_wait_s if tp else now
+        link_meas = r.link_s if tp else r.link_s + r.token_hop_s
         print(
             f"| {r.setting} | {ms(r.tpot_s)} | {r.tpot_s / base:.2f}x "
             f"| {ms(r.comm_rank0_s)} / {ms(r.comm_rank1_s)} "
             f"| {ms(r.compute_rank0_s)} / {ms(r.compute_rank1_s)} | {ms(r.measured_comm_s)} "
             f"| {ms(r.link_s)} | {ms(r.wait_s)} | {ms(r.token_hop_s)} "
-            f"| {ms(r.model_comm_s)} | {ms(r.model_comm_live_s)} "
-            f"| {error(now, r.measured_comm_s)} | {error(now, r.link_s)} "
+            f"| {ms(r.model_comm_s)} | {ms(r.model_comm_live_s)} | {ms(r.model_wait_s)} "
+            f"| {error(now, r.measured_comm_s)} | {error(link_model, link_meas)} "
+            f"| {error(r.model_wait_s, r.wait_s) if tp else '–'} "
             f"| {r.collectives} | {r.tokens_equal} "
             f"| {r.max_abs_logit_diff:.2g} / {r.max_rel_logit_diff:.2g} |"
         )
     print(
         "\n(errors: the model with the link measured now, or the hwdb entry's when none was "
-        "measured, against the measurement; the PP link part is one hidden-state hop, what "
-        "the model counts)"
+        "measured, against the measurement; link part: TP, the model less its wait term "
+        "against the collectives' time once both ranks are in; PP, the model's two hops "
+        "against the hidden-state hop plus the token hop back; the wait: TP, the model's wait "
+        "term against the measured wait for the other rank)"
     )
     lk = tp_model.link
     if lk is not None:
