@@ -6,6 +6,11 @@ with two torch threads (``threads=2``), setting ``2`` is two engine processes of
 each (``replicas=2``, ``threads=1`` per process), on the replicas study's workload (small
 preset, batch 4 per replica, 4 closed-loop users, prompts of 64 tokens, 16 output tokens).
 
+OpenMP's threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, set before torch loads, as the
+command line sets it; the run manifests record it as ``omp_wait_policy``); the first two
+records in ``results/replicas_threads/`` ran with OpenMP's default policy instead (threads
+spin a while before they sleep), see the write-up.
+
 `perfscope.study` varies one knob with the others fixed, and here two options change
 together (replicas and threads per process), so this script runs the two settings itself
 in the study's balanced order (`block_order`: ABBA rounds) and assembles the record with the
@@ -30,14 +35,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import SMOKE, markdown
+from perfscope.profiler.engines.threads import prefer_passive_wait
 
-import perfscope
-from perfscope.analysis.experiment import block_order
-from perfscope.analysis.study import build_study
-from perfscope.api.run import RunArgs, execute, plan
-from perfscope.api.study import baseline_fit
-from perfscope.profiler.store import write_json_atomic
+prefer_passive_wait()  # as `perfscope` on the command line: before torch loads, so the
+# two threads of setting 1 sleep while they wait for each other instead of spinning
+
+from _common import SMOKE, markdown  # noqa: E402
+
+import perfscope  # noqa: E402
+from perfscope.analysis.experiment import block_order  # noqa: E402
+from perfscope.analysis.study import build_study  # noqa: E402
+from perfscope.api.run import RunArgs, execute, plan  # noqa: E402
+from perfscope.api.study import baseline_fit  # noqa: E402
+from perfscope.profiler.store import write_json_atomic  # noqa: E402
 
 #: The fixed workload: the replicas study's.
 WORKLOAD: dict[str, Any] = {
