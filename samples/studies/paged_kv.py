@@ -16,11 +16,10 @@ one run per setting); `--save` stores each budget's study in samples/studies/res
 from the repository root). The write-up with the measured tables is `paged_kv.md`.
 """
 
-import argparse
 import statistics
 import tempfile
 
-from _common import SMOKE, markdown
+from _common import SMOKE, markdown, sample_args
 
 import perfscope
 from perfscope.profiler.engines.reference.model import PRESETS
@@ -38,17 +37,7 @@ def max_decode_batch(run_path: str) -> int:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--smoke", action="store_true", help="a few seconds: 1 budget, 1 run each")
-    ap.add_argument("--runs-dir", default=None)
-    ap.add_argument(
-        "--save",
-        nargs="?",
-        const="samples/studies/results",
-        default=None,
-        help="also store each budget's study as `perfscope study --save DIR` does",
-    )
-    a = ap.parse_args()
+    a = sample_args(__doc__ or "", smoke="a few seconds: 1 budget, 1 run each")
     opts = {
         "model_preset": "tiny",
         "requests": 24,

@@ -28,7 +28,6 @@ on an idle machine) or `--smoke` (seconds); `--save` stores the record. The writ
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -40,7 +39,7 @@ from perfscope.profiler.engines.threads import prefer_passive_wait
 prefer_passive_wait()  # as `perfscope` on the command line: before torch loads, so the
 # two threads of setting 1 sleep while they wait for each other instead of spinning
 
-from _common import SMOKE, markdown  # noqa: E402
+from _common import SMOKE, markdown, sample_args  # noqa: E402
 
 import perfscope  # noqa: E402
 from perfscope.analysis.experiment import block_order  # noqa: E402
@@ -70,17 +69,11 @@ ROUNDS = 8  # even (whole ABBA pairs) and enough blocks for a 99% interval on se
 
 
 def main() -> Any:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--smoke", action="store_true", help="a few seconds: tiny, 2 rounds")
-    ap.add_argument("--runs-dir", default=None)
-    ap.add_argument(
-        "--save",
-        nargs="?",
-        const="samples/studies/results/replicas_threads",
-        default=None,
-        help="also store the record (default folder: samples/studies/results/replicas_threads)",
+    a = sample_args(
+        __doc__ or "",
+        smoke="a few seconds: tiny, 2 rounds",
+        save_to="samples/studies/results/replicas_threads",
     )
-    a = ap.parse_args()
     work = dict(WORKLOAD)
     rounds = ROUNDS
     if a.smoke:
