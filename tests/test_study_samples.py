@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,24 @@ SKIP_SMOKE = {
     "parallel_decoding": "three runs take 20-35 s here; test_parallel_decoding.py checks "
     "lookahead and Medusa decoding and the decoding knob, speculative.py's smoke the study path",
 }
+#: Samples whose write-ups state each setting's torch threads per process: setting -> threads.
+#: (Their records once ran with the default threads while the write-ups said one.)
+THREADS = {
+    "replicas": {"1": 1, "2": 1},
+    "disaggregation": {"off": 1, "on": 1},
+    "replicas_threads": {"1": 2, "2": 1},
+}
+
+
+def _threads_by_setting(runs_dir: Path) -> dict[str, set[int]]:
+    """Setting label (from the run folder's name, ``...-<setting>-<suffix>``) -> the
+    ``torch_threads`` its runs' manifests record."""
+    out: dict[str, set[int]] = {}
+    for manifest in runs_dir.glob("*/manifest.json"):
+        setting = manifest.parent.name.rsplit("-", 2)[1]
+        config = json.loads(manifest.read_text())["engine"]["config"]
+        out.setdefault(setting, set()).add(int(config["torch_threads"]))
+    return out
 
 
 def _smoke(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -56,6 +75,9 @@ def test_sample_smoke_run_prints_its_measured_table(script: Path, tmp_path: Path
     header, folder = OWN_RECORD.get(script.stem, ("| measured ratio |", "studies"))
     assert header in out.stdout
     assert list((tmp_path / folder).glob("*.json"))
+    if script.stem in THREADS:
+        want = {setting: {n} for setting, n in THREADS[script.stem].items()}
+        assert _threads_by_setting(tmp_path) == want
 
 
 def test_the_parallel_study_is_stored_as_a_study_the_calibration_reads(tmp_path: Path) -> None:

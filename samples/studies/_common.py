@@ -117,6 +117,27 @@ def quality_hook() -> Callable[[dict[str, Any]], Any]:
     return reference_quality()
 
 
+def sample_args(
+    doc: str,
+    smoke: str = "a few seconds: tiny, 1 run each",
+    save_to: str = "samples/studies/results",
+) -> argparse.Namespace:
+    """The command line every study sample takes: ``--smoke`` (``smoke`` says what it runs),
+    ``--runs-dir DIR`` and ``--save [DIR]`` (default ``save_to``, relative to the repository
+    root, where the samples are run from)."""
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--smoke", action="store_true", help=smoke)
+    ap.add_argument("--runs-dir", default=None)
+    ap.add_argument(
+        "--save",
+        nargs="?",
+        const=save_to,
+        default=None,
+        help=f"also store the record as `perfscope study --save DIR` does (default {save_to})",
+    )
+    return ap.parse_args()
+
+
 def run_study(
     knob: str,
     values: str,
@@ -128,17 +149,7 @@ def run_study(
     **options: Any,
 ) -> Any:
     """Parse ``--smoke``, run the study, print Markdown; returns the study."""
-    ap = argparse.ArgumentParser(description=doc)
-    ap.add_argument("--smoke", action="store_true", help="a few seconds: tiny, 1 run each")
-    ap.add_argument("--runs-dir", default=None)
-    ap.add_argument(
-        "--save",
-        nargs="?",
-        const="samples/studies/results",
-        default=None,
-        help="also store the study as `perfscope study --save DIR` does",
-    )
-    a = ap.parse_args()
+    a = sample_args(doc)
     opts = dict(options)
     if a.smoke:
         opts.update(SMOKE)

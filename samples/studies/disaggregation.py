@@ -60,7 +60,7 @@ if __name__ == "__main__":
         requests=12,
         prompt_len="uniform:32:256",
         output_len=16,
-        repeat=6,
+        repeat=8,  # 6 rounds cannot give the secondaries (tested at 99%) an interval
         threads=1,
     )
     print()

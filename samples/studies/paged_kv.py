@@ -12,14 +12,14 @@ Measured per budget: the largest decode batch reached (from the stored steps), T
 throughput, against the capacity the block arithmetic projects.
 
 Run: `python samples/studies/paged_kv.py` (a few minutes) or `--smoke` (seconds: one budget,
-one run per setting). The write-up with the measured tables is `paged_kv.md`.
+one run per setting); `--save` stores each budget's study in samples/studies/results (run
+from the repository root). The write-up with the measured tables is `paged_kv.md`.
 """
 
-import argparse
 import statistics
 import tempfile
 
-from _common import SMOKE, markdown
+from _common import SMOKE, markdown, sample_args
 
 import perfscope
 from perfscope.profiler.engines.reference.model import PRESETS
@@ -37,10 +37,7 @@ def max_decode_batch(run_path: str) -> int:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--smoke", action="store_true", help="a few seconds: 1 budget, 1 run each")
-    ap.add_argument("--runs-dir", default=None)
-    a = ap.parse_args()
+    a = sample_args(__doc__ or "", smoke="a few seconds: 1 budget, 1 run each")
     opts = {
         "model_preset": "tiny",
         "requests": 24,
@@ -73,6 +70,8 @@ if __name__ == "__main__":
         )
         print(f"\n### KV budget {mb:g} MB\n")
         print(markdown(s))
+        if a.save is not None:
+            print(f"- saved: `{perfscope.save_study(s, a.save)}`")
         plan = plan_paged(cfg, int(mb * 1e6), MAX_SEQ_LEN, BLOCK)
         for st in s.settings:
             batches = [max_decode_batch(r.run) for r in st.runs]

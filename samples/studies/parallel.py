@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from perfscope.analysis.experiment import judge_metric
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.parallel import ParallelPlan, ParallelPrediction, predict_parallel
 from perfscope.analysis.study import Study, build_study
@@ -68,6 +69,7 @@ class Row:
     token_hop_s: float
     model_comm_s: float
     model_comm_live_s: float
+    model_wait_s: float
     collectives: int
     tokens_equal: bool
     max_abs_logit_diff: float
@@ -230,6 +232,61 @@ def study_record(
     )
 
 
+def _measured_comm(setting: str, run: ParallelRun) -> float:
+    """One run's communication per decode step as the main table measures it (NaN when the
+    setting overlaps it with compute)."""
+    if setting.startswith("TP"):
+        return run.comm_per_step_s(0)
+    if setting.endswith("1 micro-batch"):
+        return run.pp_critical_comm_s
+    return float("nan")
+
+
+def effects_table(
+    singles: list[ParallelRun], groups: dict[str, tuple[list[ParallelRun], float, float]]
+) -> list[dict[str, object]]:
+    """Print each split's TPOT against the single process as the experiment module judges it
+    (Mann-Whitney over the runs: the single runs come before the group's, so runs are not
+    paired) and its measured communication per step over the runs next to the model's term;
+    return the same as records."""
+    print(
+        "\n| setting | TPOT vs single: ratio, interval | verdict | measured comm per step ms: "
+        "median [min, max] over runs | model comm term ms | error of the model at the median "
+        "[at the max, at the min] |\n|---|---|---|---|---|---|"
+    )
+    out: list[dict[str, object]] = []
+    for name, (rs, model_comm, live_comm) in groups.items():
+        ch = judge_metric(
+            [r.tpot_s for r in singles], [r.tpot_s for r in rs], "lower", metric="tpot_s"
+        )
+        comm = sorted(c for c in (_measured_comm(name, r) for r in rs) if c == c)
+        model = live_comm if live_comm == live_comm else model_comm
+        row: dict[str, object] = {
+            "setting": name,
+            "tpot_ratio": ch.ratio,
+            "ci": ch.ci,
+            "ci_level": ch.ci_level,
+            "verdict": ch.verdict,
+            "method": ch.method,
+            "comm_per_run_s": comm,
+            "model_comm_s": model,
+        }
+        out.append(row)
+        ratio = "–" if ch.ratio is None else f"{ch.ratio:.2f}x {ch.interval_text()}"
+        if not comm:
+            print(f"| {name} | {ratio} | {ch.verdict} | (overlapped) | {model * 1e3:.3f} | – |")
+            continue
+        med = statistics.median(comm)
+        cover = 1 - 2 * 0.5 ** len(comm)  # chance that [min, max] of n runs holds the median
+        print(
+            f"| {name} | {ratio} | {ch.verdict} | {med * 1e3:.3f} [{comm[0] * 1e3:.3f}, "
+            f"{comm[-1] * 1e3:.3f}] ({100 * cover:.0f}% for the median, {len(comm)} runs) "
+            f"| {model * 1e3:.3f} | {model / med - 1:+.0%} [{model / comm[-1] - 1:+.0%}, "
+            f"{model / comm[0] - 1:+.0%}] |"
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 1 repeat")
@@ -340,6 +397,8 @@ def main() -> None:
 
     tp_c, pp_c, pp2_c, tp_model = models(False)
     live_c = models(True)[:3] if bw is not None else (float("nan"),) * 3
+    # the TP term's wait for the slowest rank (from the device file, not the live link)
+    tp_wait = tp_model.tp_wait_decode_s
 
     rows: list[Row] = []
     rows.append(
@@ -349,6 +408,7 @@ def main() -> None:
             0.0,
             0.0,
             _med([r.tpot_s for r in singles]),
+            0.0,
             0.0,
             0.0,
             0.0,
@@ -405,6 +465,7 @@ def main() -> None:
                 token,
                 model_comm,
                 live_comm,
+                tp_wait if name == "TP=2" else 0.0,
                 rs[0].collectives_per_step,
                 all(e[0] for e in eq),
                 max(e[1] for e in eq),
@@ -427,11 +488,11 @@ def main() -> None:
         "| compute per step, rank 0 / 1 ms | measured comm per step ms "
         "| of which link (both ranks in) ms | of which waiting for the other rank ms "
         "| PP token hop back ms | model comm term ms (hwdb entry) "
-        "| model comm term ms (link measured now) | error vs measured comm "
-        "| error vs link part | collectives per step | greedy tokens equal "
-        "| max abs / rel logit diff |"
+        "| model comm term ms (link measured now) | of which the model's wait ms "
+        "| error vs measured comm | error vs link part | error of the wait "
+        "| collectives per step | greedy tokens equal | max abs / rel logit diff |"
     )
-    print("|---" * 16 + "|")
+    print("|---" * 18 + "|")
 
     def error(model: float, measured: float) -> str:
         if model == 0 or measured != measured or model != model or measured <= 0:
@@ -440,20 +501,28 @@ def main() -> None:
 
     for r in rows:
         now = r.model_comm_live_s if r.model_comm_live_s == r.model_comm_live_s else r.model_comm_s
+        # like for like: TP, the model less its wait against the link part; PP, both hops
+        # the model counts (hidden state out, token back) against both measured hops
+        tp = r.setting.startswith("TP")
+        link_model = now - r.model_wait_s if tp else now
+        link_meas = r.link_s if tp else r.link_s + r.token_hop_s
         print(
             f"| {r.setting} | {ms(r.tpot_s)} | {r.tpot_s / base:.2f}x "
             f"| {ms(r.comm_rank0_s)} / {ms(r.comm_rank1_s)} "
             f"| {ms(r.compute_rank0_s)} / {ms(r.compute_rank1_s)} | {ms(r.measured_comm_s)} "
             f"| {ms(r.link_s)} | {ms(r.wait_s)} | {ms(r.token_hop_s)} "
-            f"| {ms(r.model_comm_s)} | {ms(r.model_comm_live_s)} "
-            f"| {error(now, r.measured_comm_s)} | {error(now, r.link_s)} "
+            f"| {ms(r.model_comm_s)} | {ms(r.model_comm_live_s)} | {ms(r.model_wait_s)} "
+            f"| {error(now, r.measured_comm_s)} | {error(link_model, link_meas)} "
+            f"| {error(r.model_wait_s, r.wait_s) if tp else '–'} "
             f"| {r.collectives} | {r.tokens_equal} "
             f"| {r.max_abs_logit_diff:.2g} / {r.max_rel_logit_diff:.2g} |"
         )
     print(
         "\n(errors: the model with the link measured now, or the hwdb entry's when none was "
-        "measured, against the measurement; the PP link part is one hidden-state hop, what "
-        "the model counts)"
+        "measured, against the measurement; link part: TP, the model less its wait term "
+        "against the collectives' time once both ranks are in; PP, the model's two hops "
+        "against the hidden-state hop plus the token hop back; the wait: TP, the model's wait "
+        "term against the measured wait for the other rank)"
     )
     lk = tp_model.link
     if lk is not None:
@@ -476,6 +545,7 @@ def main() -> None:
                 f" {fit.bw_bytes_s / 1e9:.3g} GB/s per direction; p10 of the smallest message "
                 f"{fit.p10_times_s[0] * 1e6:.1f} us"
             )
+    effects = effects_table(singles, groups)
     record = {
         "schema": "perfscope.parallel-study/1",
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -485,6 +555,7 @@ def main() -> None:
         "device": DEVICE,
         "rows": [asdict(r) for r in rows],
         "link": None if link_cal is None else asdict(link_cal),
+        "effects": effects,
     }
     out_dir = Path(a.runs_dir or tempfile.mkdtemp(prefix="perfscope-parallel-")) / "parallel"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -23,17 +23,24 @@ def _effect(st: Any, metric: str) -> str:
     e = next((e for e in st.effects if e.metric == metric), None)
     if e is None or e.change.ratio is None:
         return "–"
-    ci = "" if e.change.ci is None else f" [{e.change.ci[0]:.3f}, {e.change.ci[1]:.3f}]"
     err = "" if e.error is None else f", error {100 * e.error:+.0f}%"
-    return f"{e.change.ratio:.3f}{ci} (projected {_f(e.projected_ratio)}{err})"
+    return (
+        f"{e.change.ratio:.3f} {e.change.interval_text()} ({e.change.verdict}; "
+        f"projected {_f(e.projected_ratio)}{err})"
+    )
 
 
 def table(s: Any) -> str:
-    """Acceptance, tokens per step, TPOT and throughput ratios next to the projection."""
+    """Acceptance, tokens per step, the verify pass's cost (priced at the roofline and by the
+    fitted cost model before the run, measured after) and the speed-up projected before the
+    run (alpha 0.7 assumed) and after it (measured alpha, c and verify cost), next to the
+    measured TPOT and throughput ratios."""
     lines = [
-        "| decoding | acceptance rate | tokens / step | alpha | c | verify / plain step "
-        "| projected before (alpha 0.7) | projected after (measured) | after, with host time "
-        "| TPOT ratio [95%] | output tok/s ratio [95%] |",
+        "| decoding | acceptance rate | tokens / step | alpha | c "
+        "| verify / plain step: roofline / fitted / measured "
+        "| projected before (alpha 0.7): roofline / fitted | projected after (measured) "
+        "| after, with host time "
+        "| TPOT ratio, interval at the verdict's level | output tok/s ratio, the same |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for st in s.settings[1:]:
@@ -43,10 +50,11 @@ def table(s: Any) -> str:
         lines.append(
             f"| {st.value} | {_f(after.get('acceptance_rate'))} "
             f"| {_f(None if acc is None else acc + 1)} | {_f(after.get('alpha'))} "
-            f"| {_f(after.get('cost_ratio'))} | {_f(after.get('verify_cost'))} "
-            f"| {_f(before.get('derated'))} | {_f(after.get('speedup'))} "
-            f"| {_f(after.get('speedup_with_host'))} | {_effect(st, 'tpot_p50_s')} "
-            f"| {_effect(st, 'output_tok_s')} |"
+            f"| {_f(after.get('cost_ratio'))} | {_f(before.get('verify_cost_roofline'))} / "
+            f"{_f(before.get('verify_cost_fitted'))} / {_f(after.get('verify_cost'))} "
+            f"| {_f(before.get('sol'))} / {_f(before.get('fitted'))} "
+            f"| {_f(after.get('speedup'))} | {_f(after.get('speedup_with_host'))} "
+            f"| {_effect(st, 'tpot_p50_s')} | {_effect(st, 'output_tok_s')} |"
         )
     return "\n".join(lines)
 
