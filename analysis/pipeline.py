@@ -38,7 +38,6 @@ from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.speculative import speculative_config, speculative_section
 from perfscope.analysis.summary import (
     Advice,
-    Energy,
     Hardware,
     Projection,
     PromptCache,
@@ -155,7 +154,7 @@ def analyze(
         stored_run.chunks,
         model,
         spec,
-        energy=energy.get("phases"),
+        energy=energy.phases,
         measured_on=measured_on,
         draft_model=draft_model,
         medusa_heads=(
@@ -192,7 +191,7 @@ def analyze(
         per_request_rows=rows,
         hardware=Hardware.from_dict(hardware),
         roofline=roofline,
-        energy=Energy.from_dict(energy),
+        energy=energy,
         advice=tuple(Advice.from_dict(a) for a in advice),
         projections=tuple(Projection.from_dict(p) for p in projections),
         prompt_cache=_record(PromptCache, prompt_cache_section(stored_run.requests)),

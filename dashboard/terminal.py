@@ -25,6 +25,7 @@ from perfscope.analysis.catalogue import (
     format_value,
 )
 from perfscope.analysis.catalogue import format_ratio as fmt_pct
+from perfscope.analysis.summary import Energy
 
 __all__ = ["FitTable", "energy_table", "fmt_utilisation", "predictions_table", "roofline_table"]
 
@@ -438,112 +439,107 @@ def predictions_table(
     return Group(table, *[Text(f"note: {n}", style="dim") for n in notes])
 
 
-def energy_table(section: dict[str, Any]) -> RenderableType:
-    """A rich table of :func:`energy_section`'s result; one line when energy is unavailable
-    and nothing else was sampled."""
-    if (
-        not section.get("available")
-        and not section.get("memory")
-        and not (section.get("cpu") or {}).get("sampled")
-    ):
-        return Text(f"Energy: unavailable ({section.get('reason') or 'no data'})", style="dim")
+def energy_table(section: Energy) -> RenderableType:
+    """A rich table of the energy section (:func:`~perfscope.analysis.energy.energy_section`);
+    one line when energy is unavailable and nothing else was sampled."""
+    cpu = section.cpu
+    if not section.available and not section.memory and not cpu.sampled:
+        return Text(f"Energy: unavailable ({section.reason or 'no data'})", style="dim")
     table = FitTable(
         ("metric", "value", "detail"),
         title="Energy and power",
         right=frozenset(("value",)),
         wrap=frozenset(("detail",)),
     )
-    if not section.get("available"):
-        table.add_row("energy", "unavailable", str(section.get("reason") or ""))
+    if not section.available:
+        table.add_row("energy", "unavailable", str(section.reason or ""))
     else:
         table.add_row(
             "method",
-            str(section.get("method")),
-            f"source {section.get('source')}: {', '.join(section.get('devices', []))}",
+            str(section.method),
+            f"source {section.source}: {', '.join(section.devices)}",
         )
-        table.add_row("window", _fmt(section.get("window_s"), " s"), "")
-        table.add_row("energy", _fmt(section.get("total_j"), " J", 4), "")
+        table.add_row("window", _fmt(section.window_s, " s"), "")
+        table.add_row("energy", _fmt(section.total_j, " J", 4), "")
         table.add_row(
             "energy / output token",
-            _fmt(section.get("j_per_output_token"), " J", 4),
-            f"{_fmt(section.get('tokens_per_j'), ' tok/J', 4)}",
+            _fmt(section.j_per_output_token, " J", 4),
+            f"{_fmt(section.tokens_per_j, ' tok/J', 4)}",
         )
-        if section.get("idle_baseline_w") is not None:
+        if section.idle_baseline_w is not None:
             table.add_row(
                 "idle baseline",
-                _fmt(section.get("idle_baseline_w"), " W"),
-                f"dynamic energy {_fmt(section.get('dynamic_energy_j'), ' J', 4)}",
+                _fmt(section.idle_baseline_w, " W"),
+                f"dynamic energy {_fmt(section.dynamic_energy_j, ' J', 4)}",
             )
-        pw = section.get("power", {})
+        pw = section.power
         table.add_row(
             "power avg / peak",
-            f"{_fmt(pw.get('avg_w'), ' W')} / {_fmt(pw.get('peak_w'), ' W')}",
-            f"limit {_fmt(pw.get('limit_w'), ' W')} (avg {_fmt(pw.get('avg_pct_of_limit'), '%')},"
-            f" peak {_fmt(pw.get('peak_pct_of_limit'), '%')}); TDP {_fmt(pw.get('tdp_w'), ' W')}",
+            f"{_fmt(pw.avg_w, ' W')} / {_fmt(pw.peak_w, ' W')}",
+            f"limit {_fmt(pw.limit_w, ' W')} (avg {_fmt(pw.avg_pct_of_limit, '%')},"
+            f" peak {_fmt(pw.peak_pct_of_limit, '%')}); TDP {_fmt(pw.tdp_w, ' W')}",
         )
-        for name, p in section.get("phases", {}).items():
+        for name, p in section.phases.items():
             detail = []
-            if p.get("time_s") is not None:
-                detail.append(format_seconds(p["time_s"]))
-            if p.get("avg_power_w") is not None:
-                detail.append(format_value(p["avg_power_w"], "watts"))
-            if p.get("j_per_token") is not None:
-                detail.append(format_value(p["j_per_token"], "joules_per_token"))
-            table.add_row(f"  {name}", _fmt(p.get("energy_j"), " J", 4), ", ".join(detail))
-        rq = section.get("requests")
+            if p.time_s is not None:
+                detail.append(format_seconds(p.time_s))
+            if p.avg_power_w is not None:
+                detail.append(format_value(p.avg_power_w, "watts"))
+            if p.j_per_token is not None:
+                detail.append(format_value(p.j_per_token, "joules_per_token"))
+            table.add_row(f"  {name}", _fmt(p.energy_j, " J", 4), ", ".join(detail))
+        rq = section.requests
         if rq:
             table.add_row(
                 "per request",
-                _fmt(rq["energy_j"]["p50"], " J", 4),
-                f"p50; p90 {_fmt(rq['energy_j']['p90'], ' J', 4)}; "
-                f"J/token p50 {_fmt(rq['j_per_output_token']['p50'], '', 4)}",
+                _fmt(rq.energy_j.p50, " J", 4),
+                f"p50; p90 {_fmt(rq.energy_j.p90, ' J', 4)}; "
+                f"J/token p50 {_fmt(rq.j_per_output_token.p50, '', 4)}",
             )
-        thr = section.get("throttle", {})
-        if thr.get("share") is not None:
-            table.add_row("throttled", _fmt(100 * thr["share"], "%"), "share of samples")
-        for name, row in section.get("hardware_counters", {}).items():
-            if row.get("dram_bw_util_pct") is not None:
+        if section.throttle.share is not None:
+            table.add_row("throttled", _fmt(100 * section.throttle.share, "%"), "share of samples")
+        for name, row in section.hardware_counters.items():
+            if row.dram_bw_util_pct is not None:
                 table.add_row(
                     f"measured DRAM bw ({name})",
-                    _fmt(row["dram_bw_util_pct"], "%"),
-                    f"tensor {_fmt(row.get('tensor_util_pct'), '%')}, "
-                    f"SM occupancy {_fmt(row.get('sm_occupancy_pct'), '%')}",
+                    _fmt(row.dram_bw_util_pct, "%"),
+                    f"tensor {_fmt(row.tensor_util_pct, '%')}, "
+                    f"SM occupancy {_fmt(row.sm_occupancy_pct, '%')}",
                 )
-    for dev, m in (section.get("memory") or {}).items():
+    for dev, m in section.memory.items():
         table.add_row(
             f"peak memory {dev}",
-            _bytes(m.get("peak_used_bytes")),
-            f"of {_bytes(m.get('capacity_bytes'))} ({_fmt(m.get('peak_pct_of_capacity'), '%')})",
+            _bytes(m.peak_used_bytes),
+            f"of {_bytes(m.capacity_bytes)} ({_fmt(m.peak_pct_of_capacity, '%')})",
         )
-    for node, n in (section.get("nodes") or {}).items():
+    for node, n in section.nodes.items():
         table.add_row(
             f"node {node}",
-            _fmt(n.get("energy_j"), " J", 4) if n.get("energy_j") is not None else "no power",
-            f"avg {_fmt(n.get('avg_power_w'), ' W')}, peak {_fmt(n.get('peak_power_w'), ' W')}; "
-            f"GPU memory peak {_bytes(n.get('gpu_mem_used_peak_bytes'))} "
-            f"({n.get('gpus', 0)} GPUs), system memory peak "
-            f"{_bytes(n.get('system_mem_used_peak_bytes'))}",
+            _fmt(n.energy_j, " J", 4) if n.energy_j is not None else "no power",
+            f"avg {_fmt(n.avg_power_w, ' W')}, peak {_fmt(n.peak_power_w, ' W')}; "
+            f"GPU memory peak {_bytes(n.gpu_mem_used_peak_bytes)} "
+            f"({n.gpus} GPUs), system memory peak "
+            f"{_bytes(n.system_mem_used_peak_bytes)}",
         )
-    cluster = section.get("cluster")
+    cluster = section.cluster
     if cluster:
         table.add_row(
-            f"cluster ({len(cluster.get('nodes') or [])} nodes)",
-            _fmt(cluster.get("energy_j"), " J", 4),
-            f"avg {_fmt(cluster.get('avg_power_w'), ' W')}; GPU memory peak "
-            f"{_bytes(cluster.get('gpu_mem_used_peak_bytes'))}, system memory peak "
-            f"{_bytes(cluster.get('system_mem_used_peak_bytes'))}",
+            f"cluster ({len(cluster.nodes)} nodes)",
+            _fmt(cluster.energy_j, " J", 4),
+            f"avg {_fmt(cluster.avg_power_w, ' W')}; GPU memory peak "
+            f"{_bytes(cluster.gpu_mem_used_peak_bytes)}, system memory peak "
+            f"{_bytes(cluster.system_mem_used_peak_bytes)}",
         )
-    cpu = section.get("cpu") or {}
-    if cpu.get("sampled"):
+    if cpu.sampled:
         table.add_row(
             "process peak RSS",
-            _bytes(cpu.get("peak_rss_bytes")),
-            f"avg CPU {_fmt(cpu.get('avg_process_cpu_pct'), '% of a core')}",
+            _bytes(cpu.peak_rss_bytes),
+            f"avg CPU {_fmt(cpu.avg_process_cpu_pct, '% of a core')}",
         )
-        if cpu.get("energy_available"):
-            table.add_row("CPU package energy", _fmt(cpu.get("package_energy_j"), " J", 4), "RAPL")
-        elif str(cpu.get("energy_reason")) not in str(section.get("reason")):  # once, not twice
-            table.add_row("CPU energy", "unavailable", str(cpu.get("energy_reason") or ""))
-    for note in section.get("notes", []):
+        if cpu.energy_available:
+            table.add_row("CPU package energy", _fmt(cpu.package_energy_j, " J", 4), "RAPL")
+        elif str(cpu.energy_reason) not in str(section.reason):  # once, not twice
+            table.add_row("CPU energy", "unavailable", str(cpu.energy_reason or ""))
+    for note in section.notes:
         table.add_row("note", "", note)
     return table

@@ -183,7 +183,7 @@ def _projections_view(summary: Summary) -> RenderableType | None:
 
 
 def _energy_view(summary: Summary) -> RenderableType | None:
-    return energy_table(summary.energy.to_dict())
+    return energy_table(summary.energy)
 
 
 def _server_metrics_view(summary: Summary) -> RenderableType | None:
