@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -40,9 +40,6 @@ from perfscope.analysis.summary import (
     Advice,
     Hardware,
     Projection,
-    PromptCache,
-    Record,
-    ServerMetrics,
     Summary,
     build_summary,
 )
@@ -51,8 +48,6 @@ from perfscope.hwdb import HardwareDatabase, load_database, resolve_hardware
 from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = ["PROJECTION_DEVICES", "RunRecords", "analyze"]
-
-_R = TypeVar("_R", bound=Record)
 
 #: Devices a measured run is projected onto ("the same workload on other devices").
 PROJECTION_DEVICES = ("l4", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb")
@@ -179,8 +174,8 @@ def analyze(
         kind = manifest.engine.kind
         for p, dev in zip(projections, targets, strict=True):
             p["checked"] = projection_check(machine_of_device(dev, kind))
-    # The sections above are computed as JSON objects by modules other components own
-    # (energy, advisor, whatif, server metrics); each becomes its record here, once.
+    # The advisor and the what-if projections still build JSON objects; they become their
+    # records here, once. Every other section returns its record.
     client = client_section(manifest)
     summary = build_summary(
         manifest,
@@ -194,7 +189,7 @@ def analyze(
         energy=energy,
         advice=tuple(Advice.from_dict(a) for a in advice),
         projections=tuple(Projection.from_dict(p) for p in projections),
-        prompt_cache=_record(PromptCache, prompt_cache_section(stored_run.requests)),
+        prompt_cache=prompt_cache_section(stored_run.requests),
         client=client,
         speculative=speculative_section(stored_run.steps, manifest, roofline),
     )
@@ -203,16 +198,11 @@ def analyze(
         return summary
     section = server_metrics_section(
         server_metrics if server_metrics is not None else pd.DataFrame(),
-        dict(info or {}),
+        info,
         client_ttft_mean_s=summary.latency.ttft.mean,
         client_tpot_mean_s=summary.latency.tpot.mean,
         model=model,
         requests=stored_run.requests,
         client_stall=client.stall if client is not None else None,
     )
-    return dataclasses.replace(summary, server_metrics=ServerMetrics.from_dict(section))
-
-
-def _record(cls: type[_R], section: Mapping[str, Any] | None) -> _R | None:
-    """``section`` as a ``cls`` record, ``None`` when the section is absent."""
-    return cls.from_dict(section) if section is not None else None
+    return dataclasses.replace(summary, server_metrics=section)

@@ -34,6 +34,7 @@ __all__ = [
     "AdviceCalibration",
     "ClusterEnergy",
     "Contention",
+    "CostModelWork",
     "Counts",
     "Distribution",
     "Energy",
@@ -49,6 +50,7 @@ __all__ = [
     "Hardware",
     "HardwareCounters",
     "Latency",
+    "LlamacppCounters",
     "MemoryUse",
     "NodeEnergy",
     "OperatorClassRoofline",
@@ -62,13 +64,16 @@ __all__ = [
     "RooflineLatency",
     "RooflineWhatIf",
     "RunSet",
+    "ServerLatency",
     "ServerMetrics",
+    "ServerWork",
     "Speculative",
     "StepStats",
     "Summary",
     "Throttle",
     "ThrottleShare",
     "Throughput",
+    "TtftSplit",
     "build_summary",
     "contention_record",
     "run_warnings",
@@ -909,6 +914,94 @@ class Client(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ServerLatency(Record):
+    """One latency the server measured over the run: the mean (s) of its histogram's
+    ``_sum``/``_count`` deltas, the count, and the ``metric`` it came from."""
+
+    mean_s: float | None = None
+    count: int = 0
+    metric: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TtftSplit(Record):
+    """The client's mean TTFT split (s): the server's TTFT (its queue, prefill and the rest
+    of it) and the remainder, the client/network/front-end share (``client_network_s``).
+
+    ``stamp_clock``: which clock stamped the client's chunks (with a stall record). When the
+    client's user-space stamps stalled, the remainder is ``client_network_or_stall_s`` and
+    ``client_network_s`` is ``None`` (a stall is never booked as network time), with the
+    worst stall ``client_stall_max_s`` (s). Those three are left out of the JSON when unset.
+    """
+
+    client_ttft_mean_s: float | None = None
+    server_ttft_mean_s: float | None = None
+    client_network_s: float | None = None
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    server_other_s: float | None = None
+    stamp_clock: str | None = None
+    client_network_or_stall_s: float | None = None
+    client_stall_max_s: float | None = None
+
+    def _omitted(self) -> frozenset[str]:
+        out = {"stamp_clock"} if self.stamp_clock is None else set()
+        if self.client_stall_max_s is None:
+            out |= {"client_network_or_stall_s", "client_stall_max_s"}
+        return frozenset(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamacppCounters(Record):
+    """llama.cpp's counters over the run: prompt-processing busy time (s, batched prefills
+    counted once), prompt tokens and their rate per busy second, generation time (s) and
+    tokens, the mean time per output token (s), decode calls and tokens per call."""
+
+    prompt_busy_s: float | None = None
+    prompt_tokens: float | None = None
+    prompt_tokens_per_busy_s: float | None = None
+    generation_s: float | None = None
+    generation_tokens: float | None = None
+    tpot_mean_s: float | None = None
+    decode_calls: float | None = None
+    tokens_per_decode_call: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModelWork(Record):
+    """perfscope's cost model for the run's completed, measured requests: ``flops`` (FLOP,
+    batch-invariant) and, when the server's step count is known (``engine_steps``, left out
+    of the JSON otherwise), ``bytes`` (weights read once per step plus KV and activations)."""
+
+    flops: float = 0.0
+    bytes: float | None = None
+    requests: int = 0
+    engine_steps: float | None = None
+
+    _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ("engine_steps",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerWork(Record):
+    """vLLM's estimated work counters over the run (FLOP, bytes read and written, engine
+    steps) beside the cost model's, and their ratios server / model (left out of the JSON
+    when there is no model figure to divide by)."""
+
+    server_flops: float | None = None
+    server_read_bytes: float | None = None
+    server_write_bytes: float | None = None
+    engine_steps: float | None = None
+    cost_model: CostModelWork | None = None
+    flops_ratio_server_to_model: float | None = None
+    bytes_ratio_server_to_model: float | None = None
+
+    _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = (
+        "flops_ratio_server_to_model",
+        "bytes_ratio_server_to_model",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerMetrics(Record):
     """The server's own Prometheus metrics over the run
     (:mod:`perfscope.analysis.server_metrics`), or ``available`` false with the ``reason``.
@@ -927,7 +1020,7 @@ class ServerMetrics(Record):
     window_s: float | None = None
     scrapes: int | None = None
     interval_s: float | None = None
-    latency: dict[str, dict[str, Any]] = field(default_factory=dict)
+    latency: dict[str, ServerLatency] = field(default_factory=dict)
     tokens: dict[str, float | None] = field(default_factory=dict)
     requests: int | None = None
     preemptions: float | None = None
@@ -936,10 +1029,10 @@ class ServerMetrics(Record):
     running_max: float | None = None
     waiting_max: float | None = None
     kv_cache_usage_max: float | None = None
-    llamacpp: dict[str, Any] | None = None
-    ttft_split: dict[str, float | None] | None = None
+    llamacpp: LlamacppCounters | None = None
+    ttft_split: TtftSplit | None = None
     client_tpot_mean_s: float | None = None
-    work: dict[str, Any] | None = None
+    work: ServerWork | None = None
     series: dict[str, list[list[float]]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
