@@ -25,7 +25,7 @@ from perfscope.analysis.catalogue import (
     format_value,
 )
 from perfscope.analysis.catalogue import format_ratio as fmt_pct
-from perfscope.analysis.summary import Energy
+from perfscope.analysis.summary import Energy, Roofline, RooflineCeilings
 
 __all__ = ["FitTable", "energy_table", "fmt_utilisation", "predictions_table", "roofline_table"]
 
@@ -236,19 +236,17 @@ def fmt_utilisation(v: float | None) -> str:
     return text
 
 
-def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
+def roofline_table(r: Roofline) -> RenderableType:
     """The roofline section of ``perfscope run``/``show``: a table plus the evidence lines."""
-    r = summary_roofline
-    if not r.get("available"):
-        return Text(f"roofline: not available ({r.get('reason') or 'no data'})", style="dim")
-    c = r["ceilings"] or {}
-    dev = r["device"] or {}
-    title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
-    if r.get("estimated"):
+    if not r.available:
+        return Text(f"roofline: not available ({r.reason or 'no data'})", style="dim")
+    c = r.ceilings or RooflineCeilings()
+    title = f"Roofline — {r.model} on {r.device.name if r.device is not None else '?'}"
+    if r.estimated:
         title += " (estimated from the request timeline)"
-    if r.get("what_if"):
+    if r.what_if is not None:
         title += (
-            f" — WHAT-IF: measured on {r['what_if'].get('measured_on')}, no measured "
+            f" — WHAT-IF: measured on {r.what_if.measured_on}, no measured "
             "MFU/MBU against this device"
         )
     table = FitTable(
@@ -272,42 +270,41 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
         | {"FLOP/s", "bytes/s", "efficiency"},
     )
     styles = {"compute-bound": "green", "memory-bound": "cyan", "overhead-bound": "yellow"}
-    for phase, p in r["phases"].items():
-        ridge = p.get("ridge_point")
-        cache = " (cache)" if p.get("memory_level") == "cache" else ""
-        name = phase + (" (est.)" if p.get("estimated") else "")
+    for phase, p in r.phases.items():
+        ridge = p.ridge_point
+        cache = " (cache)" if p.memory_level == "cache" else ""
+        name = phase + (" (est.)" if p.estimated else "")
         table.add_row(
             name,
-            format_count(p["steps"]),
-            _fmt_time(p["time_s"]),
-            _fmt_si(p["flops"], "FLOP"),
-            _fmt_si(p["bytes"], "B"),
-            f"{format_number(p['intensity'])} FLOP/B",
+            format_count(p.steps),
+            _fmt_time(p.time_s),
+            _fmt_si(p.flops, "FLOP"),
+            _fmt_si(p.bytes, "B"),
+            f"{format_number(p.intensity)} FLOP/B",
             (f"{format_number(ridge)} FLOP/B" if ridge else "n/a") + cache,
-            fmt_utilisation(p["mfu"]),
-            fmt_utilisation(p["mbu"]) + cache,
-            _fmt_si(p["achieved_flops_s"], "FLOP/s"),
-            _fmt_si(p["achieved_bytes_s"], "B/s"),
-            fmt_pct(p["efficiency"]),
+            fmt_utilisation(p.mfu),
+            fmt_utilisation(p.mbu) + cache,
+            _fmt_si(p.achieved_flops_s, "FLOP/s"),
+            _fmt_si(p.achieved_bytes_s, "B/s"),
+            fmt_pct(p.efficiency),
             Text(
-                p["verdict"] + (" (mixed)" if p.get("class_verdict") == "mixed" else ""),
-                style=styles.get(p["verdict"], ""),
+                p.verdict + (" (mixed)" if p.class_verdict == "mixed" else ""),
+                style=styles.get(p.verdict, ""),
             ),
         )
-    src = c.get("source", "?")
+    src = c.source or "?"
     ceil = Text(
-        f"ceilings ({src}): {_fmt_si(c.get('peak_flops'), 'FLOP/s')} {c.get('dtype')}, "
-        f"{_fmt_si(c.get('mem_bw_bytes_s'), 'B/s')} DRAM"
+        f"ceilings ({src}): {_fmt_si(c.peak_flops, 'FLOP/s')} {c.dtype}, "
+        f"{_fmt_si(c.mem_bw_bytes_s, 'B/s')} DRAM"
         + (
-            f", {_fmt_si(c.get('cache_bw_bytes_s'), 'B/s')} cache "
-            f"({_fmt_si(c.get('cache_bytes'), 'B')})"
-            if c.get("cache_bw_bytes_s")
+            f", {_fmt_si(c.cache_bw_bytes_s, 'B/s')} cache ({_fmt_si(c.cache_bytes, 'B')})"
+            if c.cache_bw_bytes_s
             else ""
         )
         + (
             "; calibration spread (IQR/2 of the trials) "
-            + ", ".join(f"{k} ±{100 * v / 2:.1f}%" for k, v in c["spread"].items())
-            if c.get("spread")
+            + ", ".join(f"{k} ±{100 * v / 2:.1f}%" for k, v in c.spread.items())
+            if c.spread
             else (
                 "; calibration spread not recorded (an older calibration: 'perfscope hw "
                 "calibrate --force' measures it)"
@@ -315,13 +312,13 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
                 else ""
             )
         )
-        + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
-        f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
+        + f"; FLOPs {r.flops_convention or 'as executed'}; "
+        f"overhead-bound below {fmt_pct(r.overhead_threshold)} MFU and MBU",
         style="dim",
     )
-    lines = [Text(f"• {p['evidence']}") for p in r["phases"].values() if p.get("evidence")]
-    if c.get("provisional"):
-        lines.insert(0, Text(f"⚠ {c['provisional']}", style="bold yellow"))
+    lines = [Text(f"• {p.evidence}") for p in r.phases.values() if p.evidence]
+    if c.provisional:
+        lines.insert(0, Text(f"⚠ {c.provisional}", style="bold yellow"))
     return Group(table, ceil, *lines)
 
 

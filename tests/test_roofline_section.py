@@ -237,7 +237,7 @@ def test_real_reference_engine_steps_give_consistent_roofline() -> None:
 
 def _render(r: Roofline) -> str:
     buf = io.StringIO()
-    Console(file=buf, width=200).print(roofline_table(r.to_dict()))
+    Console(file=buf, width=200).print(roofline_table(r))
     return buf.getvalue()
 
 

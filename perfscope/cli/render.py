@@ -135,7 +135,7 @@ def _roofline_view(summary: Summary) -> RenderableType | None:
     roofline = summary.roofline
     if not roofline.available:
         return Text(f"Roofline: not available ({roofline.reason})", style="dim")
-    return roofline_table(roofline.to_dict())
+    return roofline_table(roofline)
 
 
 def _advice_view(summary: Summary) -> RenderableType | None:
