@@ -351,6 +351,40 @@ def test_no_record_falls_back_to_attributes_it_does_not_declare() -> None:
     assert bad == []
 
 
+def test_every_analysis_section_returns_its_record() -> None:
+    """A section is built as its record (``Energy``, ``Roofline``, ...), never as a dict that
+    ``Summary.from_dict`` converts at the end: every ``*_section`` function of the analysis
+    is annotated to return a ``Record`` (or ``None`` where a run may lack the section)."""
+    import inspect
+    import pkgutil
+
+    import perfscope.analysis as analysis
+    from perfscope.analysis.summary import Record
+
+    sections: dict[str, list[Any]] = {}
+    for info in pkgutil.walk_packages(analysis.__path__, "perfscope.analysis."):
+        mod = importlib.import_module(info.name)
+        for name, fn in vars(mod).items():
+            if (
+                name.endswith("_section")
+                and inspect.isfunction(fn)
+                and fn.__module__ == mod.__name__
+            ):
+                # The annotation's text (the modules use postponed annotations): each arm of
+                # the union, resolved in the section's module.
+                arms = str(inspect.signature(fn).return_annotation).split("|")
+                sections[f"{mod.__name__}.{name}"] = [
+                    getattr(mod, a.strip(), a.strip()) for a in arms if a.strip() != "None"
+                ]
+    assert len(sections) >= 6  # energy, roofline, server metrics, prompt cache, client, spec
+    bad = {
+        k: arms
+        for k, arms in sections.items()
+        if not arms or not all(isinstance(a, type) and issubclass(a, Record) for a in arms)
+    }
+    assert bad == {}
+
+
 def test_the_summary_is_a_record_not_a_mapping() -> None:
     from collections.abc import Mapping
 
