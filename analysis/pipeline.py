@@ -71,14 +71,16 @@ class RunRecords(Protocol):
 
 def _hardware(
     manifest: RunManifest, device: str | DeviceSpec | None, database: HardwareDatabase | None
-) -> dict[str, Any]:
+) -> Hardware:
     """The manifest's ``hardware``, or the device asked for (a name or a spec)."""
     if isinstance(device, DeviceSpec):
-        return {"spec": device.to_dict(), "resolved_from": f"given: {device.key}"}
+        return Hardware(spec=device.to_dict(), resolved_from=f"given: {device.key}")
     if device:
-        return resolve_hardware(manifest.engine.to_dict(), device, database=database)
+        return Hardware.from_dict(
+            resolve_hardware(manifest.engine.to_dict(), device, database=database)
+        )
     recorded = manifest.hardware
-    return dict(recorded) if recorded else {"spec": None, "reason": "not recorded"}
+    return Hardware.from_dict(recorded) if recorded else Hardware(reason="not recorded")
 
 
 def _workload_stats(run: RunRecords, manifest: RunManifest) -> dict[str, Any]:
@@ -122,12 +124,12 @@ def analyze(
     hardware = _hardware(manifest, device, database)
     if device is not None:
         recorded = manifest.device_key
-        if recorded and recorded != (hardware.get("spec") or {}).get("key"):
+        if recorded and recorded != (hardware.spec or {}).get("key"):
             # Analysed against a device the run did not run on: a what-if (no measured
             # MFU/MBU against it, no advice).
-            hardware["measured_on"] = recorded
-    measured_on = hardware.get("measured_on")
-    spec = DeviceSpec.from_dict(hardware["spec"]) if hardware.get("spec") else None
+            hardware = dataclasses.replace(hardware, measured_on=recorded)
+    measured_on = hardware.measured_on
+    spec = hardware.device
     model_dict = manifest.engine.model
     model = ModelSpec.from_dict(dict(model_dict)) if model_dict else None
     spec_cfg = speculative_config(manifest) or {}
@@ -184,7 +186,7 @@ def analyze(
         stored_run.steps,
         slos=slos,
         per_request_rows=rows,
-        hardware=Hardware.from_dict(hardware),
+        hardware=hardware,
         roofline=roofline,
         energy=energy,
         advice=tuple(Advice.from_dict(a) for a in advice),

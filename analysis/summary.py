@@ -221,6 +221,11 @@ class Hardware(Record):
     spec: dict[str, Any] | None = None
     resolved_from: str | None = None
     reason: str | None = None
+    #: A what-if (``analyze --hw X`` on a run measured elsewhere): the device key the run was
+    #: measured on; left out of the JSON otherwise.
+    measured_on: str | None = None
+
+    _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ("measured_on",)
 
     @property
     def device(self) -> DeviceSpec | None:
@@ -775,6 +780,11 @@ class ProjectionMemory(Record):
     usable_bytes: float | None = None
     mem_fraction: float | None = None
     fits: bool | None = None
+    #: What the per-sequence cache is: ``KV cache``, or ``recurrent state`` (state-space
+    #: models); left out of the JSON when not given.
+    cache_kind: str | None = None
+
+    _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ("cache_kind",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -853,7 +863,14 @@ class Contention(Record):
     (:mod:`perfscope.profiler.contention`): the window (s), the machine's cores, CPU seconds
     of this process, of the others and stolen, their shares of the capacity (0..1; ``None``
     when the window was ``too_short``), the server under test (ports, pids, CPU-s, not counted
-    as others) and ``contended``: others or steal above :data:`CONTENTION_WARN_SHARE`."""
+    as others) and ``contended``: others or steal above :data:`CONTENTION_WARN_SHARE`.
+
+    ``helper_pids``/``helper_cpu_s``: a ``--ray`` run's own helpers (load actors, the request
+    mailbox, the Ray daemons) and their CPU seconds, not counted as others; ``excluded_s``:
+    the start-up time left out of the window (s); ``loadavg_1m``: the 1-minute load average
+    at the end. Runs recorded before perfscope measured them lack them (and their summaries
+    keep them out).
+    """
 
     window_s: float | None = None
     cpu_count: int | None = None
@@ -868,6 +885,12 @@ class Contention(Record):
     too_short: bool = False
     min_window_s: float | None = None
     contended: bool = False
+    helper_pids: tuple[int, ...] = ()
+    helper_cpu_s: float | None = None
+    excluded_s: float | None = None
+    loadavg_1m: float | None = None
+
+    _NEWER: ClassVar[tuple[str, ...]] = ("helper_pids", "helper_cpu_s", "excluded_s", "loadavg_1m")
 
 
 @dataclass(frozen=True, kw_only=True)

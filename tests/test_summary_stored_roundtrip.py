@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from perfscope.analysis.summary import OperatorClassRoofline, RooflineWhatIf, Summary
+from perfscope.analysis.summary import (
+    Contention,
+    OperatorClassRoofline,
+    RooflineWhatIf,
+    Summary,
+)
 from perfscope.profiler.store import write_json_atomic
 from tests.conftest import DATA
 
@@ -39,3 +44,19 @@ def test_the_stored_roofline_reads_into_records_not_extra_keys() -> None:
     what_if = Summary.from_dict(json.loads((DATA / "summaries" / "v2-what-if.json").read_text()))
     assert what_if.roofline.what_if == RooflineWhatIf(measured_on="l4", target="h100-sxm5-80gb")
     assert what_if.roofline.decode.what_if is True and what_if.roofline.decode.mfu is None
+    # Keys perfscope writes itself are fields, not ``extra``.
+    assert what_if.hardware.measured_on == "l4" and not what_if.hardware.extra
+    assert steps.contention is not None and steps.contention.loadavg_1m is not None
+    assert not steps.contention.extra
+
+
+def test_a_field_added_later_is_written_back_only_where_the_file_had_it() -> None:
+    """``helper_pids``, ``helper_cpu_s`` and ``excluded_s`` came after ``loadavg_1m``: a
+    summary stored between them keeps its bytes, a record built now writes all four."""
+    stored = {"window_s": 1.0, "cpu_count": 2, "contended": False, "loadavg_1m": 0.5}
+    read = Contention.from_dict(stored)
+    assert read.loadavg_1m == 0.5 and not read.extra
+    written = read.to_dict()
+    assert "loadavg_1m" in written
+    assert not {"helper_pids", "helper_cpu_s", "excluded_s"} & set(written)
+    assert Contention(window_s=1.0).to_dict()["helper_cpu_s"] is None

@@ -60,7 +60,7 @@ for _bit in THROTTLE_REASONS.values():
     _THROTTLE_MASK |= _bit
 
 #: Telemetry columns of the measured GPU counters (the fields of :class:`HardwareCounters`).
-_COUNTER_COLUMNS = tuple(f.name for f in dataclasses.fields(HardwareCounters) if f.name != "extra")
+_COUNTER_COLUMNS = HardwareCounters.field_names()
 
 
 def kind_of(key: str) -> str:
