@@ -24,12 +24,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import Metric, find_metric, metric, to_float, value_at
 from perfscope.analysis.experiment import (
     NO_CHANGE,
@@ -38,11 +39,16 @@ from perfscope.analysis.experiment import (
     t_quantile,
 )
 from perfscope.analysis.metrics import itl_gaps, per_request
+from perfscope.units import Kind
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_PRIMARY",
+    "ComparedMetric",
+    "Comparison",
+    "ComparisonPrimary",
     "MetricDef",
+    "PositionCheck",
     "SetChange",
     "compare_run_sets",
     "compare_runs",
@@ -76,7 +82,7 @@ class MetricDef:
 
     key: str
     label: str
-    unit: str
+    unit: Kind
     better: str
     metric: Metric | None = None
 
@@ -134,6 +140,113 @@ def latency_samples(
     gaps, _ = itl_gaps(chunks, ok["request_id"].to_numpy())
     out["itl"] = np.asarray(gaps, dtype=float)
     return {k: v[np.isfinite(v)] for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparedMetric(Record):
+    """One metric across the compared sets (index 0 is the baseline, which has ``None`` or
+    ``[]`` in every against-the-baseline list).
+
+    Attributes:
+        key, label, unit, better: the catalogue's path, display name, unit kind and
+            direction (``lower``/``higher``); ``primary``: the comparison's primary metric.
+        values: each set's median (SI units); ``per_run``: each set's runs' values; ``n``:
+            how many runs of each set have a value.
+        ratios: set / baseline; ``ci``: its ``(lo, hi)`` interval at ``ci_level``, the level
+            the verdict was tested at after the multiplicity correction; ``interval``: the
+            cell text naming that level; ``noise``: the uncorrected 95% half-width
+            (fraction); ``detectable``: the smallest change detected with 80% probability
+            (fraction); ``needs``: the blocks (runs a side) a "no detectable change" would
+            need for the change of interest; ``p``: the uncorrected p-value.
+        outliers: run (block) ids whose values are wild; ``change``: ``better``, ``worse``
+            or ``no detectable change``.
+    """
+
+    key: str = ""
+    label: str = ""
+    unit: Kind = "number"
+    better: str = ""
+    primary: bool = False
+    values: tuple[float | None, ...] = ()
+    per_run: tuple[tuple[float | None, ...], ...] = ()
+    ratios: tuple[float | None, ...] = ()
+    ci: tuple[tuple[float, float] | None, ...] = ()
+    ci_level: tuple[float | None, ...] = ()
+    interval: tuple[str | None, ...] = ()
+    noise: tuple[float | None, ...] = ()
+    detectable: tuple[float | None, ...] = ()
+    needs: tuple[int | None, ...] = ()
+    p: tuple[float | None, ...] = ()
+    outliers: tuple[tuple[str, ...], ...] = ()
+    change: tuple[str | None, ...] = ()
+    n: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparisonPrimary(Record):
+    """The primary metric: catalogue ``name``, summary ``key``, display ``label``, and
+    whether it is the ``default`` (none was named)."""
+
+    name: str = ""
+    key: str = ""
+    label: str = ""
+    default: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionCheck(Record):
+    """A paired comparison's test of the run's place in its block
+    (:class:`~perfscope.analysis.experiment.PositionEffect`): ``second_slower`` the ratio
+    (second / first, square-rooted), ``p`` its p-value, ``present`` ``p < 0.05``."""
+
+    second_slower: float | None = None
+    p: float | None = None
+    present: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison(Record):
+    """The comparison of run sets against the first (the baseline); its JSON form is what
+    ``perfscope compare --json`` prints.
+
+    Attributes:
+        baseline, labels: the sets' display names (the baseline first); ``runs``: each
+            set's run ids.
+        confidence: the family-wise level over all metrics (0-1); ``method``: how the
+            intervals were made, in words; ``noise_known``: every set has two or more runs.
+        primary: the primary metric; ``headlines``: its verdict against each set, in words;
+            ``detect``: the change of interest (fraction) or ``None``.
+        correction: per set, how the secondary metrics were corrected; ``paired``: per set,
+            whether its runs were paired by block with the baseline's; ``position``: per
+            set, the position-effect test (paired sets only).
+        contention: per set, its contended runs (``run_id`` and the contention record).
+        notes: what limits the conclusions; ``metrics``: the compared metrics, the primary
+            first.
+    """
+
+    baseline: str = ""
+    labels: tuple[str, ...] = ()
+    runs: tuple[tuple[str, ...], ...] = ()
+    confidence: float = DEFAULT_CONFIDENCE
+    method: str = ""
+    noise_known: bool = False
+    primary: ComparisonPrimary = field(default_factory=ComparisonPrimary)
+    headlines: tuple[str, ...] = ()
+    detect: float | None = None
+    correction: tuple[str, ...] = ()
+    paired: tuple[bool, ...] = ()
+    position: tuple[PositionCheck | None, ...] = ()
+    contention: tuple[tuple[Mapping[str, Any], ...], ...] = ()
+    notes: tuple[str, ...] = ()
+    metrics: tuple[ComparedMetric, ...] = ()
+
+    @property
+    def primary_row(self) -> ComparedMetric:
+        """The primary metric's row."""
+        return next(m for m in self.metrics if m.primary)
 
 
 # --------------------------------------------------------------------------- between runs
@@ -253,8 +366,8 @@ def compare_run_sets(
     primary: str | None = None,
     exclude_contended: bool = False,
     detect: float | None = None,
-) -> dict[str, Any]:
-    """Compare run sets against the first one (the baseline). JSON-ready.
+) -> Comparison:
+    """Compare run sets against the first one (the baseline).
 
     Args:
         labels: one display name per set.
@@ -269,17 +382,13 @@ def compare_run_sets(
             detect it, and each row's ``needs`` holds that count per set.
 
     Returns:
-        ``{"baseline", "labels", "runs", "confidence", "method", "noise_known", "primary",
-        "headlines", "correction", "paired", "position", "contention", "notes",
-        "metrics": [{"key", "label", "unit", "better", "primary", "values", "per_run",
-        "ratios", "ci", "ci_level", "interval", "noise", "detectable", "needs", "p",
-        "outliers", "change", "n"}]}``.
-        ``values`` holds each set's median; ``ratios``, ``ci``, ``noise``, ``detectable``
-        and ``change`` hold ``None`` for the baseline; ``change`` is ``better``, ``worse``
-        or ``no detectable change``. ``ci`` is at ``ci_level``, the level that row's verdict
-        is tested at after the multiplicity correction (not ``confidence``, which is the
-        family-wise level over all metrics); ``interval`` is its display text naming that
-        level. The primary metric's row comes first.
+        The :class:`Comparison`. Each :class:`ComparedMetric` holds each set's median in
+        ``values``; ``ratios``, ``ci``, ``noise``, ``detectable`` and ``change`` hold
+        ``None`` for the baseline; ``change`` is ``better``, ``worse`` or ``no detectable
+        change``. ``ci`` is at ``ci_level``, the level that row's verdict is tested at after
+        the multiplicity correction (not ``confidence``, which is the family-wise level over
+        all metrics); ``interval`` is its display text naming that level. The primary
+        metric's row comes first.
 
     Raises:
         ValueError: fewer than two sets, an empty set, or an unknown primary metric.
@@ -368,35 +477,37 @@ def compare_run_sets(
         experiments.append(exp)
         paired_flags.append(pairing is not None)
     by_key = [{c.metric: c for c in e.changes} for e in experiments]
-    rows: list[dict[str, Any]] = []
+    rows: list[ComparedMetric] = []
     for m in present:
         changes: list[SetChange | None] = [None, *(b.get(m.key) for b in by_key)]
         rest = changes[1:]
         rows.append(
-            {
-                "key": m.key,
-                "label": m.label,
-                "unit": m.unit,
-                "better": m.better,
-                "primary": m.key == lead_def.key,
-                "values": [_center(g) for g in per_run_all[m.key]],
-                "per_run": per_run_all[m.key],
-                "ratios": [None] + [c.ratio if c else None for c in rest],
-                "ci": [None] + [list(c.ci) if c and c.ci else None for c in rest],
-                "ci_level": [None] + [c.ci_level if c else None for c in rest],
-                "interval": [None] + [c.interval_text() if c else None for c in rest],
-                "noise": [None] + [c.noise if c else None for c in rest],
-                "detectable": [None] + [c.detectable if c else None for c in rest],
-                "needs": [None]
-                + [
-                    c.needs(detect) if c and detect and c.verdict == NO_CHANGE else None
-                    for c in rest
-                ],
-                "p": [None] + [c.p if c else None for c in rest],
-                "outliers": [[]] + [list(c.outliers) if c else [] for c in rest],
-                "change": [None] + [c.verdict if c else None for c in rest],
-                "n": [len(_finite(g)) for g in per_run_all[m.key]],
-            }
+            ComparedMetric(
+                key=m.key,
+                label=m.label,
+                unit=m.unit,
+                better=m.better,
+                primary=m.key == lead_def.key,
+                values=tuple(_center(g) for g in per_run_all[m.key]),
+                per_run=tuple(tuple(g) for g in per_run_all[m.key]),
+                ratios=(None, *(c.ratio if c else None for c in rest)),
+                ci=(None, *(c.ci if c and c.ci else None for c in rest)),
+                ci_level=(None, *(c.ci_level if c else None for c in rest)),
+                interval=(None, *(c.interval_text() if c else None for c in rest)),
+                noise=(None, *(c.noise if c else None for c in rest)),
+                detectable=(None, *(c.detectable if c else None for c in rest)),
+                needs=(
+                    None,
+                    *(
+                        c.needs(detect) if c and detect and c.verdict == NO_CHANGE else None
+                        for c in rest
+                    ),
+                ),
+                p=(None, *(c.p if c else None for c in rest)),
+                outliers=((), *(tuple(c.outliers) if c else () for c in rest)),
+                change=(None, *(c.verdict if c else None for c in rest)),
+                n=tuple(len(_finite(g)) for g in per_run_all[m.key]),
+            )
         )
     contention: list[list[dict[str, Any]]] = []
     for g, gid in zip(sets, ids, strict=True):
@@ -451,44 +562,41 @@ def compare_run_sets(
                 "its timings are likely inflated and the comparison is unreliable"
             )
     methods = sorted({e.lead.method.split(" (")[0] for e in experiments if e.lead.ci})
-    return {
-        "baseline": labels[0],
-        "labels": list(labels),
-        "runs": ids,
-        "confidence": confidence,
-        "method": "; ".join(methods)
+    return Comparison(
+        baseline=labels[0],
+        labels=tuple(labels),
+        runs=tuple(tuple(g) for g in ids),
+        confidence=confidence,
+        method="; ".join(methods)
         or (
             "single runs: ratios only, run-to-run noise unknown"
             if not noise_known
             else "too few runs for an interval at this confidence"
         ),
-        "noise_known": noise_known,
-        "primary": {
-            "name": lead_name,
-            "key": lead_def.key,
-            "label": lead_def.label,
-            "default": lead_default,
-        },
-        "headlines": [
+        noise_known=noise_known,
+        primary=ComparisonPrimary(
+            name=lead_name, key=lead_def.key, label=lead_def.label, default=lead_default
+        ),
+        headlines=tuple(
             e.headline(detect).replace(lead_def.key, lead_def.label, 1) for e in experiments
-        ],
-        "detect": detect,
-        "correction": [e.correction for e in experiments],
-        "paired": paired_flags,
-        "position": [
+        ),
+        detect=detect,
+        correction=tuple(e.correction for e in experiments),
+        paired=tuple(paired_flags),
+        position=tuple(
             None
             if e.position is None
-            else {
-                "second_slower": e.position.second_slower,
-                "p": e.position.p,
-                "present": e.position.present,
-            }
+            else PositionCheck(
+                second_slower=e.position.second_slower,
+                p=e.position.p,
+                present=e.position.present,
+            )
             for e in experiments
-        ],
-        "contention": contention,
-        "notes": notes,
-        "metrics": rows,
-    }
+        ),
+        contention=tuple(tuple(hits) for hits in contention),
+        notes=tuple(notes),
+        metrics=tuple(rows),
+    )
 
 
 def compare_runs(
@@ -496,7 +604,7 @@ def compare_runs(
     summaries: Sequence[dict[str, Any]],
     *,
     confidence: float = DEFAULT_CONFIDENCE,
-) -> dict[str, Any]:
+) -> Comparison:
     """Compare single runs against the first: ratios only, run-to-run noise unknown (a
     :func:`compare_run_sets` of one-run sets)."""
     return compare_run_sets(labels, [[s] for s in summaries], confidence=confidence)

@@ -258,7 +258,7 @@ def run_repeated(
     if stop_reason:
         err.print(stop_reason)
     if vs is not None:
-        from perfscope.cli.report import _load, _tables, print_config_diff
+        from perfscope.cli.report import _load, _tables, config_diff_json, print_config_diff
         from perfscope.dashboard.compare import compare_sets, comparison_table, config_diff
 
         runs = [[_load(str(p), None) for p in paths[key]] for key, _ in configs]
@@ -271,16 +271,17 @@ def run_repeated(
             exclude_contended=opts.exclude_contended,
             detect=opts.detect,
         )
-        result["experiment"] = {"id": set_id, "seed": seed, "blocks": block, "stop": stop_reason}
-        result["config_diff"] = [
-            {"group": d.group, "field": d.field, "values": list(d.values)}
-            for d in config_diff([g[0].manifest or {} for g in runs])
-        ]
+        diff = config_diff([g[0].manifest or {} for g in runs])
         if as_json:
-            print(json.dumps(result, indent=2))
+            payload = {
+                **result.to_dict(),
+                "experiment": {"id": set_id, "seed": seed, "blocks": block, "stop": stop_reason},
+                "config_diff": config_diff_json(diff),
+            }
+            print(json.dumps(payload, indent=2))
         else:
             console.print(comparison_table(result))
-            print_config_diff(result, console)
+            print_config_diff(result.labels, diff, console)
             console.print(
                 f"order seed {seed}; compare again: perfscope compare {set_id}-A {set_id}-B"
             )
@@ -352,15 +353,15 @@ def _live_interval(
         )
     except ValueError:
         return None
-    row = next(r for r in result["metrics"] if r.get("primary"))
-    ci = row["ci"][1]
+    row = result.primary_row
+    ci = row.ci[1]
     half = _precision_of((ci[0], ci[1]) if ci else None)
     target = f"target ±{100 * (opts.precision or 0):g}%"
     if half is None:
-        err.print(f"  {row['label']}: ratio {row['ratios'][1]:.3f}x, no interval yet ({target})")
+        err.print(f"  {row.label}: ratio {row.ratios[1]:.3f}x, no interval yet ({target})")
     else:
         err.print(
-            f"  {row['label']}: ratio {row['ratios'][1]:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}] "
+            f"  {row.label}: ratio {row.ratios[1]:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}] "
             f"±{100 * half:.1f}% ({target})"
         )
     return half
