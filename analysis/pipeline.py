@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import pandas as pd
 
@@ -34,6 +34,7 @@ from perfscope.analysis.metrics import per_request
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.prompt_cache import prompt_cache_section
 from perfscope.analysis.roofline import roofline_section
+from perfscope.analysis.run_records import RunRecords
 from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.speculative import speculative_config, speculative_section
 from perfscope.analysis.summary import (
@@ -51,22 +52,6 @@ __all__ = ["PROJECTION_DEVICES", "RunRecords", "analyze"]
 
 #: Devices a measured run is projected onto ("the same workload on other devices").
 PROJECTION_DEVICES = ("l4", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb")
-
-
-class RunRecords(Protocol):
-    """What the analysis reads of a stored run (``perfscope.profiler.store.StoredRun`` is
-    one): the manifest and the four record tables (empty frames when absent)."""
-
-    @property
-    def manifest(self) -> Mapping[str, Any]: ...  # the JSON object; read via RunManifest
-    @property
-    def requests(self) -> pd.DataFrame: ...
-    @property
-    def chunks(self) -> pd.DataFrame: ...
-    @property
-    def steps(self) -> pd.DataFrame: ...
-    @property
-    def telemetry(self) -> pd.DataFrame: ...
 
 
 def _hardware(
