@@ -407,8 +407,9 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: devices, the section); 290 once the server-metrics and prompt-cache sections did too; 289
 #: once the analysis built its hardware section as the record; 273 once a comparison of run
 #: sets became a record (``Comparison``) that the terminal table, the HTML page and the
-#: dashboard's compare page read.
-DICT_ANY_CEILING = 273
+#: dashboard's compare page read; 246 once the exporters' run protocol extended RunRecords and
+#: the pytest plugin's baseline (machine, commit, tests, key metrics) became records.
+DICT_ANY_CEILING = 246
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
@@ -508,7 +509,7 @@ def test_compare_run_vs_the_pytest_gate_and_study_judge_change_by_judge_metric(
     from perfscope.analysis.study import build_study
     from perfscope.dashboard.compare import compare_sets
     from perfscope.dashboard.figures import RunTables
-    from perfscope.pytest_plugin._baseline import compare_metrics
+    from perfscope.pytest_plugin._baseline import KeyMetric, compare_metrics
 
     # the callers: compare and --vs call compare_sets (read from the code, not a grep)
     seen = set(imports_of("perfscope"))
@@ -543,11 +544,17 @@ def test_compare_run_vs_the_pytest_gate_and_study_judge_change_by_judge_metric(
     assert result.primary_row.change[1] == experiment.WORSE
     judged("compare / run --vs")
 
-    samples = {"path": "latency.tpot.p50", "direction": "lower"}
+    def tpot(value: float, samples: tuple[float, ...]) -> dict[str, KeyMetric]:
+        return {
+            "tpot": KeyMetric(
+                path="latency.tpot.p50", direction="lower", value=value, samples=samples
+            )
+        }
+
     gate = compare_metrics(
         "test_x",
-        {"tpot": {**samples, "value": 0.02, "samples": [0.02, 0.021, 0.0205, 0.0202]}},
-        {"tpot": {**samples, "value": 0.01, "samples": [0.01, 0.011, 0.0105, 0.0102]}},
+        tpot(0.02, (0.02, 0.021, 0.0205, 0.0202)),
+        tpot(0.01, (0.01, 0.011, 0.0105, 0.0102)),
         [],
         gate_all=True,
     )
