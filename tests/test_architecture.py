@@ -409,8 +409,9 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: sets became a record (``Comparison``) that the terminal table, the HTML page and the
 #: dashboard's compare page read; 246 once the exporters' run protocol extended RunRecords and
 #: the pytest plugin's baseline (machine, commit, tests, key metrics) became records; 243
-#: once a RunSet's median summary became a Summary (no attribute view over dicts left).
-DICT_ANY_CEILING = 243
+#: once a RunSet's median summary became a Summary (no attribute view over dicts left); 229
+#: once a sweep's summary became records (``SweepSummary``, ``SweepPoint``, ``SweepKnee``).
+DICT_ANY_CEILING = 229
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
