@@ -722,6 +722,11 @@ class AdviceCalibration(Record):
     error: float | None = None
     text: str = ""
     source: Mapping[str, Any] | None = None
+    #: The machine class the advice is for, in words (summaries from before it was
+    #: recorded lack it; left out of the JSON then).
+    machine: str | None = None
+
+    _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ("machine",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -817,6 +822,11 @@ class Projection(Record):
     #: target's machine class), or ``unchecked: ...``
     #: (:func:`perfscope.analysis.calibration.projection_check`).
     checked: str | None = None
+    #: The per-step overhead fit the derated projection used (its JSON form,
+    #: :mod:`perfscope.analysis.overhead`), ``None`` when none applied.
+    overhead_fit: Mapping[str, Any] | None = None
+
+    _NEWER: ClassVar[tuple[str, ...]] = ("overhead_fit",)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,17 +10,21 @@ from the request timeline). They are never modified.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from perfscope.analysis import analyze
 from perfscope.analysis.summary import (
     Contention,
     OperatorClassRoofline,
+    Record,
     RooflineWhatIf,
     Summary,
 )
-from perfscope.profiler.store import write_json_atomic
+from perfscope.profiler.store import read_run, write_json_atomic
 from tests.conftest import DATA
 
 STORED = sorted((DATA / "summaries").glob("v2-*.json"))
@@ -60,3 +64,27 @@ def test_a_field_added_later_is_written_back_only_where_the_file_had_it() -> Non
     assert "loadavg_1m" in written
     assert not {"helper_pids", "helper_cpu_s", "excluded_s"} & set(written)
     assert Contention(window_s=1.0).to_dict()["helper_cpu_s"] is None
+
+
+def _extras(node: Any, path: str = "summary") -> list[str]:
+    """Where in a record tree keys were kept in ``extra`` (path and keys)."""
+    if isinstance(node, Record):
+        out = [f"{path}: {sorted(node.extra)}"] if node.extra else []
+        for name in node.field_names():
+            out += _extras(getattr(node, name), f"{path}.{name}")
+        return out
+    if isinstance(node, Mapping):
+        return [e for k, v in node.items() for e in _extras(v, f"{path}[{k}]")]
+    if isinstance(node, tuple | list):
+        return [e for i, v in enumerate(node) for e in _extras(v, f"{path}[{i}]")]
+    return []
+
+
+@pytest.mark.parametrize("device", [None, "h100-sxm5-80gb"])
+def test_every_key_perfscope_writes_is_a_field_not_extra(device: str | None) -> None:
+    """``extra`` only round-trips keys this perfscope does not know: a run analysed now (on
+    its own device and as a what-if) and the stored summaries keep nothing there."""
+    fresh = analyze(read_run(DATA / "runs" / "v1"), device=device)
+    assert _extras(fresh) == []
+    for path in STORED:
+        assert _extras(Summary.from_dict(json.loads(path.read_text()))) == [], path.name
