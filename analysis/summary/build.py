@@ -1,0 +1,303 @@
+"""How a run's :class:`Summary` is built from its manifest and tables, and the warnings that
+say which of its numbers to trust less."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from perfscope.analysis.catalogue import format_seconds
+from perfscope.analysis.manifest import RunManifest, manifest_view
+from perfscope.analysis.summary._common import ABSENT
+from perfscope.analysis.summary.advice import Advice, Projection, Speculative
+from perfscope.analysis.summary.context import (
+    Client,
+    Contention,
+    PromptCache,
+    RunSet,
+    ServerMetrics,
+)
+from perfscope.analysis.summary.core import Summary
+from perfscope.analysis.summary.energy import Energy
+from perfscope.analysis.summary.measured import (
+    Counts,
+    Distribution,
+    EngineInfo,
+    ErrorCount,
+    Goodput,
+    Hardware,
+    Latency,
+    StepStats,
+    Throughput,
+)
+from perfscope.analysis.summary.roofline import Roofline
+
+if TYPE_CHECKING:  # the typed record loads without pandas or hwdb (`perfscope ls` reads it)
+    import pandas as pd
+
+__all__ = [
+    "CACHE_WARN_SHARE",
+    "CACHING_WORKLOADS",
+    "CONTENTION_WARN_SHARE",
+    "build_summary",
+    "contention_record",
+    "run_warnings",
+    "step_breakdown",
+]
+
+
+def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
+    """Per step kind: passes, time (s), tokens processed, mean batch size, share of busy time.
+
+    A draft model's passes (speculative decoding) are kinds of their own: ``draft_prefill``,
+    ``draft_decode``."""
+    if steps.empty:
+        return {}
+    dur = (steps["t_end"] - steps["t_start"]) * 1e-9
+    total = float(dur.sum())
+    out: dict[str, dict[str, float | int]] = {}
+    key = steps["kind"].astype(str)
+    if "role" in steps:
+        key = key.where((steps["role"] != "draft").to_numpy(), "draft_" + key)
+    for kind, g in steps.assign(dur=dur, _key=key).groupby("_key", sort=True):
+        t = float(g["dur"].sum())
+        out[str(kind)] = {
+            "count": len(g),
+            "time_s": t,
+            "time_share": t / total if total > 0 else 0.0,
+            "new_tokens": int(g["new_tokens"].sum()),
+            "context_tokens": int(g["context_tokens"].sum()),
+            "mean_batch_size": float(g["batch_size"].mean()),
+            "mean_step_s": t / len(g),
+        }
+    return out
+
+
+def build_summary(
+    manifest: Mapping[str, Any] | RunManifest,
+    requests: pd.DataFrame,
+    chunks: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    slos: Mapping[str, float] | None = None,
+    hardware: Hardware | None = None,
+    roofline: Roofline | None = None,
+    energy: Energy | None = None,
+    advice: tuple[Advice, ...] = (),
+    projections: tuple[Projection, ...] = (),
+    prompt_cache: PromptCache | None = None,
+    speculative: Speculative | None = None,
+    server_metrics: ServerMetrics | None = None,
+    client: Client | None = None,
+    per_request_rows: pd.DataFrame | None = None,
+) -> Summary:
+    """The summary of one run: metrics from the tables plus the analysis sections.
+
+    Args:
+        manifest: the run's manifest (engine, workload, status, ...): the view, or the
+            manifest.json object.
+        requests, chunks, steps: the run's tables.
+        slos: per-request limits in seconds (``{"ttft": 0.2}``); default: the manifest's.
+        hardware, roofline, energy, advice, projections, prompt_cache, speculative,
+            server_metrics, client: the sections the analysis computed (records); a section not
+            given is unavailable with the reason (:data:`ABSENT`).
+        per_request_rows: :func:`~perfscope.analysis.metrics.per_request` of ``requests``
+            when the caller already has it.
+    """
+    from perfscope.analysis.metrics import compute_metrics
+
+    man = manifest_view(manifest)
+    slos = dict(man.slos) if slos is None else dict(slos)
+    m = compute_metrics(requests, chunks, steps, slos, per_request_rows=per_request_rows)
+    engine = man.engine
+    return Summary(
+        run_id=man.run_id,
+        name=man.name,
+        status=man.status,
+        started_at=man.started_at,
+        perfscope_version=man.perfscope_version,
+        engine=EngineInfo(
+            uri=engine.uri,
+            kind=engine.kind,
+            device=engine.device,
+            dtype=engine.dtype,
+        ),
+        workload=dict(man.workload) if man.workload is not None else None,
+        load=dict(man.load) if man.load is not None else None,
+        counts=Counts.from_dict(m["counts"]),
+        window_s=float(m["window_s"]),
+        latency=Latency.from_dict(m["latency"]),
+        throughput=Throughput.from_dict(m["throughput"]),
+        goodput=Goodput.from_dict(m["goodput"]),
+        driver_lag=Distribution.from_dict(m["driver_lag"]),
+        errors=tuple(ErrorCount.from_dict(e) for e in m["errors"]),
+        steps={k: StepStats.from_dict(v) for k, v in step_breakdown(steps).items()},
+        model=dict(engine.model) if engine.model is not None else None,
+        warnings=tuple(run_warnings(man)),
+        hardware=hardware if hardware is not None else Hardware(reason=ABSENT),
+        roofline=roofline if roofline is not None else Roofline(),
+        energy=energy if energy is not None else Energy(),
+        advice=advice,
+        projections=projections,
+        speculative=speculative,
+        prompt_cache=prompt_cache,
+        client=client,
+        contention=contention_record(man),
+        run_set=RunSet.from_dict(man.run_set) if man.run_set is not None else None,
+        model_spec=dict(man.model_spec) if man.model_spec is not None else None,
+        server_metrics=server_metrics,
+    )
+
+
+#: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
+#: before the run's timings are flagged as inflated.
+CONTENTION_WARN_SHARE = 0.15
+
+
+def contention_record(manifest: Mapping[str, Any] | RunManifest) -> Contention | None:
+    """The run's CPU contention measurement with ``contended`` (others or steal above
+    :data:`CONTENTION_WARN_SHARE`); ``None`` when the run has none. A window too short to
+    measure has no shares and is never called contended."""
+    c = manifest_view(manifest).host.contention
+    if c is None:
+        return None
+    others, steal = c.get("others_share"), c.get("steal_share")
+    contended = bool(
+        (others is not None and others > CONTENTION_WARN_SHARE)
+        or (steal is not None and steal > CONTENTION_WARN_SHARE)
+    )
+    return Contention.from_dict({**c, "contended": contended})
+
+
+def run_warnings(manifest: Mapping[str, Any] | RunManifest) -> list[str]:
+    """Conditions that make this run's numbers less trustworthy, as sentences."""
+    man = manifest_view(manifest)
+    # Recorded at capture (counts beyond max_tokens, a crashed run read back, ...).
+    out: list[str] = list(man.warnings)
+    c = contention_record(man) or Contention()
+    if c.others_share is not None and c.others_share > CONTENTION_WARN_SHARE:
+        out.append(
+            f"other processes used {c.others_share:.0%} of this machine's CPU capacity during "
+            f"the run ({c.others_cpu_s or 0:.1f} CPU-s over {c.window_s or 0:.1f} s on "
+            f"{c.cpu_count} cores"
+            + (
+                f"; the server under test on port {', '.join(map(str, c.server_ports))} "
+                f"used {c.server_cpu_s:.1f} CPU-s and is not counted"
+                if c.server_cpu_s is not None and c.server_ports
+                else ""
+            )
+            + "): latencies and throughput are likely inflated; measure on a quiet machine"
+        )
+    if c.steal_share is not None and c.steal_share > CONTENTION_WARN_SHARE:
+        out.append(
+            f"the hypervisor took {c.steal_share:.0%} of the CPU capacity (steal time) during "
+            "the run"
+        )
+    out.extend(_client_warnings(man))
+    out.extend(_distributed_warnings(man))
+    out.extend(_telemetry_warnings(man))
+    return out
+
+
+def _distributed_warnings(manifest: RunManifest) -> list[str]:
+    """A ``--ray`` run: lost load actors (the run is partial), actors that were saturated, and
+    the clock alignment below which no latency difference can be claimed."""
+    dist = manifest.distributed
+    if dist is None:
+        return []
+    out: list[str] = []
+    actors = dist.actors
+    lost = [a for a in actors if a.lost]
+    if lost:
+        out.append(
+            f"partial run: {len(lost)} of {len(actors)} load actors were lost "
+            f"({'; '.join(str(a.lost) for a in lost)}); their unfinished requests are "
+            "recorded as failed"
+        )
+    unc = dist.clock_uncertainty_ns
+    if isinstance(unc, int | float) and unc > 0:
+        out.append(
+            f"records of {len(actors)} load actors were aligned to the driver's clock within "
+            f"±{format_seconds(unc / 1e9)}: latency differences smaller than that are not "
+            "resolvable in this run"
+        )
+    lagging = [
+        a.send_lag_p99_s
+        for a in actors
+        if isinstance(a.send_lag_p99_s, int | float) and a.send_lag_p99_s > 0.005
+    ]
+    if lagging:
+        out.append(
+            f"{len(lagging)} load actor(s) sent late (send lag p99 up to "
+            f"{format_seconds(float(max(lagging)))}): they were saturated; use more actors or "
+            "fewer streams"
+        )
+    for d in dist.autoscale_decisions:
+        if d.action == "added":
+            out.append(
+                f"load actor {d.actor}'s event-loop lag p99 reached "
+                f"{format_seconds(d.lag_p99_s)} at {d.t_s or 0:.1f} s (threshold "
+                f"{format_seconds(d.threshold_s)}): --ray-autoscale added actor "
+                f"{d.new_actor} and moved {d.moved_requests} of its requests to "
+                "it; its stamps before that may be late"
+            )
+    return out
+
+
+def _telemetry_warnings(manifest: RunManifest) -> list[str]:
+    """A ``--ray`` run's telemetry agents that were lost: their nodes' samples stop there."""
+    tele = manifest.telemetry
+    lost = tele.lost_agents if tele is not None else ()
+    if tele is None or not lost:
+        return []
+    return [
+        f"{len(lost)} of {len(tele.nodes)} telemetry agents were lost "
+        f"({'; '.join(lost)}): their nodes' power and memory stop at the last samples received"
+    ]
+
+
+#: Share of prompt tokens served from the server's prefix cache above which a run that was
+#: not meant to test caching is flagged.
+CACHE_WARN_SHARE = 0.1
+#: Workloads that are about prefix caching: they report the hit rate instead of a warning.
+CACHING_WORKLOADS = ("shared-prefix", "multi-turn")
+
+
+def _client_warnings(manifest: RunManifest) -> list[str]:
+    """The HTTP client's own warnings (``engine.config.client``), plus the prompt-cache and
+    prompt-length checks that need the workload to judge."""
+    client = manifest.engine.config.client
+    if client is None:
+        return []
+    out = [str(w) for w in client.get("warnings") or ()]
+    workload = manifest.workload or {}
+    cache = client.get("prompt_cache") or {}
+    share = cache.get("share")
+    if share is not None:
+        hits, n = cache.get("requests_hit", 0), cache.get("requests_reporting", 0)
+        if workload.get("dataset") in CACHING_WORKLOADS or workload.get("trace"):
+            out.append(
+                f"prefix-cache hit rate {share:.0%} of prompt tokens ({hits} of {n} requests "
+                "hit the cache)"
+            )
+        elif share > CACHE_WARN_SHARE:
+            repeat = (
+                " (the prompts repeat an earlier run: --seed asks for the same prompts)"
+                if workload.get("prompt_salt") is None
+                else ""
+            )
+            out.append(
+                f"the server served {share:.0%} of prompt tokens from its prefix cache "
+                f"({hits} of {n} requests){repeat}: TTFT and prefill are lower than for new "
+                "prompts"
+            )
+    lens = client.get("prompt_lengths") or {}
+    targeted = workload.get("dataset") in ("synthetic", "shared-prefix", "multi-turn", "trace")
+    if targeted and not workload.get("tokenizer") and lens.get("inexact"):
+        out.append(
+            f"prompt lengths are not exact: asked {lens['asked_min']}-{lens['asked_max']} "
+            f"tokens, the server counted {lens['server_min']}-{lens['server_max']}; give "
+            "--tokenizer PATH (the server's tokenizer) for exact lengths; the recorded prompt "
+            "lengths are the server's"
+        )
+    return out
