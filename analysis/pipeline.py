@@ -3,14 +3,18 @@
 :func:`analyze` owns the list of sections and the order they are computed in:
 
 1. per-request rows (once; every section that needs them reuses them),
-2. metrics: counts, latency, throughput, goodput, driver lag, errors, steps, warnings,
-3. ``hardware``: the device the run is analysed against,
-4. ``energy``: the telemetry join,
-5. ``roofline``: per phase, with the energy of each phase (a draft model's passes are
+2. ``hardware``: the device the run is analysed against,
+3. ``energy``: the telemetry join,
+4. ``roofline``: per phase, with the energy of each phase (a draft model's passes are
    phases of their own, costed with the draft's spec),
-6. ``advice`` and ``projections`` (only with a roofline, a model and a device),
-7. ``speculative``: acceptance and draft cost of a speculative-decoding run,
-8. ``server_metrics``: the server's own metrics for the run, when they were scraped.
+5. ``advice`` and ``projections`` (only with a roofline, a model and a device),
+6. metrics: counts, latency, throughput, goodput, driver lag, errors
+   (:class:`~perfscope.analysis.metrics.RunMetrics`), steps, warnings,
+7. ``server_metrics``: the server's own metrics for the run, when they were scraped (split
+   against the client's latency means),
+8. ``prompt_cache``, ``client`` and ``speculative``;
+
+then it constructs the :class:`Summary` once, from those records.
 
 It is a pure function of the run's records and the analysis inputs (SLOs, device): it reads
 and writes no file, so ``perfscope analyze`` reproduces a run's numbers exactly and can re-derive
@@ -30,7 +34,7 @@ from perfscope.analysis.calibration import machine_of_device, projection_check
 from perfscope.analysis.client import client_section
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.manifest import RunManifest
-from perfscope.analysis.metrics import per_request
+from perfscope.analysis.metrics import compute_metrics, per_request
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.prompt_cache import prompt_cache_section
 from perfscope.analysis.roofline import roofline_section
@@ -41,8 +45,13 @@ from perfscope.analysis.summary import (
     Advice,
     Hardware,
     Projection,
+    RunSet,
+    ServerMetrics,
     Summary,
-    build_summary,
+    contention_record,
+    engine_info,
+    run_warnings,
+    step_breakdown,
 )
 from perfscope.analysis.whatif import project_run
 from perfscope.hwdb import HardwareDatabase, load_database, resolve_hardware
@@ -164,32 +173,54 @@ def analyze(
     # The advisor and the what-if projections still build JSON objects; they become their
     # records here, once. Every other section returns its record.
     client = client_section(manifest)
-    summary = build_summary(
-        manifest,
+    metrics = compute_metrics(
         stored_run.requests,
         stored_run.chunks,
         stored_run.steps,
-        slos=slos,
+        dict(manifest.slos) if slos is None else dict(slos),
         per_request_rows=rows,
+    )
+    server: ServerMetrics | None = None
+    if server_metrics is not None or manifest.server_metrics:
+        server = server_metrics_section(
+            server_metrics if server_metrics is not None else pd.DataFrame(),
+            manifest.server_metrics,
+            client_ttft_mean_s=metrics.latency.ttft.mean,
+            client_tpot_mean_s=metrics.latency.tpot.mean,
+            model=model,
+            requests=stored_run.requests,
+            client_stall=client.stall if client is not None else None,
+        )
+    engine = manifest.engine
+    return Summary(
+        run_id=manifest.run_id,
+        name=manifest.name,
+        status=manifest.status,
+        started_at=manifest.started_at,
+        perfscope_version=manifest.perfscope_version,
+        engine=engine_info(manifest),
+        workload=dict(manifest.workload) if manifest.workload is not None else None,
+        load=dict(manifest.load) if manifest.load is not None else None,
+        counts=metrics.counts,
+        window_s=float(metrics.window_s),
+        latency=metrics.latency,
+        throughput=metrics.throughput,
+        goodput=metrics.goodput,
+        driver_lag=metrics.driver_lag,
+        errors=metrics.errors,
+        steps=step_breakdown(stored_run.steps),
+        model=dict(engine.model) if engine.model is not None else None,
+        warnings=tuple(run_warnings(manifest)),
         hardware=hardware,
         roofline=roofline,
         energy=energy,
         advice=tuple(Advice.from_dict(a) for a in advice),
         projections=tuple(Projection.from_dict(p) for p in projections),
+        speculative=speculative_section(stored_run.steps, manifest, roofline),
         prompt_cache=prompt_cache_section(stored_run.requests),
         client=client,
-        speculative=speculative_section(stored_run.steps, manifest, roofline),
+        contention=contention_record(manifest),
+        run_set=RunSet.from_dict(manifest.run_set) if manifest.run_set is not None else None,
+        model_spec=dict(manifest.model_spec) if manifest.model_spec is not None else None,
+        server_metrics=server,
     )
-    info = manifest.server_metrics
-    if server_metrics is None and not info:
-        return summary
-    section = server_metrics_section(
-        server_metrics if server_metrics is not None else pd.DataFrame(),
-        info,
-        client_ttft_mean_s=summary.latency.ttft.mean,
-        client_tpot_mean_s=summary.latency.tpot.mean,
-        model=model,
-        requests=stored_run.requests,
-        client_stall=client.stall if client is not None else None,
-    )
-    return dataclasses.replace(summary, server_metrics=section)

@@ -14,8 +14,9 @@ SI units (seconds, bytes, FLOP, J, W, per-second rates, fractions 0..1).
 The records live by section: :mod:`.measured` (counts, latency, throughput, goodput, errors,
 steps, engine, hardware), :mod:`.roofline`, :mod:`.energy`, :mod:`.advice` (advice,
 projections, speculative decoding), :mod:`.context` (contention, run set, prompt cache,
-client, server metrics) and :mod:`.core` (:class:`Summary` itself); :mod:`.build` builds a
-run's summary and its warnings. Every name is importable from here.
+client, server metrics) and :mod:`.core` (:class:`Summary` itself); :mod:`.build` holds what
+:func:`~perfscope.analysis.analyze` builds it with (step statistics, the engine, the
+contention record, the run's warnings). Every name is importable from here.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from perfscope.analysis.summary.build import (
     CACHE_WARN_SHARE,
     CACHING_WORKLOADS,
     CONTENTION_WARN_SHARE,
-    build_summary,
     contention_record,
+    engine_info,
     run_warnings,
     step_breakdown,
 )
@@ -143,8 +144,8 @@ __all__ = [
     "ThrottleShare",
     "Throughput",
     "TtftSplit",
-    "build_summary",
     "contention_record",
+    "engine_info",
     "run_warnings",
     "step_breakdown",
 ]

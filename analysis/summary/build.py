@@ -8,29 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from perfscope.analysis.catalogue import format_seconds
 from perfscope.analysis.manifest import RunManifest, manifest_view
-from perfscope.analysis.summary._common import ABSENT
-from perfscope.analysis.summary.advice import Advice, Projection, Speculative
 from perfscope.analysis.summary.context import (
-    Client,
     Contention,
-    PromptCache,
-    RunSet,
-    ServerMetrics,
 )
-from perfscope.analysis.summary.core import Summary
-from perfscope.analysis.summary.energy import Energy
 from perfscope.analysis.summary.measured import (
-    Counts,
-    Distribution,
     EngineInfo,
-    ErrorCount,
-    Goodput,
-    Hardware,
-    Latency,
     StepStats,
-    Throughput,
 )
-from perfscope.analysis.summary.roofline import Roofline
 
 if TYPE_CHECKING:  # the typed record loads without pandas or hwdb (`perfscope ls` reads it)
     import pandas as pd
@@ -39,14 +23,14 @@ __all__ = [
     "CACHE_WARN_SHARE",
     "CACHING_WORKLOADS",
     "CONTENTION_WARN_SHARE",
-    "build_summary",
     "contention_record",
+    "engine_info",
     "run_warnings",
     "step_breakdown",
 ]
 
 
-def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
+def step_breakdown(steps: pd.DataFrame) -> dict[str, StepStats]:
     """Per step kind: passes, time (s), tokens processed, mean batch size, share of busy time.
 
     A draft model's passes (speculative decoding) are kinds of their own: ``draft_prefill``,
@@ -55,98 +39,28 @@ def step_breakdown(steps: pd.DataFrame) -> dict[str, dict[str, float | int]]:
         return {}
     dur = (steps["t_end"] - steps["t_start"]) * 1e-9
     total = float(dur.sum())
-    out: dict[str, dict[str, float | int]] = {}
+    out: dict[str, StepStats] = {}
     key = steps["kind"].astype(str)
     if "role" in steps:
         key = key.where((steps["role"] != "draft").to_numpy(), "draft_" + key)
     for kind, g in steps.assign(dur=dur, _key=key).groupby("_key", sort=True):
         t = float(g["dur"].sum())
-        out[str(kind)] = {
-            "count": len(g),
-            "time_s": t,
-            "time_share": t / total if total > 0 else 0.0,
-            "new_tokens": int(g["new_tokens"].sum()),
-            "context_tokens": int(g["context_tokens"].sum()),
-            "mean_batch_size": float(g["batch_size"].mean()),
-            "mean_step_s": t / len(g),
-        }
+        out[str(kind)] = StepStats(
+            count=len(g),
+            time_s=t,
+            time_share=t / total if total > 0 else 0.0,
+            new_tokens=int(g["new_tokens"].sum()),
+            context_tokens=int(g["context_tokens"].sum()),
+            mean_batch_size=float(g["batch_size"].mean()),
+            mean_step_s=t / len(g),
+        )
     return out
 
 
-def build_summary(
-    manifest: Mapping[str, Any] | RunManifest,
-    requests: pd.DataFrame,
-    chunks: pd.DataFrame,
-    steps: pd.DataFrame,
-    *,
-    slos: Mapping[str, float] | None = None,
-    hardware: Hardware | None = None,
-    roofline: Roofline | None = None,
-    energy: Energy | None = None,
-    advice: tuple[Advice, ...] = (),
-    projections: tuple[Projection, ...] = (),
-    prompt_cache: PromptCache | None = None,
-    speculative: Speculative | None = None,
-    server_metrics: ServerMetrics | None = None,
-    client: Client | None = None,
-    per_request_rows: pd.DataFrame | None = None,
-) -> Summary:
-    """The summary of one run: metrics from the tables plus the analysis sections.
-
-    Args:
-        manifest: the run's manifest (engine, workload, status, ...): the view, or the
-            manifest.json object.
-        requests, chunks, steps: the run's tables.
-        slos: per-request limits in seconds (``{"ttft": 0.2}``); default: the manifest's.
-        hardware, roofline, energy, advice, projections, prompt_cache, speculative,
-            server_metrics, client: the sections the analysis computed (records); a section not
-            given is unavailable with the reason (:data:`ABSENT`).
-        per_request_rows: :func:`~perfscope.analysis.metrics.per_request` of ``requests``
-            when the caller already has it.
-    """
-    from perfscope.analysis.metrics import compute_metrics
-
-    man = manifest_view(manifest)
-    slos = dict(man.slos) if slos is None else dict(slos)
-    m = compute_metrics(requests, chunks, steps, slos, per_request_rows=per_request_rows)
-    engine = man.engine
-    return Summary(
-        run_id=man.run_id,
-        name=man.name,
-        status=man.status,
-        started_at=man.started_at,
-        perfscope_version=man.perfscope_version,
-        engine=EngineInfo(
-            uri=engine.uri,
-            kind=engine.kind,
-            device=engine.device,
-            dtype=engine.dtype,
-        ),
-        workload=dict(man.workload) if man.workload is not None else None,
-        load=dict(man.load) if man.load is not None else None,
-        counts=Counts.from_dict(m["counts"]),
-        window_s=float(m["window_s"]),
-        latency=Latency.from_dict(m["latency"]),
-        throughput=Throughput.from_dict(m["throughput"]),
-        goodput=Goodput.from_dict(m["goodput"]),
-        driver_lag=Distribution.from_dict(m["driver_lag"]),
-        errors=tuple(ErrorCount.from_dict(e) for e in m["errors"]),
-        steps={k: StepStats.from_dict(v) for k, v in step_breakdown(steps).items()},
-        model=dict(engine.model) if engine.model is not None else None,
-        warnings=tuple(run_warnings(man)),
-        hardware=hardware if hardware is not None else Hardware(reason=ABSENT),
-        roofline=roofline if roofline is not None else Roofline(),
-        energy=energy if energy is not None else Energy(),
-        advice=advice,
-        projections=projections,
-        speculative=speculative,
-        prompt_cache=prompt_cache,
-        client=client,
-        contention=contention_record(man),
-        run_set=RunSet.from_dict(man.run_set) if man.run_set is not None else None,
-        model_spec=dict(man.model_spec) if man.model_spec is not None else None,
-        server_metrics=server_metrics,
-    )
+def engine_info(manifest: Mapping[str, Any] | RunManifest) -> EngineInfo:
+    """The engine the run measured, as the manifest records it."""
+    engine = manifest_view(manifest).engine
+    return EngineInfo(uri=engine.uri, kind=engine.kind, device=engine.device, dtype=engine.dtype)
 
 
 #: Share of the machine's CPU capacity that other processes (or the hypervisor) may take
