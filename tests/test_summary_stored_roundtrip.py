@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from perfscope.analysis import analyze
@@ -80,11 +82,56 @@ def _extras(node: Any, path: str = "summary") -> list[str]:
     return []
 
 
+@dataclass
+class _Records:
+    """A stored run's records with another manifest (the RunRecords protocol)."""
+
+    manifest: dict[str, Any]
+    requests: pd.DataFrame
+    chunks: pd.DataFrame
+    steps: pd.DataFrame
+    telemetry: pd.DataFrame
+
+
 @pytest.mark.parametrize("device", [None, "h100-sxm5-80gb"])
 def test_every_key_perfscope_writes_is_a_field_not_extra(device: str | None) -> None:
     """``extra`` only round-trips keys this perfscope does not know: a run analysed now (on
-    its own device and as a what-if) and the stored summaries keep nothing there."""
-    fresh = analyze(read_run(DATA / "runs" / "v1"), device=device)
+    its own device and as a what-if, as one block of ``run --repeat --vs`` with a cluster's
+    contention record) and the stored summaries keep nothing there."""
+    run = read_run(DATA / "runs" / "v1")
+    fresh = analyze(run, device=device)
     assert _extras(fresh) == []
+    manifest = dict(run.manifest)
+    manifest["run_set"] = {
+        "experiment": "20260101-000000-abcd",
+        "seed": 7,
+        "repeat": 4,
+        "interleaved": True,
+        "arms": ["a", "b"],
+        "id": "20260101-000000-abcd-A",
+        "label": "a",
+        "index": 1,
+        "block": 1,
+        "position": 0,
+        "order": "AB",
+    }
+    host = dict(manifest["host"])
+    host["contention"] = {
+        **host["contention"],
+        "helper_pids": [12, 13],
+        "helper_cpu_s": 0.4,
+        "excluded_s": 1.5,
+    }
+    manifest["host"] = host
+    block = analyze(_Records(manifest, run.requests, run.chunks, run.steps, run.telemetry))
+    assert _extras(block) == []
+    assert block.run_set is not None and block.run_set.position == 0
+    # Written as before the fields existed: the old fields, then these in the manifest's order.
+    written = block.to_dict()["run_set"]
+    assert written == manifest["run_set"]
+    assert list(written) == [
+        *("id", "label", "index", "repeat", "interleaved"),
+        *("experiment", "seed", "arms", "block", "position", "order"),
+    ]
     for path in STORED:
         assert _extras(Summary.from_dict(json.loads(path.read_text()))) == [], path.name

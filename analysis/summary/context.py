@@ -62,13 +62,39 @@ class Contention(Record):
 class RunSet(Record):
     """The repeated set a run belongs to (``--repeat``): the set ``id``, its ``label``, this
     run's ``index`` (0-based) of ``repeat`` runs, and whether it was ``interleaved`` with a
-    ``--vs`` set."""
+    ``--vs`` set.
+
+    A run made in balanced blocks (``run --repeat N --vs``, ``perfscope noise``) also records
+    its ``experiment`` id, the order ``seed``, the ``arms`` (labels), its ``block`` and its
+    ``position`` in it (0: ran first) and the block's ``order`` (``AB``/``BA``); ``noise``
+    marks a noise measurement's A/A' arms and ``warmup`` a discarded warm-up run. Those are
+    written only when the run has them (``_NEWER``).
+    """
 
     id: str = ""
     label: str | None = None
     index: int = 0
     repeat: int = 1
     interleaved: bool = False
+    experiment: str | None = None
+    seed: int | None = None
+    noise: bool | None = None
+    arms: tuple[str, ...] = ()
+    block: int | None = None
+    position: int | None = None
+    order: str | None = None
+    warmup: bool | None = None
+
+    _NEWER: ClassVar[tuple[str, ...]] = (
+        "experiment",
+        "seed",
+        "noise",
+        "arms",
+        "block",
+        "position",
+        "order",
+        "warmup",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
