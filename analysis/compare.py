@@ -39,6 +39,7 @@ from perfscope.analysis.experiment import (
     t_quantile,
 )
 from perfscope.analysis.metrics import itl_gaps, per_request
+from perfscope.analysis.summary import Summary
 from perfscope.units import Kind
 
 __all__ = [
@@ -66,6 +67,9 @@ DEFAULT_PRIMARY = ("tpot.p50", "e2e.p50", "output_tok_s")
 #: Other processes' share of the machine's CPU above which a run counts as contended
 #: (the same threshold as the run's own warning).
 CONTENTION_SHARE = 0.15
+
+#: A run's summary as the comparison reads it: the typed record or its summary.json object.
+SummaryLike = Summary | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ COMPARED = (
 _SLO_JUDGED = ("goodput.goodput_req_s", "goodput.attainment")
 
 
-def _has_slos(summary: Mapping[str, Any]) -> bool:
+def _has_slos(summary: SummaryLike) -> bool:
     return bool(value_at(summary, "goodput.slos"))
 
 
@@ -256,22 +260,32 @@ def _finite(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(float(v))]
 
 
-def contention_of(summary: dict[str, Any]) -> dict[str, Any] | None:
+def _json_of(node: Any) -> Any:
+    """A record's JSON object (a JSON value is returned as it is)."""
+    return node.to_dict() if isinstance(node, Record) else node
+
+
+def contention_of(summary: SummaryLike) -> dict[str, Any] | None:
     """The run's CPU contention record (``summary["contention"]``, else rebuilt from its
     warnings), with ``contended`` set when others took more than :data:`CONTENTION_SHARE`
     of the machine or the hypervisor stole that much. ``None`` when not recorded."""
-    c = summary.get("contention")
-    if isinstance(c, dict):
+    record = value_at(summary, "contention")
+    c = _json_of(record)
+    if isinstance(c, Mapping):
         out = dict(c)
-        if "contended" not in out:
-            share = out.get("others_share")
-            steal = out.get("steal_share")
-            out["contended"] = bool(
-                (share is not None and share > CONTENTION_SHARE)
-                or (steal is not None and steal > CONTENTION_SHARE)
-            )
+        share, steal = out.get("others_share"), out.get("steal_share")
+        over = bool(
+            (share is not None and share > CONTENTION_SHARE)
+            or (steal is not None and steal > CONTENTION_SHARE)
+        )
+        if isinstance(record, Record):
+            # A typed record always has ``contended`` (False when read from a summary that
+            # lacked it): the shares decide as they do for such a summary's JSON object.
+            out["contended"] = bool(out.get("contended")) or over
+        elif "contended" not in out:
+            out["contended"] = over
         return out
-    warned = [w for w in summary.get("warnings") or [] if "CPU capacity" in str(w)]
+    warned = [w for w in value_at(summary, "warnings") or () if "CPU capacity" in str(w)]
     if warned:
         return {"contended": True, "note": str(warned[0])}
     return None
@@ -284,7 +298,7 @@ def _center(values: Sequence[float | None]) -> float | None:
 
 
 def primary_metric(
-    name: str | None, sets: Sequence[Sequence[Mapping[str, Any]]]
+    name: str | None, sets: Sequence[Sequence[SummaryLike]]
 ) -> tuple[MetricDef, bool]:
     """The comparison's primary metric and whether it is the default.
 
@@ -313,9 +327,9 @@ def primary_metric(
     ), True
 
 
-def _block_of(summary: Mapping[str, Any]) -> tuple[str, int, int | None] | None:
+def _block_of(summary: SummaryLike) -> tuple[str, int, int | None] | None:
     """``(experiment id, block, position in block)`` of a run made in blocks, else None."""
-    rs = summary.get("run_set")
+    rs = _json_of(value_at(summary, "run_set"))
     if not isinstance(rs, Mapping) or rs.get("warmup"):
         return None
     exp = rs.get("experiment")
@@ -330,7 +344,7 @@ def _block_of(summary: Mapping[str, Any]) -> tuple[str, int, int | None] | None:
 
 
 def _pairing(
-    base: Sequence[Mapping[str, Any]], cand: Sequence[Mapping[str, Any]]
+    base: Sequence[SummaryLike], cand: Sequence[SummaryLike]
 ) -> list[tuple[int, int, bool | None]] | None:
     """Blocks shared by two sets as ``(baseline run, candidate run, candidate ran second)``,
     or None when the sets were not made in the same blocks."""
@@ -359,7 +373,7 @@ def _pairing(
 
 def compare_run_sets(
     labels: Sequence[str],
-    sets: Sequence[Sequence[dict[str, Any]]],
+    sets: Sequence[Sequence[SummaryLike]],
     *,
     run_ids: Sequence[Sequence[str]] | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
@@ -371,7 +385,8 @@ def compare_run_sets(
 
     Args:
         labels: one display name per set.
-        sets: per set, the summaries of its runs (one or more).
+        sets: per set, the summaries of its runs (one or more): typed, or summary.json
+            objects.
         run_ids: per set, its runs' ids (default: each summary's ``run_id``).
         confidence: confidence of the intervals (0-1); the family-wise false-alarm rate
             over all metrics of one comparison is at most ``1 - confidence``.
@@ -402,7 +417,7 @@ def compare_run_sets(
     ids = (
         [list(x) for x in run_ids]
         if run_ids is not None
-        else [[str(s.get("run_id") or f"run {j}") for j, s in enumerate(g)] for g in sets]
+        else [[str(value_at(s, "run_id") or f"run {j}") for j, s in enumerate(g)] for g in sets]
     )
     lead_def, lead_default = primary_metric(primary, sets)
     contended = [[bool((contention_of(s) or {}).get("contended")) for s in g] for g in sets]
@@ -601,7 +616,7 @@ def compare_run_sets(
 
 def compare_runs(
     labels: Sequence[str],
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[SummaryLike],
     *,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> Comparison:

@@ -23,6 +23,7 @@ from perfscope.analysis.compare import (
     DEFAULT_CONFIDENCE,
     ComparedMetric,
     Comparison,
+    SummaryLike,
     compare_run_sets,
 )
 from perfscope.analysis.manifest import RunManifest
@@ -55,11 +56,6 @@ __all__ = [
 ]
 
 
-def _json(summary: Summary | Mapping[str, Any]) -> dict[str, Any]:
-    """A run's summary in its JSON form (a typed Summary is written out)."""
-    return summary.to_dict() if isinstance(summary, Summary) else dict(summary)
-
-
 def run_label(summary: Summary | Mapping[str, Any], fallback: str) -> str:
     """How a run is named in a comparison: its run id (unique), else ``fallback``.
 
@@ -67,24 +63,24 @@ def run_label(summary: Summary | Mapping[str, Any], fallback: str) -> str:
     return str(value_at(summary, "run_id") or fallback)
 
 
-def group_by_run_set(summaries: Sequence[dict[str, Any]]) -> list[list[int]]:
-    """Indices of ``summaries`` grouped by their run set (``summary["run_set"]``'s id and
-    label), in first-seen order; a run outside any set is a set of its own."""
+def group_by_run_set(summaries: Sequence[SummaryLike]) -> list[list[int]]:
+    """Indices of ``summaries`` (typed, or summary.json objects) grouped by their run set (its
+    id and label), in first-seen order; a run outside any set is a set of its own."""
     groups: dict[Any, list[int]] = {}
     for i, s in enumerate(summaries):
-        rs = s.get("run_set") if isinstance(s.get("run_set"), dict) else None
-        key: Any = (rs.get("id"), rs.get("label")) if rs and rs.get("id") else ("run", i)
+        sid = value_at(s, "run_set.id")
+        key: Any = (sid, value_at(s, "run_set.label")) if sid else ("run", i)
         groups.setdefault(key, []).append(i)
     return list(groups.values())
 
 
-def set_label(summaries: Sequence[dict[str, Any]], ids: Sequence[str]) -> str:
+def set_label(summaries: Sequence[SummaryLike], ids: Sequence[str]) -> str:
     """How a run set is named: its run's id for one run; else its set label or first id
     with the run count."""
     if len(ids) == 1:
         return str(ids[0])
-    rs = summaries[0].get("run_set") if isinstance(summaries[0].get("run_set"), dict) else None
-    name = (rs or {}).get("label") or (rs or {}).get("id") or f"{ids[0]}…"
+    first = summaries[0]
+    name = value_at(first, "run_set.label") or value_at(first, "run_set.id") or f"{ids[0]}…"
     return f"{name} ({len(ids)} runs)"
 
 
@@ -109,13 +105,11 @@ def compare_sets(
     labels = (
         list(labels)
         if labels
-        else [
-            set_label([_json(r.summary) for r in g], gid) for g, gid in zip(sets, ids, strict=True)
-        ]
+        else [set_label([r.summary for r in g], gid) for g, gid in zip(sets, ids, strict=True)]
     )
     return compare_run_sets(
         labels,
-        [[_json(r.summary) for r in g] for g in sets],
+        [[r.summary for r in g] for g in sets],
         run_ids=ids,
         confidence=confidence,
         primary=primary,
@@ -135,7 +129,7 @@ def compare_tables(
     of the first run is the baseline). Runs from no set each stand alone: ratios only.
     ``labels`` names the runs (default: their ids)."""
     ids = list(labels) if labels else [run_label(r.summary, f"run {i}") for i, r in enumerate(runs)]
-    groups = group_by_run_set([_json(r.summary) for r in runs])
+    groups = group_by_run_set([r.summary for r in runs])
     if len(groups) < 2:  # all in one set: compare the runs one by one
         groups = [[i] for i in range(len(runs))]
     return compare_sets(

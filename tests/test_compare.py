@@ -334,3 +334,21 @@ def test_goodput_and_attainment_are_not_compared_for_runs_without_slos() -> None
     result = compare_run_sets(["a", "b"], [a, b])
     assert "goodput.attainment" in {row["key"] for row in result["metrics"]}
     assert not any("no SLOs" in n for n in result["notes"])
+
+
+def test_typed_summaries_compare_as_their_json_objects_do() -> None:
+    """``compare_sets`` hands the analysis' typed summaries to the comparison as they are (no
+    JSON round trip per run): the result is the one their summary.json objects give."""
+    from perfscope.analysis.summary import Summary
+
+    rng = np.random.default_rng(11)
+    a = [_summary(rng, 1.0, 0.05) for _ in range(5)]
+    b = [_summary(rng, 1.2, 0.05) for _ in range(5)]
+    _blocked(a, "A", block_order(2, 5, 1))
+    _blocked(b, "B", block_order(2, 5, 1))
+    b[2]["contention"] = {"others_share": 0.6, "steal_share": 0.0, "contended": True}
+    typed = [[Summary.from_dict(s) for s in g] for g in (a, b)]
+    as_json = [[s.to_dict() for s in g] for g in typed]
+    got = compare_run_sets(["a", "b"], typed, detect=0.1)
+    assert got == compare_run_sets(["a", "b"], as_json, detect=0.1)
+    assert got.paired == (True,) and len(got.contention[1]) == 1
