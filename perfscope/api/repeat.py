@@ -26,8 +26,11 @@ from typing import TYPE_CHECKING, Any
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
 
+    from perfscope.analysis.summary import Summary
     from perfscope.api.run import RunArgs, RunPlan
     from perfscope.api.runner import ProgressHook
 
@@ -85,7 +88,7 @@ class SetSummary:
     n: int
 
 
-def set_summary(summaries: list[dict[str, Any]]) -> list[SetSummary]:
+def set_summary(summaries: Sequence[Summary]) -> list[SetSummary]:
     """Median and spread of :data:`SUMMARY_METRICS` over a set's run summaries."""
     from perfscope.analysis.catalogue import metric, to_float, value_at
     from perfscope.analysis.experiment import robust_sd
@@ -175,7 +178,7 @@ def run_repeated(
     most = max(opts.repeat, opts.max_repeats) if adaptive else opts.repeat
     order = block_order(len(configs), most, seed)
     paths: dict[str, list[Path]] = {key: [] for key, _ in configs}
-    summaries: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in configs}
+    summaries: dict[str, list[Summary]] = {key: [] for key, _ in configs}
     failed = 0
     total_runs = 0
 
@@ -237,8 +240,8 @@ def run_repeated(
             }
             out = one(key, base, rs, f"-{key.lower()}" if vs else "")
             paths[key].append(out.path)
-            summaries[key].append(out.summary.to_dict())
-            warn = [w for w in out.summary.to_dict().get("warnings") or [] if "CPU" in str(w)]
+            summaries[key].append(out.summary)
+            warn = [w for w in out.summary.warnings if "CPU" in str(w)]
             err.print(
                 f"block {block + 1} ({tag}) {labels[key]}: {out.path.name} ({out.status})"
                 + (" [yellow]contended[/yellow]" if warn else "")
@@ -322,7 +325,7 @@ def _print_set_summary(
 
 def _live_interval(
     opts: RepeatOptions,
-    summaries: dict[str, list[dict[str, Any]]],
+    summaries: dict[str, list[Summary]],
     configs: list[tuple[str, Any]],
     labels: dict[str, str],
     err: Console,
