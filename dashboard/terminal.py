@@ -25,7 +25,7 @@ from perfscope.analysis.catalogue import (
     format_value,
 )
 from perfscope.analysis.catalogue import format_ratio as fmt_pct
-from perfscope.analysis.summary import Energy, Roofline, RooflineCeilings
+from perfscope.analysis.summary import Energy, Projection, Roofline, RooflineCeilings
 
 __all__ = ["FitTable", "energy_table", "fmt_utilisation", "predictions_table", "roofline_table"]
 
@@ -322,11 +322,11 @@ def roofline_table(r: Roofline) -> RenderableType:
     return Group(table, ceil, *lines)
 
 
-def _span(p: dict[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
+def _span(p: Projection, key: str, fmt: Callable[[Any], str]) -> str:
     """``compiled – eager`` for a ranged projection, else the one value."""
-    rng = p.get("range")
+    rng = p.range
     if not rng:
-        v = p.get(key)
+        v = getattr(p, key)
         return fmt(v) if v else "n/a"
     lo, hi = rng["compiled"].get(key), rng["eager"].get(key)
     if not lo or not hi:
@@ -354,31 +354,30 @@ def _said_once(checks: list[str]) -> list[str]:
 
 
 def predictions_table(
-    predictions: list[dict[str, Any]], *, title: str | None = None
+    predictions: Sequence[Projection], *, title: str | None = None
 ) -> RenderableType:
-    """A rich table of :func:`predict` / :func:`project_run` results, one row per device."""
+    """A rich table of projections (:func:`~perfscope.analysis.whatif.predict` /
+    :func:`~perfscope.analysis.whatif.project_run` results as records), one row per device."""
     if not predictions:
         return Text("no devices to project onto", style="dim")
     first = predictions[0]
-    w = first["workload"]
-    sol = all(p["speed_of_light"] for p in predictions)
-    bases = list(dict.fromkeys(str(p["basis"]) for p in predictions if p.get("basis")))
+    w = first.workload
+    sol = all(p.speed_of_light for p in predictions)
+    bases = list(dict.fromkeys(str(p.basis) for p in predictions if p.basis))
     basis = (
         "at speed of light (100% of roofline)"
         if sol
         else " | ".join(bases)
         or (
-            f"derated: prefill {fmt_pct(first['efficiency']['prefill'])}, "
-            f"decode {fmt_pct(first['efficiency']['decode'])} of speed of light"
+            f"derated: prefill {fmt_pct(first.efficiency['prefill'])}, "
+            f"decode {fmt_pct(first.efficiency['decode'])} of speed of light"
         )
     )
     # How far each projection was checked against measurement (stored studies), said once.
-    checks = _said_once(
-        list(dict.fromkeys(str(p["checked"]) for p in predictions if p.get("checked")))
-    )
-    ranged = any(p.get("range") for p in predictions)
+    checks = _said_once(list(dict.fromkeys(str(p.checked) for p in predictions if p.checked)))
+    ranged = any(p.range for p in predictions)
     # A state-space model holds a recurrent state, constant in context, instead of a KV cache.
-    state = all(p["memory"].get("cache_kind") == "recurrent state" for p in predictions)
+    state = all(p.memory.cache_kind == "recurrent state" for p in predictions)
     cache_col = "state" if state else "KV cache"
     cols = (
         "device",
@@ -398,8 +397,8 @@ def predictions_table(
         cols,
         title=title
         or (
-            f"{first['model']} ({first['dtypes']['weights']} weights, "
-            f"{first['dtypes']['kv_cache']} {'state' if state else 'KV'}) — "
+            f"{first.model} ({first.dtypes['weights']} weights, "
+            f"{first.dtypes['kv_cache']} {'state' if state else 'KV'}) — "
             f"batch {w['batch']}, prompt {w['prompt_len']}, "
             f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
         ),
@@ -412,27 +411,27 @@ def predictions_table(
         hoist_constant=True,
     )
     for p in predictions:
-        m = p["memory"]
-        fits = "n/a" if m["fits"] is None else ("yes" if m["fits"] else "NO")
+        m = p.memory
+        fits = "n/a" if m.fits is None else ("yes" if m.fits else "NO")
         sol_cells: tuple[str, ...] = ()
         if ranged:
-            s_l = (p.get("range") or {}).get("speed_of_light") or {}
+            s_l = (p.range or {}).get("speed_of_light") or {}
             sol_cells = (_ms(s_l.get("ttft_s")), _ms(s_l.get("tpot_s")))
         table.add_row(
-            p["device"]["key"],
-            p["device"]["source"],
+            p.device.key,
+            str(p.device.source),
             *sol_cells,
             _span(p, "ttft_s", _ms),
             _span(p, "tpot_s", _ms),
             _span(p, "throughput_tok_s", lambda v: format_value(v, "rate", unit="tok/s")),
-            _gb(m["weights_bytes"]),
-            _gb(m["kv_cache_bytes"]),
+            _gb(m.weights_bytes),
+            _gb(m.kv_cache_bytes),
             fits,
-            "n/a" if p["max_batch"] is None else format_count(p["max_batch"]),
-            p["prefill"]["bound"],
-            p["decode"]["bound"],
+            "n/a" if p.max_batch is None else format_count(p.max_batch),
+            str(p.prefill.bound),
+            str(p.decode.bound),
         )
-    notes = sorted({n for p in predictions for n in p["notes"] if not n.startswith("at speed")})
+    notes = sorted({n for p in predictions for n in p.notes if not n.startswith("at speed")})
     return Group(table, *[Text(f"note: {n}", style="dim") for n in notes])
 
 

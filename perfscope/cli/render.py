@@ -176,7 +176,7 @@ def _projections_view(summary: Summary) -> RenderableType | None:
     if not summary.projections:
         return None
     return predictions_table(
-        [p.to_dict() for p in summary.projections],
+        summary.projections,
         title="This workload on other devices (each device's speed of light at a stated "
         "efficiency; TTFT/TPOT ranges: compiled engine – eager PyTorch)",
     )

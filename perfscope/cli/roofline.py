@@ -188,6 +188,7 @@ def _devices(hw: str | None) -> list[DeviceSpec]:
 
 
 def _handle(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.analysis.summary import Projection
     from perfscope.analysis.whatif import predict
     from perfscope.dashboard.terminal import predictions_table
 
@@ -234,7 +235,7 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
     console.print(f"model {spec.name}:", markup=False, highlight=False)
     for line in assumptions:
         console.print(f"  - {line}", markup=False, highlight=False)
-    console.print(predictions_table(preds))
+    console.print(predictions_table([Projection.from_dict(p) for p in preds]))
     if parallel:
         console.print(_parallel_table(parallel))
     return 0
