@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["RunRecords", "Summary", "analyze"]
 
 if TYPE_CHECKING:
-    from perfscope.analysis.pipeline import RunRecords, analyze
+    from perfscope.analysis.pipeline import analyze
+    from perfscope.analysis.run_records import RunRecords
     from perfscope.analysis.summary import Summary
 
 _LAZY = {
     "analyze": "perfscope.analysis.pipeline",
-    "RunRecords": "perfscope.analysis.pipeline",
+    "RunRecords": "perfscope.analysis.run_records",
     "Summary": "perfscope.analysis.summary",
 }
 

@@ -10,6 +10,10 @@ loads and round-trips without losing anything. Missing keys take the field's def
 ``extra`` is only for that round trip: attribute access reaches fields and nothing else, so a
 misspelt name (``summary.rooflne``) is an AttributeError at run time and a mypy error before.
 A field that consumers read belongs in the type (tests/test_architecture.py holds this).
+
+A field a record gained after files were stored without it is named in ``_NEWER``: an object
+read without the key leaves it out again when written, so those files keep their bytes, while
+a record built in code always writes it (``None`` included).
 """
 
 from __future__ import annotations
@@ -72,10 +76,14 @@ class Record:
     """
 
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    #: Fields of :attr:`_NEWER` the JSON object this record was read from did not have.
+    _absent: frozenset[str] = dataclasses.field(default=frozenset(), repr=False, compare=False)
 
     #: Fields left out of the JSON when ``None`` (sections a run never had: the stored
     #: format has never carried a null there).
     _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ()
+    #: Fields added after files were stored without them (see the module docstring).
+    _NEWER: ClassVar[tuple[str, ...]] = ()
 
     #: Per class: field name → resolved type hint (filled on first use).
     _hints: ClassVar[dict[type, dict[str, Any]]] = {}
@@ -85,9 +93,18 @@ class Record:
         hints = Record._hints.get(cls)
         if hints is None:
             resolved = typing.get_type_hints(cls)
-            hints = {f.name: resolved[f.name] for f in dataclasses.fields(cls) if f.name != "extra"}
+            hints = {
+                f.name: resolved[f.name]
+                for f in dataclasses.fields(cls)
+                if f.name not in ("extra", "_absent")
+            }
             Record._hints[cls] = hints
         return hints
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The names of the JSON fields, in the order :meth:`to_dict` writes them."""
+        return tuple(cls._field_types())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
@@ -96,7 +113,8 @@ class Record:
         hints = cls._field_types()
         kwargs = {name: _from_json(tp, data[name]) for name, tp in hints.items() if name in data}
         extra = {k: v for k, v in data.items() if k not in hints}
-        return cls(**kwargs, extra=extra)
+        absent = frozenset(k for k in cls._NEWER if k not in data)
+        return cls(**kwargs, extra=extra, _absent=absent)
 
     def _omitted(self) -> frozenset[str]:
         """Fields :meth:`to_dict` leaves out: by default those of :attr:`_OMIT_WHEN_NONE`
@@ -105,7 +123,7 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (SI units), ``extra`` keys included."""
-        skip = self._omitted()
+        skip = self._omitted() | self._absent
         out = {
             name: _to_json(getattr(self, name)) for name in self._field_types() if name not in skip
         }

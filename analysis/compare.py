@@ -24,12 +24,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import Metric, find_metric, metric, to_float, value_at
 from perfscope.analysis.experiment import (
     NO_CHANGE,
@@ -38,11 +39,17 @@ from perfscope.analysis.experiment import (
     t_quantile,
 )
 from perfscope.analysis.metrics import itl_gaps, per_request
+from perfscope.analysis.summary import Summary
+from perfscope.units import Kind
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_PRIMARY",
+    "ComparedMetric",
+    "Comparison",
+    "ComparisonPrimary",
     "MetricDef",
+    "PositionCheck",
     "SetChange",
     "compare_run_sets",
     "compare_runs",
@@ -61,6 +68,9 @@ DEFAULT_PRIMARY = ("tpot.p50", "e2e.p50", "output_tok_s")
 #: (the same threshold as the run's own warning).
 CONTENTION_SHARE = 0.15
 
+#: A run's summary as the comparison reads it: the typed record or its summary.json object.
+SummaryLike = Summary | Mapping[str, Any]
+
 
 @dataclass(frozen=True)
 class MetricDef:
@@ -76,7 +86,7 @@ class MetricDef:
 
     key: str
     label: str
-    unit: str
+    unit: Kind
     better: str
     metric: Metric | None = None
 
@@ -100,7 +110,7 @@ COMPARED = (
 _SLO_JUDGED = ("goodput.goodput_req_s", "goodput.attainment")
 
 
-def _has_slos(summary: Mapping[str, Any]) -> bool:
+def _has_slos(summary: SummaryLike) -> bool:
     return bool(value_at(summary, "goodput.slos"))
 
 
@@ -136,6 +146,113 @@ def latency_samples(
     return {k: v[np.isfinite(v)] for k, v in out.items()}
 
 
+# --------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparedMetric(Record):
+    """One metric across the compared sets (index 0 is the baseline, which has ``None`` or
+    ``[]`` in every against-the-baseline list).
+
+    Attributes:
+        key, label, unit, better: the catalogue's path, display name, unit kind and
+            direction (``lower``/``higher``); ``primary``: the comparison's primary metric.
+        values: each set's median (SI units); ``per_run``: each set's runs' values; ``n``:
+            how many runs of each set have a value.
+        ratios: set / baseline; ``ci``: its ``(lo, hi)`` interval at ``ci_level``, the level
+            the verdict was tested at after the multiplicity correction; ``interval``: the
+            cell text naming that level; ``noise``: the uncorrected 95% half-width
+            (fraction); ``detectable``: the smallest change detected with 80% probability
+            (fraction); ``needs``: the blocks (runs a side) a "no detectable change" would
+            need for the change of interest; ``p``: the uncorrected p-value.
+        outliers: run (block) ids whose values are wild; ``change``: ``better``, ``worse``
+            or ``no detectable change``.
+    """
+
+    key: str = ""
+    label: str = ""
+    unit: Kind = "number"
+    better: str = ""
+    primary: bool = False
+    values: tuple[float | None, ...] = ()
+    per_run: tuple[tuple[float | None, ...], ...] = ()
+    ratios: tuple[float | None, ...] = ()
+    ci: tuple[tuple[float, float] | None, ...] = ()
+    ci_level: tuple[float | None, ...] = ()
+    interval: tuple[str | None, ...] = ()
+    noise: tuple[float | None, ...] = ()
+    detectable: tuple[float | None, ...] = ()
+    needs: tuple[int | None, ...] = ()
+    p: tuple[float | None, ...] = ()
+    outliers: tuple[tuple[str, ...], ...] = ()
+    change: tuple[str | None, ...] = ()
+    n: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparisonPrimary(Record):
+    """The primary metric: catalogue ``name``, summary ``key``, display ``label``, and
+    whether it is the ``default`` (none was named)."""
+
+    name: str = ""
+    key: str = ""
+    label: str = ""
+    default: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionCheck(Record):
+    """A paired comparison's test of the run's place in its block
+    (:class:`~perfscope.analysis.experiment.PositionEffect`): ``second_slower`` the ratio
+    (second / first, square-rooted), ``p`` its p-value, ``present`` ``p < 0.05``."""
+
+    second_slower: float | None = None
+    p: float | None = None
+    present: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison(Record):
+    """The comparison of run sets against the first (the baseline); its JSON form is what
+    ``perfscope compare --json`` prints.
+
+    Attributes:
+        baseline, labels: the sets' display names (the baseline first); ``runs``: each
+            set's run ids.
+        confidence: the family-wise level over all metrics (0-1); ``method``: how the
+            intervals were made, in words; ``noise_known``: every set has two or more runs.
+        primary: the primary metric; ``headlines``: its verdict against each set, in words;
+            ``detect``: the change of interest (fraction) or ``None``.
+        correction: per set, how the secondary metrics were corrected; ``paired``: per set,
+            whether its runs were paired by block with the baseline's; ``position``: per
+            set, the position-effect test (paired sets only).
+        contention: per set, its contended runs (``run_id`` and the contention record).
+        notes: what limits the conclusions; ``metrics``: the compared metrics, the primary
+            first.
+    """
+
+    baseline: str = ""
+    labels: tuple[str, ...] = ()
+    runs: tuple[tuple[str, ...], ...] = ()
+    confidence: float = DEFAULT_CONFIDENCE
+    method: str = ""
+    noise_known: bool = False
+    primary: ComparisonPrimary = field(default_factory=ComparisonPrimary)
+    headlines: tuple[str, ...] = ()
+    detect: float | None = None
+    correction: tuple[str, ...] = ()
+    paired: tuple[bool, ...] = ()
+    position: tuple[PositionCheck | None, ...] = ()
+    contention: tuple[tuple[Mapping[str, Any], ...], ...] = ()
+    notes: tuple[str, ...] = ()
+    metrics: tuple[ComparedMetric, ...] = ()
+
+    @property
+    def primary_row(self) -> ComparedMetric:
+        """The primary metric's row."""
+        return next(m for m in self.metrics if m.primary)
+
+
 # --------------------------------------------------------------------------- between runs
 
 
@@ -143,22 +260,32 @@ def _finite(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(float(v))]
 
 
-def contention_of(summary: dict[str, Any]) -> dict[str, Any] | None:
+def _json_of(node: Any) -> Any:
+    """A record's JSON object (a JSON value is returned as it is)."""
+    return node.to_dict() if isinstance(node, Record) else node
+
+
+def contention_of(summary: SummaryLike) -> dict[str, Any] | None:
     """The run's CPU contention record (``summary["contention"]``, else rebuilt from its
     warnings), with ``contended`` set when others took more than :data:`CONTENTION_SHARE`
     of the machine or the hypervisor stole that much. ``None`` when not recorded."""
-    c = summary.get("contention")
-    if isinstance(c, dict):
+    record = value_at(summary, "contention")
+    c = _json_of(record)
+    if isinstance(c, Mapping):
         out = dict(c)
-        if "contended" not in out:
-            share = out.get("others_share")
-            steal = out.get("steal_share")
-            out["contended"] = bool(
-                (share is not None and share > CONTENTION_SHARE)
-                or (steal is not None and steal > CONTENTION_SHARE)
-            )
+        share, steal = out.get("others_share"), out.get("steal_share")
+        over = bool(
+            (share is not None and share > CONTENTION_SHARE)
+            or (steal is not None and steal > CONTENTION_SHARE)
+        )
+        if isinstance(record, Record):
+            # A typed record always has ``contended`` (False when read from a summary that
+            # lacked it): the shares decide as they do for such a summary's JSON object.
+            out["contended"] = bool(out.get("contended")) or over
+        elif "contended" not in out:
+            out["contended"] = over
         return out
-    warned = [w for w in summary.get("warnings") or [] if "CPU capacity" in str(w)]
+    warned = [w for w in value_at(summary, "warnings") or () if "CPU capacity" in str(w)]
     if warned:
         return {"contended": True, "note": str(warned[0])}
     return None
@@ -171,7 +298,7 @@ def _center(values: Sequence[float | None]) -> float | None:
 
 
 def primary_metric(
-    name: str | None, sets: Sequence[Sequence[Mapping[str, Any]]]
+    name: str | None, sets: Sequence[Sequence[SummaryLike]]
 ) -> tuple[MetricDef, bool]:
     """The comparison's primary metric and whether it is the default.
 
@@ -200,9 +327,9 @@ def primary_metric(
     ), True
 
 
-def _block_of(summary: Mapping[str, Any]) -> tuple[str, int, int | None] | None:
+def _block_of(summary: SummaryLike) -> tuple[str, int, int | None] | None:
     """``(experiment id, block, position in block)`` of a run made in blocks, else None."""
-    rs = summary.get("run_set")
+    rs = _json_of(value_at(summary, "run_set"))
     if not isinstance(rs, Mapping) or rs.get("warmup"):
         return None
     exp = rs.get("experiment")
@@ -217,7 +344,7 @@ def _block_of(summary: Mapping[str, Any]) -> tuple[str, int, int | None] | None:
 
 
 def _pairing(
-    base: Sequence[Mapping[str, Any]], cand: Sequence[Mapping[str, Any]]
+    base: Sequence[SummaryLike], cand: Sequence[SummaryLike]
 ) -> list[tuple[int, int, bool | None]] | None:
     """Blocks shared by two sets as ``(baseline run, candidate run, candidate ran second)``,
     or None when the sets were not made in the same blocks."""
@@ -246,19 +373,20 @@ def _pairing(
 
 def compare_run_sets(
     labels: Sequence[str],
-    sets: Sequence[Sequence[dict[str, Any]]],
+    sets: Sequence[Sequence[SummaryLike]],
     *,
     run_ids: Sequence[Sequence[str]] | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
     primary: str | None = None,
     exclude_contended: bool = False,
     detect: float | None = None,
-) -> dict[str, Any]:
-    """Compare run sets against the first one (the baseline). JSON-ready.
+) -> Comparison:
+    """Compare run sets against the first one (the baseline).
 
     Args:
         labels: one display name per set.
-        sets: per set, the summaries of its runs (one or more).
+        sets: per set, the summaries of its runs (one or more): typed, or summary.json
+            objects.
         run_ids: per set, its runs' ids (default: each summary's ``run_id``).
         confidence: confidence of the intervals (0-1); the family-wise false-alarm rate
             over all metrics of one comparison is at most ``1 - confidence``.
@@ -269,17 +397,13 @@ def compare_run_sets(
             detect it, and each row's ``needs`` holds that count per set.
 
     Returns:
-        ``{"baseline", "labels", "runs", "confidence", "method", "noise_known", "primary",
-        "headlines", "correction", "paired", "position", "contention", "notes",
-        "metrics": [{"key", "label", "unit", "better", "primary", "values", "per_run",
-        "ratios", "ci", "ci_level", "interval", "noise", "detectable", "needs", "p",
-        "outliers", "change", "n"}]}``.
-        ``values`` holds each set's median; ``ratios``, ``ci``, ``noise``, ``detectable``
-        and ``change`` hold ``None`` for the baseline; ``change`` is ``better``, ``worse``
-        or ``no detectable change``. ``ci`` is at ``ci_level``, the level that row's verdict
-        is tested at after the multiplicity correction (not ``confidence``, which is the
-        family-wise level over all metrics); ``interval`` is its display text naming that
-        level. The primary metric's row comes first.
+        The :class:`Comparison`. Each :class:`ComparedMetric` holds each set's median in
+        ``values``; ``ratios``, ``ci``, ``noise``, ``detectable`` and ``change`` hold
+        ``None`` for the baseline; ``change`` is ``better``, ``worse`` or ``no detectable
+        change``. ``ci`` is at ``ci_level``, the level that row's verdict is tested at after
+        the multiplicity correction (not ``confidence``, which is the family-wise level over
+        all metrics); ``interval`` is its display text naming that level. The primary
+        metric's row comes first.
 
     Raises:
         ValueError: fewer than two sets, an empty set, or an unknown primary metric.
@@ -293,7 +417,7 @@ def compare_run_sets(
     ids = (
         [list(x) for x in run_ids]
         if run_ids is not None
-        else [[str(s.get("run_id") or f"run {j}") for j, s in enumerate(g)] for g in sets]
+        else [[str(value_at(s, "run_id") or f"run {j}") for j, s in enumerate(g)] for g in sets]
     )
     lead_def, lead_default = primary_metric(primary, sets)
     contended = [[bool((contention_of(s) or {}).get("contended")) for s in g] for g in sets]
@@ -368,35 +492,37 @@ def compare_run_sets(
         experiments.append(exp)
         paired_flags.append(pairing is not None)
     by_key = [{c.metric: c for c in e.changes} for e in experiments]
-    rows: list[dict[str, Any]] = []
+    rows: list[ComparedMetric] = []
     for m in present:
         changes: list[SetChange | None] = [None, *(b.get(m.key) for b in by_key)]
         rest = changes[1:]
         rows.append(
-            {
-                "key": m.key,
-                "label": m.label,
-                "unit": m.unit,
-                "better": m.better,
-                "primary": m.key == lead_def.key,
-                "values": [_center(g) for g in per_run_all[m.key]],
-                "per_run": per_run_all[m.key],
-                "ratios": [None] + [c.ratio if c else None for c in rest],
-                "ci": [None] + [list(c.ci) if c and c.ci else None for c in rest],
-                "ci_level": [None] + [c.ci_level if c else None for c in rest],
-                "interval": [None] + [c.interval_text() if c else None for c in rest],
-                "noise": [None] + [c.noise if c else None for c in rest],
-                "detectable": [None] + [c.detectable if c else None for c in rest],
-                "needs": [None]
-                + [
-                    c.needs(detect) if c and detect and c.verdict == NO_CHANGE else None
-                    for c in rest
-                ],
-                "p": [None] + [c.p if c else None for c in rest],
-                "outliers": [[]] + [list(c.outliers) if c else [] for c in rest],
-                "change": [None] + [c.verdict if c else None for c in rest],
-                "n": [len(_finite(g)) for g in per_run_all[m.key]],
-            }
+            ComparedMetric(
+                key=m.key,
+                label=m.label,
+                unit=m.unit,
+                better=m.better,
+                primary=m.key == lead_def.key,
+                values=tuple(_center(g) for g in per_run_all[m.key]),
+                per_run=tuple(tuple(g) for g in per_run_all[m.key]),
+                ratios=(None, *(c.ratio if c else None for c in rest)),
+                ci=(None, *(c.ci if c and c.ci else None for c in rest)),
+                ci_level=(None, *(c.ci_level if c else None for c in rest)),
+                interval=(None, *(c.interval_text() if c else None for c in rest)),
+                noise=(None, *(c.noise if c else None for c in rest)),
+                detectable=(None, *(c.detectable if c else None for c in rest)),
+                needs=(
+                    None,
+                    *(
+                        c.needs(detect) if c and detect and c.verdict == NO_CHANGE else None
+                        for c in rest
+                    ),
+                ),
+                p=(None, *(c.p if c else None for c in rest)),
+                outliers=((), *(tuple(c.outliers) if c else () for c in rest)),
+                change=(None, *(c.verdict if c else None for c in rest)),
+                n=tuple(len(_finite(g)) for g in per_run_all[m.key]),
+            )
         )
     contention: list[list[dict[str, Any]]] = []
     for g, gid in zip(sets, ids, strict=True):
@@ -451,52 +577,49 @@ def compare_run_sets(
                 "its timings are likely inflated and the comparison is unreliable"
             )
     methods = sorted({e.lead.method.split(" (")[0] for e in experiments if e.lead.ci})
-    return {
-        "baseline": labels[0],
-        "labels": list(labels),
-        "runs": ids,
-        "confidence": confidence,
-        "method": "; ".join(methods)
+    return Comparison(
+        baseline=labels[0],
+        labels=tuple(labels),
+        runs=tuple(tuple(g) for g in ids),
+        confidence=confidence,
+        method="; ".join(methods)
         or (
             "single runs: ratios only, run-to-run noise unknown"
             if not noise_known
             else "too few runs for an interval at this confidence"
         ),
-        "noise_known": noise_known,
-        "primary": {
-            "name": lead_name,
-            "key": lead_def.key,
-            "label": lead_def.label,
-            "default": lead_default,
-        },
-        "headlines": [
+        noise_known=noise_known,
+        primary=ComparisonPrimary(
+            name=lead_name, key=lead_def.key, label=lead_def.label, default=lead_default
+        ),
+        headlines=tuple(
             e.headline(detect).replace(lead_def.key, lead_def.label, 1) for e in experiments
-        ],
-        "detect": detect,
-        "correction": [e.correction for e in experiments],
-        "paired": paired_flags,
-        "position": [
+        ),
+        detect=detect,
+        correction=tuple(e.correction for e in experiments),
+        paired=tuple(paired_flags),
+        position=tuple(
             None
             if e.position is None
-            else {
-                "second_slower": e.position.second_slower,
-                "p": e.position.p,
-                "present": e.position.present,
-            }
+            else PositionCheck(
+                second_slower=e.position.second_slower,
+                p=e.position.p,
+                present=e.position.present,
+            )
             for e in experiments
-        ],
-        "contention": contention,
-        "notes": notes,
-        "metrics": rows,
-    }
+        ),
+        contention=tuple(tuple(hits) for hits in contention),
+        notes=tuple(notes),
+        metrics=tuple(rows),
+    )
 
 
 def compare_runs(
     labels: Sequence[str],
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[SummaryLike],
     *,
     confidence: float = DEFAULT_CONFIDENCE,
-) -> dict[str, Any]:
+) -> Comparison:
     """Compare single runs against the first: ratios only, run-to-run noise unknown (a
     :func:`compare_run_sets` of one-run sets)."""
     return compare_run_sets(labels, [[s] for s in summaries], confidence=confidence)

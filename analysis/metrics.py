@@ -6,13 +6,24 @@ columns of ``profiler/records.py`` (times in ns); outputs are in seconds.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from perfscope.analysis.summary import (
+    Counts,
+    Distribution,
+    ErrorCount,
+    Goodput,
+    Latency,
+    Record,
+    Throughput,
+)
+
 __all__ = [
     "PERCENTILES",
+    "RunMetrics",
     "busy_seconds",
     "compute_metrics",
     "distribution",
@@ -144,6 +155,21 @@ def busy_seconds(requests: pd.DataFrame, steps: pd.DataFrame) -> tuple[float, st
     return ns * _NS, "request_intervals"
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunMetrics(Record):
+    """What :func:`compute_metrics` measures of a run: the summary's ``counts``,
+    ``window_s`` (the measured window, s), ``latency``, ``throughput``, ``goodput``,
+    ``driver_lag`` (send - scheduled, s) and ``errors`` (the ten most frequent)."""
+
+    counts: Counts = field(default_factory=Counts)
+    window_s: float = 0.0
+    latency: Latency = field(default_factory=Latency)
+    throughput: Throughput = field(default_factory=Throughput)
+    goodput: Goodput = field(default_factory=Goodput)
+    driver_lag: Distribution = field(default_factory=Distribution)
+    errors: tuple[ErrorCount, ...] = ()
+
+
 def compute_metrics(
     requests: pd.DataFrame,
     chunks: pd.DataFrame,
@@ -151,7 +177,7 @@ def compute_metrics(
     slos: dict[str, float] | None = None,
     *,
     per_request_rows: pd.DataFrame | None = None,
-) -> dict[str, Any]:
+) -> RunMetrics:
     """Counts, latency distributions, throughput, goodput and driver lag of a run.
 
     ``per_request_rows`` is :func:`per_request` of ``requests`` when the caller has it already.
@@ -205,44 +231,49 @@ def compute_metrics(
     )
     lag = (mreq["t_sent"] - mreq["t_scheduled"]).dropna().astype("float64") * _NS
 
-    return {
-        "counts": {
-            "requests": n_total,
-            "completed": len(ok),
-            "failed": n_failed,
-            "warmup": int((~measured_mask).sum()),
-            "output_tokens": int(out_tokens),
-            "prompt_tokens": int(prompt_tokens),
+    return RunMetrics(
+        counts=Counts(
+            requests=n_total,
+            completed=len(ok),
+            failed=n_failed,
+            warmup=int((~measured_mask).sum()),
+            output_tokens=int(out_tokens),
+            prompt_tokens=int(prompt_tokens),
             # Completed requests the server cut short (finish_reason "length" before the
             # tokens asked for); they stay in every latency statistic (issue 20).
-            "truncated": int(mreq["truncated"].fillna(False).astype(bool).sum())
+            truncated=int(mreq["truncated"].fillna(False).astype(bool).sum())
             if "truncated" in mreq
             else 0,
-        },
-        "window_s": window_s,
-        "latency": {
-            "ttft": distribution(ok["ttft"]),
-            "tpot": distribution(ok["tpot"]),
-            "itl": distribution(gaps),
-            "itl_per_token": distribution(gaps_tok),
-            "e2e": distribution(ok["e2e"]),
-            "ntpot": distribution(ok["ntpot"]),
-        },
-        "throughput": {
-            "output_tok_s": rate(out_tokens),
-            "total_tok_s": rate(out_tokens + prompt_tokens),
-            "req_s": rate(float(len(ok))),
-            "busy_s": busy_s,
-            "busy_tok_s": out_tokens / busy_s if busy_s > 0 else None,
-            "busy_source": busy_source,
-        },
-        "goodput": {
-            "slos": dict(slos),
-            "good_requests": n_good,
-            "attainment": (n_good / n_total) if n_total else None,
-            "goodput_req_s": rate(float(n_good)),
-            "per_slo": per_slo,
-        },
-        "driver_lag": distribution(lag),
-        "errors": [{"error": str(k), "count": int(v)} for k, v in errors.items()],
-    }
+        ),
+        window_s=window_s,
+        latency=Latency(
+            ttft=_distribution(ok["ttft"]),
+            tpot=_distribution(ok["tpot"]),
+            itl=_distribution(gaps),
+            itl_per_token=_distribution(gaps_tok),
+            e2e=_distribution(ok["e2e"]),
+            ntpot=_distribution(ok["ntpot"]),
+        ),
+        throughput=Throughput(
+            output_tok_s=rate(out_tokens),
+            total_tok_s=rate(out_tokens + prompt_tokens),
+            req_s=rate(float(len(ok))),
+            busy_s=busy_s,
+            busy_tok_s=out_tokens / busy_s if busy_s > 0 else None,
+            busy_source=busy_source,
+        ),
+        goodput=Goodput(
+            slos=dict(slos),
+            good_requests=n_good,
+            attainment=(n_good / n_total) if n_total else None,
+            goodput_req_s=rate(float(n_good)),
+            per_slo=per_slo,
+        ),
+        driver_lag=_distribution(lag),
+        errors=tuple(ErrorCount(error=str(k), count=int(v)) for k, v in errors.items()),
+    )
+
+
+def _distribution(values: np.ndarray | pd.Series) -> Distribution:
+    """:func:`distribution` as the summary's record."""
+    return Distribution.from_dict(distribution(values))

@@ -3,14 +3,18 @@
 :func:`analyze` owns the list of sections and the order they are computed in:
 
 1. per-request rows (once; every section that needs them reuses them),
-2. metrics: counts, latency, throughput, goodput, driver lag, errors, steps, warnings,
-3. ``hardware``: the device the run is analysed against,
-4. ``energy``: the telemetry join,
-5. ``roofline``: per phase, with the energy of each phase (a draft model's passes are
+2. ``hardware``: the device the run is analysed against,
+3. ``energy``: the telemetry join,
+4. ``roofline``: per phase, with the energy of each phase (a draft model's passes are
    phases of their own, costed with the draft's spec),
-6. ``advice`` and ``projections`` (only with a roofline, a model and a device),
-7. ``speculative``: acceptance and draft cost of a speculative-decoding run,
-8. ``server_metrics``: the server's own metrics for the run, when they were scraped.
+5. ``advice`` and ``projections`` (only with a roofline, a model and a device),
+6. metrics: counts, latency, throughput, goodput, driver lag, errors
+   (:class:`~perfscope.analysis.metrics.RunMetrics`), steps, warnings,
+7. ``server_metrics``: the server's own metrics for the run, when they were scraped (split
+   against the client's latency means),
+8. ``prompt_cache``, ``client`` and ``speculative``;
+
+then it constructs the :class:`Summary` once, from those records.
 
 It is a pure function of the run's records and the analysis inputs (SLOs, device): it reads
 and writes no file, so ``perfscope analyze`` reproduces a run's numbers exactly and can re-derive
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import pandas as pd
 
@@ -30,22 +34,24 @@ from perfscope.analysis.calibration import machine_of_device, projection_check
 from perfscope.analysis.client import client_section
 from perfscope.analysis.energy import energy_section
 from perfscope.analysis.manifest import RunManifest
-from perfscope.analysis.metrics import per_request
+from perfscope.analysis.metrics import compute_metrics, per_request
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.prompt_cache import prompt_cache_section
 from perfscope.analysis.roofline import roofline_section
+from perfscope.analysis.run_records import RunRecords
 from perfscope.analysis.server_metrics import server_metrics_section
 from perfscope.analysis.speculative import speculative_config, speculative_section
 from perfscope.analysis.summary import (
     Advice,
-    Energy,
     Hardware,
     Projection,
-    PromptCache,
-    Record,
+    RunSet,
     ServerMetrics,
     Summary,
-    build_summary,
+    contention_record,
+    engine_info,
+    run_warnings,
+    step_breakdown,
 )
 from perfscope.analysis.whatif import project_run
 from perfscope.hwdb import HardwareDatabase, load_database, resolve_hardware
@@ -53,38 +59,22 @@ from perfscope.hwdb.spec import DeviceSpec
 
 __all__ = ["PROJECTION_DEVICES", "RunRecords", "analyze"]
 
-_R = TypeVar("_R", bound=Record)
-
 #: Devices a measured run is projected onto ("the same workload on other devices").
 PROJECTION_DEVICES = ("l4", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb")
 
 
-class RunRecords(Protocol):
-    """What the analysis reads of a stored run (``perfscope.profiler.store.StoredRun`` is
-    one): the manifest and the four record tables (empty frames when absent)."""
-
-    @property
-    def manifest(self) -> Mapping[str, Any]: ...  # the JSON object; read via RunManifest
-    @property
-    def requests(self) -> pd.DataFrame: ...
-    @property
-    def chunks(self) -> pd.DataFrame: ...
-    @property
-    def steps(self) -> pd.DataFrame: ...
-    @property
-    def telemetry(self) -> pd.DataFrame: ...
-
-
 def _hardware(
     manifest: RunManifest, device: str | DeviceSpec | None, database: HardwareDatabase | None
-) -> dict[str, Any]:
+) -> Hardware:
     """The manifest's ``hardware``, or the device asked for (a name or a spec)."""
     if isinstance(device, DeviceSpec):
-        return {"spec": device.to_dict(), "resolved_from": f"given: {device.key}"}
+        return Hardware(spec=device.to_dict(), resolved_from=f"given: {device.key}")
     if device:
-        return resolve_hardware(manifest.engine.to_dict(), device, database=database)
+        return Hardware.from_dict(
+            resolve_hardware(manifest.engine.to_dict(), device, database=database)
+        )
     recorded = manifest.hardware
-    return dict(recorded) if recorded else {"spec": None, "reason": "not recorded"}
+    return Hardware.from_dict(recorded) if recorded else Hardware(reason="not recorded")
 
 
 def _workload_stats(run: RunRecords, manifest: RunManifest) -> dict[str, Any]:
@@ -128,12 +118,12 @@ def analyze(
     hardware = _hardware(manifest, device, database)
     if device is not None:
         recorded = manifest.device_key
-        if recorded and recorded != (hardware.get("spec") or {}).get("key"):
+        if recorded and recorded != (hardware.spec or {}).get("key"):
             # Analysed against a device the run did not run on: a what-if (no measured
             # MFU/MBU against it, no advice).
-            hardware["measured_on"] = recorded
-    measured_on = hardware.get("measured_on")
-    spec = DeviceSpec.from_dict(hardware["spec"]) if hardware.get("spec") else None
+            hardware = dataclasses.replace(hardware, measured_on=recorded)
+    measured_on = hardware.measured_on
+    spec = hardware.device
     model_dict = manifest.engine.model
     model = ModelSpec.from_dict(dict(model_dict)) if model_dict else None
     spec_cfg = speculative_config(manifest) or {}
@@ -155,7 +145,7 @@ def analyze(
         stored_run.chunks,
         model,
         spec,
-        energy=energy.get("phases"),
+        energy=energy.phases,
         measured_on=measured_on,
         draft_model=draft_model,
         medusa_heads=(
@@ -180,40 +170,57 @@ def analyze(
         kind = manifest.engine.kind
         for p, dev in zip(projections, targets, strict=True):
             p["checked"] = projection_check(machine_of_device(dev, kind))
-    # The sections above are computed as JSON objects by modules other components own
-    # (energy, advisor, whatif, server metrics); each becomes its record here, once.
+    # The advisor and the what-if projections still build JSON objects; they become their
+    # records here, once. Every other section returns its record.
     client = client_section(manifest)
-    summary = build_summary(
-        manifest,
+    metrics = compute_metrics(
         stored_run.requests,
         stored_run.chunks,
         stored_run.steps,
-        slos=slos,
+        dict(manifest.slos) if slos is None else dict(slos),
         per_request_rows=rows,
-        hardware=Hardware.from_dict(hardware),
+    )
+    server: ServerMetrics | None = None
+    if server_metrics is not None or manifest.server_metrics:
+        server = server_metrics_section(
+            server_metrics if server_metrics is not None else pd.DataFrame(),
+            manifest.server_metrics,
+            client_ttft_mean_s=metrics.latency.ttft.mean,
+            client_tpot_mean_s=metrics.latency.tpot.mean,
+            model=model,
+            requests=stored_run.requests,
+            client_stall=client.stall if client is not None else None,
+        )
+    engine = manifest.engine
+    return Summary(
+        run_id=manifest.run_id,
+        name=manifest.name,
+        status=manifest.status,
+        started_at=manifest.started_at,
+        perfscope_version=manifest.perfscope_version,
+        engine=engine_info(manifest),
+        workload=dict(manifest.workload) if manifest.workload is not None else None,
+        load=dict(manifest.load) if manifest.load is not None else None,
+        counts=metrics.counts,
+        window_s=float(metrics.window_s),
+        latency=metrics.latency,
+        throughput=metrics.throughput,
+        goodput=metrics.goodput,
+        driver_lag=metrics.driver_lag,
+        errors=metrics.errors,
+        steps=step_breakdown(stored_run.steps),
+        model=dict(engine.model) if engine.model is not None else None,
+        warnings=tuple(run_warnings(manifest)),
+        hardware=hardware,
         roofline=roofline,
-        energy=Energy.from_dict(energy),
+        energy=energy,
         advice=tuple(Advice.from_dict(a) for a in advice),
         projections=tuple(Projection.from_dict(p) for p in projections),
-        prompt_cache=_record(PromptCache, prompt_cache_section(stored_run.requests)),
-        client=client,
         speculative=speculative_section(stored_run.steps, manifest, roofline),
+        prompt_cache=prompt_cache_section(stored_run.requests),
+        client=client,
+        contention=contention_record(manifest),
+        run_set=RunSet.from_dict(manifest.run_set) if manifest.run_set is not None else None,
+        model_spec=dict(manifest.model_spec) if manifest.model_spec is not None else None,
+        server_metrics=server,
     )
-    info = manifest.server_metrics
-    if server_metrics is None and not info:
-        return summary
-    section = server_metrics_section(
-        server_metrics if server_metrics is not None else pd.DataFrame(),
-        dict(info or {}),
-        client_ttft_mean_s=summary.latency.ttft.mean,
-        client_tpot_mean_s=summary.latency.tpot.mean,
-        model=model,
-        requests=stored_run.requests,
-        client_stall=client.stall if client is not None else None,
-    )
-    return dataclasses.replace(summary, server_metrics=ServerMetrics.from_dict(section))
-
-
-def _record(cls: type[_R], section: Mapping[str, Any] | None) -> _R | None:
-    """``section`` as a ``cls`` record, ``None`` when the section is absent."""
-    return cls.from_dict(section) if section is not None else None

@@ -7,9 +7,9 @@ Engines that know how many prompt tokens came from a prefix cache record them pe
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
+
+from perfscope.analysis.summary import PromptCache
 
 __all__ = ["SHARED_BOS_TOKENS", "prompt_cache_section"]
 
@@ -17,8 +17,9 @@ __all__ = ["SHARED_BOS_TOKENS", "prompt_cache_section"]
 SHARED_BOS_TOKENS = 1
 
 
-def prompt_cache_section(requests: pd.DataFrame | None) -> dict[str, Any] | None:
-    """The ``prompt_cache`` summary section, or None when no measured request reports.
+def prompt_cache_section(requests: pd.DataFrame | None) -> PromptCache | None:
+    """The ``prompt_cache`` summary section (:class:`~perfscope.analysis.summary.PromptCache`),
+    or None when no measured request reports.
 
     Over the measured (not warmup), successful requests that report ``cached_tokens``:
     ``requests_reporting``, ``requests_hit`` (more tokens cached than the shared BOS),
@@ -43,13 +44,13 @@ def prompt_cache_section(requests: pd.DataFrame | None) -> dict[str, Any] | None
     # A hit caches more than the BOS token every prompt shares (llama.cpp reports it cached).
     hits = int((cached > SHARED_BOS_TOKENS).sum())
     total_prompt = float(prompt.sum())
-    return {
-        "requests_reporting": n,
-        "requests_hit": hits,
-        "hit_rate": hits / n,
-        "cached_tokens": int(cached.sum()),
-        "prompt_tokens": int(total_prompt),
-        "share": float(cached.sum()) / total_prompt if total_prompt > 0 else None,
-        "cached_tokens_mean": float(cached.mean()),
-        "prompt_tokens_mean": float(prompt.mean()),
-    }
+    return PromptCache(
+        requests_reporting=n,
+        requests_hit=hits,
+        hit_rate=hits / n,
+        cached_tokens=int(cached.sum()),
+        prompt_tokens=int(total_prompt),
+        share=float(cached.sum()) / total_prompt if total_prompt > 0 else None,
+        cached_tokens_mean=float(cached.mean()),
+        prompt_tokens_mean=float(prompt.mean()),
+    )

@@ -61,6 +61,7 @@ from perfscope.analysis.costmodel import (
 )
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.summary import (
+    EnergyPhase,
     OperatorClassRoofline,
     PhaseRoofline,
     Roofline,
@@ -133,11 +134,6 @@ def calibration_spread(device: DeviceSpec, dtype: str) -> dict[str, float] | Non
         if isinstance(v, int | float)
     }
     return out or None
-
-
-#: A phase's energy join: the energy section's per-phase object (J, s, W, J per token, steps,
-#: tokens), passed through as the energy stage wrote it.
-PhaseEnergy = Mapping[str, float | int | None]
 
 
 def _ceilings(device: DeviceSpec, dtype: str) -> RooflineCeilings:
@@ -291,7 +287,7 @@ def phase_roofline(
     max_context_rows: float | None = None,
     overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
     estimated: bool = False,
-    energy: PhaseEnergy | None = None,
+    energy: EnergyPhase | None = None,
 ) -> PhaseRoofline:
     """Roofline numbers and the verdict of one phase from its summed costs and time.
 
@@ -365,7 +361,7 @@ def phase_roofline(
         memory_level=level,
         estimated=bool(estimated),
         ceilings=ceilings,
-        energy=dict(energy) if energy is not None else None,
+        energy=energy.roofline_join() if energy is not None else None,
         # The roof the phase sits under, whatever the verdict (overhead-bound phases too).
         roof="compute" if ridge is not None and intensity > ridge else "memory",
         verdict=verdict_for(
@@ -445,7 +441,7 @@ def _phases_from_steps(
     model: ModelSpec,
     device: DeviceSpec,
     threshold: float,
-    energy: Mapping[str, PhaseEnergy] | None,
+    energy: Mapping[str, EnergyPhase] | None,
     draft_model: ModelSpec | None = None,
     medusa_heads: int = 0,
 ) -> dict[str, PhaseRoofline]:
@@ -590,7 +586,7 @@ def _phases_from_timeline(
     model: ModelSpec,
     device: DeviceSpec,
     threshold: float,
-    energy: Mapping[str, PhaseEnergy] | None,
+    energy: Mapping[str, EnergyPhase] | None,
 ) -> dict[str, PhaseRoofline]:
     df = _completed(requests)
     out: dict[str, PhaseRoofline] = {}
@@ -769,7 +765,7 @@ def roofline_section(
     device: DeviceSpec | None,
     *,
     overhead_threshold: float = DEFAULT_OVERHEAD_THRESHOLD,
-    energy: Mapping[str, PhaseEnergy] | None = None,
+    energy: Mapping[str, EnergyPhase] | None = None,
     measured_on: str | None = None,
     draft_model: ModelSpec | None = None,
     medusa_heads: int = 0,
@@ -784,8 +780,8 @@ def roofline_section(
         model: the engine's model; ``None`` → ``available: false``.
         device: the device's ceilings; ``None`` → ``available: false``.
         overhead_threshold: both MFU and MBU below this → ``overhead-bound``.
-        energy: optional per-phase energy dicts (``{"prefill": {...}, "decode": {...}}``)
-            from the telemetry join, passed through into each phase as ``energy``.
+        energy: optional per-phase energy from the telemetry join (``Energy.phases``),
+            kept in each phase as ``energy`` (:meth:`EnergyPhase.roofline_join`).
         measured_on: the device the run was measured on, when ``device`` is another one
             (``analyze --hw X`` on a run from elsewhere): the section is a what-if
             (``what_if`` true) that keeps the work and the speed-of-light times on

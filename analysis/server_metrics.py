@@ -21,7 +21,8 @@ its ratio to ``tokens_predicted_total`` is the server's mean time per output tok
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,14 @@ import pandas as pd
 
 from perfscope.analysis.costmodel import prefill_cost, step_cost, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec
+from perfscope.analysis.summary import (
+    CostModelWork,
+    LlamacppCounters,
+    ServerLatency,
+    ServerMetrics,
+    ServerWork,
+    TtftSplit,
+)
 
 __all__ = [
     "SERVER_METRIC_NAMES",
@@ -224,7 +233,7 @@ def _mean(pair: tuple[float, float] | None) -> float | None:
 
 def _cost_model_work(
     model: ModelSpec, requests: pd.DataFrame, iterations: float | None
-) -> dict[str, Any] | None:
+) -> CostModelWork | None:
     """perfscope's cost model for the run's completed requests: FLOPs (batch-invariant) and,
     when the server's step count is known, bytes (weights read once per step)."""
     if requests.empty:
@@ -248,24 +257,27 @@ def _cost_model_work(
             # Cost is affine in the context length: the mean of the ends times the steps.
             flops += steps * (dec[0].flops + dec[1].flops) / 2
             kv_act_bytes += steps * sum(d.bytes - d.bytes_weights for d in dec) / 2
-    out: dict[str, Any] = {"flops": flops, "bytes": None, "requests": len(ok)}
-    if iterations is not None and iterations > 0:
-        out["bytes"] = iterations * weight_bytes(model) + kv_act_bytes
-        out["engine_steps"] = iterations
-    return out
+    if iterations is None or iterations <= 0:
+        return CostModelWork(flops=flops, requests=len(ok))
+    return CostModelWork(
+        flops=flops,
+        bytes=iterations * weight_bytes(model) + kv_act_bytes,
+        requests=len(ok),
+        engine_steps=iterations,
+    )
 
 
 def server_metrics_section(
     frame: pd.DataFrame,
-    info: dict[str, Any] | None = None,
+    info: Mapping[str, Any] | None = None,
     *,
     client_ttft_mean_s: float | None = None,
     client_tpot_mean_s: float | None = None,
     model: ModelSpec | None = None,
     requests: pd.DataFrame | None = None,
-    client_stall: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The ``server_metrics`` block of summary.json.
+    client_stall: Mapping[str, Any] | None = None,
+) -> ServerMetrics:
+    """The ``server_metrics`` section: the server's own metrics over the run.
 
     Args:
         frame: ``server_metrics.parquet`` rows (t ns, snapshot, name, labels, value).
@@ -277,17 +289,15 @@ def server_metrics_section(
             a stall inside user-space stamps is never booked as network time.
 
     Returns:
-        ``{"available", "reason", "server", "url", "window_s", "scrapes", "latency" {key:
-        {"mean_s", "count"}}, "tokens", "requests", "preemptions", "prefix_cache_hit_rate",
-        "spec_decode_acceptance", "llamacpp", "ttft_split", "work", "series", "notes"}``.
+        The :class:`~perfscope.analysis.summary.ServerMetrics` record, or one with
+        ``available`` false and the ``reason``.
     """
     info = info or {}
-    base: dict[str, Any] = {
-        "available": False,
-        "reason": info.get("reason") or "no server metrics were recorded",
-        "server": info.get("server"),
-        "url": info.get("url"),
-    }
+    base = ServerMetrics(
+        reason=info.get("reason") or "no server metrics were recorded",
+        server=info.get("server"),
+        url=info.get("url"),
+    )
     if frame is None or frame.empty:
         return base
     start, end = _snapshot(frame, "start"), _snapshot(frame, "end")
@@ -296,26 +306,26 @@ def server_metrics_section(
         kind = _detect(frame["name"].unique())
     names = SERVER_METRIC_NAMES.get(kind or "")
     if names is None:
-        return {**base, "reason": "the endpoint exports no metrics of a known server"}
+        return replace(base, reason="the endpoint exports no metrics of a known server")
     if start.empty or end.empty:
-        return {**base, "server": kind, "reason": "the start or end snapshot is missing"}
+        return replace(base, server=kind, reason="the start or end snapshot is missing")
     notes: list[str] = []
     t0, t1 = float(start["t"].iloc[0]) * 1e-9, float(end["t"].iloc[0]) * 1e-9
 
-    latency: dict[str, Any] = {}
+    latency: dict[str, ServerLatency] = {}
     for key in _LATENCY_KEYS:
         name = getattr(names, key)
         pair = histogram_delta(start, end, name) if name else None
         if pair is None:
             continue
-        latency[key] = {"mean_s": _mean(pair), "count": round(pair[1]), "metric": name}
+        latency[key] = ServerLatency(mean_s=_mean(pair), count=round(pair[1]), metric=name)
 
     tokens = {
         "prompt": _delta(start, end, names.prompt_tokens),
         "generation": _delta(start, end, names.generation_tokens),
         "prompt_cached": _delta(start, end, names.cached_tokens),
     }
-    n_requests = latency.get("e2e", {}).get("count")
+    n_requests = latency["e2e"].count if "e2e" in latency else None
 
     hit_rate = None
     q, h = _delta(start, end, names.prefix_queries), _delta(start, end, names.prefix_hits)
@@ -332,15 +342,15 @@ def server_metrics_section(
         g = _series(frame, names.spec_accept_rate_gauge, share=True)
         acceptance = float(g[g > 0].mean()) if (g > 0).any() else None
 
-    llamacpp: dict[str, Any] | None = None
+    llamacpp: LlamacppCounters | None = None
     if kind == "llamacpp":
         llamacpp = _llamacpp_block(start, end)
-        if llamacpp.get("tpot_mean_s") is not None:
-            latency["tpot"] = {
-                "mean_s": llamacpp["tpot_mean_s"],
-                "count": int(llamacpp["generation_tokens"] or 0),
-                "metric": "llamacpp:tokens_predicted_seconds_total / tokens_predicted_total",
-            }
+        if llamacpp.tpot_mean_s is not None:
+            latency["tpot"] = ServerLatency(
+                mean_s=llamacpp.tpot_mean_s,
+                count=int(llamacpp.generation_tokens or 0),
+                metric="llamacpp:tokens_predicted_seconds_total / tokens_predicted_total",
+            )
         notes.append(
             "llama.cpp exports no TTFT, queue or per-request prefill time; its "
             "prompt_seconds_total is prompt busy time (batched prefills counted once), "
@@ -348,50 +358,31 @@ def server_metrics_section(
         )
 
     split = _ttft_split(latency, client_ttft_mean_s, client_stall)
-    if split is not None and split.get("client_stall_max_s") is not None:
+    if split is not None and split.client_stall_max_s is not None:
         notes.append(
-            f"the client stalled up to {1e3 * split['client_stall_max_s']:.0f} ms with "
+            f"the client stalled up to {1e3 * split.client_stall_max_s:.0f} ms with "
             "user-space stamps: the TTFT beyond the server's is client stall and network "
             "together, not network time"
         )
-    if (
-        client_tpot_mean_s is not None
-        and (latency.get("tpot") or {}).get("mean_s")
-        and client_tpot_mean_s < 0.9 * latency["tpot"]["mean_s"]
-    ):
+    server_tpot = latency["tpot"].mean_s if "tpot" in latency else None
+    if client_tpot_mean_s is not None and server_tpot and client_tpot_mean_s < 0.9 * server_tpot:
         notes.append(
             f"the client's TPOT ({1e3 * client_tpot_mean_s:.2f} ms) is below the server's "
-            f"({1e3 * latency['tpot']['mean_s']:.2f} ms): the client read chunks bunched "
+            f"({1e3 * server_tpot:.2f} ms): the client read chunks bunched "
             "(a stall), so its inter-token times are too short"
         )
     if split is None and client_ttft_mean_s is not None and "ttft" not in latency:
         notes.append("the server exports no TTFT: TTFT cannot be split")
 
-    work: dict[str, Any] | None = None
+    work: ServerWork | None = None
     flops_d = _delta(start, end, names.flops)
     if flops_d is not None:
-        iterations = histogram_delta(start, end, names.iterations) if names.iterations else None
-        steps = iterations[1] if iterations else None
-        work = {
-            "server_flops": flops_d,
-            "server_read_bytes": _delta(start, end, names.read_bytes),
-            "server_write_bytes": _delta(start, end, names.write_bytes),
-            "engine_steps": steps,
-            "cost_model": None,
-        }
+        work = _work(start, end, names, flops_d, model, requests)
         if flops_d == 0:
             notes.append(
                 "vLLM's estimated FLOP/byte counters did not move (they are off unless the "
                 "server enables its MFU metrics)"
             )
-        if model is not None and requests is not None:
-            cm = _cost_model_work(model, requests, steps)
-            work["cost_model"] = cm
-            if cm and flops_d > 0:
-                work["flops_ratio_server_to_model"] = flops_d / cm["flops"]
-            server_bytes = (work["server_read_bytes"] or 0.0) + (work["server_write_bytes"] or 0)
-            if cm and cm.get("bytes") and server_bytes > 0:
-                work["bytes_ratio_server_to_model"] = server_bytes / cm["bytes"]
 
     running = _series(frame, names.running, share=False)
     waiting = _series(frame, names.waiting, share=False)
@@ -423,30 +414,62 @@ def server_metrics_section(
         )
     series = {k: v for k, v in series.items() if v}
 
-    return {
-        "available": True,
-        "reason": None,
-        "server": kind,
-        "url": info.get("url"),
-        "window_s": t1 - t0,
-        "scrapes": int(frame["t"].nunique()),
-        "interval_s": info.get("interval_s"),
-        "latency": latency,
-        "tokens": tokens,
-        "requests": n_requests,
-        "preemptions": _delta(start, end, names.preemptions),
-        "prefix_cache_hit_rate": hit_rate,
-        "spec_decode_acceptance": acceptance,
-        "running_max": float(running.max()) if not running.empty else None,
-        "waiting_max": float(waiting.max()) if not waiting.empty else None,
-        "kv_cache_usage_max": float(kv.max()) if not kv.empty else None,
-        "llamacpp": llamacpp,
-        "ttft_split": split,
-        "client_tpot_mean_s": client_tpot_mean_s,
-        "work": work,
-        "series": series,
-        "notes": notes,
-    }
+    return ServerMetrics(
+        available=True,
+        reason=None,
+        server=kind,
+        url=info.get("url"),
+        window_s=t1 - t0,
+        scrapes=int(frame["t"].nunique()),
+        interval_s=info.get("interval_s"),
+        latency=latency,
+        tokens=tokens,
+        requests=n_requests,
+        preemptions=_delta(start, end, names.preemptions),
+        prefix_cache_hit_rate=hit_rate,
+        spec_decode_acceptance=acceptance,
+        running_max=float(running.max()) if not running.empty else None,
+        waiting_max=float(waiting.max()) if not waiting.empty else None,
+        kv_cache_usage_max=float(kv.max()) if not kv.empty else None,
+        llamacpp=llamacpp,
+        ttft_split=split,
+        client_tpot_mean_s=client_tpot_mean_s,
+        work=work,
+        series=series,
+        notes=tuple(notes),
+    )
+
+
+def _work(
+    start: pd.DataFrame,
+    end: pd.DataFrame,
+    names: ServerMetricNames,
+    flops: float,
+    model: ModelSpec | None,
+    requests: pd.DataFrame | None,
+) -> ServerWork:
+    """vLLM's work counters over the run (``flops``: its FLOP delta) beside the cost model's
+    for the same requests, when the model is known."""
+    iterations = histogram_delta(start, end, names.iterations) if names.iterations else None
+    steps = iterations[1] if iterations else None
+    work = ServerWork(
+        server_flops=flops,
+        server_read_bytes=_delta(start, end, names.read_bytes),
+        server_write_bytes=_delta(start, end, names.write_bytes),
+        engine_steps=steps,
+    )
+    if model is None or requests is None:
+        return work
+    cm = _cost_model_work(model, requests, steps)
+    server_bytes = (work.server_read_bytes or 0.0) + (work.server_write_bytes or 0)
+    return replace(
+        work,
+        cost_model=cm,
+        flops_ratio_server_to_model=flops / cm.flops if cm and flops > 0 else None,
+        bytes_ratio_server_to_model=(
+            server_bytes / cm.bytes if cm and cm.bytes and server_bytes > 0 else None
+        ),
+    )
 
 
 def _detect(names: Any) -> str | None:
@@ -461,38 +484,45 @@ def _detect(names: Any) -> str | None:
 
 
 def _ttft_split(
-    latency: dict[str, Any], client_ttft: float | None, stall: dict[str, Any] | None = None
-) -> dict[str, Any] | None:
+    latency: Mapping[str, ServerLatency],
+    client_ttft: float | None,
+    stall: Mapping[str, Any] | None = None,
+) -> TtftSplit | None:
     """Client TTFT = client/network/front-end + server queue + server prefill + other.
 
     When the client's stamps are user-space and it stalled (``stall``: its stall record),
     the part beyond the server's TTFT is ``client_network_or_stall_s`` and
     ``client_network_s`` is None: a stall is never booked as network time."""
-    server = (latency.get("ttft") or {}).get("mean_s")
+    server = latency["ttft"].mean_s if "ttft" in latency else None
     if server is None:
         return None
-    queue = (latency.get("queue") or {}).get("mean_s")
-    prefill = (latency.get("prefill") or {}).get("mean_s")
-    out: dict[str, Any] = {
-        "client_ttft_mean_s": client_ttft,
-        "server_ttft_mean_s": server,
-        "client_network_s": (client_ttft - server) if client_ttft is not None else None,
-        "queue_s": queue,
-        "prefill_s": prefill,
-        "server_other_s": None,
-    }
-    if queue is not None and prefill is not None:
-        out["server_other_s"] = server - queue - prefill
-    if stall:
-        out["stamp_clock"] = stall.get("clock")
-        if stall.get("in_stamps") and stall.get("stalled"):
-            out["client_network_or_stall_s"] = out["client_network_s"]
-            out["client_network_s"] = None
-            out["client_stall_max_s"] = stall.get("worst_s")
-    return out
+    queue = latency["queue"].mean_s if "queue" in latency else None
+    prefill = latency["prefill"].mean_s if "prefill" in latency else None
+    network = (client_ttft - server) if client_ttft is not None else None
+    split = TtftSplit(
+        client_ttft_mean_s=client_ttft,
+        server_ttft_mean_s=server,
+        client_network_s=network,
+        queue_s=queue,
+        prefill_s=prefill,
+        server_other_s=server - queue - prefill
+        if queue is not None and prefill is not None
+        else None,
+    )
+    if not stall:
+        return split
+    split = replace(split, stamp_clock=stall.get("clock"))
+    if stall.get("in_stamps") and stall.get("stalled"):
+        split = replace(
+            split,
+            client_network_or_stall_s=network,
+            client_network_s=None,
+            client_stall_max_s=stall.get("worst_s"),
+        )
+    return split
 
 
-def _llamacpp_block(start: pd.DataFrame, end: pd.DataFrame) -> dict[str, Any]:
+def _llamacpp_block(start: pd.DataFrame, end: pd.DataFrame) -> LlamacppCounters:
     def d(name: str) -> float | None:
         return _delta(start, end, f"llamacpp:{name}")
 
@@ -503,13 +533,13 @@ def _llamacpp_block(start: pd.DataFrame, end: pd.DataFrame) -> dict[str, Any]:
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b and b > 0 and math.isfinite(a) else None
 
-    return {
-        "prompt_busy_s": prompt_s,
-        "prompt_tokens": prompt_tok,
-        "prompt_tokens_per_busy_s": ratio(prompt_tok, prompt_s),
-        "generation_s": gen_s,
-        "generation_tokens": gen_tok,
-        "tpot_mean_s": ratio(gen_s, gen_tok),
-        "decode_calls": decodes,
-        "tokens_per_decode_call": ratio(gen_tok, decodes),
-    }
+    return LlamacppCounters(
+        prompt_busy_s=prompt_s,
+        prompt_tokens=prompt_tok,
+        prompt_tokens_per_busy_s=ratio(prompt_tok, prompt_s),
+        generation_s=gen_s,
+        generation_tokens=gen_tok,
+        tpot_mean_s=ratio(gen_s, gen_tok),
+        decode_calls=decodes,
+        tokens_per_decode_call=ratio(gen_tok, decodes),
+    )

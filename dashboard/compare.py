@@ -19,7 +19,13 @@ from rich.text import Text
 
 from perfscope.analysis import Summary
 from perfscope.analysis.catalogue import find_metric, format_value, value_at
-from perfscope.analysis.compare import DEFAULT_CONFIDENCE, compare_run_sets
+from perfscope.analysis.compare import (
+    DEFAULT_CONFIDENCE,
+    ComparedMetric,
+    Comparison,
+    SummaryLike,
+    compare_run_sets,
+)
 from perfscope.analysis.manifest import RunManifest
 from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.figures import (
@@ -51,11 +57,6 @@ __all__ = [
 ]
 
 
-def _json(summary: Summary | Mapping[str, Any]) -> dict[str, Any]:
-    """A run's summary in its JSON form (a typed Summary is written out)."""
-    return summary.to_dict() if isinstance(summary, Summary) else dict(summary)
-
-
 def run_label(summary: Summary | Mapping[str, Any], fallback: str) -> str:
     """How a run is named in a comparison: its run id (unique), else ``fallback``.
 
@@ -63,25 +64,25 @@ def run_label(summary: Summary | Mapping[str, Any], fallback: str) -> str:
     return str(value_at(summary, "run_id") or fallback)
 
 
-def group_by_run_set(summaries: Sequence[dict[str, Any]]) -> list[list[int]]:
-    """Indices of ``summaries`` grouped by their run set (``summary["run_set"]``'s id and
-    label), in first-seen order; a run outside any set is a set of its own."""
+def group_by_run_set(summaries: Sequence[SummaryLike]) -> list[list[int]]:
+    """Indices of ``summaries`` (typed, or summary.json objects) grouped by their run set (its
+    id and label), in first-seen order; a run outside any set is a set of its own."""
     groups: dict[Any, list[int]] = {}
     for i, s in enumerate(summaries):
-        rs = s.get("run_set") if isinstance(s.get("run_set"), dict) else None
-        key: Any = (rs.get("id"), rs.get("label")) if rs and rs.get("id") else ("run", i)
+        sid = value_at(s, "run_set.id")
+        key: Any = (sid, value_at(s, "run_set.label")) if sid else ("run", i)
         groups.setdefault(key, []).append(i)
     return list(groups.values())
 
 
-def set_label(summaries: Sequence[dict[str, Any]], ids: Sequence[str]) -> str:
+def set_label(summaries: Sequence[SummaryLike], ids: Sequence[str]) -> str:
     """How a run set is named: its run's id for one run; else its set label with the run
     count and the set's id (the id ``perfscope compare`` accepts, so two sets of the same
     engine are told apart), or its first id with the run count."""
     if len(ids) == 1:
         return str(ids[0])
-    rs = summaries[0].get("run_set") if isinstance(summaries[0].get("run_set"), dict) else None
-    set_id, label = (rs or {}).get("id"), (rs or {}).get("label")
+    first = summaries[0]
+    set_id, label = value_at(first, "run_set.id"), value_at(first, "run_set.label")
     if set_id and label and label != set_id:
         return f"{label} ({len(ids)} runs, set {set_id})"
     name = set_id or label or f"{ids[0]}…"
@@ -108,7 +109,7 @@ def compare_sets(
     primary: str | None = None,
     exclude_contended: bool = False,
     detect: float | None = None,
-) -> dict[str, Any]:
+) -> Comparison:
     """:func:`perfscope.analysis.compare.compare_run_sets` over stored run sets (first set =
     baseline); ``detect`` is the change of interest (fraction) a "no detectable change"
     says the blocks needed for."""
@@ -120,20 +121,17 @@ def compare_sets(
     labels = (
         list(labels)
         if labels
-        else [
-            set_label([_json(r.summary) for r in g], gid) for g, gid in zip(sets, ids, strict=True)
-        ]
+        else [set_label([r.summary for r in g], gid) for g, gid in zip(sets, ids, strict=True)]
     )
-    result: dict[str, Any] = compare_run_sets(
+    return compare_run_sets(
         labels,
-        [[_json(r.summary) for r in g] for g in sets],
+        [[r.summary for r in g] for g in sets],
         run_ids=ids,
         confidence=confidence,
         primary=primary,
         exclude_contended=exclude_contended,
         detect=detect,
     )
-    return result
 
 
 def compare_tables(
@@ -142,12 +140,12 @@ def compare_tables(
     *,
     confidence: float = DEFAULT_CONFIDENCE,
     primary: str | None = None,
-) -> dict[str, Any]:
+) -> Comparison:
     """Compare stored runs, grouped into their run sets (:func:`group_by_run_set`; the set
     of the first run is the baseline). Runs from no set each stand alone: ratios only.
     ``labels`` names the runs (default: their ids)."""
     ids = list(labels) if labels else [run_label(r.summary, f"run {i}") for i, r in enumerate(runs)]
-    groups = group_by_run_set([_json(r.summary) for r in runs])
+    groups = group_by_run_set([r.summary for r in runs])
     if len(groups) < 2:  # all in one set: compare the runs one by one
         groups = [[i] for i in range(len(runs))]
     return compare_sets(
@@ -158,21 +156,21 @@ def compare_tables(
     )
 
 
-def format_metric(value: Any, row: Mapping[str, Any]) -> str:
-    """A compared value in its display unit (the catalogue entry of ``row["key"]``)."""
-    m = find_metric(str(row.get("key")))
+def format_metric(value: Any, row: ComparedMetric) -> str:
+    """A compared value in its display unit (the catalogue entry of ``row.key``)."""
+    m = find_metric(row.key)
     if m is not None:
         return m.format(value)
-    return format_value(value, row.get("unit") or "number")
+    return format_value(value, row.unit or "number")
 
 
-def ratio_cells(row: dict[str, Any], i: int) -> tuple[str, str, str, str]:
+def ratio_cells(row: ComparedMetric, i: int) -> tuple[str, str, str, str]:
     """Display texts of set ``i`` against the baseline: ratio, interval, detectable change
     and verdict (``better``, ``worse``, ``no detectable change``)."""
-    r, ci = row["ratios"][i], row["ci"][i]
-    det = (row.get("detectable") or [None] * (i + 1))[i]
+    r, ci = row.ratios[i], row.ci[i]
+    det = row.detectable[i] if i < len(row.detectable) else None
     ratio = "n/a (a value is missing)" if r is None else f"{r:.3f}x"
-    text = (row.get("interval") or [None] * (i + 1))[i]
+    text = row.interval[i] if i < len(row.interval) else None
     if text:  # names the level the verdict was tested at
         interval = str(text)
     elif ci:
@@ -182,7 +180,7 @@ def ratio_cells(row: dict[str, Any], i: int) -> tuple[str, str, str, str]:
     else:
         interval = "n/a (too few runs)"
     band = "none (too few runs)" if det is None else f"±{100 * det:.0f}%"
-    return ratio, interval, band, str(row["change"][i] or "n/a (a value is missing)")
+    return ratio, interval, band, str(row.change[i] or "n/a (a value is missing)")
 
 
 _CHANGE_STYLE = {
@@ -192,29 +190,29 @@ _CHANGE_STYLE = {
 }
 
 
-def comparison_title(result: dict[str, Any]) -> str:
+def comparison_title(result: Comparison) -> str:
     """One line saying what the ratios and intervals are."""
-    conf = f"{100 * result['confidence']:g}%"
-    if not result.get("noise_known"):
+    conf = f"{100 * result.confidence:g}%"
+    if not result.noise_known:
         return (
-            f"Compared with {result['labels'][0]} (ratios to the baseline; single runs: "
+            f"Compared with {result.labels[0]} (ratios to the baseline; single runs: "
             "run-to-run noise unknown, no significance claimed)"
         )
-    paired = result.get("paired") or []
+    paired = result.paired
     design = "paired by block" if paired and all(paired) else "unpaired"
     return (
-        f"Compared with {result['labels'][0]} (ratios of run-set centres, {design}; each "
+        f"Compared with {result.labels[0]} (ratios of run-set centres, {design}; each "
         f"interval at the level its verdict is tested at, {conf} family-wise over all "
-        f"metrics: {result['method']})"
+        f"metrics: {result.method})"
     )
 
 
-def comparison_table(result: dict[str, Any]) -> FitTable:
+def comparison_table(result: Comparison) -> FitTable:
     """The comparison as a terminal table: each set's value, then ratio, interval,
     detectable change and verdict of each set against the baseline; the primary verdict
     and notes (noise unknown, contention) in the caption. Too wide for the terminal, it is
     drawn stacked (one block per metric)."""
-    labels = result["labels"]
+    labels = result.labels
     n = len(labels)
     cols = ["metric"]
     cols += [side_name(i, n) for i in range(n)]
@@ -227,9 +225,9 @@ def comparison_table(result: dict[str, Any]) -> FitTable:
     lines = [" · ".join(f"{side_name(i, n)} = {lab}" for i, lab in enumerate(labels))]
     lines += [
         f"{'→ ' if n == 2 else f'{side_name(i + 1, n)}: '}{h}"
-        for i, h in enumerate(result.get("headlines") or [])
+        for i, h in enumerate(result.headlines)
     ]
-    lines += [f"⚠ {n}" for n in result.get("notes") or []]
+    lines += [f"⚠ {n}" for n in result.notes]
     table = FitTable(
         cols,
         title=comparison_title(result),
@@ -237,11 +235,9 @@ def comparison_table(result: dict[str, Any]) -> FitTable:
         caption="\n".join(lines),
         hoist_constant=True,  # single runs: the same "no interval" in every row, said once
     )
-    for row in result["metrics"]:
-        cells: list[str | Text] = [
-            f"{row['label']} (primary)" if row.get("primary") else row["label"]
-        ]
-        cells += [format_metric(v, row) for v in row["values"]]
+    for row in result.metrics:
+        cells: list[str | Text] = [f"{row.label} (primary)" if row.primary else row.label]
+        cells += [format_metric(v, row) for v in row.values]
         for i in range(1, len(labels)):
             ratio, interval, band, change = ratio_cells(row, i)
             cells += [ratio, interval, band, Text(change, style=_CHANGE_STYLE.get(change, ""))]
@@ -249,8 +245,8 @@ def comparison_table(result: dict[str, Any]) -> FitTable:
     return table
 
 
-def _flat_ids(result: dict[str, Any], runs: Sequence[RunTables]) -> list[str]:
-    ids = [rid for g in result.get("runs") or [] for rid in g]
+def _flat_ids(result: Comparison, runs: Sequence[RunTables]) -> list[str]:
+    ids = [rid for g in result.runs for rid in g]
     if len(ids) != len(runs):
         ids = [run_label(r.summary, f"run {i}") for i, r in enumerate(runs)]
     return ids
@@ -258,44 +254,44 @@ def _flat_ids(result: dict[str, Any], runs: Sequence[RunTables]) -> list[str]:
 
 def comparison_html(
     runs: Sequence[RunTables],
-    result: dict[str, Any],
+    result: Comparison,
     *,
     generated_at: datetime | None = None,
 ) -> str:
     """A self-contained comparison page: the table (static HTML) and the comparison
     figures (metrics side by side, overlaid latency CDFs)."""
-    labels = result["labels"]
+    n_sets = len(result.labels)
     head = ["<tr><th>metric</th>"]
-    head += [f"<th class='n'>{side_name(i, len(labels))}</th>" for i in range(len(labels))]
-    for i in range(1, len(labels)):
-        sfx = f" {i}" if len(labels) > 2 else ""
+    head += [f"<th class='n'>{side_name(i, n_sets)}</th>" for i in range(n_sets)]
+    for i in range(1, n_sets):
+        sfx = f" {i}" if n_sets > 2 else ""
         head.append(f"<th class='n'>ratio{sfx}</th><th class='n'>interval{sfx}</th>")
         head.append(f"<th class='n'>detectable{sfx}</th><th>change{sfx}</th>")
     head.append("</tr>")
     rows = []
-    for row in result["metrics"]:
-        cells = [f"<td>{esc(row['label'])}</td>"]
-        cells += [f"<td class='n'>{esc(format_metric(v, row))}</td>" for v in row["values"]]
-        for i in range(1, len(labels)):
+    for row in result.metrics:
+        cells = [f"<td>{esc(row.label)}</td>"]
+        cells += [f"<td class='n'>{esc(format_metric(v, row))}</td>" for v in row.values]
+        for i in range(1, n_sets):
             ratio, interval, band, change = ratio_cells(row, i)
             cells.append(
                 f"<td class='n'>{esc(ratio)}</td><td class='n'>{esc(interval)}</td>"
                 f"<td class='n'>{esc(band)}</td>"
                 f"<td class='change {esc(change.replace(' ', '-'))}'>{esc(change)}</td>"
             )
-        rows.append(f"<tr data-key='{esc(row['key'])}'>" + "".join(cells) + "</tr>")
-    set_of = {rid: i for i, g in enumerate(result.get("runs") or []) for rid in g}
-    contended = {h["run_id"] for hits in result.get("contention") or [] for h in hits}
+        rows.append(f"<tr data-key='{esc(row.key)}'>" + "".join(cells) + "</tr>")
+    set_of = {rid: i for i, g in enumerate(result.runs) for rid in g}
+    contended = {h["run_id"] for hits in result.contention for h in hits}
     legend = "".join(
-        f"<tr><th>{esc(side_name(set_of.get(rid), len(labels)))}</th>"
+        f"<tr><th>{esc(side_name(set_of.get(rid), n_sets))}</th>"
         f"<td class='mono'>{esc(rid)}</td>"
         f"<td>{esc(value_at(r.summary, 'status'))}</td>"
         f"<td>{esc(value_at(r.summary, 'engine.uri'))}</td>"
         f"<td>{'contended' if rid in contended else ''}</td></tr>"
         for rid, r in zip(_flat_ids(result, runs), runs, strict=True)
     )
-    notes_html = "".join(f"<p class='headline'>{esc(h)}</p>" for h in result.get("headlines") or [])
-    notes_html += "".join(f"<p class='warning'>{esc(n)}</p>" for n in result.get("notes") or [])
+    notes_html = "".join(f"<p class='headline'>{esc(h)}</p>" for h in result.headlines)
+    notes_html += "".join(f"<p class='warning'>{esc(n)}</p>" for n in result.notes)
     labels = _flat_ids(result, runs)
     figures = [
         FigureSpec(

@@ -36,6 +36,7 @@ import pandas as pd
 from perfscope.analysis.energy import device_keys
 from perfscope.analysis.manifest import manifest_view
 from perfscope.analysis.metrics import per_request
+from perfscope.analysis.run_records import RunRecords
 from perfscope.profiler.output import write_output, write_output_text
 
 __all__ = [
@@ -79,21 +80,13 @@ _TELEMETRY_FIELDS = (
 )
 
 
-class ExportableRun(Protocol):
-    """What the exporters read (``perfscope.profiler.store.StoredRun`` fits)."""
+class ExportableRun(RunRecords, Protocol):
+    """What the exporters read: a run's records (the one protocol,
+    :class:`~perfscope.analysis.RunRecords`) and its summary.json object, ``None`` before it
+    was analysed (``perfscope.profiler.store.StoredRun`` fits)."""
 
     @property
-    def manifest(self) -> dict[str, Any]: ...
-    @property
-    def summary(self) -> dict[str, Any] | None: ...
-    @property
-    def requests(self) -> pd.DataFrame: ...
-    @property
-    def chunks(self) -> pd.DataFrame: ...
-    @property
-    def steps(self) -> pd.DataFrame: ...
-    @property
-    def telemetry(self) -> pd.DataFrame: ...
+    def summary(self) -> Mapping[str, Any] | None: ...
 
 
 class _Writable(Protocol):
@@ -536,7 +529,7 @@ def export_json(run: ExportableRun) -> dict[str, Any]:
     frame.to_json(buf, orient="records", double_precision=15)
     return {
         "schema": EXPORT_SCHEMA,
-        "manifest": run.manifest,
+        "manifest": dict(run.manifest),
         "summary": None if run.summary is None else dict(run.summary),
         "requests": json.loads(buf.getvalue()),
     }

@@ -25,6 +25,7 @@ from perfscope.analysis.catalogue import (
     format_value,
 )
 from perfscope.analysis.catalogue import format_ratio as fmt_pct
+from perfscope.analysis.summary import Energy, Projection, Roofline, RooflineCeilings
 
 __all__ = ["FitTable", "energy_table", "fmt_utilisation", "predictions_table", "roofline_table"]
 
@@ -235,19 +236,17 @@ def fmt_utilisation(v: float | None) -> str:
     return text
 
 
-def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
+def roofline_table(r: Roofline) -> RenderableType:
     """The roofline section of ``perfscope run``/``show``: a table plus the evidence lines."""
-    r = summary_roofline
-    if not r.get("available"):
-        return Text(f"roofline: not available ({r.get('reason') or 'no data'})", style="dim")
-    c = r["ceilings"] or {}
-    dev = r["device"] or {}
-    title = f"Roofline — {r.get('model')} on {dev.get('name', '?')}"
-    if r.get("estimated"):
+    if not r.available:
+        return Text(f"roofline: not available ({r.reason or 'no data'})", style="dim")
+    c = r.ceilings or RooflineCeilings()
+    title = f"Roofline — {r.model} on {r.device.name if r.device is not None else '?'}"
+    if r.estimated:
         title += " (estimated from the request timeline)"
-    if r.get("what_if"):
+    if r.what_if is not None:
         title += (
-            f" — WHAT-IF: measured on {r['what_if'].get('measured_on')}, no measured "
+            f" — WHAT-IF: measured on {r.what_if.measured_on}, no measured "
             "MFU/MBU against this device"
         )
     table = FitTable(
@@ -271,42 +270,41 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
         | {"FLOP/s", "bytes/s", "efficiency"},
     )
     styles = {"compute-bound": "green", "memory-bound": "cyan", "overhead-bound": "yellow"}
-    for phase, p in r["phases"].items():
-        ridge = p.get("ridge_point")
-        cache = " (cache)" if p.get("memory_level") == "cache" else ""
-        name = phase + (" (est.)" if p.get("estimated") else "")
+    for phase, p in r.phases.items():
+        ridge = p.ridge_point
+        cache = " (cache)" if p.memory_level == "cache" else ""
+        name = phase + (" (est.)" if p.estimated else "")
         table.add_row(
             name,
-            format_count(p["steps"]),
-            _fmt_time(p["time_s"]),
-            _fmt_si(p["flops"], "FLOP"),
-            _fmt_si(p["bytes"], "B"),
-            f"{format_number(p['intensity'])} FLOP/B",
+            format_count(p.steps),
+            _fmt_time(p.time_s),
+            _fmt_si(p.flops, "FLOP"),
+            _fmt_si(p.bytes, "B"),
+            f"{format_number(p.intensity)} FLOP/B",
             (f"{format_number(ridge)} FLOP/B" if ridge else "n/a") + cache,
-            fmt_utilisation(p["mfu"]),
-            fmt_utilisation(p["mbu"]) + cache,
-            _fmt_si(p["achieved_flops_s"], "FLOP/s"),
-            _fmt_si(p["achieved_bytes_s"], "B/s"),
-            fmt_pct(p["efficiency"]),
+            fmt_utilisation(p.mfu),
+            fmt_utilisation(p.mbu) + cache,
+            _fmt_si(p.achieved_flops_s, "FLOP/s"),
+            _fmt_si(p.achieved_bytes_s, "B/s"),
+            fmt_pct(p.efficiency),
             Text(
-                p["verdict"] + (" (mixed)" if p.get("class_verdict") == "mixed" else ""),
-                style=styles.get(p["verdict"], ""),
+                p.verdict + (" (mixed)" if p.class_verdict == "mixed" else ""),
+                style=styles.get(p.verdict, ""),
             ),
         )
-    src = c.get("source", "?")
+    src = c.source or "?"
     ceil = Text(
-        f"ceilings ({src}): {_fmt_si(c.get('peak_flops'), 'FLOP/s')} {c.get('dtype')}, "
-        f"{_fmt_si(c.get('mem_bw_bytes_s'), 'B/s')} DRAM"
+        f"ceilings ({src}): {_fmt_si(c.peak_flops, 'FLOP/s')} {c.dtype}, "
+        f"{_fmt_si(c.mem_bw_bytes_s, 'B/s')} DRAM"
         + (
-            f", {_fmt_si(c.get('cache_bw_bytes_s'), 'B/s')} cache "
-            f"({_fmt_si(c.get('cache_bytes'), 'B')})"
-            if c.get("cache_bw_bytes_s")
+            f", {_fmt_si(c.cache_bw_bytes_s, 'B/s')} cache ({_fmt_si(c.cache_bytes, 'B')})"
+            if c.cache_bw_bytes_s
             else ""
         )
         + (
             "; calibration spread (IQR/2 of the trials) "
-            + ", ".join(f"{k} ±{100 * v / 2:.1f}%" for k, v in c["spread"].items())
-            if c.get("spread")
+            + ", ".join(f"{k} ±{100 * v / 2:.1f}%" for k, v in c.spread.items())
+            if c.spread
             else (
                 "; calibration spread not recorded (an older calibration: 'perfscope hw "
                 "calibrate --force' measures it)"
@@ -314,21 +312,21 @@ def roofline_table(summary_roofline: dict[str, Any]) -> RenderableType:
                 else ""
             )
         )
-        + f"; FLOPs {r.get('flops_convention', 'as executed')}; "
-        f"overhead-bound below {fmt_pct(r.get('overhead_threshold'))} MFU and MBU",
+        + f"; FLOPs {r.flops_convention or 'as executed'}; "
+        f"overhead-bound below {fmt_pct(r.overhead_threshold)} MFU and MBU",
         style="dim",
     )
-    lines = [Text(f"• {p['evidence']}") for p in r["phases"].values() if p.get("evidence")]
-    if c.get("provisional"):
-        lines.insert(0, Text(f"⚠ {c['provisional']}", style="bold yellow"))
+    lines = [Text(f"• {p.evidence}") for p in r.phases.values() if p.evidence]
+    if c.provisional:
+        lines.insert(0, Text(f"⚠ {c.provisional}", style="bold yellow"))
     return Group(table, ceil, *lines)
 
 
-def _span(p: dict[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
+def _span(p: Projection, key: str, fmt: Callable[[Any], str]) -> str:
     """``compiled – eager`` for a ranged projection, else the one value."""
-    rng = p.get("range")
+    rng = p.range
     if not rng:
-        v = p.get(key)
+        v = getattr(p, key)
         return fmt(v) if v else "n/a"
     lo, hi = rng["compiled"].get(key), rng["eager"].get(key)
     if not lo or not hi:
@@ -356,31 +354,30 @@ def _said_once(checks: list[str]) -> list[str]:
 
 
 def predictions_table(
-    predictions: list[dict[str, Any]], *, title: str | None = None
+    predictions: Sequence[Projection], *, title: str | None = None
 ) -> RenderableType:
-    """A rich table of :func:`predict` / :func:`project_run` results, one row per device."""
+    """A rich table of projections (:func:`~perfscope.analysis.whatif.predict` /
+    :func:`~perfscope.analysis.whatif.project_run` results as records), one row per device."""
     if not predictions:
         return Text("no devices to project onto", style="dim")
     first = predictions[0]
-    w = first["workload"]
-    sol = all(p["speed_of_light"] for p in predictions)
-    bases = list(dict.fromkeys(str(p["basis"]) for p in predictions if p.get("basis")))
+    w = first.workload
+    sol = all(p.speed_of_light for p in predictions)
+    bases = list(dict.fromkeys(str(p.basis) for p in predictions if p.basis))
     basis = (
         "at speed of light (100% of roofline)"
         if sol
         else " | ".join(bases)
         or (
-            f"derated: prefill {fmt_pct(first['efficiency']['prefill'])}, "
-            f"decode {fmt_pct(first['efficiency']['decode'])} of speed of light"
+            f"derated: prefill {fmt_pct(first.efficiency['prefill'])}, "
+            f"decode {fmt_pct(first.efficiency['decode'])} of speed of light"
         )
     )
     # How far each projection was checked against measurement (stored studies), said once.
-    checks = _said_once(
-        list(dict.fromkeys(str(p["checked"]) for p in predictions if p.get("checked")))
-    )
-    ranged = any(p.get("range") for p in predictions)
+    checks = _said_once(list(dict.fromkeys(str(p.checked) for p in predictions if p.checked)))
+    ranged = any(p.range for p in predictions)
     # A state-space model holds a recurrent state, constant in context, instead of a KV cache.
-    state = all(p["memory"].get("cache_kind") == "recurrent state" for p in predictions)
+    state = all(p.memory.cache_kind == "recurrent state" for p in predictions)
     cache_col = "state" if state else "KV cache"
     cols = (
         "device",
@@ -400,8 +397,8 @@ def predictions_table(
         cols,
         title=title
         or (
-            f"{first['model']} ({first['dtypes']['weights']} weights, "
-            f"{first['dtypes']['kv_cache']} {'state' if state else 'KV'}) — "
+            f"{first.model} ({first.dtypes['weights']} weights, "
+            f"{first.dtypes['kv_cache']} {'state' if state else 'KV'}) — "
             f"batch {w['batch']}, prompt {w['prompt_len']}, "
             f"output {w['output_len']}" + (f", TP {w['tp']}" if w["tp"] > 1 else "")
         ),
@@ -414,136 +411,131 @@ def predictions_table(
         hoist_constant=True,
     )
     for p in predictions:
-        m = p["memory"]
-        fits = "n/a" if m["fits"] is None else ("yes" if m["fits"] else "NO")
+        m = p.memory
+        fits = "n/a" if m.fits is None else ("yes" if m.fits else "NO")
         sol_cells: tuple[str, ...] = ()
         if ranged:
-            s_l = (p.get("range") or {}).get("speed_of_light") or {}
+            s_l = (p.range or {}).get("speed_of_light") or {}
             sol_cells = (_ms(s_l.get("ttft_s")), _ms(s_l.get("tpot_s")))
         table.add_row(
-            p["device"]["key"],
-            p["device"]["source"],
+            p.device.key,
+            str(p.device.source),
             *sol_cells,
             _span(p, "ttft_s", _ms),
             _span(p, "tpot_s", _ms),
             _span(p, "throughput_tok_s", lambda v: format_value(v, "rate", unit="tok/s")),
-            _gb(m["weights_bytes"]),
-            _gb(m["kv_cache_bytes"]),
+            _gb(m.weights_bytes),
+            _gb(m.kv_cache_bytes),
             fits,
-            "n/a" if p["max_batch"] is None else format_count(p["max_batch"]),
-            p["prefill"]["bound"],
-            p["decode"]["bound"],
+            "n/a" if p.max_batch is None else format_count(p.max_batch),
+            str(p.prefill.bound),
+            str(p.decode.bound),
         )
-    notes = sorted({n for p in predictions for n in p["notes"] if not n.startswith("at speed")})
+    notes = sorted({n for p in predictions for n in p.notes if not n.startswith("at speed")})
     return Group(table, *[Text(f"note: {n}", style="dim") for n in notes])
 
 
-def energy_table(section: dict[str, Any]) -> RenderableType:
-    """A rich table of :func:`energy_section`'s result; one line when energy is unavailable
-    and nothing else was sampled."""
-    if (
-        not section.get("available")
-        and not section.get("memory")
-        and not (section.get("cpu") or {}).get("sampled")
-    ):
-        return Text(f"Energy: unavailable ({section.get('reason') or 'no data'})", style="dim")
+def energy_table(section: Energy) -> RenderableType:
+    """A rich table of the energy section (:func:`~perfscope.analysis.energy.energy_section`);
+    one line when energy is unavailable and nothing else was sampled."""
+    cpu = section.cpu
+    if not section.available and not section.memory and not cpu.sampled:
+        return Text(f"Energy: unavailable ({section.reason or 'no data'})", style="dim")
     table = FitTable(
         ("metric", "value", "detail"),
         title="Energy and power",
         right=frozenset(("value",)),
         wrap=frozenset(("detail",)),
     )
-    if not section.get("available"):
-        table.add_row("energy", "unavailable", str(section.get("reason") or ""))
+    if not section.available:
+        table.add_row("energy", "unavailable", str(section.reason or ""))
     else:
         table.add_row(
             "method",
-            str(section.get("method")),
-            f"source {section.get('source')}: {', '.join(section.get('devices', []))}",
+            str(section.method),
+            f"source {section.source}: {', '.join(section.devices)}",
         )
-        table.add_row("window", _fmt(section.get("window_s"), " s"), "")
-        table.add_row("energy", _fmt(section.get("total_j"), " J", 4), "")
+        table.add_row("window", _fmt(section.window_s, " s"), "")
+        table.add_row("energy", _fmt(section.total_j, " J", 4), "")
         table.add_row(
             "energy / output token",
-            _fmt(section.get("j_per_output_token"), " J", 4),
-            f"{_fmt(section.get('tokens_per_j'), ' tok/J', 4)}",
+            _fmt(section.j_per_output_token, " J", 4),
+            f"{_fmt(section.tokens_per_j, ' tok/J', 4)}",
         )
-        if section.get("idle_baseline_w") is not None:
+        if section.idle_baseline_w is not None:
             table.add_row(
                 "idle baseline",
-                _fmt(section.get("idle_baseline_w"), " W"),
-                f"dynamic energy {_fmt(section.get('dynamic_energy_j'), ' J', 4)}",
+                _fmt(section.idle_baseline_w, " W"),
+                f"dynamic energy {_fmt(section.dynamic_energy_j, ' J', 4)}",
             )
-        pw = section.get("power", {})
+        pw = section.power
         table.add_row(
             "power avg / peak",
-            f"{_fmt(pw.get('avg_w'), ' W')} / {_fmt(pw.get('peak_w'), ' W')}",
-            f"limit {_fmt(pw.get('limit_w'), ' W')} (avg {_fmt(pw.get('avg_pct_of_limit'), '%')},"
-            f" peak {_fmt(pw.get('peak_pct_of_limit'), '%')}); TDP {_fmt(pw.get('tdp_w'), ' W')}",
+            f"{_fmt(pw.avg_w, ' W')} / {_fmt(pw.peak_w, ' W')}",
+            f"limit {_fmt(pw.limit_w, ' W')} (avg {_fmt(pw.avg_pct_of_limit, '%')},"
+            f" peak {_fmt(pw.peak_pct_of_limit, '%')}); TDP {_fmt(pw.tdp_w, ' W')}",
         )
-        for name, p in section.get("phases", {}).items():
+        for name, p in section.phases.items():
             detail = []
-            if p.get("time_s") is not None:
-                detail.append(format_seconds(p["time_s"]))
-            if p.get("avg_power_w") is not None:
-                detail.append(format_value(p["avg_power_w"], "watts"))
-            if p.get("j_per_token") is not None:
-                detail.append(format_value(p["j_per_token"], "joules_per_token"))
-            table.add_row(f"  {name}", _fmt(p.get("energy_j"), " J", 4), ", ".join(detail))
-        rq = section.get("requests")
+            if p.time_s is not None:
+                detail.append(format_seconds(p.time_s))
+            if p.avg_power_w is not None:
+                detail.append(format_value(p.avg_power_w, "watts"))
+            if p.j_per_token is not None:
+                detail.append(format_value(p.j_per_token, "joules_per_token"))
+            table.add_row(f"  {name}", _fmt(p.energy_j, " J", 4), ", ".join(detail))
+        rq = section.requests
         if rq:
             table.add_row(
                 "per request",
-                _fmt(rq["energy_j"]["p50"], " J", 4),
-                f"p50; p90 {_fmt(rq['energy_j']['p90'], ' J', 4)}; "
-                f"J/token p50 {_fmt(rq['j_per_output_token']['p50'], '', 4)}",
+                _fmt(rq.energy_j.p50, " J", 4),
+                f"p50; p90 {_fmt(rq.energy_j.p90, ' J', 4)}; "
+                f"J/token p50 {_fmt(rq.j_per_output_token.p50, '', 4)}",
             )
-        thr = section.get("throttle", {})
-        if thr.get("share") is not None:
-            table.add_row("throttled", _fmt(100 * thr["share"], "%"), "share of samples")
-        for name, row in section.get("hardware_counters", {}).items():
-            if row.get("dram_bw_util_pct") is not None:
+        if section.throttle.share is not None:
+            table.add_row("throttled", _fmt(100 * section.throttle.share, "%"), "share of samples")
+        for name, row in section.hardware_counters.items():
+            if row.dram_bw_util_pct is not None:
                 table.add_row(
                     f"measured DRAM bw ({name})",
-                    _fmt(row["dram_bw_util_pct"], "%"),
-                    f"tensor {_fmt(row.get('tensor_util_pct'), '%')}, "
-                    f"SM occupancy {_fmt(row.get('sm_occupancy_pct'), '%')}",
+                    _fmt(row.dram_bw_util_pct, "%"),
+                    f"tensor {_fmt(row.tensor_util_pct, '%')}, "
+                    f"SM occupancy {_fmt(row.sm_occupancy_pct, '%')}",
                 )
-    for dev, m in (section.get("memory") or {}).items():
+    for dev, m in section.memory.items():
         table.add_row(
             f"peak memory {dev}",
-            _bytes(m.get("peak_used_bytes")),
-            f"of {_bytes(m.get('capacity_bytes'))} ({_fmt(m.get('peak_pct_of_capacity'), '%')})",
+            _bytes(m.peak_used_bytes),
+            f"of {_bytes(m.capacity_bytes)} ({_fmt(m.peak_pct_of_capacity, '%')})",
         )
-    for node, n in (section.get("nodes") or {}).items():
+    for node, n in section.nodes.items():
         table.add_row(
             f"node {node}",
-            _fmt(n.get("energy_j"), " J", 4) if n.get("energy_j") is not None else "no power",
-            f"avg {_fmt(n.get('avg_power_w'), ' W')}, peak {_fmt(n.get('peak_power_w'), ' W')}; "
-            f"GPU memory peak {_bytes(n.get('gpu_mem_used_peak_bytes'))} "
-            f"({n.get('gpus', 0)} GPUs), system memory peak "
-            f"{_bytes(n.get('system_mem_used_peak_bytes'))}",
+            _fmt(n.energy_j, " J", 4) if n.energy_j is not None else "no power",
+            f"avg {_fmt(n.avg_power_w, ' W')}, peak {_fmt(n.peak_power_w, ' W')}; "
+            f"GPU memory peak {_bytes(n.gpu_mem_used_peak_bytes)} "
+            f"({n.gpus} GPUs), system memory peak "
+            f"{_bytes(n.system_mem_used_peak_bytes)}",
         )
-    cluster = section.get("cluster")
+    cluster = section.cluster
     if cluster:
         table.add_row(
-            f"cluster ({len(cluster.get('nodes') or [])} nodes)",
-            _fmt(cluster.get("energy_j"), " J", 4),
-            f"avg {_fmt(cluster.get('avg_power_w'), ' W')}; GPU memory peak "
-            f"{_bytes(cluster.get('gpu_mem_used_peak_bytes'))}, system memory peak "
-            f"{_bytes(cluster.get('system_mem_used_peak_bytes'))}",
+            f"cluster ({len(cluster.nodes)} nodes)",
+            _fmt(cluster.energy_j, " J", 4),
+            f"avg {_fmt(cluster.avg_power_w, ' W')}; GPU memory peak "
+            f"{_bytes(cluster.gpu_mem_used_peak_bytes)}, system memory peak "
+            f"{_bytes(cluster.system_mem_used_peak_bytes)}",
         )
-    cpu = section.get("cpu") or {}
-    if cpu.get("sampled"):
+    if cpu.sampled:
         table.add_row(
             "process peak RSS",
-            _bytes(cpu.get("peak_rss_bytes")),
-            f"avg CPU {_fmt(cpu.get('avg_process_cpu_pct'), '% of a core')}",
+            _bytes(cpu.peak_rss_bytes),
+            f"avg CPU {_fmt(cpu.avg_process_cpu_pct, '% of a core')}",
         )
-        if cpu.get("energy_available"):
-            table.add_row("CPU package energy", _fmt(cpu.get("package_energy_j"), " J", 4), "RAPL")
-        elif str(cpu.get("energy_reason")) not in str(section.get("reason")):  # once, not twice
-            table.add_row("CPU energy", "unavailable", str(cpu.get("energy_reason") or ""))
-    for note in section.get("notes", []):
+        if cpu.energy_available:
+            table.add_row("CPU package energy", _fmt(cpu.package_energy_j, " J", 4), "RAPL")
+        elif str(cpu.energy_reason) not in str(section.reason):  # once, not twice
+            table.add_row("CPU energy", "unavailable", str(cpu.energy_reason or ""))
+    for note in section.notes:
         table.add_row("note", "", note)
     return table

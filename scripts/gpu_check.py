@@ -263,19 +263,15 @@ def check_workload(args: argparse.Namespace) -> None:
     print(f"steps per kind {kinds}; median step ms {med}")
     sec = energy_section(tele, steps, requests, chunks, info)
     Console(width=140).print(energy_table(sec))
-    ph = sec.get("phases", {})
     for name in ("prefill", "decode"):
-        if name in ph:
-            print(
-                f"{name}: {ph[name].get('avg_power_w')} W average over "
-                f"{ph[name].get('time_s')} s, {ph[name].get('j_per_token')} J/token"
-            )
+        if name in sec.phases:
+            p = sec.phases[name]
+            print(f"{name}: {p.avg_power_w} W average over {p.time_s} s, {p.j_per_token} J/token")
     print(
-        f"method {sec.get('method')}; counter vs integrated "
-        f"{sec.get('counter_vs_integrated_pct')} %; counter period from data "
-        f"{sec.get('counter_update_period_s')} s"
+        f"method {sec.method}; counter vs integrated {sec.counter_vs_integrated_pct} %; "
+        f"counter period from data {sec.counter_update_period_s} s"
     )
-    RESULTS["workload"] = {"energy": sec, "telemetry": info, "wall_s": wall}
+    RESULTS["workload"] = {"energy": sec.to_dict(), "telemetry": info, "wall_s": wall}
 
 
 def main(argv: list[str] | None = None) -> int:

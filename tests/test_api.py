@@ -277,9 +277,9 @@ def test_sweep_makes_one_run_per_rate_and_writes_the_curve(runs_dir: Path) -> No
     assert isinstance(result, perfscope.Sweep)
     assert result.kind == "rate"
     assert result.failed == 0
-    assert [p["offered"] for p in result.points] == [50, 100]
+    assert [p.offered for p in result.points] == [50, 100]
     assert result.max_goodput == 100
-    assert json.loads(result.path.read_text())["points"] == result.points
+    assert json.loads(result.path.read_text())["points"] == [p.to_dict() for p in result.points]
     for rate, run_dir in zip((50, 100), result.runs, strict=True):
         manifest = perfscope.load_run(run_dir).manifest
         assert manifest["load"]["rate"] == rate

@@ -351,6 +351,40 @@ def test_no_record_falls_back_to_attributes_it_does_not_declare() -> None:
     assert bad == []
 
 
+def test_every_analysis_section_returns_its_record() -> None:
+    """A section is built as its record (``Energy``, ``Roofline``, ...), never as a dict that
+    ``Summary.from_dict`` converts at the end: every ``*_section`` function of the analysis
+    is annotated to return a ``Record`` (or ``None`` where a run may lack the section)."""
+    import inspect
+    import pkgutil
+
+    import perfscope.analysis as analysis
+    from perfscope.analysis.summary import Record
+
+    sections: dict[str, list[Any]] = {}
+    for info in pkgutil.walk_packages(analysis.__path__, "perfscope.analysis."):
+        mod = importlib.import_module(info.name)
+        for name, fn in vars(mod).items():
+            if (
+                name.endswith("_section")
+                and inspect.isfunction(fn)
+                and fn.__module__ == mod.__name__
+            ):
+                # The annotation's text (the modules use postponed annotations): each arm of
+                # the union, resolved in the section's module.
+                arms = str(inspect.signature(fn).return_annotation).split("|")
+                sections[f"{mod.__name__}.{name}"] = [
+                    getattr(mod, a.strip(), a.strip()) for a in arms if a.strip() != "None"
+                ]
+    assert len(sections) >= 6  # energy, roofline, server metrics, prompt cache, client, spec
+    bad = {
+        k: arms
+        for k, arms in sections.items()
+        if not arms or not all(isinstance(a, type) and issubclass(a, Record) for a in arms)
+    }
+    assert bad == {}
+
+
 def test_the_summary_is_a_record_not_a_mapping() -> None:
     from collections.abc import Mapping
 
@@ -368,9 +402,20 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: the study projection work merged beside it; 332 once the roofline section, the advisor's
 #: and the what-if's reading of it, the speculative and client sections became records
 #: (``PhaseRoofline`` and its parts) and the index's CLI paths lost their dicts, with the
-#: state-space families' reader beside them; 313 once the modelspec package's readers and
-#: family rules took read-only mappings.
-DICT_ANY_CEILING = 313
+#: state-space families' reader beside them (331 with the runs page's read-only mappings);
+#: 308 once the energy section became its record (``analysis/energy/``: curves, attribution,
+#: devices, the section); 290 once the server-metrics and prompt-cache sections did too; 289
+#: once the analysis built its hardware section as the record; 273 once a comparison of run
+#: sets became a record (``Comparison``) that the terminal table, the HTML page and the
+#: dashboard's compare page read; 246 once the exporters' run protocol extended RunRecords and
+#: the pytest plugin's baseline (machine, commit, tests, key metrics) became records; 243
+#: once a RunSet's median summary became a Summary (no attribute view over dicts left); 229
+#: once a sweep's summary became records (``SweepSummary``, ``SweepPoint``, ``SweepKnee``);
+#: 228 once ``compute_metrics`` returned its record and ``analyze`` built the Summary itself;
+#: 222 once the comparison read typed summaries as they are; 219 once run --repeat kept its
+#: runs' summaries typed; 217 once the projections table took the Projection records; 197
+#: with the modelspec package's readers taking read-only mappings merged beside them.
+DICT_ANY_CEILING = 197
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
@@ -470,7 +515,7 @@ def test_compare_run_vs_the_pytest_gate_and_study_judge_change_by_judge_metric(
     from perfscope.analysis.study import build_study
     from perfscope.dashboard.compare import compare_sets
     from perfscope.dashboard.figures import RunTables
-    from perfscope.pytest_plugin._baseline import compare_metrics
+    from perfscope.pytest_plugin._baseline import KeyMetric, compare_metrics
 
     # the callers: compare and --vs call compare_sets (read from the code, not a grep)
     seen = set(imports_of("perfscope"))
@@ -502,14 +547,20 @@ def test_compare_run_vs_the_pytest_gate_and_study_judge_change_by_judge_metric(
     empty = pd.DataFrame()
     tables = [[RunTables(s, empty, empty, empty, empty) for s in g] for g in (base, slow)]
     result = compare_sets(tables)
-    assert next(r for r in result["metrics"] if r["primary"])["change"][1] == experiment.WORSE
+    assert result.primary_row.change[1] == experiment.WORSE
     judged("compare / run --vs")
 
-    samples = {"path": "latency.tpot.p50", "direction": "lower"}
+    def tpot(value: float, samples: tuple[float, ...]) -> dict[str, KeyMetric]:
+        return {
+            "tpot": KeyMetric(
+                path="latency.tpot.p50", direction="lower", value=value, samples=samples
+            )
+        }
+
     gate = compare_metrics(
         "test_x",
-        {"tpot": {**samples, "value": 0.02, "samples": [0.02, 0.021, 0.0205, 0.0202]}},
-        {"tpot": {**samples, "value": 0.01, "samples": [0.01, 0.011, 0.0105, 0.0102]}},
+        tpot(0.02, (0.02, 0.021, 0.0205, 0.0202)),
+        tpot(0.01, (0.01, 0.011, 0.0105, 0.0102)),
         [],
         gate_all=True,
     )

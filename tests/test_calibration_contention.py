@@ -96,7 +96,7 @@ def test_provisional_ceilings_are_said_in_the_roofline_and_over_100_percent_is_s
     from rich.console import Console
 
     console = Console(width=220, record=True, color_system=None)
-    console.print(roofline_table(roof.to_dict()))
+    console.print(roofline_table(roof))
     assert (
         "provisional ceilings: calibrated while other processes used 80%" in console.export_text()
     )

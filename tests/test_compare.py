@@ -100,8 +100,8 @@ def test_identical_configurations_raise_family_wise_false_alarms_at_most_at_the_
             _blocked(a, "A", order)
             _blocked(b, "B", order)
         result = compare_run_sets(["a", "b"], [a, b], confidence=0.95)
-        assert result["noise_known"] and result["paired"] == [paired]
-        changes = [row["change"][1] for row in result["metrics"]]
+        assert result.noise_known and result.paired == (paired,)
+        changes = [row.change[1] for row in result.metrics]
         assert set(changes) <= {"better", "worse", "no detectable change"}
         alarms += any(c != "no detectable change" for c in changes)
     rate = alarms / trials
@@ -124,18 +124,18 @@ def test_a_real_30_percent_slowdown_is_called_worse_with_its_interval() -> None:
     a = [_summary(rng, 1.0, 0.03) for _ in range(6)]
     b = [_summary(rng, 1.3, 0.03) for _ in range(6)]
     result = compare_run_sets(["a", "b"], [a, b])
-    rows = {r["key"]: r for r in result["metrics"]}
-    assert result["primary"]["key"] == "latency.tpot.p50" and result["primary"]["default"]
-    assert result["metrics"][0]["primary"]
+    rows = {r.key: r for r in result.metrics}
+    assert result.primary.key == "latency.tpot.p50" and result.primary.default
+    assert result.metrics[0].primary
     for key in ("latency.ttft.p50", "latency.tpot.p50", "throughput.output_tok_s"):
-        assert rows[key]["change"][1] == "worse", key
-        lo, hi = rows[key]["ci"][1]
-        assert lo <= rows[key]["ratios"][1] <= hi
-        assert rows[key]["detectable"][1] is not None and rows[key]["detectable"][1] < 0.3
-    ratio = rows["latency.ttft.p50"]["ratios"][1]
+        assert rows[key].change[1] == "worse", key
+        lo, hi = rows[key].ci[1]
+        assert lo <= rows[key].ratios[1] <= hi
+        assert rows[key].detectable[1] is not None and rows[key].detectable[1] < 0.3
+    ratio = rows["latency.ttft.p50"].ratios[1]
     assert ratio == pytest.approx(1.3, rel=0.08)
-    assert result["headlines"][0].startswith("TPOT p50: worse (1.")
-    assert "not detectable at this noise" in result["headlines"][0]
+    assert result.headlines[0].startswith("TPOT p50: worse (1.")
+    assert "not detectable at this noise" in result.headlines[0]
 
 
 def test_every_shown_interval_is_the_one_its_verdict_was_tested_at() -> None:
@@ -149,21 +149,21 @@ def test_every_shown_interval_is_the_one_its_verdict_was_tested_at() -> None:
     _blocked(a, "A", order)
     _blocked(b, "B", order)
     result = compare_run_sets(["a", "b"], [a, b], confidence=0.9)
-    for row in result["metrics"]:
-        level = row["ci_level"][1]
-        if row["ratios"][1] is None:
+    for row in result.metrics:
+        level = row.ci_level[1]
+        if row.ratios[1] is None:
             continue
-        expect = 1 - 0.8 * 0.1 if row["primary"] else None
+        expect = 1 - 0.8 * 0.1 if row.primary else None
         if expect is not None:
             assert level == pytest.approx(expect)
-        text = row["interval"][1]
-        if row["ci"][1] is not None:
+        text = row.interval[1]
+        if row.ci[1] is not None:
             assert text.endswith(f"at {100 * level:.3g}%") or "correction" in text
-            lo, hi = row["ci"][1]
+            lo, hi = row.ci[1]
             excludes = not lo <= 1.0 <= hi
-            assert (row["change"][1] != "no detectable change") <= excludes, row["key"]
-    lead = result["metrics"][0]
-    assert lead["interval"][1].endswith("at 92%") and lead["change"][1] == "worse"
+            assert (row.change[1] != "no detectable change") <= excludes, row.key
+    lead = result.metrics[0]
+    assert lead.interval[1].endswith("at 92%") and lead.change[1] == "worse"
 
 
 def test_an_experiment_too_small_for_the_corrected_level_says_so_instead_of_a_looser_interval() -> (
@@ -192,8 +192,8 @@ def test_three_runs_a_side_say_they_cannot_detect_a_change_instead_of_claiming_o
     a = [_summary(rng, 1.0, 0.3) for _ in range(3)]
     b = [_summary(rng, 1.0, 0.3) for _ in range(3)]
     result = compare_run_sets(["a", "b"], [a, b])
-    assert {r["change"][1] for r in result["metrics"]} == {"no detectable change"}
-    assert "no change is detectable with 3 runs a side" in result["headlines"][0]
+    assert {r.change[1] for r in result.metrics} == {"no detectable change"}
+    assert "no change is detectable with 3 runs a side" in result.headlines[0]
 
 
 def test_blocks_are_paired_and_a_wild_block_is_named_not_averaged() -> None:
@@ -208,19 +208,19 @@ def test_blocks_are_paired_and_a_wild_block_is_named_not_averaged() -> None:
     result = compare_run_sets(
         ["a", "b"], [a, b], run_ids=[[f"a{i}" for i in range(8)], [f"b{i}" for i in range(8)]]
     )
-    assert result["paired"] == [True]
-    tpot = next(r for r in result["metrics"] if r["key"] == "latency.tpot.p50")
+    assert result.paired == (True,)
+    tpot = next(r for r in result.metrics if r.key == "latency.tpot.p50")
     # Pairing cancels the 30% load swings; the wild block does not stretch the interval.
-    assert tpot["change"][1] == "worse"
-    lo, hi = tpot["ci"][1]
+    assert tpot.change[1] == "worse"
+    lo, hi = tpot.ci[1]
     assert lo > 1.0 and hi < 1.25
-    assert tpot["outliers"][1] == ["a5/b5"]
-    assert any("outlier runs" in n and "a5/b5" in n for n in result["notes"])
+    assert tpot.outliers[1] == ("a5/b5",)
+    assert any("outlier runs" in n and "a5/b5" in n for n in result.notes)
     # Unpaired, the same load swings hide the change.
     for s in a + b:
         del s["run_set"]
     loose = compare_run_sets(["a", "b"], [a, b])
-    assert next(r for r in loose["metrics"] if r["key"] == "latency.tpot.p50")["change"][1] == (
+    assert next(r for r in loose.metrics if r.key == "latency.tpot.p50").change[1] == (
         "no detectable change"
     )
 
@@ -230,7 +230,7 @@ def test_a_named_primary_leads_and_an_unknown_one_is_refused() -> None:
     a = [_summary(rng, 1.0, 0.05) for _ in range(4)]
     b = [_summary(rng, 1.0, 0.05) for _ in range(4)]
     result = compare_run_sets(["a", "b"], [a, b], primary="ttft.p99")
-    assert result["metrics"][0]["key"] == "latency.ttft.p99" and not result["primary"]["default"]
+    assert result.metrics[0].key == "latency.ttft.p99" and not result.primary.default
     with pytest.raises(ValueError, match="not a compared metric"):
         compare_run_sets(["a", "b"], [a, b], primary="banana")
 
@@ -241,32 +241,32 @@ def test_contended_runs_are_counted_in_the_verdict_and_can_be_left_out() -> None
     b = [_summary(rng, 1.0, 0.05) for _ in range(6)]
     b[0]["contention"] = {"others_share": 0.73, "contended": True}
     result = compare_run_sets(["a", "b"], [a, b])
-    assert "1 of 12 runs contended (others used 73% of the CPU)" in result["headlines"][0]
+    assert "1 of 12 runs contended (others used 73% of the CPU)" in result.headlines[0]
     dropped = compare_run_sets(["a", "b"], [a, b], exclude_contended=True)
-    assert next(r for r in dropped["metrics"] if r["primary"])["n"] == [6, 6]
-    assert any("left out 1 contended" in n for n in dropped["notes"])
+    assert next(r for r in dropped.metrics if r.primary).n == (6, 6)
+    assert any("left out 1 contended" in n for n in dropped.notes)
 
 
 def test_single_runs_never_get_a_significance_claim(three_runs: list[Path]) -> None:
     runs = [read_run(p) for p in three_runs]
     result = compare_runs(["base", "slower"], [runs[0].summary, runs[2].summary])  # type: ignore[list-item]
-    assert not result["noise_known"]
-    assert any("noise unknown" in n for n in result["notes"])
-    rows = {row["key"]: row for row in result["metrics"]}
+    assert not result.noise_known
+    assert any("noise unknown" in n for n in result.notes)
+    rows = {row.key: row for row in result.metrics}
     ttft = rows["latency.ttft.p50"]
     base = runs[0].summary["latency"]["ttft"]["p50"]  # type: ignore[index]
     slow = runs[2].summary["latency"]["ttft"]["p50"]  # type: ignore[index]
-    assert ttft["values"] == [pytest.approx(base), pytest.approx(slow)]
-    assert ttft["ratios"][1] == pytest.approx(slow / base)
-    for row in result["metrics"]:
-        assert row["change"][1] in ("no detectable change", "n/a"), row["key"]
-        assert row["ci"][1] is None and row["noise"][1] is None
+    assert ttft.values == (pytest.approx(base), pytest.approx(slow))
+    assert ttft.ratios[1] == pytest.approx(slow / base)
+    for row in result.metrics:
+        assert row.change[1] in ("no detectable change", "n/a"), row.key
+        assert row.ci[1] is None and row.noise[1] is None
     # a set of one against a set of many is still a single run: no claim
     one_vs_two = compare_run_sets(
         ["a", "b"],
         [[runs[0].summary], [runs[2].summary, runs[3].summary]],  # type: ignore[list-item]
     )
-    assert {r["change"][1] for r in one_vs_two["metrics"]} <= {"no detectable change", "n/a"}
+    assert {r.change[1] for r in one_vs_two.metrics} <= {"no detectable change", "n/a"}
 
 
 def test_compare_command_takes_run_sets_as_lists_and_globs(
@@ -334,3 +334,21 @@ def test_goodput_and_attainment_are_not_compared_for_runs_without_slos() -> None
     result = compare_run_sets(["a", "b"], [a, b])
     assert "goodput.attainment" in {row["key"] for row in result["metrics"]}
     assert not any("no SLOs" in n for n in result["notes"])
+
+
+def test_typed_summaries_compare_as_their_json_objects_do() -> None:
+    """``compare_sets`` hands the analysis' typed summaries to the comparison as they are (no
+    JSON round trip per run): the result is the one their summary.json objects give."""
+    from perfscope.analysis.summary import Summary
+
+    rng = np.random.default_rng(11)
+    a = [_summary(rng, 1.0, 0.05) for _ in range(5)]
+    b = [_summary(rng, 1.2, 0.05) for _ in range(5)]
+    _blocked(a, "A", block_order(2, 5, 1))
+    _blocked(b, "B", block_order(2, 5, 1))
+    b[2]["contention"] = {"others_share": 0.6, "steal_share": 0.0, "contended": True}
+    typed = [[Summary.from_dict(s) for s in g] for g in (a, b)]
+    as_json = [[s.to_dict() for s in g] for g in typed]
+    got = compare_run_sets(["a", "b"], typed, detect=0.1)
+    assert got == compare_run_sets(["a", "b"], as_json, detect=0.1)
+    assert got.paired == (True,) and len(got.contention[1]) == 1

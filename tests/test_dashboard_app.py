@@ -54,7 +54,7 @@ class Runs:
         ]
         summary = summarize_sweep("rate", points, {"ttft": 2.0})
         (root / "sweeps").mkdir()
-        write_json_atomic(root / "sweeps" / f"{self.sweep_id}.json", summary)
+        write_json_atomic(root / "sweeps" / f"{self.sweep_id}.json", summary.to_dict())
 
 
 @pytest.fixture(scope="module")

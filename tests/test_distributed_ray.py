@@ -503,12 +503,12 @@ def test_node_agents_merge_into_one_table_and_a_cluster_total(
     )
     sec = energy_section(frame, pd.DataFrame(), requests, pd.DataFrame(), info)
     window_s = (w1 - w0) / 1e9
-    assert sec["total_j"] == pytest.approx(len(names) * POWER_W * window_s, rel=0.03)
-    assert sec["j_per_output_token"] == pytest.approx(sec["total_j"] / 10)
-    assert sorted(sec["nodes"]) == names
+    assert sec.total_j == pytest.approx(len(names) * POWER_W * window_s, rel=0.03)
+    assert sec.j_per_output_token == pytest.approx(sec.total_j / 10)
+    assert sorted(sec.nodes) == names
     for n in names:
-        assert sec["nodes"][n]["energy_j"] == pytest.approx(POWER_W * window_s, rel=0.03)
-    assert sec["cluster"]["energy_j"] == pytest.approx(sec["total_j"])
+        assert sec.nodes[n].energy_j == pytest.approx(POWER_W * window_s, rel=0.03)
+    assert sec.cluster.energy_j == pytest.approx(sec.total_j)
 
 
 def test_a_lost_telemetry_agent_is_reported_and_its_samples_are_kept(cluster: None) -> None:

@@ -16,12 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfscope.analysis.energy import (
-    EnergyCurve,
-    _merge_windows,
-    _split_concurrency,
-    _split_steps_to_requests,
-)
+from perfscope.analysis.energy import EnergyCurve
+from perfscope.analysis.energy.attribution import _split_concurrency, _split_steps_to_requests
+from perfscope.analysis.energy.curves import merge_windows
 from perfscope.analysis.roofline import _union_length
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -181,7 +178,7 @@ intervals = st.lists(
 def test_merged_windows_are_the_union(iv: list[tuple[int, int]]) -> None:
     a = np.array([x for x, _ in iv], dtype=float)
     b = np.array([y for _, y in iv], dtype=float)
-    starts, ends = _merge_windows(a, b)
+    starts, ends = merge_windows(a, b)
     # Reference: walk the sorted intervals and extend the last block while they touch.
     ref: list[list[float]] = []
     for x, y in sorted(iv):

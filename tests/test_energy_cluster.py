@@ -13,6 +13,7 @@ from rich.console import Console
 
 from perfscope.analysis import Summary
 from perfscope.analysis.energy import energy_section
+from perfscope.analysis.summary import Energy
 from perfscope.dashboard.report import _energy_block
 from perfscope.dashboard.terminal import energy_table
 from perfscope.profiler.clock import ManualClock
@@ -64,7 +65,7 @@ def _requests() -> pd.DataFrame:
     )
 
 
-def _section(tele: pa.Table) -> dict[str, object]:
+def _section(tele: pa.Table) -> Energy:
     return energy_section(tele.to_pandas(), pd.DataFrame(), _requests(), pd.DataFrame(), {})
 
 
@@ -85,30 +86,31 @@ def test_energy_per_token_is_the_cluster_total_and_names_nodes_without_power(
     sec = _section(tele)
     window_s = (WINDOW[1] - WINDOW[0]) / 1e9
     truth = sum(w for w in nodes.values() if w is not None) * window_s
-    assert sec["available"] and sec["source"] == "gpu"
-    assert sec["total_j"] == pytest.approx(truth, rel=1e-6)
-    assert sec["j_per_output_token"] == pytest.approx(truth / TOKENS, rel=1e-6)
-    assert sec["devices"] == [f"{n}/gpu0" for n in counted]
-    cluster = sec["cluster"]
-    assert cluster["nodes"] == sorted(nodes)
-    assert cluster["nodes_with_power"] == counted
+    assert sec.available and sec.source == "gpu"
+    assert sec.total_j == pytest.approx(truth, rel=1e-6)
+    assert sec.j_per_output_token == pytest.approx(truth / TOKENS, rel=1e-6)
+    assert sec.devices == tuple(f"{n}/gpu0" for n in counted)
+    cluster = sec.cluster
+    assert cluster is not None
+    assert list(cluster.nodes) == sorted(nodes)
+    assert list(cluster.nodes_with_power) == counted
     missing = [n for n in nodes if n not in counted]
-    assert cluster["nodes_without_power"] == missing
-    assert cluster["energy_j"] == pytest.approx(truth, rel=1e-6)
-    per = sec["nodes"]
+    assert list(cluster.nodes_without_power) == missing
+    assert cluster.energy_j == pytest.approx(truth, rel=1e-6)
+    per = sec.nodes
     for n, w in nodes.items():
         if w is None:
-            assert per[n]["energy_j"] is None and per[n]["power_source"] is None
-            assert per[n]["gpus"] == 0
+            assert per[n].energy_j is None and per[n].power_source is None
+            assert per[n].gpus == 0
             # Memory is still reported for a node without power (the host's own reading).
-            assert per[n]["system_mem_used_peak_bytes"] > 0
+            assert per[n].system_mem_used_peak_bytes > 0
         else:
-            assert per[n]["energy_j"] == pytest.approx(w * window_s, rel=1e-6)
-            assert per[n]["avg_power_w"] == pytest.approx(w, rel=1e-6)
-            assert per[n]["peak_power_w"] == pytest.approx(w, rel=1e-6)
-            assert per[n]["gpu_mem_used_peak_bytes"] == pytest.approx(20e9)
-            assert sec["memory"][f"{n}/gpu0"]["peak_used_bytes"] == pytest.approx(20e9)
-    note = next(t for t in sec["notes"] if "cluster total" in t)
+            assert per[n].energy_j == pytest.approx(w * window_s, rel=1e-6)
+            assert per[n].avg_power_w == pytest.approx(w, rel=1e-6)
+            assert per[n].peak_power_w == pytest.approx(w, rel=1e-6)
+            assert per[n].gpu_mem_used_peak_bytes == pytest.approx(20e9)
+            assert sec.memory[f"{n}/gpu0"].peak_used_bytes == pytest.approx(20e9)
+    note = next(t for t in sec.notes if "cluster total" in t)
     assert f"{len(counted)} of {len(nodes)} nodes" in note
     if missing:
         assert f"no power reading on {missing[0]}" in note
@@ -120,7 +122,7 @@ def test_energy_per_token_is_the_cluster_total_and_names_nodes_without_power(
         assert f"node {n}" in text
     assert "cluster (2 nodes)" in text
     assert ("no power" in text) == bool(missing)
-    html = _energy_block(Summary.from_dict({"energy": sec}))
+    html = _energy_block(Summary(energy=sec))
     assert "Per node" in html and all(f"<td>{n}</td>" in html for n in nodes)
     assert ("no power reading" in html) == bool(missing)
 
@@ -131,6 +133,6 @@ def test_a_single_host_run_has_no_node_breakdown(
     tele = _node(monkeypatch, tmp_path, None, 300.0)
     assert tele.column("node").null_count == tele.num_rows
     sec = _section(tele)
-    assert sec["devices"] == ["gpu0"]
-    assert "nodes" not in sec and "cluster" not in sec
-    assert not any("cluster" in n for n in sec["notes"])
+    assert sec.devices == ("gpu0",)
+    assert not sec.nodes and sec.cluster is None
+    assert not any("cluster" in n for n in sec.notes)

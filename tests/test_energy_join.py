@@ -11,10 +11,12 @@ import pytest
 from rich.console import Console
 
 from perfscope.analysis.energy import EnergyCurve, energy_section
+from perfscope.analysis.summary import Energy
 from perfscope.dashboard.terminal import energy_table
 from perfscope.profiler.clock import ManualClock
 from perfscope.profiler.telemetry import TelemetryConfig, start_telemetry
 from perfscope.profiler.telemetry.testing import FakeGpu, FakeNvml, PowerSchedule
+from tests.conftest import DATA
 
 MS = 1_000_000
 
@@ -117,31 +119,31 @@ def test_energy_per_token_from_the_counter_matches_the_scripted_truth(
         monkeypatch, [FakeGpu(power_w=SCHEDULE.power_w, energy_mj=SCHEDULE.energy_mj)]
     )
     sec = energy_section(tele, _steps(), _requests(), pd.DataFrame(), manifest, tdp_w=700.0)
-    assert sec["available"]
-    assert sec["method"] == "counter"
-    assert sec["source"] == "gpu"
-    assert sec["window_s"] == pytest.approx(0.7)
-    assert sec["total_j"] == pytest.approx(TOTAL_J)
-    assert sec["j_per_output_token"] == pytest.approx(TOTAL_J / OUTPUT_TOKENS)
-    assert sec["tokens_per_j"] == pytest.approx(OUTPUT_TOKENS / TOTAL_J)
-    ph = sec["phases"]
-    assert ph["prefill"]["energy_j"] == pytest.approx(PREFILL_J)
-    assert ph["prefill"]["j_per_token"] == pytest.approx(PREFILL_J / 40)
-    assert ph["prefill"]["avg_power_w"] == pytest.approx(400.0)
-    assert ph["decode"]["energy_j"] == pytest.approx(DECODE_J)
-    assert ph["decode"]["j_per_token"] == pytest.approx(DECODE_J / 17)
-    assert ph["between_steps"]["energy_j"] == pytest.approx(GAP_J)
-    assert ph["between_steps"]["time_s"] == pytest.approx(0.1)
+    assert sec.available
+    assert sec.method == "counter"
+    assert sec.source == "gpu"
+    assert sec.window_s == pytest.approx(0.7)
+    assert sec.total_j == pytest.approx(TOTAL_J)
+    assert sec.j_per_output_token == pytest.approx(TOTAL_J / OUTPUT_TOKENS)
+    assert sec.tokens_per_j == pytest.approx(OUTPUT_TOKENS / TOTAL_J)
+    ph = sec.phases
+    assert ph["prefill"].energy_j == pytest.approx(PREFILL_J)
+    assert ph["prefill"].j_per_token == pytest.approx(PREFILL_J / 40)
+    assert ph["prefill"].avg_power_w == pytest.approx(400.0)
+    assert ph["decode"].energy_j == pytest.approx(DECODE_J)
+    assert ph["decode"].j_per_token == pytest.approx(DECODE_J / 17)
+    assert ph["between_steps"].energy_j == pytest.approx(GAP_J)
+    assert ph["between_steps"].time_s == pytest.approx(0.1)
     # Idle baseline 80 W (sampled before the run), dynamic = total − 80 W × 0.7 s.
-    assert sec["idle_baseline_w"] == pytest.approx(80.0)
-    assert sec["dynamic_energy_j"] == pytest.approx(TOTAL_J - 80 * 0.7)
-    assert ph["prefill"]["dynamic_energy_j"] == pytest.approx(PREFILL_J - 80 * 0.1)
+    assert sec.idle_baseline_w == pytest.approx(80.0)
+    assert sec.dynamic_energy_j == pytest.approx(TOTAL_J - 80 * 0.7)
+    assert ph["prefill"].dynamic_energy_j == pytest.approx(PREFILL_J - 80 * 0.1)
     # Power against the limit (700 W) and TDP.
-    assert sec["power"]["avg_w"] == pytest.approx(TOTAL_J / 0.7)
-    assert sec["power"]["peak_w"] == pytest.approx(400.0)
-    assert sec["power"]["limit_w"] == 700.0
-    assert sec["power"]["peak_pct_of_tdp"] == pytest.approx(100 * 400 / 700)
-    json.dumps(sec)  # JSON-ready
+    assert sec.power.avg_w == pytest.approx(TOTAL_J / 0.7)
+    assert sec.power.peak_w == pytest.approx(400.0)
+    assert sec.power.limit_w == 700.0
+    assert sec.power.peak_pct_of_tdp == pytest.approx(100 * 400 / 700)
+    json.dumps(sec.to_dict())  # JSON-ready
 
 
 def test_per_request_energy_splits_steps_by_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,12 +155,12 @@ def test_per_request_energy_splits_steps_by_tokens(monkeypatch: pytest.MonkeyPat
     r0 = PREFILL_J * 30 / 40 + 250 * 0.4 / 2
     # Request 1: 10/40 of the prefill + half of the shared decode + its lone step.
     r1 = PREFILL_J * 10 / 40 + 250 * 0.4 / 2 + 250 * 0.1
-    rq = sec["requests"]
-    assert rq["count"] == 2
-    assert rq["energy_j"]["max"] == pytest.approx(max(r0, r1))
-    assert rq["energy_j"]["mean"] == pytest.approx((r0 + r1) / 2)
-    assert rq["j_per_output_token"]["mean"] == pytest.approx((r0 / 9 + r1 / 10) / 2)
-    assert rq["attributed_share"] == pytest.approx((r0 + r1) / TOTAL_J)
+    rq = sec.requests
+    assert rq.count == 2
+    assert rq.energy_j.max == pytest.approx(max(r0, r1))
+    assert rq.energy_j.mean == pytest.approx((r0 + r1) / 2)
+    assert rq.j_per_output_token.mean == pytest.approx((r0 / 9 + r1 / 10) / 2)
+    assert rq.attributed_share == pytest.approx((r0 + r1) / TOTAL_J)
 
 
 def test_integrated_power_is_used_and_named_without_an_energy_counter(
@@ -170,13 +172,13 @@ def test_integrated_power_is_used_and_named_without_an_energy_counter(
 
     tele, manifest = _record(monkeypatch, [FakeGpu(power_w=ramp, energy_mj=None)])
     sec = energy_section(tele, _steps(), _requests(), pd.DataFrame(), manifest)
-    assert sec["method"] == "integrated"
+    assert sec.method == "integrated"
 
     def energy(a: float, b: float) -> float:
         return 100.0 * (b - a) + 100.0 * (b * b - a * a)
 
-    assert sec["total_j"] == pytest.approx(energy(0.5, 1.2), rel=1e-9)
-    assert sec["phases"]["prefill"]["energy_j"] == pytest.approx(energy(0.5, 0.6), rel=1e-9)
+    assert sec.total_j == pytest.approx(energy(0.5, 1.2), rel=1e-9)
+    assert sec.phases["prefill"].energy_j == pytest.approx(energy(0.5, 0.6), rel=1e-9)
     # A window edge inside a sampling interval is interpolated exactly too.
     curve = EnergyCurve.from_power(np.array([0.0, 1e9]), np.array([100.0, 300.0]))
     assert curve is not None
@@ -193,11 +195,11 @@ def test_energy_sums_over_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     ]  # fmt: skip
     tele, manifest = _record(monkeypatch, gpus)
     sec = energy_section(tele, _steps(), _requests(), pd.DataFrame(), manifest)
-    assert sec["devices"] == ["gpu0", "gpu1"]
-    assert sec["total_j"] == pytest.approx(1.5 * TOTAL_J)
-    assert sec["j_per_output_token"] == pytest.approx(1.5 * TOTAL_J / OUTPUT_TOKENS)
-    assert sec["power"]["limit_w"] == 1400.0
-    assert sec["power"]["peak_w"] == pytest.approx(600.0)
+    assert sec.devices == ("gpu0", "gpu1")
+    assert sec.total_j == pytest.approx(1.5 * TOTAL_J)
+    assert sec.j_per_output_token == pytest.approx(1.5 * TOTAL_J / OUTPUT_TOKENS)
+    assert sec.power.limit_w == 1400.0
+    assert sec.power.peak_w == pytest.approx(600.0)
 
 
 def test_http_runs_without_steps_split_energy_by_concurrency(
@@ -207,15 +209,13 @@ def test_http_runs_without_steps_split_energy_by_concurrency(
         monkeypatch, [FakeGpu(power_w=SCHEDULE.power_w, energy_mj=SCHEDULE.energy_mj)]
     )
     sec = energy_section(tele, pd.DataFrame(), _requests(), pd.DataFrame(), manifest)
-    assert sec["attribution"] == "concurrency"
-    assert sec["total_j"] == pytest.approx(TOTAL_J)
+    assert sec.attribution == "concurrency"
+    assert sec.total_j == pytest.approx(TOTAL_J)
     # Before the first token (0.5–0.6 s) both requests are in prefill.
-    assert sec["phases"]["prefill"]["energy_j"] == pytest.approx(PREFILL_J)
-    assert sec["phases"]["decode"]["energy_j"] == pytest.approx(TOTAL_J - PREFILL_J)
+    assert sec.phases["prefill"].energy_j == pytest.approx(PREFILL_J)
+    assert sec.phases["decode"].energy_j == pytest.approx(TOTAL_J - PREFILL_J)
     r0 = PREFILL_J / 2 + 250 * 0.4 / 2
-    assert sec["requests"]["energy_j"]["p50"] == pytest.approx(
-        np.percentile([r0, TOTAL_J - r0], 50)
-    )
+    assert sec.requests.energy_j.p50 == pytest.approx(np.percentile([r0, TOTAL_J - r0], 50))
 
 
 def test_throttling_share_and_peak_memory_against_capacity(
@@ -232,12 +232,12 @@ def test_throttling_share_and_peak_memory_against_capacity(
         tele, _steps(), _requests(), pd.DataFrame(), manifest, mem_capacity_bytes=140e9
     )
     # Samples at 500..1200 ms (71 of them), 35 inside 600..940 ms are power-capped.
-    assert sec["throttle"]["share"] == pytest.approx(35 / 71)
-    assert sec["throttle"]["per_device"]["gpu0"]["sw_power_cap"] == pytest.approx(35 / 71)
-    assert sec["throttle"]["per_device"]["gpu0"]["hw_slowdown"] == 0.0
-    mem = sec["memory"]["gpu0"]
-    assert mem["peak_used_bytes"] == 70e9
-    assert mem["peak_pct_of_capacity"] == pytest.approx(50.0)
+    assert sec.throttle.share == pytest.approx(35 / 71)
+    assert sec.throttle.per_device["gpu0"].sw_power_cap == pytest.approx(35 / 71)
+    assert sec.throttle.per_device["gpu0"].hw_slowdown == 0.0
+    mem = sec.memory["gpu0"]
+    assert mem.peak_used_bytes == 70e9
+    assert mem.peak_pct_of_capacity == pytest.approx(50.0)
 
 
 def test_measured_hardware_counters_are_reported_per_phase(
@@ -250,13 +250,14 @@ def test_measured_hardware_counters_are_reported_per_phase(
     gpu = FakeGpu(power_w=SCHEDULE.power_w, energy_mj=SCHEDULE.energy_mj, gpm={10: dram})
     tele, manifest = _record(monkeypatch, [gpu])
     sec = energy_section(tele, _steps(), _requests(), pd.DataFrame(), manifest)
-    hw = sec["hardware_counters"]
-    assert hw["prefill"]["dram_bw_util_pct"] == pytest.approx(30.0)
-    assert hw["decode"]["dram_bw_util_pct"] == pytest.approx(71.0)
+    hw = sec.hardware_counters
+    assert hw["prefill"].dram_bw_util_pct == pytest.approx(30.0)
+    assert hw["decode"].dram_bw_util_pct == pytest.approx(71.0)
 
 
-def test_energy_is_unavailable_with_the_reason_when_nothing_measures_it() -> None:
-    tele = pd.DataFrame(
+def _cpu_only() -> pd.DataFrame:
+    """Samples of a host without a GPU or RAPL: memory and CPU, no power, no energy."""
+    return pd.DataFrame(
         {
             "t": [500 * MS, 900 * MS, 1200 * MS],
             "device": ["cpu"] * 3,
@@ -267,20 +268,24 @@ def test_energy_is_unavailable_with_the_reason_when_nothing_measures_it() -> Non
             "proc_cpu_pct": [100.0, 180.0, 150.0],
         }
     )
+
+
+def test_energy_is_unavailable_with_the_reason_when_nothing_measures_it() -> None:
+    tele = _cpu_only()
     manifest = {
         "gpu_unavailable": "gpu telemetry unavailable: NVML library not found",
         "cpu_energy_unavailable": "cpu energy unavailable: /sys/class/powercap does not exist",
         "mem_total_bytes": {"cpu": 16e9},
     }
     sec = energy_section(tele, _steps(), _requests(), pd.DataFrame(), manifest)
-    assert sec["available"] is False
-    assert sec["method"] == "unavailable"
-    assert "NVML library not found" in sec["reason"]
-    assert "powercap" in sec["reason"]
-    assert "total_j" not in sec
-    assert "j_per_output_token" not in sec
-    assert sec["cpu"]["peak_rss_bytes"] == 2e8
-    assert sec["memory"]["cpu"]["peak_pct_of_capacity"] == pytest.approx(100 * 3e9 / 16e9)
+    assert sec.available is False
+    assert sec.method == "unavailable"
+    assert "NVML library not found" in sec.reason
+    assert "powercap" in sec.reason
+    assert sec.total_j is None
+    assert sec.j_per_output_token is None
+    assert sec.cpu.peak_rss_bytes == 2e8
+    assert sec.memory["cpu"].peak_pct_of_capacity == pytest.approx(100 * 3e9 / 16e9)
     out = io.StringIO()
     Console(file=out, width=160).print(energy_table(sec))
     assert "unavailable" in out.getvalue()
@@ -312,3 +317,76 @@ def test_counter_knots_are_its_updates_not_repeated_samples() -> None:
     # A 100 ms window anywhere reads 20 J, not 0 J or 40 J depending on phase.
     for a in (120 * MS, 160 * MS, 430 * MS):
         assert curve.between(np.array([a]), np.array([a + 100 * MS]))[0] == pytest.approx(20.0)
+
+
+# --------------------------------------------------------------------------- the stored form
+
+#: The energy section's JSON (and each phase's join as the roofline keeps it) for the scripted
+#: runs below, as the section wrote them when it still built a dict (commit 6686e7c). A
+#: summary.json written before and after the section became a record is the same file.
+STORED = DATA / "energy"
+
+
+def _stored_cases(monkeypatch: pytest.MonkeyPatch) -> dict[str, Energy]:
+    def gpu_run(*gpus: FakeGpu) -> tuple[pd.DataFrame, dict[str, object]]:
+        return _record(monkeypatch, list(gpus))
+
+    one = FakeGpu(power_w=SCHEDULE.power_w, energy_mj=SCHEDULE.energy_mj)
+    tele, man = gpu_run(one)
+    ramp, ramp_man = gpu_run(FakeGpu(power_w=lambda t: 100 + 200 * t / 1e9, energy_mj=None))
+    capped, capped_man = gpu_run(
+        FakeGpu(
+            power_w=SCHEDULE.power_w,
+            energy_mj=SCHEDULE.energy_mj,
+            throttle=lambda t: 0x4 | 0x1 if 600 * MS <= t < 950 * MS else 0x1,
+            mem_used_bytes=lambda t: 70e9 if t >= 500 * MS else 1e9,
+            gpm={10: lambda t: 30.0 if t <= 600 * MS else 71.0},
+        )
+    )
+    half = PowerSchedule([(t, w / 2) for t, w in SCHEDULE.steps])
+    two, two_man = gpu_run(
+        FakeGpu(uuid="GPU-a", bus_id="00000000:1B:00.0", power_w=SCHEDULE.power_w,
+                energy_mj=SCHEDULE.energy_mj),
+        FakeGpu(uuid="GPU-b", bus_id="00000000:2B:00.0", power_w=half.power_w,
+                energy_mj=half.energy_mj),
+    )  # fmt: skip
+    cpu_only = _cpu_only()
+    cpu_man = {
+        "gpu_unavailable": "gpu telemetry unavailable: NVML library not found",
+        "cpu_energy_unavailable": "cpu energy unavailable: no powercap",
+        "mem_total_bytes": {"cpu": 16e9},
+    }
+    none = pd.DataFrame()
+    return {
+        "steps_counter": energy_section(
+            tele, _steps(), _requests(), none, man, tdp_w=700.0, mem_capacity_bytes=80e9
+        ),
+        "concurrency": energy_section(tele, none, _requests(), none, man),
+        "integrated": energy_section(ramp, _steps(), _requests(), none, ramp_man),
+        "throttle_gpm": energy_section(
+            capped, _steps(), _requests(), none, capped_man, mem_capacity_bytes=140e9
+        ),
+        "two_gpus": energy_section(two, _steps(), _requests(), none, two_man),
+        "unavailable": energy_section(cpu_only, _steps(), _requests(), none, cpu_man),
+        "no_window": energy_section(none, none, none, none, None),
+    }
+
+
+def test_the_energy_record_writes_the_json_the_dict_section_wrote(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cases = _stored_cases(monkeypatch)
+    assert sorted(cases) == sorted(p.stem for p in STORED.glob("*.json"))
+    for name, sec in cases.items():
+        text = json.dumps(
+            {
+                "energy": sec.to_dict(),
+                "join": {k: p.roofline_join() for k, p in sec.phases.items()},
+            },
+            indent=1,
+        )
+        assert text == (STORED / f"{name}.json").read_text(), name
+        # Every key is a field: nothing the section writes is left to ``extra``.
+        assert not sec.extra and all(not p.extra for p in sec.phases.values()), name
+        # And the stored form reads back into the same record.
+        assert Energy.from_dict(json.loads(text)["energy"]) == sec, name

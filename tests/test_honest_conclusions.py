@@ -293,5 +293,5 @@ def test_contended_runs_are_marked_in_listings_and_grouped_sets_compare_as_sets(
     ]
     tables.append(RunTables(extra, runs[0].requests, runs[0].chunks, runs[0].steps, None))
     result = compare_tables([tables[0], tables[1], tables[2]], ["a1", "b1", "a2"])
-    assert result["runs"] == [["a1", "a2"], ["b1"]]
-    assert not result["noise_known"]  # set B has a single run
+    assert result.runs == (("a1", "a2"), ("b1",))
+    assert not result.noise_known  # set B has a single run

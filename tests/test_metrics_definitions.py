@@ -131,7 +131,7 @@ def test_failed_requests_are_excluded_from_latency_and_count_as_goodput_misses()
     )
     chunks = _chunks([(0, 10 * MS, 1), (0, 50 * MS, 4), (1, 10 * MS, 1), (1, 20 * MS, 1)])
     m = compute_metrics(reqs, chunks, NO_STEPS, slos={"ttft": 1.0})
-    assert m["counts"] == {
+    assert m.counts.to_dict() == {
         "requests": 3,
         "completed": 1,
         "failed": 2,

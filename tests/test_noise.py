@@ -167,12 +167,18 @@ def test_no_detectable_change_says_the_blocks_a_named_change_needs() -> None:
 
 
 def test_the_gate_says_when_its_repeats_could_not_see_the_tolerance() -> None:
-    from perfscope.pytest_plugin._baseline import Tolerance, compare_metrics
+    from perfscope.pytest_plugin._baseline import KeyMetric, Tolerance, compare_metrics
+
+    def entry(value: float, samples: list[float]) -> dict[str, KeyMetric]:
+        return {
+            "tpot.p50": KeyMetric(
+                path="latency.tpot.p50", direction="lower", value=value, samples=tuple(samples)
+            )
+        }
 
     a, b = _aa(3, 0.06, seed=2)
-    entry = {"path": "latency.tpot.p50", "direction": "lower"}
-    cur = {"tpot.p50": {**entry, "value": sorted(b)[1], "samples": b}}
-    base = {"tpot.p50": {**entry, "value": sorted(a)[1], "samples": a}}
+    cur = entry(sorted(b)[1], b)
+    base = entry(sorted(a)[1], a)
     tol = [Tolerance("*", 0.5, None, "50%")]
     wide = compare_metrics("t::x", cur, base, tol, gate_all=True)[0]
     assert wide.verdict == "ok" and wide.needs is not None
@@ -182,7 +188,7 @@ def test_the_gate_says_when_its_repeats_could_not_see_the_tolerance() -> None:
     assert "could not see ±50%" in wide.describe()
     assert wide.to_dict()["needs"] == wide.needs
     # single runs: the noise is unknown; only the tolerance gates and no count is claimed
-    single = {"tpot.p50": {**entry, "value": 0.01, "samples": [0.01]}}
+    single = entry(0.01, [0.01])
     alone = compare_metrics("t::x", single, single, tol, gate_all=True)[0]
     assert alone.needs is None and not alone.blind
 

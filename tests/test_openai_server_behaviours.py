@@ -474,4 +474,4 @@ def test_a_shared_bos_token_served_from_cache_is_not_a_prefix_cache_hit() -> Non
     req = rec.requests_table().to_pandas().sort_values("request_id")
     assert req["cached_tokens"].tolist() == [0, 1, 4]
     pc = prompt_cache_section(req)
-    assert pc is not None and pc["requests_hit"] == 1 and pc["requests_reporting"] == 3
+    assert pc is not None and pc.requests_hit == 1 and pc.requests_reporting == 3

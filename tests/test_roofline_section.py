@@ -15,7 +15,7 @@ from rich.console import Console
 from perfscope.analysis import costmodel as cm
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import roofline_section
-from perfscope.analysis.summary import Roofline
+from perfscope.analysis.summary import EnergyPhase, Roofline
 from perfscope.dashboard.terminal import roofline_table
 from perfscope.hwdb.spec import DeviceSpec
 
@@ -138,10 +138,21 @@ def test_warmup_steps_are_left_out_and_energy_passes_through() -> None:
             "error": [None, None],
         }
     )
-    energy = {"decode": {"energy_j": 12.5, "j_per_token": 0.1}}
+    energy = {
+        "decode": EnergyPhase(
+            energy_j=12.5, time_s=0.01, steps=1, tokens=1, j_per_token=12.5, avg_power_w=1250.0
+        )
+    }
     r = roofline_section(steps, requests, None, SPEC, A100, energy=energy)
     assert r["phases"]["decode"]["steps"] == 1
-    assert r["phases"]["decode"]["energy"] == energy["decode"]
+    assert r["phases"]["decode"]["energy"] == {
+        "energy_j": 12.5,
+        "time_s": 0.01,
+        "steps": 1,
+        "tokens": 1,
+        "j_per_token": 12.5,
+        "avg_power_w": 1250.0,
+    }
 
 
 def test_missing_model_or_device_says_why() -> None:
@@ -226,7 +237,7 @@ def test_real_reference_engine_steps_give_consistent_roofline() -> None:
 
 def _render(r: Roofline) -> str:
     buf = io.StringIO()
-    Console(file=buf, width=200).print(roofline_table(r.to_dict()))
+    Console(file=buf, width=200).print(roofline_table(r))
     return buf.getvalue()
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.server_metrics import histogram_delta, server_metrics_section
+from perfscope.analysis.summary import ServerMetrics
 from perfscope.cli import main
 from perfscope.profiler.clock import MonotonicClock
 from perfscope.profiler.server_metrics import (
@@ -122,8 +123,8 @@ def test_sglang_and_tgi_names_are_detected() -> None:
 def test_vllm_means_are_the_histogram_deltas_of_the_recorded_run() -> None:
     before, after = _fixture("vllm-0.32-cpu-before.prom"), _fixture("vllm-0.32-cpu-after.prom")
     sec = server_metrics_section(_frame(before, after), {"server": "vllm"})
-    assert sec["available"] and sec["server"] == "vllm"
-    lat = sec["latency"]
+    assert sec.available and sec.server == "vllm"
+    lat = sec.latency
     for key, metric in (
         ("ttft", "vllm:time_to_first_token_seconds"),
         ("itl", "vllm:inter_token_latency_seconds"),
@@ -134,25 +135,25 @@ def test_vllm_means_are_the_histogram_deltas_of_the_recorded_run() -> None:
     ):
         ds = _grep_value(after, f"{metric}_sum") - _grep_value(before, f"{metric}_sum")
         dc = _grep_value(after, f"{metric}_count") - _grep_value(before, f"{metric}_count")
-        assert lat[key]["mean_s"] == pytest.approx(ds / dc, rel=1e-12), key
+        assert lat[key].mean_s == pytest.approx(ds / dc, rel=1e-12), key
     # The fixture holds exactly 64 requests of 32 output tokens (31 gaps each).
-    assert lat["ttft"]["count"] == 64 and sec["requests"] == 64
-    assert lat["itl"]["count"] == 64 * 31
-    assert sec["tokens"] == {"prompt": 64 * 64, "generation": 64 * 32, "prompt_cached": 0}
-    assert sec["prefix_cache_hit_rate"] == 0.0
-    assert sec["preemptions"] == 0
+    assert lat["ttft"].count == 64 and sec.requests == 64
+    assert lat["itl"].count == 64 * 31
+    assert sec.tokens == {"prompt": 64 * 64, "generation": 64 * 32, "prompt_cached": 0}
+    assert sec.prefix_cache_hit_rate == 0.0
+    assert sec.preemptions == 0
 
 
 def test_ttft_is_split_into_client_network_queue_and_prefill() -> None:
     before, after = _fixture("vllm-0.32-cpu-before.prom"), _fixture("vllm-0.32-cpu-after.prom")
     sec = server_metrics_section(_frame(before, after), {}, client_ttft_mean_s=0.0850)
-    split = sec["ttft_split"]
-    server = sec["latency"]["ttft"]["mean_s"]
-    assert split["server_ttft_mean_s"] == server
-    assert split["client_network_s"] == pytest.approx(0.0850 - server)
-    assert split["queue_s"] == sec["latency"]["queue"]["mean_s"]
-    assert split["prefill_s"] == sec["latency"]["prefill"]["mean_s"]
-    parts = split["queue_s"] + split["prefill_s"] + split["server_other_s"]
+    split = sec.ttft_split
+    server = sec.latency["ttft"].mean_s
+    assert split.server_ttft_mean_s == server
+    assert split.client_network_s == pytest.approx(0.0850 - server)
+    assert split.queue_s == sec.latency["queue"].mean_s
+    assert split.prefill_s == sec.latency["prefill"].mean_s
+    parts = split.queue_s + split.prefill_s + split.server_other_s
     assert parts == pytest.approx(server)
 
 
@@ -161,27 +162,27 @@ def test_a_user_space_stall_is_never_booked_as_network_time() -> None:
     frame = _frame(before, after)
     user = {"clock": "user", "in_stamps": True, "stalled": True, "worst_s": 1.3}
     sec = server_metrics_section(frame, {}, client_ttft_mean_s=0.299, client_stall=user)
-    split = sec["ttft_split"]
-    server = sec["latency"]["ttft"]["mean_s"]
-    assert split["client_network_s"] is None
-    assert split["client_network_or_stall_s"] == pytest.approx(0.299 - server)
-    assert split["client_stall_max_s"] == 1.3
-    assert any("not network time" in n for n in sec["notes"])
+    split = sec.ttft_split
+    server = sec.latency["ttft"].mean_s
+    assert split.client_network_s is None
+    assert split.client_network_or_stall_s == pytest.approx(0.299 - server)
+    assert split.client_stall_max_s == 1.3
+    assert any("not network time" in n for n in sec.notes)
     # Kernel stamps carry no stall: the remainder is the client/network/front-end share.
     kernel = {"clock": "kernel", "in_stamps": False, "stalled": True, "worst_s": 1.3}
     sec = server_metrics_section(frame, {}, client_ttft_mean_s=0.0850, client_stall=kernel)
-    assert sec["ttft_split"]["client_network_s"] == pytest.approx(0.0850 - server)
-    assert sec["ttft_split"]["stamp_clock"] == "kernel"
+    assert sec.ttft_split.client_network_s == pytest.approx(0.0850 - server)
+    assert sec.ttft_split.stamp_clock == "kernel"
 
 
 def test_a_client_tpot_below_the_servers_is_called_bunched_reads() -> None:
     before, after = _fixture("vllm-0.32-cpu-before.prom"), _fixture("vllm-0.32-cpu-after.prom")
     frame = _frame(before, after)
-    server_tpot = server_metrics_section(frame, {})["latency"]["tpot"]["mean_s"]
+    server_tpot = server_metrics_section(frame, {}).latency["tpot"].mean_s
     sec = server_metrics_section(frame, {}, client_tpot_mean_s=0.5 * server_tpot)
-    assert any("bunched" in n for n in sec["notes"])
+    assert any("bunched" in n for n in sec.notes)
     sec = server_metrics_section(frame, {}, client_tpot_mean_s=server_tpot)
-    assert not any("bunched" in n for n in sec["notes"])
+    assert not any("bunched" in n for n in sec.notes)
 
 
 def test_histogram_delta_refuses_a_counter_reset() -> None:
@@ -191,11 +192,8 @@ def test_histogram_delta_refuses_a_counter_reset() -> None:
     assert histogram_delta(start, end, "vllm:time_to_first_token_seconds") is None
 
 
-def test_vllm_work_counters_are_reported_beside_the_cost_model() -> None:
-    """The recorded server had its FLOP counters off (they stay 0): the section says so and
-    still gives perfscope's cost model for the same requests."""
-    before, after = _fixture("vllm-0.32-cpu-before.prom"), _fixture("vllm-0.32-cpu-after.prom")
-    spec = ModelSpec.from_dict(
+def _tiny_llama() -> ModelSpec:
+    return ModelSpec.from_dict(
         {
             "name": "tiny-llama",
             "n_layers": 4,
@@ -207,7 +205,11 @@ def test_vllm_work_counters_are_reported_beside_the_cost_model() -> None:
             "vocab_size": 8192,
         }
     )
-    requests = pd.DataFrame(
+
+
+def _requests_64x32() -> pd.DataFrame:
+    """The fixtures' run: 64 completed requests of 64 prompt and 32 output tokens."""
+    return pd.DataFrame(
         {
             "prompt_tokens": [64] * 64,
             "output_tokens": [32] * 64,
@@ -215,18 +217,25 @@ def test_vllm_work_counters_are_reported_beside_the_cost_model() -> None:
             "is_warmup": [False] * 64,
         }
     )
+
+
+def test_vllm_work_counters_are_reported_beside_the_cost_model() -> None:
+    """The recorded server had its FLOP counters off (they stay 0): the section says so and
+    still gives perfscope's cost model for the same requests."""
+    before, after = _fixture("vllm-0.32-cpu-before.prom"), _fixture("vllm-0.32-cpu-after.prom")
+    spec, requests = _tiny_llama(), _requests_64x32()
     sec = server_metrics_section(_frame(before, after), {}, model=spec, requests=requests)
-    work = sec["work"]
-    assert work["server_flops"] == 0
-    assert any("did not move" in n for n in sec["notes"])
-    cm = work["cost_model"]
-    assert cm["requests"] == 64
+    work = sec.work
+    assert work.server_flops == 0
+    assert any("did not move" in n for n in sec.notes)
+    cm = work.cost_model
+    assert cm.requests == 64
     # 2 FLOP per non-lm_head matmul parameter per token is a lower bound.
     from perfscope.analysis.costmodel import matmul_params
 
-    assert cm["flops"] > 2 * matmul_params(spec, lm_head=False) * 64 * (64 + 31)
-    assert work["engine_steps"] == 143 and cm["bytes"] > 0
-    assert "flops_ratio_server_to_model" not in work
+    assert cm.flops > 2 * matmul_params(spec, lm_head=False) * 64 * (64 + 31)
+    assert work.engine_steps == 143 and cm.bytes > 0
+    assert work.flops_ratio_server_to_model is None
 
 
 # --------------------------------------------------------------------------- llama.cpp
@@ -236,8 +245,8 @@ def test_llamacpp_prompt_seconds_are_busy_time_not_per_request_prefill() -> None
     before = _fixture("llamacpp-0c1e570-before.prom")
     after = _fixture("llamacpp-0c1e570-after.prom")
     sec = server_metrics_section(_frame(before, after), {}, client_ttft_mean_s=0.02)
-    assert sec["server"] == "llamacpp"
-    lc = sec["llamacpp"]
+    assert sec.server == "llamacpp"
+    lc = sec.llamacpp
     d = {
         n: _grep_value(after, f"llamacpp:{n}") - _grep_value(before, f"llamacpp:{n}")
         for n in (
@@ -246,15 +255,63 @@ def test_llamacpp_prompt_seconds_are_busy_time_not_per_request_prefill() -> None
             "tokens_predicted_total",
         )
     }
-    assert lc["prompt_busy_s"] == pytest.approx(d["prompt_seconds_total"])
+    assert lc.prompt_busy_s == pytest.approx(d["prompt_seconds_total"])
     # The server's mean time per output token is generation seconds / generated tokens.
-    assert sec["latency"]["tpot"]["mean_s"] == pytest.approx(
+    assert sec.latency["tpot"].mean_s == pytest.approx(
         d["tokens_predicted_seconds_total"] / d["tokens_predicted_total"]
     )
     # No TTFT, queue or prefill is derived from the busy time.
-    assert not {"ttft", "queue", "prefill"} & set(sec["latency"])
-    assert sec["ttft_split"] is None
-    assert any("busy time" in n for n in sec["notes"])
+    assert not {"ttft", "queue", "prefill"} & set(sec.latency)
+    assert sec.ttft_split is None
+    assert any("busy time" in n for n in sec.notes)
+
+
+# --------------------------------------------------------------------------- the stored form
+
+#: The section's JSON for the recorded fixtures, as the section wrote it when it still built
+#: a dict (commit 6686e7c): a summary.json is the same file before and after it became a record.
+STORED = DATA / "server_metrics" / "section"
+
+
+def _stored_cases() -> dict[str, ServerMetrics]:
+    def frame(prefix: str) -> pd.DataFrame:
+        return _frame(_fixture(f"{prefix}-before.prom"), _fixture(f"{prefix}-after.prom"))
+
+    vllm, lcpp = frame("vllm-0.32-cpu"), frame("llamacpp-0c1e570")
+    user = {"clock": "user", "in_stamps": True, "stalled": True, "worst_s": 1.3}
+    kernel = {"clock": "kernel", "in_stamps": False, "stalled": True, "worst_s": 1.3}
+    model = {"model": _tiny_llama(), "requests": _requests_64x32()}
+    info = {"server": "vllm", "url": "http://x/metrics", "interval_s": 0.5}
+    return {
+        "vllm": server_metrics_section(vllm, info),
+        "vllm_split": server_metrics_section(
+            vllm, {}, client_ttft_mean_s=0.085, client_tpot_mean_s=0.001
+        ),
+        "vllm_user_stall": server_metrics_section(
+            vllm, {}, client_ttft_mean_s=0.299, client_stall=user
+        ),
+        "vllm_kernel_stall": server_metrics_section(
+            vllm, {}, client_ttft_mean_s=0.085, client_stall=kernel
+        ),
+        "vllm_work": server_metrics_section(vllm, {}, **model),
+        "llamacpp": server_metrics_section(lcpp, {}, client_ttft_mean_s=0.02),
+        "empty": server_metrics_section(pd.DataFrame(), {"reason": "no endpoint", "url": "u"}),
+        "unknown": server_metrics_section(vllm.assign(name="foo_" + vllm["name"]), {}),
+        **{
+            p: server_metrics_section(frame(p), {}, client_ttft_mean_s=0.05, **model)
+            for p in ("vllm-live", "llamacpp-live")
+        },
+    }
+
+
+def test_the_server_metrics_record_writes_the_json_the_dict_section_wrote() -> None:
+    cases = _stored_cases()
+    assert sorted(cases) == sorted(p.stem for p in STORED.glob("*.json"))
+    for name, sec in cases.items():
+        text = json.dumps(sec.to_dict(), indent=1)
+        assert text == (STORED / f"{name}.json").read_text(), name
+        assert not sec.extra, name  # every key the section writes is a field
+        assert ServerMetrics.from_dict(json.loads(text)) == sec, name
 
 
 # --------------------------------------------------------------------------- sampler
@@ -488,13 +545,13 @@ def test_texts_recorded_from_the_live_servers_give_a_section(prefix: str, kind: 
     of 64-token prompts and 32 output tokens."""
     before, after = _fixture(f"{prefix}-before.prom"), _fixture(f"{prefix}-after.prom")
     sec = server_metrics_section(_frame(before, after), {})
-    assert sec["available"] and sec["server"] == kind
-    gen = sec["tokens"]["generation"]
+    assert sec.available and sec.server == kind
+    gen = sec.tokens["generation"]
     assert gen is not None and gen > 0
     if kind == "vllm":
-        n = sec["latency"]["ttft"]["count"]
-        assert n == 16 and gen == 16 * 32 and sec["tokens"]["prompt"] == 16 * 64
-        assert sec["work"]["server_flops"] > 0
+        n = sec.latency["ttft"].count
+        assert n == 16 and gen == 16 * 32 and sec.tokens["prompt"] == 16 * 64
+        assert sec.work.server_flops > 0
     else:
-        assert sec["llamacpp"]["generation_s"] > 0
-        assert sec["latency"]["tpot"]["mean_s"] > 0
+        assert sec.llamacpp.generation_s > 0
+        assert sec.latency["tpot"].mean_s > 0

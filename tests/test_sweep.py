@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from perfscope.analysis.sweep import find_knee, summarize_sweep
+from perfscope.analysis.sweep import SweepPoint, SweepSummary, find_knee, summarize_sweep
 from perfscope.api.run import auto_rates
 from perfscope.cli.sweep import register
 from tests.test_openai_scripted import scripted_server
@@ -26,14 +26,20 @@ def test_knee_is_the_last_point_before_latency_climbs() -> None:
 
 def test_max_goodput_rate_is_the_highest_rate_with_90_percent_attainment() -> None:
     pts = [
-        {"offered": r, "attainment": a, "req_s": r, "output_tok_s": 10 * r, "e2e_p50": e}
+        SweepPoint(offered=r, attainment=a, req_s=r, output_tok_s=10 * r, e2e_p50=e)
         for r, a, e in [(1, 1.0, 0.1), (2, 0.95, 0.1), (4, 0.9, 0.12), (8, 0.5, 0.9)]
     ]
     s = summarize_sweep("rate", pts, {"ttft": 0.2})
-    assert s["max_goodput_rate"] == 4
-    assert s["first_failing"] == 8
-    assert s["knee"]["offered"] == 4
-    assert summarize_sweep("rate", pts, {})["max_goodput_rate"] is None
+    assert s.max_goodput_rate == 4 and s.max_goodput == 4
+    assert s.first_failing == 8
+    assert s.knee is not None and s.knee.point.offered == 4 and s.knee.metric == "e2e_p50"
+    assert summarize_sweep("rate", pts, {}).max_goodput_rate is None
+    # The stored form: the knee is its point's object with the metric first, and only the
+    # kind's max-goodput key is written.
+    data = s.to_dict()
+    assert list(data["knee"])[:2] == ["metric", "offered"]
+    assert "max_goodput_rate" in data and "max_goodput_concurrency" not in data
+    assert SweepSummary.from_dict(data) == s
 
 
 def test_auto_rates_reach_past_saturation() -> None:

@@ -83,12 +83,12 @@ def test_cpu_sampler_traces_a_reference_engine_run_on_this_machine() -> None:
     # No NVIDIA driver here: honest "unavailable", never invented numbers.
     assert info["gpu_unavailable"].startswith("gpu telemetry unavailable: NVML library not found")
     sec = energy_section(tele, steps, requests, chunks, info)
-    assert sec["available"] is False
-    assert sec["method"] == "unavailable"
-    assert "NVML library not found" in sec["reason"]
-    assert sec["cpu"]["sampled"]
-    assert sec["cpu"]["peak_rss_bytes"] > 80e6
-    assert sec["cpu"]["avg_process_cpu_pct"] > 0.0
+    assert sec.available is False
+    assert sec.method == "unavailable"
+    assert "NVML library not found" in sec.reason
+    assert sec.cpu.sampled
+    assert sec.cpu.peak_rss_bytes > 80e6
+    assert sec.cpu.avg_process_cpu_pct > 0.0
 
 
 def test_gpu_absence_is_reported_with_the_reason() -> None:
@@ -161,9 +161,9 @@ def test_rapl_package_and_dram_energy_with_counter_wraparound(tmp_path: Path) ->
          "batch_size": [1], "new_tokens": [3], "context_tokens": [0], "request_ids": [[0]]}
     )  # fmt: skip
     sec = energy_section(tele, steps, pd.DataFrame(), pd.DataFrame(), session.manifest_info())
-    assert sec["source"] == "cpu"
-    assert sec["method"] == "counter"
-    assert sec["total_j"] == pytest.approx(6.0)
+    assert sec.source == "cpu"
+    assert sec.method == "counter"
+    assert sec.total_j == pytest.approx(6.0)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of mode bits")

@@ -163,9 +163,10 @@ def sweep_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_sweep_prints_whole_rates_and_metrics(sweep_summary: dict[str, object], width: int) -> None:
+    from perfscope.analysis.sweep import SweepSummary
     from perfscope.cli.sweep import sweep_table
 
-    text = _text(sweep_table(sweep_summary), width)
+    text = _text(sweep_table(SweepSummary.from_dict(sweep_summary)), width)
     _assert_fits(text, width, ["sweep (rate)", "max_goodput_rate", "80"])
     assert "TTFT p50" in text or "TTFT" in text
 

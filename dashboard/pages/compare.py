@@ -16,6 +16,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
 
+from perfscope.analysis.compare import Comparison
 from perfscope.analysis.manifest import RunManifest
 from perfscope.dashboard.pages._common import (
     CARD_STYLE,
@@ -42,7 +43,7 @@ class ResultCache:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.items: OrderedDict[Any, dict[str, Any]] = OrderedDict()
+        self.items: OrderedDict[Any, Comparison] = OrderedDict()
 
 
 def _run_options(dctx: DashboardContext) -> list[dict[str, Any]]:
@@ -101,13 +102,13 @@ def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
     )
 
 
-def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def metric_records(result: Comparison) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Columns and rows of the metric table: value per run set, then ratio, interval, noise
     band and change of each set against the baseline (first set)."""
     from perfscope.dashboard.compare import format_metric, ratio_cells
 
-    labels = result["labels"]
-    conf = f"{100 * result['confidence']:g}%"
+    labels = result.labels
+    conf = f"{100 * result.confidence:g}%"
     cols: list[dict[str, Any]] = [{"id": "metric", "name": "metric"}]
     for i, lab in enumerate(labels):
         cols.append(
@@ -121,9 +122,9 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
             {"id": f"c{i}", "name": f"change run {i}"},
         ]
     rows = []
-    for m in result["metrics"]:
-        row: dict[str, Any] = {"metric": m["label"], "key": m["key"]}
-        for i, v in enumerate(m["values"]):
+    for m in result.metrics:
+        row: dict[str, Any] = {"metric": m.label, "key": m.key}
+        for i, v in enumerate(m.values):
             row[f"v{i}"] = "n/a (not in this run's summary)" if v is None else format_metric(v, m)
         for i in range(1, len(labels)):
             row[f"r{i}"], row[f"ci{i}"], row[f"n{i}"], row[f"c{i}"] = ratio_cells(m, i)
@@ -131,7 +132,7 @@ def metric_records(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
     return cols, rows
 
 
-def _result(ids: list[str], loaded: list[Any], cache: ResultCache) -> dict[str, Any]:
+def _result(ids: list[str], loaded: list[Any], cache: ResultCache) -> Comparison:
     from perfscope.dashboard.compare import compare_tables
 
     # Keyed on the runs' file signatures: a run rewritten on disk is compared afresh.
@@ -141,7 +142,7 @@ def _result(ids: list[str], loaded: list[Any], cache: ResultCache) -> dict[str, 
         if hit is not None:
             cache.items.move_to_end(key)
             return hit
-    result: dict[str, Any] = compare_tables([x.tables for x in loaded], ids)
+    result = compare_tables([x.tables for x in loaded], ids)
     with cache.lock:
         cache.items[key] = result
         while len(cache.items) > _RESULT_CACHE_SIZE:
@@ -184,17 +185,17 @@ def compare_body(
     from perfscope.dashboard.compare import comparison_title
 
     cols, rows = metric_records(result)
-    conf = f"{100 * result['confidence']:g}%"
+    conf = f"{100 * result.confidence:g}%"
     table = html.Div(
         [
-            html.H3(f"Metrics against the baseline {result['labels'][0]}"),
+            html.H3(f"Metrics against the baseline {result.labels[0]}"),
             note(
                 f"{comparison_title(result)}. A change is better or worse only when its "
                 f"{conf} interval excludes 1."
             ),
             *[
                 html.Div(error_box(str(n), title="Caution"), id=f"compare-note-{i}")
-                for i, n in enumerate(result.get("notes") or [])
+                for i, n in enumerate(result.notes)
             ],
             data_table(
                 id="compare-table",
@@ -209,7 +210,7 @@ def compare_body(
                         "color": color,
                         "fontWeight": "bold",
                     }
-                    for i in range(1, len(result["labels"]))
+                    for i in range(1, len(result.labels))
                     for word, color in (("better", "#2e7d32"), ("worse", "#c62828"))
                 ],
             ),

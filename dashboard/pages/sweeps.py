@@ -18,6 +18,7 @@ from dash import Dash, Input, Output, dcc, html
 from plotly.subplots import make_subplots
 
 from perfscope.analysis.catalogue import format_number, format_ratio, format_seconds
+from perfscope.analysis.sweep import SweepPoint, SweepSummary
 from perfscope.dashboard._fmt import esc
 from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError, inside_root
 from perfscope.dashboard.figures import FIGURE_LAYOUT
@@ -58,7 +59,7 @@ def list_sweeps(dctx: DashboardContext) -> list[str]:
     return sorted((n for n in names if RUN_ID_PATTERN.fullmatch(n)), reverse=True)
 
 
-def load_sweep(dctx: DashboardContext, sweep_id: str) -> dict[str, Any]:
+def load_sweep(dctx: DashboardContext, sweep_id: str) -> SweepSummary:
     """A sweep summary by id (validated like a run id).
 
     Raises:
@@ -78,7 +79,13 @@ def load_sweep(dctx: DashboardContext, sweep_id: str) -> dict[str, Any]:
         raise RunNotFoundError(f"sweep {sweep_id!r} is unreadable: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("points"), list):
         raise RunNotFoundError(f"sweep {sweep_id!r} has no points")
-    return data
+    if not all(isinstance(p, dict) for p in data["points"]) or not isinstance(
+        data.get("knee"), dict | None
+    ):
+        raise RunNotFoundError(
+            f"sweep {sweep_id!r} is malformed: a point or its knee is not an object"
+        )
+    return SweepSummary.from_dict(data)
 
 
 def _f(x: Any) -> float | None:
@@ -93,18 +100,18 @@ def _offered_label(kind: str) -> str:
     return "offered rate (req/s)" if kind == "rate" else "concurrency (users)"
 
 
-def sweep_curve_figure(summary: dict[str, Any]) -> go.Figure:
+def sweep_curve_figure(summary: SweepSummary) -> go.Figure:
     """Latency percentiles (ms) against achieved throughput (req/s), one point per sweep
     point, labelled with its offered load; the knee is circled."""
-    pts = summary.get("points") or []
-    kind = str(summary.get("kind") or "rate")
-    knee = summary.get("knee") or None
+    pts = summary.points
+    kind = str(summary.kind or "rate")
+    knee = summary.knee
     fig = go.Figure()
-    x = [_f(p.get("req_s")) for p in pts]
-    offered = [format_number(p.get("offered")) for p in pts]
+    x = [_f(p.req_s) for p in pts]
+    offered = [format_number(p.offered) for p in pts]
     load_name = "rate" if kind == "rate" else "concurrency"
     for key, label, color, dash in _LAT:
-        y = [(_f(p.get(key)) or float("nan")) * 1e3 for p in pts]
+        y = [(_f(p.column(key)) or float("nan")) * 1e3 for p in pts]
         if all(v != v for v in y):
             continue
         fig.add_trace(
@@ -122,8 +129,9 @@ def sweep_curve_figure(summary: dict[str, Any]) -> go.Figure:
             )
         )
     if knee:
-        metric = str(knee.get("metric") or "e2e_p50")
-        kx, ky = _f(knee.get("req_s")), _f(knee.get(metric))
+        metric = str(knee.metric or "e2e_p50")
+        column = metric if metric in SweepPoint.field_names() else "e2e_p50"
+        kx, ky = _f(knee.point.req_s), _f(knee.point.column(column))
         if kx is not None and ky is not None:
             fig.add_trace(
                 go.Scatter(
@@ -146,17 +154,17 @@ def sweep_curve_figure(summary: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def goodput_figure(summary: dict[str, Any]) -> go.Figure:
+def goodput_figure(summary: SweepSummary) -> go.Figure:
     """Achieved throughput and goodput (req/s) against the offered load, SLO attainment on
     the right axis with the 90 % target; ``max_goodput_rate`` marked."""
-    pts = summary.get("points") or []
-    kind = str(summary.get("kind") or "rate")
-    x = [_f(p.get("offered")) for p in pts]
+    pts = summary.points
+    kind = str(summary.kind or "rate")
+    x = [_f(p.offered) for p in pts]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(
         go.Scatter(
             x=x,
-            y=[_f(p.get("req_s")) for p in pts],
+            y=[_f(p.req_s) for p in pts],
             mode="lines+markers",
             name="achieved req/s",
             line={"color": "#4e79a7"},
@@ -166,7 +174,7 @@ def goodput_figure(summary: dict[str, Any]) -> go.Figure:
     fig.add_trace(
         go.Scatter(
             x=x,
-            y=[_f(p.get("goodput_req_s")) for p in pts],
+            y=[_f(p.goodput_req_s) for p in pts],
             mode="lines+markers",
             name="goodput req/s",
             line={"color": "#59a14f"},
@@ -188,7 +196,7 @@ def goodput_figure(summary: dict[str, Any]) -> go.Figure:
             ),
             secondary_y=False,
         )
-    att = [_f(p.get("attainment")) for p in pts]
+    att = [_f(p.attainment) for p in pts]
     if any(a is not None for a in att):
         fig.add_trace(
             go.Scatter(
@@ -200,7 +208,7 @@ def goodput_figure(summary: dict[str, Any]) -> go.Figure:
             ),
             secondary_y=True,
         )
-        target = _f(summary.get("attainment_target"))
+        target = _f(summary.attainment_target)
         if target is not None:
             fig.add_hline(
                 y=target * 100,
@@ -208,7 +216,7 @@ def goodput_figure(summary: dict[str, Any]) -> go.Figure:
                 secondary_y=True,
             )
     key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
-    best = _f(summary.get(key))
+    best = _f(summary.max_goodput)
     if best is not None:
         fig.add_vline(x=best, line={"color": "#e15759", "dash": "dash"})
         fig.add_annotation(
@@ -247,33 +255,33 @@ def _count_ticks(kind: str, x: list[float | None]) -> dict[str, Any]:
     return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{v:,}" for v in vals]}
 
 
-def _points_table(dctx: DashboardContext, summary: dict[str, Any]) -> Any:
-    kind = str(summary.get("kind") or "rate")
+def _points_table(dctx: DashboardContext, summary: SweepSummary) -> Any:
+    kind = str(summary.kind or "rate")
     rows = []
     root = dctx.runs_dir.resolve()
-    for p in summary.get("points") or []:
-        run = p.get("run")
+    for p in summary.points:
+        run = p.run
         link = ""
         if run:
             rp = Path(str(run))
             if RUN_ID_PATTERN.fullmatch(rp.name) and (root / rp.name).is_dir():
                 link = f"[{rp.name}](/run/{rp.name})"
 
-        def sec(k: str, p: dict[str, Any] = p) -> str:
-            return format_seconds(p.get(k))
+        def sec(k: str, p: SweepPoint = p) -> str:
+            return format_seconds(p.column(k))
 
-        has_slos = bool(summary.get("slos"))
+        has_slos = bool(summary.slos)
         rows.append(
             {
-                "offered": format_number(p.get("offered")),
-                "req_s": format_number(p.get("req_s")),
-                "output_tok_s": format_number(p.get("output_tok_s")),
+                "offered": format_number(p.offered),
+                "req_s": format_number(p.req_s),
+                "output_tok_s": format_number(p.output_tok_s),
                 "ttft_p50": sec("ttft_p50"),
                 "ttft_p99": sec("ttft_p99"),
                 "tpot_p50": sec("tpot_p50"),
                 "e2e_p99": sec("e2e_p99"),
-                "attainment": format_ratio(p.get("attainment")) if has_slos else "no SLOs",
-                "status": str(p.get("status") or ""),
+                "attainment": format_ratio(p.attainment) if has_slos else "no SLOs",
+                "status": str(p.status or ""),
                 "run": link,
             }
         )
@@ -311,22 +319,23 @@ def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> Any:
         summary = load_sweep(dctx, sweep_id)
     except (InvalidRunIdError, RunNotFoundError) as exc:
         return error_box(str(exc))
-    kind = str(summary.get("kind") or "rate")
+    kind = str(summary.kind or "rate")
     key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
-    knee = summary.get("knee") or {}
+    knee = summary.knee
+    good = summary.max_goodput
     facts = [
-        f"engine {summary.get('engine') or '?'}",
-        f"{len(summary.get('points') or [])} points ({kind})",
+        f"engine {summary.engine or '?'}",
+        f"{len(summary.points)} points ({kind})",
         "SLOs "
         + (
-            ", ".join(f"{k} ≤ {format_seconds(v)}" for k, v in (summary.get("slos") or {}).items())
+            ", ".join(f"{k} ≤ {format_seconds(v)}" for k, v in (summary.slos or {}).items())
             or "none"
         ),
-        f"{key} {format_number(summary.get(key))}"
-        if summary.get(key) is not None
-        else f"{key} n/a ({'no point met 90% of SLOs' if summary.get('slos') else 'no SLOs'})",
-        f"knee at {format_number(knee.get('offered'))}" if knee else "no knee in the range tested",
-        f"max {format_number(summary.get('max_req_s'))} req/s",
+        f"{key} {format_number(good)}"
+        if good is not None
+        else f"{key} n/a ({'no point met 90% of SLOs' if summary.slos else 'no SLOs'})",
+        f"knee at {format_number(knee.point.offered)}" if knee else "no knee in the range tested",
+        f"max {format_number(summary.max_req_s)} req/s",
     ]
     return html.Div(
         [

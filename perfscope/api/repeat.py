@@ -26,8 +26,11 @@ from typing import TYPE_CHECKING, Any
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
 
+    from perfscope.analysis.summary import Summary
     from perfscope.api.run import RunArgs, RunPlan
     from perfscope.api.runner import ProgressHook
 
@@ -85,7 +88,7 @@ class SetSummary:
     n: int
 
 
-def set_summary(summaries: list[dict[str, Any]]) -> list[SetSummary]:
+def set_summary(summaries: Sequence[Summary]) -> list[SetSummary]:
     """Median and spread of :data:`SUMMARY_METRICS` over a set's run summaries."""
     from perfscope.analysis.catalogue import metric, to_float, value_at
     from perfscope.analysis.experiment import robust_sd
@@ -175,7 +178,7 @@ def run_repeated(
     most = max(opts.repeat, opts.max_repeats) if adaptive else opts.repeat
     order = block_order(len(configs), most, seed)
     paths: dict[str, list[Path]] = {key: [] for key, _ in configs}
-    summaries: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in configs}
+    summaries: dict[str, list[Summary]] = {key: [] for key, _ in configs}
     failed = 0
     total_runs = 0
 
@@ -237,8 +240,8 @@ def run_repeated(
             }
             out = one(key, base, rs, f"-{key.lower()}" if vs else "")
             paths[key].append(out.path)
-            summaries[key].append(out.summary.to_dict())
-            warn = [w for w in out.summary.to_dict().get("warnings") or [] if "CPU" in str(w)]
+            summaries[key].append(out.summary)
+            warn = [w for w in out.summary.warnings if "CPU" in str(w)]
             err.print(
                 f"block {block + 1} ({tag}) {labels[key]}: {out.path.name} ({out.status})"
                 + (" [yellow]contended[/yellow]" if warn else "")
@@ -258,7 +261,7 @@ def run_repeated(
     if stop_reason:
         err.print(stop_reason)
     if vs is not None:
-        from perfscope.cli.report import _load, _tables, print_config_diff
+        from perfscope.cli.report import _load, _tables, config_diff_json, print_config_diff
         from perfscope.dashboard.compare import compare_sets, comparison_table, config_diff
 
         runs = [[_load(str(p), None) for p in paths[key]] for key, _ in configs]
@@ -271,16 +274,17 @@ def run_repeated(
             exclude_contended=opts.exclude_contended,
             detect=opts.detect,
         )
-        result["experiment"] = {"id": set_id, "seed": seed, "blocks": block, "stop": stop_reason}
-        result["config_diff"] = [
-            {"group": d.group, "field": d.field, "values": list(d.values)}
-            for d in config_diff([g[0].manifest or {} for g in runs])
-        ]
+        diff = config_diff([g[0].manifest or {} for g in runs])
         if as_json:
-            print(json.dumps(result, indent=2))
+            payload = {
+                **result.to_dict(),
+                "experiment": {"id": set_id, "seed": seed, "blocks": block, "stop": stop_reason},
+                "config_diff": config_diff_json(diff),
+            }
+            print(json.dumps(payload, indent=2))
         else:
             console.print(comparison_table(result))
-            print_config_diff(result, console)
+            print_config_diff(result.labels, diff, console)
             console.print(
                 f"order seed {seed}; compare again: perfscope compare {set_id}-A {set_id}-B"
             )
@@ -321,7 +325,7 @@ def _print_set_summary(
 
 def _live_interval(
     opts: RepeatOptions,
-    summaries: dict[str, list[dict[str, Any]]],
+    summaries: dict[str, list[Summary]],
     configs: list[tuple[str, Any]],
     labels: dict[str, str],
     err: Console,
@@ -352,15 +356,15 @@ def _live_interval(
         )
     except ValueError:
         return None
-    row = next(r for r in result["metrics"] if r.get("primary"))
-    ci = row["ci"][1]
+    row = result.primary_row
+    ci = row.ci[1]
     half = _precision_of((ci[0], ci[1]) if ci else None)
     target = f"target ±{100 * (opts.precision or 0):g}%"
     if half is None:
-        err.print(f"  {row['label']}: ratio {row['ratios'][1]:.3f}x, no interval yet ({target})")
+        err.print(f"  {row.label}: ratio {row.ratios[1]:.3f}x, no interval yet ({target})")
     else:
         err.print(
-            f"  {row['label']}: ratio {row['ratios'][1]:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}] "
+            f"  {row.label}: ratio {row.ratios[1]:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}] "
             f"±{100 * half:.1f}% ({target})"
         )
     return half

@@ -3,8 +3,9 @@
 ``run.ttft.p99`` (seconds), ``run.throughput.output_tok_s``, ``run.goodput.attainment``,
 ``run.roofline.decode.mbu``, ``run.energy.j_per_output_token`` ... — attribute access over the
 typed :class:`~perfscope.analysis.Summary`, so tests and scripts read naturally. A name that
-is not there raises an ``AttributeError`` that lists what is (and why a section is not
-available). :class:`Section` is the same attribute view over a plain summary dict.
+is not there raises an ``AttributeError`` (a record's own fields say why a section is not
+available: ``energy.j_per_token`` when energy is unavailable, ``roofline.decode`` without a
+decode phase).
 """
 
 from __future__ import annotations
@@ -17,61 +18,21 @@ import pandas as pd
 from perfscope.analysis import Summary
 from perfscope.profiler.store import StoredRun, read_run, resolve_run_path
 
-__all__ = ["Run", "Section", "load_run"]
+__all__ = ["Run", "load_run", "summary_attribute"]
 
 
-#: Short names users reach for → where the summary keeps them, per section.
-_ALIASES: dict[str, dict[str, str]] = {
-    "energy": {"j_per_token": "j_per_output_token"},
-}
-#: Sections whose sub-objects may be addressed without their container
-#: (``run.roofline.decode`` for ``run.roofline.phases.decode``).
-_FLATTEN: dict[str, str] = {"roofline": "phases", "energy": "phases"}
-
-
-class Section:
-    """Read-only attribute view of one summary section (a JSON object)."""
-
-    __slots__ = ("_data", "_path")
-
-    def __init__(self, data: dict[str, Any], path: str) -> None:
-        self._data = data
-        self._path = path
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        data = self._data
-        key = _ALIASES.get(self._path, {}).get(name, name)
-        if key in data:
-            value = data[key]
-        elif (
-            isinstance(data.get(_FLATTEN.get(self._path, "")), dict)
-            and key in data[_FLATTEN[self._path]]
-        ):
-            value = data[_FLATTEN[self._path]][key]
-        else:
-            why = (
-                f" ({self._path} is not available: {data.get('reason')})"
-                if data.get("available") is False
-                else ""
-            )
-            raise AttributeError(
-                f"{self._path} has no {name!r}{why}; it has: {', '.join(sorted(data))}"
-            )
-        return Section(value, f"{self._path}.{name}") if isinstance(value, dict) else value
-
-    def __getitem__(self, name: str) -> Any:
-        return self.__getattr__(name)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._data
-
-    def to_dict(self) -> dict[str, Any]:
-        return self._data
-
-    def __repr__(self) -> str:
-        return f"Section({self._path}: {self._data!r})"
+def summary_attribute(summary: Summary, name: str, owner: str) -> Any:
+    """``run.<name>`` of a :class:`Run` or :class:`~perfscope.api.runset.RunSet`: a latency
+    metric (``ttft``, ...) is ``summary.latency.<name>``, anything else a field of the
+    :class:`~perfscope.analysis.Summary` type (never its ``extra``); lists of records (errors,
+    warnings, advice, projections) come back as lists. AttributeError otherwise."""
+    latency = summary.latency.metrics()
+    if name in latency:
+        return latency[name]
+    if name in Summary.field_names():
+        value = getattr(summary, name)
+        return list(value) if isinstance(value, tuple) else value
+    raise AttributeError(f"{owner} has no attribute {name!r}")
 
 
 class Run:
@@ -133,15 +94,7 @@ class Run:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        summary: Summary = self.__dict__["summary"]
-        latency = summary.latency.metrics()
-        if name in latency:
-            return latency[name]
-        if name in summary:  # a field of the Summary type, never its ``extra``
-            value = getattr(summary, name)
-            # Lists (errors, warnings, advice, projections) are lists of their records.
-            return list(value) if isinstance(value, tuple) else value
-        raise AttributeError(f"Run has no attribute {name!r}")
+        return summary_attribute(self.__dict__["summary"], name, "Run")
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, status={self.status!r})"

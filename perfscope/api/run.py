@@ -27,6 +27,7 @@ from perfscope.errors import EngineError, RunNotFoundError, UsageError
 
 if TYPE_CHECKING:
     from perfscope.analysis.modelspec import ModelSpec
+    from perfscope.analysis.sweep import SweepKnee, SweepPoint, SweepProbe, SweepSummary
     from perfscope.api.results import Run
     from perfscope.api.runner import ProgressHook, RunOptions, RunOutcome
     from perfscope.profiler.engines.base import Engine, EngineOptions
@@ -712,29 +713,27 @@ class Sweep:
     """
 
     kind: str
-    summary: dict[str, Any]
+    summary: SweepSummary
     path: Path
     runs: tuple[Path, ...]
     failed: int
 
     @property
-    def points(self) -> list[dict[str, Any]]:
+    def points(self) -> list[SweepPoint]:
         """Per point: ``offered`` load, ``req_s``, ``output_tok_s``, latency percentiles
         (seconds), SLO ``attainment`` (fraction), ``failed`` requests, ``run``."""
-        points: list[dict[str, Any]] = self.summary["points"]
-        return points
+        return list(self.summary.points)
 
     @property
-    def knee(self) -> dict[str, Any] | None:
-        """The last point before latency climbs (``offered``, ``metric``), or ``None``."""
-        knee: dict[str, Any] | None = self.summary.get("knee")
-        return knee
+    def knee(self) -> SweepKnee | None:
+        """The last point before latency climbs (its ``point`` and ``metric``), or ``None``."""
+        return self.summary.knee
 
     @property
     def max_goodput(self) -> float | None:
         """The highest offered load whose SLO attainment stays >= 90% (``None`` without
         SLOs or when no point reaches it)."""
-        value = self.summary.get(f"max_goodput_{self.kind}")
+        value = self.summary.max_goodput
         return None if value is None else float(value)
 
 
@@ -840,7 +839,7 @@ def sweep_with(
 ) -> Sweep:
     """:func:`sweep` from a :class:`RunArgs` record of the per-point options."""
     from perfscope.analysis.catalogue import format_number
-    from perfscope.analysis.sweep import summarize_sweep, sweep_point
+    from perfscope.analysis.sweep import SweepProbe, summarize_sweep, sweep_point
     from perfscope.profiler.store import default_runs_root, write_json_atomic
 
     say = log or (lambda line: None)
@@ -849,7 +848,7 @@ def sweep_with(
     # Every option is checked before the first run (a probe can take minutes).
     plan(replace(base, name=name))
     slos = slo_seconds(base.slos)
-    probe: dict[str, Any] | None = None
+    probe: SweepProbe | None = None
     if concurrencies is not None:
         kind = "concurrency"
         loads = [float(_whole(int(c), base.arg("concurrency"), 1)) for c in concurrencies]
@@ -869,7 +868,7 @@ def sweep_with(
                     f"the saturation probe failed ({out.error or 'no completed requests'}); "
                     f"see {out.path}, or give --rates explicitly"
                 )
-            probe = {"run": str(out.path), "req_s": sat}
+            probe = SweepProbe(run=str(out.path), req_s=sat)
             loads = auto_rates(float(sat), points)
         else:
             loads = [_positive(r, base.arg("rate")) for r in chosen]
@@ -893,15 +892,17 @@ def sweep_with(
             failed += 1
         runs.append(out.path)
         point_rows.append(sweep_point(x, out.summary, str(out.path)))
-    summary = summarize_sweep(kind, point_rows, slos, knee_metric)
-    summary["probe"] = probe
-    summary["engine"] = _engine_of(runs[0]) or _engine_factory(base.engine)[0]
     root = Path(base.runs_dir) if base.runs_dir is not None else default_runs_root()
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     path = root / "sweeps" / f"{stamp}-{name}.json"
+    summary = replace(
+        summarize_sweep(kind, point_rows, slos, knee_metric),
+        probe=probe,
+        engine=_engine_of(runs[0]) or _engine_factory(base.engine)[0],
+        path=str(path),
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
-    summary["path"] = str(path)
-    write_json_atomic(path, summary)
+    write_json_atomic(path, summary.to_dict())
     return Sweep(kind=kind, summary=summary, path=path, runs=tuple(runs), failed=failed)
 
 

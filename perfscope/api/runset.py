@@ -52,14 +52,18 @@ class RunSet:
 
     Attributes:
         runs: the individual :class:`perfscope.Run` objects, in order.
-        summary: element-wise median of their summaries.
+        summary: element-wise median of their summaries, as the typed
+            :class:`~perfscope.analysis.Summary` (its summary.json form is
+            ``runs.summary.to_dict()``).
     """
 
     def __init__(self, runs: Sequence[Any]) -> None:
+        from perfscope.analysis.summary import Summary  # loads without pandas
+
         if not runs:
             raise UsageError("a RunSet needs at least one run")
         self.runs: list[Any] = list(runs)
-        self.summary: dict[str, Any] = _median_tree([summary_of(r) for r in self.runs])
+        self.summary: Summary = Summary.from_dict(_median_tree([summary_of(r) for r in self.runs]))
 
     @property
     def path(self) -> Path:
@@ -98,15 +102,9 @@ class RunSet:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        from perfscope.api.results import Section
+        from perfscope.api.results import summary_attribute
 
-        latency = self.summary.get("latency", {})
-        if name in latency:
-            return Section(latency[name], name)
-        if name in self.summary:
-            value = self.summary[name]
-            return Section(value, name) if isinstance(value, dict) else value
-        raise AttributeError(f"RunSet has no attribute {name!r}")
+        return summary_attribute(self.__dict__["summary"], name, "RunSet")
 
     def __repr__(self) -> str:
         return f"RunSet({len(self.runs)} runs, first={str(self.path)!r})"

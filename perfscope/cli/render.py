@@ -135,7 +135,7 @@ def _roofline_view(summary: Summary) -> RenderableType | None:
     roofline = summary.roofline
     if not roofline.available:
         return Text(f"Roofline: not available ({roofline.reason})", style="dim")
-    return roofline_table(roofline.to_dict())
+    return roofline_table(roofline)
 
 
 def _advice_view(summary: Summary) -> RenderableType | None:
@@ -176,14 +176,14 @@ def _projections_view(summary: Summary) -> RenderableType | None:
     if not summary.projections:
         return None
     return predictions_table(
-        [p.to_dict() for p in summary.projections],
+        summary.projections,
         title="This workload on other devices (each device's speed of light at a stated "
         "efficiency; TTFT/TPOT ranges: compiled engine – eager PyTorch)",
     )
 
 
 def _energy_view(summary: Summary) -> RenderableType | None:
-    return energy_table(summary.energy.to_dict())
+    return energy_table(summary.energy)
 
 
 def _server_metrics_view(summary: Summary) -> RenderableType | None:
@@ -210,7 +210,7 @@ def _server_metrics_view(summary: Summary) -> RenderableType | None:
             continue
         ours = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "itl": "itl_per_token"}.get(key)
         mine = client[ours].mean if ours and ours in client else None
-        t.add_row(label, format_seconds(lat[key].get("mean_s")), format_seconds(mine))
+        t.add_row(label, format_seconds(lat[key].mean_s), format_seconds(mine))
     tokens = sm.tokens
     t.add_row(
         "output tokens",
@@ -232,9 +232,9 @@ def _server_metrics_view(summary: Summary) -> RenderableType | None:
             f"{sm.running_max:.0f} / {(sm.waiting_max or 0):.0f}",
             "",
         )
-    work = sm.work or {}
-    if work.get("flops_ratio_server_to_model") is not None:
-        t.add_row("FLOPs: server / cost model", f"{work['flops_ratio_server_to_model']:.3f}", "")
+    ratio = sm.work.flops_ratio_server_to_model if sm.work is not None else None
+    if ratio is not None:
+        t.add_row("FLOPs: server / cost model", f"{ratio:.3f}", "")
     return t
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from perfscope.errors import UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from perfscope.dashboard.compare import ConfigDiff
     from perfscope.profiler.store import StoredRun
 
 __all__ = ["register", "write_run_report"]
@@ -294,10 +295,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    result["config_diff"] = [
-        {"group": d.group, "field": d.field, "values": list(d.values)}
-        for d in config_diff([g[0].manifest or {} for g in sets])
-    ]
+    diff = config_diff([g[0].manifest or {} for g in sets])
     runs = [r for g in sets for r in g]
     out_path: Path | None = None
     if args.report:
@@ -307,33 +305,36 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
         write_output_text(out_path, html)
     if args.json:
-        payload: dict[str, Any] = dict(result)
+        payload = {**result.to_dict(), "config_diff": config_diff_json(diff)}
         payload["paths"] = [[str(r.path) for r in g] for g in sets]
         if out_path is not None:
             payload["report"] = str(out_path)
         print(json.dumps(payload, indent=2))
         return 0
     console.print(comparison_table(result))
-    print_config_diff(result, console)
+    print_config_diff(result.labels, diff, console)
     if out_path is not None:
         console.print(f"comparison report: {out_path} ({_size(out_path)})")
     return 0
 
 
-def print_config_diff(result: Mapping[str, Any], console: Console) -> None:
+def config_diff_json(diff: Sequence[ConfigDiff]) -> list[dict[str, Any]]:
+    """The configuration differences as ``--json`` prints them."""
+    return [{"group": d.group, "field": d.field, "values": list(d.values)} for d in diff]
+
+
+def print_config_diff(labels: Sequence[str], diff: Sequence[ConfigDiff], console: Console) -> None:
     """Name each side and print what differs between their configurations (first run of
     each set), or that nothing does."""
     from perfscope.dashboard.compare import side_name
 
-    labels = result["labels"]
     sides = " vs ".join(f"{side_name(i, len(labels))} = {lab}" for i, lab in enumerate(labels))
-    diff = result.get("config_diff") or []
     if not diff:
         console.print(f"{sides}: identical configurations")
         return
     console.print(f"{sides}: configurations differ in")
     for d in diff[:20]:
-        console.print(f"  {d['field']}: " + " | ".join(str(v) for v in d["values"]))
+        console.print(f"  {d.field}: " + " | ".join(str(v) for v in d.values))
     if len(diff) > 20:
         console.print(f"  ... and {len(diff) - 20} more fields (--json lists all)")
 

@@ -201,6 +201,7 @@ def _devices(hw: str | None) -> list[DeviceSpec]:
 
 
 def _handle(args: argparse.Namespace, console: Console) -> int:
+    from perfscope.analysis.summary import Projection
     from perfscope.analysis.whatif import predict
     from perfscope.dashboard.terminal import predictions_table
 
@@ -247,7 +248,7 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
     console.print(f"model {spec.name}:", markup=False, highlight=False)
     for line in assumptions:
         console.print(f"  - {line}", markup=False, highlight=False)
-    console.print(predictions_table(preds))
+    console.print(predictions_table([Projection.from_dict(p) for p in preds]))
     for line in provisional_lines(devices):
         console.print(f"⚠ {line}", style="bold yellow", markup=False, highlight=False)
     if parallel:

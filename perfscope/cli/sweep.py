@@ -18,6 +18,7 @@ from perfscope.cli.safe import SafeConsole as Console
 from perfscope.errors import UsageError
 
 if TYPE_CHECKING:
+    from perfscope.analysis.sweep import SweepSummary
     from perfscope.api.run import RunArgs
 
 __all__ = [
@@ -438,7 +439,7 @@ def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         log=err.print,
     )
     if args.json:
-        print(json.dumps(result.summary, indent=2))
+        print(json.dumps(result.summary.to_dict(), indent=2))
     else:
         console.print(sweep_table(result.summary))
     return 1 if result.failed else 0
@@ -458,34 +459,34 @@ _SWEEP_COLUMNS = (
 )
 
 
-def sweep_table(summary: dict[str, Any]) -> Any:
+def sweep_table(summary: SweepSummary) -> Any:
     """The sweep as a terminal table (stacked per point when narrow), with the knee and max
     goodput rate in the caption; every number through the metric catalogue's formats."""
     from perfscope.analysis.catalogue import format_number, metric
     from perfscope.analysis.sweep import POINT_METRICS
     from perfscope.dashboard.terminal import FitTable
 
-    kind = summary["kind"]
-    knee = summary.get("knee")
+    kind = summary.kind
+    knee = summary.knee
     cols = ("offered req/s" if kind == "rate" else "concurrency", *(h for _, h in _SWEEP_COLUMNS))
     t = FitTable(cols, title=f"sweep ({kind})", right=frozenset(cols))
-    for p in summary["points"]:
-        mark = " ◀ knee" if knee and p["offered"] == knee["offered"] else ""
+    for p in summary.points:
+        mark = " ◀ knee" if knee and p.offered == knee.point.offered else ""
         cells = [
             "no SLOs"
-            if col == "attainment" and not summary.get("slos")
-            else ("n/a" if p.get(col) is None else metric(POINT_METRICS[col]).format(p[col]))
+            if col == "attainment" and not summary.slos
+            else ("n/a" if (v := p.column(col)) is None else metric(POINT_METRICS[col]).format(v))
             for col, _ in _SWEEP_COLUMNS
         ]
-        t.add_row(f"{format_number(p['offered'])}{mark}", *cells)
+        t.add_row(f"{format_number(p.offered)}{mark}", *cells)
     key = "max_goodput_rate" if kind == "rate" else "max_goodput_concurrency"
     knee_txt = (
-        f"knee at {format_number(knee['offered'])} ({knee['metric']})"
+        f"knee at {format_number(knee.point.offered)} ({knee.metric})"
         if knee
         else "no knee in the range tested (latency did not climb)"
     )
-    if summary.get("slos"):
-        good = summary.get(key)
+    if summary.slos:
+        good = summary.max_goodput
         good_txt = (
             f"{key} = {format_number(good)}"
             if good is not None
@@ -493,5 +494,5 @@ def sweep_table(summary: dict[str, Any]) -> Any:
         )
     else:
         good_txt = f"{key}: give --slo to compute it"
-    t.caption = f"{knee_txt}; {good_txt}; saved to {summary.get('path')}"
+    t.caption = f"{knee_txt}; {good_txt}; saved to {summary.path}"
     return t

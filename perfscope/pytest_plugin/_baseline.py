@@ -23,9 +23,9 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -34,6 +34,7 @@ from typing import Any
 from perfscope.analysis.catalogue import format_change, format_metric, format_ratio
 from perfscope.analysis.compare import contention_of
 from perfscope.analysis.experiment import BETTER, WORSE
+from perfscope.analysis.summary import Record
 from perfscope.checks.change import compare_samples
 from perfscope.checks.grammar import parse_limit, parse_tolerance
 from perfscope.errors import BrokenRunError, SLOError, UsageError
@@ -42,6 +43,11 @@ from perfscope.profiler.store import read_json_capped, write_json_atomic
 __all__ = [
     "BASELINE_SCHEMA",
     "DEFAULT_TOLERANCE",
+    "Baseline",
+    "BaselineTest",
+    "CommitInfo",
+    "KeyMetric",
+    "MachineInfo",
     "MetricComparison",
     "Tolerance",
     "baseline_path",
@@ -59,6 +65,85 @@ BASELINE_SCHEMA = "perfscope.baseline/1"
 #: Relative tolerance of every metric when ``--perfscope-fail`` names none.
 DEFAULT_TOLERANCE = 0.10
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineInfo(Record):
+    """Facts about the machine a baseline (or a session) was measured on.
+
+    ``hardware_key`` decides whether timings are comparable (``gpu:h100-sxm5-80gb x2``,
+    ``cpu:<model> (16 cores)``); ``device`` and ``device_kind`` name its device; then the
+    CPU model and logical cores, the GPUs' names, the platform, host and the versions of
+    Python, perfscope, torch and pytest (``None`` when not installed).
+    """
+
+    hardware_key: str | None = None
+    device: str | None = None
+    device_kind: str | None = None
+    cpu: str | None = None
+    cpu_count: int | None = None
+    gpus: tuple[str, ...] = ()
+    platform: str | None = None
+    hostname: str | None = None
+    python: str | None = None
+    perfscope: str | None = None
+    torch: str | None = None
+    pytest: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitInfo(Record):
+    """The git commit measured: ``id`` (``None`` outside git), ``branch``, ``dirty``."""
+
+    id: str | None = None
+    branch: str | None = None
+    dirty: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyMetric(Record):
+    """One metric of a perf test's run (or run set): its summary ``path``, ``value`` (the
+    median over the repeats, SI units), the per-repeat ``samples``, its unit ``kind`` and
+    better ``direction`` (``lower``/``higher``; ``None``: reported, never gated)."""
+
+    path: str | None = None
+    value: float | None = None
+    samples: tuple[float, ...] = ()
+    kind: str | None = None
+    direction: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineTest(Record):
+    """One measurement saved in a baseline: the test's node id, the measurement's label,
+    the test's outcome, its run directories and its key metrics."""
+
+    nodeid: str = ""
+    label: str = ""
+    outcome: str = ""
+    run_dirs: tuple[str, ...] = ()
+    metrics: dict[str, KeyMetric] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Baseline(Record):
+    """A saved baseline (``<storage>/NAME.json``, schema :data:`BASELINE_SCHEMA`): its name,
+    when it was written (ISO 8601), the machine and commit, and the measurements by key."""
+
+    schema: str = BASELINE_SCHEMA
+    name: str | None = None
+    created_at: str | None = None
+    machine: MachineInfo | None = None
+    commit: CommitInfo | None = None
+    tests: dict[str, BaselineTest] = field(default_factory=dict)
+
+    @property
+    def hardware_key(self) -> str | None:
+        """The machine's hardware key (``None`` when the baseline records no machine)."""
+        return self.machine.hardware_key if self.machine is not None else None
 
 
 # --------------------------------------------------------------------------- machine
@@ -91,7 +176,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info() -> MachineInfo:
     """Facts about this machine; ``hardware_key`` decides whether timings are comparable.
 
     The key comes from :func:`perfscope.hwdb.detect_local_device` (the first GPU by its
@@ -100,20 +185,17 @@ def machine_info() -> dict[str, Any]:
     """
     from perfscope import __version__
 
-    info: dict[str, Any] = {
-        "hardware_key": None,
-        "device": None,
-        "device_kind": None,
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "gpus": _gpu_names(),
-        "platform": platform.platform(),
-        "hostname": socket.gethostname(),
-        "python": platform.python_version(),
-        "perfscope": __version__,
-        "torch": _version("torch"),
-        "pytest": _version("pytest"),
-    }
+    info = MachineInfo(
+        cpu=_cpu_name(),
+        cpu_count=os.cpu_count(),
+        gpus=tuple(_gpu_names()),
+        platform=platform.platform(),
+        hostname=socket.gethostname(),
+        python=platform.python_version(),
+        perfscope=__version__,
+        torch=_version("torch"),
+        pytest=_version("pytest"),
+    )
     try:
         from perfscope.hwdb import detect_local_device
 
@@ -127,15 +209,13 @@ def machine_info() -> dict[str, Any]:
             key += f" x{dev.count}"
         if dev.kind == "cpu" and dev.cores:
             key += f" ({dev.cores} cores)"
-        info.update(hardware_key=key, device=dev.name, device_kind=dev.kind)
-    elif info["gpus"]:
-        n = len(info["gpus"])
-        key = f"gpu:{info['gpus'][0]}" + (f" x{n}" if n > 1 else "")
-        info.update(hardware_key=key, device=info["gpus"][0], device_kind="gpu")
-    else:
-        key = f"cpu:{info['cpu']} ({info['cpu_count']} cores)"
-        info.update(hardware_key=key, device=info["cpu"], device_kind="cpu")
-    return info
+        return replace(info, hardware_key=key, device=dev.name, device_kind=dev.kind)
+    if info.gpus:
+        n = len(info.gpus)
+        key = f"gpu:{info.gpus[0]}" + (f" x{n}" if n > 1 else "")
+        return replace(info, hardware_key=key, device=info.gpus[0], device_kind="gpu")
+    key = f"cpu:{info.cpu} ({info.cpu_count} cores)"
+    return replace(info, hardware_key=key, device=info.cpu, device_kind="cpu")
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -148,17 +228,17 @@ def _git(root: Path, *args: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def commit_info(root: Path) -> dict[str, Any]:
+def commit_info(root: Path) -> CommitInfo:
     """The git commit of ``root`` (``id``, ``branch``, ``dirty``); ``id`` None outside git."""
     sha = _git(root, "rev-parse", "HEAD")
     if sha is None:
-        return {"id": None, "branch": None, "dirty": None}
+        return CommitInfo()
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    return {
-        "id": sha,
-        "branch": _git(root, "rev-parse", "--abbrev-ref", "HEAD"),
-        "dirty": bool(status) if status is not None else None,
-    }
+    return CommitInfo(
+        id=sha,
+        branch=_git(root, "rev-parse", "--abbrev-ref", "HEAD"),
+        dirty=bool(status) if status is not None else None,
+    )
 
 
 # --------------------------------------------------------------------------- storage
@@ -176,7 +256,7 @@ def baseline_path(storage: Path, name: str) -> Path:
     return storage / f"{name}.json"
 
 
-def load_baseline(path: Path) -> dict[str, Any]:
+def load_baseline(path: Path) -> Baseline:
     """Read a saved baseline; UsageError when missing or not a perfscope baseline."""
     try:
         data = json.loads(path.read_text())
@@ -195,14 +275,14 @@ def load_baseline(path: Path) -> dict[str, Any]:
             f"baseline {path} is damaged: {problem}; save it again with "
             f"--perfscope-save {path.stem}"
         )
-    return data
+    return Baseline.from_dict(data)
 
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def _shape_problem(data: dict[str, Any]) -> str | None:
+def _shape_problem(data: Mapping[str, Any]) -> str | None:
     """What is wrong-typed in a parsed baseline (``None`` when its shape is right)."""
     for key in ("machine", "commit"):
         if key in data and data[key] is not None and not isinstance(data[key], dict):
@@ -227,9 +307,9 @@ def _shape_problem(data: dict[str, Any]) -> str | None:
                 not isinstance(samples, list) or not all(_is_number(x) for x in samples)
             ):
                 return f"{where}.samples should be a list of numbers"
-            for field in ("path", "direction"):
-                if m.get(field) is not None and not isinstance(m[field], str):
-                    return f"{where}.{field} should be text, got {m[field]!r}"
+            for name in ("path", "direction"):
+                if m.get(name) is not None and not isinstance(m[name], str):
+                    return f"{where}.{name} should be text, got {m[name]!r}"
     return None
 
 
@@ -255,10 +335,10 @@ def save_baseline(
     path: Path,
     *,
     name: str,
-    machine: dict[str, Any],
-    commit: dict[str, Any],
-    tests: dict[str, dict[str, Any]],
-) -> tuple[dict[str, Any], str]:
+    machine: MachineInfo,
+    commit: CommitInfo,
+    tests: Mapping[str, BaselineTest],
+) -> tuple[Baseline, str]:
     """Write (or update) the baseline at ``path``; returns it and a one-line note.
 
     Tests already in a baseline from the same hardware and not run now are kept; a
@@ -272,48 +352,45 @@ def _save_unlocked(
     path: Path,
     *,
     name: str,
-    machine: dict[str, Any],
-    commit: dict[str, Any],
-    tests: dict[str, dict[str, Any]],
-) -> tuple[dict[str, Any], str]:
+    machine: MachineInfo,
+    commit: CommitInfo,
+    tests: Mapping[str, BaselineTest],
+) -> tuple[Baseline, str]:
     note = "created"
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, BaselineTest] = {}
     if path.exists():
         try:
             old = load_baseline(path)
         except UsageError:
             old = None
-        if old is not None and (old.get("machine") or {}).get("hardware_key") == machine.get(
-            "hardware_key"
-        ):
-            merged = dict(old.get("tests") or {})
+        if old is not None and old.hardware_key == machine.hardware_key:
+            merged = dict(old.tests)
             note = "updated"
         else:
             note = "replaced (it came from other hardware)"
     merged.update(tests)
-    data = {
-        "schema": BASELINE_SCHEMA,
-        "name": name,
-        "created_at": datetime.now(UTC).isoformat(),
-        "machine": machine,
-        "commit": commit,
-        "tests": merged,
-    }
+    data = Baseline(
+        name=name,
+        created_at=datetime.now(UTC).isoformat(),
+        machine=machine,
+        commit=commit,
+        tests=merged,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, data)
+    write_json_atomic(path, data.to_dict())
     return data, note
 
 
-def hardware_mismatch(baseline: dict[str, Any], machine: dict[str, Any]) -> str | None:
+def hardware_mismatch(baseline: Baseline, machine: MachineInfo) -> str | None:
     """Why the baseline's timings do not apply here, or ``None`` when they do."""
-    then = (baseline.get("machine") or {}).get("hardware_key")
-    now = machine.get("hardware_key")
+    then = baseline.hardware_key
+    now = machine.hardware_key
     if then == now:
         return None
     return (
-        f"baseline {baseline.get('name')!r} was recorded on {then} but this machine is {now}; "
+        f"baseline {baseline.name!r} was recorded on {then} but this machine is {now}; "
         "timings do not compare across hardware. Save a baseline here "
-        f"(--perfscope-save {baseline.get('name')}) or pass --perfscope-force to compare anyway"
+        f"(--perfscope-save {baseline.name}) or pass --perfscope-force to compare anyway"
     )
 
 
@@ -479,32 +556,32 @@ class MetricComparison:
 
 def compare_metrics(
     key: str,
-    current: dict[str, dict[str, Any]],
-    baseline: dict[str, dict[str, Any]] | None,
+    current: Mapping[str, KeyMetric],
+    baseline: Mapping[str, KeyMetric] | None,
     tolerances: list[Tolerance],
     *,
     gate_all: bool,
 ) -> list[MetricComparison]:
-    """Compare one test's metrics (``{name: {"path", "value", "samples", ...}}``).
+    """Compare one test's metrics (name → :class:`KeyMetric`) with the baseline's.
 
     A metric is gated by the tolerance that names it (or ``*``); with ``gate_all`` every
     metric without one is gated at :data:`DEFAULT_TOLERANCE`. A metric whose better
     direction is unknown is reported, never gated."""
     out: list[MetricComparison] = []
     for name, cur in current.items():
-        path = cur.get("path")
+        path = cur.path
         base = (baseline or {}).get(name)
-        value = cur.get("value")
-        if base is None or base.get("value") is None or value is None:
+        value = cur.value
+        if base is None or base.value is None or value is None:
             out.append(MetricComparison(key, name, path, value, None, None, None, "new"))
             continue
         tol = _pick_tolerance(name, path, tolerances)
         if tol is None and gate_all:
             tol = Tolerance("*", DEFAULT_TOLERANCE, None, format_ratio(DEFAULT_TOLERANCE))
-        better = cur.get("direction")
-        b_samples = [float(v) for v in base.get("samples") or [base["value"]]]
-        c_samples = [float(v) for v in cur.get("samples") or [value]]
-        base_value = float(base["value"])
+        better = cur.direction
+        b_samples = [float(v) for v in base.samples or [base.value]]
+        c_samples = [float(v) for v in cur.samples or [value]]
+        base_value = float(base.value)
         change = compare_samples(
             name,
             b_samples,

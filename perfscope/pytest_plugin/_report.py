@@ -27,7 +27,7 @@ def report(state: SessionState, exitstatus: int) -> dict[str, Any]:
                         "key": m.key,
                         "label": m.label,
                         "run_dirs": m.run_dirs,
-                        "metrics": m.metrics,
+                        "metrics": {k: v.to_dict() for k, v in m.metrics.items()},
                         "assertions": [
                             o.to_dict() | {"source": src} for mm, o, src in rec.outcomes if mm is m
                         ],
@@ -43,12 +43,13 @@ def report(state: SessionState, exitstatus: int) -> dict[str, Any]:
     regressions = state.regressions()
     baseline = None
     if state.baseline is not None:
+        saved = state.baseline
         baseline = {
             "name": state.compare,
             "path": str(state.baseline_file),
-            "created_at": state.baseline.get("created_at"),
-            "machine": state.baseline.get("machine"),
-            "commit": state.baseline.get("commit"),
+            "created_at": saved.created_at,
+            "machine": saved.machine.to_dict() if saved.machine is not None else None,
+            "commit": saved.commit.to_dict() if saved.commit is not None else None,
             "forced": bool(state.mismatch),
         }
     from perfscope.pytest_plugin._baseline import commit_info
@@ -60,8 +61,8 @@ def report(state: SessionState, exitstatus: int) -> dict[str, Any]:
         "exit_status": int(exitstatus),
         "failed_assertions": failed_assertions,
         "regressions": len(regressions),
-        "machine": state.machine(),
-        "commit": commit_info(Path(state.config.rootpath)),
+        "machine": state.machine().to_dict(),
+        "commit": commit_info(Path(state.config.rootpath)).to_dict(),
         "baseline": baseline,
         "tests": tests,
     }
@@ -79,21 +80,21 @@ def write_json_report(state: SessionState, exitstatus: int) -> None:
 
 def save_baseline(state: SessionState) -> None:
     from perfscope.errors import UsageError
-    from perfscope.pytest_plugin._baseline import baseline_path, commit_info
+    from perfscope.pytest_plugin._baseline import BaselineTest, baseline_path, commit_info
     from perfscope.pytest_plugin._baseline import save_baseline as write_baseline
 
     assert state.save is not None
-    tests: dict[str, dict[str, Any]] = {}
+    tests: dict[str, BaselineTest] = {}
     for rec in state.perf_records():
         for m in rec.measurements:
             if m.metrics:
-                tests[m.key] = {
-                    "nodeid": rec.nodeid,
-                    "label": m.label,
-                    "outcome": rec.outcome,
-                    "run_dirs": m.run_dirs,
-                    "metrics": m.metrics,
-                }
+                tests[m.key] = BaselineTest(
+                    nodeid=rec.nodeid,
+                    label=m.label,
+                    outcome=rec.outcome,
+                    run_dirs=tuple(m.run_dirs),
+                    metrics=m.metrics,
+                )
     if not tests:
         state.notes.append(f"baseline {state.save!r} not saved: no perf test made a run")
         return

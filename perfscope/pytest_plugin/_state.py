@@ -15,7 +15,13 @@ import pytest
 if TYPE_CHECKING:
     from perfscope.checks.expect import Outcome
     from perfscope.checks.grammar import Assertion
-    from perfscope.pytest_plugin._baseline import MetricComparison, Tolerance
+    from perfscope.pytest_plugin._baseline import (
+        Baseline,
+        KeyMetric,
+        MachineInfo,
+        MetricComparison,
+        Tolerance,
+    )
 
 __all__ = [
     "KEY_METRICS",
@@ -57,7 +63,7 @@ class Measurement:
     target: Any
     run_dirs: list[str]
     asserted: list[str] = field(default_factory=list)
-    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics: dict[str, KeyMetric] = field(default_factory=dict)
 
 
 @dataclass
@@ -128,10 +134,10 @@ class SessionState:
         else:
             self.storage = root / ini if ini else root / ".perfscope" / "baselines"
         self.records: dict[str, TestRecord] = {}
-        self.baseline: dict[str, Any] | None = None
+        self.baseline: Baseline | None = None
         self.baseline_file: Path | None = None
         self.mismatch: str | None = None
-        self._machine: dict[str, Any] | None = None
+        self._machine: MachineInfo | None = None
         self.notes: list[str] = []
         self.strict: bool = bool(getattr(opt, "perfscope_strict", False))
         #: Measurements that found their test in the baseline, and the keys that did not.
@@ -142,14 +148,14 @@ class SessionState:
         """The note for a gate where no measured test matched the baseline, else None."""
         if self.baseline is None or self.matched or not self.unmatched:
             return None
-        have = len(self.baseline.get("tests") or {})
+        have = len(self.baseline.tests)
         return (
             f"no test matched baseline {self.compare!r} ({have} tests in it, "
             f"{len(self.unmatched)} measured now, e.g. {self.unmatched[0]!r}): nothing was "
             "gated; was the baseline saved from another folder or with other test names?"
         )
 
-    def machine(self) -> dict[str, Any]:
+    def machine(self) -> MachineInfo:
         if self._machine is None:
             from perfscope.pytest_plugin._baseline import machine_info
 
@@ -342,11 +348,12 @@ def _compare_with_baseline(
     from perfscope.pytest_plugin._baseline import compare_metrics
 
     assert state.baseline is not None
-    tests = state.baseline.get("tests") or {}
+    tests = state.baseline.tests
     tolerances = [*state.fail, *(opts.tolerances if opts else [])]
     problems = []
     for m in rec.measurements:
-        base = (tests.get(m.key) or {}).get("metrics")
+        saved = tests.get(m.key)
+        base = saved.metrics if saved is not None else None
         if base:
             state.matched += 1
         elif m.metrics:
@@ -355,7 +362,7 @@ def _compare_with_baseline(
         rec.comparisons.extend(comps)
         bad = [c for c in comps if c.regressed]
         if bad:
-            commit = (state.baseline.get("commit") or {}).get("id") or "no commit"
+            commit = (state.baseline.commit.id if state.baseline.commit else None) or "no commit"
             lines = [
                 f"perfscope: performance regressed against baseline {state.compare!r} "
                 f"(commit {str(commit)[:10]}):"
@@ -366,19 +373,20 @@ def _compare_with_baseline(
     return problems
 
 
-def _metrics_of(target: Any, asserted: Sequence[str]) -> dict[str, dict[str, Any]]:
+def _metrics_of(target: Any, asserted: Sequence[str]) -> dict[str, KeyMetric]:
     """The key metrics and asserted metrics of a run: value (median), samples, kind."""
     from perfscope.analysis.catalogue import better_of, kind_of, value_at
     from perfscope.api.runset import runs_of, summary_of
     from perfscope.checks.grammar import MetricNotFoundError, resolve_metric
     from perfscope.errors import SLOError
+    from perfscope.pytest_plugin._baseline import KeyMetric
 
     try:
         summary = summary_of(target)
     except TypeError:
         return {}
     has_slos = bool(value_at(summary, "goodput.slos"))
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, KeyMetric] = {}
     seen: set[str] = set()
     for name in [*KEY_METRICS, *asserted]:
         if name == "goodput.attainment" and not has_slos and name not in asserted:
@@ -395,11 +403,11 @@ def _metrics_of(target: Any, asserted: Sequence[str]) -> dict[str, dict[str, Any
         if path is None or not samples or path in seen:
             continue
         seen.add(path)
-        out[name] = {
-            "path": path,
-            "value": float(statistics.median(samples)),
-            "samples": samples,
-            "kind": kind_of(path),
-            "direction": better_of(path),
-        }
+        out[name] = KeyMetric(
+            path=path,
+            value=float(statistics.median(samples)),
+            samples=tuple(samples),
+            kind=kind_of(path),
+            direction=better_of(path),
+        )
     return out

@@ -48,14 +48,14 @@ def table_text(state: SessionState, width: int) -> str:
             table.add_row(_short(m.key), *blank[:-1], rec.outcome if rec.outcome else "")
             for name in names:
                 entry = m.metrics.get(name)
-                path = entry["path"] if entry else name
+                path = (entry.path if entry else None) or name
                 outs = [o for o in mine if o.metric == name]
                 failed = [o for o in outs if not o.passed]
                 shown = failed[0] if failed else (outs[-1] if outs else None)
                 limit = ""
                 if shown is not None:
                     limit = f"{shown.assertion.op} {format_metric(shown.assertion.threshold, path)}"
-                value = entry["value"] if entry else (shown.measured if shown else None)
+                value = entry.value if entry else (shown.measured if shown else None)
                 verdicts = ["FAIL" if failed else "pass"] if outs else []
                 cells = [f"  {name}", format_metric(value, path), limit]
                 if compare:
@@ -91,8 +91,8 @@ def write_terminal_summary(tr: Any, state: SessionState, width: int) -> None:
         n_runs = sum(len(m.run_dirs) for r in records for m in r.measurements)
         title = f"perfscope: {len(records)} perf test(s), {n_runs} run(s)"
         if state.baseline is not None:
-            machine = (state.baseline.get("machine") or {}).get("hardware_key")
-            commit = (state.baseline.get("commit") or {}).get("id")
+            machine = state.baseline.hardware_key
+            commit = state.baseline.commit.id if state.baseline.commit else None
             title += f" vs baseline {state.compare!r} ({machine}"
             title += f", commit {str(commit)[:10]})" if commit else ")"
         tr.section(title, sep="-")
