@@ -40,7 +40,7 @@ fitted on a CPU run are CPU compute mixed with host work and are not carried.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,7 @@ __all__ = [
     "StepSamples",
     "cast_bytes",
     "chunked_prefill_steps",
+    "fit_baseline",
     "fit_overhead",
     "fitted_times",
     "launch_time",
@@ -944,3 +945,32 @@ def chunked_prefill_steps(
         )
     full, rest = divmod(prompt_tokens, room)
     return [room] * full + ([rest] if rest else [])
+
+
+def fit_baseline(
+    runs: Sequence[tuple[pd.DataFrame, Mapping[str, Any] | None, Mapping[str, Any] | None]],
+) -> tuple[OverheadFit | None, str]:
+    """The fitted cost model (:func:`fit_overhead`) of a study's baseline runs, each given as
+    ``(steps, model, device spec)`` (the run's steps table, its summary's ``model`` and
+    ``hardware.spec``), and a note saying what it rests on; ``(None, why)`` when a run has no
+    engine steps, model or device to fit."""
+    from perfscope.hwdb.spec import DeviceSpec
+
+    parts: list[StepSamples] = []
+    for steps, model, spec in runs:
+        if steps.empty or not spec or not model:
+            return None, "no fitted cost model: the baseline runs record no engine steps"
+        parts.append(
+            samples_from_steps(
+                steps, ModelSpec.from_dict(dict(model)), DeviceSpec.from_dict(dict(spec))
+            )
+        )
+    try:
+        fit = fit_overhead(parts)
+    except ValueError as exc:
+        return None, f"no fitted cost model: {exc}"
+    return fit, (
+        f"projections from the fitted cost model of the baseline's {len(parts)} runs "
+        f"({fit.samples} steps; residual {100 * fit.residual_rel:.0f}% of the mean step); "
+        "the candidates' runs are not fitted, so the projection is checked on runs it never saw"
+    )

@@ -699,40 +699,23 @@ def primary_half_width(
 
 
 def baseline_fit(run_paths: Sequence[str | Path]) -> tuple[OverheadFit | None, str]:
-    """The fitted cost model (:func:`perfscope.analysis.overhead.fit_overhead`) of the steps
+    """The fitted cost model (:func:`perfscope.analysis.overhead.fit_baseline`) of the steps
     of ``run_paths`` (a study's baseline runs, one device), and a note saying what it rests
-    on; ``(None, why)`` when the runs have no engine steps, model or device to fit."""
-    from perfscope.analysis.modelspec import ModelSpec
-    from perfscope.analysis.overhead import StepSamples, fit_overhead, samples_from_steps
+    on; ``(None, why)`` when the runs cannot be read or have no engine steps, model or device
+    to fit."""
+    from perfscope.analysis.overhead import fit_baseline
     from perfscope.errors import PerfscopeError
-    from perfscope.hwdb.spec import DeviceSpec
     from perfscope.profiler.store import read_run
 
-    parts: list[StepSamples] = []
+    runs = []
     for ref in run_paths:
         try:
             run = read_run(ref)
         except (OSError, PerfscopeError) as exc:
             return None, f"no fitted cost model: cannot read the baseline run {ref} ({exc})"
         summary = run.summary or {}
-        spec = (summary.get("hardware") or {}).get("spec")
-        model = summary.get("model")
-        if run.steps.empty or not spec or not model:
-            return None, "no fitted cost model: the baseline runs record no engine steps"
-        parts.append(
-            samples_from_steps(
-                run.steps, ModelSpec.from_dict(dict(model)), DeviceSpec.from_dict(dict(spec))
-            )
-        )
-    try:
-        fit = fit_overhead(parts)
-    except ValueError as exc:
-        return None, f"no fitted cost model: {exc}"
-    return fit, (
-        f"projections from the fitted cost model of the baseline's {len(parts)} runs "
-        f"({fit.samples} steps; residual {100 * fit.residual_rel:.0f}% of the mean step); "
-        "the candidates' runs are not fitted, so the projection is checked on runs it never saw"
-    )
+        runs.append((run.steps, summary.get("model"), (summary.get("hardware") or {}).get("spec")))
+    return fit_baseline(runs)
 
 
 def _assemble(

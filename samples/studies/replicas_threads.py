@@ -43,9 +43,8 @@ from _common import SMOKE, markdown, sample_args  # noqa: E402
 
 import perfscope  # noqa: E402
 from perfscope.analysis.experiment import block_order  # noqa: E402
+from perfscope.analysis.overhead import fit_baseline  # noqa: E402
 from perfscope.analysis.study import build_study  # noqa: E402
-from perfscope.api.run import RunArgs, execute, plan  # noqa: E402
-from perfscope.api.study import baseline_fit  # noqa: E402
 from perfscope.profiler.store import write_json_atomic  # noqa: E402
 
 #: The fixed workload: the replicas study's.
@@ -80,21 +79,27 @@ def main() -> Any:
         work.update({k: v for k, v in SMOKE.items() if k != "repeat"}, concurrency=2)
         rounds = 2
     runs_dir = a.runs_dir or tempfile.mkdtemp(prefix="perfscope-study-")
-    base = RunArgs(engine="reference", runs_dir=runs_dir, **work)
-    settings = [replace(base, engine_options=opts) for opts in SETTINGS.values()]
     labels = list(SETTINGS)
-    plans = [
-        plan(replace(s, name=f"study-replicas-threads-{t}"))
-        for s, t in zip(settings, labels, strict=True)
-    ]
     runs: list[tuple[int, int, str, dict[str, Any]]] = []
+    baseline_runs = []
     for rnd, order in enumerate(block_order(2, rounds, sum(map(ord, "replicas-threads")))):
         for i in order:
-            out = execute(plans[i])
+            # perfscope.run raises (naming the stored run) when the engine fails
+            out = perfscope.run(
+                "reference",
+                runs_dir=runs_dir,
+                name=f"study-replicas-threads-{labels[i]}",
+                **work,
+                **SETTINGS[labels[i]],
+            )
             if out.status != "complete":
-                raise SystemExit(f"the run of setting {labels[i]} {out.status}: {out.error}")
-            runs.append((rnd, i, str(out.path), out.summary.to_dict()))
-    fit, fit_note = baseline_fit([path for _, i, path, _ in runs if i == 0])
+                raise SystemExit(f"the run of setting {labels[i]} ended {out.status}")
+            summary = out.summary.to_dict()
+            runs.append((rnd, i, str(out.path), summary))
+            if i == 0:
+                spec = (summary.get("hardware") or {}).get("spec")
+                baseline_runs.append((out.steps, summary.get("model"), spec))
+    fit, fit_note = fit_baseline(baseline_runs)
     batch = min(work["batch_size"], work["concurrency"], work["requests"])
     stamp = datetime.now(UTC)
     args = {
