@@ -49,6 +49,7 @@ from perfscope.dashboard.view import (
     as_summary,
     headline_cards,
     latency_rows,
+    model_spec_lines,
     request_rows,
     throughput_rows,
 )
@@ -406,6 +407,10 @@ def _verdicts(summary: Summary) -> str:
             f"<p class='caption'>FLOPs counted {esc(roof.flops_convention)}; "
             f"overhead-bound below {fmt_pct(roof.overhead_threshold)} MFU and MBU.</p>"
         )
+        spec = model_spec_lines(summary)
+        if spec:
+            items = "".join(f"<li>{esc(line)}</li>" for line in spec[1:])
+            out.append(f"<div class='model-spec'><p>{esc(spec[0])}</p><ul>{items}</ul></div>")
         lat = roof.latency
         if lat.decode_stall_share is not None:
             out.append(

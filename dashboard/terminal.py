@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.cells import cell_len
@@ -25,7 +25,9 @@ from perfscope.analysis.catalogue import (
     format_value,
 )
 from perfscope.analysis.catalogue import format_ratio as fmt_pct
-from perfscope.analysis.summary import Energy, Projection, Roofline, RooflineCeilings
+
+if TYPE_CHECKING:  # the records load lazily: ls and query render tables without them
+    from perfscope.analysis.summary import Energy, Projection, Roofline
 
 __all__ = ["FitTable", "energy_table", "fmt_utilisation", "predictions_table", "roofline_table"]
 
@@ -240,6 +242,8 @@ def roofline_table(r: Roofline) -> RenderableType:
     """The roofline section of ``perfscope run``/``show``: a table plus the evidence lines."""
     if not r.available:
         return Text(f"roofline: not available ({r.reason or 'no data'})", style="dim")
+    from perfscope.analysis.summary import RooflineCeilings
+
     c = r.ceilings or RooflineCeilings()
     title = f"Roofline — {r.model} on {r.device.name if r.device is not None else '?'}"
     if r.estimated:

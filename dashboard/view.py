@@ -39,6 +39,7 @@ __all__ = [
     "as_summary",
     "headline_cards",
     "latency_rows",
+    "model_spec_lines",
     "request_rows",
     "roofline_ceilings",
     "run_view",
@@ -281,6 +282,20 @@ def run_view(summary: Summary | Mapping[str, Any]) -> RunView:
         steps=tuple(step_rows(s)),
         errors=tuple(Row(e.error, format_count(e.count)) for e in s.errors),
     )
+
+
+def model_spec_lines(s: Summary) -> list[str]:
+    """The model shape a run was given (``--model-spec``) and every counting assumption its
+    roofline rests on (family, layer mix, MLA mode, routing, windows, quantised layout), as
+    ``perfscope roofline --model`` prints them; empty when the run measured its own model."""
+    spec = s.model_spec
+    if not spec:
+        return []
+    name = spec.get("name") or "model"
+    source = spec.get("source") or "--model-spec"
+    head = f"model {name} from {source} (an estimate: the shape was given, not read from "
+    head += "the engine)"
+    return [head, *(str(a) for a in spec.get("assumptions") or ())]
 
 
 # ---------------------------------------------------------------------- roofline ceilings

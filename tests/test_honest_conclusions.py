@@ -204,6 +204,24 @@ def test_model_spec_gives_a_python_engine_an_estimated_roofline(
     assert roof["available"] and roof["estimated"]
     assert summary["model_spec"]["source"] == "--model-spec llama-3-8b"
     assert "analytic cost model" in summary["model_spec"]["method"]
+    # the terminal and the report name the family and every assumption under the roofline
+    from rich.console import Console
+
+    from perfscope.cli.render import summary_view
+    from perfscope.dashboard.report import render_report
+    from perfscope.dashboard.view import as_summary, model_spec_lines
+
+    lines = model_spec_lines(as_summary(summary))
+    assert lines[0].startswith("model llama-3-8b from --model-spec llama-3-8b (an estimate")
+    assert "family: llama" in lines[1:]
+    console = Console(record=True, width=120)
+    console.print(summary_view(summary))
+    printed = console.export_text()
+    assert all(line in printed for line in lines[1:]), printed
+    from perfscope.profiler.store import read_run
+
+    page = render_report(read_run(tmp_path / summary["run_id"]))
+    assert "family: llama" in page and "from --model-spec llama-3-8b" in page
     code, plain = _json(base)
     assert code == 0 and not plain["roofline"]["available"]
     assert main([*base, "--model-spec", "no-such-model"]) == 2

@@ -25,6 +25,7 @@ from perfscope.dashboard.view import (
     TABLE_STATS,
     as_summary,
     latency_rows,
+    model_spec_lines,
     run_view,
     step_rows,
     throughput_rows,
@@ -135,7 +136,13 @@ def _roofline_view(summary: Summary) -> RenderableType | None:
     roofline = summary.roofline
     if not roofline.available:
         return Text(f"Roofline: not available ({roofline.reason})", style="dim")
-    return roofline_table(roofline)
+    spec = model_spec_lines(summary)
+    if not spec:
+        return roofline_table(roofline)
+    lines = Text(spec[0], style="dim")
+    for line in spec[1:]:
+        lines.append(f"\n  - {line}")
+    return Group(roofline_table(roofline), lines)
 
 
 def _advice_view(summary: Summary) -> RenderableType | None:
