@@ -283,6 +283,7 @@ def test_calibration_for_an_unknown_technique_says_it_is_uncalibrated_here() -> 
     )
 
 
+@pytest.mark.slow  # about 4 s on a quiet 2-core machine
 def test_a_cpu_run_shows_the_calibration_in_the_terminal_and_the_html_report(
     tmp_path: Path,
 ) -> None:

@@ -110,6 +110,7 @@ def trained_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.parametrize(("kv_dtype", "at_least"), [("int8", 0.99), ("fp8", 0.97)])
+@pytest.mark.slow  # about 6 s on a quiet 2-core machine
 def test_quantised_kv_outputs_agree_with_fp32_kv_on_the_trained_model(
     trained_path: str, kv_dtype: str, at_least: float
 ) -> None:

@@ -40,6 +40,7 @@ def test_ngram_guess_proposes_what_followed_the_last_match() -> None:
     ],
     ids=["lookahead", "jacobi-static", "medusa"],
 )
+@pytest.mark.slow  # about 6 s on a quiet 2-core machine
 def test_outputs_on_the_trained_model_are_exactly_greedy_decodings(
     extra: dict[str, str], scheduler: str
 ) -> None:

@@ -363,6 +363,7 @@ def test_importing_the_plugin_loads_neither_torch_nor_pandas() -> None:
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # about 15 s on a quiet 2-core machine
 def test_the_sample_suite_is_green_and_fails_with_a_table_on_a_slowdown(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -405,6 +406,7 @@ def test_{b}(perfscope):
 """
 
 
+@pytest.mark.slow  # about 5 s on a quiet 2-core machine
 def test_under_xdist_slos_still_fail_and_baselines_are_refused_in_one_line(
     suite: pytest.Pytester,
 ) -> None:
@@ -428,6 +430,7 @@ def test_under_xdist_slos_still_fail_and_baselines_are_refused_in_one_line(
     assert not (suite.path / ".perfscope").exists()
 
 
+@pytest.mark.slow  # about 7 s on a quiet 2-core machine
 def test_concurrent_saves_to_one_baseline_keep_every_test(suite: pytest.Pytester) -> None:
     for i in range(4):
         suite.makepyfile(**{f"test_part{i}": TWO_TESTS.format(a=f"a{i}", b=f"b{i}")})

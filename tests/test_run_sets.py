@@ -63,6 +63,7 @@ def _recompare(result: dict[str, Any], root: Path, confidence: str) -> dict[str,
     return data
 
 
+@pytest.mark.slow  # about 9 s on a quiet 2-core machine
 def test_a_30_percent_slower_python_engine_is_called_worse(
     tmp_path: Path, engines_on_path: Path
 ) -> None:
@@ -94,6 +95,7 @@ def test_a_30_percent_slower_python_engine_is_called_worse(
     assert all(again[k]["change"][1] == "worse" for k in KEY_METRICS)
 
 
+@pytest.mark.slow  # about 8 s on a quiet 2-core machine
 def test_identical_python_engines_repeated_show_no_significant_change(
     tmp_path: Path, engines_on_path: Path
 ) -> None:
@@ -114,6 +116,7 @@ def test_identical_python_engines_repeated_show_no_significant_change(
     assert primary["detectable"][1] is not None or primary["outliers"][1], primary
 
 
+@pytest.mark.slow  # about 7 s on a quiet 2-core machine
 def test_precision_adds_blocks_until_the_interval_is_narrow_and_says_why_it_stopped(
     tmp_path: Path, engines_on_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -104,6 +104,7 @@ def _trained(layers: int) -> Path:
     return train(cfg).path
 
 
+@pytest.mark.slow  # about 4 s on a quiet 2-core machine
 def test_output_on_a_trained_model_equals_the_targets_greedy_output() -> None:
     target, draft = _trained(2), _trained(1)
     data = corpus(6, 40, 48, seed=777)

@@ -58,6 +58,7 @@ def _sweep(argv: list[str]) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
+@pytest.mark.slow  # about 22 s on a quiet 2-core machine
 def test_sweep_finds_the_knee_of_a_server_with_limited_capacity(tmp_path: Path) -> None:
     # 4 streams at once, each ~0.1 s: capacity ~40 req/s. Rates past it queue (TTFT grows).
     with scripted_server("--max-concurrent", "4", "--ttft", "0.02", "--itl", "0.01") as url:

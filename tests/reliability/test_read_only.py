@@ -57,6 +57,7 @@ def read_only_runs(tmp_path: Path) -> Iterator[Path]:
     after="show, analyze (`not saved`, said) and report elsewhere all work",
     kept="the runs folder unchanged (no summary written into it)",
 )
+@pytest.mark.slow  # about 8 s on a quiet 2-core machine
 def test_read_commands_work_on_a_read_only_runs_folder(tmp_path: Path) -> None:
     with read_only_runs(tmp_path) as runs:
         with pytest.raises(OSError, match=r"Read-only|Permission"):

@@ -128,6 +128,7 @@ def test_sigkill_keeps_every_request_completed_a_second_before(tmp_path: Path) -
     after="`crashed` everywhere with a partial warning; nothing writes into it",
     kept="its completed requests, counted",
 )
+@pytest.mark.slow  # about 6 s on a quiet 2-core machine
 def test_a_killed_run_reads_as_crashed_everywhere_and_nothing_writes_into_it(
     tmp_path: Path,
 ) -> None:
