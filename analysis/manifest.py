@@ -188,7 +188,7 @@ class LoadActor(_View):
 class AutoscaleDecision(_View):
     """One ``--ray-autoscale`` decision: ``action`` (``added``, ...), the lagging ``actor``,
     its event-loop lag p99 and the threshold (s), the time into the run (s), the
-    ``new_actor`` and how many requests moved to it."""
+    ``new_actor``, how many requests moved to it and how long it took to start (s)."""
 
     action: str | None = None
     actor: int | str | None = None
@@ -197,6 +197,7 @@ class AutoscaleDecision(_View):
     t_s: float | None = None
     new_actor: int | str | None = None
     moved_requests: int | None = None
+    start_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -101,29 +101,37 @@ def test_poisson_and_gamma_gaps_have_the_requested_mean_and_burstiness() -> None
 
 
 class _Sleeper(PerRequestEngine):
-    """Each request takes 30 ms; tracks the most requests in flight at once."""
+    """Each request takes 30 ms; tracks the most requests in flight at once.
 
-    def __init__(self) -> None:
+    With ``gather=N`` the first requests also wait (up to 10 s) until N are in flight
+    together, so a loaded machine that runs one request to its end before the driver hands
+    over the next cannot hide whether the driver sends N at once.
+    """
+
+    def __init__(self, gather: int = 0) -> None:
         self.active = 0
         self.peak = 0
-        self.lock = threading.Lock()
+        self.gather = gather
+        self.cond = threading.Condition()
 
     def info(self) -> EngineInfo:
         return EngineInfo(uri="test", kind="test")
 
     def generate(self, spec: RequestSpec, handle: RequestHandle) -> None:
-        with self.lock:
+        with self.cond:
             self.active += 1
             self.peak = max(self.peak, self.active)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.peak >= self.gather, timeout=10.0)
         time.sleep(0.03)
         handle.tokens(1)
-        with self.lock:
+        with self.cond:
             self.active -= 1
 
 
-def _drive(load: LoadConfig, n: int, warmup: int = 0) -> tuple[_Sleeper, Recorder]:
+def _drive(load: LoadConfig, n: int, warmup: int = 0, gather: int = 0) -> tuple[_Sleeper, Recorder]:
     specs = build_workload(WorkloadConfig(requests=n, warmup=warmup))
-    engine = _Sleeper()
+    engine = _Sleeper(gather)
     recorder = Recorder(MonotonicClock())
     inbox = Inbox()
     driver = Driver(specs, load, inbox, recorder)
@@ -135,13 +143,13 @@ def _drive(load: LoadConfig, n: int, warmup: int = 0) -> tuple[_Sleeper, Recorde
 
 
 def test_closed_loop_never_exceeds_its_concurrency() -> None:
-    engine, rec = _drive(LoadConfig(mode="online", concurrency=3), 12)
+    engine, rec = _drive(LoadConfig(mode="online", concurrency=3), 12, gather=3)
     assert engine.peak == 3
     assert rec.n_finished == 12
 
 
 def test_batch_mode_submits_everything_at_once() -> None:
-    engine, rec = _drive(LoadConfig(mode="batch"), 10)
+    engine, rec = _drive(LoadConfig(mode="batch"), 10, gather=10)
     reqs = rec.requests_table().to_pandas()
     assert (reqs["t_scheduled"] == reqs["t_scheduled"].iloc[0]).all()
     assert engine.peak == 10

@@ -473,14 +473,14 @@ class _Fleet:
         self.handled[i] = True
         before = len(self.actors)
         cap = self.result.autoscale_max
-        action, new, moved = "warned", None, 0
+        action, new, moved, start_s = "warned", None, 0, None
+        t_s = self.recorder.clock.now_ns() / 1e9
         if cap is not None:
             if before >= cap:
                 action = "at cap"
             else:
-                new, moved = self._scale_out(i)
+                new, moved, start_s = self._scale_out(i)
                 action = "added" if new is not None else "nothing to move"
-        t_s = self.recorder.clock.now_ns() / 1e9
         self.result.decisions.append(
             AutoscaleDecision(
                 t_s=t_s,
@@ -493,13 +493,17 @@ class _Fleet:
                 actors_after=len(self.actors),
                 new_actor=new,
                 moved_requests=moved,
+                start_s=start_s,
             )
         )
         if action != "added":
             advice = {
                 "warned": "rerun with --ray-autoscale MAX or more actors",
                 "at cap": f"the --ray-autoscale cap of {cap} actors was reached",
-                "nothing to move": "none of its requests was left to hand to a new actor",
+                "nothing to move": (
+                    f"a new actor took {start_s or 0:.1f} s to start, by when none of its "
+                    "requests was left to hand over (a loaded machine starts actors slowly)"
+                ),
             }[action]
             self.result.warnings.append(
                 f"load actor {i}'s event-loop lag p99 reached {lag * 1e3:.1f} ms at "
@@ -507,16 +511,19 @@ class _Fleet:
                 f"{gap * 1e3:.1f} ms inter-token gap): its stamps are late; {advice}"
             )
 
-    def _scale_out(self, i: int) -> tuple[int | None, int]:
+    def _scale_out(self, i: int) -> tuple[int | None, int, float | None]:
         """Start a new actor and hand it every other request of actor ``i`` not started yet
-        (and half its closed-loop users). Returns (new index, requests moved)."""
+        (and half its closed-loop users). Returns (new index, requests moved, seconds the
+        new actor took to start); no index when nothing was left to move."""
         users = self.users[i]
         give_users = users // 2 if users is not None else 0
         if users is not None and give_users == 0:
-            return None, 0
+            return None, 0, None
         j = self._add_slot()
+        t0 = time.perf_counter()
         self.spawn()
         self._ready(j)
+        start_s = time.perf_counter() - t0
         self.reports[j].added_at_s = self.recorder.clock.now_ns() / 1e9
         off = self.reports[i].offset_start
         assert off is not None
@@ -530,13 +537,13 @@ class _Fleet:
             with contextlib.suppress(Exception):
                 self.ray.kill(self.actors[j])
             self._drop_last_slot()
-            return None, 0
+            return None, 0, start_s
         items = [(self.pending[i].pop(rid), self.t_driver[rid]) for rid in moved]
         self.reports[i].requests -= len(items)
         if users is not None:
             self.users[i] = users - give_users
         self._start(j, items, give_users if users is not None else None)
-        return j, len(items)
+        return j, len(items), start_s
 
 
 def _offset(ray: Any, actor: Any, report: ActorReport) -> ClockOffset:

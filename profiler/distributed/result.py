@@ -66,7 +66,7 @@ class AutoscaleDecision:
     """What the driver did when a load actor's event-loop lag crossed the threshold.
 
     Attributes:
-        t_s: run time of the decision (s).
+        t_s: run time the lag was judged (s), before any new actor started.
         actor: the lagging actor.
         lag_p99_s: its event-loop lag p99 over the last poll window (s).
         gap_s: the median inter-token gap of the requests it finished (s).
@@ -77,6 +77,9 @@ class AutoscaleDecision:
         actors_before, actors_after: load actors before and after.
         new_actor: the added actor's index, or None.
         moved_requests: requests handed from ``actor`` to ``new_actor``.
+        start_s: how long the new actor took to start and align its clock (s); None when
+            none was started. A ``nothing to move`` decision's reason: its share was all
+            sent by then.
     """
 
     t_s: float
@@ -89,6 +92,7 @@ class AutoscaleDecision:
     actors_after: int
     new_actor: int | None = None
     moved_requests: int = 0
+    start_s: float | None = None
 
 
 @dataclass
