@@ -100,6 +100,13 @@ class EngineConfig(_View):
     client: Mapping[str, Any] | None = None
     #: speculative-decoding runs: ``draft_model`` (ModelSpec JSON), ``k`` and the method.
     speculative: Mapping[str, Any] | None = None
+    #: torch engines: intra-op threads the engine ran with (a count)
+    torch_threads: int | None = None
+    #: torch engines: why that many (``auto: 2 usable CPUs, ...`` or ``--threads N``)
+    threads_rule: str | None = None
+    #: torch engines: ``OMP_WAIT_POLICY`` as the process had it; ``None`` with a
+    #: ``threads_rule``: unset, so OpenMP's waiting threads spin
+    omp_wait_policy: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

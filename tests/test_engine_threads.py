@@ -97,3 +97,38 @@ def test_threads_flag_reaches_the_engine_options() -> None:
 
     args = build_parser().parse_args(["run", "--threads", "2", "--engine-opt", "attention=sdpa"])
     assert ("threads", "2") in args.engine_opt and ("attention", "sdpa") in args.engine_opt
+
+
+@pytest.mark.parametrize(
+    ("policy", "others_share", "warned"),
+    [(None, 0.6, True), ("PASSIVE", 0.6, False), (None, 0.02, False)],
+)
+def test_a_contended_run_whose_torch_threads_spun_says_so(
+    monkeypatch: pytest.MonkeyPatch, policy: str | None, others_share: float, warned: bool
+) -> None:
+    from perfscope.analysis.summary import run_warnings
+    from perfscope.profiler.engines.base import EngineOptions
+    from perfscope.profiler.engines.reference import ReferenceEngine
+
+    # As under the Python API when torch was imported first: the policy stays unset.
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    eng = ReferenceEngine(
+        "reference", EngineOptions(model_preset="tiny", device="cpu", extra={"threads": "2"})
+    )
+    try:
+        config = dict(eng.info().config)
+    finally:
+        eng.close()
+    contention = {"others_share": others_share, "others_cpu_s": 6.0, "window_s": 5.0}
+    out = run_warnings({"engine": {"config": config}, "host": {"contention": contention}})
+    spun = [w for w in out if "spun while waiting" in w]
+    assert bool(spun) == warned, out
+    if warned:
+        assert "2 OpenMP threads" in spun[0] and "OMP_WAIT_POLICY=PASSIVE" in spun[0]
+    # A single thread has no partner to spin for.
+    config["torch_threads"] = 1
+    out = run_warnings({"engine": {"config": config}, "host": {"contention": contention}})
+    assert not [w for w in out if "spun while waiting" in w]
