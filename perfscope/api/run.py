@@ -552,6 +552,11 @@ def run(
 
     Durations are seconds (a number) or a string with a unit (``"200ms"``, ``"1.5s"``).
 
+    Torch engines on the CPU: the ``perfscope`` command sets ``OMP_WAIT_POLICY=PASSIVE``
+    before torch loads; a Python program must set it itself before importing torch, or its
+    OpenMP threads spin while they wait, which on a busy machine measures the contention
+    more than the engine (the run records the policy and warns when it was contended).
+
     Args:
         engine: an engine URI (``"reference"``, ``"hf:PATH"``, ``"openai:URL"``,
             ``"python:MODULE:ATTR"``), a callable that yields tokens (as a ``python:``
