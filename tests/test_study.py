@@ -304,3 +304,26 @@ def test_a_study_measures_no_goodput_for_runs_without_slos() -> None:
     assert no_slos["goodput_req_s"] is None and no_slos["attainment"] is None
     judged = run_metrics({"goodput": {"slos": {"ttft": 0.2}, "goodput_req_s": 3.0}})
     assert judged["goodput_req_s"] == 3.0
+
+
+@pytest.mark.parametrize(("policy", "said"), [(None, "unset (spinning)"), ("PASSIVE", "PASSIVE")])
+def test_a_threads_study_records_how_its_openmp_threads_waited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str | None, said: str
+) -> None:
+    """Two threads that spin and two that sleep measure different things on a busy machine:
+    the study says which it measured, and the note survives re-deriving the record."""
+    from perfscope.analysis.study import read_study, rederive_study
+
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    quick = {**FAST, "requests": 2, "output_len": 2}
+    s = perfscope.study("threads", [1, 2], repeat=1, runs_dir=tmp_path, **quick)
+    (note,) = [n for n in s.notes if n.startswith("OpenMP wait policy")]
+    assert said in note and ("spinning threads measure" in note) == (policy is None)
+    assert s.path is not None
+    assert note in rederive_study(read_study(s.path)).notes
+    # One thread has no partner to wait for: a one-thread batch-size study says nothing.
+    other = perfscope.study("batch-size", [1, 2], repeat=1, runs_dir=tmp_path, threads=1, **quick)
+    assert not [n for n in other.notes if n.startswith("OpenMP")]

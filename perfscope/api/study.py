@@ -572,6 +572,7 @@ def study_with(
     from perfscope.analysis.experiment import MIN_BLOCKS, block_order
 
     runs: list[tuple[int, int, str, Mapping[str, Any]]] = []
+    waits: set[str | None] = set()  # OMP_WAIT_POLICY of runs with several torch threads
     if precision is not None and not precision > 0:
         raise UsageError(f"precision must be positive (0.1 = ±10%), got {precision}")
     if budget_s is not None and not budget_s > 0:
@@ -606,6 +607,8 @@ def study_with(
                     f"(captured data is in {out.path})"
                 )
             runs.append((rnd, i, str(out.path), out.summary.to_dict()))
+            if out.stored is not None:
+                waits |= _spinning_policy(out.stored.manifest)
         if precision is None:
             continue
         half = primary_half_width(runs, len(plans))
@@ -645,6 +648,8 @@ def study_with(
     )
     if stop:
         result = replace(result, notes=[*result.notes, stop])
+    if waits:
+        result = replace(result, notes=[*result.notes, _wait_note(waits)])
     load_after = _load_average()
     if load_before is not None and load_after is not None:
         result = replace(
@@ -661,6 +666,29 @@ def study_with(
     result = replace(result, path=str(path))
     write_json_atomic(path, result.to_dict())
     return result
+
+
+def _spinning_policy(manifest: Mapping[str, Any]) -> set[str | None]:
+    """``{OMP_WAIT_POLICY}`` of a run whose torch engine ran several threads (``{None}``:
+    unset, the threads spin); empty for one thread or an engine without torch threads."""
+    from perfscope.analysis.manifest import manifest_view
+
+    cfg = manifest_view(manifest).engine.config
+    if cfg.threads_rule is None or (cfg.torch_threads or 0) < 2:
+        return set()
+    return {cfg.omp_wait_policy}
+
+
+def _wait_note(waits: set[str | None]) -> str:
+    """The study's note on how its multi-threaded runs' OpenMP threads waited."""
+    said = ", ".join(sorted("unset (spinning)" if w is None else w for w in waits))
+    note = f"OpenMP wait policy of the runs with several torch threads: {said}"
+    if None in waits:
+        note += (
+            "; spinning threads measure the machine's other load more than the engine on a "
+            "busy machine (docs/performance.md)"
+        )
+    return note
 
 
 def _load_average() -> float | None:
@@ -845,7 +873,11 @@ def reproject_study(
         passes=[_stored_passes(st.projection) for st in s.settings],
     )
     # what the runs were, not what they project: how the rounds stopped stays
-    kept = [n for n in s.notes if n.startswith(("adaptive rounds", "1-minute load average"))]
+    kept = [
+        n
+        for n in s.notes
+        if n.startswith(("adaptive rounds", "1-minute load average", "OpenMP wait policy"))
+    ]
     return replace(result, notes=[*result.notes, *kept])
 
 

@@ -8,7 +8,13 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-import perfscope
+from perfscope.profiler.engines.threads import prefer_passive_wait
+
+# As `perfscope` on the command line, before torch loads: OpenMP threads that wait sleep
+# instead of spinning on the cores their partners need (docs/performance.md).
+prefer_passive_wait()
+
+import perfscope  # noqa: E402
 
 #: What a ``--smoke`` run uses: tiny model, few tokens, one run per setting.
 SMOKE = {

@@ -2,8 +2,9 @@
 store each (``perfscope study ... --save``): what ``perfscope advisor calibrate`` and
 ``perfscope advisor table --all`` read.
 
-Every study runs the tiny model with one intra-op thread (two threads spin-wait on a loaded
-2-core machine; the ``threads`` study measures exactly that), interleaved rounds, at least 6
+Every study runs the tiny model with one intra-op thread (two threads wait for each other on a
+loaded 2-core machine; the ``threads`` study measures that, with OpenMP threads waiting
+passively as on the command line), interleaved rounds, at least 6
 of them, then more until the primary metric's interval (TPOT p50, paired by round) is within
 ``--precision`` of every candidate, ``--max-repeats`` rounds or ``--budget`` seconds a study.
 
@@ -25,7 +26,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import perfscope
+from perfscope.profiler.engines.threads import prefer_passive_wait
+
+# As `perfscope` on the command line, before torch loads: OpenMP threads that wait sleep
+# instead of spinning on the cores their partners need (docs/performance.md).
+prefer_passive_wait()
+
+import perfscope  # noqa: E402
 
 #: Fixed options every study shares (the stored 03:xx studies' workload).
 COMMON: dict[str, Any] = {
