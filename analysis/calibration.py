@@ -3,7 +3,8 @@
 ``calibration.json`` (schema ``perfscope.calibration/2``, next to this module) is *generated*,
 never typed: ``perfscope advisor calibrate [STUDIES...]`` reads stored study records
 (``perfscope.study/1`` JSON, e.g. ``samples/studies/results/*.json``) and writes one
-:class:`CalibrationEntry` per technique, machine class, metric and change: the projected
+:class:`CalibrationEntry` per technique, machine class, metric, change and operating point
+(:data:`OPERATING_POINT`, e.g. a paged KV cache's budget): the projected
 ratio, the speed-of-light (roofline alone) ratio, the measured ratio with its between-run
 interval as the study computed it, whether that interval excludes 1 (``significant``), the
 error ``projected / measured - 1`` and the study file it came from.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CALIBRATION_FILE",
     "METRIC_FOR_GAIN",
+    "OPERATING_POINT",
     "SCHEMA",
     "TECHNIQUES",
     "UNCHECKED_HOW",
@@ -46,6 +48,7 @@ __all__ = [
     "load_calibration",
     "machine_of_device",
     "machine_of_summary",
+    "operating_point",
     "projection_check",
     "technique_key",
     "technique_of_change",
@@ -86,6 +89,13 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "distillation": ("a distilled (smaller, trained) model", ()),
     "disaggregation": ("prefill/decode disaggregation", ()),
     "replicas": ("request parallelism (replicas)", ()),
+}
+
+#: Technique key → the study's fixed engine options that set its operating point: entries of
+#: one change measured at different values of these are kept apart (a paged KV cache that
+#: wins under a 1 MB budget and loses under 4 MB is two findings, not one to overwrite).
+OPERATING_POINT: dict[str, tuple[str, ...]] = {
+    "kv-paged": ("kv_budget_mb", "kv_block_tokens"),
 }
 
 #: Advisor gain metric → the study metric that measures it.
@@ -256,6 +266,8 @@ class CalibrationEntry:
         method: the study's interval method.
         study_file: the stored study it came from.
         created_at: when the study ran (ISO-8601).
+        conditions: the operating point (``kv_budget_mb=1.0, kv_block_tokens=16``) for a
+            technique whose effect depends on one (:data:`OPERATING_POINT`); ``""`` otherwise.
     """
 
     technique: str
@@ -275,11 +287,14 @@ class CalibrationEntry:
     method: str
     study_file: str
     created_at: str
+    conditions: str = ""
 
     @property
     def change(self) -> str:
-        """``batch-size 1 -> 8``."""
-        return f"{self.knob} {self.baseline} -> {self.value}"
+        """``batch-size 1 -> 8``; with its operating point, ``kv-paged off -> on
+        (kv_budget_mb=1.0, kv_block_tokens=16)``."""
+        at = f" ({self.conditions})" if self.conditions else ""
+        return f"{self.knob} {self.baseline} -> {self.value}{at}"
 
     @property
     def measured_gain(self) -> float:
@@ -298,6 +313,8 @@ class CalibrationEntry:
         d = asdict(self)
         d["machine"] = self.machine.to_dict()
         d["interval"] = None if self.interval is None else list(self.interval)
+        if not self.conditions:  # a technique without an operating point: no key
+            del d["conditions"]
         return d
 
     def measured_text(self) -> str:
@@ -343,8 +360,10 @@ def _entry(raw: Any, i: int) -> CalibrationEntry:
     for key in (*_OPTIONAL_NUM, "interval"):
         if key not in raw:
             raise ValueError(f"calibration entry {i} lacks {key!r}")
-    if extra := set(raw) - set(_ENTRY_KEYS) - {*_OPTIONAL_NUM, "interval"}:
+    if extra := set(raw) - set(_ENTRY_KEYS) - {*_OPTIONAL_NUM, "interval", "conditions"}:
         raise ValueError(f"calibration entry {i}: unknown keys {sorted(extra)}")
+    if not isinstance(raw.get("conditions", ""), str):
+        raise ValueError(f"calibration entry {i}: 'conditions' has the wrong type")
     if raw["technique"] not in TECHNIQUES:
         raise ValueError(f"calibration entry {i}: unknown technique {raw['technique']!r}")
     if raw["metric"] not in _CALIBRATED:
@@ -378,6 +397,7 @@ def _entry(raw: Any, i: int) -> CalibrationEntry:
         method=raw["method"],
         study_file=raw["study_file"],
         created_at=raw["created_at"],
+        conditions=raw.get("conditions", ""),
     )
     if e.significant != _excludes_one(interval):
         raise ValueError(f"calibration entry {i}: significant disagrees with its interval")
@@ -441,8 +461,9 @@ def build_calibration(
     root: Path | None = None,
     rederive: bool = True,
 ) -> list[CalibrationEntry]:
-    """The calibration entries of stored studies, one per technique, machine class, metric
-    and change; a change measured by several studies on one machine class keeps the newest.
+    """The calibration entries of stored studies, one per technique, machine class, metric,
+    change and operating point (:data:`OPERATING_POINT`); a change measured by several
+    studies at one operating point on one machine class keeps the newest.
 
     Args:
         studies: ``(path, study)`` pairs (:func:`perfscope.analysis.study.read_study`).
@@ -470,8 +491,9 @@ def build_calibration(
                 sol = _sol_ratio(s.projection, e.metric)
                 proj = None if e.projected_ratio is None else _sig(float(e.projected_ratio))
                 measured = _sig(ratio)
+                technique = technique_of_change(st.knob, s.value, st.args.get("engine_options"))
                 entry = CalibrationEntry(
-                    technique=technique_of_change(st.knob, s.value, st.args.get("engine_options")),
+                    technique=technique,
                     machine=machine,
                     metric=e.metric,
                     knob=st.knob,
@@ -488,6 +510,7 @@ def build_calibration(
                     method=str(e.change.method),
                     study_file=_rel(path, root),
                     created_at=st.created_at,
+                    conditions=operating_point(technique, st.args.get("engine_options")),
                 )
                 key = (
                     entry.technique,
@@ -503,6 +526,15 @@ def build_calibration(
         best.values(),
         key=lambda x: (x.technique, x.machine.describe(), x.knob, x.value, x.metric),
     )
+
+
+def operating_point(technique: str, engine_options: Mapping[str, Any] | None) -> str:
+    """The operating point of a ``technique``'s study from its fixed engine options
+    (:data:`OPERATING_POINT`): ``kv_budget_mb=1.0, kv_block_tokens=16``; ``""`` for a
+    technique without one."""
+    opts = engine_options or {}
+    keys = OPERATING_POINT.get(technique, ())
+    return ", ".join(f"{k}={opts[k]}" for k in keys if opts.get(k) is not None)
 
 
 def _sig(x: float) -> float:

@@ -337,3 +337,31 @@ def test_an_effect_with_too_few_rounds_for_an_interval_says_so_not_one_run() -> 
     four = dataclasses.replace(entry, runs_per_setting=4, confidence=0.95)
     assert "4 runs a setting: too few for a 95% interval" in four.measured_text()
     assert "one run a setting" in dataclasses.replace(entry, runs_per_setting=1).measured_text()
+
+
+def test_one_change_measured_at_two_operating_points_keeps_both_entries(tmp_path: Path) -> None:
+    """A paged KV cache won under a 1 MB budget and lost under 4 MB: the calibration keeps
+    both findings, each naming its operating point, instead of letting the newer overwrite
+    the other; a re-run at the same point still replaces the older record."""
+    paged = sorted(STUDIES.glob("*-study-kv-paged*.json"))
+    entries = build_calibration(load_studies(paged), root=ROOT)
+    tput = {e.conditions: e for e in entries if e.metric == "output_tok_s"}
+    assert set(tput) == {
+        "kv_budget_mb=1.0, kv_block_tokens=16",
+        "kv_budget_mb=4.0, kv_block_tokens=16",
+    }
+    assert tput["kv_budget_mb=1.0, kv_block_tokens=16"].measured_ratio > 1
+    assert tput["kv_budget_mb=4.0, kv_block_tokens=16"].measured_ratio < 1
+    assert (
+        "(kv_budget_mb=4.0, kv_block_tokens=16)"
+        in tput["kv_budget_mb=4.0, kv_block_tokens=16"].change
+    )
+    # Three stored records ran at 1 MB: the newest stands for that point.
+    newest = max((p for p in paged if "4mb" not in p.name), key=lambda p: p.name)
+    assert tput["kv_budget_mb=1.0, kv_block_tokens=16"].study_file.endswith(newest.name)
+    # The file round-trips the operating point; techniques without one write no key.
+    doc = tmp_path / "calibration.json"
+    doc.write_text(json.dumps(calibration_document(entries)))
+    assert load_calibration(doc) == tuple(entries)
+    batching = build_calibration(load_studies(sorted(STUDIES.glob("*-study-batch-size.json"))))
+    assert batching and all("conditions" not in e.to_dict() for e in batching)
