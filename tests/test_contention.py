@@ -66,4 +66,8 @@ def test_perfscopes_own_helpers_and_start_up_are_not_counted_as_others() -> None
     assert c["excluded_s"] == pytest.approx(0.3, abs=0.25)
     # The helper spun through the whole window; its CPU is counted apart, never as "others".
     assert c["helper_cpu_s"] is not None and c["helper_cpu_s"] > 0.0
-    assert c["others_cpu_s"] <= max(0.0, c["window_s"] * c["cpu_count"] - c["helper_cpu_s"])
+    # /proc/stat counts in ticks of 10 ms per CPU and the window is read a moment apart from
+    # them: on a machine that others keep busy the bound is met only to within a few ticks.
+    ticks = 0.01 * (c["cpu_count"] + 2)
+    room = c["window_s"] * c["cpu_count"] - c["helper_cpu_s"]
+    assert c["others_cpu_s"] <= max(0.0, room) + ticks
