@@ -197,6 +197,9 @@ def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[s
     del c_rid
 
     errors = _column(req, "error")
+    placed = _placed(req)
+    actor_l = [_opt_int(x) for x in _column(req, "actor")] if placed else []
+    host_l = _column(req, "host") if placed else []
     warm_l = [bool(x) for x in req["is_warmup"].tolist()]
     prompt_l = [int(x) for x in req["prompt_tokens"].tolist()]
     max_out_l = [int(x) for x in req["max_output_tokens"].tolist()]
@@ -220,6 +223,8 @@ def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[s
             args["ttft_ms"] = (first - sent) / 1e6
         if error:
             args["error"] = error
+        if placed and actor_l[k] is not None:
+            args["actor"], args["host"] = actor_l[k], host_l[k]
         name = f"{'warmup ' if warm else ''}request {rid}" + (" (failed)" if error else "")
         yield {
             "ph": "X",
@@ -465,7 +470,8 @@ def write_perfetto(run: ExportableRun, path: Path) -> Path:
 
 def requests_frame(requests: pd.DataFrame) -> pd.DataFrame:
     """One row per request: the recorded columns (times in seconds since run start) and its
-    derived ``ttft_s``, ``tpot_s``, ``e2e_s``, ``ntpot_s`` and ``ok``."""
+    derived ``ttft_s``, ``tpot_s``, ``e2e_s``, ``ntpot_s`` and ``ok``; a ``--ray`` run's
+    also the ``actor`` and ``host`` that served each (to group latency by)."""
     if requests.empty:
         cols = ["request_id", "is_warmup", "prompt_tokens", "max_output_tokens", "output_tokens"]
         return pd.DataFrame(columns=cols)
@@ -486,7 +492,15 @@ def requests_frame(requests: pd.DataFrame) -> pd.DataFrame:
         out[c + "_s"] = pr[c].to_numpy()
     out["ok"] = pr["ok"].to_numpy()
     out["error"] = r["error"].map(_csv_safe)
+    if _placed(r):
+        out["actor"] = r["actor"].astype("Int64")
+        out["host"] = r["host"].map(_csv_safe)
     return out
+
+
+def _placed(requests: pd.DataFrame) -> bool:
+    """Whether the requests carry the load actor that served them (a ``--ray`` run)."""
+    return "actor" in requests and bool(requests["actor"].notna().any())
 
 
 def _csv_safe(v: Any) -> Any:

@@ -201,14 +201,27 @@ class Recorder:
         """Also call ``fn(request_id)`` whenever a request finishes."""
         self._on_finish.append(fn)
 
-    def add_request(self, spec: RequestSpec, t_scheduled: int | None = None) -> RequestHandle:
-        """Register a request; ``t_scheduled`` (default now) is when it was meant to arrive."""
+    def add_request(
+        self,
+        spec: RequestSpec,
+        t_scheduled: int | None = None,
+        *,
+        actor: int | None = None,
+        host: str | None = None,
+    ) -> RequestHandle:
+        """Register a request; ``t_scheduled`` (default now) is when it was meant to arrive.
+
+        ``actor`` and ``host``: the ``--ray`` load actor that served it and that actor's
+        host (set here, before the segment flusher can see the row, so even a request's
+        first, unfinished row carries them)."""
         rec = RequestRecord(
             request_id=spec.request_id,
             prompt_tokens=spec.prompt_tokens,
             max_output_tokens=spec.max_output_tokens,
             t_scheduled=self.clock.now_ns() if t_scheduled is None else t_scheduled,
             is_warmup=spec.is_warmup,
+            actor=actor,
+            host=host,
         )
         with self._lock:
             if spec.request_id in self._requests:

@@ -82,6 +82,10 @@ class RequestRecord:
         cached_tokens: prompt tokens the server served from its prefix cache.
         truncated: the server stopped it (``finish_reason`` ``length``) before the output
             tokens it was asked for.
+        actor, host: the ``--ray`` load actor it was assigned to (0-based index) and the
+            host name of that actor's node; None on a single-process run (like the
+            telemetry ``node`` column: every request there is the run's own host, named
+            once in the manifest).
     """
 
     request_id: int
@@ -101,6 +105,8 @@ class RequestRecord:
     finish_reason: str | None = None
     cached_tokens: int | None = None
     truncated: bool | None = None
+    actor: int | None = None
+    host: str | None = None
 
 
 REQUEST_SCHEMA = pa.schema(
@@ -118,9 +124,10 @@ REQUEST_SCHEMA = pa.schema(
     ]
 )
 
-#: Optional request columns (issues 16/20; HTTP engines fill them, null elsewhere; see
-#: :class:`RequestRecord`). Kept apart from ``REQUEST_SCHEMA`` so that tables built with the
-#: core columns stay valid; the recorder writes ``REQUEST_TABLE_SCHEMA`` (both).
+#: Optional request columns (see :class:`RequestRecord`): issues 16/20, HTTP engines fill
+#: them; ``actor`` and ``host`` (issue 29), ``--ray`` runs fill them; null elsewhere, and for
+#: runs written before a column. Kept apart from ``REQUEST_SCHEMA`` so that tables built with
+#: the core columns stay valid; the recorder writes ``REQUEST_TABLE_SCHEMA`` (both).
 REQUEST_OPTIONAL_SCHEMA = pa.schema(
     [
         ("t_dispatched", pa.int64()),
@@ -130,6 +137,8 @@ REQUEST_OPTIONAL_SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("cached_tokens", pa.int64()),
         ("truncated", pa.bool_()),
+        ("actor", pa.int64()),
+        ("host", pa.string()),
     ]
 )
 

@@ -36,7 +36,9 @@ from perfscope.profiler.arrow_safe import safe_arrays
 from perfscope.profiler.recorder import Recorder
 from perfscope.profiler.records import (
     CHUNK_SCHEMA,
+    REQUEST_SCHEMA,
     REQUEST_TABLE_SCHEMA,
+    STEP_SCHEMA,
     STEP_TABLE_SCHEMA,
     TELEMETRY_SCHEMA,
 )
@@ -65,6 +67,16 @@ _SCHEMAS: dict[str, pa.Schema] = {
     "chunks": CHUNK_SCHEMA,
     "steps": STEP_TABLE_SCHEMA,
     "telemetry": TELEMETRY_SCHEMA,
+}
+
+#: Columns a segment must have to be its table's; the others (added over time: the
+#: requests' optional columns, the steps' speculative ones, telemetry's samplers) read as
+#: nulls when a segment was written before them.
+_CORE: dict[str, frozenset[str]] = {
+    "requests": frozenset([*REQUEST_SCHEMA.names, "final"]),
+    "chunks": frozenset(CHUNK_SCHEMA.names),
+    "steps": frozenset(STEP_SCHEMA.names),
+    "telemetry": frozenset(("t", "device")),
 }
 
 _ERRNO_TEXT = {
@@ -296,7 +308,9 @@ class SegmentRead:
     last_t: int | None
 
 
-def _read_stream(path: Path, schema: pa.Schema, notes: list[str]) -> pa.Table:
+def _read_stream(path: Path, schema: pa.Schema, notes: list[str], core: frozenset[str]) -> pa.Table:
+    """A segment stream up to its last whole batch, as ``schema`` (a column outside
+    ``core`` that it lacks reads as nulls); an empty table when it is another table's."""
     batches: list[pa.RecordBatch] = []
     try:
         with pa.OSFile(str(path), "rb") as f:
@@ -321,6 +335,10 @@ def _read_stream(path: Path, schema: pa.Schema, notes: list[str]) -> pa.Table:
     table = pa.Table.from_batches(batches)
     if table.schema != schema:
         missing = [n for n in schema.names if n not in table.column_names]
+        for name in [n for n in missing if n not in core]:  # written before the column
+            col = schema.field(name)
+            table = table.append_column(col, pa.nulls(table.num_rows, type=col.type))
+        missing = [n for n in missing if n in core]
         if missing:
             shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
             notes.append(
@@ -345,7 +363,11 @@ def read_segments(run_dir: Path) -> SegmentRead | None:
     last_t: int | None = None
     for name, schema in _SCHEMAS.items():
         path = seg / f"{name}.arrows"
-        table = _read_stream(path, schema, notes) if path.is_file() else schema.empty_table()
+        table = (
+            _read_stream(path, schema, notes, _CORE[name])
+            if path.is_file()
+            else schema.empty_table()
+        )
         if name == "requests":
             table = _dedupe_requests(table, notes)
         tables[name] = table

@@ -140,6 +140,9 @@ def test_a_ray_run_measures_what_a_single_process_run_measures(
     )
     assert sorted(actors["request_id"]) == sorted(spread.requests["request_id"])
     assert set(actors["actor"]) == {0, 1}
+    _assert_placed_as_actors_table(spread)
+    # A single-process run has no load actor: its rows leave the columns null.
+    assert single.requests["actor"].isna().all() and single.requests["host"].isna().all()
     assert all(a["same_clock"] and a["lost"] is None for a in dist["actors"])
     assert dist["clock_uncertainty_ns"] == 0
     # Placement: what each actor asked for, the nodes that could hold it, and what Ray
@@ -153,6 +156,20 @@ def test_a_ray_run_measures_what_a_single_process_run_measures(
     }
     assert [a["resources"].get("loadgen") for a in dist["actors"]] == [1.0, 1.0]
     assert all(a["node"] in nodes for a in dist["actors"])
+
+
+def _assert_placed_as_actors_table(run: Any) -> None:
+    """Every request row of ``run`` names the actor and host that served it, as
+    ``actors.parquet`` and the manifest's actor reports do."""
+    req = run.requests
+    assert req["actor"].notna().all() and req["host"].notna().all(), req[["actor", "host"]]
+    actors = pd.read_parquet(run.path / "actors.parquet").set_index("request_id")
+    mine = req.set_index("request_id").loc[actors.index]
+    assert len(mine) == len(req)
+    assert (mine["actor"].astype(int) == actors["actor"].astype(int)).all()
+    assert (mine["host"] == actors["host"]).all()
+    hosts = {a["index"]: a["host"] for a in run.manifest["distributed"]["actors"]}
+    assert [hosts[int(a)] for a in req["actor"]] == req["host"].tolist()
 
 
 def test_a_ray_resource_no_node_offers_is_refused_in_one_line_before_any_actor_starts(
@@ -325,6 +342,9 @@ def test_a_sigkilled_actor_loses_only_its_in_flight_requests_and_the_run_reads_p
     share = set(actors.loc[actors["actor"] == lost[0]["index"], "request_id"])
     assert KILL_AT in share and len(share) == 20
     failed = req[req["error"].notna()]
+    # Each row names its actor, the lost actor's failed ones included.
+    _assert_placed_as_actors_table(run)
+    assert set(req.loc[req["actor"] == lost[0]["index"], "request_id"]) == share
     # The requests the lost actor finished before the kill were kept (the engine's own log
     # is the truth); what it had in flight or never sent failed.
     notes = dict(line.split() for line in log.read_text().splitlines())
@@ -598,6 +618,7 @@ def test_a_lagging_actor_gets_a_new_actor_for_its_requests_not_yet_sent(
     assert sorted(actors["request_id"]) == list(range(96))
     moved = actors[actors["actor"] == j]["request_id"]
     assert 0 < len(moved) <= d["moved_requests"] and (moved % 2 == 0).all()
+    _assert_placed_as_actors_table(run)  # a moved request names the actor that served it
     # They were planned after the decision: none was sent before the new actor existed.
     sent = req.set_index("request_id").loc[moved.to_list(), "t_sent"] / 1e9
     assert (sent > dist["actors"][j]["added_at_s"]).all()
@@ -733,6 +754,7 @@ def test_a_signalled_ray_run_keeps_its_ray_records_and_names_the_signal(
     assert dist["loss"]["unfinished"] > 0
     actors = pd.read_parquet(run.path / "actors.parquet")
     assert set(actors["request_id"]) == set(run.requests["request_id"])
+    _assert_placed_as_actors_table(run)  # the unfinished ones too
     assert run.requests["error"].isna().sum() >= 1  # what finished before the signal is kept
     assert _gone_within(tmp, 5.0) == []
 
@@ -754,6 +776,15 @@ def test_a_sigkilled_driver_leaves_no_ray_process_after_5_s(tmp_path: Path) -> N
     while os.path.exists(tmp) and time.monotonic() - t_killed < 5.0:
         time.sleep(0.1)
     assert not os.path.exists(tmp)  # the reaper removed the cluster's temp dir too
+    # No actors.parquet: the requests read from the segments name their actor and host.
+    import socket
+
+    run = read_run(next(p for p in tmp_path.iterdir() if p.is_dir()))
+    assert run.state.state == "crashed" and "requests" in run.from_segments
+    assert not (run.path / "actors.parquet").exists()
+    req = run.requests
+    assert len(req) > 0 and set(req["actor"].astype(int)) <= {0, 1}, req[["actor", "host"]]
+    assert (req["host"] == socket.gethostname()).all()
 
 
 def _steady_run(runs: Path, ray: str, env: dict[str, str], **more_env: str) -> Any:

@@ -245,3 +245,49 @@ def test_perfetto_to_stdout_streams_valid_json(
     trace = json.loads(capsysbinary.readouterr().out)
     validate_trace(trace)
     assert trace == perfetto_trace(http_run)
+
+
+def test_a_ray_runs_csv_and_trace_name_the_actor_and_host_of_each_request() -> None:
+    """``--ray`` runs carry ``actor``/``host`` per request; the CSV gets both columns (to
+    group latency by) and each Perfetto request slice both args. Runs without them keep
+    their CSV columns as before."""
+    base = {
+        "prompt_tokens": 1,
+        "max_output_tokens": 1,
+        "t_scheduled": 0,
+        "t_sent": 1,
+        "t_first_token": 2,
+        "t_last_token": 2,
+        "output_tokens": 1,
+        "error": None,
+        "is_warmup": False,
+    }
+    placed = pd.DataFrame(
+        [
+            {**base, "request_id": 0, "actor": 0, "host": "node-a"},
+            {**base, "request_id": 1, "actor": 1, "host": "=node-b"},
+        ]
+    )
+    frame = requests_frame(placed)
+    assert frame["actor"].tolist() == [0, 1]
+    assert frame["host"].tolist() == ["node-a", "'=node-b"]
+    single = placed.assign(actor=None, host=None)
+    assert "actor" not in requests_frame(single) and "host" not in requests_frame(single)
+
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(
+        requests=placed,
+        chunks=pd.DataFrame({"request_id": [], "t": [], "n_tokens": [], "index": []}),
+        steps=pd.DataFrame(),
+        telemetry=pd.DataFrame(),
+        manifest={},
+        summary=None,
+        path=Path("run"),
+    )
+    trace = perfetto_trace(run)
+    slices = [e for e in trace["traceEvents"] if e.get("cat") == "request"]
+    assert [(e["args"]["actor"], e["args"]["host"]) for e in slices] == [
+        (0, "node-a"),
+        (1, "=node-b"),
+    ]

@@ -134,3 +134,40 @@ def test_a_v1_manifest_reads_into_the_typed_manifest_and_keeps_every_value() -> 
     out = m.to_dict()
     assert {k: out[k] for k in old} == old  # every value it had comes back
     assert out["warnings"] == [] and out["process"] == {}  # keys it lacked: their defaults
+
+
+def test_a_v1_run_reads_its_requests_with_null_actor_and_host(v1_run: Path) -> None:
+    """Written before the requests table had ``actor``/``host`` (issue 29): it loads, and
+    the columns read as nulls, as on any run without load actors."""
+    import pyarrow.parquet as pq
+
+    from perfscope.profiler.store import read_run
+
+    assert "actor" not in pq.read_schema(v1_run / "requests.parquet").names
+    run = read_run(v1_run)
+    assert len(run.requests) == 6
+    assert run.requests["actor"].isna().all() and run.requests["host"].isna().all()
+
+
+def test_segments_written_before_the_actor_and_host_columns_still_read(v1_run: Path) -> None:
+    """A run killed under an older perfscope left segments without the newer request
+    columns: its requests read from them (the columns null), never dropped as a stranger
+    table's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from perfscope.profiler.segments import SEGMENTS_DIR
+    from perfscope.profiler.store import read_run
+
+    old = pq.read_table(v1_run / "requests.parquet")
+    old = old.append_column("final", pa.array([True] * old.num_rows))
+    (v1_run / SEGMENTS_DIR).mkdir()
+    path = v1_run / SEGMENTS_DIR / "requests.arrows"
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_stream(f, old.schema) as writer:
+        writer.write_table(old)
+    (v1_run / "requests.parquet").unlink()
+    run = read_run(v1_run)
+    assert "requests" in run.from_segments
+    assert sorted(run.requests["request_id"]) == list(range(6))
+    assert run.requests["actor"].isna().all() and run.requests["host"].isna().all()
+    assert not any("segment ignored" in n for n in run.notes), run.notes

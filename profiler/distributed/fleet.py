@@ -377,6 +377,7 @@ class _Fleet:
                 off.offset_ns + self.origin,
                 self.lags[i],
                 self.gaps[i],
+                placement=(i, rep.host),
             )
             self.sent[i].discard(row["request_id"])
             rep.completed += 1
@@ -423,7 +424,8 @@ class _Fleet:
                 else:
                     loss.never_sent += 1
                     text = f"{why} (the request was never sent)"
-                h = recorder.add_request(spec)
+                # The actor it was assigned to, even when that actor is lost.
+                h = recorder.add_request(spec, actor=i, host=rep.host or None)
                 h.finish(error=f"distributed: {text}")
             self.pending[i].clear()
             if rep.lost is not None:
@@ -561,11 +563,14 @@ def _feed(
     shift_ns: int,
     lags: list[float],
     gaps: deque[float] | None = None,
+    placement: tuple[int, str] | None = None,
 ) -> None:
     """One finished request from an actor into the run's recorder, shifted onto run time;
-    its send lag into ``lags`` and its gaps between chunks (s) into ``gaps``."""
+    its send lag into ``lags``, its gaps between chunks (s) into ``gaps``, and
+    ``placement`` (the actor's index and host) into its ``actor`` and ``host`` columns."""
     spec = pending.pop(row["request_id"])
-    h = recorder.add_request(spec, row["t_scheduled"] - shift_ns)
+    actor, host = placement if placement is not None else (None, None)
+    h = recorder.add_request(spec, row["t_scheduled"] - shift_ns, actor=actor, host=host or None)
     if row["t_sent"] is not None:
         h.sent(row["t_sent"] - shift_ns)
         lags.append((row["t_sent"] - row["t_scheduled"]) * 1e-9)
