@@ -40,6 +40,7 @@ __all__ = [
     "run",
     "save_study",
     "study",
+    "study_quality",
     "sweep",
 ]
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from perfscope.api.run import Sweep, run, sweep
     from perfscope.api.runner import ProgressHook
     from perfscope.api.runset import RunSet
-    from perfscope.api.study import save_study, study
+    from perfscope.api.study import save_study, study, study_quality
     from perfscope.checks.change import assert_no_regression, compare_runs
     from perfscope.checks.expect import check, expect
     from perfscope.errors import PerfAssertionError
@@ -59,6 +60,7 @@ _LAZY = {
     "sweep": "perfscope.api.run",
     "study": "perfscope.api.study",
     "save_study": "perfscope.api.study",
+    "study_quality": "perfscope.api.study",
     "Sweep": "perfscope.api.run",
     "Profile": "perfscope.api.manual",
     "profile": "perfscope.api.manual",

@@ -9,7 +9,16 @@ A write-up names its record in a generated block::
 
 and the block is re-rendered from that record: a line naming the record, the machine
 class and the workload it ran, then the settings, effects, extra and quality tables and the
-record's notes that :func:`samples.studies._common.markdown` renders. Write-ups without a
+record's notes that :func:`samples.studies._common.markdown` renders. A quality block::
+
+    <!-- study-quality: quant/20261206-033706-quality.json -->
+    ... (generated: the record, the model and evaluation set, the quality table)
+    <!-- /study-quality -->
+
+is re-rendered from a quality record (``results/<sample>/<time>-quality.json``, written by
+a sample's ``--quality-only --save``) by :func:`samples.studies._common.quality_markdown`,
+with a sentence on how the speed record of the write-up's last ``study-tables`` block above
+it was measured (random or trained weights, from that record's options). Write-ups without a
 block (older ones) keep the earlier rule: each effects table (its header names
 ``| measured ratio |``) is replaced by the one rendered for the record named on the next
 ``- study file: `...` `` line below it. Prose outside the blocks is left alone. Usage::
@@ -17,7 +26,7 @@ block (older ones) keep the earlier rule: each effects table (its header names
     python scripts/rerender_study_tables.py [--check]
 
 ``--check`` rewrites nothing and exits 1 if a table differs, or a block names a record that
-is not in ``results/``.
+is not in ``results/`` (a quality block: not under it).
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ RESULTS = STUDIES / "results"
 FILE = re.compile(r"^- study file: `([^`]+)`")
 OPEN = re.compile(r"^<!-- study-tables: (\S+) -->$")
 CLOSE = "<!-- /study-tables -->"
+QOPEN = re.compile(r"^<!-- study-quality: (\S+) -->$")
+QCLOSE = "<!-- /study-quality -->"
 
 #: Workload options a block names when the record has them: record key → words.
 _WORKLOAD = (
@@ -49,12 +60,45 @@ _WORKLOAD = (
 )
 
 
-def _markdown() -> Any:
+def _common() -> Any:
     if str(STUDIES) not in sys.path:
         sys.path.insert(0, str(STUDIES))
-    from _common import markdown  # type: ignore[import-not-found]
+    import _common  # type: ignore[import-not-found]
 
-    return markdown
+    return _common
+
+
+def _markdown() -> Any:
+    return _common().markdown
+
+
+def quality_block(name: str, speed_record: str | None) -> list[str]:
+    """The lines between a quality block's markers for ``results/<name>``; ``speed_record``:
+    the record of the write-up's speed tables (its options say which weights it ran)."""
+    from perfscope.analysis.study import read_study
+
+    common = _common()
+    record = common.read_quality(RESULTS / name)
+    speed = None
+    if speed_record is not None:
+        opts = read_study(RESULTS / speed_record).args.get("engine_options") or {}
+        weights = opts.get("weights")
+        how = (
+            "with random weights (speed does not depend on their values)"
+            if not weights
+            else "with trained weights (weights=trained)"
+            if weights == "trained"
+            else f"with weights={Path(str(weights)).name}"
+        )
+        speed = (
+            f"Speed (record `{speed_record}`, the tables above) was measured separately, "
+            f"{how}; this record ran no speed run."
+        )
+    return [
+        f"Quality record `samples/studies/results/{name}` (created {record['created_at']}).",
+        "",
+        *common.quality_markdown(record, speed).splitlines(),
+    ]
 
 
 def _effects_block(md: str) -> list[str]:
@@ -111,6 +155,7 @@ def rerender(text: str) -> str:
 
     lines = text.splitlines()
     out: list[str] = []
+    speed_record: str | None = None
     i = 0
     while i < len(lines):
         ln = lines[i]
@@ -123,6 +168,19 @@ def rerender(text: str) -> str:
             if not (RESULTS / name).exists():
                 raise SystemExit(f"{name}: no such record in {RESULTS}; name a stored one")
             out += [ln, *generated_block(name), CLOSE]
+            speed_record = name
+            i = end + 1
+            continue
+        quality = QOPEN.match(ln)
+        if quality is not None:
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] == QCLOSE), None)
+            if end is None:
+                raise SystemExit(f"a study-quality block opened at line {i + 1} is never closed")
+            qname = quality.group(1)
+            path = (RESULTS / qname).resolve()
+            if not path.is_relative_to(RESULTS.resolve()) or not path.is_file():
+                raise SystemExit(f"{qname}: no such quality record under {RESULTS}")
+            out += [ln, *quality_block(qname, speed_record), QCLOSE]
             i = end + 1
             continue
         if "| measured ratio |" in ln and ln.startswith("|"):

@@ -41,6 +41,7 @@ PUBLIC: dict[str, set[str]] = {
         "run",
         "save_study",
         "study",
+        "study_quality",  # a study's quality hook alone, no runs (issue 28)
         "sweep",
     },
     "perfscope.profiler": {

@@ -273,6 +273,39 @@ def test_study_knobs_for_kv_dtype_and_sparsity() -> None:
         KNOBS["sparsity"].parse("half")
 
 
+@pytest.mark.slow  # trains the 200-step model of the fixture (shared with the tests above)
+def test_the_quality_only_path_agrees_with_itself_and_not_with_a_lossy_setting(
+    trained_path: str,
+) -> None:
+    """``study_quality`` (no speed run) with the reference hook on a trained tiny model: the
+    baseline against itself agrees on every prediction with equal perplexities; 90% magnitude
+    pruning changes predictions and perplexity; what it was measured on is described."""
+    from perfscope import study_quality
+    from perfscope.profiler.engines.reference.quality import describe_model
+
+    rows = study_quality(
+        "sparsity",
+        "none,unstructured:0.9",
+        model_preset="tiny",
+        weights=trained_path,
+        threads=1,
+    )
+    assert [label for label, _, _ in rows] == ["none", "unstructured:0.9"]
+    (_, base_args, same), (_, _, pruned) = rows
+    assert same is not None and pruned is not None
+    assert same["top1_agreement"] == 1.0
+    assert same["candidate_perplexity"] == same["reference_perplexity"]
+    assert same["reference_top1_accuracy"] > 0.4  # the model learnt the corpus
+    assert pruned["top1_agreement"] < 1.0
+    assert pruned["candidate_perplexity"] > pruned["reference_perplexity"]
+    assert pruned["reference_perplexity"] == same["reference_perplexity"]
+    info = describe_model(base_args)
+    assert info["weights"] == "trained" and info["training"]["steps"] == 200
+    assert info["evaluation"]["predictions"] == 64 * 31
+    with pytest.raises(UsageError, match="quant"):
+        study_quality("sparsity", "none,unstructured:0.5", quant="int8")
+
+
 def test_study_cli_quality_flag_stores_agreement_per_setting(tmp_path: Path) -> None:
     import json
 

@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import subprocess_env
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "studies"
+if str(SAMPLES) not in sys.path:  # the samples' shared driver (_common.py)
+    sys.path.insert(0, str(SAMPLES))
 SCRIPTS = sorted(p for p in SAMPLES.glob("*.py") if not p.name.startswith("_"))
 #: Samples that are not a ``perfscope.study`` (no knob of one engine): the header their
 #: table prints and the folder under ``--runs-dir`` their record goes to.
@@ -123,3 +125,61 @@ def test_write_up_tables_are_generated_from_their_stored_records() -> None:
         mod.rerender(
             "<!-- study-tables: 19990101-000000-study-none.json -->\n<!-- /study-tables -->\n"
         )
+    with pytest.raises(SystemExit, match="no such quality record"):
+        mod.rerender("<!-- study-quality: quant/none.json -->\n<!-- /study-quality -->\n")
+
+
+#: The studies whose write-ups show a quality table from a stored quality record.
+QUALITY = ("quant", "kv_dtype", "sparsity", "prune_layers", "distill")
+
+
+@pytest.mark.parametrize("stem", QUALITY)
+def test_write_up_quality_tables_are_their_stored_records(stem: str) -> None:
+    """Each of these write-ups has one ``study-quality`` block naming a record in
+    ``results/<stem>/`` of a model trained on the corpus, and every row of its table is that
+    record's setting with its agreement and perplexities (the stale check above compares
+    the whole block; this names what the block must hold)."""
+    import re
+
+    from _common import read_quality  # type: ignore[import-not-found]
+
+    text = (SAMPLES / f"{stem}.md").read_text(encoding="utf-8")
+    (name,) = re.findall(r"^<!-- study-quality: (\S+) -->$", text, flags=re.M)
+    assert name.startswith(f"{stem}/")
+    record = read_quality(SAMPLES / "results" / name)
+    assert record["settings"][0]["model"]["weights"] == "trained"
+    assert "no quality figure" not in text
+    block = text.split(f"<!-- study-quality: {name} -->")[1].split("<!-- /study-quality -->")[0]
+    assert "trained on the synthetic corpus" in block
+    assert f"{record['evaluation']['sequences']} held-out sequences" in block
+    assert "measured separately" in block
+    for st in record["settings"]:
+        q = st["quality"]
+        row = (
+            f"| {st['value']} | {q['top1_agreement']:.3f} | {q['candidate_perplexity']:.3f} "
+            f"| {q['reference_perplexity']:.3f} |"
+        )
+        assert row in block.splitlines()
+    assert record["settings"][0]["quality"]["top1_agreement"] == 1.0
+    assert all(st["quality"]["top1_agreement"] < 1.0 for st in record["settings"][1:])
+
+
+def test_quality_only_smoke_stores_a_record_the_write_ups_render(tmp_path: Path) -> None:
+    """``--smoke --quality-only --save DIR`` runs no speed run (no runs folder), stores
+    ``DIR/quant/<time>-quality.json`` and prints the table the write-up block renders."""
+    from _common import quality_markdown, read_quality
+
+    out = _smoke(
+        SAMPLES / "quant.py",
+        "--quality-only",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--save",
+        str(tmp_path / "saved"),
+    )
+    assert not (tmp_path / "runs").exists()
+    (path,) = (tmp_path / "saved" / "quant").glob("*-quality.json")
+    record = read_quality(path)
+    assert record["values"] == ["none", "int8"]
+    assert record["settings"][0]["model"]["weights"] == "random"  # the smoke's weights
+    assert quality_markdown(record) in out.stdout

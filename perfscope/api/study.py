@@ -40,6 +40,7 @@ __all__ = [
     "reproject_study",
     "save_study",
     "study",
+    "study_quality",
     "study_with",
 ]
 
@@ -1009,21 +1010,7 @@ def study(
         perfscope.errors.UsageError: an unknown knob or value, bad options, or a run that
             did not complete (its captured data is kept).
     """
-    from perfscope.api.run import _RUN_ARG_NAMES, RunArgs
-
-    if k := {"knob", "values"} & set(options):
-        raise UsageError(f"study() takes {', '.join(sorted(k))} once")
-    run_fields = {k: v for k, v in options.items() if k in _RUN_ARG_NAMES}
-    extra = {k: v for k, v in options.items() if k not in _RUN_ARG_NAMES}
-    base = RunArgs(
-        engine=engine,
-        requests=requests,
-        warmup=warmup,
-        slos=slos,
-        runs_dir=runs_dir,
-        engine_options=extra,
-        **run_fields,
-    )
+    base = _base_args(engine, requests, warmup, slos, runs_dir, options)
     return study_with(
         base,
         knob,
@@ -1036,6 +1023,80 @@ def study(
         max_repeats=max_repeats,
         budget_s=budget_s,
     )
+
+
+def _base_args(
+    engine: Any,
+    requests: int | None,
+    warmup: int,
+    slos: Mapping[str, float | str] | None,
+    runs_dir: str | Path | None,
+    options: Mapping[str, Any],
+) -> RunArgs:
+    """The fixed options of a study as :func:`study` takes them, as a :class:`RunArgs`."""
+    from perfscope.api.run import _RUN_ARG_NAMES, RunArgs
+
+    if k := {"knob", "values"} & set(options):
+        raise UsageError(f"study() takes {', '.join(sorted(k))} once")
+    run_fields = {k: v for k, v in options.items() if k in _RUN_ARG_NAMES}
+    extra = {k: v for k, v in options.items() if k not in _RUN_ARG_NAMES}
+    return RunArgs(
+        engine=engine,
+        requests=requests,
+        warmup=warmup,
+        slos=slos,
+        runs_dir=runs_dir,
+        engine_options=extra,
+        **run_fields,
+    )
+
+
+def study_quality(
+    knob: str,
+    values: Sequence[Any] | str,
+    *,
+    quality: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None = None,
+    engine: Any = "reference",
+    **options: Any,
+) -> list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None]]:
+    """Only the ``quality`` hook of :func:`study`, with no run: each setting's label, the
+    options record the hook is given (what :func:`study` would pass it) and what it
+    returned, in setting order (the first is the baseline).
+
+    Quality does not depend on how fast a setting runs, so a write-up can take it from a
+    model with trained weights while its speed comes from a study with random ones::
+
+        rows = perfscope.study_quality("quant", "none,int8", model_preset="tiny",
+                                       weights="trained")
+        for label, _, q in rows:
+            print(label, q["top1_agreement"], q["candidate_perplexity"])
+
+    Args:
+        quality: the hook (default: the reference engine's,
+            :func:`perfscope.profiler.engines.reference.quality.reference_quality`: top-1
+            agreement and perplexities against the first setting's model).
+        **options: as in :func:`study` (only what builds the model matters).
+
+    Raises:
+        perfscope.errors.UsageError: an unknown knob or value, or options the engine
+            refuses (checked as :func:`study` checks them).
+    """
+    base = _base_args(engine, None, 0, None, None, options)
+    k = _knob(knob)
+    _check_applies(k, base.engine)
+    parsed = _values(k, values)
+    settings = [_apply(base, k, v) for _, v in parsed]
+    for s in settings:
+        _check_engine(s)
+    if quality is None:
+        from perfscope.profiler.engines.reference.quality import reference_quality
+
+        quality = reference_quality()
+    out: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None]] = []
+    for (label, _), s in zip(parsed, settings, strict=True):
+        record = _args_record(s)
+        out.append((label, record, quality(record)))
+    return out
 
 
 def load_study(path: str | Path) -> Study:

@@ -4,8 +4,12 @@ Markdown (the numbers in each write-up come from this output). Public names only
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from perfscope.profiler.engines.threads import prefer_passive_wait
@@ -101,21 +105,30 @@ def markdown(s: Any) -> str:
             lines.append(f"| {st.value} | {cells} |")
     q = [(st.value, st.quality) for st in s.settings if st.quality]
     if q:
-        lines += [
-            "",
-            f"| {s.knob} | top-1 agreement with baseline | perplexity | baseline perplexity |",
-            "|---|---|---|---|",
-        ]
-        for value, qual in q:
-            lines.append(
-                f"| {value} | {qual['top1_agreement']:.3f} | {qual['candidate_perplexity']:.3f} "
-                f"| {qual['reference_perplexity']:.3f} |"
-            )
+        lines += ["", *quality_table(s.knob, q)]
     lines += ["", *[f"- note: {n}" for n in s.notes], f"- study file: `{s.path}`"]
     return "\n".join(lines)
 
 
-def quality_hook() -> Callable[[dict[str, Any]], Any]:
+def quality_table(knob: str, rows: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[str]:
+    """The quality table's lines: per setting (label, what the quality hook returned), the
+    top-1 agreement with the baseline's model and both perplexities."""
+    lines = [
+        f"| {knob} | top-1 agreement with baseline | perplexity | baseline perplexity |",
+        "|---|---|---|---|",
+    ]
+    for value, qual in rows:
+        if not qual:
+            lines.append(f"| {value} | – | – | – |")
+            continue
+        lines.append(
+            f"| {value} | {qual['top1_agreement']:.3f} | {qual['candidate_perplexity']:.3f} "
+            f"| {qual['reference_perplexity']:.3f} |"
+        )
+    return lines
+
+
+def quality_hook() -> Callable[[Mapping[str, Any]], Any]:
     """A study ``quality`` hook: top-1 agreement and perplexity of each setting's model
     against the first setting's (both built exactly as the engine builds them)."""
     from perfscope.profiler.engines.reference.quality import reference_quality
@@ -134,6 +147,13 @@ def sample_args(
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--smoke", action="store_true", help=smoke)
     ap.add_argument("--runs-dir", default=None)
+    ap.add_argument(
+        "--quality-only",
+        action="store_true",
+        help="only each setting's quality (top-1 agreement, perplexity) against the baseline "
+        "model, no speed runs (seconds once the trained model is cached); --save stores it "
+        "as DIR/<sample>/<time>-quality.json",
+    )
     ap.add_argument(
         "--save",
         nargs="?",
@@ -162,6 +182,14 @@ def run_study(
         opts.update(smoke or {})
         opts.pop("weights", None)  # training takes a minute; the smoke uses random weights
         values = smoke_values or values
+    if a.quality_only:
+        if not with_quality:
+            raise SystemExit(f"the {knob} study measures no quality: drop --quality-only")
+        record = quality_record(knob, values, **opts)
+        print(quality_markdown(record))
+        if a.save is not None:
+            print(f"- saved: `{save_quality(record, a.save)}`")
+        return record
     runs_dir = a.runs_dir or tempfile.mkdtemp(prefix="perfscope-study-")
     hook = quality_hook() if with_quality else None
     s = perfscope.study(
@@ -172,3 +200,135 @@ def run_study(
         target = perfscope.save_study(s, a.save)
         print(f"- saved: `{target}`")
     return s
+
+
+#: The format of a quality record (``results/<sample>/<time>-quality.json``).
+QUALITY_FORMAT = "perfscope.study-quality/1"
+#: Study options that shape only the speed runs, not the model a quality figure is taken on.
+_SPEED_ONLY = (
+    "requests",
+    "warmup",
+    "prompt_len",
+    "output_len",
+    "repeat",
+    "threads",
+    "batch_size",
+    "scheduler",
+    "precision",
+    "max_repeats",
+    "budget_s",
+)
+
+
+def quality_record(knob: str, values: str, **options: Any) -> dict[str, Any]:
+    """Each setting's quality against the first setting's model, with no speed run
+    (``perfscope.study_quality`` with the reference hook), and what it was
+    measured on: each setting's model (``describe_model``) and the evaluation set."""
+    from perfscope.profiler.engines.reference.quality import describe_model
+
+    opts = {k: v for k, v in options.items() if k not in _SPEED_ONLY}
+    rows = perfscope.study_quality(knob, values, quality=quality_hook(), seed=0, **opts)
+    models = [describe_model(args) for _, args, _ in rows]
+    return {
+        "format": QUALITY_FORMAT,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "knob": knob,
+        "values": [label for label, _, _ in rows],
+        # A weights file is named, not located (the path is this machine's cache).
+        "options": json.loads(
+            json.dumps(
+                {
+                    k: Path(v).name if k == "weights" and v != "trained" else v
+                    for k, v in opts.items()
+                },
+                default=str,
+            )
+        ),
+        "evaluation": models[0]["evaluation"],
+        "torch": models[0]["torch"],
+        "settings": [
+            {
+                "value": label,
+                "quality": None if q is None else dict(q),
+                "model": {k: v for k, v in m.items() if k not in ("evaluation", "torch")},
+            }
+            for (label, _, q), m in zip(rows, models, strict=True)
+        ],
+    }
+
+
+def save_quality(record: Mapping[str, Any], root: str | Path, name: str | None = None) -> Path:
+    """Store ``record`` as ``root/<name>/<time>-quality.json`` (``name``: the running
+    sample's file name without ``.py``)."""
+    stem = name or Path(sys.argv[0]).stem
+    stamp = datetime.fromisoformat(str(record["created_at"])).strftime("%Y%m%d-%H%M%S")
+    target = Path(root) / stem / f"{stamp}-quality.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+def read_quality(path: str | Path) -> dict[str, Any]:
+    """A stored quality record; refuses another format."""
+    record: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    if record.get("format") != QUALITY_FORMAT:
+        raise ValueError(f"{path}: not a {QUALITY_FORMAT} record")
+    return record
+
+
+def _model_words(m: Mapping[str, Any]) -> str:
+    """``tiny preset (2 layers, hidden 128, ...; 0.6 M parameters, float32)``."""
+    sh = m["shape"]
+    return (
+        f"the {m['preset']} preset ({sh['n_layers']} layers, hidden {sh['hidden_size']}, "
+        f"{sh['n_heads']} heads / {sh['n_kv_heads']} KV heads, MLP {sh['intermediate_size']}, "
+        f"vocabulary {sh['vocab_size']}; {m['parameters'] / 1e6:.2f} M parameters, {sh['dtype']})"
+    )
+
+
+def _weights_words(m: Mapping[str, Any]) -> str:
+    t = m.get("training")
+    if m["weights"] == "random":
+        return "random weights (seeded)"
+    if not t:
+        return f"weights from `{m['weights_file']}`"
+    return (
+        "trained on the synthetic corpus (`profiler/engines/reference/train.py`: "
+        f"{t['steps']} AdamW steps of {t['batch']} sequences x {t['seq_len']} tokens, "
+        f"alphabet {t['alphabet']}, seed {t['seed']}; final training loss "
+        f"{t['final_loss']:.3f} nats/token)"
+    )
+
+
+def quality_markdown(record: Mapping[str, Any], speed: str | None = None) -> str:
+    """A quality record as Markdown: what was measured on what, then the table. ``speed``:
+    a sentence on how the write-up's speed figures were measured."""
+    settings = record["settings"]
+    base = settings[0]["model"]
+    ev = record["evaluation"]
+    lines = [
+        f"Top-1 agreement with the {record['knob']}={record['values'][0]} model (the fraction "
+        "of next-token predictions where both pick the same token) and perplexity, on "
+        f"{ev['sequences']} held-out sequences of {ev['tokens_per_sequence']} tokens of the "
+        f"synthetic corpus ({ev['predictions']} predictions, corpus seed {ev['seed']}; torch "
+        f"{record['torch']}). Model: {_model_words(base)}, {_weights_words(base)}."
+    ]
+    for st in settings[1:]:
+        m = st["model"]
+        if m["shape"] != base["shape"] or m["weights_file"] != base["weights_file"]:
+            same = m["weights_file"] == base["weights_file"]
+            lines[0] += (
+                f" {record['knob']}={st['value']}: {_model_words(m)}, "
+                + (
+                    _weights_words(m).replace("trained on", "trained separately on", 1)
+                    if not same
+                    else "the baseline's weights without its later layers (no fine-tuning)"
+                    if m["shape"]["n_layers"] < base["shape"]["n_layers"]
+                    else "the baseline's weights"
+                )
+                + "."
+            )
+    if speed:
+        lines[0] += " " + speed
+    rows = [(str(st["value"]), st["quality"]) for st in settings]
+    return "\n".join([*lines, "", *quality_table(str(record["knob"]), rows)])

@@ -1,6 +1,8 @@
 """Study: a smaller student (2 layers) trained on the same corpus vs the 4-layer teacher.
 
 Run: `python samples/studies/distill.py` (about a minute) or `--smoke` (seconds).
+`--quality-only --save` measures only each setting's quality on the trained model (no
+speed run) and stores it in `results/distill/`, which the write-up's quality table renders.
 The write-up with the measured table is `distill.md`.
 """
 

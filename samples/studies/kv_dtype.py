@@ -2,6 +2,8 @@
 trained tiny model.
 
 Run: `python samples/studies/kv_dtype.py` (about a minute) or `--smoke` (seconds).
+`--quality-only --save` measures only each setting's quality on the trained model (no
+speed run) and stores it in `results/kv_dtype/`, which the write-up's quality table renders.
 The write-up with the measured table is `kv_dtype.md`.
 """
 

@@ -2,6 +2,8 @@
 
 Run: `python samples/studies/prune_layers.py` (about two minutes the first time: the
 4-layer teacher is trained and cached) or `--smoke` (seconds, random weights).
+`--quality-only --save` measures only each setting's quality on the trained model (no
+speed run) and stores it in `results/prune_layers/`, which the write-up's quality table renders.
 The write-up with the measured table is `prune_layers.md`.
 """
 

@@ -1,6 +1,8 @@
 """Study: int8 quantisation (dynamic int8 matmuls; weight-only) of a trained tiny model.
 
 Run: `python samples/studies/quant.py` (about a minute) or `--smoke` (seconds).
+`--quality-only --save` measures only each setting's quality on the trained model (no
+speed run) and stores it in `results/quant/`, which the write-up's quality table renders.
 The write-up with the measured table is `quant.md`.
 """
 

@@ -2,6 +2,8 @@
 90% zeros) on a trained tiny model; 2:4 needs CUDA and is refused on a CPU.
 
 Run: `python samples/studies/sparsity.py` (about a minute) or `--smoke` (seconds).
+`--quality-only --save` measures only each setting's quality on the trained model (no
+speed run) and stores it in `results/sparsity/`, which the write-up's quality table renders.
 The write-up with the measured table is `sparsity.md`; the per-matrix speed on the small
 preset's shapes is `benchmarks/sparse_matmul.py`.
 """

@@ -41,6 +41,10 @@ from perfscope.profiler.engines.reference.model import (
 from perfscope.profiler.store import write_stream_atomic
 
 __all__ = [
+    "EVAL_ALPHABET",
+    "EVAL_SEED",
+    "EVAL_SEQUENCES",
+    "EVAL_SEQ_LEN",
     "TrainConfig",
     "TrainResult",
     "corpus",
@@ -51,6 +55,14 @@ __all__ = [
 ]
 
 _FORMAT = "perfscope.trained/1"
+
+#: The held-out set :func:`quality` evaluates on: sequences, tokens per sequence (each gives
+#: ``EVAL_SEQ_LEN - 1`` next-token predictions), its alphabet and the corpus seed (training uses
+#: :attr:`TrainConfig.seed`, 0 by default).
+EVAL_SEQUENCES = 64
+EVAL_ALPHABET = 48
+EVAL_SEQ_LEN = 32
+EVAL_SEED = 12345
 
 
 @dataclass(frozen=True)
@@ -210,10 +222,10 @@ def quality(
     reference: ReferenceModel,
     candidate: ReferenceModel,
     *,
-    alphabet: int = 48,
-    seq_len: int = 32,
-    n: int = 64,
-    seed: int = 12345,
+    alphabet: int = EVAL_ALPHABET,
+    seq_len: int = EVAL_SEQ_LEN,
+    n: int = EVAL_SEQUENCES,
+    seed: int = EVAL_SEED,
 ) -> dict[str, float]:
     """Candidate against reference on ``n`` held-out corpus sequences.
 
