@@ -91,11 +91,14 @@ TECHNIQUES: dict[str, tuple[str, tuple[str, ...]]] = {
     "replicas": ("request parallelism (replicas)", ()),
 }
 
-#: Technique key → the study's fixed engine options that set its operating point: entries of
-#: one change measured at different values of these are kept apart (a paged KV cache that
-#: wins under a 1 MB budget and loses under 4 MB is two findings, not one to overwrite).
+#: Technique key → the study's fixed settings (engine options, else workload arguments) that
+#: set its operating point: entries of one change measured at different values of these are
+#: kept apart (a paged KV cache that wins under a 1 MB budget and loses under 4 MB is two
+#: findings, not one to overwrite; so is a prefix cache on shared prefixes and on multi-turn
+#: conversations).
 OPERATING_POINT: dict[str, tuple[str, ...]] = {
     "kv-paged": ("kv_budget_mb", "kv_block_tokens"),
+    "prefix-caching": ("dataset",),
 }
 
 #: Advisor gain metric → the study metric that measures it.
@@ -510,7 +513,7 @@ def build_calibration(
                     method=str(e.change.method),
                     study_file=_rel(path, root),
                     created_at=st.created_at,
-                    conditions=operating_point(technique, st.args.get("engine_options")),
+                    conditions=operating_point(technique, st.args),
                 )
                 key = (
                     entry.technique,
@@ -522,19 +525,31 @@ def build_calibration(
                 old = best.get(key)
                 if old is None or entry.created_at >= old.created_at:
                     best[key] = entry
+
+    # A record from before its technique's operating point was stored (no conditions) is
+    # superseded by a newer record of the same change that names one.
+    def same(e: CalibrationEntry) -> tuple[Any, ...]:
+        return (e.technique, e.machine, e.metric, e.knob, e.baseline, e.value)
+
+    named: dict[tuple[Any, ...], str] = {}
+    for e in best.values():
+        if e.conditions:
+            named[same(e)] = max(named.get(same(e), ""), e.created_at)
+    kept = [e for e in best.values() if e.conditions or e.created_at >= named.get(same(e), "")]
     return sorted(
-        best.values(),
+        kept,
         key=lambda x: (x.technique, x.machine.describe(), x.knob, x.value, x.metric),
     )
 
 
-def operating_point(technique: str, engine_options: Mapping[str, Any] | None) -> str:
-    """The operating point of a ``technique``'s study from its fixed engine options
-    (:data:`OPERATING_POINT`): ``kv_budget_mb=1.0, kv_block_tokens=16``; ``""`` for a
-    technique without one."""
-    opts = engine_options or {}
-    keys = OPERATING_POINT.get(technique, ())
-    return ", ".join(f"{k}={opts[k]}" for k in keys if opts.get(k) is not None)
+def operating_point(technique: str, args: Mapping[str, Any] | None) -> str:
+    """The operating point of a ``technique``'s study from its fixed settings (a study's
+    ``args``: :data:`OPERATING_POINT` names engine options, else workload arguments):
+    ``kv_budget_mb=1.0, kv_block_tokens=16``; ``""`` for a technique without one."""
+    args = args or {}
+    engine = args.get("engine_options") or {}
+    got = {k: engine.get(k, args.get(k)) for k in OPERATING_POINT.get(technique, ())}
+    return ", ".join(f"{k}={v}" for k, v in got.items() if v is not None)
 
 
 def _sig(x: float) -> float:

@@ -124,8 +124,11 @@ def generated_block(name: str) -> list[str]:
         work.append(f"{threads} intra-op thread(s)")
     if opts:
         work.append("engine options " + ", ".join(f"{k}={v}" for k, v in sorted(opts.items())))
-    # The dataset is in the runs' workload section (the study's args do not keep it).
+    # The dataset: the study's args name it since 2026-12-06; older records only in the
+    # runs' workload section.
     load = ((st.baseline.inputs or {}).get("workload") or {}) if st.settings else {}
+    if args.get("dataset"):
+        load = args
     if isinstance(load, dict) and load.get("dataset"):
         shape = [f"{k} {load[k]}" for k in ("prefix_len", "turns") if load.get(k)]
         work.append(f"dataset {load['dataset']}" + (f" ({', '.join(shape)})" if shape else ""))
@@ -134,7 +137,7 @@ def generated_block(name: str) -> list[str]:
         for k, v in args.items()
         if v not in (None, "", {}, [])
         and k not in {k for k, _ in _WORKLOAD}
-        and k not in ("engine", "seed", "engine_options", "mode")
+        and k not in ("engine", "seed", "engine_options", "mode", "dataset", "prefix_len", "turns")
     }
     if extra:
         work.append(", ".join(f"{k} {v}" for k, v in sorted(extra.items())))

@@ -365,3 +365,21 @@ def test_one_change_measured_at_two_operating_points_keeps_both_entries(tmp_path
     assert load_calibration(doc) == tuple(entries)
     batching = build_calibration(load_studies(sorted(STUDIES.glob("*-study-batch-size.json"))))
     assert batching and all("conditions" not in e.to_dict() for e in batching)
+
+
+def test_a_prefix_cache_on_two_workloads_is_two_entries_and_older_unnamed_records_give_way() -> (
+    None
+):
+    """Shared system prompts and multi-turn histories are different operating points of one
+    change; the records from before studies named their dataset are superseded by the newer
+    ones that do, rather than standing beside them as a third, unlabelled finding."""
+    records = sorted(STUDIES.glob("*-study-prefix-cache*.json"))
+    studies = load_studies(records)
+    assert any(not st.args.get("dataset") for _, st in studies)  # the older records
+    entries = build_calibration(studies, root=ROOT)
+    ttft = {e.conditions: e for e in entries if e.metric == "ttft_p50_s"}
+    assert set(ttft) == {"dataset=shared-prefix", "dataset=multi-turn"}
+    # Both cut TTFT; the shared 256-token prompt far more than a conversation's history.
+    assert (
+        ttft["dataset=shared-prefix"].measured_ratio < ttft["dataset=multi-turn"].measured_ratio < 1
+    )

@@ -949,6 +949,14 @@ def _args_record(a: RunArgs) -> dict[str, Any]:
     out["engine_options"] = {
         k: str(v) for k, v in a.engine_options.items() if k not in ("api_key",)
     }
+    # The built-in dataset shapes the workload as much as its lengths do (a prefix cache
+    # finds a shared system prompt, or a conversation's history): named when one was used.
+    if a.dataset:
+        out["dataset"] = a.dataset
+        if a.dataset == "shared-prefix":
+            out["prefix_len"] = a.prefix_len
+        if a.dataset == "multi-turn":
+            out["turns"] = a.turns
     record: dict[str, Any] = json.loads(json.dumps(out, default=str))
     return record
 

@@ -118,6 +118,19 @@ STUDIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "concurrency": 4,
         },
     ),
+    # prefix_caching.py's multi-turn workload on the tiny model: each turn resends its history
+    "prefix-cache-multiturn": (
+        "prefix-cache",
+        "off,on",
+        {
+            "dataset": "multi-turn",
+            "turns": 3,
+            "prompt_len": 64,
+            "requests": 18,
+            "batch_size": 4,
+            "concurrency": 4,
+        },
+    ),
     "scheduler": (
         "scheduler",
         "continuous,static",
