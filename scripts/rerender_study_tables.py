@@ -7,17 +7,18 @@ A write-up names its record in a generated block::
     ... (everything here is generated: the record, its workload, its notes, its tables)
     <!-- /study-tables -->
 
-and the block is re-rendered from that record: a line naming the record, the machine
+(a record in a folder of ``results/`` is named by its path under it, e.g.
+``replicas_threads/20261206-003139-replicas-threads.json``), and the block is re-rendered
+from that record: a line naming the record, the machine
 class and the workload it ran, then the settings, effects, extra and quality tables and the
-record's notes that :func:`samples.studies._common.markdown` renders. Write-ups without a
-block (older ones) keep the earlier rule: each effects table (its header names
-``| measured ratio |``) is replaced by the one rendered for the record named on the next
-``- study file: `...` `` line below it. Prose outside the blocks is left alone. Usage::
+record's notes that :func:`samples.studies._common.markdown` renders. Every write-up
+presents its stored records through such blocks (one per record); prose and any table
+outside them (a table of runs that were never stored) are left alone. Usage::
 
     python scripts/rerender_study_tables.py [--check]
 
 ``--check`` rewrites nothing and exits 1 if a table differs, or a block names a record that
-is not in ``results/``.
+is not in ``results/`` (or names it by any other path than the one under ``results/``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "samples" / "studies"
 RESULTS = STUDIES / "results"
-FILE = re.compile(r"^- study file: `([^`]+)`")
 OPEN = re.compile(r"^<!-- study-tables: (\S+) -->$")
 CLOSE = "<!-- /study-tables -->"
 
@@ -57,13 +57,17 @@ def _markdown() -> Any:
     return markdown
 
 
-def _effects_block(md: str) -> list[str]:
-    lines = md.splitlines()
-    start = next(i for i, ln in enumerate(lines) if "| measured ratio |" in ln)
-    end = start
-    while end < len(lines) and lines[end].startswith("|"):
-        end += 1
-    return lines[start:end]
+def record_path(name: str) -> Path:
+    """The stored record a block names: ``name`` is its path under ``results/`` (a file
+    name, or ``folder/file`` for a record kept in a folder there); anything else, or a record
+    that is not there, stops the script with one line."""
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts or rel.suffix != ".json":
+        raise SystemExit(f"{name}: name a record by its path under {RESULTS}")
+    path = RESULTS / rel
+    if not path.is_file():
+        raise SystemExit(f"{name}: no such record in {RESULTS}; name a stored one")
+    return path
 
 
 def generated_block(name: str) -> list[str]:
@@ -71,7 +75,7 @@ def generated_block(name: str) -> list[str]:
     from perfscope.analysis.calibration import MachineClass
     from perfscope.analysis.study import read_study
 
-    st = read_study(RESULTS / name)
+    st = read_study(record_path(name))
     args = st.args
     work = [f"{words} {args[k]}" for k, words in _WORKLOAD if args.get(k) not in (None, "")]
     opts = dict(args.get("engine_options") or {})
@@ -106,9 +110,7 @@ def generated_block(name: str) -> list[str]:
 
 
 def rerender(text: str) -> str:
-    """``text`` with every generated block and every older effects table re-rendered."""
-    from perfscope.analysis.study import read_study
-
+    """``text`` with every generated block re-rendered."""
     lines = text.splitlines()
     out: list[str] = []
     i = 0
@@ -119,23 +121,8 @@ def rerender(text: str) -> str:
             end = next((j for j in range(i + 1, len(lines)) if lines[j] == CLOSE), None)
             if end is None:
                 raise SystemExit(f"a study-tables block opened at line {i + 1} is never closed")
-            name = Path(opened.group(1)).name
-            if not (RESULTS / name).exists():
-                raise SystemExit(f"{name}: no such record in {RESULTS}; name a stored one")
-            out += [ln, *generated_block(name), CLOSE]
+            out += [ln, *generated_block(opened.group(1)), CLOSE]
             i = end + 1
-            continue
-        if "| measured ratio |" in ln and ln.startswith("|"):
-            end = i
-            while end < len(lines) and lines[end].startswith("|"):
-                end += 1
-            record = next((m.group(1) for m in map(FILE.match, lines[end:]) if m is not None), None)
-            path = None if record is None else RESULTS / Path(record).name
-            if path is None or not path.exists():
-                out.extend(lines[i:end])
-            else:
-                out.extend(_effects_block(_markdown()(read_study(path))))
-            i = end
             continue
         out.append(ln)
         i += 1
