@@ -7,7 +7,9 @@ A write-up names its record in a generated block::
     ... (everything here is generated: the record, its workload, its notes, its tables)
     <!-- /study-tables -->
 
-and the block is re-rendered from that record: a line naming the record, the machine
+(a record in a folder of ``results/`` is named by its path under it, e.g.
+``replicas_threads/20261206-003139-replicas-threads.json``), and the block is re-rendered
+from that record: a line naming the record, the machine
 class and the workload it ran, then the settings, effects, extra and quality tables and the
 record's notes that :func:`samples.studies._common.markdown` renders. A quality block::
 
@@ -18,15 +20,15 @@ record's notes that :func:`samples.studies._common.markdown` renders. A quality 
 is re-rendered from a quality record (``results/<sample>/<time>-quality.json``, written by
 a sample's ``--quality-only --save``) by :func:`samples.studies._common.quality_markdown`,
 with a sentence on how the speed record of the write-up's last ``study-tables`` block above
-it was measured (random or trained weights, from that record's options). Write-ups without a
-block (older ones) keep the earlier rule: each effects table (its header names
-``| measured ratio |``) is replaced by the one rendered for the record named on the next
-``- study file: `...` `` line below it. Prose outside the blocks is left alone. Usage::
+it was measured (random or trained weights, from that record's options). Every write-up
+presents its stored records through such blocks (one per record); prose and any table
+outside them (a table of runs that were never stored) are left alone. Usage::
 
     python scripts/rerender_study_tables.py [--check]
 
 ``--check`` rewrites nothing and exits 1 if a table differs, or a block names a record that
-is not in ``results/`` (a quality block: not under it).
+is not in ``results/`` (or names it by any other path than the one under ``results/``; a
+quality block: a record not under it).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "samples" / "studies"
 RESULTS = STUDIES / "results"
-FILE = re.compile(r"^- study file: `([^`]+)`")
 OPEN = re.compile(r"^<!-- study-tables: (\S+) -->$")
 CLOSE = "<!-- /study-tables -->"
 QOPEN = re.compile(r"^<!-- study-quality: (\S+) -->$")
@@ -101,13 +102,17 @@ def quality_block(name: str, speed_record: str | None) -> list[str]:
     ]
 
 
-def _effects_block(md: str) -> list[str]:
-    lines = md.splitlines()
-    start = next(i for i, ln in enumerate(lines) if "| measured ratio |" in ln)
-    end = start
-    while end < len(lines) and lines[end].startswith("|"):
-        end += 1
-    return lines[start:end]
+def record_path(name: str) -> Path:
+    """The stored record a block names: ``name`` is its path under ``results/`` (a file
+    name, or ``folder/file`` for a record kept in a folder there); anything else, or a record
+    that is not there, stops the script with one line."""
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts or rel.suffix != ".json":
+        raise SystemExit(f"{name}: name a record by its path under {RESULTS}")
+    path = RESULTS / rel
+    if not path.is_file():
+        raise SystemExit(f"{name}: no such record in {RESULTS}; name a stored one")
+    return path
 
 
 def generated_block(name: str) -> list[str]:
@@ -115,7 +120,7 @@ def generated_block(name: str) -> list[str]:
     from perfscope.analysis.calibration import MachineClass
     from perfscope.analysis.study import read_study
 
-    st = read_study(RESULTS / name)
+    st = read_study(record_path(name))
     args = st.args
     work = [f"{words} {args[k]}" for k, words in _WORKLOAD if args.get(k) not in (None, "")]
     opts = dict(args.get("engine_options") or {})
@@ -153,9 +158,7 @@ def generated_block(name: str) -> list[str]:
 
 
 def rerender(text: str) -> str:
-    """``text`` with every generated block and every older effects table re-rendered."""
-    from perfscope.analysis.study import read_study
-
+    """``text`` with every generated block re-rendered."""
     lines = text.splitlines()
     out: list[str] = []
     speed_record: str | None = None
@@ -167,9 +170,7 @@ def rerender(text: str) -> str:
             end = next((j for j in range(i + 1, len(lines)) if lines[j] == CLOSE), None)
             if end is None:
                 raise SystemExit(f"a study-tables block opened at line {i + 1} is never closed")
-            name = Path(opened.group(1)).name
-            if not (RESULTS / name).exists():
-                raise SystemExit(f"{name}: no such record in {RESULTS}; name a stored one")
+            name = opened.group(1)
             out += [ln, *generated_block(name), CLOSE]
             speed_record = name
             i = end + 1
@@ -185,18 +186,6 @@ def rerender(text: str) -> str:
                 raise SystemExit(f"{qname}: no such quality record under {RESULTS}")
             out += [ln, *quality_block(qname, speed_record), QCLOSE]
             i = end + 1
-            continue
-        if "| measured ratio |" in ln and ln.startswith("|"):
-            end = i
-            while end < len(lines) and lines[end].startswith("|"):
-                end += 1
-            record = next((m.group(1) for m in map(FILE.match, lines[end:]) if m is not None), None)
-            path = None if record is None else RESULTS / Path(record).name
-            if path is None or not path.exists():
-                out.extend(lines[i:end])
-            else:
-                out.extend(_effects_block(_markdown()(read_study(path))))
-            i = end
             continue
         out.append(ln)
         i += 1
