@@ -20,7 +20,16 @@ record's notes that :func:`samples.studies._common.markdown` renders. A quality 
 is re-rendered from a quality record (``results/<sample>/<time>-quality.json``, written by
 a sample's ``--quality-only --save``) by :func:`samples.studies._common.quality_markdown`,
 with a sentence on how the speed record of the write-up's last ``study-tables`` block above
-it was measured (random or trained weights, from that record's options). Every write-up
+it was measured (random or trained weights, from that record's options). A parallel block::
+
+    <!-- parallel-tables: parallel/20261205-232238-parallel.json -->
+    ... (generated: the record, its model, workload and load, its tables)
+    <!-- /parallel-tables -->
+
+is re-rendered from a ``perfscope.parallel-study/1`` record (what ``parallel.py`` stores
+under ``results/parallel/``, named by its path under ``results/``) by the functions the
+script prints its own tables with (``samples/studies/parallel.py``: :func:`describe`,
+:func:`record_markdown`). Every write-up
 presents its stored records through such blocks (one per record); prose and any table
 outside them (a table of runs that were never stored) are left alone. Usage::
 
@@ -28,7 +37,7 @@ outside them (a table of runs that were never stored) are left alone. Usage::
 
 ``--check`` rewrites nothing and exits 1 if a table differs, or a block names a record that
 is not in ``results/`` (or names it by any other path than the one under ``results/``; a
-quality block: a record not under it).
+quality block: a record not under it; a parallel block: also a record of another schema).
 """
 
 from __future__ import annotations
@@ -46,6 +55,9 @@ OPEN = re.compile(r"^<!-- study-tables: (\S+) -->$")
 CLOSE = "<!-- /study-tables -->"
 QOPEN = re.compile(r"^<!-- study-quality: (\S+) -->$")
 QCLOSE = "<!-- /study-quality -->"
+POPEN = re.compile(r"^<!-- parallel-tables: (\S+) -->$")
+PCLOSE = "<!-- /parallel-tables -->"
+PARALLEL_SCHEMA = "perfscope.parallel-study/1"
 
 #: Workload options a block names when the record has them: record key → words.
 _WORKLOAD = (
@@ -99,6 +111,43 @@ def quality_block(name: str, speed_record: str | None) -> list[str]:
         f"Quality record `samples/studies/results/{name}` (created {record['created_at']}).",
         "",
         *common.quality_markdown(record, speed).splitlines(),
+    ]
+
+
+def _parallel() -> Any:
+    """``samples/studies/parallel.py`` as a module (its renderer imports no torch)."""
+    import importlib.util
+
+    if "_parallel_study" in sys.modules:
+        return sys.modules["_parallel_study"]
+    spec = importlib.util.spec_from_file_location("_parallel_study", STUDIES / "parallel.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["_parallel_study"] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def parallel_block(name: str) -> list[str]:
+    """The lines between a parallel block's markers for the ``perfscope.parallel-study/1``
+    record ``results/<name>``: a line naming the record, its model, workload and load, then
+    the tables ``parallel.py`` prints for it. Another schema stops the script with one line."""
+    import json
+
+    path = record_path(name)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise SystemExit(f"{name}: not a JSON record ({exc})") from None
+    if not isinstance(record, dict) or record.get("schema") != PARALLEL_SCHEMA:
+        raise SystemExit(f"{name}: not a {PARALLEL_SCHEMA} record")
+    par = _parallel()
+    return [
+        f"Record `samples/studies/results/{name}` ({PARALLEL_SCHEMA}, written by "
+        f"`parallel.py`; created {record.get('created_at') or 'unknown'}; device "
+        f"{record.get('device')}): {par.describe(record)}.",
+        "",
+        *par.record_markdown(record),
     ]
 
 
@@ -185,6 +234,14 @@ def rerender(text: str) -> str:
             if not path.is_relative_to(RESULTS.resolve()) or not path.is_file():
                 raise SystemExit(f"{qname}: no such quality record under {RESULTS}")
             out += [ln, *quality_block(qname, speed_record), QCLOSE]
+            i = end + 1
+            continue
+        par = POPEN.match(ln)
+        if par is not None:
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] == PCLOSE), None)
+            if end is None:
+                raise SystemExit(f"a parallel-tables block opened at line {i + 1} is never closed")
+            out += [ln, *parallel_block(par.group(1)), PCLOSE]
             i = end + 1
             continue
         out.append(ln)

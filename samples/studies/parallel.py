@@ -28,26 +28,22 @@ import os
 import platform
 import statistics
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from perfscope.analysis.experiment import judge_metric
+from perfscope.analysis.experiment import judge_metric, level_text
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.parallel import ParallelPlan, ParallelPrediction, predict_parallel
 from perfscope.analysis.study import Study, build_study
 from perfscope.hwdb import resolve_device
 from perfscope.hwdb.calibrate import machine_fingerprint
-from perfscope.profiler.engines.reference.model import PRESETS
-from perfscope.profiler.engines.reference.parallel import (
-    ParallelJob,
-    ParallelRun,
-    calibrate_loopback,
-    run_parallel_many,
-    run_single,
-)
 from perfscope.profiler.store import write_json_atomic
+
+if TYPE_CHECKING:  # torch: imported where a run needs it, not by the tables' renderer
+    from perfscope.profiler.engines.reference.parallel import ParallelJob, ParallelRun
 
 DEVICE = "cpu-loopback-gloo"
 LINK = "loopback"
@@ -242,52 +238,215 @@ def _measured_comm(setting: str, run: ParallelRun) -> float:
     return float("nan")
 
 
-def effects_table(
+def effects_of(
     singles: list[ParallelRun], groups: dict[str, tuple[list[ParallelRun], float, float]]
 ) -> list[dict[str, object]]:
-    """Print each split's TPOT against the single process as the experiment module judges it
+    """Each split's TPOT against the single process as the experiment module judges it
     (Mann-Whitney over the runs: the single runs come before the group's, so runs are not
-    paired) and its measured communication per step over the runs next to the model's term;
-    return the same as records."""
-    print(
-        "\n| setting | TPOT vs single: ratio, interval | verdict | measured comm per step ms: "
-        "median [min, max] over runs | model comm term ms | error of the model at the median "
-        "[at the max, at the min] |\n|---|---|---|---|---|---|"
-    )
+    paired) and its measured communication per step over the runs next to the model's term,
+    as the record's ``effects`` (:func:`effects_markdown` renders them)."""
     out: list[dict[str, object]] = []
     for name, (rs, model_comm, live_comm) in groups.items():
         ch = judge_metric(
             [r.tpot_s for r in singles], [r.tpot_s for r in rs], "lower", metric="tpot_s"
         )
         comm = sorted(c for c in (_measured_comm(name, r) for r in rs) if c == c)
-        model = live_comm if live_comm == live_comm else model_comm
-        row: dict[str, object] = {
-            "setting": name,
-            "tpot_ratio": ch.ratio,
-            "ci": ch.ci,
-            "ci_level": ch.ci_level,
-            "verdict": ch.verdict,
-            "method": ch.method,
-            "comm_per_run_s": comm,
-            "model_comm_s": model,
-        }
-        out.append(row)
-        ratio = "–" if ch.ratio is None else f"{ch.ratio:.2f}x {ch.interval_text()}"
+        out.append(
+            {
+                "setting": name,
+                "tpot_ratio": ch.ratio,
+                "ci": ch.ci,
+                "ci_level": ch.ci_level,
+                "verdict": ch.verdict,
+                "method": ch.method,
+                "comm_per_run_s": comm,
+                "model_comm_s": live_comm if live_comm == live_comm else model_comm,
+            }
+        )
+    return out
+
+
+# ----------------------------------------------------------------- the record's tables
+# What the script prints and what ``scripts/rerender_study_tables.py`` writes into a
+# ``parallel-tables`` block of the write-up: both render a ``perfscope.parallel-study/1``
+# record (the dict the script stores) with these functions, and nothing else.
+
+
+def _ms(v: float) -> str:
+    return "–" if v != v else f"{v * 1e3:.3f}"
+
+
+def _error(model: float, measured: float) -> str:
+    if model == 0 or measured != measured or model != model or measured <= 0:
+        return "–"
+    return f"{(model - measured) / measured:+.0%}"
+
+
+def describe(record: Mapping[str, Any]) -> str:
+    """The model, workload, repeats and load of a record, in one line."""
+    job, m = record["job"], record["machine"]
+    cfg = job["cfg"]
+    load = m.get("load") or [[float("nan")], [float("nan")]]
+    return (
+        f"model {cfg['n_layers']} blocks, d {cfg['hidden_size']}, {cfg['n_heads']}/"
+        f"{cfg['n_kv_heads']} heads, MLP {cfg['intermediate_size']}, vocab {cfg['vocab_size']}, "
+        f"{cfg['dtype']}; batch {job['batch']}, prompt {job['prompt_len']}, output "
+        f"{job['output_len']}, {job['warmup']} warm-up steps, {job['threads']} thread(s) per "
+        f"process; {record['repeat']} repeat(s); load average {load[0][0]:.1f} -> "
+        f"{load[1][0]:.1f} on {m.get('cores')} cores"
+    )
+
+
+def main_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The per-setting table of a record's ``rows`` (medians over repeats, seconds) and the
+    note on its error columns. A record written before the script split the model's wait
+    term (rows without ``model_wait_s``) gets the table that script printed: no wait
+    columns, its link-part error the whole model term against the TP link part or the PP
+    hidden-state hop alone, and a note that says so."""
+    split = all("model_wait_s" in r for r in rows)
+    cols = [
+        "setting",
+        "TPOT p50 ms",
+        "vs single",
+        "in comm calls per step, rank 0 / 1 ms",
+        "compute per step, rank 0 / 1 ms",
+        "measured comm per step ms",
+        "of which link (both ranks in) ms",
+        "of which waiting for the other rank ms",
+        "PP token hop back ms",
+        "model comm term ms (hwdb entry)",
+        "model comm term ms (link measured now)",
+        *(["of which the model's wait ms"] if split else []),
+        "error vs measured comm",
+        "error vs link part",
+        *(["error of the wait"] if split else []),
+        "collectives per step",
+        "greedy tokens equal",
+        "max abs / rel logit diff",
+    ]
+    out = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+    base = rows[0]["tpot_s"]
+    for r in rows:
+        live, hwdb = r["model_comm_live_s"], r["model_comm_s"]
+        now = live if live == live else hwdb
+        tp = str(r["setting"]).startswith("TP")
+        wait_model = r.get("model_wait_s", 0.0)
+        if split:  # like for like: TP, the model less its wait against the link part; PP,
+            # both hops the model counts (hidden state out, token back) against both measured
+            link_model = now - wait_model if tp else now
+            link_meas = r["link_s"] if tp else r["link_s"] + r["token_hop_s"]
+        else:
+            link_model, link_meas = now, r["link_s"]
+        cells = [
+            str(r["setting"]),
+            _ms(r["tpot_s"]),
+            f"{r['tpot_s'] / base:.2f}x",
+            f"{_ms(r['comm_rank0_s'])} / {_ms(r['comm_rank1_s'])}",
+            f"{_ms(r['compute_rank0_s'])} / {_ms(r['compute_rank1_s'])}",
+            _ms(r["measured_comm_s"]),
+            _ms(r["link_s"]),
+            _ms(r["wait_s"]),
+            _ms(r["token_hop_s"]),
+            _ms(hwdb),
+            _ms(live),
+            *([_ms(wait_model)] if split else []),
+            _error(now, r["measured_comm_s"]),
+            _error(link_model, link_meas),
+            *([_error(wait_model, r["wait_s"]) if tp else "–"] if split else []),
+            str(r["collectives"]),
+            str(r["tokens_equal"]),
+            f"{r['max_abs_logit_diff']:.2g} / {r['max_rel_logit_diff']:.2g}",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(
+        "(errors: the model with the link measured now, or the hwdb entry's when none was "
+        "measured, against the measurement; "
+        + (
+            "link part: TP, the model less its wait term against the collectives' time once "
+            "both ranks are in; PP, the model's two hops against the hidden-state hop plus the "
+            "token hop back; the wait: TP, the model's wait term against the measured wait "
+            "for the other rank)"
+            if split
+            else "this record predates the split of the model's wait term (its rows hold no "
+            "`model_wait_s`): its link-part error is the whole model term against the TP "
+            "link part, or against the PP hidden-state hop alone, as the script then "
+            "printed it)"
+        )
+    )
+    return out
+
+
+def measured_lines(record: Mapping[str, Any]) -> list[str]:
+    """The TP collectives' in-step cost and the link as measured in the same group."""
+    out = []
+    tp = next((r for r in record["rows"] if str(r["setting"]).startswith("TP")), None)
+    if tp is not None:
+        per_coll = tp["comm_rank0_s"] / max(int(tp["collectives"]), 1)
+        out.append(f"- TP measured: {per_coll * 1e6:.1f} us per collective inside a decode step")
+    link = record.get("link")
+    if link is not None:
+        for what, key in (("send", "send"), ("2-rank all-reduce", "allreduce")):
+            fit = link[key]
+            out.append(
+                f"- link measured in the same group, {what}: latency "
+                f"{fit['latency_s'] * 1e6:.1f} us, {fit['bw_bytes_s'] / 1e9:.3g} GB/s per "
+                f"direction; p10 of the smallest message {fit['p10_times_s'][0] * 1e6:.1f} us"
+            )
+    return out
+
+
+def effects_markdown(effects: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The record's ``effects``: each split's TPOT against the single process as judged,
+    and its measured communication per step over the runs against the model's term."""
+    out = [
+        "| setting | TPOT vs single: ratio, interval | verdict | measured comm per step ms: "
+        "median [min, max] over runs | model comm term ms | error of the model at the median "
+        "[at the max, at the min] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in effects:
+        name, ratio, ci = e["setting"], e["tpot_ratio"], e["ci"]
+        interval = (
+            "n/a (too few runs)"
+            if ci is None
+            else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+            + ("" if e.get("ci_level") is None else f" at {level_text(e['ci_level'])}")
+        )
+        cell = "–" if ratio is None else f"{ratio:.2f}x {interval}"
+        model, comm = e["model_comm_s"], e["comm_per_run_s"]
         if not comm:
-            print(f"| {name} | {ratio} | {ch.verdict} | (overlapped) | {model * 1e3:.3f} | – |")
+            out.append(f"| {name} | {cell} | {e['verdict']} | (overlapped) | {_ms(model)} | – |")
             continue
         med = statistics.median(comm)
         cover = 1 - 2 * 0.5 ** len(comm)  # chance that [min, max] of n runs holds the median
-        print(
-            f"| {name} | {ratio} | {ch.verdict} | {med * 1e3:.3f} [{comm[0] * 1e3:.3f}, "
+        out.append(
+            f"| {name} | {cell} | {e['verdict']} | {med * 1e3:.3f} [{comm[0] * 1e3:.3f}, "
             f"{comm[-1] * 1e3:.3f}] ({100 * cover:.0f}% for the median, {len(comm)} runs) "
-            f"| {model * 1e3:.3f} | {model / med - 1:+.0%} [{model / comm[-1] - 1:+.0%}, "
+            f"| {_ms(model)} | {model / med - 1:+.0%} [{model / comm[-1] - 1:+.0%}, "
             f"{model / comm[0] - 1:+.0%}] |"
         )
     return out
 
 
+def record_markdown(record: Mapping[str, Any]) -> list[str]:
+    """A ``perfscope.parallel-study/1`` record's tables: the per-setting table, the measured
+    link, and (records since 2026-12-05 23:23) the effects table."""
+    out = [*main_table(record["rows"]), "", *measured_lines(record)]
+    if record.get("effects"):
+        out += ["", *effects_markdown(record["effects"])]
+    return out
+
+
 def main() -> None:
+    from perfscope.profiler.engines.reference.model import PRESETS
+    from perfscope.profiler.engines.reference.parallel import (
+        ParallelJob,
+        calibrate_loopback,
+        run_parallel_many,
+        run_single,
+    )
+
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 1 repeat")
     ap.add_argument("--calibrate", action="store_true", help="measure the loopback link")
@@ -473,57 +632,19 @@ def main() -> None:
             )
         )
 
-    def ms(v: float) -> str:
-        return "–" if v != v else f"{v * 1e3:.3f}"
-
-    base = rows[0].tpot_s
-    print(
-        f"model {a.preset} ({cfg.n_layers} blocks, d {cfg.hidden_size}, vocab {cfg.vocab_size}), "
-        f"batch {job.batch}, prompt {job.prompt_len}, output {job.output_len}, "
-        f"{repeat} repeat(s), 1 thread per process; load average {load0[0]:.1f} -> "
-        f"{load1[0]:.1f} on {os.cpu_count()} cores\n"
-    )
-    print(
-        "| setting | TPOT p50 ms | vs single | in comm calls per step, rank 0 / 1 ms "
-        "| compute per step, rank 0 / 1 ms | measured comm per step ms "
-        "| of which link (both ranks in) ms | of which waiting for the other rank ms "
-        "| PP token hop back ms | model comm term ms (hwdb entry) "
-        "| model comm term ms (link measured now) | of which the model's wait ms "
-        "| error vs measured comm | error vs link part | error of the wait "
-        "| collectives per step | greedy tokens equal | max abs / rel logit diff |"
-    )
-    print("|---" * 18 + "|")
-
-    def error(model: float, measured: float) -> str:
-        if model == 0 or measured != measured or model != model or measured <= 0:
-            return "–"
-        return f"{(model - measured) / measured:+.0%}"
-
-    for r in rows:
-        now = r.model_comm_live_s if r.model_comm_live_s == r.model_comm_live_s else r.model_comm_s
-        # like for like: TP, the model less its wait against the link part; PP, both hops
-        # the model counts (hidden state out, token back) against both measured hops
-        tp = r.setting.startswith("TP")
-        link_model = now - r.model_wait_s if tp else now
-        link_meas = r.link_s if tp else r.link_s + r.token_hop_s
-        print(
-            f"| {r.setting} | {ms(r.tpot_s)} | {r.tpot_s / base:.2f}x "
-            f"| {ms(r.comm_rank0_s)} / {ms(r.comm_rank1_s)} "
-            f"| {ms(r.compute_rank0_s)} / {ms(r.compute_rank1_s)} | {ms(r.measured_comm_s)} "
-            f"| {ms(r.link_s)} | {ms(r.wait_s)} | {ms(r.token_hop_s)} "
-            f"| {ms(r.model_comm_s)} | {ms(r.model_comm_live_s)} | {ms(r.model_wait_s)} "
-            f"| {error(now, r.measured_comm_s)} | {error(link_model, link_meas)} "
-            f"| {error(r.model_wait_s, r.wait_s) if tp else '–'} "
-            f"| {r.collectives} | {r.tokens_equal} "
-            f"| {r.max_abs_logit_diff:.2g} / {r.max_rel_logit_diff:.2g} |"
-        )
-    print(
-        "\n(errors: the model with the link measured now, or the hwdb entry's when none was "
-        "measured, against the measurement; link part: TP, the model less its wait term "
-        "against the collectives' time once both ranks are in; PP, the model's two hops "
-        "against the hidden-state hop plus the token hop back; the wait: TP, the model's wait "
-        "term against the measured wait for the other rank)"
-    )
+    record: dict[str, Any] = {
+        "schema": "perfscope.parallel-study/1",
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"host": platform.node(), "cores": os.cpu_count(), "load": [load0, load1]},
+        "job": {**asdict(job), "cfg": cfg.to_dict()},
+        "repeat": repeat,
+        "device": DEVICE,
+        "rows": [asdict(r) for r in rows],
+        "link": None if link_cal is None else asdict(link_cal),
+        "effects": effects_of(singles, groups),
+    }
+    print(f"preset {a.preset}: {describe(record)}\n")
+    print("\n".join(main_table(record["rows"])))
     lk = tp_model.link
     if lk is not None:
         print(
@@ -534,29 +655,8 @@ def main() -> None:
         f"- TP model: {tp_model.collectives_per_step} all-reduces of "
         f"{tp_model.allreduce_bytes_decode:.0f} B + a logits gather per step"
     )
-    per_coll = _med([r.comm_per_step_s(0) for r in groups["TP=2"][0]]) / max(
-        groups["TP=2"][0][0].collectives_per_step, 1
-    )
-    print(f"- TP measured: {per_coll * 1e6:.1f} us per collective inside a decode step")
-    if link_cal is not None:
-        for what, fit in (("send", link_cal.send), ("2-rank all-reduce", link_cal.allreduce)):
-            print(
-                f"- link measured in the same group, {what}: latency {fit.latency_s * 1e6:.1f} us,"
-                f" {fit.bw_bytes_s / 1e9:.3g} GB/s per direction; p10 of the smallest message "
-                f"{fit.p10_times_s[0] * 1e6:.1f} us"
-            )
-    effects = effects_table(singles, groups)
-    record = {
-        "schema": "perfscope.parallel-study/1",
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"host": platform.node(), "cores": os.cpu_count(), "load": [load0, load1]},
-        "job": {**asdict(job), "cfg": cfg.to_dict()},
-        "repeat": repeat,
-        "device": DEVICE,
-        "rows": [asdict(r) for r in rows],
-        "link": None if link_cal is None else asdict(link_cal),
-        "effects": effects,
-    }
+    print("\n".join(measured_lines(record)))
+    print("\n" + "\n".join(effects_markdown(record["effects"])))
     out_dir = Path(a.runs_dir or tempfile.mkdtemp(prefix="perfscope-parallel-")) / "parallel"
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
