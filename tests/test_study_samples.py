@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,39 @@ def test_write_up_tables_are_generated_from_their_stored_records() -> None:
         )
     with pytest.raises(SystemExit, match="no such quality record"):
         mod.rerender("<!-- study-quality: quant/none.json -->\n<!-- /study-quality -->\n")
+
+
+def test_parallel_write_up_tables_are_generated_from_its_parallel_records() -> None:
+    """``parallel.md`` shows every ``perfscope.parallel-study/1`` record of
+    ``results/parallel/`` through a ``parallel-tables`` block, rendered by ``parallel.py``'s own
+    table functions; a hand-edited figure in one is stale, and a block naming a missing
+    record, a path outside ``results/`` or a record of another schema is refused in one line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "rerender_study_tables", SAMPLES.parents[1] / "scripts" / "rerender_study_tables.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = (SAMPLES / "parallel.md").read_text(encoding="utf-8")
+    named = re.findall(r"^<!-- parallel-tables: (\S+) -->$", text, flags=re.M)
+    stored = sorted(f"parallel/{p.name}" for p in (SAMPLES / "results" / "parallel").glob("*.json"))
+    assert sorted(named) == stored
+    assert mod.rerender(text) == text
+    # a figure edited by hand inside a block (the 03:56 run's TP TPOT) makes it stale
+    row = "| TP=2 | 66.310 | 4.77x |"
+    assert text.count(row) == 1
+    edited = text.replace(row, "| TP=2 | 60.310 | 4.77x |")
+    assert mod.rerender(edited) != edited and mod.rerender(edited) == text
+    for bad, why in (
+        ("parallel/19990101-000000-parallel.json", "no such record"),
+        ("../parallel.md", "under"),
+        ("parallel/../../parallel.json", "under"),
+        ("20261205-235956-study-parallel.json", "not a perfscope.parallel-study/1"),
+    ):
+        with pytest.raises(SystemExit, match=why):
+            mod.rerender(f"<!-- parallel-tables: {bad} -->\n<!-- /parallel-tables -->\n")
 
 
 #: The studies whose write-ups show a quality table from a stored quality record.
