@@ -528,14 +528,14 @@ def build_calibration(
 
     # A record from before its technique's operating point was stored (no conditions) is
     # superseded by a newer record of the same change that names one.
-    def same(e: CalibrationEntry) -> tuple[Any, ...]:
-        return (e.technique, e.machine, e.metric, e.knob, e.baseline, e.value)
+    def same(c: CalibrationEntry) -> tuple[Any, ...]:
+        return (c.technique, c.machine, c.metric, c.knob, c.baseline, c.value)
 
     named: dict[tuple[Any, ...], str] = {}
-    for e in best.values():
-        if e.conditions:
-            named[same(e)] = max(named.get(same(e), ""), e.created_at)
-    kept = [e for e in best.values() if e.conditions or e.created_at >= named.get(same(e), "")]
+    for c in best.values():
+        if c.conditions:
+            named[same(c)] = max(named.get(same(c), ""), c.created_at)
+    kept = [c for c in best.values() if c.conditions or c.created_at >= named.get(same(c), "")]
     return sorted(
         kept,
         key=lambda x: (x.technique, x.machine.describe(), x.knob, x.value, x.metric),
