@@ -7,9 +7,11 @@ start-up time matters.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ __all__ = [
     "JSON_CAP_ENV",
     "RUN_ID_PATTERN",
     "json_cap_bytes",
+    "loads_json",
     "mark_crashed",
     "read_json_capped",
 ]
@@ -57,10 +60,62 @@ def _size_text(n: int) -> str:
     return f"{n} B"
 
 
-def read_json_capped(path: Path, cap: int | None = None) -> Any:
+def _stdlib_loads(raw: bytes) -> Any:
+    return json.loads(raw.decode("utf-8"))
+
+
+@functools.cache
+def _fast_loads() -> Callable[[bytes], Any] | None:
+    """orjson's ``loads`` when installed (optional: ``perfscope[index]``), else ``None``;
+    imported on first use, so a listing that parses nothing does not pay for it."""
+    try:
+        import orjson
+    except ImportError:
+        return None
+    loads: Callable[[bytes], Any] = orjson.loads
+    return loads
+
+
+#: Every byte as the big-integer check reads it: a digit as ``9``, ``-`` and ``.`` as
+#: themselves, anything else as a space.
+_DIGIT_SHAPE = bytes(57 if 48 <= b <= 57 else b if b in (45, 46) else 32 for b in range(256))
+_LONG_POSITIVE = b" " + b"9" * 20
+_LONG_NEGATIVE = b"-" + b"9" * 19
+
+
+def _may_hold_a_big_integer(raw: bytes) -> bool:
+    """Whether ``raw`` may hold an integer past 64 bits (more than 2**64 - 1, less than
+    -2**63), which orjson reads as a float and :mod:`json` as an int: 20 digits in a row
+    not after a ``.`` (a fraction's digits never make an integer), or ``-`` and 19 digits.
+    A superset (digits inside strings count too), in a few microseconds."""
+    shape = raw.translate(_DIGIT_SHAPE)
+    return (
+        _LONG_POSITIVE in shape or _LONG_NEGATIVE in shape or shape.startswith(_LONG_POSITIVE[1:])
+    )
+
+
+def loads_json(raw: bytes) -> Any:
+    """``json.loads(raw.decode("utf-8"))``, several times faster when orjson is installed.
+
+    orjson answers only where it reads as :mod:`json` does: every document it refuses
+    (``NaN``/``Infinity``, lone surrogates, numbers past a double, invalid UTF-8, a byte
+    order mark) and every one that may hold an integer past 64 bits is handed to
+    :mod:`json`, which returns or raises exactly what it always did."""
+    fast = _fast_loads()
+    if fast is not None and not _may_hold_a_big_integer(raw):
+        try:
+            return fast(raw)
+        except ValueError:  # orjson.JSONDecodeError: json decides, as it always did
+            pass
+    return _stdlib_loads(raw)
+
+
+def read_json_capped(
+    path: Path | str, cap: int | None = None, *, loads: Callable[[bytes], Any] = _stdlib_loads
+) -> Any:
     """The JSON value in ``path``, read only when the file is at most ``cap`` bytes
     (default :func:`json_cap_bytes`): a run file grown huge never costs its size in time
-    or memory.
+    or memory. ``loads`` parses the bytes (:func:`loads_json` for the fast path).
 
     Raises:
         BrokenRunError: the file is over the cap (the message names it, its size and the
@@ -80,7 +135,7 @@ def read_json_capped(path: Path, cap: int | None = None) -> Any:
             f"{path}: {_size_text(size)} ({size} bytes), over the {_size_text(limit)} cap on "
             f"run files; not read (set {JSON_CAP_ENV} to raise it)"
         )
-    return json.loads(raw.decode("utf-8"))
+    return loads(raw)
 
 
 def mark_crashed(manifest: dict[str, Any], reason: str | None) -> dict[str, Any]:

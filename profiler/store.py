@@ -34,6 +34,7 @@ look says ``running`` with the reason "heartbeat not confirmed yet" rather than 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import json
 import os
@@ -47,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from stat import S_ISREG
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pyarrow as pa
@@ -831,13 +833,15 @@ class TableCheck:
         self._keys = SchemaKeys()
         self._verdicts: dict[tuple[str, bytes], list[str]] = {}
 
-    def problems(self, path: Path) -> list[str]:
+    def problems(self, path: str | os.PathLike[str]) -> list[str]:
         """Why the run's tables at ``path`` do not match the store's schemas (as
         :func:`table_problems`)."""
         problems: list[str] = []
+        base = os.fspath(path)
         for name, schema in TABLES.items():
-            ppath = path / f"{name}.parquet"
-            if not ppath.is_file():
+            file = f"{name}.parquet"
+            ppath = os.path.join(base, file)
+            if not _is_file(ppath):
                 continue
             key = self._keys.key(ppath)
             if key is not None and (name, key) in self._verdicts:
@@ -846,13 +850,26 @@ class TableCheck:
             try:
                 actual = pq.read_schema(ppath)
             except (OSError, pa.ArrowInvalid) as exc:
-                problems.append(f"{ppath.name}: cannot be read as Parquet ({exc})")
+                problems.append(f"{file}: cannot be read as Parquet ({exc})")
                 continue
-            verdict = _schema_problems(ppath.name, actual, schema, name)
+            verdict = _schema_problems(file, actual, schema, name)
             if key is not None:
                 self._verdicts[(name, key)] = verdict
             problems.extend(verdict)
         return problems
+
+
+def _is_file(path: str) -> bool:
+    """``Path(path).is_file()`` without making a Path (a first build asks it of every
+    table of every run): False when absent or not a regular file."""
+    try:
+        return S_ISREG(os.stat(path).st_mode)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return False
+        raise
+    except ValueError:
+        return False
 
 
 def table_problems(path: Path, check: TableCheck | None = None) -> list[str]:
