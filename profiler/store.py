@@ -34,7 +34,6 @@ look says ``running`` with the reason "heartbeat not confirmed yet" rather than 
 from __future__ import annotations
 
 import contextlib
-import errno
 import gzip
 import json
 import os
@@ -48,7 +47,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from stat import S_ISREG
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pyarrow as pa
@@ -841,9 +839,9 @@ class TableCheck:
         for name, schema in TABLES.items():
             file = f"{name}.parquet"
             ppath = os.path.join(base, file)
-            if not _is_file(ppath):
+            is_file, key = self._keys.file_key(ppath)
+            if not is_file:
                 continue
-            key = self._keys.key(ppath)
             if key is not None and (name, key) in self._verdicts:
                 problems.extend(self._verdicts[(name, key)])
                 continue
@@ -857,19 +855,6 @@ class TableCheck:
                 self._verdicts[(name, key)] = verdict
             problems.extend(verdict)
         return problems
-
-
-def _is_file(path: str) -> bool:
-    """``Path(path).is_file()`` without making a Path (a first build asks it of every
-    table of every run): False when absent or not a regular file."""
-    try:
-        return S_ISREG(os.stat(path).st_mode)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
-            return False
-        raise
-    except ValueError:
-        return False
 
 
 def table_problems(path: Path, check: TableCheck | None = None) -> list[str]:
