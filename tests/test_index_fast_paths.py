@@ -74,6 +74,24 @@ def test_a_shared_table_check_gives_each_run_the_verdict_pyarrow_gives(
     assert any("cannot be read as Parquet" in p for p in check.problems(torn))
 
 
+def test_a_table_name_that_is_not_a_regular_file_counts_as_no_table_and_never_blocks(
+    template: Path, tmp_path: Path
+) -> None:
+    fifo = copy_run(template, tmp_path, "20261201-100000-fifo-0001")
+    (fifo / "steps.parquet").unlink()
+    os.mkfifo(fifo / "steps.parquet")  # an open for reading without O_NONBLOCK would wait
+    folder = copy_run(template, tmp_path, "20261201-100001-dir-0002")
+    (folder / "chunks.parquet").unlink()
+    (folder / "chunks.parquet").mkdir()
+    unreadable = copy_run(template, tmp_path, "20261201-100002-unreadable-0003")
+    (unreadable / "requests.parquet").chmod(0)
+    check = TableCheck()
+    assert check.problems(fifo) == [] and check.problems(folder) == []
+    if os.geteuid() != 0:  # root reads it anyway
+        assert any("requests.parquet" in p for p in check.problems(unreadable))
+    assert check.problems(unreadable) == table_problems(unreadable)
+
+
 def test_an_unchanged_index_answers_and_an_edit_in_place_is_still_seen(
     template: Path, tmp_path: Path
 ) -> None:
