@@ -231,8 +231,10 @@ class SchemaKeys:
         one open answers both (a run's tables are looked for and read in one go)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
+        except FileNotFoundError:  # the common miss (a run without telemetry): no stat
+            return False, None
         except OSError:
-            return _is_regular(path), None  # absent, or there and unreadable
+            return _is_regular(path), None  # there and unreadable, or not a file at all
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
