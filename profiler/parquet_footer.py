@@ -15,7 +15,9 @@ not understand gives ``None``, and the caller reads that file with pyarrow as be
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 __all__ = ["MAX_FOOTER_BYTES", "SchemaKeys", "parse_schema_key", "schema_key"]
 
@@ -224,6 +226,26 @@ class SchemaKeys:
         footer = _read_footer(path)
         return None if footer is None else self.parse(footer)
 
+    def file_key(self, path: str | os.PathLike[str]) -> tuple[bool, bytes | None]:
+        """Whether ``path`` is a regular file (``Path.is_file``), and its :meth:`key`:
+        one open answers both (a run's tables are looked for and read in one go)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
+        except FileNotFoundError:  # the common miss (a run without telemetry): no stat
+            return False, None
+        except OSError:
+            return _is_regular(path), None  # there and unreadable, or not a file at all
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return False, None
+            footer = _footer_at(fd, st.st_size)
+        except OSError:
+            footer = None
+        finally:
+            os.close(fd)
+        return True, None if footer is None else self.parse(footer)
+
 
 def parse_schema_key(footer: bytes) -> bytes | None:
     """The schema key of a ``FileMetaData`` (Thrift compact bytes), or ``None``."""
@@ -251,24 +273,41 @@ def _read_footer(path: str | os.PathLike[str]) -> bytes | None:
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        if size < 12:
-            return None
-        want = min(size, _TAIL_BYTES)
-        tail = os.pread(fd, want, size - want)
-        if len(tail) != want or tail[-4:] != _MAGIC:
-            return None
-        n = int.from_bytes(tail[-8:-4], "little")
-        if n <= 0 or n > MAX_FOOTER_BYTES or n + 12 > size:
-            return None
-        head = tail[:4] if want == size else os.pread(fd, 4, 0)
-        if head != _MAGIC:
-            return None
-        if n + 8 <= want:
-            return tail[want - 8 - n : want - 8]
-        footer = os.pread(fd, n, size - 8 - n)
+        return _footer_at(fd, os.fstat(fd).st_size)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _footer_at(fd: int, size: int) -> bytes | None:
+    """:func:`_read_footer` of the open file ``fd`` of ``size`` bytes (``OSError`` passes)."""
+    if size < 12:
+        return None
+    want = min(size, _TAIL_BYTES)
+    tail = os.pread(fd, want, size - want)
+    if len(tail) != want or tail[-4:] != _MAGIC:
+        return None
+    n = int.from_bytes(tail[-8:-4], "little")
+    if n <= 0 or n > MAX_FOOTER_BYTES or n + 12 > size:
+        return None
+    head = tail[:4] if want == size else os.pread(fd, 4, 0)
+    if head != _MAGIC:
+        return None
+    if n + 8 <= want:
+        return tail[want - 8 - n : want - 8]
+    footer = os.pread(fd, n, size - 8 - n)
     return footer if len(footer) == n else None
+
+
+def _is_regular(path: str | os.PathLike[str]) -> bool:
+    """``Path(path).is_file()``: False when absent or not a regular file; an error other
+    than absence (a folder that cannot be searched) passes, as it does there."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return False
+        raise
+    except ValueError:
+        return False

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,23 +385,44 @@ def _coerce(value: Any, sql_type: str) -> Any:
     """The value as the column's type, or None when it does not fit (never raises)."""
     if value is None:
         return None
+    return _COERCE[sql_type](value)
+
+
+def _as_double(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
     try:
-        if sql_type == "DOUBLE":
-            if isinstance(value, bool):
-                return None
-            f = float(value)
-            return f if f == f and f not in (float("inf"), float("-inf")) else None
-        if sql_type == "BIGINT":
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                return None
-            return int(value)
-        if sql_type == "BOOLEAN":
-            return value if isinstance(value, bool) else None
-        if sql_type in ("VARCHAR", "TIMESTAMPTZ"):
-            return value if isinstance(value, str) else None
+        f = float(value)
     except (TypeError, ValueError, OverflowError):
         return None
-    return None
+    return f if math.isfinite(f) else None
+
+
+def _as_bigint(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return int(value)
+    except (ValueError, OverflowError):  # NaN, infinity
+        return None
+
+
+def _as_bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _as_text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+#: Each SQL type's :func:`_coerce` (a value that does not fit becomes None).
+_COERCE: dict[str, Callable[[Any], Any]] = {
+    "DOUBLE": _as_double,
+    "BIGINT": _as_bigint,
+    "BOOLEAN": _as_bool,
+    "VARCHAR": _as_text,
+    "TIMESTAMPTZ": _as_text,
+}
 
 
 def safe_text(value: str) -> str:
@@ -424,25 +446,25 @@ def _ratio(num: Any, den: Any) -> float | None:
     return float(num) / float(den) if ok and float(den) > 0 else None
 
 
-def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read_json(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
     """A run's JSON file read to the store's size cap, or ``(None, reason)``."""
     from perfscope.errors import BrokenRunError
-    from perfscope.profiler.store import read_json_capped
+    from perfscope.profiler.run_files import loads_json, read_json_capped
 
     try:
-        data = read_json_capped(path)
+        data = read_json_capped(path, loads=loads_json)
     except FileNotFoundError:
         return None, None
     except BrokenRunError as exc:  # over the cap: the message names file, size and cap
         return None, str(exc)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, f"{path.name}: {type(exc).__name__}: {exc}"
+        return None, f"{os.path.basename(path)}: {type(exc).__name__}: {exc}"
     if not isinstance(data, dict):
-        return None, f"{path.name}: not a JSON object"
+        return None, f"{os.path.basename(path)}: not a JSON object"
     return data, None
 
 
-def _outside(root: Path, path: Path) -> bool:
+def _outside(root: Path, path: str | Path) -> bool:
     """Whether ``path`` (links resolved) lies outside ``root`` (already resolved).
 
     ``path`` is a file in a run folder the scan found as a real folder (not a link) in the
@@ -455,7 +477,7 @@ def _outside(root: Path, path: Path) -> bool:
     except OSError:
         return True
     try:
-        return not path.resolve().is_relative_to(root)
+        return not Path(path).resolve().is_relative_to(root)
     except (OSError, RuntimeError):  # unreadable, or a symlink loop
         return True
 
@@ -475,12 +497,38 @@ def _row(
     return row
 
 
+def _reduced(reduce: str, raw: Any, summary: Mapping[str, Any]) -> Any:
+    """The value ``reduce`` (an :class:`IndexColumn`'s) makes of ``raw``."""
+    if reduce == "count":
+        return len(raw) if isinstance(raw, dict | list) else None
+    if reduce == "last":
+        return str(raw[-1])[:200] if isinstance(raw, list) and raw else None
+    if reduce == "count_lost":
+        if not isinstance(raw, list):
+            return None
+        return sum(1 for a in raw if isinstance(a, dict) and a.get("lost"))
+    if reduce == "ns_to_s":
+        return _ratio(raw, 1e9)
+    if reduce in ("per_request", "per_completed"):
+        counts = summary.get("counts")
+        per = "requests" if reduce == "per_request" else "completed"
+        return _ratio(raw, counts.get(per) if isinstance(counts, dict) else None)
+    return raw
+
+
+#: The data columns as :func:`_read_row` walks them: (name, read from the summary, path
+#: split into keys, reduce, the type's :func:`_coerce`), all looked up once.
+_READ_PLAN: tuple[tuple[str, bool, tuple[str, ...], str | None, Callable[[Any], Any]], ...] = tuple(
+    (name, source == "summary", parts, reduce, _COERCE[sql_type])
+    for name, sql_type, source, parts, reduce in _COLUMN_PLAN
+)
+
+
 def _read_row(
     run_id: str, run_path: str, key: FileKey, lookup: Lookup, root: Path, tables: TableCheck
 ) -> dict[str, Any]:
     from perfscope.profiler.store import manifest_problems, run_state, summary_problem
 
-    run_dir = Path(run_path)
     row: dict[str, Any] = dict.fromkeys(ALL_COLUMN_NAMES)
     row.update(
         run_id=run_id,
@@ -492,19 +540,23 @@ def _read_row(
         files_key=key[4],
         has_summary=False,
     )
-    if safe_text(run_dir.name) != run_dir.name:
+    folder = os.path.basename(run_path)
+    if safe_text(folder) != folder:
         # Listed (escaped) so it shows up; not read, since no tool downstream can open it.
         row["state"] = "broken"
         row["problem"] = "folder name is not valid UTF-8; rename the folder to read the run"
         return row
+    # Strings, not Path objects: a first build makes these for every run.
+    manifest_path = os.path.join(run_path, "manifest.json")
+    summary_path = os.path.join(run_path, "summary.json")
     # A file linked out of the runs folder is never read (the dashboard serves this table).
-    away = [n for n in ("manifest.json", "summary.json") if _outside(root, run_dir / n)]
+    away = [os.path.basename(f) for f in (manifest_path, summary_path) if _outside(root, f)]
     if away:
         row["state"] = "broken"
         row["problem"] = f"{away[0]} points outside the runs directory; not read"
         return row
-    manifest, m_problem = _read_json(run_dir / "manifest.json")
-    summary, s_problem = _read_json(run_dir / "summary.json")
+    manifest, m_problem = _read_json(manifest_path)
+    summary, s_problem = _read_json(summary_path)
     row["has_summary"] = summary is not None
     problems = [p for p in (m_problem, s_problem) if p]
     if manifest is None:
@@ -517,28 +569,12 @@ def _read_row(
     if foreign is not None:
         summary = None
         row["has_summary"] = False
-    sources = {"manifest": manifest, "summary": summary or {}}
-    for name, sql_type, source, parts, reduce in _COLUMN_PLAN:
-        raw = lookup(sources[source], parts)
-        if reduce is None:
-            pass
-        elif reduce == "count":
-            raw = len(raw) if isinstance(raw, dict | list) else None
-        elif reduce == "last":
-            raw = str(raw[-1])[:200] if isinstance(raw, list) and raw else None
-        elif reduce == "count_lost":
-            raw = (
-                sum(1 for a in raw if isinstance(a, dict) and a.get("lost"))
-                if isinstance(raw, list)
-                else None
-            )
-        elif reduce == "ns_to_s":
-            raw = _ratio(raw, 1e9)
-        elif reduce in ("per_request", "per_completed"):
-            counts = sources["summary"].get("counts")
-            per = "requests" if reduce == "per_request" else "completed"
-            raw = _ratio(raw, counts.get(per) if isinstance(counts, dict) else None)
-        row[name] = None if raw is None else _coerce(raw, sql_type)
+    values = summary or {}
+    for name, in_summary, parts, reduce, coerce in _READ_PLAN:
+        raw = lookup(values if in_summary else manifest, parts)
+        if reduce is not None:
+            raw = _reduced(reduce, raw, values)
+        row[name] = None if raw is None else coerce(raw)
     if summary is not None and not row["slo_count"]:
         # Without SLOs every request "meets" them: no attainment, no goodput.
         row["attainment"] = row["goodput_req_s"] = None
@@ -552,7 +588,7 @@ def _read_row(
     if foreign is not None:
         row["problem"] = f"{row['problem']}; {foreign}" if row["problem"] else foreign
     # Tables whose columns are not the store's make the run unreadable (footers only).
-    problems.extend(manifest_problems(manifest) + tables.problems(run_dir))
+    problems.extend(manifest_problems(manifest) + tables.problems(run_path))
     if problems:
         row["state"] = "broken"
         row["problem"] = "; ".join(problems)
@@ -774,10 +810,28 @@ def _read_runs(items: Sequence[RunItem], lookup: Lookup, root: Path, broken: set
     return pa.concat_tables(parts)
 
 
+class _NoPandas:
+    """A module finder that refuses pandas (a reading worker's; see :func:`_worker_main`)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("an index worker does not import pandas", name=name)
+
+
 def _worker_main() -> None:
-    """A reading worker (:func:`_read_runs`): its share from stdin, its rows to stdout."""
+    """A reading worker (:func:`_read_runs`): its share from stdin, its rows to stdout.
+
+    Two costs of a plain interpreter are left out, since a worker lives for one share:
+    the cyclic garbage collector (the parsed JSON holds no cycles, and its passes over the
+    growing rows took a tenth of the read) and pandas, which pyarrow imports on its first
+    ``pa.array`` only to ask whether the data is a DataFrame (0.15-0.25 s of a worker's
+    start; pyarrow reads an import that fails as "no pandas")."""
+    import gc
     import pickle
     import sys
+
+    gc.disable()
+    sys.meta_path.insert(0, _NoPandas())
 
     import pyarrow as pa
 

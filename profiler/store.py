@@ -831,24 +831,26 @@ class TableCheck:
         self._keys = SchemaKeys()
         self._verdicts: dict[tuple[str, bytes], list[str]] = {}
 
-    def problems(self, path: Path) -> list[str]:
+    def problems(self, path: str | os.PathLike[str]) -> list[str]:
         """Why the run's tables at ``path`` do not match the store's schemas (as
         :func:`table_problems`)."""
         problems: list[str] = []
+        base = os.fspath(path)
         for name, schema in TABLES.items():
-            ppath = path / f"{name}.parquet"
-            if not ppath.is_file():
+            file = f"{name}.parquet"
+            ppath = os.path.join(base, file)
+            is_file, key = self._keys.file_key(ppath)
+            if not is_file:
                 continue
-            key = self._keys.key(ppath)
             if key is not None and (name, key) in self._verdicts:
                 problems.extend(self._verdicts[(name, key)])
                 continue
             try:
                 actual = pq.read_schema(ppath)
             except (OSError, pa.ArrowInvalid) as exc:
-                problems.append(f"{ppath.name}: cannot be read as Parquet ({exc})")
+                problems.append(f"{file}: cannot be read as Parquet ({exc})")
                 continue
-            verdict = _schema_problems(ppath.name, actual, schema, name)
+            verdict = _schema_problems(file, actual, schema, name)
             if key is not None:
                 self._verdicts[(name, key)] = verdict
             problems.extend(verdict)

@@ -7,11 +7,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("duckdb")
 
@@ -69,6 +72,24 @@ def test_a_shared_table_check_gives_each_run_the_verdict_pyarrow_gives(
     assert check.problems(good) == []
     assert any("request_id" in p for p in check.problems(bad_type))
     assert any("cannot be read as Parquet" in p for p in check.problems(torn))
+
+
+def test_a_table_name_that_is_not_a_regular_file_counts_as_no_table_and_never_blocks(
+    template: Path, tmp_path: Path
+) -> None:
+    fifo = copy_run(template, tmp_path, "20261201-100000-fifo-0001")
+    (fifo / "steps.parquet").unlink()
+    os.mkfifo(fifo / "steps.parquet")  # an open for reading without O_NONBLOCK would wait
+    folder = copy_run(template, tmp_path, "20261201-100001-dir-0002")
+    (folder / "chunks.parquet").unlink()
+    (folder / "chunks.parquet").mkdir()
+    unreadable = copy_run(template, tmp_path, "20261201-100002-unreadable-0003")
+    (unreadable / "requests.parquet").chmod(0)
+    check = TableCheck()
+    assert check.problems(fifo) == [] and check.problems(folder) == []
+    if os.geteuid() != 0:  # root reads it anyway
+        assert any("requests.parquet" in p for p in check.problems(unreadable))
+    assert check.problems(unreadable) == table_problems(unreadable)
 
 
 def test_an_unchanged_index_answers_and_an_edit_in_place_is_still_seen(
@@ -197,3 +218,74 @@ def test_a_large_refresh_read_in_worker_processes_holds_what_one_process_reads(
     with open_index(tmp_path) as index:
         _, got = index.query("SELECT run_id, state FROM runs ORDER BY run_id")
     assert [s for _, s in got] == ["complete"] * 5 + ["broken"]
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+#: Documents where orjson and json part ways, or that neither reads.
+_EDGE_DOCUMENTS = [
+    b'{"a": NaN, "b": Infinity, "c": -Infinity}',
+    b'{"a": "\\ud800"}',  # a lone surrogate escape
+    b"[18446744073709551615, 18446744073709551616, -9223372036854775808]",
+    b'{"ns": -9223372036854775809}',
+    b"123456789012345678901234567890",
+    b"[1e400, 0.000111803398874989581234]",
+    b"[99999999999999999999, -99999999999999999999, 123456789012345678901.5]",
+    b"[0.12345678901234567890123, 1e12345678901234567890, 1E-00000000000000000000001]",
+    b'{"s": "x99999999999999999999", "n": 99999999999999999999}',
+    b"99999999999999999999",
+    b'{"a": 1, "a": 2}',
+    b"\xef\xbb\xbf[1]",  # a byte order mark
+    b'["\xff"]',  # not UTF-8
+    b'["a\tb"]',  # a raw control character
+    b"[00]",
+    b"[1.]",
+    b"",
+    b'{"x": 1} trailing',
+]
+
+
+def _parsed(loads: Callable[[bytes], object], raw: bytes) -> tuple[str, str]:
+    """What ``loads`` makes of ``raw``: its value's repr (types included), or the error's
+    type and message."""
+    try:
+        return "value", repr(loads(raw))
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "json-only"])
+def test_the_index_reads_json_exactly_as_the_json_module_does(
+    fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfscope.profiler import run_files
+
+    if not fast:
+        monkeypatch.setattr(run_files, "_fast_loads", lambda: None)
+    elif run_files._fast_loads() is None:
+        pytest.skip("orjson is not installed")
+
+    def stdlib(raw: bytes) -> object:
+        return json.loads(raw.decode("utf-8"))
+
+    for raw in _EDGE_DOCUMENTS:
+        assert _parsed(run_files.loads_json, raw) == _parsed(stdlib, raw), raw
+
+    @given(value=_JSON_VALUES)
+    @settings(max_examples=200, deadline=None)
+    def same(value: object) -> None:
+        raw = json.dumps(value, ensure_ascii=bool(hash(repr(value)) % 2)).encode(
+            "utf-8", "surrogatepass"
+        )
+        assert _parsed(run_files.loads_json, raw) == _parsed(stdlib, raw)
+
+    same()
