@@ -154,7 +154,7 @@ def analyze(
             else 0
         ),
     )
-    advice: list[dict[str, Any]] = []
+    advice: list[Advice] = []
     projections: list[dict[str, Any]] = []
     if roofline.available and model is not None and spec is not None:
         workload = _workload_stats(stored_run, manifest)
@@ -170,8 +170,8 @@ def analyze(
         kind = manifest.engine.kind
         for p, dev in zip(projections, targets, strict=True):
             p["checked"] = projection_check(machine_of_device(dev, kind))
-    # The advisor and the what-if projections still build JSON objects; they become their
-    # records here, once. Every other section returns its record.
+    # The what-if projections still build JSON objects; they become their records here,
+    # once. Every other section returns its record.
     client = client_section(manifest)
     metrics = compute_metrics(
         stored_run.requests,
@@ -214,7 +214,7 @@ def analyze(
         hardware=hardware,
         roofline=roofline,
         energy=energy,
-        advice=tuple(Advice.from_dict(a) for a in advice),
+        advice=tuple(advice),
         projections=tuple(Projection.from_dict(p) for p in projections),
         speculative=speculative_section(stored_run.steps, manifest, roofline),
         prompt_cache=prompt_cache_section(stored_run.requests),
