@@ -22,7 +22,7 @@ Gains stay within physics:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -39,8 +39,20 @@ from perfscope.analysis.catalogue import format_bytes, format_number, format_sec
 from perfscope.analysis.costmodel import step_cost, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
 from perfscope.analysis.roofline import fmt_pct
-from perfscope.analysis.summary import Advice, AdviceCalibration, Gain, PhaseRoofline, Roofline
-from perfscope.analysis.whatif import DEFAULT_MEM_FRACTION, predict, run_derating
+from perfscope.analysis.summary import (
+    Advice,
+    AdviceCalibration,
+    Gain,
+    PhaseRoofline,
+    Projection,
+    Roofline,
+)
+from perfscope.analysis.whatif import (
+    DEFAULT_MEM_FRACTION,
+    predict,
+    predict_derated,
+    run_derating,
+)
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -148,7 +160,7 @@ def advise(
     roofline: Roofline,
     model: ModelSpec,
     device: DeviceSpec,
-    workload: dict[str, Any],
+    workload: Mapping[str, Any],
     *,
     engine: str | None = None,
     calibration: Sequence[CalibrationEntry] | None = None,
@@ -191,33 +203,43 @@ def advise(
     b_cur = max(round(float(dec.batch_size_mean or workload.get("batch_size") or 1)), 1)
     b_cfg = int(workload.get("batch_size") or b_cur)
     derate = run_derating(roofline)
-    eff_d = derate.get("decode_efficiency", 1.0)
+    eff_d = derate.decode_efficiency if derate.decode_efficiency is not None else 1.0
 
-    def run(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
-        args: dict[str, Any] = {
-            "batch": b_cur,
-            "prompt_len": s_len,
-            "output_len": t_len,
-            **derate,
-        }
-        args.update(kw)
-        return predict(m, device, **args)
+    def run(m: ModelSpec = model, **kw: int) -> Projection:
+        """The technique at the run's derating (its per-step overhead stays fixed)."""
+        shape = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len, **kw}
+        return predict_derated(m, device, derate, **shape)
 
-    def sol(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
-        args: dict[str, Any] = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len}
-        args.update(kw)
-        return predict(m, device, **args)
+    def sol(m: ModelSpec = model, **kw: int) -> Projection:
+        """The technique at speed of light."""
+        return predict(
+            m,
+            device,
+            batch=kw.get("batch", b_cur),
+            prompt_len=s_len,
+            output_len=t_len,
+            tp=kw.get("tp", 1),
+            cached_prefix_len=kw.get("cached_prefix_len", 0),
+        )
 
-    def scaled(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
+    def scaled(m: ModelSpec = model, **kw: int) -> Projection:
         """The run's fraction of speed of light carried over (time scales with work)."""
-        args: dict[str, Any] = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len}
+        effs: dict[str, float | None] = {}
         for name in ("prefill", "decode"):
             ph = phases.get(name)
             eff = ph.efficiency if ph is not None else None
-            if eff:
-                args[f"{name}_efficiency"] = min(float(eff), 1.0)
-        args.update(kw)
-        return predict(m, device, **args)
+            effs[name] = min(float(eff), 1.0) if eff else None
+        return predict(
+            m,
+            device,
+            batch=kw.get("batch", b_cur),
+            prompt_len=s_len,
+            output_len=t_len,
+            tp=kw.get("tp", 1),
+            cached_prefix_len=kw.get("cached_prefix_len", 0),
+            prefill_efficiency=effs["prefill"],
+            decode_efficiency=effs["decode"],
+        )
 
     platform = _platform(device)
     base = run()
@@ -414,8 +436,8 @@ def advise(
         verify = step_cost(model, b_cur, b_cur * (k + 1), b_cur * ctx)
         peak = base["ceilings"]["peak_flops"] or math.inf
         bw = base["ceilings"]["mem_bw_bytes_s"]
-        t_verify = max(verify.flops / peak, verify.bytes / bw) / eff_d + derate.get(
-            "decode_overhead_s", 0.0
+        t_verify = max(verify.flops / peak, verify.bytes / bw) / eff_d + (
+            derate.decode_overhead_s or 0.0
         )
         t_step = t_verify + k * SPEC_DRAFT_COST * tpot0
         gain = tokens_per_step * tpot0 / t_step
@@ -617,10 +639,10 @@ def _bound_gains(
     dec: PhaseRoofline,
     pre: PhaseRoofline,
     b_cur: int,
-    scaled: Any,
-    sol: Any,
-    base: dict[str, Any],
-    base_scaled: dict[str, Any],
+    scaled: Callable[..., Projection],
+    sol: Callable[..., Projection],
+    base: Projection,
+    base_scaled: Projection,
 ) -> None:
     """Give every suggestion its gain range and roofline bound, and cap the gain there.
 

@@ -15,7 +15,7 @@ from perfscope.analysis.costmodel import step_costs
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import phase_roofline, roofline_section
 from perfscope.analysis.summary import Advice, Gain
-from perfscope.analysis.whatif import predict, project_run, run_derating
+from perfscope.analysis.whatif import predict, predict_derated, project_run, run_derating
 from perfscope.hwdb import lookup
 from perfscope.hwdb.spec import DeviceSpec
 
@@ -182,7 +182,7 @@ def test_overhead_bound_decode_suggests_cutting_overhead_and_keeps_overhead_fixe
     assert dec["verdict"] == "overhead-bound"
     derate = run_derating(roof)
     per_step = dec["time_s"] / dec["steps"]
-    assert derate["decode_overhead_s"] == pytest.approx(per_step - dec["sol_time_s"] / dec["steps"])
+    assert derate.decode_overhead_s == pytest.approx(per_step - dec["sol_time_s"] / dec["steps"])
     got = _by_technique(advise(roof, spec, A100, wl))
     cut = got["cut decode per-step overhead (CUDA graphs, torch.compile, fused kernels)"]
     # a range: eager (20% of speed of light) to compiled engines (60%), never beyond 1/eff
@@ -192,10 +192,10 @@ def test_overhead_bound_decode_suggests_cutting_overhead_and_keeps_overhead_fixe
     assert gain.bound == pytest.approx(1 / dec["efficiency"], rel=1e-3)
     # quantising an overhead-bound decode gains < 5%: the fixed overhead stays, so no advice
     assert "int8 weights (W8A16)" not in got
-    kw: dict[str, Any] = {"batch": 1, "prompt_len": 256, "output_len": 32, **derate}
-    derate_int4 = predict(spec.with_dtypes(weight_dtype="int4"), A100, **kw)
-    base = predict(spec, A100, **kw)
-    assert base["tpot_s"] / derate_int4["tpot_s"] < 1.05
+    kw: dict[str, Any] = {"batch": 1, "prompt_len": 256, "output_len": 32}
+    derate_int4 = predict_derated(spec.with_dtypes(weight_dtype="int4"), A100, derate, **kw)
+    base = predict_derated(spec, A100, derate, **kw)
+    assert base.tpot_s / derate_int4.tpot_s < 1.05
 
 
 def test_predict_llama2_7b_on_a100_is_sensible_at_speed_of_light() -> None:
