@@ -22,11 +22,12 @@ Gains stay within physics:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from perfscope.analysis.calibration import (
+    Calibration,
     CalibrationEntry,
     calibration_for,
     contradicting_entry,
@@ -38,8 +39,20 @@ from perfscope.analysis.catalogue import format_bytes, format_number, format_sec
 from perfscope.analysis.costmodel import step_cost, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
 from perfscope.analysis.roofline import fmt_pct
-from perfscope.analysis.summary import PhaseRoofline, Roofline
-from perfscope.analysis.whatif import DEFAULT_MEM_FRACTION, predict, run_derating
+from perfscope.analysis.summary import (
+    Advice,
+    AdviceCalibration,
+    Gain,
+    PhaseRoofline,
+    Projection,
+    Roofline,
+)
+from perfscope.analysis.whatif import (
+    DEFAULT_MEM_FRACTION,
+    predict,
+    predict_derated,
+    run_derating,
+)
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -64,8 +77,37 @@ TUNED_EFFICIENCY: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 
-def _gain(value: float, unit: str, metric: str) -> dict[str, Any]:
-    return {"value": round(float(value), 3), "unit": unit, "metric": metric}
+def _gain(value: float, unit: str, metric: str) -> Gain:
+    """A gain of ``value`` (rounded to 3 places) in ``unit`` of ``metric``, before its range."""
+    return Gain(value=round(float(value), 3), unit=unit, metric=metric)
+
+
+@dataclass(kw_only=True)
+class _Draft:
+    """One suggestion while :func:`advise` ranges, rewords and ranks it (then an
+    :class:`~perfscope.analysis.summary.Advice` record).
+
+    Attributes:
+        projected_gain: the gain as first projected (``low``/``high``/``bound`` filled in
+            by :func:`_bound_gains`).
+        score: what ranks it (the capped high gain; a contradicted suggestion's goes below 0).
+        kw: the model and :func:`predict` keyword arguments (ints: ``batch``, ``tp``,
+            ``cached_prefix_len``) the technique amounts to, to re-run it at speed of light and
+            at the run's fraction of it; ``None`` when the gain is not a re-run.
+        gain_range: ``(low, high, bound)`` given directly (gains not from a re-run).
+        threads: a stored threads study that measured more threads slower here.
+        contradicted_by: the stored study entry that measured the technique worse here.
+    """
+
+    technique: str
+    why: str
+    projected_gain: Gain
+    assumptions: str
+    score: float
+    kw: tuple[ModelSpec, Mapping[str, int]] | None = None
+    gain_range: tuple[float, float, float] | None = None
+    threads: CalibrationEntry | None = None
+    contradicted_by: CalibrationEntry | None = None
 
 
 def _platform(device: DeviceSpec) -> str:
@@ -118,11 +160,11 @@ def advise(
     roofline: Roofline,
     model: ModelSpec,
     device: DeviceSpec,
-    workload: dict[str, Any],
+    workload: Mapping[str, Any],
     *,
     engine: str | None = None,
     calibration: Sequence[CalibrationEntry] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Advice]:
     """Suggestions for this run, best first.
 
     Args:
@@ -136,14 +178,16 @@ def advise(
         calibration: entries to judge the advice by (default: the packaged file).
 
     Returns:
-        A list of ``{"technique", "why", "projected_gain": {"value", "unit", "metric",
-        "low", "high", "bound"}, "assumptions", "rank", "calibration"}``, ranked by
-        projected gain (a "does not fit" finding first). ``calibration``
-        (:class:`perfscope.analysis.calibration.Calibration` as JSON) says how far the
-        studies measured such projections to be off on this class of hardware, or that
-        they were not calibrated there; the projected gain is left as projected. A
-        suggestion a stored study on this machine class measured to make things worse
-        (significantly) is reworded with that evidence, marked ``contradicted_by`` and
+        :class:`~perfscope.analysis.summary.Advice` records (the summary's ``advice``;
+        ``to_dict()`` is the JSON form): ``technique``, ``why``, ``projected_gain`` (a
+        :class:`~perfscope.analysis.summary.Gain`: ``value``, ``unit``, ``metric``,
+        ``low``, ``high``, ``bound``), ``assumptions``, ``rank`` and ``calibration``, ranked
+        by projected gain (a "does not fit" finding first). ``calibration``
+        (:class:`~perfscope.analysis.summary.AdviceCalibration`) says how far the studies
+        measured such projections to be off on this class of hardware, or that they were
+        not calibrated there; the projected gain is left as projected. A suggestion a stored
+        study on this machine class measured to make things worse (significantly) is
+        reworded with that evidence, carries the study's entry in ``contradicted_by`` and is
         ranked last.
     """
     machine = machine_of_device(device, engine)
@@ -159,38 +203,48 @@ def advise(
     b_cur = max(round(float(dec.batch_size_mean or workload.get("batch_size") or 1)), 1)
     b_cfg = int(workload.get("batch_size") or b_cur)
     derate = run_derating(roofline)
-    eff_d = derate.get("decode_efficiency", 1.0)
+    eff_d = derate.decode_efficiency if derate.decode_efficiency is not None else 1.0
 
-    def run(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
-        args: dict[str, Any] = {
-            "batch": b_cur,
-            "prompt_len": s_len,
-            "output_len": t_len,
-            **derate,
-        }
-        args.update(kw)
-        return predict(m, device, **args)
+    def run(m: ModelSpec = model, **kw: int) -> Projection:
+        """The technique at the run's derating (its per-step overhead stays fixed)."""
+        shape = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len, **kw}
+        return predict_derated(m, device, derate, **shape)
 
-    def sol(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
-        args: dict[str, Any] = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len}
-        args.update(kw)
-        return predict(m, device, **args)
+    def sol(m: ModelSpec = model, **kw: int) -> Projection:
+        """The technique at speed of light."""
+        return predict(
+            m,
+            device,
+            batch=kw.get("batch", b_cur),
+            prompt_len=s_len,
+            output_len=t_len,
+            tp=kw.get("tp", 1),
+            cached_prefix_len=kw.get("cached_prefix_len", 0),
+        )
 
-    def scaled(m: ModelSpec = model, **kw: Any) -> dict[str, Any]:
+    def scaled(m: ModelSpec = model, **kw: int) -> Projection:
         """The run's fraction of speed of light carried over (time scales with work)."""
-        args: dict[str, Any] = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len}
+        effs: dict[str, float | None] = {}
         for name in ("prefill", "decode"):
             ph = phases.get(name)
             eff = ph.efficiency if ph is not None else None
-            if eff:
-                args[f"{name}_efficiency"] = min(float(eff), 1.0)
-        args.update(kw)
-        return predict(m, device, **args)
+            effs[name] = min(float(eff), 1.0) if eff else None
+        return predict(
+            m,
+            device,
+            batch=kw.get("batch", b_cur),
+            prompt_len=s_len,
+            output_len=t_len,
+            tp=kw.get("tp", 1),
+            cached_prefix_len=kw.get("cached_prefix_len", 0),
+            prefill_efficiency=effs["prefill"],
+            decode_efficiency=effs["decode"],
+        )
 
     platform = _platform(device)
     base = run()
     base_scaled = scaled()
-    out: list[dict[str, Any]] = []
+    out: list[_Draft] = []
     dec_verdict = dec.verdict
     dec_memory = dec_verdict == "memory-bound" or (
         dec_verdict == "overhead-bound" and dec.roof == "memory"
@@ -206,18 +260,18 @@ def advise(
             tp *= 2
         p = run(tp=tp)
         out.append(
-            {
-                "technique": "tensor parallelism",
-                "why": (
+            _Draft(
+                technique="tensor parallelism",
+                why=(
                     f"the weights ({format_bytes(weight_bytes(model))}) exceed "
                     f"{fmt_pct(DEFAULT_MEM_FRACTION)} of {device.name}'s memory; split over "
                     f"{tp} devices each holds {format_bytes(p['memory']['weights_bytes'])} "
                     f"and TPOT would be {format_seconds(p['tpot_s'])}"
                 ),
-                "projected_gain": _gain(tp, "devices needed to fit", "devices"),
-                "assumptions": "all-reduce time not included",
-                "_score": math.inf,
-            }
+                projected_gain=_gain(tp, "devices needed to fit", "devices"),
+                assumptions="all-reduce time not included",
+                score=math.inf,
+            )
         )
 
     # Larger batches / continuous batching.
@@ -243,17 +297,17 @@ def advise(
                     "batching keeps the slots full"
                 )
             out.append(
-                {
-                    "technique": "larger batches / continuous batching",
-                    "why": why,
-                    "projected_gain": _gain(gain, "x decode throughput", "decode_tok_s"),
-                    "assumptions": (
+                _Draft(
+                    technique="larger batches / continuous batching",
+                    why=why,
+                    projected_gain=_gain(gain, "x decode throughput", "decode_tok_s"),
+                    assumptions=(
                         f"{rule}; low: the run's per-step overhead stays fixed; high: its "
                         "fraction of speed of light carries over"
                     ),
-                    "_score": gain,
-                    "_kw": (model, {"batch": target}),
-                }
+                    score=gain,
+                    kw=(model, {"batch": target}),
+                )
             )
 
     # Weight quantisation.
@@ -278,23 +332,23 @@ def advise(
                 continue
             best = gain
             out.append(
-                {
-                    "technique": label,
-                    "why": (
+                _Draft(
+                    technique=label,
+                    why=(
                         f"decode is memory-bound and weights are {fmt_pct(share)} of the bytes "
                         f"each step moves; at {format_number(weight_bytes_per_param(wd))} B/param "
                         f"TPOT "
                         f"drops from {format_seconds(tpot0)} to {format_seconds(p['tpot_s'])}"
                     ),
-                    "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
-                    "assumptions": (
+                    projected_gain=_gain(gain, "x lower TPOT", "tpot_s"),
+                    assumptions=(
                         "low: the run's per-step overhead stays fixed; high: its fraction of "
                         "speed of light carries over; dequantisation cost and accuracy loss "
                         "not modelled"
                     ),
-                    "_score": gain,
-                    "_kw": (q, {}),
-                }
+                    score=gain,
+                    kw=(q, {}),
+                )
             )
 
     # KV-dominated decode: fp8 KV cache, GQA/MQA.
@@ -306,21 +360,21 @@ def advise(
                 p = run(q)
                 gain = tpot0 / p["tpot_s"]
                 out.append(
-                    {
-                        "technique": "fp8 KV cache",
-                        "why": (
+                    _Draft(
+                        technique="fp8 KV cache",
+                        why=(
                             f"the KV cache is {fmt_pct(kv_share)} of decode bytes; fp8 halves it: "
                             f"TPOT {format_seconds(tpot0)} → {format_seconds(p['tpot_s'])} and the "
                             f"largest batch that fits {base['max_batch']} → {p['max_batch']}"
                         ),
-                        "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
-                        "assumptions": (
+                        projected_gain=_gain(gain, "x lower TPOT", "tpot_s"),
+                        assumptions=(
                             "low: the run's per-step overhead stays fixed; high: its fraction "
                             "of speed of light carries over"
                         ),
-                        "_score": gain,
-                        "_kw": (q, {}),
-                    }
+                        score=gain,
+                        kw=(q, {}),
+                    )
                 )
             target_kv = max(model.n_heads // 8, 1)
             if model.n_kv_heads > target_kv:
@@ -329,20 +383,20 @@ def advise(
                 gain = tpot0 / p["tpot_s"]
                 kind = "MQA" if target_kv == 1 else f"GQA with {target_kv} KV heads"
                 out.append(
-                    {
-                        "technique": "GQA/MQA (a model with fewer KV heads)",
-                        "why": (
+                    _Draft(
+                        technique="GQA/MQA (a model with fewer KV heads)",
+                        why=(
                             f"the KV cache is {fmt_pct(kv_share)} of decode bytes with "
                             f"{model.n_kv_heads} KV heads; {kind} would cut KV bytes "
                             f"{format_number(model.n_kv_heads / target_kv)}x: TPOT "
                             f"{format_seconds(tpot0)} → "
                             f"{format_seconds(p['tpot_s'])}"
                         ),
-                        "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
-                        "assumptions": "a model trained (or uptrained) with fewer KV heads",
-                        "_score": gain,
-                        "_kw": (q, {}),
-                    }
+                        projected_gain=_gain(gain, "x lower TPOT", "tpot_s"),
+                        assumptions="a model trained (or uptrained) with fewer KV heads",
+                        score=gain,
+                        kw=(q, {}),
+                    )
                 )
 
     # Prompt caching: TTFT-heavy requests.
@@ -354,23 +408,23 @@ def advise(
             gain = base["ttft_s"] / p["ttft_s"]
             if gain >= 1.1:
                 out.append(
-                    {
-                        "technique": "prompt (prefix) caching",
-                        "why": (
+                    _Draft(
+                        technique="prompt (prefix) caching",
+                        why=(
                             f"prefill is {fmt_pct(prefill_share)} of each request's latency "
                             f"({s_len}-token prompts); with {fmt_pct(PROMPT_CACHE_SHARE)} of "
                             f"the prompt shared and cached, TTFT {format_seconds(base['ttft_s'])} "
                             f"→ "
                             f"{format_seconds(p['ttft_s'])}"
                         ),
-                        "projected_gain": _gain(gain, "x lower TTFT", "ttft_s"),
-                        "assumptions": (
+                        projected_gain=_gain(gain, "x lower TTFT", "ttft_s"),
+                        assumptions=(
                             f"{fmt_pct(PROMPT_CACHE_SHARE)} of each prompt is a prefix shared "
                             "with earlier requests"
                         ),
-                        "_score": gain,
-                        "_kw": (model, {"cached_prefix_len": cached}),
-                    }
+                        score=gain,
+                        kw=(model, {"cached_prefix_len": cached}),
+                    )
                 )
 
     # Speculative decoding: memory-bound decode with spare compute.
@@ -382,8 +436,8 @@ def advise(
         verify = step_cost(model, b_cur, b_cur * (k + 1), b_cur * ctx)
         peak = base["ceilings"]["peak_flops"] or math.inf
         bw = base["ceilings"]["mem_bw_bytes_s"]
-        t_verify = max(verify.flops / peak, verify.bytes / bw) / eff_d + derate.get(
-            "decode_overhead_s", 0.0
+        t_verify = max(verify.flops / peak, verify.bytes / bw) / eff_d + (
+            derate.decode_overhead_s or 0.0
         )
         t_step = t_verify + k * SPEC_DRAFT_COST * tpot0
         gain = tokens_per_step * tpot0 / t_step
@@ -392,9 +446,9 @@ def advise(
         spec_bound = tokens_per_step * measured_step / max(t_verify_sol, 1e-12)
         if gain >= 1.1:
             out.append(
-                {
-                    "technique": "speculative decoding",
-                    "why": (
+                _Draft(
+                    technique="speculative decoding",
+                    why=(
                         "decode is memory-bound with spare compute "
                         f"(MFU {fmt_pct(dec.mfu)}, "
                         f"intensity {format_number(dec_intensity)} ≪ ridge "
@@ -403,15 +457,15 @@ def advise(
                         f"{format_seconds(tpot0)} for one and yields "
                         f"{format_number(tokens_per_step)} tokens"
                     ),
-                    "projected_gain": _gain(gain, "x decode throughput", "decode_tok_s"),
-                    "assumptions": (
+                    projected_gain=_gain(gain, "x decode throughput", "decode_tok_s"),
+                    assumptions=(
                         f"{k} draft tokens, acceptance {fmt_pct(a)}, draft cost "
                         f"{fmt_pct(SPEC_DRAFT_COST)} of a target step per token; the run's "
                         "per-step overhead stays"
                     ),
-                    "_score": gain,
-                    "_range": (gain, gain, spec_bound),
-                }
+                    score=gain,
+                    gain_range=(gain, gain, spec_bound),
+                )
             )
 
     # Prefill/decode disaggregation: prefill passes stall requests that are decoding.
@@ -420,23 +474,23 @@ def advise(
     if stall_share and stall_share >= 0.1 and has_dec and has_pre and not roofline.estimated:
         gain = 1.0 / max(1.0 - stall_share, 1e-3)
         out.append(
-            {
-                "technique": "prefill/decode disaggregation (or chunked prefill)",
-                "why": (
+            _Draft(
+                technique="prefill/decode disaggregation (or chunked prefill)",
+                why=(
                     "prefill passes stall requests that are decoding: "
                     f"{fmt_pct(stall_share)} of all decode time is spent waiting for other "
                     f"requests' prefills (up to {format_seconds(stall or 0)} at a time, an "
                     "inter-token spike); prefill on "
                     "its own instance (or split into chunks mixed with decode) removes the stall"
                 ),
-                "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
-                "assumptions": (
+                projected_gain=_gain(gain, "x lower TPOT", "tpot_s"),
+                assumptions=(
                     "the stall time disappears from decode; a second device (or chunking) "
                     "absorbs the prefills"
                 ),
-                "_score": gain,
-                "_range": (gain, gain, gain),
-            }
+                score=gain,
+                gain_range=(gain, gain, gain),
+            )
         )
 
     # Tensor parallelism for bandwidth-bound decode of a model that fits.
@@ -450,20 +504,20 @@ def advise(
         p = run(tp=2)
         gain = tpot0 / p["tpot_s"]
         out.append(
-            {
-                "technique": "tensor parallelism",
-                "why": (
+            _Draft(
+                technique="tensor parallelism",
+                why=(
                     f"decode is bandwidth-bound and the weights take "
                     f"{fmt_pct(weight_bytes(model) / mem['capacity_bytes'])} of usable memory; "
                     f"over 2 devices each reads half: TPOT {format_seconds(tpot0)} → "
                     f"{format_seconds(p['tpot_s'])}, and room for batch {p['max_batch']} "
                     f"instead of {base['max_batch']}"
                 ),
-                "projected_gain": _gain(gain, "x lower TPOT", "tpot_s"),
-                "assumptions": "2 devices; all-reduce time not included",
-                "_score": gain,
-                "_kw": (model, {"tp": 2}),
-            }
+                projected_gain=_gain(gain, "x lower TPOT", "tpot_s"),
+                assumptions="2 devices; all-reduce time not included",
+                score=gain,
+                kw=(model, {"tp": 2}),
+            )
         )
 
     # Overhead-bound: cut per-step overhead (levers depend on the platform).
@@ -482,9 +536,9 @@ def advise(
         threads_bad = threads_evidence(machine, table) if platform == "cpu" else None
         levers = _overhead_levers(platform, threads_bad is not None)
         out.append(
-            {
-                "technique": f"cut {name} per-step overhead ({levers})",
-                "why": (
+            _Draft(
+                technique=f"cut {name} per-step overhead ({levers})",
+                why=(
                     f"{name} is overhead-bound: {format_seconds(per_step)} per step reaches only "
                     f"{fmt_pct(eff)} of speed of light (MFU {fmt_pct(ph.mfu)}, MBU "
                     f"{fmt_pct(ph.mbu)}); the time is "
@@ -494,41 +548,61 @@ def advise(
                         else "Python, threading and unfused operators on the host"
                     )
                 ),
-                "projected_gain": _gain(high, f"x faster {name} steps", f"{name}_step_s"),
-                "assumptions": (
+                projected_gain=_gain(high, f"x faster {name} steps", f"{name}_step_s"),
+                assumptions=(
                     f"a tuned {'CPU' if platform == 'cpu' else 'GPU'} engine reaches "
                     f"{fmt_pct(lo_eff)}-{fmt_pct(hi_eff)} of speed of light in {name}; never "
                     f"beyond speed of light ({format_number(bound)}x)"
                 ),
-                "_score": high,
-                "_range": (low, high, bound),
-                **({"_threads": threads_bad} if threads_bad is not None else {}),
-            }
+                score=high,
+                gain_range=(low, high, bound),
+                threads=threads_bad,
+            )
         )
 
     _bound_gains(out, dec, pre, b_cur, scaled, sol, base, base_scaled)
     for s in out:
-        th = s.pop("_threads", None)
-        if th is not None:
-            s["why"] += (
-                f"; not more threads: {_evidence(th)} (so setting threads to the physical "
+        if s.threads is not None:
+            s.why += (
+                f"; not more threads: {_evidence(s.threads)} (so setting threads to the physical "
                 "cores is left out)"
             )
-        metric = s["projected_gain"]["metric"]
-        bad = contradicting_entry(s["technique"], machine, metric, table)
-        if bad is not None and float(s["projected_gain"]["value"]) > 1.0:
-            s["why"] += f"; but contradicted here: {_evidence(bad)}"
-            s["contradicted_by"] = bad.to_dict()
-            s["_score"] = -1.0 / max(float(s["_score"]), 1e-9)
-    out.sort(key=lambda s: -s["_score"])
-    for i, s in enumerate(out, 1):
-        s.pop("_score")
-        s["rank"] = i
-        # Beside the projection, never folded into it: how far such projections were off.
-        s["calibration"] = calibration_for(
-            s["technique"], machine, s["projected_gain"]["metric"], table
-        ).to_dict()
-    return out
+        gain = s.projected_gain
+        bad = contradicting_entry(s.technique, machine, gain.metric, table)
+        if bad is not None and float(gain.value or 0.0) > 1.0:
+            s.why += f"; but contradicted here: {_evidence(bad)}"
+            s.contradicted_by = bad
+            s.score = -1.0 / max(float(s.score), 1e-9)
+    out.sort(key=lambda s: -s.score)
+    return [
+        Advice(
+            technique=s.technique,
+            why=s.why,
+            projected_gain=s.projected_gain,
+            assumptions=s.assumptions,
+            rank=i,
+            # Beside the projection, never folded into it: how far such projections were off.
+            calibration=_advice_calibration(
+                calibration_for(s.technique, machine, s.projected_gain.metric, table)
+            ),
+            contradicted_by=s.contradicted_by.to_dict() if s.contradicted_by else None,
+        )
+        for i, s in enumerate(out, 1)
+    ]
+
+
+def _advice_calibration(c: Calibration) -> AdviceCalibration:
+    """The calibration note as the advice record carries it."""
+    return AdviceCalibration(
+        hardware_class=c.hardware_class,
+        technique=c.technique,
+        calibrated=c.calibrated,
+        significant=c.significant,
+        error=c.error,
+        text=c.text,
+        source=c.source,
+        machine=c.machine,
+    )
 
 
 def _evidence(e: CalibrationEntry) -> str:
@@ -561,14 +635,14 @@ def _intensity_reason(dec: PhaseRoofline, ridge: float, weights_bytes: float, ba
 
 
 def _bound_gains(
-    out: list[dict[str, Any]],
+    out: list[_Draft],
     dec: PhaseRoofline,
     pre: PhaseRoofline,
     b_cur: int,
-    scaled: Any,
-    sol: Any,
-    base: dict[str, Any],
-    base_scaled: dict[str, Any],
+    scaled: Callable[..., Projection],
+    sol: Callable[..., Projection],
+    base: Projection,
+    base_scaled: Projection,
 ) -> None:
     """Give every suggestion its gain range and roofline bound, and cap the gain there.
 
@@ -580,14 +654,13 @@ def _bound_gains(
     dec_step = dec.time_per_step_s
     pre_step = pre.time_per_step_s
     for s in out:
-        g = s["projected_gain"]
-        rng = s.pop("_range", None)
-        kw = s.pop("_kw", None)
-        if rng is None and kw is not None:
-            m, args = kw
-            low = float(g["value"])
+        g = s.projected_gain
+        rng = s.gain_range
+        if rng is None and s.kw is not None:
+            m, args = s.kw
+            low = float(g.value or 0.0)
             p_sc, p_sol = scaled(m, **args), sol(m, **args)
-            metric = g["metric"]
+            metric = g.metric
             if metric == "tpot_s":
                 high = base_scaled["tpot_s"] / p_sc["tpot_s"]
                 bound = (dec_step or base["tpot_s"]) / p_sol["tpot_s"]
@@ -607,8 +680,11 @@ def _bound_gains(
         low, high, bound = rng
         high = min(high, bound)
         low = min(low, high)
-        g["low"] = round(float(low), 3)
-        g["high"] = round(float(high), 3)
-        g["value"] = g["high"]
-        g["bound"] = round(float(bound), 3) if math.isfinite(bound) else None
-        s["_score"] = high
+        s.projected_gain = replace(
+            g,
+            value=round(float(high), 3),
+            low=round(float(low), 3),
+            high=round(float(high), 3),
+            bound=round(float(bound), 3) if math.isfinite(bound) else None,
+        )
+        s.score = high

@@ -154,24 +154,24 @@ def analyze(
             else 0
         ),
     )
-    advice: list[dict[str, Any]] = []
-    projections: list[dict[str, Any]] = []
+    advice: list[Advice] = []
+    projections: list[Projection] = []
     if roofline.available and model is not None and spec is not None:
         workload = _workload_stats(stored_run, manifest)
         if roofline.what_if is None:  # advice needs measured efficiencies
             advice = advise(roofline, model, spec, workload)
         db = database if database is not None else load_database()
         targets = [db.devices[k] for k in PROJECTION_DEVICES if k in db.devices and k != spec.key]
-        projections = project_run(
-            roofline, model, workload, targets, measured_on=measured_on or spec.key
-        )
         # Every projection shown says how far projections were checked on its target's
         # machine class by stored studies, or that they were not.
         kind = manifest.engine.kind
-        for p, dev in zip(projections, targets, strict=True):
-            p["checked"] = projection_check(machine_of_device(dev, kind))
-    # The advisor and the what-if projections still build JSON objects; they become their
-    # records here, once. Every other section returns its record.
+        projected = project_run(
+            roofline, model, workload, targets, measured_on=measured_on or spec.key
+        )
+        projections = [
+            dataclasses.replace(p, checked=projection_check(machine_of_device(dev, kind)))
+            for p, dev in zip(projected, targets, strict=True)
+        ]
     client = client_section(manifest)
     metrics = compute_metrics(
         stored_run.requests,
@@ -214,8 +214,8 @@ def analyze(
         hardware=hardware,
         roofline=roofline,
         energy=energy,
-        advice=tuple(Advice.from_dict(a) for a in advice),
-        projections=tuple(Projection.from_dict(p) for p in projections),
+        advice=tuple(advice),
+        projections=tuple(projections),
         speculative=speculative_section(stored_run.steps, manifest, roofline),
         prompt_cache=prompt_cache_section(stored_run.requests),
         client=client,

@@ -55,6 +55,7 @@ from perfscope.analysis.queueing import Load, LoadTimes, simulate
 from perfscope.analysis.summary import Roofline
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
+    Derating,
     expected_tokens_per_step,
     predict,
     predict_derated,
@@ -259,9 +260,9 @@ def _recompute_tpot(
         return float(np.mean(t))
     peak = dev.peak_flops_for(model.act_dtype) or 0.0
     bw = dev.mem_bw_bytes_s
-    derate = run_derating(Roofline.from_dict(summary.get("roofline"))) if derated else {}
-    eff = derate.get("prefill_efficiency", 1.0)
-    over = derate.get("prefill_overhead_s", 0.0)
+    derate = run_derating(Roofline.from_dict(summary.get("roofline"))) if derated else Derating()
+    eff = derate.prefill_efficiency if derate.prefill_efficiency is not None else 1.0
+    over = derate.prefill_overhead_s if derate.prefill_overhead_s is not None else 0.0
     total = 0.0
     for i in range(steps):
         ctx_i = prompt_len + i + 1
@@ -282,7 +283,7 @@ def _recompute_tpot(
 def _times(
     model: ModelSpec,
     dev: Any,
-    derate: Mapping[str, Any],
+    derate: Derating,
     fit: OverheadFit | None,
     *,
     batch: int,
@@ -312,9 +313,10 @@ def _times(
         "output_len": output_len,
         "cached_prefix_len": cached,
     }
-    sol = predict(model, dev, **shape)
+    # The study reads and rescales these as JSON-shaped mappings (its records are JSON).
+    sol = predict(model, dev, **shape).to_dict()
     if fit is None:
-        return predict_derated(model, dev, derate, **shape), sol
+        return predict_derated(model, dev, derate, **shape).to_dict(), sol
     priced = passes is None
     per_step = quantisation_bytes(model, quant, 0.0) if priced and quant == "int8-wo" else 0.0
     per_token = quantisation_bytes(model, quant, 1.0) if priced and quant == "int8" else 0.0
@@ -576,7 +578,7 @@ def project_change(
     else:
         basis = (
             "the baseline run's derating ("
-            + ", ".join(f"{k}={v:.3g}" for k, v in derate.items())
+            + ", ".join(f"{k}={v:.3g}" for k, v in derate.terms().items())
             + ")"
         )
     if passes is not None and used_fit is not None:
@@ -1084,7 +1086,7 @@ def speculative_projection(
     summary: Mapping[str, Any],
     baseline: Mapping[str, Any],
     dev: Any,
-    derate: Mapping[str, float],
+    derate: Derating,
     batch: int,
     prompt_len: int,
     output_len: int,
@@ -1125,8 +1127,8 @@ def speculative_projection(
     draft = ModelSpec.from_dict(dict(draft_dict)) if drafted and draft_dict else None
     kw: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
     derated_kw: dict[str, Any] = {
-        "decode_efficiency": derate.get("decode_efficiency"),
-        "decode_overhead_s": derate.get("decode_overhead_s", 0.0),
+        "decode_efficiency": derate.decode_efficiency,
+        "decode_overhead_s": derate.decode_overhead_s or 0.0,
     }
     method = sp.get("method") or "draft"
     heads = k if method == "medusa" else 0
@@ -1137,8 +1139,8 @@ def speculative_projection(
     if v_roof is not None:
         before["verify_cost_roofline"] = v_roof
     for key, extra in (("derated", derated_kw), ("sol", {})):
-        t_target = predict(target, dev, **kw, **extra).get("tpot_s")
-        t_draft = 0.0 if draft is None else predict(draft, dev, **kw, **extra).get("tpot_s")
+        t_target = predict(target, dev, **kw, **extra).tpot_s
+        t_draft = 0.0 if draft is None else predict(draft, dev, **kw, **extra).tpot_s
         c = t_draft / t_target if t_target and t_draft is not None else None
         before[f"cost_ratio_{key}"] = c
         before[key] = (

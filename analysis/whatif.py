@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,7 +37,13 @@ from perfscope.analysis.costmodel import (
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import KERNELS_PER_LAYER, OverheadFit, launch_time
 from perfscope.analysis.roofline import fmt_pct, memory_ceiling
-from perfscope.analysis.summary import Roofline
+from perfscope.analysis.summary import (
+    Projection,
+    ProjectionDevice,
+    ProjectionMemory,
+    ProjectionPhase,
+    Roofline,
+)
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -45,6 +52,7 @@ __all__ = [
     "ASSUMED_ACCEPTANCE",
     "DEFAULT_MEM_FRACTION",
     "ENGINE_EFFICIENCY",
+    "Derating",
     "alpha_from_accepted",
     "expected_tokens_per_step",
     "predict",
@@ -106,7 +114,7 @@ def predict(
     prefill_overhead_s: float = 0.0,
     decode_overhead_s: float = 0.0,
     overhead: OverheadFit | None = None,
-) -> dict[str, Any]:
+) -> Projection:
     """Predicted TTFT, TPOT, throughput, memory and bound of a static batch on ``device``.
 
     Args:
@@ -128,10 +136,14 @@ def predict(
             on top of the fixed overheads above.
 
     Returns:
-        JSON-ready dict: ``ttft_s``, ``tpot_s``, ``e2e_s``, ``throughput_tok_s`` (output
-        tokens/s of the batch), ``decode_tok_s``, ``prefill``/``decode`` sub-dicts (FLOPs,
-        bytes, intensity, ``bound``, time), ``memory`` (weights, KV cache, capacity,
-        ``fits``), ``max_batch``, ``speed_of_light`` and ``efficiency``.
+        A :class:`~perfscope.analysis.summary.Projection` record (``to_dict()`` is its
+        JSON form): ``ttft_s``, ``tpot_s``, ``e2e_s`` (s), ``throughput_tok_s`` (output
+        tokens/s of the batch), ``decode_tok_s`` (tokens/s), ``prefill``/``decode``
+        (:class:`~perfscope.analysis.summary.ProjectionPhase`: FLOPs, bytes, intensity in
+        FLOP/B, ``bound``, times in s), ``memory``
+        (:class:`~perfscope.analysis.summary.ProjectionMemory`: weights, KV cache, capacity
+        in bytes, ``fits``), ``max_batch``, ``speed_of_light`` and ``efficiency`` (fraction
+        of speed of light per phase).
     """
     batch = max(int(batch), 1)
     prompt_len = max(int(prompt_len), 1)
@@ -164,7 +176,7 @@ def predict(
     working_set = w_bytes + kv_total
     bw, level, _fits_cache = memory_ceiling(device, working_set)
 
-    def per_device(arrays: dict[str, Any]) -> tuple[Any, Any]:
+    def per_device(arrays: Mapping[str, Any]) -> tuple[Any, Any]:
         flops = arrays["flops"] / tp
         nbytes = (arrays["bytes_weights"] + arrays["bytes_activations"]) / tp + (
             arrays["bytes_kv_read"] + arrays["bytes_kv_write"]
@@ -234,81 +246,121 @@ def predict(
     if fits is False:
         notes.append("does not fit in device memory")
 
-    return {
-        "device": {"key": device.key, "name": device.name, "source": device.source},
-        "model": model.name,
-        "dtypes": {
+    return Projection(
+        device=ProjectionDevice(key=device.key, name=device.name, source=device.source),
+        model=model.name,
+        dtypes={
             "weights": model.weight_dtype,
             "kv_cache": model.kv_dtype,
             "compute": compute_dtype,
         },
-        "workload": {
+        workload={
             "batch": batch,
             "prompt_len": prompt_len,
             "output_len": output_len,
             "cached_prefix_len": cached,
             "tp": tp,
         },
-        "speed_of_light": sol,
-        "efficiency": {"prefill": eff_p, "decode": eff_d},
-        "overhead_s": {
+        speed_of_light=sol,
+        efficiency={"prefill": eff_p, "decode": eff_d},
+        overhead_s={
             "prefill": prefill_overhead_s + host_p,
             "decode_per_step": decode_overhead_s + host_d,
         },
-        "overhead_fit": overhead.to_dict() if overhead is not None else None,
-        "ceilings": {
+        overhead_fit=overhead.to_dict() if overhead is not None else None,
+        ceilings={
             "peak_flops": peak,
             "mem_bw_bytes_s": bw,
             "memory_level": level,
             "ridge_point": ridge,
             "source": device.source,
         },
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "e2e_s": e2e,
-        "throughput_tok_s": batch * output_len / e2e if e2e > 0 else None,
-        "decode_tok_s": batch / tpot if tpot > 0 else None,
-        "prefill": {
-            "flops": float(pf),
-            "bytes": float(pb),
-            "intensity": float(pf / pb),
-            "bound": bound(float(pf), float(pb)),
-            "sol_time_s": t_prefill_sol,
-            "time_s": ttft,
-        },
-        "decode": {
-            "steps": steps,
-            "flops": dec_f,
-            "bytes": dec_b,
-            "intensity": dec_f / dec_b if dec_b else math.inf,
-            "bound": bound(dec_f, dec_b),
-            "sol_time_s": t_decode_sol,
-            "time_s": steps * tpot,
-        },
-        "memory": {
-            "weights_bytes": w_bytes,
-            "kv_cache_bytes": kv_total,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        throughput_tok_s=batch * output_len / e2e if e2e > 0 else None,
+        decode_tok_s=batch / tpot if tpot > 0 else None,
+        prefill=ProjectionPhase(
+            flops=float(pf),
+            bytes=float(pb),
+            intensity=float(pf / pb),
+            bound=bound(float(pf), float(pb)),
+            sol_time_s=t_prefill_sol,
+            time_s=ttft,
+        ),
+        decode=ProjectionPhase(
+            steps=steps,
+            flops=dec_f,
+            bytes=dec_b,
+            intensity=dec_f / dec_b if dec_b else math.inf,
+            bound=bound(dec_f, dec_b),
+            sol_time_s=t_decode_sol,
+            time_s=steps * tpot,
+        ),
+        memory=ProjectionMemory(
+            weights_bytes=w_bytes,
+            kv_cache_bytes=kv_total,
             # a state-space model holds a recurrent state, constant in context, not a KV
             # cache: kv_cache_bytes is then that state (batch × state per sequence)
-            "cache_kind": "recurrent state"
+            cache_kind="recurrent state"
             if not model.n_attention_layers
             else ("KV cache and recurrent state" if model.state_bytes_per_seq else "KV cache"),
-            "kv_bytes_per_token": kv_tok,
-            "kv_tokens_per_sequence": kv_tokens,
-            "total_bytes": w_bytes + kv_total,
-            "capacity_bytes": capacity,
-            "device_bytes": device.mem_bytes,
-            "usable_bytes": device.mem_usable_bytes,
-            "mem_fraction": mem_fraction,
-            "fits": fits,
-        },
-        "max_batch": max_batch,
-        "notes": notes,
-    }
+            kv_bytes_per_token=kv_tok,
+            kv_tokens_per_sequence=kv_tokens,
+            total_bytes=w_bytes + kv_total,
+            capacity_bytes=capacity,
+            device_bytes=device.mem_bytes,
+            usable_bytes=device.mem_usable_bytes,
+            mem_fraction=mem_fraction,
+            fits=fits,
+        ),
+        max_batch=max_batch,
+        notes=tuple(notes),
+    )
 
 
-def run_derating(roofline: Roofline, fit: OverheadFit | None = None) -> dict[str, Any]:
-    """How a measured run falls short of speed of light, as :func:`predict` keyword args.
+@dataclass(frozen=True)
+class Derating:
+    """How a measured run falls short of speed of light (:func:`run_derating`), in
+    :func:`predict`'s terms; a field left ``None`` is not derated (speed of light).
+
+    Attributes:
+        prefill_efficiency: fraction of speed of light the prefill reaches, 0..1.
+        prefill_overhead_s: fixed time added to the prefill, s.
+        decode_efficiency: fraction of speed of light each decode step reaches, 0..1.
+        decode_overhead_s: fixed time added to every decode step, s.
+        overhead: the run's fitted cost model (its host terms per layer, sequence, token
+            and step), when the derating is that fit.
+    """
+
+    prefill_efficiency: float | None = None
+    prefill_overhead_s: float | None = None
+    decode_efficiency: float | None = None
+    decode_overhead_s: float | None = None
+    overhead: OverheadFit | None = None
+
+    @property
+    def at_speed_of_light(self) -> bool:
+        """Whether nothing is derated (the run had no phase to measure)."""
+        return all(getattr(self, f.name) is None for f in fields(self))
+
+    def terms(self) -> dict[str, float]:
+        """The numeric terms that are set, by keyword name (``decode_efficiency``,
+        ``decode_overhead_s`` ...), prefill's before decode's."""
+        out: dict[str, float] = {}
+        for name in ("prefill", "decode"):
+            eff = getattr(self, f"{name}_efficiency")
+            over = getattr(self, f"{name}_overhead_s")
+            if eff is not None:
+                out[f"{name}_efficiency"] = float(eff)
+            if over is not None:
+                out[f"{name}_overhead_s"] = float(over)
+        return out
+
+
+def run_derating(roofline: Roofline, fit: OverheadFit | None = None) -> Derating:
+    """How a measured run falls short of speed of light (:class:`Derating`, the terms of
+    :func:`predict`; :func:`predict_derated` applies it).
 
     With ``fit`` (:func:`perfscope.analysis.overhead.fit_overhead` of the run's steps) the
     run is the fitted cost model: the roofline time scaled by ``roof_scale`` plus host terms
@@ -324,12 +376,8 @@ def run_derating(roofline: Roofline, fit: OverheadFit | None = None) -> dict[str
     """
     if fit is not None:
         fitted_eff = 1.0 / fit.roof_scale if fit.roof_scale > 1.0 else 1.0
-        return {
-            "prefill_efficiency": fitted_eff,
-            "decode_efficiency": fitted_eff,
-            "overhead": fit,
-        }
-    out: dict[str, Any] = {}
+        return Derating(prefill_efficiency=fitted_eff, decode_efficiency=fitted_eff, overhead=fit)
+    terms: dict[str, float] = {}
     for name in ("prefill", "decode"):
         ph = roofline.phases.get(name)
         eff = ph.efficiency if ph is not None else None
@@ -337,44 +385,50 @@ def run_derating(roofline: Roofline, fit: OverheadFit | None = None) -> dict[str
             continue
         if ph.verdict == "overhead-bound" and ph.steps:
             excess = ((ph.time_s or 0.0) - (ph.sol_time_s or 0.0)) / ph.steps
-            out[f"{name}_efficiency"] = 1.0
-            out[f"{name}_overhead_s"] = max(float(excess), 0.0)
+            terms[f"{name}_efficiency"] = 1.0
+            terms[f"{name}_overhead_s"] = max(float(excess), 0.0)
         else:
-            out[f"{name}_efficiency"] = min(float(eff), 1.0)
-    return out
+            terms[f"{name}_efficiency"] = min(float(eff), 1.0)
+    return Derating(
+        prefill_efficiency=terms.get("prefill_efficiency"),
+        prefill_overhead_s=terms.get("prefill_overhead_s"),
+        decode_efficiency=terms.get("decode_efficiency"),
+        decode_overhead_s=terms.get("decode_overhead_s"),
+    )
 
 
 def predict_derated(
-    model: ModelSpec, device: DeviceSpec, derate: Mapping[str, Any], **shape: Any
-) -> dict[str, Any]:
+    model: ModelSpec, device: DeviceSpec, derate: Derating, **shape: Any
+) -> Projection:
     """:func:`predict` at a run's derating (:func:`run_derating`: efficiencies, per-phase
     overhead in s, and the fitted overhead model when there is one)."""
     return predict(
         model,
         device,
         **shape,
-        prefill_efficiency=derate.get("prefill_efficiency"),
-        decode_efficiency=derate.get("decode_efficiency"),
-        prefill_overhead_s=derate.get("prefill_overhead_s", 0.0),
-        decode_overhead_s=derate.get("decode_overhead_s", 0.0),
-        overhead=derate.get("overhead"),
+        prefill_efficiency=derate.prefill_efficiency,
+        decode_efficiency=derate.decode_efficiency,
+        prefill_overhead_s=derate.prefill_overhead_s or 0.0,
+        decode_overhead_s=derate.decode_overhead_s or 0.0,
+        overhead=derate.overhead,
     )
 
 
-def _basis(derate: dict[str, Any]) -> str:
-    fit = derate.get("overhead")
+def _basis(derate: Derating) -> str:
+    fit = derate.overhead
     if fit is not None:
         return "the fitted cost model: " + str(fit.describe())
+    terms = derate.terms()
     parts = []
     for name in ("prefill", "decode"):
-        if f"{name}_overhead_s" in derate:
+        if f"{name}_overhead_s" in terms:
             parts.append(
                 f"{name} at speed of light + the run's "
-                f"{format_seconds(derate[name + '_overhead_s'])} overhead per step"
+                f"{format_seconds(terms[name + '_overhead_s'])} overhead per step"
             )
-        elif f"{name}_efficiency" in derate:
+        elif f"{name}_efficiency" in terms:
             parts.append(
-                f"{name} at the run's {fmt_pct(derate[name + '_efficiency'])} of speed of light"
+                f"{name} at the run's {fmt_pct(terms[name + '_efficiency'])} of speed of light"
             )
         else:
             parts.append(f"{name} at speed of light")
@@ -385,24 +439,26 @@ def _same_class(measured: str | None, target: DeviceSpec) -> bool:
     return measured is not None and measured == target.key
 
 
-def _headline(p: dict[str, Any]) -> dict[str, Any]:
+def _headline(p: Projection) -> dict[str, object]:
+    """One end of a projection's ``range``: TTFT and TPOT (s), throughput (tokens/s) and the
+    per-phase efficiency (fraction of speed of light) it assumed."""
     return {
-        "ttft_s": p["ttft_s"],
-        "tpot_s": p["tpot_s"],
-        "throughput_tok_s": p["throughput_tok_s"],
-        "efficiency": p["efficiency"],
+        "ttft_s": p.ttft_s,
+        "tpot_s": p.tpot_s,
+        "throughput_tok_s": p.throughput_tok_s,
+        "efficiency": p.efficiency,
     }
 
 
 def project_run(
     roofline: Roofline,
     model: ModelSpec,
-    workload: dict[str, Any],
+    workload: Mapping[str, Any],
     devices: list[DeviceSpec],
     *,
     measured_on: str | None = None,
     fit: OverheadFit | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Projection]:
     """The measured run's workload on other devices.
 
     The batch is the run's mean decode batch (else the configured ``batch_size``), the
@@ -421,7 +477,7 @@ def project_run(
     OverheadFit.on_device`). On a GPU target the eager end also pays the device's kernel
     launches per step (:func:`~perfscope.analysis.overhead.launch_time`, from the device
     file's ``kernel_launch_s``) and the compiled end one launch per step (a CUDA graph).
-    Each entry is a :func:`predict` dict with ``basis`` (the assumption in words) and
+    Each entry is a :func:`predict` record with ``basis`` (the assumption in words) and
     ``assumption`` (``measured`` or ``engine range``).
     """
     dec = roofline.phases.get("decode")
@@ -431,18 +487,22 @@ def project_run(
     output_len = max(round(float(workload.get("output_tokens_mean") or 1)), 1)
     shape: Mapping[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
     derate = run_derating(roofline, fit)
-    out = []
+    out: list[Projection] = []
     for dev in devices:
         if _same_class(measured_on, dev):
             pred = predict_derated(model, dev, derate, **shape)
-            pred["speed_of_light"] = not derate
-            pred["assumption"] = "measured"
-            pred["basis"] = "same device class as the run: " + _basis(derate)
-            out.append(pred)
+            out.append(
+                replace(
+                    pred,
+                    speed_of_light=derate.at_speed_of_light,
+                    assumption="measured",
+                    basis="same device class as the run: " + _basis(derate),
+                )
+            )
             continue
         sol = predict(model, dev, **shape)
-        rng: dict[str, Any] = {"speed_of_light": _headline(sol)}
-        preds: dict[str, dict[str, Any]] = {}
+        rng: dict[str, object] = {"speed_of_light": _headline(sol)}
+        preds: dict[str, Projection] = {}
         carried = fit.on_device(dev, model, launches=False) if fit is not None else None
         launches = {"eager": launch_time(dev, model), "compiled": dev.kernel_launch_s or 0.0}
         for kind, eff in ENGINE_EFFICIENCY.items():
@@ -458,31 +518,38 @@ def project_run(
             )
             rng[kind] = _headline(preds[kind])
         pred = preds["eager"]
+        notes = list(pred.notes)
         if launches["eager"]:
-            pred["notes"].append(
+            notes.append(
                 f"kernel launches priced: {KERNELS_PER_LAYER} per layer x {model.n_layers} "
                 f"layers x {format_seconds(dev.kernel_launch_s or 0.0)} = "
                 f"{format_seconds(launches['eager'])} per eager step, one launch per "
                 "compiled (CUDA graph) step"
             )
-        elif sol["tpot_s"] < 1e-3:
-            pred["notes"].append(
+        elif (sol.tpot_s or 0.0) < 1e-3:
+            notes.append(
                 "under 1 ms per step at speed of light: host time per step can dominate on a "
                 f"real engine ({dev.key} gives no kernel-launch cost to price it)"
             )
         if carried is not None:
-            pred["notes"].extend(carried.notes)
-        pred["speed_of_light"] = False
-        pred["range"] = rng
-        pred["assumption"] = "engine range"
+            notes.extend(carried.notes)
         c, e = ENGINE_EFFICIENCY["compiled"], ENGINE_EFFICIENCY["eager"]
-        pred["basis"] = (
-            "each device's speed of light at a compiled engine's efficiency (prefill "
-            f"{fmt_pct(c['prefill'])}, decode {fmt_pct(c['decode'])}) to eager PyTorch's "
-            f"(prefill {fmt_pct(e['prefill'])}, decode {fmt_pct(e['decode'])}); this run's "
-            "own host overhead is not carried to another device"
+        out.append(
+            replace(
+                pred,
+                notes=tuple(notes),
+                speed_of_light=False,
+                range=rng,
+                assumption="engine range",
+                basis=(
+                    "each device's speed of light at a compiled engine's efficiency (prefill "
+                    f"{fmt_pct(c['prefill'])}, decode {fmt_pct(c['decode'])}) to eager "
+                    f"PyTorch's (prefill {fmt_pct(e['prefill'])}, decode "
+                    f"{fmt_pct(e['decode'])}); this run's own host overhead is not carried to "
+                    "another device"
+                ),
+            )
         )
-        out.append(pred)
     return out
 
 

@@ -82,8 +82,8 @@ def test_batching_above_the_ridge_does_not_say_weights_are_read_for_few_tokens()
     dec = roof["phases"]["decode"]
     ridge = CPU.peak_flops["fp16"] / CPU.mem_bw_bytes_s
     assert dec["intensity"] > 5 * ridge  # the case: decode far above the ridge
-    got = {a["technique"]: a for a in advise(roof, spec, CPU, wl, calibration=())}
-    why = got["larger batches / continuous batching"]["why"]
+    got = {a.technique: a for a in advise(roof, spec, CPU, wl, calibration=())}
+    why = got["larger batches / continuous batching"].why
     assert "few tokens" not in why and "reads the" not in why
     m = re.search(r"is already ([\d.]+)x the ridge ([\d.]+)", why)
     assert m, why
@@ -94,8 +94,8 @@ def test_batching_above_the_ridge_does_not_say_weights_are_read_for_few_tokens()
 def test_batching_below_the_ridge_quotes_intensity_and_ridge_that_agree() -> None:
     spec = ModelSpec.from_preset("llama-2-7b")
     roof, wl = _run(spec, A100, batch=1, prompt=512, out=64, eff_prefill=0.6, eff_decode=0.6)
-    got = {a["technique"]: a for a in advise(roof, spec, A100, wl, calibration=())}
-    why = got["larger batches / continuous batching"]["why"]
+    got = {a.technique: a for a in advise(roof, spec, A100, wl, calibration=())}
+    why = got["larger batches / continuous batching"].why
     m = re.search(r"intensity ([\d.]+) FLOP/B, ([\d.]+)x the ridge ([\d.]+)\)", why)
     assert m, why
     intensity, times, ridge = (float(g) for g in m.groups())
@@ -105,8 +105,8 @@ def test_batching_below_the_ridge_quotes_intensity_and_ridge_that_agree() -> Non
     m2 = re.search(r"rises from ([\d.,]+) to ([\d.,]+) tok/s", why)
     assert m2, why
     a, b = (float(g.replace(",", "")) for g in m2.groups())
-    gain = got["larger batches / continuous batching"]["projected_gain"]
-    assert b / a == pytest.approx(gain["low"], rel=0.01)
+    gain = got["larger batches / continuous batching"].projected_gain
+    assert b / a == pytest.approx(gain.low, rel=0.01)
 
 
 @pytest.mark.parametrize(
@@ -133,8 +133,8 @@ def test_the_batch_target_text_states_the_rule_that_produced_it(
 
 def test_the_advice_assumption_for_batching_is_the_rule_with_its_numbers() -> None:
     spec, roof, wl = _overhead_bound_cpu_run()
-    got = {a["technique"]: a for a in advise(roof, spec, CPU, wl, calibration=())}
-    a = got["larger batches / continuous batching"]["assumptions"]
+    got = {a.technique: a for a in advise(roof, spec, CPU, wl, calibration=())}
+    a = got["larger batches / continuous batching"].assumptions
     m = re.match(
         r"batch (\d+) = min\(max\(ridge knee (\d+), 2 x current batch (\d+)\), "
         r"memory limit (\d+)\)",
@@ -148,15 +148,15 @@ def test_the_advice_assumption_for_batching_is_the_rule_with_its_numbers() -> No
 def test_a_threads_study_that_measured_more_threads_slower_removes_the_threads_lever() -> None:
     spec, roof, wl = _overhead_bound_cpu_run()
     before = advise(roof, spec, CPU, wl, calibration=())
-    cut = next(a for a in before if a["technique"].startswith("cut decode"))
-    assert "torch.set_num_threads to the physical cores" in cut["technique"]
+    cut = next(a for a in before if a.technique.startswith("cut decode"))
+    assert "torch.set_num_threads to the physical cores" in cut.technique
     # 1 thread 5.4x faster than 2 on this machine class (the threads study)
     slower = _entry("threads", "threads", "1", "2", "output_tok_s", 1 / 5.4, (0.12, 0.25))
     after = advise(roof, spec, CPU, wl, calibration=(slower,))
-    cut = next(a for a in after if a["technique"].startswith("cut decode"))
-    assert "set_num_threads" not in cut["technique"]
-    assert "threads 1 -> 2 5.4x worse on output_tok_s" in cut["why"]
-    assert "x-study-threads.json" in cut["why"]
+    cut = next(a for a in after if a.technique.startswith("cut decode"))
+    assert "set_num_threads" not in cut.technique
+    assert "threads 1 -> 2 5.4x worse on output_tok_s" in cut.why
+    assert "x-study-threads.json" in cut.why
 
 
 def test_a_threads_study_on_another_machine_class_changes_nothing_here() -> None:
@@ -166,27 +166,27 @@ def test_a_threads_study_on_another_machine_class_changes_nothing_here() -> None
         "threads", "threads", "1", "2", "output_tok_s", 0.2, (0.1, 0.3), machine=elsewhere
     )
     advice = advise(roof, spec, CPU, wl, engine="reference", calibration=(slower,))
-    cut = next(a for a in advice if a["technique"].startswith("cut decode"))
-    assert "torch.set_num_threads to the physical cores" in cut["technique"]
-    assert cut["calibration"]["text"].startswith("uncalibrated here: no stored study")
-    assert "Test CPU, 2 cores, reference engine" in cut["calibration"]["text"]
+    cut = next(a for a in advice if a.technique.startswith("cut decode"))
+    assert "torch.set_num_threads to the physical cores" in cut.technique
+    assert cut.calibration.text.startswith("uncalibrated here: no stored study")
+    assert "Test CPU, 2 cores, reference engine" in cut.calibration.text
 
 
 def test_a_suggestion_a_stored_study_measured_worse_is_reworded_and_ranked_last() -> None:
     spec, roof, wl = _overhead_bound_cpu_run()
     worse = _entry("batching", "batch-size", "1", "8", "output_tok_s", 0.5, (0.3, 0.8))
     advice = advise(roof, spec, CPU, wl, calibration=(worse,))
-    batching = next(a for a in advice if a["technique"].startswith("larger batches"))
-    assert batching["rank"] == len(advice)
-    assert "but contradicted here" in batching["why"]
-    assert "batch-size 1 -> 8 2x worse on output_tok_s" in batching["why"]
-    assert batching["contradicted_by"]["measured_ratio"] == 0.5
+    batching = next(a for a in advice if a.technique.startswith("larger batches"))
+    assert batching.rank == len(advice)
+    assert "but contradicted here" in batching.why
+    assert "batch-size 1 -> 8 2x worse on output_tok_s" in batching.why
+    assert batching.contradicted_by["measured_ratio"] == 0.5
     # a study that measured a gain calibrates instead of contradicting
     better = dataclasses.replace(worse, measured_ratio=4.0, interval=(2.0, 8.0), error=-0.75)
     advice = advise(roof, spec, CPU, wl, calibration=(better,))
-    batching = next(a for a in advice if a["technique"].startswith("larger batches"))
-    assert "contradicted_by" not in batching
-    cal = batching["calibration"]
-    assert cal["calibrated"] and cal["significant"]
-    assert "measured batch-size 1 -> 8 output_tok_s 4x [2, 8], significant" in cal["text"]
+    batching = next(a for a in advice if a.technique.startswith("larger batches"))
+    assert batching.contradicted_by is None and "contradicted_by" not in batching.to_dict()
+    cal = batching.calibration
+    assert cal.calibrated and cal.significant
+    assert "measured batch-size 1 -> 8 output_tok_s 4x [2, 8], significant" in cal.text
     assert machine_of_device(CPU, "reference") == HERE

@@ -14,7 +14,8 @@ from perfscope.analysis.advisor import advise
 from perfscope.analysis.costmodel import step_costs
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.roofline import phase_roofline, roofline_section
-from perfscope.analysis.whatif import predict, project_run, run_derating
+from perfscope.analysis.summary import Advice, Gain
+from perfscope.analysis.whatif import predict, predict_derated, project_run, run_derating
 from perfscope.hwdb import lookup
 from perfscope.hwdb.spec import DeviceSpec
 
@@ -103,8 +104,8 @@ def _run(
     return roof, workload
 
 
-def _by_technique(advice: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {a["technique"]: a for a in advice}
+def _by_technique(advice: list[Advice]) -> dict[str, Advice]:
+    return {a.technique: a for a in advice}
 
 
 def test_small_batch_memory_bound_decode_gets_batching_quantisation_and_speculation() -> None:
@@ -113,25 +114,23 @@ def test_small_batch_memory_bound_decode_gets_batching_quantisation_and_speculat
     assert roof["phases"]["decode"]["verdict"] == "memory-bound"
     advice = advise(roof, spec, A100, wl)
     got = _by_technique(advice)
-    assert [a["rank"] for a in advice] == list(range(1, len(advice) + 1))
-    gains = [
-        a["projected_gain"]["value"] for a in advice if a["projected_gain"]["unit"].startswith("x")
-    ]
+    assert [a.rank for a in advice] == list(range(1, len(advice) + 1))
+    gains = [a.projected_gain.value for a in advice if a.projected_gain.unit.startswith("x")]
     assert gains == sorted(gains, reverse=True)
     for a in advice:  # no suggestion without a number
-        assert a["projected_gain"]["value"] > 1
-        assert a["why"]
-        assert a["assumptions"]
+        assert a.projected_gain.value > 1
+        assert a.why
+        assert a.assumptions
     batching = got["larger batches / continuous batching"]
-    assert batching["projected_gain"]["unit"] == "x decode throughput"
+    assert batching.projected_gain.unit == "x decode throughput"
     # at batch ~153 (A100 ridge knee) throughput grows by two orders of magnitude
-    assert batching["projected_gain"]["value"] > 20
+    assert batching.projected_gain.value > 20
     int8 = got["int8 weights (W8A16)"]
-    assert int8["projected_gain"]["value"] == pytest.approx(1.9, abs=0.1)
+    assert int8.projected_gain.value == pytest.approx(1.9, abs=0.1)
     int4 = got["int4 weights (W4A16, GPTQ/AWQ, group 128)"]
-    assert int4["projected_gain"]["value"] == pytest.approx(3.5, abs=0.3)
+    assert int4.projected_gain.value == pytest.approx(3.5, abs=0.3)
     spec_dec = got["speculative decoding"]
-    assert 1.5 < spec_dec["projected_gain"]["value"] < 3.0
+    assert 1.5 < spec_dec.projected_gain.value < 3.0
     assert "tensor parallelism" not in got  # 13.5 GB is < 25% of 72 GB usable
 
 
@@ -142,9 +141,9 @@ def test_kv_dominated_decode_suggests_fp8_kv_and_gqa() -> None:
     assert (dec["bytes_kv_read"] / dec["bytes"]) > 0.5
     got = _by_technique(advise(roof, spec, A100, wl))
     fp8 = got["fp8 KV cache"]
-    assert 1.3 < fp8["projected_gain"]["value"] < 2.0
+    assert 1.3 < fp8.projected_gain.value < 2.0
     gqa = got["GQA/MQA (a model with fewer KV heads)"]
-    assert gqa["projected_gain"]["value"] > fp8["projected_gain"]["value"]
+    assert gqa.projected_gain.value > fp8.projected_gain.value
 
 
 def test_model_that_does_not_fit_needs_tensor_parallelism_first() -> None:
@@ -152,12 +151,9 @@ def test_model_that_does_not_fit_needs_tensor_parallelism_first() -> None:
     roof, wl = _run(spec, A100, batch=1, prompt=128, out=16, eff_prefill=0.5, eff_decode=0.5)
     advice = advise(roof, spec, A100, wl)
     first = advice[0]
-    assert first["technique"] == "tensor parallelism"
-    assert first["projected_gain"] == {
-        "value": 2.0,
-        "unit": "devices needed to fit",
-        "metric": "devices",
-    }
+    assert first.technique == "tensor parallelism"
+    # a count, not a range: no low, high or bound
+    assert first.projected_gain == Gain(value=2.0, unit="devices needed to fit", metric="devices")
 
 
 def test_prefill_stalling_decode_suggests_disaggregation() -> None:
@@ -176,7 +172,7 @@ def test_prefill_stalling_decode_suggests_disaggregation() -> None:
     assert share > 0.1
     got = _by_technique(advise(roof, spec, A100, wl))
     dis = got["prefill/decode disaggregation (or chunked prefill)"]
-    assert dis["projected_gain"]["value"] == pytest.approx(1 / (1 - share), rel=1e-3)
+    assert dis.projected_gain.value == pytest.approx(1 / (1 - share), rel=1e-3)
 
 
 def test_overhead_bound_decode_suggests_cutting_overhead_and_keeps_overhead_fixed() -> None:
@@ -186,20 +182,20 @@ def test_overhead_bound_decode_suggests_cutting_overhead_and_keeps_overhead_fixe
     assert dec["verdict"] == "overhead-bound"
     derate = run_derating(roof)
     per_step = dec["time_s"] / dec["steps"]
-    assert derate["decode_overhead_s"] == pytest.approx(per_step - dec["sol_time_s"] / dec["steps"])
+    assert derate.decode_overhead_s == pytest.approx(per_step - dec["sol_time_s"] / dec["steps"])
     got = _by_technique(advise(roof, spec, A100, wl))
     cut = got["cut decode per-step overhead (CUDA graphs, torch.compile, fused kernels)"]
     # a range: eager (20% of speed of light) to compiled engines (60%), never beyond 1/eff
-    gain = cut["projected_gain"]
-    assert gain["value"] == pytest.approx(0.6 / dec["efficiency"], rel=1e-3)
-    assert gain["low"] == pytest.approx(0.2 / dec["efficiency"], rel=1e-3)
-    assert gain["bound"] == pytest.approx(1 / dec["efficiency"], rel=1e-3)
+    gain = cut.projected_gain
+    assert gain.value == pytest.approx(0.6 / dec["efficiency"], rel=1e-3)
+    assert gain.low == pytest.approx(0.2 / dec["efficiency"], rel=1e-3)
+    assert gain.bound == pytest.approx(1 / dec["efficiency"], rel=1e-3)
     # quantising an overhead-bound decode gains < 5%: the fixed overhead stays, so no advice
     assert "int8 weights (W8A16)" not in got
-    kw: dict[str, Any] = {"batch": 1, "prompt_len": 256, "output_len": 32, **derate}
-    derate_int4 = predict(spec.with_dtypes(weight_dtype="int4"), A100, **kw)
-    base = predict(spec, A100, **kw)
-    assert base["tpot_s"] / derate_int4["tpot_s"] < 1.05
+    kw: dict[str, Any] = {"batch": 1, "prompt_len": 256, "output_len": 32}
+    derate_int4 = predict_derated(spec.with_dtypes(weight_dtype="int4"), A100, derate, **kw)
+    base = predict_derated(spec, A100, derate, **kw)
+    assert base.tpot_s / derate_int4.tpot_s < 1.05
 
 
 def test_predict_llama2_7b_on_a100_is_sensible_at_speed_of_light() -> None:
@@ -319,6 +315,6 @@ def test_a_far_from_the_roof_phase_states_its_bound_without_exponent_notation() 
     roof, wl = _run(spec, A100, batch=1, prompt=256, out=32, eff_prefill=0.5, eff_decode=1e-4)
     got = _by_technique(advise(roof, spec, A100, wl))
     cut = got["cut decode per-step overhead (CUDA graphs, torch.compile, fused kernels)"]
-    assert cut["projected_gain"]["bound"] > 1000
-    assert "e+" not in cut["assumptions"]
-    assert re.search(r"never beyond speed of light \(\d{1,3}(,\d{3})+x\)", cut["assumptions"])
+    assert cut.projected_gain.bound > 1000
+    assert "e+" not in cut.assumptions
+    assert re.search(r"never beyond speed of light \(\d{1,3}(,\d{3})+x\)", cut.assumptions)

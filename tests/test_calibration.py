@@ -222,22 +222,22 @@ def test_advice_quotes_the_entry_of_its_machine_class_beside_an_unchanged_projec
         e for e in load_calibration() if e.technique == "batching" and e.metric == "output_tok_s"
     )
     cpu = _cpu_twin(A100, entry)
-    on_gpu = {a["technique"]: a for a in advise(roof, spec, A100, wl)}
-    on_cpu = {a["technique"]: a for a in advise(roof, spec, cpu, wl, engine="reference")}
+    on_gpu = {a.technique: a for a in advise(roof, spec, A100, wl)}
+    on_cpu = {a.technique: a for a in advise(roof, spec, cpu, wl, engine="reference")}
     batching = "larger batches / continuous batching"
     assert batching in on_gpu and batching in on_cpu
     for name in set(on_gpu) & set(on_cpu):
-        assert on_cpu[name]["projected_gain"] == on_gpu[name]["projected_gain"]
-        assert on_gpu[name]["calibration"]["text"].startswith("uncalibrated here")
-        assert on_gpu[name]["calibration"]["calibrated"] is False
-    cal = on_cpu[batching]["calibration"]
-    assert cal["calibrated"] and cal["significant"] is entry.significant
-    assert cal["error"] == entry.error
-    assert cal["text"].startswith(f"on this machine class ({entry.machine.describe()})")
-    assert entry.study_file in cal["text"] and entry.measured_text() in cal["text"]
+        assert on_cpu[name].projected_gain == on_gpu[name].projected_gain
+        assert on_gpu[name].calibration.text.startswith("uncalibrated here")
+        assert on_gpu[name].calibration.calibrated is False
+    cal = on_cpu[batching].calibration
+    assert cal.calibrated and cal.significant is entry.significant
+    assert cal.error == entry.error
+    assert cal.text.startswith(f"on this machine class ({entry.machine.describe()})")
+    assert entry.study_file in cal.text and entry.measured_text() in cal.text
     # another engine on the same CPU is another machine class
     other = advise(roof, spec, cpu, wl, engine="hf")
-    assert all(a["calibration"]["text"].startswith("uncalibrated here") for a in other)
+    assert all(a.calibration.text.startswith("uncalibrated here") for a in other)
 
 
 def test_an_error_whose_projection_lies_inside_the_measured_interval_says_so() -> None:

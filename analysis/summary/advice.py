@@ -57,8 +57,9 @@ class AdviceCalibration(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Advice(Record):
-    """One ranked suggestion: the technique, why it applies, its projected gain, the
-    assumptions that number rests on and its calibration against measured studies."""
+    """One ranked suggestion (:func:`perfscope.analysis.advisor.advise`): the technique, why
+    it applies, its projected gain, the assumptions that number rests on and its calibration
+    against measured studies."""
 
     technique: str = ""
     why: str = ""
@@ -66,6 +67,12 @@ class Advice(Record):
     assumptions: str | None = None
     rank: int = 0
     calibration: AdviceCalibration | None = None
+    #: The stored study entry (:meth:`perfscope.analysis.calibration.CalibrationEntry.
+    #: to_dict`) that measured this technique to make things worse on this machine class;
+    #: left out of the JSON when none did.
+    contradicted_by: Mapping[str, Any] | None = None
+
+    _OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ("contradicted_by",)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -139,7 +139,10 @@ def explore(
         spec = db.find(key)
         if spec is None:
             continue
-        p = predict(model, spec, batch=batch, prompt_len=prompt_len, output_len=output_len)
+        # the figure and table read the projection's JSON form
+        p = predict(
+            model, spec, batch=batch, prompt_len=prompt_len, output_len=output_len
+        ).to_dict()
         p["_spec"] = spec
         out.append(p)
     return model, out

@@ -201,7 +201,8 @@ def _devices(hw: str | None) -> list[DeviceSpec]:
 
 
 def _handle(args: argparse.Namespace, console: Console) -> int:
-    from perfscope.analysis.summary import Projection
+    from dataclasses import replace
+
     from perfscope.analysis.whatif import predict
     from perfscope.dashboard.terminal import predictions_table
 
@@ -229,8 +230,10 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
     ]
     from perfscope.analysis.calibration import machine_of_device, projection_check
 
-    for pred, dev in zip(preds, devices, strict=True):
-        pred["checked"] = projection_check(machine_of_device(dev))
+    preds = [
+        replace(pred, checked=projection_check(machine_of_device(dev)))
+        for pred, dev in zip(preds, devices, strict=True)
+    ]
     parallel = _parallel(args, spec, devices)
     from perfscope.analysis.costmodel import model_assumptions
 
@@ -239,7 +242,7 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
         out: dict[str, Any] = {
             "model": spec.to_dict(),
             "assumptions": assumptions,
-            "predictions": preds,
+            "predictions": [p.to_dict() for p in preds],
         }
         if parallel:
             out["parallel"] = [p.to_dict() for p in parallel]
@@ -248,7 +251,7 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
     console.print(f"model {spec.name}:", markup=False, highlight=False)
     for line in assumptions:
         console.print(f"  - {line}", markup=False, highlight=False)
-    console.print(predictions_table([Projection.from_dict(p) for p in preds]))
+    console.print(predictions_table(preds))
     for line in provisional_lines(devices):
         console.print(f"⚠ {line}", style="bold yellow", markup=False, highlight=False)
     if parallel:
