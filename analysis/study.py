@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache, partial
 from pathlib import Path
@@ -52,7 +52,7 @@ from perfscope.analysis.overhead import (
     roof_times,
 )
 from perfscope.analysis.queueing import Load, LoadTimes, simulate
-from perfscope.analysis.summary import Roofline
+from perfscope.analysis.summary import Projection, Roofline
 from perfscope.analysis.whatif import (
     ASSUMED_ACCEPTANCE,
     Derating,
@@ -70,6 +70,9 @@ __all__ = [
     "PhasePoint",
     "RunPoint",
     "SettingResult",
+    "SpeculativeAfter",
+    "SpeculativeBefore",
+    "SpeculativeProjection",
     "Study",
     "between",
     "build_study",
@@ -293,9 +296,11 @@ def _times(
     quant: str = "none",
     passes: PassCosts | None = None,
     baseline_model: ModelSpec | None = None,
-) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """(projected, speed of light) :func:`predict`-shaped dicts of one setting's batch:
-    projected by the fitted cost model when there is one, else by the baseline's derating.
+) -> tuple[Projection, Projection]:
+    """(projected, speed of light) :class:`~perfscope.analysis.summary.Projection` records of
+    one setting's batch: projected by the fitted cost model when there is one (the speed of
+    light's record with the fitted times in place: its phases keep the roofline's work and
+    bound, ``overhead_s`` holds the fitted host time), else by the baseline's derating.
 
     ``quant`` (the reference engine's ``quant`` option): the fitted projection prices the
     bytes its linears move beyond the weights (:func:`~perfscope.analysis.overhead.
@@ -313,10 +318,16 @@ def _times(
         "output_len": output_len,
         "cached_prefix_len": cached,
     }
-    # The study reads and rescales these as JSON-shaped mappings (its records are JSON).
-    sol = predict(model, dev, **shape).to_dict()
+    sol = predict(
+        model,
+        dev,
+        batch=batch,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        cached_prefix_len=cached,
+    )
     if fit is None:
-        return predict_derated(model, dev, derate, **shape).to_dict(), sol
+        return predict_derated(model, dev, derate, **shape), sol
     priced = passes is None
     per_step = quantisation_bytes(model, quant, 0.0) if priced and quant == "int8-wo" else 0.0
     per_token = quantisation_bytes(model, quant, 1.0) if priced and quant == "int8" else 0.0
@@ -330,32 +341,35 @@ def _times(
         extra_bytes_per_token=per_token,
         passes=passes,
     )
-    pred = {
-        "ttft_s": ft.ttft_s,
-        "tpot_s": ft.tpot_s,
-        "e2e_s": ft.e2e_s,
-        "throughput_tok_s": ft.throughput_tok_s,
-        "host_s": {"prefill": ft.prefill_host_s, "decode_per_step": ft.decode_host_s},
-        "prefill": sol["prefill"],
-        "decode": sol["decode"],
-    }
+    pred = replace(
+        sol,
+        speed_of_light=False,
+        ttft_s=ft.ttft_s,
+        tpot_s=ft.tpot_s,
+        e2e_s=ft.e2e_s,
+        throughput_tok_s=ft.throughput_tok_s,
+        decode_tok_s=batch / ft.tpot_s if ft.tpot_s > 0 else None,
+        overhead_s={"prefill": ft.prefill_host_s, "decode_per_step": ft.decode_host_s},
+        overhead_fit=fit.to_dict(),
+        basis="the fitted cost model of the baseline's steps (overhead_fit)",
+        notes=(),
+    )
     return pred, sol
 
 
-def _pick(
-    at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]], j: int, key: str, k: int
-) -> float:
+def _pick(at: Callable[[int], tuple[Projection, Projection]], j: int, key: str, k: int) -> float:
     """``key`` of the projected (``j`` 0) or speed-of-light (1) times at batch ``k``, s."""
     return float(at(k)[j][key])
 
 
-def _token_gains(spec: Sequence[Mapping[str, Any] | None], key: str) -> list[tuple[float, float]]:
+def _token_gains(
+    spec: Sequence[SpeculativeProjection | None], key: str
+) -> list[tuple[float, float]]:
     """Per setting, (projected, speed of light) tokens-per-time gain of its speculative
     decoding (``before_run``; 1 for plain decoding); a table where either setting's gain
     is unknown gets 1 for both."""
     raw = [
-        (None, None) if p is None else (p["before_run"].get(key), p["before_run"].get("sol"))
-        for p in spec
+        (None, None) if p is None else (p.before_run.speedup(key), p.before_run.sol) for p in spec
     ]
     out = [[1.0 if p is None else raw[i][j] for j in (0, 1)] for i, p in enumerate(spec)]
     for j in (0, 1):
@@ -364,18 +378,22 @@ def _token_gains(spec: Sequence[Mapping[str, Any] | None], key: str) -> list[tup
     return [(float(a or 1.0), float(b or 1.0)) for a, b in out]
 
 
-def _per_token(p: MutableMapping[str, Any], gain: float) -> None:
-    """Projected times of a static batch at ``gain`` tokens per step a row (in place)."""
-    if gain == 1.0:
-        return
-    if p.get("tpot_s") is not None:
-        p["tpot_s"] = p["tpot_s"] / gain
-    if p.get("throughput_tok_s") is not None:
-        p["throughput_tok_s"] = p["throughput_tok_s"] * gain
+def _per_token(p: Projection, gain: float, draft: float = 0.0) -> Projection:
+    """Projected times of a static batch at ``gain`` tokens per step a row, its prefill
+    ``1 + draft`` times as long (a draft model prefills each prompt too)."""
+    if gain != 1.0:
+        p = replace(
+            p,
+            tpot_s=None if p.tpot_s is None else p.tpot_s / gain,
+            throughput_tok_s=None if p.throughput_tok_s is None else p.throughput_tok_s * gain,
+        )
+    if draft and p.ttft_s is not None:
+        p = replace(p, ttft_s=p.ttft_s * (1.0 + draft))
+    return p
 
 
 def _pick_scaled(
-    at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]],
+    at: Callable[[int], tuple[Projection, Projection]],
     j: int,
     key: str,
     scale: float,
@@ -386,7 +404,7 @@ def _pick_scaled(
 
 
 def _pick_per_token(
-    at: Callable[[int], tuple[Mapping[str, Any], Mapping[str, Any]]], j: int, gain: float, k: int
+    at: Callable[[int], tuple[Projection, Projection]], j: int, gain: float, k: int
 ) -> float:
     """A decode step's time per token at batch ``k`` (``gain`` tokens a row a step), s."""
     return _pick(at, j, "tpot_s", k) / gain
@@ -450,9 +468,9 @@ def project_change(
             f"the baseline model's decode step timed alone at {passes.decode_rows:.0f} and "
             f"{passes.more_rows:.0f} rows, stretched x{k_d:.3g}",
         )
-    preds = []
-    sols = []
-    queue: list[Any] = []
+    preds: list[Projection] = []
+    sols: list[Projection] = []
+    queue: list[dict[str, object]] = []
     spec = [
         speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
         for s, b in ((baseline, batch[0]), (candidate, batch[1]))
@@ -464,8 +482,8 @@ def project_change(
         (0.0, 0.0)
         if p is None
         else (
-            float(p["before_run"].get(f"cost_ratio_{key}") or 0.0),
-            float(p["before_run"].get("cost_ratio_sol") or 0.0),
+            float(p.before_run.cost_ratio(key) or 0.0),
+            float(p.before_run.cost_ratio_sol or 0.0),
         )
         for p in spec
     ]
@@ -505,7 +523,7 @@ def project_change(
             kv: bool = kv,
             mode: str = mode,
             extra: PassCosts | None = extra,
-        ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        ) -> tuple[Projection, Projection]:
             pred, sol = _times(
                 model,
                 dev,
@@ -522,27 +540,30 @@ def project_change(
             if kv:
                 return pred, sol
             out = []
-            for p, derated in ((dict(pred), True), (dict(sol), False)):
+            for p, derated in ((pred, True), (sol, False)):
                 tpot = _recompute_tpot(
                     model, baseline, b, prompt_len, output_len, derated, used_fit
                 )
                 if tpot is not None:
-                    p["tpot_s"] = tpot
-                    e2e = p["ttft_s"] + (output_len - 1) * tpot
-                    p["e2e_s"] = e2e
-                    p["throughput_tok_s"] = b * output_len / e2e if e2e > 0 else None
+                    e2e = float(p.ttft_s or 0.0) + (output_len - 1) * tpot
+                    p = replace(
+                        p,
+                        tpot_s=tpot,
+                        e2e_s=e2e,
+                        throughput_tok_s=b * output_len / e2e if e2e > 0 else None,
+                    )
                 out.append(p)
             return out[0], out[1]
 
-        pred, sol = (dict(x) for x in both(slots))
+        pred, sol = both(slots)
         if load is None:
-            for p, gain, draft in zip((pred, sol), gains[side], drafts[side], strict=True):
-                _per_token(p, gain)
-                if draft and p.get("ttft_s") is not None:
-                    p["ttft_s"] = p["ttft_s"] * (1.0 + draft)
+            pred, sol = (
+                _per_token(p, gain, draft)
+                for p, gain, draft in zip((pred, sol), gains[side], drafts[side], strict=True)
+            )
         else:
             at = cache(both)  # one projection per batch size the simulation meets
-
+            timed = []
             for j, p in enumerate((pred, sol)):
                 lt = simulate(
                     load,
@@ -553,24 +574,32 @@ def project_change(
                     decode_s=partial(_pick_per_token, at, j, gains[side][j]),
                     output_len=output_len,
                 )
-                p["ttft_s"] = lt.ttft_p50_s
-                p["tpot_s"] = lt.tpot_p50_s
-                p["throughput_tok_s"] = lt.throughput_tok_s
-                p["queue"] = {
-                    "queue_p50_s": lt.queue_p50_s,
-                    "window_s": lt.window_s,
-                    "batch_mean": lt.batch_mean,
-                    "model": lt.model,
-                }
-            queue.append(pred["queue"])
+                timed.append(
+                    replace(
+                        p,
+                        ttft_s=lt.ttft_p50_s,
+                        tpot_s=lt.tpot_p50_s,
+                        throughput_tok_s=lt.throughput_tok_s,
+                    )
+                )
+                if j == 0:  # the projected side's queue (the speed of light's is not kept)
+                    queue.append(
+                        {
+                            "queue_p50_s": lt.queue_p50_s,
+                            "window_s": lt.window_s,
+                            "batch_mean": lt.batch_mean,
+                            "model": lt.model,
+                        }
+                    )
+            pred, sol = timed
         sols.append(sol)
         preds.append(pred)
     ratios: dict[str, float | None] = {}
     sol_ratios: dict[str, float | None] = {}
     for key in ("ttft_s", "tpot_s", "throughput_tok_s"):
-        a, c = preds[0].get(key), preds[1].get(key)
+        a, c = preds[0][key], preds[1][key]
         ratios[key] = c / a if a and c is not None else None
-        a, c = sols[0].get(key), sols[1].get(key)
+        a, c = sols[0][key], sols[1][key]
         sol_ratios[key] = c / a if a and c is not None else None
     if used_fit is not None:
         basis = "the fitted cost model of the baseline's steps: " + used_fit.describe()
@@ -590,20 +619,20 @@ def project_change(
             "fitted steps are over the same steps timed alone"
         )
     if queue:
-        basis += "; queueing: " + " → ".join(q["model"] for q in queue)
+        basis += "; queueing: " + " → ".join(str(q["model"]) for q in queue)
     return {
         "ratios": ratios,
         # The bare roofline (speed of light, no derating) for the same change: what the
         # roofline alone predicts when the hardware's ceilings are what binds (the load's
         # queueing included: it holds at any speed).
         "sol_ratios": sol_ratios,
-        "baseline": {k: preds[0].get(k) for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
-        "candidate": {k: preds[1].get(k) for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
-        "bound": {"prefill": preds[1]["prefill"]["bound"], "decode": preds[1]["decode"]["bound"]},
+        "baseline": {k: preds[0][k] for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
+        "candidate": {k: preds[1][k] for k in ("ttft_s", "tpot_s", "throughput_tok_s")},
+        "bound": {"prefill": preds[1].prefill.bound, "decode": preds[1].decode.bound},
         "basis": basis,
         "overhead_fit": used_fit.to_dict() if used_fit is not None else None,
         "queue": queue or None,
-        "speculative": spec[1],
+        "speculative": spec[1].to_dict() if spec[1] is not None else None,
         "passes": passes.to_dict() if passes is not None else None,
     }
 
@@ -1047,13 +1076,114 @@ def _mean_step_s(summary: Mapping[str, Any], kind: str) -> float | None:
     return float(v) if v else None
 
 
+@dataclass(frozen=True)
+class SpeculativeBefore:
+    """:func:`speculative_projection`'s ``before_run``: the speedup over plain decoding at
+    the assumed acceptance ``alpha`` with ``k`` draft tokens, by each basis (``derated``: the
+    baseline run's derating, ``sol``: speed of light, ``fitted``: the baseline's fitted cost
+    model, ``None`` without one), each with the draft/target pass cost ratio it used
+    (``cost_ratio_*``); ``verify_cost_roofline`` the verify pass over a plain step by the
+    roofline when there is no draft pass (lookahead, Medusa), ``verify_cost_fitted`` the
+    same by the fitted model. The ratios and speedups are unitless."""
+
+    k: int
+    cost_ratio_derated: float | None
+    derated: float | None
+    cost_ratio_sol: float | None
+    sol: float | None
+    alpha: float = ASSUMED_ACCEPTANCE
+    verify_cost_roofline: float | None = None
+    cost_ratio_fitted: float | None = None
+    verify_cost_fitted: float | None = None
+    fitted: float | None = None
+
+    def speedup(self, basis: str) -> float | None:
+        """The speedup by ``basis`` (``derated``, ``sol`` or ``fitted``)."""
+        return {"derated": self.derated, "sol": self.sol, "fitted": self.fitted}[basis]
+
+    def cost_ratio(self, basis: str) -> float | None:
+        """The draft/target pass cost ratio by ``basis`` (as :meth:`speedup`)."""
+        by = {
+            "derated": self.cost_ratio_derated,
+            "sol": self.cost_ratio_sol,
+            "fitted": self.cost_ratio_fitted,
+        }
+        return by[basis]
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """The stored JSON form (the roofline's and the fitted keys only when known)."""
+        out: dict[str, float | int | None] = {"alpha": self.alpha, "k": self.k}
+        if self.verify_cost_roofline is not None:
+            out["verify_cost_roofline"] = self.verify_cost_roofline
+        out["cost_ratio_derated"] = self.cost_ratio_derated
+        out["derated"] = self.derated
+        out["cost_ratio_sol"] = self.cost_ratio_sol
+        out["sol"] = self.sol
+        if self.fitted is not None:
+            out["cost_ratio_fitted"] = self.cost_ratio_fitted
+            out["verify_cost_fitted"] = self.verify_cost_fitted
+            out["fitted"] = self.fitted
+        return out
+
+
+@dataclass(frozen=True)
+class SpeculativeAfter:
+    """:func:`speculative_projection`'s ``after_run``: a speculative run's measured
+    acceptance (``acceptance_rate``, ``mean_accepted_per_step``, per-token ``alpha``), its
+    draft and verify passes over the baseline's plain decode step (``cost_ratio``,
+    ``verify_cost``), the tokens a step they expect and the speedups they give (with the
+    measured verify cost, the formula's, and with each pass's host time added); ``runs``
+    the rounds a study's median is over (``None`` for one run's)."""
+
+    acceptance_rate: float | None
+    mean_accepted_per_step: float | None
+    alpha: float | None
+    cost_ratio: float | None
+    verify_cost: float | None
+    tokens_per_step: float | None
+    speedup: float | None
+    speedup_formula: float | None
+    speedup_with_host: float | None
+    runs: int | None = None
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """The stored JSON form (``runs`` only when set)."""
+        out = asdict(self)
+        if self.runs is None:
+            del out["runs"]
+        return out
+
+
+@dataclass(frozen=True)
+class SpeculativeProjection:
+    """:func:`speculative_projection` of one setting: its ``k`` draft tokens, ``method``
+    (``draft``, ``lookahead``, ``medusa``), ``draft`` model name, the projection before the
+    run and what the run measured (``None`` when it measured too little)."""
+
+    k: int
+    method: str
+    draft: str | None
+    before_run: SpeculativeBefore
+    after_run: SpeculativeAfter | None
+
+    def to_dict(self) -> dict[str, object]:
+        """The stored JSON form (a setting's ``projection["speculative"]``)."""
+        return {
+            "k": self.k,
+            "method": self.method,
+            "draft": self.draft,
+            "before_run": self.before_run.to_dict(),
+            "after_run": None if self.after_run is None else self.after_run.to_dict(),
+        }
+
+
 def _after_run_median(
     baselines: Sequence[Mapping[str, Any]],
     candidates: Sequence[Mapping[str, Any]],
     batch: int,
     prompt_len: int,
     output_len: int,
-) -> dict[str, Any] | None:
+) -> SpeculativeAfter | None:
     """:func:`speculative_projection`'s ``after_run`` of each round (the candidate's run next
     to the baseline's run of the same round), each number the median over the rounds: one
     run's pass times on a shared machine can be far off."""
@@ -1067,13 +1197,26 @@ def _after_run_median(
         dev = DeviceSpec.from_dict(spec)
         derate = run_derating(Roofline.from_dict(base.get("roofline")))
         p = speculative_projection(cand, base, dev, derate, batch, prompt_len, output_len)
-        if p is not None and p["after_run"] is not None:
-            rows.append(p["after_run"])
+        if p is not None and p.after_run is not None:
+            rows.append(p.after_run)
     if not rows:
         return None
-    out: dict[str, Any] = {k: _median([r.get(k) for r in rows]) for k in rows[0]}
-    out["runs"] = len(rows)
-    return out
+
+    def median(name: str) -> float | None:
+        return _median([getattr(r, name) for r in rows])
+
+    return SpeculativeAfter(
+        acceptance_rate=median("acceptance_rate"),
+        mean_accepted_per_step=median("mean_accepted_per_step"),
+        alpha=median("alpha"),
+        cost_ratio=median("cost_ratio"),
+        verify_cost=median("verify_cost"),
+        tokens_per_step=median("tokens_per_step"),
+        speedup=median("speedup"),
+        speedup_formula=median("speedup_formula"),
+        speedup_with_host=median("speedup_with_host"),
+        runs=len(rows),
+    )
 
 
 def _gap_per_step(summary: Mapping[str, Any], phase: str) -> float | None:
@@ -1091,7 +1234,7 @@ def speculative_projection(
     prompt_len: int,
     output_len: int,
     fit: OverheadFit | None = None,
-) -> dict[str, Any] | None:
+) -> SpeculativeProjection | None:
     """Speedup over plain decoding of one setting that decodes speculatively (None if it
     does not): :func:`~perfscope.analysis.whatif.speculative_speedup`, cited there.
 
@@ -1125,30 +1268,54 @@ def speculative_projection(
         return None
     target = ModelSpec.from_dict(dict(model_dict))
     draft = ModelSpec.from_dict(dict(draft_dict)) if drafted and draft_dict else None
-    kw: dict[str, Any] = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
-    derated_kw: dict[str, Any] = {
-        "decode_efficiency": derate.decode_efficiency,
-        "decode_overhead_s": derate.decode_overhead_s or 0.0,
-    }
+    shape = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
     method = sp.get("method") or "draft"
     heads = k if method == "medusa" else 0
-    before: dict[str, Any] = {"alpha": ASSUMED_ACCEPTANCE, "k": k}
     # Without a draft pass the verify pass is the whole step: its K + 1 positions a row (and
     # Medusa's heads) priced by the roofline against a plain step, not the formula's 1.
-    v_roof = None if drafted else _verify_roof_ratio(target, dev, k, heads, **kw)
-    if v_roof is not None:
-        before["verify_cost_roofline"] = v_roof
-    for key, extra in (("derated", derated_kw), ("sol", {})):
-        t_target = predict(target, dev, **kw, **extra).tpot_s
-        t_draft = 0.0 if draft is None else predict(draft, dev, **kw, **extra).tpot_s
+    v_roof = None if drafted else _verify_roof_ratio(target, dev, k, heads, **shape)
+    ratio: dict[str, float | None] = {}
+    speedup: dict[str, float | None] = {}
+    for key, eff, over in (
+        ("derated", derate.decode_efficiency, derate.decode_overhead_s or 0.0),
+        ("sol", None, 0.0),
+    ):
+
+        def tpot(m: ModelSpec, eff: float | None = eff, over: float = over) -> float | None:
+            return predict(
+                m,
+                dev,
+                batch=batch,
+                prompt_len=prompt_len,
+                output_len=output_len,
+                decode_efficiency=eff,
+                decode_overhead_s=over,
+            ).tpot_s
+
+        t_target = tpot(target)
+        t_draft = 0.0 if draft is None else tpot(draft)
         c = t_draft / t_target if t_target and t_draft is not None else None
-        before[f"cost_ratio_{key}"] = c
-        before[key] = (
+        ratio[key] = c
+        speedup[key] = (
             None if c is None else speculative_speedup(ASSUMED_ACCEPTANCE, k, c, v_roof or 1.0)
         )
-    if fit is not None:
-        before.update(_fitted_speculative(fit, target, draft, dev, baseline, k, heads, **kw))
-    after: dict[str, Any] | None = None
+    fitted = (
+        _fitted_speculative(fit, target, draft, dev, baseline, k, heads, **shape)
+        if fit is not None
+        else (None, None, None)
+    )
+    before = SpeculativeBefore(
+        k=k,
+        verify_cost_roofline=v_roof,
+        cost_ratio_derated=ratio["derated"],
+        derated=speedup["derated"],
+        cost_ratio_sol=ratio["sol"],
+        sol=speedup["sol"],
+        cost_ratio_fitted=fitted[0],
+        verify_cost_fitted=fitted[1],
+        fitted=fitted[2],
+    )
+    after: SpeculativeAfter | None = None
     plain = _mean_step_s(baseline, "decode") if not baseline.get("speculative") else None
     draft_s, verify_s = _mean_step_s(summary, "draft_decode"), _mean_step_s(summary, "decode")
     if not drafted:
@@ -1173,24 +1340,20 @@ def speculative_projection(
             host = speculative_speedup(
                 float(alpha), k, (draft_s + g_draft) / unit, (verify_s + g_verify) / unit
             )
-        after = {
-            "acceptance_rate": sp.get("acceptance_rate"),
-            "mean_accepted_per_step": sp.get("mean_accepted_per_step"),
-            "alpha": alpha,
-            "cost_ratio": c,
-            "verify_cost": v,
-            "tokens_per_step": expected_tokens_per_step(float(alpha), k),
-            "speedup": speculative_speedup(float(alpha), k, c, v),
-            "speedup_formula": speculative_speedup(float(alpha), k, c),
-            "speedup_with_host": host,
-        }
-    return {
-        "k": k,
-        "method": sp.get("method") or "draft",
-        "draft": sp.get("draft"),
-        "before_run": before,
-        "after_run": after,
-    }
+        after = SpeculativeAfter(
+            acceptance_rate=sp.get("acceptance_rate"),
+            mean_accepted_per_step=sp.get("mean_accepted_per_step"),
+            alpha=alpha,
+            cost_ratio=c,
+            verify_cost=v,
+            tokens_per_step=expected_tokens_per_step(float(alpha), k),
+            speedup=speculative_speedup(float(alpha), k, c, v),
+            speedup_formula=speculative_speedup(float(alpha), k, c),
+            speedup_with_host=host,
+        )
+    return SpeculativeProjection(
+        k=k, method=method, draft=sp.get("draft"), before_run=before, after_run=after
+    )
 
 
 def _verify_roof_ratio(
@@ -1227,8 +1390,9 @@ def _fitted_speculative(
     batch: int,
     prompt_len: int,
     output_len: int,
-) -> dict[str, float]:
-    """:func:`speculative_projection`'s fitted-model speedup at the assumed acceptance: a
+) -> tuple[float, float, float]:
+    """:func:`speculative_projection`'s fitted-model (draft/target cost ratio, verify cost over
+    a plain step, speedup) at the assumed acceptance: a
     draft pass a decode step of the draft (none for lookahead and Medusa), the verify pass
     a step of ``K + 1`` positions a row with ``heads`` Medusa heads' work on its roofline
     time (:func:`~perfscope.analysis.costmodel.medusa_head_cost`)."""
@@ -1252,11 +1416,7 @@ def _fitted_speculative(
     # No draft pass: no host gap before one either.
     c = (drafted + gap) / unit if draft is not None else 0.0
     v = (verify + gap) / unit
-    return {
-        "cost_ratio_fitted": c,
-        "verify_cost_fitted": v,
-        "fitted": speculative_speedup(ASSUMED_ACCEPTANCE, k, c, v),
-    }
+    return c, v, speculative_speedup(ASSUMED_ACCEPTANCE, k, c, v)
 
 
 # --------------------------------------------------------------------------- the record
@@ -1682,8 +1842,11 @@ def build_study(
                 projection = {**projection, "ratios": dict(_NO_RATIOS), "note": why}
                 notes.append(f"{knob}={value}: {why}")
             if projection is not None and projection.get("speculative"):
-                projection["speculative"]["after_run"] = _after_run_median(
+                median_after = _after_run_median(
                     summaries[0], summaries[i], batches[i], prompt_len, output_len
+                )
+                projection["speculative"]["after_run"] = (
+                    None if median_after is None else median_after.to_dict()
                 )
             by_round = [{p.round: p for p in points[0]}, {p.round: p for p in points[i]}]
             rounds = sorted(set(by_round[0]) & set(by_round[1]))
