@@ -1447,8 +1447,8 @@ class SettingResult:
     median: dict[str, float | None]
     memory: dict[str, float]
     effects: list[Effect]
-    projection: dict[str, Any] | None
-    quality: dict[str, Any] | None = None
+    projection: Mapping[str, Any] | None
+    quality: Mapping[str, Any] | None = None
     #: What its projection was made from (:func:`projection_inputs`), so that it can be
     #: made again from the record alone (:func:`rederive_study`); ``None`` in older records.
     inputs: dict[str, object] | None = None
@@ -1463,14 +1463,14 @@ class Study:
     repeat: int
     settings: list[SettingResult]
     order: list[tuple[int, int]]
-    args: dict[str, Any]
+    args: Mapping[str, Any]
     created_at: str
     notes: list[str] = field(default_factory=list)
     path: str | None = None
     schema: str = SCHEMA
     #: The machine class the study ran on (:class:`perfscope.analysis.calibration.MachineClass`
     #: as JSON: CPU model and cores, GPU model, engine), ``{}`` in older records.
-    machine: dict[str, Any] = field(default_factory=dict)
+    machine: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def baseline(self) -> SettingResult:
@@ -1743,7 +1743,7 @@ def build_study(
     output_lens: Sequence[int] | None = None,
     args: Mapping[str, Any] | None = None,
     created_at: str = "",
-    quality: Sequence[dict[str, Any] | None] | None = None,
+    quality: Sequence[Mapping[str, Any] | None] | None = None,
     confidence: float = 0.95,
     primary: str = DEFAULT_PRIMARY,
     fit: OverheadFit | None = None,
@@ -1874,6 +1874,7 @@ def build_study(
                 proj = None if projection is None or key is None else projection["ratios"].get(key)
                 err = proj / ch.ratio - 1.0 if proj is not None and ch.ratio else None
                 effects.append(Effect(metric, better, ch, proj, err))
+        own_quality = None if quality is None else quality[i]
         settings.append(
             SettingResult(
                 value=str(value),
@@ -1882,7 +1883,7 @@ def build_study(
                 memory=memory,
                 effects=effects,
                 projection=projection,
-                quality=None if quality is None else quality[i],
+                quality=None if own_quality is None else dict(own_quality),
                 inputs=projection_inputs(
                     first,
                     batch=batches[i],

@@ -419,8 +419,10 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: once the advisor built its suggestions as the summary's ``Advice`` records; 170 once the
 #: what-if's ``predict``/``project_run`` returned ``Projection`` records and ``run_derating``
 #: its ``Derating``; 163 once the study kept ``Projection`` records through its projection
-#: and its speculative projection became records (``SpeculativeBefore``/``After``).
-DICT_ANY_CEILING = 163
+#: and its speculative projection became records (``SpeculativeBefore``/``After``); 158 once
+#: a study's ``args``, ``machine`` and each setting's ``projection`` and ``quality`` became
+#: read-only mappings.
+DICT_ANY_CEILING = 158
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
