@@ -264,6 +264,35 @@ def test_the_dashboard_never_imports_the_front_door_or_capture_engines() -> None
     assert bad == []
 
 
+#: The Dash app inside ``dashboard/``: the server, its pages and their data layer. Everything
+#: else there (the report, figures, exporters, terminal tables, view helpers) is presentation
+#: that a command, the report or a test uses without a web server.
+DASH_APP = ("dashboard/app.py", "dashboard/pages/", "dashboard/data.py")
+
+
+def test_presentation_never_imports_dash_or_the_dash_app() -> None:
+    """The report, figures, exporters and terminal tables stand apart from the Dash app: none
+    imports ``dash`` or the app's modules (the package ``__init__`` only names the app's entry
+    points, loaded on first use)."""
+    app_modules = (
+        "perfscope.dashboard.app",
+        "perfscope.dashboard.pages",
+        "perfscope.dashboard.data",
+    )
+    bad = [
+        (f, m)
+        for f, m in imports_of("dashboard")
+        if not f.startswith(DASH_APP)
+        and f != "dashboard/__init__.py"
+        and (m.split(".")[0] == "dash" or m.startswith(app_modules))
+    ]
+    assert bad == []
+    # The app does reach them: the pin is not vacuous.
+    assert any(
+        f.startswith(DASH_APP) and m.split(".")[0] == "dash" for f, m in imports_of("dashboard")
+    )
+
+
 def test_samples_use_only_public_names() -> None:
     bad = [(f, m) for f, m in imports_of("samples") if _private_front_door(m)]
     assert bad == []
