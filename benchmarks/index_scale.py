@@ -37,7 +37,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -56,7 +58,6 @@ def make_runs(root: Path, n: int, seed: int = 0) -> None:
     Every file is a copy of its own (its own inode and pages, as real runs have; hard links
     would let one footer read serve every run from the page cache).
     """
-    import shutil
 
     from tests.data.runs.builders import manual_run
 
@@ -222,11 +223,17 @@ with open(sys.argv[2], "wb") as fh:
 """
 
 
+def _checkout_env(tmp: str, code: Path) -> dict[str, str]:
+    """An environment whose Python processes import ``perfscope`` from the checkout ``code``
+    (:data:`_SITECUSTOMIZE`, written into the folder ``tmp``)."""
+    (Path(tmp) / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    return dict(os.environ, PYTHONPATH=tmp, PERFSCOPE_CODE=str(code.resolve()))
+
+
 def compare_checkouts(root: Path, other: Path, repeat: int) -> None:
     """First build, ``perfscope query`` and ``perfscope ls --limit 5`` from the checkout
     ``other`` ("before") and this one ("after"), alternately, ``repeat`` times each (ABBA);
     prints medians, ranges and the 1-minute load average over each series."""
-    import os
     import pickle
 
     sql = (
@@ -234,11 +241,7 @@ def compare_checkouts(root: Path, other: Path, repeat: int) -> None:
         "WHERE state = 'complete' GROUP BY 1 ORDER BY 1"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-        envs = {
-            "before": dict(os.environ, PYTHONPATH=tmp, PERFSCOPE_CODE=str(other.resolve())),
-            "after": dict(os.environ, PYTHONPATH=tmp, PERFSCOPE_CODE=str(ROOT)),
-        }
+        envs = {"before": _checkout_env(tmp, other), "after": _checkout_env(tmp, ROOT)}
 
         def series(label: str, argv: list[str]) -> dict[str, list[float]]:
             times: dict[str, list[float]] = {k: [] for k in envs}
@@ -320,24 +323,11 @@ def dashboard_list(root: Path, repeat: int, sources: tuple[str, ...]) -> None:
         print(f"scan / index, {kind}:".ljust(38) + f"{ratio:.1f}x")
 
 
-#: The dashboard server's process: the app over ``argv[1]`` on 127.0.0.1:``argv[2]``,
-#: imported from the checkout ``argv[3]`` when given (folders mapped as setup.py maps them).
+#: The dashboard server's process: the app over ``argv[1]`` on 127.0.0.1:``argv[2]`` (run
+#: with :func:`_checkout_env` to import it from another checkout).
 _SERVER = r"""
-import importlib.abc, importlib.util, sys
-root, port, code = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-if code:
-    dirs = {"perfscope": "perfscope", "perfscope.profiler": "profiler", "perfscope.hwdb": "hwdb",
-            "perfscope.analysis": "analysis", "perfscope.dashboard": "dashboard"}
-
-    class Checkout(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name in dirs:
-                init = f"{code}/{dirs[name]}/__init__.py"
-                return importlib.util.spec_from_file_location(
-                    name, init, submodule_search_locations=[f"{code}/{dirs[name]}"])
-            return None
-
-    sys.meta_path.insert(0, Checkout())
+import sys
+root, port = sys.argv[1], int(sys.argv[2])
 from perfscope.dashboard.app import create_app, serve
 print(__import__("perfscope.dashboard.app").__file__, flush=True)
 serve(create_app(root), "127.0.0.1", port)
@@ -396,11 +386,13 @@ def dashboard_clients(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="perfscope-bench-")
     server = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, str(root), str(port), str(code or "")],
+        [sys.executable, "-c", _SERVER, str(root), str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        env=_checkout_env(tmp, code) if code is not None else None,
     )
     try:
         assert server.stdout is not None
@@ -471,6 +463,7 @@ def dashboard_clients(
     finally:
         server.kill()
         server.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
