@@ -119,6 +119,7 @@ def main() -> None:
     if args.only == "compare":
         if args.root is None or args.code is None:
             ap.error("--only compare needs --root (a folder of runs) and --code (a checkout)")
+        args.root.mkdir(parents=True, exist_ok=True)
         if not any(p.is_dir() for p in args.root.iterdir()):
             make_runs(args.root, args.runs)
         compare_checkouts(args.root, args.code, args.repeat)
