@@ -31,6 +31,19 @@ def si_log_ticks(log_range: Sequence[float], unit: str) -> dict[str, Any]:
     return {"tickvals": vals, "ticktext": [fmt_si(v, unit) for v in vals]}
 
 
+def _intensity_axis(fig: go.Figure, xr: Sequence[float]) -> None:
+    """The log x axis of arithmetic intensity (FLOP/byte) over ``xr`` (log10 bounds), with
+    one labelled tick per decade (plotly's log axis labels every 2..9 otherwise)."""
+    decades = range(math.floor(xr[0]), math.ceil(xr[1]) + 1)
+    fig.update_xaxes(
+        type="log",
+        range=list(xr),
+        title_text="arithmetic intensity (FLOP/byte)",
+        tickvals=[10.0**e for e in decades],
+        ticktext=[fmt_num(10.0**e) for e in decades],
+    )
+
+
 def _log_range(values: Sequence[float], pad: float = 0.4) -> list[float]:
     """Axis range in log10 units (plotly log axes take their range as exponents)."""
     pos = [v for v in values if v > 0 and math.isfinite(v)]
@@ -197,15 +210,7 @@ def roofline_figure(summary: Summary | Mapping[str, Any]) -> go.Figure | None:
             )
     dev = (roof.device.name if roof.device else None) or "device"
     src = run_c.source or "?"
-    decades = range(math.floor(xr[0]), math.ceil(xr[1]) + 1)
-    fig.update_xaxes(
-        type="log",
-        range=xr,
-        title_text="arithmetic intensity (FLOP/byte)",
-        # One labelled tick per decade (plotly's log axis labels every 2..9 otherwise).
-        tickvals=[10.0**e for e in decades],
-        ticktext=[fmt_num(10.0**e) for e in decades],
-    )
+    _intensity_axis(fig, xr)
     fig.update_yaxes(
         type="log",
         # Head room above the peak for the (staggered) ridge labels.
@@ -298,14 +303,7 @@ def comparison_roofline_figure(
         )
     # Decade ticks with SI prefixes and units (plotly's default log labels read "100B/10B").
     yr = _log_range(ys, pad=0.3)
-    decades = range(math.floor(xr[0]), math.ceil(xr[1]) + 1)
-    fig.update_xaxes(
-        type="log",
-        range=xr,
-        title_text="arithmetic intensity (FLOP/byte)",
-        tickvals=[10.0**e for e in decades],
-        ticktext=[fmt_num(10.0**e) for e in decades],
-    )
+    _intensity_axis(fig, xr)
     fig.update_yaxes(
         type="log", range=yr, title_text="attainable FLOP/s", **si_log_ticks(yr, "FLOP/s")
     )
