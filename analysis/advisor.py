@@ -210,8 +210,16 @@ def advise(
         shape = {"batch": b_cur, "prompt_len": s_len, "output_len": t_len, **kw}
         return predict_derated(m, device, derate, **shape)
 
-    def sol(m: ModelSpec = model, **kw: int) -> Projection:
-        """The technique at speed of light."""
+    # The run's fraction of speed of light per phase (capped at 1), for ``scaled``.
+    effs: dict[str, float | None] = {}
+    for name in ("prefill", "decode"):
+        ph = phases.get(name)
+        eff = ph.efficiency if ph is not None else None
+        effs[name] = min(float(eff), 1.0) if eff else None
+
+    def at(
+        m: ModelSpec, kw: Mapping[str, int], prefill: float | None, decode: float | None
+    ) -> Projection:
         return predict(
             m,
             device,
@@ -220,26 +228,17 @@ def advise(
             output_len=t_len,
             tp=kw.get("tp", 1),
             cached_prefix_len=kw.get("cached_prefix_len", 0),
+            prefill_efficiency=prefill,
+            decode_efficiency=decode,
         )
+
+    def sol(m: ModelSpec = model, **kw: int) -> Projection:
+        """The technique at speed of light."""
+        return at(m, kw, None, None)
 
     def scaled(m: ModelSpec = model, **kw: int) -> Projection:
         """The run's fraction of speed of light carried over (time scales with work)."""
-        effs: dict[str, float | None] = {}
-        for name in ("prefill", "decode"):
-            ph = phases.get(name)
-            eff = ph.efficiency if ph is not None else None
-            effs[name] = min(float(eff), 1.0) if eff else None
-        return predict(
-            m,
-            device,
-            batch=kw.get("batch", b_cur),
-            prompt_len=s_len,
-            output_len=t_len,
-            tp=kw.get("tp", 1),
-            cached_prefix_len=kw.get("cached_prefix_len", 0),
-            prefill_efficiency=effs["prefill"],
-            decode_efficiency=effs["decode"],
-        )
+        return at(m, kw, effs["prefill"], effs["decode"])
 
     platform = _platform(device)
     base = run()
