@@ -1202,21 +1202,12 @@ def _after_run_median(
     if not rows:
         return None
 
-    def median(name: str) -> float | None:
-        return _median([getattr(r, name) for r in rows])
-
-    return SpeculativeAfter(
-        acceptance_rate=median("acceptance_rate"),
-        mean_accepted_per_step=median("mean_accepted_per_step"),
-        alpha=median("alpha"),
-        cost_ratio=median("cost_ratio"),
-        verify_cost=median("verify_cost"),
-        tokens_per_step=median("tokens_per_step"),
-        speedup=median("speedup"),
-        speedup_formula=median("speedup_formula"),
-        speedup_with_host=median("speedup_with_host"),
-        runs=len(rows),
-    )
+    medians = {
+        f.name: _median([getattr(r, f.name) for r in rows])
+        for f in fields(SpeculativeAfter)
+        if f.name != "runs"
+    }
+    return SpeculativeAfter(**medians, runs=len(rows))
 
 
 def _gap_per_step(summary: Mapping[str, Any], phase: str) -> float | None:
