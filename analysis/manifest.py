@@ -108,6 +108,12 @@ class EngineConfig(_View):
     #: ``threads_rule``: unset, so OpenMP's waiting threads spin
     omp_wait_policy: str | None = None
 
+    @property
+    def several_torch_threads(self) -> bool:
+        """A torch engine that ran two or more intra-op threads: how its OpenMP threads
+        wait for each other (``omp_wait_policy``) shapes what it measured."""
+        return self.threads_rule is not None and (self.torch_threads or 0) >= 2
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineManifest(_View):

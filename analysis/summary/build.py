@@ -115,7 +115,7 @@ def run_warnings(manifest: Mapping[str, Any] | RunManifest) -> list[str]:
             f"the hypervisor took {c.steal_share:.0%} of the CPU capacity (steal time) during "
             "the run"
         )
-    if c.others_share is not None and c.others_share > CONTENTION_WARN_SHARE:
+    if c.contended:  # the one rule (manifest.is_contended): others, steal or the server
         out.extend(_spinning_threads_warning(man))
     out.extend(_client_warnings(man))
     out.extend(_distributed_warnings(man))
@@ -129,12 +129,12 @@ def _spinning_threads_warning(manifest: RunManifest) -> list[str]:
     a spinning thread burns the core its partner needs, so the run measured the contention
     more than the engine (docs/performance.md)."""
     cfg = manifest.engine.config
-    threads = cfg.torch_threads or 0
-    if cfg.threads_rule is None or cfg.omp_wait_policy is not None or threads < 2:
+    if not cfg.several_torch_threads or cfg.omp_wait_policy is not None:
         return []
     return [
-        f"the engine's {threads} OpenMP threads spun while waiting (OMP_WAIT_POLICY unset) "
-        "on a machine other processes kept busy: beside two busy loops spinning made the "
+        f"the engine's {cfg.torch_threads} OpenMP threads spun while waiting "
+        "(OMP_WAIT_POLICY unset) on a machine other processes kept busy: beside two busy "
+        "loops spinning made the "
         "reference engine 12.6x slower, passive waiting 1.6x (docs/performance.md); set "
         "OMP_WAIT_POLICY=PASSIVE before torch is imported (the perfscope command line does) "
         "or use --threads 1"

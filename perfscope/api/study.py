@@ -675,9 +675,7 @@ def _spinning_policy(manifest: Mapping[str, Any]) -> set[str | None]:
     from perfscope.analysis.manifest import manifest_view
 
     cfg = manifest_view(manifest).engine.config
-    if cfg.threads_rule is None or (cfg.torch_threads or 0) < 2:
-        return set()
-    return {cfg.omp_wait_policy}
+    return {cfg.omp_wait_policy} if cfg.several_torch_threads else set()
 
 
 def _wait_note(waits: set[str | None]) -> str:
