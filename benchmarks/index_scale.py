@@ -290,7 +290,7 @@ def _list_once(repo: object) -> int:
 
 def dashboard_list(root: Path, repeat: int, sources: tuple[str, ...]) -> None:
     """Runs-list page data: the index against the scan it replaces, medians of ``repeat``."""
-    from perfscope.dashboard.data import RunRepository
+    from perfscope.dashboard.app.data import RunRepository
 
     results: dict[str, float] = {}
     for source in sources:

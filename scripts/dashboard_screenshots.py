@@ -88,7 +88,7 @@ def main() -> int:
     from werkzeug.serving import make_server
 
     from perfscope.dashboard.app import create_app
-    from perfscope.dashboard.pages import PAGES
+    from perfscope.dashboard.app.pages import PAGES
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     app = create_app(args.runs_dir, poll_interval_s=60.0)

@@ -264,21 +264,17 @@ def test_the_dashboard_never_imports_the_front_door_or_capture_engines() -> None
     assert bad == []
 
 
-#: The Dash app inside ``dashboard/``: the server, its pages and their data layer. Everything
-#: else there (the report, figures, exporters, terminal tables, view helpers) is presentation
-#: that a command, the report or a test uses without a web server.
-DASH_APP = ("dashboard/app.py", "dashboard/pages/", "dashboard/data.py")
+#: The Dash app: the ``dashboard/app/`` subpackage (server, pages, their data layer). Everything
+#: else in ``dashboard/`` (the report, figures, exporters, terminal tables, view helpers) is
+#: presentation that a command, the report or a test uses without a web server.
+DASH_APP = ("dashboard/app/",)
 
 
 def test_presentation_never_imports_dash_or_the_dash_app() -> None:
     """The report, figures, exporters and terminal tables stand apart from the Dash app: none
     imports ``dash`` or the app's modules (the package ``__init__`` only names the app's entry
     points, loaded on first use)."""
-    app_modules = (
-        "perfscope.dashboard.app",
-        "perfscope.dashboard.pages",
-        "perfscope.dashboard.data",
-    )
+    app_modules = ("perfscope.dashboard.app",)
     bad = [
         (f, m)
         for f, m in imports_of("dashboard")

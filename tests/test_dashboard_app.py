@@ -21,7 +21,7 @@ import pytest
 
 from perfscope.analysis.sweep import summarize_sweep, sweep_point
 from perfscope.dashboard.app import create_app, is_loopback
-from perfscope.dashboard.data import InvalidRunIdError, RunRepository, validate_run_id
+from perfscope.dashboard.app.data import InvalidRunIdError, RunRepository, validate_run_id
 from perfscope.dashboard.figures import run_figures
 from perfscope.errors import RunNotFoundError
 from perfscope.profiler.store import read_run, write_json_atomic
@@ -836,7 +836,7 @@ def test_cli_dashboard_rejects_bad_arguments(runs: Runs, tmp_path: Path) -> None
 
 
 def test_the_runs_table_opens_with_the_reason_column_only_when_a_run_has_a_reason() -> None:
-    from perfscope.dashboard.pages.runs import COLUMNS, HIDDEN_BY_DEFAULT, hidden_columns
+    from perfscope.dashboard.app.pages.runs import COLUMNS, HIDDEN_BY_DEFAULT, hidden_columns
 
     ok = {"link": "a", "problem": "", "sweep": None, "j_per_token": 0.25}
     assert hidden_columns([ok]) == ["engine", "name", "sweep", "problem"]
@@ -851,7 +851,7 @@ def test_the_runs_table_opens_with_the_reason_column_only_when_a_run_has_a_reaso
 
 
 def test_the_energy_column_opens_hidden_when_no_listed_run_has_a_reading() -> None:
-    from perfscope.dashboard.pages.runs import hidden_columns
+    from perfscope.dashboard.app.pages.runs import hidden_columns
 
     # A broken run's "n/a" is not a reading; neither is a run without a meter (None).
     unmetered = [{"link": "a", "j_per_token": None}, {"link": "b", "j_per_token": "n/a"}]

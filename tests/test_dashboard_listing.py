@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from perfscope.dashboard.app.data import RunRepository
 from perfscope.dashboard.compare import config_diff, short_labels
-from perfscope.dashboard.data import RunRepository
 from perfscope.profiler.run_index import INDEX_FILE
 from perfscope.profiler.store import write_json_atomic
 from tests.conftest import ROOT
@@ -193,7 +193,7 @@ def test_compare_page_shows_the_config_diff_and_short_legends(runs: Runs) -> Non
 
 def test_explorer_lists_only_runs_with_a_model_spec(runs: Runs) -> None:
     from perfscope.dashboard.app import create_app
-    from perfscope.dashboard.pages.roofline import model_options
+    from perfscope.dashboard.app.pages.roofline import model_options
 
     app = create_app(runs.root)
     ctx = app.server.extensions["perfscope"]
@@ -205,7 +205,7 @@ def test_explorer_lists_only_runs_with_a_model_spec(runs: Runs) -> None:
 
 def test_measured_points_sit_under_their_own_devices_roof(runs: Runs) -> None:
     from perfscope.dashboard.app import create_app
-    from perfscope.dashboard.pages.roofline import _measured_points, explore, explorer_figure
+    from perfscope.dashboard.app.pages.roofline import _measured_points, explore, explorer_figure
 
     app = create_app(runs.root)
     ctx = app.server.extensions["perfscope"]
@@ -292,7 +292,7 @@ def test_a_contended_run_is_marked_next_to_its_state(runs: Runs, tmp_path: Path)
 
 
 def test_study_and_sweep_folders_are_never_listed_as_runs(tmp_path: Path) -> None:
-    from perfscope.dashboard.data import RunRepository
+    from perfscope.dashboard.app.data import RunRepository
     from perfscope.profiler.store import list_runs, scan_runs
 
     (tmp_path / "studies").mkdir()
@@ -310,7 +310,7 @@ def test_the_runs_table_pages_sorts_and_filters_on_the_server_and_keeps_picks_ac
     tmp_path: Path,
 ) -> None:
     from perfscope.dashboard.app import create_app
-    from perfscope.dashboard.pages.runs import PAGE_SIZE
+    from perfscope.dashboard.app.pages.runs import PAGE_SIZE
     from tests.data.runs.builders import copy_run
     from tests.test_dashboard_app import RUNS_TABLE_OUTPUTS, dash_call, find, route
 

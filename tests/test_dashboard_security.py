@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from perfscope.dashboard.app import host_allowed
-from perfscope.dashboard.data import inside_root
+from perfscope.dashboard.app.data import inside_root
 from tests.conftest import PERFSCOPE, subprocess_env
 from tests.data.runs.builders import manual_run
 

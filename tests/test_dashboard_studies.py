@@ -80,9 +80,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 def test_studies_are_listed_and_read_only_inside_the_runs_directory(
     site: Site, tmp_path: Path
 ) -> None:
-    from perfscope.dashboard.data import InvalidRunIdError, RunRepository
-    from perfscope.dashboard.pages._common import DashboardContext
-    from perfscope.dashboard.pages.studies import list_studies, load_study
+    from perfscope.dashboard.app.data import InvalidRunIdError, RunRepository
+    from perfscope.dashboard.app.pages._common import DashboardContext
+    from perfscope.dashboard.app.pages.studies import list_studies, load_study
     from perfscope.errors import RunNotFoundError
 
     dctx = DashboardContext(repo=RunRepository(site.root))
@@ -109,7 +109,7 @@ def test_studies_are_listed_and_read_only_inside_the_runs_directory(
     root2 = tmp_path / "runs2"
     (root2 / "studies").mkdir(parents=True)
     (root2 / "studies" / "20990101-000000-elsewhere.json").write_text(json.dumps(data))
-    from perfscope.dashboard.pages.studies import study_body
+    from perfscope.dashboard.app.pages.studies import study_body
 
     body = json.dumps(
         study_body(

@@ -373,8 +373,8 @@ def test_a_sigkilled_actor_loses_only_its_in_flight_requests_and_the_run_reads_p
         )
     assert rows == [("partial", "partial", 2, 1, loss["in_flight"], loss["never_sent"])]
     # The dashboard's runs table says partial too (from the index, and from a scan).
-    from perfscope.dashboard.data import RunRepository
-    from perfscope.dashboard.pages.runs import _state
+    from perfscope.dashboard.app.data import RunRepository
+    from perfscope.dashboard.app.pages.runs import _state
 
     (row,) = RunRepository(tmp_path).rows()
     assert (row.state, row.status, _state(row)) == ("partial", "partial", "partial")

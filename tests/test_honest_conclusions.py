@@ -290,8 +290,8 @@ def test_a_server_that_takes_the_cpu_makes_the_run_contended_and_is_named() -> N
 def test_contended_runs_are_marked_in_listings_and_grouped_sets_compare_as_sets(
     stored_runs: list[Path],
 ) -> None:
+    from perfscope.dashboard.app.data import contention_marker
     from perfscope.dashboard.compare import compare_tables, group_by_run_set
-    from perfscope.dashboard.data import contention_marker
     from perfscope.dashboard.figures import RunTables
 
     busy = {"host": {"contention": {"others_share": 0.6, "steal_share": 0.0}}}

@@ -94,7 +94,7 @@ def test_a_run_with_an_undecodable_name_is_listed_and_hides_no_other_run(
     assert main(["ls", "--where", "run_id IS NOT NULL", "--json", *rd]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 3
     # The dashboard's runs list (and so /api/runs) serves every row as JSON.
-    from perfscope.dashboard.data import RunRepository
+    from perfscope.dashboard.app.data import RunRepository
 
     records = [r.to_record() for r in RunRepository(tmp_path).rows()]
     assert len(records) == 3

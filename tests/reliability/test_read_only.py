@@ -91,7 +91,7 @@ def test_read_commands_work_on_a_read_only_runs_folder(tmp_path: Path) -> None:
         ls = cli("ls", "--json", runs=runs)
         assert [e["state"] for e in json.loads(ls.stdout)] == ["complete", "complete"]
 
-        from perfscope.dashboard.data import RunRepository
+        from perfscope.dashboard.app.data import RunRepository
 
         repo = RunRepository(runs)
         loaded = repo.load(a)

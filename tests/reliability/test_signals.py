@@ -167,7 +167,7 @@ def test_a_killed_run_reads_as_crashed_everywhere_and_nothing_writes_into_it(
     after = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
     assert after == before  # reading never writes (no summary.json appeared)
 
-    from perfscope.dashboard.data import RunRepository
+    from perfscope.dashboard.app.data import RunRepository
 
     (row,) = RunRepository(runs).rows()
     assert row.status == "crashed" and row.state == "partial" and "gone" in (row.problem or "")

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from dash import Dash, dcc, html
 from dash.dash_table.DataTable import DataTable
 
-from perfscope.dashboard.data import RunRepository
+from perfscope.dashboard.app.data import RunRepository
 
 __all__ = [
     "DashboardContext",

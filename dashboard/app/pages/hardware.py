@@ -11,7 +11,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, html
 
-from perfscope.dashboard.pages._common import (
+from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
     TABLE_HEADER,

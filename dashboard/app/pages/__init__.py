@@ -1,12 +1,12 @@
 """The dashboard's pages, in navigation order.
 
-Each module exposes ``PAGE`` (:class:`perfscope.dashboard.pages._common.Page`); the app
+Each module exposes ``PAGE`` (:class:`perfscope.dashboard.app.pages._common.Page`); the app
 factory routes URLs to them and lets each register its callbacks on the app it builds.
 """
 
 from __future__ import annotations
 
-from perfscope.dashboard.pages import (
+from perfscope.dashboard.app.pages import (
     compare,
     hardware,
     roofline,
@@ -15,7 +15,7 @@ from perfscope.dashboard.pages import (
     studies,
     sweeps,
 )
-from perfscope.dashboard.pages._common import Page
+from perfscope.dashboard.app.pages._common import Page
 
 __all__ = ["PAGES"]
 

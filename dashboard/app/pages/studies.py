@@ -22,8 +22,8 @@ from dash import Dash, Input, Output, dcc, html
 
 from perfscope.analysis.catalogue import format_number, format_seconds
 from perfscope.analysis.study import METRICS, Study, detectable_cell, read_study
-from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError, inside_root
-from perfscope.dashboard.pages._common import (
+from perfscope.dashboard.app.data import RUN_ID_PATTERN, InvalidRunIdError, inside_root
+from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
     TABLE_HEADER,

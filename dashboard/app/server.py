@@ -8,11 +8,11 @@ into the next.
 
 Security: the server binds 127.0.0.1 unless told otherwise (:func:`serve` warns for any
 other address), runs without debug mode, and takes run ids from URLs only after
-:func:`perfscope.dashboard.data.validate_run_id`; a bad id gets a 400/404 response from
+:func:`perfscope.dashboard.app.data.validate_run_id`; a bad id gets a 400/404 response from
 the server before any page is built. Requests whose ``Host`` header names anything but a
 loopback name or the bound address are refused (403), so a DNS-rebinding page in the
 user's browser cannot read the runs. Every file read is resolved inside the runs root
-(:mod:`perfscope.dashboard.data`), and a callback that fails answers with a message in the
+(:mod:`perfscope.dashboard.app.data`), and a callback that fails answers with a message in the
 page, never a 500.
 """
 
@@ -30,14 +30,14 @@ import dash
 from dash import Input, Output, dcc, html
 from flask import Flask
 
-from perfscope.dashboard.data import (
+from perfscope.dashboard.app.data import (
     RUN_ID_PATTERN,
     InvalidRunIdError,
     RunRepository,
     validate_run_id,
 )
-from perfscope.dashboard.pages import PAGES
-from perfscope.dashboard.pages._common import DashboardContext, Page, PageRequest, error_box
+from perfscope.dashboard.app.pages import PAGES
+from perfscope.dashboard.app.pages._common import DashboardContext, Page, PageRequest, error_box
 from perfscope.errors import PerfscopeError, RunNotFoundError, UsageError
 
 __all__ = [

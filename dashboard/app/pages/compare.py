@@ -18,7 +18,7 @@ from dash import Dash, Input, Output, State, dcc, html
 
 from perfscope.analysis.compare import Comparison
 from perfscope.analysis.manifest import RunManifest
-from perfscope.dashboard.pages._common import (
+from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
     TABLE_HEADER,

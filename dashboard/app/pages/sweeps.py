@@ -20,9 +20,8 @@ from plotly.subplots import make_subplots
 from perfscope.analysis.catalogue import format_number, format_ratio, format_seconds
 from perfscope.analysis.sweep import SweepPoint, SweepSummary
 from perfscope.dashboard._fmt import esc
-from perfscope.dashboard.data import RUN_ID_PATTERN, InvalidRunIdError, inside_root
-from perfscope.dashboard.figures import FIGURE_LAYOUT
-from perfscope.dashboard.pages._common import (
+from perfscope.dashboard.app.data import RUN_ID_PATTERN, InvalidRunIdError, inside_root
+from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
     TABLE_HEADER,
@@ -34,6 +33,7 @@ from perfscope.dashboard.pages._common import (
     figure_block,
     note,
 )
+from perfscope.dashboard.figures import FIGURE_LAYOUT
 from perfscope.errors import RunNotFoundError
 
 __all__ = ["PAGE", "goodput_figure", "list_sweeps", "load_sweep", "sweep_curve_figure"]

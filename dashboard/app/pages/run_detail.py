@@ -22,9 +22,8 @@ from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
 
 from perfscope.analysis.summary import Summary
 from perfscope.dashboard._fmt import esc
-from perfscope.dashboard.data import LoadedRun, per_request_frame
-from perfscope.dashboard.figures import FIGURE_LAYOUT
-from perfscope.dashboard.pages._common import (
+from perfscope.dashboard.app.data import LoadedRun, per_request_frame
+from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     GRAPH_CONFIG,
     TABLE_CELL,
@@ -37,6 +36,7 @@ from perfscope.dashboard.pages._common import (
     figure_block,
     note,
 )
+from perfscope.dashboard.figures import FIGURE_LAYOUT
 from perfscope.dashboard.queueing import queueing_line
 from perfscope.dashboard.view import as_summary, headline_cards, latency_rows, throughput_rows
 from perfscope.errors import PerfscopeError

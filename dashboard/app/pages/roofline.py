@@ -21,8 +21,7 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
 
 from perfscope.dashboard._fmt import esc, fmt_pct, fmt_si
-from perfscope.dashboard.figures import FIGURE_LAYOUT, si_log_ticks
-from perfscope.dashboard.pages._common import (
+from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     GRAPH_CONFIG,
     TABLE_CELL,
@@ -35,6 +34,7 @@ from perfscope.dashboard.pages._common import (
     note,
     query_list,
 )
+from perfscope.dashboard.figures import FIGURE_LAYOUT, si_log_ticks
 from perfscope.dashboard.view import roofline_ceilings
 from perfscope.errors import PerfscopeError
 

@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
-from perfscope.dashboard.pages._common import (
+from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     DashboardContext,
     Page,
