@@ -186,7 +186,7 @@ def _allowed(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 #: Modules every stage may import: the errors and the one unit table.
-GROUND_FLOOR = ("perfscope.errors", "perfscope.units")
+GROUND_FLOOR = ("perfscope.errors", "perfscope.units", "perfscope.jsontypes")
 
 #: the front door's rooms: behind :mod:`perfscope`'s public names, for the front door only
 ROOMS = ("api", "cli", "checks")
@@ -460,6 +460,23 @@ def test_untyped_dicts_stay_under_their_ceiling() -> None:
         for folder in DICT_ANY_FOLDERS
     }
     assert sum(counts.values()) <= DICT_ANY_CEILING, counts
+
+
+def test_no_alias_hides_an_untyped_dict() -> None:
+    """The ceiling counts the spelling: a name bound to ``dict[str, Any]`` (or a mapping of
+    ``Any``) would hide the same untyped dict under another word. JSON at the edges is typed
+    with :mod:`perfscope.jsontypes`, whose values must be narrowed before use."""
+    alias = re.compile(
+        r"^\s*\w+\s*(?::\s*TypeAlias\s*)?=\s*\"?(?:dict|Mapping|MutableMapping)\[str, Any\]"
+    )
+    found = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for folder in DICT_ANY_FOLDERS
+        for p in (ROOT / folder).rglob("*.py")
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if alias.match(line)
+    ]
+    assert found == []
 
 
 #: Writing a Parquet file: the store's RunWriter (every table checked against its schema).

@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: One row of the runs table as the DataTable receives it (column id -> cell).
-Row = Mapping[str, Any]
+Row = Mapping[str, object]
 
 #: Rows of the runs table sent to the browser at a time.
 PAGE_SIZE = 50
