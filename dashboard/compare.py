@@ -420,7 +420,7 @@ _DIFF_SKIP = (
 )
 
 
-def _flatten(tree: Any, prefix: str, out: dict[str, Any]) -> None:
+def _flatten(tree: object, prefix: str, out: dict[str, object]) -> None:
     if isinstance(tree, Mapping):  # an empty mapping adds nothing: same as absent
         for k, v in tree.items():
             _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
@@ -435,7 +435,7 @@ def _group_of(path: str) -> str | None:
     return None
 
 
-def _text(value: Any, path: str = "") -> str:
+def _text(value: object, path: str = "") -> str:
     if path.startswith("slos.") and isinstance(value, int | float):
         return format_value(value, "seconds")
     if isinstance(value, float):
@@ -451,10 +451,10 @@ def config_diff(manifests: Sequence[Mapping[str, Any] | RunManifest]) -> list[Co
     An empty list means the configurations are identical. The manifests are walked by path
     as they were read (a :class:`RunManifest`'s ``source``), so a field one run lacks is
     ``absent``."""
-    flat: list[dict[str, Any]] = []
+    flat: list[dict[str, object]] = []
     for given in manifests:
         m = given.source if isinstance(given, RunManifest) else given
-        f: dict[str, Any] = {}
+        f: dict[str, object] = {}  # dotted path -> leaf (narrowed by _text)
         sections = {
             "engine",
             "workload",

@@ -27,8 +27,9 @@ import io
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, NotRequired, Protocol, TypeAlias, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -37,12 +38,20 @@ from perfscope.analysis.energy import device_keys
 from perfscope.analysis.manifest import manifest_view
 from perfscope.analysis.metrics import per_request
 from perfscope.analysis.run_records import RunRecords
+from perfscope.jsontypes import JsonObject, JsonValue
 from perfscope.profiler.output import write_output, write_output_text
 
 __all__ = [
     "EXPORT_SCHEMA",
     "MAX_TOKEN_EVENTS",
+    "CompleteEvent",
+    "CounterEvent",
     "ExportableRun",
+    "InstantEvent",
+    "MetadataEvent",
+    "PerfettoTrace",
+    "TraceEvent",
+    "TraceOtherData",
     "export_json",
     "flatten_summary",
     "pack_lanes",
@@ -86,7 +95,148 @@ class ExportableRun(RunRecords, Protocol):
     was analysed (``perfscope.profiler.store.StoredRun`` fits)."""
 
     @property
-    def summary(self) -> Mapping[str, Any] | None: ...
+    def summary(self) -> Mapping[str, JsonValue] | None: ...
+
+
+# ---------------------------------------------------------------------- trace event shapes
+# The Chrome trace-event format dictates these dicts' keys; each ``args`` is what Perfetto shows
+# in a slice's or counter's details.
+
+
+class _NameArgs(TypedDict):
+    name: str
+
+
+class RequestArgs(TypedDict):
+    """A request slice's details; ``ttft_ms`` once it has a first token, ``error`` when it
+    failed, ``actor`` and ``host`` on a ``--ray`` run."""
+
+    request_id: int
+    prompt_tokens: int
+    max_output_tokens: int
+    output_tokens: int
+    warmup: bool
+    driver_lag_us: float | None
+    ttft_ms: NotRequired[float]
+    error: NotRequired[str]
+    actor: NotRequired[int]
+    host: NotRequired[str | None]
+
+
+class _RequestIdArgs(TypedDict):
+    request_id: int
+
+
+class _TokenArgs(TypedDict):
+    request_id: int
+    n_tokens: int
+    index: int
+
+
+class _ErrorArgs(TypedDict):
+    request_id: int
+    error: str
+
+
+class _StepArgs(TypedDict):
+    step_id: int
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    request_ids: list[int]  # the first 64
+
+
+class _ActiveArgs(TypedDict):
+    count: int
+
+
+class _BatchArgs(TypedDict):
+    batch_size: int
+
+
+class MetadataEvent(TypedDict):
+    """``M``: names a process (``tid`` 0) or a thread."""
+
+    ph: Literal["M"]
+    name: Literal["process_name", "thread_name"]
+    pid: int
+    tid: int
+    args: _NameArgs
+
+
+class CompleteEvent(TypedDict):
+    """``X``: a slice from ``ts`` lasting ``dur`` (microseconds)."""
+
+    ph: Literal["X"]
+    name: str
+    cat: str
+    pid: int
+    tid: int
+    ts: float
+    dur: float
+    args: RequestArgs | _RequestIdArgs | _StepArgs
+
+
+class InstantEvent(TypedDict):
+    """``i``: a thread-scoped (``s`` = ``t``) instant at ``ts``."""
+
+    ph: Literal["i"]
+    s: Literal["t"]
+    name: str
+    cat: str
+    pid: int
+    tid: int
+    ts: float
+    args: _TokenArgs | _ErrorArgs
+
+
+class CounterEvent(TypedDict):
+    """``C``: counter values at ``ts``, one track per ``args`` key (telemetry: a quantity each)."""
+
+    ph: Literal["C"]
+    name: str
+    pid: int
+    tid: int
+    ts: float
+    args: _ActiveArgs | _BatchArgs | dict[str, float]
+
+
+TraceEvent: TypeAlias = MetadataEvent | CompleteEvent | InstantEvent | CounterEvent
+
+
+class TraceOtherData(TypedDict):
+    """The trace's ``otherData``: where it came from and what it holds."""
+
+    perfscope_run_id: str
+    started_at: str | None
+    status: str | None
+    time_origin: str
+    request_lanes: int
+    step_lanes: int
+    telemetry_devices: list[str]
+    token_events: int
+    note: NotRequired[str]
+
+
+class PerfettoTrace(TypedDict):
+    """A whole trace as :func:`perfetto_trace` returns it."""
+
+    traceEvents: list[TraceEvent]
+    displayTimeUnit: str
+    otherData: TraceOtherData
+
+
+@dataclass
+class _TraceInfo:
+    """What the event generators learn while they run, for ``otherData`` (filled as they are
+    consumed)."""
+
+    run_id: str = "run"
+    lanes: int = 0
+    step_lanes: int = 0
+    telemetry_devices: list[str] = field(default_factory=list)
+    token_events: int = 0
+    token_events_dropped: int = 0
 
 
 class _Writable(Protocol):
@@ -120,7 +270,7 @@ def pack_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return lanes
 
 
-def _meta(pid: int, name: str, tid: int | None = None) -> dict[str, Any]:
+def _meta(pid: int, name: str, tid: int | None = None) -> MetadataEvent:
     if tid is None:
         return {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}
     return {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
@@ -155,13 +305,13 @@ def _column(df: pd.DataFrame, name: str) -> list[Any]:
     return [None if v is None or v is pd.NA or v != v else v for v in col.tolist()]
 
 
-def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _request_events(run: ExportableRun, info: _TraceInfo) -> Iterator[TraceEvent]:
     """Request slices, token instants and the "active requests" counter, in trace order.
 
     Fills ``info`` with ``lanes``, ``token_events`` and ``token_events_dropped`` once the
     events are consumed. Holds O(requests) state; chunks are read from sorted arrays.
     """
-    info.update(lanes=0, token_events=0, token_events_dropped=0)
+    info.lanes = info.token_events = info.token_events_dropped = 0
     req = run.requests.sort_values("request_id", kind="stable")
     if req.empty:
         return
@@ -180,7 +330,7 @@ def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[s
         ends.append(max(x for x in (start, sent, first, last, ps) if x is not None))
     lanes = pack_lanes(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64))
     n_lanes = int(lanes.max()) + 1 if len(lanes) else 0
-    info["lanes"] = n_lanes
+    info.lanes = n_lanes
     for lane in range(n_lanes):
         yield _meta(_PID_REQUESTS, f"lane {lane}", lane + 1)
 
@@ -211,7 +361,7 @@ def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[s
         sent, first, last = sent_l[k], first_l[k], last_l[k]
         error = None if errors[k] is None else str(errors[k])
         warm = warm_l[k]
-        args: dict[str, Any] = {
+        args: RequestArgs = {
             "request_id": rid,
             "prompt_tokens": prompt_l[k],
             "max_output_tokens": max_out_l[k],
@@ -223,8 +373,9 @@ def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[s
             args["ttft_ms"] = (first - sent) / 1e6
         if error:
             args["error"] = error
-        if placed and actor_l[k] is not None:
-            args["actor"], args["host"] = actor_l[k], host_l[k]
+        actor = actor_l[k] if placed else None
+        if actor is not None:
+            args["actor"], args["host"] = actor, host_l[k]
         name = f"{'warmup ' if warm else ''}request {rid}" + (" (failed)" if error else "")
         yield {
             "ph": "X",
@@ -289,7 +440,7 @@ def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[s
                 "ts": _us(end),
                 "args": {"request_id": rid, "error": error},
             }
-    info["token_events"], info["token_events_dropped"] = token_events, dropped
+    info.token_events, info.token_events_dropped = token_events, dropped
     # Requests in flight (sent, not finished) as a counter track.
     sent_mask = np.array([x is not None for x in sent_l], dtype=bool)
     times = np.concatenate(
@@ -311,9 +462,9 @@ def _request_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[s
         }
 
 
-def _step_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Forward-pass slices and the "batch" counter; sets ``info["step_lanes"]``."""
-    info["step_lanes"] = 0
+def _step_events(run: ExportableRun, info: _TraceInfo) -> Iterator[TraceEvent]:
+    """Forward-pass slices and the "batch" counter; sets ``info.step_lanes``."""
+    info.step_lanes = 0
     st = run.steps
     if st.empty:
         return
@@ -322,7 +473,7 @@ def _step_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str,
     t1 = np.maximum(st["t_end"].to_numpy(dtype=np.int64), t0)
     lanes = pack_lanes(t0, t1)
     n_lanes = int(lanes.max()) + 1
-    info["step_lanes"] = n_lanes
+    info.step_lanes = n_lanes
     for lane in range(n_lanes):
         yield _meta(_PID_ENGINE, "forward passes" + (f" {lane}" if lane else ""), lane + 1)
     columns = zip(
@@ -365,15 +516,15 @@ def _step_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str,
         }
 
 
-def _telemetry_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """One counter event per sample per device; sets ``info["telemetry_devices"]``."""
-    info["telemetry_devices"] = []
+def _telemetry_events(run: ExportableRun, info: _TraceInfo) -> Iterator[TraceEvent]:
+    """One counter event per sample per device; sets ``info.telemetry_devices``."""
+    info.telemetry_devices = []
     tele = run.telemetry
     if tele is None or tele.empty:
         return
     tele = tele.assign(device=device_keys(tele))  # node/device on a cluster run
     devices = sorted(str(d) for d in tele["device"].dropna().unique())
-    info["telemetry_devices"] = devices
+    info.telemetry_devices = devices
     fields = [f for f in _TELEMETRY_FIELDS if f in tele.columns]
     for i, dev in enumerate(devices):
         pid = _PID_TELEMETRY + i
@@ -381,16 +532,18 @@ def _telemetry_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict
         d = tele[tele["device"] == dev].sort_values("t")
         values = d[fields].to_numpy(dtype=np.float64, na_value=np.nan)
         for t, row in zip(d["t"].to_numpy(dtype=np.int64).tolist(), values.tolist(), strict=True):
-            args = {f: v for f, v in zip(fields, row, strict=True) if math.isfinite(v)}
+            args: dict[str, float] = {
+                f: v for f, v in zip(fields, row, strict=True) if math.isfinite(v)
+            }
             if args:
                 yield {"ph": "C", "name": dev, "pid": pid, "tid": 0, "ts": _us(t), "args": args}
 
 
-def _trace_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _trace_events(run: ExportableRun, info: _TraceInfo) -> Iterator[TraceEvent]:
     """Every event of the trace, in order; ``info`` holds the counts once consumed."""
     manifest = manifest_view(run.manifest)
-    info["run_id"] = manifest.run_id or "run"
-    yield _meta(_PID_REQUESTS, f"requests ({info['run_id']})")
+    info.run_id = manifest.run_id or "run"
+    yield _meta(_PID_REQUESTS, f"requests ({info.run_id})")
     yield from _request_events(run, info)
     if not run.steps.empty:
         yield _meta(_PID_ENGINE, f"engine {manifest.engine.uri or ''}")
@@ -398,32 +551,32 @@ def _trace_events(run: ExportableRun, info: dict[str, Any]) -> Iterator[dict[str
     yield from _telemetry_events(run, info)
 
 
-def _other_data(run: ExportableRun, info: dict[str, Any]) -> dict[str, Any]:
+def _other_data(run: ExportableRun, info: _TraceInfo) -> TraceOtherData:
     manifest = manifest_view(run.manifest)
-    other: dict[str, Any] = {
-        "perfscope_run_id": info["run_id"],
+    other: TraceOtherData = {
+        "perfscope_run_id": info.run_id,
         "started_at": manifest.started_at,
         "status": manifest.status,
         "time_origin": "run start (ts 0); ts and dur in microseconds",
-        "request_lanes": info["lanes"],
-        "step_lanes": info["step_lanes"],
-        "telemetry_devices": info["telemetry_devices"],
-        "token_events": info["token_events"],
+        "request_lanes": info.lanes,
+        "step_lanes": info.step_lanes,
+        "telemetry_devices": info.telemetry_devices,
+        "token_events": info.token_events,
     }
-    if info["token_events_dropped"]:
+    if info.token_events_dropped:
         other["note"] = (
-            f"{info['token_events_dropped']} token arrivals were left out "
+            f"{info.token_events_dropped} token arrivals were left out "
             f"(more than {MAX_TOKEN_EVENTS}); their requests keep their slices"
         )
     return other
 
 
-def perfetto_trace(run: ExportableRun) -> dict[str, Any]:
+def perfetto_trace(run: ExportableRun) -> PerfettoTrace:
     """The run as a Chrome/Perfetto JSON trace (``{"traceEvents": [...], ...}``), in memory.
 
     For big runs prefer :func:`stream_perfetto`, which never holds the event list.
     """
-    info: dict[str, Any] = {}
+    info = _TraceInfo()
     events = list(_trace_events(run, info))
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": _other_data(run, info)}
 
@@ -435,9 +588,9 @@ _STREAM_BATCH = 20_000
 def stream_perfetto(run: ExportableRun, out: _Writable) -> int:
     """Write the trace of :func:`perfetto_trace` to ``out`` as compact JSON, event batch by
     event batch, holding at most ``_STREAM_BATCH`` events; returns the bytes written."""
-    info: dict[str, Any] = {}
+    info = _TraceInfo()
     written = out.write(b'{"traceEvents":[')
-    batch: list[dict[str, Any]] = []
+    batch: list[TraceEvent] = []
     sep = b""
 
     def flush() -> int:
@@ -536,7 +689,7 @@ def write_csv(run: ExportableRun, out_dir: Path) -> list[Path]:
     return [req_path, sum_path]
 
 
-def export_json(run: ExportableRun) -> dict[str, Any]:
+def export_json(run: ExportableRun) -> JsonObject:
     """Manifest, summary and per-request rows in one JSON-ready dict."""
     frame = requests_frame(run.requests)
     buf = io.StringIO()

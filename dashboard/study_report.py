@@ -29,6 +29,7 @@ from perfscope.dashboard._fmt import fmt_bytes, fmt_num, fmt_pct, fmt_time
 from perfscope.dashboard.figures import FIGURE_LAYOUT, FigureSpec, comparison_roofline_figure
 from perfscope.dashboard.report import figures_html, render_page
 from perfscope.errors import BrokenRunError
+from perfscope.jsontypes import JsonObject, ReadOnlyJson, json_object
 from perfscope.profiler.store import read_json_capped
 
 __all__ = [
@@ -56,12 +57,13 @@ METRIC_LABELS: dict[str, tuple[str, str]] = {
 TICK_UNIT: dict[str, str] = {"s": "s", "J": "J", "tokens/s": " tok/s", "requests/s": " req/s"}
 
 
-def _summary(run_dir: str) -> dict[str, Any]:
+def _summary(run_dir: str) -> JsonObject:
+    """The run's summary.json object; ``{}`` when it is unreadable or not a JSON object."""
     try:
-        data: dict[str, Any] = read_json_capped(Path(run_dir) / "summary.json")
-        return data
+        data = read_json_capped(Path(run_dir) / "summary.json")
     except (OSError, ValueError, BrokenRunError):
         return {}
+    return json_object(data) or {}
 
 
 def metric_curve_figure(study: Study, metric: str) -> go.Figure | None:
@@ -119,7 +121,7 @@ def metric_curve_figure(study: Study, metric: str) -> go.Figure | None:
 
 
 def study_figures(
-    study: Study, summary_of: Callable[[str], dict[str, Any]] | None = None
+    study: Study, summary_of: Callable[[str], ReadOnlyJson] | None = None
 ) -> list[FigureSpec]:
     """The report's figures: the shared roofline, then one curve per metric.
 
@@ -130,7 +132,7 @@ def study_figures(
     """
     read = summary_of or _summary
     labels = [f"{study.knob}={s.value}" for s in study.settings]
-    summaries = [read(s.runs[0].run) if s.runs else {} for s in study.settings]
+    summaries: list[ReadOnlyJson] = [read(s.runs[0].run) if s.runs else {} for s in study.settings]
     specs = [
         FigureSpec(
             "study-roofline",

@@ -222,6 +222,15 @@ def test_offered_and_achieved_counts_end_at_the_requests_sent_and_completed(
     assert fig.layout.yaxis.tickformat == ",d"  # a count axis shows whole numbers
 
 
+def test_an_offered_rate_that_is_not_a_number_is_not_shown(steps_run: StoredRun) -> None:
+    from perfscope.dashboard.figures import offered_achieved_figure
+
+    fig = offered_achieved_figure(steps_run.requests, {"rate": "fast"})
+    assert "offered" not in fig.data[0].name and "fast" not in fig.data[0].name
+    fig = offered_achieved_figure(steps_run.requests, {"rate": 2.0})
+    assert fig.data[0].name == "sent (offered 2 req/s)"
+
+
 def test_comparison_figures_have_one_series_per_run(
     steps_run: StoredRun, big_run: StoredRun
 ) -> None:

@@ -176,3 +176,13 @@ def test_write_up_markdown_uses_the_effects_statistic_and_every_run_of_a_phase()
     assert tok_s is not None and f"| {tok_s:.3f} |" in row
     decode = phase_cell(int8, "decode")
     assert decode is not None and f"({len(int8.runs)} runs)" in decode and decode in row
+
+
+def test_a_run_summary_that_is_not_a_json_object_reads_as_empty(tmp_path: Path) -> None:
+    from perfscope.dashboard.study_report import _summary
+
+    (tmp_path / "summary.json").write_text("[1, 2]")
+    assert _summary(str(tmp_path)) == {}
+    (tmp_path / "summary.json").write_text('{"schema": "perfscope.summary/2"}')
+    assert _summary(str(tmp_path)) == {"schema": "perfscope.summary/2"}
+    assert _summary(str(tmp_path / "absent")) == {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -20,6 +20,7 @@ __all__ = [
     "MAX_CDF_POINTS",
     "MAX_SERIES_POINTS",
     "TIMELINE_MAX_ROWS",
+    "FigureLayout",
     "FigureSpec",
     "RunTables",
 ]
@@ -43,8 +44,27 @@ _COLORS = {
     "predicted": "#59a14f",
 }
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1")
+
+
+class _Legend(TypedDict):
+    orientation: str
+    yanchor: str
+    y: float
+    x: float
+    xanchor: str
+
+
+class FigureLayout(TypedDict):
+    """Plotly layout properties (passed as keyword arguments to ``update_layout``)."""
+
+    template: str
+    margin: dict[str, int]  # l, r, t, b in pixels
+    font: dict[str, int]
+    legend: _Legend
+
+
 #: Layout every perfscope figure starts from (report and dashboard alike).
-FIGURE_LAYOUT: dict[str, Any] = {
+FIGURE_LAYOUT: FigureLayout = {
     "template": "plotly_white",
     "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
     "font": {"size": 12},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import plotly.graph_objects as go
 
@@ -19,10 +19,17 @@ from perfscope.dashboard.figures.common import (
 )
 from perfscope.dashboard.view import as_summary, roofline_ceilings
 
-__all__ = ["comparison_roofline_figure", "roofline_figure", "si_log_ticks"]
+__all__ = ["LogTicks", "comparison_roofline_figure", "roofline_figure", "si_log_ticks"]
 
 
-def si_log_ticks(log_range: Sequence[float], unit: str) -> dict[str, Any]:
+class LogTicks(TypedDict):
+    """A log axis's ticks as plotly's axis properties: the values and their labels."""
+
+    tickvals: list[float]
+    ticktext: list[str]
+
+
+def si_log_ticks(log_range: Sequence[float], unit: str) -> LogTicks:
     """``tickvals``/``ticktext`` for a log axis spanning ``log_range`` (log10 units): one
     tick per decade labelled with an SI prefix and the unit (``1 PFLOP/s``), since plotly's
     own SI format stops at T and falls back to ``10^15``."""

@@ -4,8 +4,7 @@ telemetry below, the offered against the achieved rate, and several runs compare
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,6 +22,7 @@ from perfscope.dashboard.figures.common import (
     _empty,
 )
 from perfscope.dashboard.figures.latency import _measured_ok
+from perfscope.jsontypes import json_float
 
 __all__ = ["comparison_throughput_figure", "offered_achieved_figure", "throughput_figure"]
 
@@ -161,9 +161,10 @@ def throughput_figure(
     return fig
 
 
-def offered_achieved_figure(requests: pd.DataFrame, load: dict[str, Any]) -> go.Figure:
+def offered_achieved_figure(requests: pd.DataFrame, load: Mapping[str, object]) -> go.Figure:
     """Cumulative requests sent and completed over time (counts, y; seconds, x), with the
-    offered and achieved rates (requests/s) in the legend."""
+    offered and achieved rates (requests/s) in the legend; ``load`` is the summary's load
+    section (its ``rate``, requests/s, when a number, is the offered rate)."""
     if requests.empty:
         return _empty("no requests recorded")
     m = requests[~requests["is_warmup"].astype(bool)]
@@ -174,7 +175,7 @@ def offered_achieved_figure(requests: pd.DataFrame, load: dict[str, Any]) -> go.
         return _empty("no measured requests were sent")
     span_sent = float(sent[-1] - sent[0])
     span_done = float(done[-1] - sent[0]) if done.size else 0.0
-    offered = load.get("rate")
+    offered = json_float(load.get("rate"))
     if offered:
         offered_txt = f"offered {fmt_num(offered)} req/s"
     elif span_sent > 0:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -78,7 +77,7 @@ def _segments(requests: pd.DataFrame, steps: pd.DataFrame) -> _Segments:
 
 def _gantt(fig: go.Figure, s: _Segments, rows: np.ndarray, *, row: int | None = None) -> None:
     """Horizontal bars (queue, prefill, decode) and error markers for the given rows."""
-    kw: dict[str, Any] = {"row": row, "col": 1} if row is not None else {}
+    kw: dict[str, int] = {"row": row, "col": 1} if row is not None else {}
     has_start = np.isfinite(s.start[rows])
     first = s.first[rows]
     sent = s.sent[rows]
@@ -134,8 +133,9 @@ def _gantt(fig: go.Figure, s: _Segments, rows: np.ndarray, *, row: int | None = 
         )
 
 
-def _state_counts(s: _Segments, n_points: int = MAX_SERIES_POINTS) -> dict[str, Any]:
-    """Requests queued, in prefill, decoding at each of ``n_points`` instants."""
+def _state_counts(s: _Segments, n_points: int = MAX_SERIES_POINTS) -> dict[str, np.ndarray]:
+    """Requests queued, in prefill, decoding at each of ``n_points`` instants (``t``, seconds
+    since run start, and a count array per state)."""
     lo = np.nanmin(s.sent) if s.sent.size else 0.0
     hi = np.nanmax(s.end) if s.end.size else 1.0
     grid = np.linspace(lo, hi if hi > lo else lo + 1e-3, n_points)
