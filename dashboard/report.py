@@ -677,6 +677,7 @@ def render_report(
     max_requests: int = DEFAULT_MAX_REQUESTS,
     timeline_max_rows: int | None = None,
     generated_at: datetime | None = None,
+    summary: Summary | None = None,
 ) -> str:
     """The complete report of ``run`` as an HTML string.
 
@@ -685,14 +686,18 @@ def render_report(
         max_requests: rows of the per-request table.
         timeline_max_rows: above this many requests the timeline is a density view.
         generated_at: timestamp printed in the footer (default: now).
+        summary: the run's summary as the analysis returned it; default: ``run.summary``
+            read as a record (the same summary, converted once more).
 
     Raises:
         ValueError: the run has no summary (run ``perfscope analyze`` first).
     """
-    summary = run.summary
-    if summary is None:
+    if summary is not None:
+        typed = summary
+    elif run.summary is not None:
+        typed = as_summary(run.summary)
+    else:
         raise ValueError(f"run {run.path} has no summary.json; run 'perfscope analyze' first")
-    typed = as_summary(summary)
     # Per-request rows derived once: the request table and the latency figure share them.
     ordered = run.requests.sort_values("request_id", kind="stable").reset_index(drop=True)
     rows = request_rows(ordered)
@@ -718,7 +723,7 @@ def render_report(
         )
     for warning in typed.warnings:
         banner += f'<div class="banner">Warning: {esc(warning)}.</div>'
-    queue_line = queueing_line((typed.load or {}).get("mode"), run.path)
+    queue_line = queueing_line((typed.load or {}).get("mode"), run)  # its tables, in memory
     if queue_line is not None:
         banner += f'<div class="banner" id="queueing">{esc(queue_line)}.</div>'
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")
@@ -774,10 +779,14 @@ def write_report(
     *,
     max_requests: int = DEFAULT_MAX_REQUESTS,
     timeline_max_rows: int | None = None,
+    summary: Summary | None = None,
 ) -> Path:
     """Render and write the report (``profiler/output.py``: atomic for a regular file, in
-    place for a device or pipe, ``-`` for stdout); default ``<run dir>/report.html``."""
+    place for a device or pipe, ``-`` for stdout); default ``<run dir>/report.html``.
+    ``summary``: the run's summary record when the caller holds it (see :func:`render_report`)."""
     out = Path(path) if path is not None else Path(run.path) / "report.html"
-    text = render_report(run, max_requests=max_requests, timeline_max_rows=timeline_max_rows)
+    text = render_report(
+        run, max_requests=max_requests, timeline_max_rows=timeline_max_rows, summary=summary
+    )
     write_output_text(out, text)  # atomic for a file; in place for a device, FIFO, socket
     return out

@@ -30,6 +30,14 @@ def test_queue_time_is_the_wait_before_the_first_forward_pass(batch_run: Path) -
 
 
 @pytest.mark.slow
+def test_the_queue_time_of_a_run_in_memory_is_the_one_read_from_its_directory(
+    batch_run: Path,
+) -> None:
+    in_memory = batch_queueing(read_run(batch_run))
+    assert in_memory is not None and in_memory == batch_queueing(batch_run)
+
+
+@pytest.mark.slow
 def test_the_terminal_summary_of_a_batch_run_names_the_queueing(batch_run: Path) -> None:
     run = read_run(batch_run)
     buf = io.StringIO()
