@@ -88,7 +88,6 @@ def instrumented() -> Iterator[None]:
 
     _wrap(pq, "read_table", "read_table", parquet_read)
     _wrap(pq, "ParquetFile", "ParquetFile", parquet_read)
-
     def from_dict() -> None:
         CROSSINGS.update([f"{PHASE[0]} from_dict"])
         CHAINS.setdefault(f"Summary.from_dict ({PHASE[0]})", _chain())
