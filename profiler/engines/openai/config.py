@@ -34,6 +34,8 @@ __all__ = [
 #: Environment variables read for the API key, in order.
 API_KEY_ENV = ("PERFSCOPE_API_KEY", "OPENAI_API_KEY")
 
+#: ``--connection``: ``reuse`` (a keep-alive pool) or ``new`` (a new connection per request,
+#: closed after it).
 CONNECTION_POLICIES = ("reuse", "new")
 #: ``--engine-opt transport=``: ``auto`` (kernel stamps for plain http:// on Linux, else
 #: aiohttp), ``kernel`` (insist; an error where unavailable), ``aiohttp`` (user-space stamps).
