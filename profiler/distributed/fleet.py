@@ -200,7 +200,7 @@ def lag_threshold_s(gap_s: float) -> float:
     """The event-loop lag above which a load actor's stamps are late for chunks ``gap_s``
     apart: the rule the single-process client calls "saturated" by (more than 1 ms and
     more than a tenth of the gap)."""
-    from perfscope.profiler.engines.openai.engine import SATURATION_GAP_SHARE, SATURATION_LAG_S
+    from perfscope.profiler.engines.openai.report import SATURATION_GAP_SHARE, SATURATION_LAG_S
 
     return max(SATURATION_LAG_S, SATURATION_GAP_SHARE * gap_s)
 

@@ -7,13 +7,8 @@ Needs the ``openai`` extra (aiohttp, tokenizers): ``pip install 'perfscope[opena
 from __future__ import annotations
 
 from perfscope.profiler.engines.base import EngineOptions, register_engine
-from perfscope.profiler.engines.openai.engine import (
-    API_KEY_ENV,
-    OpenAIConfig,
-    OpenAIEngine,
-    create_openai_engine,
-    redact_url,
-)
+from perfscope.profiler.engines.openai.config import API_KEY_ENV, OpenAIConfig, redact_url
+from perfscope.profiler.engines.openai.engine import OpenAIEngine, create_openai_engine
 from perfscope.profiler.engines.openai.sse import SSEParser
 from perfscope.profiler.engines.openai.tokens import count_tokens, load_tokenizer
 
