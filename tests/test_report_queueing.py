@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from perfscope.analysis import Summary
 from perfscope.cli.render import summary_view
 from perfscope.dashboard.queueing import batch_queueing, queueing_line
 from perfscope.dashboard.report import render_report
@@ -33,7 +34,8 @@ def test_queue_time_is_the_wait_before_the_first_forward_pass(batch_run: Path) -
 def test_the_terminal_summary_of_a_batch_run_names_the_queueing(batch_run: Path) -> None:
     run = read_run(batch_run)
     buf = io.StringIO()
-    Console(file=buf, width=120).print(summary_view(run.summary or {}, batch_run))
+    summary = Summary.from_dict(run.summary or {})
+    Console(file=buf, width=120).print(summary_view(summary, batch_run))
     text = buf.getvalue()
     assert "TTFT includes queueing" in text and "queue p50" in text
 
