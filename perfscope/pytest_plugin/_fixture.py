@@ -158,8 +158,8 @@ class PerfscopeFixture:
         extra = {**(engine_options or {}), **options}
         if clash := sorted(set(extra) & _OWN_KEYWORDS):
             raise UsageError(
-                f"engine_options names {', '.join(clash)}: pass it as the keyword of "
-                "perfscope.run() it is"
+                f"engine_options names {', '.join(clash)}, a keyword of perfscope.run(): "
+                "pass it as that keyword"
             )
         runs = [
             run(
