@@ -161,6 +161,31 @@ def test_engine_specific_options_become_text_and_engine_fields_stay_typed() -> N
     assert plan(RunArgs(engine="reference")).options.workload.dataset is None
 
 
+def test_engine_options_that_name_an_engine_field_are_read_as_that_field_or_refused() -> None:
+    """``--engine-opt`` values are text: a field's value is read as the field holds it (a
+    whole number, seconds), a wrong one is refused in one line before anything runs, and a
+    field the run's own arguments set is named by that argument."""
+    o = plan(
+        RunArgs(
+            engine_options={
+                "max_seq_len": "512",
+                "request_timeout_s": "30s",
+                "batch_timeout_s": 0.01,
+            }
+        )
+    ).options.engine_options
+    assert o.max_seq_len == 512
+    assert o.request_timeout_s == pytest.approx(30.0)
+    assert o.batch_timeout_s == pytest.approx(0.01)
+    assert o.extra == {}
+    with pytest.raises(UsageError, match="engine option max_seq_len must be a whole number"):
+        plan(RunArgs(engine_options={"max_seq_len": "long"}))
+    with pytest.raises(UsageError, match="engine option batch_size is an argument of the run"):
+        plan(RunArgs(engine_options={"batch_size": "4"}))
+    with pytest.raises(UsageError, match="engine option extra must be a mapping"):
+        plan(RunArgs(engine_options={"extra": "x=1"}))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -215,7 +215,7 @@ def test_model_spec_gives_a_python_engine_an_estimated_roofline(
     assert lines[0].startswith("model llama-3-8b from --model-spec llama-3-8b (an estimate")
     assert "family: llama" in lines[1:]
     console = Console(record=True, width=120)
-    console.print(summary_view(summary))
+    console.print(summary_view(as_summary(summary)))
     printed = console.export_text()
     assert all(line in printed for line in lines[1:]), printed
     from perfscope.profiler.store import read_run

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from perfscope.analysis import Summary
 from perfscope.cli.render import summary_view
 from perfscope.dashboard.queueing import batch_queueing, queueing_line
 from perfscope.dashboard.report import render_report
@@ -41,7 +42,8 @@ def test_the_queue_time_of_a_run_in_memory_is_the_one_read_from_its_directory(
 def test_the_terminal_summary_of_a_batch_run_names_the_queueing(batch_run: Path) -> None:
     run = read_run(batch_run)
     buf = io.StringIO()
-    Console(file=buf, width=120).print(summary_view(run.summary or {}, batch_run))
+    summary = Summary.from_dict(run.summary or {})
+    Console(file=buf, width=120).print(summary_view(summary, batch_run))
     text = buf.getvalue()
     assert "TTFT includes queueing" in text and "queue p50" in text
 

@@ -327,3 +327,27 @@ def test_a_threads_study_records_how_its_openmp_threads_waited(
     # One thread has no partner to wait for: a one-thread batch-size study says nothing.
     other = perfscope.study("batch-size", [1, 2], repeat=1, runs_dir=tmp_path, threads=1, **quick)
     assert not [n for n in other.notes if n.startswith("OpenMP")]
+
+
+def test_every_field_knob_sets_its_run_argument_and_a_load_knob_makes_the_load_online() -> None:
+    from perfscope.api.run import RunArgs
+    from perfscope.api.study import KNOBS, _apply
+
+    base = RunArgs(mode="batch", engine_options={"max_batched_tokens": "64"})
+    text = {"scheduler": "static", "dtype": "bf16", "model-preset": "tiny"}
+    got = {}
+    for name, knob in KNOBS.items():
+        if knob.kind == "field":
+            changed = _apply(base, knob, knob.parse(text.get(name, "4")))
+            got[name] = (getattr(changed, knob.target), changed.mode)
+    assert got == {
+        "batch-size": (4, "batch"),
+        "scheduler": ("static", "batch"),
+        "dtype": ("bfloat16", "batch"),
+        "concurrency": (4, "online"),
+        "rate": (4.0, "online"),
+        "model-preset": ("tiny", "batch"),
+    }
+    assert _apply(base, KNOBS["kv-heads"], 2).model_overrides == {"n_kv_heads": 2}
+    unlimited = _apply(base, KNOBS["max-batched-tokens"], KNOBS["max-batched-tokens"].parse("off"))
+    assert "max_batched_tokens" not in unlimited.engine_options

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from perfscope.analysis import Summary
 from perfscope.cli import build_parser
 from perfscope.cli.render import runs_table, summary_view
 from perfscope.profiler.store import read_run
@@ -53,7 +54,7 @@ def _assert_fits(text: str, width: int, whole: list[str]) -> None:
 def test_run_summary_prints_every_identifier_and_number_whole(run_dir: Path, width: int) -> None:
     stored = read_run(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    text = _text(summary_view(summary, run_dir), width)
+    text = _text(summary_view(Summary.from_dict(summary), run_dir), width)
     verdicts = [p["verdict"] for p in summary["roofline"]["phases"].values()]
     devices = [p["device"]["key"] for p in summary.get("projections") or []]
     _assert_fits(text, width, [stored.manifest["run_id"], *verdicts, *devices])
@@ -63,8 +64,8 @@ def test_run_summary_prints_every_identifier_and_number_whole(run_dir: Path, wid
 
 def test_a_narrow_terminal_gets_stacked_blocks_not_a_squeezed_table(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
-    narrow = _text(summary_view(summary, run_dir), 80)
-    wide = _text(summary_view(summary, run_dir), 200)
+    narrow = _text(summary_view(Summary.from_dict(summary), run_dir), 80)
+    wide = _text(summary_view(Summary.from_dict(summary), run_dir), 200)
     # The roofline's 13 columns do not fit 80 columns: one block per phase, field by field.
     assert re.search(r"^prefill\s*$", narrow, re.M)
     assert re.search(r"^\s+steps \d+ · time ", narrow, re.M)

@@ -27,12 +27,12 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from perfscope import __version__
 from perfscope.api.analyze import analyze_stored
 from perfscope.api.results import Run
 from perfscope.hwdb import resolve_hardware
+from perfscope.jsontypes import ReadOnlyJson
 from perfscope.profiler.capture import RunCapture, run_manifest
 from perfscope.profiler.clock import Clock, MonotonicClock
 from perfscope.profiler.engines.base import EngineInfo
@@ -51,7 +51,7 @@ class Profile:
         name: str,
         runs_dir: Path,
         slos: dict[str, float],
-        model: dict[str, Any] | None,
+        model: ReadOnlyJson | None,
         hw: str | None,
         clock: Clock | None,
     ) -> None:
@@ -131,7 +131,11 @@ class Profile:
         liveness record) and start flushing segments."""
         manifest = replace(
             run_manifest(self.name, self.clock, perfscope_version=__version__),
-            engine=EngineInfo(uri="manual", kind="manual", model=self.model).to_dict(),
+            engine=EngineInfo(
+                uri="manual",
+                kind="manual",
+                model=None if self.model is None else dict(self.model),
+            ).to_dict(),
             workload={"requests": 0},
             load={"mode": "manual"},
             slos=self.slos,
@@ -179,7 +183,7 @@ def profile(
     runs_dir: str | Path | None = None,
     *,
     slos: dict[str, float] | None = None,
-    model: dict[str, Any] | None = None,
+    model: ReadOnlyJson | None = None,
     hw: str | None = None,
     clock: Clock | None = None,
 ) -> Profile:

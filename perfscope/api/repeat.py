@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from perfscope.errors import UsageError
 
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
     from perfscope.analysis.summary import Summary
     from perfscope.api.run import RunArgs, RunPlan
-    from perfscope.api.runner import ProgressHook
+    from perfscope.api.runner import ProgressHook, RunOutcome
+    from perfscope.jsontypes import JsonObject
 
 __all__ = ["RepeatOptions", "SetSummary", "run_repeated", "set_summary"]
 
@@ -152,7 +153,6 @@ def run_repeated(
     run did not complete). Both configurations are planned (and so checked) before
     anything runs."""
     from perfscope.analysis.catalogue import find_metric
-    from perfscope.analysis.compare import compare_run_sets
     from perfscope.analysis.experiment import MIN_BLOCKS, block_order
     from perfscope.api.run import execute, plan
     from perfscope.cli.report import write_run_report
@@ -182,7 +182,7 @@ def run_repeated(
     failed = 0
     total_runs = 0
 
-    def one(key: str, base: RunPlan, run_set: dict[str, Any], suffix: str) -> Any:
+    def one(key: str, base: RunPlan, run_set: JsonObject, suffix: str) -> RunOutcome:
         nonlocal failed, total_runs
         o = base.options
         name = o.name or o.engine.split(":", 1)[0]
@@ -195,7 +195,7 @@ def run_repeated(
             write_run_report(outcome.path, err)
         return outcome
 
-    common = {
+    common: JsonObject = {
         "experiment": set_id,
         "seed": seed,
         "repeat": opts.repeat,
@@ -204,7 +204,12 @@ def run_repeated(
     }
     for key, base in configs:
         for w in range(opts.warmup):
-            rs = {**common, "id": f"{set_id}-{key}-warmup", "label": labels[key], "warmup": True}
+            rs: JsonObject = {
+                **common,
+                "id": f"{set_id}-{key}-warmup",
+                "label": labels[key],
+                "warmup": True,
+            }
             out = one(key, base, rs, f"-{key.lower()}-warmup" if vs else "-warmup")
             err.print(f"warm-up {w + 1}/{opts.warmup} {labels[key]}: {out.path.name} (discarded)")
     started = time.monotonic()
@@ -229,7 +234,7 @@ def run_repeated(
         tag = "".join(configs[a][0] for a in arms)
         for pos, a in enumerate(arms):
             key, base = configs[a]
-            rs = {
+            run_set: JsonObject = {
                 **common,
                 "id": f"{set_id}-{key}",
                 "label": labels[key],
@@ -238,7 +243,7 @@ def run_repeated(
                 "position": pos,
                 "order": tag,
             }
-            out = one(key, base, rs, f"-{key.lower()}" if vs else "")
+            out = one(key, base, run_set, f"-{key.lower()}" if vs else "")
             paths[key].append(out.path)
             summaries[key].append(out.summary)
             warn = [w for w in out.summary.warnings if "CPU" in str(w)]
@@ -248,7 +253,7 @@ def run_repeated(
             )
         block += 1
         if adaptive and opts.precision is not None:
-            half = _live_interval(opts, summaries, configs, labels, err, compare_run_sets)
+            half = _live_interval(opts, summaries, configs, labels, err)
             # Stop only after whole AB/BA pairs, so a position effect stays cancelled.
             enough = block >= max(opts.repeat, MIN_BLOCKS) and block % len(configs) == 0
             enough = enough or (len(configs) == 1 and block >= max(opts.repeat, MIN_BLOCKS))
@@ -326,13 +331,13 @@ def _print_set_summary(
 def _live_interval(
     opts: RepeatOptions,
     summaries: dict[str, list[Summary]],
-    configs: list[tuple[str, Any]],
+    configs: list[tuple[str, RunPlan]],
     labels: dict[str, str],
     err: Console,
-    compare_run_sets: Any,
 ) -> float | None:
     """Print the primary metric's current interval; return its half-width (fraction)."""
     from perfscope.analysis.catalogue import metric, to_float, value_at
+    from perfscope.analysis.compare import compare_run_sets
 
     if len(configs) == 1:
         name = opts.primary or "tpot.p50"
@@ -358,9 +363,9 @@ def _live_interval(
         return None
     row = result.primary_row
     ci = row.ci[1]
-    half = _precision_of((ci[0], ci[1]) if ci else None)
+    half = _precision_of(ci)
     target = f"target ±{100 * (opts.precision or 0):g}%"
-    if half is None:
+    if half is None or ci is None:
         err.print(f"  {row.label}: ratio {row.ratios[1]:.3f}x, no interval yet ({target})")
     else:
         err.print(

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from perfscope.analysis import Summary
+from perfscope.jsontypes import JsonObject
 from perfscope.profiler.store import StoredRun, read_run, resolve_run_path
 
 __all__ = ["Run", "load_run", "summary_attribute"]
@@ -40,9 +41,10 @@ class Run:
 
     Attributes:
         path: the run directory.
-        manifest: manifest.json as a dict (as read; kept a dict for compatibility: the stages
-            after capture read it typed, through
-            :class:`~perfscope.analysis.manifest.RunManifest`).
+        manifest: manifest.json as a dict (a JSON object as read; kept a dict for
+            compatibility: the stages after capture read it typed, through
+            :class:`~perfscope.analysis.manifest.RunManifest`, which
+            ``perfscope.analysis.manifest.manifest_view(run.manifest)`` builds).
         summary: the typed :class:`~perfscope.analysis.Summary` (its summary.json form is
             ``run.summary.to_dict()``).
 
@@ -63,7 +65,7 @@ class Run:
                 summary = Summary.from_dict(stored.summary)
         self._stored = stored
         self.path: Path = stored.path
-        self.manifest: dict[str, Any] = stored.manifest
+        self.manifest: JsonObject = stored.manifest
         self.summary: Summary = summary
 
     @property

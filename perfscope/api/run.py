@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from perfscope.errors import EngineError, RunNotFoundError, UsageError
+from perfscope.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from perfscope.analysis.modelspec import ModelSpec
@@ -240,40 +241,86 @@ def _engine_factory(
     )
 
 
+class _EngineFields(TypedDict, total=False):
+    """The :class:`EngineOptions` fields an engine option (``--engine-opt KEY=VALUE``, a
+    ``**engine_options`` keyword) may set, each as its field holds it."""
+
+    max_seq_len: int
+    longest_request_tokens: int | None
+    request_timeout_s: float | None
+
+
+def _whole_option(value: object, what: str, minimum: int) -> int:
+    """A whole-number engine option: a number, or its text (``--engine-opt`` values are)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return _whole(value, what, minimum)
+
+
+def _seconds_option(value: object, what: str) -> float:
+    """A duration engine option: seconds as a number, or text with or without a unit."""
+    if isinstance(value, str | int | float):
+        return _seconds(value, what)
+    raise UsageError(f"{what} must be seconds or a duration such as '50ms', got {value!r}")
+
+
 def _engine_options(a: RunArgs, uri: str) -> EngineOptions:
     from perfscope.profiler.engines.base import EngineOptions
 
-    known = {f.name for f in fields(EngineOptions)}
-    given: dict[str, Any] = {
-        "batch_size": _whole(a.batch_size, a.arg("batch_size"), 1),
-        "scheduler": _choice(a.scheduler, a.arg("scheduler"), ("continuous", "static")),
-        "batch_timeout_s": _seconds(a.batch_timeout, a.arg("batch_timeout")),
-        "device": a.device,
-        "dtype": a.dtype
+    batch_size = _whole(a.batch_size, a.arg("batch_size"), 1)
+    scheduler = _choice(a.scheduler, a.arg("scheduler"), ("continuous", "static"))
+    batch_timeout_s = _seconds(a.batch_timeout, a.arg("batch_timeout"))
+    dtype = (
+        a.dtype
         if a.dtype is None
-        else _choice(a.dtype, a.arg("dtype"), ("float32", "bfloat16", "float16")),
-        "seed": 0 if a.seed is None else a.seed,
-        "model_preset": a.model_preset,
-        "model_overrides": {
-            str(k): _whole(v, f"model_overrides[{k!r}]", 1)
-            for k, v in (a.model_overrides or {}).items()
-        },
-        "stop_on_eos": bool(a.stop_on_eos),
+        else _choice(a.dtype, a.arg("dtype"), ("float32", "bfloat16", "float16"))
+    )
+    model_overrides = {
+        str(k): _whole(v, f"model_overrides[{k!r}]", 1)
+        for k, v in (a.model_overrides or {}).items()
     }
-    if given["batch_timeout_s"] < 0:
+    if batch_timeout_s < 0:
         raise UsageError(f"{a.arg('batch_timeout')} must not be negative, got {a.batch_timeout!r}")
     extra: dict[str, str] = {}
     if a.tokenizer is not None and uri.startswith("openai"):
         extra["tokenizer"] = str(a.tokenizer)
+    set_fields = _EngineFields()
+    own = {f.name for f in fields(EngineOptions)} - {"extra"}
     for key, value in a.engine_options.items():
-        if key == "extra" and isinstance(value, Mapping):
+        what = f"engine option {key}"
+        if key == "extra":
+            if not isinstance(value, Mapping):
+                raise UsageError(f"{what} must be a mapping of options, got {value!r}")
             extra.update({str(k): _extra_text(v) for k, v in value.items()})
-        elif key in known:  # e.g. max_seq_len
-            given[key] = value
+        elif key == "max_seq_len":
+            set_fields["max_seq_len"] = _whole_option(value, what, 1)
+        elif key == "longest_request_tokens":
+            n = None if value is None else _whole_option(value, what, 1)
+            set_fields["longest_request_tokens"] = n
+        elif key == "request_timeout_s":
+            t = None if value is None else _seconds_option(value, what)
+            set_fields["request_timeout_s"] = t
+        elif key == "batch_timeout_s":
+            batch_timeout_s = _seconds_option(value, what)
+            if batch_timeout_s < 0:
+                raise UsageError(f"{what} must not be negative, got {value!r}")
+        elif key in own:  # a field the run's own arguments set
+            raise UsageError(f"{what} is an argument of the run: give {a.arg(key)} instead")
         else:
             extra[str(key)] = _extra_text(value)
-    given["extra"] = extra
-    return EngineOptions(**given)
+    return EngineOptions(
+        batch_size=batch_size,
+        scheduler=scheduler,
+        batch_timeout_s=batch_timeout_s,
+        device=a.device,
+        dtype=dtype,
+        seed=0 if a.seed is None else a.seed,
+        model_preset=a.model_preset,
+        model_overrides=model_overrides,
+        stop_on_eos=bool(a.stop_on_eos),
+        extra=extra,
+        **set_fields,
+    )
 
 
 # --------------------------------------------------------------------------- workload
@@ -288,7 +335,22 @@ def _pool(seconds: float, rate: float | None, concurrency: int | None) -> int:
     return 200 * (concurrency or 1)
 
 
-def _dataset_fields(a: RunArgs, uri: str) -> dict[str, Any]:
+class _DatasetFields(TypedDict, total=False):
+    """The :class:`~perfscope.profiler.workload.WorkloadConfig` fields the prompt source
+    sets (a dataset, a trace, a tokenizer), passed on as its keywords."""
+
+    tokenizer: str | None
+    trace_file: Path | None
+    server_tokenizer: str | None
+    turns: int
+    dataset: str
+    dataset_path: Path | None
+    prefix_len: int
+    prefix_groups: int
+    output_len_given: bool
+
+
+def _dataset_fields(a: RunArgs, uri: str) -> _DatasetFields:
     spec = a.dataset
     # openai: servers need prompt text; token counts alone cannot be sent.
     if spec is None and uri.startswith("openai") and a.prompts is None:
@@ -318,7 +380,7 @@ def _dataset_fields(a: RunArgs, uri: str) -> dict[str, Any]:
     }
 
 
-def _model_spec(a: RunArgs) -> dict[str, Any] | None:
+def _model_spec(a: RunArgs) -> JsonObject | None:
     """``model_spec`` resolved to a ModelSpec dict marked as given by the user
     (``source``, ``estimated``, ``method``); ``None`` when not given."""
     from perfscope.analysis.modelspec import ModelSpec
@@ -347,11 +409,11 @@ def _model_spec(a: RunArgs) -> dict[str, Any] | None:
         )
     from perfscope.analysis.costmodel import model_assumptions
 
-    out: dict[str, Any] = dict(spec.to_dict())
+    out: JsonObject = dict(spec.to_dict())
     out["source"] = source
     out["estimated"] = True
     # the family and every counting assumption, as perfscope roofline --model prints them
-    out["assumptions"] = model_assumptions(spec)
+    out["assumptions"] = list(model_assumptions(spec))
     out["method"] = (
         f"model shape from {a.arg('model_spec')}; FLOPs and bytes from perfscope's analytic "
         "cost model; for engines without steps, phase times estimated from the request "

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from perfscope import __version__
 from perfscope.analysis import Summary
 from perfscope.api.analyze import analyze_stored
 from perfscope.errors import PerfscopeError, UsageError
 from perfscope.hwdb import load_database, resolve_hardware
+from perfscope.jsontypes import JsonObject
 from perfscope.profiler.capture import (
     FLUSH_INTERVAL_S,
     ProgressHook,
@@ -126,7 +126,7 @@ def _with_model(info: EngineInfo, eopts: EngineOptions) -> EngineInfo:
 
 def _model_from_hf_config(
     path: str, dtype: str | None, *, mla_absorbed: bool = True
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """ModelSpec fields of a local HF model, in the dtype it runs in (logits: last position).
 
     ``mla_absorbed`` is the engine's own statement of how it runs multi-head latent

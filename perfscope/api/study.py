@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfscope.errors import UsageError
+from perfscope.jsontypes import JsonObject, ReadOnlyJson, json_object
 
 if TYPE_CHECKING:
     from perfscope.analysis.overhead import OverheadFit, PassCosts
@@ -45,6 +46,11 @@ __all__ = [
 ]
 
 
+#: A knob's value as its ``parse`` reads it: a count, a rate, a name or ``None`` (the
+#: option's default, e.g. ``max-batched-tokens=unlimited``).
+KnobValue = int | float | str | None
+
+
 @dataclass(frozen=True)
 class Knob:
     """One knob: what it changes and how a value is read.
@@ -61,7 +67,7 @@ class Knob:
     name: str
     kind: str
     target: str
-    parse: Callable[[str], Any]
+    parse: Callable[[str], KnobValue]
     help: str
 
 
@@ -335,12 +341,12 @@ def _knob(name: str) -> Knob:
     return KNOBS[key]
 
 
-def _values(knob: Knob, values: Sequence[Any]) -> list[tuple[str, Any]]:
+def _values(knob: Knob, values: Sequence[object] | str) -> list[tuple[str, KnobValue]]:
     if isinstance(values, str):
         values = [v for v in values.split(",") if v.strip()]
     if len(values) < 2:
         raise UsageError(f"a study of {knob.name} needs at least two values, e.g. --values A,B")
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, KnobValue]] = []
     for v in values:
         text = str(v).strip()
         try:
@@ -354,13 +360,12 @@ def _values(knob: Knob, values: Sequence[Any]) -> list[tuple[str, Any]]:
     return out
 
 
-def _apply(base: RunArgs, knob: Knob, value: Any) -> RunArgs:
+def _apply(base: RunArgs, knob: Knob, value: KnobValue) -> RunArgs:
     if knob.kind == "field":
-        changes: dict[str, Any] = {knob.target: value}
-        if knob.target in ("rate", "concurrency"):
-            changes["mode"] = "online"
-        return replace(base, **changes)
+        return _set_field(base, knob, value)
     if knob.kind == "shape":
+        if not isinstance(value, int):
+            raise TypeError(f"knob {knob.name}: a model shape is a whole number, got {value!r}")
         shape = dict(base.model_overrides or {})
         shape[knob.target] = value
         return replace(base, model_overrides=shape)
@@ -370,6 +375,25 @@ def _apply(base: RunArgs, knob: Knob, value: Any) -> RunArgs:
     else:
         opts[knob.target] = str(value)
     return replace(base, engine_options=opts)
+
+
+def _set_field(base: RunArgs, knob: Knob, value: KnobValue) -> RunArgs:
+    """``base`` with the :class:`RunArgs` field of a ``field`` knob set to ``value`` (as the
+    knob's ``parse`` read it); a rate or a concurrency makes the load online."""
+    match knob.target, value:
+        case "batch_size", int(n):
+            return replace(base, batch_size=n)
+        case "concurrency", int(n):
+            return replace(base, concurrency=n, mode="online")
+        case "rate", float(r):
+            return replace(base, rate=r, mode="online")
+        case "scheduler", str(name):
+            return replace(base, scheduler=name)
+        case "dtype", str(name):
+            return replace(base, dtype=name)
+        case "model_preset", str(name):
+            return replace(base, model_preset=name)
+    raise TypeError(f"knob {knob.name}: no field {knob.target!r} takes {value!r}")
 
 
 def _length(value: int | str) -> int:
@@ -527,12 +551,12 @@ def measure_setting_passes(
 def study_with(
     base: RunArgs,
     knob: str,
-    values: Sequence[Any] | str,
+    values: Sequence[object] | str,
     *,
     repeat: int = 3,
     name: str | None = None,
     log: Callable[[str], None] | None = None,
-    quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    quality: Callable[[JsonObject], ReadOnlyJson | None] | None = None,
     precision: float | None = None,
     max_repeats: int = 20,
     budget_s: float | None = None,
@@ -748,12 +772,12 @@ def baseline_fit(run_paths: Sequence[str | Path]) -> tuple[OverheadFit | None, s
 def _assemble(
     base: RunArgs,
     k: Knob,
-    parsed: Sequence[tuple[str, Any]],
+    parsed: Sequence[tuple[str, KnobValue]],
     repeat: int,
     runs: Sequence[tuple[int, int, str, Mapping[str, Any]]],
     *,
     created_at: str,
-    quality: Sequence[Mapping[str, Any] | None] | None = None,
+    quality: Sequence[ReadOnlyJson | None] | None = None,
     fitted: bool = True,
     queueing: bool = True,
     passes: Sequence[PassCosts | None] | None = None,
@@ -923,8 +947,10 @@ def _check_engine(a: RunArgs) -> None:
     parse_draft(opts, target_trained=bool(opts.get("weights")))
 
 
-def _args_record(a: RunArgs) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _args_record(a: RunArgs) -> JsonObject:
+    """The options of a setting as its study stores them (``args``) and its ``quality`` hook
+    is given: JSON, a value JSON cannot hold as its text, no API key."""
+    out: dict[str, object] = {}
     for key in (
         "engine",
         "requests",
@@ -955,13 +981,14 @@ def _args_record(a: RunArgs) -> dict[str, Any]:
             out["prefix_len"] = a.prefix_len
         if a.dataset == "multi-turn":
             out["turns"] = a.turns
-    record: dict[str, Any] = json.loads(json.dumps(out, default=str))
+    record = json_object(json.loads(json.dumps(out, default=str)))
+    assert record is not None  # a dict dumped is an object read back
     return record
 
 
 def study(
     knob: str,
-    values: Sequence[Any] | str,
+    values: Sequence[object] | str,
     *,
     engine: Any = "reference",
     repeat: int = 3,
@@ -971,7 +998,7 @@ def study(
     runs_dir: str | Path | None = None,
     name: str | None = None,
     log: Callable[[str], None] | None = None,
-    quality: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    quality: Callable[[JsonObject], ReadOnlyJson | None] | None = None,
     precision: float | None = None,
     max_repeats: int = 20,
     budget_s: float | None = None,
@@ -1059,7 +1086,7 @@ def _base_args(
 
 def study_quality(
     knob: str,
-    values: Sequence[Any] | str,
+    values: Sequence[object] | str,
     *,
     quality: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None = None,
     engine: Any = "reference",

@@ -44,6 +44,7 @@ from perfscope.checks.grammar import (
     resolve_metric,
 )
 from perfscope.errors import PerfAssertionError, SLOError, UsageError
+from perfscope.jsontypes import JsonObject
 
 __all__ = [
     "AssertionObserver",
@@ -110,7 +111,7 @@ class Outcome:
     passed: bool
     stat: str = "value"
     samples: list[float] = field(default_factory=list)
-    distribution: dict[str, Any] | None = None
+    distribution: JsonObject | None = None
     run_dirs: list[str] = field(default_factory=list)
     problem: str | None = None
 
@@ -168,7 +169,7 @@ class Outcome:
             return None
         return f"{self.path.rsplit('.', 1)[0]}: " + "  ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "expression": self.assertion.text,
             "metric": self.metric,
@@ -178,15 +179,15 @@ class Outcome:
             "measured": self.measured,
             "passed": self.passed,
             "stat": self.stat,
-            "samples": self.samples,
+            "samples": list(self.samples),
             "problem": self.problem,
-            "run_dirs": self.run_dirs,
+            "run_dirs": list(self.run_dirs),
         }
 
 
 def _measure(
     target: Any, metric: str, stat: str, confidence: float, op: str | None
-) -> tuple[str, float | None, str, list[float], dict[str, Any] | None]:
+) -> tuple[str, float | None, str, list[float], JsonObject | None]:
     """(path, value, stat label, samples, distribution) of ``metric`` on ``target``."""
     if stat not in ("median", "mean", "bound"):
         raise UsageError(f"unknown stat {stat!r}: use 'median', 'mean' or 'bound'")

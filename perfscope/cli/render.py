@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.padding import Padding
@@ -23,7 +22,6 @@ from perfscope.dashboard.queueing import queueing_line
 from perfscope.dashboard.terminal import FitTable, energy_table, predictions_table, roofline_table
 from perfscope.dashboard.view import (
     TABLE_STATS,
-    as_summary,
     latency_rows,
     model_spec_lines,
     run_view,
@@ -87,9 +85,9 @@ def _client_line(summary: Summary) -> str | None:
     return f"client: {c.cpu_s:.2f} CPU-s, peak RSS {rss / 1e6:.0f} MB{clock}"
 
 
-def summary_view(summary: Summary | dict[str, Any], path: Path | None = None) -> RenderableType:
-    """The whole summary as the CLI prints it (a summary.json dict is read as a Summary)."""
-    summary = as_summary(summary)
+def summary_view(summary: Summary, path: Path | None = None) -> RenderableType:
+    """The whole summary as the CLI prints it (a summary.json object is read first with
+    ``Summary.from_dict``)."""
     view = run_view(summary)
     parts: list[RenderableType] = []
     style = "green" if view.status == "complete" else "red"
@@ -279,7 +277,7 @@ def _speculative_view(summary: Summary) -> RenderableType | None:
     return t
 
 
-def _extra_renderers() -> Iterable[Any]:
+def _extra_renderers() -> Iterable[Callable[[Summary], RenderableType | None]]:
     """Renderers of the analysis sections (roofline, energy, advice, projections, server,
     speculative decoding)."""
     return (

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfscope.cli._argtypes import add_runs_dir, positive_int
 from perfscope.errors import UsageError
+from perfscope.jsontypes import JsonArray
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -318,7 +319,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def config_diff_json(diff: Sequence[ConfigDiff]) -> list[dict[str, Any]]:
+def config_diff_json(diff: Sequence[ConfigDiff]) -> JsonArray:
     """The configuration differences as ``--json`` prints them."""
     return [{"group": d.group, "field": d.field, "values": list(d.values)} for d in diff]
 

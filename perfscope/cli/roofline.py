@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from perfscope.errors import UsageError
+from perfscope.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -17,7 +18,20 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-_SHAPE_OPTIONS: tuple[tuple[str, str, str], ...] = (
+#: The :class:`ModelSpec` fields a shape flag sets (whole numbers).
+_ShapeField = Literal[
+    "n_layers",
+    "hidden_size",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "n_experts",
+    "n_active_experts",
+]
+
+_SHAPE_OPTIONS: tuple[tuple[str, _ShapeField, str], ...] = (
     ("--layers", "n_layers", "transformer blocks"),
     ("--hidden-size", "hidden_size", "model width"),
     ("--heads", "n_heads", "query heads"),
@@ -28,6 +42,9 @@ _SHAPE_OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--experts", "n_experts", "MoE experts per layer"),
     ("--active-experts", "n_active_experts", "experts per token"),
 )
+
+#: The flag of each shape field (error messages name the flag).
+_FLAG_OF: dict[str, str] = {field: flag for flag, field, _ in _SHAPE_OPTIONS}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -112,23 +129,42 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_handle)
 
 
+class _Shape(TypedDict, total=False):
+    """The :class:`ModelSpec` fields the flags set, and those a new depth carries over (a
+    model's local/global, dense and mixer patterns), passed on as its keywords."""
+
+    n_layers: int
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    n_experts: int
+    n_active_experts: int
+    mlp_gated: bool
+    layer_windows: tuple[int, ...]
+    dense_layers: tuple[int, ...]
+    layer_mixers: tuple[str, ...]
+    mlp_free_layers: tuple[int, ...]
+
+
 def _model_from_args(args: argparse.Namespace) -> ModelSpec:
     from dataclasses import replace
 
     from perfscope.analysis.modelspec import ModelSpec
 
-    overrides: dict[str, Any] = {
-        field: getattr(args, flag.lstrip("-").replace("-", "_"))
-        for flag, field, _ in _SHAPE_OPTIONS
-        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None
-    }
+    overrides = _Shape()
+    for flag, field, _ in _SHAPE_OPTIONS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:  # argparse read it as an int
+            overrides[field] = int(value)
     if args.mlp is not None:
         overrides["mlp_gated"] = args.mlp == "gated"
     if args.model:
         spec = ModelSpec.resolve(args.model)
         fixed = sorted(set(overrides) - {"n_layers", "vocab_size"})
         if (spec.is_ssm or spec.layer_mixers) and fixed:
-            flags = {field: flag for flag, field, _ in _SHAPE_OPTIONS}
             what, why = (
                 ("hybrid", "its blocks mix attention with other mixers")
                 if spec.n_attention_layers
@@ -136,7 +172,7 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
             )
             raise UsageError(
                 f"{spec.name} is a {what} ({spec.family}) model: "
-                f"{', '.join(flags.get(f, '--mlp') for f in fixed)} do not apply ({why}; its "
+                f"{', '.join(_FLAG_OF.get(f, '--mlp') for f in fixed)} do not apply ({why}; its "
                 "widths come from config.json); only --layers and --vocab-size do"
             )
         if overrides:
@@ -166,10 +202,9 @@ def _model_from_args(args: argparse.Namespace) -> ModelSpec:
         needed = ("n_layers", "hidden_size", "n_heads", "intermediate_size", "vocab_size")
         missing = [f for f in needed if f not in overrides]
         if missing:
-            flags = {field: flag for flag, field, _ in _SHAPE_OPTIONS}
             raise UsageError(
                 "give --model PRESET|config.json, or the model's shape with "
-                + ", ".join(flags[f] for f in missing)
+                + ", ".join(_FLAG_OF[f] for f in missing)
             )
         overrides.setdefault("n_kv_heads", overrides["n_heads"])
         overrides.setdefault("head_dim", overrides["hidden_size"] // overrides["n_heads"])
@@ -239,9 +274,9 @@ def _handle(args: argparse.Namespace, console: Console) -> int:
 
     assumptions = model_assumptions(spec)
     if args.json:
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "model": spec.to_dict(),
-            "assumptions": assumptions,
+            "assumptions": list(assumptions),
             "predictions": [p.to_dict() for p in preds],
         }
         if parallel:

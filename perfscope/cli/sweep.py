@@ -197,7 +197,7 @@ def run_args(args: argparse.Namespace) -> RunArgs:
         for k, v in vars(args).items()
         if k.startswith("shape_") and v is not None
     }
-    engine_opts: dict[str, Any] = dict(_kv_pairs(getattr(args, "engine_opt", [])))
+    engine_opts: dict[str, str | float] = dict(_kv_pairs(getattr(args, "engine_opt", [])))
     if args.engine.startswith("openai"):
         engine_opts.update(openai_extra(args))
     if getattr(args, "timeout", None) is not None:  # --timeout: every engine kind

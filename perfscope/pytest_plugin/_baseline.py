@@ -38,6 +38,7 @@ from perfscope.analysis.summary import Record
 from perfscope.checks.change import compare_samples
 from perfscope.checks.grammar import parse_limit, parse_tolerance
 from perfscope.errors import BrokenRunError, SLOError, UsageError
+from perfscope.jsontypes import JsonObject
 from perfscope.profiler.store import read_json_capped, write_json_atomic
 
 __all__ = [
@@ -538,7 +539,7 @@ class MetricComparison:
             f"{format_metric(self.baseline, path)}{ch}{tol}{band}{blind}{')' if ch else ''}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "metric": self.metric,
             "path": self.path,

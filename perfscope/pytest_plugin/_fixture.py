@@ -27,6 +27,29 @@ if TYPE_CHECKING:
 __all__ = ["PerfscopeFixture", "perfscope"]
 
 
+#: The keywords of :func:`perfscope.run` that :meth:`PerfscopeFixture.run` passes itself.
+_OWN_KEYWORDS = frozenset(
+    (
+        "requests",
+        "prompt_len",
+        "output_len",
+        "warmup",
+        "mode",
+        "rate",
+        "concurrency",
+        "batch_size",
+        "scheduler",
+        "model_preset",
+        "device",
+        "dtype",
+        "seed",
+        "slos",
+        "name",
+        "hw",
+    )
+)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "test"
 
@@ -131,28 +154,36 @@ class PerfscopeFixture:
             )
         if "runs_dir" in options or "command" in options:
             raise UsageError("the perfscope fixture chooses runs_dir and command itself")
-        kwargs: dict[str, Any] = {
-            "requests": requests,
-            "prompt_len": prompt_len,
-            "output_len": output_len,
-            "warmup": warmup,
-            "mode": mode,
-            "rate": rate,
-            "concurrency": concurrency,
-            "batch_size": batch_size,
-            "scheduler": scheduler,
-            "model_preset": model_preset,
-            "device": device,
-            "dtype": dtype,
-            "seed": seed,
-            "slos": slos,
-            "name": name,
-            "hw": hw,
-            **(engine_options or {}),
-            **options,
-        }
+        # engine_options: engine-specific, so no keyword this method names itself
+        extra = {**(engine_options or {}), **options}
+        if clash := sorted(set(extra) & _OWN_KEYWORDS):
+            raise UsageError(
+                f"engine_options names {', '.join(clash)}, a keyword of perfscope.run(): "
+                "pass it as that keyword"
+            )
         runs = [
-            run(engine, runs_dir=self.runs_dir, command=["pytest", self._item.nodeid], **kwargs)
+            run(
+                engine,
+                runs_dir=self.runs_dir,
+                command=["pytest", self._item.nodeid],
+                requests=requests,
+                prompt_len=prompt_len,
+                output_len=output_len,
+                warmup=warmup,
+                mode=mode,
+                rate=rate,
+                concurrency=concurrency,
+                batch_size=batch_size,
+                scheduler=scheduler,
+                model_preset=model_preset,
+                device=device,
+                dtype=dtype,
+                seed=seed,
+                slos=slos,
+                name=name,
+                hw=hw,
+                **extra,
+            )
             for _ in range(n)
         ]
         target = runs[0] if n == 1 else RunSet(runs)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
+from perfscope.jsontypes import JsonObject, JsonValue
 from perfscope.pytest_plugin._state import SessionState
 
 __all__ = ["REPORT_SCHEMA", "report", "save_baseline", "write_json_report"]
@@ -15,8 +15,10 @@ __all__ = ["REPORT_SCHEMA", "report", "save_baseline", "write_json_report"]
 REPORT_SCHEMA = "perfscope.pytest/1"
 
 
-def report(state: SessionState, exitstatus: int) -> dict[str, Any]:
-    tests = []
+def report(state: SessionState, exitstatus: int) -> JsonObject:
+    """The session's JSON report (schema :data:`REPORT_SCHEMA`): every perf test's runs,
+    key metrics, assertions and comparisons, the machine, the commit and the baseline."""
+    tests: list[JsonValue] = []
     for rec in state.perf_records():
         tests.append(
             {
@@ -26,7 +28,7 @@ def report(state: SessionState, exitstatus: int) -> dict[str, Any]:
                     {
                         "key": m.key,
                         "label": m.label,
-                        "run_dirs": m.run_dirs,
+                        "run_dirs": list(m.run_dirs),
                         "metrics": {k: v.to_dict() for k, v in m.metrics.items()},
                         "assertions": [
                             o.to_dict() | {"source": src} for mm, o, src in rec.outcomes if mm is m
@@ -41,7 +43,7 @@ def report(state: SessionState, exitstatus: int) -> dict[str, Any]:
         1 for r in state.records.values() for _, o, _ in r.outcomes if not o.passed
     )
     regressions = state.regressions()
-    baseline = None
+    baseline: JsonObject | None = None
     if state.baseline is not None:
         saved = state.baseline
         baseline = {
