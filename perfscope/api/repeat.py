@@ -192,7 +192,7 @@ def run_repeated(
         if outcome.status != "complete":
             failed += 1
         if report:
-            write_run_report(outcome.path, err)
+            write_run_report(outcome.stored or outcome.path, err, summary=outcome.summary)
         return outcome
 
     common: JsonObject = {

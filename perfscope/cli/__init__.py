@@ -417,11 +417,11 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(outcome.summary.to_dict(), indent=2))
     else:
-        console.print(summary_view(outcome.summary, outcome.path))
+        console.print(summary_view(outcome.summary, outcome.stored or outcome.path))
     if args.report:
         from perfscope.cli.report import write_run_report
 
-        write_run_report(outcome.stored or outcome.path, err)
+        write_run_report(outcome.stored or outcome.path, err, summary=outcome.summary)
     if outcome.status != "complete":
         err.print(
             f"[red]run {outcome.status}[/red]: {safe_markup(redact_text(outcome.error or ''))}; "

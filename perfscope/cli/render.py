@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Group, RenderableType
 from rich.padding import Padding
@@ -28,6 +29,9 @@ from perfscope.dashboard.view import (
     step_rows,
     throughput_rows,
 )
+
+if TYPE_CHECKING:
+    from perfscope.profiler.store import StoredRun
 
 __all__ = ["runs_table", "summary_view"]
 
@@ -85,9 +89,9 @@ def _client_line(summary: Summary) -> str | None:
     return f"client: {c.cpu_s:.2f} CPU-s, peak RSS {rss / 1e6:.0f} MB{clock}"
 
 
-def summary_view(summary: Summary, path: Path | None = None) -> RenderableType:
-    """The whole summary as the CLI prints it (a summary.json object is read first with
-    ``Summary.from_dict``)."""
+def summary_view(summary: Summary, run: StoredRun | Path | None = None) -> RenderableType:
+    """The whole summary as the CLI prints it. ``run``: the run as read (its tables give a
+    batch run's queue time without reading the directory again) or its directory."""
     view = run_view(summary)
     parts: list[RenderableType] = []
     style = "green" if view.status == "complete" else "red"
@@ -102,7 +106,7 @@ def summary_view(summary: Summary, path: Path | None = None) -> RenderableType:
     for warning in view.warnings:
         parts.append(Text(f"warning: {warning}", style="yellow"))
     parts.append(latency_table(summary))
-    queue_line = queueing_line((summary.load or {}).get("mode"), path)
+    queue_line = queueing_line((summary.load or {}).get("mode"), run)
     if queue_line is not None:
         parts.append(Text(queue_line, style="yellow"))
     parts.append(throughput_table(summary))
@@ -125,8 +129,10 @@ def summary_view(summary: Summary, path: Path | None = None) -> RenderableType:
         for e in view.errors:
             et.add_row(e.value, safe_markup(e.label))
         parts.append(et)
-    if path is not None:
-        parts.append(Text(f"run directory: {path}", style="dim"))
+    if run is not None:
+        parts.append(
+            Text(f"run directory: {run if isinstance(run, Path) else run.path}", style="dim")
+        )
     return Group(*parts)
 
 

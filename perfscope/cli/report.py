@@ -27,6 +27,7 @@ from perfscope.jsontypes import JsonArray
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from perfscope.analysis import Summary
     from perfscope.dashboard.compare import ConfigDiff
     from perfscope.profiler.store import StoredRun
 
@@ -61,11 +62,14 @@ def _size(path: Path) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def write_run_report(run_dir: Path | StoredRun, console: Console) -> Path | None:
+def write_run_report(
+    run_dir: Path | StoredRun, console: Console, *, summary: Summary | None = None
+) -> Path | None:
     """Write ``run_dir/report.html`` after ``perfscope run`` and say where it is.
 
     ``run_dir`` may be the run as capture already read it (``RunOutcome.stored``): then the
-    directory is not read again.
+    directory is not read again; ``summary`` the summary record the analysis returned
+    (``RunOutcome.summary``): then it is not converted again from its JSON form.
 
     A report that cannot be written never fails the run (its data is already stored): the
     reason is printed and ``None`` returned.
@@ -76,7 +80,7 @@ def write_run_report(run_dir: Path | StoredRun, console: Console) -> Path | None
 
     try:
         stored = run_dir if isinstance(run_dir, StoredRun) else _load(str(run_dir), None)
-        path: Path = write_report(stored)
+        path: Path = write_report(stored, summary=summary)
     except StorageError:
         raise  # disk full or read-only: one line and exit 1 from the CLI
     except Exception as exc:  # the run is stored; a report failure must not lose it
