@@ -207,7 +207,7 @@ def test_the_import_reader_sees_every_kind_of_import() -> None:
     seen = set(imports_of("perfscope"))
     # module level, inside a function, under TYPE_CHECKING
     assert ("perfscope/cli/__init__.py", "perfscope.errors.UsageError") in seen
-    assert ("perfscope/cli/__init__.py", "perfscope.cli.render.summary_view") in seen
+    assert ("perfscope/cli/run.py", "perfscope.cli.render.summary_view") in seen
     assert ("perfscope/__init__.py", "perfscope.api.run.run") in seen
     assert _private_front_door("perfscope.cli.render.summary_view")
     assert not _private_front_door("perfscope.__version__")

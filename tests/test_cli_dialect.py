@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from perfscope.cli import _Parser, build_parser, infinite_rate_as_mode, main
+from perfscope.cli import build_parser, infinite_rate_as_mode, main
 from perfscope.cli.dialect import ALIASES, POINTERS, RATE_TYPES, rewrite_aliases, suggest
+from perfscope.cli.parser import Parser
 
 DOC = Path(__file__).parents[1] / "docs" / "flags.md"
 
@@ -82,14 +83,14 @@ def test_aliases_leave_flags_the_command_already_has_alone() -> None:
 def test_request_rate_inf_is_batch_mode_or_a_closed_loop(
     concurrency: int | None, mode: str, note: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_Parser, "argv", ["run", "--request-rate", "inf"])
+    monkeypatch.setattr(Parser, "argv", ["run", "--request-rate", "inf"])
     args = argparse.Namespace(rate=float("inf"), concurrency=concurrency, mode="online")
     said = infinite_rate_as_mode(args)
     assert said is not None and note in said
     assert args.rate is None and args.mode == mode
     finite = argparse.Namespace(rate=8.0, concurrency=None, mode="online")
     assert infinite_rate_as_mode(finite) is None and finite.rate == 8.0
-    monkeypatch.setattr(_Parser, "argv", ["run", "--rate", "inf"])
+    monkeypatch.setattr(Parser, "argv", ["run", "--rate", "inf"])
     own = argparse.Namespace(rate=float("inf"), concurrency=None, mode="online")
     assert infinite_rate_as_mode(own) is None  # perfscope's --rate inf stays refused
 
