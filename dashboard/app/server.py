@@ -37,7 +37,13 @@ from perfscope.dashboard.app.data import (
     validate_run_id,
 )
 from perfscope.dashboard.app.pages import PAGES
-from perfscope.dashboard.app.pages._common import DashboardContext, Page, PageRequest, error_box
+from perfscope.dashboard.app.pages._common import (
+    DashboardContext,
+    Page,
+    PageRequest,
+    Style,
+    error_box,
+)
 from perfscope.errors import PerfscopeError, RunNotFoundError, UsageError
 
 __all__ = [
@@ -58,7 +64,7 @@ _API_ENDPOINTS = frozenset({"perfscope_api_runs", "perfscope_api_summary"})
 #: ``app.server.config`` key of the set of extra host names the server answers to.
 _ALLOWED_HOSTS = "PERFSCOPE_ALLOWED_HOSTS"
 
-_NAV_STYLE: dict[str, Any] = {
+_NAV_STYLE: Style = {
     "display": "flex",
     "gap": "18px",
     "alignItems": "baseline",
