@@ -18,13 +18,17 @@ from dash import Dash, Input, Output, State, dcc, html
 
 from perfscope.analysis.compare import Comparison
 from perfscope.analysis.manifest import RunManifest
+from perfscope.dashboard.app.data import LoadedRun, Signature
 from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
     TABLE_HEADER,
+    Column,
     DashboardContext,
+    Option,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     figure_block,
@@ -37,16 +41,19 @@ __all__ = ["PAGE", "ResultCache", "compare_body", "metric_records"]
 
 _RESULT_CACHE_SIZE = 8
 
+#: What a comparison is cached under: each run's id with its files' signature.
+_ResultKey = tuple[tuple[str, Signature], ...]
+
 
 class ResultCache:
     """Recent comparison results of one app (comparing big runs takes a moment)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.items: OrderedDict[Any, Comparison] = OrderedDict()
+        self.items: OrderedDict[_ResultKey, Comparison] = OrderedDict()
 
 
-def _run_options(dctx: DashboardContext) -> list[dict[str, Any]]:
+def _run_options(dctx: DashboardContext) -> list[Option]:
     return [
         {"label": f"{r.run_id} ({r.status})", "value": r.run_id}
         for r in dctx.repo.rows()
@@ -77,9 +84,10 @@ def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
             id="compare-config-identical",
         )
     else:
-        cols = [{"id": "group", "name": "what"}, {"id": "field", "name": "field"}]
-        cols += [{"id": f"v{i}", "name": lab} for i, lab in enumerate(labels)]
-        rows = [
+        cols = [column("group", "what"), column("field", "field")]
+        cols += [column(f"v{i}", lab) for i, lab in enumerate(labels)]
+        # One value column per run (``v0``, ``v1``, ...): every cell is text.
+        rows: list[dict[str, str]] = [
             {"group": d.group, "field": d.field, **{f"v{i}": v for i, v in enumerate(d.values)}}
             for d in diff
         ]
@@ -102,28 +110,27 @@ def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
     )
 
 
-def metric_records(result: Comparison) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def metric_records(result: Comparison) -> tuple[list[Column], list[dict[str, str]]]:
     """Columns and rows of the metric table: value per run set, then ratio, interval, noise
-    band and change of each set against the baseline (first set)."""
+    band and change of each set against the baseline (first set). The rows' columns depend
+    on how many sets are compared (``v0``, ``r1``, ``ci1``, ...); every cell is text."""
     from perfscope.dashboard.compare import format_metric, ratio_cells
 
     labels = result.labels
     conf = f"{100 * result.confidence:g}%"
-    cols: list[dict[str, Any]] = [{"id": "metric", "name": "metric"}]
+    cols: list[Column] = [column("metric", "metric")]
     for i, lab in enumerate(labels):
-        cols.append(
-            {"id": f"v{i}", "name": f"{'baseline' if i == 0 else f'run {i}'}: {short_label(lab)}"}
-        )
+        cols.append(column(f"v{i}", f"{'baseline' if i == 0 else f'run {i}'}: {short_label(lab)}"))
     for i in range(1, len(labels)):
         cols += [
-            {"id": f"r{i}", "name": f"ratio run {i}"},
-            {"id": f"ci{i}", "name": f"{conf} CI run {i}"},
-            {"id": f"n{i}", "name": f"detectable run {i}"},
-            {"id": f"c{i}", "name": f"change run {i}"},
+            column(f"r{i}", f"ratio run {i}"),
+            column(f"ci{i}", f"{conf} CI run {i}"),
+            column(f"n{i}", f"detectable run {i}"),
+            column(f"c{i}", f"change run {i}"),
         ]
     rows = []
     for m in result.metrics:
-        row: dict[str, Any] = {"metric": m.label, "key": m.key}
+        row: dict[str, str] = {"metric": m.label, "key": m.key}
         for i, v in enumerate(m.values):
             row[f"v{i}"] = "n/a (not in this run's summary)" if v is None else format_metric(v, m)
         for i in range(1, len(labels)):
@@ -132,7 +139,7 @@ def metric_records(result: Comparison) -> tuple[list[dict[str, Any]], list[dict[
     return cols, rows
 
 
-def _result(ids: list[str], loaded: list[Any], cache: ResultCache) -> Comparison:
+def _result(ids: list[str], loaded: list[LoadedRun], cache: ResultCache) -> Comparison:
     from perfscope.dashboard.compare import compare_tables
 
     # Keyed on the runs' file signatures: a run rewritten on disk is compared afresh.
@@ -304,7 +311,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
     )
     def baseline_choices(
         ids: list[str] | None, current: str | None
-    ) -> tuple[list[dict[str, str]], str | None]:
+    ) -> tuple[list[Option], str | None]:
         ids = list(ids or [])
         value = current if current in ids else (ids[0] if ids else None)
         return [{"label": i, "value": i} for i in ids], value

@@ -7,7 +7,7 @@ sources, exactly as the files give them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from dash import Dash, Input, Output, html
 
@@ -15,25 +15,48 @@ from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
     TABLE_HEADER,
+    ColumnType,
     DashboardContext,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     note,
 )
+from perfscope.jsontypes import JsonObject
 
-__all__ = ["PAGE", "device_detail", "device_records"]
+__all__ = ["PAGE", "DeviceRow", "device_detail", "device_records"]
+
+
+class DeviceRow(TypedDict):
+    """One device of the hardware table, in datasheet units (GB, GB/s, TFLOPS, MB, W);
+    ``None`` where the datasheet gives no such figure."""
+
+    id: str
+    key: str
+    name: str
+    vendor: str
+    kind: str
+    mem_gb: float | None
+    bw_gb_s: float | None
+    bf16_tflops: float | None
+    fp8_tflops: float | None
+    fp32_tflops: float | None
+    llc_mb: float | None
+    tdp_w: float | None
+    ceilings: str
+    n_sources: int
 
 
 def _r(x: float | None, scale: float, nd: int = 4) -> float | None:
     return None if x is None else float(f"{x / scale:.{nd}g}")
 
 
-def device_records(ctx: DashboardContext) -> list[dict[str, Any]]:
+def device_records(ctx: DashboardContext) -> list[DeviceRow]:
     """One row per device of the hardware database (display units)."""
     db = ctx.hwdb()
-    rows = []
+    rows: list[DeviceRow] = []
     for d in db.filter():
         entry = db.entries.get(d.key)
         sources: set[str] = set()
@@ -62,7 +85,7 @@ def device_records(ctx: DashboardContext) -> list[dict[str, Any]]:
     return rows
 
 
-_COLUMNS = (
+_COLUMNS: tuple[tuple[str, str, ColumnType], ...] = (
     ("key", "key", "text"),
     ("name", "name", "text"),
     ("vendor", "vendor", "text"),
@@ -161,13 +184,8 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
             data_table(
                 id="hw-table",
                 columns=[
-                    {
-                        "id": c,
-                        "name": n,
-                        "type": t,
-                        # An empty cell says the datasheet gives no such figure.
-                        **({"format": {"nully": "–"}} if t == "numeric" else {}),
-                    }
+                    # An empty cell says the datasheet gives no such figure.
+                    column(c, n, t, nully="–" if t == "numeric" else None)
                     for c, n, t in _COLUMNS
                 ],
                 data=records,
@@ -208,7 +226,7 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         Input("hw-table", "active_cell"),
         prevent_initial_call=True,
     )
-    def show_device(active_cell: dict[str, Any] | None) -> Any:
+    def show_device(active_cell: JsonObject | None) -> Any:
         key = (active_cell or {}).get("row_id")
         return device_detail(ctx, str(key) if key else None)
 

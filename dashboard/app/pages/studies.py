@@ -14,6 +14,7 @@ the runs a study names are read through the run repository by their directory na
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from perfscope.dashboard.app.pages._common import (
     DashboardContext,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     figure_block,
@@ -42,6 +44,7 @@ from perfscope.dashboard.study_report import (
     study_figures,
 )
 from perfscope.errors import PerfscopeError, RunNotFoundError
+from perfscope.jsontypes import JsonObject
 
 __all__ = ["PAGE", "STUDIES_DIR", "StudyListing", "list_studies", "load_study", "study_body"]
 
@@ -116,10 +119,10 @@ def list_studies(dctx: DashboardContext) -> list[StudyListing]:
     return out
 
 
-def _summary_reader(dctx: DashboardContext) -> Any:
+def _summary_reader(dctx: DashboardContext) -> Callable[[str], JsonObject]:
     """Reads a study run's summary through the repository, by its directory name."""
 
-    def read(run: str) -> dict[str, Any]:
+    def read(run: str) -> JsonObject:
         run_id = Path(run).name
         try:
             return dctx.repo.summary(run_id) or {}
@@ -148,7 +151,7 @@ def _missing(metric: str) -> str:
     return _MISSING.get(metric, "not in the runs' summaries")
 
 
-def _value(v: Any, metric: str) -> str:
+def _value(v: float | None, metric: str) -> str:
     if v is None:
         return _missing(metric)
     unit = METRIC_LABELS.get(metric, ("", ""))[1]
@@ -166,7 +169,8 @@ def _settings_table(dctx: DashboardContext, study: Study) -> Any:
     for s in study.settings:
         verdicts = phase_summary(s)
         mem = s.memory.get("total_bytes")
-        row: dict[str, Any] = {"value": s.value}
+        # One cell per study metric besides the fixed columns: every cell is text.
+        row: dict[str, str] = {"value": s.value}
         for m in METRICS:
             row[m] = _value(s.median.get(m), m)
         row["memory"] = "not estimated" if mem is None else f"{mem / 1e6:.3g} MB"
@@ -179,10 +183,7 @@ def _settings_table(dctx: DashboardContext, study: Study) -> Any:
     cols += [("runs", "runs")]
     return data_table(
         id="studies-settings",
-        columns=[
-            {"id": c, "name": n, **({"presentation": "markdown"} if c == "runs" else {})}
-            for c, n in cols
-        ],
+        columns=[column(c, n, markdown=c == "runs") for c, n in cols],
         data=rows,
         markdown_options={"link_target": "_self"},
         css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
@@ -230,7 +231,7 @@ def _effects_table(study: Study) -> Any:
     ]
     return data_table(
         id="studies-effects",
-        columns=[{"id": c, "name": n} for c, n in cols],
+        columns=[column(c, n) for c, n in cols],
         data=rows,
         style_cell=TABLE_CELL,
         style_header=TABLE_HEADER,
@@ -302,10 +303,7 @@ def _list_table(studies: list[StudyListing]) -> Any:
     ]
     return data_table(
         id="studies-list",
-        columns=[
-            {"id": c, "name": n, **({"presentation": "markdown"} if c == "study" else {})}
-            for c, n in cols
-        ],
+        columns=[column(c, n, markdown=c == "study") for c, n in cols],
         data=rows,
         markdown_options={"link_target": "_self"},
         css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
@@ -28,6 +28,7 @@ from perfscope.dashboard.app.pages._common import (
     DashboardContext,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     figure_block,
@@ -247,7 +248,15 @@ def goodput_figure(summary: SweepSummary) -> go.Figure:
     return fig
 
 
-def _count_ticks(kind: str, x: list[float | None]) -> dict[str, Any]:
+class AxisTicks(TypedDict, total=False):
+    """Tick settings of a plotly axis: values at ``tickvals``, written as ``ticktext``."""
+
+    tickmode: str
+    tickvals: list[int]
+    ticktext: list[str]
+
+
+def _count_ticks(kind: str, x: list[float | None]) -> AxisTicks:
     """Concurrency is a count: ticks at the tested values, as integers."""
     if kind == "rate":
         return {}
@@ -299,10 +308,7 @@ def _points_table(dctx: DashboardContext, summary: SweepSummary) -> Any:
     ]
     return data_table(
         id="sweeps-points",
-        columns=[
-            {"id": c, "name": n, **({"presentation": "markdown"} if c == "run" else {})}
-            for c, n in cols
-        ],
+        columns=[column(c, n, markdown=c == "run") for c, n in cols],
         data=rows,
         markdown_options={"link_target": "_self"},
         css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
