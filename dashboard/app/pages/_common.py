@@ -12,12 +12,13 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Literal, NotRequired, TypeAlias, TypedDict
 from urllib.parse import parse_qs
 
 import plotly.graph_objects as go
 from dash import Dash, dcc, html
 from dash.dash_table.DataTable import DataTable
+from dash.development.base_component import Component
 
 from perfscope.dashboard.app.data import RunRepository
 from perfscope.jsontypes import JsonValue, json_object
@@ -234,7 +235,7 @@ class Page:
     key: str
     path: str
     title: str
-    layout: Callable[[DashboardContext, PageRequest], Any]
+    layout: Callable[[DashboardContext, PageRequest], Component]
     register: Callable[[Dash, DashboardContext], None]
     nav: bool = True
     prefix: bool = False
@@ -341,7 +342,7 @@ def figure_block(
     missing: str | None = None,
 ) -> html.Div:
     """A titled card with a graph, or the reason the figure is not available."""
-    body: list[Any] = [html.H3(title, style={"margin": "4px 0"})]
+    body: list[Component] = [html.H3(title, style={"margin": "4px 0"})]
     if figure is None:
         body.append(note(missing or "not available"))
     else:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
+from dash.development.base_component import Component
 
 from perfscope.analysis.compare import Comparison
 from perfscope.analysis.manifest import RunManifest
@@ -69,7 +69,7 @@ def short_label(run_id: str) -> str:
     return short_labels([run_id])[0]
 
 
-def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
+def config_block(ids: list[str], manifests: list[RunManifest]) -> html.Div:
     """The configuration diff of the compared runs: only the fields that differ (engine,
     model shape, dtype, workload, batch, options, device, versions, SLOs), or a line saying
     the configurations are identical."""
@@ -78,7 +78,7 @@ def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
     diff = config_diff(manifests)
     labels = short_labels(ids)
     if not diff:
-        body: Any = html.P(
+        body: Component = html.P(
             "identical: engine, model shape, dtype, workload, batch, options, device and "
             "versions are the same in every run",
             id="compare-config-identical",
@@ -162,7 +162,7 @@ def compare_body(
     run_ids: list[str],
     baseline: str | None,
     cache: ResultCache | None = None,
-) -> Any:
+) -> html.Div:
     """Figures and metric table of the given runs, ``baseline`` first."""
     from perfscope.dashboard.figures import (
         comparison_cdf_figure,
@@ -175,7 +175,7 @@ def compare_body(
     if baseline in ids:
         ids.remove(str(baseline))
         ids.insert(0, str(baseline))
-    problems: list[Any] = []
+    problems: list[Component] = []
     loaded = []
     ok_ids = []
     for rid in ids:
@@ -274,7 +274,7 @@ def compare_body(
     return html.Div([*problems, config, table, *figs, roofline_link])
 
 
-def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     ids = query_list(req, "runs")
     baseline = req.get("baseline") or (ids[0] if ids else None)
     options = _run_options(dctx)
@@ -321,7 +321,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         Input("compare-runs", "value"),
         Input("compare-baseline", "value"),
     )
-    def update_comparison(ids: list[str] | None, baseline: str | None) -> Any:
+    def update_comparison(ids: list[str] | None, baseline: str | None) -> html.Div:
         return compare_body(dctx, [str(i) for i in (ids or [])], baseline, cache)
 
 

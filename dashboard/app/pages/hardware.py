@@ -7,9 +7,10 @@ sources, exactly as the files give them.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from dash import Dash, Input, Output, html
+from dash.development.base_component import Component
 
 from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
@@ -104,7 +105,7 @@ _COLUMNS: tuple[tuple[str, str, ColumnType], ...] = (
 
 def _source_item(text: str) -> html.Li:
     # Sources are free text that may end in a URL; link only http(s) URLs, show the rest.
-    parts: list[Any] = []
+    parts: list[Component | str] = []
     for word in text.split(" "):
         if word.startswith(("https://", "http://")):
             parts.append(html.A(word, href=word, target="_blank", rel="noopener noreferrer"))
@@ -114,7 +115,7 @@ def _source_item(text: str) -> html.Li:
     return html.Li(parts[:-1])
 
 
-def device_detail(ctx: DashboardContext, key: str | None) -> Any:
+def device_detail(ctx: DashboardContext, key: str | None) -> html.Div:
     """Every field of one device file with its unit, note and sources."""
     db = ctx.hwdb()
     if not key:
@@ -123,7 +124,7 @@ def device_detail(ctx: DashboardContext, key: str | None) -> Any:
     entry = db.entries.get(key)
     if spec is None or entry is None:
         return error_box(f"unknown device {key!r}")
-    items: list[Any] = [
+    items: list[Component] = [
         html.H3(f"{spec.name} ({spec.key})"),
         html.Div(
             f"vendor {spec.vendor} · kind {spec.kind}"
@@ -168,7 +169,7 @@ def device_detail(ctx: DashboardContext, key: str | None) -> Any:
     return html.Div(items)
 
 
-def layout(ctx: DashboardContext, req: PageRequest) -> Any:
+def layout(ctx: DashboardContext, req: PageRequest) -> html.Div:
     db = ctx.hwdb()
     records = device_records(ctx)
     errors = [error_box(str(e), title="Device file skipped") for e in db.errors]
@@ -226,7 +227,7 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         Input("hw-table", "active_cell"),
         prevent_initial_call=True,
     )
-    def show_device(active_cell: JsonObject | None) -> Any:
+    def show_device(active_cell: JsonObject | None) -> html.Div:
         key = (active_cell or {}).get("row_id")
         return device_detail(ctx, str(key) if key else None)
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
+from dash.development.base_component import Component
 
 from perfscope.analysis.catalogue import value_at
 from perfscope.analysis.summary import Projection, ProjectionPhase
@@ -564,7 +565,7 @@ _TABLE_COLUMNS = (
 )
 
 
-def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     db = dctx.hwdb()
     devices: list[Option] = [{"label": f"{d.name} ({d.key})", "value": d.key} for d in db.filter()]
     default_devs = [k for k in DEFAULT_DEVICES if k in db.devices][:2] or [
@@ -694,7 +695,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         dtype_pos: int | None,
         kv_pos: int | None,
         runs: list[str] | None,
-    ) -> tuple[Any, Any, Any, Any]:
+    ) -> tuple[go.Figure, list[PredictionRow], str, Component | str]:
         def pos(v: int | None, lo: int, hi: int, default: int) -> int:
             return min(max(int(v if v is not None else default), lo), hi)
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, SupportsFloat, TypedDict
+from typing import SupportsFloat, TypedDict
 
 import numpy as np
 import plotly.graph_objects as go
-from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
+from dash import Dash, Input, NoUpdate, Output, Patch, State, dcc, html, no_update
+from dash.development.base_component import Component
 
 from perfscope.analysis.summary import Summary
 from perfscope.dashboard._fmt import esc
@@ -142,7 +143,7 @@ def advice_block(summary: Summary) -> html.Div:
     items = []
     for i, a in enumerate(s.advice, start=1):
         g = a.projected_gain
-        parts: list[Any] = [
+        parts: list[Component] = [
             html.B(f"{a.technique or '?'}: {_gain_text(g)} {g.unit}".rstrip()),
             html.Div(a.why),
         ]
@@ -158,7 +159,7 @@ def advice_block(summary: Summary) -> html.Div:
     )
 
 
-def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
+def layout(ctx_: DashboardContext, req: PageRequest) -> html.Div:
     run_id = req.rest.strip("/")
     try:
         loaded = ctx_.repo.load(run_id)
@@ -203,7 +204,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
         ],
         style=CARD_STYLE,
     )
-    blocks: list[Any] = []
+    blocks: list[Component] = []
     axes: dict[str, list[str]] = {}
     for spec in specs:
         blocks.append(
@@ -440,7 +441,9 @@ def _link(app: Dash, source: str, target: str) -> None:
         State("detail-axes", "data"),
         prevent_initial_call=True,
     )
-    def follow(relayout: JsonObject | None, axes: JsonObject | None) -> Any:
+    def follow(
+        relayout: JsonObject | None, axes: JsonObject | None
+    ) -> tuple[Patch | NoUpdate, str | NoUpdate]:
         rng = linked_range(relayout)
         if rng is None:
             return no_update, no_update
@@ -483,7 +486,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         State("detail-run-id", "data"),
         prevent_initial_call=True,
     )
-    def drill_down(active_cell: JsonObject | None, run_id: str) -> Any:
+    def drill_down(active_cell: JsonObject | None, run_id: str) -> Component:
         rid = active_cell.get("row_id") if isinstance(active_cell, dict) else None
         if rid is None:
             return note("No request selected.")

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import quote
 
 from dash import Dash, Input, Output, State, dcc, html, no_update
@@ -439,7 +439,7 @@ def _count_text(shown: Listing, matched: int) -> str:
     return shown.source + (f" · {matched} match the filter" if matched != total else "")
 
 
-def layout(ctx: DashboardContext, req: PageRequest) -> Any:
+def layout(ctx: DashboardContext, req: PageRequest) -> html.Div:
     shown = listing(ctx)
     records, _, pages = page_of(shown.records, 0, PAGE_SIZE)
     return html.Div(
@@ -548,7 +548,7 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         query: str | None,
         current: JsonArray | None,
         selected_ids: JsonArray | None,
-    ) -> tuple[Any, ...]:
+    ) -> tuple[object, ...]:
         shown = listing(ctx)
         matched = filter_records(shown.records, query)
         records, at, pages = page_of(sort_records(matched, sort_by), page, size)

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dash import Dash, Input, Output, dcc, html
+from dash.dash_table.DataTable import DataTable
+from dash.development.base_component import Component
 
 from perfscope.analysis.catalogue import format_number, format_seconds
 from perfscope.analysis.study import METRICS, Study, detectable_cell, read_study
@@ -164,7 +165,7 @@ def _ratio(r: float | None) -> str:
     return "–" if r is None else f"{r:.3f}x"
 
 
-def _settings_table(dctx: DashboardContext, study: Study) -> Any:
+def _settings_table(dctx: DashboardContext, study: Study) -> DataTable:
     rows = []
     for s in study.settings:
         verdicts = phase_summary(s)
@@ -192,7 +193,7 @@ def _settings_table(dctx: DashboardContext, study: Study) -> Any:
     )
 
 
-def _effects_table(study: Study) -> Any:
+def _effects_table(study: Study) -> DataTable:
     rows = []
     for s in study.settings[1:]:
         for e in s.effects:
@@ -238,7 +239,7 @@ def _effects_table(study: Study) -> Any:
     )
 
 
-def study_body(dctx: DashboardContext, study_id: str | None) -> Any:
+def study_body(dctx: DashboardContext, study_id: str | None) -> html.Div:
     """Facts, tables and figures of one study."""
     if not study_id:
         return note("No study selected.")
@@ -253,7 +254,7 @@ def study_body(dctx: DashboardContext, study_id: str | None) -> Any:
         f"engine {study.args.get('engine') or '?'}",
         f"created {study.created_at or '?'}",
     ]
-    blocks: list[Any] = [html.Div(" · ".join(facts), id="studies-facts", style=CARD_STYLE)]
+    blocks: list[Component] = [html.Div(" · ".join(facts), id="studies-facts", style=CARD_STYLE)]
     if study.notes:
         blocks.append(html.Ul([html.Li(n) for n in study.notes], id="studies-notes"))
     blocks.append(html.Div([html.H3("Settings"), _settings_table(dctx, study)], style=CARD_STYLE))
@@ -279,7 +280,7 @@ def study_body(dctx: DashboardContext, study_id: str | None) -> Any:
     return html.Div(blocks)
 
 
-def _list_table(studies: list[StudyListing]) -> Any:
+def _list_table(studies: list[StudyListing]) -> DataTable:
     rows = [
         {
             "study": f"[{s.study_id}](/studies?study={s.study_id})",
@@ -312,7 +313,7 @@ def _list_table(studies: list[StudyListing]) -> Any:
     )
 
 
-def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     studies = list_studies(dctx)
     if not studies:
         return html.Div(
@@ -347,7 +348,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         Input("studies-select", "value"),
         prevent_initial_call=True,
     )
-    def show_study(study_id: str | None) -> Any:
+    def show_study(study_id: str | None) -> html.Div:
         return study_body(dctx, study_id)
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import SupportsFloat, SupportsIndex, TypedDict
 
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
+from dash.dash_table.DataTable import DataTable
 from plotly.subplots import make_subplots
 
 from perfscope.analysis.catalogue import format_number, format_ratio, format_seconds
@@ -89,7 +90,10 @@ def load_sweep(dctx: DashboardContext, sweep_id: str) -> SweepSummary:
     return SweepSummary.from_dict(data)
 
 
-def _f(x: Any) -> float | None:
+def _f(x: object) -> float | None:
+    """``x`` as a float (a number, or a number as text); ``None`` for anything else or NaN."""
+    if not isinstance(x, str | SupportsFloat | SupportsIndex):
+        return None
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -264,7 +268,7 @@ def _count_ticks(kind: str, x: list[float | None]) -> AxisTicks:
     return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{v:,}" for v in vals]}
 
 
-def _points_table(dctx: DashboardContext, summary: SweepSummary) -> Any:
+def _points_table(dctx: DashboardContext, summary: SweepSummary) -> DataTable:
     kind = str(summary.kind or "rate")
     rows = []
     root = dctx.runs_dir.resolve()
@@ -317,7 +321,7 @@ def _points_table(dctx: DashboardContext, summary: SweepSummary) -> Any:
     )
 
 
-def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> Any:
+def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> html.Div:
     """Figures and point table of one sweep."""
     if not sweep_id:
         return note("No sweep selected.")
@@ -353,7 +357,7 @@ def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> Any:
     )
 
 
-def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     sweeps = list_sweeps(dctx)
     chosen = req.get("sweep") or (sweeps[0] if sweeps else None)
     if not sweeps:
@@ -386,7 +390,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         Input("sweeps-select", "value"),
         prevent_initial_call=True,
     )
-    def show_sweep(sweep_id: str | None) -> Any:
+    def show_sweep(sweep_id: str | None) -> html.Div:
         return sweep_body(dctx, sweep_id)
 
 
