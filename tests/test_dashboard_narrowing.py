@@ -130,3 +130,14 @@ def test_an_index_value_of_the_wrong_type_reads_as_absent() -> None:
     assert odd.ttft_p50_s is None and odd.requests is None and odd.slo_count is None
     assert odd.name is None and odd.model == "llama"
     assert odd.ttft_p99_s == 0.5  # the other values are read as before
+
+
+def test_a_hardware_cell_that_is_not_an_object_picks_no_device(tmp_path: Path) -> None:
+    from perfscope.dashboard.app import create_app
+    from tests.test_dashboard_app import dash_call
+
+    client = create_app(tmp_path).server.test_client()
+    for cell in (["h100-sxm5-80gb"], "h100-sxm5-80gb", 3):
+        out = dash_call(client, ["hw-detail.children"], {"hw-table.active_cell": cell})
+        assert out is not None
+        assert "Click a device" in json.dumps(out["hw-detail"]["children"])

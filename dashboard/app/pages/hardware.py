@@ -25,7 +25,7 @@ from perfscope.dashboard.app.pages._common import (
     error_box,
     note,
 )
-from perfscope.jsontypes import JsonObject
+from perfscope.jsontypes import JsonObject, json_object
 
 __all__ = ["PAGE", "DeviceRow", "device_detail", "device_records"]
 
@@ -228,7 +228,8 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         prevent_initial_call=True,
     )
     def show_device(active_cell: JsonObject | None) -> html.Div:
-        key = (active_cell or {}).get("row_id")
+        # What the browser sent: anything but an object picking a row picks no device.
+        key = (json_object(active_cell) or {}).get("row_id")
         return device_detail(ctx, str(key) if key else None)
 
 
