@@ -141,3 +141,25 @@ def test_a_hardware_cell_that_is_not_an_object_picks_no_device(tmp_path: Path) -
         out = dash_call(client, ["hw-detail.children"], {"hw-table.active_cell": cell})
         assert out is not None
         assert "Click a device" in json.dumps(out["hw-detail"]["children"])
+
+
+def test_the_compare_dropdowns_keep_only_run_ids(tmp_path: Path) -> None:
+    from perfscope.dashboard.app import create_app
+    from perfscope.dashboard.app.pages.compare import picked_runs
+    from tests.test_dashboard_app import dash_call
+
+    assert picked_runs(["a", ["b"], {"c": 1}, 7, "d"]) == ["a", "d"]
+    assert picked_runs("not-a-list") == [] and picked_runs(None) == []
+    client = create_app(tmp_path).server.test_client()
+    out = dash_call(
+        client,
+        ["compare-baseline.options", "compare-baseline.value"],
+        {"compare-runs.value": [["x"], "a", "b"]},
+        {"compare-baseline.value": {"not": "an id"}},
+    )
+    assert out is not None
+    assert out["compare-baseline"]["options"] == [
+        {"label": "a", "value": "a"},
+        {"label": "b", "value": "b"},
+    ]
+    assert out["compare-baseline"]["value"] == "a"

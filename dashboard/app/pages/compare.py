@@ -36,8 +36,9 @@ from perfscope.dashboard.app.pages._common import (
     query_list,
 )
 from perfscope.errors import PerfscopeError
+from perfscope.jsontypes import JsonValue, json_str
 
-__all__ = ["PAGE", "ResultCache", "compare_body", "metric_records"]
+__all__ = ["PAGE", "ResultCache", "compare_body", "metric_records", "picked_runs"]
 
 _RESULT_CACHE_SIZE = 8
 
@@ -274,6 +275,12 @@ def compare_body(
     return html.Div([*problems, config, table, *figs, roofline_link])
 
 
+def picked_runs(value: JsonValue) -> list[str]:
+    """The run ids of the runs dropdown's value as the browser sent it: its text entries,
+    in order (anything but a list of ids picks none)."""
+    return [i for i in value if isinstance(i, str)] if isinstance(value, list) else []
+
+
 def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     ids = query_list(req, "runs")
     baseline = req.get("baseline") or (ids[0] if ids else None)
@@ -309,20 +316,21 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         Input("compare-runs", "value"),
         State("compare-baseline", "value"),
     )
-    def baseline_choices(
-        ids: list[str] | None, current: str | None
-    ) -> tuple[list[Option], str | None]:
-        ids = list(ids or [])
-        value = current if current in ids else (ids[0] if ids else None)
-        return [{"label": i, "value": i} for i in ids], value
+    def baseline_choices(ids: JsonValue, current: JsonValue) -> tuple[list[Option], str | None]:
+        picked = picked_runs(ids)
+        if isinstance(current, str) and current in picked:
+            value: str | None = current
+        else:
+            value = picked[0] if picked else None
+        return [{"label": i, "value": i} for i in picked], value
 
     @app.callback(
         Output("compare-body", "children"),
         Input("compare-runs", "value"),
         Input("compare-baseline", "value"),
     )
-    def update_comparison(ids: list[str] | None, baseline: str | None) -> html.Div:
-        return compare_body(dctx, [str(i) for i in (ids or [])], baseline, cache)
+    def update_comparison(ids: JsonValue, baseline: JsonValue) -> html.Div:
+        return compare_body(dctx, picked_runs(ids), json_str(baseline), cache)
 
 
 PAGE = Page(key="compare", path="/compare", title="Compare", layout=layout, register=register)
