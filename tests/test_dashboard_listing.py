@@ -227,7 +227,7 @@ def test_measured_points_sit_under_their_own_devices_roof(runs: Runs) -> None:
     cpu_peak = summary["roofline"]["ceilings"]["peak_flops"]
     cpu_roof = next(r for r in roofs if r["meta"]["device"] == "epyc-9654")
     assert max(cpu_roof["y"]) == pytest.approx(cpu_peak)
-    assert "epyc-9654" not in {p["device"]["key"] for p in preds}  # drawn for the run alone
+    assert "epyc-9654" not in {p.projection.device.key for p in preds}  # drawn for the run alone
     points = [t for t in fig["data"] if (t.get("meta") or {}).get("kind") == "measured"]
     assert {p["meta"]["run"] for p in points} == {runs.alpha.name, runs.gpu.name}
     for p in points:

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import pandas as pd
 
@@ -46,6 +46,7 @@ from perfscope.analysis.manifest import RunManifest, manifest_view
 from perfscope.analysis.summary import Summary
 from perfscope.dashboard._fmt import finite
 from perfscope.errors import BrokenRunError, PerfscopeError, RunNotFoundError
+from perfscope.jsontypes import JsonObject, JsonValue, json_float, json_int, json_object, json_str
 from perfscope.profiler.store import (
     RESERVED_DIRS,
     RUN_ID_PATTERN,
@@ -55,13 +56,21 @@ from perfscope.profiler.store import (
     validate_run_id,
 )
 
+if TYPE_CHECKING:
+    from perfscope.dashboard.figures import FigureSpec, RunTables
+    from perfscope.profiler.store import StoredRun
+
 __all__ = [
     "RESERVED_DIRS",
     "RUN_ID_PATTERN",
+    "FileStamp",
     "InvalidRunIdError",
     "LoadedRun",
+    "RunCache",
+    "RunRecord",
     "RunRepository",
     "RunRow",
+    "Signature",
     "inside_root",
     "per_request_frame",
     "validate_run_id",
@@ -95,6 +104,39 @@ def _check_run_files(root: Path, path: Path) -> None:
             raise InvalidRunIdError(
                 f"run {path.name!r}: {name} points outside the runs directory; not read"
             )
+
+
+#: Modification time (ns) and size (bytes) of a file, ``None`` when it is absent.
+FileStamp = tuple[int, int] | None
+
+
+class RunRecord(TypedDict):
+    """One run as the runs DataTable and ``/api/runs`` receive it (:meth:`RunRow.to_record`):
+    latencies in ms, ratios in %, numbers rounded; a metric cell is ``None`` when not measured,
+    or a word (``no SLOs``, ``n/a``) where a blank would mislead."""
+
+    id: str
+    run_id: str
+    link: str
+    state: str
+    status: str
+    name: str
+    engine: str
+    model: str
+    hardware: str
+    date: str
+    requests: int | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    output_tok_s: float | None
+    goodput_req_s: float | str | None
+    slo_pct: float | str | None
+    mfu_pct: float | None
+    mbu_pct: float | None
+    j_per_token: float | str | None
+    sweep: str
+    contention: str
 
 
 @dataclass(frozen=True)
@@ -142,7 +184,7 @@ class RunRow:
     slo_count: int | None = None
     has_model_spec: bool = False
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> RunRecord:
         """The row as the runs DataTable shows it: latencies in ms, ratios in %, rounded."""
 
         def r(x: float | None, scale: float = 1.0, nd: int = 3) -> float | None:
@@ -185,7 +227,7 @@ def _md_escape(text: str) -> str:
     return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~])", r"\\\1", text)
 
 
-def _model_name(manifest: RunManifest, summary: dict[str, Any] | None) -> str | None:
+def _model_name(manifest: RunManifest, summary: JsonObject | None) -> str | None:
     model = (summary or {}).get("model") or manifest.engine.model or {}
     name = model.get("name") if isinstance(model, Mapping) else None
     preset = manifest.engine.config.preset
@@ -194,7 +236,7 @@ def _model_name(manifest: RunManifest, summary: dict[str, Any] | None) -> str | 
     return str(name) if name else (str(preset) if preset else None)
 
 
-def _hardware_name(manifest: RunManifest, summary: dict[str, Any] | None) -> str | None:
+def _hardware_name(manifest: RunManifest, summary: JsonObject | None) -> str | None:
     hw = (summary or {}).get("hardware")
     spec = hw.get("spec") if isinstance(hw, dict) else None
     if isinstance(spec, dict):
@@ -202,14 +244,14 @@ def _hardware_name(manifest: RunManifest, summary: dict[str, Any] | None) -> str
     return None if hw else manifest.device_name
 
 
-def _phase_ratio(summary: dict[str, Any], phase: str, key: str) -> float | None:
+def _phase_ratio(summary: JsonObject, phase: str, key: str) -> float | None:
     return finite(value_at(summary, ("roofline", "phases", phase, key)))
 
 
 def _row_from(
     run_id: str,
-    manifest: Mapping[str, Any] | RunManifest,
-    summary: dict[str, Any] | None,
+    manifest: JsonObject | RunManifest,
+    summary: JsonObject | None,
     problem: str | None,
 ) -> RunRow:
     man = manifest_view(manifest)
@@ -259,66 +301,67 @@ def _row_from(
     )
 
 
-def _row_from_index(rec: dict[str, Any]) -> RunRow:
-    """A runs-table row from one row of the index's ``runs`` table (same rules as a scan)."""
+def _row_from_index(rec: Mapping[str, object]) -> RunRow:
+    """A runs-table row from one row of the index's ``runs`` table (same rules as a scan).
+
+    ``rec`` maps the columns of :data:`_INDEX_SELECT` to DuckDB's values; each is read as the
+    type its column has (text, number, flag), and a value of another type reads as absent.
+    """
     run_id = str(rec["run_id"])
     if rec["state"] == "broken":
-        why = rec["problem"] or "not a readable run"
-        return RunRow(run_id=run_id, state="broken", status="broken", problem=why)
+        broken = json_str(rec["problem"]) or "not a readable run"
+        return RunRow(run_id=run_id, state="broken", status="broken", problem=broken)
     # A crashed run's manifest still says "running": the store reads it as crashed.
-    status = "crashed" if rec["state"] == "crashed" else str(rec["status"] or "unknown")
-    why = rec["problem"]
+    status = "crashed" if rec["state"] == "crashed" else (json_str(rec["status"]) or "unknown")
+    why = json_str(rec["problem"])
     # As a scan reads it: a crashed or running run's reason, or a foreign summary.json's.
-    keep = rec["state"] in ("crashed", "running") or "summary.json" in str(why or "")
+    keep = rec["state"] in ("crashed", "running") or "summary.json" in (why or "")
     problem = why if keep else None
     if problem is None and status != "complete":
-        problem = rec["last_error"]
+        problem = json_str(rec["last_error"])
     has_summary = bool(rec["has_summary"])
     state = "ok" if status == "complete" and has_summary and problem is None else "partial"
     if not has_summary and problem is None:
         problem = "not analysed yet (perfscope analyze)"
-    model, preset = rec["analysed_model"] or rec["model"], rec["model_preset"]
-    if model and preset and str(preset) != str(model):
+    model = json_str(rec["analysed_model"]) or json_str(rec["model"])
+    preset = json_str(rec["model_preset"])
+    if model and preset and preset != model:
         model = f"{model} ({preset})"
     model = model or preset
+    others, steal = json_float(rec["others_cpu_share"]), json_float(rec["steal_cpu_share"])
     if rec["contended"] is not None:
         contended = bool(rec["contended"])
     else:
         from perfscope.analysis.summary import contention_record
 
-        shares = {"others_share": rec["others_cpu_share"], "steal_share": rec["steal_cpu_share"]}
+        shares: JsonObject = {"others_share": others, "steal_share": steal}
         c = contention_record({"host": {"contention": shares}})
         contended = c is not None and c.contended
-    marker = (
-        _marker(finite(rec["others_cpu_share"]), finite(rec["steal_cpu_share"]))
-        if contended
-        else None
-    )
-    requests = rec["requests"]
+    marker = _marker(finite(others), finite(steal)) if contended else None
     return RunRow(
         run_id=run_id,
         state=state,
         status=status,
         problem=problem,
-        name=rec["name"] or None,
-        engine=rec["engine_uri"] or rec["engine_kind"] or None,
-        model=str(model) if model else None,
-        hardware=rec["hardware_name"] or rec["hardware"] or None,
-        started_at=str(rec["started_at_text"]) if rec["started_at_text"] else None,
-        requests=int(requests) if requests is not None else None,
-        ttft_p50_s=rec["ttft_p50_s"],
-        ttft_p99_s=rec["ttft_p99_s"],
-        tpot_p50_s=rec["tpot_p50_s"],
-        output_tok_s=rec["output_tok_s"],
-        goodput_req_s=rec["goodput_req_s"],
-        slo_attainment=rec["attainment"],
-        mfu=rec["prefill_mfu"],
-        mbu=rec["decode_mbu"],
-        j_per_token=rec["j_per_output_token"] if rec["energy_available"] else None,
-        sweep=rec["sweep_id"] or None,
+        name=json_str(rec["name"]) or None,
+        engine=json_str(rec["engine_uri"]) or json_str(rec["engine_kind"]) or None,
+        model=model or None,
+        hardware=json_str(rec["hardware_name"]) or json_str(rec["hardware"]) or None,
+        started_at=json_str(rec["started_at_text"]) or None,
+        requests=json_int(rec["requests"]),
+        ttft_p50_s=json_float(rec["ttft_p50_s"]),
+        ttft_p99_s=json_float(rec["ttft_p99_s"]),
+        tpot_p50_s=json_float(rec["tpot_p50_s"]),
+        output_tok_s=json_float(rec["output_tok_s"]),
+        goodput_req_s=json_float(rec["goodput_req_s"]),
+        slo_attainment=json_float(rec["attainment"]),
+        mfu=json_float(rec["prefill_mfu"]),
+        mbu=json_float(rec["decode_mbu"]),
+        j_per_token=json_float(rec["j_per_output_token"]) if rec["energy_available"] else None,
+        sweep=json_str(rec["sweep_id"]) or None,
         has_roofline=bool(rec["roofline_available"]),
         contention=marker,
-        slo_count=rec["slo_count"] if has_summary else None,
+        slo_count=json_int(rec["slo_count"]) if has_summary else None,
         has_model_spec=bool(rec["model_layers"]),
     )
 
@@ -335,9 +378,7 @@ _INDEX_SELECT = (
 )
 
 
-def contention_marker(
-    manifest: Mapping[str, Any] | RunManifest, summary: dict[str, Any] | None
-) -> str | None:
+def contention_marker(manifest: JsonObject | RunManifest, summary: JsonObject | None) -> str | None:
     """``⚠ others NN%`` (or ``⚠ steal NN%``) when other processes (or the hypervisor) took
     more than the warning share of the CPU during the run; ``None`` otherwise or when not
     measured."""
@@ -361,7 +402,7 @@ def _marker(others: float | None, steal: float | None) -> str:
     return "⚠ others" + (f" {others:.0%}" if others is not None else "")
 
 
-def _stat_key(path: Path) -> tuple[int, int] | None:
+def _stat_key(path: Path) -> FileStamp:
     try:
         st = path.stat()
     except OSError:
@@ -369,7 +410,7 @@ def _stat_key(path: Path) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
-def _read_json(path: Path, root: Path) -> tuple[Any, str | None]:
+def _read_json(path: Path, root: Path) -> tuple[JsonValue, str | None]:
     """A JSON file of a run, or ``(None, reason)``; never follows a link out of ``root``."""
     if not inside_root(root, path):
         return None, f"{path.name} points outside the runs directory"
@@ -383,6 +424,23 @@ def _read_json(path: Path, root: Path) -> tuple[Any, str | None]:
         return None, f"unreadable {path.name}: {type(exc).__name__}"
 
 
+#: The stamps of a run's files a cached object was built from (:func:`_stat_key` of each).
+Signature = tuple[FileStamp | int, ...]
+
+
+@dataclass
+class RunCache:
+    """What the pages derive from a loaded run once and keep with it (``None``: not yet).
+
+    Attributes:
+        figures: the report's figures (:func:`perfscope.dashboard.figures.run_figures`).
+        per_request: per-request metrics with their error text (:func:`per_request_frame`).
+    """
+
+    figures: tuple[FigureSpec, ...] | None = None
+    per_request: pd.DataFrame | None = None
+
+
 @dataclass
 class LoadedRun:
     """A run with its tables in memory (what the detail and compare pages draw from).
@@ -390,8 +448,8 @@ class LoadedRun:
     ``tables`` is a :class:`perfscope.dashboard.figures.RunTables`; ``summary`` is the typed
     :class:`~perfscope.analysis.Summary` of the stored summary.json or, when there is none
     yet, one computed in memory by the analysis (never written from the dashboard).
-    ``cache`` holds per-run derived objects the pages build once (figures, the per-request
-    frame). ``manifest`` is the typed read view of manifest.json
+    ``cache`` holds per-run derived objects the pages build once (:class:`RunCache`; read and
+    filled under ``lock``). ``manifest`` is the typed read view of manifest.json
     (:class:`~perfscope.analysis.manifest.RunManifest`; the JSON object as read is its
     ``source``).
     """
@@ -400,10 +458,10 @@ class LoadedRun:
     path: Path
     manifest: RunManifest
     summary: Summary
-    tables: Any
+    tables: RunTables
     summary_computed: bool = False
-    signature: tuple[Any, ...] = ()
-    cache: dict[str, Any] = field(default_factory=dict)
+    signature: Signature = ()
+    cache: RunCache = field(default_factory=RunCache)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -419,12 +477,13 @@ class RunRepository:
         self.runs_dir = Path(runs_dir)
         self.max_loaded = max_loaded
         self._lock = threading.Lock()
-        self._rows: dict[str, tuple[Any, RunRow]] = {}
-        self._loaded: OrderedDict[str, tuple[Any, LoadedRun]] = OrderedDict()
+        self._rows: dict[str, tuple[Signature, RunRow]] = {}
+        self._loaded: OrderedDict[str, tuple[Signature, LoadedRun]] = OrderedDict()
         # One index connection at a time: DuckDB refuses a second one to the same file with
         # a different mode inside one process.
         self._index_lock = threading.Lock()
-        self._index_cache: dict[str, tuple[Any, RunRow]] = {}
+        #: Each run's row of the index as last read, with the runs-table row made from it.
+        self._index_cache: dict[str, tuple[tuple[object, ...], RunRow]] = {}
         #: How the last listing was made: ``index`` or ``scan``.
         self.listing_source = "scan"
         #: Why the last listing was not read from a saved index (``None`` when it was).
@@ -454,7 +513,7 @@ class RunRepository:
 
         return [e.name for e in sorted(entries, key=newest_first, reverse=True)]
 
-    def _signature(self, path: Path) -> tuple[Any, ...]:
+    def _signature(self, path: Path) -> Signature:
         # A crashed run's files do not change when its process dies: the minute is part of
         # the key so a row says "crashed" soon after.
         return (
@@ -543,7 +602,7 @@ class RunRepository:
 
     # ------------------------------------------------------------------ loading
 
-    def _table_signature(self, path: Path) -> tuple[Any, ...]:
+    def _table_signature(self, path: Path) -> Signature:
         return (
             _stat_key(path / "manifest.json"),
             _stat_key(path / "summary.json"),
@@ -599,7 +658,7 @@ class RunRepository:
         return loaded
 
     @staticmethod
-    def _analyze(stored: Any) -> Summary:
+    def _analyze(stored: StoredRun) -> Summary:
         from perfscope.analysis import analyze
 
         try:
@@ -612,11 +671,12 @@ class RunRepository:
             ) from None
         return summary
 
-    def summary(self, run_id: str) -> dict[str, Any] | None:
-        """summary.json of a run without loading its tables (``None`` when absent)."""
+    def summary(self, run_id: str) -> JsonObject | None:
+        """summary.json of a run without loading its tables (``None`` when absent, or when
+        it is not a JSON object)."""
         path = validate_run_id(self.runs_dir, run_id)
         data, err = _read_json(path / "summary.json", self.runs_dir)
-        return data if err is None and isinstance(data, dict) else None
+        return json_object(data) if err is None else None
 
     def manifest(self, run_id: str) -> RunManifest | None:
         """manifest.json of a run, typed (``None`` when absent or unreadable)."""
@@ -631,10 +691,6 @@ def per_request_frame(loaded: LoadedRun) -> pd.DataFrame:
     from perfscope.dashboard.view import request_rows
 
     with loaded.lock:
-        cached = loaded.cache.get("per_request")
-        if cached is not None:
-            frame: pd.DataFrame = cached
-            return frame
-        frame = request_rows(loaded.tables.requests)
-        loaded.cache["per_request"] = frame
-        return frame
+        if loaded.cache.per_request is None:
+            loaded.cache.per_request = request_rows(loaded.tables.requests)
+        return loaded.cache.per_request

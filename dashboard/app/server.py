@@ -23,12 +23,12 @@ import ipaddress
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote
 
 import dash
-from dash import Input, Output, dcc, html
-from flask import Flask
+from dash import Input, NoUpdate, Output, dcc, html
+from dash.development.base_component import Component
+from flask import Flask, Response
 
 from perfscope.dashboard.app.data import (
     RUN_ID_PATTERN,
@@ -37,7 +37,13 @@ from perfscope.dashboard.app.data import (
     validate_run_id,
 )
 from perfscope.dashboard.app.pages import PAGES
-from perfscope.dashboard.app.pages._common import DashboardContext, Page, PageRequest, error_box
+from perfscope.dashboard.app.pages._common import (
+    DashboardContext,
+    Page,
+    PageRequest,
+    Style,
+    error_box,
+)
 from perfscope.errors import PerfscopeError, RunNotFoundError, UsageError
 
 __all__ = [
@@ -58,7 +64,7 @@ _API_ENDPOINTS = frozenset({"perfscope_api_runs", "perfscope_api_summary"})
 #: ``app.server.config`` key of the set of extra host names the server answers to.
 _ALLOWED_HOSTS = "PERFSCOPE_ALLOWED_HOSTS"
 
-_NAV_STYLE: dict[str, Any] = {
+_NAV_STYLE: Style = {
     "display": "flex",
     "gap": "18px",
     "alignItems": "baseline",
@@ -69,7 +75,7 @@ _NAV_STYLE: dict[str, Any] = {
 
 
 def _nav(pages: Sequence[Page]) -> html.Nav:
-    links: list[Any] = [html.Strong("perfscope", style={"fontSize": "18px"})]
+    links: list[Component] = [html.Strong("perfscope", style={"fontSize": "18px"})]
     for p in pages:
         if p.nav:
             links.append(
@@ -132,11 +138,11 @@ def _guard_requests(server: Flask, dctx: DashboardContext) -> None:
                 check(rid)
 
     @server.route("/api/runs", endpoint="perfscope_api_runs")
-    def _api_runs() -> Any:
+    def _api_runs() -> Response:
         return jsonify([r.to_record() for r in dctx.repo.rows()])
 
     @server.route("/api/runs/<run_id>/summary.json", endpoint="perfscope_api_summary")
-    def _api_summary(run_id: str) -> Any:
+    def _api_summary(run_id: str) -> Response:
         check(run_id)
         summary = dctx.repo.summary(run_id)
         if summary is None:
@@ -201,7 +207,7 @@ def create_app(
         Input("url", "pathname"),
         Input("url", "search"),
     )
-    def route(pathname: str | None, search: str | None) -> Any:
+    def route(pathname: str | None, search: str | None) -> Component:
         found = _match(pages, pathname or "/")
         if found is None:
             return error_box(f"no page at {pathname!r}", title="Not found")
@@ -225,7 +231,7 @@ def create_app(
     return app
 
 
-def _callback_error(exc: Exception) -> Any:
+def _callback_error(exc: Exception) -> Component | NoUpdate | list[Component | NoUpdate]:
     """A failed callback answers with a message where it fills a container, and leaves
     every other output as it was (instead of Dash's 500)."""
     if isinstance(exc, PerfscopeError):

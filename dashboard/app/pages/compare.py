@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
+from dash.development.base_component import Component
 
 from perfscope.analysis.compare import Comparison
 from perfscope.analysis.manifest import RunManifest
+from perfscope.dashboard.app.data import LoadedRun, Signature
 from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
     TABLE_HEADER,
+    Column,
     DashboardContext,
+    Option,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     figure_block,
@@ -32,10 +36,14 @@ from perfscope.dashboard.app.pages._common import (
     query_list,
 )
 from perfscope.errors import PerfscopeError
+from perfscope.jsontypes import JsonValue, json_str
 
-__all__ = ["PAGE", "ResultCache", "compare_body", "metric_records"]
+__all__ = ["PAGE", "ResultCache", "compare_body", "metric_records", "picked_runs"]
 
 _RESULT_CACHE_SIZE = 8
+
+#: What a comparison is cached under: each run's id with its files' signature.
+_ResultKey = tuple[tuple[str, Signature], ...]
 
 
 class ResultCache:
@@ -43,10 +51,10 @@ class ResultCache:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.items: OrderedDict[Any, Comparison] = OrderedDict()
+        self.items: OrderedDict[_ResultKey, Comparison] = OrderedDict()
 
 
-def _run_options(dctx: DashboardContext) -> list[dict[str, Any]]:
+def _run_options(dctx: DashboardContext) -> list[Option]:
     return [
         {"label": f"{r.run_id} ({r.status})", "value": r.run_id}
         for r in dctx.repo.rows()
@@ -62,7 +70,7 @@ def short_label(run_id: str) -> str:
     return short_labels([run_id])[0]
 
 
-def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
+def config_block(ids: list[str], manifests: list[RunManifest]) -> html.Div:
     """The configuration diff of the compared runs: only the fields that differ (engine,
     model shape, dtype, workload, batch, options, device, versions, SLOs), or a line saying
     the configurations are identical."""
@@ -71,15 +79,16 @@ def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
     diff = config_diff(manifests)
     labels = short_labels(ids)
     if not diff:
-        body: Any = html.P(
+        body: Component = html.P(
             "identical: engine, model shape, dtype, workload, batch, options, device and "
             "versions are the same in every run",
             id="compare-config-identical",
         )
     else:
-        cols = [{"id": "group", "name": "what"}, {"id": "field", "name": "field"}]
-        cols += [{"id": f"v{i}", "name": lab} for i, lab in enumerate(labels)]
-        rows = [
+        cols = [column("group", "what"), column("field", "field")]
+        cols += [column(f"v{i}", lab) for i, lab in enumerate(labels)]
+        # One value column per run (``v0``, ``v1``, ...): every cell is text.
+        rows: list[dict[str, str]] = [
             {"group": d.group, "field": d.field, **{f"v{i}": v for i, v in enumerate(d.values)}}
             for d in diff
         ]
@@ -102,28 +111,27 @@ def config_block(ids: list[str], manifests: list[RunManifest]) -> Any:
     )
 
 
-def metric_records(result: Comparison) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def metric_records(result: Comparison) -> tuple[list[Column], list[dict[str, str]]]:
     """Columns and rows of the metric table: value per run set, then ratio, interval, noise
-    band and change of each set against the baseline (first set)."""
+    band and change of each set against the baseline (first set). The rows' columns depend
+    on how many sets are compared (``v0``, ``r1``, ``ci1``, ...); every cell is text."""
     from perfscope.dashboard.compare import format_metric, ratio_cells
 
     labels = result.labels
     conf = f"{100 * result.confidence:g}%"
-    cols: list[dict[str, Any]] = [{"id": "metric", "name": "metric"}]
+    cols: list[Column] = [column("metric", "metric")]
     for i, lab in enumerate(labels):
-        cols.append(
-            {"id": f"v{i}", "name": f"{'baseline' if i == 0 else f'run {i}'}: {short_label(lab)}"}
-        )
+        cols.append(column(f"v{i}", f"{'baseline' if i == 0 else f'run {i}'}: {short_label(lab)}"))
     for i in range(1, len(labels)):
         cols += [
-            {"id": f"r{i}", "name": f"ratio run {i}"},
-            {"id": f"ci{i}", "name": f"{conf} CI run {i}"},
-            {"id": f"n{i}", "name": f"detectable run {i}"},
-            {"id": f"c{i}", "name": f"change run {i}"},
+            column(f"r{i}", f"ratio run {i}"),
+            column(f"ci{i}", f"{conf} CI run {i}"),
+            column(f"n{i}", f"detectable run {i}"),
+            column(f"c{i}", f"change run {i}"),
         ]
     rows = []
     for m in result.metrics:
-        row: dict[str, Any] = {"metric": m.label, "key": m.key}
+        row: dict[str, str] = {"metric": m.label, "key": m.key}
         for i, v in enumerate(m.values):
             row[f"v{i}"] = "n/a (not in this run's summary)" if v is None else format_metric(v, m)
         for i in range(1, len(labels)):
@@ -132,7 +140,7 @@ def metric_records(result: Comparison) -> tuple[list[dict[str, Any]], list[dict[
     return cols, rows
 
 
-def _result(ids: list[str], loaded: list[Any], cache: ResultCache) -> Comparison:
+def _result(ids: list[str], loaded: list[LoadedRun], cache: ResultCache) -> Comparison:
     from perfscope.dashboard.compare import compare_tables
 
     # Keyed on the runs' file signatures: a run rewritten on disk is compared afresh.
@@ -155,7 +163,7 @@ def compare_body(
     run_ids: list[str],
     baseline: str | None,
     cache: ResultCache | None = None,
-) -> Any:
+) -> html.Div:
     """Figures and metric table of the given runs, ``baseline`` first."""
     from perfscope.dashboard.figures import (
         comparison_cdf_figure,
@@ -168,7 +176,7 @@ def compare_body(
     if baseline in ids:
         ids.remove(str(baseline))
         ids.insert(0, str(baseline))
-    problems: list[Any] = []
+    problems: list[Component] = []
     loaded = []
     ok_ids = []
     for rid in ids:
@@ -267,7 +275,13 @@ def compare_body(
     return html.Div([*problems, config, table, *figs, roofline_link])
 
 
-def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+def picked_runs(value: JsonValue) -> list[str]:
+    """The run ids of the runs dropdown's value as the browser sent it: its text entries,
+    in order (anything but a list of ids picks none)."""
+    return [i for i in value if isinstance(i, str)] if isinstance(value, list) else []
+
+
+def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     ids = query_list(req, "runs")
     baseline = req.get("baseline") or (ids[0] if ids else None)
     options = _run_options(dctx)
@@ -302,20 +316,21 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         Input("compare-runs", "value"),
         State("compare-baseline", "value"),
     )
-    def baseline_choices(
-        ids: list[str] | None, current: str | None
-    ) -> tuple[list[dict[str, str]], str | None]:
-        ids = list(ids or [])
-        value = current if current in ids else (ids[0] if ids else None)
-        return [{"label": i, "value": i} for i in ids], value
+    def baseline_choices(ids: JsonValue, current: JsonValue) -> tuple[list[Option], str | None]:
+        picked = picked_runs(ids)
+        if isinstance(current, str) and current in picked:
+            value: str | None = current
+        else:
+            value = picked[0] if picked else None
+        return [{"label": i, "value": i} for i in picked], value
 
     @app.callback(
         Output("compare-body", "children"),
         Input("compare-runs", "value"),
         Input("compare-baseline", "value"),
     )
-    def update_comparison(ids: list[str] | None, baseline: str | None) -> Any:
-        return compare_body(dctx, [str(i) for i in (ids or [])], baseline, cache)
+    def update_comparison(ids: JsonValue, baseline: JsonValue) -> html.Div:
+        return compare_body(dctx, picked_runs(ids), json_str(baseline), cache)
 
 
 PAGE = Page(key="compare", path="/compare", title="Compare", layout=layout, register=register)

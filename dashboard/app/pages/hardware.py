@@ -7,33 +7,57 @@ sources, exactly as the files give them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from dash import Dash, Input, Output, html
+from dash.development.base_component import Component
 
 from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
     TABLE_CELL,
     TABLE_HEADER,
+    ColumnType,
     DashboardContext,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     note,
 )
+from perfscope.jsontypes import JsonObject, json_object
 
-__all__ = ["PAGE", "device_detail", "device_records"]
+__all__ = ["PAGE", "DeviceRow", "device_detail", "device_records"]
+
+
+class DeviceRow(TypedDict):
+    """One device of the hardware table, in datasheet units (GB, GB/s, TFLOPS, MB, W);
+    ``None`` where the datasheet gives no such figure."""
+
+    id: str
+    key: str
+    name: str
+    vendor: str
+    kind: str
+    mem_gb: float | None
+    bw_gb_s: float | None
+    bf16_tflops: float | None
+    fp8_tflops: float | None
+    fp32_tflops: float | None
+    llc_mb: float | None
+    tdp_w: float | None
+    ceilings: str
+    n_sources: int
 
 
 def _r(x: float | None, scale: float, nd: int = 4) -> float | None:
     return None if x is None else float(f"{x / scale:.{nd}g}")
 
 
-def device_records(ctx: DashboardContext) -> list[dict[str, Any]]:
+def device_records(ctx: DashboardContext) -> list[DeviceRow]:
     """One row per device of the hardware database (display units)."""
     db = ctx.hwdb()
-    rows = []
+    rows: list[DeviceRow] = []
     for d in db.filter():
         entry = db.entries.get(d.key)
         sources: set[str] = set()
@@ -62,7 +86,7 @@ def device_records(ctx: DashboardContext) -> list[dict[str, Any]]:
     return rows
 
 
-_COLUMNS = (
+_COLUMNS: tuple[tuple[str, str, ColumnType], ...] = (
     ("key", "key", "text"),
     ("name", "name", "text"),
     ("vendor", "vendor", "text"),
@@ -81,7 +105,7 @@ _COLUMNS = (
 
 def _source_item(text: str) -> html.Li:
     # Sources are free text that may end in a URL; link only http(s) URLs, show the rest.
-    parts: list[Any] = []
+    parts: list[Component | str] = []
     for word in text.split(" "):
         if word.startswith(("https://", "http://")):
             parts.append(html.A(word, href=word, target="_blank", rel="noopener noreferrer"))
@@ -91,7 +115,7 @@ def _source_item(text: str) -> html.Li:
     return html.Li(parts[:-1])
 
 
-def device_detail(ctx: DashboardContext, key: str | None) -> Any:
+def device_detail(ctx: DashboardContext, key: str | None) -> html.Div:
     """Every field of one device file with its unit, note and sources."""
     db = ctx.hwdb()
     if not key:
@@ -100,7 +124,7 @@ def device_detail(ctx: DashboardContext, key: str | None) -> Any:
     entry = db.entries.get(key)
     if spec is None or entry is None:
         return error_box(f"unknown device {key!r}")
-    items: list[Any] = [
+    items: list[Component] = [
         html.H3(f"{spec.name} ({spec.key})"),
         html.Div(
             f"vendor {spec.vendor} · kind {spec.kind}"
@@ -145,7 +169,7 @@ def device_detail(ctx: DashboardContext, key: str | None) -> Any:
     return html.Div(items)
 
 
-def layout(ctx: DashboardContext, req: PageRequest) -> Any:
+def layout(ctx: DashboardContext, req: PageRequest) -> html.Div:
     db = ctx.hwdb()
     records = device_records(ctx)
     errors = [error_box(str(e), title="Device file skipped") for e in db.errors]
@@ -161,13 +185,8 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
             data_table(
                 id="hw-table",
                 columns=[
-                    {
-                        "id": c,
-                        "name": n,
-                        "type": t,
-                        # An empty cell says the datasheet gives no such figure.
-                        **({"format": {"nully": "–"}} if t == "numeric" else {}),
-                    }
+                    # An empty cell says the datasheet gives no such figure.
+                    column(c, n, t, nully="–" if t == "numeric" else None)
                     for c, n, t in _COLUMNS
                 ],
                 data=records,
@@ -208,8 +227,9 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         Input("hw-table", "active_cell"),
         prevent_initial_call=True,
     )
-    def show_device(active_cell: dict[str, Any] | None) -> Any:
-        key = (active_cell or {}).get("row_id")
+    def show_device(active_cell: JsonObject | None) -> html.Div:
+        # What the browser sent: anything but an object picking a row picks no device.
+        key = (json_object(active_cell) or {}).get("row_id")
         return device_detail(ctx, str(key) if key else None)
 
 

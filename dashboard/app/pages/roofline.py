@@ -15,11 +15,16 @@ measured points together); the single-run roofline of the report is
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
+from dash.development.base_component import Component
 
+from perfscope.analysis.catalogue import value_at
+from perfscope.analysis.summary import Projection, ProjectionPhase
 from perfscope.dashboard._fmt import esc, fmt_pct, fmt_si
 from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
@@ -27,8 +32,10 @@ from perfscope.dashboard.app.pages._common import (
     TABLE_CELL,
     TABLE_HEADER,
     DashboardContext,
+    Option,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     note,
@@ -37,11 +44,19 @@ from perfscope.dashboard.app.pages._common import (
 from perfscope.dashboard.figures import FIGURE_LAYOUT, si_log_ticks
 from perfscope.dashboard.view import roofline_ceilings
 from perfscope.errors import PerfscopeError
+from perfscope.jsontypes import json_float, json_object, json_str
+
+if TYPE_CHECKING:
+    from perfscope.analysis.modelspec import ModelSpec
 
 __all__ = [
     "DTYPES",
     "KV_DTYPES",
     "PAGE",
+    "MeasuredPoint",
+    "MeasuredRoof",
+    "Prediction",
+    "PredictionRow",
     "explore",
     "explorer_figure",
     "model_options",
@@ -62,13 +77,105 @@ _PROMPT = (4, 15, 10)  # 16 .. 32768, default 1024
 _OUTPUT = (0, 13, 8)  # 1 .. 8192, default 256
 
 
-def model_options(dctx: DashboardContext) -> list[dict[str, str]]:
+@dataclass(frozen=True)
+class Prediction:
+    """The explored model on one device (``predict()`` at speed of light), with the
+    ceilings it was predicted against: peak FLOP/s at the model's compute dtype
+    (``compute_dtype``), memory bandwidth in bytes/s at ``memory_level`` (``cache`` or
+    DRAM/HBM) and their ridge point in FLOP/byte; ``None`` where the device has none."""
+
+    projection: Projection
+    compute_dtype: str | None = None
+    peak_flops: float | None = None
+    mem_bw_bytes_s: float | None = None
+    ridge_point: float | None = None
+    memory_level: str | None = None
+
+    @classmethod
+    def of(cls, projection: Projection) -> Prediction:
+        """The prediction with its ceilings and compute dtype read from the projection."""
+
+        def at(*path: str) -> object:
+            return value_at(projection, path)
+
+        return cls(
+            projection=projection,
+            compute_dtype=json_str(at("dtypes", "compute")),
+            peak_flops=json_float(at("ceilings", "peak_flops")),
+            mem_bw_bytes_s=json_float(at("ceilings", "mem_bw_bytes_s")),
+            ridge_point=json_float(at("ceilings", "ridge_point")),
+            memory_level=json_str(at("ceilings", "memory_level")),
+        )
+
+
+#: What tells one device roof from another: device key, dtype, peak FLOP/s, bytes/s.
+RoofKey = tuple[str | None, str | None, float | None, float | None]
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """One phase of a stored run on the roofline (its summary's ``roofline`` section):
+    arithmetic intensity in FLOP/byte, achieved FLOP/s, MFU and MBU (ratios), and the
+    device and ceilings (peak FLOP/s, bytes/s, dtype, where they come from) the run was
+    analysed against."""
+
+    run: str
+    phase: str
+    intensity: float
+    achieved_flops_s: float
+    mfu: float | None = None
+    mbu: float | None = None
+    device: str | None = None
+    device_key: str | None = None
+    peak_flops: float | None = None
+    mem_bw_bytes_s: float | None = None
+    dtype: str | None = None
+    ceiling_source: str | None = None
+
+    @property
+    def roof_key(self) -> RoofKey:
+        return (self.device_key, self.dtype, self.peak_flops, self.mem_bw_bytes_s)
+
+
+@dataclass(frozen=True)
+class MeasuredRoof:
+    """A device roof measured runs were analysed against: peak FLOP/s and bytes/s (both
+    positive), the device's name and key, the dtype and where the ceilings come from."""
+
+    key: RoofKey
+    peak_flops: float
+    mem_bw_bytes_s: float
+    name: str | None = None
+    device_key: str | None = None
+    dtype: str | None = None
+    source: str | None = None
+
+
+class PredictionRow(TypedDict):
+    """One device and phase of the explorer's table: times in ms (rounded to 4 digits),
+    intensity in FLOP/byte, throughput in output tokens/s, weights + KV cache in GB,
+    ``fits`` ``yes``, ``NO`` or ``?``; ``None`` where the projection has no value."""
+
+    device: str
+    phase: str
+    bound: str | None
+    intensity: float | None
+    time_ms: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    tok_s: float | None
+    mem_gb: float | None
+    fits: str
+    max_batch: int | None
+
+
+def model_options(dctx: DashboardContext) -> list[Option]:
     """Presets, then the models recorded in stored runs (``run:<run id>``): only runs whose
     manifest has a model shape (an engine that reports none cannot be explored)."""
     from perfscope.analysis.modelspec import preset_names
     from perfscope.dashboard.compare import short_labels
 
-    opts = [{"label": f"preset: {n}", "value": n} for n in preset_names()]
+    opts: list[Option] = [{"label": f"preset: {n}", "value": n} for n in preset_names()]
     rows = [r for r in dctx.repo.rows() if r.state != "broken" and r.has_model_spec]
     for row, label in zip(rows, short_labels([r.run_id for r in rows]), strict=True):
         opts.append(
@@ -77,7 +184,7 @@ def model_options(dctx: DashboardContext) -> list[dict[str, str]]:
     return opts
 
 
-def resolve_model(dctx: DashboardContext, value: str) -> Any:
+def resolve_model(dctx: DashboardContext, value: str) -> ModelSpec:
     """The ``ModelSpec`` of a preset name or of ``run:<run id>`` (its manifest's model)."""
     from perfscope.analysis.modelspec import ModelSpec
 
@@ -127,7 +234,7 @@ def explore(
     output_len: int,
     dtype: str,
     kv_dtype: str,
-) -> tuple[Any, list[dict[str, Any]]]:
+) -> tuple[ModelSpec, list[Prediction]]:
     """The model in the chosen dtypes and ``predict()`` on each device (unknown keys are
     skipped)."""
     from perfscope.analysis.whatif import predict
@@ -139,45 +246,47 @@ def explore(
         spec = db.find(key)
         if spec is None:
             continue
-        # the figure and table read the projection's JSON form
-        p = predict(
-            model, spec, batch=batch, prompt_len=prompt_len, output_len=output_len
-        ).to_dict()
-        p["_spec"] = spec
-        out.append(p)
+        p = predict(model, spec, batch=batch, prompt_len=prompt_len, output_len=output_len)
+        out.append(Prediction.of(p))
     return model, out
 
 
-def _measured_points(dctx: DashboardContext, run_ids: list[str]) -> list[dict[str, Any]]:
+def _measured_points(dctx: DashboardContext, run_ids: list[str]) -> list[MeasuredPoint]:
+    """The phases of the runs' stored roofline sections; a run without one, and a section
+    or phase that is not a JSON object or lacks a positive intensity and FLOP/s, is left
+    out."""
     pts = []
     for rid in run_ids:
         try:
             s = dctx.repo.summary(rid) or {}
         except PerfscopeError:
             continue
-        roof = s.get("roofline") or {}
+        roof = json_object(s.get("roofline")) or {}
         if not roof.get("available"):
             continue
-        ceilings = roof.get("ceilings") or {}
-        device = roof.get("device") or {}
-        for phase, p in (roof.get("phases") or {}).items():
-            x, y = p.get("intensity"), p.get("achieved_flops_s")
-            if isinstance(x, int | float) and isinstance(y, int | float) and x > 0 and y > 0:
+        ceilings = json_object(roof.get("ceilings")) or {}
+        device = json_object(roof.get("device")) or {}
+        for phase, raw in (json_object(roof.get("phases")) or {}).items():
+            p = json_object(raw)
+            if p is None:
+                continue
+            x, y = json_float(p.get("intensity")), json_float(p.get("achieved_flops_s"))
+            if x is not None and y is not None and x > 0 and y > 0:
                 pts.append(
-                    {
-                        "run": rid,
-                        "phase": str(phase),
-                        "x": float(x),
-                        "y": float(y),
-                        "mfu": p.get("mfu"),
-                        "mbu": p.get("mbu"),
-                        "device": device.get("name"),
-                        "device_key": device.get("key"),
-                        "peak_flops": ceilings.get("peak_flops"),
-                        "mem_bw_bytes_s": ceilings.get("mem_bw_bytes_s"),
-                        "dtype": ceilings.get("dtype"),
-                        "ceiling_source": ceilings.get("source"),
-                    }
+                    MeasuredPoint(
+                        run=rid,
+                        phase=phase,
+                        intensity=x,
+                        achieved_flops_s=y,
+                        mfu=json_float(p.get("mfu")),
+                        mbu=json_float(p.get("mbu")),
+                        device=json_str(device.get("name")),
+                        device_key=json_str(device.get("key")),
+                        peak_flops=json_float(ceilings.get("peak_flops")),
+                        mem_bw_bytes_s=json_float(ceilings.get("mem_bw_bytes_s")),
+                        dtype=json_str(ceilings.get("dtype")),
+                        ceiling_source=json_str(ceilings.get("source")),
+                    )
                 )
     return pts
 
@@ -185,33 +294,25 @@ def _measured_points(dctx: DashboardContext, run_ids: list[str]) -> list[dict[st
 _MEASURED_PALETTE = ("#d62728", "#9467bd", "#8c564b", "#17becf")
 
 
-def _roof_key(m: dict[str, Any]) -> tuple[Any, ...]:
-    return (m.get("device_key"), m.get("dtype"), m.get("peak_flops"), m.get("mem_bw_bytes_s"))
-
-
-def _measured_roofs(measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _measured_roofs(measured: Sequence[MeasuredPoint]) -> list[MeasuredRoof]:
     """One roof per distinct device ceiling the measured runs were analysed against (a CPU
     run's point sits under the CPU's calibrated roof, not under a GPU's)."""
-    out: dict[Any, dict[str, Any]] = {}
+    out: dict[RoofKey, MeasuredRoof] = {}
     for m in measured:
-        peak, bw = m.get("peak_flops"), m.get("mem_bw_bytes_s")
-        if not (isinstance(peak, int | float) and isinstance(bw, int | float)):
+        peak, bw = m.peak_flops, m.mem_bw_bytes_s
+        if peak is None or bw is None or peak <= 0 or bw <= 0:
             continue
-        if peak <= 0 or bw <= 0:
-            continue
-        key = _roof_key(m)
-        out.setdefault(
-            key,
-            {
-                "key": key,
-                "name": m.get("device"),
-                "device_key": m.get("device_key"),
-                "dtype": m.get("dtype"),
-                "source": m.get("ceiling_source"),
-                "peak_flops": float(peak),
-                "mem_bw_bytes_s": float(bw),
-            },
-        )
+        key = m.roof_key
+        if key not in out:
+            out[key] = MeasuredRoof(
+                key=key,
+                peak_flops=peak,
+                mem_bw_bytes_s=bw,
+                name=m.device,
+                device_key=m.device_key,
+                dtype=m.dtype,
+                source=m.ceiling_source,
+            )
     return list(out.values())
 
 
@@ -238,8 +339,12 @@ def message_figure(text: str) -> go.Figure:
     return fig
 
 
+def _phases(p: Prediction) -> tuple[tuple[str, ProjectionPhase], ...]:
+    return (("prefill", p.projection.prefill), ("decode", p.projection.decode))
+
+
 def explorer_figure(
-    predictions: list[dict[str, Any]], measured: list[dict[str, Any]] | None = None
+    predictions: Sequence[Prediction], measured: Sequence[MeasuredPoint] | None = None
 ) -> go.Figure:
     """Log-log roofline: each device's bandwidth and compute ceilings (at the model's
     compute dtype), its predicted prefill (circle) and decode (diamond) points at speed of
@@ -248,23 +353,21 @@ def explorer_figure(
     xs: list[float] = []
     ys: list[float] = []
     for p in predictions:
-        for ph in ("prefill", "decode"):
-            d = p[ph]
-            t = d.get("sol_time_s") or 0.0
-            if d["intensity"] and math.isfinite(d["intensity"]) and t > 0:
-                xs.append(d["intensity"])
-                ys.append(d["flops"] / t)
-        c = p["ceilings"]
-        if c.get("peak_flops"):
-            ys.append(c["peak_flops"])
-        if c.get("ridge_point"):
-            xs.append(c["ridge_point"])
-    xs += [m["x"] for m in measured]
-    ys += [m["y"] for m in measured]
+        for _, d in _phases(p):
+            t = d.sol_time_s or 0.0
+            if d.intensity and math.isfinite(d.intensity) and t > 0 and d.flops is not None:
+                xs.append(d.intensity)
+                ys.append(d.flops / t)
+        if p.peak_flops:
+            ys.append(p.peak_flops)
+        if p.ridge_point:
+            xs.append(p.ridge_point)
+    xs += [m.intensity for m in measured]
+    ys += [m.achieved_flops_s for m in measured]
     roofs = _measured_roofs(measured)
     for r in roofs:
-        ys.append(r["peak_flops"])
-        xs.append(r["peak_flops"] / r["mem_bw_bytes_s"])
+        ys.append(r.peak_flops)
+        xs.append(r.peak_flops / r.mem_bw_bytes_s)
     if not xs:
         return message_figure("Nothing to draw: pick a model and at least one device.")
     fig = go.Figure()
@@ -272,10 +375,9 @@ def explorer_figure(
     x_hi = 10 ** (math.ceil(math.log10(max(xs))) + 0.5)
     for i, p in enumerate(predictions):
         color = _PALETTE[i % len(_PALETTE)]
-        c = p["ceilings"]
-        dev = esc(p["device"]["name"])
-        bw, peak = c.get("mem_bw_bytes_s"), c.get("peak_flops")
-        level = "cache" if c.get("memory_level") == "cache" else "DRAM/HBM"
+        dev = esc(p.projection.device.name)
+        bw, peak = p.mem_bw_bytes_s, p.peak_flops
+        level = "cache" if p.memory_level == "cache" else "DRAM/HBM"
         roof = roofline_ceilings(peak, bw, x_lo, x_hi)
         if bw:
             fig.add_trace(
@@ -296,20 +398,21 @@ def explorer_figure(
                     y=[peak, peak],
                     mode="lines",
                     line={"color": color},
-                    name=f"{dev}: {esc(p['dtypes']['compute'])} peak {fmt_si(peak, 'FLOP/s')}",
+                    name=f"{dev}: {esc(p.compute_dtype)} peak {fmt_si(peak, 'FLOP/s')}",
                     legendgroup=dev,
                     hovertemplate=f"{dev} peak {fmt_si(peak, 'FLOP/s')}<extra></extra>",
                 )
             )
-        for ph, symbol in (("prefill", "circle"), ("decode", "diamond")):
-            d = p[ph]
-            t = d.get("sol_time_s") or 0.0
-            if not (t > 0 and math.isfinite(d["intensity"])):
+        for (ph, d), symbol in zip(_phases(p), ("circle", "diamond"), strict=True):
+            t = d.sol_time_s or 0.0
+            if not (t > 0 and d.intensity is not None and math.isfinite(d.intensity)):
                 continue
-            y = d["flops"] / t
+            if d.flops is None:
+                continue
+            y = d.flops / t
             fig.add_trace(
                 go.Scatter(
-                    x=[d["intensity"]],
+                    x=[d.intensity],
                     y=[y],
                     mode="markers",
                     marker={
@@ -318,86 +421,81 @@ def explorer_figure(
                         "color": color,
                         "line": {"width": 1, "color": "#222"},
                     },
-                    name=f"{dev}: {ph} predicted ({d['bound']})",
+                    name=f"{dev}: {ph} predicted ({d.bound})",
                     legendgroup=dev,
-                    meta={"device": p["device"]["key"], "phase": ph, "kind": "predicted"},
+                    meta={"device": p.projection.device.key, "phase": ph, "kind": "predicted"},
                     hovertemplate=(
                         f"<b>{dev} {ph}</b> (predicted, speed of light)<br>"
-                        f"intensity {d['intensity']:.4g} FLOP/B<br>{fmt_si(y, 'FLOP/s')}<br>"
-                        f"{d['bound']}; time {fmt_si(d['time_s'], 's')}<extra></extra>"
+                        f"intensity {d.intensity:.4g} FLOP/B<br>{fmt_si(y, 'FLOP/s')}<br>"
+                        f"{d.bound}; time {fmt_si(d.time_s, 's')}<extra></extra>"
                     ),
                 )
             )
     from perfscope.dashboard.compare import short_labels
 
-    roof_color: dict[Any, str] = {}
+    roof_color: dict[RoofKey, str] = {}
     for k, r in enumerate(roofs):
         color = _MEASURED_PALETTE[k % len(_MEASURED_PALETTE)]
-        roof_color[r["key"]] = color
-        peak, bw = r["peak_flops"], r["mem_bw_bytes_s"]
+        roof_color[r.key] = color
+        peak, bw = r.peak_flops, r.mem_bw_bytes_s
         ceil = roofline_ceilings(peak, bw, x_lo, x_hi)
-        dev = esc(r["name"] or r["device_key"] or "run device")
-        src = f"{esc(r['source'])}, " if r["source"] else ""
+        dev = esc(r.name or r.device_key or "run device")
+        src = f"{esc(r.source)}, " if r.source else ""
         fig.add_trace(
             go.Scatter(
                 x=[*ceil.memory_x, *ceil.peak_x] if ceil else [x_lo, x_hi],
                 y=[*ceil.memory_y, peak, peak] if ceil else [peak, peak],
                 mode="lines",
                 line={"color": color, "dash": "dot", "width": 2},
-                name=f"{dev} roof ({src}{esc(r['dtype'] or '?')}): measured runs' own device",
-                legendgroup=f"measured-{r['key']}",
-                meta={"kind": "measured-roof", "device": r["device_key"]},
+                name=f"{dev} roof ({src}{esc(r.dtype or '?')}): measured runs' own device",
+                legendgroup=f"measured-{r.key}",
+                meta={"kind": "measured-roof", "device": r.device_key},
                 hovertemplate=(
-                    f"{dev} ({src}{esc(r['dtype'] or '?')})<br>peak {fmt_si(peak, 'FLOP/s')}, "
+                    f"{dev} ({src}{esc(r.dtype or '?')})<br>peak {fmt_si(peak, 'FLOP/s')}, "
                     f"memory {fmt_si(bw, 'B/s')}<extra></extra>"
                 ),
             )
         )
-    labels = dict(
-        zip(
-            dict.fromkeys(m["run"] for m in measured),
-            short_labels(list(dict.fromkeys(m["run"] for m in measured))),
-            strict=True,
-        )
-    )
+    runs = list(dict.fromkeys(m.run for m in measured))
+    labels = dict(zip(runs, short_labels(runs), strict=True))
     # A label only where it cannot overlap another one (within ~0.4 decade across and 0.3
     # decade up or down); the others are named in the legend and on hover. Chosen from the
     # last trace back, so a label belongs to the marker drawn on top of its cluster.
     labelled: list[tuple[float, float]] = []
     with_text: set[int] = set()
     for j in reversed(range(len(measured))):
-        lx, ly = math.log10(measured[j]["x"]), math.log10(measured[j]["y"])
+        lx, ly = math.log10(measured[j].intensity), math.log10(measured[j].achieved_flops_s)
         if all(abs(lx - ox) > 0.4 or abs(ly - oy) > 0.3 for ox, oy in labelled):
             labelled.append((lx, ly))
             with_text.add(j)
     for j, m in enumerate(measured):
-        color = roof_color.get(_roof_key(m), _PALETTE[(j + 3) % len(_PALETTE)])
-        label = f"{esc(labels[m['run']])} {esc(m['phase'])}"
+        color = roof_color.get(m.roof_key, _PALETTE[(j + 3) % len(_PALETTE)])
+        label = f"{esc(labels[m.run])} {esc(m.phase)}"
         free = j in with_text
         fig.add_trace(
             go.Scatter(
-                x=[m["x"]],
-                y=[m["y"]],
+                x=[m.intensity],
+                y=[m.achieved_flops_s],
                 mode="markers+text" if free else "markers",
                 marker={"symbol": "x", "size": 12, "color": color},
                 text=[label] if free else None,
                 textposition="top center" if j % 2 == 0 else "bottom center",
                 cliponaxis=False,
-                legendgroup=f"measured-{_roof_key(m)}",
+                legendgroup=f"measured-{m.roof_key}",
                 name=f"measured {label}",
-                meta={"run": m["run"], "phase": m["phase"], "kind": "measured"},
+                meta={"run": m.run, "phase": m.phase, "kind": "measured"},
                 hovertemplate=(
-                    f"<b>{esc(m['run'])}</b> {esc(m['phase'])} measured on "
-                    f"{esc(m['device'] or '?')}<br>MFU {fmt_pct(m['mfu'])}, "
-                    f"MBU {fmt_pct(m['mbu'])}<extra></extra>"
+                    f"<b>{esc(m.run)}</b> {esc(m.phase)} measured on "
+                    f"{esc(m.device or '?')}<br>MFU {fmt_pct(m.mfu)}, "
+                    f"MBU {fmt_pct(m.mbu)}<extra></extra>"
                 ),
             )
         )
     y_lo = min(
         [
             *ys,
-            *(p["ceilings"]["mem_bw_bytes_s"] * x_lo for p in predictions),
-            *(r["mem_bw_bytes_s"] * x_lo for r in roofs),
+            *(p.mem_bw_bytes_s * x_lo for p in predictions if p.mem_bw_bytes_s is not None),
+            *(r.mem_bw_bytes_s * x_lo for r in roofs),
         ]
     )
     fig.update_xaxes(
@@ -421,29 +519,32 @@ def explorer_figure(
     return fig
 
 
-def _table_rows(predictions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for p in predictions:
-        mem = p["memory"]
-        for ph in ("prefill", "decode"):
-            d = p[ph]
+def _g4(x: float | None) -> float | None:
+    """``x`` rounded to 4 significant digits (``None`` stays ``None``)."""
+    return None if x is None else float(f"{x:.4g}")
+
+
+def _table_rows(predictions: Sequence[Prediction]) -> list[PredictionRow]:
+    rows: list[PredictionRow] = []
+    for pred in predictions:
+        p = pred.projection
+        mem = p.memory
+        for ph, d in _phases(pred):
             rows.append(
                 {
-                    "device": p["device"]["key"],
+                    "device": p.device.key,
                     "phase": ph,
-                    "bound": d["bound"],
-                    "intensity": float(f"{d['intensity']:.4g}")
-                    if math.isfinite(d["intensity"])
+                    "bound": d.bound,
+                    "intensity": _g4(d.intensity)
+                    if d.intensity is not None and math.isfinite(d.intensity)
                     else None,
-                    "time_ms": float(f"{d['time_s'] * 1e3:.4g}"),
-                    "ttft_ms": float(f"{p['ttft_s'] * 1e3:.4g}"),
-                    "tpot_ms": float(f"{p['tpot_s'] * 1e3:.4g}"),
-                    "tok_s": float(f"{p['throughput_tok_s']:.4g}")
-                    if p.get("throughput_tok_s")
-                    else None,
-                    "mem_gb": float(f"{mem['total_bytes'] / 1e9:.4g}"),
-                    "fits": {True: "yes", False: "NO", None: "?"}[mem["fits"]],
-                    "max_batch": p.get("max_batch"),
+                    "time_ms": _g4(None if d.time_s is None else d.time_s * 1e3),
+                    "ttft_ms": _g4(None if p.ttft_s is None else p.ttft_s * 1e3),
+                    "tpot_ms": _g4(None if p.tpot_s is None else p.tpot_s * 1e3),
+                    "tok_s": _g4(p.throughput_tok_s) if p.throughput_tok_s else None,
+                    "mem_gb": _g4(None if mem.total_bytes is None else mem.total_bytes / 1e9),
+                    "fits": {True: "yes", False: "NO", None: "?"}[mem.fits],
+                    "max_batch": p.max_batch,
                 }
             )
     return rows
@@ -464,16 +565,16 @@ _TABLE_COLUMNS = (
 )
 
 
-def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     db = dctx.hwdb()
-    devices = [{"label": f"{d.name} ({d.key})", "value": d.key} for d in db.filter()]
+    devices: list[Option] = [{"label": f"{d.name} ({d.key})", "value": d.key} for d in db.filter()]
     default_devs = [k for k in DEFAULT_DEVICES if k in db.devices][:2] or [
         d["value"] for d in devices[:1]
     ]
     from perfscope.dashboard.compare import short_labels
 
     with_roof = [r.run_id for r in dctx.repo.rows() if r.has_roofline and r.state != "broken"]
-    measured_opts = [
+    measured_opts: list[Option] = [
         {"label": label, "value": rid}
         for rid, label in zip(with_roof, short_labels(with_roof), strict=True)
     ]
@@ -557,7 +658,7 @@ def layout(dctx: DashboardContext, req: PageRequest) -> Any:
             ),
             data_table(
                 id="roofline-table",
-                columns=[{"id": c, "name": n} for c, n in _TABLE_COLUMNS],
+                columns=[column(c, n) for c, n in _TABLE_COLUMNS],
                 data=[],
                 style_cell=TABLE_CELL,
                 style_header=TABLE_HEADER,
@@ -594,7 +695,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         dtype_pos: int | None,
         kv_pos: int | None,
         runs: list[str] | None,
-    ) -> tuple[Any, Any, Any, Any]:
+    ) -> tuple[go.Figure, list[PredictionRow], str, Component | str]:
         def pos(v: int | None, lo: int, hi: int, default: int) -> int:
             return min(max(int(v if v is not None else default), lo), hi)
 
@@ -621,7 +722,9 @@ def register(app: Dash, dctx: DashboardContext) -> None:
             f"{model.name}: batch {batch}, prompt {prompt}, output {output}, weights {dtype}, "
             f"KV cache {kv} on {len(preds)} device(s)"
         )
-        notes = [html.Li(f"{p['device']['key']}: {n}") for p in preds for n in p.get("notes") or []]
+        notes = [
+            html.Li(f"{p.projection.device.key}: {n}") for p in preds for n in p.projection.notes
+        ]
         return fig, _table_rows(preds), summary, html.Ul(notes) if notes else ""
 
 

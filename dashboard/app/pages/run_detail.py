@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import SupportsFloat, TypedDict
 
 import numpy as np
 import plotly.graph_objects as go
-from dash import Dash, Input, Output, Patch, State, dcc, html, no_update
+from dash import Dash, Input, NoUpdate, Output, Patch, State, dcc, html, no_update
+from dash.development.base_component import Component
 
 from perfscope.analysis.summary import Summary
 from perfscope.dashboard._fmt import esc
@@ -28,21 +29,26 @@ from perfscope.dashboard.app.pages._common import (
     GRAPH_CONFIG,
     TABLE_CELL,
     TABLE_HEADER,
+    ColumnType,
     DashboardContext,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     figure_block,
     note,
+    sort_keys,
 )
-from perfscope.dashboard.figures import FIGURE_LAYOUT
+from perfscope.dashboard.figures import FIGURE_LAYOUT, FigureSpec
 from perfscope.dashboard.queueing import queueing_line
 from perfscope.dashboard.view import as_summary, headline_cards, latency_rows, throughput_rows
 from perfscope.errors import PerfscopeError
+from perfscope.jsontypes import JsonArray, JsonObject, JsonValue, json_float
 
 __all__ = [
     "PAGE",
+    "RequestRow",
     "advice_block",
     "axis_patch",
     "linked_range",
@@ -53,7 +59,7 @@ __all__ = [
 #: Figures whose x axis is time since run start and which follow each other's range.
 LINKED = ("timeline", "throughput")
 REQUEST_PAGE_SIZE = 15
-_REQ_COLUMNS = (
+_REQ_COLUMNS: tuple[tuple[str, str, ColumnType], ...] = (
     ("request_id", "request", "numeric"),
     ("prompt_tokens", "prompt tok", "numeric"),
     ("output_tokens", "output tok", "numeric"),
@@ -74,15 +80,28 @@ _SORTABLE = {
 _X_KEY = re.compile(r"^(xaxis\d*)\.(range\[0\]|range\[1\]|range|autorange)$")
 
 
-def _figures(loaded: LoadedRun) -> list[Any]:
+class RequestRow(TypedDict):
+    """One request of the request table: token counts, latencies in ms (``None`` when not
+    measured), ``warmup`` ``yes`` or empty, and the error text (empty when it succeeded)."""
+
+    id: int
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+    warmup: str
+    error: str
+
+
+def _figures(loaded: LoadedRun) -> list[FigureSpec]:
     from perfscope.dashboard.figures import run_figures
 
     with loaded.lock:
-        specs = loaded.cache.get("figures")
-        if specs is None:
-            specs = run_figures(loaded.tables)
-            loaded.cache["figures"] = specs
-    return list(specs)
+        if loaded.cache.figures is None:
+            loaded.cache.figures = tuple(run_figures(loaded.tables))
+        return list(loaded.cache.figures)
 
 
 def _x_axes(fig: go.Figure | None) -> list[str]:
@@ -92,7 +111,7 @@ def _x_axes(fig: go.Figure | None) -> list[str]:
     return sorted(names) or ["xaxis"]
 
 
-def _metrics_table(summary: Summary | dict[str, Any]) -> html.Table:
+def _metrics_table(summary: Summary) -> html.Table:
     s = as_summary(summary)
     cells = [(c.title, c.value) for c in headline_cards(s)]
     cells += [
@@ -124,7 +143,7 @@ def advice_block(summary: Summary) -> html.Div:
     items = []
     for i, a in enumerate(s.advice, start=1):
         g = a.projected_gain
-        parts: list[Any] = [
+        parts: list[Component] = [
             html.B(f"{a.technique or '?'}: {_gain_text(g)} {g.unit}".rstrip()),
             html.Div(a.why),
         ]
@@ -140,7 +159,7 @@ def advice_block(summary: Summary) -> html.Div:
     )
 
 
-def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
+def layout(ctx_: DashboardContext, req: PageRequest) -> html.Div:
     run_id = req.rest.strip("/")
     try:
         loaded = ctx_.repo.load(run_id)
@@ -185,7 +204,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
         ],
         style=CARD_STYLE,
     )
-    blocks: list[Any] = []
+    blocks: list[Component] = []
     axes: dict[str, list[str]] = {}
     for spec in specs:
         blocks.append(
@@ -213,7 +232,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
             note(f"{n_req} requests; click a row for its token arrivals."),
             data_table(
                 id="detail-requests",
-                columns=[{"id": c, "name": n, "type": t} for c, n, t in _REQ_COLUMNS],
+                columns=[column(c, n, t) for c, n, t in _REQ_COLUMNS],
                 data=[],
                 page_action="custom",
                 page_current=0,
@@ -252,12 +271,25 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> Any:
 # ---------------------------------------------------------------------- callbacks' logic
 
 
-def linked_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | None:
+def _axis_value(value: JsonValue) -> float | None:
+    """An axis end as plotly sends it (a number, or a number as text); ``None`` otherwise."""
+    number = json_float(value)
+    if number is None and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+    return number
+
+
+def linked_range(relayout: JsonObject | None) -> tuple[float, float] | str | None:
     """The x range a plotly ``relayoutData`` event sets: ``(lo, hi)`` in seconds,
-    ``"auto"`` for a reset, or ``None`` when the event does not touch an x axis."""
+    ``"auto"`` for a reset, or ``None`` when the event does not touch an x axis (or sets
+    it to something that is not a pair of numbers)."""
     if not relayout:
         return None
-    lo = hi = None
+    lo: JsonValue = None
+    hi: JsonValue = None
     auto = False
     for key, value in relayout.items():
         m = _X_KEY.match(key)
@@ -266,39 +298,41 @@ def linked_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str |
         part = m.group(2)
         if part == "autorange":
             auto = auto or bool(value)
-        elif part == "range" and isinstance(value, list | tuple) and len(value) == 2:
+        elif part == "range" and isinstance(value, list) and len(value) == 2:
             lo, hi = value
         elif part == "range[0]":
             lo = value
         elif part == "range[1]":
             hi = value
     if lo is not None and hi is not None:
-        try:
-            a, b = float(lo), float(hi)
-        except (TypeError, ValueError):
+        a, b = _axis_value(lo), _axis_value(hi)
+        if a is None or b is None:
             return None
         if math.isfinite(a) and math.isfinite(b):
             return (min(a, b), max(a, b))
     return "auto" if auto else None
 
 
-def requests_page(
-    loaded: LoadedRun, page: int, size: int, sort_by: list[dict[str, Any]] | None
-) -> list[dict[str, Any]]:
-    """One page of the request table (latencies in ms), sorted on the server."""
+def requests_page(loaded: LoadedRun, page: int, size: int, sort_by: JsonValue) -> list[RequestRow]:
+    """One page of the request table (latencies in ms), sorted on the server by the first
+    key of the table's ``sort_by`` (as the browser sent it; a key naming no sortable
+    column leaves the table in request order)."""
     frame = per_request_frame(loaded)
-    if sort_by:
-        col = _SORTABLE.get(str(sort_by[0].get("column_id")))
+    keys = sort_keys(sort_by)
+    if keys:
+        col = _SORTABLE.get(keys[0].column_id)
         if col is not None and col in frame.columns:
-            asc = sort_by[0].get("direction") != "desc"
+            asc = not keys[0].descending
             frame = frame.sort_values(col, ascending=asc, na_position="last", kind="stable")
     size = max(1, min(int(size or REQUEST_PAGE_SIZE), 200))
     part = frame.iloc[max(0, int(page or 0)) * size :][:size]
-    out = []
+    out: list[RequestRow] = []
     for r in part.itertuples(index=False):
         rid = int(str(r.request_id))
 
-        def ms(v: Any) -> float | None:
+        def ms(v: object) -> float | None:
+            if not isinstance(v, SupportsFloat):
+                return None
             f = float(v)
             return round(f * 1e3, 3) if math.isfinite(f) else None
 
@@ -407,7 +441,9 @@ def _link(app: Dash, source: str, target: str) -> None:
         State("detail-axes", "data"),
         prevent_initial_call=True,
     )
-    def follow(relayout: dict[str, Any] | None, axes: dict[str, list[str]] | None) -> Any:
+    def follow(
+        relayout: JsonObject | None, axes: JsonObject | None
+    ) -> tuple[Patch | NoUpdate, str | NoUpdate]:
         rng = linked_range(relayout)
         if rng is None:
             return no_update, no_update
@@ -416,7 +452,10 @@ def _link(app: Dash, source: str, target: str) -> None:
             if isinstance(rng, tuple)
             else "full time range"
         )
-        return axis_patch((axes or {}).get(target) or [], rng), text
+        names = (axes or {}).get(target)
+        # The figure's x axes as the layout stored them; anything else patches ``xaxis``.
+        target_axes = [a for a in names if isinstance(a, str)] if isinstance(names, list) else []
+        return axis_patch(target_axes, rng), text
 
     follow.__name__ = f"link_{source}_to_{target}"
 
@@ -433,8 +472,8 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         State("detail-run-id", "data"),
     )
     def request_rows(
-        page: int | None, size: int | None, sort_by: list[dict[str, Any]] | None, run_id: str
-    ) -> list[dict[str, Any]]:
+        page: int | None, size: int | None, sort_by: JsonArray | None, run_id: str
+    ) -> list[RequestRow]:
         try:
             loaded = dctx.repo.load(str(run_id))
             return requests_page(loaded, int(page or 0), int(size or REQUEST_PAGE_SIZE), sort_by)
@@ -447,7 +486,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         State("detail-run-id", "data"),
         prevent_initial_call=True,
     )
-    def drill_down(active_cell: dict[str, Any] | None, run_id: str) -> Any:
+    def drill_down(active_cell: JsonObject | None, run_id: str) -> Component:
         rid = active_cell.get("row_id") if isinstance(active_cell, dict) else None
         if rid is None:
             return note("No request selected.")

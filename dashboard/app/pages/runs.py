@@ -23,18 +23,28 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
+from perfscope.dashboard.app.data import RunRecord, RunRepository, RunRow
 from perfscope.dashboard.app.pages._common import (
     CARD_STYLE,
+    CellTooltip,
+    Column,
+    ColumnFormat,
+    ColumnType,
+    ConditionalStyle,
     DashboardContext,
     Page,
     PageRequest,
+    Style,
     data_table,
+    sort_keys,
 )
+from perfscope.jsontypes import JsonArray, JsonValue, json_object
 
 __all__ = [
     "COLUMNS",
@@ -42,6 +52,7 @@ __all__ = [
     "LISTING_MAX_AGE_S",
     "PAGE",
     "PAGE_SIZE",
+    "TableRow",
     "filter_records",
     "hidden_columns",
     "page_of",
@@ -49,8 +60,23 @@ __all__ = [
     "table_records",
 ]
 
-#: One row of the runs table as the DataTable receives it (column id -> cell).
-Row = Mapping[str, object]
+
+class TableRow(RunRecord):
+    """One row of the runs table as the DataTable receives it: the run's record
+    (:meth:`RunRow.to_record`) plus the page's own columns: the short ``outcome``, the
+    ``problem`` text (empty for a complete run) and the latencies in seconds (the cells
+    show them with SI prefixes)."""
+
+    outcome: str
+    problem: str
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+
+
+#: A row of a table the filter, sort and page helpers work on (column id -> cell); they
+#: read cells by column id and give back the rows they were given.
+R = TypeVar("R", bound=Mapping[str, object])
 
 #: Rows of the runs table sent to the browser at a time.
 PAGE_SIZE = 50
@@ -61,7 +87,7 @@ LISTING_MAX_AGE_S = 1.0
 #: (column id, header, type) of the runs table: identity and the contention marker (a
 #: contended run's timings are suspect), then the metrics, then the metadata (at 1,440 px
 #: every metric is visible without scrolling).
-COLUMNS: tuple[tuple[str, str, str], ...] = (
+COLUMNS: tuple[tuple[str, str, ColumnType], ...] = (
     ("link", "run id", "text"),
     ("outcome", "state", "text"),
     ("contention", "contention", "text"),
@@ -121,9 +147,20 @@ _WRAP_PX: dict[str, int] = {
     "problem": 120,
 }
 
+#: Column widths: text columns wrap at their width; the run id wraps at its hyphens, and an
+#: error text's long words (exception names, paths) break anywhere.
+_WIDTHS: list[ConditionalStyle] = [
+    {"if": {"column_id": cid}, "maxWidth": f"{px}px", "minWidth": "60px"}
+    for cid, px in _WRAP_PX.items()
+]
+_WIDTHS += [
+    {"if": {"column_id": "link"}, "minWidth": "105px", "maxWidth": "115px"},
+    {"if": {"column_id": "problem"}, "wordBreak": "break-word", "minWidth": "100px"},
+]
+
 #: d3 formats of the numeric columns: SI prefixes with the unit ("820ms", "179s"), numbers
 #: with thousands separators, percentages; the cell keeps its number, so sorting is numeric.
-_FORMATS: dict[str, dict[str, Any]] = {
+_FORMATS: dict[str, ColumnFormat] = {
     **{
         c: {"specifier": "$.3~s", "locale": {"symbol": ["", "s"]}}
         for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s")
@@ -139,7 +176,7 @@ _FORMATS: dict[str, dict[str, Any]] = {
 }
 
 
-def _state(row: Any) -> str:
+def _state(row: RunRow) -> str:
     """A word or two: ``complete``, ``running``, ``crashed``, ``failed``, ``not analysed``,
     ``broken`` (the reason is in the ``problem`` column and the cell's tooltip)."""
     if row.state == "ok":
@@ -154,32 +191,40 @@ def _state(row: Any) -> str:
     return str(row.status or row.state)
 
 
-def table_records(ctx: DashboardContext) -> list[dict[str, Any]]:
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1e3
+
+
+def table_records(ctx: DashboardContext) -> list[TableRow]:
     """The runs table's rows, newest first (latencies in seconds, ratios in %)."""
-    out = []
+    out: list[TableRow] = []
     for row in ctx.repo.rows():
         rec = row.to_record()
-        rec["outcome"] = _state(row)  # state and status in one short column
-        rec["problem"] = row.problem or ""
-        for key in ("ttft_p50", "ttft_p99", "tpot_p50"):
-            ms = rec.get(f"{key}_ms")
-            rec[f"{key}_s"] = None if ms is None else ms / 1e3
-        out.append(rec)
+        out.append(
+            {
+                **rec,
+                "outcome": _state(row),  # state and status in one short column
+                "problem": row.problem or "",
+                "ttft_p50_s": _seconds(rec["ttft_p50_ms"]),
+                "ttft_p99_s": _seconds(rec["ttft_p99_ms"]),
+                "tpot_p50_s": _seconds(rec["tpot_p50_ms"]),
+            }
+        )
     return out
 
 
-def _tooltips(records: Sequence[Row]) -> list[dict[str, Any]]:
+def _tooltips(records: Sequence[TableRow]) -> list[dict[str, CellTooltip]]:
     """The reason of a partial or broken run on its state cell."""
     return [
-        {"outcome": {"value": str(r["problem"]), "type": "text"}} if r.get("problem") else {}
+        {"outcome": {"value": r["problem"], "type": "text"}} if r["problem"] else {}
         for r in records
     ]
 
 
-def _columns() -> list[dict[str, Any]]:
-    cols: list[dict[str, Any]] = []
+def _columns() -> list[Column]:
+    cols: list[Column] = []
     for cid, name, kind in COLUMNS:
-        col: dict[str, Any] = {"id": cid, "name": name, "type": kind}
+        col: Column = {"id": cid, "name": name, "type": kind}
         if cid in _METADATA:
             col["hideable"] = True  # listed by the "Toggle Columns" button
         if cid == "link":
@@ -224,7 +269,7 @@ class Listing:
         took_s: how long making it took, in seconds.
     """
 
-    records: Sequence[Row]
+    records: Sequence[TableRow]
     hidden: list[str]
     source: str
     made_at: float
@@ -232,7 +277,7 @@ class Listing:
     took_s: float = 0.0
 
 
-def _root_mtime_ns(root: Any) -> int:
+def _root_mtime_ns(root: Path) -> int:
     try:
         return os.stat(root).st_mtime_ns
     except OSError:
@@ -274,7 +319,7 @@ class _Listings:
             return self._last
 
 
-_LISTINGS: weakref.WeakKeyDictionary[Any, _Listings] = weakref.WeakKeyDictionary()
+_LISTINGS: weakref.WeakKeyDictionary[RunRepository, _Listings] = weakref.WeakKeyDictionary()
 _LISTINGS_LOCK = threading.Lock()
 
 
@@ -296,7 +341,7 @@ _FILTER_PART = re.compile(
 _OPS = {"eq": "=", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -314,7 +359,7 @@ def _unquote(text: str) -> str:
     return text
 
 
-def _matches(cell: Any, op: str, value: str, insensitive: bool) -> bool:
+def _matches(cell: object, op: str, value: str, insensitive: bool) -> bool:
     if op in ("contains", "datestartswith"):
         have, want = ("" if cell is None else str(cell)), value
         if insensitive:
@@ -338,7 +383,7 @@ def _matches(cell: Any, op: str, value: str, insensitive: bool) -> bool:
     return {"=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
 
 
-def filter_records(records: Sequence[Row], query: str | None) -> list[Row]:
+def filter_records(records: Sequence[R], query: str | None) -> list[R]:
     """The records matching a DataTable ``filter_query`` (parts joined by ``&&``, each
     ``{column} operator value`` as the table's filter row writes them); a part this reader
     does not follow is ignored, as the table itself ignores an invalid filter."""
@@ -354,14 +399,15 @@ def filter_records(records: Sequence[Row], query: str | None) -> list[Row]:
     return [r for r in records if all(_matches(r.get(c), op, v, i) for c, op, v, i in parts)]
 
 
-def sort_records(records: Sequence[Row], sort_by: Sequence[Mapping[str, Any]] | None) -> list[Row]:
-    """``records`` in the DataTable's ``sort_by`` order (first key first); numbers sort as
-    numbers, text as text, and blank cells last either way."""
+def sort_records(records: Sequence[R], sort_by: JsonValue) -> list[R]:
+    """``records`` in the order of a DataTable's ``sort_by`` as the browser sent it (first
+    key first; an entry that names no column is skipped); numbers sort as numbers, text as
+    text, and blank cells last either way."""
     out = list(records)
-    for key in reversed(list(sort_by or [])):
-        col, desc = str(key.get("column_id")), key.get("direction") == "desc"
+    for key in reversed(sort_keys(sort_by)):
+        col, desc = key.column_id, key.descending
 
-        def rank(r: Row, col: str = col) -> tuple[int, float, str]:
+        def rank(r: R, col: str = col) -> tuple[int, float, str]:
             v = r.get(col)
             if v is None or v == "":
                 return (2, 0.0, "")
@@ -379,9 +425,7 @@ def sort_records(records: Sequence[Row], sort_by: Sequence[Mapping[str, Any]] | 
 _NUMERIC = frozenset(cid for cid, _, kind in COLUMNS if kind == "numeric")
 
 
-def page_of(
-    records: Sequence[Row], page: int | None, size: int | None
-) -> tuple[list[Row], int, int]:
+def page_of(records: Sequence[R], page: int | None, size: int | None) -> tuple[list[R], int, int]:
     """One page of ``records``: (its rows, the page number shown, the number of pages);
     a page past the end shows the last one."""
     size = max(1, int(size or PAGE_SIZE))
@@ -395,7 +439,7 @@ def _count_text(shown: Listing, matched: int) -> str:
     return shown.source + (f" · {matched} match the filter" if matched != total else "")
 
 
-def layout(ctx: DashboardContext, req: PageRequest) -> Any:
+def layout(ctx: DashboardContext, req: PageRequest) -> html.Div:
     shown = listing(ctx)
     records, _, pages = page_of(shown.records, 0, PAGE_SIZE)
     return html.Div(
@@ -458,15 +502,7 @@ def layout(ctx: DashboardContext, req: PageRequest) -> Any:
                     "whiteSpace": "normal",
                     "height": "auto",
                 },
-                style_cell_conditional=[
-                    {"if": {"column_id": cid}, "maxWidth": f"{px}px", "minWidth": "60px"}
-                    for cid, px in _WRAP_PX.items()
-                ]
-                + [{"if": {"column_id": "link"}, "minWidth": "105px", "maxWidth": "115px"}]
-                # An error text's long words (exception names, paths) break anywhere.
-                + [
-                    {"if": {"column_id": "problem"}, "wordBreak": "break-word", "minWidth": "100px"}
-                ],
+                style_cell_conditional=_WIDTHS,
                 style_data_conditional=[
                     {
                         "if": {"filter_query": '{state} = "broken"'},
@@ -508,18 +544,18 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         _n: int,
         page: int | None,
         size: int | None,
-        sort_by: list[Mapping[str, Any]] | None,
+        sort_by: JsonArray | None,
         query: str | None,
-        current: list[Row] | None,
-        selected_ids: list[str] | None,
-    ) -> tuple[Any, ...]:
+        current: JsonArray | None,
+        selected_ids: JsonArray | None,
+    ) -> tuple[object, ...]:
         shown = listing(ctx)
         matched = filter_records(shown.records, query)
         records, at, pages = page_of(sort_records(matched, sort_by), page, size)
         if current == records and at == (page or 0):
             return (no_update,) * 6
         # Selection is by row index in the DataTable: mark the picked runs on this page.
-        wanted = set(selected_ids or [])
+        wanted = {str(i) for i in selected_ids or []}
         selected = [i for i, r in enumerate(records) if r["id"] in wanted]
         return (
             records,
@@ -538,12 +574,13 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         prevent_initial_call=True,
     )
     def remember_selection(
-        picked: list[str] | None, page: list[Row] | None, kept: list[str] | None
+        picked: JsonArray | None, page: JsonArray | None, kept: JsonArray | None
     ) -> list[str]:
         """The runs picked on every page: this page's picks replace this page's part."""
-        here = {str(r["id"]) for r in page or []}
+        rows = [r for r in map(json_object, page or []) if r is not None and "id" in r]
+        here = {str(r["id"]) for r in rows}
         now = [str(i) for i in picked or []]
-        out = [i for i in kept or [] if i not in here or i in now]
+        out = [i for i in map(str, kept or []) if i not in here or i in now]
         return out + [i for i in now if i not in out]
 
     @app.callback(
@@ -552,7 +589,7 @@ def register(app: Dash, ctx: DashboardContext) -> None:
         Output("runs-compare-link", "style"),
         Input("runs-selection", "data"),
     )
-    def compare_link(selected_ids: list[str] | None) -> tuple[str, str, dict[str, Any]]:
+    def compare_link(selected_ids: JsonArray | None) -> tuple[str, str, Style]:
         ids = [str(i) for i in (selected_ids or [])]
         if len(ids) < 2:
             text = "Select two or more runs to compare"

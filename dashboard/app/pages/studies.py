@@ -14,11 +14,13 @@ the runs a study names are read through the run repository by their directory na
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dash import Dash, Input, Output, dcc, html
+from dash.dash_table.DataTable import DataTable
+from dash.development.base_component import Component
 
 from perfscope.analysis.catalogue import format_number, format_seconds
 from perfscope.analysis.study import METRICS, Study, detectable_cell, read_study
@@ -30,6 +32,7 @@ from perfscope.dashboard.app.pages._common import (
     DashboardContext,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     figure_block,
@@ -42,6 +45,7 @@ from perfscope.dashboard.study_report import (
     study_figures,
 )
 from perfscope.errors import PerfscopeError, RunNotFoundError
+from perfscope.jsontypes import JsonObject
 
 __all__ = ["PAGE", "STUDIES_DIR", "StudyListing", "list_studies", "load_study", "study_body"]
 
@@ -116,10 +120,10 @@ def list_studies(dctx: DashboardContext) -> list[StudyListing]:
     return out
 
 
-def _summary_reader(dctx: DashboardContext) -> Any:
+def _summary_reader(dctx: DashboardContext) -> Callable[[str], JsonObject]:
     """Reads a study run's summary through the repository, by its directory name."""
 
-    def read(run: str) -> dict[str, Any]:
+    def read(run: str) -> JsonObject:
         run_id = Path(run).name
         try:
             return dctx.repo.summary(run_id) or {}
@@ -148,7 +152,7 @@ def _missing(metric: str) -> str:
     return _MISSING.get(metric, "not in the runs' summaries")
 
 
-def _value(v: Any, metric: str) -> str:
+def _value(v: float | None, metric: str) -> str:
     if v is None:
         return _missing(metric)
     unit = METRIC_LABELS.get(metric, ("", ""))[1]
@@ -161,12 +165,13 @@ def _ratio(r: float | None) -> str:
     return "–" if r is None else f"{r:.3f}x"
 
 
-def _settings_table(dctx: DashboardContext, study: Study) -> Any:
+def _settings_table(dctx: DashboardContext, study: Study) -> DataTable:
     rows = []
     for s in study.settings:
         verdicts = phase_summary(s)
         mem = s.memory.get("total_bytes")
-        row: dict[str, Any] = {"value": s.value}
+        # One cell per study metric besides the fixed columns: every cell is text.
+        row: dict[str, str] = {"value": s.value}
         for m in METRICS:
             row[m] = _value(s.median.get(m), m)
         row["memory"] = "not estimated" if mem is None else f"{mem / 1e6:.3g} MB"
@@ -179,10 +184,7 @@ def _settings_table(dctx: DashboardContext, study: Study) -> Any:
     cols += [("runs", "runs")]
     return data_table(
         id="studies-settings",
-        columns=[
-            {"id": c, "name": n, **({"presentation": "markdown"} if c == "runs" else {})}
-            for c, n in cols
-        ],
+        columns=[column(c, n, markdown=c == "runs") for c, n in cols],
         data=rows,
         markdown_options={"link_target": "_self"},
         css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
@@ -191,7 +193,7 @@ def _settings_table(dctx: DashboardContext, study: Study) -> Any:
     )
 
 
-def _effects_table(study: Study) -> Any:
+def _effects_table(study: Study) -> DataTable:
     rows = []
     for s in study.settings[1:]:
         for e in s.effects:
@@ -230,14 +232,14 @@ def _effects_table(study: Study) -> Any:
     ]
     return data_table(
         id="studies-effects",
-        columns=[{"id": c, "name": n} for c, n in cols],
+        columns=[column(c, n) for c, n in cols],
         data=rows,
         style_cell=TABLE_CELL,
         style_header=TABLE_HEADER,
     )
 
 
-def study_body(dctx: DashboardContext, study_id: str | None) -> Any:
+def study_body(dctx: DashboardContext, study_id: str | None) -> html.Div:
     """Facts, tables and figures of one study."""
     if not study_id:
         return note("No study selected.")
@@ -252,7 +254,7 @@ def study_body(dctx: DashboardContext, study_id: str | None) -> Any:
         f"engine {study.args.get('engine') or '?'}",
         f"created {study.created_at or '?'}",
     ]
-    blocks: list[Any] = [html.Div(" · ".join(facts), id="studies-facts", style=CARD_STYLE)]
+    blocks: list[Component] = [html.Div(" · ".join(facts), id="studies-facts", style=CARD_STYLE)]
     if study.notes:
         blocks.append(html.Ul([html.Li(n) for n in study.notes], id="studies-notes"))
     blocks.append(html.Div([html.H3("Settings"), _settings_table(dctx, study)], style=CARD_STYLE))
@@ -278,7 +280,7 @@ def study_body(dctx: DashboardContext, study_id: str | None) -> Any:
     return html.Div(blocks)
 
 
-def _list_table(studies: list[StudyListing]) -> Any:
+def _list_table(studies: list[StudyListing]) -> DataTable:
     rows = [
         {
             "study": f"[{s.study_id}](/studies?study={s.study_id})",
@@ -302,10 +304,7 @@ def _list_table(studies: list[StudyListing]) -> Any:
     ]
     return data_table(
         id="studies-list",
-        columns=[
-            {"id": c, "name": n, **({"presentation": "markdown"} if c == "study" else {})}
-            for c, n in cols
-        ],
+        columns=[column(c, n, markdown=c == "study") for c, n in cols],
         data=rows,
         markdown_options={"link_target": "_self"},
         css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
@@ -314,7 +313,7 @@ def _list_table(studies: list[StudyListing]) -> Any:
     )
 
 
-def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     studies = list_studies(dctx)
     if not studies:
         return html.Div(
@@ -349,7 +348,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         Input("studies-select", "value"),
         prevent_initial_call=True,
     )
-    def show_study(study_id: str | None) -> Any:
+    def show_study(study_id: str | None) -> html.Div:
         return study_body(dctx, study_id)
 
 

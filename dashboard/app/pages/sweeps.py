@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import SupportsFloat, SupportsIndex, TypedDict
 
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, dcc, html
+from dash.dash_table.DataTable import DataTable
 from plotly.subplots import make_subplots
 
 from perfscope.analysis.catalogue import format_number, format_ratio, format_seconds
@@ -28,6 +29,7 @@ from perfscope.dashboard.app.pages._common import (
     DashboardContext,
     Page,
     PageRequest,
+    column,
     data_table,
     error_box,
     figure_block,
@@ -88,7 +90,10 @@ def load_sweep(dctx: DashboardContext, sweep_id: str) -> SweepSummary:
     return SweepSummary.from_dict(data)
 
 
-def _f(x: Any) -> float | None:
+def _f(x: object) -> float | None:
+    """``x`` as a float (a number, or a number as text); ``None`` for anything else or NaN."""
+    if not isinstance(x, str | SupportsFloat | SupportsIndex):
+        return None
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -247,7 +252,15 @@ def goodput_figure(summary: SweepSummary) -> go.Figure:
     return fig
 
 
-def _count_ticks(kind: str, x: list[float | None]) -> dict[str, Any]:
+class AxisTicks(TypedDict, total=False):
+    """Tick settings of a plotly axis: values at ``tickvals``, written as ``ticktext``."""
+
+    tickmode: str
+    tickvals: list[int]
+    ticktext: list[str]
+
+
+def _count_ticks(kind: str, x: list[float | None]) -> AxisTicks:
     """Concurrency is a count: ticks at the tested values, as integers."""
     if kind == "rate":
         return {}
@@ -255,7 +268,7 @@ def _count_ticks(kind: str, x: list[float | None]) -> dict[str, Any]:
     return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{v:,}" for v in vals]}
 
 
-def _points_table(dctx: DashboardContext, summary: SweepSummary) -> Any:
+def _points_table(dctx: DashboardContext, summary: SweepSummary) -> DataTable:
     kind = str(summary.kind or "rate")
     rows = []
     root = dctx.runs_dir.resolve()
@@ -299,10 +312,7 @@ def _points_table(dctx: DashboardContext, summary: SweepSummary) -> Any:
     ]
     return data_table(
         id="sweeps-points",
-        columns=[
-            {"id": c, "name": n, **({"presentation": "markdown"} if c == "run" else {})}
-            for c, n in cols
-        ],
+        columns=[column(c, n, markdown=c == "run") for c, n in cols],
         data=rows,
         markdown_options={"link_target": "_self"},
         css=[{"selector": ".dash-cell p", "rule": "margin: 0"}],
@@ -311,7 +321,7 @@ def _points_table(dctx: DashboardContext, summary: SweepSummary) -> Any:
     )
 
 
-def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> Any:
+def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> html.Div:
     """Figures and point table of one sweep."""
     if not sweep_id:
         return note("No sweep selected.")
@@ -347,7 +357,7 @@ def sweep_body(dctx: DashboardContext, sweep_id: str | None) -> Any:
     )
 
 
-def layout(dctx: DashboardContext, req: PageRequest) -> Any:
+def layout(dctx: DashboardContext, req: PageRequest) -> html.Div:
     sweeps = list_sweeps(dctx)
     chosen = req.get("sweep") or (sweeps[0] if sweeps else None)
     if not sweeps:
@@ -380,7 +390,7 @@ def register(app: Dash, dctx: DashboardContext) -> None:
         Input("sweeps-select", "value"),
         prevent_initial_call=True,
     )
-    def show_sweep(sweep_id: str | None) -> Any:
+    def show_sweep(sweep_id: str | None) -> html.Div:
         return sweep_body(dctx, sweep_id)
 
 
