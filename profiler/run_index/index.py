@@ -714,6 +714,10 @@ def _newest_candidates(
 PARALLEL_MIN_RUNS = 1000
 _MAX_WORKERS = 8
 
+#: What a worker runs, as ``python -m``: this package, whose ``__main__`` calls
+#: :func:`_worker_main`.
+_WORKER_MODULE = "perfscope.profiler.run_index"
+
 #: The Arrow type of each column as a worker hands its rows over (timestamps stay text
 #: until the INSERT casts them, as before).
 _ARROW_TYPES = {
@@ -780,7 +784,7 @@ def _read_runs(items: Sequence[RunItem], lookup: Lookup, root: Path, broken: set
         for _ in shares:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", __name__],
+                    [sys.executable, "-m", _WORKER_MODULE],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
@@ -1315,7 +1319,3 @@ def open_index(
         yield index
     finally:
         index.close()
-
-
-if __name__ == "__main__":
-    _worker_main()
