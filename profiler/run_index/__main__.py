@@ -5,7 +5,7 @@ runs pickled on its stdin and writes their rows to its stdout as one Arrow strea
 (``_worker_main``). Nothing else runs this package as a program.
 """
 
-from perfscope.profiler.run_index.index import _worker_main
+from perfscope.profiler.run_index.scan import _worker_main
 
 if __name__ == "__main__":
     _worker_main()
