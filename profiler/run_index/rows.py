@@ -1,11 +1,11 @@
 """One run folder read into one row of the index's ``runs`` table (never raises on bad files).
 
 Values are copied from the files as stored (SI units: seconds, tokens per second, ratios); a
-field a run does not have is NULL, and a value that does not fit its column's type (text where
-a number belongs, NaN, infinity) is NULL too. A run whose files cannot be parsed keeps a row
-with ``state = 'broken'`` and the reason in ``problem``, so it shows up rather than vanishing.
-SLO attainment and goodput are NULL for a run without SLOs (``slo_count = 0``): a share of
-requests "meeting" no limit is no measurement.
+field a run does not have is NULL, and so is a value its column's type cannot hold (NaN or
+infinity in a number column, a number in a text column). A run whose files cannot be parsed
+keeps a row with ``state = 'broken'`` and the reason in ``problem``, so it shows up rather
+than vanishing. SLO attainment and goodput are NULL for a run without SLOs
+(``slo_count = 0``): a share of requests "meeting" no limit is no measurement.
 
 The caller passes the dotted-path reader (:data:`Lookup`); every string in a row is made safe
 for a UTF-8 store (:func:`safe_text`).
