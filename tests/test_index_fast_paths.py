@@ -187,7 +187,7 @@ def test_a_large_refresh_read_in_worker_processes_holds_what_one_process_reads(
     template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from perfscope.analysis.catalogue import value_at
-    from perfscope.profiler import run_index
+    from perfscope.profiler.run_index import scan as run_index
 
     for i in range(5):
         copy_run(template, tmp_path, f"20261201-10000{i}-r-000{i}", name=f"r{i}")
