@@ -86,10 +86,10 @@ class Record:
     _NEWER: ClassVar[tuple[str, ...]] = ()
 
     #: Per class: field name → resolved type hint (filled on first use).
-    _hints: ClassVar[dict[type, dict[str, Any]]] = {}
+    _hints: ClassVar[dict[type, dict[str, object]]] = {}
 
     @classmethod
-    def _field_types(cls) -> dict[str, Any]:
+    def _field_types(cls) -> dict[str, object]:
         hints = Record._hints.get(cls)
         if hints is None:
             resolved = typing.get_type_hints(cls)

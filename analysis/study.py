@@ -62,6 +62,7 @@ from perfscope.analysis.whatif import (
     run_derating,
     speculative_speedup,
 )
+from perfscope.jsontypes import JsonObject
 
 __all__ = [
     "METRICS",
@@ -1492,7 +1493,7 @@ class Study:
             return setting.median.get(metric)
         return float(base) * e.change.ratio
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict."""
         return asdict(self)
 
