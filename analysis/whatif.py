@@ -39,9 +39,11 @@ from perfscope.analysis.overhead import KERNELS_PER_LAYER, OverheadFit, launch_t
 from perfscope.analysis.roofline import fmt_pct, memory_ceiling
 from perfscope.analysis.summary import (
     Projection,
+    ProjectionCeilings,
     ProjectionDevice,
     ProjectionMemory,
     ProjectionPhase,
+    ProjectionWorkload,
     Roofline,
 )
 
@@ -254,13 +256,13 @@ def predict(
             "kv_cache": model.kv_dtype,
             "compute": compute_dtype,
         },
-        workload={
-            "batch": batch,
-            "prompt_len": prompt_len,
-            "output_len": output_len,
-            "cached_prefix_len": cached,
-            "tp": tp,
-        },
+        workload=ProjectionWorkload(
+            batch=batch,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            cached_prefix_len=cached,
+            tp=tp,
+        ),
         speed_of_light=sol,
         efficiency={"prefill": eff_p, "decode": eff_d},
         overhead_s={
@@ -268,13 +270,13 @@ def predict(
             "decode_per_step": decode_overhead_s + host_d,
         },
         overhead_fit=overhead.to_dict() if overhead is not None else None,
-        ceilings={
-            "peak_flops": peak,
-            "mem_bw_bytes_s": bw,
-            "memory_level": level,
-            "ridge_point": ridge,
-            "source": device.source,
-        },
+        ceilings=ProjectionCeilings(
+            peak_flops=peak,
+            mem_bw_bytes_s=bw,
+            memory_level=level,
+            ridge_point=ridge,
+            source=device.source,
+        ),
         ttft_s=ttft,
         tpot_s=tpot,
         e2e_s=e2e,
