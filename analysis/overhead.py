@@ -748,7 +748,7 @@ class PassCosts:
             model.n_layers * per_layer + self.head_s + self.head_per_row_s * b, dtype=np.float64
         )
 
-    def to_dict(self) -> dict[str, float | str]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict."""
         return asdict(self)
 
