@@ -46,6 +46,7 @@ from perfscope.analysis.summary import (
     ProjectionWorkload,
     Roofline,
 )
+from perfscope.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -441,14 +442,14 @@ def _same_class(measured: str | None, target: DeviceSpec) -> bool:
     return measured is not None and measured == target.key
 
 
-def _headline(p: Projection) -> dict[str, object]:
+def _headline(p: Projection) -> JsonObject:
     """One end of a projection's ``range``: TTFT and TPOT (s), throughput (tokens/s) and the
     per-phase efficiency (fraction of speed of light) it assumed."""
     return {
         "ttft_s": p.ttft_s,
         "tpot_s": p.tpot_s,
         "throughput_tok_s": p.throughput_tok_s,
-        "efficiency": p.efficiency,
+        "efficiency": {**p.efficiency},
     }
 
 
@@ -503,7 +504,7 @@ def project_run(
             )
             continue
         sol = predict(model, dev, **shape)
-        rng: dict[str, object] = {"speed_of_light": _headline(sol)}
+        rng: JsonObject = {"speed_of_light": _headline(sol)}
         preds: dict[str, Projection] = {}
         carried = fit.on_device(dev, model, launches=False) if fit is not None else None
         launches = {"eager": launch_time(dev, model), "compiled": dev.kernel_launch_s or 0.0}
