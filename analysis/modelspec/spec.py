@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
 from perfscope.analysis.modelspec.dtypes import (
     compute_dtype_for,
@@ -35,6 +35,29 @@ class LayerAttention:
 
     kind: str
     span: int = 0
+
+
+_FieldValue = bool | int | float | str | tuple[int, ...] | tuple[str, ...]
+
+
+def _field_value(name: str, kind: str, value: object) -> _FieldValue:
+    """``value`` (JSON) as a :class:`ModelSpec` field of type ``kind`` (its annotation)."""
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "int" and isinstance(value, int):
+        return value
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if kind == "str" and isinstance(value, str):
+        return value
+    if kind == "tuple[int, ...]" and isinstance(value, list | tuple):
+        ints = [_field_value(name, "int", v) for v in value]
+        return tuple(v for v in ints if isinstance(v, int))
+    if kind == "tuple[str, ...]" and isinstance(value, list | tuple):
+        return tuple(str(v) for v in value)
+    raise UsageError(f"model field {name} is {value!r}, expected {kind}")
 
 
 @dataclass(frozen=True)
@@ -318,10 +341,20 @@ class ModelSpec:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
-        """Build from :meth:`to_dict` output; unknown keys are ignored (newer writers)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
+        """Build from :meth:`to_dict` output; unknown keys are ignored (newer writers).
+
+        Each known key's value is narrowed to its field's type (an integral float to an
+        ``int``, an ``int`` to a ``float``, a JSON array to a tuple).
+
+        Raises:
+            UsageError: a known key holds a value of another JSON type (named in the message).
+        """
+        kinds = {f.name: str(f.type) for f in fields(cls)}
+        values = {k: _field_value(k, kinds[k], v) for k, v in data.items() if k in kinds}
+        # every value now has its field's type (checked above, per field, at run time)
+        build: Callable[..., ModelSpec] = cls
+        return build(**values)
 
     # ------------------------------------------------------------------ derived views
 
