@@ -46,7 +46,8 @@ def _spec_from_config(cfg: JsonObject, name: str) -> ModelSpec:
         return replace(spec, extra_params=spec.extra_params + extra, notes=(*spec.notes, note))
 
     fam = family_for(cfg)
-    f: dict[str, Any] = {"name": name, "family": fam.key, **_dtypes_from_config(cfg)}
+    # The fields gathered for ModelSpec, each narrowed to its field's type by from_dict.
+    f: dict[str, object] = {"name": name, "family": fam.key, **_dtypes_from_config(cfg)}
     if fam.reader == "gpt2":
         return _gpt2(cfg, f)
     if fam.reader == "gpt_neox":
@@ -108,9 +109,9 @@ def _spec_from_config(cfg: JsonObject, name: str) -> ModelSpec:
         f.update(_mla_fields(cfg, h))
     # A uniform window is stored the old way, so older readers see it too.
     windows = f["layer_windows"]
-    if windows and len(set(windows)) == 1 and windows[0] > 0:
+    if isinstance(windows, tuple) and len(set(windows)) == 1 and windows[0] > 0:
         f.update(sliding_window=windows[0], layer_windows=())
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
 _NOT_TOWERS = ("text_config", "quantization_config", "rope_scaling", "generation_config")
