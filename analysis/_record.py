@@ -27,6 +27,17 @@ from typing import Any, ClassVar, Self, get_args, get_origin
 __all__ = ["Record"]
 
 
+#: The JSON aliases (:mod:`perfscope.jsontypes`) as the runtime reads a field's hint: they are
+#: strings there (recursive aliases), so a field typed ``JsonObject | None`` would not resolve.
+#: A JSON value is kept as read, so the alias's value type is ``object``.
+_JSON_ALIASES: dict[str, object] = {
+    "JsonValue": object,
+    "JsonObject": dict[str, object],
+    "JsonArray": list[object],
+    "ReadOnlyJson": Mapping[str, object],
+}
+
+
 def _from_json(tp: Any, value: Any) -> Any:
     """``value`` (JSON) converted to the type ``tp`` names, as far as records go."""
     if value is None:
@@ -86,13 +97,13 @@ class Record:
     _NEWER: ClassVar[tuple[str, ...]] = ()
 
     #: Per class: field name → resolved type hint (filled on first use).
-    _hints: ClassVar[dict[type, dict[str, Any]]] = {}
+    _hints: ClassVar[dict[type, dict[str, object]]] = {}
 
     @classmethod
-    def _field_types(cls) -> dict[str, Any]:
+    def _field_types(cls) -> dict[str, object]:
         hints = Record._hints.get(cls)
         if hints is None:
-            resolved = typing.get_type_hints(cls)
+            resolved = typing.get_type_hints(cls, localns=_JSON_ALIASES)
             hints = {
                 f.name: resolved[f.name]
                 for f in dataclasses.fields(cls)

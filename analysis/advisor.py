@@ -248,7 +248,7 @@ def advise(
     dec_memory = dec_verdict == "memory-bound" or (
         dec_verdict == "overhead-bound" and dec.roof == "memory"
     )
-    ridge = base["ceilings"]["ridge_point"]
+    ridge = base.ceilings.ridge_point
     tpot0 = base["tpot_s"]
 
     # Model does not fit: tensor parallelism first.
@@ -433,8 +433,8 @@ def advise(
         tokens_per_step = (1 - a ** (k + 1)) / (1 - a)
         ctx = s_len + t_len // 2
         verify = step_cost(model, b_cur, b_cur * (k + 1), b_cur * ctx)
-        peak = base["ceilings"]["peak_flops"] or math.inf
-        bw = base["ceilings"]["mem_bw_bytes_s"]
+        peak = base.ceilings.peak_flops or math.inf
+        bw = base.ceilings.mem_bw_bytes_s
         t_verify = max(verify.flops / peak, verify.bytes / bw) / eff_d + (
             derate.decode_overhead_s or 0.0
         )

@@ -25,6 +25,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfscope.jsontypes import JsonObject, json_object
+
 if TYPE_CHECKING:
     from perfscope.analysis.study import Study
     from perfscope.hwdb.spec import DeviceSpec
@@ -194,7 +196,7 @@ class MachineClass:
             parts.append(f"{self.engine} engine")
         return ", ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict."""
         return asdict(self)
 
@@ -214,9 +216,9 @@ def _strip_calibrated(name: str) -> str:
     return name.removesuffix(" (calibrated)").strip()
 
 
-def _machine_from_spec_dict(spec: Mapping[str, Any], engine: str | None) -> MachineClass:
-    extra = spec.get("extra") or {}
-    fp = ((extra.get("calibration") or {}).get("fingerprint")) or {}
+def _machine_from_spec_dict(spec: Mapping[str, object], engine: str | None) -> MachineClass:
+    extra = json_object(spec.get("extra")) or {}
+    fp = json_object((json_object(extra.get("calibration")) or {}).get("fingerprint")) or {}
     kind = str(spec.get("kind") or "cpu")
     name = _strip_calibrated(str(spec.get("name") or ""))
     gpu = fp.get("gpu_name") or (name if kind in ("gpu", "tpu", "npu") else None)
@@ -238,13 +240,13 @@ def machine_of_device(device: DeviceSpec, engine: str | None = None) -> MachineC
     )
 
 
-def machine_of_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+def machine_of_summary(summary: Mapping[str, object]) -> dict[str, object]:
     """The machine class of a run summary, as JSON (``{}`` without a hardware section)."""
-    spec = (summary.get("hardware") or {}).get("spec")
-    if not isinstance(spec, Mapping):
+    spec = json_object((json_object(summary.get("hardware")) or {}).get("spec"))
+    if spec is None:
         return {}
-    engine = (summary.get("engine") or {}).get("kind")
-    return _machine_from_spec_dict(spec, str(engine) if engine else None).to_dict()
+    engine = (json_object(summary.get("engine")) or {}).get("kind")
+    return dict(_machine_from_spec_dict(spec, str(engine) if engine else None).to_dict())
 
 
 @dataclass(frozen=True)
@@ -311,7 +313,7 @@ class CalibrationEntry:
             return False
         return self.interval[0] <= self.projected_ratio <= self.interval[1]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict (the file's entry)."""
         d = asdict(self)
         d["machine"] = self.machine.to_dict()
@@ -565,7 +567,7 @@ def _sol_ratio(projection: Mapping[str, Any] | None, metric: str) -> float | Non
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
-def calibration_document(entries: Sequence[CalibrationEntry]) -> dict[str, Any]:
+def calibration_document(entries: Sequence[CalibrationEntry]) -> JsonObject:
     """The ``perfscope.calibration/2`` document of ``entries`` (what the file holds)."""
     return {
         "schema": SCHEMA,
@@ -574,7 +576,7 @@ def calibration_document(entries: Sequence[CalibrationEntry]) -> dict[str, Any]:
             "not edit. ratios are candidate / baseline; interval: the study's between-run "
             "interval of the measured ratio; error = projected / measured - 1."
         ),
-        "sources": sorted({e.study_file for e in entries}),
+        "sources": [*sorted({e.study_file for e in entries})],
         "entries": [e.to_dict() for e in entries],
     }
 
@@ -612,9 +614,9 @@ class Calibration:
     significant: bool | None
     error: float | None
     text: str
-    source: dict[str, Any] | None = None
+    source: JsonObject | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict."""
         return asdict(self)
 

@@ -40,6 +40,7 @@ from perfscope.analysis.experiment import (
 )
 from perfscope.analysis.metrics import itl_gaps, per_request
 from perfscope.analysis.summary import Summary
+from perfscope.jsontypes import JsonObject, json_float, json_object
 from perfscope.units import Kind
 
 __all__ = [
@@ -265,15 +266,15 @@ def _json_of(node: Any) -> Any:
     return node.to_dict() if isinstance(node, Record) else node
 
 
-def contention_of(summary: SummaryLike) -> dict[str, Any] | None:
+def contention_of(summary: SummaryLike) -> JsonObject | None:
     """The run's CPU contention record (``summary["contention"]``, else rebuilt from its
     warnings), with ``contended`` set when others took more than :data:`CONTENTION_SHARE`
     of the machine or the hypervisor stole that much. ``None`` when not recorded."""
     record = value_at(summary, "contention")
-    c = _json_of(record)
-    if isinstance(c, Mapping):
-        out = dict(c)
-        share, steal = out.get("others_share"), out.get("steal_share")
+    c = json_object(_json_of(record))
+    if c is not None:
+        out: JsonObject = dict(c)
+        share, steal = json_float(out.get("others_share")), json_float(out.get("steal_share"))
         over = bool(
             (share is not None and share > CONTENTION_SHARE)
             or (steal is not None and steal > CONTENTION_SHARE)
@@ -524,7 +525,7 @@ def compare_run_sets(
                 n=tuple(len(_finite(g)) for g in per_run_all[m.key]),
             )
         )
-    contention: list[list[dict[str, Any]]] = []
+    contention: list[list[JsonObject]] = []
     for g, gid in zip(sets, ids, strict=True):
         hits = []
         for s, rid in zip(g, gid, strict=True):

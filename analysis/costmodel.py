@@ -67,6 +67,8 @@ import numpy.typing as npt
 from perfscope.analysis.modelspec import ModelSpec
 
 __all__ = [
+    "GenerationCost",
+    "KvCacheGroup",
     "StepCost",
     "allreduces_per_pass",
     "attention_params_per_layer",
@@ -627,13 +629,30 @@ def kv_share_per_device(spec: ModelSpec, tp: int, context_len: float | None = No
     return (kv * attn + state / tp) / (kv + state)
 
 
-def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]:
-    """KV-cache bytes of one sequence by layer type, for display.
+@dataclass(frozen=True)
+class KvCacheGroup:
+    """The KV cache of one sequence held by one kind of layer (:func:`kv_cache_layout`).
 
-    Each entry: ``kind`` (``full``/``sliding``/``chunked``; ``state`` for a state-space
-    model's recurrent state, one entry), ``span`` (tokens, 0 for full),
-    ``layers``, ``bytes_per_token_layer`` and ``bytes`` at ``context_len``.
+    Attributes:
+        kind: ``full``, ``sliding`` or ``chunked`` attention; ``state`` for a state-space
+            model's recurrent state.
+        span: the window (tokens), 0 for full attention and the state.
+        layers: how many layers hold it.
+        bytes_per_token_layer: bytes per cached token and layer (0 for the state).
+        bytes: the group's bytes at the context length asked for.
     """
+
+    kind: str
+    span: int
+    layers: int
+    bytes_per_token_layer: float
+    bytes: float
+
+
+def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[KvCacheGroup]:
+    """KV-cache bytes of one sequence by layer type, for display: a state-space model's
+    recurrent state (one group) first, then one group per attention kind and span, at
+    ``context_len``."""
     groups: dict[tuple[str, int], int] = {}
     for la, attends in zip(spec.layer_attention(), spec.attention_layer_mask(), strict=True):
         if attends:
@@ -642,24 +661,20 @@ def kv_cache_layout(spec: ModelSpec, context_len: float) -> list[dict[str, Any]]
     out = []
     if spec.state_bytes_per_seq:
         out.append(
-            {
-                "kind": "state",
-                "span": 0,
-                "layers": sum(m in ("ssm", "conv", "attention+ssm") for m in spec.mixers()),
-                "bytes_per_token_layer": 0.0,
-                "bytes": spec.state_bytes_per_seq if context_len > 0 else 0.0,
-            }
+            KvCacheGroup(
+                kind="state",
+                span=0,
+                layers=sum(m in ("ssm", "conv", "attention+ssm") for m in spec.mixers()),
+                bytes_per_token_layer=0.0,
+                bytes=spec.state_bytes_per_seq if context_len > 0 else 0.0,
+            )
         )
     for (kind, span), n in groups.items():
         held = context_len if kind == "full" else min(context_len, span)
         out.append(
-            {
-                "kind": kind,
-                "span": span,
-                "layers": n,
-                "bytes_per_token_layer": per,
-                "bytes": n * held * per,
-            }
+            KvCacheGroup(
+                kind=kind, span=span, layers=n, bytes_per_token_layer=per, bytes=n * held * per
+            )
         )
     return out
 
@@ -1175,22 +1190,37 @@ def decode_cost(spec: ModelSpec, batch_size: int, context_len: int) -> StepCost:
     return step_cost(spec, batch_size, batch_size, batch_size * context_len)
 
 
+@dataclass(frozen=True)
+class GenerationCost:
+    """A static batch's cost (:func:`generation_cost`).
+
+    Attributes:
+        prefill: the prefill of the prompts (it produces the first token).
+        decode: the decode steps, summed.
+        decode_steps: how many decode steps (``output_len - 1``).
+        decode_per_step: :func:`step_costs` of each decode step (arrays, one entry a step).
+    """
+
+    prefill: StepCost
+    decode: StepCost
+    decode_steps: int
+    decode_per_step: dict[str, FloatArray]
+
+
 def generation_cost(
     spec: ModelSpec, batch_size: int, prompt_len: int, output_len: int
-) -> dict[str, Any]:
+) -> GenerationCost:
     """A static batch: prefill of the prompts, then ``output_len - 1`` decode steps.
 
     The prefill produces the first token; decode step ``i`` (0-based) sees
-    ``prompt_len + i`` cached tokens per row. Returns ``{"prefill": StepCost,
-    "decode": StepCost (sum over steps), "decode_steps": int, "decode_per_step":
-    dict of arrays}``.
+    ``prompt_len + i`` cached tokens per row.
     """
     prefill = prefill_cost(spec, batch_size, prompt_len)
     steps = max(output_len - 1, 0)
     ctx = prompt_len + np.arange(steps, dtype=np.float64)
     arrays = step_costs(spec, batch_size, batch_size, batch_size * ctx)
     total = StepCost(**{k: float(arrays[k].sum()) for k in _COST_KEYS})
-    return {"prefill": prefill, "decode": total, "decode_steps": steps, "decode_per_step": arrays}
+    return GenerationCost(prefill=prefill, decode=total, decode_steps=steps, decode_per_step=arrays)
 
 
 #: Operator classes of :func:`operator_class_costs`, in display order.

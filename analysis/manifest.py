@@ -27,6 +27,7 @@ from types import UnionType
 from typing import Any, Self, Union, get_args, get_origin
 
 from perfscope.analysis._record import Record
+from perfscope.jsontypes import JsonObject
 
 __all__ = [
     "CONTENTION_WARN_SHARE",
@@ -73,7 +74,7 @@ class _View(Record):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
         """Build from a manifest object; values of the wrong JSON type read as absent."""
-        kept: dict[str, Any] = {}
+        kept: JsonObject = {}
         hints = cls._field_types()
         for key, value in (data or {}).items():
             types = _json_types(hints[key]) if key in hints else None
@@ -277,7 +278,7 @@ class RunManifest(_View):
     source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def _field_types(cls) -> dict[str, Any]:
+    def _field_types(cls) -> dict[str, object]:
         return {k: v for k, v in super()._field_types().items() if k != "source"}
 
     @classmethod

@@ -48,6 +48,7 @@ import numpy as np
 
 from perfscope.analysis.costmodel import step_costs, weight_bytes
 from perfscope.analysis.modelspec import ModelSpec, weight_bytes_per_param
+from perfscope.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -429,7 +430,7 @@ class OverheadFit:
             notes=notes,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict."""
         d = asdict(self)
         d["folded"] = list(self.folded)
@@ -747,7 +748,7 @@ class PassCosts:
             model.n_layers * per_layer + self.head_s + self.head_per_row_s * b, dtype=np.float64
         )
 
-    def to_dict(self) -> dict[str, float | str]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict."""
         return asdict(self)
 

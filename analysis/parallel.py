@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from perfscope.analysis.catalogue import format_seconds, format_si
 from perfscope.analysis.costmodel import (
@@ -56,6 +56,7 @@ from perfscope.analysis.costmodel import (
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.whatif import DEFAULT_MEM_FRACTION, predict
 from perfscope.errors import UsageError
+from perfscope.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -195,7 +196,7 @@ class ParallelPrediction:
     pp_wait_prefill_s: float = 0.0
     pp_wait_decode_s: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict (SI units)."""
         d = asdict(self)
         d["devices"] = self.plan.devices

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 import pandas as pd
 
@@ -77,7 +76,7 @@ def _hardware(
     return Hardware.from_dict(recorded) if recorded else Hardware(reason="not recorded")
 
 
-def _workload_stats(run: RunRecords, manifest: RunManifest) -> dict[str, Any]:
+def _workload_stats(run: RunRecords, manifest: RunManifest) -> dict[str, float | int | None]:
     """Mean prompt/output tokens of the completed measured requests, the configured batch."""
     r = run.requests
     measured = r[~r["is_warmup"].astype(bool)] if not r.empty else r

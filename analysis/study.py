@@ -62,6 +62,7 @@ from perfscope.analysis.whatif import (
     run_derating,
     speculative_speedup,
 )
+from perfscope.jsontypes import JsonArray, JsonObject, json_float, json_object
 
 __all__ = [
     "METRICS",
@@ -424,7 +425,7 @@ def project_change(
     loads: tuple[Load | None, Load | None] | None = None,
     quant: tuple[str, str] = ("none", "none"),
     passes: PassCosts | None = None,
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """What the what-if model projects for the change from the baseline run's setting to
     the candidate's: the ratio candidate / baseline of TTFT, TPOT and throughput.
 
@@ -470,7 +471,8 @@ def project_change(
         )
     preds: list[Projection] = []
     sols: list[Projection] = []
-    queue: list[dict[str, object]] = []
+    queue: JsonArray = []
+    queue_models: list[str] = []
     spec = [
         speculative_projection(s, baseline, dev, derate, b, prompt_len, output_len, used_fit)
         for s, b in ((baseline, batch[0]), (candidate, batch[1]))
@@ -583,6 +585,7 @@ def project_change(
                     )
                 )
                 if j == 0:  # the projected side's queue (the speed of light's is not kept)
+                    queue_models.append(lt.model)
                     queue.append(
                         {
                             "queue_p50_s": lt.queue_p50_s,
@@ -594,8 +597,8 @@ def project_change(
             pred, sol = timed
         sols.append(sol)
         preds.append(pred)
-    ratios: dict[str, float | None] = {}
-    sol_ratios: dict[str, float | None] = {}
+    ratios: JsonObject = {}
+    sol_ratios: JsonObject = {}
     for key in ("ttft_s", "tpot_s", "throughput_tok_s"):
         a, c = preds[0][key], preds[1][key]
         ratios[key] = c / a if a and c is not None else None
@@ -619,7 +622,7 @@ def project_change(
             "fitted steps are over the same steps timed alone"
         )
     if queue:
-        basis += "; queueing: " + " → ".join(str(q["model"]) for q in queue)
+        basis += "; queueing: " + " → ".join(queue_models)
     return {
         "ratios": ratios,
         # The bare roofline (speed of light, no derating) for the same change: what the
@@ -637,7 +640,7 @@ def project_change(
     }
 
 
-_NO_RATIOS = {"ttft_s": None, "tpot_s": None, "throughput_tok_s": None}
+_NO_RATIOS: JsonObject = {"ttft_s": None, "tpot_s": None, "throughput_tok_s": None}
 #: Knobs whose projection is not a plain change of model, dtype or batch.
 _SCHEDULING_KNOBS = ("prefix-cache", "max-batched-tokens", "disaggregate", "replicas")
 
@@ -689,7 +692,7 @@ def _scheduling_projection(
     loads: tuple[Load | None, Load | None] | None = None,
     values: tuple[str, str] = ("", ""),
     prompt_spec: str = "",
-) -> dict[str, Any]:
+) -> JsonObject:
     """The projection of a scheduling knob, with a ``note`` saying what it rests on.
 
     ``disaggregate``: the disaggregation what-if below as the TPOT projection. ``replicas``
@@ -731,7 +734,8 @@ def _scheduling_projection(
             "no cache" if sh is None else f"{100 * sh:.0f}% of prompt tokens cached"
             for sh in shares
         )
-        proj["cached_prefix_len"] = list(cached)
+        cached_lens: JsonArray = [*cached]
+        proj["cached_prefix_len"] = cached_lens
         proj["note"] = (
             f"projected with the measured cache use ({said}; {cached[0]} → {cached[1]} cached "
             f"of {plen} prompt tokens per request): prefill FLOPs and bytes scaled by the "
@@ -754,9 +758,10 @@ def _scheduling_projection(
                 "note": "no projection: the baseline run has no roofline",
             }
         for key in ("ratios", "sol_ratios"):
-            r = proj.get(key) or {}
-            if r.get("throughput_tok_s") is not None:
-                r["throughput_tok_s"] = float(r["throughput_tok_s"]) * n[1] / n[0]
+            r = json_object(proj.get(key)) or {}
+            tok_s = json_float(r.get("throughput_tok_s"))
+            if tok_s is not None:
+                r["throughput_tok_s"] = tok_s * n[1] / n[0]
         proj["note"] = (
             f"projected with the cost model per replica: {n[1]} replicas decode {per[1]} of the "
             f"{batch[0]} sequences each (baseline {n[0]}: {per[0]}), throughput x{n[1] / n[0]:g}; "
@@ -765,11 +770,13 @@ def _scheduling_projection(
         return proj
     lat = (baseline.get("roofline") or {}).get("latency") or {}
     share = lat.get("decode_stall_share")
-    dis: dict[str, Any] | None = None
+    dis: JsonObject | None = None
+    dis_ratios: JsonObject = dict(_NO_RATIOS)
     dis_txt = "no disaggregation what-if (the baseline has no prefill/decode steps to weigh)"
     if isinstance(share, int | float):
+        dis_ratios = {"ttft_s": None, "tpot_s": 1.0 - float(share), "throughput_tok_s": None}
         dis = {
-            "ratios": {"ttft_s": None, "tpot_s": 1.0 - float(share), "throughput_tok_s": None},
+            "ratios": dis_ratios,
             "decode_stall_share": float(share),
             "basis": "the baseline's decode time spent waiting for prefill passes disappears "
             "(a second device takes the prefills; KV transfer not priced)",
@@ -780,7 +787,7 @@ def _scheduling_projection(
         )
     if knob == "disaggregate":
         return {
-            "ratios": dict(dis["ratios"]) if dis else dict(_NO_RATIOS),
+            "ratios": dict(dis_ratios),
             "sol_ratios": dict(_NO_RATIOS),
             "disaggregation": dis,
             "note": "projected by the disaggregation what-if alone (TTFT and throughput not "
@@ -849,7 +856,7 @@ def _chunked_projection(
     batch: tuple[int, int],
     prompt_lens: Sequence[int],
     output_len: int,
-) -> dict[str, object] | None:
+) -> JsonObject | None:
     """TTFT, TPOT and throughput of each budget by :func:`simulate_budget` with step times
     from ``fit`` (its per-layer term split out as for any projection), and the same at the
     speed of light (the roofline alone, no host time); ``None`` without a roofline."""
@@ -1110,9 +1117,9 @@ class SpeculativeBefore:
         }
         return by[basis]
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> JsonObject:
         """The stored JSON form (the roofline's and the fitted keys only when known)."""
-        out: dict[str, float | int | None] = {"alpha": self.alpha, "k": self.k}
+        out: JsonObject = {"alpha": self.alpha, "k": self.k}
         if self.verify_cost_roofline is not None:
             out["verify_cost_roofline"] = self.verify_cost_roofline
         out["cost_ratio_derated"] = self.cost_ratio_derated
@@ -1146,7 +1153,7 @@ class SpeculativeAfter:
     speedup_with_host: float | None
     runs: int | None = None
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> JsonObject:
         """The stored JSON form (``runs`` only when set)."""
         out = asdict(self)
         if self.runs is None:
@@ -1166,7 +1173,7 @@ class SpeculativeProjection:
     before_run: SpeculativeBefore
     after_run: SpeculativeAfter | None
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> JsonObject:
         """The stored JSON form (a setting's ``projection["speculative"]``)."""
         return {
             "k": self.k,
@@ -1492,7 +1499,7 @@ class Study:
             return setting.median.get(metric)
         return float(base) * e.change.ratio
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict."""
         return asdict(self)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from perfscope.analysis._record import Record
 from perfscope.analysis.catalogue import metric, value_at
+from perfscope.jsontypes import JsonObject
 
 __all__ = [
     "ATTAINMENT_TARGET",
@@ -88,7 +89,7 @@ class SweepKnee(Record):
     metric: str = ""
     point: SweepPoint = field(default_factory=SweepPoint)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"metric": self.metric, **self.point.to_dict()}
 
     @classmethod

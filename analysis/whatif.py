@@ -39,11 +39,14 @@ from perfscope.analysis.overhead import KERNELS_PER_LAYER, OverheadFit, launch_t
 from perfscope.analysis.roofline import fmt_pct, memory_ceiling
 from perfscope.analysis.summary import (
     Projection,
+    ProjectionCeilings,
     ProjectionDevice,
     ProjectionMemory,
     ProjectionPhase,
+    ProjectionWorkload,
     Roofline,
 )
+from perfscope.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -254,13 +257,13 @@ def predict(
             "kv_cache": model.kv_dtype,
             "compute": compute_dtype,
         },
-        workload={
-            "batch": batch,
-            "prompt_len": prompt_len,
-            "output_len": output_len,
-            "cached_prefix_len": cached,
-            "tp": tp,
-        },
+        workload=ProjectionWorkload(
+            batch=batch,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            cached_prefix_len=cached,
+            tp=tp,
+        ),
         speed_of_light=sol,
         efficiency={"prefill": eff_p, "decode": eff_d},
         overhead_s={
@@ -268,13 +271,13 @@ def predict(
             "decode_per_step": decode_overhead_s + host_d,
         },
         overhead_fit=overhead.to_dict() if overhead is not None else None,
-        ceilings={
-            "peak_flops": peak,
-            "mem_bw_bytes_s": bw,
-            "memory_level": level,
-            "ridge_point": ridge,
-            "source": device.source,
-        },
+        ceilings=ProjectionCeilings(
+            peak_flops=peak,
+            mem_bw_bytes_s=bw,
+            memory_level=level,
+            ridge_point=ridge,
+            source=device.source,
+        ),
         ttft_s=ttft,
         tpot_s=tpot,
         e2e_s=e2e,
@@ -439,14 +442,14 @@ def _same_class(measured: str | None, target: DeviceSpec) -> bool:
     return measured is not None and measured == target.key
 
 
-def _headline(p: Projection) -> dict[str, object]:
+def _headline(p: Projection) -> JsonObject:
     """One end of a projection's ``range``: TTFT and TPOT (s), throughput (tokens/s) and the
     per-phase efficiency (fraction of speed of light) it assumed."""
     return {
         "ttft_s": p.ttft_s,
         "tpot_s": p.tpot_s,
         "throughput_tok_s": p.throughput_tok_s,
-        "efficiency": p.efficiency,
+        "efficiency": {**p.efficiency},
     }
 
 
@@ -501,7 +504,7 @@ def project_run(
             )
             continue
         sol = predict(model, dev, **shape)
-        rng: dict[str, object] = {"speed_of_light": _headline(sol)}
+        rng: JsonObject = {"speed_of_light": _headline(sol)}
         preds: dict[str, Projection] = {}
         carried = fit.on_device(dev, model, launches=False) if fit is not None else None
         launches = {"eager": launch_time(dev, model), "compiled": dev.kernel_launch_s or 0.0}

@@ -288,8 +288,8 @@ def test_gemma2_alternates_local_and_global_layers() -> None:
     step = cm.decode_cost(spec, 1, 8192)
     per_layer_token = 2 * 8 * 256 * 2
     assert step.bytes_kv_read == (21 * 8192 + 21 * 4095) * per_layer_token
-    layout = {(g["kind"], g["span"]): g for g in cm.kv_cache_layout(spec, 8192)}
-    assert layout[("sliding", 4096)]["bytes"] == 21 * 4096 * per_layer_token
+    layout = {(g.kind, g.span): g for g in cm.kv_cache_layout(spec, 8192)}
+    assert layout[("sliding", 4096)].bytes == 21 * 4096 * per_layer_token
     assert cm.param_count(spec) == 9_241_705_984  # google/gemma-2-9b
 
 

@@ -233,9 +233,9 @@ def test_quantised_weights_scale_bytes_not_flops() -> None:
 def test_generation_cost_sums_decode_steps_with_growing_context() -> None:
     spec = replace(ModelSpec.from_preset("gpt2"), lm_head_all_positions=False)
     g = cm.generation_cost(spec, 2, 100, 11)
-    assert g["decode_steps"] == 10
+    assert g.decode_steps == 10
     manual = sum(
         (cm.decode_cost(spec, 2, 100 + i) for i in range(1, 10)), cm.decode_cost(spec, 2, 100)
     )
-    assert g["decode"].flops == pytest.approx(manual.flops)
-    assert g["decode"].bytes == pytest.approx(manual.bytes)
+    assert g.decode.flops == pytest.approx(manual.flops)
+    assert g.decode.bytes == pytest.approx(manual.bytes)

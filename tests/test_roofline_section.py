@@ -196,7 +196,7 @@ def test_http_run_without_steps_is_estimated_from_the_timeline() -> None:
     assert dec["batch_size_mean"] == pytest.approx(4)
     assert dec["steps"] == 10
     assert dec["time_s"] == pytest.approx(0.2)
-    exact = cm.generation_cost(SPEC, 4, 100, 11)["decode"]
+    exact = cm.generation_cost(SPEC, 4, 100, 11).decode
     assert dec["flops"] == pytest.approx(exact.flops, rel=1e-9)
     assert dec["bytes"] == pytest.approx(exact.bytes, rel=1e-9)
     # prefill: each prompt once, bounded by the TTFT window

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from perfscope.errors import UsageError
+from perfscope.jsontypes import JsonObject
 
 
-def _load_config(config: dict[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
+def _load_config(config: JsonObject | str | Path) -> tuple[JsonObject, str]:
     if isinstance(config, dict):
         return config, str(config.get("_name_or_path") or config.get("model_type") or "hf")
     path = Path(config).expanduser()
@@ -28,7 +29,7 @@ def _load_config(config: dict[str, Any] | str | Path) -> tuple[dict[str, Any], s
     return data, name
 
 
-def normalised_config(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+def normalised_config(cfg: JsonObject) -> tuple[JsonObject | None, str]:
     """``cfg`` as the installed transformers' config class reads it, or ``(None, why not)``.
 
     The config class (``AutoConfig.for_model(**cfg)``, what ``from_pretrained`` does with a
@@ -39,7 +40,7 @@ def normalised_config(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     normalised the same way. Returns the dict and a short description of the class used.
     """
     mt = cfg.get("model_type")
-    if not mt:
+    if not mt or not isinstance(mt, str):
         return None, "the config has no model_type"
     try:
         import transformers
@@ -50,11 +51,14 @@ def normalised_config(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         if mt not in mapping:
             return None, f"transformers {transformers.__version__} does not know {mt!r}"
         cls = mapping[mt]
+        # The class takes the free-form JSON as keywords and judges it itself (a rejection
+        # is caught below), so it is called as a constructor of any keywords.
+        build: Callable[..., object] = cls
         # save_pretrained writes inf/nan as {"__float__": "Infinity"} (Mamba2 hybrids'
         # time_step_limit); from_pretrained decodes them before the class sees them.
         decode = getattr(cls, "_decode_special_floats", None)
         raw = decode(cfg) if callable(decode) else cfg
-        obj = cls(**{k: v for k, v in raw.items() if k != "model_type"})
+        obj = build(**{k: v for k, v in raw.items() if k != "model_type"})
     except Exception as exc:  # a config class rejecting its input: fall back to raw JSON
         return None, f"{type(exc).__name__} from the config class: {str(exc)[:120]}"
     out = _config_to_dict(obj, transformers.PretrainedConfig)
@@ -63,8 +67,10 @@ def normalised_config(cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     return out, f"{transformers.__version__} ({type(obj).__name__})"
 
 
-def _config_to_dict(obj: Any, base: type) -> dict[str, Any]:
-    out: dict[str, Any] = dict(obj.to_dict())
+def _config_to_dict(obj: Any, base: type) -> JsonObject:
+    """A transformers config object's ``to_dict()`` (what ``save_pretrained`` writes as
+    ``config.json``) with its aliases and sub-configs."""
+    out: JsonObject = dict(obj.to_dict())
     for alias in getattr(obj, "attribute_map", {}) or {}:
         try:
             out[alias] = getattr(obj, alias)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from perfscope.jsontypes import JsonObject
 
 #: Named public models as the HF ``config.json`` fields that matter (bf16). Values from the
 #: models' published configs.
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: dict[str, JsonObject] = {
     "llama-2-7b": {
         "model_type": "llama",
         "hidden_size": 4096,

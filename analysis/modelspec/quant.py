@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from perfscope.analysis.modelspec.dtypes import DTYPE_BYTES, compute_dtype_for
 from perfscope.analysis.modelspec.hf_config import _first_of
 from perfscope.errors import UsageError
 from perfscope.hwdb.spec import normalize_dtype
+from perfscope.jsontypes import JsonObject, JsonValue, json_object
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,26 @@ def _bits_dtype(bits: float, kind: str = "int") -> str:
     return {8: "int8", 4: "int4", 3: "int3", 2: "int2"}.get(int(bits), "int4")
 
 
-def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
+def _num(value: JsonValue, what: str) -> float:
+    """A number of ``quantization_config`` (a JSON number or a numeric string)."""
+    if not isinstance(value, bool) and isinstance(value, int | float | str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise UsageError(f"quantization_config {what} is {value!r}, not a number")
+
+
+def _block(value: JsonValue, what: str) -> int:
+    """Weights per scale of a ``[rows, cols]`` block (0 when not given)."""
+    if not value:
+        return 0
+    if isinstance(value, list) and len(value) >= 2:
+        return int(_num(value[0], what)) * int(_num(value[1], what))
+    raise UsageError(f"quantization_config {what} is {value!r}, not [rows, cols]")
+
+
+def quant_layout(cfg: JsonObject) -> QuantLayout | None:
     """The storage layout of ``cfg["quantization_config"]``, or ``None`` when absent.
 
     Byte accounting per method (the checkpoint's tensors, as the loaders allocate them):
@@ -70,8 +90,8 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
     linears, bitsandbytes skips ``lm_head``, FP8/compressed-tensors list it in ``ignore``),
     except a GPTQ config with ``"lm_head": true``, whose lm_head is quantised as the blocks.
     """
-    q = cfg.get("quantization_config")
-    if not isinstance(q, dict):
+    q = json_object(cfg.get("quantization_config"))
+    if q is None:
         return None
     raw = normalize_dtype(str(_first_of(cfg, "torch_dtype", "dtype", default="float16")))
     b16 = 4.0 if raw == "fp32" else 2.0
@@ -83,7 +103,7 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
             return QuantLayout("bitsandbytes", "int4", "bf16", 4, 64, scale, 0.0, 0.0, b16)
         return QuantLayout("bitsandbytes", "int8", "int8", 8, 0, 0.0, 0.0, 0.0, b16)
     if method in ("gptq", "awq"):
-        bits = float(q.get("bits") or q.get("w_bit") or 4)
+        bits = _num(q.get("bits") or q.get("w_bit") or 4, "bits")
         group = int(_first_of(q, "group_size", "q_group_size", default=128))
         group = max(group, 0)  # -1 = per output channel
         scale = 2.0 / group if group else 0.0
@@ -103,27 +123,26 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
             lm_head=bool(q.get("lm_head", False)),
         )
     if method in ("fp8", "fbgemm-fp8", "finegrained-fp8"):
-        block = q.get("weight_block_size")
-        scale = 4.0 / (int(block[0]) * int(block[1])) if block else 0.0
-        group = int(block[0]) * int(block[1]) if block else 0
+        group = _block(q.get("weight_block_size"), "weight_block_size")
+        scale = 4.0 / group if group else 0.0
         return QuantLayout("fp8", "fp8", "fp8", 8, group, scale, 0.0, 0.0, b16)
     if method == "compressed-tensors":
-        groups = q.get("config_groups") or {}
-        first: dict[str, Any] = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
-        w = first.get("weights") or {}
-        acts = first.get("input_activations")
-        bits = float(w.get("num_bits", 8))
+        groups = json_object(q.get("config_groups")) or {}
+        first = json_object(next(iter(groups.values()), None)) or {}
+        w = json_object(first.get("weights")) or {}
+        acts = json_object(first.get("input_activations"))
+        bits = _num(w.get("num_bits", 8), "weights num_bits")
         kind = str(w.get("type", "int"))
         strategy = str(w.get("strategy", "channel"))
-        group = int(w.get("group_size") or 0) if strategy == "group" else 0
+        group = int(_num(w.get("group_size") or 0, "group_size")) if strategy == "group" else 0
         if strategy == "block" and w.get("block_structure"):
-            bs = w["block_structure"]
-            group = int(bs[0]) * int(bs[1])
+            group = _block(w["block_structure"], "block_structure")
         scale = b16 / group if group else 0.0
         zero = bits / 8 / group if group and not w.get("symmetric", True) else 0.0
         index = 4.0 if w.get("actorder") else 0.0
         wd = _bits_dtype(bits, kind)
-        compute = wd if acts and int(acts.get("num_bits", 16)) <= 8 else "bf16"
+        act_bits = int(_num(acts.get("num_bits", 16), "input_activations num_bits")) if acts else 16
+        compute = wd if act_bits <= 8 else "bf16"
         return QuantLayout("compressed-tensors", wd, compute, bits, group, scale, zero, index, b16)
     raise UsageError(
         f"quantization_config quant_method {method or '(none)'!r} is not one perfscope can "
@@ -132,7 +151,26 @@ def quant_layout(cfg: dict[str, Any]) -> QuantLayout | None:
     )
 
 
-def _dtypes_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
+class ConfigDtypes(TypedDict, total=False):
+    """The dtype fields of a :class:`~perfscope.analysis.modelspec.ModelSpec` a config implies
+    (bytes per parameter or element); the ``quant_*`` ones and ``unquantized_bytes_per_param``
+    only for a quantised checkpoint (:class:`QuantLayout`)."""
+
+    weight_dtype: str
+    weight_bytes_per_param: float
+    act_dtype: str
+    act_bytes_per_element: float
+    kv_dtype: str
+    kv_bytes_per_element: float
+    quant_method: str
+    quant_group_size: int
+    quant_zero_bytes_per_param: float
+    quant_index_bytes_per_input: float
+    unquantized_bytes_per_param: float
+    quant_lm_head: bool
+
+
+def _dtypes_from_config(cfg: JsonObject) -> ConfigDtypes:
     raw = _first_of(cfg, "torch_dtype", "dtype", default="bfloat16")
     w = normalize_dtype(str(raw))
     if w not in DTYPE_BYTES:
@@ -140,7 +178,7 @@ def _dtypes_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
     layout = quant_layout(cfg)
     act = compute_dtype_for(w) if layout is None else layout.compute_dtype
     act_bytes = max(DTYPE_BYTES[act], 2.0) if act != "fp32" else 4.0
-    out: dict[str, Any] = {
+    out: ConfigDtypes = {
         "weight_dtype": w,
         "weight_bytes_per_param": DTYPE_BYTES[w],
         "act_dtype": act,
@@ -149,14 +187,12 @@ def _dtypes_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "kv_bytes_per_element": act_bytes if act not in ("fp8", "int8") else 2.0,
     }
     if layout is not None:
-        out.update(
-            weight_dtype=layout.weight_dtype,
-            weight_bytes_per_param=layout.bits / 8 + layout.scale_bytes_per_param,
-            quant_method=layout.method,
-            quant_group_size=layout.group_size,
-            quant_zero_bytes_per_param=layout.zero_bytes_per_param,
-            quant_index_bytes_per_input=layout.index_bytes_per_input,
-            unquantized_bytes_per_param=layout.unquantized_bytes_per_param,
-            quant_lm_head=layout.lm_head,
-        )
+        out["weight_dtype"] = layout.weight_dtype
+        out["weight_bytes_per_param"] = layout.bits / 8 + layout.scale_bytes_per_param
+        out["quant_method"] = layout.method
+        out["quant_group_size"] = layout.group_size
+        out["quant_zero_bytes_per_param"] = layout.zero_bytes_per_param
+        out["quant_index_bytes_per_input"] = layout.index_bytes_per_input
+        out["unquantized_bytes_per_param"] = layout.unquantized_bytes_per_param
+        out["quant_lm_head"] = layout.lm_head
     return out

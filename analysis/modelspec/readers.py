@@ -4,7 +4,7 @@ layout (the shared Llama key set, and the families with keys of their own)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 from typing import Any
 
@@ -21,9 +21,10 @@ from perfscope.analysis.modelspec.hybrid import _hybrid
 from perfscope.analysis.modelspec.quant import _dtypes_from_config
 from perfscope.analysis.modelspec.spec import ModelSpec
 from perfscope.errors import UsageError
+from perfscope.jsontypes import JsonObject
 
 
-def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
+def _spec_from_config(cfg: JsonObject, name: str) -> ModelSpec:
     # Multimodal wrappers (Gemma-3, Mistral-3) nest the decoder under text_config.
     text = cfg.get("text_config")
     if isinstance(text, dict) and "num_hidden_layers" not in cfg:
@@ -45,7 +46,8 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return replace(spec, extra_params=spec.extra_params + extra, notes=(*spec.notes, note))
 
     fam = family_for(cfg)
-    f: dict[str, Any] = {"name": name, "family": fam.key, **_dtypes_from_config(cfg)}
+    # The fields gathered for ModelSpec, each narrowed to its field's type by from_dict.
+    f: dict[str, object] = {"name": name, "family": fam.key, **_dtypes_from_config(cfg)}
     if fam.reader == "gpt2":
         return _gpt2(cfg, f)
     if fam.reader == "gpt_neox":
@@ -107,15 +109,15 @@ def _spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         f.update(_mla_fields(cfg, h))
     # A uniform window is stored the old way, so older readers see it too.
     windows = f["layer_windows"]
-    if windows and len(set(windows)) == 1 and windows[0] > 0:
+    if isinstance(windows, tuple) and len(set(windows)) == 1 and windows[0] > 0:
         f.update(sliding_window=windows[0], layer_windows=())
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
 _NOT_TOWERS = ("text_config", "quantization_config", "rope_scaling", "generation_config")
 
 
-def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
+def _tower_params(cfg: JsonObject, towers: list[str]) -> tuple[int, str]:
     """Parameters of a multimodal wrapper outside its text decoder (vision tower and
     projector), counted by building the wrapper and its text model on torch's ``meta``
     device (no memory). ``(0, why)`` when that cannot be done here."""
@@ -126,9 +128,12 @@ def _tower_params(cfg: dict[str, Any], towers: list[str]) -> tuple[int, str]:
     except ImportError:
         return 0, f"weights of {what} left out (needs torch and transformers to count)"
     try:
-        conf = transformers.CONFIG_MAPPING[cfg["model_type"]](
-            **{k: v for k, v in cfg.items() if k != "model_type"}
-        )
+        # the config class judges the free-form JSON keywords itself (a rejection: below)
+        model_type = str(cfg["model_type"])
+        build: Callable[..., transformers.PretrainedConfig] = transformers.CONFIG_MAPPING[
+            model_type
+        ]
+        conf = build(**{k: v for k, v in cfg.items() if k != "model_type"})
         auto: Any = transformers.AutoModel  # untyped in transformers' stubs
         with torch.device("meta"):
             full = auto.from_config(conf)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
 from perfscope.analysis.modelspec.dtypes import (
     compute_dtype_for,
@@ -13,6 +13,7 @@ from perfscope.analysis.modelspec.dtypes import (
 )
 from perfscope.errors import UsageError
 from perfscope.hwdb.spec import normalize_dtype
+from perfscope.jsontypes import JsonObject
 
 #: Attention kinds a layer can have (see :meth:`ModelSpec.layer_attention`).
 ATTENTION_KINDS = ("full", "sliding", "chunked")
@@ -34,6 +35,29 @@ class LayerAttention:
 
     kind: str
     span: int = 0
+
+
+_FieldValue = bool | int | float | str | tuple[int, ...] | tuple[str, ...]
+
+
+def _field_value(name: str, kind: str, value: object) -> _FieldValue:
+    """``value`` (JSON) as a :class:`ModelSpec` field of type ``kind`` (its annotation)."""
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "int" and isinstance(value, int):
+        return value
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if kind == "str" and isinstance(value, str):
+        return value
+    if kind == "tuple[int, ...]" and isinstance(value, list | tuple):
+        ints = [_field_value(name, "int", v) for v in value]
+        return tuple(v for v in ints if isinstance(v, int))
+    if kind == "tuple[str, ...]" and isinstance(value, list | tuple):
+        return tuple(str(v) for v in value)
+    raise UsageError(f"model field {name} is {value!r}, expected {kind}")
 
 
 @dataclass(frozen=True)
@@ -306,7 +330,7 @@ class ModelSpec:
                 f"layer_windows has {len(self.layer_windows)} entries for {self.n_layers} layers"
             )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Plain JSON-ready dict with exactly the field names."""
         d = asdict(self)
         d["layer_windows"] = list(self.layer_windows)
@@ -317,10 +341,20 @@ class ModelSpec:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
-        """Build from :meth:`to_dict` output; unknown keys are ignored (newer writers)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
+        """Build from :meth:`to_dict` output; unknown keys are ignored (newer writers).
+
+        Each known key's value is narrowed to its field's type (an integral float to an
+        ``int``, an ``int`` to a ``float``, a JSON array to a tuple).
+
+        Raises:
+            UsageError: a known key holds a value of another JSON type (named in the message).
+        """
+        kinds = {f.name: str(f.type) for f in fields(cls)}
+        values = {k: _field_value(k, kinds[k], v) for k, v in data.items() if k in kinds}
+        # every value now has its field's type (checked above, per field, at run time)
+        build: Callable[..., ModelSpec] = cls
+        return build(**values)
 
     # ------------------------------------------------------------------ derived views
 
@@ -466,40 +500,38 @@ class ModelSpec:
         real GPTQ/AWQ/FP8 checkpoints keep them. A checkpoint's zero points and ``g_idx``
         are dropped either way: the new format is described by its bytes per weight alone.
         """
-        changes: dict[str, Any] = {}
+        out = self
         if weight_dtype is not None:
             w = normalize_dtype(weight_dtype)
-            changes["weight_dtype"] = w
-            changes["weight_bytes_per_param"] = weight_bytes_per_param(w, group_size=group_size)
             quantised = w in ("fp8", "int8", "int4")
-            changes["unquantized_bytes_per_param"] = (
-                2.0 if quantised and keep_embeddings_16bit else 0.0
+            out = replace(
+                out,
+                weight_dtype=w,
+                weight_bytes_per_param=weight_bytes_per_param(w, group_size=group_size),
+                unquantized_bytes_per_param=2.0 if quantised and keep_embeddings_16bit else 0.0,
+                quant_method="override" if quantised else "",
+                quant_group_size=(group_size or 128) if w == "int4" else 0,
+                quant_zero_bytes_per_param=0.0,
+                quant_index_bytes_per_input=0.0,
             )
-            changes["quant_method"] = "override" if quantised else ""
-            changes["quant_group_size"] = (group_size or 128) if w == "int4" else 0
-            changes["quant_zero_bytes_per_param"] = 0.0
-            changes["quant_index_bytes_per_input"] = 0.0
             if act_dtype is None:
                 act_dtype = compute_dtype_for(w)
         if act_dtype is not None:
             a = normalize_dtype(act_dtype)
-            changes["act_dtype"] = a
             # fp8/int8 matmuls still keep activations between kernels in 16 bits.
-            changes["act_bytes_per_element"] = max(dtype_bytes(a), 2.0)
-            if a == "fp32":
-                changes["act_bytes_per_element"] = 4.0
+            width = 4.0 if a == "fp32" else max(dtype_bytes(a), 2.0)
+            out = replace(out, act_dtype=a, act_bytes_per_element=width)
         if kv_dtype is not None:
             k = normalize_dtype(kv_dtype)
-            changes["kv_dtype"] = k
-            changes["kv_bytes_per_element"] = dtype_bytes(k)
-        return replace(self, **changes)
+            out = replace(out, kv_dtype=k, kv_bytes_per_element=dtype_bytes(k))
+        return out
 
     # ------------------------------------------------------------------ constructors
 
     @classmethod
     def from_hf_config(
         cls,
-        config: dict[str, Any] | str | Path,
+        config: JsonObject | str | Path,
         *,
         name: str | None = None,
         reader: str = "auto",

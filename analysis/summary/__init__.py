@@ -28,9 +28,11 @@ from perfscope.analysis.summary.advice import (
     AdviceCalibration,
     Gain,
     Projection,
+    ProjectionCeilings,
     ProjectionDevice,
     ProjectionMemory,
     ProjectionPhase,
+    ProjectionWorkload,
     Speculative,
 )
 from perfscope.analysis.summary.build import (
@@ -124,9 +126,11 @@ __all__ = [
     "OperatorClassRoofline",
     "PhaseRoofline",
     "Projection",
+    "ProjectionCeilings",
     "ProjectionDevice",
     "ProjectionMemory",
     "ProjectionPhase",
+    "ProjectionWorkload",
     "PromptCache",
     "Record",
     "Roofline",

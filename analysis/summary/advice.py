@@ -7,15 +7,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from perfscope.analysis._record import Record
+from perfscope.jsontypes import JsonObject
 
 __all__ = [
     "Advice",
     "AdviceCalibration",
     "Gain",
     "Projection",
+    "ProjectionCeilings",
     "ProjectionDevice",
     "ProjectionMemory",
     "ProjectionPhase",
+    "ProjectionWorkload",
     "Speculative",
 ]
 
@@ -85,6 +88,32 @@ class ProjectionDevice(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProjectionWorkload(Record):
+    """The static batch a projection prices: ``batch`` sequences of ``prompt_len`` prompt
+    tokens (``cached_prefix_len`` of them already cached) generating ``output_len`` tokens
+    each, split over ``tp`` devices (tensor parallelism)."""
+
+    batch: int = 1
+    prompt_len: int = 1
+    output_len: int = 1
+    cached_prefix_len: int = 0
+    tp: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectionCeilings(Record):
+    """The target device's ceilings a projection used: ``peak_flops`` (FLOP/s) at its compute
+    dtype, ``mem_bw_bytes_s`` (bytes/s) of the ``memory_level`` the working set lives in
+    (``dram`` or ``cache``), their ``ridge_point`` (FLOP/byte) and the ceilings' ``source``."""
+
+    peak_flops: float | None = None
+    mem_bw_bytes_s: float = 0.0
+    memory_level: str = ""
+    ridge_point: float | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProjectionPhase(Record):
     """One phase of a projection: work (FLOP, bytes), intensity, bound, times (s)."""
 
@@ -133,11 +162,11 @@ class Projection(Record):
     device: ProjectionDevice = field(default_factory=ProjectionDevice)
     model: str | None = None
     dtypes: dict[str, str] = field(default_factory=dict)
-    workload: dict[str, Any] = field(default_factory=dict)
+    workload: ProjectionWorkload = field(default_factory=ProjectionWorkload)
     speed_of_light: bool = False
     efficiency: dict[str, float | None] = field(default_factory=dict)
     overhead_s: dict[str, float] = field(default_factory=dict)
-    ceilings: dict[str, Any] = field(default_factory=dict)
+    ceilings: ProjectionCeilings = field(default_factory=ProjectionCeilings)
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
@@ -174,7 +203,7 @@ class Speculative(Record):
     method: str | None = None
     draft: str | None = None
     num_speculative_tokens: int = 0
-    draft_model: dict[str, Any] | None = None
+    draft_model: JsonObject | None = None
     draft_n_params: int | None = None
     target_n_params: int | None = None
     verify_steps: int = 0

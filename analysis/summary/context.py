@@ -4,9 +4,10 @@ the server: prompt cache, the HTTP client, the server's own metrics."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from perfscope.analysis._record import Record
+from perfscope.jsontypes import JsonObject
 
 __all__ = [
     "Client",
@@ -124,7 +125,7 @@ class Client(Record):
     cpu_s: float | None = None
     peak_rss_bytes: int | None = None
     stamp_clock: str | None = None
-    stall: dict[str, Any] | None = None
+    stall: JsonObject | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,6 +33,7 @@ from perfscope.analysis.summary.measured import (
     Throughput,
 )
 from perfscope.analysis.summary.roofline import Roofline
+from perfscope.jsontypes import JsonObject
 
 __all__ = ["Summary"]
 
@@ -59,7 +60,7 @@ class Summary(Record):
     started_at: str | None = None
     perfscope_version: str | None = None
     engine: EngineInfo = field(default_factory=EngineInfo)
-    workload: dict[str, Any] | None = None
+    workload: JsonObject | None = None
     load: dict[str, Any] | None = None
     counts: Counts = field(default_factory=Counts)
     window_s: float = 0.0
@@ -69,7 +70,7 @@ class Summary(Record):
     driver_lag: Distribution = field(default_factory=Distribution)
     errors: tuple[ErrorCount, ...] = ()
     steps: dict[str, StepStats] = field(default_factory=dict)
-    model: dict[str, Any] | None = None
+    model: JsonObject | None = None
     warnings: tuple[str, ...] = ()
     hardware: Hardware = field(default_factory=lambda: Hardware(reason=ABSENT))
     roofline: Roofline = field(default_factory=Roofline)
