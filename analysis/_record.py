@@ -24,6 +24,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self, get_args, get_origin
 
+from perfscope.jsontypes import JsonObject
+
 __all__ = ["Record"]
 
 
@@ -132,7 +134,7 @@ class Record:
         that are ``None``."""
         return frozenset(k for k in self._OMIT_WHEN_NONE if getattr(self, k) is None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON object (SI units), ``extra`` keys included."""
         skip = self._omitted() | self._absent
         out = {

@@ -53,6 +53,7 @@ from perfscope.dashboard.view import (
     request_rows,
     throughput_rows,
 )
+from perfscope.jsontypes import json_object
 from perfscope.profiler.output import write_output_text
 
 __all__ = [
@@ -254,7 +255,7 @@ def _hardware_rows(summary: Summary) -> list[tuple[str, Any]]:
     hw = section.spec if section.spec is not None else (dict(section.extra) or None)
     if isinstance(hw, dict) and (hw.get("name") or hw.get("key")):
         resolved = section.resolved_from
-        peaks = hw.get("peak_flops") or {}
+        peaks = json_object(hw.get("peak_flops")) or {}
         peak_txt = ", ".join(f"{k} {fmt_si(v, 'FLOP/s')}" for k, v in peaks.items() if v)
         return [
             ("device", f"{hw.get('name') or hw.get('key')} ({hw.get('key')}, {hw.get('kind')})"),
@@ -547,8 +548,7 @@ def _projections(summary: Summary) -> str:
     ]
 
     def span(p: Projection, key: str, fmt: Callable[[Any], str]) -> str:
-        rng = p.range or {}
-        lo, hi = (rng.get("compiled") or {}).get(key), (rng.get("eager") or {}).get(key)
+        lo, hi = p.range_value("compiled", key), p.range_value("eager", key)
         if lo is not None and hi is not None:
             return f"{fmt(lo)} – {fmt(hi)}"
         return fmt(getattr(p, key))
@@ -723,7 +723,7 @@ def render_report(
         )
     for warning in typed.warnings:
         banner += f'<div class="banner">Warning: {esc(warning)}.</div>'
-    queue_line = queueing_line((typed.load or {}).get("mode"), run)  # its tables, in memory
+    queue_line = queueing_line(typed.load_mode, run)  # its tables, in memory
     if queue_line is not None:
         banner += f'<div class="banner" id="queueing">{esc(queue_line)}.</div>'
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")

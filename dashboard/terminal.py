@@ -332,7 +332,7 @@ def _span(p: Projection, key: str, fmt: Callable[[Any], str]) -> str:
     if not rng:
         v = getattr(p, key)
         return fmt(v) if v else "n/a"
-    lo, hi = rng["compiled"].get(key), rng["eager"].get(key)
+    lo, hi = p.range_value("compiled", key), p.range_value("eager", key)
     if not lo or not hi:
         return "n/a"
     return f"{fmt(lo)} – {fmt(hi)}"
@@ -419,8 +419,10 @@ def predictions_table(
         fits = "n/a" if m.fits is None else ("yes" if m.fits else "NO")
         sol_cells: tuple[str, ...] = ()
         if ranged:
-            s_l = (p.range or {}).get("speed_of_light") or {}
-            sol_cells = (_ms(s_l.get("ttft_s")), _ms(s_l.get("tpot_s")))
+            sol_cells = (
+                _ms(p.range_value("speed_of_light", "ttft_s")),
+                _ms(p.range_value("speed_of_light", "tpot_s")),
+            )
         table.add_row(
             p.device.key,
             str(p.device.source),

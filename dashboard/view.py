@@ -295,7 +295,8 @@ def model_spec_lines(s: Summary) -> list[str]:
     source = spec.get("source") or "--model-spec"
     head = f"model {name} from {source} (an estimate: the shape was given, not read from "
     head += "the engine)"
-    return [head, *(str(a) for a in spec.get("assumptions") or ())]
+    assumptions = spec.get("assumptions")
+    return [head, *(str(a) for a in (assumptions if isinstance(assumptions, list) else ()))]
 
 
 # ---------------------------------------------------------------------- roofline ceilings

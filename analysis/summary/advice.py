@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from perfscope.analysis._record import Record
-from perfscope.jsontypes import JsonObject
+from perfscope.jsontypes import JsonObject, json_float, json_object
 
 __all__ = [
     "Advice",
@@ -178,7 +178,7 @@ class Projection(Record):
     max_batch: int | None = None
     notes: tuple[str, ...] = ()
     basis: str | None = None
-    range: dict[str, Any] | None = None
+    range: JsonObject | None = None
     assumption: str | None = None
     #: How far projections like it were checked against measurement (stored studies on the
     #: target's machine class), or ``unchecked: ...``
@@ -189,6 +189,12 @@ class Projection(Record):
     overhead_fit: Mapping[str, Any] | None = None
 
     _NEWER: ClassVar[tuple[str, ...]] = ("overhead_fit",)
+
+    def range_value(self, end: str, key: str) -> float | None:
+        """One end of a ranged projection: ``end`` ``"compiled"`` (the low end),
+        ``"eager"`` (the high end) or ``"speed_of_light"``, ``key`` a field such as
+        ``ttft_s``; ``None`` when the projection has no range or that value is not a number."""
+        return json_float((json_object((self.range or {}).get(end)) or {}).get(key))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,7 +33,7 @@ from perfscope.analysis.summary.measured import (
     Throughput,
 )
 from perfscope.analysis.summary.roofline import Roofline
-from perfscope.jsontypes import JsonObject
+from perfscope.jsontypes import JsonObject, json_str
 
 __all__ = ["Summary"]
 
@@ -61,7 +61,7 @@ class Summary(Record):
     perfscope_version: str | None = None
     engine: EngineInfo = field(default_factory=EngineInfo)
     workload: JsonObject | None = None
-    load: dict[str, Any] | None = None
+    load: JsonObject | None = None
     counts: Counts = field(default_factory=Counts)
     window_s: float = 0.0
     latency: Latency = field(default_factory=Latency)
@@ -83,7 +83,7 @@ class Summary(Record):
     contention: Contention | None = None
     run_set: RunSet | None = None
     #: The model shape the user gave (``model_spec=``), ModelSpec JSON plus its ``source``.
-    model_spec: dict[str, Any] | None = None
+    model_spec: JsonObject | None = None
     server_metrics: ServerMetrics | None = None
     #: ``openai:`` runs only: the client's CPU, memory, stamping clock and stalls.
     client: Client | None = None
@@ -102,3 +102,9 @@ class Summary(Record):
         data = dict(data or {})
         data["schema"] = SUMMARY_SCHEMA
         return super().from_dict(data)
+
+    @property
+    def load_mode(self) -> str | None:
+        """How the load arrived: ``batch``, ``rate`` or ``concurrency`` (``None`` when the
+        summary does not say, or says it in a form that is not text)."""
+        return json_str((self.load or {}).get("mode"))

@@ -4,9 +4,10 @@ engine it measured and the device it is analysed against."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from perfscope.analysis._record import Record
+from perfscope.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from perfscope.hwdb.spec import DeviceSpec
@@ -152,7 +153,7 @@ class Hardware(Record):
     """The device the run is analysed against: its spec (DeviceSpec JSON form, SI units), how
     it was chosen (``resolved_from``), or ``spec`` ``None`` and the ``reason``."""
 
-    spec: dict[str, Any] | None = None
+    spec: JsonObject | None = None
     resolved_from: str | None = None
     reason: str | None = None
     #: A what-if (``analyze --hw X`` on a run measured elsewhere): the device key the run was

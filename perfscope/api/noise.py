@@ -136,7 +136,7 @@ def measure_noise(
         out = execute(run_plan, progress)
         if out.status != "complete":
             failed += 1
-        summary: dict[str, object] = out.summary.to_dict()
+        summary: dict[str, object] = dict(out.summary.to_dict())
         if first_summary is None:
             first_summary = summary
         say(f"{tag}: {out.path.name} ({out.status})")

@@ -281,7 +281,7 @@ def run_repeated(
         )
         diff = config_diff([g[0].manifest or {} for g in runs])
         if as_json:
-            payload = {
+            payload: dict[str, object] = {
                 **result.to_dict(),
                 "experiment": {"id": set_id, "seed": seed, "blocks": block, "stop": stop_reason},
                 "config_diff": config_diff_json(diff),

@@ -106,7 +106,7 @@ def summary_view(summary: Summary, run: StoredRun | Path | None = None) -> Rende
     for warning in view.warnings:
         parts.append(Text(f"warning: {warning}", style="yellow"))
     parts.append(latency_table(summary))
-    queue_line = queueing_line((summary.load or {}).get("mode"), run)
+    queue_line = queueing_line(summary.load_mode, run)
     if queue_line is not None:
         parts.append(Text(queue_line, style="yellow"))
     parts.append(throughput_table(summary))

@@ -191,7 +191,7 @@ def layout(ctx_: DashboardContext, req: PageRequest) -> html.Div:
             ],
             *(
                 [html.Div(note(queue + "."), id="detail-queueing")]
-                if (queue := queueing_line((s.load or {}).get("mode"), loaded.path))
+                if (queue := queueing_line(s.load_mode, loaded.path))
                 else []
             ),
             html.A(
