@@ -446,20 +446,28 @@ def test_the_summary_is_a_record_not_a_mapping() -> None:
 #: its ``Derating``; 163 once the study kept ``Projection`` records through its projection
 #: and its speculative projection became records (``SpeculativeBefore``/``After``); 158 once
 #: a study's ``args``, ``machine`` and each setting's ``projection`` and ``quality`` became
-#: read-only mappings.
-DICT_ANY_CEILING = 158
+#: read-only mappings; 0 once the rest were typed (stop 39): Perfetto events and Dash props as
+#: TypedDicts, the Dash pages' points and predictions as records, projections' workload and
+#: ceilings as records, and JSON at the edges as :mod:`perfscope.jsontypes` (narrowed on read).
+DICT_ANY_CEILING = 0
+#: The read-only spelling of the same untyped object, counted apart so it too only goes down:
+#: 169 when the dict ceiling reached 0 began (stop 39), 161 after it.
+MAPPING_ANY_CEILING = 161
 DICT_ANY_FOLDERS = ("analysis", "dashboard", "perfscope")
 
 
-def test_untyped_dicts_stay_under_their_ceiling() -> None:
+@pytest.mark.parametrize(
+    ("spelling", "ceiling"),
+    [("dict[str, Any]", DICT_ANY_CEILING), ("Mapping[str, Any]", MAPPING_ANY_CEILING)],
+)
+def test_untyped_dicts_stay_under_their_ceiling(spelling: str, ceiling: int) -> None:
     counts = {
         folder: sum(
-            p.read_text(encoding="utf-8").count("dict[str, Any]")
-            for p in (ROOT / folder).rglob("*.py")
+            p.read_text(encoding="utf-8").count(spelling) for p in (ROOT / folder).rglob("*.py")
         )
         for folder in DICT_ANY_FOLDERS
     }
-    assert sum(counts.values()) <= DICT_ANY_CEILING, counts
+    assert sum(counts.values()) <= ceiling, counts
 
 
 def test_no_alias_hides_an_untyped_dict() -> None:
