@@ -1,0 +1,88 @@
+"""Per run: what a study keeps of each of its runs.
+
+:func:`run_metrics` reads the compared metrics of one run summary (seconds, tokens/s,
+requests/s, J/token, shares as fractions); :func:`phase_points` its roofline phases as
+:class:`PhasePoint` records (MFU and MBU as fractions, intensity in FLOP/byte, achieved
+FLOP/s, the verdict, time per step in seconds); :class:`RunPoint` is one run with where it
+sits in the interleaved order (order, round, setting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PhasePoint", "RunPoint", "phase_points", "run_metrics"]
+
+
+@dataclass(frozen=True)
+class PhasePoint:
+    """One phase of one run on the roofline: MFU and MBU (fractions), intensity
+    (FLOP/byte), achieved FLOP/s, the verdict (``compute-bound`` ...)."""
+
+    phase: str
+    mfu: float | None
+    mbu: float | None
+    intensity: float | None
+    achieved_flops_s: float | None
+    verdict: str | None
+    time_per_step_s: float | None
+
+
+def phase_points(summary: Mapping[str, Any]) -> dict[str, PhasePoint]:
+    """The roofline phases of a run summary."""
+    roof = summary.get("roofline") or {}
+    out: dict[str, PhasePoint] = {}
+    for name, ph in (roof.get("phases") or {}).items():
+        out[name] = PhasePoint(
+            phase=name,
+            mfu=ph.get("mfu"),
+            mbu=ph.get("mbu"),
+            intensity=ph.get("intensity"),
+            achieved_flops_s=ph.get("achieved_flops_s"),
+            verdict=ph.get("verdict"),
+            time_per_step_s=ph.get("time_per_step_s"),
+        )
+    return out
+
+
+def run_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The compared metrics of one run summary (seconds, tokens/s, requests/s, J/token)."""
+    lat = summary.get("latency") or {}
+    thr = summary.get("throughput") or {}
+    good = summary.get("goodput") or {}
+    energy = summary.get("energy") or {}
+
+    def p50(name: str, q: str = "p50") -> float | None:
+        v = (lat.get(name) or {}).get(q)
+        return None if v is None else float(v)
+
+    cache = summary.get("prompt_cache") or {}
+    roof_lat = (summary.get("roofline") or {}).get("latency") or {}
+    return {
+        "ttft_p50_s": p50("ttft"),
+        "tpot_p50_s": p50("tpot"),
+        "e2e_p50_s": p50("e2e"),
+        "output_tok_s": thr.get("output_tok_s"),
+        # Without SLOs every completed request counts as good: no goodput was measured.
+        "goodput_req_s": good.get("goodput_req_s") if good.get("slos") else None,
+        "attainment": good.get("attainment") if good.get("slos") else None,
+        "j_per_output_token": energy.get("j_per_output_token"),
+        "itl_p99_s": p50("itl", "p99"),
+        "prompt_cache_share": cache.get("share"),
+        "prompt_cache_hit_rate": cache.get("hit_rate"),
+        "decode_stall_share": roof_lat.get("decode_stall_share"),
+    }
+
+
+@dataclass(frozen=True)
+class RunPoint:
+    """One run of a study: where it sits in the interleaved order and what it measured."""
+
+    order: int
+    round: int
+    setting: int
+    run: str
+    metrics: dict[str, float | None]
+    phases: dict[str, PhasePoint]
