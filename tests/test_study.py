@@ -351,3 +351,18 @@ def test_every_field_knob_sets_its_run_argument_and_a_load_knob_makes_the_load_o
     assert _apply(base, KNOBS["kv-heads"], 2).model_overrides == {"n_kv_heads": 2}
     unlimited = _apply(base, KNOBS["max-batched-tokens"], KNOBS["max-batched-tokens"].parse("off"))
     assert "max_batched_tokens" not in unlimited.engine_options
+
+
+def test_a_study_column_reads_the_catalogue_metric_it_names_and_judges_in_its_direction() -> None:
+    from perfscope.analysis.catalogue import metric
+    from perfscope.analysis.study import METRICS, run_metrics
+    from perfscope.analysis.study.record import STUDY_COLUMNS
+
+    summary = json.loads((Path(__file__).parent / "data/runs/v1/summary.json").read_text())
+    summary["energy"] = {"j_per_output_token": 0.25}
+    measured = run_metrics(summary)
+    assert set(METRICS) == set(STUDY_COLUMNS)
+    for column, (name, _) in STUDY_COLUMNS.items():
+        m = metric(name)
+        assert measured[column] is not None and measured[column] == m.value(summary), column
+        assert METRICS[column][0] == m.better, column

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from perfscope.analysis.calibration import machine_of_summary
+from perfscope.analysis.catalogue import metric
 from perfscope.analysis.experiment import SetChange, judge_experiment
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import OverheadFit, PassCosts
@@ -41,6 +42,7 @@ from perfscope.jsontypes import JsonObject
 __all__ = [
     "METRICS",
     "SCHEMA",
+    "STUDY_COLUMNS",
     "Effect",
     "SettingResult",
     "Study",
@@ -53,13 +55,29 @@ __all__ = [
 
 SCHEMA = "perfscope.study/1"
 
-#: Metrics compared per setting: name → (direction that is better, projection key or None).
+#: The metrics compared per setting: the study record's column name (``perfscope.study/1``) →
+#: (the catalogue metric it is, the projection key it is checked against or None). What a
+#: column measures and which way is better come from the catalogue, as the sweep's and the
+#: run index's columns do.
+STUDY_COLUMNS: dict[str, tuple[str, str | None]] = {
+    "ttft_p50_s": ("ttft.p50", "ttft_s"),
+    "tpot_p50_s": ("tpot.p50", "tpot_s"),
+    "output_tok_s": ("output_tok_s", "throughput_tok_s"),
+    "goodput_req_s": ("goodput_req_s", None),
+    "j_per_output_token": ("j_per_token", None),
+}
+
+
+def _better(name: str) -> str:
+    better = metric(name).better
+    if better is None:  # a compared metric has a better direction, or it cannot be judged
+        raise ValueError(f"study metric {name!r} has no better direction in the catalogue")
+    return better
+
+
+#: Metrics compared per setting: column → (direction that is better, projection key or None).
 METRICS: dict[str, tuple[str, str | None]] = {
-    "ttft_p50_s": ("lower", "ttft_s"),
-    "tpot_p50_s": ("lower", "tpot_s"),
-    "output_tok_s": ("higher", "throughput_tok_s"),
-    "goodput_req_s": ("higher", None),
-    "j_per_output_token": ("lower", None),
+    column: (_better(name), key) for column, (name, key) in STUDY_COLUMNS.items()
 }
 
 
