@@ -365,6 +365,10 @@ def project_change(
                     model, baseline, b, prompt_len, output_len, derated, used_fit
                 )
                 if tpot is not None:
+                    # A step without a cache reads the same weights and does at least the
+                    # cached step's work: recompute timed at the prefill's derating must not
+                    # come out faster just because prefill runs at a better efficiency here.
+                    tpot = max(tpot, p.tpot_s or 0.0)
                     e2e = float(p.ttft_s or 0.0) + (output_len - 1) * tpot
                     p = replace(
                         p,
