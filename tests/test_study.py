@@ -295,6 +295,20 @@ def test_recompute_is_projected_as_a_prefill_per_step(tmp_path: Path) -> None:
     # extra work entirely (then exactly 1.0): it must never project recompute as faster.
     assert off["sol_ratios"]["tpot_s"] > 1.0
     assert off["ratios"]["tpot_s"] >= 1.0 - 1e-9
+    # The case that broke it: decode held back by 50 ms of host work per step, prefill at its
+    # roof. Recompute timed at the prefill's derating once came out 184x faster than the
+    # cached decode it replaces; a step without a cache is never less work than one with it.
+    skewed = json.loads(json.dumps(summary))
+    phases = skewed["roofline"]["phases"]
+    phases["decode"].update(
+        verdict="overhead-bound",
+        time_s=(phases["decode"]["sol_time_s"] or 0.0) + 0.05 * phases["decode"]["steps"],
+    )
+    phases["prefill"].update(verdict="compute-bound", efficiency=1.0)
+    skewed_off = project_change(
+        skewed, skewed, batch=(3, 3), prompt_len=8, output_len=8, kv_cache=(True, False)
+    )
+    assert skewed_off is not None and skewed_off["ratios"]["tpot_s"] >= 1.0 - 1e-9
 
 
 def test_a_study_measures_no_goodput_for_runs_without_slos() -> None:
