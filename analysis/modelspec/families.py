@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from perfscope.analysis.modelspec.hf_config import _first_of, _require
+from perfscope.analysis.modelspec.hf_config import _as_int, _first_of, _int_of, _ints, _require
 from perfscope.errors import UsageError
 
 
@@ -630,7 +629,7 @@ _BY_ARCH = {a: f for f in FAMILIES for a in f.architectures}
 _SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
-def family_for(cfg: Mapping[str, Any]) -> Family:
+def family_for(cfg: Mapping[str, object]) -> Family:
     """The :class:`Family` row of a config: by ``model_type``, else by ``architectures``.
 
     Raises:
@@ -640,7 +639,8 @@ def family_for(cfg: Mapping[str, Any]) -> Family:
     fam = _BY_TYPE.get(mt)
     if fam is not None:
         return fam
-    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    listed = cfg.get("architectures")
+    archs = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
     for a in archs:
         if a in _BY_ARCH:
             return _BY_ARCH[a]
@@ -664,7 +664,7 @@ def family_for(cfg: Mapping[str, Any]) -> Family:
     )
 
 
-def _flag(cfg: Mapping[str, Any], rule: bool | str, default: bool = False) -> bool:
+def _flag(cfg: Mapping[str, object], rule: bool | str, default: bool = False) -> bool:
     if isinstance(rule, bool):
         return rule
     return bool(_first_of(cfg, rule, default=default))
@@ -677,12 +677,12 @@ _LAYER_TYPE_KINDS = {
 }
 
 
-def _layer_windows(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> tuple[int, ...]:
+def _layer_windows(cfg: Mapping[str, object], fam: Family, n_layers: int) -> tuple[int, ...]:
     """Per-layer span (0 full, w sliding, -c chunked) or ``()`` when every layer is full."""
-    window = int(_first_of(cfg, "sliding_window", default=fam.window_default) or 0)
+    window = _int_of(cfg, "sliding_window", default=fam.window_default) or 0
     if fam.window_flag and not cfg.get(fam.window_flag):
         window = 0
-    chunk = int(_first_of(cfg, "attention_chunk_size", default=0) or 0)
+    chunk = _int_of(cfg, "attention_chunk_size", default=0) or 0
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
         if len(types) != n_layers:
@@ -696,7 +696,7 @@ def _layer_windows(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> tuple[
                     f"{', '.join(_LAYER_TYPE_KINDS)}"
                 )
             if kind == "sliding" and window <= 0:
-                window = int(_first_of(cfg, "sliding_window", default=fam.window_default) or 0)
+                window = _int_of(cfg, "sliding_window", default=fam.window_default) or 0
                 if window <= 0:
                     raise UsageError(
                         "config layer_types lists sliding_attention but no sliding_window"
@@ -709,7 +709,7 @@ def _layer_windows(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> tuple[
         return tuple(out) if any(out) else ()
     if window <= 0 or fam.windows == "none":
         return ()
-    max_w = int(_first_of(cfg, "max_window_layers", default=28))
+    max_w = _int_of(cfg, "max_window_layers", default=28)
     if fam.windows == "all":
         slides = [True] * n_layers
     elif fam.windows == "from_max":
@@ -717,17 +717,15 @@ def _layer_windows(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> tuple[
     elif fam.windows == "alternate_below_max":
         slides = [bool((i + 1) % 2) and i < max_w for i in range(n_layers)]
     else:  # pattern
-        pattern = int(
-            _first_of(
-                cfg, "sliding_window_pattern", "_sliding_window_pattern", default=fam.window_pattern
-            )
+        pattern = _int_of(
+            cfg, "sliding_window_pattern", "_sliding_window_pattern", default=fam.window_pattern
         )
         slides = [bool((i + 1) % pattern) for i in range(n_layers)]
     spans = tuple(window if s else 0 for s in slides)
     return spans if any(spans) else ()
 
 
-def _mla_fields(cfg: Mapping[str, Any], n_heads: int) -> Mapping[str, Any]:
+def _mla_fields(cfg: Mapping[str, object], n_heads: int) -> dict[str, object]:
     """Multi-head latent attention's fields (DeepSeek-V2/V3, MiniCPM3, Kimi-Linear): one
     K/V head per query head, ``h_qk = h_nope + h_rope``, the latent ranks."""
     rope = _require(cfg, "qk_rope_head_dim")
@@ -736,22 +734,22 @@ def _mla_fields(cfg: Mapping[str, Any], n_heads: int) -> Mapping[str, Any]:
         "n_kv_heads": n_heads,
         "head_dim": rope + nope,
         "kv_lora_rank": _require(cfg, "kv_lora_rank"),
-        "q_lora_rank": int(_first_of(cfg, "q_lora_rank", default=0) or 0),
+        "q_lora_rank": (_int_of(cfg, "q_lora_rank", default=0) or 0),
         "qk_rope_head_dim": rope,
         "v_head_dim": _require(cfg, "v_head_dim"),
     }
 
 
-def _moe_fields(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> Mapping[str, Any]:
+def _moe_fields(cfg: Mapping[str, object], fam: Family, n_layers: int) -> dict[str, object]:
     if fam.moe == "none":
         return {}
     if fam.moe == "mixtral":
-        e = int(_first_of(cfg, "num_local_experts", "num_experts", default=8))
-        shared = int(_first_of(cfg, "shared_intermediate_size", default=0) or 0)
+        e = _int_of(cfg, "num_local_experts", "num_experts", default=8)
+        shared = _int_of(cfg, "shared_intermediate_size", default=0) or 0
         if fam.key == "cohere2_moe":  # num_shared_experts gated MLPs as wide as an expert
             per = _require(cfg, "intermediate_size")
-            shared = per * int(_first_of(cfg, "num_shared_experts", default=0) or 0)
-        top_k: Any = _first_of(cfg, "num_experts_per_tok", "moe_topk", default=2)
+            shared = per * (_int_of(cfg, "num_shared_experts", default=0) or 0)
+        top_k = _first_of(cfg, "num_experts_per_tok", "moe_topk", default=2)
         if fam.key == "hunyuan_v1_moe":  # a shared MLP as wide as an expert, always
             shared = _require(cfg, "intermediate_size")
             if isinstance(top_k, list) or isinstance(_first_of(cfg, "num_experts"), list):
@@ -761,42 +759,42 @@ def _moe_fields(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> Mapping[s
                 )
         return {
             "n_experts": e,
-            "n_active_experts": int(top_k),
+            "n_active_experts": _as_int(top_k, "num_experts_per_tok", "moe_topk"),
             # GraniteMoeShared: a shared MLP beside the experts
             "shared_expert_intermediate_size": shared,
         }
     if fam.moe == "llama4":
-        e = int(_first_of(cfg, "num_local_experts", default=16))
-        step = int(_first_of(cfg, "interleave_moe_layer_step", default=1))
+        e = _int_of(cfg, "num_local_experts", default=16)
+        step = _int_of(cfg, "interleave_moe_layer_step", default=1)
         moe_layers = cfg.get("moe_layers")
         if moe_layers is None:
             moe_layers = list(range(step - 1, n_layers, step))
-        moe_set = {int(i) for i in moe_layers}
+        moe_set = set(_ints(moe_layers, "moe_layers"))
         f = _require(cfg, "intermediate_size")
         return {
             "n_experts": e,
-            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=1)),
+            "n_active_experts": _int_of(cfg, "num_experts_per_tok", default=1),
             "intermediate_size": f,
             "shared_expert_intermediate_size": f,
             "dense_layers": tuple(i for i in range(n_layers) if i not in moe_set),
-            "dense_intermediate_size": int(_first_of(cfg, "intermediate_size_mlp", default=0)),
+            "dense_intermediate_size": _int_of(cfg, "intermediate_size_mlp", default=0),
         }
     if fam.moe == "ernie":
         # ERNIE-4.5-MoE: MoE blocks every moe_layer_interval-th from moe_layer_start_index to
         # moe_layer_end_index, bias-free experts beside use_bias shared and dense MLPs.
-        e = int(_first_of(cfg, "moe_num_experts", default=0) or 0)
+        e = _int_of(cfg, "moe_num_experts", default=0) or 0
         if not e:
             return {}
-        start = int(_first_of(cfg, "moe_layer_start_index", default=1))
-        end = int(_first_of(cfg, "moe_layer_end_index", default=n_layers - 1))
-        step = int(_first_of(cfg, "moe_layer_interval", default=1))
+        start = _int_of(cfg, "moe_layer_start_index", default=1)
+        end = _int_of(cfg, "moe_layer_end_index", default=n_layers - 1)
+        step = _int_of(cfg, "moe_layer_interval", default=1)
         moe_f = _require(cfg, "moe_intermediate_size")
         return {
             "n_experts": e,
-            "n_active_experts": int(_first_of(cfg, "moe_k", default=2)),
+            "n_active_experts": _int_of(cfg, "moe_k", default=2),
             "intermediate_size": moe_f,
             "shared_expert_intermediate_size": moe_f
-            * int(_first_of(cfg, "moe_num_shared_experts", default=0) or 0),
+            * (_int_of(cfg, "moe_num_shared_experts", default=0) or 0),
             "dense_layers": tuple(
                 i for i in range(n_layers) if (i + 1) % step or not start <= i <= end
             ),
@@ -805,25 +803,25 @@ def _moe_fields(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> Mapping[s
         }
     if fam.moe == "qwen":
         # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
-        e = int(_first_of(cfg, "num_experts", "num_local_experts", default=0))
+        e = _int_of(cfg, "num_experts", "num_local_experts", default=0)
         if not e:
             return {}
-        step = int(_first_of(cfg, "decoder_sparse_step", default=1))
-        only = {int(i) for i in cfg.get("mlp_only_layers") or []}
+        step = _int_of(cfg, "decoder_sparse_step", default=1)
+        only = set(_ints(cfg.get("mlp_only_layers"), "mlp_only_layers"))
         dense = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
-        shared = int(_first_of(cfg, "shared_expert_intermediate_size", default=0))
+        shared = _int_of(cfg, "shared_expert_intermediate_size", default=0)
         return {
             "n_experts": e,
-            "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            "n_active_experts": _int_of(cfg, "num_experts_per_tok", default=2),
             "intermediate_size": _require(cfg, "moe_intermediate_size"),
             "shared_expert_intermediate_size": shared,
             "shared_expert_gate": shared > 0,
             "dense_layers": dense,
-            "dense_intermediate_size": int(_first_of(cfg, "intermediate_size", default=0)),
+            "dense_intermediate_size": _int_of(cfg, "intermediate_size", default=0),
         }
     # DeepSeek's layout; EXAONE-MoE and GLM-4.7-Lite spell the counts num_experts /
     # num_shared_experts and list the dense blocks in mlp_layer_types.
-    e = int(_first_of(cfg, "n_routed_experts", "num_experts", default=0) or 0)
+    e = _int_of(cfg, "n_routed_experts", "num_experts", default=0) or 0
     if not e:
         return {}
     moe_f = _require(cfg, "moe_intermediate_size")
@@ -831,14 +829,14 @@ def _moe_fields(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> Mapping[s
     if isinstance(kinds, list) and len(kinds) == n_layers:
         dense = tuple(i for i, k in enumerate(kinds) if k != "sparse")
     else:
-        first = int(_first_of(cfg, "first_k_dense_replace", "num_dense_layers", default=0))
+        first = _int_of(cfg, "first_k_dense_replace", "num_dense_layers", default=0)
         dense = tuple(range(min(first, n_layers)))
     return {
         "n_experts": e,
-        "n_active_experts": int(_first_of(cfg, "num_experts_per_tok", default=2)),
+        "n_active_experts": _int_of(cfg, "num_experts_per_tok", default=2),
         "intermediate_size": moe_f,
         "shared_expert_intermediate_size": moe_f
-        * int(_first_of(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0),
+        * (_int_of(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0),
         "dense_layers": dense,
         "dense_intermediate_size": _require(cfg, "intermediate_size") if dense else 0,
     }

@@ -82,7 +82,7 @@ def _config_to_dict(obj: Any, base: type) -> JsonObject:
     return out
 
 
-def _first_of(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+def _first_of(cfg: Mapping[str, object], *keys: str, default: object = None) -> object:
     """The value of the first of ``keys`` (aliases of one config field) that ``cfg`` sets."""
     for k in keys:
         v = cfg.get(k)
@@ -91,11 +91,46 @@ def _first_of(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _require(cfg: Mapping[str, Any], *keys: str) -> int:
+def _as_int(value: object, *keys: str) -> int:
+    """``value`` (read under ``keys``) as an integer: a JSON number, a float cut as ``int``
+    cuts it. Anything else (text, a flag, a list, nothing) is refused in one line."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return int(value)
+    raise UsageError(f"model config {' / '.join(keys)} is {value!r}: not a number")
+
+
+def _as_float(value: object, *keys: str) -> float:
+    """``value`` (read under ``keys``) as a float; anything but a JSON number is refused."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise UsageError(f"model config {' / '.join(keys)} is {value!r}: not a number")
+
+
+def _ints(value: object, *keys: str) -> list[int]:
+    """A config's list of integers (layer indices) read under ``keys``: ``[]`` when absent;
+    a value that is not a list of numbers is refused in one line."""
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise UsageError(f"model config {' / '.join(keys)} is {value!r}: not a list")
+    return [_as_int(v, *keys) for v in value]
+
+
+def _int_of(cfg: Mapping[str, object], *keys: str, default: object = None) -> int:
+    """:func:`_first_of` narrowed to an integer (:func:`_as_int`)."""
+    return _as_int(_first_of(cfg, *keys, default=default), *keys)
+
+
+def _float_of(cfg: Mapping[str, object], *keys: str, default: object = None) -> float:
+    """:func:`_first_of` narrowed to a float (:func:`_as_float`)."""
+    return _as_float(_first_of(cfg, *keys, default=default), *keys)
+
+
+def _require(cfg: Mapping[str, object], *keys: str) -> int:
     v = _first_of(cfg, *keys)
     if v is None:
         raise UsageError(
             f"model config has no {' / '.join(keys)}: not a decoder config perfscope can read "
             f"(model_type {cfg.get('model_type')!r})"
         )
-    return int(v)
+    return _as_int(v, *keys)

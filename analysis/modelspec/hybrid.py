@@ -43,11 +43,18 @@ per block:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping
-from typing import Any
+from collections.abc import Mapping
 
 from perfscope.analysis.modelspec.families import Family, _flag, _mla_fields, _moe_fields
-from perfscope.analysis.modelspec.hf_config import _first_of, _require
+from perfscope.analysis.modelspec.hf_config import (
+    _as_float,
+    _as_int,
+    _first_of,
+    _float_of,
+    _int_of,
+    _ints,
+    _require,
+)
 from perfscope.analysis.modelspec.spec import ModelSpec
 from perfscope.errors import UsageError
 
@@ -77,7 +84,7 @@ _DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "kimi_linear
 _KDA = ("kimi_linear", "bailing_hybrid")
 
 
-def _listed_blocks(cfg: Mapping[str, Any], n_layers: int, *keys: str) -> list[str] | None:
+def _listed_blocks(cfg: Mapping[str, object], n_layers: int, *keys: str) -> list[str] | None:
     """The per-block names under the first of ``keys`` the config sets (a list, or a
     pattern string such as NemotronH's ``M*M-E``), or ``None``."""
     value = _first_of(cfg, *keys)
@@ -98,14 +105,14 @@ def _listed_blocks(cfg: Mapping[str, Any], n_layers: int, *keys: str) -> list[st
     return [str(n) for n in names]
 
 
-def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[str, str]]:
+def _blocks(cfg: Mapping[str, object], fam: Family, n_layers: int) -> list[tuple[str, str]]:
     """``(mixer, mlp)`` of every block."""
     if fam.key == "jamba":
-        period = int(_first_of(cfg, "attn_layer_period", default=8))
-        offset = int(_first_of(cfg, "attn_layer_offset", default=4))
-        experts = int(_first_of(cfg, "num_experts", default=16))
-        e_period = int(_first_of(cfg, "expert_layer_period", default=2))
-        e_offset = int(_first_of(cfg, "expert_layer_offset", default=1))
+        period = _int_of(cfg, "attn_layer_period", default=8)
+        offset = _int_of(cfg, "attn_layer_offset", default=4)
+        experts = _int_of(cfg, "num_experts", default=16)
+        e_period = _int_of(cfg, "expert_layer_period", default=2)
+        e_offset = _int_of(cfg, "expert_layer_offset", default=1)
         return [
             (
                 "attention" if i % period == offset else "ssm",
@@ -121,7 +128,7 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
     if fam.key == "falcon_h1":  # attention and Mamba2 side by side in every block
         return [("attention+ssm", "dense")] * n_layers
     if fam.key == "bamba":
-        attn = {int(i) for i in cfg.get("attn_layer_indices") or []}
+        attn = set(_ints(cfg.get("attn_layer_indices"), "attn_layer_indices"))
         return [("attention" if i in attn else "ssm", "dense") for i in range(n_layers)]
     if fam.key == "nemotron_h":
         names = _listed_blocks(
@@ -140,7 +147,7 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
         names = names or _kimi_layer_types(cfg, n_layers)
         kinds = cfg.get("mlp_layer_types")
         if not isinstance(kinds, list):
-            first = int(_first_of(cfg, "first_k_dense_replace", default=1))
+            first = _int_of(cfg, "first_k_dense_replace", default=1)
             kinds = ["dense" if i < first else "sparse" for i in range(n_layers)]
         return [
             (
@@ -150,26 +157,26 @@ def _blocks(cfg: Mapping[str, Any], fam: Family, n_layers: int) -> list[tuple[st
             for n, k in zip(names, kinds, strict=True)
         ]
     if fam.key in _DELTANET:  # linear_attention is a gated DeltaNet here, not Mamba
-        interval = int(_first_of(cfg, "full_attention_interval", default=4))
+        interval = _int_of(cfg, "full_attention_interval", default=4)
         names = names or [
             "linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)
         ]
         return [("linear" if n == "linear_attention" else _BLOCKS[n][0], "dense") for n in names]
     if fam.key in ("lfm2", "lfm2_moe", "lfm3") and names is None:
         full = cfg.get("full_attn_idxs")
-        attn = set(range(n_layers)) if full is None else {int(i) for i in full}
+        attn = set(range(n_layers)) if full is None else set(_ints(full, "full_attn_idxs"))
         names = ["full_attention" if i in attn else "conv" for i in range(n_layers)]
     if names is None:  # GraniteMoeHybrid's default: every block a Mamba2 mixer
         names = ["mamba"] * n_layers
-    experts = int(_first_of(cfg, "num_local_experts", "num_experts", default=0) or 0)
+    experts = _int_of(cfg, "num_local_experts", "num_experts", default=0) or 0
     usual = "moe" if fam.key == "granitemoehybrid" and experts > 0 else "dense"
     if fam.key == "lfm2_moe":  # the first num_dense_layers blocks dense, then MoE
-        first = int(_first_of(cfg, "num_dense_layers", default=2))
+        first = _int_of(cfg, "num_dense_layers", default=2)
         return [(_BLOCKS[n][0], "dense" if i < first else "moe") for i, n in enumerate(names)]
     return [(_BLOCKS[n][0], _BLOCKS[n][1].replace("family", usual)) for n in names]
 
 
-def _kimi_layer_types(cfg: Mapping[str, Any], n_layers: int) -> list[str]:
+def _kimi_layer_types(cfg: Mapping[str, object], n_layers: int) -> list[str]:
     """Kimi-Linear's blocks from a checkpoint's ``linear_attn_config`` (1-indexed
     ``full_attn_layers`` / ``kda_layers``), else the config class's default."""
     lin = cfg.get("linear_attn_config") or {}
@@ -179,12 +186,12 @@ def _kimi_layer_types(cfg: Mapping[str, Any], n_layers: int) -> list[str]:
     return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n_layers)]
 
 
-def _mamba2_fields(cfg: Mapping[str, Any], d: int, nemotron: bool) -> Mapping[str, Any]:
+def _mamba2_fields(cfg: Mapping[str, object], d: int, nemotron: bool) -> dict[str, object]:
     """The ``ssm_*`` fields of a hybrid's Mamba2 mixer (NemotronH spells them its own way
     and sizes the inner width from heads × head width)."""
     if nemotron:
-        heads = int(_first_of(cfg, "mamba_num_heads", default=128))
-        head_dim = int(_first_of(cfg, "mamba_head_dim", default=64))
+        heads = _int_of(cfg, "mamba_num_heads", default=128)
+        head_dim = _int_of(cfg, "mamba_head_dim", default=64)
         inner = heads * head_dim
         keys = {
             "groups": ("n_groups", "mamba_n_groups"),
@@ -195,11 +202,13 @@ def _mamba2_fields(cfg: Mapping[str, Any], d: int, nemotron: bool) -> Mapping[st
             "proj_bias": ("use_bias",),
         }
     else:
-        inner = int(float(_first_of(cfg, "mamba_expand", default=2)) * d)
-        inner = int(_first_of(cfg, "mamba_d_ssm", default=inner) or inner)  # Falcon-H1
-        heads = int(_first_of(cfg, "mamba_n_heads", "n_mamba_heads", default=128))
+        inner = int(_float_of(cfg, "mamba_expand", default=2) * d)
+        inner = _int_of(cfg, "mamba_d_ssm", default=inner) or inner  # Falcon-H1
+        heads = _int_of(cfg, "mamba_n_heads", "n_mamba_heads", default=128)
         raw = _first_of(cfg, "mamba_d_head", "mamba_headdim", default="auto")
-        head_dim = inner // heads if raw == "auto" else int(raw)
+        head_dim = (
+            inner // heads if raw == "auto" else _as_int(raw, "mamba_d_head", "mamba_headdim")
+        )
         keys = {  # Zamba2's spellings second
             "groups": ("mamba_n_groups", "mamba_ngroups"),
             "state": ("mamba_d_state",),
@@ -217,18 +226,18 @@ def _mamba2_fields(cfg: Mapping[str, Any], d: int, nemotron: bool) -> Mapping[st
         "ssm_inner_size": inner,
         "ssm_n_heads": heads,
         "ssm_head_dim": head_dim,
-        "ssm_n_groups": int(_first_of(cfg, *keys["groups"], default=8 if nemotron else 1)),
-        "ssm_state_size": int(_first_of(cfg, *keys["state"], default=128 if nemotron else 256)),
-        "ssm_conv_kernel": int(_first_of(cfg, *keys["conv"], default=4)),
-        "ssm_chunk_size": int(_first_of(cfg, *keys["chunk"], default=128 if nemotron else 256)),
+        "ssm_n_groups": _int_of(cfg, *keys["groups"], default=8 if nemotron else 1),
+        "ssm_state_size": _int_of(cfg, *keys["state"], default=128 if nemotron else 256),
+        "ssm_conv_kernel": _int_of(cfg, *keys["conv"], default=4),
+        "ssm_chunk_size": _int_of(cfg, *keys["chunk"], default=128 if nemotron else 256),
         "ssm_conv_bias": bool(_first_of(cfg, *keys["conv_bias"], default=True)),
         "ssm_proj_bias": bool(_first_of(cfg, *keys["proj_bias"], default=False)),
     }
 
 
 def _zamba2_sharing(
-    cfg: Mapping[str, Any], d: int, h: int, kv: int, blocks: list[tuple[str, str]]
-) -> Mapping[str, Any]:
+    cfg: Mapping[str, object], d: int, h: int, kv: int, blocks: list[tuple[str, str]]
+) -> dict[str, object]:
     """Zamba2's shared transformer blocks as per-layer fields.
 
     Every hybrid layer runs one of ``num_mem_blocks`` shared blocks (attention over the
@@ -240,10 +249,10 @@ def _zamba2_sharing(
     takes the repeats back out of the parameter count.
     """
     uses = sum(m == "attention+ssm" for m, _ in blocks)
-    shared = min(uses, int(_first_of(cfg, "num_mem_blocks", default=1)))
-    f_mlp = int(_first_of(cfg, "intermediate_size", default=0) or 4 * d)
-    hd = int(_first_of(cfg, "attention_head_dim", "head_dim", default=2 * d // h) or 2 * d // h)
-    r = int(_first_of(cfg, "adapter_rank", default=128))
+    shared = min(uses, _int_of(cfg, "num_mem_blocks", default=1))
+    f_mlp = _int_of(cfg, "intermediate_size", default=0) or 4 * d
+    hd = _int_of(cfg, "attention_head_dim", "head_dim", default=2 * d // h) or 2 * d // h
+    r = _int_of(cfg, "adapter_rank", default=128)
     adapters = d * r + r * 2 * f_mlp
     if _first_of(cfg, "use_shared_attention_adapter", default=False):
         adapters += 3 * (2 * d * r + r * 2 * d)
@@ -261,7 +270,7 @@ def _zamba2_sharing(
     }
 
 
-def _lfm2_mlp_width(cfg: Mapping[str, Any]) -> int:
+def _lfm2_mlp_width(cfg: Mapping[str, object]) -> int:
     """LFM2's MLP width as ``Lfm2MLP`` derives it: ``2/3`` of ``intermediate_size``, times
     ``block_ffn_dim_multiplier``, rounded up to ``block_multiple_of``."""
     f = _require(cfg, "intermediate_size")
@@ -270,13 +279,13 @@ def _lfm2_mlp_width(cfg: Mapping[str, Any]) -> int:
     f = int(2 * f / 3)
     mult = _first_of(cfg, "block_ffn_dim_multiplier", default=1.0)
     if mult is not None:
-        f = int(float(mult) * f)
-        step = int(_first_of(cfg, "block_multiple_of", default=256))
+        f = int(_as_float(mult, "block_ffn_dim_multiplier") * f)
+        step = _int_of(cfg, "block_multiple_of", default=256)
         f = step * ((f + step - 1) // step)
     return f
 
 
-def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) -> ModelSpec:
+def _hybrid(cfg: Mapping[str, object], fam: Family, f: dict[str, object]) -> ModelSpec:
     """A hybrid decoder (the module docstring lists the families and their layouts)."""
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
@@ -285,7 +294,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         n_layers = len(listed)  # NemotronH derives num_hidden_layers from its block list
     else:
         n_layers = _require(cfg, "num_hidden_layers")
-    kv = int(_first_of(cfg, "num_key_value_heads", default=h) or h)
+    kv = _int_of(cfg, "num_key_value_heads", default=h) or h
     blocks = _blocks(cfg, fam, n_layers)
     mixers = tuple(m for m, _ in blocks)
     nemotron = fam.key == "nemotron_h"
@@ -295,7 +304,7 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         hidden_size=d,
         n_heads=h,
         n_kv_heads=kv,
-        head_dim=int(_first_of(cfg, "head_dim", "attention_head_dim", default=d // h) or d // h),
+        head_dim=(_int_of(cfg, "head_dim", "attention_head_dim", default=d // h) or d // h),
         # Qwen3.5-MoE has no dense MLP width: its experts' is the one there is
         intermediate_size=_require(cfg, "intermediate_size", "moe_intermediate_size"),
         vocab_size=_require(cfg, "vocab_size"),
@@ -306,8 +315,8 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         mlp_bias=bool(_first_of(cfg, "mlp_bias", default=False)),
         norms_per_layer=fam.norms_per_layer + (2 if _flag(cfg, fam.post_norm_flag or False) else 0),
         qk_norm=fam.qk_norm is True,
-        max_position_embeddings=int(
-            _first_of(cfg, "max_position_embeddings", "model_max_length", default=0) or 0
+        max_position_embeddings=(
+            _int_of(cfg, "max_position_embeddings", "model_max_length", default=0) or 0
         ),
         layer_mixers=mixers,
         mlp_free_layers=tuple(i for i, (_, mlp) in enumerate(blocks) if mlp == "none"),
@@ -316,10 +325,12 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         if fam.key == "jamba":
             rank = _first_of(cfg, "mamba_dt_rank", default="auto")
             f.update(
-                ssm_inner_size=int(_first_of(cfg, "mamba_expand", default=2)) * d,
-                ssm_state_size=int(_first_of(cfg, "mamba_d_state", default=16)),
-                ssm_conv_kernel=int(_first_of(cfg, "mamba_d_conv", default=4)),
-                ssm_time_step_rank=math.ceil(d / 16) if rank == "auto" else int(rank),
+                ssm_inner_size=_int_of(cfg, "mamba_expand", default=2) * d,
+                ssm_state_size=_int_of(cfg, "mamba_d_state", default=16),
+                ssm_conv_kernel=_int_of(cfg, "mamba_d_conv", default=4),
+                ssm_time_step_rank=math.ceil(d / 16)
+                if rank == "auto"
+                else _as_int(rank, "mamba_dt_rank"),
                 ssm_proj_bias=bool(_first_of(cfg, "mamba_proj_bias", default=False)),
                 ssm_conv_bias=bool(_first_of(cfg, "mamba_conv_bias", default=True)),
                 ssm_bcdt_norms=True,
@@ -328,14 +339,14 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             f.update(_mamba2_fields(cfg, d, nemotron))
     if "conv" in mixers:
         f.update(
-            short_conv_kernel=int(_first_of(cfg, "conv_L_cache", default=3)),
+            short_conv_kernel=_int_of(cfg, "conv_L_cache", default=3),
             short_conv_bias=bool(_first_of(cfg, "conv_bias", default=False)),
         )
     if fam.key == "lfm2":
         f.update(intermediate_size=_lfm2_mlp_width(cfg))
     if fam.key == "lfm3":  # sliding layers by layer_types; a d → H gate per attention head
         listed = _listed_blocks(cfg, n_layers, "layer_types") or []
-        window = int(_first_of(cfg, "sliding_window", default=0) or 0)
+        window = _int_of(cfg, "sliding_window", default=0) or 0
         spans = tuple(window if n == "sliding_attention" else 0 for n in listed)
         if any(spans):
             f.update(layer_windows=spans)
@@ -355,26 +366,26 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
     if "linear" in mixers and fam.key in _KDA:
         lin = cfg.get("linear_attn_config") or {}
         lin = lin if isinstance(lin, dict) else {}
-        heads = int(_first_of(cfg, "linear_num_heads", default=lin.get("num_heads", 32)))
-        width = int(_first_of(cfg, "linear_head_dim", default=lin.get("head_dim", 128)))
+        heads = _int_of(cfg, "linear_num_heads", default=lin.get("num_heads", 32))
+        width = _int_of(cfg, "linear_head_dim", default=lin.get("head_dim", 128))
         kernel = lin.get("short_conv_kernel_size", 4)
         f.update(
             linear_key_heads=heads,
             linear_value_heads=heads,
             linear_key_head_dim=width,
             linear_value_head_dim=width,
-            linear_conv_kernel=int(_first_of(cfg, "linear_conv_kernel_dim", default=kernel)),
+            linear_conv_kernel=_int_of(cfg, "linear_conv_kernel_dim", default=kernel),
             linear_kda=True,
             # Kimi's gates are low-rank through d_k, Bailing's full rank
             linear_gate_rank=width if fam.key == "kimi_linear" else 0,
         )
     elif "linear" in mixers:
         f.update(
-            linear_key_heads=int(_first_of(cfg, "linear_num_key_heads", default=16)),
-            linear_value_heads=int(_first_of(cfg, "linear_num_value_heads", default=32)),
-            linear_key_head_dim=int(_first_of(cfg, "linear_key_head_dim", default=128)),
-            linear_value_head_dim=int(_first_of(cfg, "linear_value_head_dim", default=128)),
-            linear_conv_kernel=int(_first_of(cfg, "linear_conv_kernel_dim", default=4)),
+            linear_key_heads=_int_of(cfg, "linear_num_key_heads", default=16),
+            linear_value_heads=_int_of(cfg, "linear_num_value_heads", default=32),
+            linear_key_head_dim=_int_of(cfg, "linear_key_head_dim", default=128),
+            linear_value_head_dim=_int_of(cfg, "linear_value_head_dim", default=128),
+            linear_conv_kernel=_int_of(cfg, "linear_conv_kernel_dim", default=4),
         )
     if fam.mla:
         f.update(_mla_fields(cfg, h))
@@ -387,13 +398,13 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
     if fam.key == "olmo_hybrid":  # OLMo-2's q/k norms over all heads
         f.update(qk_norm_full=True)
     if "lightning" in mixers:
-        f.update(lightning_block_size=int(_first_of(cfg, "block_size", default=256)))
+        f.update(lightning_block_size=_int_of(cfg, "block_size", default=256))
     moe = [i for i, (_, mlp) in enumerate(blocks) if mlp == "moe"]
     dense = tuple(i for i, (_, mlp) in enumerate(blocks) if mlp == "dense")
     if moe and fam.key == "jamba":
         f.update(
-            n_experts=int(_first_of(cfg, "num_experts", default=16)),
-            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            n_experts=_int_of(cfg, "num_experts", default=16),
+            n_active_experts=_int_of(cfg, "num_experts_per_tok", default=2),
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
         )
@@ -402,32 +413,32 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
         f.update(
             # the saved config.json spells them num_experts, num_experts_per_token, ...
             n_experts=_require(cfg, "num_local_experts", "n_routed_experts", "num_experts"),
-            n_active_experts=int(
-                _first_of(cfg, "num_experts_per_tok", "num_experts_per_token", default=8)
+            n_active_experts=_int_of(
+                cfg, "num_experts_per_tok", "num_experts_per_token", default=8
             ),
             intermediate_size=moe_f,
             shared_expert_intermediate_size=moe_f
-            * int(_first_of(cfg, "n_shared_experts", "num_shared_experts", default=1)),
+            * _int_of(cfg, "n_shared_experts", "num_shared_experts", default=1),
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
         )
     elif moe and fam.key == "minimax":
         f.update(
             n_experts=_require(cfg, "num_local_experts"),
-            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            n_active_experts=_int_of(cfg, "num_experts_per_tok", default=2),
         )
     elif moe and fam.key == "lfm2_moe":
         f.update(
             n_experts=_require(cfg, "num_experts"),
-            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=4)),
+            n_active_experts=_int_of(cfg, "num_experts_per_tok", default=4),
             intermediate_size=_require(cfg, "moe_intermediate_size"),
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
         )
     elif moe and fam.key == "granitemoehybrid":
         f.update(
-            n_experts=int(_first_of(cfg, "num_local_experts", "num_experts", default=0)),
-            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            n_experts=_int_of(cfg, "num_local_experts", "num_experts", default=0),
+            n_active_experts=_int_of(cfg, "num_experts_per_tok", default=2),
             shared_expert_intermediate_size=_require(cfg, "shared_intermediate_size"),
         )
     elif fam.key == "granitemoehybrid":  # no experts: the shared MLP is the block's MLP
@@ -440,13 +451,13 @@ def _hybrid(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) ->
             )
         f.update(
             n_experts=_require(cfg, "n_routed_experts", "num_local_experts"),
-            n_active_experts=int(_first_of(cfg, "num_experts_per_tok", default=2)),
+            n_active_experts=_int_of(cfg, "num_experts_per_tok", default=2),
             intermediate_size=_require(cfg, "moe_intermediate_size"),
-            shared_expert_intermediate_size=int(
-                _first_of(cfg, "moe_shared_expert_intermediate_size", default=0) or 0
+            shared_expert_intermediate_size=(
+                _int_of(cfg, "moe_shared_expert_intermediate_size", default=0) or 0
             ),
             dense_layers=dense,
             dense_intermediate_size=f["intermediate_size"],
             expert_bias=False,  # NemotronHExperts: bare weight tensors
         )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)

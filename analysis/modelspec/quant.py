@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from perfscope.analysis.modelspec.dtypes import DTYPE_BYTES, compute_dtype_for
-from perfscope.analysis.modelspec.hf_config import _first_of
+from perfscope.analysis.modelspec.hf_config import _first_of, _int_of
 from perfscope.errors import UsageError
 from perfscope.hwdb.spec import normalize_dtype
 from perfscope.jsontypes import JsonObject, JsonValue, json_object
@@ -104,7 +104,7 @@ def quant_layout(cfg: JsonObject) -> QuantLayout | None:
         return QuantLayout("bitsandbytes", "int8", "int8", 8, 0, 0.0, 0.0, 0.0, b16)
     if method in ("gptq", "awq"):
         bits = _num(q.get("bits") or q.get("w_bit") or 4, "bits")
-        group = int(_first_of(q, "group_size", "q_group_size", default=128))
+        group = _int_of(q, "group_size", "q_group_size", default=128)
         group = max(group, 0)  # -1 = per output channel
         scale = 2.0 / group if group else 0.0
         has_zero = method == "gptq" or bool(q.get("zero_point", True))

@@ -4,7 +4,7 @@ layout (the shared Llama key set, and the families with keys of their own)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +16,13 @@ from perfscope.analysis.modelspec.families import (
     _moe_fields,
     family_for,
 )
-from perfscope.analysis.modelspec.hf_config import _first_of, _require
+from perfscope.analysis.modelspec.hf_config import (
+    _as_int,
+    _first_of,
+    _float_of,
+    _int_of,
+    _require,
+)
 from perfscope.analysis.modelspec.hybrid import _hybrid
 from perfscope.analysis.modelspec.quant import _dtypes_from_config
 from perfscope.analysis.modelspec.spec import ModelSpec
@@ -72,8 +78,8 @@ def _spec_from_config(cfg: JsonObject, name: str) -> ModelSpec:
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
     n_layers = _require(cfg, "num_hidden_layers")
-    kv = int(_first_of(cfg, "num_key_value_heads", default=fam.kv_default or h))
-    head_dim = int(_first_of(cfg, "head_dim", default=d // h))
+    kv = _int_of(cfg, "num_key_value_heads", default=fam.kv_default or h)
+    head_dim = _int_of(cfg, "head_dim", default=d // h)
     f.update(
         n_layers=n_layers,
         hidden_size=d,
@@ -98,7 +104,7 @@ def _spec_from_config(cfg: JsonObject, name: str) -> ModelSpec:
         attn_output_gate=fam.attn_output_gate,
         attn_gate_bias=fam.attn_gate_bias,
         router_bias=fam.router_bias,
-        max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=0)),
+        max_position_embeddings=_int_of(cfg, "max_position_embeddings", default=0),
         layer_windows=_layer_windows(cfg, fam, n_layers),
     )
     act, per_mlp = fam.act_params
@@ -149,17 +155,22 @@ def _tower_params(cfg: JsonObject, towers: list[str]) -> tuple[int, str]:
     )
 
 
-def _mamba(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) -> ModelSpec:
+def _notes(value: object) -> tuple[str, ...]:
+    """The ``notes`` gathered so far for a spec (a tuple of sentences; none when absent)."""
+    return tuple(n for n in value if isinstance(n, str)) if isinstance(value, tuple) else ()
+
+
+def _mamba(cfg: Mapping[str, object], fam: Family, f: dict[str, object]) -> ModelSpec:
     """Mamba (v1), Falcon-Mamba and Mamba2: every block a pre-norm selective-SSM mixer, no
     attention, no MLP. The inner width is what the model code reads: Mamba and
     Falcon-Mamba the config's ``intermediate_size`` (their config classes default it to
     ``expand · hidden_size`` but keep one given), Mamba2 ``expand · hidden_size`` always;
     ``time_step_rank`` ``auto`` is ``ceil(d / 16)``."""
     d = _require(cfg, "hidden_size", "d_model")
-    expand = float(_first_of(cfg, "expand", default=2))
+    expand = _float_of(cfg, "expand", default=2)
     inner = int(expand * d)
     if fam.key != "mamba2":
-        inner = int(_first_of(cfg, "intermediate_size", default=inner) or inner)
+        inner = _int_of(cfg, "intermediate_size", default=inner) or inner
     rank = _first_of(cfg, "time_step_rank", "dt_rank", default="auto")
     f.update(
         n_layers=_require(cfg, "num_hidden_layers", "n_layer"),
@@ -168,21 +179,23 @@ def _mamba(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) -> 
         n_kv_heads=0,
         head_dim=0,
         intermediate_size=0,
-        vocab_size=int(_first_of(cfg, "vocab_size", default=50280)),
+        vocab_size=_int_of(cfg, "vocab_size", default=50280),
         mlp_gated=False,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=fam.tied_default)),
         norms_per_layer=1,
         max_position_embeddings=0,
         ssm_inner_size=inner,
-        ssm_state_size=int(_first_of(cfg, "state_size", "d_state", default=16)),
-        ssm_conv_kernel=int(_first_of(cfg, "conv_kernel", "d_conv", default=4)),
-        ssm_time_step_rank=math.ceil(d / 16) if rank == "auto" else int(rank),
+        ssm_state_size=_int_of(cfg, "state_size", "d_state", default=16),
+        ssm_conv_kernel=_int_of(cfg, "conv_kernel", "d_conv", default=4),
+        ssm_time_step_rank=math.ceil(d / 16)
+        if rank == "auto"
+        else _as_int(rank, "time_step_rank", "dt_rank"),
         ssm_proj_bias=bool(_first_of(cfg, "use_bias", default=False)),
         ssm_conv_bias=bool(_first_of(cfg, "use_conv_bias", default=True)),
     )
     if fam.key == "mamba2":
-        heads = int(_first_of(cfg, "num_heads", default=128))
-        head_dim = int(_first_of(cfg, "head_dim", default=64))
+        heads = _int_of(cfg, "num_heads", default=128)
+        head_dim = _int_of(cfg, "head_dim", default=64)
         if heads * head_dim != f["ssm_inner_size"]:
             raise UsageError(
                 f"mamba2 config: num_heads · head_dim ({heads} · {head_dim}) must equal "
@@ -192,16 +205,16 @@ def _mamba(cfg: Mapping[str, Any], fam: Family, f: MutableMapping[str, Any]) -> 
             ssm_time_step_rank=0,
             ssm_n_heads=heads,
             ssm_head_dim=head_dim,
-            ssm_n_groups=int(_first_of(cfg, "n_groups", default=1)),
-            ssm_chunk_size=int(_first_of(cfg, "chunk_size", default=256)),
+            ssm_n_groups=_int_of(cfg, "n_groups", default=1),
+            ssm_chunk_size=_int_of(cfg, "chunk_size", default=256),
         )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
-def _gpt2(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
+def _gpt2(cfg: Mapping[str, object], f: dict[str, object]) -> ModelSpec:
     d = _require(cfg, "n_embd", "hidden_size")
     h = _require(cfg, "n_head", "num_attention_heads")
-    n_pos = int(_first_of(cfg, "n_positions", "max_position_embeddings", default=1024))
+    n_pos = _int_of(cfg, "n_positions", "max_position_embeddings", default=1024)
     f.update(
         n_layers=_require(cfg, "n_layer", "num_hidden_layers"),
         hidden_size=d,
@@ -209,8 +222,8 @@ def _gpt2(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         # GPTBigCode (StarCoder, SantaCoder): multi-query, one K/V head
         n_kv_heads=1 if _first_of(cfg, "multi_query", default=False) else h,
         head_dim=d // h,
-        intermediate_size=int(_first_of(cfg, "n_inner", default=4 * d) or 4 * d),
-        vocab_size=int(_first_of(cfg, "vocab_size", default=50257)),
+        intermediate_size=(_int_of(cfg, "n_inner", default=4 * d) or 4 * d),
+        vocab_size=_int_of(cfg, "vocab_size", default=50257),
         mlp_gated=False,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
         qkv_bias=True,
@@ -220,10 +233,10 @@ def _gpt2(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         pos_embeddings=n_pos,
         max_position_embeddings=n_pos,
     )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
-def _bloom(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
+def _bloom(cfg: Mapping[str, object], f: dict[str, object]) -> ModelSpec:
     # BLOOM: ALiBi (a bias added to the scores: no matmul, no parameters), fused biased
     # QKV, a plain 4d MLP with biases, LayerNorms with bias and one more LayerNorm on the
     # embeddings, tied lm_head.
@@ -245,10 +258,10 @@ def _bloom(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         norm_bias=True,
         extra_params=2 * d,  # word_embeddings_layernorm
     )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
-def _falcon(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
+def _falcon(cfg: Mapping[str, object], f: dict[str, object]) -> ModelSpec:
     # Falcon: one fused query_key_value and a dense out projection, a plain MLP
     # (``ffn_hidden_size``, default 4d), LayerNorms with bias, biases on every linear when
     # ``bias``; RoPE or ALiBi (neither a matmul nor a parameter). Three attention layouts:
@@ -262,13 +275,19 @@ def _falcon(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
     multi_query = bool(_first_of(cfg, "multi_query", default=True))
     parallel = bool(_first_of(cfg, "parallel_attn", default=True))
     if new_arch:
-        kv = int(_first_of(cfg, "num_kv_heads", "n_head_kv", default=h) or h)
+        kv = _int_of(cfg, "num_kv_heads", "n_head_kv", default=h) or h
     else:
         kv = 1 if multi_query else h
     ln = _first_of(cfg, "num_ln_in_parallel_attn", default=None)
-    norms = 2 if not parallel else int(ln if ln is not None else (2 if new_arch else 1))
+    norms = (
+        2
+        if not parallel
+        else _as_int(ln, "num_ln_in_parallel_attn")
+        if ln is not None
+        else (2 if new_arch else 1)
+    )
     bias = bool(_first_of(cfg, "bias", default=False))
-    notes = list(f.pop("notes", ()))
+    notes = list(_notes(f.pop("notes", ())))
     if new_arch and kv != h:
         notes.append(
             f"Falcon new decoder architecture: {kv} K/V heads cached, as serving engines and "
@@ -280,7 +299,7 @@ def _falcon(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         n_heads=h,
         n_kv_heads=kv,
         head_dim=d // h,
-        intermediate_size=int(_first_of(cfg, "ffn_hidden_size", default=4 * d) or 4 * d),
+        intermediate_size=(_int_of(cfg, "ffn_hidden_size", default=4 * d) or 4 * d),
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=False,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
@@ -289,13 +308,13 @@ def _falcon(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         mlp_bias=bias,
         norm_bias=True,
         norms_per_layer=norms,
-        max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=2048)),
+        max_position_embeddings=_int_of(cfg, "max_position_embeddings", default=2048),
         notes=tuple(notes),
     )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
-def _dbrx(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
+def _dbrx(cfg: Mapping[str, object], f: dict[str, object]) -> ModelSpec:
     # DBRX: a fused Wqkv (``d + 2·K·h_d`` outputs, no bias; ``clip_qkv`` is a clamp, no
     # matmul), an out projection, bias-free LayerNorms, and in every block a MoE of
     # ``moe_num_experts`` gated experts (w1, v1, w2, ``ffn_hidden_size`` wide) with a
@@ -310,20 +329,20 @@ def _dbrx(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         n_layers=_require(cfg, "n_layers", "num_hidden_layers"),
         hidden_size=d,
         n_heads=h,
-        n_kv_heads=int(_first_of(attn, "kv_n_heads", default=1)),
+        n_kv_heads=_int_of(attn, "kv_n_heads", default=1),
         head_dim=d // h,
-        intermediate_size=int(_first_of(ffn, "ffn_hidden_size", default=3584)),
+        intermediate_size=_int_of(ffn, "ffn_hidden_size", default=3584),
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=True,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=False)),
-        n_experts=int(_first_of(ffn, "moe_num_experts", default=4)),
-        n_active_experts=int(_first_of(ffn, "moe_top_k", default=1)),
-        max_position_embeddings=int(_first_of(cfg, "max_seq_len", default=2048)),
+        n_experts=_int_of(ffn, "moe_num_experts", default=4),
+        n_active_experts=_int_of(ffn, "moe_top_k", default=1),
+        max_position_embeddings=_int_of(cfg, "max_seq_len", default=2048),
     )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
-def _mpt(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
+def _mpt(cfg: Mapping[str, object], f: dict[str, object]) -> ModelSpec:
     # MPT as transformers builds it: a fused bias-free Wqkv and out_proj, ALiBi (no matmul,
     # no parameters, no position table), a bias-free 4d GELU MLP (transformers' MptMLP is
     # 4·d wide whatever expansion_ratio says), LayerNorms with a weight only, tied lm_head.
@@ -339,18 +358,18 @@ def _mpt(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=False,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
-        max_position_embeddings=int(_first_of(cfg, "max_seq_len", default=2048)),
+        max_position_embeddings=_int_of(cfg, "max_seq_len", default=2048),
     )
     ratio = _first_of(cfg, "expansion_ratio", default=4)
     if ratio != 4:
         f["notes"] = (
-            *f.get("notes", ()),
+            *_notes(f.get("notes", ())),
             f"MPT expansion_ratio {ratio} ignored: transformers builds a 4·d MLP, as counted",
         )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
-def _gptj(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
+def _gptj(cfg: Mapping[str, object], f: dict[str, object]) -> ModelSpec:
     # GPT-J: one LayerNorm feeding attention and MLP in parallel, unbiased q/k/v/out,
     # biased plain MLP, partial rotary (not counted: no matmul), a biased lm_head.
     d = _require(cfg, "n_embd", "hidden_size")
@@ -361,7 +380,7 @@ def _gptj(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         n_heads=h,
         n_kv_heads=h,
         head_dim=d // h,
-        intermediate_size=int(_first_of(cfg, "n_inner", default=4 * d) or 4 * d),
+        intermediate_size=(_int_of(cfg, "n_inner", default=4 * d) or 4 * d),
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=False,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=False)),
@@ -369,12 +388,12 @@ def _gptj(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         norm_bias=True,
         norms_per_layer=1,
         lm_head_bias=True,
-        max_position_embeddings=int(_first_of(cfg, "n_positions", default=2048)),
+        max_position_embeddings=_int_of(cfg, "n_positions", default=2048),
     )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
-def _gpt_neox(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
+def _gpt_neox(cfg: Mapping[str, object], f: dict[str, object]) -> ModelSpec:
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
     bias = bool(_first_of(cfg, "attention_bias", default=True))
@@ -384,7 +403,7 @@ def _gpt_neox(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         n_heads=h,
         n_kv_heads=h,
         head_dim=d // h,
-        intermediate_size=int(_first_of(cfg, "intermediate_size", default=4 * d)),
+        intermediate_size=_int_of(cfg, "intermediate_size", default=4 * d),
         vocab_size=_require(cfg, "vocab_size"),
         mlp_gated=False,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=False)),
@@ -392,22 +411,22 @@ def _gpt_neox(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         o_bias=bias,
         mlp_bias=True,
         norm_bias=True,
-        max_position_embeddings=int(_first_of(cfg, "max_position_embeddings", default=2048)),
+        max_position_embeddings=_int_of(cfg, "max_position_embeddings", default=2048),
     )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
 
 
-def _opt(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
+def _opt(cfg: Mapping[str, object], f: dict[str, object]) -> ModelSpec:
     d = _require(cfg, "hidden_size")
     h = _require(cfg, "num_attention_heads")
     bias = bool(_first_of(cfg, "enable_bias", default=True))
     affine = bool(_first_of(cfg, "layer_norm_elementwise_affine", default=True))
-    proj = int(_first_of(cfg, "word_embed_proj_dim", default=d))
+    proj = _int_of(cfg, "word_embed_proj_dim", default=d)
     v = _require(cfg, "vocab_size")
     final = bool(_first_of(cfg, "do_layer_norm_before", default=True)) and not bool(
         cfg.get("_remove_final_layer_norm", False)
     )
-    max_pos = int(_first_of(cfg, "max_position_embeddings", default=2048))
+    max_pos = _int_of(cfg, "max_position_embeddings", default=2048)
     extra = 0
     if not affine:
         extra -= 2 * (2 * d) * _require(cfg, "num_hidden_layers") + (2 * d if final else 0)
@@ -417,7 +436,7 @@ def _opt(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         n_heads=h,
         n_kv_heads=h,
         head_dim=d // h,
-        intermediate_size=int(_first_of(cfg, "ffn_dim", default=4 * d)),
+        intermediate_size=_int_of(cfg, "ffn_dim", default=4 * d),
         vocab_size=v,
         mlp_gated=False,
         tied_embeddings=bool(_first_of(cfg, "tie_word_embeddings", default=True)),
@@ -432,4 +451,4 @@ def _opt(cfg: Mapping[str, Any], f: MutableMapping[str, Any]) -> ModelSpec:
         # OPT-350m: a narrower table, projected in and out (word_embed_proj_dim).
         embed_dim=proj if proj != d else 0,
     )
-    return ModelSpec(**f)
+    return ModelSpec.from_dict(f)
