@@ -8,15 +8,15 @@ the section is None.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from perfscope.analysis.manifest import RunManifest, manifest_view
 from perfscope.analysis.summary import Client
+from perfscope.jsontypes import json_int, json_str
 
 __all__ = ["client_section"]
 
 
-def client_section(manifest: Mapping[str, Any] | RunManifest) -> Client | None:
+def client_section(manifest: Mapping[str, object] | RunManifest) -> Client | None:
     """The ``client`` summary section (:class:`~perfscope.analysis.summary.Client`: CPU
     seconds over the serve loop, peak RSS in bytes, the clock that stamped the chunks, the
     stall record), or None when the engine kept no client record."""
@@ -25,8 +25,13 @@ def client_section(manifest: Mapping[str, Any] | RunManifest) -> Client | None:
         return None
     stall = client.get("stall")
     return Client(
-        cpu_s=client.get("cpu_s"),
-        peak_rss_bytes=client.get("peak_rss_bytes"),
-        stamp_clock=client.get("stamp_clock"),
+        cpu_s=_number(client.get("cpu_s")),
+        peak_rss_bytes=json_int(client.get("peak_rss_bytes")),
+        stamp_clock=json_str(client.get("stamp_clock")),
         stall=dict(stall) if isinstance(stall, Mapping) else None,
     )
+
+
+def _number(value: object) -> float | None:
+    """``value`` if it is a JSON number (kept as read: an ``int`` stays one), else ``None``."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None

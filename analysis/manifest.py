@@ -27,7 +27,7 @@ from types import UnionType
 from typing import Any, Self, Union, get_args, get_origin
 
 from perfscope.analysis._record import Record
-from perfscope.jsontypes import JsonObject
+from perfscope.jsontypes import JsonObject, json_float
 
 __all__ = [
     "CONTENTION_WARN_SHARE",
@@ -72,9 +72,9 @@ class _View(Record):
     (the field's default): an engine's ``config.client`` that is text is no client record."""
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
+    def from_dict(cls, data: Mapping[str, object] | None) -> Self:
         """Build from a manifest object; values of the wrong JSON type read as absent."""
-        kept: JsonObject = {}
+        kept: dict[str, object] = {}
         hints = cls._field_types()
         for key, value in (data or {}).items():
             types = _json_types(hints[key]) if key in hints else None
@@ -98,9 +98,9 @@ class EngineConfig(_View):
     #: the torch version the engine ran with
     torch: str | None = None
     #: ``openai:`` runs: the client's CPU, memory, stamping clock, stalls and warnings.
-    client: Mapping[str, Any] | None = None
+    client: Mapping[str, object] | None = None
     #: speculative-decoding runs: ``draft_model`` (ModelSpec JSON), ``k`` and the method.
-    speculative: Mapping[str, Any] | None = None
+    speculative: Mapping[str, object] | None = None
     #: torch engines: intra-op threads the engine ran with (a count)
     torch_threads: int | None = None
     #: torch engines: why that many (``auto: 2 usable CPUs, ...`` or ``--threads N``)
@@ -124,7 +124,7 @@ class EngineManifest(_View):
 
     uri: str | None = None
     kind: str | None = None
-    model: Mapping[str, Any] | None = None
+    model: JsonObject | None = None
     device: str | None = None
     dtype: str | None = None
     config: EngineConfig = field(default_factory=EngineConfig)
@@ -148,7 +148,7 @@ class TelemetryManifest(_View):
     status: str | None = None
     devices: Any = None
     backend: str | None = None
-    nodes: Mapping[str, Any] = field(default_factory=dict)
+    nodes: Mapping[str, object] = field(default_factory=dict)
     mem_total_bytes: Mapping[str, float | None] = field(default_factory=dict)
     driver_node: str | None = None
     gpu_unavailable: str | None = None
@@ -169,7 +169,7 @@ class TelemetryManifest(_View):
         return tuple(out)
 
     @classmethod
-    def of(cls, value: Mapping[str, Any] | TelemetryManifest | None) -> TelemetryManifest:
+    def of(cls, value: Mapping[str, object] | TelemetryManifest | None) -> TelemetryManifest:
         """``value`` as the record (a manifest's ``telemetry`` object, or the record)."""
         return value if isinstance(value, TelemetryManifest) else cls.from_dict(value or {})
 
@@ -186,7 +186,7 @@ class HostManifest(_View):
     platform: str | None = None
     python: str | None = None
     torch: str | None = None
-    contention: Mapping[str, Any] | None = None
+    contention: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,12 +221,14 @@ class Distributed(_View):
 
     actors: tuple[LoadActor, ...] = ()
     clock_uncertainty_ns: float | None = None
-    autoscale: Mapping[str, Any] | None = None
+    autoscale: Mapping[str, object] | None = None
 
     @property
     def autoscale_decisions(self) -> tuple[AutoscaleDecision, ...]:
         """The autoscaler's decisions, in order (empty without ``--ray-autoscale``)."""
-        decisions = (self.autoscale or {}).get("decisions") or ()
+        decisions = (self.autoscale or {}).get("decisions")
+        if not isinstance(decisions, list | tuple):
+            return ()
         return tuple(AutoscaleDecision.from_dict(d) for d in decisions if isinstance(d, Mapping))
 
 
@@ -260,39 +262,41 @@ class RunManifest(_View):
     perfscope_version: str | None = None
     command: tuple[str, ...] = ()
     engine: EngineManifest = field(default_factory=EngineManifest)
-    workload: Mapping[str, Any] | None = None
-    load: Mapping[str, Any] | None = None
+    workload: JsonObject | None = None
+    load: JsonObject | None = None
     slos: Mapping[str, float] = field(default_factory=dict)
-    hardware: Mapping[str, Any] | None = None
+    hardware: Mapping[str, object] | None = None
     telemetry: TelemetryManifest | None = None
     host: HostManifest = field(default_factory=HostManifest)
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-    run_set: Mapping[str, Any] | None = None
-    model_spec: Mapping[str, Any] | None = None
-    server_metrics: Mapping[str, Any] | None = None
+    run_set: Mapping[str, object] | None = None
+    model_spec: JsonObject | None = None
+    server_metrics: Mapping[str, object] | None = None
     distributed: Distributed | None = None
-    sweep: Mapping[str, Any] | str | None = None
+    sweep: Mapping[str, object] | str | None = None
     #: The manifest.json object this view was read from, as read: for readers that walk
     #: it by path (the configuration diff, the JSON export). Not a key of the JSON form.
-    source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    source: Mapping[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def _field_types(cls) -> dict[str, object]:
         return {k: v for k, v in super()._field_types().items() if k != "source"}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
+    def from_dict(cls, data: Mapping[str, object] | None) -> Self:
         """A manifest.json object (any version) as the view. Values of the wrong JSON type
         read as absent (the store reports such a run as broken before a reader gets here);
         a warning that is not text is no sentence."""
         source = data or {}
         data = dict(source)
-        if isinstance(data.get("warnings"), list | tuple):
-            data["warnings"] = [w for w in data["warnings"] if isinstance(w, str)]
+        warnings = data.get("warnings")
+        if isinstance(warnings, list | tuple):
+            data["warnings"] = [w for w in warnings if isinstance(w, str)]
         for key in ("errors", "command"):
-            if isinstance(data.get(key), list | tuple):
-                data[key] = [str(v) for v in data[key]]
+            values = data.get(key)
+            if isinstance(values, list | tuple):
+                data[key] = [str(v) for v in values]
         return dataclasses.replace(super().from_dict(data), source=source)
 
     @property
@@ -317,7 +321,7 @@ class RunManifest(_View):
         return str(sweep) if sweep else None
 
 
-def manifest_view(manifest: Mapping[str, Any] | RunManifest | None) -> RunManifest:
+def manifest_view(manifest: Mapping[str, object] | RunManifest | None) -> RunManifest:
     """``manifest`` as a :class:`RunManifest` (a manifest.json object, or the view already)."""
     return manifest if isinstance(manifest, RunManifest) else RunManifest.from_dict(manifest)
 
@@ -327,7 +331,7 @@ def manifest_view(manifest: Mapping[str, Any] | RunManifest | None) -> RunManife
 CONTENTION_WARN_SHARE = 0.15
 
 
-def is_contended(contention: Mapping[str, Any] | None) -> bool | None:
+def is_contended(contention: Mapping[str, object] | None) -> bool | None:
     """Whether a run's CPU contention measurement (the manifest's ``host.contention``: raw
     shares of the machine's CPU) flags its timings: other processes or the hypervisor above
     :data:`CONTENTION_WARN_SHARE`, or other processes and the server under test on this
@@ -335,7 +339,8 @@ def is_contended(contention: Mapping[str, Any] | None) -> bool | None:
     client's stamps as any other process would). ``None`` when the run has no measurement."""
     if contention is None:
         return None
-    others, steal = contention.get("others_share"), contention.get("steal_share")
+    others = json_float(contention.get("others_share"))
+    steal = json_float(contention.get("steal_share"))
     server = server_share(contention)
     return bool(
         (others is not None and others > CONTENTION_WARN_SHARE)
@@ -344,11 +349,12 @@ def is_contended(contention: Mapping[str, Any] | None) -> bool | None:
     )
 
 
-def server_share(contention: Mapping[str, Any]) -> float | None:
+def server_share(contention: Mapping[str, object]) -> float | None:
     """Share of the machine's CPU capacity (0..1) the server under test on this machine
     used during the run (``None``: no local server, or a window too short to measure)."""
-    cpu, window = contention.get("server_cpu_s"), contention.get("window_s")
-    cores = contention.get("cpu_count")
+    cpu = json_float(contention.get("server_cpu_s"))
+    window = json_float(contention.get("window_s"))
+    cores = json_float(contention.get("cpu_count"))
     if cpu is None or not window or not cores or contention.get("too_short"):
         return None
-    return min(float(cpu) / (float(window) * int(cores)), 1.0)
+    return min(cpu / (window * int(cores)), 1.0)

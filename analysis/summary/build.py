@@ -21,6 +21,7 @@ from perfscope.analysis.summary.measured import (
     EngineInfo,
     StepStats,
 )
+from perfscope.jsontypes import json_float, json_object
 
 if TYPE_CHECKING:  # the typed record loads without pandas or hwdb (`perfscope ls` reads it)
     import pandas as pd
@@ -256,10 +257,11 @@ def _client_warnings(manifest: RunManifest) -> list[str]:
     client = manifest.engine.config.client
     if client is None:
         return []
-    out = [str(w) for w in client.get("warnings") or ()]
+    warnings = client.get("warnings")
+    out = [str(w) for w in warnings] if isinstance(warnings, list | tuple) else []
     workload = manifest.workload or {}
-    cache = client.get("prompt_cache") or {}
-    share = cache.get("share")
+    cache = json_object(client.get("prompt_cache")) or {}
+    share = json_float(cache.get("share"))
     if share is not None:
         hits, n = cache.get("requests_hit", 0), cache.get("requests_reporting", 0)
         if workload.get("dataset") in CACHING_WORKLOADS or workload.get("trace"):
@@ -276,7 +278,7 @@ def _client_warnings(manifest: RunManifest) -> list[str]:
                 out.append(served + _repeat_text(cache))
             else:
                 out.append(served + ": TTFT and prefill may be lower than for new prompts")
-    lens = client.get("prompt_lengths") or {}
+    lens = json_object(client.get("prompt_lengths")) or {}
     targeted = workload.get("dataset") in ("synthetic", "shared-prefix", "multi-turn", "trace")
     if targeted and not workload.get("tokenizer") and lens.get("inexact"):
         out.append(
