@@ -214,7 +214,7 @@ _SOL_KEY = {"ttft_p50_s": "ttft_s", "tpot_p50_s": "tpot_s", "output_tok_s": "thr
 def sol_ratio(s: SettingResult, metric: str) -> float | None:
     """The bare roofline's (speed-of-light) ratio of ``metric`` for setting ``s``."""
     key = _SOL_KEY.get(metric)
-    v = ((s.projection or {}).get("sol_ratios") or {}).get(key) if key else None
+    v = (json_object((s.projection or {}).get("sol_ratios")) or {}).get(key) if key else None
     return float(v) if isinstance(v, int | float) else None
 
 

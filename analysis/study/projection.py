@@ -16,7 +16,7 @@ apart (:mod:`.scheduling`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cache, partial
 from typing import Any
@@ -31,10 +31,11 @@ from perfscope.analysis.overhead import (
     roof_times,
 )
 from perfscope.analysis.queueing import Load, simulate
+from perfscope.analysis.study.points import _json_at
 from perfscope.analysis.study.speculative import SpeculativeProjection, speculative_projection
 from perfscope.analysis.summary import Projection, Roofline
 from perfscope.analysis.whatif import Derating, predict, predict_derated, run_derating
-from perfscope.jsontypes import JsonArray, JsonObject
+from perfscope.jsontypes import JsonArray, JsonObject, ReadOnlyJson, json_object
 
 __all__ = ["memory_need", "project_change"]
 
@@ -54,7 +55,7 @@ def memory_need(
 
 def _recompute_tpot(
     model: ModelSpec,
-    summary: Mapping[str, Any],
+    summary: ReadOnlyJson,
     batch: int,
     prompt_len: int,
     output_len: int,
@@ -68,7 +69,7 @@ def _recompute_tpot(
 
     from perfscope.hwdb.spec import DeviceSpec
 
-    spec = (summary.get("hardware") or {}).get("spec")
+    spec = json_object(_json_at(summary, "hardware").get("spec"))
     if not spec:
         return None
     dev = DeviceSpec.from_dict(spec)
@@ -82,7 +83,11 @@ def _recompute_tpot(
         return float(np.mean(t))
     peak = dev.peak_flops_for(model.act_dtype) or 0.0
     bw = dev.mem_bw_bytes_s
-    derate = run_derating(Roofline.from_dict(summary.get("roofline"))) if derated else Derating()
+    derate = (
+        run_derating(Roofline.from_dict(json_object(summary.get("roofline"))))
+        if derated
+        else Derating()
+    )
     eff = derate.prefill_efficiency if derate.prefill_efficiency is not None else 1.0
     over = derate.prefill_overhead_s if derate.prefill_overhead_s is not None else 0.0
     total = 0.0
@@ -131,7 +136,7 @@ def _times(
     narrower weights, sparse non-zeros or smaller cache are what the measured calls ran, so
     pricing them again by the roofline would count them twice. The speed of light stays the
     candidate's own roofline."""
-    shape: Mapping[str, Any] = {
+    shape: dict[str, int] = {
         "batch": batch,
         "prompt_len": prompt_len,
         "output_len": output_len,
@@ -230,8 +235,8 @@ def _pick_per_token(
 
 
 def project_change(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: ReadOnlyJson,
+    candidate: ReadOnlyJson,
     *,
     batch: tuple[int, int],
     prompt_len: int,
@@ -270,13 +275,14 @@ def project_change(
     """
     from perfscope.hwdb.spec import DeviceSpec
 
-    spec = (baseline.get("hardware") or {}).get("spec")
-    roof = baseline.get("roofline") or {}
-    if not spec or not roof.get("available") or not baseline.get("model"):
+    device = json_object(_json_at(baseline, "hardware").get("spec"))
+    roof = _json_at(baseline, "roofline")
+    base_dict = json_object(baseline.get("model"))
+    if not device or not roof.get("available") or not base_dict:
         return None
-    dev = DeviceSpec.from_dict(spec)
+    dev = DeviceSpec.from_dict(device)
     derate = run_derating(Roofline.from_dict(roof))
-    base_model = ModelSpec.from_dict(dict(baseline["model"]))
+    base_model = ModelSpec.from_dict(dict(base_dict))
     used_fit = fit.split_layers(base_model.n_layers) if fit is not None else None
     per_row = passes.isolated_per_row_s if passes is not None else None
     if used_fit is not None and passes is not None and per_row is not None:
@@ -333,7 +339,7 @@ def project_change(
             ),
         )
     ):
-        model = ModelSpec.from_dict(dict(summary.get("model") or baseline["model"]))
+        model = ModelSpec.from_dict(dict(json_object(summary.get("model")) or base_dict))
 
         def both(
             b: int,

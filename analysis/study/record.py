@@ -27,7 +27,14 @@ from perfscope.analysis.experiment import SetChange, judge_experiment
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import OverheadFit, PassCosts
 from perfscope.analysis.queueing import Load
-from perfscope.analysis.study.points import PhasePoint, RunPoint, phase_points, run_metrics
+from perfscope.analysis.study.points import (
+    PhasePoint,
+    RunPoint,
+    _json_at,
+    _number,
+    phase_points,
+    run_metrics,
+)
 from perfscope.analysis.study.projection import memory_need, project_change
 from perfscope.analysis.study.scheduling import (
     _NO_RATIOS,
@@ -37,7 +44,7 @@ from perfscope.analysis.study.scheduling import (
 )
 from perfscope.analysis.study.speculative import _after_run_median
 from perfscope.analysis.study.stats import DEFAULT_PRIMARY, _median
-from perfscope.jsontypes import JsonObject
+from perfscope.jsontypes import JsonObject, JsonValue, ReadOnlyJson, json_object
 
 __all__ = [
     "METRICS",
@@ -106,11 +113,11 @@ class SettingResult:
     median: dict[str, float | None]
     memory: dict[str, float]
     effects: list[Effect]
-    projection: Mapping[str, Any] | None
-    quality: Mapping[str, Any] | None = None
+    projection: JsonObject | None
+    quality: ReadOnlyJson | None = None
     #: What its projection was made from (:func:`projection_inputs`), so that it can be
     #: made again from the record alone (:func:`rederive_study`); ``None`` in older records.
-    inputs: dict[str, object] | None = None
+    inputs: JsonObject | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,8 @@ class Study:
     repeat: int
     settings: list[SettingResult]
     order: list[tuple[int, int]]
+    #: The study's :class:`~perfscope.api.run.RunArgs` keywords, replayed into ``RunArgs``
+    #: when it is projected again (``perfscope.api.study.reproject``).
     args: Mapping[str, Any]
     created_at: str
     notes: list[str] = field(default_factory=list)
@@ -129,7 +138,7 @@ class Study:
     schema: str = SCHEMA
     #: The machine class the study ran on (:class:`perfscope.analysis.calibration.MachineClass`
     #: as JSON: CPU model and cores, GPU model, engine), ``{}`` in older records.
-    machine: Mapping[str, Any] = field(default_factory=dict)
+    machine: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def baseline(self) -> SettingResult:
@@ -257,7 +266,7 @@ _INPUT_SECTIONS = (
 
 
 def projection_inputs(
-    summary: Mapping[str, Any],
+    summary: Mapping[str, JsonValue],
     *,
     batch: int,
     prompt_len: int,
@@ -265,12 +274,12 @@ def projection_inputs(
     kv_cache: bool,
     queueing: bool,
     fit: OverheadFit | None = None,
-) -> dict[str, object]:
+) -> JsonObject:
     """What a setting's projection is made from, as stored with it: the sections of its
     first run's summary a projection reads, its batch and token counts, and (the
     baseline's) the fitted cost model. :func:`rederive_study` makes the projection again
     from these alone."""
-    out: dict[str, object] = {k: summary[k] for k in _INPUT_SECTIONS if summary.get(k) is not None}
+    out: JsonObject = {k: summary[k] for k in _INPUT_SECTIONS if summary.get(k) is not None}
     out["setting"] = {
         "batch": int(batch),
         "prompt_len": int(prompt_len),
@@ -286,8 +295,8 @@ def projection_inputs(
 def _project_setting(
     knob: str,
     values: tuple[str, str],
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: ReadOnlyJson,
+    candidate: ReadOnlyJson,
     *,
     batch: tuple[int, int],
     prompt_len: int,
@@ -297,7 +306,7 @@ def _project_setting(
     loads: tuple[Load | None, Load | None] | None,
     passes: PassCosts | None,
     prompt_spec: str,
-) -> tuple[Mapping[str, Any] | None, list[str]]:
+) -> tuple[JsonObject | None, list[str]]:
     """A candidate setting's projection from the baseline's and its own first run
     summaries (or their stored :func:`projection_inputs`), and the notes it adds (the
     caller keeps a copy of its own)."""
@@ -331,6 +340,19 @@ def _project_setting(
     return changed, []
 
 
+def _as_int(value: JsonValue) -> int:
+    """``int(value)`` of a stored count (a JSON number or numeral); ``TypeError`` for anything
+    else, as ``int`` gives."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"int() argument must be a number or a string, not {type(value).__name__!r}")
+
+
+def _ratio(projection: JsonObject | None, key: str) -> float | None:
+    """The projected ratio ``key`` of ``projection`` (``None`` without one)."""
+    return None if projection is None else _number(_json_at(projection, "ratios").get(key))
+
+
 def rederive_study(study: Study) -> Study:
     """``study`` with every projection made again by the current projection model from
     what the record stores (:attr:`SettingResult.inputs`, the measured kernel calls in
@@ -361,9 +383,9 @@ def rederive_study(study: Study) -> Study:
             (study.values[0], s.value),
             base,
             s.inputs,
-            batch=(int(b_set["batch"]), int(c_set["batch"])),
-            prompt_len=int(b_set["prompt_len"]),
-            output_lens=(int(b_set["output_len"]), int(c_set["output_len"])),
+            batch=(_as_int(b_set["batch"]), _as_int(c_set["batch"])),
+            prompt_len=_as_int(b_set["prompt_len"]),
+            output_lens=(_as_int(b_set["output_len"]), _as_int(c_set["output_len"])),
             kv_cache=(bool(b_set["kv_cache"]), bool(c_set["kv_cache"])),
             fit=fit,
             loads=loads,
@@ -371,13 +393,14 @@ def rederive_study(study: Study) -> Study:
             prompt_spec=str(study.args.get("prompt_len") or ""),
         )
         projection = None if made is None else dict(made)
-        old = (s.projection or {}).get("speculative")
-        if projection is not None and projection.get("speculative") and old:
-            projection["speculative"]["after_run"] = old.get("after_run")
+        old = json_object((s.projection or {}).get("speculative"))
+        new = None if projection is None else json_object(projection.get("speculative"))
+        if new and old:
+            new["after_run"] = old.get("after_run")
         effects = []
         for e in s.effects:
             key = METRICS.get(e.metric, (None, None))[1]
-            proj = None if projection is None or key is None else projection["ratios"].get(key)
+            proj = None if key is None else _ratio(projection, key)
             err = proj / e.change.ratio - 1.0 if proj is not None and e.change.ratio else None
             effects.append(replace(e, projected_ratio=proj, error=err))
         out.append(replace(s, projection=projection, effects=effects))
@@ -388,16 +411,16 @@ def build_study(
     knob: str,
     values: Sequence[str],
     repeat: int,
-    runs: Sequence[tuple[int, int, str, Mapping[str, Any]]],
+    runs: Sequence[tuple[int, int, str, Mapping[str, JsonValue]]],
     *,
     batches: Sequence[int],
     prompt_len: int,
     output_len: int,
     kv_cache: Sequence[bool] | None = None,
     output_lens: Sequence[int] | None = None,
-    args: Mapping[str, Any] | None = None,
+    args: Mapping[str, object] | None = None,
     created_at: str = "",
-    quality: Sequence[Mapping[str, Any] | None] | None = None,
+    quality: Sequence[ReadOnlyJson | None] | None = None,
     confidence: float = 0.95,
     primary: str = DEFAULT_PRIMARY,
     fit: OverheadFit | None = None,
@@ -427,7 +450,7 @@ def build_study(
     outs = list(output_lens) if output_lens is not None else [output_len] * len(values)
     kv = list(kv_cache) if kv_cache is not None else [True] * len(values)
     points: list[list[RunPoint]] = [[] for _ in values]
-    summaries: list[list[Mapping[str, Any]]] = [[] for _ in values]
+    summaries: list[list[Mapping[str, JsonValue]]] = [[] for _ in values]
     for order, (rnd, idx, path, summary) in enumerate(runs):
         points[idx].append(
             RunPoint(order, rnd, idx, str(path), run_metrics(summary), phase_points(summary))
@@ -450,13 +473,13 @@ def build_study(
     for i, value in enumerate(values):
         first = summaries[i][0] if summaries[i] else {}
         loads = (load0, Load.from_summary(first) if queueing and first else None)
-        model = first.get("model")
+        model = json_object(first.get("model"))
         memory = (
             memory_need(ModelSpec.from_dict(dict(model)), batches[i], prompt_len + outs[i], kv[i])
             if model
             else {}
         )
-        draft = (first.get("speculative") or {}).get("draft_model")
+        draft = json_object(_json_at(first, "speculative").get("draft_model"))
         if draft and memory:
             extra = memory_need(
                 ModelSpec.from_dict(dict(draft)), batches[i], prompt_len + output_len, kv[i]
@@ -469,7 +492,7 @@ def build_study(
             else {}
         )
         effects: list[Effect] = []
-        projection = None
+        projection: JsonObject | None = None
         if i > 0 and summaries[0] and summaries[i]:
             made, said = _project_setting(
                 knob,
@@ -495,13 +518,12 @@ def build_study(
             if projection is not None and why is not None:
                 projection = {**projection, "ratios": dict(_NO_RATIOS), "note": why}
                 notes.append(f"{knob}={value}: {why}")
-            if projection is not None and projection.get("speculative"):
+            spec = None if projection is None else json_object(projection.get("speculative"))
+            if spec:
                 median_after = _after_run_median(
                     summaries[0], summaries[i], batches[i], prompt_len, output_len
                 )
-                projection["speculative"]["after_run"] = (
-                    None if median_after is None else median_after.to_dict()
-                )
+                spec["after_run"] = None if median_after is None else median_after.to_dict()
             by_round = [{p.round: p for p in points[0]}, {p.round: p for p in points[i]}]
             rounds = sorted(set(by_round[0]) & set(by_round[1]))
             fam = {
@@ -525,7 +547,7 @@ def build_study(
             notes.extend(f"{knob}={value}: {n}" for n in exp.notes)
             for metric, (better, key) in METRICS.items():
                 ch = judged[metric]
-                proj = None if projection is None or key is None else projection["ratios"].get(key)
+                proj = None if key is None else _ratio(projection, key)
                 err = proj / ch.ratio - 1.0 if proj is not None and ch.ratio else None
                 effects.append(Effect(metric, better, ch, proj, err))
         own_quality = None if quality is None else quality[i]

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import OverheadFit, roof_times
 from perfscope.analysis.queueing import Load, LoadTimes
+from perfscope.analysis.study.points import _json_at
 from perfscope.analysis.study.projection import project_change
-from perfscope.jsontypes import JsonArray, JsonObject, json_float, json_object
+from perfscope.jsontypes import JsonArray, JsonObject, ReadOnlyJson, json_float, json_object
 
 __all__ = ["free_cores", "oversubscribed_threads", "simulate_budget"]
 
@@ -35,21 +35,22 @@ _NO_RATIOS: JsonObject = {"ttft_s": None, "tpot_s": None, "throughput_tok_s": No
 _SCHEDULING_KNOBS = ("prefix-cache", "max-batched-tokens", "disaggregate", "replicas")
 
 
-def free_cores(summaries: Sequence[Mapping[str, Any]]) -> float | None:
+def free_cores(summaries: Sequence[ReadOnlyJson]) -> float | None:
     """CPU cores the other processes left free during these runs: the cores less the median
     of the others' CPU seconds over each run's window (its ``contention`` section); ``None``
     when no run measured it."""
     free = []
     for summary in summaries:
-        c = summary.get("contention") or {}
-        cores, others, window = c.get("cpu_count"), c.get("others_cpu_s"), c.get("window_s")
+        c = _json_at(summary, "contention")
+        cores, others = json_float(c.get("cpu_count")), json_float(c.get("others_cpu_s"))
+        window = json_float(c.get("window_s"))
         if cores and others is not None and window:
-            free.append(max(float(cores) - float(others) / float(window), 0.0))
+            free.append(max(cores - others / window, 0.0))
     return statistics.median(free) if free else None
 
 
 def oversubscribed_threads(
-    baseline_threads: str, threads: str, summaries: Sequence[Mapping[str, Any]]
+    baseline_threads: str, threads: str, summaries: Sequence[ReadOnlyJson]
 ) -> str | None:
     """Why a ``threads`` change is not projected, or ``None`` when it is: more intra-op
     threads than the baseline's and than the whole cores the other load left free during the
@@ -72,8 +73,8 @@ def oversubscribed_threads(
 
 def _scheduling_projection(
     knob: str,
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: ReadOnlyJson,
+    candidate: ReadOnlyJson,
     *,
     batch: tuple[int, int],
     prompt_len: int,
@@ -99,9 +100,9 @@ def _scheduling_projection(
     (``disaggregation``): TPOT x ``1 - decode_stall_share``.
     """
     if knob == "prefix-cache":
-        pcs = [s.get("prompt_cache") or {} for s in (baseline, candidate)]
-        cached = tuple(round(float(pc.get("cached_tokens_mean") or 0.0)) for pc in pcs)
-        means = [float(pc["prompt_tokens_mean"]) for pc in pcs if pc.get("prompt_tokens_mean")]
+        pcs = [_json_at(s, "prompt_cache") for s in (baseline, candidate)]
+        cached = tuple(round(json_float(pc.get("cached_tokens_mean")) or 0.0) for pc in pcs)
+        means = [m for pc in pcs if (m := json_float(pc.get("prompt_tokens_mean")))]
         plen = round(means[0]) if means else prompt_len
         proj = project_change(
             baseline,
@@ -119,7 +120,7 @@ def _scheduling_projection(
                 "sol_ratios": dict(_NO_RATIOS),
                 "note": "no projection: the baseline run has no roofline",
             }
-        shares = [pc.get("share") for pc in pcs]
+        shares = [json_float(pc.get("share")) for pc in pcs]
         said = ", ".join(
             "no cache" if sh is None else f"{100 * sh:.0f}% of prompt tokens cached"
             for sh in shares
@@ -158,7 +159,7 @@ def _scheduling_projection(
             "assumes each replica has cores of its own (no contention) and an even split"
         )
         return proj
-    lat = (baseline.get("roofline") or {}).get("latency") or {}
+    lat = _json_at(baseline, "roofline", "latency")
     share = lat.get("decode_stall_share")
     dis: JsonObject | None = None
     dis_ratios: JsonObject = dict(_NO_RATIOS)
@@ -239,7 +240,7 @@ def _budget_of(value: str) -> int | None:
 
 
 def _chunked_projection(
-    baseline: Mapping[str, Any],
+    baseline: ReadOnlyJson,
     budgets: tuple[int | None, int | None],
     fit: OverheadFit,
     loads: tuple[Load, Load],
@@ -254,11 +255,12 @@ def _chunked_projection(
 
     from perfscope.hwdb.spec import DeviceSpec
 
-    spec = (baseline.get("hardware") or {}).get("spec")
-    if not spec or not baseline.get("model"):
+    spec = json_object(_json_at(baseline, "hardware").get("spec"))
+    model_dict = json_object(baseline.get("model"))
+    if not spec or not model_dict:
         return None
     dev = DeviceSpec.from_dict(spec)
-    model = ModelSpec.from_dict(dict(baseline["model"]))
+    model = ModelSpec.from_dict(dict(model_dict))
     used = fit.split_layers(model.n_layers)
     ctx = statistics.fmean(prompt_lens) + output_len / 2.0
 

@@ -12,13 +12,14 @@ are in seconds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from perfscope.analysis.costmodel import medusa_head_cost
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import OverheadFit, roof_times
+from perfscope.analysis.study.points import _json_at, _number
 from perfscope.analysis.study.stats import _median
 from perfscope.analysis.summary import Roofline
 from perfscope.analysis.whatif import (
@@ -29,7 +30,7 @@ from perfscope.analysis.whatif import (
     run_derating,
     speculative_speedup,
 )
-from perfscope.jsontypes import JsonObject
+from perfscope.jsontypes import JsonObject, ReadOnlyJson, json_float, json_object, json_str
 
 __all__ = [
     "SpeculativeAfter",
@@ -39,10 +40,9 @@ __all__ = [
 ]
 
 
-def _mean_step_s(summary: Mapping[str, Any], kind: str) -> float | None:
-    st = (summary.get("steps") or {}).get(kind) or {}
-    v = st.get("mean_step_s")
-    return float(v) if v else None
+def _mean_step_s(summary: ReadOnlyJson, kind: str) -> float | None:
+    v = json_float(_json_at(summary, "steps", kind).get("mean_step_s"))
+    return v if v else None
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,8 @@ class SpeculativeProjection:
 
 
 def _after_run_median(
-    baselines: Sequence[Mapping[str, Any]],
-    candidates: Sequence[Mapping[str, Any]],
+    baselines: Sequence[ReadOnlyJson],
+    candidates: Sequence[ReadOnlyJson],
     batch: int,
     prompt_len: int,
     output_len: int,
@@ -160,11 +160,11 @@ def _after_run_median(
 
     rows = []
     for base, cand in zip(baselines, candidates, strict=False):
-        spec = (base.get("hardware") or {}).get("spec")
+        spec = json_object(_json_at(base, "hardware").get("spec"))
         if not spec:
             continue
         dev = DeviceSpec.from_dict(spec)
-        derate = run_derating(Roofline.from_dict(base.get("roofline")))
+        derate = run_derating(Roofline.from_dict(json_object(base.get("roofline"))))
         p = speculative_projection(cand, base, dev, derate, batch, prompt_len, output_len)
         if p is not None and p.after_run is not None:
             rows.append(p.after_run)
@@ -179,15 +179,15 @@ def _after_run_median(
     return SpeculativeAfter(**medians, runs=len(rows))
 
 
-def _gap_per_step(summary: Mapping[str, Any], phase: str) -> float | None:
-    ph = ((summary.get("roofline") or {}).get("phases") or {}).get(phase) or {}
-    gap, steps = ph.get("gap_s"), ph.get("steps")
-    return float(gap) / float(steps) if gap is not None and steps else None
+def _gap_per_step(summary: ReadOnlyJson, phase: str) -> float | None:
+    ph = _json_at(summary, "roofline", "phases", phase)
+    gap, steps = json_float(ph.get("gap_s")), json_float(ph.get("steps"))
+    return gap / steps if gap is not None and steps else None
 
 
 def speculative_projection(
-    summary: Mapping[str, Any],
-    baseline: Mapping[str, Any],
+    summary: ReadOnlyJson,
+    baseline: ReadOnlyJson,
     dev: Any,
     derate: Derating,
     batch: int,
@@ -219,17 +219,17 @@ def speculative_projection(
     (``speedup_with_host``), so the parts of the projection's error can be told apart (a
     study stores the median of each over its rounds).
     """
-    sp = summary.get("speculative") or {}
-    k = int(sp.get("num_speculative_tokens") or 0)
-    draft_dict, model_dict = sp.get("draft_model"), summary.get("model")
+    sp = json_object(summary.get("speculative")) or {}
+    k = int(json_float(sp.get("num_speculative_tokens")) or 0)
+    draft_dict, model_dict = json_object(sp.get("draft_model")), json_object(summary.get("model"))
+    method = json_str(sp.get("method")) or "draft"
     # Lookahead and Medusa propose without a pass of their own: c = 0.
-    drafted = (sp.get("method") or "draft") == "draft"
+    drafted = method == "draft"
     if k < 1 or not model_dict or (drafted and not draft_dict):
         return None
     target = ModelSpec.from_dict(dict(model_dict))
     draft = ModelSpec.from_dict(dict(draft_dict)) if drafted and draft_dict else None
     shape = {"batch": batch, "prompt_len": prompt_len, "output_len": output_len}
-    method = sp.get("method") or "draft"
     heads = k if method == "medusa" else 0
     # Without a draft pass the verify pass is the whole step: its K + 1 positions a row (and
     # Medusa's heads) priced by the roofline against a plain step, not the formula's 1.
@@ -280,7 +280,7 @@ def speculative_projection(
     draft_s, verify_s = _mean_step_s(summary, "draft_decode"), _mean_step_s(summary, "decode")
     if not drafted:
         draft_s = 0.0
-    alpha = sp.get("alpha")
+    alpha = _number(sp.get("alpha"))
     if (
         plain
         and draft_s is not None
@@ -301,8 +301,8 @@ def speculative_projection(
                 float(alpha), k, (draft_s + g_draft) / unit, (verify_s + g_verify) / unit
             )
         after = SpeculativeAfter(
-            acceptance_rate=sp.get("acceptance_rate"),
-            mean_accepted_per_step=sp.get("mean_accepted_per_step"),
+            acceptance_rate=_number(sp.get("acceptance_rate")),
+            mean_accepted_per_step=_number(sp.get("mean_accepted_per_step")),
             alpha=alpha,
             cost_ratio=c,
             verify_cost=v,
@@ -312,7 +312,7 @@ def speculative_projection(
             speedup_with_host=host,
         )
     return SpeculativeProjection(
-        k=k, method=method, draft=sp.get("draft"), before_run=before, after_run=after
+        k=k, method=method, draft=json_str(sp.get("draft")), before_run=before, after_run=after
     )
 
 
@@ -343,7 +343,7 @@ def _fitted_speculative(
     target: ModelSpec,
     draft: ModelSpec | None,
     dev: Any,
-    baseline: Mapping[str, Any],
+    baseline: ReadOnlyJson,
     k: int,
     heads: int = 0,
     *,
