@@ -16,7 +16,8 @@ import pytest
 import perfscope
 from perfscope.api.run import RunArgs, plan
 from perfscope.cli import build_parser
-from perfscope.cli.sweep import register, run_args
+from perfscope.cli.options import run_args
+from perfscope.cli.sweep import register
 from perfscope.errors import EngineError, UsageError
 from perfscope.profiler.engines.base import EngineInfo, Inbox
 from perfscope.profiler.recorder import Recorder

@@ -273,7 +273,8 @@ def test_api_key_never_reaches_the_run_directory(
 
 
 def test_openai_options_reach_the_engine_through_the_cli_parser() -> None:
-    from perfscope.cli.sweep import add_openai_options, openai_extra, redact_argv
+    from perfscope.cli.options import add_openai_options, openai_extra
+    from perfscope.profiler.redact import redact_argv
 
     p = argparse.ArgumentParser()
     add_openai_options(p.add_argument_group("x"))

@@ -175,7 +175,7 @@ def test_sweep_prints_whole_rates_and_metrics(sweep_summary: dict[str, object], 
 @pytest.fixture(scope="module")
 def study_result(tmp_path_factory: pytest.TempPathFactory) -> object:
     from perfscope.api.study import study_with
-    from perfscope.cli.sweep import run_args
+    from perfscope.cli.options import run_args
 
     runs = tmp_path_factory.mktemp("width-study")
     argv = ["study", "batch-size", "--values", "1,4", "--model-preset", "tiny"]

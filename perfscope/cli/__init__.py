@@ -19,8 +19,9 @@ from typing import Any
 
 from perfscope import __version__
 from perfscope.cli import ls
+from perfscope.cli.options import add_run_options, infinite_rate_as_mode
 from perfscope.cli.parser import Parser
-from perfscope.cli.run import add_run_options, infinite_rate_as_mode, register_analyze, register_run
+from perfscope.cli.run import register_analyze, register_run
 from perfscope.cli.safe import SafeConsole, configure_streams, safe_text
 from perfscope.errors import PerfscopeError, StorageError, UsageError
 from perfscope.profiler.redact import redact_text

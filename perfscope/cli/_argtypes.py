@@ -7,6 +7,7 @@ argparse reports a one-line usage error (exit code 2).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 
@@ -19,6 +20,7 @@ __all__ = [
     "nonneg_int",
     "number",
     "positive_int",
+    "positive_number",
     "request_count",
     "runs_dir",
     "torch_dtype",
@@ -58,6 +60,17 @@ def number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def positive_number(text: str) -> float:
+    """A finite number above 0 (seconds, a gamma shape)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return v
 
 
 def key_value(text: str) -> tuple[str, str]:

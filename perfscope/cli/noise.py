@@ -120,9 +120,9 @@ def _cmd_noise(args: argparse.Namespace, console: Console) -> int:
     )
     check_options(opts)  # one line before anything heavy loads
     from perfscope.cli import infinite_rate_as_mode
+    from perfscope.cli.options import run_args
     from perfscope.cli.progress import progress_hook
     from perfscope.cli.safe import SafeConsole
-    from perfscope.cli.sweep import run_args
 
     err = SafeConsole(stderr=True)
     note = infinite_rate_as_mode(args)

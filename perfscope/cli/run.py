@@ -1,15 +1,13 @@
-"""``perfscope run``, ``show`` and ``analyze``, and the one set of run options.
+"""``perfscope run``, ``show`` and ``analyze``.
 
-:func:`add_run_options` defines the engine, workload, arrival, telemetry and output flags
-once; ``run``, ``noise``, ``sweep`` and ``study`` take them from here, and
-``perfscope.cli.sweep.run_args`` turns them into the library's ``RunArgs``.
+``run`` takes its flags from :mod:`perfscope.cli.options` (the one set of run options) and
+turns them into the library's ``RunArgs`` with :func:`perfscope.cli.options.run_args`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Any
 
@@ -17,25 +15,13 @@ from rich.console import Console
 
 from perfscope.cli._argtypes import (
     add_runs_dir,
-    device,
-    key_value,
-    nonneg_int,
-    number,
-    positive_int,
-    request_count,
-    torch_dtype,
 )
-from perfscope.cli.parser import Parser
+from perfscope.cli.options import add_run_options, infinite_rate_as_mode, run_args
 from perfscope.cli.safe import SafeConsole, safe_markup
 from perfscope.errors import StorageError
 from perfscope.profiler.redact import redact_text
 
-__all__ = ["add_run_options", "infinite_rate_as_mode", "register_analyze", "register_run"]
-
-
-def _threads_opt(text: str) -> tuple[str, str]:
-    """``--threads N`` → the engine option ``("threads", "N")``."""
-    return ("threads", str(positive_int(text)))
+__all__ = ["register_analyze", "register_run"]
 
 
 def register_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,268 +63,10 @@ def register_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.set_defaults(handler=_cmd_analyze)
 
 
-def add_run_options(p: argparse.ArgumentParser, *, experiments: bool) -> None:
-    """``perfscope run``'s engine, workload, arrival, telemetry and output options (shared
-    with ``perfscope noise``); ``experiments`` adds the repeat/experiment options and
-    ``--report`` (``run`` only)."""
-    p.add_argument(
-        "engine",
-        nargs="?",
-        default="reference",
-        help="engine URI: 'reference' (default, built-in PyTorch model), 'hf:PATH' (a local "
-        "Hugging Face model folder), 'openai:URL' (an OpenAI-compatible server) or "
-        "'python:MODULE:ATTR' (any generator of tokens)",
-    )
-    from perfscope.cli.sweep import add_length_options, add_openai_options
-
-    w = p.add_argument_group("workload")
-    w.add_argument(
-        "--requests",
-        "--num-prompts",
-        type=request_count,
-        default=None,
-        help="measured requests (default 48, or one per line of --prompts)",
-    )
-    add_length_options(w)
-    w.add_argument(
-        "--warmup",
-        type=nonneg_int,
-        default=0,
-        help="requests run first and excluded from statistics (default 0)",
-    )
-    w.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="seeds lengths, arrivals and weights (default 0); given, generated prompt text "
-        "repeats exactly (a server may then answer from its prefix cache); without it, each "
-        "run's prompts are new",
-    )
-    d = p.add_argument_group("arrivals")
-    d.add_argument(
-        "--mode",
-        choices=("batch", "online"),
-        default="batch",
-        help="batch: all requests at once; online: by --rate or --concurrency (default batch; "
-        "--rate or --concurrency imply online)",
-    )
-    d.add_argument(
-        "--rate",
-        "--request-rate",
-        type=number,
-        default=None,
-        help="requests per second, open loop (default: none); with --concurrency at most that "
-        "many in flight",
-    )
-    d.add_argument(
-        "--concurrency",
-        "--max-concurrency",
-        type=positive_int,
-        default=None,
-        help="alone: closed loop of N users; with --rate: cap on requests in flight "
-        "(default: none)",
-    )
-    d.add_argument(
-        "--arrival",
-        choices=("poisson", "constant", "gamma"),
-        default="poisson",
-        help="gaps between arrivals at --rate (default poisson)",
-    )
-    d.add_argument(
-        "--burstiness",
-        type=number,
-        default=1.0,
-        help="gamma shape for --arrival gamma: <1 burstier, >1 smoother (default 1)",
-    )
-    d.add_argument(
-        "--ray",
-        nargs="?",
-        const="local",
-        default=None,
-        metavar="ADDRESS|local:N",
-        help="generate the load from Ray actors: bare --ray or 'local:N' starts a private "
-        "local cluster (loopback, N actors, gone when the run ends), an address (ADDRESS#N "
-        "for N actors; 'auto' for this machine's 'ray start' cluster) joins a cluster "
-        "(openai: and python: engines; pip install 'perfscope[ray]')",
-    )
-    d.add_argument(
-        "--ray-autoscale",
-        type=positive_int,
-        default=None,
-        metavar="MAX",
-        help="with --ray: when a load actor's event-loop lag exceeds a tenth of the "
-        "inter-token gap (and 1 ms), add an actor for the requests not yet sent, up to MAX "
-        "actors in all; the decisions are recorded in the run (default: only warn)",
-    )
-    d.add_argument(
-        "--ray-resources",
-        default=None,
-        metavar="NAME=AMOUNT[,...]",
-        help="with --ray: what each load actor asks Ray for, so it runs only on nodes that "
-        "offer it: a resource the load nodes were started with (ray start "
-        "--resources='{\"loadgen\": 8}'; then loadgen=1), CPU=1, or node:IP=0.01 for one "
-        "node; keeps the actors off the model's GPU node; the entry not-server places no "
-        "actor on the openai: server's machine (default: zero CPUs, any node)",
-    )
-    e = p.add_argument_group("engine")
-    e.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=8,
-        help="most sequences decoded together (default 8)",
-    )
-    e.add_argument(
-        "--scheduler",
-        choices=("continuous", "static"),
-        default="continuous",
-        help="continuous: join the batch at any step; static: fixed batches (default continuous)",
-    )
-    e.add_argument(
-        "--batch-timeout",
-        default="0s",
-        metavar="DURATION",
-        help="static scheduler: longest a request waits for its batch to fill (default 0s)",
-    )
-    e.add_argument(
-        "--device", type=device, default=None, help="cpu, cuda, cuda:1 (default: cuda if present)"
-    )
-    e.add_argument(
-        "--dtype",
-        type=torch_dtype,
-        default=None,
-        metavar="{fp32,bf16,fp16}",
-        help="weights and compute dtype; float32/bfloat16/float16 also accepted "
-        "(default: fp32 on CPU, bf16 on CUDA)",
-    )
-    e.add_argument(
-        "--model-preset",
-        default=None,
-        help="reference model shape: tiny, small (default), medium, 1b, 7b",
-    )
-    for flags, field, helptext in (
-        (("--layers",), "n_layers", "transformer blocks"),
-        (("--hidden-size", "--hidden"), "hidden_size", "model width"),
-        (("--heads",), "n_heads", "query heads"),
-        (("--kv-heads",), "n_kv_heads", "key/value heads (GQA)"),
-        (("--intermediate-size",), "intermediate_size", "MLP inner width"),
-        (("--vocab-size", "--vocab"), "vocab_size", "vocabulary size"),
-    ):
-        e.add_argument(
-            *flags,
-            dest=f"shape_{field}",
-            type=positive_int,
-            default=None,
-            help=f"reference model: {helptext} (default: the preset's)",
-        )
-    # The old spelling of --intermediate-size (roofline's --mlp is the MLP kind).
-    e.add_argument(
-        "--mlp", dest="shape_intermediate_size", type=positive_int, help=argparse.SUPPRESS
-    )
-    e.add_argument(
-        "--stop-on-eos",
-        action="store_true",
-        help="let sequences end early on the end-of-sequence token",
-    )
-    e.add_argument(
-        "--engine-opt",
-        type=key_value,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="engine-specific option (repeatable)",
-    )
-    e.add_argument(
-        "--threads",
-        dest="engine_opt",
-        action="append",
-        type=_threads_opt,
-        metavar="N",
-        help="intra-op CPU threads of a torch engine (default: the usable CPUs not busy with "
-        "other work, at least 1; the choice is in the manifest)",
-    )
-    add_openai_options(p.add_argument_group("openai engine, datasets and duration"))
-    a = p.add_argument_group("analysis and output")
-    a.add_argument(
-        "--slo",
-        action="append",
-        default=[],
-        metavar="METRIC=DURATION",
-        help="SLO for goodput, e.g. --slo ttft=200ms --slo tpot=50ms (repeatable)",
-    )
-    a.add_argument("--hw", default=None, help="device to analyse against (default: detect)")
-    t = p.add_argument_group("telemetry")
-    t.add_argument(
-        "--telemetry-interval",
-        default="50ms",
-        metavar="DURATION",
-        help="hardware sampling interval (default 50ms; at least 20ms)",
-    )
-    t.add_argument("--gpus", default=None, help="GPUs to sample, e.g. 0,1 (default: all visible)")
-    t.add_argument("--no-telemetry", action="store_true", help="do not sample the hardware")
-    t.add_argument(
-        "--server-metrics",
-        default="auto",
-        metavar="auto|URL|off",
-        help="scrape the server's Prometheus metrics (vLLM, SGLang, TGI, llama.cpp) during the "
-        "run into server_metrics.parquet; auto: the openai: server's /metrics if it answers",
-    )
-    t.add_argument(
-        "--server-metrics-interval",
-        default="1s",
-        metavar="DURATION",
-        help="seconds between server-metrics scrapes (default 1s; snapshots at start and end)",
-    )
-    t.add_argument(
-        "--nvtx",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="NVTX ranges for Nsight Systems (default: on only when a tool is attached)",
-    )
-    if experiments:
-        from perfscope.cli.repeat import add_repeat_arguments
-
-        add_repeat_arguments(p.add_argument_group("repeats and experiments (docs/experiments.md)"))
-    add_runs_dir(a)
-    a.add_argument(
-        "--name", default=None, help="short name in the run id (default: the engine kind)"
-    )
-    a.add_argument("--json", action="store_true", help="print summary.json instead of tables")
-    a.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no live progress view (it is drawn only when stderr is a terminal)",
-    )
-    if experiments:
-        a.add_argument(
-            "--report",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="write report.html next to the run (default: on)",
-        )
-
-
-def infinite_rate_as_mode(args: argparse.Namespace) -> str | None:
-    """vLLM bench's ``--request-rate inf`` (every request at once) as perfscope spells it:
-    ``--mode batch``, or with ``--max-concurrency N`` a closed loop of N. Changes ``args``;
-    returns the note to print (None when the rate is finite or not given, or spelled
-    ``--rate``)."""
-    if args.rate is None or not (math.isinf(args.rate) and args.rate > 0):
-        return None
-    if not any(t.split("=", 1)[0] == "--request-rate" for t in Parser.argv):
-        return None  # perfscope's own --rate wants a finite rate (refused with the reason)
-    args.rate = None
-    if args.concurrency is None:
-        args.mode = "batch"
-        return "--request-rate inf is perfscope's --mode batch"
-    n = args.concurrency
-    return f"--request-rate inf with --max-concurrency {n} is perfscope's --concurrency {n}"
-
-
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from perfscope.api.run import execute, plan
     from perfscope.cli.progress import progress_hook
     from perfscope.cli.render import summary_view
-    from perfscope.cli.sweep import run_args
 
     if args.seed is not None and args.engine.startswith("openai"):
         SafeConsole(stderr=True).print(

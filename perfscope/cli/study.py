@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``perfscope study``."""
     from perfscope.api.study import APPLIES, KNOBS
     from perfscope.cli._argtypes import key_value, nonneg_int, positive_int
-    from perfscope.cli.sweep import add_openai_options
+    from perfscope.cli.options import add_openai_options
 
     p = subparsers.add_parser(
         "study",
@@ -118,7 +118,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _cmd_study(args: argparse.Namespace, console: Console) -> int:
     from perfscope.api.study import _check_applies, _knob, _values, study_with
-    from perfscope.cli.sweep import run_args
+    from perfscope.cli.options import run_args
 
     knob = _knob(args.knob)  # one-line errors before anything runs
     _check_applies(knob, args.engine)
