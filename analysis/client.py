@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from perfscope.analysis.manifest import RunManifest, manifest_view
 from perfscope.analysis.summary import Client
-from perfscope.jsontypes import json_int, json_str
+from perfscope.jsontypes import json_int, json_number, json_str
 
 __all__ = ["client_section"]
 
@@ -25,13 +25,8 @@ def client_section(manifest: Mapping[str, object] | RunManifest) -> Client | Non
         return None
     stall = client.get("stall")
     return Client(
-        cpu_s=_number(client.get("cpu_s")),
+        cpu_s=json_number(client.get("cpu_s")),
         peak_rss_bytes=json_int(client.get("peak_rss_bytes")),
         stamp_clock=json_str(client.get("stamp_clock")),
         stall=dict(stall) if isinstance(stall, Mapping) else None,
     )
-
-
-def _number(value: object) -> float | None:
-    """``value`` if it is a JSON number (kept as read: an ``int`` stays one), else ``None``."""
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None

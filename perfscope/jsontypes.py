@@ -20,8 +20,10 @@ __all__ = [
     "JsonScalar",
     "JsonValue",
     "ReadOnlyJson",
+    "json_at",
     "json_float",
     "json_int",
+    "json_number",
     "json_object",
     "json_str",
 ]
@@ -48,6 +50,23 @@ def json_float(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def json_number(value: object) -> float | None:
+    """``value`` as read if it is a JSON number (an ``int`` stays an ``int``, so what is copied
+    on is what was stored), else ``None`` (a bool is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def json_at(document: ReadOnlyJson, *path: str) -> JsonObject:
+    """The JSON object at ``path`` in ``document`` (``{}`` where a step of it is missing or
+    not an object)."""
+    out = json_object(document.get(path[0])) or {}
+    for key in path[1:]:
+        out = json_object(out.get(key)) or {}
+    return out
 
 
 def json_int(value: object) -> int | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfscope.jsontypes import JsonObject, ReadOnlyJson, json_object, json_str
+from perfscope.jsontypes import ReadOnlyJson, json_at, json_number, json_object, json_str
 
 __all__ = ["PhasePoint", "RunPoint", "phase_points", "run_metrics"]
 
@@ -30,23 +30,6 @@ class PhasePoint:
     time_per_step_s: float | None
 
 
-def _number(value: object) -> float | None:
-    """``value`` as read if it is a JSON number (an int stays an int: what is stored is what
-    the summary held), else ``None`` (a bool is not a number)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return value
-
-
-def _json_at(summary: ReadOnlyJson, *path: str) -> JsonObject:
-    """The JSON object at ``path`` in ``summary`` (``{}`` where a step of it is missing or
-    not an object)."""
-    out = json_object(summary.get(path[0])) or {}
-    for key in path[1:]:
-        out = json_object(out.get(key)) or {}
-    return out
-
-
 def phase_points(summary: ReadOnlyJson) -> dict[str, PhasePoint]:
     """The roofline phases of a run summary."""
     roof = json_object(summary.get("roofline")) or {}
@@ -55,12 +38,12 @@ def phase_points(summary: ReadOnlyJson) -> dict[str, PhasePoint]:
         ph = json_object(raw) or {}
         out[name] = PhasePoint(
             phase=name,
-            mfu=_number(ph.get("mfu")),
-            mbu=_number(ph.get("mbu")),
-            intensity=_number(ph.get("intensity")),
-            achieved_flops_s=_number(ph.get("achieved_flops_s")),
+            mfu=json_number(ph.get("mfu")),
+            mbu=json_number(ph.get("mbu")),
+            intensity=json_number(ph.get("intensity")),
+            achieved_flops_s=json_number(ph.get("achieved_flops_s")),
             verdict=json_str(ph.get("verdict")),
-            time_per_step_s=_number(ph.get("time_per_step_s")),
+            time_per_step_s=json_number(ph.get("time_per_step_s")),
         )
     return out
 
@@ -73,24 +56,24 @@ def run_metrics(summary: ReadOnlyJson) -> dict[str, float | None]:
     energy = json_object(summary.get("energy")) or {}
 
     def p50(name: str, q: str = "p50") -> float | None:
-        v = _number((json_object(lat.get(name)) or {}).get(q))
+        v = json_number((json_object(lat.get(name)) or {}).get(q))
         return None if v is None else float(v)
 
     cache = json_object(summary.get("prompt_cache")) or {}
-    roof_lat = _json_at(summary, "roofline", "latency")
+    roof_lat = json_at(summary, "roofline", "latency")
     return {
         "ttft_p50_s": p50("ttft"),
         "tpot_p50_s": p50("tpot"),
         "e2e_p50_s": p50("e2e"),
-        "output_tok_s": _number(thr.get("output_tok_s")),
+        "output_tok_s": json_number(thr.get("output_tok_s")),
         # Without SLOs every completed request counts as good: no goodput was measured.
-        "goodput_req_s": _number(good.get("goodput_req_s")) if good.get("slos") else None,
-        "attainment": _number(good.get("attainment")) if good.get("slos") else None,
-        "j_per_output_token": _number(energy.get("j_per_output_token")),
+        "goodput_req_s": json_number(good.get("goodput_req_s")) if good.get("slos") else None,
+        "attainment": json_number(good.get("attainment")) if good.get("slos") else None,
+        "j_per_output_token": json_number(energy.get("j_per_output_token")),
         "itl_p99_s": p50("itl", "p99"),
-        "prompt_cache_share": _number(cache.get("share")),
-        "prompt_cache_hit_rate": _number(cache.get("hit_rate")),
-        "decode_stall_share": _number(roof_lat.get("decode_stall_share")),
+        "prompt_cache_share": json_number(cache.get("share")),
+        "prompt_cache_hit_rate": json_number(cache.get("hit_rate")),
+        "decode_stall_share": json_number(roof_lat.get("decode_stall_share")),
     }
 
 

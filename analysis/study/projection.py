@@ -31,11 +31,10 @@ from perfscope.analysis.overhead import (
     roof_times,
 )
 from perfscope.analysis.queueing import Load, simulate
-from perfscope.analysis.study.points import _json_at
 from perfscope.analysis.study.speculative import SpeculativeProjection, speculative_projection
 from perfscope.analysis.summary import Projection, Roofline
 from perfscope.analysis.whatif import Derating, predict, predict_derated, run_derating
-from perfscope.jsontypes import JsonArray, JsonObject, ReadOnlyJson, json_object
+from perfscope.jsontypes import JsonArray, JsonObject, ReadOnlyJson, json_at, json_object
 
 __all__ = ["memory_need", "project_change"]
 
@@ -69,7 +68,7 @@ def _recompute_tpot(
 
     from perfscope.hwdb.spec import DeviceSpec
 
-    spec = json_object(_json_at(summary, "hardware").get("spec"))
+    spec = json_object(json_at(summary, "hardware").get("spec"))
     if not spec:
         return None
     dev = DeviceSpec.from_dict(spec)
@@ -275,8 +274,8 @@ def project_change(
     """
     from perfscope.hwdb.spec import DeviceSpec
 
-    device = json_object(_json_at(baseline, "hardware").get("spec"))
-    roof = _json_at(baseline, "roofline")
+    device = json_object(json_at(baseline, "hardware").get("spec"))
+    roof = json_at(baseline, "roofline")
     base_dict = json_object(baseline.get("model"))
     if not device or not roof.get("available") or not base_dict:
         return None

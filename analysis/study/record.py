@@ -30,8 +30,6 @@ from perfscope.analysis.queueing import Load
 from perfscope.analysis.study.points import (
     PhasePoint,
     RunPoint,
-    _json_at,
-    _number,
     phase_points,
     run_metrics,
 )
@@ -44,7 +42,14 @@ from perfscope.analysis.study.scheduling import (
 )
 from perfscope.analysis.study.speculative import _after_run_median
 from perfscope.analysis.study.stats import DEFAULT_PRIMARY, _median
-from perfscope.jsontypes import JsonObject, JsonValue, ReadOnlyJson, json_object
+from perfscope.jsontypes import (
+    JsonObject,
+    JsonValue,
+    ReadOnlyJson,
+    json_at,
+    json_number,
+    json_object,
+)
 
 __all__ = [
     "METRICS",
@@ -350,7 +355,7 @@ def _as_int(value: JsonValue) -> int:
 
 def _ratio(projection: JsonObject | None, key: str) -> float | None:
     """The projected ratio ``key`` of ``projection`` (``None`` without one)."""
-    return None if projection is None else _number(_json_at(projection, "ratios").get(key))
+    return None if projection is None else json_number(json_at(projection, "ratios").get(key))
 
 
 def rederive_study(study: Study) -> Study:
@@ -479,7 +484,7 @@ def build_study(
             if model
             else {}
         )
-        draft = json_object(_json_at(first, "speculative").get("draft_model"))
+        draft = json_object(json_at(first, "speculative").get("draft_model"))
         if draft and memory:
             extra = memory_need(
                 ModelSpec.from_dict(dict(draft)), batches[i], prompt_len + output_len, kv[i]

@@ -23,9 +23,15 @@ from functools import partial
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import OverheadFit, roof_times
 from perfscope.analysis.queueing import Load, LoadTimes
-from perfscope.analysis.study.points import _json_at
 from perfscope.analysis.study.projection import project_change
-from perfscope.jsontypes import JsonArray, JsonObject, ReadOnlyJson, json_float, json_object
+from perfscope.jsontypes import (
+    JsonArray,
+    JsonObject,
+    ReadOnlyJson,
+    json_at,
+    json_float,
+    json_object,
+)
 
 __all__ = ["free_cores", "oversubscribed_threads", "simulate_budget"]
 
@@ -41,7 +47,7 @@ def free_cores(summaries: Sequence[ReadOnlyJson]) -> float | None:
     when no run measured it."""
     free = []
     for summary in summaries:
-        c = _json_at(summary, "contention")
+        c = json_at(summary, "contention")
         cores, others = json_float(c.get("cpu_count")), json_float(c.get("others_cpu_s"))
         window = json_float(c.get("window_s"))
         if cores and others is not None and window:
@@ -100,7 +106,7 @@ def _scheduling_projection(
     (``disaggregation``): TPOT x ``1 - decode_stall_share``.
     """
     if knob == "prefix-cache":
-        pcs = [_json_at(s, "prompt_cache") for s in (baseline, candidate)]
+        pcs = [json_at(s, "prompt_cache") for s in (baseline, candidate)]
         cached = tuple(round(json_float(pc.get("cached_tokens_mean")) or 0.0) for pc in pcs)
         means = [m for pc in pcs if (m := json_float(pc.get("prompt_tokens_mean")))]
         plen = round(means[0]) if means else prompt_len
@@ -159,7 +165,7 @@ def _scheduling_projection(
             "assumes each replica has cores of its own (no contention) and an even split"
         )
         return proj
-    lat = _json_at(baseline, "roofline", "latency")
+    lat = json_at(baseline, "roofline", "latency")
     share = lat.get("decode_stall_share")
     dis: JsonObject | None = None
     dis_ratios: JsonObject = dict(_NO_RATIOS)
@@ -255,7 +261,7 @@ def _chunked_projection(
 
     from perfscope.hwdb.spec import DeviceSpec
 
-    spec = json_object(_json_at(baseline, "hardware").get("spec"))
+    spec = json_object(json_at(baseline, "hardware").get("spec"))
     model_dict = json_object(baseline.get("model"))
     if not spec or not model_dict:
         return None

@@ -19,7 +19,6 @@ from typing import Any
 from perfscope.analysis.costmodel import medusa_head_cost
 from perfscope.analysis.modelspec import ModelSpec
 from perfscope.analysis.overhead import OverheadFit, roof_times
-from perfscope.analysis.study.points import _json_at, _number
 from perfscope.analysis.study.stats import _median
 from perfscope.analysis.summary import Roofline
 from perfscope.analysis.whatif import (
@@ -30,7 +29,15 @@ from perfscope.analysis.whatif import (
     run_derating,
     speculative_speedup,
 )
-from perfscope.jsontypes import JsonObject, ReadOnlyJson, json_float, json_object, json_str
+from perfscope.jsontypes import (
+    JsonObject,
+    ReadOnlyJson,
+    json_at,
+    json_float,
+    json_number,
+    json_object,
+    json_str,
+)
 
 __all__ = [
     "SpeculativeAfter",
@@ -41,7 +48,7 @@ __all__ = [
 
 
 def _mean_step_s(summary: ReadOnlyJson, kind: str) -> float | None:
-    v = json_float(_json_at(summary, "steps", kind).get("mean_step_s"))
+    v = json_float(json_at(summary, "steps", kind).get("mean_step_s"))
     return v if v else None
 
 
@@ -160,7 +167,7 @@ def _after_run_median(
 
     rows = []
     for base, cand in zip(baselines, candidates, strict=False):
-        spec = json_object(_json_at(base, "hardware").get("spec"))
+        spec = json_object(json_at(base, "hardware").get("spec"))
         if not spec:
             continue
         dev = DeviceSpec.from_dict(spec)
@@ -180,7 +187,7 @@ def _after_run_median(
 
 
 def _gap_per_step(summary: ReadOnlyJson, phase: str) -> float | None:
-    ph = _json_at(summary, "roofline", "phases", phase)
+    ph = json_at(summary, "roofline", "phases", phase)
     gap, steps = json_float(ph.get("gap_s")), json_float(ph.get("steps"))
     return gap / steps if gap is not None and steps else None
 
@@ -280,7 +287,7 @@ def speculative_projection(
     draft_s, verify_s = _mean_step_s(summary, "draft_decode"), _mean_step_s(summary, "decode")
     if not drafted:
         draft_s = 0.0
-    alpha = _number(sp.get("alpha"))
+    alpha = json_number(sp.get("alpha"))
     if (
         plain
         and draft_s is not None
@@ -301,8 +308,8 @@ def speculative_projection(
                 float(alpha), k, (draft_s + g_draft) / unit, (verify_s + g_verify) / unit
             )
         after = SpeculativeAfter(
-            acceptance_rate=_number(sp.get("acceptance_rate")),
-            mean_accepted_per_step=_number(sp.get("mean_accepted_per_step")),
+            acceptance_rate=json_number(sp.get("acceptance_rate")),
+            mean_accepted_per_step=json_number(sp.get("mean_accepted_per_step")),
             alpha=alpha,
             cost_ratio=c,
             verify_cost=v,
